@@ -1,0 +1,236 @@
+"""HTTPServer over real sockets: plain HTTP, TLS with a CA made by certs.py, stalls, big bodies."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import socket
+import ssl
+import threading
+import time
+
+import pytest
+import requests
+
+from gpulayer import certs
+from gpulayer.httpserver import HTTPServer
+
+MB = 1024 * 1024
+CHUNK = bytes(range(256)) * 4096  # 1 MiB
+
+
+def app(environ, start_response):
+    """A tiny WSGI app: /hello, PUT /sha256 (hash the body), GET /blob?n, GET /slow."""
+    path = environ["PATH_INFO"]
+    headers = [("Content-Type", "text/plain")]
+    if path == "/sha256":
+        remaining, h = int(environ.get("CONTENT_LENGTH") or 0), hashlib.sha256()
+        while remaining:
+            data = environ["wsgi.input"].read(min(remaining, MB))
+            if not data:
+                break
+            h.update(data)
+            remaining -= len(data)
+        body = f"{h.hexdigest()} {int(environ.get('CONTENT_LENGTH') or 0) - remaining}".encode()
+    elif path == "/blob":
+        n = int(environ["QUERY_STRING"])
+        start_response("200 OK", [("Content-Type", "application/octet-stream"), ("Content-Length", str(n * MB))])
+        return (CHUNK for _ in range(n))
+    elif path == "/slow":
+        time.sleep(0.5)
+        body = b"slow done"
+    else:
+        body = " ".join(
+            [environ["wsgi.url_scheme"], environ.get("HTTPS", "off"), environ.get("SSL_PROTOCOL", "-")]
+        ).encode()
+    start_response("200 OK", headers + [("Content-Length", str(len(body)))])
+    return [body]
+
+
+@pytest.fixture(scope="module")
+def tls_files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tls")
+    ca, ca_key = certs.make_ca(d)
+    cert, key = certs.make_server_cert(d, ca, ca_key, ["localhost"], ["127.0.0.1"])
+    return {"ca": str(ca), "cert": str(cert), "key": str(key)}
+
+
+@pytest.fixture
+def serve(tls_files):
+    """Start servers on 127.0.0.1:0; stop them all at teardown."""
+    started = []
+
+    def start(tls=True, **kw):
+        files = {"certfile": tls_files["cert"], "keyfile": tls_files["key"]} if tls else {}
+        srv = HTTPServer(app, "127.0.0.1", 0, **files, **kw)
+        srv.start()
+        started.append(srv)
+        return srv
+
+    yield start
+    for srv in started:
+        srv.stop(timeout=2)
+
+
+@pytest.fixture
+def loud(caplog):
+    """Records of WARNING and above from the server (none expected on a dropped client)."""
+    caplog.set_level(logging.DEBUG, logger="gpulayer.httpserver")
+    return lambda: [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def hello(srv, ca, host="localhost", timeout=2.0):
+    return requests.get(f"https://{host}:{srv.port}/hello", verify=ca, timeout=timeout)
+
+
+def test_plain_http_serves_a_wsgi_app(serve):
+    srv = serve(tls=False)
+    assert srv.port > 0
+    r = requests.get(f"http://127.0.0.1:{srv.port}/hello", timeout=2)
+    assert r.status_code == 200
+    assert r.text == "http off -"
+
+
+def test_tls_serves_with_the_ca_by_name_and_by_ip(serve, tls_files):
+    srv = serve()
+    for host in ("localhost", "127.0.0.1"):
+        r = hello(srv, tls_files["ca"], host=host)
+        scheme, https, proto = r.text.split()
+        assert (r.status_code, scheme, https) == (200, "https", "on")
+        assert proto in ("TLSv1.2", "TLSv1.3")
+
+
+def test_tls_refuses_a_client_that_does_not_trust_the_ca(serve):
+    srv = serve()
+    with pytest.raises(requests.exceptions.SSLError):
+        requests.get(f"https://localhost:{srv.port}/hello", timeout=2)
+
+
+def test_50mb_up_and_down_over_tls(serve, tls_files):
+    srv = serve()
+    n = 50
+    upload = CHUNK * n
+    r = requests.put(f"https://localhost:{srv.port}/sha256", data=upload, verify=tls_files["ca"], timeout=30)
+    assert r.text == f"{hashlib.sha256(upload).hexdigest()} {n * MB}"
+
+    got, h = 0, hashlib.sha256()
+    with requests.get(f"https://localhost:{srv.port}/blob?{n}", verify=tls_files["ca"], stream=True, timeout=30) as r:
+        for part in r.iter_content(MB):
+            h.update(part)
+            got += len(part)
+    assert (got, h.hexdigest()) == (n * MB, hashlib.sha256(upload).hexdigest())
+
+
+def test_silent_tls_clients_do_not_stall_others(serve, tls_files, loud):
+    srv = serve(threads=1, request_timeout_s=5)
+    silent = [socket.create_connection(("127.0.0.1", srv.port)) for _ in range(5)]
+    try:
+        t0 = time.monotonic()
+        for _ in range(3):
+            assert hello(srv, tls_files["ca"], timeout=1.0).status_code == 200
+        assert time.monotonic() - t0 < 1.0
+    finally:
+        for s in silent:
+            s.close()
+    assert loud() == []
+
+
+def test_client_stalled_mid_handshake_is_dropped_after_the_timeout(serve, tls_files, loud):
+    srv = serve(threads=2, request_timeout_s=0.5)
+    stalled = socket.create_connection(("127.0.0.1", srv.port))
+    stalled.sendall(b"\x16\x03\x01\x02\x00")  # a TLS record header promising a ClientHello
+    stalled.settimeout(3)
+    t0 = time.monotonic()
+    assert hello(srv, tls_files["ca"], timeout=1.0).status_code == 200
+    assert stalled.recv(100) == b""  # the server closed it
+    assert time.monotonic() - t0 < 2.0
+    stalled.close()
+    assert loud() == []
+
+
+def test_client_gone_during_handshake_is_dropped_quietly(serve, tls_files, loud):
+    srv = serve(threads=1)
+    for _ in range(3):
+        s = socket.create_connection(("127.0.0.1", srv.port))
+        s.sendall(b"\x16\x03\x01")
+        s.close()
+    assert hello(srv, tls_files["ca"], timeout=1.0).status_code == 200
+    assert loud() == []
+
+
+def test_plain_http_on_the_tls_port_is_refused_and_the_server_lives(serve, tls_files, loud):
+    srv = serve(threads=1)
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=2) as s:
+        s.sendall(b"GET /hello HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        answer = _read_all(s)
+    # a 400 in plain text, unless the kernel's reset (unread request bytes) beat it to the client
+    assert answer == b"" or answer.startswith(b"HTTP/1.1 400")
+    assert hello(srv, tls_files["ca"], timeout=1.0).status_code == 200
+    assert loud() == []
+
+
+def test_headers_then_stall_is_timed_out_and_others_are_served(serve, tls_files):
+    srv = serve(threads=2, request_timeout_s=0.5)
+    ctx = ssl.create_default_context(cafile=tls_files["ca"])
+    with ctx.wrap_socket(socket.create_connection(("127.0.0.1", srv.port)), server_hostname="localhost") as s:
+        s.settimeout(3)
+        s.sendall(b"PUT /sha256 HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100\r\n\r\nonly-part")
+        assert hello(srv, tls_files["ca"], timeout=1.0).status_code == 200
+        t0 = time.monotonic()
+        answer = _read_all(s)
+    assert answer.startswith(b"HTTP/1.1 408")
+    assert time.monotonic() - t0 < 2.0
+
+
+def test_oversized_headers_are_refused(serve):
+    srv = serve(tls=False, max_header_bytes=4096)
+    r = requests.get(f"http://127.0.0.1:{srv.port}/hello", headers={"X-Big": "a" * 8192}, timeout=2)
+    assert r.status_code in (413, 431)
+    assert requests.get(f"http://127.0.0.1:{srv.port}/hello", timeout=2).status_code == 200
+
+
+def test_stop_lets_an_inflight_request_finish_then_refuses(tls_files):
+    srv = HTTPServer(app, "127.0.0.1", 0, certfile=tls_files["cert"], keyfile=tls_files["key"])
+    srv.start()
+    port, result = srv.port, {}
+
+    def slow():
+        result["r"] = requests.get(f"https://localhost:{port}/slow", verify=tls_files["ca"], timeout=5)
+
+    t = threading.Thread(target=slow)
+    t.start()
+    time.sleep(0.2)
+    srv.stop(timeout=3)
+    t.join(5)
+    assert result["r"].text == "slow done"
+    with pytest.raises(requests.exceptions.ConnectionError):
+        requests.get(f"https://localhost:{port}/hello", verify=tls_files["ca"], timeout=1)
+    srv.stop()  # a second stop is harmless
+
+
+def test_serve_forever_blocks_until_stop():
+    srv = HTTPServer(app, "127.0.0.1", 0)
+    t = threading.Thread(target=srv.serve_forever)
+    t.start()
+    deadline = time.monotonic() + 2
+    while srv.port == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert requests.get(f"http://127.0.0.1:{srv.port}/hello", timeout=2).status_code == 200
+    srv.stop()
+    t.join(3)
+    assert not t.is_alive()
+
+
+def test_half_configured_tls_is_refused(tls_files):
+    with pytest.raises(ValueError):
+        HTTPServer(app, "127.0.0.1", 0, certfile=tls_files["cert"])
+
+
+def _read_all(sock) -> bytes:
+    chunks = []
+    try:
+        while data := sock.recv(65536):
+            chunks.append(data)
+    except (ConnectionResetError, ssl.SSLError):
+        pass
+    return b"".join(chunks)
