@@ -1,0 +1,61 @@
+"""``python -m agent``: run the worker agent alone (needs only requests and nvidia-ml-py)."""
+
+import argparse
+import os
+import sys
+
+from . import __version__
+from .worker import WorkerConfig, run_worker
+
+
+def _label(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"labels are key=value, got {text!r}")
+    return key, value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The flags of ``gpulayer worker start``, plus --url and --ca-file."""
+    parser = argparse.ArgumentParser(prog="python -m agent", description="GPUlayer worker agent.")
+    add = parser.add_argument
+    add("--url", default=os.environ.get("GPULAYER_URL"), help="control plane URL, https://host:8470 (env GPULAYER_URL)")
+    add("--token", default=None, help="join token glj_... (prefer env GPULAYER_JOIN_TOKEN: flags show in process listings)")
+    add("--ca-file", default=os.environ.get("GPULAYER_CA_FILE"), help="CA certificate to verify the control plane (env GPULAYER_CA_FILE)")
+    add("--ca-fingerprint", default=os.environ.get("GPULAYER_CA_FINGERPRINT"), help="sha256:HEX of the control plane's CA; pinned on first contact (env GPULAYER_CA_FINGERPRINT)")
+    add("--name", default=None, help="worker name (default: host name)")
+    add("--label", action="append", type=_label, default=[], metavar="K=V", help="a label, repeatable")
+    add("--python", default=None, help="interpreter that runs a task's `python`; its bin dir goes first on PATH")
+    add("--advertise-address", default=None, help="address other machines reach this worker at (services, multi-node)")
+    add("--parallel", type=int, default=1, help="tasks at once (default 1)")
+    add("--cpus", type=float, default=None, help="advertised CPUs (default: detected)")
+    add("--gpus", type=int, default=None, help="advertised GPUs; 0 means none (default: detected)")
+    add("--ram-mb", type=int, default=None, help="advertised memory in MB (default: detected)")
+    add("--max-idle", type=float, default=0, help="exit after this many idle seconds; 0 disables")
+    add("--state-dir", default=os.environ.get("GPULAYER_WORKER_STATE_DIR", "~/.gpulayer/worker"), help="task working dirs and the pinned CA (env GPULAYER_WORKER_STATE_DIR)")
+    add("--insecure", action="store_true", help="allow plain http:// to a non-loopback host")
+    add("--version", action="version", version=f"gpulayer-agent {__version__} (protocol 1)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse flags, run the worker, return its exit code."""
+    args = build_parser().parse_args(argv)
+    token = args.token or os.environ.get("GPULAYER_JOIN_TOKEN")
+    if not args.url:
+        print("gpulayer worker: no control plane URL: pass --url or set GPULAYER_URL", file=sys.stderr)
+        return 2
+    if not token:
+        print("gpulayer worker: no join token: set GPULAYER_JOIN_TOKEN (or pass --token)", file=sys.stderr)
+        return 2
+    config = WorkerConfig(
+        url=args.url, join_token=token, name=args.name, labels=dict(args.label), python=args.python,
+        advertise_address=args.advertise_address, parallel=args.parallel, cpus=args.cpus, gpus=args.gpus,
+        ram_mb=args.ram_mb, max_idle_s=args.max_idle, state_dir=args.state_dir, ca_file=args.ca_file,
+        ca_fingerprint=args.ca_fingerprint, insecure=args.insecure,
+    )
+    return run_worker(config)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

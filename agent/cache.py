@@ -1,0 +1,134 @@
+"""A local artifact cache by digest: verified on download, bounded, LRU-evicted.
+
+Files are named by their hex digest under the cache root. A download streams
+into a temporary file in the same folder, is hashed from disk, and is renamed
+into place only when the SHA-256 matches, so a reader never sees a partial or
+wrong file. Using a file refreshes its mtime; eviction removes the oldest
+mtime first until the total is under the limit.
+"""
+
+import hashlib
+import os
+import re
+import tempfile
+import threading
+from pathlib import Path
+from typing import BinaryIO, Callable
+
+from .errors import DigestMismatch, TaskSetupError
+from .events import log_event
+
+DEFAULT_CACHE_BYTES = 1024**3
+CHUNK_BYTES = 1024 * 1024
+_DIGEST = re.compile(r"^sha256:([0-9a-f]{64})$")
+
+#: Writes the whole artifact named by a digest into the open binary file.
+Fetcher = Callable[[str, BinaryIO], None]
+
+
+def digest_hex(digest: str) -> str:
+    """The 64 hex characters of ``sha256:<hex>``; raises TaskSetupError otherwise."""
+    match = _DIGEST.match(str(digest))
+    if not match:
+        raise TaskSetupError(f"not an artifact digest: {digest!r} (expected sha256:<64 hex>)")
+    return match.group(1)
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """``sha256:<hex>`` of a file, read in chunks."""
+    hasher = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(CHUNK_BYTES), b""):
+            hasher.update(chunk)
+    return "sha256:" + hasher.hexdigest()
+
+
+def default_cache_dir() -> str:
+    """$GPULAYER_ARTIFACT_CACHE, else ``gpulayer-artifacts`` in the temp folder."""
+    return os.environ.get("GPULAYER_ARTIFACT_CACHE") or os.path.join(tempfile.gettempdir(), "gpulayer-artifacts")
+
+
+def default_cache_bytes() -> int:
+    """$GPULAYER_ARTIFACT_CACHE_BYTES, else 1 GiB."""
+    raw = os.environ.get("GPULAYER_ARTIFACT_CACHE_BYTES", "").strip()
+    return int(raw) if raw else DEFAULT_CACHE_BYTES
+
+
+class ArtifactCache:
+    """Artifacts by digest under ``root``, at most ``max_bytes`` in total (LRU)."""
+
+    def __init__(self, root: str | os.PathLike, max_bytes: int, fetch: Fetcher):
+        self.root = Path(root).expanduser()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.max_bytes = int(max_bytes)
+        self._fetch = fetch
+        self._lock = threading.Lock()
+        self._digest_locks: dict[str, threading.Lock] = {}
+
+    def get(self, digest: str) -> Path:
+        """The local path of an artifact, downloading and verifying it when missing.
+
+        Raises TaskSetupError for a malformed digest, DigestMismatch when the
+        bytes do not match; the fetcher's own errors pass through.
+        """
+        hex_digest = digest_hex(digest)
+        path = self.root / hex_digest
+        with self._lock_for(hex_digest):
+            if path.exists():
+                os.utime(path)
+                return path
+            self._download(digest, path)
+        self.evict(keep=hex_digest)
+        return path
+
+    def _lock_for(self, hex_digest: str) -> threading.Lock:
+        with self._lock:
+            return self._digest_locks.setdefault(hex_digest, threading.Lock())
+
+    def _download(self, digest: str, path: Path) -> None:
+        fd, temp_name = tempfile.mkstemp(prefix=".tmp-", dir=self.root)
+        try:
+            with os.fdopen(fd, "w+b") as handle:
+                self._fetch(digest, handle)
+            actual = sha256_file(temp_name)
+            if actual != digest:
+                raise DigestMismatch(f"artifact {digest} failed verification: its bytes hash to {actual}")
+            os.chmod(temp_name, 0o444)
+            os.replace(temp_name, path)
+            log_event("artifact_cached", digest=digest, bytes=path.stat().st_size)
+        finally:
+            if os.path.exists(temp_name):
+                os.unlink(temp_name)
+
+    def entries(self) -> list[tuple[float, int, Path]]:
+        """(mtime, size, path) of every cached artifact, oldest first."""
+        found = []
+        for entry in os.scandir(self.root):
+            if entry.name.startswith(".") or not entry.is_file(follow_symlinks=False):
+                continue
+            try:
+                stat = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:  # evicted by a concurrent worker
+                continue
+            found.append((stat.st_mtime, stat.st_size, Path(entry.path)))
+        return sorted(found)
+
+    def evict(self, keep: str | None = None) -> list[str]:
+        """Remove least recently used artifacts until the total fits; returns removed names."""
+        with self._lock:
+            entries = self.entries()
+            total = sum(size for _, size, _ in entries)
+            removed = []
+            for _, size, path in entries:
+                if total <= self.max_bytes:
+                    break
+                if path.name == keep:
+                    continue
+                try:
+                    path.unlink()
+                except FileNotFoundError:
+                    pass
+                total -= size
+                removed.append(path.name)
+                log_event("artifact_evicted", digest="sha256:" + path.name, bytes=size)
+            return removed

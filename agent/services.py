@@ -1,0 +1,172 @@
+"""Service replicas: restarts with backoff, a fresh $PORT per run, endpoints, health checks."""
+
+import http.client
+import socket
+import time
+from typing import TYPE_CHECKING, Callable
+
+from .backoff import next_restart_delay
+from .events import log_event
+from .rendezvous import free_port
+from .supervision import Limits, Stop, supervise
+
+if TYPE_CHECKING:
+    from .tasks import TaskResult, TaskRunner
+
+PROBE_EVERY_S = 0.25
+HEALTH_TIMEOUT_S = 5.0
+
+
+def tcp_accepts(host: str, port: int, timeout_s: float = 0.5) -> bool:
+    """True when ``host:port`` accepts a TCP connection."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def http_status(host: str, port: int, path: str, timeout_s: float) -> int | str:
+    """The status of ``GET path``, or a short error text."""
+    connection = http.client.HTTPConnection(host, port, timeout=timeout_s)
+    try:
+        connection.request("GET", path if path.startswith("/") else "/" + path)
+        return connection.getresponse().status
+    except (OSError, http.client.HTTPException) as exc:
+        return type(exc).__name__
+    finally:
+        connection.close()
+
+
+class EndpointProbe:
+    """Reports the endpoint once the port answers, then runs the health checks.
+
+    ``tick()`` is called by the supervisor; it returns a restart reason when
+    ``failures`` consecutive health checks failed.
+    """
+
+    def __init__(self, handle, port: int, advertise: str, health: dict | None, clock: Callable[[], float] = time.monotonic):
+        self.handle = handle
+        self.port = port
+        self.advertise = advertise
+        self.health = health or None
+        self.clock = clock
+        self.ready = False
+        self.failures = 0
+        self.next_at = clock()
+
+    def _hosts(self) -> list[str]:
+        return ["127.0.0.1"] if self.advertise in ("127.0.0.1", "localhost") else ["127.0.0.1", self.advertise]
+
+    def _check(self) -> tuple[bool, str]:
+        path = (self.health or {}).get("http_path")
+        for host in self._hosts():
+            if not path:
+                if tcp_accepts(host, self.port):
+                    return True, "accepts TCP"
+                continue
+            timeout = min(HEALTH_TIMEOUT_S, max(1.0, float(self.health.get("interval_s") or 10)))
+            status = http_status(host, self.port, path, timeout)
+            if isinstance(status, int) and 200 <= status < 300:
+                return True, f"GET {path}: {status}"
+            last = f"GET {path}: {status}"
+        return False, last if path else "does not accept TCP"
+
+    def tick(self) -> str | None:
+        """Probe when due; returns a restart reason or None."""
+        now = self.clock()
+        if now < self.next_at:
+            return None
+        ok, detail = self._check()
+        if not self.ready:
+            self.next_at = now + PROBE_EVERY_S
+            if ok:
+                self.ready = True
+                self.handle.endpoint = f"{self.advertise}:{self.port}"
+                self.next_at = now + float((self.health or {}).get("interval_s") or 10)
+                log_event("service_endpoint", task_id=self.handle.task_id, endpoint=self.handle.endpoint)
+            return None
+        return self._health_result(ok, detail, now)
+
+    def _health_result(self, ok: bool, detail: str, now: float) -> str | None:
+        if not self.health or not self.health.get("http_path"):
+            return None
+        self.next_at = now + float(self.health.get("interval_s") or 10)
+        self.failures = 0 if ok else self.failures + 1
+        limit = int(self.health.get("failures") or 3)
+        if self.failures >= limit:
+            return f"health check failed {self.failures} times in a row ({detail})"
+        return None
+
+
+def should_restart(policy: str, exit_code: int, health_failed: bool) -> bool:
+    """``always`` restarts after any exit, ``on_failure`` after a non-zero one (or a failed health check)."""
+    return policy == "always" or health_failed or exit_code != 0
+
+
+def run_service(runner: "TaskRunner", extra_env: dict[str, str]) -> "TaskResult":
+    """Run a service replica until it ends for good, is cancelled or times out."""
+    from .tasks import TaskResult, result_of
+
+    service = runner.assignment["service"] or {}
+    handle = runner.handle
+    limits = Limits(runner.assignment.get("timeout_seconds"), runner.assignment.get("silence_timeout_seconds"), time.monotonic())
+    delay: float | None = None
+    while True:
+        port = free_port() if service.get("port", True) else None
+        env = dict(extra_env, **({"PORT": str(port)} if port else {}))
+        handle.state, handle.endpoint = "running", None
+        proc = runner.spawn(env)
+        if isinstance(proc, TaskResult):
+            return proc
+        probe = EndpointProbe(handle, port, runner.ctx.advertise_address, service.get("health")) if port else None
+        run_limits = Limits(limits.timeout_s, limits.silence_s, limits.since)
+        stop = supervise(proc, handle, run_limits, runner.shipper.system, runner.ctx.kill_grace_s, probe.tick if probe else None)
+        proc.finish_readers()
+        handle.endpoint = None
+        exit_code = runner.exit_code(proc)
+        run_seconds = time.monotonic() - proc.started
+        if stop is not None and stop.kind != "restart":
+            return result_of(stop, exit_code)
+        why = stop.reason if stop else f"exited with code {exit_code}"
+        ended = _ended_for_good(service, handle.restarts, exit_code, stop, why, runner.shipper.system)
+        if ended is not None:
+            return ended
+        delay = next_restart_delay(delay, run_seconds)
+        handle.state = "restarting"
+        handle.restarts += 1
+        runner.shipper.system(f"restart {handle.restarts}: {why}; next run in {delay:g} s")
+        log_event("service_restart", task_id=handle.task_id, restarts=handle.restarts, reason=why, delay_s=delay)
+        waited = _wait_restart(handle, limits, delay)
+        if waited is not None:
+            runner.shipper.system(waited.reason)
+            return result_of(waited, exit_code)
+
+
+def _ended_for_good(service: dict, restarts: int, exit_code: int, stop: Stop | None, why: str, system_line) -> "TaskResult | None":
+    """The replica's final result when it must not restart, else None."""
+    from .tasks import TaskResult
+
+    health_failed = stop is not None
+    outcome = "succeeded" if exit_code == 0 and not health_failed else "failed"
+    if not should_restart(service.get("restart", "always"), exit_code, health_failed):
+        system_line(f"service ended: {why} (restart policy {service.get('restart')})")
+        return TaskResult(exit_code, outcome, why)
+    max_restarts = service.get("max_restarts")
+    if max_restarts is not None and restarts >= int(max_restarts):
+        system_line(f"service ended: {why}; its {max_restarts} restarts are used up")
+        return TaskResult(exit_code, outcome, f"{why}; restarts used up ({max_restarts})")
+    return None
+
+
+def _wait_restart(handle, limits: Limits, delay: float) -> Stop | None:
+    """Sleep ``delay`` unless a cancel or the service's timeout comes first."""
+    if limits.timeout_s is not None:
+        left = limits.since + limits.timeout_s - time.monotonic()
+        if left < delay:
+            if handle.wait_cancel(max(0.0, left)):
+                return Stop("cancelled", f"cancelled: {handle.cancel_reason}")
+            return Stop("timed_out", f"timeout: ran longer than timeout_seconds={limits.timeout_s:g}")
+    if handle.wait_cancel(delay):
+        return Stop("cancelled", f"cancelled: {handle.cancel_reason}")
+    return None

@@ -1,0 +1,111 @@
+"""Watching a running task: cancel requests, timeouts, silence, and the handle the heartbeat reads."""
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from .process import TaskProcess
+
+POLL_S = 0.05
+
+
+class TaskHandle:
+    """What the worker knows of a task while it runs; shared by its runner and the heartbeat."""
+
+    def __init__(self, task_id: int):
+        self.task_id = task_id
+        self.state = "running"
+        self.endpoint: str | None = None
+        self.restarts = 0
+        self.cancel_reason: str | None = None
+        self._cancel = threading.Event()
+
+    def cancel(self, reason: str) -> None:
+        """Ask the runner to stop the task (the first reason is kept)."""
+        if not self._cancel.is_set():
+            self.cancel_reason = reason
+            self._cancel.set()
+
+    @property
+    def cancelled(self) -> bool:
+        """True once a cancel was asked for."""
+        return self._cancel.is_set()
+
+    def wait_cancel(self, timeout_s: float) -> bool:
+        """Sleep up to ``timeout_s``; True as soon as a cancel is asked for."""
+        return self._cancel.wait(timeout_s)
+
+    def heartbeat_entry(self) -> dict:
+        """The task's entry in a heartbeat's ``tasks`` list."""
+        return {"task_id": self.task_id, "state": self.state, "endpoint": self.endpoint, "restarts": self.restarts}
+
+
+@dataclass
+class Limits:
+    """A task's time limits, in seconds (None: no limit); ``since`` is a monotonic start."""
+
+    timeout_s: float | None
+    silence_s: float | None
+    since: float
+
+
+@dataclass
+class Stop:
+    """Why the agent ended a run: ``kind`` is "cancelled", "timed_out" or "restart"."""
+
+    kind: str
+    reason: str
+
+
+#: Called every poll while the process runs; returns a restart reason or None.
+Tick = Callable[[], str | None]
+
+
+def check_limits(limits: Limits, last_output: float, now: float) -> Stop | None:
+    """The timeout that has passed at ``now``, if any (pure: the clock is a parameter)."""
+    if limits.timeout_s is not None and now - limits.since >= limits.timeout_s:
+        return Stop("timed_out", f"timeout: ran longer than timeout_seconds={limits.timeout_s:g}")
+    if limits.silence_s is not None and now - last_output >= limits.silence_s:
+        return Stop("timed_out", f"silence timeout: no output for silence_timeout_seconds={limits.silence_s:g}")
+    return None
+
+
+def supervise(
+    proc: TaskProcess,
+    handle: TaskHandle,
+    limits: Limits,
+    system_line: Callable[[str], None],
+    kill_grace_s: float,
+    on_tick: Tick | None = None,
+) -> Stop | None:
+    """Wait for the process to end; kill its group on cancel, timeout or a tick's restart.
+
+    Returns None when the process ended by itself (left-over group members are
+    killed too), else why the agent ended it.
+    """
+    while True:
+        if proc.poll() is not None:
+            if proc.group_alive():
+                system_line("the command exited; killing processes it left running in its process group")
+                proc.kill_group(kill_grace_s)
+            return None
+        stop = _next_stop(proc, handle, limits, on_tick)
+        if stop is not None:
+            system_line(f"{stop.reason}; stopping the process group (SIGTERM, SIGKILL after {kill_grace_s:g} s)")
+            proc.kill_group(kill_grace_s)
+            return stop
+        time.sleep(POLL_S)
+
+
+def _next_stop(proc: TaskProcess, handle: TaskHandle, limits: Limits, on_tick: Tick | None) -> Stop | None:
+    if handle.cancelled:
+        return Stop("cancelled", f"cancelled: {handle.cancel_reason}")
+    stop = check_limits(limits, max(proc.last_output, proc.started), time.monotonic())
+    if stop is not None:
+        return stop
+    if on_tick is not None:
+        why = on_tick()
+        if why:
+            return Stop("restart", why)
+    return None

@@ -1,0 +1,266 @@
+"""One task from assignment to finish: working dir, artifacts, run, outputs, finish.
+
+``TaskRunner.run()`` is a thread's target. It never raises: whatever goes
+wrong ends as a finish with a reason (or, when the control plane says the
+task is no longer ours, as no finish at all).
+"""
+
+import os
+import shutil
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .bundle import place_file, unpack_bundle
+from .cache import ArtifactCache
+from .environment import task_argv, task_environment
+from .errors import AgentError, Rejected, TaskSetupError, Unreachable
+from .events import log_event
+from .logship import LogShipper
+from .outputs import collect_outputs, upload_outputs
+from .process import KILL_GRACE_S, TaskProcess, exit_code_of
+from .rendezvous import RENDEZVOUS_TIMEOUT_S, distributed_env, free_port, rendezvous
+from .supervision import Limits, Stop, TaskHandle, supervise
+from .transport import Transport
+
+#: How long a stopping worker keeps trying to report (logs, outputs, finish).
+SHUTDOWN_REPORT_S = 30.0
+
+
+@dataclass
+class TaskContext:
+    """What every task runner of one worker shares."""
+
+    transport: Transport
+    cache: ArtifactCache
+    tasks_dir: Path
+    advertise_address: str
+    base_env: dict[str, str]
+    device_ids: list[str]
+    python: str | None = None
+    kill_grace_s: float = KILL_GRACE_S
+    rendezvous_timeout_s: float = RENDEZVOUS_TIMEOUT_S
+    keep_task_dirs: bool = False
+    fatal: list[AgentError] = field(default_factory=list)
+
+
+@dataclass
+class TaskResult:
+    """How a task ended; ``exit_code`` is None when the command never ran."""
+
+    exit_code: int | None
+    outcome: str
+    reason: str | None = None
+
+
+def result_of(stop: Stop | None, exit_code: int) -> TaskResult:
+    """The result of a run the agent stopped (``stop``) or that ended by itself."""
+    if stop is None:
+        if exit_code == 0:
+            return TaskResult(0, "succeeded")
+        return TaskResult(exit_code, "failed", f"exit code {exit_code}")
+    outcome = "timed_out" if stop.kind == "timed_out" else "cancelled" if stop.kind == "cancelled" else "failed"
+    return TaskResult(exit_code, outcome, stop.reason)
+
+
+class TaskRunner:
+    """Runs one assignment to its finish."""
+
+    def __init__(self, assignment: dict, ctx: TaskContext, handle: TaskHandle):
+        self.assignment = assignment
+        self.ctx = ctx
+        self.handle = handle
+        self.task_id = int(assignment["task_id"])
+        self.workdir = ctx.tasks_dir / f"{self.task_id}-{assignment.get('attempt', 1)}"
+        self.weights: str | None = None
+        self.started = False
+        self.assigned = True
+        self.shipper = LogShipper(self._send_logs)
+
+    def _send_logs(self, lines: list[dict]) -> None:
+        self.ctx.transport.request("POST", f"/worker/tasks/{self.task_id}/logs", {"lines": lines})
+
+    def run(self) -> None:
+        """The whole lifecycle; never raises."""
+        log_event("task_assigned", task_id=self.task_id, job_id=self.assignment.get("job_id"), attempt=self.assignment.get("attempt"))
+        self.shipper.start()
+        try:
+            result = self._execute()
+            outputs = self._outputs() if result is not None and result.exit_code is not None else {}
+        except AgentError as exc:  # protocol mismatch or revoked mid-task: the worker stops
+            self.ctx.fatal.append(exc)
+            result, outputs = TaskResult(None, "failed", str(exc)), {}
+        except Unreachable as exc:  # only when the worker gave up on the control plane
+            result, outputs = TaskResult(None, "cancelled", f"control plane unreachable: {exc}"), {}
+        except Exception as exc:
+            log_event("task_agent_error", task_id=self.task_id, error=repr(exc), trace=traceback.format_exc(limit=5))
+            result, outputs = TaskResult(None, "failed", f"agent error: {type(exc).__name__}: {exc}"), {}
+        self._report(result, outputs)
+
+    def _execute(self) -> TaskResult | None:
+        self._prepare_dir()
+        try:
+            self._materialize()
+        except TaskSetupError as exc:
+            self.shipper.system(f"setup failed: {exc}")
+            return TaskResult(None, "failed", str(exc)) if self._send_start(None) else None
+        if self.handle.cancelled:
+            return TaskResult(None, "cancelled", f"cancelled before start: {self.handle.cancel_reason}")
+        extra: dict[str, str] = {}
+        if int(self.assignment.get("world_size") or 1) > 1:
+            if not self._send_start(None):
+                return None
+            try:
+                answer = self._rendezvous()
+            except TaskSetupError as exc:
+                self.shipper.system(str(exc))
+                return TaskResult(None, "failed", str(exc))
+            if answer is None:
+                return TaskResult(None, "cancelled", f"cancelled during rendezvous: {self.handle.cancel_reason}")
+            extra = distributed_env(answer)
+        if self.assignment.get("service"):
+            from .services import run_service
+
+            return run_service(self, extra)
+        return self._run_once(extra)
+
+    def _prepare_dir(self) -> None:
+        if self.workdir.exists():
+            shutil.rmtree(self.workdir)
+        self.workdir.mkdir(parents=True)
+
+    def _materialize(self) -> None:
+        """Fetch and place the source bundle, the inputs and the weights."""
+        source = self.assignment.get("source")
+        if source:
+            count = unpack_bundle(self.ctx.cache.get(source), self.workdir)
+            self.shipper.system(f"source bundle {source} unpacked: {count} entries")
+        for relative, digest in sorted((self.assignment.get("inputs") or {}).items()):
+            place_file(self.ctx.cache.get(digest), self.workdir, relative, "input")
+        weights = ((self.assignment.get("service") or {}).get("weights")) or None
+        if weights:
+            self.weights = self._link_weights(self.ctx.cache.get(weights))
+
+    def _link_weights(self, cached: Path) -> str:
+        """A hard link (or copy) of the cached weights in the working dir, safe from eviction."""
+        target = self.workdir / ".gpulayer-weights"
+        try:
+            os.link(cached, target)
+        except OSError:
+            shutil.copyfile(cached, target)
+        return str(target)
+
+    def _rendezvous(self) -> dict | None:
+        port = free_port()
+        return rendezvous(
+            self.ctx.transport,
+            self.task_id,
+            self.ctx.advertise_address,
+            port,
+            self.handle.wait_cancel,
+            timeout_s=self.ctx.rendezvous_timeout_s,
+        )
+
+    def environment(self, extra: dict[str, str]) -> dict[str, str]:
+        """The task's environment with ``extra`` (PORT, MASTER_*) on top."""
+        extra = dict(extra)
+        if self.weights:
+            extra["GPULAYER_WEIGHTS"] = self.weights
+        return task_environment(
+            self.ctx.base_env, self.assignment, str(self.workdir), self.ctx.device_ids, self.ctx.python, extra
+        )
+
+    def spawn(self, extra: dict[str, str]) -> "TaskProcess | TaskResult":
+        """Start the command; a command that cannot start gives a failed result (126/127)."""
+        argv = task_argv(list(self.assignment["command"]), self.ctx.python, self.weights)
+        try:
+            proc = TaskProcess(argv, self.environment(extra), str(self.workdir), self.shipper.add)
+        except OSError as exc:
+            code = 127 if isinstance(exc, FileNotFoundError) else 126
+            self.shipper.system(f"cannot start {argv[0]!r}: {exc.strerror or exc}")
+            if not self.started:
+                self._send_start(None)
+            return TaskResult(code, "failed", f"cannot start {argv[0]!r}: {exc.strerror or exc}")
+        log_event("task_started", task_id=self.task_id, pid=proc.pid)
+        if not self.started:
+            self.started = True
+            threading.Thread(target=self._send_start, args=(proc.pid,), daemon=True, name=f"start-{self.task_id}").start()
+        return proc
+
+    def _send_start(self, pid: int | None) -> bool:
+        """POST start (retried); False, and the task is dropped, when the server says it is not ours."""
+        self.started = True
+        body = {"pid": pid} if pid is not None else {}
+        try:
+            self.ctx.transport.call("POST", f"/worker/tasks/{self.task_id}/start", body)
+            return True
+        except Rejected as exc:
+            log_event("task_not_assigned", task_id=self.task_id, error=str(exc))
+            self.assigned = False
+            self.handle.cancel("the control plane no longer assigns this task to this worker")
+            return False
+
+    def exit_code(self, proc: TaskProcess) -> int:
+        """The process's shell-style exit code (it must have ended)."""
+        return exit_code_of(proc.popen.wait())
+
+    def _run_once(self, extra: dict[str, str]) -> TaskResult:
+        proc = self.spawn(extra)
+        if isinstance(proc, TaskResult):
+            return proc
+        limits = Limits(self.assignment.get("timeout_seconds"), self.assignment.get("silence_timeout_seconds"), proc.started)
+        stop = supervise(proc, self.handle, limits, self.shipper.system, self.ctx.kill_grace_s)
+        proc.finish_readers()
+        return result_of(stop, self.exit_code(proc))
+
+    def _outputs(self) -> dict[str, str]:
+        files, problems = collect_outputs(self.workdir, list(self.assignment.get("outputs") or []))
+        for problem in problems:
+            self.shipper.system(problem)
+        if not files or not self.assigned:
+            return {}
+        recorded = upload_outputs(files, self._upload)
+        self.shipper.system(f"{len(recorded)} output files uploaded")
+        return recorded
+
+    def _upload(self, digest: str, path: str) -> bool:
+        """Upload one output; False (and a log line) when the control plane refuses it."""
+        try:
+            self.ctx.transport.upload_artifact(digest, path)
+            return True
+        except Rejected as exc:
+            self.shipper.system(f"output {os.path.relpath(path, self.workdir)} not uploaded: {exc}")
+            return False
+
+    def _report(self, result: TaskResult | None, outputs: dict[str, str]) -> None:
+        """Send the last log lines and the finish (unless the task is no longer ours)."""
+        if result is None or not self.assigned:
+            self.shipper.close(time.monotonic() + 5)
+            log_event("task_dropped", task_id=self.task_id)
+            return
+        summary = f"finished: {result.outcome}" + (f" (exit code {result.exit_code})" if result.exit_code is not None else "")
+        self.shipper.system(summary + (f": {result.reason}" if result.reason and result.outcome != "succeeded" else ""))
+        give_up = self.ctx.transport.give_up_at
+        self.shipper.close(give_up)
+        body = {"exit_code": result.exit_code, "outcome": result.outcome, "outputs": outputs}
+        if result.reason:
+            body["reason"] = result.reason
+        self._send_finish(body)
+        if not self.ctx.keep_task_dirs:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _send_finish(self, body: dict) -> None:
+        try:
+            answer = self.ctx.transport.call("POST", f"/worker/tasks/{self.task_id}/finish", body)
+        except (Rejected, Unreachable) as exc:
+            log_event("task_finish_failed", task_id=self.task_id, outcome=body["outcome"], error=str(exc))
+            return
+        except AgentError as exc:
+            self.ctx.fatal.append(exc)
+            return
+        accepted = bool(answer.get("accepted"))
+        log_event("task_finished", task_id=self.task_id, outcome=body["outcome"], exit_code=body["exit_code"], accepted=accepted)
+        if not accepted:
+            log_event("task_result_late", task_id=self.task_id, outcome=body["outcome"])

@@ -1,0 +1,365 @@
+"""The worker: register, heartbeat, acquire, run tasks, stop cleanly.
+
+``run_worker(WorkerConfig(...))`` is the entry point of ``gpulayer worker
+start``, ``gpulayer join`` and ``python -m agent``. Three threads: the caller's
+(signals, idle limit, shutdown), the heartbeat and the acquire loop; plus one
+thread per running task.
+"""
+
+import contextlib
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from . import __version__
+from .backoff import retry_delay
+from .cache import ArtifactCache, default_cache_bytes, default_cache_dir
+from .environment import filtered_environ
+from .errors import AgentError, Forbidden, Rejected, Revoked, Unauthorized, Unreachable
+from .events import configure_logging, log_event
+from .inventory import Inventory, detect, nvml_probe
+from .process import KILL_GRACE_S
+from .rendezvous import RENDEZVOUS_TIMEOUT_S
+from .supervision import TaskHandle
+from .tasks import SHUTDOWN_REPORT_S, TaskContext, TaskRunner
+from .tls import resolve_verify
+from .transport import Transport, check_url
+
+ACQUIRE_WAIT_S = 20.0
+
+
+@dataclass
+class WorkerConfig:
+    """Settings of one worker agent (the CLI flags of ``gpulayer worker start``)."""
+
+    url: str
+    join_token: str
+    name: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    python: str | None = None
+    advertise_address: str | None = None
+    parallel: int = 1
+    cpus: float | None = None
+    gpus: int | None = None
+    ram_mb: int | None = None
+    max_idle_s: float = 0
+    state_dir: str = "~/.gpulayer/worker"
+    ca_file: str | None = None
+    ca_fingerprint: str | None = None
+    insecure: bool = False
+    artifact_cache: str | None = None
+    artifact_cache_bytes: int | None = None
+    # Below: tuning knobs with safe defaults (tests shorten them).
+    kill_grace_s: float = KILL_GRACE_S
+    acquire_wait_s: float = ACQUIRE_WAIT_S
+    rendezvous_timeout_s: float = RENDEZVOUS_TIMEOUT_S
+    keep_task_dirs: bool = False
+    gpu_probe: Callable[[], list[str]] | None = None
+
+
+def run_worker(config: WorkerConfig, stop_event: threading.Event | None = None) -> int:
+    """Run until stopped (SIGTERM/SIGINT when in main thread, or stop_event), return exit code.
+
+    0 after a clean stop (signal, ``stop_event`` or ``max_idle_s``); 2 for a
+    configuration, token or protocol error; 3 when the control plane revoked
+    the worker. A fatal error is printed as one line on stderr, never a traceback.
+    """
+    configure_logging()
+    stop_event = stop_event or threading.Event()
+    worker = Worker(config, stop_event)
+    try:
+        with _signals_stop(stop_event):
+            return worker.run()
+    except AgentError as exc:
+        worker.close()
+        log_event("worker_exit", code=exc.exit_code, reason=str(exc))
+        print(f"gpulayer worker: {exc}", file=sys.stderr)
+        return exc.exit_code
+
+
+@contextlib.contextmanager
+def _signals_stop(stop_event: threading.Event):
+    """SIGTERM and SIGINT set ``stop_event`` (only possible from the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {}
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        previous[signum] = signal.signal(signum, lambda *_: stop_event.set())
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+class Worker:
+    """One registered worker session and its tasks."""
+
+    def __init__(self, config: WorkerConfig, stop_event: threading.Event):
+        self.config = config
+        self.stop_event = stop_event
+        self.stopping = threading.Event()
+        self.slot_freed = threading.Event()
+        self.heartbeat_stop = threading.Event()
+        self.handles: dict[int, TaskHandle] = {}
+        self.threads: dict[int, threading.Thread] = {}
+        self.lock = threading.Lock()
+        self.idle_since = time.monotonic()
+        self.fatal: list[AgentError] = []
+        self.transport: Transport | None = None
+        self.ctx: TaskContext | None = None
+        self.interval_s = 2.0
+
+    # -- setup -------------------------------------------------------------
+    def run(self) -> int:
+        """Register, serve until stopped, shut down; returns the exit code."""
+        config = self.config
+        base_url = check_url(config.url, config.insecure)
+        state_dir = Path(os.path.expanduser(config.state_dir))
+        state_dir.mkdir(parents=True, exist_ok=True)
+        verify = resolve_verify(base_url, config.ca_file, config.ca_fingerprint, str(state_dir))
+        self.transport = Transport(base_url, verify)
+        inventory = detect(probe=config.gpu_probe or nvml_probe, cpus=config.cpus, gpus=config.gpus, ram_mb=config.ram_mb)
+        answer = self._register(inventory)
+        if answer is None:
+            return 0
+        self.ctx = self._task_context(answer, inventory, state_dir)
+        threads = [
+            threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True),
+            threading.Thread(target=self._acquire_loop, name="acquire", daemon=True),
+        ]
+        for thread in threads:
+            thread.start()
+        code = self._serve()
+        self._shutdown(threads[0])
+        if self.fatal:
+            raise self.fatal[0]
+        return code
+
+    def _register(self, inventory: Inventory) -> dict | None:
+        """POST register, retried while unreachable; None if stopped before it answered."""
+        config = self.config
+        body = {
+            "name": config.name or socket.gethostname(),
+            "labels": dict(config.labels),
+            "resources": inventory.resources(),
+            "version": __version__,
+            "slots": max(1, int(config.parallel)),
+        }
+        if config.advertise_address:
+            body["advertise_address"] = config.advertise_address
+        self.transport.set_token(config.join_token)
+        failures = 0
+        while not self.stop_event.is_set():
+            try:
+                answer = self.transport.request("POST", "/workers/register", body)
+                break
+            except Unreachable as exc:
+                failures += 1
+                log_event("register_retry", failures=failures, error=str(exc))
+                self.stop_event.wait(retry_delay(failures))
+            except Unauthorized:
+                raise AgentError("the control plane refused the join token (401 unauthorized): check $GPULAYER_JOIN_TOKEN") from None
+            except Forbidden:
+                raise AgentError("the control plane refused this token for registering (403 forbidden): use a join token (glj_...)") from None
+            except Rejected as exc:
+                raise AgentError(f"the control plane refused to register this worker: {exc.code}: {exc.message}") from None
+        else:
+            return None
+        self.transport.set_token(answer["session_token"])
+        self.interval_s = float(answer.get("heartbeat_interval_s") or 2.0)
+        log_event("worker_registered", worker_id=answer.get("worker_id"), name=body["name"], slots=body["slots"],
+                  advertise_address=answer.get("advertise_address"), heartbeat_interval_s=self.interval_s)
+        return answer
+
+    def _task_context(self, answer: dict, inventory: Inventory, state_dir: Path) -> TaskContext:
+        config = self.config
+        cache = ArtifactCache(
+            config.artifact_cache or default_cache_dir(),
+            config.artifact_cache_bytes if config.artifact_cache_bytes is not None else default_cache_bytes(),
+            self.transport.download_artifact,
+        )
+        advertise = answer.get("advertise_address") or config.advertise_address or socket.gethostname()
+        return TaskContext(
+            transport=self.transport,
+            cache=cache,
+            tasks_dir=state_dir / "tasks",
+            advertise_address=advertise,
+            base_env=filtered_environ(),
+            device_ids=inventory.device_ids,
+            python=os.path.abspath(config.python) if config.python else None,
+            kill_grace_s=config.kill_grace_s,
+            rendezvous_timeout_s=config.rendezvous_timeout_s,
+            keep_task_dirs=config.keep_task_dirs,
+            fatal=self.fatal,
+        )
+
+    # -- the three loops ---------------------------------------------------
+    def _serve(self) -> int:
+        """Wait for a stop, a fatal error or the idle limit; returns the exit code."""
+        while not self.stop_event.wait(0.2):
+            if self.fatal:
+                return self.fatal[0].exit_code
+            if self._idle_too_long():
+                log_event("worker_idle_exit", idle_s=self.config.max_idle_s)
+                return 0
+        log_event("worker_stopping", reason="stop requested")
+        return 0
+
+    def _idle_too_long(self) -> bool:
+        with self.lock:
+            busy = bool(self.handles)
+        limit = self.config.max_idle_s
+        return bool(limit) and limit > 0 and not busy and time.monotonic() - self.idle_since >= limit
+
+    def _heartbeat_loop(self) -> None:
+        failures = 0
+        while not self.heartbeat_stop.is_set():
+            with self.lock:
+                entries = [handle.heartbeat_entry() for handle in self.handles.values()]
+            try:
+                answer = self.transport.request("POST", "/worker/heartbeat", {"tasks": entries})
+                failures = 0
+                self._on_heartbeat(answer)
+            except Unreachable as exc:
+                failures += 1
+                if failures == 1 or failures % 10 == 0:
+                    log_event("heartbeat_failed", failures=failures, error=str(exc))
+                self.heartbeat_stop.wait(min(self.interval_s, retry_delay(failures)))
+                continue
+            except Unauthorized:
+                self._fail(Revoked("the control plane no longer accepts this worker's session (401): it was revoked or expired"))
+            except AgentError as exc:
+                self._fail(exc)
+            except Rejected as exc:
+                log_event("heartbeat_rejected", error=str(exc))
+            self.heartbeat_stop.wait(self.interval_s)
+
+    def _on_heartbeat(self, answer: dict) -> None:
+        for task_id in answer.get("cancel_task_ids") or []:
+            with self.lock:
+                handle = self.handles.get(int(task_id))
+            if handle is not None and not handle.cancelled:
+                log_event("task_cancel_requested", task_id=task_id)
+                handle.cancel("the control plane cancelled this task")
+        if answer.get("revoked"):
+            self._fail(Revoked("the control plane revoked this worker"))
+
+    def _acquire_loop(self) -> None:
+        failures = 0
+        while not self.stopping.is_set():
+            if not self._free_slot():
+                continue
+            asked = time.monotonic()
+            try:
+                answer = self.transport.request("POST", "/worker/acquire", {"wait_s": self.config.acquire_wait_s},
+                                                timeout=self.config.acquire_wait_s + 15)
+                failures = 0
+            except Unreachable:
+                failures += 1
+                self.stopping.wait(retry_delay(failures))
+                continue
+            except Unauthorized:
+                self._fail(Revoked("the control plane no longer accepts this worker's session (401): it was revoked or expired"))
+                return
+            except AgentError as exc:
+                self._fail(exc)
+                return
+            except Rejected as exc:
+                log_event("acquire_rejected", error=str(exc))
+                self.stopping.wait(self.interval_s)
+                continue
+            self._take(answer.get("task"), time.monotonic() - asked)
+
+    def _free_slot(self) -> bool:
+        """True when a slot is free; otherwise waits a little for one."""
+        with self.lock:
+            free = len(self.handles) < max(1, int(self.config.parallel))
+        if not free:
+            self.slot_freed.wait(0.5)
+            self.slot_freed.clear()
+        return free
+
+    def _take(self, task: dict | None, elapsed_s: float) -> None:
+        """Launch an acquired assignment (ignoring a repeat of one already running)."""
+        if self.stopping.is_set():
+            return
+        if not task:
+            if elapsed_s < self.config.acquire_wait_s / 2:  # the server did not park us: poll gently
+                self.stopping.wait(self.interval_s)
+            return
+        task_id = int(task["task_id"])
+        with self.lock:
+            known = task_id in self.handles
+        if known:  # acquire repeats an assignment until its start: wait for that
+            self.stopping.wait(0.5)
+            return
+        self._launch(task)
+
+    def _launch(self, task: dict) -> None:
+        task_id = int(task["task_id"])
+        handle = TaskHandle(task_id)
+        runner = TaskRunner(task, self.ctx, handle)
+        thread = threading.Thread(target=self._run_task, args=(runner,), name=f"task-{task_id}", daemon=True)
+        with self.lock:
+            self.handles[task_id] = handle
+            self.threads[task_id] = thread
+        thread.start()
+
+    def _run_task(self, runner: TaskRunner) -> None:
+        try:
+            runner.run()
+        finally:
+            with self.lock:
+                self.handles.pop(runner.task_id, None)
+                self.threads.pop(runner.task_id, None)
+                if not self.handles:
+                    self.idle_since = time.monotonic()
+            self.slot_freed.set()
+
+    def _fail(self, error: AgentError) -> None:
+        if not self.fatal:
+            log_event("worker_fatal", reason=str(error))
+        self.fatal.append(error)
+
+    # -- stopping ----------------------------------------------------------
+    def _shutdown(self, heartbeat: threading.Thread) -> None:
+        """Cancel and report every task, stop the heartbeat, deregister."""
+        self.stopping.set()
+        self.slot_freed.set()
+        revoked = any(isinstance(err, Revoked) for err in self.fatal)
+        reason = "the worker was revoked" if revoked else "the worker is stopping"
+        self.transport.give_up_at = time.monotonic() + SHUTDOWN_REPORT_S
+        with self.lock:
+            handles = list(self.handles.values())
+            threads = list(self.threads.values())
+        for handle in handles:
+            handle.cancel(reason)
+        deadline = time.monotonic() + SHUTDOWN_REPORT_S + self.config.kill_grace_s + 5
+        for thread in threads:
+            thread.join(max(0.1, deadline - time.monotonic()))
+        self.heartbeat_stop.set()
+        heartbeat.join(self.interval_s + 5)
+        if not self.fatal:
+            self._deregister()
+        self.close()
+        log_event("worker_stopped", tasks_stopped=len(handles))
+
+    def _deregister(self) -> None:
+        try:
+            self.transport.request("POST", "/worker/deregister", {}, timeout=10)
+            log_event("worker_deregistered")
+        except (Unreachable, Rejected) as exc:
+            log_event("deregister_failed", error=str(exc))
+
+    def close(self) -> None:
+        """Release the HTTP session (safe to call twice)."""
+        if self.transport is not None:
+            self.transport.close()
