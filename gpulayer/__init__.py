@@ -1,0 +1,30 @@
+"""GPUlayer: a GPU job and service scheduler on one SQLite file.
+
+The Python client::
+
+    import gpulayer as gl
+    client = gl.connect()                       # GPULAYER_URL / GPULAYER_TOKEN, or `gpulayer up`
+    job = client.submit(gl.job(["python", "train.py"], gpus=1, source="."))
+    job.wait(); print(job.logs())
+
+See docs/python.md.
+"""
+from __future__ import annotations
+
+from gpulayer.client import (
+    FINISHED_STATES, Client, Job, connect, resolve_settings, server_configured,
+)
+from gpulayer.client_errors import (
+    ApiError, ClientError, Conflict, ConnectionFailed, Forbidden, InvalidRequest, NotFound,
+    ProtocolMismatch, Unauthorized, WaitTimeout,
+)
+from gpulayer.specs import job, service
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ApiError", "Client", "ClientError", "Conflict", "ConnectionFailed", "FINISHED_STATES",
+    "Forbidden", "InvalidRequest", "Job", "NotFound", "ProtocolMismatch", "Unauthorized",
+    "WaitTimeout", "connect", "job", "resolve_settings", "server_configured", "service",
+    "__version__",
+]

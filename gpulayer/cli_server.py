@@ -1,0 +1,120 @@
+"""`gpulayer server ...`, `up`, `explore` and `artifacts gc`: the control plane's side."""
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from gpulayer.cli_common import fail, home_of, print_json
+from gpulayer.config import DEFAULT_PORT, HEARTBEAT_INTERVAL_S, LEASE_TTL_S
+
+server_app = typer.Typer(help="Initialise, run and back up a control plane.", no_args_is_help=True)
+artifacts_app = typer.Typer(help="The control plane's artifact store.", no_args_is_help=True)
+
+Home = Annotated[Optional[Path], typer.Option("--home", envvar="GPULAYER_HOME", show_envvar=True,
+                                              help="The control plane's home directory (default ~/.gpulayer).")]
+
+
+class Synchronous(str, Enum):
+    normal = "normal"
+    full = "full"
+
+
+@server_app.command("init")
+def server_init(ctx: typer.Context, home: Home = None,
+                as_json: Annotated[bool, typer.Option("--json", help="Print the tokens as JSON.")] = False,
+                force: Annotated[bool, typer.Option("--force", help="Rotate both tokens of an initialised home.")] = False) -> None:
+    """Create the server secret and the client and join tokens (shown once; only hashes are kept)."""
+    from gpulayer.server import init_home
+    where = home_of(ctx, home)
+    tokens = init_home(where, force=True) if force else init_home(where)
+    if as_json:
+        print_json({"home": str(where), **tokens})
+        return
+    typer.echo(f"initialised {where}")
+    typer.echo(f"client token: {tokens['client_token']}   (GPULAYER_TOKEN for the CLI and Python client)")
+    typer.echo(f"join token:   {tokens['join_token']}   (GPULAYER_JOIN_TOKEN for workers)")
+    typer.echo("Both are shown once: store them now.", err=True)
+
+
+@server_app.command("start")
+def server_start(
+    ctx: typer.Context,
+    host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="Port to listen on (0: any free one).", min=0, max=65535)] = DEFAULT_PORT,
+    tls_cert: Annotated[Optional[Path], typer.Option("--tls-cert", help="PEM certificate (chain) for HTTPS.")] = None,
+    tls_key: Annotated[Optional[Path], typer.Option("--tls-key", help="PEM private key for HTTPS.")] = None,
+    allow_insecure_remote: Annotated[bool, typer.Option("--allow-insecure-remote", help="Allow plain HTTP on a non-loopback address (behind a TLS proxy you control).")] = False,
+    home: Home = None,
+    heartbeat_interval: Annotated[float, typer.Option("--heartbeat-interval", help="Seconds between worker heartbeats.", min=0.01)] = HEARTBEAT_INTERVAL_S,
+    lease_ttl: Annotated[float, typer.Option("--lease-ttl", help="Seconds without a heartbeat before a worker's tasks are lost.", min=0.01)] = LEASE_TTL_S,
+    synchronous: Annotated[Synchronous, typer.Option("--synchronous", help="SQLite synchronous: normal (fast) or full (survives power loss).")] = Synchronous.normal,
+) -> None:
+    """Run the control plane in the foreground until SIGTERM or Ctrl-C."""
+    from gpulayer.config import ControlPlaneConfig
+    from gpulayer.server import run_server
+    if bool(tls_cert) != bool(tls_key):
+        raise typer.BadParameter("give both --tls-cert and --tls-key, or neither", param_hint="--tls-key")
+    config = ControlPlaneConfig(home=home_of(ctx, home), host=host, port=port, tls_cert=tls_cert,
+                                tls_key=tls_key, allow_insecure_remote=allow_insecure_remote,
+                                heartbeat_interval_s=heartbeat_interval, lease_ttl_s=lease_ttl,
+                                synchronous=synchronous.value)
+    raise typer.Exit(run_server(config) or 0)
+
+
+@server_app.command("rotate-join-token")
+def server_rotate_join_token(ctx: typer.Context, home: Home = None) -> None:
+    """Replace the join token of `server init`; the old one stops working (joined workers stay)."""
+    from gpulayer.server import rotate_join_token
+    typer.echo(rotate_join_token(home_of(ctx, home)))
+
+
+@server_app.command("backup")
+def server_backup(ctx: typer.Context,
+                  dest: Annotated[Path, typer.Argument(help="File to write the copy of the state file to.")],
+                  home: Home = None) -> None:
+    """Take a consistent copy of the state file while the server runs (SQLite backup API)."""
+    from gpulayer.server import backup
+    backup(home_of(ctx, home), dest)
+    typer.echo(f"backed up to {dest}", err=True)
+
+
+def up(ctx: typer.Context, home: Home = None,
+       host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "0.0.0.0",
+       port: Annotated[int, typer.Option("--port", help="Port to listen on.", min=0, max=65535)] = DEFAULT_PORT,
+       parallel: Annotated[Optional[int], typer.Option("--parallel", help="Tasks the local worker runs at once (default: CPU count).", min=1)] = None) -> None:
+    """Start a control plane over TLS and a local worker; print the line that joins other machines."""
+    from gpulayer.up import run_up
+    raise typer.Exit(run_up(home_of(ctx, home), host, port, parallel))
+
+
+def explore(ctx: typer.Context, home: Home = None,
+            state: Annotated[Optional[Path], typer.Option("--state", help="State file to open (default: HOME/state.db).")] = None,
+            host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
+            port: Annotated[int, typer.Option("--port", help="Port to listen on.", min=0, max=65535)] = 8471) -> None:
+    """Browse the state file read-only in a web page."""
+    from gpulayer.config import HomeLayout
+    import explorer
+    path = state or HomeLayout(home_of(ctx, home)).state
+    if not Path(path).exists():
+        raise fail(f"no state file at {path} (run `gpulayer server init` or `gpulayer up` first, or pass --state)", 2)
+    typer.echo(f"explorer on http://{host}:{port}/ (Ctrl-C to stop)", err=True)
+    explorer.serve(str(path), host=host, port=port)
+
+
+@artifacts_app.command("gc")
+def artifacts_gc(ctx: typer.Context, home: Home = None,
+                 dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what would be removed; remove nothing.")] = False,
+                 as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+    """Remove artifacts no job references that are older than the retention period."""
+    from gpulayer.artifacts_gc import run_gc
+    removed = run_gc(home_of(ctx, home), dry_run=dry_run)
+    if as_json:
+        print_json(removed)
+        return
+    for item in removed:
+        typer.echo(item)
+    verb = "would remove" if dry_run else "removed"
+    typer.echo(f"{verb} {len(removed)} artifact(s)", err=True)

@@ -1,0 +1,103 @@
+"""Build JobSpecs (docs/protocol.md, `JobSpec`) from Python keyword arguments.
+
+`gl.job()` and `gl.service()` only shape a dict: the server validates it. A
+setting left out (or None) is left out of the spec, so the server's default
+applies. `source`, `inputs` and `weights` may name local paths; `Client.submit`
+uploads those and puts their digests in their place.
+"""
+from __future__ import annotations
+
+import shlex
+from typing import Any, Iterable
+
+JOB_SETTINGS = (
+    "name", "env", "accelerator", "gpus", "cpus", "memory_mb", "labels", "retry", "retry_on",
+    "timeout_seconds", "silence_timeout_seconds", "source", "inputs", "outputs", "nodes",
+    "priority", "secrets",
+)
+RESTART_POLICIES = ("always", "on_failure")
+
+
+def job(command: str | Iterable[str], **settings: Any) -> dict:
+    """A JobSpec dict for `command` (an argv list; a string is split like a shell would).
+
+    Settings: name, env, accelerator, gpus, cpus, memory_mb, labels, retry (int
+    = max attempts, or a dict), retry_on (list of reasons), timeout_seconds,
+    silence_timeout_seconds, source (digest or directory), inputs (dict path ->
+    digest or local path, or a list of local paths), outputs, nodes, priority,
+    secrets. Raises TypeError for an unknown setting, ValueError for a bad value.
+    """
+    unknown = sorted(set(settings) - set(JOB_SETTINGS))
+    if unknown:
+        raise TypeError(f"unknown job setting(s): {', '.join(unknown)}; known: {', '.join(JOB_SETTINGS)}")
+    spec: dict[str, Any] = {"command": _argv(command)}
+    retry = _retry(settings.pop("retry", None), settings.pop("retry_on", None))
+    if retry is not None:
+        spec["retry"] = retry
+    for key in JOB_SETTINGS:
+        value = settings.get(key)
+        if value is not None:
+            spec[key] = _normalise(key, value)
+    return spec
+
+
+def service(command: str | Iterable[str], replicas: int = 1, port: bool = True,
+            restart: str = "always", max_restarts: int | None = None,
+            health_path: str | None = None, weights: str | None = None, **job_settings: Any) -> dict:
+    """A JobSpec for a long-running service: `job()` plus the `service` block.
+
+    `port=True` has the worker pick a free port and set $PORT; `restart` is
+    "always" or "on_failure"; `health_path` turns on HTTP health checks;
+    `weights` is an artifact digest or a local file (uploaded at submit).
+    """
+    if restart not in RESTART_POLICIES:
+        raise ValueError(f"restart must be one of {', '.join(RESTART_POLICIES)}, not {restart!r}")
+    if int(replicas) < 1:
+        raise ValueError("replicas must be at least 1")
+    spec = job(command, **job_settings)
+    spec["service"] = {
+        "replicas": int(replicas),
+        "port": bool(port),
+        "restart": restart,
+        "max_restarts": max_restarts,
+        "health": {"http_path": health_path} if health_path else None,
+        "weights": weights,
+    }
+    return spec
+
+
+def _argv(command: str | Iterable[str]) -> list[str]:
+    argv = shlex.split(command) if isinstance(command, str) else [str(part) for part in command]
+    if not argv:
+        raise ValueError("a job needs a command: a non-empty list of strings")
+    return argv
+
+
+def _retry(retry: Any, retry_on: Any) -> dict | None:
+    if retry is None and retry_on is None:
+        return None
+    if isinstance(retry, dict):
+        block = dict(retry)
+    elif retry is None:
+        block = {}
+    elif isinstance(retry, bool) or not isinstance(retry, int) or retry < 1:
+        raise ValueError(f"retry is a number of attempts (at least 1) or a dict, not {retry!r}")
+    else:
+        block = {"max_attempts": retry}
+    if retry_on is not None:
+        block["retry_on"] = [retry_on] if isinstance(retry_on, str) else list(retry_on)
+    return block
+
+
+def _normalise(key: str, value: Any) -> Any:
+    if key in ("env", "labels"):
+        return {str(k): str(v) for k, v in dict(value).items()}
+    if key in ("outputs", "secrets"):
+        return [value] if isinstance(value, str) else [str(v) for v in value]
+    if key == "inputs" and isinstance(value, (list, tuple)):
+        return {str(v): str(v) for v in value}  # local paths, uploaded by Client.submit
+    if key == "inputs":
+        return {str(k): str(v) for k, v in dict(value).items()}
+    if key == "source":
+        return str(value)
+    return value
