@@ -39,6 +39,7 @@ CREATE TABLE workers (
                            'gone'            -- deregistered or revoked; never comes back
                        )),
     labels             TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(labels)),
+    token_labels       TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(token_labels)),  -- labels its join token carries (secrets need them)
     cpus               REAL NOT NULL DEFAULT 0 CHECK (cpus >= 0),
     gpus               INTEGER NOT NULL DEFAULT 0 CHECK (gpus >= 0),
     memory_mb          INTEGER NOT NULL DEFAULT 0 CHECK (memory_mb >= 0),

@@ -1,0 +1,80 @@
+"""Domain errors: each has a snake_case code and an HTTP status, mapped once in app.py."""
+from __future__ import annotations
+
+
+class GpulayerError(Exception):
+    """Base of every error GPUlayer reports to a user; `message` is a sentence for people."""
+
+    code = "error"
+    status = 400
+
+    def __init__(self, message: str, *, code: str | None = None, **extra):
+        super().__init__(message)
+        self.message = message
+        if code:
+            self.code = code
+        self.extra = extra
+
+    def to_dict(self) -> dict:
+        body = {"code": self.code, "message": self.message}
+        return {"error": body, **self.extra}
+
+
+class ConfigError(GpulayerError):
+    """A bad setting or file, found before serving."""
+
+    code = "config_error"
+
+
+class InvalidRequest(GpulayerError):
+    code = "invalid_field"
+    status = 400
+
+
+class InvalidJSON(GpulayerError):
+    code = "invalid_json"
+    status = 400
+
+
+class BodyTooLarge(GpulayerError):
+    code = "body_too_large"
+    status = 413
+
+
+class Unauthorized(GpulayerError):
+    code = "unauthorized"
+    status = 401
+
+
+class Forbidden(GpulayerError):
+    code = "forbidden"
+    status = 403
+
+
+class NotFound(GpulayerError):
+    code = "not_found"
+    status = 404
+
+
+class Conflict(GpulayerError):
+    code = "conflict"
+    status = 409
+
+
+class TaskNotAssigned(Conflict):
+    code = "task_not_assigned"
+
+
+class ProtocolMismatch(GpulayerError):
+    code = "protocol_mismatch"
+    status = 426
+
+
+class DigestMismatch(GpulayerError):
+    code = "digest_mismatch"
+    status = 400
+
+
+class AlreadyInitialised(GpulayerError):
+    code = "already_initialised"
+    status = 409

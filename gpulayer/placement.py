@@ -1,0 +1,70 @@
+"""Placement: which queued task a polling worker gets, as SQL transactions.
+
+Single tasks are taken with one `UPDATE ... RETURNING` (acquire_task) that
+matches capability in SQL. A multi-node job is placed all at once: when N
+distinct online workers have room, every rank is assigned in the same
+transaction (the other workers receive theirs on their next acquire), or none
+is, so a gang never holds part of the cluster while it waits.
+"""
+from __future__ import annotations
+
+import json
+
+from . import events
+from .sql import row, rows
+
+
+def acquire(conn, worker_id: int, now: float, lease_ttl_s: float) -> int | None:
+    """The task id this worker should run next, or None. Idempotent until start."""
+    held = row(conn, "assigned_task_for_worker", worker_id=worker_id)
+    if held is not None:
+        return held["id"]
+    lease = now + lease_ttl_s
+    gang_task = _place_gang(conn, worker_id, now, lease)
+    if gang_task is not None:
+        return gang_task
+    taken = row(conn, "acquire_task", worker_id=worker_id, now=now, lease_expires_at=lease)
+    if taken is None:
+        return None
+    row(conn, "mark_job_running", job_id=taken["job_id"])
+    events.record(conn, now, "task_assigned", job_id=taken["job_id"], task_id=taken["id"], worker_id=worker_id,
+                  attempt=taken["attempt"])
+    return taken["id"]
+
+
+def _place_gang(conn, worker_id: int, now: float, lease: float) -> int | None:
+    gang = row(conn, "next_gang_job", worker_id=worker_id)
+    if gang is None:
+        return None
+    workers = [r["worker_id"] for r in rows(conn, "gang_workers", job_id=gang["id"], worker_id=worker_id,
+                                               width=gang["width"])]
+    queued = rows(conn, "queued_tasks_of_attempt", job_id=gang["id"], attempt=gang["attempt"])
+    if len(workers) < gang["width"] or workers[0] != worker_id or len(queued) != gang["width"]:
+        return None
+    for task, target in zip(queued, workers):
+        row(conn, "assign_task", task_id=task["id"], worker_id=target, now=now, lease_expires_at=lease)
+        events.record(conn, now, "task_assigned", job_id=gang["id"], task_id=task["id"], worker_id=target,
+                      attempt=gang["attempt"], rank=task["index"])
+    row(conn, "mark_job_running", job_id=gang["id"])
+    events.record(conn, now, "gang_placed", job_id=gang["id"], attempt=gang["attempt"], workers=workers)
+    return queued[0]["id"]
+
+
+def assignment(conn, task_id: int, secret_env=None) -> dict:
+    """The Assignment a worker receives for `task_id` (docs/protocol.md).
+
+    `secret_env(names) -> {name: value}` resolves the job's secrets into its environment.
+    """
+    found = row(conn, "assignment", task_id=task_id)
+    spec = json.loads(found["spec"])
+    gang = bool(found["gang"])
+    return {
+        "task_id": found["task_id"], "job_id": found["job_id"], "attempt": found["attempt"],
+        "index": found["index"], "command": spec["command"],
+        "env": {**spec["env"], **(secret_env(spec["secrets"]) if secret_env and spec["secrets"] else {})},
+        "source": spec["source"], "inputs": spec["inputs"], "outputs": spec["outputs"],
+        "gpus": json.loads(found["gpu_indices"]), "cpus": spec["cpus"], "memory_mb": spec["memory_mb"],
+        "service": spec["service"],
+        "rank": found["index"] if gang else 0, "world_size": found["width"] if gang else 1,
+        "timeout_seconds": spec["timeout_seconds"], "silence_timeout_seconds": spec["silence_timeout_seconds"],
+    }

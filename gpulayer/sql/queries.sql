@@ -1,0 +1,449 @@
+-- Every query of the control plane, by name. Parameters are named (:now is
+-- always a parameter, never the wall clock, so tests pin time).
+-- Active task states are 'assigned' and 'running' throughout.
+
+-- name: insert_event --
+-- Append one event; written in the transaction of the change it records.
+INSERT INTO events (at, kind, job_id, task_id, worker_id, data)
+VALUES (:now, :kind, :job_id, :task_id, :worker_id, :data);
+
+-- name: insert_job --
+-- A submitted job with its placement requirements copied out of the spec.
+INSERT INTO jobs (name, state, spec, kind, priority, labels, accelerator, gpus, cpus, memory_mb,
+                  width, gang, attempt, max_attempts, retry_on, created_at)
+VALUES (:name, 'queued', :spec, :kind, :priority, :labels, :accelerator, :gpus, :cpus, :memory_mb,
+        :width, :gang, 1, :max_attempts, :retry_on, :now)
+RETURNING id;
+
+-- name: insert_task --
+-- One queued task of a job's attempt (a replica or a rank).
+INSERT INTO tasks (job_id, "index", attempt, state, priority, created_at)
+VALUES (:job_id, :index, :attempt, 'queued', :priority, :now)
+RETURNING id;
+
+-- name: assigned_task_for_worker --
+-- acquire is idempotent until start: an assigned task not started yet is handed out again.
+SELECT id FROM tasks
+WHERE worker_id = :worker_id AND state = 'assigned' AND cancel_requested = 0
+ORDER BY id LIMIT 1;
+
+-- name: acquire_task --
+-- Atomic acquisition: the best queued task (priority, then first come) that fits
+-- this worker's free slots, GPUs, CPUs and memory, whose labels are all on the
+-- worker, whose accelerator it has, and whose job has no other replica on it.
+-- GPU indices are the lowest free ones. Gang (multi-node) jobs are placed by
+-- gang_workers / assign_task instead.
+WITH w AS (
+    SELECT w.id, w.labels, w.token_labels, w.gpus, w.advertise_address,
+           w.slots - count(a.id) AS free_slots,
+           w.gpus - coalesce(sum(aj.gpus), 0) AS free_gpus,
+           w.cpus - coalesce(sum(aj.cpus), 0) AS free_cpus,
+           w.memory_mb - coalesce(sum(aj.memory_mb), 0) AS free_memory_mb
+    FROM workers w
+    LEFT JOIN tasks a ON a.worker_id = w.id AND a.state IN ('assigned', 'running')
+    LEFT JOIN jobs aj ON aj.id = a.job_id
+    WHERE w.id = :worker_id AND w.state = 'online'
+    GROUP BY w.id
+)
+UPDATE tasks
+SET state = 'assigned', worker_id = :worker_id, assigned_at = :now, lease_expires_at = :lease_expires_at,
+    address = (SELECT advertise_address FROM w),
+    gpu_indices = (
+        WITH RECURSIVE idx(i) AS (
+            SELECT 0 WHERE (SELECT gpus FROM w) > 0
+            UNION ALL SELECT i + 1 FROM idx WHERE i + 1 < (SELECT gpus FROM w)
+        )
+        SELECT json_group_array(i) FROM (
+            SELECT i, row_number() OVER (ORDER BY i) AS n FROM idx
+            WHERE i NOT IN (SELECT g.value FROM tasks u, json_each(u.gpu_indices) g
+                            WHERE u.worker_id = :worker_id AND u.state IN ('assigned', 'running'))
+        )
+        WHERE n <= (SELECT gpus FROM jobs WHERE jobs.id = tasks.job_id)
+    )
+WHERE id = (
+    SELECT t.id
+    FROM tasks t INDEXED BY tasks_queued
+    JOIN jobs j ON j.id = t.job_id
+    JOIN w
+    WHERE t.state = 'queued' AND j.gang = 0
+      AND w.free_slots > 0
+      AND j.gpus <= w.free_gpus AND j.cpus <= w.free_cpus AND j.memory_mb <= w.free_memory_mb
+      AND (j.accelerator IS NULL OR w.gpus > 0)
+      AND (j.labels = '{}' OR NOT EXISTS (
+              SELECT 1 FROM json_each(j.labels) l
+              WHERE NOT EXISTS (SELECT 1 FROM json_each(w.labels) wl WHERE wl.key = l.key AND wl.value = l.value)))
+      AND NOT EXISTS (SELECT 1 FROM tasks o
+                      WHERE o.worker_id = :worker_id AND o.job_id = t.job_id AND o.state IN ('assigned', 'running'))
+      AND (json_array_length(j.spec, '$.secrets') = 0 OR NOT EXISTS (
+              SELECT 1 FROM json_each(j.spec, '$.secrets') s
+              JOIN secrets sc ON sc.name = s.value, json_each(sc.labels) sl
+              WHERE NOT EXISTS (SELECT 1 FROM json_each(w.token_labels) tl
+                                WHERE tl.key = sl.key AND tl.value = sl.value)))
+    ORDER BY t.priority DESC, t.id
+    LIMIT 1
+)
+RETURNING id, job_id, "index", attempt;
+
+-- name: next_gang_job --
+-- The best queued multi-node job that the polling worker could hold one rank of.
+SELECT j.id, j.attempt, j.width
+FROM jobs j
+JOIN worker_load f ON f.worker_id = :worker_id AND f.state = 'online'
+WHERE j.state = 'queued' AND j.gang = 1
+  AND f.free_slots > 0 AND j.gpus <= f.free_gpus AND j.cpus <= f.free_cpus AND j.memory_mb <= f.free_memory_mb
+  AND (j.accelerator IS NULL OR f.gpus > 0)
+  AND (j.labels = '{}' OR NOT EXISTS (
+          SELECT 1 FROM json_each(j.labels) l
+          WHERE NOT EXISTS (SELECT 1 FROM json_each(f.labels) wl WHERE wl.key = l.key AND wl.value = l.value)))
+ORDER BY j.priority DESC, j.id
+LIMIT 1;
+
+-- name: gang_workers --
+-- Distinct online workers with room for one rank of :job_id, the polling worker first.
+SELECT f.worker_id
+FROM worker_load f, jobs j
+WHERE j.id = :job_id AND f.state = 'online'
+  AND f.free_slots > 0 AND j.gpus <= f.free_gpus AND j.cpus <= f.free_cpus AND j.memory_mb <= f.free_memory_mb
+  AND (j.accelerator IS NULL OR f.gpus > 0)
+  AND (j.labels = '{}' OR NOT EXISTS (
+          SELECT 1 FROM json_each(j.labels) l
+          WHERE NOT EXISTS (SELECT 1 FROM json_each(f.labels) wl WHERE wl.key = l.key AND wl.value = l.value)))
+ORDER BY f.worker_id = :worker_id DESC, f.free_gpus - j.gpus, f.worker_id
+LIMIT :width;
+
+-- name: assign_task --
+-- Give one queued task (a gang rank) to a given worker, with the lowest free GPU indices.
+UPDATE tasks
+SET state = 'assigned', worker_id = :worker_id, assigned_at = :now, lease_expires_at = :lease_expires_at,
+    address = (SELECT advertise_address FROM workers WHERE id = :worker_id),
+    gpu_indices = (
+        WITH RECURSIVE idx(i) AS (
+            SELECT 0 WHERE (SELECT gpus FROM workers WHERE id = :worker_id) > 0
+            UNION ALL SELECT i + 1 FROM idx WHERE i + 1 < (SELECT gpus FROM workers WHERE id = :worker_id)
+        )
+        SELECT json_group_array(i) FROM (
+            SELECT i, row_number() OVER (ORDER BY i) AS n FROM idx
+            WHERE i NOT IN (SELECT g.value FROM tasks u, json_each(u.gpu_indices) g
+                            WHERE u.worker_id = :worker_id AND u.state IN ('assigned', 'running'))
+        )
+        WHERE n <= (SELECT gpus FROM jobs WHERE jobs.id = tasks.job_id)
+    )
+WHERE id = :task_id AND state = 'queued'
+RETURNING id, job_id, "index", attempt;
+
+-- name: queued_tasks_of_attempt --
+-- The ranks of one gang attempt still waiting, in rank order.
+SELECT id, "index" FROM tasks
+WHERE job_id = :job_id AND attempt = :attempt AND state = 'queued'
+ORDER BY "index";
+
+-- name: mark_job_running --
+-- A job leaves the queue when its first task is assigned.
+UPDATE jobs SET state = 'running' WHERE id = :job_id AND state = 'queued';
+
+-- name: assignment --
+-- Everything a worker needs to run a task.
+SELECT t.id AS task_id, t.job_id, t.attempt, t."index", t.gpu_indices, j.spec, j.width, j.gang
+FROM tasks t JOIN jobs j ON j.id = t.job_id
+WHERE t.id = :task_id;
+
+-- name: start_task --
+-- The worker started the task's process: ownership-checked.
+UPDATE tasks SET state = 'running', started_at = :now, pid = :pid
+WHERE id = :task_id AND worker_id = :worker_id AND state = 'assigned' AND cancel_requested = 0
+RETURNING job_id, attempt;
+
+-- name: task_owned --
+-- The task as this worker holds it (no row: not this worker's task).
+SELECT id, job_id, attempt, "index", state, cancel_requested, pid
+FROM tasks WHERE id = :task_id AND worker_id = :worker_id;
+
+-- name: insert_log --
+-- One log line; (task_id, n) makes a retried batch harmless.
+INSERT OR IGNORE INTO logs (job_id, task_id, n, stream, at, text)
+VALUES (:job_id, :task_id, :n, :stream, :at, :text);
+
+-- name: finish_task --
+-- Record a task's result, only while this worker holds it.
+UPDATE tasks
+SET state = :state, exit_code = :exit_code, outcome = :outcome, reason = :reason,
+    outputs = :outputs, finished_at = :now, endpoint = NULL
+WHERE id = :task_id AND worker_id = :worker_id AND state IN ('assigned', 'running')
+RETURNING id, job_id, attempt, "index", worker_id, cancel_requested;
+
+-- name: renew_worker --
+-- A heartbeat: the worker's lease moves on; an offline worker comes back.
+UPDATE workers
+SET last_seen_at = :now, lease_expires_at = :lease_expires_at,
+    state = CASE WHEN state = 'offline' THEN 'online' ELSE state END
+WHERE id = :worker_id
+RETURNING state, gone_reason;
+
+-- name: renew_task_leases --
+-- A heartbeat renews the lease of every task the worker holds.
+UPDATE tasks SET lease_expires_at = :lease_expires_at
+WHERE worker_id = :worker_id AND state IN ('assigned', 'running');
+
+-- name: report_task --
+-- Store a replica's endpoint and restart count as the worker reports them; a row back means a change.
+UPDATE tasks SET endpoint = :endpoint, restarts = :restarts
+WHERE id = :task_id AND worker_id = :worker_id AND state = 'running'
+  AND (endpoint IS NOT :endpoint OR restarts <> :restarts)
+RETURNING id, job_id, endpoint, restarts;
+
+-- name: worker_active_tasks --
+-- What the control plane thinks this worker holds, and what it wants cancelled.
+SELECT id, cancel_requested FROM tasks
+WHERE worker_id = :worker_id AND state IN ('assigned', 'running');
+
+-- name: expire_task_leases --
+-- Tasks whose lease passed are lost.
+UPDATE tasks SET state = 'lost', reason = 'worker_lost', finished_at = :now, endpoint = NULL
+WHERE state IN ('assigned', 'running') AND lease_expires_at < :now
+RETURNING id, job_id, attempt, worker_id;
+
+-- name: expire_workers --
+-- Workers whose lease passed go offline (they keep their session token).
+UPDATE workers SET state = 'offline'
+WHERE state = 'online' AND lease_expires_at < :now
+RETURNING id, name;
+
+-- name: stale_gang_tasks --
+-- Gang ranks assigned but not started within the start timeout.
+SELECT DISTINCT t.job_id, t.attempt
+FROM tasks t JOIN jobs j ON j.id = t.job_id
+WHERE t.state = 'assigned' AND j.gang = 1 AND t.assigned_at < :deadline;
+
+-- name: release_attempt --
+-- Put every active rank of a gang attempt back in the queue, holding nothing.
+UPDATE tasks
+SET state = 'queued', worker_id = NULL, gpu_indices = '[]', lease_expires_at = NULL, assigned_at = NULL,
+    started_at = NULL, pid = NULL, address = NULL, endpoint = NULL
+WHERE job_id = :job_id AND attempt = :attempt AND state IN ('assigned', 'running')
+RETURNING id, worker_id;
+
+-- name: clear_rendezvous --
+-- Forget the arrivals of a released gang attempt.
+DELETE FROM rendezvous WHERE job_id = :job_id AND attempt = :attempt;
+
+-- name: job_for_update --
+-- The job row that task-ending decisions read.
+SELECT id, state, kind, width, gang, attempt, max_attempts, retry_on, priority
+FROM jobs WHERE id = :job_id;
+
+-- name: attempt_tasks --
+-- Every task of one attempt of a job.
+SELECT id, "index", state, exit_code, outcome, reason, worker_id, cancel_requested
+FROM tasks WHERE job_id = :job_id AND attempt = :attempt ORDER BY "index";
+
+-- name: stop_attempt_tasks --
+-- Stop the other tasks of an attempt: queued ones end now, active ones are
+-- cancelled through their worker's heartbeat.
+UPDATE tasks
+SET state = CASE WHEN state IN ('queued', 'assigned') THEN :state ELSE state END,
+    finished_at = CASE WHEN state IN ('queued', 'assigned') THEN :now ELSE finished_at END,
+    reason = coalesce(reason, :reason),
+    cancel_requested = CASE WHEN state = 'running' THEN 1 ELSE cancel_requested END
+WHERE job_id = :job_id AND attempt = :attempt AND state IN ('queued', 'assigned', 'running')
+RETURNING id, state;
+
+-- name: detach_running_tasks --
+-- Tasks of an attempt that is being replaced: they end for the control plane now
+-- (their workers are told to kill them) so that the new attempt can be placed.
+UPDATE tasks
+SET state = :state, finished_at = :now, reason = coalesce(reason, :reason), cancel_requested = 1, endpoint = NULL
+WHERE job_id = :job_id AND attempt = :attempt AND state IN ('queued', 'assigned', 'running')
+RETURNING id, worker_id;
+
+-- name: next_attempt --
+-- Count one more attempt of a job and queue it again.
+UPDATE jobs SET attempt = attempt + 1, state = 'queued'
+WHERE id = :job_id AND state IN ('queued', 'running')
+RETURNING attempt, width, priority;
+
+-- name: finish_job --
+-- A job ends for good, once.
+UPDATE jobs SET state = :state, exit_code = :exit_code, reason = :reason, finished_at = :now
+WHERE id = :job_id AND state IN ('queued', 'running')
+RETURNING id;
+
+-- name: cancel_queued_tasks --
+-- Cancel: tasks not yet running end at once.
+UPDATE tasks SET state = 'cancelled', reason = 'cancelled', finished_at = :now
+WHERE job_id = :job_id AND state IN ('queued', 'assigned')
+RETURNING id;
+
+-- name: cancel_running_tasks --
+-- Cancel: running tasks are stopped through their worker's next heartbeat.
+UPDATE tasks SET cancel_requested = 1
+WHERE job_id = :job_id AND state = 'running'
+RETURNING id, worker_id;
+
+-- name: register_worker --
+-- A new worker row with its hashed session token.
+INSERT INTO workers (name, state, labels, token_labels, cpus, gpus, memory_mb, gpu_models, slots,
+                     advertise_address, version, protocol, session_hash, token_jti,
+                     registered_at, last_seen_at, lease_expires_at)
+VALUES (:name, 'online', :labels, :token_labels, :cpus, :gpus, :memory_mb, :gpu_models, :slots,
+        :advertise_address, :version, :protocol, :session_hash, :token_jti,
+        :now, :now, :lease_expires_at)
+RETURNING id;
+
+-- name: mark_needs_upgrade --
+-- A worker refused for another protocol is listed until it registers again.
+INSERT INTO workers (name, state, labels, version, protocol, token_jti, registered_at, last_seen_at)
+VALUES (:name, 'needs_upgrade', '{}', :version, :protocol, :token_jti, :now, :now);
+
+-- name: clear_needs_upgrade --
+-- A worker of that name registered with the right protocol (or the server restarted).
+UPDATE workers SET state = 'gone', gone_reason = :reason
+WHERE state = 'needs_upgrade' AND (:name IS NULL OR name = :name);
+
+-- name: worker_gone --
+-- Deregistered or revoked: the worker never comes back.
+UPDATE workers SET state = 'gone', gone_reason = :reason, lease_expires_at = NULL
+WHERE id = :worker_id AND state <> 'gone'
+RETURNING id;
+
+-- name: worker_tasks_lost --
+-- What a departing worker held ends as lost, for the retry policy to judge.
+UPDATE tasks SET state = 'lost', reason = :reason, finished_at = :now, endpoint = NULL
+WHERE worker_id = :worker_id AND state IN ('assigned', 'running')
+RETURNING id, job_id, attempt;
+
+-- name: workers_of_token --
+-- The live workers that registered with a join token.
+SELECT id FROM workers WHERE token_jti = :jti AND state IN ('online', 'offline');
+
+-- name: worker_by_session --
+-- Authenticate a worker session token by its hash.
+SELECT id, name, state, gone_reason, session_hash, labels, token_labels, advertise_address, token_jti
+FROM workers WHERE session_hash = :session_hash;
+
+-- name: rendezvous_arrive --
+-- A rank reports where it listens; arriving again overwrites.
+INSERT INTO rendezvous (job_id, attempt, rank, task_id, address, port, arrived_at)
+VALUES (:job_id, :attempt, :rank, :task_id, :address, :port, :now)
+ON CONFLICT (job_id, attempt, rank) DO UPDATE
+SET task_id = excluded.task_id, address = excluded.address, port = excluded.port, arrived_at = excluded.arrived_at;
+
+-- name: rendezvous_peers --
+-- The ranks of an attempt that arrived, in rank order.
+SELECT rank, address, port FROM rendezvous
+WHERE job_id = :job_id AND attempt = :attempt ORDER BY rank;
+
+-- name: get_job --
+-- One job.
+SELECT id, name, state, spec, kind, attempt, exit_code, reason, created_at, finished_at
+FROM jobs WHERE id = :job_id;
+
+-- name: job_tasks --
+-- The tasks of a job, every attempt, newest attempt first.
+SELECT t.id AS task_id, t."index", t.attempt, t.state, t.worker_id, t.endpoint, t.exit_code,
+       t.restarts, t.started_at, t.finished_at, t.reason, t.address, t.outcome, t.outputs,
+       w.name AS worker_name
+FROM tasks t LEFT JOIN workers w ON w.id = t.worker_id
+WHERE t.job_id = :job_id ORDER BY t.attempt DESC, t."index";
+
+-- name: list_jobs --
+-- Jobs newest first, optionally of one state, before a job id.
+SELECT id, name, state, spec, kind, attempt, exit_code, reason, created_at, finished_at
+FROM jobs
+WHERE (:state IS NULL OR state = :state) AND (:before IS NULL OR id < :before)
+ORDER BY id DESC LIMIT :limit;
+
+-- name: job_logs --
+-- Log lines of a job after a sequence number.
+SELECT seq, task_id, stream, at, text FROM logs
+WHERE job_id = :job_id AND seq > :after ORDER BY seq LIMIT :limit;
+
+-- name: job_events --
+-- The event timeline of a job.
+SELECT seq, at, kind, task_id, worker_id, data FROM events
+WHERE job_id = :job_id ORDER BY seq;
+
+-- name: job_endpoints --
+-- Replica endpoints of the job's current attempt.
+SELECT t."index", t.endpoint, t.state FROM tasks t JOIN jobs j ON j.id = t.job_id
+WHERE t.job_id = :job_id AND t.attempt = j.attempt ORDER BY t."index";
+
+-- name: list_workers --
+-- Workers with what is free on them.
+SELECT wl.*, w.gpu_models, w.advertise_address, w.version, w.registered_at, w.gone_reason
+FROM worker_load wl JOIN workers w ON w.id = wl.worker_id
+WHERE (:include_gone OR wl.state <> 'gone')
+ORDER BY wl.worker_id;
+
+-- name: artifact_allowed_for_worker --
+-- A worker may read the artifacts its active tasks name (source, inputs, weights).
+SELECT 1 AS ok FROM tasks t JOIN jobs j ON j.id = t.job_id
+WHERE t.worker_id = :worker_id AND t.state IN ('assigned', 'running')
+  AND (json_extract(j.spec, '$.source') = :digest
+       OR json_extract(j.spec, '$.service.weights') = :digest
+       OR EXISTS (SELECT 1 FROM json_each(j.spec, '$.inputs') i WHERE i.value = :digest))
+LIMIT 1;
+
+-- name: worker_holds_task --
+-- Does the worker hold any active task (it may upload outputs)?
+SELECT 1 AS ok FROM tasks WHERE worker_id = :worker_id AND state IN ('assigned', 'running') LIMIT 1;
+
+-- name: record_artifact --
+-- An artifact arrived (or was used again).
+INSERT INTO artifacts (digest, size, created_at, last_used_at) VALUES (:digest, :size, :now, :now)
+ON CONFLICT (digest) DO UPDATE SET last_used_at = excluded.last_used_at;
+
+-- name: get_artifact --
+-- Is this artifact recorded?
+SELECT digest, size FROM artifacts WHERE digest = :digest;
+
+-- name: insert_token --
+-- A minted token (only its hash).
+INSERT INTO tokens (jti, kind, name, labels, token_hash, created_at, expires_at, source)
+VALUES (:jti, :kind, :name, :labels, :token_hash, :now, :expires_at, :source);
+
+-- name: token_by_hash --
+-- Authenticate a minted token by its hash.
+SELECT jti, kind, name, labels, token_hash, expires_at, revoked_at FROM tokens WHERE token_hash = :token_hash;
+
+-- name: list_tokens --
+-- Minted tokens, never their hashes.
+SELECT jti, kind, name, labels, created_at, expires_at, revoked_at, source FROM tokens ORDER BY created_at;
+
+-- name: revoke_token --
+-- Revoke a token once.
+UPDATE tokens SET revoked_at = :now WHERE jti = :jti AND revoked_at IS NULL RETURNING jti, kind;
+
+-- name: get_token --
+-- One token, without its hash.
+SELECT jti, kind, name, labels, created_at, expires_at, revoked_at FROM tokens WHERE jti = :jti;
+
+-- name: requeue_job --
+-- A released gang waits in the queue again.
+UPDATE jobs SET state = 'queued' WHERE id = :job_id AND state = 'running';
+
+-- name: worker_state --
+-- A worker's state before a change.
+SELECT state, gone_reason FROM workers WHERE id = :worker_id;
+
+-- name: set_task_pid --
+-- A started task reports its process id again (a retried start).
+UPDATE tasks SET pid = :pid WHERE id = :task_id RETURNING id;
+
+-- name: get_secret --
+-- One secret, encrypted.
+SELECT name, labels, ciphertext, created_at, updated_at FROM secrets WHERE name = :name;
+
+-- name: put_secret --
+-- Set a secret (encrypted by the caller).
+INSERT INTO secrets (name, labels, ciphertext, created_at, updated_at)
+VALUES (:name, :labels, :ciphertext, :now, :now)
+ON CONFLICT (name) DO UPDATE SET labels = excluded.labels, ciphertext = excluded.ciphertext,
+                                 updated_at = excluded.updated_at;
+
+-- name: delete_secret --
+-- Remove a secret.
+DELETE FROM secrets WHERE name = :name RETURNING name;
+
+-- name: list_secrets --
+-- Secret names and labels, never values.
+SELECT name, labels, created_at, updated_at FROM secrets ORDER BY name;

@@ -1,0 +1,53 @@
+"""Shared fixtures: a real state file in a temporary home, a pinned clock."""
+from __future__ import annotations
+
+import pytest
+
+from gpulayer.auth import init_home
+from gpulayer.config import ControlPlaneConfig
+from gpulayer.db import Store
+from gpulayer.scheduler import Scheduler
+
+
+class Clock:
+    """A clock tests move by hand."""
+
+    def __init__(self, now: float = 1_700_000_000.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> float:
+        self.now += seconds
+        return self.now
+
+
+@pytest.fixture
+def home(tmp_path):
+    path = tmp_path / "home"
+    tokens = init_home(path)
+    path.joinpath("tokens.json").write_text(__import__("json").dumps(tokens))
+    return path
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+@pytest.fixture
+def config(home):
+    return ControlPlaneConfig(home=home, heartbeat_interval_s=0.5, lease_ttl_s=3.0)
+
+
+@pytest.fixture
+def store(config):
+    s = Store(config.layout.state)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def sched(store, config, clock):
+    return Scheduler(store, config, clock)
