@@ -21,8 +21,8 @@ def token_create(ctx: typer.Context,
                  expires: Annotated[str, typer.Option("--expires", help="Lifetime: 3600, 30m, 12h, 365d, 2w.")] = "365d",
                  as_json: JsonOpt = False) -> None:
     """Mint a join token: printed once, alone on the first line (details on stderr)."""
-    answer = client_of(ctx).create_token(name, parse_pairs(label, "--label"),
-                                         parse_duration(expires, "--expires"))
+    labels, expires_in_s = parse_pairs(label, "--label"), parse_duration(expires, "--expires")
+    answer = client_of(ctx).create_token(name, labels, expires_in_s)
     if as_json:
         print_json(answer)
         return

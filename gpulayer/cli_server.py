@@ -53,10 +53,10 @@ def server_start(
     synchronous: Annotated[Synchronous, typer.Option("--synchronous", help="SQLite synchronous: normal (fast) or full (survives power loss).")] = Synchronous.normal,
 ) -> None:
     """Run the control plane in the foreground until SIGTERM or Ctrl-C."""
-    from gpulayer.config import ControlPlaneConfig
-    from gpulayer.server import run_server
     if bool(tls_cert) != bool(tls_key):
         raise typer.BadParameter("give both --tls-cert and --tls-key, or neither", param_hint="--tls-key")
+    from gpulayer.config import ControlPlaneConfig
+    from gpulayer.server import run_server
     config = ControlPlaneConfig(home=home_of(ctx, home), host=host, port=port, tls_cert=tls_cert,
                                 tls_key=tls_key, allow_insecure_remote=allow_insecure_remote,
                                 heartbeat_interval_s=heartbeat_interval, lease_ttl_s=lease_ttl,

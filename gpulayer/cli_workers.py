@@ -19,7 +19,7 @@ Cpus = Annotated[Optional[float], typer.Option("--cpus", help="CPUs to advertise
 Gpus = Annotated[Optional[int], typer.Option("--gpus", help="GPUs to advertise (default: detected; 0 means none).", min=0)]
 RamMb = Annotated[Optional[int], typer.Option("--ram-mb", help="Memory to advertise, MB (default: detected).", min=0)]
 MaxIdle = Annotated[float, typer.Option("--max-idle", help="Exit after S idle seconds; 0 never.", min=0)]
-StateDir = Annotated[Optional[Path], typer.Option("--state-dir", help="Task working directories and cache (default: ~/.gpulayer/worker).")]
+StateDir = Annotated[Optional[Path], typer.Option("--state-dir", envvar="GPULAYER_WORKER_STATE_DIR", show_envvar=True, help="Task working directories and cache (default: ~/.gpulayer/worker).")]
 Insecure = Annotated[bool, typer.Option("--insecure", help="Allow plain HTTP to a non-loopback control plane.")]
 JoinToken = Annotated[Optional[str], typer.Option("--token", envvar="GPULAYER_JOIN_TOKEN", show_envvar=True, help="Join token glj_...; prefer the environment variable, which keeps it out of process listings.")]
 
@@ -58,7 +58,7 @@ def join(ctx: typer.Context,
          url: Annotated[str, typer.Argument(help="The control plane, e.g. https://10.0.0.5:8470.", show_default=False)],
          token: JoinToken = None,
          ca_file: Annotated[Optional[str], typer.Option("--ca-file", envvar="GPULAYER_CA_FILE", show_envvar=True, help="CA certificate of the control plane.")] = None,
-         ca_fingerprint: Annotated[Optional[str], typer.Option("--ca-fingerprint", help="sha256:HEX of the control plane's CA, pinned on first contact.")] = None,
+         ca_fingerprint: Annotated[Optional[str], typer.Option("--ca-fingerprint", envvar="GPULAYER_CA_FINGERPRINT", show_envvar=True, help="sha256:HEX of the control plane's CA, pinned on first contact.")] = None,
          name: Name = None, label: Labels = None, python: Python = None,
          advertise_address: Advertise = None, parallel: Parallel = 1, cpus: Cpus = None,
          gpus: Gpus = None, ram_mb: RamMb = None, max_idle: MaxIdle = 0.0,

@@ -8,8 +8,10 @@ both are stopped when it ends. The job's exit code is the command's.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
+import sys
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -50,6 +52,8 @@ def home_tokens(home: Path, rotate_unknown: bool = False) -> dict:
             raise ClientError(f"{home} was initialised by `gpulayer server init` and its tokens are not "
                               "kept there: use that server (--url, GPULAYER_URL) or another --home") from None
         tokens = init_home(home, force=True)
+        print(f"gpulayer: {home} kept no clear tokens (made by `server init`): rotated its client "
+              "and join tokens", file=sys.stderr)
     write_private_json(path, tokens)
     return tokens
 
@@ -96,10 +100,17 @@ def local_control_plane(home: Path) -> Iterator[tuple[Client, dict]]:
         plane.stop()
 
 
+def quiet_logs() -> None:
+    """Only warnings from the in-process server and agent: the job's output is what matters here."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.WARNING, format="gpulayer: %(levelname)s %(message)s")
+
+
 def run_local(spec: dict, home: Path, as_json: bool = False) -> int:
     """Submit `spec` to an in-process control plane, stream its logs, return its exit code."""
     from gpulayer.cli_common import exit_code_of, print_json
     from gpulayer.cli_jobs import follow_logs
+    quiet_logs()
     with local_control_plane(home) as (client, _tokens):
         job = client.submit(spec)
         if as_json:

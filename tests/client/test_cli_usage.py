@@ -1,0 +1,83 @@
+"""The CLI without a server: help, usage errors as one `Error:` line, exit statuses."""
+import pytest
+from typer.testing import CliRunner
+
+from gpulayer.cli import app, main
+from gpulayer.cli_common import parse_duration
+
+runner = CliRunner()
+
+
+def run(*args, **kw):
+    return runner.invoke(app, list(args), **kw)
+
+
+def _one_error_line(result):
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.output
+    assert "Traceback" not in result.output
+    return lines[0]
+
+
+def test_root_help_names_the_environment_variables():
+    result = run("--help")
+    assert result.exit_code == 0
+    for var in ("GPULAYER_URL", "GPULAYER_TOKEN", "GPULAYER_CA_FILE", "GPULAYER_HOME"):
+        assert var in result.output
+
+
+@pytest.mark.parametrize("command,var", [(["worker", "start"], "GPULAYER_JOIN_TOKEN"),
+                                         (["join"], "GPULAYER_JOIN_TOKEN"),
+                                         (["server", "init"], "GPULAYER_HOME"),
+                                         (["up"], "GPULAYER_HOME")])
+def test_command_help_names_its_variables(command, var):
+    result = run(*command, "--help")
+    assert result.exit_code == 0 and var in result.output
+
+
+@pytest.mark.parametrize("args", [
+    ["submit"],
+    ["submit", "--bogus", "--", "echo"],
+    ["submit", "--label", "novalue", "--", "echo"],
+    ["submit", "--gpus", "-1", "--", "echo"],
+    ["submit", "--restart", "sometimes", "--", "echo"],
+    ["job", "status", "abc"],
+    ["job", "list", "--limit", "0"],
+    ["token", "create", "--name", "n", "--expires", "forever"],
+    ["secret", "set", "NAME", "the-value"],
+    ["join", "https://x:8470", "--ca-file", "a", "--ca-fingerprint", "sha256:ab"],
+    ["server", "start", "--tls-cert", "c.pem"],
+    ["nosuchcommand"],
+])
+def test_usage_errors_are_one_line_and_exit_2(args):
+    result = run(*args)
+    assert result.exit_code == 2, result.output
+    _one_error_line(result)
+
+
+def test_unreachable_server_exits_1_with_a_clear_line():
+    result = run("--url", "http://127.0.0.1:9", "--token", "glc_x", "job", "list")
+    assert result.exit_code == 1
+    assert "cannot reach the control plane at http://127.0.0.1:9" in _one_error_line(result)
+
+
+def test_service_needs_a_server():
+    result = run("submit", "--target", "local", "--service", "--", "serve")
+    assert result.exit_code == 2 and "needs a control plane" in _one_error_line(result)
+
+
+def test_worker_start_without_a_token_or_url():
+    assert "GPULAYER_JOIN_TOKEN" in _one_error_line(run("--url", "http://127.0.0.1:9", "worker", "start"))
+    assert "--url" in _one_error_line(run("worker", "start", "--token", "glj_x"))
+
+
+def test_main_returns_the_status(capsys):
+    assert main(["job", "status", "abc"]) == 2
+    assert capsys.readouterr().err.startswith("Error: ")
+    assert main(["--help"]) == 0
+
+
+@pytest.mark.parametrize("text,seconds", [("90", 90), ("45s", 45), ("30m", 1800), ("12h", 43200),
+                                          ("365d", 365 * 86400), ("2w", 14 * 86400)])
+def test_durations(text, seconds):
+    assert parse_duration(text, "--expires") == seconds
