@@ -25,6 +25,31 @@ def exit_code_of(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+def live_group_members(pgid: int, proc_root: str = "/proc") -> list[int] | None:
+    """Pids of the group's processes that are not zombies; None without /proc.
+
+    A zombie whose parent never reaps it (an init that does not reap) would
+    otherwise look alive for ever.
+    """
+    try:
+        entries = os.listdir(proc_root)
+    except OSError:
+        return None
+    members = []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"{proc_root}/{entry}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        # fields after "(comm)": state, ppid, pgrp, ...
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            members.append(int(entry))
+    return members
+
+
 class TaskProcess:
     """A running command whose stdout/stderr lines go to ``on_line(stream, text)``."""
 
@@ -61,7 +86,7 @@ class TaskProcess:
         return self.popen.poll()
 
     def group_alive(self) -> bool:
-        """True while any process of the group exists (the leader is reaped first)."""
+        """True while a live (non-zombie) process of the group exists."""
         self.popen.poll()
         try:
             os.killpg(self.pid, 0)
@@ -69,7 +94,8 @@ class TaskProcess:
             return False
         except PermissionError:
             return True
-        return True
+        members = live_group_members(self.pid)
+        return True if members is None else bool(members)
 
     def kill_group(self, grace_s: float = KILL_GRACE_S) -> None:
         """SIGTERM the whole group, wait up to ``grace_s``, then SIGKILL what is left."""

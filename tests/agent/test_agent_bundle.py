@@ -1,0 +1,134 @@
+"""Safe unpacking of source bundles and placement of inputs."""
+
+import io
+import os
+import tarfile
+
+import pytest
+
+from agent.bundle import place_file, safe_relative_path, unpack_bundle
+from agent.errors import TaskSetupError, UnsafeBundle
+
+
+def make_bundle(path, members):
+    """members: (name, kind, payload) with kind file/dir/symlink/hardlink/fifo/chr/blk."""
+    kinds = {"file": tarfile.REGTYPE, "dir": tarfile.DIRTYPE, "symlink": tarfile.SYMTYPE, "hardlink": tarfile.LNKTYPE,
+             "fifo": tarfile.FIFOTYPE, "chr": tarfile.CHRTYPE, "blk": tarfile.BLKTYPE}
+    with tarfile.open(path, "w:gz") as archive:
+        for name, kind, payload in members:
+            info = tarfile.TarInfo(name)
+            info.type = kinds[kind]
+            info.mode = 0o755 if kind == "dir" else 0o644
+            data = None
+            if kind == "file":
+                data = payload.encode()
+                info.size = len(data)
+            elif kind in ("symlink", "hardlink"):
+                info.linkname = payload
+            archive.addfile(info, io.BytesIO(data) if data is not None else None)
+    return path
+
+
+def tree(root):
+    return sorted(os.path.relpath(os.path.join(d, f), root) for d, dirs, files in os.walk(root) for f in files + dirs)
+
+
+@pytest.fixture
+def layout(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    return tmp_path, work
+
+
+def test_good_bundle_unpacks_files_dirs_and_inside_links(layout):
+    tmp, work = layout
+    bundle = make_bundle(tmp / "b.tar.gz", [
+        ("src", "dir", None),
+        ("src/main.py", "file", "print('hi')\n"),
+        ("src/link.py", "symlink", "main.py"),
+        ("up.py", "symlink", "src/main.py"),
+        ("copy.py", "hardlink", "src/main.py"),
+        ("./nested/deep/x.txt", "file", "x"),
+    ])
+    assert unpack_bundle(bundle, work) == 6
+    assert (work / "src/main.py").read_text() == "print('hi')\n"
+    assert os.readlink(work / "src/link.py") == "main.py"
+    assert (work / "up.py").read_text() == "print('hi')\n"
+    assert (work / "copy.py").read_text() == "print('hi')\n"
+    assert (work / "nested/deep/x.txt").read_text() == "x"
+
+
+@pytest.mark.parametrize(
+    "members, words",
+    [
+        ([("/etc/evil", "file", "x")], "relative path"),
+        ([("../evil", "file", "x")], "relative path"),
+        ([("a/../../evil", "file", "x")], "relative path"),
+        ([("dev", "chr", None)], "is a device"),
+        ([("disk", "blk", None)], "is a device"),
+        ([("pipe", "fifo", None)], "is a fifo"),
+        ([("abs", "symlink", "/etc/passwd")], "leads outside"),
+        ([("up", "symlink", "../outside")], "leads outside"),
+        ([("a/b", "symlink", "../../outside")], "leads outside"),
+        ([("hard", "hardlink", "/etc/passwd")], "leads outside"),
+        ([("hard", "hardlink", "../outside")], "leads outside"),
+        ([("hard", "hardlink", "missing")], "names no earlier file"),
+        # the link is innocent on its own; writing through it is not
+        ([("d", "symlink", "."), ("d/x", "file", "x")], "lies under"),
+        # a chain: d -> . then e -> d/../x: lexically inside, really outside
+        ([("d", "symlink", "."), ("sub", "dir", None), ("sub/e", "symlink", "../d/../x")], "leads outside"),
+        # a later link re-routes an earlier one
+        ([("a", "symlink", "b/c"), ("b", "symlink", "..")], "leads outside"),
+    ],
+)
+def test_unsafe_bundle_rejected_and_nothing_written(layout, members, words):
+    tmp, work = layout
+    bundle = make_bundle(tmp / "bad.tar.gz", [("ok.txt", "file", "fine")] + members)
+    before = tree(tmp)
+    with pytest.raises(UnsafeBundle, match=words):
+        unpack_bundle(bundle, work)
+    assert tree(work) == []
+    assert tree(tmp) == before
+
+
+def test_not_a_tarball_is_a_setup_error(layout):
+    tmp, work = layout
+    junk = tmp / "junk.tar.gz"
+    junk.write_bytes(b"not a tar at all")
+    with pytest.raises(TaskSetupError, match="cannot unpack"):
+        unpack_bundle(junk, work)
+
+
+@pytest.mark.parametrize("bad", ["/abs", "../x", "a/../../x", "", "."])
+def test_safe_relative_path_rejects(bad):
+    with pytest.raises(TaskSetupError):
+        safe_relative_path(bad)
+
+
+def test_safe_relative_path_normalises():
+    assert safe_relative_path("./data//x.bin") == "data/x.bin"
+
+
+def test_place_file_creates_parents_and_replaces_links(layout):
+    tmp, work = layout
+    source = tmp / "src.bin"
+    source.write_bytes(b"data")
+    outside = tmp / "outside.txt"
+    outside.write_text("keep")
+    os.symlink(outside, work / "x.bin")
+    place_file(source, work, "x.bin")
+    place_file(source, work, "data/deep/y.bin")
+    assert outside.read_text() == "keep"
+    assert (work / "x.bin").read_bytes() == b"data" and not (work / "x.bin").is_symlink()
+    assert (work / "data/deep/y.bin").read_bytes() == b"data"
+
+
+def test_place_file_refuses_a_folder_link_leading_outside(layout):
+    tmp, work = layout
+    source = tmp / "src.bin"
+    source.write_bytes(b"data")
+    (tmp / "elsewhere").mkdir()
+    os.symlink(tmp / "elsewhere", work / "data")
+    with pytest.raises(TaskSetupError, match="outside"):
+        place_file(source, work, "data/x.bin")
+    assert not (tmp / "elsewhere/x.bin").exists()

@@ -1,0 +1,79 @@
+"""The artifact cache: digest verification, size limit, LRU eviction."""
+
+import hashlib
+import os
+
+import pytest
+
+from agent.cache import ArtifactCache, digest_hex, sha256_file
+from agent.errors import DigestMismatch, TaskSetupError
+
+
+def digest_of(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+class Store:
+    """A fake artifact source that counts fetches."""
+
+    def __init__(self, blobs):
+        self.blobs = {digest_of(b): b for b in blobs}
+        self.fetches = []
+
+    def fetch(self, digest, out):
+        self.fetches.append(digest)
+        out.write(self.blobs[digest])
+
+
+def test_download_verified_and_cached(tmp_path):
+    store = Store([b"a" * 10])
+    cache = ArtifactCache(tmp_path, 100, store.fetch)
+    digest = digest_of(b"a" * 10)
+    path = cache.get(digest)
+    assert path.read_bytes() == b"a" * 10
+    assert cache.get(digest) == path
+    assert store.fetches == [digest]
+    assert sha256_file(path) == digest
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".tmp")]
+
+
+def test_wrong_bytes_rejected_and_not_kept(tmp_path):
+    digest = digest_of(b"expected")
+    cache = ArtifactCache(tmp_path, 100, lambda d, out: out.write(b"tampered"))
+    with pytest.raises(DigestMismatch, match="failed verification"):
+        cache.get(digest)
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("bad", ["sha256:xyz", "md5:" + "0" * 32, "sha256:" + "A" * 64, "../../etc/passwd"])
+def test_malformed_digest(bad, tmp_path):
+    with pytest.raises(TaskSetupError):
+        ArtifactCache(tmp_path, 100, lambda d, o: None).get(bad)
+    with pytest.raises(TaskSetupError):
+        digest_hex(bad)
+
+
+def test_least_recently_used_evicted_first(tmp_path):
+    blobs = [bytes([i]) * 40 for i in range(3)]
+    store = Store(blobs)
+    cache = ArtifactCache(tmp_path, 100, store.fetch)
+    first, second, third = (digest_of(b) for b in blobs)
+    cache.get(first)
+    cache.get(second)
+    # make "first" the most recently used, "second" the oldest
+    os.utime(cache.root / digest_hex(second), (1000, 1000))
+    os.utime(cache.root / digest_hex(first), (2000, 2000))
+    cache.get(first)  # a hit refreshes it to now
+    cache.get(third)  # 120 bytes > 100: the least recently used goes
+    names = set(os.listdir(tmp_path))
+    assert names == {digest_hex(first), digest_hex(third)}
+
+
+def test_an_artifact_larger_than_the_limit_is_still_served(tmp_path):
+    blobs = [b"x" * 30, b"y" * 200]
+    store = Store(blobs)
+    cache = ArtifactCache(tmp_path, 100, store.fetch)
+    cache.get(digest_of(blobs[0]))
+    big = cache.get(digest_of(blobs[1]))
+    assert big.exists()
+    assert os.listdir(tmp_path) == [digest_hex(digest_of(blobs[1]))]

@@ -1,0 +1,124 @@
+"""Process groups, kills that reach grandchildren, timeouts and silence timeouts."""
+
+import os
+import sys
+import time
+
+import pytest
+
+from agent.process import TaskProcess, exit_code_of
+from agent.supervision import Limits, TaskHandle, check_limits, supervise
+
+
+def spawn(code, tmp_path, lines=None):
+    lines = [] if lines is None else lines
+    return TaskProcess([sys.executable, "-c", code], dict(os.environ, PYTHONUNBUFFERED="1"), str(tmp_path),
+                       lambda stream, text: lines.append((stream, text)))
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie is dead for our purposes
+    with open(f"/proc/{pid}/stat") as handle:
+        return handle.read().split(")")[-1].split()[0] != "Z"
+
+
+GRANDCHILD = """
+import subprocess, sys, time, pathlib
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+pathlib.Path("grandchild.pid").write_text(str(child.pid))
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def wait_for(predicate, timeout=10):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_lines_are_captured_per_stream(tmp_path):
+    lines = []
+    proc = spawn("import sys; print('out'); print('err', file=sys.stderr); sys.stdout.write('no newline')", tmp_path, lines)
+    assert proc.popen.wait() == 0
+    proc.finish_readers()
+    assert sorted(lines) == [("stderr", "err"), ("stdout", "no newline"), ("stdout", "out")]
+
+
+def test_task_leads_its_own_process_group(tmp_path):
+    proc = spawn("import time; time.sleep(5)", tmp_path)
+    try:
+        assert os.getpgid(proc.pid) == proc.pid != os.getpgid(0)
+    finally:
+        proc.kill_group(1)
+
+
+def test_kill_group_reaches_the_grandchild(tmp_path):
+    lines = []
+    proc = spawn(GRANDCHILD, tmp_path, lines)
+    assert wait_for(lambda: ("stdout", "ready") in lines)
+    grandchild = int((tmp_path / "grandchild.pid").read_text())
+    proc.kill_group(grace_s=2)
+    assert exit_code_of(proc.popen.returncode) == 128 + 15
+    assert wait_for(lambda: not alive(grandchild))
+
+
+def test_sigterm_ignored_means_sigkill_after_grace(tmp_path):
+    lines = []
+    proc = spawn("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('armed', flush=True); time.sleep(60)", tmp_path, lines)
+    assert wait_for(lambda: ("stdout", "armed") in lines)
+    started = time.monotonic()
+    proc.kill_group(grace_s=0.3)
+    assert 0.25 < time.monotonic() - started < 5
+    assert proc.popen.returncode == -9
+
+
+def test_check_limits_with_a_pinned_clock():
+    limits = Limits(timeout_s=10, silence_s=3, since=100.0)
+    assert check_limits(limits, last_output=100.0, now=102.9) is None
+    assert check_limits(limits, last_output=100.0, now=103.0).reason.startswith("silence timeout")
+    assert check_limits(limits, last_output=109.0, now=110.0).kind == "timed_out"
+    assert "timeout_seconds=10" in check_limits(limits, last_output=109.0, now=110.0).reason
+
+
+@pytest.mark.parametrize(
+    "code, limits, words",
+    [
+        ("import time; time.sleep(60)", dict(timeout_s=0.5, silence_s=None), "timeout: ran longer than timeout_seconds=0.5"),
+        ("import time\nwhile True: print('tick', flush=True); time.sleep(0.1)", dict(timeout_s=0.8, silence_s=0.5), "timeout_seconds"),
+        ("import time; print('one', flush=True); time.sleep(60)", dict(timeout_s=None, silence_s=0.5), "silence timeout"),
+    ],
+)
+def test_supervise_timeouts(tmp_path, code, limits, words):
+    proc = spawn(code, tmp_path)
+    system = []
+    stop = supervise(proc, TaskHandle(1), Limits(since=proc.started, **limits), system.append, kill_grace_s=1)
+    assert stop.kind == "timed_out" and words in stop.reason
+    assert words in system[0]
+    assert proc.poll() is not None
+
+
+def test_supervise_cancel_kills_and_left_overs_are_killed(tmp_path):
+    lines = []
+    proc = spawn(GRANDCHILD, tmp_path, lines)
+    handle = TaskHandle(1)
+    assert wait_for(lambda: ("stdout", "ready") in lines)
+    handle.cancel("the control plane cancelled this task")
+    stop = supervise(proc, handle, Limits(None, None, proc.started), [].append, kill_grace_s=1)
+    assert stop.kind == "cancelled"
+    grandchild = int((tmp_path / "grandchild.pid").read_text())
+    assert wait_for(lambda: not alive(grandchild))
+
+    proc = spawn("import subprocess, sys; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'],"
+                 " stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); print('bye')", tmp_path)
+    system = []
+    assert supervise(proc, TaskHandle(2), Limits(None, None, proc.started), system.append, kill_grace_s=1) is None
+    assert "left running" in system[0]
+    assert not proc.group_alive()
