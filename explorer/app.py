@@ -1,0 +1,51 @@
+"""create_app(): the explorer's routes on one read-only view of the state file."""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import falcon
+
+from . import auth as auth_
+from . import pages, render
+from .readonly import QueryError, ReadOnlyDatabase
+
+STATIC = Path(__file__).with_name("static")
+
+
+def create_app(state_path: str, *, auth: Callable[[str], bool] | None = None, secure_cookies: bool = False,
+               time_limit_s: float = 1.0, max_rows: int = 1000, base_path: str = "",
+               clock: Callable[[], float] = time.time) -> falcon.App:
+    """The explorer as a WSGI app over the state file at `state_path`, read-only.
+
+    `auth(token) -> bool` checks a client token; None leaves the explorer open.
+    `base_path` ("/explorer") is the prefix every route and link carries when
+    the app is mounted under one. `clock` gives `:now` for canned queries.
+    """
+    base = base_path.rstrip("/")
+    ctx = pages.Context(db=ReadOnlyDatabase(state_path, time_limit_s=time_limit_s, max_rows=max_rows),
+                        env=render.environment(), links=render.Links(base), clock=clock,
+                        auth_enabled=auth is not None)
+    middleware = [auth_.RequireToken(ctx, auth)] if auth is not None else []
+    app = falcon.App(middleware=middleware)
+    app.req_options.strip_url_path_trailing_slash = True
+    app.resp_options.secure_cookies_by_default = secure_cookies
+
+    handle_error = pages.handler_for(ctx)
+    for error in (pages.ExplorerError, QueryError, pages.browse.BadRequest):
+        app.add_error_handler(error, handle_error)
+
+    app.add_route(base or "/", pages.IndexPage(ctx))
+    app.add_route(f"{base}/{{table}}", pages.TablePage(ctx))
+    query = pages.QueryPage(ctx)
+    for suffix in ("", ".json", ".csv"):
+        app.add_route(f"{base}/-/query{suffix}", query)
+    app.add_route(f"{base}/-/queries/{{name}}", pages.CannedPage(ctx))
+    app.add_route(f"{base}/-/workers", pages.WorkersPage(ctx))
+    app.add_route(f"{base}/-/jobs/{{job_id:int}}", pages.JobPage(ctx))
+    app.add_route(f"{base}/-/static/app.css", pages.Stylesheet((STATIC / "app.css").read_bytes()))
+    if auth is not None:
+        app.add_route(f"{base}{auth_.LOGIN_PATH}", auth_.LoginPage(ctx, auth, secure_cookies))
+        app.add_route(f"{base}/-/logout", auth_.LogoutPage(ctx, secure_cookies))
+    return app

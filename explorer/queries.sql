@@ -1,0 +1,221 @@
+-- The explorer's SQL, read once by explorer/queries.py.
+--
+-- Each block starts with `-- name: NAME --`, then one `-- ` line that says
+-- what it answers, then the statement. Blocks whose name starts with `page_`
+-- feed the explorer's own pages; every other block is a canned query listed at
+-- /-/queries/NAME. Parameters are named (`:job_id`); `:now`, `:since` and
+-- `:until` default to now, seven days ago and now (Unix seconds).
+-- Every query here stays readable by the stock sqlite3 3.40 CLI.
+
+-- name: queued_jobs --
+-- Jobs with queued tasks, best first, and the first reason each waits (labels, accelerator, size, free GPUs, free slots).
+WITH waiting AS (
+    SELECT j.id AS job_id, j.name, j.state, j.priority, j.labels, j.accelerator,
+           j.gpus, j.cpus, j.memory_mb, j.width, j.gang,
+           count(t.id) AS queued_tasks, min(t.created_at) AS queued_since
+    FROM jobs j
+    JOIN tasks t ON t.job_id = j.id AND t.state = 'queued'
+    GROUP BY j.id
+),
+pairs AS (
+    SELECT q.job_id, w.worker_id,
+           NOT EXISTS (
+               SELECT 1 FROM json_each(q.labels) jl
+               WHERE NOT EXISTS (SELECT 1 FROM json_each(w.labels) wl
+                                 WHERE wl.key = jl.key AND wl.value = jl.value)
+           ) AS has_labels,
+           (q.accelerator IS NULL OR w.gpus > 0) AS has_accelerator,
+           (w.gpus >= q.gpus AND w.cpus >= q.cpus AND w.memory_mb >= q.memory_mb) AS big_enough,
+           (w.free_gpus >= q.gpus) AS gpus_free,
+           (w.free_slots >= 1 AND w.free_cpus >= q.cpus AND w.free_memory_mb >= q.memory_mb) AS slot_free
+    FROM waiting q
+    JOIN worker_load w ON w.state = 'online'
+),
+fits AS (
+    SELECT q.job_id,
+           count(p.worker_id) AS online,
+           coalesce(sum(p.has_labels), 0) AS with_labels,
+           coalesce(sum(p.has_labels AND p.has_accelerator), 0) AS with_accelerator,
+           coalesce(sum(p.has_labels AND p.has_accelerator AND p.big_enough), 0) AS big_enough,
+           coalesce(sum(p.has_labels AND p.has_accelerator AND p.big_enough AND p.gpus_free), 0) AS gpus_free,
+           coalesce(sum(p.has_labels AND p.has_accelerator AND p.big_enough AND p.gpus_free
+                        AND p.slot_free), 0) AS fit_now
+    FROM waiting q
+    LEFT JOIN pairs p ON p.job_id = q.job_id
+    GROUP BY q.job_id
+)
+SELECT q.job_id, q.name, q.state, q.priority, q.queued_tasks, q.width, q.gpus, q.accelerator,
+       q.labels, q.queued_since, f.fit_now AS workers_that_fit_now,
+       CASE
+           WHEN f.online = 0 THEN 'no online worker'
+           WHEN f.with_labels = 0 THEN 'no online worker has the labels ' || q.labels
+           WHEN f.with_accelerator = 0 THEN 'no online worker with its labels has the accelerator ' || q.accelerator
+           WHEN f.big_enough = 0 THEN printf('no online worker with its labels is big enough for %d GPUs, %g CPUs, %d MB per task',
+                                             q.gpus, q.cpus, q.memory_mb)
+           WHEN f.gpus_free = 0 THEN printf('no online worker that fits has %d free GPUs', q.gpus)
+           WHEN f.fit_now = 0 THEN 'no free slot (or CPUs, memory) on the workers that fit'
+           WHEN q.gang AND f.fit_now < q.width THEN printf('gang of %d needs %d workers free at once; %d are',
+                                                           q.width, q.width, f.fit_now)
+           ELSE 'a worker fits now: waiting for the scheduler'
+       END AS waits_because
+FROM waiting q
+JOIN fits f ON f.job_id = q.job_id
+ORDER BY q.priority DESC, q.job_id;
+
+-- name: running_tasks --
+-- Tasks assigned or running now, with their worker, address and service endpoint.
+SELECT t.id AS task_id, t.job_id, j.name AS job_name, j.kind, t."index", t.attempt, t.state,
+       t.worker_id, w.name AS worker_name, t.address, t.endpoint, t.restarts, t.gpu_indices,
+       t.started_at, t.lease_expires_at
+FROM tasks t
+JOIN jobs j ON j.id = t.job_id
+LEFT JOIN workers w ON w.id = t.worker_id
+WHERE t.state IN ('assigned', 'running')
+ORDER BY t.job_id, t."index", t.id;
+
+-- name: lost_tasks --
+-- Tasks lost in the 24 hours before :now, newest first, with the worker each was on.
+SELECT t.id AS task_id, t.job_id, j.name AS job_name, t."index", t.attempt, t.finished_at AS lost_at,
+       t.reason, t.worker_id, w.name AS worker_name, w.state AS worker_state, w.gone_reason,
+       w.last_seen_at AS worker_last_seen_at
+FROM tasks t
+JOIN jobs j ON j.id = t.job_id
+LEFT JOIN workers w ON w.id = t.worker_id
+WHERE t.state = 'lost' AND t.finished_at >= :now - 86400 AND t.finished_at <= :now
+ORDER BY t.finished_at DESC, t.id DESC;
+
+-- name: worker_load --
+-- Attached workers (not gone) with their tasks and free slots, GPUs, CPUs and memory, most free GPUs first.
+SELECT worker_id, name, state, labels, slots, active_tasks, free_slots, gpus, free_gpus,
+       cpus, free_cpus, memory_mb, free_memory_mb, last_seen_at, lease_expires_at
+FROM worker_load
+WHERE state <> 'gone'
+ORDER BY state = 'online' DESC, free_gpus DESC, name;
+
+-- name: job_timeline --
+-- Every event of job :job_id in order, with the seconds since its first event.
+SELECT e.seq, e.at, e.at - first_value(e.at) OVER (ORDER BY e.seq) AS after_s,
+       e.kind, e.task_id, e.worker_id, e.data
+FROM events e
+WHERE e.job_id = :job_id
+ORDER BY e.seq;
+
+-- name: gpu_hours_by_label --
+-- GPU-hours used between :since and :until by job label (key=value); running tasks count up to :until.
+WITH usage AS (
+    SELECT j.id AS job_id, j.labels,
+           j.gpus * (min(coalesce(t.finished_at, :until), :until) - max(t.started_at, :since)) AS gpu_seconds
+    FROM tasks t
+    JOIN jobs j ON j.id = t.job_id
+    WHERE j.gpus > 0 AND t.started_at IS NOT NULL
+      AND t.started_at < :until AND coalesce(t.finished_at, :until) > :since
+)
+SELECT coalesce(l.key || '=' || l.value, '(no labels)') AS label,
+       round(sum(u.gpu_seconds) / 3600.0, 3) AS gpu_hours,
+       count(DISTINCT u.job_id) AS jobs
+FROM usage u
+LEFT JOIN json_each(u.labels) l
+GROUP BY 1
+ORDER BY gpu_hours DESC, label;
+
+-- name: gpu_hours_by_job_name --
+-- GPU-hours used between :since and :until by job name; running tasks count up to :until.
+WITH usage AS (
+    SELECT j.id AS job_id, j.name,
+           j.gpus * (min(coalesce(t.finished_at, :until), :until) - max(t.started_at, :since)) AS gpu_seconds
+    FROM tasks t
+    JOIN jobs j ON j.id = t.job_id
+    WHERE j.gpus > 0 AND t.started_at IS NOT NULL
+      AND t.started_at < :until AND coalesce(t.finished_at, :until) > :since
+)
+SELECT coalesce(name, '(unnamed)') AS job_name,
+       round(sum(gpu_seconds) / 3600.0, 3) AS gpu_hours,
+       count(DISTINCT job_id) AS jobs
+FROM usage
+GROUP BY 1
+ORDER BY gpu_hours DESC, job_name;
+
+-- name: page_tables --
+-- The tables and views the index page lists (SQLite's own tables left out).
+SELECT name, type
+FROM sqlite_master
+WHERE type IN ('table', 'view') AND name NOT LIKE 'sqlite_%'
+ORDER BY type, name;
+
+-- name: page_columns --
+-- The columns of table or view :table, in order; pk is the column's place in the primary key (0: not in it).
+SELECT name, type, pk
+FROM pragma_table_xinfo(:table)
+WHERE hidden = 0
+ORDER BY cid;
+
+-- name: page_job --
+-- Job :job_id as stored, with its task counts from job_summary.
+SELECT j.id AS job_id, j.name, j.state, j.kind, j.priority, j.attempt, j.max_attempts,
+       j.width, j.gang, j.gpus, j.cpus, j.memory_mb, j.accelerator, j.labels,
+       s.queued_tasks, s.active_tasks, s.lost_tasks, j.exit_code, j.reason,
+       j.created_at, s.first_started_at, j.finished_at, j.spec
+FROM jobs j
+JOIN job_summary s ON s.job_id = j.id
+WHERE j.id = :job_id;
+
+-- name: page_job_tasks --
+-- Every task of job :job_id, every attempt, in attempt and replica order.
+SELECT t.id AS task_id, t.attempt, t."index", t.state, t.worker_id, w.name AS worker_name,
+       t.gpu_indices, t.address, t.endpoint, t.restarts, t.exit_code, t.outcome, t.reason,
+       t.created_at, t.started_at, t.finished_at
+FROM tasks t
+LEFT JOIN workers w ON w.id = t.worker_id
+WHERE t.job_id = :job_id
+ORDER BY t.attempt, t."index", t.id;
+
+-- name: page_job_endpoints --
+-- The replicas of service job :job_id that serve now (the endpoints view).
+SELECT task_id, replica, attempt, worker_id, worker_name, endpoint, restarts, state
+FROM endpoints
+WHERE job_id = :job_id
+ORDER BY replica;
+
+-- name: page_job_logs --
+-- The last :limit log lines of job :job_id, oldest first.
+SELECT seq, task_id, stream, at, text
+FROM (SELECT seq, task_id, stream, at, text
+      FROM logs
+      WHERE job_id = :job_id
+      ORDER BY seq DESC
+      LIMIT :limit)
+ORDER BY seq;
+
+-- name: page_workers --
+-- Attached workers (online, offline, needs_upgrade) with what they have, use and have free.
+SELECT l.worker_id, l.name, l.state, l.labels, w.advertise_address, w.version,
+       l.slots, l.active_tasks, l.free_slots,
+       l.gpus, l.gpus - l.free_gpus AS used_gpus, l.free_gpus, w.gpu_models,
+       l.cpus, l.cpus - l.free_cpus AS used_cpus, l.free_cpus,
+       l.memory_mb, l.memory_mb - l.free_memory_mb AS used_memory_mb, l.free_memory_mb,
+       l.last_seen_at, l.lease_expires_at
+FROM worker_load l
+JOIN workers w ON w.id = l.worker_id
+WHERE l.state <> 'gone'
+ORDER BY l.state = 'online' DESC, l.name, l.worker_id;
+
+-- name: page_unmatched_tasks --
+-- Queued tasks that no attached worker could take even when idle (labels, accelerator or size).
+SELECT t.id AS task_id, t.job_id, j.name AS job_name, t."index", t.attempt, t.priority,
+       j.labels, j.accelerator, j.gpus, j.cpus, j.memory_mb, t.created_at
+FROM tasks t
+JOIN jobs j ON j.id = t.job_id
+WHERE t.state = 'queued'
+  AND NOT EXISTS (
+      SELECT 1
+      FROM workers w
+      WHERE w.state <> 'gone'
+        AND (j.accelerator IS NULL OR w.gpus > 0)
+        AND w.gpus >= j.gpus AND w.cpus >= j.cpus AND w.memory_mb >= j.memory_mb
+        AND NOT EXISTS (
+            SELECT 1 FROM json_each(j.labels) jl
+            WHERE NOT EXISTS (SELECT 1 FROM json_each(w.labels) wl
+                              WHERE wl.key = jl.key AND wl.value = jl.value)
+        )
+  )
+ORDER BY t.priority DESC, t.id;

@@ -1,0 +1,128 @@
+"""Turning results into HTML (jinja2, autoescaped), JSON and CSV."""
+from __future__ import annotations
+
+import base64
+import csv
+import io
+import json
+import math
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import jinja2
+from markupsafe import Markup, escape
+
+TEMPLATES = Path(__file__).with_name("templates")
+
+# Columns whose integer values link to a page: (column) or (relation, column).
+JOB_ID_COLUMNS = frozenset({"job_id"})
+JOB_ID_IN = {"jobs": "id"}
+RECORD_LINKS = {"worker_id": "workers", "task_id": "tasks"}
+
+
+def environment() -> jinja2.Environment:
+    """The template environment: autoescape on for every template."""
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["when"] = format_time
+    env.filters["pretty_json"] = pretty_json
+    return env
+
+
+class Links:
+    """Every URL of the explorer, under its base path."""
+
+    def __init__(self, base_path: str):
+        self.base = base_path.rstrip("/")
+
+    def __call__(self, path: str = "/", **query: Any) -> str:
+        params = {k: v for k, v in query.items() if v is not None}
+        return self.base + path + ("?" + urlencode(params) if params else "")
+
+    def job(self, job_id: Any) -> str:
+        return self(f"/-/jobs/{job_id}")
+
+    def relation(self, name: str, suffix: str = "", params: dict[str, Any] | None = None) -> str:
+        return self(f"/{name}{suffix}", **(params or {}))
+
+
+def cell(links: Links, column: str, value: Any, relation: str | None = None) -> Markup:
+    """One value as HTML: job ids link to their job page, times read as UTC."""
+    if value is None:
+        return Markup('<span class="null">null</span>')
+    if isinstance(value, bytes):
+        return Markup('<span class="null">&lt;{} bytes&gt;</span>').format(len(value))
+    if isinstance(value, int) and not isinstance(value, bool):
+        if column in JOB_ID_COLUMNS or JOB_ID_IN.get(relation or "") == column:
+            return Markup('<a href="{}">{}</a>').format(links.job(value), value)
+        if column in RECORD_LINKS and relation != RECORD_LINKS[column]:
+            return Markup('<a href="{}">{}</a>').format(links.relation(RECORD_LINKS[column], params={"id": value}),
+                                                        value)
+    if isinstance(value, (int, float)) and _is_time(column):
+        return Markup('<time title="{}">{}</time>').format(value, format_time(value))
+    return escape(value)
+
+
+def _is_time(column: str) -> bool:
+    return column == "at" or column.endswith("_at") or column.endswith("_since")
+
+
+def format_time(value: Any) -> str:
+    """Unix seconds as 'YYYY-MM-DD HH:MM:SS' UTC; anything else as it is."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        return "" if value is None else str(value)
+    try:
+        return datetime.fromtimestamp(value, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    except (OverflowError, OSError, ValueError):
+        return str(value)
+
+
+def pretty_json(text: Any) -> str:
+    """A JSON text indented, or the value unchanged when it is not JSON."""
+    try:
+        return json.dumps(json.loads(text), indent=2, sort_keys=True)
+    except (TypeError, ValueError):
+        return "" if text is None else str(text)
+
+
+def labels_of(text: Any) -> list[str]:
+    """A JSON labels object as ['key=value', ...]."""
+    try:
+        labels = json.loads(text)
+    except (TypeError, ValueError):
+        return []
+    return [f"{k}={v}" for k, v in sorted(labels.items())] if isinstance(labels, dict) else []
+
+
+def _plain(value: Any) -> Any:
+    """A SQLite value as JSON can carry it."""
+    if isinstance(value, bytes):
+        return {"$base64": True, "encoded": base64.b64encode(value).decode("ascii")}
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+def json_body(payload: dict[str, Any]) -> str:
+    """A JSON document; rows' values made JSON-safe."""
+    if "rows" in payload:
+        payload = {**payload, "rows": [[_plain(v) for v in row] for row in payload["rows"]]}
+    return json.dumps(payload, ensure_ascii=False, allow_nan=False)
+
+
+def csv_body(columns: list[str], rows: list[tuple[Any, ...]]) -> str:
+    """RFC 4180 CSV: a header line, CRLF line ends, quoted where needed."""
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(columns)
+    for row in rows:
+        writer.writerow(["" if v is None else base64.b64encode(v).decode("ascii") if isinstance(v, bytes) else v
+                         for v in row])
+    return out.getvalue()
