@@ -89,3 +89,15 @@ def endpoints(conn, job_id: int) -> dict:
     replicas = rows(conn, "job_endpoints", job_id=job_id)
     found = [r["endpoint"] for r in replicas if r["endpoint"]]
     return {"endpoints": found, "ready": bool(replicas) and len(found) == len(replicas)}
+
+
+def events_of(conn, job_id: int) -> list[dict]:
+    """A job's events, oldest first (NotFound when there is no such job)."""
+    if row(conn, "get_job", job_id=job_id) is None:
+        raise NotFound(f"no job {job_id}")
+    return [{**e, "data": json.loads(e["data"])} for e in rows(conn, "job_events", job_id=job_id)]
+
+
+def log_lines(conn, job_id: int, after: int, limit: int) -> list[dict]:
+    """Log lines of a job after sequence number `after`."""
+    return rows(conn, "job_logs", job_id=job_id, after=after, limit=limit)

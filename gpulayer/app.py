@@ -1,0 +1,226 @@
+"""The /v1 Falcon WSGI app: routes, the protocol header, auth, one error shape."""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import falcon
+
+from . import auth, resources, tokens
+from .artifacts import ArtifactStore
+from .config import PROTOCOL, ControlPlaneConfig
+from .db import Store
+from .errors import Forbidden, GpulayerError, NotFound, ProtocolMismatch, Unauthorized
+from .scheduler import Scheduler
+from .sql import row
+
+log = logging.getLogger("gpulayer.server")
+HEADER = "X-GpuLayer-Protocol"
+
+
+@dataclass
+class Deps:
+    """Everything resources need, injected once."""
+
+    config: ControlPlaneConfig
+    store: Store
+    scheduler: Scheduler
+    auth: auth.Authenticator
+    artifacts: ArtifactStore
+    ca_file: Path | None = None
+    clock: object = time.time
+    _logs_cond: threading.Condition = field(default_factory=threading.Condition)
+
+    def auth_new_session(self) -> str:
+        return auth.new_token("worker")
+
+    def mint_token(self, *, name: str, labels: dict, expires_in_s: float | None, kind: str = "join",
+                   source: str = "minted") -> dict:
+        """A new join (or metrics) token bound to a name and labels; the secret is returned once."""
+        secret = auth.new_token(kind)
+        jti = auth.new_jti()
+        now = self.clock()
+        expires_at = None if expires_in_s is None else now + expires_in_s
+        self.store.write(tokens.insert, jti=jti, kind=kind, name=name, labels=labels,
+                         token_hash=self.auth.hash(secret), expires_at=expires_at, source=source, now=now)
+        return {"token": secret, "jti": jti, "name": name, "labels": labels, "kind": kind, "expires_at": expires_at}
+
+    def revoke_token(self, jti: str) -> dict:
+        if self.store.read(tokens.get, jti) is None:
+            raise NotFound(f"no token with jti {jti!r}")
+        result = self.scheduler.revoke_token(jti)
+        self.auth.invalidate()
+        found = self.store.read(tokens.get, jti)
+        return {**found, "workers_revoked": (result or {}).get("workers", [])}
+
+    def worker_may_read(self, conn, worker_id: int, digest: str) -> bool:
+        return row(conn, "artifact_allowed_for_worker", worker_id=worker_id, digest=digest) is not None
+
+    def worker_holds_task(self, conn, worker_id: int) -> bool:
+        return row(conn, "worker_holds_task", worker_id=worker_id) is not None
+
+    def record_artifact(self, digest: str, size: int) -> None:
+        self.store.write(lambda conn: row(conn, "record_artifact", digest=digest, size=size, now=self.clock()))
+
+    def logs_written(self) -> None:
+        with self._logs_cond:
+            self._logs_cond.notify_all()
+
+    def wait_for_logs(self, job_id: int, after: int, limit: int, wait_s: float) -> list[dict]:
+        """Log lines after `after`; with wait_s, long-poll until some arrive."""
+        from .jobs import log_lines
+        deadline = time.monotonic() + wait_s
+        while True:
+            lines = self.store.read(log_lines, job_id, after, limit)
+            remaining = deadline - time.monotonic()
+            if lines or remaining <= 0:
+                return lines
+            with self._logs_cond:
+                self._logs_cond.wait(min(remaining, 1.0))
+
+
+class ProtocolMiddleware:
+    """Every answer says `X-GpuLayer-Protocol: 1`; another version is refused with 426."""
+
+    def __init__(self, deps: Deps):
+        self.deps = deps
+
+    def process_request(self, req, resp):
+        resp.set_header(HEADER, str(PROTOCOL))
+        sent = req.get_header(HEADER)
+        worker_route = req.path.startswith("/v1/worker/") or req.path == "/v1/workers/register"
+        if sent is None and not worker_route:
+            return
+        if sent != str(PROTOCOL):
+            if req.path == "/v1/workers/register":
+                self._note_needs_upgrade(req, sent)
+            raise ProtocolMismatch(
+                f"this control plane speaks protocol {PROTOCOL}, the request "
+                + (f"speaks {sent}" if sent is not None else f"sent no {HEADER} header")
+                + ": upgrade the control plane first, then the workers",
+                protocol=PROTOCOL, client_protocol=sent)
+
+    def _note_needs_upgrade(self, req, sent) -> None:
+        """List a worker with a valid join token as needs_upgrade (best effort, never fails the 426)."""
+        try:
+            principal = self.deps.auth.authenticate(_bearer(req), self.deps.clock())
+            if principal.kind != "join":
+                return
+            body = req.get_media(default_when_empty={}) if req.content_length else {}
+            name = str(body.get("name") or "unknown")[:256] if isinstance(body, dict) else "unknown"
+            version = str(body.get("version"))[:64] if isinstance(body, dict) and body.get("version") else None
+            self.deps.scheduler.needs_upgrade(name=name, version=version, protocol=sent, token_jti=principal.jti)
+        except Exception:  # noqa: BLE001 - the 426 matters, the listing is a courtesy
+            log.debug("needs_upgrade_not_recorded", exc_info=True)
+
+
+def _bearer(req) -> str | None:
+    header = req.get_header("Authorization")
+    if not header:
+        return None
+    scheme, _, token = header.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else None
+
+
+class AuthMiddleware:
+    """Checks the bearer token against the resource's `auth` kinds: 401 unknown, 403 wrong kind."""
+
+    def __init__(self, deps: Deps):
+        self.deps = deps
+
+    def process_resource(self, req, resp, resource, params):
+        kinds = getattr(resource, "auth", ("client",))
+        if resource is None or not kinds:
+            return
+        principal = self.deps.auth.authenticate(_bearer(req), self.deps.clock())
+        if principal.kind == "worker" and principal.worker_state == "gone" \
+                and not getattr(resource, "allow_gone", False):
+            raise Unauthorized("this worker session has ended (deregistered or revoked)")
+        if principal.kind not in kinds:
+            raise Forbidden(f"a {principal.kind} token cannot call {req.method} {req.path}")
+        req.context.principal = principal
+
+
+def _error_handler(req, resp, ex, params):
+    resp.status = ex.status
+    resp.media = ex.to_dict()
+    resp.set_header(HEADER, str(PROTOCOL))
+
+
+def _http_error_serializer(req, resp, exc: falcon.HTTPError):
+    code = (exc.title or "error").lower().replace(" ", "_")
+    resp.content_type = falcon.MEDIA_JSON
+    resp.media = {"error": {"code": code, "message": exc.description or exc.title or "error"}}
+    resp.set_header(HEADER, str(PROTOCOL))
+
+
+def _unexpected(req, resp, ex, params):
+    if isinstance(ex, falcon.HTTPError):
+        raise ex
+    log.exception("request_failed method=%s path=%s", req.method, req.path)
+    resp.status = falcon.HTTP_500
+    resp.media = {"error": {"code": "internal_error", "message": "the control plane hit an unexpected error; "
+                                                                  "see its log"}}
+    resp.set_header(HEADER, str(PROTOCOL))
+
+
+ROUTES = [
+    ("/v1/health", resources.Health, None),
+    ("/v1/ca.pem", resources.CACert, None),
+    ("/v1/workers/register", resources.Register, None),
+    ("/v1/worker/heartbeat", resources.Heartbeat, None),
+    ("/v1/worker/acquire", resources.Acquire, None),
+    ("/v1/worker/deregister", resources.Deregister, None),
+    ("/v1/worker/tasks/{task_id:int}/start", resources.WorkerTask, "start"),
+    ("/v1/worker/tasks/{task_id:int}/logs", resources.WorkerTask, "logs"),
+    ("/v1/worker/tasks/{task_id:int}/rendezvous", resources.WorkerTask, "rendezvous"),
+    ("/v1/worker/tasks/{task_id:int}/finish", resources.WorkerTask, "finish"),
+    ("/v1/jobs", resources.Jobs, None),
+    ("/v1/jobs/{job_id:int}", resources.Job, None),
+    ("/v1/jobs/{job_id:int}/cancel", resources.Job, "cancel"),
+    ("/v1/jobs/{job_id:int}/logs", resources.Job, "logs"),
+    ("/v1/jobs/{job_id:int}/events", resources.Job, "events"),
+    ("/v1/jobs/{job_id:int}/endpoints", resources.Job, "endpoints"),
+    ("/v1/jobs/{job_id:int}/outputs", resources.Job, "outputs"),
+    ("/v1/workers", resources.Workers, None),
+    ("/v1/tokens", resources.Tokens, None),
+    ("/v1/tokens/{jti}/revoke", resources.Token, "revoke"),
+    ("/v1/secrets", resources.Secrets, None),
+    ("/v1/secrets/{name}", resources.Secret, None),
+    ("/v1/artifacts/{digest}", resources.Artifact, None),
+]
+
+
+def create_app(deps: Deps) -> falcon.App:
+    """The WSGI app over injected dependencies."""
+    app = falcon.App(middleware=[ProtocolMiddleware(deps), AuthMiddleware(deps)])
+    app.req_options.strip_url_path_trailing_slash = True
+    app.resp_options.secure_cookies_by_default = False
+    app.add_error_handler(Exception, _unexpected)
+    app.add_error_handler(GpulayerError, _error_handler)
+    app.set_error_serializer(_http_error_serializer)
+    instances: dict[type, object] = {}
+    for path, cls, suffix in ROUTES:
+        instance = instances.setdefault(cls, cls(deps))
+        if suffix:
+            app.add_route(path, instance, suffix=suffix)
+        else:
+            app.add_route(path, instance)
+    from .openapi import OpenAPI
+    app.add_route("/v1/openapi.json", OpenAPI(deps, ROUTES))
+    return app
+
+
+def new_deps(config: ControlPlaneConfig, *, clock=time.time, ca_file: Path | None = None) -> Deps:
+    """Open the home's state file and build every dependency of the app."""
+    layout = config.layout
+    store = Store(layout.state, synchronous=config.synchronous)
+    scheduler = Scheduler(store, config, clock)
+    from .sql import QUERIES
+    authn = auth.Authenticator(layout, store, QUERIES)
+    return Deps(config=config, store=store, scheduler=scheduler, auth=authn,
+                artifacts=ArtifactStore(layout.artifacts), ca_file=ca_file, clock=clock)
+

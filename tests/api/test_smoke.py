@@ -1,0 +1,40 @@
+from conftest import PROTO
+
+
+def test_health(api):
+    r = api.simulate_get("/v1/health")
+    assert r.json == {"ok": True, "protocol": 1}
+    assert r.headers["X-GpuLayer-Protocol"] == "1"
+
+
+def test_cycle(api, client_h, worker):
+    wid, wh = worker()
+    r = api.simulate_post("/v1/jobs", headers=client_h, json={"command": ["echo", "x"]})
+    assert r.status_code == 201, r.text
+    job_id = r.json["id"]
+    a = api.simulate_post("/v1/worker/acquire", headers=wh, json={}).json["task"]
+    assert a["job_id"] == job_id
+    assert api.simulate_post(f"/v1/worker/tasks/{a['task_id']}/start", headers=wh, json={"pid": 1}).status_code == 200
+    r = api.simulate_post(f"/v1/worker/tasks/{a['task_id']}/logs", headers=wh,
+                          json={"lines": [{"n": 0, "stream": "stdout", "text": "x", "at": 1}]})
+    assert r.json["accepted"] == 1
+    r = api.simulate_post(f"/v1/worker/tasks/{a['task_id']}/finish", headers=wh,
+                          json={"exit_code": 0, "outcome": "succeeded"})
+    assert r.json == {"accepted": True}
+    assert api.simulate_get(f"/v1/jobs/{job_id}", headers=client_h).json["state"] == "succeeded"
+    assert api.simulate_get(f"/v1/jobs/{job_id}/logs", headers=client_h).json["lines"][0]["text"] == "x"
+
+
+def test_errors(api, client_h, worker):
+    assert api.simulate_get("/v1/jobs").status_code == 401
+    r = api.simulate_post("/v1/jobs", headers=client_h, body="{nope")
+    assert r.status_code == 400 and r.json["error"]["code"] == "invalid_json"
+    r = api.simulate_post("/v1/jobs", headers={**client_h, "X-GpuLayer-Protocol": "2"}, json={"command": ["x"]})
+    assert r.status_code == 426 and r.json["protocol"] == 1
+    wid, wh = worker()
+    assert api.simulate_get("/v1/jobs", headers=wh).status_code == 403
+    assert api.simulate_get("/v1/nope", headers=client_h).status_code == 404
+    assert api.simulate_get("/v1/nope", headers=client_h).json["error"]["code"]
+    r = api.simulate_post("/v1/jobs", headers=client_h, json={"command": ["x"], "bogus": 1})
+    assert r.status_code == 400 and "bogus" in r.json["error"]["message"]
+    assert api.simulate_get("/v1/openapi.json", headers=client_h).json["openapi"] == "3.1.0"
