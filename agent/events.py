@@ -16,16 +16,16 @@ def _format_value(value: object) -> str:
     return text
 
 
-def format_event(name: str, **fields: object) -> str:
+def format_event(event: str, /, **fields: object) -> str:
     """Render one event line: ``name k=v k2="with space"`` (None values skipped)."""
-    parts = [name]
+    parts = [event]
     parts.extend(f"{key}={_format_value(value)}" for key, value in fields.items() if value is not None)
     return " ".join(parts)
 
 
-def log_event(name: str, level: int = logging.INFO, **fields: object) -> None:
+def log_event(event: str, /, level: int = logging.INFO, **fields: object) -> None:
     """Log one structured event line at ``level``."""
-    LOGGER.log(level, format_event(name, **fields))
+    LOGGER.log(level, format_event(event, **fields))
 
 
 def configure_logging(level: int = logging.INFO) -> None:

@@ -1,0 +1,63 @@
+"""Fixtures for the agent tests: a fake control plane and a worker thread against it."""
+
+import threading
+
+import pytest
+
+from fake_control_plane import JOIN, FakeControlPlane
+from agent.worker import WorkerConfig, run_worker
+
+
+@pytest.fixture
+def plane():
+    fake = FakeControlPlane().start()
+    yield fake
+    fake.stop()
+
+
+class RunningWorker:
+    """run_worker in a thread; ``stop()`` sets its stop event and returns the exit code."""
+
+    def __init__(self, config):
+        self.stop_event = threading.Event()
+        self.code = None
+        self.thread = threading.Thread(target=self._run, args=(config,), daemon=True)
+        self.thread.start()
+
+    def _run(self, config):
+        self.code = run_worker(config, self.stop_event)
+
+    def stop(self, timeout=30):
+        self.stop_event.set()
+        return self.wait(timeout)
+
+    def wait(self, timeout=30):
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "the worker did not stop"
+        return self.code
+
+
+@pytest.fixture
+def worker_config(plane, tmp_path):
+    def make(**overrides):
+        settings = dict(url=plane.url, join_token=JOIN, name="w1", state_dir=str(tmp_path / "state"),
+                        artifact_cache=str(tmp_path / "cache"), kill_grace_s=1.0, acquire_wait_s=0.5,
+                        gpu_probe=lambda: [], cpus=2, ram_mb=1024, keep_task_dirs=True)
+        settings.update(overrides)
+        return WorkerConfig(**settings)
+
+    return make
+
+
+@pytest.fixture
+def start_worker(worker_config):
+    workers = []
+
+    def start(**overrides):
+        worker = RunningWorker(worker_config(**overrides))
+        workers.append(worker)
+        return worker
+
+    yield start
+    for worker in workers:
+        worker.stop()
