@@ -1,0 +1,38 @@
+"""queries.sql: every block parses, prepares against schema.sql, and is used or documented."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from explorer.queries import CANNED, PAGE_PREFIX, QUERIES, parse_queries
+from explorer.readonly import ReadOnlyDatabase
+
+ROOT = Path(__file__).resolve().parents[2]
+EXPLORER = ROOT / "explorer"
+
+
+@pytest.mark.parametrize("name", sorted(QUERIES))
+def test_every_query_prepares_read_only_against_the_schema(state: Path, name: str) -> None:
+    query = QUERIES[name]
+    assert query.description and not query.description.startswith("--")
+    with ReadOnlyDatabase(str(state)).session() as session:
+        session.parameters(query.sql)  # prepares through the authorizer; raises on an error
+
+
+def test_every_page_query_is_used_and_every_canned_query_documented() -> None:
+    code = "\n".join(p.read_text() for p in EXPLORER.glob("*.py"))
+    for name in QUERIES:
+        if name.startswith(PAGE_PREFIX):
+            assert f'QUERIES["{name}"]' in code, f"{name} is used by nothing"
+    docs = (ROOT / "docs" / "explorer.md").read_text()
+    for name in CANNED:
+        assert f"`{name}`" in docs, f"canned query {name} is not in docs/explorer.md"
+
+
+def test_parse_refuses_blocks_without_description_or_sql() -> None:
+    assert parse_queries("-- name: a --\n-- says a\nSELECT 1;\n")["a"].sql == "SELECT 1;"
+    with pytest.raises(ValueError, match="description"):
+        parse_queries("-- name: a --\nSELECT 1;\n")
+    with pytest.raises(ValueError, match="twice"):
+        parse_queries("-- name: a --\n-- x\nSELECT 1;\n-- name: a --\n-- y\nSELECT 2;\n")
