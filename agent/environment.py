@@ -22,7 +22,6 @@ CREDENTIAL_NAMES = frozenset(
     {
         "GPULAYER_JOIN_TOKEN",
         "GPULAYER_TOKEN",
-        "GPULAYER_CA_FINGERPRINT",
         "SSH_AUTH_SOCK",
         "PGPASS",
         "NETRC",
