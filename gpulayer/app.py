@@ -14,6 +14,7 @@ from .artifacts import ArtifactStore
 from .config import PROTOCOL, ControlPlaneConfig
 from .db import Store
 from .errors import Forbidden, GpulayerError, NotFound, ProtocolMismatch, Unauthorized
+from .metrics import Metrics, MetricsResource
 from .scheduler import Scheduler
 from .sql import row
 
@@ -196,7 +197,9 @@ ROUTES = [
 
 def create_app(deps: Deps) -> falcon.App:
     """The WSGI app over injected dependencies."""
-    app = falcon.App(middleware=[ProtocolMiddleware(deps), AuthMiddleware(deps)])
+    metrics = Metrics(deps.store)
+    deps.scheduler.observe_acquire = metrics.acquire.observe
+    app = falcon.App(middleware=[metrics, ProtocolMiddleware(deps), AuthMiddleware(deps)])
     app.req_options.strip_url_path_trailing_slash = True
     app.resp_options.secure_cookies_by_default = False
     app.add_error_handler(Exception, _unexpected)
@@ -211,7 +214,30 @@ def create_app(deps: Deps) -> falcon.App:
             app.add_route(path, instance)
     from .openapi import OpenAPI
     app.add_route("/v1/openapi.json", OpenAPI(deps, ROUTES))
+    app.add_route("/metrics", MetricsResource(metrics))
     return app
+
+
+def with_explorer(app, deps: Deps, *, secure_cookies: bool):
+    """Serve the read-only explorer at /explorer/ beside /v1, behind the client token."""
+    import explorer
+
+    def is_client(token: str) -> bool:
+        try:
+            return deps.auth.authenticate(token, deps.clock()).kind == "client"
+        except GpulayerError:
+            return False
+
+    browse = explorer.create_app(str(deps.config.layout.state), auth=is_client, secure_cookies=secure_cookies,
+                                 base_path="/explorer")
+
+    def dispatch(environ, start_response):
+        path = environ.get("PATH_INFO", "")
+        if path == "/explorer" or path.startswith("/explorer/"):
+            return browse(environ, start_response)
+        return app(environ, start_response)
+
+    return dispatch
 
 
 def new_deps(config: ControlPlaneConfig, *, clock=time.time, ca_file: Path | None = None) -> Deps:

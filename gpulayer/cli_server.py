@@ -109,7 +109,7 @@ def artifacts_gc(ctx: typer.Context, home: Home = None,
                  dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what would be removed; remove nothing.")] = False,
                  as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
     """Remove artifacts no job references that are older than the retention period."""
-    from gpulayer.artifacts_gc import run_gc
+    from gpulayer.retention import run_gc
     removed = run_gc(home_of(ctx, home), dry_run=dry_run)
     if as_json:
         print_json(removed)

@@ -5,6 +5,7 @@ import json
 
 from . import events, outcomes
 from .errors import InvalidRequest, NotFound
+from .spec import referenced_digests
 from .sql import row, rows
 
 
@@ -14,6 +15,10 @@ def submit(conn, spec: dict, now: float) -> int:
     if missing:
         raise InvalidRequest(f"secrets: no secret named {missing[0]!r} (set it with `gpulayer secret set`)",
                              code="unknown_secret")
+    for digest in sorted(referenced_digests(spec)):
+        if row(conn, "touch_artifact", digest=digest, now=now) is None:
+            raise InvalidRequest(f"artifact {digest} is not stored on the control plane: upload it first "
+                                 "(PUT /v1/artifacts/{digest})", code="unknown_artifact")
     service = spec["service"]
     width = service["replicas"] if service else spec["nodes"]
     job_id = row(conn, "insert_job", name=spec["name"], spec=json.dumps(spec), kind="service" if service else "batch",

@@ -26,6 +26,7 @@ class Scheduler:
         self._wake = threading.Condition()
         self._generation = 0
         self._parked = threading.BoundedSemaphore(max(1, config.max_parked_acquires))
+        self.observe_acquire: Callable[[float], None] = lambda seconds: None
 
     # -- wake-up -------------------------------------------------------------
 
@@ -70,7 +71,9 @@ class Scheduler:
         try:
             while True:
                 seen = self._generation
+                began = time.perf_counter()
                 task_id = self._write(placement.acquire, worker_id, self.clock(), self.config.lease_ttl_s)
+                self.observe_acquire(time.perf_counter() - began)
                 if task_id is not None:
                     return self.store.read(self._assignment, task_id)
                 remaining = deadline - time.monotonic()

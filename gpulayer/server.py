@@ -15,7 +15,8 @@ from pathlib import Path
 
 import apsw
 
-from .app import create_app, new_deps
+from . import retention
+from .app import create_app, new_deps, with_explorer
 from .auth import init_home, rotate_join_token  # noqa: F401 - the CLI imports them from here
 from .config import ControlPlaneConfig
 from .errors import ConfigError
@@ -80,8 +81,7 @@ class ControlPlane:
         ca = self.config.layout.tls / "ca.pem"
         self.deps = new_deps(self.config, clock=self.clock, ca_file=ca if self.config.tls_cert and ca.exists() else None)
         self.deps.store.write(lambda conn: row(conn, "clear_needs_upgrade", name=None, reason="server_restarted"))
-        app = create_app(self.deps)
-        _mount_explorer(app, self.deps)
+        app = with_explorer(create_app(self.deps), self.deps, secure_cookies=bool(self.config.tls_cert))
         self.http = HTTPServer(app, self.config.host, self.config.port,
                                certfile=str(self.config.tls_cert) if self.config.tls_cert else None,
                                keyfile=str(self.config.tls_key) if self.config.tls_key else None,
@@ -105,24 +105,20 @@ class ControlPlane:
 
     def _run_upkeep(self) -> None:
         interval = min(self.config.heartbeat_interval_s, 1.0)
+        next_sweep = time.monotonic() + self.config.artifact_sweep_interval_s
         while not self._stop.wait(interval):
             try:
                 result = self.deps.scheduler.expire()
                 if any(result.values()):
                     log.info("leases_expired %s", " ".join(f"{k}={v}" for k, v in result.items()))
+                if time.monotonic() >= next_sweep:
+                    next_sweep = time.monotonic() + self.config.artifact_sweep_interval_s
+                    retention.sweep(self.deps.store, self.deps.artifacts, now=self.clock(),
+                                    retention_s=self.config.artifact_retention_s)
             except Exception:  # noqa: BLE001 - upkeep must outlive one bad round
                 if self._stop.is_set():
                     return
                 log.exception("upkeep_failed")
-
-
-def _mount_explorer(app, deps) -> None:
-    """Serve the read-only explorer at /explorer/ behind the client token (when the package is there)."""
-    try:
-        from .explorer_mount import mount
-    except ImportError:
-        return
-    mount(app, deps)
 
 
 def run_server(config: ControlPlaneConfig) -> int:

@@ -447,3 +447,48 @@ DELETE FROM secrets WHERE name = :name RETURNING name;
 -- name: list_secrets --
 -- Secret names and labels, never values.
 SELECT name, labels, created_at, updated_at FROM secrets ORDER BY name;
+
+-- name: metrics_jobs_by_state --
+-- gpulayer_jobs{state}.
+SELECT state, count(*) AS n FROM jobs GROUP BY state;
+
+-- name: metrics_workers_by_state --
+-- gpulayer_workers{state}.
+SELECT state, count(*) AS n FROM workers GROUP BY state;
+
+-- name: metrics_queue_by_labels --
+-- gpulayer_queue_depth{labels}: queued tasks by the labels their job asks for.
+SELECT j.labels, count(*) AS n FROM tasks t JOIN jobs j ON j.id = t.job_id
+WHERE t.state = 'queued' GROUP BY j.labels;
+
+-- name: metrics_leases_expired --
+-- gpulayer_leases_expired_total: tasks lost to an expired lease, ever.
+SELECT count(*) AS n FROM events WHERE kind = 'task_lost';
+
+-- name: metrics_artifact_bytes --
+-- gpulayer_artifact_store_bytes.
+SELECT coalesce(sum(size), 0) AS bytes, count(*) AS n FROM artifacts;
+
+-- name: unreferenced_artifacts --
+-- Artifacts older than the retention cutoff that no queued, running or retained
+-- (finished after the cutoff) job names: as source, input, service weights or output.
+WITH live AS (
+    SELECT id, spec FROM jobs WHERE state IN ('queued', 'running') OR finished_at >= :cutoff
+),
+refs(digest) AS (
+    SELECT json_extract(spec, '$.source') FROM live
+    UNION SELECT json_extract(spec, '$.service.weights') FROM live
+    UNION SELECT i.value FROM live, json_each(live.spec, '$.inputs') i
+    UNION SELECT o.value FROM tasks t JOIN live ON live.id = t.job_id, json_each(t.outputs) o
+)
+SELECT digest, size FROM artifacts
+WHERE last_used_at < :cutoff AND digest NOT IN (SELECT digest FROM refs WHERE digest IS NOT NULL)
+ORDER BY last_used_at;
+
+-- name: delete_artifact --
+-- Forget one artifact (its file is removed after the commit).
+DELETE FROM artifacts WHERE digest = :digest RETURNING digest, size;
+
+-- name: touch_artifact --
+-- A job names this artifact: it counts as used now. No row back: it is not stored.
+UPDATE artifacts SET last_used_at = :now WHERE digest = :digest RETURNING digest;
