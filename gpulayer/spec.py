@@ -136,7 +136,9 @@ def _paths_map(value: Any, field: str) -> dict[str, str]:
 def _outputs(value: Any) -> list[str]:
     if not isinstance(value, list):
         raise _fail("outputs", "must be a list of relative paths")
-    return [relative_path(p, f"outputs[{i}]") for i, p in enumerate(value[:MAX_PATHS + 1])]
+    if len(value) > MAX_PATHS:
+        raise _fail("outputs", f"at most {MAX_PATHS} paths")
+    return [relative_path(p, f"outputs[{i}]") for i, p in enumerate(value)]
 
 
 def _retry(value: Any, is_service: bool) -> dict:
