@@ -175,7 +175,7 @@ class Transport:
                 return
             with open(path, "rb") as handle:
                 headers = {"Content-Type": "application/octet-stream"}
-                self._send("PUT", f"/artifacts/{digest}", data=handle, headers=headers, timeout=None)
+                self._send("PUT", f"/artifacts/{digest}", data=handle, headers=headers, timeout=(30, 600))
 
         self.retrying(f"PUT /artifacts/{digest}", attempt)
 
