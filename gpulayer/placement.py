@@ -13,6 +13,8 @@ import json
 from . import events
 from .sql import row, rows
 
+GANG_CANDIDATES = 8  # queued gangs looked at per acquire: one too wide for the fleet must not block the rest
+
 
 def acquire(conn, worker_id: int, now: float, lease_ttl_s: float) -> int | None:
     """The task id this worker should run next, or None. Idempotent until start."""
@@ -33,14 +35,16 @@ def acquire(conn, worker_id: int, now: float, lease_ttl_s: float) -> int | None:
 
 
 def _place_gang(conn, worker_id: int, now: float, lease: float) -> int | None:
-    gang = row(conn, "next_gang_job", worker_id=worker_id)
-    if gang is None:
-        return None
-    workers = [r["worker_id"] for r in rows(conn, "gang_workers", job_id=gang["id"], worker_id=worker_id,
-                                               width=gang["width"])]
-    queued = rows(conn, "queued_tasks_of_attempt", job_id=gang["id"], attempt=gang["attempt"])
-    if len(workers) < gang["width"] or workers[0] != worker_id or len(queued) != gang["width"]:
-        return None
+    for gang in rows(conn, "next_gang_job", worker_id=worker_id, limit=GANG_CANDIDATES):
+        workers = [r["worker_id"] for r in rows(conn, "gang_workers", job_id=gang["id"], worker_id=worker_id,
+                                                   width=gang["width"])]
+        queued = rows(conn, "queued_tasks_of_attempt", job_id=gang["id"], attempt=gang["attempt"])
+        if len(workers) == gang["width"] and workers[0] == worker_id and len(queued) == gang["width"]:
+            return _assign_gang(conn, gang, workers, queued, now, lease)
+    return None
+
+
+def _assign_gang(conn, gang: dict, workers: list[int], queued: list[dict], now: float, lease: float) -> int:
     for task, target in zip(queued, workers):
         row(conn, "assign_task", task_id=task["id"], worker_id=target, now=now, lease_expires_at=lease)
         events.record(conn, now, "task_assigned", job_id=gang["id"], task_id=task["id"], worker_id=target,

@@ -85,7 +85,8 @@ WHERE id = (
 RETURNING id, job_id, "index", attempt;
 
 -- name: next_gang_job --
--- The best queued multi-node job that the polling worker could hold one rank of.
+-- The best queued multi-node jobs that the polling worker could hold one rank of
+-- (several, so that a gang too wide for the fleet does not block the ones behind it).
 SELECT j.id, j.attempt, j.width
 FROM jobs j
 JOIN worker_load f ON f.worker_id = :worker_id AND f.state = 'online'
@@ -96,7 +97,7 @@ WHERE j.state = 'queued' AND j.gang = 1
           SELECT 1 FROM json_each(j.labels) l
           WHERE NOT EXISTS (SELECT 1 FROM json_each(f.labels) wl WHERE wl.key = l.key AND wl.value = l.value)))
 ORDER BY j.priority DESC, j.id
-LIMIT 1;
+LIMIT :limit;
 
 -- name: gang_workers --
 -- Distinct online workers with room for one rank of :job_id, the polling worker first.
