@@ -393,10 +393,6 @@ SELECT 1 AS ok FROM tasks WHERE worker_id = :worker_id AND state IN ('assigned',
 INSERT INTO artifacts (digest, size, created_at, last_used_at) VALUES (:digest, :size, :now, :now)
 ON CONFLICT (digest) DO UPDATE SET last_used_at = excluded.last_used_at;
 
--- name: get_artifact --
--- Is this artifact recorded?
-SELECT digest, size FROM artifacts WHERE digest = :digest;
-
 -- name: insert_token --
 -- A minted token (only its hash).
 INSERT INTO tokens (jti, kind, name, labels, token_hash, created_at, expires_at, source)
