@@ -1,0 +1,167 @@
+"""schema.sql, migrations and the named queries, checked against real SQLite files."""
+from __future__ import annotations
+
+import re
+import sqlite3
+from pathlib import Path
+
+import apsw
+import pytest
+
+from gpulayer import db
+from gpulayer.errors import ConfigError
+from gpulayer.sql import QUERIES
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "gpulayer"
+MIGRATIONS = PACKAGE / "migrations"
+# The schema as it stood at version 1, frozen, once a migration exists: migrations replay from it.
+BASELINE = MIGRATIONS / "baseline_0001.sql"
+PARAM = re.compile(r"(?<!:):([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def build(path: Path) -> apsw.Connection:
+    conn = db.connect(path)
+    db.ensure_schema(conn)
+    return conn
+
+
+def schema_rows(conn) -> list[tuple]:
+    """sqlite_schema, comparable: whitespace folded, internal objects left out, sorted."""
+    found = conn.execute("SELECT type, name, tbl_name, sql FROM sqlite_schema WHERE name NOT LIKE 'sqlite_%'").fetchall()
+    return sorted((r["type"], r["name"], r["tbl_name"], " ".join((r["sql"] or "").split())) for r in found)
+
+
+@pytest.fixture
+def built(tmp_path):
+    conn = build(tmp_path / "state.db")
+    yield conn, tmp_path / "state.db"
+    conn.close()
+
+
+def test_schema_applies_with_its_version(built):
+    conn, _ = built
+    version = conn.execute("PRAGMA user_version").fetchall()[0]["user_version"]
+    assert version == db.schema_version() >= 1
+    names = {r["name"] for r in conn.execute("SELECT name FROM sqlite_schema").fetchall()}
+    for table in ("workers", "jobs", "tasks", "events", "logs", "artifacts", "tokens", "rendezvous"):
+        assert table in names
+    for view in ("endpoints", "job_summary", "worker_load"):
+        assert view in names
+    assert "tasks_queued" in names
+    assert db.ensure_schema(conn) == version  # idempotent
+
+
+def test_every_table_is_strict(built):
+    conn, _ = built
+    tables = conn.execute("SELECT name FROM pragma_table_list WHERE type = 'table' AND schema = 'main' "
+                          "AND name NOT LIKE 'sqlite_%'").fetchall()
+    strict = {r["name"]: r["strict"] for r in conn.execute("SELECT name, strict FROM pragma_table_list").fetchall()}
+    assert tables and all(strict[t["name"]] == 1 for t in tables)
+
+
+def test_stock_sqlite3_reads_the_file(built):
+    """Python's stdlib sqlite3 (3.40 here, like the stock CLI) opens the file and every view."""
+    conn, path = built
+    conn.execute("INSERT INTO workers (name, registered_at, last_seen_at, lease_expires_at) VALUES ('w', 1, 1, 5)")
+    conn.execute("INSERT INTO jobs (spec, kind, created_at) VALUES ('{}', 'service', 1)")
+    conn.execute("INSERT INTO tasks (job_id, state, worker_id, lease_expires_at, created_at) "
+                 "VALUES (1, 'running', 1, 5, 1)")
+    stock = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        assert stock.execute("PRAGMA user_version").fetchone()[0] == db.schema_version()
+        assert stock.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        objects = stock.execute("SELECT type, name FROM sqlite_schema WHERE type IN ('table', 'view') "
+                                "AND name NOT LIKE 'sqlite_%'").fetchall()
+        for kind, name in objects:
+            stock.execute(f'SELECT * FROM "{name}"').fetchall()
+        views = {name for kind, name in objects if kind == "view"}
+        assert {"endpoints", "job_summary", "worker_load"} <= views
+        assert stock.execute("SELECT free_slots, active_tasks FROM worker_load").fetchall() == [(0, 1)]
+        assert len(stock.execute("SELECT * FROM endpoints").fetchall()) == 1
+    finally:
+        stock.close()
+
+
+def test_migrations_replay_to_exactly_schema_sql(tmp_path):
+    found = db.migrations()
+    target = db.schema_version()
+    fresh = build(tmp_path / "fresh.db")
+    try:
+        if not found:
+            # Nothing to replay yet: schema.sql is version 1 itself, and the baseline.
+            assert target == 1, "schema.sql moved past version 1: add gpulayer/migrations/NNNN_*.sql for it"
+            return
+        assert sorted(found) == list(range(2, target + 1)), "one migration file per version after 1"
+        assert BASELINE.exists(), f"freeze schema.sql as it was at version 1 in {BASELINE} to replay migrations"
+        old = db.connect(tmp_path / "old.db")
+        old.execute(BASELINE.read_text())
+        assert old.execute("PRAGMA user_version").fetchall()[0]["user_version"] == 1
+        assert db.ensure_schema(old) == target
+        assert old.execute("PRAGMA user_version").fetchall()[0]["user_version"] == target
+        assert schema_rows(old) == schema_rows(fresh)
+        old.close()
+    finally:
+        fresh.close()
+
+
+def test_newer_file_refused(tmp_path):
+    conn = build(tmp_path / "state.db")
+    conn.execute(f"PRAGMA user_version = {db.schema_version() + 1}")
+    with pytest.raises(ConfigError, match="newer"):
+        db.ensure_schema(conn)
+    conn.close()
+    with pytest.raises(ConfigError, match="newer"):
+        db.Store(tmp_path / "state.db")
+
+
+def test_foreign_file_refused(tmp_path):
+    path = tmp_path / "other.db"
+    other = sqlite3.connect(path)
+    other.execute("CREATE TABLE stuff (x)")
+    other.commit()
+    other.close()
+    conn = db.connect(path)
+    with pytest.raises(ConfigError, match="right file"):
+        db.ensure_schema(conn)
+    assert conn.execute("SELECT count(*) AS n FROM sqlite_schema").fetchall()[0]["n"] == 1
+    conn.close()
+
+
+def _explain(conn, name: str, sql: str):
+    params = {p: None for p in PARAM.findall(sql)}
+    return conn.execute("EXPLAIN " + sql, params).fetchall()
+
+
+@pytest.mark.parametrize("name", sorted(QUERIES))
+def test_named_query_prepares_against_schema(built, name):
+    conn, _ = built
+    _explain(conn, name, QUERIES[name])
+
+
+def test_every_named_query_is_used():
+    source = "\n".join(p.read_text() for p in PACKAGE.rglob("*.py"))
+    unused = [n for n in QUERIES if not re.search(rf"""["']{n}["']""", source)]
+    assert unused == [], f"named queries no code calls (delete them from queries.sql): {unused}"
+
+
+def test_query_files_hold_only_named_blocks():
+    text = (PACKAGE / "sql" / "queries.sql").read_text()
+    first = text.index("-- name:")
+    assert all(line.startswith("--") or not line.strip() for line in text[:first].splitlines())
+    for name, sql in QUERIES.items():
+        body = "\n".join(line for line in sql.splitlines() if not line.startswith("--")).strip()
+        assert body.endswith(";") and body.count(";") == 1, f"{name}: one statement per block"
+
+
+def test_acquisition_uses_the_partial_index(built):
+    conn, _ = built
+    sql = QUERIES["acquire_task"]
+    params = {p: None for p in PARAM.findall(sql)}
+    plan = " | ".join(r["detail"] for r in conn.execute("EXPLAIN QUERY PLAN " + sql, params).fetchall())
+    assert "tasks_queued" in plan, plan
+    # the same in the stock SQLite the CLI ships (3.40): the index is usable there too
+    stock = sqlite3.connect(":memory:")
+    stock.executescript(db.schema_path().read_text())
+    stock_plan = " | ".join(r[3] for r in stock.execute("EXPLAIN QUERY PLAN " + sql, params).fetchall())
+    assert "tasks_queued" in stock_plan, stock_plan
