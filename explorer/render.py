@@ -101,6 +101,20 @@ def labels_of(text: Any) -> list[str]:
     return [f"{k}={v}" for k, v in sorted(labels.items())] if isinstance(labels, dict) else []
 
 
+def gpu_models(text: Any) -> str:
+    """A JSON list of GPU models as '8× H100', '' when there is none."""
+    try:
+        models = json.loads(text)
+    except (TypeError, ValueError):
+        return ""
+    if not isinstance(models, list):
+        return ""
+    counts: dict[str, int] = {}
+    for model in models:
+        counts[str(model)] = counts.get(str(model), 0) + 1
+    return ", ".join(f"{n}× {model}" for model, n in counts.items())
+
+
 def _plain(value: Any) -> Any:
     """A SQLite value as JSON can carry it."""
     if isinstance(value, bytes):

@@ -1,0 +1,96 @@
+"""The explorer in a real headless Chromium, served for real behind a token.
+
+Debian's chromium driven by playwright's Python API (never `playwright
+install`). Screenshots of the SQL page and the workers page land in
+tests/output/ (gitignored), kept by CI as artifacts.
+"""
+from __future__ import annotations
+
+import shutil
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import waitress
+from explorer_state import CLIENT_TOKEN, EVIL_NAME, NOW
+
+from explorer import create_app
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+OUTPUT = Path(__file__).resolve().parents[1] / "output"
+
+sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+if not Path(CHROMIUM).exists() and shutil.which("chromium") is None:
+    pytest.skip("Debian's chromium is not installed (apt-get install -y chromium)", allow_module_level=True)
+
+
+@pytest.fixture
+def served(state: Path) -> Iterator[str]:
+    """The explorer behind a client token at /explorer/ on a free loopback port."""
+    app = create_app(str(state), auth=lambda token: token == CLIENT_TOKEN, base_path="/explorer",
+                     clock=lambda: NOW)
+    server = waitress.create_server(app, host="127.0.0.1", port=0, threads=2)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.socket.getsockname()[1]}/explorer"
+    finally:
+        server.close()
+        thread.join(5)
+
+
+@pytest.fixture
+def page(served: str) -> Iterator[sync_api.Page]:
+    executable = CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium")
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
+        try:
+            tab = browser.new_page(viewport={"width": 1400, "height": 900})
+            tab.set_default_timeout(15_000)
+            yield tab
+        finally:
+            browser.close()
+
+
+def test_log_in_browse_query_and_follow_links(served: str, page: sync_api.Page) -> None:
+    OUTPUT.mkdir(exist_ok=True)
+    expect = sync_api.expect
+
+    # Not logged in: the workers page sends us to the login form, which sends us back.
+    page.goto(f"{served}/-/workers")
+    expect(page.locator("h1")).to_have_text("Log in")
+    page.fill("input[name=token]", CLIENT_TOKEN)
+    page.click("form.login button[type=submit]")
+    expect(page.locator("h1")).to_have_text("Workers")
+    expect(page.locator("table.workers")).to_contain_text("gpu-a")
+    expect(page.locator("table.workers")).to_contain_text("needs_upgrade")
+    page.screenshot(path=str(OUTPUT / "explorer-workers.png"), full_page=True)
+
+    # The SQL page: run a query, see its rows (the job name shown as text, not markup).
+    page.click("nav >> text=SQL")
+    page.fill("textarea[name=sql]", "select id as job_id, name, state, gpus from jobs order by id")
+    page.click("form.sql button[type=submit]")
+    rows = page.locator("table.rows tbody tr")
+    expect(rows).to_have_count(9)
+    expect(rows.first).to_contain_text(EVIL_NAME)
+    assert page.locator("table.rows b").count() == 0
+    page.screenshot(path=str(OUTPUT / "explorer-sql.png"), full_page=True)
+
+    # Follow a job id to its page.
+    rows.first.locator("a", has_text="1").first.click()
+    expect(page.locator("h1")).to_contain_text(f"Job 1: {EVIL_NAME}")
+    expect(page.locator("pre.logs")).to_contain_text("epoch 1 <loss> 0.5")
+
+    # A canned query from the index.
+    page.click("nav >> text=Tables")
+    page.click("ul.canned >> text=queued_jobs")
+    expect(page.locator("h1")).to_have_text("queued_jobs")
+    expect(page.locator("table.rows")).to_contain_text("no online worker has the labels")
+
+    assert (OUTPUT / "explorer-sql.png").stat().st_size > 10_000
+    assert (OUTPUT / "explorer-workers.png").stat().st_size > 10_000
