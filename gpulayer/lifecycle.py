@@ -63,17 +63,19 @@ def rendezvous(conn, worker_id: int, task_id: int, address: str, port: int, now:
 
 def finish(conn, worker_id: int, task_id: int, exit_code: int | None, outcome: str, outputs: dict,
            reason: str | None, now: float) -> bool:
-    """Record a task's result; False (and only an event) when the task is no longer this worker's."""
+    """Record a task's result; False (and only an event) when the task was lost or cancelled meanwhile.
+
+    Raises TaskNotAssigned for a task that was never this worker's.
+    """
     state, default_reason = OUTCOMES[outcome]
-    done = row(conn, "task_owned", task_id=task_id, worker_id=worker_id)
-    if done is not None and state == "cancelled" and done["state"] in ("assigned", "running") \
-            and not done["cancel_requested"]:
+    done = _owned(conn, worker_id, task_id, active=False)
+    if state == "cancelled" and done["state"] in ("assigned", "running") and not done["cancel_requested"]:
         # Nobody asked to cancel it: the worker stopped (SIGTERM, revocation). The retry policy judges.
         state, default_reason = "lost", "worker_lost"
     ended = row(conn, "finish_task", task_id=task_id, worker_id=worker_id, state=state, exit_code=exit_code,
                 outcome=outcome, reason=reason or default_reason, outputs=json.dumps(outputs), now=now)
     if ended is None:
-        events.record(conn, now, "late_finish", job_id=done["job_id"] if done else None, task_id=task_id,
+        events.record(conn, now, "late_finish", job_id=done["job_id"], task_id=task_id,
                       worker_id=worker_id, exit_code=exit_code, outcome=outcome)
         return False
     events.record(conn, now, "task_finished", job_id=ended["job_id"], task_id=task_id, worker_id=worker_id,
