@@ -13,6 +13,7 @@ import socket
 import sys
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -66,9 +67,9 @@ class WorkerConfig:
 def run_worker(config: WorkerConfig, stop_event: threading.Event | None = None) -> int:
     """Run until stopped (SIGTERM/SIGINT when in main thread, or stop_event), return exit code.
 
-    0 after a clean stop (signal, ``stop_event`` or ``max_idle_s``); 2 for a
-    configuration, token or protocol error; 3 when the control plane revoked
-    the worker. A fatal error is printed as one line on stderr, never a traceback.
+    0 after a clean stop (signal, ``stop_event`` or ``max_idle_s``); 1 for an
+    internal error; 2 for a configuration, token or protocol error; 3 when the
+    control plane revoked the worker. A fatal error is printed as one line on stderr, never a traceback.
     """
     configure_logging()
     stop_event = stop_event or threading.Event()
@@ -81,6 +82,11 @@ def run_worker(config: WorkerConfig, stop_event: threading.Event | None = None) 
         log_event("worker_exit", code=exc.exit_code, reason=str(exc))
         print(f"gpulayer worker: {exc}", file=sys.stderr)
         return exc.exit_code
+    except Exception as exc:  # a bug: keep the trace in the log, one line for people
+        worker.close()
+        log_event("worker_crash", error=repr(exc), trace=traceback.format_exc())
+        print(f"gpulayer worker: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
 
 
 @contextlib.contextmanager

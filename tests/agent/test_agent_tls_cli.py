@@ -88,3 +88,35 @@ def test_module_entry_point_messages():
     assert plain.returncode == 2
     assert plain.stderr.strip().splitlines()[-1] == "gpulayer worker: refusing plain HTTP to cp.example: use https:// or --insecure"
     assert "Traceback" not in plain.stderr and "glj_x" not in plain.stderr
+
+
+def test_sigterm_to_the_agent_process_stops_tasks_and_deregisters(plane, tmp_path):
+    import os
+    import signal
+    import time
+
+    from fake_control_plane import JOIN, SESSION, assignment
+
+    plane.submit(assignment(60, [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"]))
+    env = dict(os.environ, GPULAYER_JOIN_TOKEN=JOIN, GPULAYER_ARTIFACT_CACHE=str(tmp_path / "cache"))
+    proc = subprocess.Popen([sys.executable, "-m", "agent", "--url", plane.url, "--state-dir", str(tmp_path / "state"),
+                             "--gpus", "0"], env=env, cwd=str(__import__("pathlib").Path(__file__).parents[2]),
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 20
+    while "up" not in plane.log_texts(60) and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert plane.finishes[60]["outcome"] == "cancelled"
+    assert plane.deregistered
+    assert JOIN not in err and SESSION not in err
+    assert "task_started task_id=60" in err and "worker_deregistered" in err
+
+
+def test_agent_imports_nothing_of_the_control_plane():
+    code = ("import sys, agent.worker, agent.__main__; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'gpulayer', 'falcon', 'apsw', 'waitress', 'jinja2', 'cheroot'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         cwd=str(__import__("pathlib").Path(__file__).parents[2]))
+    assert out.stdout.strip() == "[]", out.stderr
