@@ -33,7 +33,7 @@ def parse_queries(text: str) -> dict[str, Query]:
     """
     parts = _NAME_LINE.split(text)
     queries: dict[str, Query] = {}
-    for name, body in zip(parts[1::2], parts[2::2]):
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
         first, _, sql = body.lstrip("\n").partition("\n")
         if not first.startswith("-- ") or not sql.strip():
             raise ValueError(f"query {name}: a '-- ' description line and SQL must follow its name line")

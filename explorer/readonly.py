@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -130,7 +130,8 @@ def refusal(code: int, arg1: str | None, arg2: str | None) -> str | None:
             return None
         if name in READABLE_SETTINGS:
             return f"PRAGMA {name} may be read but not set: the explorer is read-only"
-        return f"PRAGMA {name} is not allowed in the explorer; allowed: {', '.join(sorted(SAFE_PRAGMAS | READABLE_SETTINGS))}"
+        allowed = ", ".join(sorted(SAFE_PRAGMAS | READABLE_SETTINGS))
+        return f"PRAGMA {name} is not allowed in the explorer; allowed: {allowed}"
     if code in (apsw.SQLITE_ATTACH, apsw.SQLITE_DETACH):
         return "ATTACH, DETACH and VACUUM INTO are not allowed: the explorer reads only the state file"
     if code in (apsw.SQLITE_TRANSACTION, apsw.SQLITE_SAVEPOINT):
@@ -314,7 +315,7 @@ def quote_identifier(name: str) -> str:
 
 def row_dicts(result: Result) -> list[dict[str, Any]]:
     """The rows of a result as {column: value} dicts."""
-    return [dict(zip(result.columns, row)) for row in result.rows]
+    return [dict(zip(result.columns, row, strict=True)) for row in result.rows]
 
 
 def first(result: Result) -> dict[str, Any] | None:
@@ -323,7 +324,7 @@ def first(result: Result) -> dict[str, Any] | None:
     return rows[0] if rows else None
 
 
-__all__: Sequence[str] = (
+__all__ = (
     "HIDDEN_COLUMNS", "QueryError", "QueryTimeout", "ReadOnlyDatabase", "Result", "Session",
     "quote_identifier", "row_dicts", "first",
 )

@@ -31,7 +31,8 @@ def _workers(db: apsw.Connection) -> None:
         db.execute(
             "INSERT INTO workers (id, name, state, labels, cpus, gpus, memory_mb, gpu_models, slots,"
             " advertise_address, version, protocol, session_hash, token_jti, registered_at, last_seen_at,"
-            " lease_expires_at, gone_reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, '0.1.0', 1, ?, 'jti-join', ?, ?, ?, ?)",
+            " lease_expires_at, gone_reason)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, '0.1.0', 1, ?, 'jti-join', ?, ?, ?, ?)",
             (id_, name, state, json.dumps(labels), cpus, gpus, mem, json.dumps(models), slots, f"10.0.0.{id_}",
              session, NOW - 10 * HOUR, NOW - 5, NOW + 15 if state == "online" else None, gone))
 
@@ -89,7 +90,8 @@ def build_state(path: Path) -> None:
         _job(db, 9, "lost-one", "lost", gpus=1, finished=NOW - HOUR)
         _task(db, 10, 9, "lost", worker=4, started=NOW - 3 * HOUR, finished=NOW - HOUR, reason="worker_lost")
         for seq, kind in enumerate(["job_submitted", "task_assigned", "task_started"], start=1):
-            db.execute("INSERT INTO events (seq, at, kind, job_id, task_id, worker_id, data) VALUES (?, ?, ?, 1, 1, 1, ?)",
+            db.execute("INSERT INTO events (seq, at, kind, job_id, task_id, worker_id, data)"
+                       " VALUES (?, ?, ?, 1, 1, 1, ?)",
                        (seq, NOW - 2 * HOUR + seq, kind, json.dumps({"note": EVIL_NAME})))
         for n in range(250):  # enough rows for a few pages
             db.execute("INSERT INTO events (at, kind, job_id, data) VALUES (?, 'heartbeat', 2, '{}')", (NOW - n,))

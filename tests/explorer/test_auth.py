@@ -48,7 +48,7 @@ def test_login_page_and_stylesheet_are_open(auth_client: falcon.testing.TestClie
 
 
 def test_login_sets_an_httponly_samesite_strict_secure_cookie(auth_client: falcon.testing.TestClient) -> None:
-    result = auth_client.simulate_post("/explorer/-/login", params={"token": CLIENT_TOKEN, "next": "/explorer/-/workers"},
+    result = auth_client.simulate_post("/explorer/-/login",
                                        headers={"Content-Type": "application/x-www-form-urlencoded"},
                                        body=f"token={CLIENT_TOKEN}&next=%2Fexplorer%2F-%2Fworkers")
     assert result.status_code == 303 and result.headers["location"] == "/explorer/-/workers"

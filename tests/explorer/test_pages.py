@@ -69,7 +69,8 @@ def test_query_json_shape_and_escaping(client: falcon.testing.TestClient) -> Non
 
 
 def test_query_csv_is_quoted(client: falcon.testing.TestClient) -> None:
-    result = client.simulate_get("/-/query.csv", params={"sql": "select id, name, null as empty from jobs where id = 1"})
+    sql = "select id, name, null as empty from jobs where id = 1"
+    result = client.simulate_get("/-/query.csv", params={"sql": sql})
     assert result.text == 'id,name,empty\r\n1,"<b>""x"",y</b>",\r\n'
     assert list(csv.reader(io.StringIO(result.text))) == [["id", "name", "empty"], ["1", EVIL_NAME, ""]]
 

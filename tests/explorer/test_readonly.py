@@ -7,10 +7,9 @@ from pathlib import Path
 
 import apsw
 import pytest
+from explorer_state import SECRET_MARKERS, file_digest
 
 from explorer.readonly import QueryError, QueryTimeout, ReadOnlyDatabase
-
-from explorer_state import SECRET_MARKERS, file_digest
 
 RUNAWAY = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
 
