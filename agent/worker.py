@@ -8,6 +8,7 @@ thread per running task.
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -105,6 +106,18 @@ def _signals_stop(stop_event: threading.Event):
             signal.signal(signum, handler)
 
 
+def _interpreter(python: str | None) -> str | None:
+    """``--python`` as an absolute path (a bare name is looked up on PATH)."""
+    if not python:
+        return None
+    if os.sep not in python:
+        found = shutil.which(python)
+        if found is None:
+            raise AgentError(f"--python {python}: no such interpreter on PATH")
+        python = found
+    return os.path.abspath(os.path.expanduser(python))
+
+
 class Worker:
     """One registered worker session and its tasks."""
 
@@ -200,7 +213,7 @@ class Worker:
             advertise_address=advertise,
             base_env=filtered_environ(),
             device_ids=inventory.device_ids,
-            python=os.path.abspath(config.python) if config.python else None,
+            python=_interpreter(config.python),
             kill_grace_s=config.kill_grace_s,
             rendezvous_timeout_s=config.rendezvous_timeout_s,
             keep_task_dirs=config.keep_task_dirs,
