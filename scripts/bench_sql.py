@@ -1,0 +1,267 @@
+#!/usr/bin/env python3
+"""Acquisitions per second: the real acquire transaction against a minimal UPDATE ... RETURNING.
+
+Same run, same table size, same synchronous setting, fresh copies of one
+template file per repetition, variants interleaved. Variants:
+
+  minimal        one apsw connection: BEGIN IMMEDIATE; UPDATE t SET state='assigned'
+                 WHERE id = (SELECT id FROM t WHERE state='queued' ORDER BY id LIMIT 1)
+                 RETURNING id; COMMIT  (t has the same row count and a partial index on queued rows)
+  real_direct    gpulayer.placement.acquire on one gpulayer connection inside
+                 BEGIN IMMEDIATE ... COMMIT (no writer thread)
+  real_store     the same function through Store.write (writer thread, SAVEPOINT, group commit),
+                 one caller at a time
+  real_store_x8  8 caller threads (8 workers) at once through Store.write: group commit at work;
+                 each acquisition is followed by a "finish" write, both counted in the wall time
+
+Between two timed acquisitions the task taken is marked succeeded (untimed for
+the sequential variants), otherwise acquire would hand the same task back
+(acquire is idempotent until start).
+
+--index-check compares the real acquire with and without the partial index
+tasks_queued (the query's INDEXED BY removed) on --finished finished + 1,000 queued tasks.
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import apsw
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib  # noqa: E402
+
+from gpulayer import db, placement  # noqa: E402
+from gpulayer.spec import validate_job  # noqa: E402
+from gpulayer.sql import QUERIES  # noqa: E402
+
+LEASE_TTL = 20.0
+MINIMAL = ("UPDATE t SET state='assigned' WHERE id = (SELECT id FROM t WHERE state='queued' ORDER BY id LIMIT 1) "
+           "RETURNING id")
+CLEAR = "UPDATE tasks SET state='succeeded', finished_at=:now WHERE id=:id"
+
+
+def build_template(path: Path, finished: int, queued: int, workers: int) -> None:
+    """A state file with `finished` done jobs/tasks, `queued` queued ones, online workers; plus table t."""
+    conn = db.connect(path)
+    db.ensure_schema(conn)
+    spec = __import__("json").dumps(validate_job({"command": ["true"]}))
+    now = time.time()
+    with conn:
+        conn.executemany(
+            "INSERT INTO workers (name, state, cpus, gpus, memory_mb, slots, registered_at, last_seen_at, "
+            "lease_expires_at, session_hash) VALUES (?, 'online', 64, 0, 1048576, 4, ?, ?, ?, ?)",
+            [(f"w{i}", now, now, now + 1e9, f"h{i}") for i in range(workers)])
+        conn.executemany(
+            "INSERT INTO jobs (id, state, spec, created_at, finished_at, exit_code) VALUES (?, ?, ?, ?, ?, ?)",
+            [(i + 1, "succeeded" if i < finished else "queued", spec, now,
+              now if i < finished else None, 0 if i < finished else None) for i in range(finished + queued)])
+        conn.executemany(
+            "INSERT INTO tasks (id, job_id, state, worker_id, created_at, finished_at, exit_code) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [(i + 1, i + 1, "succeeded" if i < finished else "queued", 1 if i < finished else None, now,
+              now if i < finished else None, 0 if i < finished else None) for i in range(finished + queued)])
+        conn.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, state TEXT NOT NULL)")
+        conn.execute("CREATE INDEX t_queued ON t (id) WHERE state = 'queued'")
+        conn.executemany("INSERT INTO t VALUES (?, ?)",
+                         [(i + 1, "done" if i < finished else "queued") for i in range(finished + queued)])
+    conn.execute("ANALYZE")
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+
+
+def fresh_copy(template: Path, workdir: Path, name: str) -> Path:
+    dest = workdir / f"{name}.db"
+    for suffix in ("", "-wal", "-shm"):
+        Path(str(dest) + suffix).unlink(missing_ok=True)
+    shutil.copyfile(template, dest)
+    return dest
+
+
+def run_minimal(path: Path, sync: str, n: int, max_s: float) -> tuple[int, float]:
+    conn = apsw.Connection(str(path))
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute(f"PRAGMA synchronous={sync}")
+    done, spent = 0, 0.0
+    clock = time.perf_counter
+    while done < n and spent < max_s:
+        t0 = clock()
+        conn.execute("BEGIN IMMEDIATE")
+        got = conn.execute(MINIMAL).fetchall()
+        conn.execute("COMMIT")
+        spent += clock() - t0
+        if not got:
+            break
+        done += 1
+    conn.close()
+    return done, spent
+
+
+def run_real_direct(path: Path, sync: str, n: int, max_s: float) -> tuple[int, float]:
+    conn = db.connect(path, synchronous=sync.lower())
+    done, spent = 0, 0.0
+    clock = time.perf_counter
+    while done < n and spent < max_s:
+        now = time.time()
+        t0 = clock()
+        conn.execute("BEGIN IMMEDIATE")
+        task = placement.acquire(conn, 1, now, LEASE_TTL)
+        conn.execute("COMMIT")
+        spent += clock() - t0
+        if task is None:
+            break
+        done += 1
+        conn.execute(CLEAR, {"now": now, "id": task})
+    conn.close()
+    return done, spent
+
+
+def _clear(conn, task_id, now):
+    conn.execute(CLEAR, {"now": now, "id": task_id})
+
+
+def run_real_store(path: Path, sync: str, n: int, max_s: float) -> tuple[int, float]:
+    store = db.Store(path, synchronous=sync.lower())
+    done, spent = 0, 0.0
+    clock = time.perf_counter
+    try:
+        while done < n and spent < max_s:
+            now = time.time()
+            t0 = clock()
+            task = store.write(placement.acquire, 1, now, LEASE_TTL)
+            spent += clock() - t0
+            if task is None:
+                break
+            done += 1
+            store.write(_clear, task, now)
+    finally:
+        store.close()
+    return done, spent
+
+
+def run_real_store_concurrent(path: Path, sync: str, n: int, max_s: float, threads: int = 8) -> tuple[int, float]:
+    store = db.Store(path, synchronous=sync.lower())
+    counts = [0] * threads
+    stop = threading.Event()
+    per_thread = max(1, n // threads)
+
+    def loop(i):
+        while counts[i] < per_thread and not stop.is_set():
+            now = time.time()
+            task = store.write(placement.acquire, i + 1, now, LEASE_TTL)
+            if task is None:
+                return
+            counts[i] += 1
+            store.write(_clear, task, now)
+
+    pool = [threading.Thread(target=loop, args=(i,)) for i in range(threads)]
+    t0 = time.perf_counter()
+    for t in pool:
+        t.start()
+    timer = threading.Timer(max_s, stop.set)
+    timer.start()
+    for t in pool:
+        t.join()
+    spent = time.perf_counter() - t0
+    timer.cancel()
+    store.close()
+    return sum(counts), spent
+
+
+VARIANTS = {"minimal": run_minimal, "real_direct": run_real_direct, "real_store": run_real_store,
+            "real_store_x8": run_real_store_concurrent}
+
+
+def throughput(args, template: Path, workdir: Path) -> list[dict]:
+    out = []
+    for sync in args.synchronous:
+        rates: dict[str, list[float]] = {v: [] for v in VARIANTS}
+        for rep in range(args.reps):
+            for name, fn in VARIANTS.items():
+                path = fresh_copy(template, workdir, f"{name}-{sync}")
+                done, spent = fn(path, sync.upper(), args.acquisitions, args.max_seconds)
+                rates[name].append(done / spent if spent else 0.0)
+        base = benchlib.median(rates["minimal"])
+        for name in VARIANTS:
+            med = benchlib.median(rates[name])
+            out.append({"synchronous": sync, "variant": name, "median_per_s": round(med, 1),
+                        "min_per_s": round(min(rates[name]), 1), "max_per_s": round(max(rates[name]), 1),
+                        "us_per_acquire": round(1e6 / med, 1) if med else None,
+                        "vs_minimal": round(med / base, 3) if base else None,
+                        "reps": [round(r, 1) for r in rates[name]]})
+    return out
+
+
+def index_check(args, workdir: Path) -> list[dict]:
+    template = workdir / "index-template.db"
+    build_template(template, args.finished, 1000, 1)
+    original = QUERIES["acquire_task"]
+    rates: dict[str, list[float]] = {"with_index": [], "without_index": []}
+    try:
+        for rep in range(args.index_reps):
+            for name in rates:
+                path = fresh_copy(template, workdir, name)
+                if name == "without_index":
+                    conn = apsw.Connection(str(path))
+                    conn.execute("DROP INDEX tasks_queued")
+                    conn.close()
+                    QUERIES["acquire_task"] = original.replace("INDEXED BY tasks_queued", "")
+                else:
+                    QUERIES["acquire_task"] = original
+                done, spent = run_real_direct(path, "NORMAL", args.index_acquisitions, args.max_seconds)
+                rates[name].append(done / spent if spent else 0.0)
+    finally:
+        QUERIES["acquire_task"] = original
+    with_i = benchlib.median(rates["with_index"])
+    without = benchlib.median(rates["without_index"])
+    return [{"variant": name, "median_per_s": round(benchlib.median(r), 1),
+             "ms_per_acquire": round(1e3 / benchlib.median(r), 3), "reps": [round(x, 1) for x in r]}
+            for name, r in rates.items()] + [{"variant": "slowdown_without_index",
+                                              "median_per_s": round(with_i / without, 1) if without else None}]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--finished", type=int, default=100_000, help="finished tasks in the table (default 100000)")
+    p.add_argument("--queued", type=int, default=10_000, help="queued tasks in the table (default 10000)")
+    p.add_argument("--acquisitions", type=int, default=5_000, help="acquisitions per repetition (default 5000)")
+    p.add_argument("--max-seconds", type=float, default=3.0, help="time cap per repetition and variant")
+    p.add_argument("--reps", type=int, default=5, help="repetitions (median reported)")
+    p.add_argument("--synchronous", nargs="+", default=["normal", "full"], choices=["normal", "full"])
+    p.add_argument("--index-acquisitions", type=int, default=200)
+    p.add_argument("--index-reps", type=int, default=3)
+    p.add_argument("--skip-index-check", action="store_true")
+    p.add_argument("--dir", type=Path, default=None, help="where the files go (default: a temp dir)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    args = p.parse_args(argv)
+
+    workdir = Path(tempfile.mkdtemp(prefix="bench-sql-", dir=args.dir))
+    try:
+        template = workdir / "template.db"
+        build_template(template, args.finished, args.queued, 8)
+        result = {"machine": benchlib.machine(), "args": {k: (str(v) if isinstance(v, Path) else v)
+                                                          for k, v in vars(args).items()},
+                  "throughput": throughput(args, template, workdir)}
+        if not args.skip_index_check:
+            result["index_check"] = index_check(args, workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    text = [benchlib.machine_line(result["machine"]),
+            f"table: {args.finished:,} finished + {args.queued:,} queued tasks; {args.reps} reps, median", "",
+            benchlib.table(result["throughput"], ["synchronous", "variant", "median_per_s", "min_per_s",
+                                                  "max_per_s", "us_per_acquire", "vs_minimal"])]
+    if "index_check" in result:
+        text += ["", f"partial index tasks_queued, {args.finished:,} finished + 1,000 queued (real_direct):",
+                 benchlib.table(result["index_check"], ["variant", "median_per_s", "ms_per_acquire"])]
+    benchlib.emit(result, args.json, "\n".join(text))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

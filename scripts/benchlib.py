@@ -1,0 +1,220 @@
+"""Shared helpers of the benchmark scripts: percentiles, tables, machine facts, a real server.
+
+`Server` starts `gpulayer server start` as a subprocess on a free loopback port
+with a temporary home (initialised with `gpulayer server init --json`), over
+plain HTTP or TLS (certificates from gpulayer.certs.ensure_tls), and stops it
+with SIGTERM. Nothing here imports the server into the benchmark process.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PROTOCOL_HEADER = {"X-GpuLayer-Protocol": "1"}
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+# -- numbers -----------------------------------------------------------------
+
+def percentile(values, q: float) -> float:
+    """The q-th percentile (0..100) by linear interpolation; nan for no values."""
+    data = sorted(values)
+    if not data:
+        return float("nan")
+    if len(data) == 1:
+        return data[0]
+    pos = (len(data) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(data) - 1)
+    return data[lo] + (data[hi] - data[lo]) * (pos - lo)
+
+
+def summary_ms(seconds) -> dict:
+    """{n, p50, p90, p99, max} in milliseconds of a list of durations in seconds."""
+    vals = list(seconds)
+    return {"n": len(vals), "p50_ms": round(percentile(vals, 50) * 1e3, 3),
+            "p90_ms": round(percentile(vals, 90) * 1e3, 3), "p99_ms": round(percentile(vals, 99) * 1e3, 3),
+            "max_ms": round(max(vals) * 1e3, 3) if vals else float("nan")}
+
+
+def median(values) -> float:
+    vals = list(values)
+    return statistics.median(vals) if vals else float("nan")
+
+
+# -- output ------------------------------------------------------------------
+
+def table(rows: list[dict], columns: list[str] | None = None) -> str:
+    """A plain fixed-width table of dict rows."""
+    if not rows:
+        return "(no rows)"
+    columns = columns or list(rows[0])
+
+    def fmt(v):
+        if isinstance(v, float):
+            return f"{v:,.1f}" if abs(v) >= 100 else f"{v:.3g}"
+        if isinstance(v, int) and not isinstance(v, bool):
+            return f"{v:,}"
+        return str(v)
+
+    cells = [[fmt(r.get(c, "")) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths)),
+             "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in cells]
+    return "\n".join(lines)
+
+
+def emit(result: dict, as_json: bool, text: str) -> None:
+    """Print the JSON result or the human text."""
+    if as_json:
+        print(json.dumps(result, indent=2, default=str))
+    else:
+        print(text)
+
+
+def machine() -> dict:
+    """What the figures were measured on."""
+    model = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import apsw
+    return {"nproc": os.cpu_count(), "affinity": len(os.sched_getaffinity(0)), "cpu_model": model,
+            "python": platform.python_version(), "sqlite": apsw.sqlite_lib_version(), "apsw": apsw.apsw_version(),
+            "kernel": platform.release()}
+
+
+def machine_line(info: dict | None = None) -> str:
+    info = info or machine()
+    return (f"machine: {info['affinity']} cores ({info['cpu_model']}), Python {info['python']}, "
+            f"SQLite {info['sqlite']}")
+
+
+# -- processes ---------------------------------------------------------------
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (all its threads) from /proc/<pid>/stat."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def gpulayer_cmd() -> list[str]:
+    """How to run the CLI: the installed entry point, else `python -m gpulayer.cli`."""
+    exe = shutil.which("gpulayer")
+    return [exe] if exe else [sys.executable, "-c", "from gpulayer.cli import main; main()"]
+
+
+class Server:
+    """A real control plane subprocess with a temporary home; use as a context manager."""
+
+    def __init__(self, *, tls: bool = False, synchronous: str = "normal", extra_args: list[str] = (),
+                 keep_home: bool = False, log_path: Path | None = None):
+        self.tls = tls
+        self.synchronous = synchronous
+        self.extra_args = list(extra_args)
+        self.keep_home = keep_home
+        self.home = Path(tempfile.mkdtemp(prefix="gpulayer-bench-"))
+        self.port = free_port()
+        self.proc: subprocess.Popen | None = None
+        self.tokens: dict = {}
+        self.ca: str | None = None
+        self.log_path = log_path or self.home / "server.log"
+
+    @property
+    def url(self) -> str:
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
+
+    @property
+    def verify(self):
+        return self.ca if self.tls else True
+
+    def __enter__(self) -> "Server":
+        out = subprocess.run(gpulayer_cmd() + ["server", "init", "--json", "--home", str(self.home)],
+                             check=True, capture_output=True, text=True)
+        self.tokens = json.loads(out.stdout)
+        args = gpulayer_cmd() + ["server", "start", "--home", str(self.home), "--port", str(self.port),
+                                 "--synchronous", self.synchronous, *self.extra_args]
+        if self.tls:
+            from gpulayer.certs import ensure_tls
+            paths = ensure_tls(self.home)
+            self.ca = str(paths["ca"])
+            args += ["--tls-cert", str(paths["cert"]), "--tls-key", str(paths["key"])]
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT)
+        self._wait_healthy()
+        return self
+
+    def _wait_healthy(self, timeout_s: float = 30.0) -> None:
+        import requests
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited {self.proc.returncode}: {self.log_path.read_text()[-2000:]}")
+            try:
+                if requests.get(self.url + "/v1/health", verify=self.verify, timeout=1).ok:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError("server did not become healthy")
+
+    def __exit__(self, *exc) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if getattr(self, "_log", None):
+            self._log.close()
+        if not self.keep_home:
+            shutil.rmtree(self.home, ignore_errors=True)
+
+    # helpers for load generators --------------------------------------------
+
+    def client_headers(self) -> dict:
+        return {"Authorization": f"Bearer {self.tokens['client_token']}"}
+
+
+def session(url_verify=True):
+    """A keep-alive requests.Session."""
+    import requests
+    s = requests.Session()
+    s.verify = url_verify
+    adapter = requests.adapters.HTTPAdapter(pool_connections=1, pool_maxsize=4)
+    s.mount("http://", adapter)
+    s.mount("https://", adapter)
+    return s
+
+
+def register_worker(s, url: str, join_token: str, name: str, slots: int = 1) -> dict:
+    """Register a simulated worker; returns the register answer (worker_id, session_token, ...)."""
+    r = s.post(url + "/v1/workers/register",
+               json={"name": name, "labels": {}, "resources": {"cpus": 64, "gpus": 0, "memory_mb": 1 << 20},
+                     "version": "bench", "slots": slots},
+               headers={**PROTOCOL_HEADER, "Authorization": f"Bearer {join_token}"}, timeout=30)
+    r.raise_for_status()
+    return r.json()
