@@ -139,6 +139,8 @@ CREATE INDEX tasks_worker_active ON tasks (worker_id, state) WHERE state IN ('as
 -- Lease expiry scans only live leases.
 CREATE INDEX tasks_lease ON tasks (lease_expires_at) WHERE state IN ('assigned', 'running');
 CREATE INDEX tasks_job ON tasks (job_id, attempt, "index");
+-- Ops ask which tasks were lost lately (explorer: lost_tasks).
+CREATE INDEX tasks_lost ON tasks (finished_at) WHERE state = 'lost';
 
 -- Append-only log of every state change, written in the same transaction as
 -- the change, so the two never disagree.
@@ -199,7 +201,7 @@ CREATE TABLE secrets (
     updated_at  REAL NOT NULL
 ) STRICT;
 
--- Slurm jobs submitted to start workers (docs/operations.md).
+-- Slurm jobs submitted to start workers (docs/operations.md, "Slurm provisioning").
 CREATE TABLE provision_requests (
     id              INTEGER PRIMARY KEY,
     provisioner     TEXT NOT NULL,
@@ -212,13 +214,16 @@ CREATE TABLE provision_requests (
                         'failed'      -- sbatch or the job failed
                     )),
     slurm_job_id    TEXT,
-    token_jti       TEXT,
+    token_jti       TEXT,             -- the join token minted for this request alone
     worker_id       INTEGER,
     last_error      TEXT,
     created_at      REAL NOT NULL,
-    updated_at      REAL NOT NULL
+    updated_at      REAL NOT NULL,
+    CHECK (state <> 'attached' OR worker_id IS NOT NULL),
+    CHECK (state NOT IN ('cancelled', 'failed') OR last_error IS NOT NULL)
 ) STRICT;
-CREATE INDEX provision_requests_open ON provision_requests (provisioner, profile)
+-- At most one open request per profile, and the provisioner finds the open ones fast.
+CREATE UNIQUE INDEX provision_requests_open ON provision_requests (provisioner, profile)
     WHERE state IN ('requested', 'pending');
 
 -- Views for the questions ops ask.
