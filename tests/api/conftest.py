@@ -6,9 +6,8 @@ import json
 import falcon.testing
 import pytest
 
+from apihelpers import bearer
 from gpulayer.app import create_app, new_deps
-
-PROTO = {"X-GpuLayer-Protocol": "1"}
 
 
 @pytest.fixture
@@ -26,10 +25,6 @@ def api(deps):
 @pytest.fixture
 def tokens(home):
     return json.loads((home / "tokens.json").read_text())
-
-
-def bearer(token, **extra):
-    return {"Authorization": f"Bearer {token}", **PROTO, **extra}
 
 
 @pytest.fixture

@@ -1,4 +1,3 @@
-from conftest import PROTO
 
 
 def test_health(api):
