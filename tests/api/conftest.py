@@ -6,7 +6,7 @@ import json
 import falcon.testing
 import pytest
 
-from apihelpers import bearer
+from apihelpers import PROTO, bearer  # noqa: F401 - tests import them from here too
 from gpulayer.app import create_app, new_deps
 
 
