@@ -31,6 +31,8 @@ def read_json(req, *, limit: int = MAX_JSON_BODY, allow_empty: bool = False) -> 
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidJSON(f"the body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise InvalidJSON("the body is nested too deeply") from None
     if not isinstance(body, dict):
         raise InvalidJSON("the body must be a JSON object")
     return body
