@@ -1,0 +1,404 @@
+"""Fault-injection tooling shared by scripts/chaos.py and tests/faults: a real
+control plane process that can be SIGKILLed and restarted, and the invariants a
+state file must keep whatever happened to it.
+
+`check_state(path)` runs every block of invariants.sql (each returns the rows
+that break it) and replays the event log (`replay`) for what needs ordering.
+It returns a list of human-readable violations: empty means every invariant held.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import apsw
+import requests
+
+REPO = Path(__file__).resolve().parents[1]
+CLI = [sys.executable, "-m", "gpulayer.cli"]
+PROTO = {"X-GpuLayer-Protocol": "1"}
+sys.path.insert(0, str(REPO))
+from gpulayer.sql import load  # noqa: E402
+
+INVARIANTS = load(Path(__file__).with_name("invariants.sql"))
+# Events that end a task's hold on its worker (see replay).
+TASK_ENDS = ("task_finished", "task_lost", "task_cancelled", "task_stopped")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on `host` right now."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def clean_env(**extra: str) -> dict:
+    """This environment without GPULAYER_* settings, the repo importable, plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPULAYER_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env.update(extra)
+    return env
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.05):
+    """Poll `predicate` until it returns something truthy; AssertionError naming `what`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def init_home(home: Path) -> dict:
+    """`gpulayer server init --json` in a subprocess; the tokens."""
+    out = subprocess.run([*CLI, "server", "init", "--home", str(home), "--json"], env=clean_env(),
+                         capture_output=True, text=True, check=True, timeout=60)
+    return json.loads(out.stdout)
+
+
+@dataclass
+class ServerProc:
+    """`gpulayer server start` as a child process that tests kill and restart on the same port."""
+
+    home: Path
+    host: str = "127.0.0.1"
+    port: int = 0
+    args: list[str] = field(default_factory=list)
+    tls: dict | None = None            # {"cert", "key", "ca"} paths
+    netns: str | None = None           # run inside `ip netns exec NAME`
+    proc: subprocess.Popen | None = None
+    tokens: dict = field(default_factory=dict)
+    starts: int = 0
+
+    def __post_init__(self):
+        self.home = Path(self.home)
+        if not (self.home / "server-credentials.json").exists():
+            self.tokens = init_home(self.home)
+        if not self.port:
+            self.port = free_port(self.host)
+
+    @property
+    def url(self) -> str:
+        scheme = "https" if self.tls else "http"
+        return f"{scheme}://{self.host}:{self.port}"
+
+    @property
+    def verify(self):
+        return str(self.tls["ca"]) if self.tls else True
+
+    def start(self, timeout: float = 30.0) -> "ServerProc":
+        argv = [*CLI, "server", "start", "--home", str(self.home), "--host", self.host, "--port", str(self.port),
+                *self.args]
+        if self.tls:
+            argv += ["--tls-cert", str(self.tls["cert"]), "--tls-key", str(self.tls["key"])]
+        if self.netns:
+            argv = ["ip", "netns", "exec", self.netns, *argv]
+        self.starts += 1
+        log = open(self.home.parent / f"server-{self.starts}.log", "w")
+        self.proc = subprocess.Popen(argv, env=clean_env(), stdout=log, stderr=subprocess.STDOUT)
+        wait_for(self.healthy, timeout, "the control plane to answer /v1/health")
+        return self
+
+    def healthy(self) -> bool:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise AssertionError(f"the control plane exited with {self.proc.returncode}:\n{self.log_tail()}")
+        try:
+            return requests.get(f"{self.url}/v1/health", timeout=1, verify=self.verify).ok
+        except requests.RequestException:
+            return False
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown code runs, as in a crash or an OOM kill."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self, timeout: float = 20.0) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                return self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        return self.proc.wait()
+
+    def log_tail(self, chars: int = 4000) -> str:
+        logs = sorted(self.home.parent.glob("server-*.log"))
+        return "\n".join(f"--- {p.name}\n{p.read_text()[-chars:]}" for p in logs)
+
+    @property
+    def state(self) -> Path:
+        return self.home / "state.db"
+
+
+# -- invariants ---------------------------------------------------------------
+
+def _connect(path: Path) -> apsw.Connection:
+    conn = apsw.Connection(f"file:{path}?mode=ro", flags=apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_URI)
+    conn.set_busy_timeout(10_000)
+    conn.row_trace = lambda cur, values: dict(zip([d[0] for d in cur.get_description()], values))
+    return conn
+
+
+def check_state(path: Path, *, acknowledged: set[int] = frozenset()) -> list[str]:
+    """Every invariant of invariants.sql and of the event replay; the violations found."""
+    conn = _connect(Path(path))
+    try:
+        problems = []
+        with conn:  # one read snapshot for every check
+            integrity = [r["integrity_check"] for r in conn.execute(INVARIANTS["integrity"])]
+            if integrity != ["ok"]:
+                problems.append(f"integrity_check: {integrity[:5]}")
+            for name, sql in INVARIANTS.items():
+                if name in ("integrity", "events_for_replay"):
+                    continue
+                bad = list(conn.execute(sql))
+                if bad:
+                    problems.append(f"{name}: {len(bad)} row(s), e.g. {bad[:3]}")
+            if acknowledged:
+                ids = {r["id"] for r in conn.execute("SELECT id FROM jobs")}
+                missing = sorted(set(acknowledged) - ids)
+                if missing:
+                    problems.append(f"acknowledged_job_missing: {len(missing)} job(s), e.g. {missing[:10]}")
+            problems += replay(conn.execute(INVARIANTS["events_for_replay"]))
+        return problems
+    finally:
+        conn.close()
+
+
+def replay(events) -> list[str]:
+    """Walk the event log in order: no replica has two active copies, no worker leaves holding a task.
+
+    A task is held from its task_assigned event to the first of TASK_ENDS or its
+    gang's gang_released. At worker_offline or worker_gone the worker must hold
+    nothing (its leases ended in the same transaction, listed just before).
+    """
+    problems: list[str] = []
+    holder: dict[int, int] = {}                                  # task -> worker
+    replica: dict[int, tuple[int, int]] = {}                     # task -> (job, attempt)
+    active: dict[int, set[int]] = defaultdict(set)               # job -> tasks held
+    for e in events:
+        kind, task, worker, job = e["kind"], e["task_id"], e["worker_id"], e["job_id"]
+        data = json.loads(e["data"] or "{}")
+        if kind == "task_assigned":
+            others = {t for t in active[job] if replica[t][1] != data.get("attempt")}
+            if others:
+                problems.append(f"two_running_attempts: job {job} task {task} (attempt {data.get('attempt')}) "
+                                f"assigned while task(s) {sorted(others)} of another attempt still held "
+                                f"(event {e['seq']})")
+            holder[task] = worker
+            replica[task] = (job, data.get("attempt"))
+            active[job].add(task)
+        elif kind in TASK_ENDS and task in holder:
+            holder.pop(task)
+            active[job].discard(task)
+        elif kind == "gang_released":
+            for t in [t for t in active[job] if replica[t][1] == data.get("attempt")]:
+                holder.pop(t, None)
+                active[job].discard(t)
+        elif kind in ("worker_offline", "worker_gone"):
+            held = sorted(t for t, w in holder.items() if w == worker)
+            if held:
+                problems.append(f"lease_outlived_worker: worker {worker} went {kind.split('_')[1]} holding "
+                                f"task(s) {held} (event {e['seq']})")
+    return problems
+
+
+def job_states(path: Path) -> dict[str, int]:
+    """How many jobs are in each state."""
+    conn = _connect(Path(path))
+    try:
+        return {r["state"]: r["n"] for r in conn.execute("SELECT state, count(*) AS n FROM jobs GROUP BY state")}
+    finally:
+        conn.close()
+
+
+def percentile(values: list[float], p: float) -> float:
+    """The p-th percentile (0-100) by nearest rank; 0.0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    k = max(0, min(len(ordered) - 1, int(round(p / 100 * len(ordered) + 0.5)) - 1))
+    return ordered[k]
+
+
+# -- simulated fleet -------------------------------------------------------------
+
+class Recorder:
+    """Latencies (seconds) by operation, and counters, of one process's clients."""
+
+    def __init__(self):
+        self.latency: dict[str, list[float]] = defaultdict(list)
+        self.count: dict[str, int] = defaultdict(int)
+
+    def timed(self, op: str, fn, *args, **kwargs):
+        began = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self.latency[op].append(time.perf_counter() - began)
+
+    def merge(self, other: dict) -> None:
+        for op, values in other["latency"].items():
+            self.latency[op].extend(values)
+        for key, n in other["count"].items():
+            self.count[key] += n
+
+    def as_dict(self) -> dict:
+        return {"latency": dict(self.latency), "count": dict(self.count)}
+
+
+class SimWorker:
+    """A worker agent reduced to its protocol: plain HTTP calls, no processes run.
+
+    `step()` does what is due (heartbeat, acquire, start, finish) and returns
+    how long to sleep. `die()` stops it without a word, as SIGKILL would.
+    """
+
+    def __init__(self, url: str, join_token: str, name: str, rec: Recorder, *, verify=True, rng=None,
+                 run_s=(0.05, 0.5), fail_rate: float = 0.05, slots: int = 1):
+        import random
+        self.url, self.join_token, self.name, self.rec = url, join_token, name, rec
+        self.rng = rng or random.Random()
+        self.run_s, self.fail_rate, self.slots = run_s, fail_rate, slots
+        self.http = requests.Session()
+        self.http.verify = verify
+        self.headers = dict(PROTO)
+        self.worker_id = None
+        self.interval = 1.0
+        self.next_heartbeat = 0.0
+        self.current: dict | None = None      # {"task_id", "ends_at", "started"}
+
+    def call(self, op: str, path: str, body: dict | None = None, timeout: float = 10.0) -> requests.Response:
+        r = self.rec.timed(op, self.http.post, f"{self.url}/v1{path}", json=body or {}, headers=self.headers,
+                           timeout=timeout)
+        self.rec.count[f"{op}_{r.status_code}"] += 1
+        if r.status_code >= 500:
+            self.rec.count["server_errors"] += 1
+        return r
+
+    def register(self) -> None:
+        self.headers["Authorization"] = f"Bearer {self.join_token}"
+        r = self.call("register", "/workers/register", {
+            "name": self.name, "labels": {}, "version": "sim", "slots": self.slots,
+            "resources": {"cpus": 4, "gpus": 0, "memory_mb": 4096, "gpu_models": []}})
+        r.raise_for_status()
+        answer = r.json()
+        self.worker_id = answer["worker_id"]
+        self.headers["Authorization"] = f"Bearer {answer['session_token']}"
+        self.interval = float(answer["heartbeat_interval_s"])
+
+    def step(self, acquire_wait_s: float = 0.5) -> float:
+        now = time.monotonic()
+        if now >= self.next_heartbeat:
+            self.heartbeat()
+            self.next_heartbeat = now + self.interval
+        if self.current is None:
+            self.acquire(min(acquire_wait_s, max(0.0, self.next_heartbeat - time.monotonic())))
+            return 0.0 if self.current else 0.05
+        if time.monotonic() >= self.current["ends_at"]:
+            failed = self.rng.random() < self.fail_rate
+            self.finish("failed" if failed else "succeeded", 1 if failed else 0)
+            return 0.0
+        return max(0.0, min(self.next_heartbeat, self.current["ends_at"]) - time.monotonic())
+
+    def heartbeat(self) -> None:
+        tasks = [{"task_id": self.current["task_id"], "state": "running", "endpoint": None, "restarts": 0}] \
+            if self.current and self.current["started"] else []
+        r = self.call("heartbeat", "/worker/heartbeat", {"tasks": tasks})
+        if r.ok and self.current and self.current["task_id"] in r.json().get("cancel_task_ids", []):
+            self.finish("cancelled", None)
+
+    def acquire(self, wait_s: float) -> None:
+        r = self.call("acquire", "/worker/acquire", {"wait_s": round(wait_s, 3)}, timeout=wait_s + 10)
+        task = r.json().get("task") if r.ok else None
+        if not task:
+            return
+        started = self.call("start", f"/worker/tasks/{task['task_id']}/start", {"pid": 4242})
+        if started.status_code == 409:   # cancelled between acquire and start
+            return
+        self.current = {"task_id": task["task_id"], "started": started.ok,
+                        "ends_at": time.monotonic() + self.rng.uniform(*self.run_s)}
+
+    def finish(self, outcome: str, exit_code) -> None:
+        r = self.call("finish", f"/worker/tasks/{self.current['task_id']}/finish",
+                      {"outcome": outcome, "exit_code": exit_code})
+        if r.ok:
+            self.rec.count["finished_accepted" if r.json()["accepted"] else "finished_late"] += 1
+        self.current = None
+
+    def deregister(self) -> None:
+        self.call("deregister", "/worker/deregister", {})
+
+    def die(self) -> None:
+        """Vanish without deregistering or finishing (the process was SIGKILLed)."""
+        self.rec.count["workers_killed"] += 1
+        self.http.close()
+
+
+def submit_storm(url: str, token: str, stop, acked: list, rec: Recorder, *, verify=True, spec=None,
+                 cancel_rate: float = 0.0, pause_s=(0.0, 0.0), rng=None) -> None:
+    """Submit jobs until `stop` is set; append each acknowledged (201) job id to `acked`.
+
+    Connection errors (the server is down) are counted and retried. With
+    `cancel_rate`, that share of submits is followed by a cancel of a random
+    acknowledged job.
+    """
+    import random
+    rng = rng or random.Random()
+    http = requests.Session()
+    http.verify = verify
+    headers = {"Authorization": f"Bearer {token}"}
+    body = spec or {"command": ["true"], "retry": {"max_attempts": 3}}
+    while not stop.is_set():
+        try:
+            r = rec.timed("submit", http.post, f"{url}/v1/jobs", json=body, headers=headers, timeout=10)
+            rec.count[f"submit_{r.status_code}"] += 1
+            if r.status_code == 201:
+                acked.append(r.json()["id"])
+            if acked and rng.random() < cancel_rate:
+                job = rng.choice(acked)
+                c = rec.timed("cancel", http.post, f"{url}/v1/jobs/{job}/cancel", headers=headers, timeout=10)
+                rec.count[f"cancel_{c.status_code}"] += 1
+        except requests.RequestException:
+            rec.count["submit_unreachable"] += 1
+            stop.wait(0.05)
+        if pause_s[1]:
+            stop.wait(rng.uniform(*pause_s))
+
+
+def storm_main(url: str, token: str, seconds: float, threads: int, out_path: str) -> None:
+    """A submitter process: `threads` submit_storm loops for `seconds`; acknowledged ids to out_path, one a line."""
+    import threading
+    stop = threading.Event()
+    lock = threading.Lock()
+    out = open(out_path, "a", buffering=1)
+
+    class Sink(list):
+        def append(self, job_id):
+            super().append(job_id)
+            with lock:
+                out.write(f"{job_id}\n")
+
+    acked = Sink()
+    rec = Recorder()
+    loops = [threading.Thread(target=submit_storm, args=(url, token, stop, acked, rec)) for _ in range(threads)]
+    for t in loops:
+        t.start()
+    time.sleep(seconds)
+    stop.set()
+    for t in loops:
+        t.join(20)
+    out.close()

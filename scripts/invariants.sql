@@ -1,0 +1,79 @@
+-- Invariants of a state file after faults (crash, partition, chaos).
+-- Each block returns the rows that break it: no row back means it holds.
+-- Read by scripts/faultlib.py (check_state); the event-log replay that needs
+-- ordering lives there in Python.
+
+-- name: integrity --
+-- SQLite's own check of the file; one row 'ok' when sound (checked apart).
+PRAGMA integrity_check;
+
+-- name: active_task_without_live_worker --
+-- A task assigned or running is held by a worker that is online: a worker that
+-- went offline or left lost its tasks in the same transaction.
+SELECT t.id AS task_id, t.state, t.worker_id, w.state AS worker_state
+FROM tasks t LEFT JOIN workers w ON w.id = t.worker_id
+WHERE t.state IN ('assigned', 'running') AND (w.id IS NULL OR w.state <> 'online');
+
+-- name: two_active_copies --
+-- One replica or rank of a job is active at most once (one attempt at a time).
+SELECT job_id, "index", count(*) AS active
+FROM tasks WHERE state IN ('assigned', 'running')
+GROUP BY job_id, "index" HAVING count(*) > 1;
+
+-- name: task_of_two_workers --
+-- A task row is handed to one worker in its life (retries make new rows).
+SELECT task_id, count(DISTINCT worker_id) AS workers
+FROM events WHERE kind = 'task_assigned'
+GROUP BY task_id HAVING count(DISTINCT worker_id) > 1;
+
+-- name: task_worker_disagrees_with_events --
+-- The worker on a task row is the one its task_assigned event named.
+SELECT t.id AS task_id, t.worker_id, e.worker_id AS assigned_to
+FROM tasks t JOIN events e ON e.kind = 'task_assigned' AND e.task_id = t.id
+WHERE t.worker_id IS NOT e.worker_id;
+
+-- name: over_slots --
+-- A worker never holds more tasks than its slots.
+SELECT w.id AS worker_id, w.slots, count(t.id) AS held
+FROM workers w JOIN tasks t ON t.worker_id = w.id AND t.state IN ('assigned', 'running')
+GROUP BY w.id HAVING count(t.id) > w.slots;
+
+-- name: job_without_submit_event --
+-- Every job row was written with its job_submitted event.
+SELECT j.id AS job_id FROM jobs j
+WHERE NOT EXISTS (SELECT 1 FROM events e WHERE e.kind = 'job_submitted' AND e.job_id = j.id);
+
+-- name: job_end_disagrees_with_events --
+-- A job is final exactly when it has one job_finished event, naming its state.
+SELECT j.id AS job_id, j.state,
+       (SELECT count(*) FROM events e WHERE e.kind = 'job_finished' AND e.job_id = j.id) AS finished_events
+FROM jobs j
+WHERE (SELECT count(*) FROM events e WHERE e.kind = 'job_finished' AND e.job_id = j.id)
+      <> (j.state IN ('succeeded', 'failed', 'cancelled', 'lost'))
+   OR (j.state IN ('succeeded', 'failed', 'cancelled', 'lost') AND NOT EXISTS (
+        SELECT 1 FROM events e WHERE e.kind = 'job_finished' AND e.job_id = j.id
+          AND json_extract(e.data, '$.state') = j.state));
+
+-- name: stuck_job --
+-- A job still queued or running has a task of its current attempt that can
+-- still move (queued, assigned or running); otherwise it would never end.
+SELECT j.id AS job_id, j.state, j.attempt FROM jobs j
+WHERE j.state IN ('queued', 'running') AND NOT EXISTS (
+    SELECT 1 FROM tasks t WHERE t.job_id = j.id AND t.attempt = j.attempt
+      AND t.state IN ('queued', 'assigned', 'running'));
+
+-- name: ended_job_with_active_task --
+-- A job that ended holds no worker, except running tasks it asked to stop
+-- (cancel_requested: their worker kills them at its next heartbeat).
+SELECT t.id AS task_id, t.job_id, j.state AS job_state, t.state
+FROM tasks t JOIN jobs j ON j.id = t.job_id
+WHERE j.state IN ('succeeded', 'failed', 'cancelled', 'lost') AND t.state IN ('queued', 'assigned', 'running')
+  AND NOT (t.state = 'running' AND t.cancel_requested = 1);
+
+-- name: events_for_replay --
+-- The task holding events in order, for the replay in faultlib.replay.
+SELECT seq, at, kind, job_id, task_id, worker_id, data FROM events
+WHERE kind IN ('task_assigned', 'task_started', 'task_finished', 'task_lost', 'task_stopped',
+               'task_cancelled', 'gang_released', 'worker_offline', 'worker_online', 'worker_gone',
+               'job_retried', 'job_finished', 'late_finish')
+ORDER BY seq;
