@@ -13,3 +13,16 @@ def clean_env(monkeypatch, tmp_path):
     home.mkdir()
     monkeypatch.setenv("GPULAYER_HOME", str(home))
     return home
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory):
+    """One real server process and one real worker process (`--parallel 2`), shared by the session."""
+    pytest.importorskip("gpulayer.server", reason="the control plane (gpulayer.server) is not there yet")
+    from client_cluster import Cluster
+    c = Cluster(tmp_path_factory.mktemp("cluster"))
+    try:
+        yield c.start()
+    finally:
+        codes = c.stop()
+        assert codes == [0] * len(codes), f"unclean stops {codes}:\n{c.logs()}"
