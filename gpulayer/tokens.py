@@ -12,7 +12,7 @@ def insert(conn, *, jti: str, kind: str, name: str, labels: dict, token_hash: st
     """Store a new token's hash (the token itself is shown once, by the caller)."""
     row(conn, "insert_token", jti=jti, kind=kind, name=name, labels=json.dumps(labels), token_hash=token_hash,
         expires_at=expires_at, source=source, now=now)
-    events.record(conn, now, "token_created", jti=jti, kind=kind, name=name, labels=labels, expires_at=expires_at)
+    events.record(conn, now, "token_created", jti=jti, token_kind=kind, name=name, labels=labels, expires_at=expires_at)
 
 
 def listing(conn) -> list[dict]:
