@@ -186,15 +186,18 @@ class Worker:
                 self.stop_event.wait(retry_delay(failures))
             except Unauthorized:
                 raise AgentError("the control plane refused the join token (401 unauthorized): check $GPULAYER_JOIN_TOKEN") from None
-            except Forbidden:
-                raise AgentError("the control plane refused this token for registering (403 forbidden): use a join token (glj_...)") from None
+            except Forbidden as exc:
+                if exc.code == "forbidden":  # a valid token of the wrong kind
+                    raise AgentError("the control plane refused this token for registering (403 forbidden): use a join token (glj_...)") from None
+                raise AgentError(f"the control plane refused to register this worker: {exc.code}: {exc.message}") from None
             except Rejected as exc:
                 raise AgentError(f"the control plane refused to register this worker: {exc.code}: {exc.message}") from None
         else:
             return None
         self.transport.set_token(answer["session_token"])
         self.interval_s = float(answer.get("heartbeat_interval_s") or 2.0)
-        log_event("worker_registered", worker_id=answer.get("worker_id"), name=body["name"], slots=body["slots"],
+        log_event("worker_registered", worker_id=answer.get("worker_id"), name=answer.get("name") or body["name"],
+                  labels=answer.get("labels", body["labels"]), slots=body["slots"],
                   advertise_address=answer.get("advertise_address"), heartbeat_interval_s=self.interval_s)
         return answer
 
