@@ -228,8 +228,8 @@ def index_check(args, workdir: Path) -> list[dict]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--finished", type=int, default=100_000, help="finished tasks in the table (default 100000)")
-    p.add_argument("--queued", type=int, default=10_000, help="queued tasks in the table (default 10000)")
-    p.add_argument("--acquisitions", type=int, default=5_000, help="acquisitions per repetition (default 5000)")
+    p.add_argument("--queued", type=int, default=2_000, help="queued tasks in the table (default 2000)")
+    p.add_argument("--acquisitions", type=int, default=1_500, help="acquisitions per repetition (default 1500)")
     p.add_argument("--max-seconds", type=float, default=3.0, help="time cap per repetition and variant")
     p.add_argument("--reps", type=int, default=5, help="repetitions (median reported)")
     p.add_argument("--synchronous", nargs="+", default=["normal", "full"], choices=["normal", "full"])

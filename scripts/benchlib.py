@@ -96,13 +96,13 @@ def machine() -> dict:
     import apsw
     return {"nproc": os.cpu_count(), "affinity": len(os.sched_getaffinity(0)), "cpu_model": model,
             "python": platform.python_version(), "sqlite": apsw.sqlite_lib_version(), "apsw": apsw.apsw_version(),
-            "kernel": platform.release()}
+            "kernel": platform.release(), "loadavg_at_start": os.getloadavg()[0]}
 
 
 def machine_line(info: dict | None = None) -> str:
     info = info or machine()
     return (f"machine: {info['affinity']} cores ({info['cpu_model']}), Python {info['python']}, "
-            f"SQLite {info['sqlite']}")
+            f"SQLite {info['sqlite']}, load average at start {info['loadavg_at_start']:.2f}")
 
 
 # -- processes ---------------------------------------------------------------

@@ -1,0 +1,329 @@
+#!/usr/bin/env python3
+"""Task cycles and heartbeats per second through the real server, with p50/p99 per call.
+
+The server is a real subprocess (`gpulayer server start` on a free loopback
+port, temporary home), over plain HTTP and over TLS (certificate from
+gpulayer.certs.ensure_tls). The load comes from separate processes (default
+2 processes x 8 threads, each thread one simulated worker with a keep-alive
+requests.Session). On a 2-core machine the load generator competes with the
+server for the CPUs: the figures are a floor for the server alone.
+
+cycles:     jobs `true` are submitted first (untimed); then every simulated
+            worker loops acquire -> start -> finish until --duration is up.
+heartbeats: --hb-workers workers register (untimed); --hb-busy of them take a
+            task and report it running; then heartbeats go round-robin over all
+            of them, as fast as the load allows, for --hb-duration seconds.
+            The server runs with --lease-ttl --hb-lease-ttl: afterwards no job may be
+            lost (a lost one counts as falsely lost when its worker's largest
+            gap between heartbeats stayed under the lease TTL).
+"""
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib  # noqa: E402
+
+H = benchlib.PROTOCOL_HEADER
+
+
+def _worker_headers(token: str) -> dict:
+    return {**H, "Authorization": f"Bearer {token}"}
+
+
+# -- load processes ----------------------------------------------------------
+
+def _cycle_proc(url, verify, join_token, threads, duration, start_at, out, name):
+    """One load process: `threads` simulated workers doing acquire -> start -> finish."""
+    sessions, tokens = [], []
+    for i in range(threads):
+        s = benchlib.session(verify)
+        reg = benchlib.register_worker(s, url, join_token, f"{name}-{i}")
+        sessions.append(s)
+        tokens.append(reg["session_token"])
+    lat = {"acquire": [], "start": [], "finish": [], "cycle": []}
+    counts = [0] * threads
+    errors = []
+    lock = threading.Lock()
+
+    def loop(i):
+        s, hdr = sessions[i], _worker_headers(tokens[i])
+        mine = {k: [] for k in lat}
+        clock = time.perf_counter
+        while time.time() < start_at:
+            time.sleep(0.001)
+        end = start_at + duration
+        try:
+            while time.time() < end:
+                t0 = clock()
+                r = s.post(url + "/v1/worker/acquire", json={"wait_s": 0}, headers=hdr, timeout=30)
+                t1 = clock()
+                r.raise_for_status()
+                task = r.json()["task"]
+                if task is None:
+                    break
+                tid = task["task_id"]
+                r = s.post(f"{url}/v1/worker/tasks/{tid}/start", json={"pid": 1}, headers=hdr, timeout=30)
+                t2 = clock()
+                r.raise_for_status()
+                r = s.post(f"{url}/v1/worker/tasks/{tid}/finish", json={"exit_code": 0, "outcome": "succeeded"},
+                           headers=hdr, timeout=30)
+                t3 = clock()
+                r.raise_for_status()
+                mine["acquire"].append(t1 - t0)
+                mine["start"].append(t2 - t1)
+                mine["finish"].append(t3 - t2)
+                mine["cycle"].append(t3 - t0)
+                counts[i] += 1
+        except Exception as exc:  # noqa: BLE001 - reported
+            errors.append(repr(exc))
+        with lock:
+            for k in lat:
+                lat[k].extend(mine[k])
+
+    pool = [threading.Thread(target=loop, args=(i,)) for i in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    out.put({"lat": lat, "cycles": sum(counts), "errors": errors})
+
+
+def _heartbeat_proc(url, verify, creds, threads, duration, start_at, out):
+    """Heartbeats round-robin over `creds` [(token, [task_id, ...])] from `threads` keep-alive sessions."""
+    lat, errors = [], []
+    last_seen: dict[int, float] = {}
+    max_gap: dict[int, float] = {}
+    lock = threading.Lock()
+    cursor = [0]
+
+    def next_index():
+        with lock:
+            i = cursor[0]
+            cursor[0] = (i + 1) % len(creds)
+            return i
+
+    def loop():
+        s = benchlib.session(verify)
+        mine = []
+        clock = time.perf_counter
+        while time.time() < start_at:
+            time.sleep(0.001)
+        end = start_at + duration
+        try:
+            while time.time() < end:
+                i = next_index()
+                token, tasks = creds[i]
+                body = {"tasks": [{"task_id": t, "state": "running", "endpoint": None, "restarts": 0} for t in tasks]}
+                t0 = clock()
+                r = s.post(url + "/v1/worker/heartbeat", json=body, headers=_worker_headers(token), timeout=30)
+                mine.append(clock() - t0)
+                r.raise_for_status()
+                answer = r.json()
+                if answer["cancel_task_ids"] or answer["revoked"]:
+                    errors.append(f"worker {i}: told to cancel {answer['cancel_task_ids']}")
+                now = time.time()
+                with lock:
+                    prev = last_seen.get(i, start_at)
+                    max_gap[i] = max(max_gap.get(i, 0.0), now - prev)
+                    last_seen[i] = now
+        except Exception as exc:  # noqa: BLE001
+            errors.append(repr(exc))
+        with lock:
+            lat.extend(mine)
+
+    pool = [threading.Thread(target=loop) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    busy_gaps = [max_gap.get(i, duration) for i, (_, tasks) in enumerate(creds) if tasks]
+    out.put({"lat": lat, "errors": errors[:20], "error_count": len(errors),
+             "max_gap_busy_s": max(busy_gaps) if busy_gaps else 0.0,
+             "max_gap_all_s": max(max_gap.values()) if max_gap else 0.0})
+
+
+# -- the runs ----------------------------------------------------------------
+
+def submit_jobs(srv, n: int, threads: int = 8) -> float:
+    """Submit n `true` jobs; returns the submissions per second (informational)."""
+    local = threading.local()
+
+    def one(_):
+        s = getattr(local, "s", None)
+        if s is None:
+            s = local.s = benchlib.session(srv.verify)
+        r = s.post(srv.url + "/v1/jobs", json={"command": ["true"]}, headers=srv.client_headers(), timeout=60)
+        r.raise_for_status()
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(one, range(n)))
+    return n / (time.perf_counter() - t0)
+
+
+def run_cycles(args, tls: bool) -> dict:
+    ctx = mp.get_context("fork")
+    with benchlib.Server(tls=tls, synchronous=args.synchronous) as srv:
+        submit_rate = submit_jobs(srv, args.jobs)
+        out = ctx.Queue()
+        start_at = time.time() + 2.0 + 0.3 * args.threads
+        procs = [ctx.Process(target=_cycle_proc, args=(srv.url, srv.verify, srv.tokens["join_token"], args.threads,
+                                                       args.duration, start_at, out, f"p{p}"))
+                 for p in range(args.procs)]
+        for p in procs:
+            p.start()
+        while time.time() < start_at:
+            time.sleep(0.01)
+        cpu0, wall0 = benchlib.cpu_seconds(srv.proc.pid), time.perf_counter()
+        profile = _maybe_profile(args, srv.proc.pid, "cycles" + ("-tls" if tls else ""))
+        results = [out.get(timeout=args.duration + 120) for _ in procs]
+        wall = time.perf_counter() - wall0
+        cpu = benchlib.cpu_seconds(srv.proc.pid) - cpu0
+        for p in procs:
+            p.join()
+        if profile:
+            profile.wait()
+    lat = {k: [x for r in results for x in r["lat"][k]] for k in ("acquire", "start", "finish", "cycle")}
+    cycles = sum(r["cycles"] for r in results)
+    spent = min(wall, args.duration) if cycles else wall
+    return {"transport": "tls" if tls else "http", "workers": args.procs * args.threads, "cycles": cycles,
+            "cycles_per_s": round(cycles / spent, 1), "calls_per_s": round(3 * cycles / spent, 1),
+            "server_cpu_cores": round(cpu / wall, 2), "submit_per_s": round(submit_rate, 1),
+            **{k: benchlib.summary_ms(v) for k, v in lat.items()},
+            "errors": [e for r in results for e in r["errors"]][:10]}
+
+
+def run_heartbeats(args, tls: bool) -> dict:
+    ctx = mp.get_context("fork")
+    extra = ["--lease-ttl", str(args.hb_lease_ttl), "--heartbeat-interval", str(min(2.0, args.hb_lease_ttl / 3))]
+    with benchlib.Server(tls=tls, synchronous=args.synchronous, extra_args=extra) as srv:
+        # register (untimed), busy workers take a task each and start it
+        local = threading.local()
+
+        def reg(i):
+            s = getattr(local, "s", None)
+            if s is None:
+                s = local.s = benchlib.session(srv.verify)
+            return benchlib.register_worker(s, srv.url, srv.tokens["join_token"], f"hb-{i}")["session_token"]
+
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(8) as pool:
+            tokens = list(pool.map(reg, range(args.hb_workers)))
+        register_rate = args.hb_workers / (time.perf_counter() - t0)
+        submit_jobs(srv, args.hb_busy)
+        s = benchlib.session(srv.verify)
+        creds = []
+        for i, token in enumerate(tokens):
+            tasks = []
+            if i < args.hb_busy:
+                hdr = _worker_headers(token)
+                task = s.post(srv.url + "/v1/worker/acquire", json={}, headers=hdr, timeout=30).json()["task"]
+                s.post(f"{srv.url}/v1/worker/tasks/{task['task_id']}/start", json={}, headers=hdr,
+                       timeout=30).raise_for_status()
+                tasks = [task["task_id"]]
+            creds.append((token, tasks))
+        out = ctx.Queue()
+        share = [creds[p::args.procs] for p in range(args.procs)]
+        start_at = time.time() + 1.5
+        procs = [ctx.Process(target=_heartbeat_proc, args=(srv.url, srv.verify, share[p], args.threads,
+                                                           args.hb_duration, start_at, out))
+                 for p in range(args.procs)]
+        for p in procs:
+            p.start()
+        while time.time() < start_at:
+            time.sleep(0.01)
+        cpu0, wall0 = benchlib.cpu_seconds(srv.proc.pid), time.perf_counter()
+        profile = _maybe_profile(args, srv.proc.pid, "heartbeats" + ("-tls" if tls else ""))
+        results = [out.get(timeout=args.hb_duration + 120) for _ in procs]
+        wall = time.perf_counter() - wall0
+        cpu = benchlib.cpu_seconds(srv.proc.pid) - cpu0
+        for p in procs:
+            p.join()
+        if profile:
+            profile.wait()
+        time.sleep(1.5)  # one more upkeep round
+        jobs = s.get(srv.url + "/v1/jobs", params={"limit": 1000}, headers=srv.client_headers(), timeout=60).json()
+        lost = [j["id"] for j in jobs["jobs"] if j["state"] in ("lost", "failed")
+                or any(t["state"] == "lost" for t in j["tasks"])]
+    lat = [x for r in results for x in r["lat"]]
+    max_gap_busy = max(r["max_gap_busy_s"] for r in results)
+    return {"transport": "tls" if tls else "http", "workers": args.hb_workers, "busy_workers": args.hb_busy,
+            "connections": args.procs * args.threads, "heartbeats": len(lat),
+            "heartbeats_per_s": round(len(lat) / min(wall, args.hb_duration), 1),
+            "server_cpu_cores": round(cpu / wall, 2), "register_per_s": round(register_rate, 1),
+            "heartbeat": benchlib.summary_ms(lat), "lease_ttl_s": args.hb_lease_ttl,
+            "max_gap_busy_s": round(max_gap_busy, 2), "max_gap_all_s": round(max(r["max_gap_all_s"] for r in results), 2),
+            "jobs_lost": len(lost), "falsely_lost": len(lost) if max_gap_busy < args.hb_lease_ttl else 0,
+            "errors": [e for r in results for e in r["errors"]][:10],
+            "error_count": sum(r["error_count"] for r in results)}
+
+
+def _maybe_profile(args, pid: int, label: str):
+    if not args.profile:
+        return None
+    import subprocess
+    dest = Path(args.profile_dir) / f"{label}.txt"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen(["py-spy", "record", "-p", str(pid), "-d", str(int(max(1, args.duration - 1))),
+                             "-r", "200", "-f", "raw", "-o", str(dest), "--nonblocking"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--procs", type=int, default=2, help="load-generator processes (default 2)")
+    p.add_argument("--threads", type=int, default=8, help="simulated workers (threads) per process (default 8)")
+    p.add_argument("--duration", type=float, default=10.0, help="seconds of cycles per transport")
+    p.add_argument("--jobs", type=int, default=6000, help="jobs submitted before the cycles (an upper bound)")
+    p.add_argument("--hb-workers", type=int, default=2000)
+    p.add_argument("--hb-busy", type=int, default=200, help="workers that hold a running task during heartbeats")
+    p.add_argument("--hb-duration", type=float, default=10.0)
+    p.add_argument("--hb-lease-ttl", type=float, default=6.0)
+    p.add_argument("--transports", nargs="+", default=["http", "tls"], choices=["http", "tls"])
+    p.add_argument("--only", choices=["cycles", "heartbeats"], default=None)
+    p.add_argument("--synchronous", default="normal", choices=["normal", "full"])
+    p.add_argument("--profile", action="store_true", help="py-spy the server (raw stacks into --profile-dir)")
+    p.add_argument("--profile-dir", default="/tmp/gpulayer-bench-profile")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+
+    result = {"machine": benchlib.machine(), "args": vars(args), "cycles": [], "heartbeats": []}
+    for transport in args.transports:
+        if args.only in (None, "cycles"):
+            result["cycles"].append(run_cycles(args, transport == "tls"))
+        if args.only in (None, "heartbeats"):
+            result["heartbeats"].append(run_heartbeats(args, transport == "tls"))
+
+    text = [benchlib.machine_line(result["machine"]),
+            f"load: {args.procs} processes x {args.threads} threads on the same machine as the server", ""]
+    if result["cycles"]:
+        rows = []
+        for c in result["cycles"]:
+            for call in ("acquire", "start", "finish", "cycle"):
+                rows.append({"transport": c["transport"], "workers": c["workers"], "cycles_per_s": c["cycles_per_s"],
+                             "server_cpu": c["server_cpu_cores"], "call": call, "p50_ms": c[call]["p50_ms"],
+                             "p99_ms": c[call]["p99_ms"], "max_ms": c[call]["max_ms"]})
+        text += ["acquire -> start -> finish cycles (target >= 1,500/s, p99 < 20 ms):", benchlib.table(rows), ""]
+        for c in result["cycles"]:
+            if c["errors"]:
+                text.append(f"{c['transport']} errors: {c['errors']}")
+    if result["heartbeats"]:
+        rows = [{"transport": h["transport"], "workers": h["workers"], "busy": h["busy_workers"],
+                 "heartbeats_per_s": h["heartbeats_per_s"], "server_cpu": h["server_cpu_cores"],
+                 "p50_ms": h["heartbeat"]["p50_ms"], "p99_ms": h["heartbeat"]["p99_ms"],
+                 "max_gap_s": h["max_gap_all_s"], "lost": h["jobs_lost"], "falsely_lost": h["falsely_lost"],
+                 "errors": h["error_count"]} for h in result["heartbeats"]]
+        text += ["heartbeats (target 5,000/s, p99 < 50 ms, none falsely lost):", benchlib.table(rows)]
+    benchlib.emit(result, args.json, "\n".join(text))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
