@@ -33,6 +33,7 @@ class Deps:
     artifacts: ArtifactStore
     ca_file: Path | None = None
     clock: object = time.time
+    provisioners: list = field(default_factory=list)  # provisioner.Provisioner, from provisioners.json
     _logs_cond: threading.Condition = field(default_factory=threading.Condition)
 
     def auth_new_session(self) -> str:
@@ -187,6 +188,7 @@ ROUTES = [
     ("/v1/jobs/{job_id:int}/endpoints", resources.Job, "endpoints"),
     ("/v1/jobs/{job_id:int}/outputs", resources.Job, "outputs"),
     ("/v1/workers", resources.Workers, None),
+    ("/v1/provisioners", resources.Provisioners, None),
     ("/v1/tokens", resources.Tokens, None),
     ("/v1/tokens/{jti}/revoke", resources.Token, "revoke"),
     ("/v1/secrets", resources.Secrets, None),

@@ -91,3 +91,22 @@ def worker_list(ctx: typer.Context,
                      res.get("cpus"), f"{free.get('gpus', '?')}/{res.get('gpus', 0)}", res.get("memory_mb"),
                      labels, w.get("advertise_address"), fmt_time(w.get("last_seen_at"))])
     print_table(rows, ["ID", "NAME", "STATE", "SLOTS", "CPUS", "GPUS", "MEM_MB", "LABELS", "ADDRESS", "LAST_SEEN"])
+    _print_provisioning(client_of(ctx))
+
+
+def _print_provisioning(client) -> None:
+    """Below the workers: recent Slurm provision requests, when any provisioner is configured."""
+    from gpulayer.client_errors import NotFound
+    try:
+        state = client.provisioners(limit=20)
+    except NotFound:  # a control plane from before /v1/provisioners
+        return
+    if not state["provisioners"] and not state["requests"]:
+        return
+    typer.echo("\nProvisioning (Slurm): " + ", ".join(
+        f"{p['name']} [{', '.join(f['name'] for f in p['profiles'])}]" for p in state["provisioners"]))
+    rows = [[r["id"], r["provisioner"], r["profile"], r["state"], r["slurm_job_id"], r.get("worker_name"),
+             fmt_time(r["updated_at"]), (r["last_error"] or "").splitlines()[0][:80] if r["last_error"] else None]
+            for r in state["requests"]]
+    if rows:
+        print_table(rows, ["REQ", "PROVISIONER", "PROFILE", "STATE", "SLURM_JOB", "WORKER", "UPDATED", "LAST_ERROR"])

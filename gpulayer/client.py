@@ -166,6 +166,10 @@ class Client:
         """Every worker the control plane knows, as dicts."""
         return self.call("GET", "/workers")["workers"]
 
+    def provisioners(self, limit: int = 100) -> dict:
+        """Slurm provisioning: `provisioners` (the configuration) and `requests` (newest first)."""
+        return self.call("GET", "/provisioners", params={"limit": limit})
+
     # Artifacts
 
     def upload(self, path: str | Path, progress: bool | None = None) -> str:

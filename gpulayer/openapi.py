@@ -74,6 +74,10 @@ RESPONSES = {
     ("/v1/jobs", "get"): ("200", {"type": "object", "required": ["jobs"],
                                   "properties": {"jobs": {"type": "array", "items": JOB}}}),
     ("/v1/health", "get"): ("200", {"type": "object", "required": ["ok", "protocol"]}),
+    ("/v1/provisioners", "get"): ("200", {"type": "object", "required": ["provisioners", "requests"], "properties": {
+        "provisioners": {"type": "array", "items": {"type": "object"}},
+        "requests": {"type": "array", "items": {"type": "object", "required": ["id", "provisioner", "profile",
+                                                                               "state", "slurm_job_id", "last_error"]}}}}),
 }
 QUERY_PARAMS = {
     ("/v1/jobs", "get"): [("state", {"type": "string"}), ("limit", {"type": "integer"}),
@@ -81,6 +85,7 @@ QUERY_PARAMS = {
     ("/v1/jobs/{job_id}/logs", "get"): [("after", {"type": "integer"}), ("limit", {"type": "integer"}),
                                         ("wait_s", {"type": "number", "minimum": 0, "maximum": 1})],
     ("/v1/workers", "get"): [("all", {"type": "boolean"})],
+    ("/v1/provisioners", "get"): [("limit", {"type": "integer", "minimum": 1, "maximum": 1000})],
 }
 METHODS = ("get", "post", "put", "delete", "head")
 _PARAM = re.compile(r"\{(\w+)(?::(\w+))?\}")

@@ -9,7 +9,7 @@ import time
 
 import falcon
 
-from . import jobs, secrets, tokens, workers, wire
+from . import jobs, provisioner, secrets, tokens, workers, wire
 from .artifacts import check_digest
 from .config import PROTOCOL
 from .errors import Forbidden, InvalidRequest, NotFound
@@ -163,6 +163,15 @@ class Workers(Resource):
     def on_get(self, req, resp):
         include_gone = req.get_param_as_bool("all", default=False)
         resp.media = {"workers": self.store.read(workers.listing, include_gone)}
+
+
+class Provisioners(Resource):
+    """Slurm provisioning: the configured provisioners and their recent requests."""
+
+    def on_get(self, req, resp):
+        limit = req.get_param_as_int("limit", min_value=1, max_value=1000, default=100)
+        resp.media = {"provisioners": provisioner.describe(self.deps.provisioners),
+                      "requests": self.store.read(provisioner.requests_listing, limit)}
 
 
 class Tokens(Resource):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import apsw
 
-from . import retention
+from . import provisioner, retention
 from .app import create_app, new_deps, with_explorer
 from .auth import init_home, rotate_join_token  # noqa: F401 - the CLI imports them from here
 from .config import ControlPlaneConfig
@@ -66,6 +66,8 @@ class ControlPlane:
         self.http: HTTPServer | None = None
         self._stop = threading.Event()
         self._upkeep: threading.Thread | None = None
+        self.provisioners = provisioner.load(config.layout.provisioners)
+        self.provisioning: provisioner.Provisioning | None = None
 
     @property
     def url(self) -> str:
@@ -80,6 +82,7 @@ class ControlPlane:
         """Open the state file and serve; returns once listening."""
         ca = self.config.layout.tls / "ca.pem"
         self.deps = new_deps(self.config, clock=self.clock, ca_file=ca if self.config.tls_cert and ca.exists() else None)
+        self.deps.provisioners = self.provisioners
         self.deps.store.write(lambda conn: row(conn, "clear_needs_upgrade", name=None, reason="server_restarted"))
         app = with_explorer(create_app(self.deps), self.deps, secure_cookies=bool(self.config.tls_cert))
         self.http = HTTPServer(app, self.config.host, self.config.port,
@@ -89,6 +92,9 @@ class ControlPlane:
         self.http.start()
         self._upkeep = threading.Thread(target=self._run_upkeep, name="gpulayer-upkeep", daemon=True)
         self._upkeep.start()
+        if self.provisioners:
+            self.provisioning = provisioner.Provisioning(self.provisioners, self.deps)
+            self.provisioning.start()
         log.info("server_started url=%s state=%s", self.url, self.config.layout.state)
 
     def stop(self) -> None:
@@ -98,6 +104,8 @@ class ControlPlane:
             self.http.stop()
         if self._upkeep is not None:
             self._upkeep.join(timeout=10)
+        if self.provisioning is not None:
+            self.provisioning.stop()
         if self.deps is not None:
             self.deps.scheduler.wake()
             self.deps.store.close()

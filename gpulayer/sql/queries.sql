@@ -492,3 +492,82 @@ DELETE FROM artifacts WHERE digest = :digest RETURNING digest, size;
 -- name: touch_artifact --
 -- A job names this artifact: it counts as used now. No row back: it is not stored.
 UPDATE artifacts SET last_used_at = :now WHERE digest = :digest RETURNING digest;
+
+-- name: provision_demand --
+-- Queued tasks that a worker of this profile could run (its resources and labels
+-- fit) and that no online worker with room can take now: the reason to ask Slurm
+-- for one. :labels is the profile's labels as a JSON object; :covered a JSON list of
+-- profiles ({cpus, gpus, memory_mb, labels}) already asked for, whose tasks do not count.
+SELECT count(*) AS tasks
+FROM tasks t JOIN jobs j ON j.id = t.job_id
+WHERE t.state = 'queued'
+  AND j.gpus <= :gpus AND j.cpus <= :cpus AND j.memory_mb <= :memory_mb
+  AND (j.accelerator IS NULL OR :gpus > 0)
+  AND NOT EXISTS (SELECT 1 FROM json_each(j.labels) l
+                  WHERE NOT EXISTS (SELECT 1 FROM json_each(:labels) pl WHERE pl.key = l.key AND pl.value = l.value))
+  AND NOT EXISTS (
+      SELECT 1 FROM json_each(:covered) c
+      WHERE j.gpus <= json_extract(c.value, '$.gpus') AND j.cpus <= json_extract(c.value, '$.cpus')
+        AND j.memory_mb <= json_extract(c.value, '$.memory_mb')
+        AND (j.accelerator IS NULL OR json_extract(c.value, '$.gpus') > 0)
+        AND NOT EXISTS (SELECT 1 FROM json_each(j.labels) l
+                        WHERE NOT EXISTS (SELECT 1 FROM json_each(c.value, '$.labels') cl
+                                          WHERE cl.key = l.key AND cl.value = l.value)))
+  AND NOT EXISTS (
+      SELECT 1 FROM worker_load f
+      WHERE f.state = 'online' AND f.free_slots > 0
+        AND j.gpus <= f.free_gpus AND j.cpus <= f.free_cpus AND j.memory_mb <= f.free_memory_mb
+        AND (j.accelerator IS NULL OR f.gpus > 0)
+        AND NOT EXISTS (SELECT 1 FROM json_each(j.labels) l
+                        WHERE NOT EXISTS (SELECT 1 FROM json_each(f.labels) wl
+                                          WHERE wl.key = l.key AND wl.value = l.value)));
+
+-- name: insert_provision_request --
+-- A decision to ask Slurm for a worker; the unique open index refuses a second open one per profile.
+INSERT INTO provision_requests (provisioner, profile, state, token_jti, created_at, updated_at)
+VALUES (:provisioner, :profile, 'requested', :token_jti, :now, :now)
+RETURNING id;
+
+-- name: provision_submitted --
+-- sbatch accepted the job.
+UPDATE provision_requests SET state = 'pending', slurm_job_id = :slurm_job_id, updated_at = :now
+WHERE id = :id AND state = 'requested'
+RETURNING id;
+
+-- name: provision_attach --
+-- Open requests whose token a worker registered with become attached (to its first worker).
+UPDATE provision_requests AS p
+SET state = 'attached', worker_id = w.first_worker, updated_at = :now, last_error = NULL
+FROM (SELECT token_jti AS jti, min(id) AS first_worker FROM workers
+      WHERE token_jti IS NOT NULL AND state <> 'needs_upgrade' GROUP BY token_jti) AS w
+WHERE w.jti = p.token_jti AND p.state IN ('requested', 'pending')
+RETURNING id, provisioner, profile, slurm_job_id, worker_id, token_jti;
+
+-- name: provision_end --
+-- An open request ends as cancelled or failed, with the reason.
+UPDATE provision_requests SET state = :state, last_error = :error, updated_at = :now
+WHERE id = :id AND state IN ('requested', 'pending')
+RETURNING id, provisioner, profile, slurm_job_id, token_jti;
+
+-- name: provision_note_error --
+-- An open request keeps its state but shows the latest trouble (squeue unreachable, ...).
+UPDATE provision_requests SET last_error = :error, updated_at = :now
+WHERE id = :id AND state IN ('requested', 'pending');
+
+-- name: open_provision_requests --
+-- Requests still waiting for sbatch or for their worker, oldest first.
+SELECT id, provisioner, profile, state, slurm_job_id, token_jti, created_at, updated_at
+FROM provision_requests WHERE state IN ('requested', 'pending') ORDER BY id;
+
+-- name: last_provision_request --
+-- The newest request of one profile (its state and when it last changed).
+SELECT id, state, updated_at FROM provision_requests
+WHERE provisioner = :provisioner AND profile = :profile
+ORDER BY id DESC LIMIT 1;
+
+-- name: list_provision_requests --
+-- Recent requests, newest first, with the worker that attached.
+SELECT p.id, p.provisioner, p.profile, p.state, p.slurm_job_id, p.worker_id, w.name AS worker_name,
+       w.state AS worker_state, p.last_error, p.created_at, p.updated_at
+FROM provision_requests p LEFT JOIN workers w ON w.id = p.worker_id
+ORDER BY p.id DESC LIMIT :limit;
