@@ -102,6 +102,7 @@ class Principal:
     worker_id: int | None = None
     worker_state: str | None = None
     advertise_address: str | None = None
+    expires_at: float | None = None   # a minted token's expiry (a cached principal must not outlive it)
 
 
 class Authenticator:
@@ -137,7 +138,7 @@ class Authenticator:
         digest = self.hash(token)
         self._reload_credentials()
         cached = self._cache.get(digest)
-        if cached is not None and kind != "worker":
+        if cached is not None and kind != "worker" and (cached.expires_at is None or cached.expires_at > now):
             return cached
         principal = self._lookup(kind, digest, now)
         if principal is None:
@@ -161,7 +162,8 @@ class Authenticator:
         row = rows[0]
         if row["revoked_at"] is not None or (row["expires_at"] is not None and row["expires_at"] <= now):
             return None
-        return Principal(kind=kind, jti=row["jti"], name=row["name"], labels=json.loads(row["labels"]))
+        return Principal(kind=kind, jti=row["jti"], name=row["name"], labels=json.loads(row["labels"]),
+                         expires_at=row["expires_at"])
 
     def _worker(self, digest: str) -> Principal | None:
         rows = self.store.read(lambda c: c.execute(self.q["worker_by_session"], {"session_hash": digest}).fetchall())
