@@ -234,8 +234,9 @@ def test_another_workers_task_is_not_assigned(sched):
         sched.rendezvous(w2, a["task_id"], "10.0.0.1", 1234)
     with pytest.raises(TaskNotAssigned):
         sched.start(w1, 999_999, 1)
-    # finishing another worker's task is a late finish: nothing changes
-    assert finish(sched, w2, a["task_id"]) is False
+    # finishing a task that was never this worker's is refused: nothing changes
+    with pytest.raises(TaskNotAssigned):
+        finish(sched, w2, a["task_id"])
     assert state_of(sched, j)["tasks"][0]["state"] == "running"
     assert finish(sched, w1, a["task_id"])
     assert state_of(sched, j)["state"] == "succeeded"
