@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import PROTO, bearer
+from apihelpers import PROTO, bearer
 
 TABLES = ("workers", "jobs", "tasks", "events", "logs", "artifacts", "tokens", "rendezvous", "secrets")
 
