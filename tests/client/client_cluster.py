@@ -27,6 +27,7 @@ def free_port() -> int:
 def clean_env(**extra: str) -> dict:
     """This environment without GPULAYER_* settings, plus `extra`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPULAYER_")}
+    env["PYTHONFAULTHANDLER"] = "1"  # a hung process shows its stacks on SIGABRT
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     env.update(extra)
     return env
@@ -44,13 +45,17 @@ def wait_for(predicate, timeout: float, what: str):
 
 
 def stop(proc: subprocess.Popen, timeout: float = 20.0) -> int:
-    """SIGTERM, then SIGKILL after `timeout`; the exit status."""
+    """SIGTERM; after `timeout` SIGABRT (its threads' stacks go to its log), then SIGKILL; the status."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
             return proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            proc.send_signal(signal.SIGABRT)
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
     return proc.wait()
 
 
