@@ -33,7 +33,7 @@ def expire(conn, now: float) -> dict:
     lost = rows(conn, "expire_task_leases", now=now)
     for task in lost:
         events.record(conn, now, "task_lost", job_id=task["job_id"], task_id=task["id"], worker_id=task["worker_id"],
-                      reason="worker_lost")
+                      reason="worker_lost", lease_expired=True)
     for task in lost:
         outcomes.settle(conn, now, task["job_id"], task["attempt"],
                         {"id": task["id"], "state": "lost", "reason": "worker_lost", "exit_code": None})

@@ -462,8 +462,8 @@ SELECT j.labels, count(*) AS n FROM tasks t JOIN jobs j ON j.id = t.job_id
 WHERE t.state = 'queued' GROUP BY j.labels;
 
 -- name: metrics_leases_expired --
--- gpulayer_leases_expired_total: tasks lost to an expired lease, ever.
-SELECT count(*) AS n FROM events WHERE kind = 'task_lost';
+-- gpulayer_leases_expired_total: tasks lost to an expired lease, ever (not to a revocation or deregistration).
+SELECT count(*) AS n FROM events WHERE kind = 'task_lost' AND json_extract(data, '$.lease_expired') = 1;
 
 -- name: metrics_artifact_bytes --
 -- gpulayer_artifact_store_bytes.
