@@ -50,6 +50,13 @@ def _upload(fleet, data: bytes) -> str:
     return digest
 
 
+def _leases_expired(fleet) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+    text = fleet.get("/metrics").text
+    return next(s.value for f in text_string_to_metric_families(text) for s in f.samples
+                if s.name == "gpulayer_leases_expired_total")
+
+
 def test_revoke_mid_task_requeues_and_cuts_the_worker_off(fleet):
     token = mint(fleet, "revokable", {"pool": "rev"})
     retry = {"max_attempts": 2, "retry_on": ["worker_revoked"]}
@@ -70,6 +77,7 @@ def test_revoke_mid_task_requeues_and_cuts_the_worker_off(fleet):
     proc = fleet.start_worker("rev-agent", listed_as="revokable", token=token["token"])
     wait_for(lambda: fleet.job(running)["tasks"][0]["state"] == "running", 15, "the task to run")
 
+    expired_before = _leases_expired(fleet)
     out = fleet.cli("token", "revoke", token["jti"])
     assert out.returncode == 0, out.stderr
 
@@ -88,6 +96,8 @@ def test_revoke_mid_task_requeues_and_cuts_the_worker_off(fleet):
         assert job["state"] == "queued" and job["attempt"] == 2, job
         first = [t for t in job["tasks"] if t["attempt"] == 1][0]
         assert first["state"] == "lost" and first["reason"] == "worker_revoked", first
+    # Tasks lost to a revocation are not leases that expired.
+    assert _leases_expired(fleet) == expired_before
     # A revoked join token cannot register again.
     assert fleet.register(token["token"], labels={"pool": "rev"}).status_code == 401
     for job_id in (held, running):
