@@ -78,6 +78,7 @@ class Transport:
         self.api = base_url.rstrip("/") + "/v1"
         self.timeout = timeout
         self.session = requests.Session()
+        self.verify = verify
         self.session.verify = verify
         self.session.headers[PROTOCOL_HEADER] = str(PROTOCOL)
         self.give_up_at: float | None = None
@@ -88,6 +89,9 @@ class Transport:
 
     def _send(self, method: str, path: str, **kwargs) -> requests.Response:
         kwargs.setdefault("timeout", self.timeout)
+        # Per request: requests lets $REQUESTS_CA_BUNDLE / $CURL_CA_BUNDLE override a
+        # session's verify, which would replace the pinned CA with the system's.
+        kwargs.setdefault("verify", self.verify)
         try:
             response = self.session.request(method, self.api + path, **kwargs)
         except requests.RequestException as exc:

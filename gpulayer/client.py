@@ -116,7 +116,8 @@ class Client:
                 timeout: float | None = None, **kwargs) -> requests.Response:
         """Send one request to `/v1{path}`; raise ApiError/ConnectionFailed unless status is in `ok`."""
         try:
-            response = self.session.request(method, f"{self.url}/v1{path}",
+            # verify per request: requests lets $REQUESTS_CA_BUNDLE override a session's verify.
+            response = self.session.request(method, f"{self.url}/v1{path}", verify=self.session.verify,
                                             timeout=timeout or self.timeout, **kwargs)
         except requests.exceptions.SSLError as exc:
             raise ConnectionFailed(f"TLS failure talking to {self.url}: {_reason(exc)} "
