@@ -275,6 +275,7 @@ class SimWorker:
         self.run_s, self.fail_rate, self.slots = run_s, fail_rate, slots
         self.http = requests.Session()
         self.http.verify = verify
+        self.http.trust_env = False  # $REQUESTS_CA_BUNDLE would override verify
         self.headers = dict(PROTO)
         self.worker_id = None
         self.interval = 1.0
@@ -360,6 +361,7 @@ def submit_storm(url: str, token: str, stop, acked: list, rec: Recorder, *, veri
     rng = rng or random.Random()
     http = requests.Session()
     http.verify = verify
+    http.trust_env = False
     headers = {"Authorization": f"Bearer {token}"}
     body = spec or {"command": ["true"], "retry": {"max_attempts": 3}}
     while not stop.is_set():
