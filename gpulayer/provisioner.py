@@ -270,6 +270,7 @@ def batch_script(prov: Provisioner, profile: Profile, request_id: int, token: st
         f"# GPUlayer provision request {request_id}: provisioner {prov.name}, profile {profile.name}.",
         "# It installs nothing: the prerun lines prepare the environment that has `gpulayer`.",
         "set -e",
+        "trap 'echo \"gpulayer provisioning: line $LINENO exited with status $?: $BASH_COMMAND\" >&2' ERR",
         *profile.prerun,
         f"export GPULAYER_JOIN_TOKEN={shlex.quote(token)}",
         f"exec {shlex.join(worker)} --state-dir \"${{TMPDIR:-/tmp}}/gpulayer-worker-${{SLURM_JOB_ID:-$$}}\"",
