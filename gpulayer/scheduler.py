@@ -26,6 +26,7 @@ class Scheduler:
         self._wake = threading.Condition()
         self._generation = 0
         self._parked = threading.BoundedSemaphore(max(1, config.max_parked_acquires))
+        self._closing = False
         self.observe_acquire: Callable[[float], None] = lambda seconds: None
 
     # -- wake-up -------------------------------------------------------------
@@ -33,6 +34,13 @@ class Scheduler:
     def wake(self) -> None:
         """Something may have become placeable: parked acquires look again."""
         with self._wake:
+            self._generation += 1
+            self._wake.notify_all()
+
+    def stop_waiting(self) -> None:
+        """The server is stopping: parked acquires answer "no task" now instead of at their deadline."""
+        with self._wake:
+            self._closing = True
             self._generation += 1
             self._wake.notify_all()
 
@@ -77,14 +85,14 @@ class Scheduler:
                 if task_id is not None:
                     return self.store.read(self._assignment, task_id)
                 remaining = deadline - time.monotonic()
-                if remaining <= 0:
+                if remaining <= 0 or self._closing:
                     return None
                 if not parked:
                     parked = self._parked.acquire(blocking=False)
                     if not parked:
                         return None  # too many parked already: the worker polls again later
                 with self._wake:
-                    if self._generation == seen:
+                    if self._generation == seen and not self._closing:
                         self._wake.wait(remaining)
         finally:
             if parked:

@@ -100,6 +100,8 @@ class ControlPlane:
     def stop(self) -> None:
         """Stop accepting, finish in-flight requests, flush every acknowledged write, close."""
         self._stop.set()
+        if self.deps is not None:
+            self.deps.scheduler.stop_waiting()  # else parked acquires hold shutdown up to their wait_s
         if self.http is not None:
             self.http.stop()
         if self._upkeep is not None:
