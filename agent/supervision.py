@@ -16,10 +16,24 @@ class TaskHandle:
     def __init__(self, task_id: int):
         self.task_id = task_id
         self.state = "running"
-        self.endpoint: str | None = None
+        self._endpoint: str | None = None
         self.restarts = 0
+        #: Called when the endpoint changes, so the worker reports it now rather than a heartbeat later.
+        self.on_change: Callable[[], None] = lambda: None
         self.cancel_reason: str | None = None
         self._cancel = threading.Event()
+
+    @property
+    def endpoint(self) -> str | None:
+        """``host:port`` once the replica answers; None while it (re)starts."""
+        return self._endpoint
+
+    @endpoint.setter
+    def endpoint(self, value: str | None) -> None:
+        changed = value != self._endpoint
+        self._endpoint = value
+        if changed:
+            self.on_change()
 
     def cancel(self, reason: str) -> None:
         """Ask the runner to stop the task (the first reason is kept)."""

@@ -127,6 +127,7 @@ class Worker:
         self.stopping = threading.Event()
         self.slot_freed = threading.Event()
         self.heartbeat_stop = threading.Event()
+        self.beat_now = threading.Event()  # an endpoint changed: heartbeat at once
         self.handles: dict[int, TaskHandle] = {}
         self.threads: dict[int, threading.Thread] = {}
         self.lock = threading.Lock()
@@ -254,7 +255,7 @@ class Worker:
                 failures += 1
                 if failures == 1 or failures % 10 == 0:
                     log_event("heartbeat_failed", failures=failures, error=str(exc))
-                self.heartbeat_stop.wait(min(self.interval_s, retry_delay(failures)))
+                self._heartbeat_pause(min(self.interval_s, retry_delay(failures)))
                 continue
             except Unauthorized:
                 self._fail(Revoked("the control plane no longer accepts this worker's session (401): it was revoked or expired"))
@@ -262,7 +263,12 @@ class Worker:
                 self._fail(exc)
             except Rejected as exc:
                 log_event("heartbeat_rejected", error=str(exc))
-            self.heartbeat_stop.wait(self.interval_s)
+            self._heartbeat_pause(self.interval_s)
+
+    def _heartbeat_pause(self, seconds: float) -> None:
+        """Wait until the next heartbeat is due, or until a task's endpoint changed (or stop)."""
+        if self.beat_now.wait(seconds):
+            self.beat_now.clear()
 
     def _on_heartbeat(self, answer: dict) -> None:
         for task_id in answer.get("cancel_task_ids") or []:
@@ -328,6 +334,7 @@ class Worker:
     def _launch(self, task: dict) -> None:
         task_id = int(task["task_id"])
         handle = TaskHandle(task_id)
+        handle.on_change = self.beat_now.set
         runner = TaskRunner(task, self.ctx, handle)
         thread = threading.Thread(target=self._run_task, args=(runner,), name=f"task-{task_id}", daemon=True)
         with self.lock:
@@ -368,6 +375,7 @@ class Worker:
         for thread in threads:
             thread.join(max(0.1, deadline - time.monotonic()))
         self.heartbeat_stop.set()
+        self.beat_now.set()
         heartbeat.join(self.interval_s + 5)
         if not self.fatal:
             self._deregister()

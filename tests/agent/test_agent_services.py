@@ -61,3 +61,19 @@ def test_restart_policy():
     assert not should_restart("on_failure", 0, False)
     assert should_restart("on_failure", 1, False)
     assert should_restart("on_failure", 0, True)
+
+
+SERVE = "import http.server, os; http.server.HTTPServer(('127.0.0.1', int(os.environ['PORT'])), http.server.BaseHTTPRequestHandler).serve_forever()"
+
+
+def test_endpoint_reported_at_once_not_a_heartbeat_later(plane, start_worker):
+    plane.heartbeat_interval_s = 30.0  # only the endpoint change can cause a second heartbeat
+    service = {"replicas": 1, "port": True, "restart": "always", "max_restarts": None, "health": None, "weights": None}
+    plane.submit(assignment(53, [PY, "-c", SERVE], service=service))
+    worker = start_worker()
+    deadline = time.time() + 10
+    while not any(e["endpoint"] for hb in plane.heartbeats for e in hb["tasks"]) and time.time() < deadline:
+        time.sleep(0.05)
+    assert any(e["endpoint"] and e["endpoint"].startswith("127.0.0.1:") for hb in plane.heartbeats for e in hb["tasks"])
+    assert worker.stop() == 0  # a stopping worker ends its replica (cancel comes by heartbeat, 30 s away)
+    assert plane.wait_finish(53, timeout=5)["outcome"] == "cancelled"
