@@ -290,10 +290,10 @@ class Job:
             page = self._log_page(after, wait_s=LOG_WAIT_S)
             yield from page["lines"]
             after = _next_after(page, after)
-            if not page["lines"] and self.info()["state"] in FINISHED_STATES:
-                # Lines written just before the job finished arrive after it: drain them.
-                for line in self.logs(after=after):
-                    yield line
+            # Checked after every page, not only empty ones: the line that ends a job
+            # would otherwise be followed by a long-poll that nothing wakes.
+            if self.info()["state"] in FINISHED_STATES:
+                yield from self.logs(after=after)
                 return
 
     def cancel(self) -> dict:

@@ -1,0 +1,87 @@
+"""`submit --target local`, `gpulayer up` and `gpulayer join`, as a new user runs them."""
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+
+import pytest
+from client_cluster import CLI, clean_env, free_port, stop, wait_for
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(autouse=True)
+def _needs_server():
+    pytest.importorskip("gpulayer.server", reason="the control plane (gpulayer.server) is not there yet")
+
+
+def gl(*args, home, timeout=120, **env):
+    return subprocess.run([*CLI, *args], env=clean_env(GPULAYER_HOME=str(home), **env),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_local_target_runs_the_job_here_with_its_exit_code(tmp_path):
+    home = tmp_path / "home"
+    result = gl("submit", "--", "sh", "-c", "echo hi; echo warn >&2; exit 4", home=home)
+    assert result.returncode == 4, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].isdigit() and lines[1:] == ["hi"]
+    assert "warn" in result.stderr.splitlines()
+    again = gl("submit", "--target", "local", "--json", "--", "true", home=home)
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout.splitlines()[0])["id"] == int(lines[0]) + 1
+    assert oct((home / "local-tokens.json").stat().st_mode & 0o777) == "0o600"
+
+
+def test_local_target_refuses_a_home_made_by_server_init(tmp_path):
+    home = tmp_path / "home"
+    assert gl("server", "init", home=home).returncode == 0
+    result = gl("submit", "--", "true", home=home)
+    assert result.returncode == 1 and result.stderr.startswith("Error: ")
+    assert "server init" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_up_then_submit_then_join_over_tls(tmp_path):
+    home, port = tmp_path / "home", free_port()
+    log = open(tmp_path / "up.log", "w")
+    up = subprocess.Popen([*CLI, "up", "--host", "127.0.0.1", "--port", str(port), "--parallel", "2"],
+                          env=clean_env(GPULAYER_HOME=str(home), PYTHONUNBUFFERED="1"),
+                          stdout=log, stderr=subprocess.STDOUT)
+    joined = None
+    try:
+        join_line = wait_for(lambda: _join_line(tmp_path / "up.log", up), 60, "`up` to print its join line")
+        saved = json.loads((home / "client.json").read_text())
+        assert saved["url"] == f"https://127.0.0.1:{port}" and saved["token"].startswith("glc_")
+        assert oct((home / "client.json").stat().st_mode & 0o777) == "0o600"
+        first = gl("submit", "--wait", "--", "echo", "hello", home=home)
+        assert first.returncode == 0, first.stderr
+        assert "hello" in gl("job", "logs", first.stdout.split()[0], home=home).stdout.splitlines()
+
+        argv = shlex.split(join_line)[1:] + ["--name", "second", "--label", "box=second",
+                                              "--state-dir", str(tmp_path / "second")]
+        joined = subprocess.Popen([*CLI, *argv], env=clean_env(GPULAYER_HOME=str(tmp_path / "other-home")),
+                                  stdout=open(tmp_path / "join.log", "w"), stderr=subprocess.STDOUT)
+        wait_for(lambda: _online(home, "second"), 60, "the joined worker to be online")
+        there = gl("submit", "--wait", "--label", "box=second", "--", "echo", "remote", home=home)
+        assert there.returncode == 0, there.stderr
+        status = json.loads(gl("job", "status", there.stdout.split()[0], "--json", home=home).stdout)
+        workers = {w["id"]: w["name"] for w in json.loads(gl("worker", "list", "--json", home=home).stdout)}
+        assert workers[status["tasks"][0]["worker_id"]] == "second"
+    finally:
+        codes = [stop(joined)] if joined else []
+        codes.append(stop(up))
+        assert codes == [0] * len(codes), (tmp_path / "up.log").read_text()
+
+
+def _join_line(path, proc):
+    if proc.poll() is not None:
+        raise AssertionError(f"`up` exited {proc.returncode}:\n{path.read_text()}")
+    lines = [ln.strip() for ln in path.read_text().splitlines() if ln.strip().startswith("gpulayer join ")]
+    return lines[0] if lines else None
+
+
+def _online(home, name):
+    answer = gl("worker", "list", "--json", home=home)
+    return answer.returncode == 0 and any(w["name"] == name and w["state"] == "online"
+                                          for w in json.loads(answer.stdout))
