@@ -70,7 +70,16 @@ def _render(conn, job: dict) -> dict:
     tasks = [_task_view(t) for t in rows(conn, "job_tasks", job_id=job["id"])]
     return {"id": job["id"], "name": job["name"], "state": job["state"], "kind": job["kind"],
             "attempt": job["attempt"], "created_at": job["created_at"], "finished_at": job["finished_at"],
-            "exit_code": job["exit_code"], "reason": job["reason"], "spec": json.loads(job["spec"]), "tasks": tasks}
+            "exit_code": job["exit_code"], "reason": job["reason"], "waiting_reason": waiting_reason(conn, job),
+            "spec": json.loads(job["spec"]), "tasks": tasks}
+
+
+def waiting_reason(conn, job: dict) -> str | None:
+    """Why a queued job is not placed (no worker with its labels, size, secrets' labels); None otherwise."""
+    if job["state"] != "queued":
+        return None
+    found = row(conn, "job_waiting_reason", job_id=job["id"])
+    return found["reason"] if found else None
 
 
 def listing(conn, state: str | None, limit: int, before: int | None) -> list[dict]:

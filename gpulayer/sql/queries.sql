@@ -201,9 +201,13 @@ SELECT id, cancel_requested FROM tasks
 WHERE worker_id = :worker_id AND state IN ('assigned', 'running');
 
 -- name: expire_task_leases --
--- Tasks whose lease passed are lost.
+-- Tasks whose lease passed are lost, and so are those of a worker whose own
+-- lease passed: a task acquired after the worker's last heartbeat has a later
+-- lease, which must not outlive the worker (it goes offline just after).
 UPDATE tasks SET state = 'lost', reason = 'worker_lost', finished_at = :now, endpoint = NULL
-WHERE state IN ('assigned', 'running') AND lease_expires_at < :now
+WHERE state IN ('assigned', 'running')
+  AND (lease_expires_at < :now
+       OR worker_id IN (SELECT id FROM workers WHERE state = 'online' AND lease_expires_at < :now))
 RETURNING id, job_id, attempt, worker_id;
 
 -- name: expire_workers --
@@ -571,3 +575,39 @@ SELECT p.id, p.provisioner, p.profile, p.state, p.slurm_job_id, p.worker_id, w.n
        w.state AS worker_state, p.last_error, p.created_at, p.updated_at
 FROM provision_requests p LEFT JOIN workers w ON w.id = p.worker_id
 ORDER BY p.id DESC LIMIT :limit;
+
+-- name: job_waiting_reason --
+-- Why a queued job is not placed: the first thing no online worker has (labels, accelerator or
+-- size, a join token with its secrets' labels, a secret that is set); NULL when a worker fits.
+WITH j AS (SELECT * FROM jobs WHERE id = :job_id AND state = 'queued'),
+online AS (SELECT * FROM workers WHERE state = 'online'),
+labelled AS (
+    SELECT o.* FROM online o, j
+    WHERE NOT EXISTS (SELECT 1 FROM json_each(j.labels) l
+                      WHERE NOT EXISTS (SELECT 1 FROM json_each(o.labels) wl WHERE wl.key = l.key AND wl.value = l.value))
+),
+fitting AS (
+    SELECT f.* FROM labelled f, j
+    WHERE (j.accelerator IS NULL OR f.gpus > 0) AND f.gpus >= j.gpus AND f.cpus >= j.cpus AND f.memory_mb >= j.memory_mb
+),
+needed AS (
+    SELECT s.value AS name, sc.labels FROM j, json_each(j.spec, '$.secrets') s LEFT JOIN secrets sc ON sc.name = s.value
+)
+SELECT CASE
+    WHEN NOT EXISTS (SELECT 1 FROM online) THEN 'no online worker'
+    WHEN NOT EXISTS (SELECT 1 FROM labelled) THEN 'no online worker has the labels ' || j.labels
+    WHEN NOT EXISTS (SELECT 1 FROM fitting) THEN
+        printf('no online worker with its labels has the accelerator and size it asks for (%d GPUs, %g CPUs, %d MB)',
+               j.gpus, j.cpus, j.memory_mb)
+    ELSE (SELECT CASE WHEN n.labels IS NULL THEN 'secret ' || n.name || ' is not set'
+                      ELSE 'no online worker that fits joined with a token carrying the labels ' || n.labels
+                           || ' of secret ' || n.name END
+          FROM needed n
+          WHERE n.labels IS NULL OR NOT EXISTS (
+              SELECT 1 FROM fitting f
+              WHERE NOT EXISTS (SELECT 1 FROM json_each(n.labels) sl
+                                WHERE NOT EXISTS (SELECT 1 FROM json_each(f.token_labels) tl
+                                                  WHERE tl.key = sl.key AND tl.value = sl.value)))
+          ORDER BY n.name LIMIT 1)
+END AS reason
+FROM j;
