@@ -203,6 +203,7 @@ def session(url_verify=True):
     """A keep-alive requests.Session."""
     import requests
     s = requests.Session()
+    s.trust_env = False  # else REQUESTS_CA_BUNDLE overrides s.verify, and proxies are looked up per request
     s.verify = url_verify
     adapter = requests.adapters.HTTPAdapter(pool_connections=1, pool_maxsize=4)
     s.mount("http://", adapter)
