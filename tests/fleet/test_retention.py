@@ -1,0 +1,76 @@
+"""Artifact retention: referenced artifacts stay, old unreferenced ones go, a dry run removes nothing.
+
+The sweep runs in-process with a pinned `now`; `gpulayer artifacts gc --dry-run` runs as the CLI.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+
+import subprocess
+
+from fleet_cluster import CLI, clean_env
+
+from gpulayer import retention, wire
+from gpulayer.artifacts import ArtifactStore
+from gpulayer.auth import Principal
+from gpulayer.sql import row
+
+DAY = 86400.0
+
+
+def put(store, artifacts, name: str, at: float) -> str:
+    data = f"artifact {name}".encode()
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    artifacts.put(digest, io.BytesIO(data), len(data))
+    store.write(lambda conn: row(conn, "record_artifact", digest=digest, size=len(data), now=at))
+    return digest
+
+
+def test_sweep_keeps_referenced_and_removes_old_unreferenced(home, store, sched, clock, config):
+    artifacts = ArtifactStore(config.layout.artifacts)
+    t0 = clock.now
+    d = {name: put(store, artifacts, name, t0) for name in ("source", "weights", "input_old", "output_kept",
+                                                            "orphan")}
+    nowhere = {"pool": "nowhere"}  # no worker has it: these stay queued
+    sched.submit({"command": ["true"], "source": d["source"], "labels": nowhere})
+    sched.submit({"command": ["serve"], "service": {"weights": d["weights"]}, "labels": nowhere})
+    cancelled = sched.submit({"command": ["true"], "inputs": {"x": d["input_old"]}})
+    sched.cancel(cancelled)                                                            # finished at t0
+    # A job that finishes 8 days later with an output: retained for the retention period after that.
+    clock.advance(8 * DAY)
+    fresh = put(store, artifacts, "fresh", clock.now - 0.5 * DAY)
+    producer = sched.submit({"command": ["make"], "labels": {"only": "here"}})
+    body = wire.register({"name": "w", "labels": {"only": "here"}, "resources": {"cpus": 1}})
+    worker = sched.register(body=body, token=Principal(kind="join", jti="server-join"), session_hash="h",
+                            peer_address="127.0.0.1")["worker_id"]
+    task = sched.acquire(worker)
+    assert task["job_id"] == producer
+    sched.start(worker, task["task_id"], 1)
+    assert sched.finish(worker, task["task_id"], exit_code=0, outcome="succeeded",
+                        outputs={"out.bin": d["output_kept"]}, reason=None)
+
+    now, keep = clock.now, 7 * DAY
+    expected = {d["input_old"], d["orphan"]}
+    dry = retention.sweep(store, artifacts, now=now, retention_s=keep, dry_run=True)
+    assert set(dry["removed"]) == expected and dry["dry_run"]
+    assert all(artifacts.exists(x) for x in [*d.values(), fresh])
+
+    # The CLI's dry run (real clock: everything is old) never lists a referenced artifact, removes nothing.
+    out = subprocess.run([*CLI, "artifacts", "gc", "--dry-run", "--json", "--home", str(home)],
+                         env=clean_env(), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    listed = set(json.loads(out.stdout))
+    assert expected <= listed and not listed & {d["source"], d["weights"]}
+    assert all(artifacts.exists(x) for x in [*d.values(), fresh])
+    assert store.read(lambda conn: conn.execute("SELECT count(*) AS n FROM artifacts").fetchall()[0]["n"]) == 6
+
+    swept = retention.sweep(store, artifacts, now=now, retention_s=keep)
+    assert set(swept["removed"]) == expected
+    for name, digest in d.items():
+        assert artifacts.exists(digest) == (digest not in expected), name
+    assert artifacts.exists(fresh)
+    left = store.read(lambda conn: [r["digest"] for r in conn.execute("SELECT digest FROM artifacts").fetchall()])
+    assert set(left) == {d["source"], d["weights"], d["output_kept"], fresh}
+    assert retention.sweep(store, artifacts, now=now, retention_s=keep)["removed"] == []
