@@ -323,10 +323,13 @@ class SimWorker:
             self.finish("cancelled", None)
 
     def acquire(self, wait_s: float) -> None:
+        began = time.perf_counter()
         r = self.call("acquire", "/worker/acquire", {"wait_s": round(wait_s, 3)}, timeout=wait_s + 10)
         task = r.json().get("task") if r.ok else None
         if not task:
             return
+        # "acquire" includes long-polls that waited for work; this is the time to get a task when one was there
+        self.rec.latency["acquire_hit"].append(time.perf_counter() - began)
         started = self.call("start", f"/worker/tasks/{task['task_id']}/start", {"pid": 4242})
         if started.status_code == 409:   # cancelled between acquire and start
             return
