@@ -22,6 +22,9 @@ class TaskHandle:
         self.on_change: Callable[[], None] = lambda: None
         self.cancel_reason: str | None = None
         self._cancel = threading.Event()
+        #: Set once the control plane heard the task's start (or the task ended): until then acquire
+        #: answers with this same task again, so the worker asks for the next one only after it.
+        self.start_sent = threading.Event()
 
     @property
     def endpoint(self) -> str | None:

@@ -325,13 +325,13 @@ class Worker:
             return
         task_id = int(task["task_id"])
         with self.lock:
-            known = task_id in self.handles
-        if known:  # acquire repeats an assignment until its start: wait for that
-            self.stopping.wait(0.5)
+            known = self.handles.get(task_id)
+        if known is not None:  # acquire repeats an assignment until its start: wait for that
+            known.start_sent.wait(0.5)
             return
-        self._launch(task)
+        self._launch(task).start_sent.wait(0.5)
 
-    def _launch(self, task: dict) -> None:
+    def _launch(self, task: dict) -> TaskHandle:
         task_id = int(task["task_id"])
         handle = TaskHandle(task_id)
         handle.on_change = self.beat_now.set
@@ -341,6 +341,7 @@ class Worker:
             self.handles[task_id] = handle
             self.threads[task_id] = thread
         thread.start()
+        return handle
 
     def _run_task(self, runner: TaskRunner) -> None:
         try:
