@@ -98,6 +98,7 @@ class TaskRunner:
             log_event("task_agent_error", task_id=self.task_id, error=repr(exc), trace=traceback.format_exc(limit=5))
             result, outputs = TaskResult(None, "failed", f"agent error: {type(exc).__name__}: {exc}"), {}
         self._report(result, outputs)
+        self.handle.start_sent.set()
 
     def _execute(self) -> TaskResult | None:
         self._prepare_dir()
@@ -201,6 +202,8 @@ class TaskRunner:
             self.assigned = False
             self.handle.cancel("the control plane no longer assigns this task to this worker")
             return False
+        finally:
+            self.handle.start_sent.set()
 
     def exit_code(self, proc: TaskProcess) -> int:
         """The process's shell-style exit code (it must have ended)."""
