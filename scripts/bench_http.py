@@ -281,7 +281,7 @@ def main(argv=None) -> int:
     p.add_argument("--procs", type=int, default=2, help="load-generator processes (default 2)")
     p.add_argument("--threads", type=int, default=8, help="simulated workers (threads) per process (default 8)")
     p.add_argument("--duration", type=float, default=10.0, help="seconds of cycles per transport")
-    p.add_argument("--jobs", type=int, default=6000, help="jobs submitted before the cycles (an upper bound)")
+    p.add_argument("--jobs", type=int, default=3000, help="jobs submitted before the cycles (an upper bound)")
     p.add_argument("--hb-workers", type=int, default=2000)
     p.add_argument("--hb-busy", type=int, default=200, help="workers that hold a running task during heartbeats")
     p.add_argument("--hb-duration", type=float, default=10.0)
