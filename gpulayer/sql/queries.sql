@@ -79,9 +79,11 @@ WHERE id = (
                       WHERE o.worker_id = :worker_id AND o.job_id = t.job_id AND o.state IN ('assigned', 'running'))
       AND (json_array_length(j.spec, '$.secrets') = 0 OR NOT EXISTS (
               SELECT 1 FROM json_each(j.spec, '$.secrets') s
-              JOIN secrets sc ON sc.name = s.value, json_each(sc.labels) sl
-              WHERE NOT EXISTS (SELECT 1 FROM json_each(w.token_labels) tl
-                                WHERE tl.key = sl.key AND tl.value = sl.value)))
+              LEFT JOIN secrets sc ON sc.name = s.value
+              WHERE sc.name IS NULL  -- deleted since submit: wait until it is set again
+                 OR EXISTS (SELECT 1 FROM json_each(sc.labels) sl
+                            WHERE NOT EXISTS (SELECT 1 FROM json_each(w.token_labels) tl
+                                              WHERE tl.key = sl.key AND tl.value = sl.value))))
     ORDER BY t.priority DESC, t.id
     LIMIT 1
 )
@@ -112,6 +114,14 @@ WHERE j.id = :job_id AND f.state = 'online'
   AND (j.labels = '{}' OR NOT EXISTS (
           SELECT 1 FROM json_each(j.labels) l
           WHERE NOT EXISTS (SELECT 1 FROM json_each(f.labels) wl WHERE wl.key = l.key AND wl.value = l.value)))
+  AND (json_array_length(j.spec, '$.secrets') = 0 OR NOT EXISTS (
+          SELECT 1 FROM workers tw, json_each(j.spec, '$.secrets') s
+          LEFT JOIN secrets sc ON sc.name = s.value
+          WHERE tw.id = f.worker_id
+            AND (sc.name IS NULL  -- deleted since submit: wait until it is set again
+                 OR EXISTS (SELECT 1 FROM json_each(sc.labels) sl
+                            WHERE NOT EXISTS (SELECT 1 FROM json_each(tw.token_labels) tl
+                                              WHERE tl.key = sl.key AND tl.value = sl.value)))))
 ORDER BY f.worker_id = :worker_id DESC, f.free_gpus - j.gpus, f.worker_id
 LIMIT :width;
 
