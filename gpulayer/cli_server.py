@@ -77,8 +77,9 @@ def server_backup(ctx: typer.Context,
                   home: Home = None) -> None:
     """Take a consistent copy of the state file while the server runs (SQLite backup API)."""
     from gpulayer.server import backup
-    backup(home_of(ctx, home), dest)
-    typer.echo(f"backed up to {dest}", err=True)
+    result = backup(home_of(ctx, home), dest) or {}
+    details = " ".join(f"{k}={v}" for k, v in result.items() if k != "dest")
+    typer.echo(f"backed up to {dest} {details}".rstrip(), err=True)
 
 
 def up(ctx: typer.Context, home: Home = None,

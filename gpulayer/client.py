@@ -312,13 +312,16 @@ class Job:
         seconds until every replica has one; raises WaitTimeout after that, and
         ClientError when the job ends first.
         """
-        deadline = None if wait is None else time.monotonic() + wait
+        if wait is None:
+            return list(self.client.call("GET", f"/jobs/{self.id}/endpoints").get("endpoints") or [])
+        deadline = time.monotonic() + wait
         while True:
-            answer = self.client.call("GET", f"/jobs/{self.id}/endpoints")
-            if deadline is None or answer.get("ready"):
-                return list(answer.get("endpoints") or [])
+            # The state first: a finished service's tasks keep their last endpoints.
             if self.info()["state"] in FINISHED_STATES:
                 raise ClientError(f"job {self.id} ended ({self.data['state']}) before every replica had an endpoint")
+            answer = self.client.call("GET", f"/jobs/{self.id}/endpoints")
+            if answer.get("ready") and answer.get("endpoints"):
+                return list(answer["endpoints"])
             if time.monotonic() >= deadline:
                 have = len(answer.get("endpoints") or [])
                 raise WaitTimeout(f"job {self.id}: not every replica had an endpoint after {wait:g} s ({have} ready)")
