@@ -71,3 +71,20 @@ def test_secret_reaches_only_labelled_workers_and_never_shows(fleet):
     rows = fleet.sql("SELECT data FROM events UNION ALL SELECT text FROM logs UNION ALL SELECT spec FROM jobs")
     assert all(VALUE not in (r[0] or "") for r in rows)
     assert VALUE.encode() not in fleet.state.read_bytes()
+
+
+def test_a_job_whose_secret_was_deleted_waits_until_it_is_set_again(store, sched):
+    from gpulayer import jobs, secrets, wire
+    from gpulayer.auth import Principal
+
+    store.write(secrets.put, sched.secret_box, "GONE_SOON", "v1", {}, sched.clock())
+    job_id = sched.submit({"command": ["env"], "secrets": ["GONE_SOON"]})
+    store.write(secrets.delete, "GONE_SOON", sched.clock())
+    body = wire.register({"name": "w", "resources": {"cpus": 1}})
+    worker = sched.register(body=body, token=Principal(kind="join", jti="server-join"), session_hash="h",
+                            peer_address="127.0.0.1")["worker_id"]
+    assert sched.acquire(worker) is None
+    assert store.read(jobs.render, job_id)["waiting_reason"] == "secret GONE_SOON is not set"
+    store.write(secrets.put, sched.secret_box, "GONE_SOON", "v2", {}, sched.clock())
+    task = sched.acquire(worker)
+    assert task["job_id"] == job_id and task["env"]["GONE_SOON"] == "v2"
