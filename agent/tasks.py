@@ -118,6 +118,10 @@ class TaskRunner:
             except TaskSetupError as exc:
                 self.shipper.system(str(exc))
                 return TaskResult(None, "failed", str(exc))
+            except Rejected as exc:  # the gang was released or replaced while this rank waited
+                log_event("task_not_assigned", task_id=self.task_id, error=str(exc))
+                self.assigned = False
+                return None
             if answer is None:
                 return TaskResult(None, "cancelled", f"cancelled during rendezvous: {self.handle.cancel_reason}")
             extra = distributed_env(answer)

@@ -228,3 +228,17 @@ def test_session_header_and_token_on_every_call(plane, start_worker):
     worker.stop()
     assert plane.missing_header == []
     assert SESSION  # the fake refuses calls without the session token: reaching finish proves it was sent
+
+
+def test_rank_dropped_quietly_when_its_gang_is_replaced_during_rendezvous(plane, start_worker, caplog):
+    plane.submit(assignment(30, [PY, "-c", "print('never')"], job_id=300, rank=0, index=0, world_size=2))
+    start_worker()
+    deadline = time.time() + 10
+    while 300 not in plane.rendezvous and time.time() < deadline:
+        time.sleep(0.02)
+    with caplog.at_level("INFO", logger="gpulayer.agent"):
+        del plane.assigned[30]  # the control plane released the gang: rendezvous now answers 409
+        while "task_dropped" not in caplog.text and time.time() < deadline:
+            time.sleep(0.05)
+    assert "task_dropped task_id=30" in caplog.text and "task_agent_error" not in caplog.text, caplog.text
+    assert 30 not in plane.finishes and plane.log_texts(30, "stdout") == []
