@@ -144,10 +144,17 @@ def job_status(ctx: typer.Context, job_id: JobArg, as_json: JsonOpt = False) -> 
                f"created={fmt_time(info.get('created_at'))} finished={fmt_time(info.get('finished_at'))}")
     for task in info.get("tasks", []):
         typer.echo(f"  task {task['task_id']} index={task.get('index')} attempt={task.get('attempt')} "
-                   f"state={task.get('state')} worker={_dash(task.get('worker_id'))} "
+                   f"state={task.get('state')} worker={_worker(task)} "
                    f"address={_dash(task.get('address'))} endpoint={_dash(task.get('endpoint'))} "
                    f"restarts={task.get('restarts') or 0} exit_code={_dash(task.get('exit_code'))}"
                    + (f" reason={task['reason']}" if task.get("reason") else ""))
+
+
+def _worker(task: dict) -> str:
+    """`name(id)` of a task's worker, or '-' while it has none."""
+    if task.get("worker_id") is None:
+        return "-"
+    return f"{task['worker_name']}({task['worker_id']})" if task.get("worker_name") else str(task["worker_id"])
 
 
 def _dash(value) -> str:

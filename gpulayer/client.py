@@ -36,6 +36,7 @@ class Settings:
     url: str | None
     token: str | None
     ca_file: str | None
+    from_file: bool = False  # the URL came from client.json (left by `gpulayer up`)
 
 
 def read_client_file(home: Path | str | None = None) -> dict:
@@ -58,11 +59,13 @@ def resolve_settings(url=None, token=None, ca_file=None, home=None) -> Settings:
     token = token or os.environ.get("GPULAYER_TOKEN") or None
     ca_file = ca_file or os.environ.get("GPULAYER_CA_FILE") or None
     saved = read_client_file(home)
+    from_file = False
     if saved.get("url") and (url is None or url.rstrip("/") == str(saved["url"]).rstrip("/")):
+        from_file = url is None
         url = url or saved["url"]
         token = token or saved.get("token")
         ca_file = ca_file or saved.get("ca_file")
-    return Settings(url.rstrip("/") if url else None, token, ca_file)
+    return Settings(url.rstrip("/") if url else None, token, ca_file, from_file)
 
 
 def server_configured(url=None, home=None) -> bool:
@@ -80,7 +83,10 @@ def connect(url: str | None = None, token: str | None = None, ca_file: str | Non
     if not settings.url:
         raise ClientError("no control plane configured: pass url=, set GPULAYER_URL, "
                           "or run `gpulayer up` to leave one in $GPULAYER_HOME/client.json")
-    return Client(settings.url, settings.token, settings.ca_file)
+    client = Client(settings.url, settings.token, settings.ca_file)
+    if settings.from_file:
+        client.unreachable_hint = "(found in $GPULAYER_HOME/client.json: is `gpulayer up` running?)"
+    return client
 
 
 class Client:
@@ -91,6 +97,7 @@ class Client:
         self.url = url.rstrip("/")
         self.token = token
         self.ca_file = ca_file
+        self.unreachable_hint = ""
         self.timeout = timeout
         self.session = requests.Session()
         self.session.headers[PROTOCOL_HEADER] = str(PROTOCOL)
@@ -125,7 +132,8 @@ class Client:
         except requests.exceptions.Timeout as exc:
             raise ConnectionFailed(f"{self.url} did not answer in time") from exc
         except requests.exceptions.RequestException as exc:
-            raise ConnectionFailed(f"cannot reach the control plane at {self.url}: {_reason(exc)}") from exc
+            raise ConnectionFailed(f"cannot reach the control plane at {self.url}: {_reason(exc)} "
+                                   f"{self.unreachable_hint}".rstrip()) from exc
         if response.status_code not in ok:
             raise error_from_response(response)
         return response

@@ -81,3 +81,38 @@ def test_main_returns_the_status(capsys):
                                           ("365d", 365 * 86400), ("2w", 14 * 86400)])
 def test_durations(text, seconds):
     assert parse_duration(text, "--expires") == seconds
+
+
+def _all_commands():
+    import typer as _typer
+
+    def walk(group, path):
+        for name, command in sorted(group.commands.items()):
+            if hasattr(command, "commands"):
+                yield from walk(command, [*path, name])
+            else:
+                yield [*path, name]
+    return list(walk(_typer.main.get_command(app), []))
+
+
+@pytest.mark.parametrize("command", _all_commands(), ids=" ".join)
+def test_every_command_has_help(command):
+    result = run(*command, "--help")
+    assert result.exit_code == 0 and "Usage:" in result.output
+
+
+def test_explore_without_a_state_file(tmp_path):
+    result = run("explore", "--home", str(tmp_path / "nothing"))
+    assert result.exit_code == 2 and "no state file" in _one_error_line(result)
+
+
+def test_progress_bar_draws_on_stderr(capsys):
+    from gpulayer.transfers import Progress
+    bar = Progress("upload x", 10 * 1024 * 1024, enabled=True)
+    bar.advance(10 * 1024 * 1024)
+    bar.close()
+    err = capsys.readouterr().err
+    assert "upload x" in err and "100%" in err and err.endswith("\n")
+    quiet = Progress("upload y", 10 * 1024 * 1024)  # stderr is not a terminal under pytest
+    quiet.advance(1)
+    assert capsys.readouterr().err == ""

@@ -163,3 +163,24 @@ def test_service_prints_its_endpoint_and_cancel_stops_it(cluster):
     _ok(cluster.cli("job", "cancel", job_id))
     wait_for(lambda: json.loads(cluster.cli("job", "status", job_id, "--json").stdout)["state"]
              == "cancelled", 30, "the service to stop")
+
+
+def test_multi_node_job_status_shows_each_ranks_worker(cluster):
+    if not any(p.args[-1].endswith("w2") for p in cluster.procs):
+        cluster.start_worker("w2", parallel=1)
+    result = _ok(cluster.cli("submit", "--nodes", "2", "--follow", "--", "sh", "-c", 'echo "rank=$RANK of $WORLD_SIZE"'))
+    assert {"rank=0 of 2", "rank=1 of 2"} <= {line.split("] ")[-1] for line in result.stdout.splitlines()}
+    status = _ok(cluster.cli("job", "status", result.stdout.split()[0])).stdout
+    task_lines = [line for line in status.splitlines() if line.strip().startswith("task ")]
+    assert len(task_lines) == 2 and all("address=127.0.0.1" in line for line in task_lines)
+    assert {"index=0", "index=1"} <= set(" ".join(task_lines).split())
+
+
+def test_input_folder_is_uploaded_file_by_file(cluster):
+    folder = cluster.root / "inputs" / "set"
+    (folder / "sub").mkdir(parents=True, exist_ok=True)
+    (folder / "a.txt").write_text("A")
+    (folder / "sub" / "b.txt").write_text("B")
+    result = _ok(cluster.cli("submit", "--follow", "--input", "inputs/set", "--",
+                             "sh", "-c", "cat inputs/set/a.txt inputs/set/sub/b.txt; echo"))
+    assert "AB" in result.stdout.splitlines()

@@ -22,7 +22,7 @@ def test_nothing_configured(clean_env):
 
 def test_client_json_is_the_last_resort(clean_env):
     _client_json(clean_env, url="https://127.0.0.1:8470", token="glc_file", ca_file="/ca.pem")
-    assert resolve_settings() == gl.client.Settings("https://127.0.0.1:8470", "glc_file", "/ca.pem")
+    assert resolve_settings() == gl.client.Settings("https://127.0.0.1:8470", "glc_file", "/ca.pem", True)
     assert gl.server_configured()
 
 
@@ -86,3 +86,9 @@ def test_errors_are_typed_and_carry_the_server_code(status, cls):
 def test_non_json_error_still_has_a_message():
     err = error_from_response(_response(502, None))
     assert err.code == "http_error" and "502" in err.message
+
+
+def test_unreachable_server_from_client_json_hints_at_up(clean_env):
+    _client_json(clean_env, url="http://127.0.0.1:9", token="glc_file")
+    with pytest.raises(gl.ConnectionFailed, match="is `gpulayer up` running"):
+        gl.connect().jobs()
