@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import signal
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from fleet_cluster import stop
+from fleet_cluster import stop, wait_for
 
 
 def scrape(fleet, token=None) -> dict:
@@ -48,6 +49,8 @@ def test_metrics_match_the_state_file(fleet):
         assert families["gpulayer_artifact_store_bytes"].samples[0].value == size
         expired = families["gpulayer_leases_expired"].samples[0]
         assert expired.name == "gpulayer_leases_expired_total"
+        assert expired.value == fleet.sql("SELECT count(*) FROM events WHERE kind = 'task_lost' "
+                                          "AND json_extract(data, '$.lease_expired')")[0][0]
         assert "gpulayer_request_seconds" in families and "gpulayer_acquire_seconds" in families
         acquires = [s for s in families["gpulayer_acquire_seconds"].samples if s.name.endswith("_count")]
         assert acquires and acquires[0].value >= 3
@@ -68,3 +71,19 @@ def test_metrics_token_reads_metrics_only(fleet):
     explorer = fleet.get("/explorer/", token=token, allow_redirects=False)
     assert explorer.status_code in (302, 303, 401, 403), explorer.status_code
     assert "prometheus" not in explorer.text or explorer.status_code != 200
+
+
+def test_an_expired_lease_counts(fleet):
+    before = _expired(fleet)
+    proc = fleet.start_worker("killed", labels={"role": "killed"})
+    job_id = fleet.submit({"command": ["sleep", "6"], "labels": {"role": "killed"}})
+    wait_for(lambda: fleet.job(job_id)["tasks"][0]["state"] == "running", 10, "the task to run")
+    proc.send_signal(signal.SIGKILL)  # no deregister: only the lease can tell
+    proc.wait(5)
+    job = fleet.wait_job(job_id, states=("lost",), timeout=10)
+    assert job["tasks"][0]["reason"] == "worker_lost"
+    assert _expired(fleet) == before + 1
+
+
+def _expired(fleet) -> float:
+    return next(s.value for s in scrape(fleet)["gpulayer_leases_expired"].samples)

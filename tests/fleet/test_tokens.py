@@ -106,7 +106,8 @@ def test_revoke_mid_task_requeues_and_cuts_the_worker_off(fleet):
 
 def test_rotate_join_token(own_fleet):
     old = own_fleet.join_token
-    assert own_fleet.register(old, name="before").status_code == 200
+    joined = own_fleet.register(old, name="before")
+    assert joined.status_code == 200
     out = own_fleet.cli("server", "rotate-join-token", "--home", str(own_fleet.home))
     assert out.returncode == 0, out.stderr
     new = out.stdout.strip()
@@ -116,3 +117,6 @@ def test_rotate_join_token(own_fleet):
     assert time.monotonic() - began < 2.0
     answer = own_fleet.register(new, name="after")
     assert answer.status_code == 200, answer.text
+    # A worker that joined with the old token keeps its session.
+    beat = own_fleet.worker_call(joined.json()["session_token"], "/v1/worker/heartbeat", {"tasks": []})
+    assert beat.status_code == 200 and beat.json()["revoked"] is False
