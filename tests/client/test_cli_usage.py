@@ -116,3 +116,12 @@ def test_progress_bar_draws_on_stderr(capsys):
     quiet = Progress("upload y", 10 * 1024 * 1024)  # stderr is not a terminal under pytest
     quiet.advance(1)
     assert capsys.readouterr().err == ""
+
+
+def test_bad_server_settings_are_one_line_and_exit_2(tmp_path):
+    pytest.importorskip("gpulayer.server")
+    assert run("server", "init", "--home", str(tmp_path / "h")).exit_code == 0
+    result = run("server", "start", "--home", str(tmp_path / "h"), "--host", "0.0.0.0", "--port", "0")
+    assert result.exit_code == 2 and "--allow-insecure-remote" in _one_error_line(result)
+    again = run("server", "init", "--home", str(tmp_path / "h"))
+    assert again.exit_code == 1 and "already initialised" in _one_error_line(again)
