@@ -74,6 +74,8 @@ RESPONSES = {
     ("/v1/jobs", "get"): ("200", {"type": "object", "required": ["jobs"],
                                   "properties": {"jobs": {"type": "array", "items": JOB}}}),
     ("/v1/health", "get"): ("200", {"type": "object", "required": ["ok", "protocol"]}),
+    ("/v1/tokens", "post"): ("201", {"type": "object", "required": ["token", "jti", "name", "kind"]}),
+    ("/v1/artifacts/{digest}", "put"): ("201", {"type": "object", "required": ["digest", "size"]}),
     ("/v1/provisioners", "get"): ("200", {"type": "object", "required": ["provisioners", "requests"], "properties": {
         "provisioners": {"type": "array", "items": {"type": "object"}},
         "requests": {"type": "array", "items": {"type": "object", "required": ["id", "provisioner", "profile",
