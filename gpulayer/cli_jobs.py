@@ -142,6 +142,8 @@ def job_status(ctx: typer.Context, job_id: JobArg, as_json: JsonOpt = False) -> 
     typer.echo(f"job {info['id']} {info.get('name') or ''}".rstrip())
     typer.echo(f"state={info['state']} exit_code={_dash(info.get('exit_code'))} "
                f"created={fmt_time(info.get('created_at'))} finished={fmt_time(info.get('finished_at'))}")
+    if info.get("waiting_reason"):
+        typer.echo(f"waiting: {info['waiting_reason']}")
     for task in info.get("tasks", []):
         typer.echo(f"  task {task['task_id']} index={task.get('index')} attempt={task.get('attempt')} "
                    f"state={task.get('state')} worker={_worker(task)} "

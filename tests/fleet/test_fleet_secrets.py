@@ -33,6 +33,8 @@ def test_secret_reaches_only_labelled_workers_and_never_shows(fleet):
         reason = wait_for(lambda: fleet.job(job_id).get("waiting_reason"), 5, "a waiting reason")
         assert "FLEET_SECRET" in reason and "vault" in reason, reason
         assert fleet.job(job_id)["state"] == "queued"
+        status = fleet.cli("job", "status", str(job_id))
+        assert status.returncode == 0 and f"waiting: {reason}" in status.stdout, status.stdout
         # Two heartbeats later it still waits: the worker without the labels never gets it.
         time.sleep(1.0)
         job = fleet.job(job_id)
