@@ -97,11 +97,19 @@ def outputs(conn, job_id: int) -> dict[str, str]:
 
 
 def endpoints(conn, job_id: int) -> dict:
-    """The current attempt's replica endpoints; ready when every replica has one."""
-    if row(conn, "get_job", job_id=job_id) is None:
+    """The current attempt's replica endpoints; ready when every replica has one.
+
+    Only a running service serves: once the job has ended (cancelled, a replica
+    ended for good) the list is empty, even while its workers are still
+    stopping replicas that have not cleared their endpoint yet.
+    """
+    job = row(conn, "get_job", job_id=job_id)
+    if job is None:
         raise NotFound(f"no job {job_id}")
+    if job["state"] != "running":
+        return {"endpoints": [], "ready": False}
     replicas = rows(conn, "job_endpoints", job_id=job_id)
-    found = [r["endpoint"] for r in replicas if r["endpoint"]]
+    found = [r["endpoint"] for r in replicas if r["endpoint"] and r["state"] == "running"]
     return {"endpoints": found, "ready": bool(replicas) and len(found) == len(replicas)}
 
 
