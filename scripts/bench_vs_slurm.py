@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""GPUlayer against Slurm on this machine: trivial jobs, at most 2 at a time, in one run.
+
+1. Slurm with Debian's default scheduler settings: a single-node cluster on
+   loopback (tests/slurm/localslurm.py; node CPUs=2, every job `-c1`, so at most
+   2 run at once), --default-jobs jobs through `sbatch`, until `squeue` is empty.
+2. The same cluster tuned as Slurm's high-throughput guide advises
+   (`SchedulerParameters=batch_sched_delay=0,sched_min_interval=0`, `Epilog=/bin/true`,
+   quiet daemon logs), --jobs jobs.
+3. GPUlayer: a real server subprocess and one real worker subprocess
+   (`gpulayer worker start --parallel 2`), --jobs jobs through POST /v1/jobs,
+   until every job has finished.
+
+Every job is the same one-liner, `date +%s.%N > <dir>/<i>`: `true` that also
+writes when it started. Submit-to-start is that stamp minus the time taken just
+before the client's submit call (sbatch, or POST /v1/jobs); jobs/s is the job
+count over the time from the first submit to the queue being empty. Jobs are
+submitted one after another by one client, while earlier ones run.
+
+    python scripts/bench_vs_slurm.py [--jobs 500] [--default-jobs 100] [--write-docs]
+
+Needs root and Debian's Slurm (installed with apt-get when missing).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "tests" / "slurm"))
+import benchlib  # noqa: E402
+from localslurm import LocalSlurm, ensure_installed  # noqa: E402
+
+TUNED = ["SchedulerParameters=batch_sched_delay=0,sched_min_interval=0", "Epilog=/bin/true",
+         "SlurmctldDebug=error", "SlurmdDebug=error"]
+SECTION = "## GPUlayer vs Slurm"
+
+
+def stamp_command(stamps: Path, i: int) -> str:
+    return f"date +%s.%N > {stamps / str(i)}"
+
+
+def latencies(stamps: Path, submitted: dict[int, float]) -> list[float]:
+    out = []
+    for i, at in submitted.items():
+        path = stamps / str(i)
+        if not path.exists() or not path.read_text().strip():
+            raise RuntimeError(f"job {i} left no start stamp in {path}")
+        out.append(float(path.read_text()) - at)
+    return out
+
+
+def result(name: str, n: int, wall: float, lat: list[float], note: str = "") -> dict:
+    return {"run": name, "jobs": n, "wall_s": round(wall, 2), "jobs_per_s": round(n / wall, 2),
+            "start_p50_s": round(benchlib.percentile(lat, 50), 4), "start_p99_s": round(benchlib.percentile(lat, 99), 4),
+            "note": note}
+
+
+def run_slurm(name: str, n: int, extra: list[str]) -> dict:
+    root = Path(tempfile.mkdtemp(prefix="bench-slurm-"))
+    stamps = root / "stamps"
+    stamps.mkdir()
+    cluster = LocalSlurm(root, cpus=2, extra=extra).start()
+    try:
+        submitted: dict[int, float] = {}
+        first = time.time()
+        for i in range(n):
+            submitted[i] = time.time()
+            cluster.run("sbatch", "-Q", "-c1", "-J", "bench", "--output=/dev/null", "--wrap", stamp_command(stamps, i),
+                        cwd=root)
+        while cluster.queue():
+            time.sleep(0.05)
+        wall = time.time() - first
+        return result(name, n, wall, latencies(stamps, submitted))
+    finally:
+        cluster.stop()
+
+
+def run_gpulayer(n: int) -> dict:
+    stamps = Path(tempfile.mkdtemp(prefix="bench-gpulayer-"))
+    with benchlib.Server() as srv:
+        env = {**os.environ, "GPULAYER_URL": srv.url, "GPULAYER_JOIN_TOKEN": srv.tokens["join_token"]}
+        log = open(srv.home / "worker.log", "wb")
+        worker = subprocess.Popen(benchlib.gpulayer_cmd() + ["worker", "start", "--parallel", "2", "--name", "bench",
+                                                             "--state-dir", str(srv.home / "worker")],
+                                  env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            s = benchlib.session(srv.verify)
+            headers = srv.client_headers()
+            deadline = time.monotonic() + 30
+            while not any(w["state"] == "online" for w in s.get(srv.url + "/v1/workers", headers=headers).json()["workers"]):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the worker did not come online")
+                time.sleep(0.05)
+            db = sqlite3.connect(f"file:{srv.home / 'state.db'}?mode=ro", uri=True)
+            submitted: dict[int, float] = {}
+            first = time.time()
+            for i in range(n):
+                submitted[i] = time.time()
+                r = s.post(srv.url + "/v1/jobs", headers=headers,
+                           json={"command": ["sh", "-c", stamp_command(stamps, i)]})
+                r.raise_for_status()
+            while db.execute("SELECT count(*) FROM jobs WHERE finished_at IS NULL").fetchone()[0]:
+                time.sleep(0.01)
+            wall = time.time() - first
+            failed = db.execute("SELECT count(*) FROM jobs WHERE state <> 'succeeded'").fetchone()[0]
+            db.close()
+            if failed:
+                raise RuntimeError(f"{failed} GPUlayer jobs did not succeed")
+            return result("GPUlayer, 1 worker --parallel 2", n, wall, latencies(stamps, submitted))
+        finally:
+            benchlib_stop(worker)
+            log.close()
+
+
+def benchlib_stop(proc) -> None:
+    proc.terminate()
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def markdown(runs: list[dict], args, machine: str) -> str:
+    default, tuned, ours = runs
+    rows = ["| run | jobs | wall (s) | jobs/s | submit-to-start p50 (s) | p99 (s) |", "|---|---|---|---|---|---|"]
+    for r in runs:
+        rows.append(f"| {r['run']} | {r['jobs']} | {r['wall_s']} | {r['jobs_per_s']} | {r['start_p50_s']} | "
+                    f"{r['start_p99_s']} |")
+    return "\n".join([
+        SECTION, "",
+        "Trivial jobs, at most 2 at a time, on one machine, in one run of",
+        "`python scripts/bench_vs_slurm.py " + " ".join(args) + "` (as root; it starts a single-node Slurm on",
+        "loopback with tests/slurm/localslurm.py, node `CPUs=2`, every job `sbatch -c1`). Each job is",
+        "`date +%s.%N > <file>`, `true` that also writes when it started: submit-to-start is that stamp minus",
+        "the time just before the client's submit call (`sbatch`, or `POST /v1/jobs`); jobs/s is the count over",
+        "the time from the first submit until the queue is empty (`squeue` empty; every GPUlayer job finished).",
+        "One client submits the jobs one after another while earlier ones run.",
+        "", machine, "",
+        *rows, "",
+        f"- Default settings: Debian's slurm.conf defaults (`batch_sched_delay` 3 s, `sched_interval` 60 s); "
+        f"{default['jobs']} jobs, not {tuned['jobs']}, because at this rate {tuned['jobs']} take over 5 minutes.",
+        f"- Tuned per Slurm's high-throughput guide: `{'`, `'.join(TUNED)}`.",
+        f"- GPUlayer throughput: {ours['jobs_per_s'] / tuned['jobs_per_s']:.1f}x tuned Slurm, "
+        f"{ours['jobs_per_s'] / default['jobs_per_s']:.0f}x default Slurm.",
+        f"- Submit-to-start, tuned Slurm over GPUlayer: p50 {tuned['start_p50_s'] / ours['start_p50_s']:.1f}x, "
+        f"p99 {tuned['start_p99_s'] / ours['start_p99_s']:.1f}x (default Slurm: p50 "
+        f"{default['start_p50_s'] / ours['start_p50_s']:.0f}x, p99 {default['start_p99_s'] / ours['start_p99_s']:.0f}x).",
+        "",
+    ])
+
+
+def write_docs(text: str) -> None:
+    """Replace (or append) only this section of docs/benchmarks.md; other sections are someone else's."""
+    path = REPO / "docs" / "benchmarks.md"
+    old = path.read_text() if path.exists() else "# Benchmarks\n"
+    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
+    new = pattern.sub(lambda m: text + "\n", old) if pattern.search(old) else old.rstrip("\n") + "\n\n" + text
+    path.write_text(new)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=500, help="jobs for tuned Slurm and GPUlayer (default 500)")
+    parser.add_argument("--default-jobs", type=int, default=100,
+                        help="jobs for Slurm's default settings (default 100: 500 take over 5 minutes there)")
+    parser.add_argument("--write-docs", action="store_true", help="write the figures into docs/benchmarks.md")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    args = parser.parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C, so the Slurm daemons and the server are stopped on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    reason = ensure_installed()
+    if reason:
+        print(f"bench_vs_slurm: no Slurm: {reason}", file=sys.stderr)
+        return 2
+    machine = benchlib.machine_line()
+    runs = [run_slurm("Slurm, Debian defaults", args.default_jobs, []),
+            run_slurm("Slurm, tuned for throughput", args.jobs, TUNED),
+            run_gpulayer(args.jobs)]
+    shown = [a for a in (argv if argv is not None else sys.argv[1:]) if a not in ("--write-docs", "--json")]
+    text = markdown(runs, shown, machine)
+    print(json.dumps(runs, indent=2) if args.json else text)
+    if args.write_docs:
+        write_docs(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
