@@ -61,7 +61,11 @@ def plane(tmp_path_factory):
     yield {"cp": cp, "url": cp.url, "doc": doc, "http": http, "tokens": tokens,
            "revoked": revoked["token"], "expired": expiring["token"]}
     cp.stop()
-    print("\nfuzz cases tried: " + json.dumps(TRIED, sort_keys=True))
+    by_token: dict[str, int] = {}
+    for label, n in TRIED.items():
+        by_token[label.rsplit(" as ", 1)[1]] = by_token.get(label.rsplit(" as ", 1)[1], 0) + n
+    print(f"\nfuzz: {sum(TRIED.values())} cases over {len({l.rsplit(' as ', 1)[0] for l in TRIED})} operations; "
+          f"by token: {json.dumps(by_token, sort_keys=True)}")
 
 
 def _token(plane, kind: str) -> str | None:
