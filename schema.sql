@@ -92,6 +92,8 @@ CREATE TABLE jobs (
 ) STRICT;
 CREATE INDEX jobs_state_id ON jobs (state, id);
 CREATE INDEX jobs_name ON jobs (name) WHERE name IS NOT NULL;
+-- Gang placement looks only at queued multi-node jobs, best first.
+CREATE INDEX jobs_queued_gangs ON jobs (priority DESC, id) WHERE state = 'queued' AND gang = 1;
 
 -- One row per replica / rank per attempt. A retry adds rows with attempt + 1;
 -- the old rows stay as history. Leases are timestamps on the rows.

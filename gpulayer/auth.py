@@ -106,7 +106,12 @@ class Principal:
 
 
 class Authenticator:
-    """Maps bearer tokens to principals; caches good answers until something is revoked."""
+    """Maps bearer tokens to principals; caches good answers until something is revoked.
+
+    Every change that can make a cached answer wrong (a token revoked, a worker
+    deregistered or revoked, credentials rotated) calls `invalidate()`, in this
+    process, which is the only one that serves tokens.
+    """
 
     def __init__(self, layout: HomeLayout, store, queries: dict):
         self.layout = layout
@@ -138,16 +143,15 @@ class Authenticator:
         digest = self.hash(token)
         self._reload_credentials()
         cached = self._cache.get(digest)
-        if cached is not None and kind != "worker" and (cached.expires_at is None or cached.expires_at > now):
+        if cached is not None and (cached.expires_at is None or cached.expires_at > now):
             return cached
         principal = self._lookup(kind, digest, now)
         if principal is None:
             raise Unauthorized("unknown, revoked or expired token")
-        if kind != "worker":
-            with self._lock:
-                if len(self._cache) > 10_000:
-                    self._cache.clear()
-                self._cache[digest] = principal
+        with self._lock:
+            if len(self._cache) > 100_000:
+                self._cache.clear()
+            self._cache[digest] = principal
         return principal
 
     def _lookup(self, kind: str, digest: str, now: float) -> Principal | None:

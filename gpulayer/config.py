@@ -78,8 +78,8 @@ class ControlPlaneConfig:
     heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S
     lease_ttl_s: float = LEASE_TTL_S
     synchronous: str = "normal"
-    threads: int = 64
-    max_parked_acquires: int = 48
+    threads: int = 320           # requests served at once; a parked long-poll holds one
+    max_parked_acquires: int = 256
     start_timeout_s: float = START_TIMEOUT_S
     rendezvous_timeout_s: float = RENDEZVOUS_TIMEOUT_S
     artifact_retention_s: float = ARTIFACT_RETENTION_S

@@ -80,10 +80,10 @@ class Scheduler:
             while True:
                 seen = self._generation
                 began = time.perf_counter()
-                task_id = self._write(placement.acquire, worker_id, self.clock(), self.config.lease_ttl_s)
+                found = self._write(self._acquire_once, worker_id, self.clock())
                 self.observe_acquire(time.perf_counter() - began)
-                if task_id is not None:
-                    return self.store.read(self._assignment, task_id)
+                if found is not None:
+                    return found
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or self._closing:
                     return None
@@ -97,6 +97,11 @@ class Scheduler:
         finally:
             if parked:
                 self._parked.release()
+
+    def _acquire_once(self, conn, worker_id: int, now: float) -> dict | None:
+        """One acquire transaction: the Assignment, built in the same transaction, or None."""
+        task_id = placement.acquire(conn, worker_id, now, self.config.lease_ttl_s)
+        return None if task_id is None else self._assignment(conn, task_id)
 
     def _assignment(self, conn, task_id: int) -> dict:
         return placement.assignment(conn, task_id, lambda names: secrets.env_for(conn, self.secret_box, names))

@@ -93,7 +93,7 @@ RETURNING id, job_id, "index", attempt;
 -- The best queued multi-node jobs that the polling worker could hold one rank of
 -- (several, so that a gang too wide for the fleet does not block the ones behind it).
 SELECT j.id, j.attempt, j.width
-FROM jobs j
+FROM jobs j INDEXED BY jobs_queued_gangs
 JOIN worker_load f ON f.worker_id = :worker_id AND f.state = 'online'
 WHERE j.state = 'queued' AND j.gang = 1
   AND f.free_slots > 0 AND j.gpus <= f.free_gpus AND j.cpus <= f.free_cpus AND j.memory_mb <= f.free_memory_mb
