@@ -67,9 +67,9 @@ class EndpointProbe:
                 continue
             timeout = min(HEALTH_TIMEOUT_S, max(1.0, float(self.health.get("interval_s") or 10)))
             status = http_status(host, self.port, path, timeout)
-            if isinstance(status, int) and 200 <= status < 300:
-                return True, f"GET {path}: {status}"
             last = f"GET {path}: {status}"
+            if isinstance(status, int):  # the service answered: that is its health, whatever the host
+                return 200 <= status < 300, last
         return False, last if path else "does not accept TCP"
 
     def tick(self) -> str | None:

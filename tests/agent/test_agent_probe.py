@@ -1,0 +1,76 @@
+"""EndpointProbe with a pinned clock: when it probes, when it reports, when it asks for a restart."""
+
+import http.server
+import threading
+
+import pytest
+
+from agent.services import EndpointProbe
+from agent.supervision import TaskHandle
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.fixture
+def server():
+    state = {"status": 200, "hits": 0}
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            state["hits"] += 1
+            self.send_response(state["status"])
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    state["port"] = srv.server_address[1]
+    yield state
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_health_checks_every_interval_and_restart_after_failures_in_a_row(server):
+    clock, handle, changes = Clock(), TaskHandle(1), []
+    handle.on_change = lambda: changes.append(handle.endpoint)
+    probe = EndpointProbe(handle, server["port"], "10.1.2.3", {"http_path": "/healthz", "interval_s": 10, "failures": 3},
+                          clock=clock)
+    assert probe.tick() is None and handle.endpoint == f"10.1.2.3:{server['port']}" and changes == [handle.endpoint]
+    clock.now += 9.9
+    assert probe.tick() is None and server["hits"] == 1  # not due: no request
+    server["status"] = 500
+    for n in (1, 2):
+        clock.now += 10
+        assert probe.tick() is None and probe.failures == n
+    server["status"] = 204  # one good answer resets the count
+    clock.now += 10
+    assert probe.tick() is None and probe.failures == 0
+    server["status"] = 503
+    reasons = []
+    for _ in range(3):
+        clock.now += 10
+        reasons.append(probe.tick())
+    assert reasons[:2] == [None, None]
+    assert reasons[2] == "health check failed 3 times in a row (GET /healthz: 503)"
+    assert server["hits"] == 7
+
+
+def test_endpoint_waits_for_a_2xx_health_answer(server):
+    clock, handle = Clock(), TaskHandle(2)
+    server["status"] = 503
+    probe = EndpointProbe(handle, server["port"], "127.0.0.1", {"http_path": "/healthz", "interval_s": 10, "failures": 3},
+                          clock=clock)
+    assert probe.tick() is None and handle.endpoint is None
+    clock.now += 0.1
+    assert probe.tick() is None and server["hits"] == 1  # retried every 0.25 s until ready
+    clock.now += 0.2
+    server["status"] = 200
+    assert probe.tick() is None and handle.endpoint == f"127.0.0.1:{server['port']}"
