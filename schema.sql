@@ -75,6 +75,7 @@ CREATE TABLE jobs (
     kind              TEXT NOT NULL DEFAULT 'batch' CHECK (kind IN ('batch', 'service')),
     priority          INTEGER NOT NULL DEFAULT 0,
     labels            TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(labels)),
+    secrets           TEXT NOT NULL DEFAULT '[]' CHECK (json_valid(secrets)),  -- names; values live in `secrets`
     accelerator       TEXT CHECK (accelerator IS NULL OR accelerator IN ('cuda')),
     gpus              INTEGER NOT NULL DEFAULT 0 CHECK (gpus >= 0),
     cpus              REAL NOT NULL DEFAULT 0 CHECK (cpus >= 0),

@@ -22,7 +22,8 @@ def submit(conn, spec: dict, now: float) -> int:
     service = spec["service"]
     width = service["replicas"] if service else spec["nodes"]
     job_id = row(conn, "insert_job", name=spec["name"], spec=json.dumps(spec), kind="service" if service else "batch",
-                 priority=spec["priority"], labels=json.dumps(spec["labels"]), accelerator=spec["accelerator"],
+                 priority=spec["priority"], labels=json.dumps(spec["labels"]), secrets=json.dumps(spec["secrets"]),
+                 accelerator=spec["accelerator"],
                  gpus=spec["gpus"], cpus=spec["cpus"], memory_mb=spec["memory_mb"], width=width,
                  gang=int(spec["nodes"] > 1), max_attempts=spec["retry"]["max_attempts"],
                  retry_on=json.dumps(spec["retry"]["retry_on"]), now=now)["id"]

@@ -1,7 +1,9 @@
 """Placement: which queued task a polling worker gets, as SQL transactions.
 
 Single tasks are taken with one `UPDATE ... RETURNING` (acquire_task) that
-matches capability in SQL. A multi-node job is placed all at once: when N
+matches capability in SQL against what the worker has free, read in the same
+write transaction (worker_free), so nothing can change in between; GPU
+device indices are then reserved from those its other tasks do not hold. A multi-node job is placed all at once: when N
 distinct online workers have room, every rank is assigned in the same
 transaction (the other workers receive theirs on their next acquire), or none
 is, so a gang never holds part of the cluster while it waits.
@@ -21,17 +23,36 @@ def acquire(conn, worker_id: int, now: float, lease_ttl_s: float) -> int | None:
     held = row(conn, "assigned_task_for_worker", worker_id=worker_id)
     if held is not None:
         return held["id"]
+    free = row(conn, "worker_free", worker_id=worker_id)
+    if free is None or free["free_slots"] <= 0:
+        return None
     lease = now + lease_ttl_s
-    gang_task = _place_gang(conn, worker_id, now, lease)
-    if gang_task is not None:
-        return gang_task
-    taken = row(conn, "acquire_task", worker_id=worker_id, now=now, lease_expires_at=lease)
+    if row(conn, "any_queued_gang") is not None:
+        gang_task = _place_gang(conn, worker_id, now, lease)
+        if gang_task is not None:
+            return gang_task
+    taken = row(conn, "acquire_task", worker_id=worker_id, now=now, lease_expires_at=lease,
+                address=free["advertise_address"], free_gpus=free["free_gpus"], free_cpus=free["free_cpus"],
+                free_memory_mb=free["free_memory_mb"], gpus=free["gpus"], labels=free["labels"],
+                token_labels=free["token_labels"])
     if taken is None:
         return None
+    _reserve_gpus(conn, taken, worker_id, free["gpus"])
     row(conn, "mark_job_running", job_id=taken["job_id"])
     events.record(conn, now, "task_assigned", job_id=taken["job_id"], task_id=taken["id"], worker_id=worker_id,
                   attempt=taken["attempt"])
     return taken["id"]
+
+
+def _reserve_gpus(conn, task: dict, worker_id: int, worker_gpus: int) -> None:
+    """Give an assigned task the lowest device indices no other active task on its worker holds."""
+    if not task["gpus"]:
+        return
+    used = {r["i"] for r in rows(conn, "gpus_in_use", worker_id=worker_id)}
+    free = [i for i in range(worker_gpus) if i not in used][:task["gpus"]]
+    if len(free) < task["gpus"]:  # placement checked the count; a mismatch means corrupt state
+        raise RuntimeError(f"worker {worker_id} has {len(free)} free GPU indices, task {task['id']} needs {task['gpus']}")
+    row(conn, "set_gpu_indices", task_id=task["id"], gpu_indices=json.dumps(free))
 
 
 def _place_gang(conn, worker_id: int, now: float, lease: float) -> int | None:
@@ -46,7 +67,8 @@ def _place_gang(conn, worker_id: int, now: float, lease: float) -> int | None:
 
 def _assign_gang(conn, gang: dict, workers: list[int], queued: list[dict], now: float, lease: float) -> int:
     for task, target in zip(queued, workers):
-        row(conn, "assign_task", task_id=task["id"], worker_id=target, now=now, lease_expires_at=lease)
+        taken = row(conn, "assign_task", task_id=task["id"], worker_id=target, now=now, lease_expires_at=lease)
+        _reserve_gpus(conn, taken, target, row(conn, "worker_free", worker_id=target)["gpus"])
         events.record(conn, now, "task_assigned", job_id=gang["id"], task_id=task["id"], worker_id=target,
                       attempt=gang["attempt"], rank=task["index"])
     row(conn, "mark_job_running", job_id=gang["id"])

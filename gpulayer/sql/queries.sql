@@ -9,9 +9,9 @@ VALUES (:now, :kind, :job_id, :task_id, :worker_id, :data);
 
 -- name: insert_job --
 -- A submitted job with its placement requirements copied out of the spec.
-INSERT INTO jobs (name, state, spec, kind, priority, labels, accelerator, gpus, cpus, memory_mb,
+INSERT INTO jobs (name, state, spec, kind, priority, labels, secrets, accelerator, gpus, cpus, memory_mb,
                   width, gang, attempt, max_attempts, retry_on, created_at)
-VALUES (:name, 'queued', :spec, :kind, :priority, :labels, :accelerator, :gpus, :cpus, :memory_mb,
+VALUES (:name, 'queued', :spec, :kind, :priority, :labels, :secrets, :accelerator, :gpus, :cpus, :memory_mb,
         :width, :gang, 1, :max_attempts, :retry_on, :now)
 RETURNING id;
 
@@ -30,64 +30,65 @@ WHERE worker_id = :worker_id AND state IN ('assigned', 'running') AND state = 'a
   AND cancel_requested = 0
 ORDER BY id LIMIT 1;
 
+-- name: worker_free --
+-- What an online worker has free now: slots, GPUs, CPUs, memory (acquisition reads it
+-- once, in the same transaction as the UPDATE below).
+SELECT w.id, w.labels, w.token_labels, w.gpus, w.advertise_address,
+       w.slots - count(a.id) AS free_slots,
+       w.gpus - coalesce(sum(aj.gpus), 0) AS free_gpus,
+       w.cpus - coalesce(sum(aj.cpus), 0) AS free_cpus,
+       w.memory_mb - coalesce(sum(aj.memory_mb), 0) AS free_memory_mb
+FROM workers w
+LEFT JOIN tasks a ON a.worker_id = w.id AND a.state IN ('assigned', 'running')
+LEFT JOIN jobs aj ON aj.id = a.job_id
+WHERE w.id = :worker_id AND w.state = 'online'
+GROUP BY w.id;
+
 -- name: acquire_task --
 -- Atomic acquisition: the best queued task (priority, then first come) that fits
--- this worker's free slots, GPUs, CPUs and memory, whose labels are all on the
--- worker, whose accelerator it has, and whose job has no other replica on it.
--- GPU indices are the lowest free ones. Gang (multi-node) jobs are placed by
+-- the worker's free GPUs, CPUs and memory (from worker_free), whose labels are all
+-- on the worker, whose accelerator it has, whose secrets its join token may receive,
+-- and whose job has no other replica on it. Gang (multi-node) jobs are placed by
 -- gang_workers / assign_task instead.
-WITH w AS (
-    SELECT w.id, w.labels, w.token_labels, w.gpus, w.advertise_address,
-           w.slots - count(a.id) AS free_slots,
-           w.gpus - coalesce(sum(aj.gpus), 0) AS free_gpus,
-           w.cpus - coalesce(sum(aj.cpus), 0) AS free_cpus,
-           w.memory_mb - coalesce(sum(aj.memory_mb), 0) AS free_memory_mb
-    FROM workers w
-    LEFT JOIN tasks a ON a.worker_id = w.id AND a.state IN ('assigned', 'running')
-    LEFT JOIN jobs aj ON aj.id = a.job_id
-    WHERE w.id = :worker_id AND w.state = 'online'
-    GROUP BY w.id
-)
 UPDATE tasks
 SET state = 'assigned', worker_id = :worker_id, assigned_at = :now, lease_expires_at = :lease_expires_at,
-    address = (SELECT advertise_address FROM w),
-    gpu_indices = CASE WHEN (SELECT gpus FROM jobs WHERE jobs.id = tasks.job_id) = 0 THEN '[]' ELSE (
-        WITH RECURSIVE idx(i) AS (
-            SELECT 0 WHERE (SELECT gpus FROM w) > 0
-            UNION ALL SELECT i + 1 FROM idx WHERE i + 1 < (SELECT gpus FROM w)
-        )
-        SELECT json_group_array(i) FROM (
-            SELECT i, row_number() OVER (ORDER BY i) AS n FROM idx
-            WHERE i NOT IN (SELECT g.value FROM tasks u, json_each(u.gpu_indices) g
-                            WHERE u.worker_id = :worker_id AND u.state IN ('assigned', 'running'))
-        )
-        WHERE n <= (SELECT gpus FROM jobs WHERE jobs.id = tasks.job_id)
-    ) END
+    address = :address
 WHERE id = (
     SELECT t.id
     FROM tasks t INDEXED BY tasks_queued
     JOIN jobs j ON j.id = t.job_id
-    JOIN w
     WHERE t.state = 'queued' AND j.gang = 0
-      AND w.free_slots > 0
-      AND j.gpus <= w.free_gpus AND j.cpus <= w.free_cpus AND j.memory_mb <= w.free_memory_mb
-      AND (j.accelerator IS NULL OR w.gpus > 0)
+      AND j.gpus <= :free_gpus AND j.cpus <= :free_cpus AND j.memory_mb <= :free_memory_mb
+      AND (j.accelerator IS NULL OR :gpus > 0)
       AND (j.labels = '{}' OR NOT EXISTS (
               SELECT 1 FROM json_each(j.labels) l
-              WHERE NOT EXISTS (SELECT 1 FROM json_each(w.labels) wl WHERE wl.key = l.key AND wl.value = l.value)))
+              WHERE NOT EXISTS (SELECT 1 FROM json_each(:labels) wl WHERE wl.key = l.key AND wl.value = l.value)))
       AND NOT EXISTS (SELECT 1 FROM tasks o
                       WHERE o.worker_id = :worker_id AND o.job_id = t.job_id AND o.state IN ('assigned', 'running'))
-      AND (json_array_length(j.spec, '$.secrets') = 0 OR NOT EXISTS (
-              SELECT 1 FROM json_each(j.spec, '$.secrets') s
+      AND (j.secrets = '[]' OR NOT EXISTS (
+              SELECT 1 FROM json_each(j.secrets) s
               LEFT JOIN secrets sc ON sc.name = s.value
               WHERE sc.name IS NULL  -- deleted since submit: wait until it is set again
                  OR EXISTS (SELECT 1 FROM json_each(sc.labels) sl
-                            WHERE NOT EXISTS (SELECT 1 FROM json_each(w.token_labels) tl
+                            WHERE NOT EXISTS (SELECT 1 FROM json_each(:token_labels) tl
                                               WHERE tl.key = sl.key AND tl.value = sl.value))))
     ORDER BY t.priority DESC, t.id
     LIMIT 1
 )
-RETURNING id, job_id, "index", attempt;
+RETURNING id, job_id, "index", attempt, (SELECT gpus FROM jobs WHERE jobs.id = tasks.job_id) AS gpus;
+
+-- name: gpus_in_use --
+-- Device indices held by the worker's active tasks.
+SELECT g.value AS i FROM tasks u, json_each(u.gpu_indices) g
+WHERE u.worker_id = :worker_id AND u.state IN ('assigned', 'running');
+
+-- name: set_gpu_indices --
+-- Reserve device indices for an assigned task.
+UPDATE tasks SET gpu_indices = :gpu_indices WHERE id = :task_id AND state = 'assigned' RETURNING id;
+
+-- name: any_queued_gang --
+-- Is any multi-node job waiting? (Gang placement is skipped when none is.)
+SELECT 1 AS found FROM jobs INDEXED BY jobs_queued_gangs WHERE state = 'queued' AND gang = 1 LIMIT 1;
 
 -- name: next_gang_job --
 -- The best queued multi-node jobs that the polling worker could hold one rank of
@@ -114,8 +115,8 @@ WHERE j.id = :job_id AND f.state = 'online'
   AND (j.labels = '{}' OR NOT EXISTS (
           SELECT 1 FROM json_each(j.labels) l
           WHERE NOT EXISTS (SELECT 1 FROM json_each(f.labels) wl WHERE wl.key = l.key AND wl.value = l.value)))
-  AND (json_array_length(j.spec, '$.secrets') = 0 OR NOT EXISTS (
-          SELECT 1 FROM workers tw, json_each(j.spec, '$.secrets') s
+  AND (j.secrets = '[]' OR NOT EXISTS (
+          SELECT 1 FROM workers tw, json_each(j.secrets) s
           LEFT JOIN secrets sc ON sc.name = s.value
           WHERE tw.id = f.worker_id
             AND (sc.name IS NULL  -- deleted since submit: wait until it is set again
@@ -126,24 +127,12 @@ ORDER BY f.worker_id = :worker_id DESC, f.free_gpus - j.gpus, f.worker_id
 LIMIT :width;
 
 -- name: assign_task --
--- Give one queued task (a gang rank) to a given worker, with the lowest free GPU indices.
+-- Give one queued task (a gang rank) to a given worker.
 UPDATE tasks
 SET state = 'assigned', worker_id = :worker_id, assigned_at = :now, lease_expires_at = :lease_expires_at,
-    address = (SELECT advertise_address FROM workers WHERE id = :worker_id),
-    gpu_indices = (
-        WITH RECURSIVE idx(i) AS (
-            SELECT 0 WHERE (SELECT gpus FROM workers WHERE id = :worker_id) > 0
-            UNION ALL SELECT i + 1 FROM idx WHERE i + 1 < (SELECT gpus FROM workers WHERE id = :worker_id)
-        )
-        SELECT json_group_array(i) FROM (
-            SELECT i, row_number() OVER (ORDER BY i) AS n FROM idx
-            WHERE i NOT IN (SELECT g.value FROM tasks u, json_each(u.gpu_indices) g
-                            WHERE u.worker_id = :worker_id AND u.state IN ('assigned', 'running'))
-        )
-        WHERE n <= (SELECT gpus FROM jobs WHERE jobs.id = tasks.job_id)
-    )
+    address = (SELECT advertise_address FROM workers WHERE id = :worker_id)
 WHERE id = :task_id AND state = 'queued'
-RETURNING id, job_id, "index", attempt;
+RETURNING id, job_id, "index", attempt, (SELECT gpus FROM jobs WHERE jobs.id = tasks.job_id) AS gpus;
 
 -- name: queued_tasks_of_attempt --
 -- The ranks of one gang attempt still waiting, in rank order.
@@ -601,7 +590,7 @@ fitting AS (
     WHERE (j.accelerator IS NULL OR f.gpus > 0) AND f.gpus >= j.gpus AND f.cpus >= j.cpus AND f.memory_mb >= j.memory_mb
 ),
 needed AS (
-    SELECT s.value AS name, sc.labels FROM j, json_each(j.spec, '$.secrets') s LEFT JOIN secrets sc ON sc.name = s.value
+    SELECT s.value AS name, sc.labels FROM j, json_each(j.secrets) s LEFT JOIN secrets sc ON sc.name = s.value
 )
 SELECT CASE
     WHEN NOT EXISTS (SELECT 1 FROM online) THEN 'no online worker'
