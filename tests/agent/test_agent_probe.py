@@ -69,8 +69,14 @@ def test_endpoint_waits_for_a_2xx_health_answer(server):
     probe = EndpointProbe(handle, server["port"], "127.0.0.1", {"http_path": "/healthz", "interval_s": 10, "failures": 3},
                           clock=clock)
     assert probe.tick() is None and handle.endpoint is None
-    clock.now += 0.1
-    assert probe.tick() is None and server["hits"] == 1  # retried every 0.25 s until ready
-    clock.now += 0.2
+    waits = []
+    for _ in range(10):  # probes start 20 ms apart and back off to 250 ms
+        before = clock.now
+        while probe.tick() is None and server["hits"] == len(waits) + 1:
+            clock.now = round(clock.now + 0.01, 2)
+        waits.append(round(clock.now - before, 2))
+    assert waits == [0.02, 0.03, 0.05, 0.07, 0.11, 0.16, 0.23, 0.25, 0.25, 0.25]
+    assert handle.endpoint is None
     server["status"] = 200
+    clock.now += 0.25
     assert probe.tick() is None and handle.endpoint == f"127.0.0.1:{server['port']}"
