@@ -76,6 +76,7 @@ class TaskRunner:
         self.workdir = ctx.tasks_dir / f"{self.task_id}-{assignment.get('attempt', 1)}"
         self.weights: str | None = None
         self.started = False
+        self.pid_reported = False
         self.assigned = True
         self.shipper = LogShipper(self._send_logs)
 
@@ -189,8 +190,8 @@ class TaskRunner:
                 self._send_start(None)
             return TaskResult(code, "failed", f"cannot start {argv[0]!r}: {exc.strerror or exc}")
         log_event("task_started", task_id=self.task_id, pid=proc.pid)
-        if not self.started:
-            self.started = True
+        if not self.pid_reported:  # a gang rank sent its start before the rendezvous, without a pid
+            self.started = self.pid_reported = True
             threading.Thread(target=self._send_start, args=(proc.pid,), daemon=True, name=f"start-{self.task_id}").start()
         return proc
 

@@ -185,6 +185,10 @@ def test_multi_node_rendezvous_sets_torch_variables(plane, start_worker):
     for rank in (0, 1):
         assert plane.wait_finish(20 + rank)["outcome"] == "succeeded"
     peers = plane.rendezvous[200]
+    deadline = time.time() + 5  # the start with the pid is sent again, from its own thread, once the command runs
+    while not all(plane.starts[20 + rank].get("pid") for rank in (0, 1)) and time.time() < deadline:
+        time.sleep(0.02)
+    assert all(plane.starts[20 + rank].get("pid") for rank in (0, 1)), plane.starts
     master_addr, master_port = peers[0].rsplit(":", 1)
     for rank in (0, 1):
         out = plane.log_texts(20 + rank, "stdout")[0].split()
