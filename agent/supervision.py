@@ -1,5 +1,6 @@
 """Watching a running task: cancel requests, timeouts, silence, and the handle the heartbeat reads."""
 
+import subprocess
 import threading
 import time
 from dataclasses import dataclass
@@ -112,7 +113,10 @@ def supervise(
             system_line(f"{stop.reason}; stopping the process group (SIGTERM, SIGKILL after {kill_grace_s:g} s)")
             proc.kill_group(kill_grace_s)
             return stop
-        time.sleep(POLL_S)
+        try:  # wakes as soon as the leader exits (a trivial command ends in a millisecond, not a poll period)
+            proc.popen.wait(timeout=POLL_S)
+        except subprocess.TimeoutExpired:
+            pass
 
 
 def _next_stop(proc: TaskProcess, handle: TaskHandle, limits: Limits, on_tick: Tick | None) -> Stop | None:
