@@ -96,6 +96,8 @@ def check_members(members: list[tarfile.TarInfo]) -> None:
                 raise UnsafeBundle(f"unsafe bundle: {member.name!r} lies under {prefix!r}, which is a {kinds[prefix]}")
         if kind == "symlink":
             target = member.linkname
+            if not target:  # os.symlink would fail halfway through the unpacking, after files were written
+                raise UnsafeBundle(f"unsafe bundle: symlink {member.name!r} has an empty target")
             if target.startswith("/") or _resolve(name.split("/")[:-1] + target.split("/"), {**links, name: target}) is None:
                 raise UnsafeBundle(f"unsafe bundle: symlink {member.name!r} -> {target!r} leads outside the task directory")
             links[name] = target
@@ -138,10 +140,22 @@ def unpack_bundle(bundle: str | os.PathLike, dest: str | os.PathLike) -> int:
                 _place_member(archive, member, root)
             for member in members:
                 if member.issym():
-                    os.symlink(member.linkname, root / safe_relative_path(member.name))
+                    link = root / safe_relative_path(member.name)
+                    link.parent.mkdir(parents=True, exist_ok=True)  # a bundle need not list its folders
+                    os.symlink(member.linkname, link)
     except (tarfile.TarError, EOFError, OSError) as exc:
+        _empty(root)
         raise TaskSetupError(f"cannot unpack the source bundle: {exc}") from None
     return len(members)
+
+
+def _empty(root: Path) -> None:
+    """Remove what a failed unpacking wrote (``dest`` was empty), never following a link."""
+    for child in root.iterdir() if root.is_dir() else ():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)
 
 
 def _place_member(archive: tarfile.TarFile, member: tarfile.TarInfo, root: Path) -> None:

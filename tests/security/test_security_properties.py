@@ -144,3 +144,22 @@ def test_unpacker_never_writes_outside_the_target(tmp_path_factory, entries):
                 assert resolved == real_target or real_target in resolved.parents, (p, os.readlink(p))
             elif p.is_file():  # a hard link never reaches a file outside
                 assert p.stat().st_ino != (outside / "keep.txt").stat().st_ino, p
+
+
+def test_found_by_the_property_a_symlink_in_an_unlisted_folder_unpacks(tmp_path):
+    bundle = tmp_path / "b.tar.gz"
+    bundle.write_bytes(_bundle([("src/main.py", "file", ""), ("bin/run", "symlink", "../src/main.py")]))
+    (tmp_path / "t").mkdir()
+    assert unpack_bundle(bundle, tmp_path / "t") == 2
+    assert (tmp_path / "t" / "bin" / "run").read_bytes() == b"payload"
+
+
+def test_found_by_the_property_a_failed_unpacking_leaves_nothing(tmp_path):
+    bundle = tmp_path / "b.tar.gz"
+    bundle.write_bytes(_bundle([("a", "symlink", ""), ("x", "file", "")]))
+    (tmp_path / "t").mkdir()
+    try:
+        unpack_bundle(bundle, tmp_path / "t")
+    except TaskSetupError:
+        pass
+    assert list((tmp_path / "t").iterdir()) == []
