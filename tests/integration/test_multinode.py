@@ -77,7 +77,10 @@ def check_exchange(cluster: Cluster, addresses: list[str]) -> None:
     assert "rank 0 got: hello from rank 1" in logs and "rank 1 got: hello from rank 0" in logs, logs
     assert f"env 1 2 1 0 {master}:" in logs, logs
     status = cluster.cli("job", "status", str(info["id"])).stdout
-    assert all(f"worker={t['worker_id']} address={t['address']}" in status for t in ranks), status
+    lines = {line.split()[1]: line for line in status.splitlines() if line.strip().startswith("task ")}
+    for t in ranks:  # each rank's worker and address
+        line = lines[str(t["task_id"])]
+        assert f"address={t['address']}" in line and str(t["worker_id"]) in line.split("worker=")[1].split()[0], status
 
 
 @pytest.fixture(scope="module")
@@ -123,6 +126,7 @@ class Namespaces:
         self.addresses = [f"{self.subnet}.{i + 2}" for i in range(count)]
 
     def create(self) -> "Namespaces":
+        self.delete()  # leftovers of a killed run with the same pid
         sh("ip", "link", "add", self.bridge, "type", "bridge")
         sh("ip", "addr", "add", f"{self.host}/24", "dev", self.bridge)
         sh("ip", "link", "set", self.bridge, "up")
