@@ -12,7 +12,6 @@ on the host. `ip link set down` on the host end cuts A off.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -22,6 +21,7 @@ import pytest
 import requests
 
 from faultlib import CLI, ServerProc, check_state, clean_env, wait_for
+from netns import VethNamespace, veth_namespace
 
 pytestmark = [pytest.mark.netns, pytest.mark.timeout(120)]
 
@@ -29,36 +29,16 @@ TTL_S = 3.0
 SERVER_ARGS = ["--heartbeat-interval", "0.5", "--lease-ttl", str(TTL_S)]
 
 
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=10)
-
-
 @pytest.fixture
 def netns():
-    """A namespace and a veth pair: {'ns', 'host_if', 'host_ip', 'ns_ip'}; removed afterwards."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to make a network namespace (ip netns add)")
-    if shutil.which("ip") is None:
-        pytest.skip("needs iproute2's `ip` to make a network namespace")
+    """A namespace and a veth pair with their own addresses (tests/netns.py); removed afterwards."""
     tag = os.getpid() % 100_000
-    net = {"ns": f"glpart{tag}", "host_if": f"glh{tag}", "ns_if": f"gln{tag}",
-           "host_ip": f"10.231.{tag % 250}.1", "ns_ip": f"10.231.{tag % 250}.2"}
+    net = veth_namespace(VethNamespace(f"glpart{tag}", f"glh{tag}", f"gln{tag}",
+                                       f"10.231.{tag % 250}.1", f"10.231.{tag % 250}.2"))
     try:
-        _ip("netns", "add", net["ns"])
-    except (subprocess.CalledProcessError, OSError) as exc:
-        pytest.skip(f"cannot make a network namespace here: {getattr(exc, 'stderr', exc)!r}")
-    try:
-        _ip("link", "add", net["host_if"], "type", "veth", "peer", "name", net["ns_if"])
-        _ip("link", "set", net["ns_if"], "netns", net["ns"])
-        _ip("addr", "add", f"{net['host_ip']}/24", "dev", net["host_if"])
-        _ip("link", "set", net["host_if"], "up")
-        _ip("-n", net["ns"], "addr", "add", f"{net['ns_ip']}/24", "dev", net["ns_if"])
-        _ip("-n", net["ns"], "link", "set", net["ns_if"], "up")
-        _ip("-n", net["ns"], "link", "set", "lo", "up")
         yield net
     finally:
-        subprocess.run(["ip", "link", "del", net["host_if"]], capture_output=True, timeout=10)
-        subprocess.run(["ip", "netns", "del", net["ns"]], capture_output=True, timeout=10)
+        net.delete()
 
 
 class Partition:
@@ -68,8 +48,8 @@ class Partition:
         from gpulayer.certs import make_ca, make_server_cert
         self.root, self.net = root, net
         ca, ca_key = make_ca(root / "tls")
-        cert, key = make_server_cert(root / "tls", ca, ca_key, [], [net["host_ip"]])
-        self.srv = ServerProc(root / "home", host=net["host_ip"], args=SERVER_ARGS,
+        cert, key = make_server_cert(root / "tls", ca, ca_key, [], [net.host_ip])
+        self.srv = ServerProc(root / "home", host=net.host_ip, args=SERVER_ARGS,
                               tls={"cert": cert, "key": key, "ca": ca}).start()
         self.http = requests.Session()
         self.http.verify = str(ca)
@@ -82,7 +62,7 @@ class Partition:
         argv = [*CLI, "--url", self.srv.url, "--ca-file", str(self.srv.tls["ca"]), "worker", "start",
                 "--name", name, "--state-dir", str(self.root / name), "--cpus", "2", "--gpus", "0"]
         if in_netns:
-            argv = ["ip", "netns", "exec", self.net["ns"], *argv]
+            argv = ["ip", "netns", "exec", self.net.name, *argv]
         log = open(self.root / f"{name}.log", "w")
         env = clean_env(GPULAYER_JOIN_TOKEN=self.srv.tokens["join_token"],
                         GPULAYER_ARTIFACT_CACHE=str(self.root / f"{name}-cache"))
@@ -116,7 +96,7 @@ class Partition:
                      if t["state"] == "running" and t["worker_id"] == worker_id), None)
 
     def link(self, up: bool) -> None:
-        _ip("link", "set", self.net["host_if"], "up" if up else "down")
+        self.net.link(up)
 
     def logs(self) -> str:
         return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(self.root.glob("*.log")))

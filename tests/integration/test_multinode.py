@@ -7,9 +7,7 @@ job runs with each worker in its own network namespace with its own address
 from __future__ import annotations
 
 import importlib.util
-import os
 import random
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -17,6 +15,7 @@ import textwrap
 import pytest
 
 from integration_cluster import Cluster, wait_for
+from netns import BridgedNamespaces, netns_unavailable
 
 EXCHANGE = textwrap.dedent("""
     import os, socket, time
@@ -102,61 +101,15 @@ def test_torch_all_reduce_over_gloo(loopback):
 
 # -- network namespaces ------------------------------------------------------------
 
-def _netns_unavailable() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root to create network namespaces"
-    if shutil.which("ip") is None:
-        return "needs the `ip` command (iproute2)"
-    return None
-
-
-def sh(*argv: str) -> None:
-    subprocess.run(argv, check=True, capture_output=True, text=True)
-
-
-class Namespaces:
-    """A bridge with an address on the host, and one namespace per worker on it."""
-
-    def __init__(self, count: int):
-        tag = f"{os.getpid() % 10000}"
-        self.subnet = f"10.{random.randrange(200, 250)}.{random.randrange(1, 250)}"
-        self.bridge = f"glbr{tag}"
-        self.host = f"{self.subnet}.1"
-        self.names = [f"gl{tag}n{i}" for i in range(count)]
-        self.addresses = [f"{self.subnet}.{i + 2}" for i in range(count)]
-
-    def create(self) -> "Namespaces":
-        self.delete()  # leftovers of a killed run with the same pid
-        sh("ip", "link", "add", self.bridge, "type", "bridge")
-        sh("ip", "addr", "add", f"{self.host}/24", "dev", self.bridge)
-        sh("ip", "link", "set", self.bridge, "up")
-        for i, (name, address) in enumerate(zip(self.names, self.addresses)):
-            outside, inside = f"{self.bridge}v{i}", f"{self.bridge}p{i}"
-            sh("ip", "netns", "add", name)
-            sh("ip", "link", "add", outside, "type", "veth", "peer", "name", inside)
-            sh("ip", "link", "set", outside, "master", self.bridge)
-            sh("ip", "link", "set", outside, "up")
-            sh("ip", "link", "set", inside, "netns", name)
-            sh("ip", "-n", name, "addr", "add", f"{address}/24", "dev", inside)
-            sh("ip", "-n", name, "link", "set", inside, "up")
-            sh("ip", "-n", name, "link", "set", "lo", "up")
-        return self
-
-    def delete(self) -> None:
-        for name in self.names:
-            subprocess.run(["ip", "netns", "del", name], capture_output=True)
-        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
-
-
 @pytest.mark.netns
 def test_two_ranks_exchange_across_network_namespaces(tmp_path):
-    reason = _netns_unavailable()
+    reason = netns_unavailable()
     if reason:
         pytest.skip(reason)
     try:
-        ns = Namespaces(2).create()
+        ns = BridgedNamespaces(2).create()
     except subprocess.CalledProcessError as exc:
-        Namespaces(2).delete()
+        BridgedNamespaces(2).delete()
         pytest.skip(f"cannot create network namespaces here: {exc.stderr.strip()}")
     cluster = Cluster(tmp_path, host=ns.host)
     try:

@@ -1,0 +1,118 @@
+"""Network namespaces for the tests that put a worker on a "second machine" (root and iproute2).
+
+`VethNamespace`: one namespace joined to the host by a veth pair, each end with
+its own address (tests/faults/test_faults_partition.py, tests/integration/
+test_http_remote.py). `BridgedNamespaces`: several namespaces on one bridge
+(tests/integration/test_multinode.py). Both delete what a killed earlier run
+with the same names left, and everything they made when done.
+"""
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+
+def netns_unavailable() -> str | None:
+    """Why this process cannot make network namespaces, or None when it can."""
+    if os.geteuid() != 0:
+        return "needs root to make network namespaces (ip netns add)"
+    if shutil.which("ip") is None:
+        return "needs iproute2's `ip` to make network namespaces"
+    return None
+
+
+def sh(*argv: str) -> None:
+    """Run a command; CalledProcessError (with its stderr) when it fails."""
+    subprocess.run(argv, check=True, capture_output=True, text=True, timeout=10)
+
+
+def _quiet(*argv: str) -> None:
+    subprocess.run(argv, capture_output=True, timeout=10)
+
+
+@dataclass
+class VethNamespace:
+    """Namespace `name`; veth `host_if` (host side, `host_ip`) to `ns_if` (inside, `ns_ip`), /`prefix`."""
+
+    name: str
+    host_if: str
+    ns_if: str
+    host_ip: str
+    ns_ip: str
+    prefix: int = 24
+
+    def create(self) -> "VethNamespace":
+        """Make the namespace and the link; CalledProcessError when this host refuses."""
+        self.delete()
+        sh("ip", "netns", "add", self.name)
+        sh("ip", "link", "add", self.host_if, "type", "veth", "peer", "name", self.ns_if)
+        sh("ip", "link", "set", self.ns_if, "netns", self.name)
+        sh("ip", "addr", "add", f"{self.host_ip}/{self.prefix}", "dev", self.host_if)
+        sh("ip", "link", "set", self.host_if, "up")
+        sh("ip", "-n", self.name, "addr", "add", f"{self.ns_ip}/{self.prefix}", "dev", self.ns_if)
+        sh("ip", "-n", self.name, "link", "set", self.ns_if, "up")
+        sh("ip", "-n", self.name, "link", "set", "lo", "up")
+        return self
+
+    def delete(self) -> None:
+        _quiet("ip", "link", "del", self.host_if)
+        _quiet("ip", "netns", "del", self.name)
+
+    def link(self, up: bool) -> None:
+        """Bring the host end up or down (a cut cable)."""
+        sh("ip", "link", "set", self.host_if, "up" if up else "down")
+
+    def run(self, *argv: str) -> str:
+        """stdout of `argv` run inside the namespace."""
+        return subprocess.run(["ip", "netns", "exec", self.name, *argv], check=True, capture_output=True,
+                              text=True, timeout=10).stdout
+
+
+def veth_namespace(net: VethNamespace) -> VethNamespace:
+    """`net` created, or pytest.skip with the reason (not root, no `ip`, refused by this host)."""
+    import pytest
+    reason = netns_unavailable()
+    if reason:
+        pytest.skip(reason)
+    try:
+        return net.create()
+    except (subprocess.CalledProcessError, OSError) as exc:
+        net.delete()
+        pytest.skip(f"cannot make a network namespace here: {getattr(exc, 'stderr', None) or exc}")
+
+
+class BridgedNamespaces:
+    """A bridge with an address on the host, and one namespace per worker on it."""
+
+    def __init__(self, count: int):
+        tag = f"{os.getpid() % 10000}"
+        self.subnet = f"10.{random.randrange(200, 250)}.{random.randrange(1, 250)}"
+        self.bridge = f"glbr{tag}"
+        self.host = f"{self.subnet}.1"
+        self.names = [f"gl{tag}n{i}" for i in range(count)]
+        self.addresses = [f"{self.subnet}.{i + 2}" for i in range(count)]
+
+    def create(self) -> "BridgedNamespaces":
+        self.delete()  # leftovers of a killed run with the same pid
+        sh("ip", "link", "add", self.bridge, "type", "bridge")
+        sh("ip", "addr", "add", f"{self.host}/24", "dev", self.bridge)
+        sh("ip", "link", "set", self.bridge, "up")
+        for i, (name, address) in enumerate(zip(self.names, self.addresses)):
+            outside, inside = f"{self.bridge}v{i}", f"{self.bridge}p{i}"
+            sh("ip", "netns", "add", name)
+            sh("ip", "link", "add", outside, "type", "veth", "peer", "name", inside)
+            sh("ip", "link", "set", outside, "master", self.bridge)
+            sh("ip", "link", "set", outside, "up")
+            sh("ip", "link", "set", inside, "netns", name)
+            sh("ip", "-n", name, "addr", "add", f"{address}/24", "dev", inside)
+            sh("ip", "-n", name, "link", "set", inside, "up")
+            sh("ip", "-n", name, "link", "set", "lo", "up")
+        return self
+
+    def delete(self) -> None:
+        for name in self.names:
+            _quiet("ip", "netns", "del", name)
+        _quiet("ip", "link", "del", self.bridge)
