@@ -68,17 +68,20 @@ class Deps:
         self.store.write(lambda conn: row(conn, "record_artifact", digest=digest, size=size, now=self.clock()))
 
     def logs_written(self) -> None:
+        """Wake the log long-polls: lines arrived, or a job may have ended."""
         with self._logs_cond:
             self._logs_cond.notify_all()
 
     def wait_for_logs(self, job_id: int, after: int, limit: int, wait_s: float) -> list[dict]:
-        """Log lines after `after`; with wait_s, long-poll until some arrive."""
-        from .jobs import log_lines
+        """Log lines after `after`; with wait_s, long-poll until some arrive or the job has ended."""
+        from .jobs import job_ended, log_lines
         deadline = time.monotonic() + wait_s
         while True:
             lines = self.store.read(log_lines, job_id, after, limit)
             remaining = deadline - time.monotonic()
-            if lines or remaining <= 0:
+            # A job's last line comes before its finish: a follower that saw it still running
+            # must not then wait out its whole wait_s for lines that will never come.
+            if lines or remaining <= 0 or self.store.read(job_ended, job_id):
                 return lines
             with self._logs_cond:
                 self._logs_cond.wait(min(remaining, 1.0))

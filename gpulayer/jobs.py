@@ -124,3 +124,9 @@ def events_of(conn, job_id: int) -> list[dict]:
 def log_lines(conn, job_id: int, after: int, limit: int) -> list[dict]:
     """Log lines of a job after sequence number `after`."""
     return rows(conn, "job_logs", job_id=job_id, after=after, limit=limit)
+
+
+def job_ended(conn, job_id: int) -> bool:
+    """True once the job is finished (succeeded, failed, cancelled or lost)."""
+    job = row(conn, "get_job", job_id=job_id)
+    return job is not None and job["finished_at"] is not None

@@ -112,6 +112,7 @@ class WorkerTask(WorkerResource):
     def on_post_finish(self, req, resp, task_id):
         body = wire.finish(wire.read_json(req))
         resp.media = {"accepted": self.sched.finish(self.worker_id(req), task_id, **body)}
+        self.deps.logs_written()  # the job may have ended: its log followers stop waiting
 
 
 # -- clients -----------------------------------------------------------------
@@ -138,6 +139,7 @@ class Job(Resource):
 
     def on_post_cancel(self, req, resp, job_id):
         self.sched.cancel(job_id)
+        self.deps.logs_written()
         resp.media = self.store.read(jobs.render, job_id)
 
     def on_get_logs(self, req, resp, job_id):

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
+import time
 
 import pytest
 
@@ -412,3 +414,28 @@ def test_protocol_header_on_every_answer(api, client_h):
         assert api.simulate_get(path, headers=client_h).headers["X-GpuLayer-Protocol"] == "1"
     assert api.simulate_get("/v1/jobs").headers["X-GpuLayer-Protocol"] == "1"
     assert PROTO == {"X-GpuLayer-Protocol": "1"}
+
+
+def test_a_log_long_poll_ends_with_the_job(api, client_h, running):
+    """The job's last line comes before its finish: a follower waiting after it is answered at the finish."""
+    wh, a, job_id = running
+    lines = [{"n": 0, "stream": "system", "text": "finished: succeeded", "at": 1.0}]
+    api.simulate_post(f"/v1/worker/tasks/{a['task_id']}/logs", headers=wh, json={"lines": lines})
+    after = api.simulate_get(f"/v1/jobs/{job_id}/logs", headers=client_h).json["next"]
+    answer = {}
+
+    def follow():
+        began = time.monotonic()
+        answer["page"] = api.simulate_get(f"/v1/jobs/{job_id}/logs", headers=client_h,
+                                          params={"after": after, "wait_s": 20}).json
+        answer["waited_s"] = time.monotonic() - began
+    follower = threading.Thread(target=follow)
+    follower.start()
+    time.sleep(0.2)  # parked on the long-poll
+    api.simulate_post(f"/v1/worker/tasks/{a['task_id']}/finish", headers=wh,
+                      json={"exit_code": 0, "outcome": "succeeded"})
+    follower.join(10)
+    assert answer["page"] == {"lines": [], "next": after} and answer["waited_s"] < 5, answer
+    began = time.monotonic()
+    page = api.simulate_get(f"/v1/jobs/{job_id}/logs", headers=client_h, params={"after": after, "wait_s": 20}).json
+    assert page["lines"] == [] and time.monotonic() - began < 1, "an ended job's long-poll answers at once"
