@@ -1,8 +1,11 @@
-"""A real control plane and several real worker agents as OS processes (plain HTTP).
+"""A real control plane and several real worker agents as OS processes (plain HTTP, or TLS).
 
-Used by the integration tests of services and multi-node jobs. Every worker is
-its own `gpulayer worker start` process with its own --state-dir; a worker may
-run inside a network namespace (`ip netns exec`) with its own address.
+Used by the integration tests of services, multi-node jobs and remote workers.
+Every worker is its own `gpulayer worker start` process with its own
+--state-dir; a worker may run inside a network namespace (`ip netns exec`)
+with its own address. With `tls=True` the server gets a CA and a certificate
+for its address (gpulayer.certs), workers get `--ca-file`, and CLI users
+`GPULAYER_CA_FILE`.
 """
 from __future__ import annotations
 
@@ -75,6 +78,7 @@ class Cluster:
 
     root: Path
     host: str = "127.0.0.1"
+    tls: bool = False
     url: str = ""
     client_token: str = ""
     join_token: str = ""
@@ -84,8 +88,20 @@ class Cluster:
     def home(self) -> Path:
         return self.root / "home"
 
+    @property
+    def ca_file(self) -> Path | None:
+        """The CA that signed the server's certificate (None over plain HTTP)."""
+        return self.root / "tls" / "ca.pem" if self.tls else None
+
+    @property
+    def verify(self) -> str | bool:
+        """`verify=` for requests: the cluster's CA, or True over plain HTTP."""
+        return str(self.ca_file) if self.tls else True
+
     def env(self, **extra: str) -> dict:
         """The environment a CLI user of this cluster has."""
+        if self.tls:
+            extra = {"GPULAYER_CA_FILE": str(self.ca_file), **extra}
         return clean_env(GPULAYER_URL=self.url, GPULAYER_TOKEN=self.client_token,
                          GPULAYER_HOME=str(self.root / "client-home"), **extra)
 
@@ -96,11 +112,16 @@ class Cluster:
 
     def client(self):
         import gpulayer as gl
-        return gl.connect(url=self.url, token=self.client_token)
+        return gl.connect(url=self.url, token=self.client_token, ca_file=self.ca_file and str(self.ca_file))
+
+    def request(self, method: str, path: str, **kwargs) -> requests.Response:
+        """`METHOD /v1PATH` with the client token; the response, whatever its status."""
+        headers = {"Authorization": f"Bearer {self.client_token}", **kwargs.pop("headers", {})}
+        return requests.request(method, f"{self.url}/v1{path}", headers=headers, verify=self.verify,
+                                timeout=kwargs.pop("timeout", 10), **kwargs)
 
     def api(self, path: str) -> dict:
-        r = requests.get(f"{self.url}/v1{path}", timeout=5,
-                         headers={"Authorization": f"Bearer {self.client_token}"})
+        r = self.request("GET", path)
         r.raise_for_status()
         return r.json()
 
@@ -110,8 +131,15 @@ class Cluster:
         tokens = json.loads(init.stdout)
         self.client_token, self.join_token = tokens["client_token"], tokens["join_token"]
         port = free_port(self.host)
-        self.url = f"http://{self.host}:{port}"
-        extra = [] if self.host.startswith("127.") else ["--allow-insecure-remote"]
+        if self.tls:
+            from gpulayer.certs import make_ca, make_server_cert
+            ca, ca_key = make_ca(self.root / "tls")
+            cert, key = make_server_cert(self.root / "tls", ca, ca_key, ["localhost"], [self.host])
+            self.url = f"https://{self.host}:{port}"
+            extra = ["--tls-cert", str(cert), "--tls-key", str(key)]
+        else:
+            self.url = f"http://{self.host}:{port}"
+            extra = [] if self.host.startswith("127.") else ["--allow-insecure-remote"]
         self._spawn("server", [*CLI, "server", "start", "--home", str(self.home), "--host", self.host,
                                "--port", str(port), "--heartbeat-interval", "0.5", "--lease-ttl", str(lease_ttl),
                                *extra], clean_env())
@@ -119,20 +147,41 @@ class Cluster:
         return self
 
     def start_worker(self, name: str, *, advertise: str | None = None, netns: str | None = None,
-                     parallel: int = 1) -> subprocess.Popen:
-        """Start a worker process (optionally in a network namespace); wait until it is online."""
+                     parallel: int = 1, gpus: int | None = 0, labels: dict | None = None,
+                     env: dict | None = None, wait: bool = True) -> subprocess.Popen:
+        """Start a worker process (optionally in a network namespace); wait until it is online.
+
+        `gpus=None` leaves the count to the agent's inventory (GPULAYER_WORKER_GPUS in `env`);
+        `env` adds to the worker's environment.
+        """
         argv = [*CLI, "--url", self.url, "worker", "start", "--name", name, "--parallel", str(parallel),
-                "--gpus", "0", "--state-dir", str(self.root / name)]
+                "--state-dir", str(self.state_dir(name))]
+        if gpus is not None:
+            argv += ["--gpus", str(gpus)]
+        for key, value in (labels or {}).items():
+            argv += ["--label", f"{key}={value}"]
         if advertise:
             argv += ["--advertise-address", advertise]
-        if not self.host.startswith("127."):
+        if self.tls:
+            argv[len(CLI):len(CLI)] = ["--ca-file", str(self.ca_file)]
+        elif not self.host.startswith("127."):
             argv += ["--insecure"]
         if netns:
             argv = ["ip", "netns", "exec", netns, *argv]
         proc = self._spawn(name, argv, clean_env(GPULAYER_JOIN_TOKEN=self.join_token,
-                                                 GPULAYER_ARTIFACT_CACHE=str(self.root / f"{name}-cache")))
-        wait_for(lambda: self._online(name), 30, f"worker {name} to be online")
+                                                 GPULAYER_ARTIFACT_CACHE=str(self.root / f"{name}-cache"),
+                                                 **(env or {})))
+        if wait:
+            self.wait_online(name)
         return proc
+
+    def wait_online(self, name: str) -> int:
+        """The id of worker `name` once the control plane lists it online."""
+        return wait_for(lambda: self._online(name), 30, f"worker {name} to be online")
+
+    def state_dir(self, name: str) -> Path:
+        """The --state-dir of worker `name`."""
+        return self.root / name
 
     def _spawn(self, name: str, argv: list[str], env: dict) -> subprocess.Popen:
         log = open(self.root / f"{name}.log", "w")
@@ -145,16 +194,26 @@ class Cluster:
             if proc.poll() is not None:
                 raise AssertionError(f"{name} exited early ({proc.returncode}):\n{self.logs()}")
         try:
-            return requests.get(f"{self.url}/v1/health", timeout=1).ok
+            return requests.get(f"{self.url}/v1/health", timeout=1, verify=self.verify).ok
         except requests.RequestException:
             return False
 
-    def _online(self, name: str) -> bool:
+    def _online(self, name: str) -> int | None:
         self._healthy()
-        return any(w["name"] == name and w["state"] == "online" for w in self.api("/workers")["workers"])
+        return next((w["id"] for w in self.api("/workers")["workers"]
+                     if w["name"] == name and w["state"] == "online"), None)
 
     def job(self, job_id: int) -> dict:
         return self.api(f"/jobs/{job_id}")
+
+    def wait_job(self, job_id: int, states=("succeeded", "failed", "cancelled", "lost"),
+                 timeout: float = 30) -> dict:
+        """The job once its state is one of `states`; fails after `timeout` seconds."""
+        return wait_for(lambda: (j := self.job(job_id))["state"] in states and j, timeout,
+                        f"job {job_id} to reach {states}")
+
+    def events(self, job_id: int) -> list[dict]:
+        return self.api(f"/jobs/{job_id}/events")["events"]
 
     def current_tasks(self, job_id: int) -> list[dict]:
         info = self.job(job_id)
