@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import shutil
+import signal
 import subprocess
 
 import pytest
@@ -85,3 +88,35 @@ def _online(home, name):
     answer = gl("worker", "list", "--json", home=home)
     return answer.returncode == 0 and any(w["name"] == name and w["state"] == "online"
                                           for w in json.loads(answer.stdout))
+
+
+def test_readme_quick_start_as_a_new_user(tmp_path):
+    """README "Quick start": `gpulayer up` in one shell; `gpulayer submit --wait -- echo hello` and
+    `gpulayer job logs 1` in a second one with nothing set but HOME; Ctrl-C stops `up` cleanly."""
+    gpulayer = shutil.which("gpulayer")
+    if gpulayer is None:
+        pytest.skip("the `gpulayer` command is not installed (pip install -e .)")
+    shell = {"HOME": str(tmp_path), "PATH": os.environ["PATH"]}  # a new user: default ~/.gpulayer
+    port = free_port()
+    log = open(tmp_path / "up.log", "w")
+    up = subprocess.Popen([gpulayer, "up", "--port", str(port)], env=shell, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: _join_line(tmp_path / "up.log", up), 60, "`up` to print its join line")
+        assert (tmp_path / ".gpulayer" / "client.json").exists()
+
+        def second_shell(*args):
+            return subprocess.run([gpulayer, *args], env=shell, cwd=tmp_path, capture_output=True, text=True,
+                                  timeout=60)
+        hello = second_shell("submit", "--wait", "--", "echo", "hello")
+        assert hello.returncode == 0, hello.stderr + (tmp_path / "up.log").read_text()
+        assert hello.stdout.splitlines()[0] == "1", "a new home's first job is job 1, as the README says"
+        logs = second_shell("job", "logs", "1")
+        assert logs.returncode == 0 and "hello" in logs.stdout.splitlines(), logs.stderr
+    finally:
+        up.send_signal(signal.SIGINT)
+        try:
+            code = up.wait(30)
+        except subprocess.TimeoutExpired:
+            code = stop(up)
+    output = (tmp_path / "up.log").read_text()
+    assert code == 0 and "Traceback" not in output, output
