@@ -43,7 +43,7 @@ def _cycle_proc(url, verify, join_token, threads, duration, start_at, out, name)
     """One load process: `threads` simulated workers doing acquire -> start -> finish."""
     sessions, tokens = [], []
     for i in range(threads):
-        s = benchlib.session(verify)
+        s = benchlib.LeanSession(url, verify)
         reg = benchlib.register_worker(s, url, join_token, f"{name}-{i}")
         sessions.append(s)
         tokens.append(reg["session_token"])
@@ -110,7 +110,7 @@ def _heartbeat_proc(url, verify, creds, threads, duration, start_at, out):
             return i
 
     def loop():
-        s = benchlib.session(verify)
+        s = benchlib.LeanSession(url, verify)
         mine = []
         clock = time.perf_counter
         while time.time() < start_at:

@@ -219,3 +219,51 @@ def register_worker(s, url: str, join_token: str, name: str, slots: int = 1) -> 
                headers={**PROTOCOL_HEADER, "Authorization": f"Bearer {join_token}"}, timeout=30)
     r.raise_for_status()
     return r.json()
+
+
+class _Answer:
+    """What a lean POST returns: the status and the JSON body, as requests would give them."""
+
+    __slots__ = ("status_code", "_body")
+
+    def __init__(self, status_code: int, body: bytes):
+        self.status_code, self._body = status_code, body
+
+    def raise_for_status(self) -> None:
+        if self.status_code >= 400:
+            raise RuntimeError(f"HTTP {self.status_code}: {self._body[:200]!r}")
+
+    def json(self):
+        return json.loads(self._body)
+
+
+class LeanSession:
+    """A keep-alive http.client connection with requests' `post(url, json=, headers=)` shape.
+
+    The load generator shares the two cores with the server: requests costs
+    several times the client CPU of http.client per call, so the simulated
+    workers use this to leave the CPU to the server they measure.
+    """
+
+    def __init__(self, base_url: str, verify=True):
+        import http.client
+        import ssl
+        from urllib.parse import urlsplit
+        parts = urlsplit(base_url)
+        self.base = base_url
+        if parts.scheme == "https":
+            ctx = ssl.create_default_context(cafile=verify if isinstance(verify, str) else None)
+            self._conn = http.client.HTTPSConnection(parts.hostname, parts.port, context=ctx, timeout=60)
+        else:
+            self._conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+
+    def post(self, url: str, json=None, headers=None, timeout=None) -> _Answer:
+        body = _json_bytes(json)
+        self._conn.request("POST", url[len(self.base):], body=body,
+                           headers={"Content-Type": "application/json", **(headers or {})})
+        response = self._conn.getresponse()
+        return _Answer(response.status, response.read())
+
+
+def _json_bytes(value) -> bytes:
+    return json.dumps(value).encode()
