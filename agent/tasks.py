@@ -18,6 +18,7 @@ from .cache import ArtifactCache
 from .environment import task_argv, task_environment
 from .errors import AgentError, Rejected, TaskSetupError, Unreachable
 from .events import log_event
+from .leftovers import RunningTasks
 from .logship import LogShipper
 from .outputs import collect_outputs, upload_outputs
 from .process import KILL_GRACE_S, TaskProcess, exit_code_of
@@ -44,6 +45,8 @@ class TaskContext:
     rendezvous_timeout_s: float = RENDEZVOUS_TIMEOUT_S
     keep_task_dirs: bool = False
     fatal: list[AgentError] = field(default_factory=list)
+    #: Where running process groups are recorded, for the next agent to kill if this one is killed.
+    running: RunningTasks | None = None
 
 
 @dataclass
@@ -98,6 +101,9 @@ class TaskRunner:
         except Exception as exc:
             log_event("task_agent_error", task_id=self.task_id, error=repr(exc), trace=traceback.format_exc(limit=5))
             result, outputs = TaskResult(None, "failed", f"agent error: {type(exc).__name__}: {exc}"), {}
+        finally:
+            if self.ctx.running is not None:
+                self.ctx.running.remove(self.workdir.name)
         self._report(result, outputs)
         self.handle.start_sent.set()
 
@@ -190,6 +196,8 @@ class TaskRunner:
                 self._send_start(None)
             return TaskResult(code, "failed", f"cannot start {argv[0]!r}: {exc.strerror or exc}")
         log_event("task_started", task_id=self.task_id, pid=proc.pid)
+        if self.ctx.running is not None:
+            self.ctx.running.add(self.workdir.name, proc.pid)
         if not self.pid_reported:  # a gang rank sent its start before the rendezvous, without a pid
             self.started = self.pid_reported = True
             threading.Thread(target=self._send_start, args=(proc.pid,), daemon=True, name=f"start-{self.task_id}").start()

@@ -26,6 +26,7 @@ from .environment import filtered_environ
 from .errors import AgentError, Forbidden, Rejected, Revoked, Unauthorized, Unreachable
 from .events import configure_logging, log_event
 from .inventory import Inventory, detect, nvml_probe
+from .leftovers import RunningTasks
 from .process import KILL_GRACE_S
 from .rendezvous import RENDEZVOUS_TIMEOUT_S
 from .supervision import TaskHandle
@@ -145,6 +146,7 @@ class Worker:
         state_dir = Path(os.path.expanduser(config.state_dir))
         state_dir.mkdir(parents=True, exist_ok=True)
         verify = resolve_verify(base_url, config.ca_file, config.ca_fingerprint, str(state_dir))
+        self._kill_leftovers(state_dir)
         self.transport = Transport(base_url, verify)
         inventory = detect(probe=config.gpu_probe or nvml_probe, cpus=config.cpus, gpus=config.gpus, ram_mb=config.ram_mb)
         answer = self._register(inventory)
@@ -162,6 +164,13 @@ class Worker:
         if self.fatal:
             raise self.fatal[0]
         return code
+
+    def _kill_leftovers(self, state_dir: Path) -> None:
+        """Kill the tasks a killed agent on this state dir left running (the control plane lost them)."""
+        for name, pgid in RunningTasks(state_dir).reap():
+            log_event("leftover_task_killed", task=name, pgid=pgid)
+            if not self.config.keep_task_dirs:
+                shutil.rmtree(state_dir / "tasks" / name, ignore_errors=True)
 
     def _register(self, inventory: Inventory) -> dict | None:
         """POST register, retried while unreachable; None if stopped before it answered."""
@@ -222,6 +231,7 @@ class Worker:
             rendezvous_timeout_s=config.rendezvous_timeout_s,
             keep_task_dirs=config.keep_task_dirs,
             fatal=self.fatal,
+            running=RunningTasks(state_dir),
         )
 
     # -- the three loops ---------------------------------------------------

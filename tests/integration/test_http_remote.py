@@ -8,7 +8,8 @@ certificate made here with gpulayer.certs; workers get `--ca-file`, the CLI
 - an input goes in and an output comes back byte for byte; logs arrive;
 - cancel kills the task's whole process group, a grandchild included;
 - a SIGKILLed worker's task is lost after the TTL: retried on a second worker
-  with `retry.max_attempts` 2, the job ends `lost` without;
+  with `retry.max_attempts` 2, the job ends `lost` without; the agent restarted
+  on the same --state-dir kills the copies its predecessor left running;
 - a worker stopped (SIGSTOP) past the TTL and continued is told by its
   heartbeat to kill its copy; its late finish is only a `late_finish` event;
 - a worker in a network namespace of its own, with its own address, that only
@@ -162,10 +163,19 @@ def test_a_sigkilled_workers_task_is_lost_then_retried_only_when_its_policy_allo
         assert tasks[1]["task_id"] == first["task_id"] and tasks[1]["state"] == "lost"
         assert tasks[2]["state"] == "succeeded" and tasks[2]["worker_id"] == spare_id
         assert "attempt 2 done" in remote.log_text(retried)
+
+        # The killed agent could not stop its copies; the next agent on its --state-dir does.
+        copies = [int((tmp_path / f"{job}-1.pid").read_text()) for job in (retried, once)]
+        assert all(pid_alive(pid) for pid in copies)
+        remote.start_worker("doomed", parallel=2, labels=pool, wait=False)
+        assert remote.wait_online("doomed") != doomed_id, "a restarted agent registers anew"
+        wait_for(lambda: not any(pid_alive(pid) for pid in copies), 10, "the restarted agent to kill the copies")
+        assert "leftover_task_killed" in (remote.root / "doomed.log").read_text()
     finally:
-        kill_pidfiles(tmp_path)  # the killed agent's tasks outlive it
-        if "spare" in remote.procs:
-            assert stop_process(remote.procs.pop("spare")) == 0
+        kill_pidfiles(tmp_path)
+        for name in ("spare", "doomed"):
+            if name in remote.procs:
+                assert stop_process(remote.procs.pop(name)) == 0, remote.logs()
 
 
 def test_a_worker_back_after_the_ttl_kills_its_copy_and_its_late_finish_is_only_an_event(remote, tmp_path):

@@ -1,0 +1,93 @@
+"""Task processes that a killed agent left running, and the agent that kills them on its next start.
+
+An agent that is SIGKILLed (or OOM-killed, or whose host rebooted its service)
+cannot stop its tasks: their process groups live on, holding GPUs and memory
+while the control plane retries the work elsewhere, or hands the same GPUs to
+the restarted agent. So each running task's process group is recorded under
+``<state-dir>/running/<task_id>-<attempt>.json`` with the agent that owns it,
+and an agent starting on that state dir kills the groups whose agent is gone.
+An agent still alive (another one sharing the state dir) keeps its tasks.
+Records hold process start times, so a reused pid is never mistaken for them.
+"""
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+from .process import live_group_members
+
+#: SIGTERM first; SIGKILL what is left after this many seconds.
+LEFTOVER_GRACE_S = 2.0
+
+
+def start_time(pid: int, proc_root: str = "/proc") -> int | None:
+    """The process's start time (clock ticks since boot), None when there is no such process."""
+    try:
+        with open(f"{proc_root}/{pid}/stat") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+        return int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+class RunningTasks:
+    """The records of one state dir's running tasks."""
+
+    def __init__(self, state_dir: Path):
+        self.dir = Path(state_dir) / "running"
+
+    def add(self, name: str, pgid: int) -> None:
+        """Record that task ``name`` runs as process group ``pgid`` of this agent."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        record = {"pgid": pgid, "start": start_time(pgid), "agent": os.getpid(), "agent_start": start_time(os.getpid())}
+        tmp = self.dir / f".{name}.tmp"
+        tmp.write_text(json.dumps(record))
+        tmp.replace(self.dir / f"{name}.json")
+
+    def remove(self, name: str) -> None:
+        (self.dir / f"{name}.json").unlink(missing_ok=True)
+
+    def reap(self, grace_s: float = LEFTOVER_GRACE_S) -> list[tuple[str, int]]:
+        """Kill the groups of records whose agent is gone; drop those records. Returns (name, pgid) killed."""
+        killed = []
+        for path in sorted(self.dir.glob("*.json")) if self.dir.is_dir() else []:
+            try:
+                record = json.loads(path.read_text())
+                pgid, agent = int(record["pgid"]), int(record["agent"])
+            except (OSError, ValueError, KeyError, TypeError):
+                path.unlink(missing_ok=True)
+                continue
+            if start_time(agent) is not None and start_time(agent) == record.get("agent_start"):
+                continue  # its agent runs: another agent on this state dir
+            if _group_is_the_recorded_one(pgid, record.get("start")):
+                _kill_group(pgid, grace_s)
+                killed.append((path.stem, pgid))
+            path.unlink(missing_ok=True)
+        return killed
+
+
+def _group_is_the_recorded_one(pgid: int, recorded_start: int | None) -> bool:
+    """True when process group ``pgid`` still exists and is the task's, not a reuse of the number."""
+    leader = start_time(pgid)
+    if leader is not None:
+        return leader == recorded_start
+    # The leader is gone; a pid is not reused while a group of that id has members.
+    return bool(live_group_members(pgid))
+
+
+def _kill_group(pgid: int, grace_s: float) -> None:
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if not live_group_members(pgid):
+            return
+        time.sleep(0.05)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
