@@ -62,13 +62,15 @@ def rendezvous(conn, worker_id: int, task_id: int, address: str, port: int, now:
 
 
 def finish(conn, worker_id: int, task_id: int, exit_code: int | None, outcome: str, outputs: dict,
-           reason: str | None, now: float) -> bool:
+           reason: str | None, now: float, *, lines=()) -> bool:
     """Record a task's result; False (and only an event) when the task was lost or cancelled meanwhile.
 
     Raises TaskNotAssigned for a task that was never this worker's.
     """
     state, default_reason = OUTCOMES[outcome]
     done = _owned(conn, worker_id, task_id, active=False)
+    if lines:  # the last lines ride along with the result: one call, one transaction
+        append_logs(conn, worker_id, task_id, lines)
     if state == "cancelled" and done["state"] in ("assigned", "running") and not done["cancel_requested"]:
         # Nobody asked to cancel it: the worker stopped (SIGTERM, revocation). The retry policy judges.
         state, default_reason = "lost", "worker_lost"

@@ -115,9 +115,10 @@ class Scheduler:
     def rendezvous(self, worker_id: int, task_id: int, address: str, port: int) -> dict:
         return self._write(lifecycle.rendezvous, worker_id, task_id, address, port, self.clock())
 
-    def finish(self, worker_id: int, task_id: int, *, exit_code, outcome, outputs, reason) -> bool:
+    def finish(self, worker_id: int, task_id: int, *, exit_code, outcome, outputs, reason, lines=()) -> bool:
+        """Record a result (with the task's last log lines, if sent along) in one transaction."""
         return self._write(lifecycle.finish, worker_id, task_id, exit_code, outcome, outputs, reason, self.clock(),
-                           wake=True)
+                           lines=lines, wake=True)
 
     def deregister(self, worker_id: int) -> int:
         return self._write(workers.depart, worker_id, "deregistered", self.clock(), wake=True)

@@ -119,7 +119,8 @@ def finish(body: dict) -> dict:
             "outcome": outcome,
             "outputs": {relative_path(k, "outputs key"): digest(v, f"outputs.{k}", allow_none=False)
                         for k, v in outputs.items()},
-            "reason": None if reason is None else _str(reason, "reason", limit=2048)}
+            "reason": None if reason is None else _str(reason, "reason", limit=2048),
+            "lines": log_lines(body) if body.get("lines") is not None else []}
 
 
 def token_request(body: dict) -> dict:

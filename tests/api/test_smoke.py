@@ -37,3 +37,19 @@ def test_errors(api, client_h, worker):
     r = api.simulate_post("/v1/jobs", headers=client_h, json={"command": ["x"], "bogus": 1})
     assert r.status_code == 400 and "bogus" in r.json["error"]["message"]
     assert api.simulate_get("/v1/openapi.json", headers=client_h).json["openapi"] == "3.1.0"
+
+
+def test_finish_carries_last_lines(api, client_h, worker):
+    wid, wh = worker()
+    job_id = api.simulate_post("/v1/jobs", headers=client_h, json={"command": ["x"]}).json["id"]
+    task = api.simulate_post("/v1/worker/acquire", headers=wh, json={}).json["task"]
+    api.simulate_post(f"/v1/worker/tasks/{task['task_id']}/start", headers=wh, json={})
+    line = {"n": 0, "stream": "system", "text": "finished", "at": 1.0}
+    r = api.simulate_post(f"/v1/worker/tasks/{task['task_id']}/finish", headers=wh,
+                          json={"exit_code": 0, "outcome": "succeeded", "lines": [line]})
+    assert r.json == {"accepted": True}
+    texts = [entry["text"] for entry in api.simulate_get(f"/v1/jobs/{job_id}/logs", headers=client_h).json["lines"]]
+    assert texts == ["finished"]
+    bad = api.simulate_post(f"/v1/worker/tasks/{task['task_id']}/finish", headers=wh,
+                            json={"exit_code": 0, "outcome": "succeeded", "lines": [{"n": "x"}]})
+    assert bad.status_code == 400
