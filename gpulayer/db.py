@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator
 import apsw
 
 from .errors import ConfigError
+from .sql import QUERIES
 
 SYNCHRONOUS = {"normal": "NORMAL", "full": "FULL"}
 BUSY_TIMEOUT_MS = 10_000
@@ -79,7 +80,7 @@ def ensure_schema(conn: apsw.Connection) -> int:
         raise ConfigError(f"state file is at schema version {current}, newer than this gpulayer ({target}): upgrade gpulayer")
     with conn:
         if current == 0:
-            tables = conn.execute("SELECT count(*) AS n FROM sqlite_schema").fetchall()[0]["n"]
+            tables = conn.execute(QUERIES["schema_objects"]).fetchall()[0]["n"]
             if tables:
                 raise ConfigError("the state file holds tables but no GPUlayer schema version: is it the right file?")
             conn.execute(schema_path().read_text())

@@ -21,7 +21,7 @@ from .auth import init_home, rotate_join_token  # noqa: F401 - the CLI imports t
 from .config import ControlPlaneConfig
 from .errors import ConfigError
 from .httpserver import HTTPServer
-from .sql import row
+from .sql import QUERIES, row
 
 log = logging.getLogger("gpulayer.server")
 
@@ -170,7 +170,7 @@ def backup(home: Path, dest: Path) -> dict:
             while not b.done:
                 b.step(1024)
         check = out.execute("PRAGMA integrity_check").fetchall()[0][0]
-        jobs = out.execute("SELECT count(*) FROM jobs").fetchall()[0][0]
+        jobs = out.execute(QUERIES["count_jobs"]).fetchall()[0][0]
     finally:
         out.close()
         src.close()

@@ -610,3 +610,11 @@ SELECT CASE
           ORDER BY n.name LIMIT 1)
 END AS reason
 FROM j;
+
+-- name: schema_objects --
+-- How many tables, indexes and views a file holds (an empty file gets schema.sql).
+SELECT count(*) AS n FROM sqlite_schema;
+
+-- name: count_jobs --
+-- Jobs in a state file (a backup reports what it holds).
+SELECT count(*) AS n FROM jobs;
