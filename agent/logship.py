@@ -119,6 +119,24 @@ class LogShipper:
         self._thread.start()
         return self
 
+    def close_keeping_tail(self, deadline: float | None = None) -> list[dict]:
+        """Stop the flusher and send all but the last batch; returns that batch, to ride along with finish."""
+        self._closing = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+        while True:
+            with self._lock:
+                if len(self._pending) <= self.batch_lines:
+                    tail, self._pending = self._pending, []
+                    return tail
+            if not self.flush_once():
+                if deadline is not None and time.monotonic() >= deadline:
+                    with self._lock:
+                        tail, self._pending = self._pending[-self.batch_lines:], []
+                    return tail
+                time.sleep(self.retry_wait_s)
+
     def close(self, deadline: float | None = None) -> bool:
         """Stop the flusher and send what is left; False if lines could not be sent."""
         self._closing = True

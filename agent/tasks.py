@@ -258,9 +258,8 @@ class TaskRunner:
             return
         summary = f"finished: {result.outcome}" + (f" (exit code {result.exit_code})" if result.exit_code is not None else "")
         self.shipper.system(summary + (f": {result.reason}" if result.reason and result.outcome != "succeeded" else ""))
-        give_up = self.ctx.transport.give_up_at
-        self.shipper.close(give_up)
-        body = {"exit_code": result.exit_code, "outcome": result.outcome, "outputs": outputs}
+        tail = self.shipper.close_keeping_tail(self.ctx.transport.give_up_at)
+        body = {"exit_code": result.exit_code, "outcome": result.outcome, "outputs": outputs, "lines": tail}
         if result.reason:
             body["reason"] = result.reason
         self._send_finish(body)

@@ -87,3 +87,13 @@ def test_overflow_is_counted_and_reported():
     shipper.flush()
     texts = [sink.stored[n]["text"] for n in sorted(sink.stored)]
     assert texts == ["0", "1", "3 log lines dropped while the control plane was unreachable", "after"]
+
+
+def test_close_keeping_tail_sends_all_but_the_last_batch():
+    sent = []
+    shipper = LogShipper(sent.append, batch_lines=3, interval_s=60)
+    for i in range(7):
+        shipper.add("stdout", f"line {i}")
+    tail = shipper.close_keeping_tail()
+    assert 0 < len(tail) <= 3
+    assert [line["n"] for batch in sent for line in batch] + [line["n"] for line in tail] == list(range(7))
