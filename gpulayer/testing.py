@@ -84,7 +84,7 @@ def clean_env(**extra: str) -> dict:
     return env
 
 
-def run_cli(*args: str, env: dict | None = None, input: str | None = None, timeout: float = 60,
+def run_cli(*args: str, env: dict | None = None, input: str | None = None, timeout: float = 90,
             cwd: str | Path | None = None) -> CliResult:
     """Run `gpulayer ARGS` with clean_env(**env); raises subprocess.TimeoutExpired after `timeout` s."""
     done = subprocess.run([*CLI, *args], env=clean_env(**(env or {})), input=input, capture_output=True,
@@ -451,7 +451,7 @@ class ControlPlaneProcess(ChildProcess):
             settings["GPULAYER_CA_FILE"] = str(self.ca_file)
         return {**settings, **extra}
 
-    def cli(self, *args: str, input: str | None = None, timeout: float = 60, **env: str) -> CliResult:
+    def cli(self, *args: str, input: str | None = None, timeout: float = 90, **env: str) -> CliResult:
         """Run `gpulayer ARGS` in root as a user of this control plane (cli_env(**env))."""
         return run_cli(*args, env=self.cli_env(**env), input=input, timeout=timeout, cwd=self.root)
 

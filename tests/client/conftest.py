@@ -19,10 +19,12 @@ def clean_env(monkeypatch, tmp_path):
 def cluster(tmp_path_factory):
     """One real server process and one real worker process (`--parallel 2`), shared by the session."""
     pytest.importorskip("gpulayer.server", reason="the control plane (gpulayer.server) is not there yet")
-    from client_cluster import Cluster
-    c = Cluster(tmp_path_factory.mktemp("cluster"))
+    from gpulayer.testing import ControlPlaneProcess
+    plane = ControlPlaneProcess(tmp_path_factory.mktemp("cluster"), heartbeat_interval=0.5, lease_ttl=5)
     try:
-        yield c.start()
+        plane.start()
+        plane.start_worker("w1", parallel=2)
+        yield plane
     finally:
-        codes = c.stop()
-        assert codes == [0] * len(codes), f"unclean stops {codes}:\n{c.logs()}"
+        codes = plane.close()
+        assert set(codes.values()) <= {0}, f"unclean stops {codes}:\n{plane.logs()}"

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from client_cluster import wait_for
+from gpulayer.testing import wait_for
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -166,7 +166,7 @@ def test_service_prints_its_endpoint_and_cancel_stops_it(cluster):
 
 
 def test_multi_node_job_status_shows_each_ranks_worker(cluster):
-    if not any(p.args[-1].endswith("w2") for p in cluster.procs):
+    if "w2" not in cluster.workers:
         cluster.start_worker("w2", parallel=1)
     result = _ok(cluster.cli("submit", "--nodes", "2", "--follow", "--", "sh", "-c", 'echo "rank=$RANK of $WORLD_SIZE"'))
     assert {"rank=0 of 2", "rank=1 of 2"} <= {line.split("] ")[-1] for line in result.stdout.splitlines()}

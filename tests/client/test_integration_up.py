@@ -9,7 +9,7 @@ import signal
 import subprocess
 
 import pytest
-from client_cluster import CLI, clean_env, free_port, stop, wait_for
+from gpulayer.testing import CLI, clean_env, free_port, run_cli, stop_process, wait_for
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -20,8 +20,7 @@ def _needs_server():
 
 
 def gl(*args, home, timeout=120, **env):
-    return subprocess.run([*CLI, *args], env=clean_env(GPULAYER_HOME=str(home), **env),
-                          capture_output=True, text=True, timeout=timeout)
+    return run_cli(*args, env={"GPULAYER_HOME": str(home), **env}, timeout=timeout)
 
 
 def test_local_target_runs_the_job_here_with_its_exit_code(tmp_path):
@@ -72,8 +71,8 @@ def test_up_then_submit_then_join_over_tls(tmp_path):
         workers = {w["id"]: w["name"] for w in json.loads(gl("worker", "list", "--json", home=home).stdout)}
         assert workers[status["tasks"][0]["worker_id"]] == "second"
     finally:
-        codes = [stop(joined)] if joined else []
-        codes.append(stop(up))
+        codes = [stop_process(joined)] if joined else []
+        codes.append(stop_process(up))
         assert codes == [0] * len(codes), (tmp_path / "up.log").read_text()
 
 
@@ -117,6 +116,6 @@ def test_readme_quick_start_as_a_new_user(tmp_path):
         try:
             code = up.wait(30)
         except subprocess.TimeoutExpired:
-            code = stop(up)
+            code = stop_process(up)
     output = (tmp_path / "up.log").read_text()
     assert code == 0 and "Traceback" not in output, output
