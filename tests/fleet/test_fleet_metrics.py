@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import signal
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from fleet_cluster import stop, wait_for
+from gpulayer.testing import wait_for
 
 
 def scrape(fleet, token=None) -> dict:
@@ -29,7 +28,7 @@ def test_metrics_match_the_state_file(fleet):
     waiting = fleet.submit({"command": ["true"], "labels": {"role": "nobody"}})
     for job_id in [*done, failed]:
         fleet.wait_job(job_id)
-    assert stop(proc) == 0
+    assert proc.stop() == 0
     try:
         families = scrape(fleet)
         jobs = by_label(families["gpulayer_jobs"], "state")
@@ -78,8 +77,7 @@ def test_an_expired_lease_counts(fleet):
     proc = fleet.start_worker("killed", labels={"role": "killed"})
     job_id = fleet.submit({"command": ["sleep", "6"], "labels": {"role": "killed"}})
     wait_for(lambda: fleet.job(job_id)["tasks"][0]["state"] == "running", 10, "the task to run")
-    proc.send_signal(signal.SIGKILL)  # no deregister: only the lease can tell
-    proc.wait(5)
+    proc.kill()  # no deregister: only the lease can tell
     job = fleet.wait_job(job_id, states=("lost",), timeout=10)
     assert job["tasks"][0]["reason"] == "worker_lost"
     assert _expired(fleet) == before + 1

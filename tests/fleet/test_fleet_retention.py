@@ -8,9 +8,8 @@ import hashlib
 import io
 import json
 
-import subprocess
 
-from fleet_cluster import CLI, clean_env
+from gpulayer.testing import run_cli
 
 from gpulayer import retention, wire
 from gpulayer.artifacts import ArtifactStore
@@ -58,8 +57,7 @@ def test_sweep_keeps_referenced_and_removes_old_unreferenced(home, store, sched,
     assert all(artifacts.exists(x) for x in [*d.values(), fresh])
 
     # The CLI's dry run (real clock: everything is old) never lists a referenced artifact, removes nothing.
-    out = subprocess.run([*CLI, "artifacts", "gc", "--dry-run", "--json", "--home", str(home)],
-                         env=clean_env(), capture_output=True, text=True, timeout=60)
+    out = run_cli("artifacts", "gc", "--dry-run", "--json", "--home", str(home), timeout=60)
     assert out.returncode == 0, out.stderr
     listed = set(json.loads(out.stdout))
     assert expected <= listed and not listed & {d["source"], d["weights"]}

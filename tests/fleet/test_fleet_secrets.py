@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 
-from fleet_cluster import stop, wait_for
+from gpulayer.testing import wait_for
 
 VALUE = "s3cr3t-fleet-Value-9f2c"
 # The command checks the value without printing it, and without spelling it whole (its argv is in the spec).
@@ -27,7 +27,7 @@ def test_secret_reaches_only_labelled_workers_and_never_shows(fleet):
 
     spec = {"command": ["sh", "-c", CHECK], "labels": {"role": "secrets"}, "secrets": ["FLEET_SECRET"]}
     without = fleet.start_worker("no-vault", listed_as="no-vault-token",
-                                 token=mint(fleet, "no-vault-token", {"role": "secrets"}))
+                                 join_token=mint(fleet, "no-vault-token", {"role": "secrets"}))
     job_id = fleet.submit(spec)
     try:
         reason = wait_for(lambda: fleet.job(job_id).get("waiting_reason"), 5, "a waiting reason")
@@ -40,16 +40,16 @@ def test_secret_reaches_only_labelled_workers_and_never_shows(fleet):
         job = fleet.job(job_id)
         assert job["state"] == "queued" and job["tasks"][0]["worker_id"] is None, job
     finally:
-        assert stop(without) == 0
+        assert without.stop() == 0
 
     with_vault = fleet.start_worker("vault", listed_as="vault-token",
-                                    token=mint(fleet, "vault-token", {"role": "secrets", "vault": "sec"}))
+                                    join_token=mint(fleet, "vault-token", {"role": "secrets", "vault": "sec"}))
     try:
         job = fleet.wait_job(job_id)
-        assert job["state"] == "succeeded", (job, fleet.log("vault"))
+        assert job["state"] == "succeeded", (job, with_vault.log())
         assert job["waiting_reason"] is None
     finally:
-        assert stop(with_vault) == 0
+        assert with_vault.stop() == 0
     lines = fleet.get(f"/v1/jobs/{job_id}/logs").json()["lines"]
     assert any(f"secret-has-{len(VALUE)}-chars" in line["text"] for line in lines), lines
 
@@ -59,7 +59,7 @@ def test_secret_reaches_only_labelled_workers_and_never_shows(fleet):
                 "/v1/secrets", "/v1/workers", "/v1/tokens", "/metrics")]
     answers += [fleet.cli(*args).stdout for args in (("secret", "list"), ("job", "status", str(job_id), "--json"),
                                                      ("job", "events", str(job_id)), ("job", "logs", str(job_id)))]
-    answers += [fleet.log(name) for name in ("server", "vault", "no-vault")]
+    answers += [fleet.log(), with_vault.log(), without.log()]
     for path in ("/explorer/", f"/explorer/-/queries/job_timeline?job_id={job_id}", "/explorer/secrets",
                  "/explorer/events", "/explorer/jobs", f"/explorer/-/jobs/{job_id}"):
         page = fleet.get(path)

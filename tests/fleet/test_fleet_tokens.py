@@ -6,7 +6,7 @@ import hashlib
 import json
 import time
 
-from fleet_cluster import CLI, stop, wait_for
+from gpulayer.testing import wait_for
 
 
 def mint(fleet, name: str, labels: dict) -> dict:
@@ -21,21 +21,21 @@ def mint(fleet, name: str, labels: dict) -> dict:
 def test_token_labels_bind_the_worker_and_foreign_labels_are_refused(fleet):
     token = mint(fleet, "pool-a", {"pool": "a100", "site": "x"})
     # The worker carries the token's name and exactly its labels, whatever it asked for.
-    proc = fleet.start_worker("asks-subset", listed_as="pool-a", token=token["token"], labels={"pool": "a100"})
+    proc = fleet.start_worker("asks-subset", listed_as="pool-a", join_token=token["token"], labels={"pool": "a100"})
     try:
-        assert fleet.worker("pool-a")["labels"] == {"pool": "a100", "site": "x"}
+        assert fleet.online_worker("pool-a")["labels"] == {"pool": "a100", "site": "x"}
     finally:
-        assert stop(proc) == 0, fleet.log("asks-subset")
+        assert proc.stop() == 0, proc.log()
 
     refused = fleet.register(token["token"], labels={"pool": "h100"})
     assert refused.status_code == 403
     error = refused.json()["error"]
     assert error["code"] == "label_not_allowed" and "pool=h100" in error["message"]
 
-    proc = fleet.spawn_worker("asks-other", token=token["token"], labels={"gpu": "h100"})
+    proc = fleet.spawn_worker("asks-other", join_token=token["token"], labels={"gpu": "h100"})
     code = proc.wait(20)
     assert code != 0
-    assert "label" in fleet.log("asks-other") and "gpu=h100" in fleet.log("asks-other"), fleet.log("asks-other")
+    assert "label" in proc.log() and "gpu=h100" in proc.log(), proc.log()
 
     listed = fleet.cli("token", "list", "--json")
     assert listed.returncode == 0 and token["token"] not in listed.stdout
@@ -74,7 +74,7 @@ def test_revoke_mid_task_requeues_and_cuts_the_worker_off(fleet):
 
     running = fleet.submit({"command": ["sleep", "30"], "labels": {"pool": "rev"}, "retry": retry,
                             "name": "runs-in-agent"})
-    proc = fleet.start_worker("rev-agent", listed_as="revokable", token=token["token"])
+    proc = fleet.start_worker("rev-agent", listed_as="revokable", join_token=token["token"])
     wait_for(lambda: fleet.job(running)["tasks"][0]["state"] == "running", 15, "the task to run")
 
     expired_before = _leases_expired(fleet)
@@ -89,8 +89,8 @@ def test_revoke_mid_task_requeues_and_cuts_the_worker_off(fleet):
 
     # The agent exits with a message; both jobs are requeued for a second attempt.
     code = proc.wait(15)
-    assert code == 3, fleet.log("rev-agent")
-    assert "revoked" in fleet.log("rev-agent")
+    assert code == 3, proc.log()
+    assert "revoked" in proc.log()
     for job_id in (held, running):
         job = fleet.job(job_id)
         assert job["state"] == "queued" and job["attempt"] == 2, job

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 
-from fleet_cluster import wait_for
 
 # The agent with its protocol constant patched before its transport reads it.
 AGENT_V2 = ("import sys, agent; agent.PROTOCOL = 2; from agent.__main__ import main; sys.exit(main())")
@@ -35,7 +34,7 @@ def test_protocol_mismatch_needs_upgrade_until_registered_or_restarted(own_fleet
     proc = fleet.spawn_worker("v2-agent", argv=[sys.executable, "-c", AGENT_V2, "--name", "v2-agent",
                                                 "--state-dir", str(fleet.root / "v2-agent")])
     assert proc.wait(20) == 2
-    log = fleet.log("v2-agent")
+    log = proc.log()
     assert "upgrade" in log and "protocol 1" in log and "speaks 2" in log, log
     assert states_of(fleet, "v2-agent") == ["needs_upgrade"]
 
