@@ -15,5 +15,5 @@ def cluster(tmp_path_factory):
         c.start_worker("w2", parallel=2)
         yield c
     finally:
-        codes = c.stop()
+        codes = c.close()
         assert set(codes.values()) <= {0}, f"unclean stops {codes}:\n{c.logs()}"

@@ -29,8 +29,10 @@ import tarfile
 import time
 
 import pytest
-from integration_cluster import Cluster, pid_alive, stop_process, wait_for
+from integration_cluster import Cluster
 from netns import VethNamespace, veth_namespace
+
+from gpulayer.testing import pid_alive, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -56,7 +58,7 @@ def remote(tmp_path_factory):
         c.wait_online("gpu")
         yield c
     finally:
-        codes = c.stop()
+        codes = c.close()
         assert set(codes.values()) <= {0}, f"unclean stops {codes}:\n{c.logs()}"
 
 
@@ -67,7 +69,7 @@ def ok(result):
 
 def submit(cluster: Cluster, **spec) -> int:
     """POST /v1/jobs; the job id."""
-    r = cluster.request("POST", "/jobs", json=spec)
+    r = cluster.request("POST", "/v1/jobs", json=spec)
     assert r.status_code == 201, r.text
     return r.json()["id"]
 
@@ -145,10 +147,8 @@ def test_a_sigkilled_workers_task_is_lost_then_retried_only_when_its_policy_allo
         first = wait_for(lambda: running_task(remote, retried, doomed_id), 20, "the retried job running")
         wait_for(lambda: running_task(remote, once, doomed_id), 20, "the other job running")
         remote.start_worker("spare", labels=pool, wait=False)  # online within the TTL
-        doomed = remote.procs.pop("doomed")
-        doomed.kill()
+        remote.workers.pop("doomed").kill()
         killed_at = time.monotonic()
-        doomed.wait(5)
 
         lost = remote.wait_job(once, timeout=20)
         lost_after_s = time.monotonic() - killed_at
@@ -174,8 +174,8 @@ def test_a_sigkilled_workers_task_is_lost_then_retried_only_when_its_policy_allo
     finally:
         kill_pidfiles(tmp_path)
         for name in ("spare", "doomed"):
-            if name in remote.procs:
-                assert stop_process(remote.procs.pop(name)) == 0, remote.logs()
+            if name in remote.workers:
+                assert remote.workers.pop(name).stop() == 0, remote.logs()
 
 
 def test_a_worker_back_after_the_ttl_kills_its_copy_and_its_late_finish_is_only_an_event(remote, tmp_path):
@@ -184,18 +184,18 @@ def test_a_worker_back_after_the_ttl_kills_its_copy_and_its_late_finish_is_only_
     sleeper_id = remote.wait_online("sleeper")
     job_id = submit(remote, command=["sh", "-c", FIRST_ATTEMPT_HANGS], labels=pool, env={"PIDDIR": str(tmp_path)},
                     retry={"max_attempts": 2})
-    sleeper = remote.procs["sleeper"]
+    sleeper = remote.workers["sleeper"]
     try:
         first = wait_for(lambda: running_task(remote, job_id, sleeper_id), 20, "the task running on the sleeper")
         copy = int((tmp_path / f"{job_id}-1.pid").read_text())
         remote.start_worker("understudy", labels=pool, wait=False)
-        os.kill(sleeper.pid, signal.SIGSTOP)  # the agent only: its task runs on, in a session of its own
+        sleeper.pause()  # SIGSTOP, the agent only: its task runs on, in a session of its own
         try:
             done = remote.wait_job(job_id, timeout=20)
             assert done["state"] == "succeeded", (done, remote.logs())
             assert pid_alive(copy), "the stopped worker's copy should still run: nobody could tell it yet"
         finally:
-            os.kill(sleeper.pid, signal.SIGCONT)
+            sleeper.resume()
         late = wait_for(lambda: [e for e in remote.events(job_id) if e["kind"] == "late_finish"], 15,
                         f"the sleeper's late finish\n{remote.logs()}")
         assert len(late) == 1 and late[0]["task_id"] == first["task_id"] and late[0]["worker_id"] == sleeper_id
@@ -217,8 +217,8 @@ def test_a_worker_back_after_the_ttl_kills_its_copy_and_its_late_finish_is_only_
     finally:
         kill_pidfiles(tmp_path)
         for name in ("sleeper", "understudy"):
-            if name in remote.procs:
-                assert stop_process(remote.procs.pop(name)) == 0, remote.logs()
+            if name in remote.workers:
+                assert remote.workers.pop(name).stop() == 0, remote.logs()
 
 
 # -- what a task sees ---------------------------------------------------------------------
@@ -261,7 +261,7 @@ def test_an_unsafe_bundle_fails_the_task_and_writes_nothing_outside(remote):
         tar.addfile(member, io.BytesIO(b"escaped"))
     bundle = buffer.getvalue()
     digest = "sha256:" + hashlib.sha256(bundle).hexdigest()
-    put = remote.request("PUT", f"/artifacts/{digest}", data=bundle,
+    put = remote.request("PUT", f"/v1/artifacts/{digest}", data=bundle,
                          headers={"Content-Type": "application/octet-stream"})
     assert put.status_code == 201, put.text
     job = remote.wait_job(submit(remote, command=["true"], source=digest), timeout=20)
@@ -276,10 +276,10 @@ def test_an_unsafe_bundle_fails_the_task_and_writes_nothing_outside(remote):
 
 def test_an_upload_whose_bytes_do_not_match_its_digest_is_refused(remote):
     digest = "sha256:" + hashlib.sha256(b"what the digest says").hexdigest()
-    put = remote.request("PUT", f"/artifacts/{digest}", data=b"what was sent",
+    put = remote.request("PUT", f"/v1/artifacts/{digest}", data=b"what was sent",
                          headers={"Content-Type": "application/octet-stream"})
     assert put.status_code == 400 and put.json()["error"]["code"] == "digest_mismatch", put.text
-    assert remote.request("HEAD", f"/artifacts/{digest}").status_code == 404
+    assert remote.request("HEAD", f"/v1/artifacts/{digest}").status_code == 404
 
 
 # -- a second machine ------------------------------------------------------------------------
@@ -323,6 +323,6 @@ def test_a_worker_on_a_second_machine_only_dials_out(second_machine, tmp_path):
         peers = [line.split()[-1] for line in net.run("ss", "-Htn", "state", "established").splitlines()]
         assert peers and set(peers) == {f"{net.host_ip}:{port}"}, peers
     finally:
-        codes = cluster.stop()
+        codes = cluster.close()
     assert set(codes.values()) <= {0}, f"unclean stops {codes}:\n{cluster.logs()}"
 

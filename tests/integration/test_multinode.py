@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 
-from integration_cluster import Cluster, wait_for
+from integration_cluster import Cluster
 from netns import BridgedNamespaces, netns_unavailable
 
 EXCHANGE = textwrap.dedent("""
@@ -120,6 +120,6 @@ def test_two_ranks_exchange_across_network_namespaces(tmp_path):
         assert workers == {"ns0": ns.addresses[0], "ns1": ns.addresses[1]}
         check_exchange(cluster, ns.addresses)
     finally:
-        codes = cluster.stop()
+        codes = cluster.close()
         ns.delete()
     assert set(codes.values()) <= {0}, codes

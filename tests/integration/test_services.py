@@ -13,7 +13,7 @@ import textwrap
 import pytest
 import requests
 
-from integration_cluster import pid_alive, wait_for
+from gpulayer.testing import pid_alive, wait_for
 
 SERVICE = textwrap.dedent("""
     import http.server, os, sys, threading
