@@ -24,6 +24,11 @@ def netns_unavailable() -> str | None:
     return None
 
 
+def netns_exec(name: str) -> list[str]:
+    """The command prefix that runs a command inside namespace `name`."""
+    return ["ip", "netns", "exec", name]
+
+
 def sh(*argv: str) -> None:
     """Run a command; CalledProcessError (with its stderr) when it fails."""
     subprocess.run(argv, check=True, capture_output=True, text=True, timeout=10)
@@ -67,7 +72,7 @@ class VethNamespace:
 
     def run(self, *argv: str) -> str:
         """stdout of `argv` run inside the namespace."""
-        return subprocess.run(["ip", "netns", "exec", self.name, *argv], check=True, capture_output=True,
+        return subprocess.run([*netns_exec(self.name), *argv], check=True, capture_output=True,
                               text=True, timeout=10).stdout
 
 

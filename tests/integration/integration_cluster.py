@@ -2,6 +2,8 @@
 workers (`--gpus 0` unless told) may run in a network namespace (`ip netns exec`, tests/netns.py)."""
 from __future__ import annotations
 
+from netns import netns_exec
+
 from gpulayer.testing import ControlPlaneProcess, WorkerProcess
 
 
@@ -21,7 +23,7 @@ class Cluster(ControlPlaneProcess):
 
         `gpus=None` leaves the count to the agent's inventory (GPULAYER_WORKER_GPUS in `env`).
         """
-        prefix = ["ip", "netns", "exec", netns] if netns else []
+        prefix = netns_exec(netns) if netns else []
         worker = super().start_worker(name, wait=False, prefix=prefix, gpus=gpus, **options)
         if wait:
             self.wait_online(name)
