@@ -37,8 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import apsw  # noqa: E402
 import requests  # noqa: E402
 
-from faultlib import (INVARIANTS, Recorder, ServerProc, SimWorker, check_state, job_states,  # noqa: E402
-                      percentile, submit_storm)
+from faultlib import (INVARIANTS, Recorder, SimWorker, check_state, job_states, percentile,  # noqa: E402
+                      submit_storm)
+from gpulayer.testing import ControlPlaneProcess  # noqa: E402
 
 
 def fleet_process(url: str, join_token: str, names: list[str], seconds: float, kill_rate: float, seed: int,
@@ -112,8 +113,7 @@ def sample(state: Path, stop: threading.Event, seen: list[str]) -> None:
 
 def run(args) -> dict:
     root = Path(args.home or tempfile.mkdtemp(prefix="gpulayer-chaos-"))
-    srv = ServerProc(root / "home", args=["--heartbeat-interval", str(args.heartbeat), "--lease-ttl", str(args.ttl)])
-    srv.start()
+    srv = ControlPlaneProcess(root, heartbeat_interval=args.heartbeat, lease_ttl=args.ttl).start()
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     names = [f"sim-{i:03d}" for i in range(args.workers)]

@@ -1,7 +1,7 @@
-"""Fault-injection tooling shared by scripts/chaos.py and tests/faults: a real
-control plane process that can be SIGKILLed and restarted, and the invariants a
-state file must keep whatever happened to it.
+"""Fault-injection tooling shared by scripts/chaos.py and tests/faults: the invariants a state file
+must keep whatever happened to it, and a simulated fleet that talks the worker protocol.
 
+The control plane process that tests kill and restart is gpulayer.testing.ControlPlaneProcess.
 `check_state(path)` runs every block of invariants.sql (each returns the rows
 that break it) and replays the event log (`replay`) for what needs ordering.
 It returns a list of human-readable violations: empty means every invariant held.
@@ -9,21 +9,15 @@ It returns a list of human-readable violations: empty means every invariant held
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
 import sys
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import apsw
 import requests
 
 REPO = Path(__file__).resolve().parents[1]
-CLI = [sys.executable, "-m", "gpulayer.cli"]
 PROTO = {"X-GpuLayer-Protocol": "1"}
 sys.path.insert(0, str(REPO))
 from gpulayer.sql import load  # noqa: E402
@@ -31,116 +25,6 @@ from gpulayer.sql import load  # noqa: E402
 INVARIANTS = load(Path(__file__).with_name("invariants.sql"))
 # Events that end a task's hold on its worker (see replay).
 TASK_ENDS = ("task_finished", "task_lost", "task_cancelled", "task_stopped")
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on `host` right now."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def clean_env(**extra: str) -> dict:
-    """This environment without GPULAYER_* settings, the repo importable, plus `extra`."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPULAYER_")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    env.update(extra)
-    return env
-
-
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.05):
-    """Poll `predicate` until it returns something truthy; AssertionError naming `what`."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-
-
-def init_home(home: Path) -> dict:
-    """`gpulayer server init --json` in a subprocess; the tokens."""
-    out = subprocess.run([*CLI, "server", "init", "--home", str(home), "--json"], env=clean_env(),
-                         capture_output=True, text=True, check=True, timeout=60)
-    return json.loads(out.stdout)
-
-
-@dataclass
-class ServerProc:
-    """`gpulayer server start` as a child process that tests kill and restart on the same port."""
-
-    home: Path
-    host: str = "127.0.0.1"
-    port: int = 0
-    args: list[str] = field(default_factory=list)
-    tls: dict | None = None            # {"cert", "key", "ca"} paths
-    netns: str | None = None           # run inside `ip netns exec NAME`
-    proc: subprocess.Popen | None = None
-    tokens: dict = field(default_factory=dict)
-    starts: int = 0
-
-    def __post_init__(self):
-        self.home = Path(self.home)
-        if not (self.home / "server-credentials.json").exists():
-            self.tokens = init_home(self.home)
-        if not self.port:
-            self.port = free_port(self.host)
-
-    @property
-    def url(self) -> str:
-        scheme = "https" if self.tls else "http"
-        return f"{scheme}://{self.host}:{self.port}"
-
-    @property
-    def verify(self):
-        return str(self.tls["ca"]) if self.tls else True
-
-    def start(self, timeout: float = 30.0) -> "ServerProc":
-        argv = [*CLI, "server", "start", "--home", str(self.home), "--host", self.host, "--port", str(self.port),
-                *self.args]
-        if self.tls:
-            argv += ["--tls-cert", str(self.tls["cert"]), "--tls-key", str(self.tls["key"])]
-        if self.netns:
-            argv = ["ip", "netns", "exec", self.netns, *argv]
-        self.starts += 1
-        log = open(self.home.parent / f"server-{self.starts}.log", "w")
-        self.proc = subprocess.Popen(argv, env=clean_env(), stdout=log, stderr=subprocess.STDOUT)
-        wait_for(self.healthy, timeout, "the control plane to answer /v1/health")
-        return self
-
-    def healthy(self) -> bool:
-        if self.proc is not None and self.proc.poll() is not None:
-            raise AssertionError(f"the control plane exited with {self.proc.returncode}:\n{self.log_tail()}")
-        try:
-            return requests.get(f"{self.url}/v1/health", timeout=1, verify=self.verify).ok
-        except requests.RequestException:
-            return False
-
-    def kill(self) -> None:
-        """SIGKILL: no shutdown code runs, as in a crash or an OOM kill."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
-
-    def stop(self, timeout: float = 20.0) -> int | None:
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                return self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        return self.proc.wait()
-
-    def log_tail(self, chars: int = 4000) -> str:
-        logs = sorted(self.home.parent.glob("server-*.log"))
-        return "\n".join(f"--- {p.name}\n{p.read_text()[-chars:]}" for p in logs)
-
-    @property
-    def state(self) -> Path:
-        return self.home / "state.db"
 
 
 # -- invariants ---------------------------------------------------------------

@@ -11,7 +11,9 @@ import sys
 
 import pytest
 
-from faultlib import REPO, clean_env
+from faultlib import REPO
+
+from gpulayer.testing import clean_env
 
 pytestmark = pytest.mark.timeout(150)
 

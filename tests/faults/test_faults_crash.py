@@ -16,14 +16,16 @@ import pytest
 import requests
 
 import faultlib
-from faultlib import Recorder, ServerProc, SimWorker, check_state, clean_env, submit_storm
+from faultlib import Recorder, SimWorker, check_state, submit_storm
+
+from gpulayer.testing import ControlPlaneProcess, clean_env
 
 CRASHES = 3
 STORM_S = 1.5          # submits between two crashes
 DOWN_S = 0.3           # how long the control plane stays dead
 
 
-def _fleet(srv: ServerProc, stop: threading.Event, rec: Recorder, n: int = 3) -> list[threading.Thread]:
+def _fleet(srv: ControlPlaneProcess, stop: threading.Event, rec: Recorder, n: int = 3) -> list[threading.Thread]:
     def run(name):
         worker = SimWorker(srv.url, srv.tokens["join_token"], name, rec, run_s=(0.02, 0.2))
         while not stop.is_set():
@@ -42,7 +44,7 @@ def _fleet(srv: ServerProc, stop: threading.Event, rec: Recorder, n: int = 3) ->
 
 @pytest.mark.timeout(150)
 def test_sigkill_during_a_submit_storm_loses_no_acknowledged_job(tmp_path):
-    srv = ServerProc(tmp_path / "home", args=["--heartbeat-interval", "0.5", "--lease-ttl", "5"]).start()
+    srv = ControlPlaneProcess(tmp_path, heartbeat_interval=0.5, lease_ttl=5).start()
     stop = threading.Event()
     rec = Recorder()
     acked: list[int] = []

@@ -12,21 +12,19 @@ on the host. `ip link set down` on the host end cuts A off.
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
 import time
 
 import pytest
-import requests
 
-from faultlib import CLI, ServerProc, check_state, clean_env, wait_for
-from netns import VethNamespace, veth_namespace
+from faultlib import check_state
+from netns import VethNamespace, netns_exec, veth_namespace
+
+from gpulayer.testing import ControlPlaneProcess, wait_for
 
 pytestmark = [pytest.mark.netns, pytest.mark.timeout(120)]
 
 TTL_S = 3.0
-SERVER_ARGS = ["--heartbeat-interval", "0.5", "--lease-ttl", str(TTL_S)]
 
 
 @pytest.fixture
@@ -45,51 +43,25 @@ class Partition:
     """A TLS control plane on the host end of the veth, workers on either side."""
 
     def __init__(self, root, net):
-        from gpulayer.certs import make_ca, make_server_cert
-        self.root, self.net = root, net
-        ca, ca_key = make_ca(root / "tls")
-        cert, key = make_server_cert(root / "tls", ca, ca_key, [], [net.host_ip])
-        self.srv = ServerProc(root / "home", host=net.host_ip, args=SERVER_ARGS,
-                              tls={"cert": cert, "key": key, "ca": ca}).start()
-        self.http = requests.Session()
-        self.http.verify = str(ca)
-        self.http.trust_env = False  # $REQUESTS_CA_BUNDLE would override verify
-        self.http.headers["Authorization"] = f"Bearer {self.srv.tokens['client_token']}"
-        self.workers: dict[str, subprocess.Popen] = {}
+        self.net = net
+        self.srv = ControlPlaneProcess(root, host=net.host_ip, tls=True, heartbeat_interval=0.5,
+                                       lease_ttl=TTL_S).start()
 
     def worker(self, name: str, *, in_netns: bool) -> int:
         """Start `gpulayer worker start` (inside the namespace or not); its worker id once online."""
-        argv = [*CLI, "--url", self.srv.url, "--ca-file", str(self.srv.tls["ca"]), "worker", "start",
-                "--name", name, "--state-dir", str(self.root / name), "--cpus", "2", "--gpus", "0"]
-        if in_netns:
-            argv = ["ip", "netns", "exec", self.net.name, *argv]
-        log = open(self.root / f"{name}.log", "w")
-        env = clean_env(GPULAYER_JOIN_TOKEN=self.srv.tokens["join_token"],
-                        GPULAYER_ARTIFACT_CACHE=str(self.root / f"{name}-cache"))
-        self.workers[name] = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
-        return wait_for(lambda: self._online(name), 30, f"worker {name} online")
-
-    def _online(self, name: str) -> int | None:
-        for proc_name, proc in self.workers.items():
-            if proc.poll() is not None:
-                raise AssertionError(f"worker {proc_name} exited:\n{self.logs()}")
-        for w in self.http.get(f"{self.srv.url}/v1/workers", timeout=5).json()["workers"]:
-            if w["name"] == name and w["state"] == "online":
-                return w["id"]
-        return None
+        proc = self.srv.start_worker(name, wait=False, prefix=netns_exec(self.net.name) if in_netns else [],
+                                     parallel=None, cpus=2, gpus=0)
+        return self.srv.wait_worker_online(name, process=proc)["id"]
 
     def submit(self, seconds: float) -> int:
-        spec = {"command": [sys.executable, "-c", f"import time; time.sleep({seconds}); print('done')"],
-                "retry": {"max_attempts": 2, "retry_on": ["worker_lost"]}}
-        r = self.http.post(f"{self.srv.url}/v1/jobs", json=spec, timeout=10)
-        assert r.status_code == 201, r.text
-        return r.json()["id"]
+        return self.srv.submit({"command": [sys.executable, "-c", f"import time; time.sleep({seconds}); print('done')"],
+                                "retry": {"max_attempts": 2, "retry_on": ["worker_lost"]}})
 
     def job(self, job_id: int) -> dict:
-        return self.http.get(f"{self.srv.url}/v1/jobs/{job_id}", timeout=10).json()
+        return self.srv.job(job_id)
 
     def events(self, job_id: int) -> list[dict]:
-        return self.http.get(f"{self.srv.url}/v1/jobs/{job_id}/events", timeout=10).json()["events"]
+        return self.srv.events(job_id)
 
     def running_on(self, job_id: int, worker_id: int) -> dict | None:
         return next((t for t in self.job(job_id)["tasks"]
@@ -99,18 +71,10 @@ class Partition:
         self.net.link(up)
 
     def logs(self) -> str:
-        return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(self.root.glob("*.log")))
+        return self.srv.logs()
 
     def close(self) -> None:
-        for proc in self.workers.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.workers.values():
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        self.srv.stop()
+        self.srv.close()
 
 
 @pytest.fixture
@@ -170,7 +134,7 @@ def test_cut_shorter_than_the_ttl_loses_nothing(part):
     assert len(done["tasks"]) == 1 and done["tasks"][0]["worker_id"] == a
     kinds = _kinds(part.events(job))
     assert not {"task_lost", "job_retried", "late_finish"} & set(kinds), kinds
-    worker_events = part.http.get(f"{part.srv.url}/v1/workers", timeout=5).json()["workers"]
+    worker_events = part.srv.get_json("/v1/workers")["workers"]
     assert {w["name"]: w["state"] for w in worker_events}["wa"] == "online"
     assert check_state(part.srv.state) == []
 

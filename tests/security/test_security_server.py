@@ -17,18 +17,14 @@ import time
 import pytest
 import requests
 
-from faultlib import ServerProc
-from gpulayer.certs import make_ca, make_server_cert
+from gpulayer.testing import ControlPlaneProcess
 
 pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tls")
-    ca, ca_key = make_ca(root / "tls")
-    cert, key = make_server_cert(root / "tls", ca, ca_key, ["localhost"], ["127.0.0.1"])
-    server = ServerProc(root / "home", tls={"cert": cert, "key": key, "ca": ca}).start()
+    server = ControlPlaneProcess(tmp_path_factory.mktemp("tls"), tls=True).start()
     yield server
     server.stop()
 
@@ -36,7 +32,7 @@ def srv(tmp_path_factory):
 def _client(srv) -> requests.Session:
     s = requests.Session()
     s.trust_env = False
-    s.verify = str(srv.tls["ca"])
+    s.verify = srv.verify
     s.headers["Authorization"] = f"Bearer {srv.tokens['client_token']}"
     return s
 
@@ -52,7 +48,7 @@ def _timed_ok(srv, seconds: float = 3.0) -> float:
 
 
 def _tls(srv) -> ssl.SSLContext:
-    ctx = ssl.create_default_context(cafile=str(srv.tls["ca"]))
+    ctx = ssl.create_default_context(cafile=srv.verify)
     return ctx
 
 
