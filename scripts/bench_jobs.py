@@ -16,7 +16,6 @@ idle:       a fresh server, --idle-workers simulated workers (plain requests) th
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 import threading
@@ -30,34 +29,11 @@ import benchlib  # noqa: E402
 H = benchlib.PROTOCOL_HEADER
 
 
-def start_worker(srv, parallel: int) -> subprocess.Popen:
-    env = {**os.environ, "GPULAYER_URL": srv.url, "GPULAYER_JOIN_TOKEN": srv.tokens["join_token"]}
-    log = open(srv.home / "worker.log", "wb")
-    proc = subprocess.Popen(benchlib.gpulayer_cmd() + ["worker", "start", "--parallel", str(parallel),
-                                                       "--name", "bench-worker",
-                                                       "--state-dir", str(srv.home / "worker")],
-                            env=env, stdout=log, stderr=subprocess.STDOUT)
-    s = benchlib.session(srv.verify)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"worker exited {proc.returncode}: {(srv.home / 'worker.log').read_text()[-2000:]}")
-        workers = s.get(srv.url + "/v1/workers", headers=srv.client_headers(), timeout=10).json()["workers"]
-        if any(w["state"] == "online" for w in workers):
-            time.sleep(0.5)  # let it reach its first long-poll
-            return proc
-        time.sleep(0.1)
-    raise RuntimeError("the worker did not register within 60 s")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+def start_worker(srv, parallel: int):
+    """A real worker process (gpulayer.testing.WorkerProcess), once online and long-polling."""
+    worker = srv.start_worker("bench-worker", parallel=parallel, timeout=60)
+    time.sleep(0.5)  # let it reach its first long-poll
+    return worker
 
 
 def wait_all_done(srv, s, job_ids: list[int], timeout_s: float) -> list[dict]:
@@ -104,7 +80,7 @@ def throughput(args) -> dict:
             submitted = time.time()
             jobs = wait_all_done(srv, benchlib.session(), ids, args.timeout)
         finally:
-            stop(worker)
+            worker.stop()
     states = {}
     for j in jobs:
         states[j["state"]] = states.get(j["state"], 0) + 1
@@ -148,7 +124,7 @@ def latency(args) -> dict:
                     time.sleep(0.02)
                 time.sleep(args.latency_gap)  # the worker is idle (long-polling) again
         finally:
-            stop(worker)
+            worker.stop()
     return {"jobs": len(samples), "submit_to_running": benchlib.summary_ms(samples),
             "created_to_running": benchlib.summary_ms(server_side)}
 

@@ -21,12 +21,8 @@ import argparse
 import json
 import os
 import platform
-import signal
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -34,78 +30,19 @@ import requests
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-CLI = [sys.executable, "-m", "gpulayer.cli"]
+from gpulayer.testing import ControlPlaneProcess, TimedOut, wait_for  # noqa: E402
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def start_workers(fleet: ControlPlaneProcess) -> None:
+    """Two workers (--gpus 0, each its own --state-dir) as subprocesses; returns once both are online."""
+    for name in ("w1", "w2"):
+        fleet.start_worker(name, wait=False, parallel=None, gpus=0)
+    fleet.wait_workers_online(2)
 
 
-def env(**extra) -> dict:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("GPULAYER_")}
-    clean["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), clean.get("PYTHONPATH")]))
-    return {**clean, **extra}
-
-
-def wait_for(predicate, timeout: float, what: str, every: float = 0.005):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise SystemExit(f"bench_services: timed out waiting for {what}")
-        time.sleep(every)
-
-
-class Fleet:
-    """One server and two workers as subprocesses in a temporary directory."""
-
-    def __init__(self, root: Path, heartbeat_interval: float):
-        self.root, self.procs = root, []
-        home = root / "home"
-        tokens = json.loads(subprocess.run([*CLI, "server", "init", "--home", str(home), "--json"], env=env(),
-                                           capture_output=True, text=True, check=True).stdout)
-        self.token = tokens["client_token"]
-        port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        self._spawn("server", [*CLI, "server", "start", "--home", str(home), "--port", str(port),
-                               "--heartbeat-interval", str(heartbeat_interval)], env())
-        wait_for(self._healthy, 30, "the control plane")
-        for name in ("w1", "w2"):
-            self._spawn(name, [*CLI, "--url", self.url, "worker", "start", "--name", name, "--gpus", "0",
-                               "--state-dir", str(root / name)],
-                        env(GPULAYER_JOIN_TOKEN=tokens["join_token"], GPULAYER_ARTIFACT_CACHE=str(root / f"{name}-cache")))
-        wait_for(lambda: len(self.online()) == 2, 30, "two workers online", every=0.1)
-
-    def _spawn(self, name, argv, environment):
-        log = open(self.root / f"{name}.log", "w")
-        self.procs.append(subprocess.Popen(argv, env=environment, stdout=log, stderr=subprocess.STDOUT))
-
-    def _healthy(self) -> bool:
-        try:
-            return requests.get(f"{self.url}/v1/health", timeout=1).ok
-        except requests.RequestException:
-            return False
-
-    def online(self) -> list:
-        answer = requests.get(f"{self.url}/v1/workers", headers={"Authorization": f"Bearer {self.token}"}, timeout=5)
-        return [w for w in answer.json()["workers"] if w["state"] == "online"]
-
-    def idle(self) -> bool:
-        return all(w.get("free", {}).get("slots", w.get("free_slots", 1)) >= 1 for w in self.online())
-
-    def stop(self) -> None:
-        for proc in reversed(self.procs):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in reversed(self.procs):
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+def idle(fleet: ControlPlaneProcess) -> bool:
+    online = [w for w in fleet.get_json("/v1/workers")["workers"] if w["state"] == "online"]
+    return all(w.get("free", {}).get("slots", w.get("free_slots", 1)) >= 1 for w in online)
 
 
 def phases(job) -> dict:
@@ -119,21 +56,21 @@ def phases(job) -> dict:
             "reported_s": last("task_reported", lambda e: e["data"].get("endpoint"))}
 
 
-def one_run(client, fleet: Fleet) -> dict:
+def one_run(client, fleet: ControlPlaneProcess) -> dict:
     import gpulayer as gl
 
     spec = gl.service([sys.executable, "-m", "http.server", "--bind", "127.0.0.1"], replicas=2)
     spec["command"] = ["sh", "-c", f'exec {sys.executable} -m http.server --bind 127.0.0.1 "$PORT"']
-    wait_for(fleet.idle, 30, "idle workers", every=0.05)
+    wait_for(lambda: idle(fleet), 30, "idle workers")
     began = time.perf_counter()
     job = client.submit(spec)
     endpoints = wait_for(lambda: (lambda a: a["ready"] and a["endpoints"])(
-        client.call("GET", f"/jobs/{job.id}/endpoints")), 60, "both endpoints")
+        client.call("GET", f"/jobs/{job.id}/endpoints")), 60, "both endpoints", interval=0.005)
     ready = time.perf_counter() - began
     answered = all(requests.get(f"http://{e}/", timeout=5).ok for e in endpoints)
     job.cancel()
     wait_for(lambda: all(t["state"] not in ("assigned", "running") for t in job.info()["tasks"]), 30,
-             "both replicas to stop", every=0.05)
+             "both replicas to stop")
     return {"ready_s": ready, "answered": answered, **phases(job)}
 
 
@@ -145,14 +82,14 @@ def main() -> int:
     args = parser.parse_args()
     import gpulayer as gl
 
-    with tempfile.TemporaryDirectory(prefix="bench-services-") as tmp:
-        fleet = Fleet(Path(tmp), args.heartbeat_interval)
-        try:
-            client = gl.connect(url=fleet.url, token=fleet.token)
+    try:
+        with ControlPlaneProcess(heartbeat_interval=args.heartbeat_interval) as fleet:
+            start_workers(fleet)
+            client = gl.connect(url=fleet.url, token=fleet.client_token)
             one_run(client, fleet)  # warm-up: imports, page cache
             runs = [one_run(client, fleet) for _ in range(args.runs)]
-        finally:
-            fleet.stop()
+    except TimedOut as exc:
+        raise SystemExit(f"bench_services: {exc}")
     ready = [r["ready_s"] for r in runs]
     result = {
         "runs": runs, "median_ready_s": statistics.median(ready), "min_ready_s": min(ready), "max_ready_s": max(ready),

@@ -25,11 +25,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import signal
 import sqlite3
-import subprocess
 import sys
 import tempfile
 import time
@@ -89,20 +87,11 @@ def run_slurm(name: str, n: int, extra: list[str]) -> dict:
 def run_gpulayer(n: int) -> dict:
     stamps = Path(tempfile.mkdtemp(prefix="bench-gpulayer-"))
     with benchlib.Server() as srv:
-        env = {**os.environ, "GPULAYER_URL": srv.url, "GPULAYER_JOIN_TOKEN": srv.tokens["join_token"]}
-        log = open(srv.home / "worker.log", "wb")
-        worker = subprocess.Popen(benchlib.gpulayer_cmd() + ["worker", "start", "--parallel", "2", "--name", "bench",
-                                                             "--state-dir", str(srv.home / "worker")],
-                                  env=env, stdout=log, stderr=subprocess.STDOUT)
+        worker = srv.start_worker("bench", parallel=2)
         try:
             s = benchlib.session(srv.verify)
             headers = srv.client_headers()
-            deadline = time.monotonic() + 30
-            while not any(w["state"] == "online" for w in s.get(srv.url + "/v1/workers", headers=headers).json()["workers"]):
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the worker did not come online")
-                time.sleep(0.05)
-            db = sqlite3.connect(f"file:{srv.home / 'state.db'}?mode=ro", uri=True)
+            db = sqlite3.connect(f"file:{srv.state}?mode=ro", uri=True)
             submitted: dict[int, float] = {}
             first = time.time()
             for i in range(n):
@@ -119,16 +108,7 @@ def run_gpulayer(n: int) -> dict:
                 raise RuntimeError(f"{failed} GPUlayer jobs did not succeed")
             return result("GPUlayer, 1 worker --parallel 2", n, wall, latencies(stamps, submitted))
         finally:
-            benchlib_stop(worker)
-            log.close()
-
-
-def benchlib_stop(proc) -> None:
-    proc.terminate()
-    try:
-        proc.wait(20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+            worker.stop()
 
 
 def markdown(runs: list[dict], args, machine: str) -> str:

@@ -1,24 +1,20 @@
 """Shared helpers of the benchmark scripts: percentiles, tables, machine facts, a real server.
 
-`Server` starts `gpulayer server start` as a subprocess on a free loopback port
-with a temporary home (initialised with `gpulayer server init --json`), over
-plain HTTP or TLS (certificates from gpulayer.certs.ensure_tls), and stops it
-with SIGTERM. Nothing here imports the server into the benchmark process.
+`Server` is gpulayer.testing's ControlPlaneProcess (`gpulayer server start` as a
+subprocess on a free loopback port, a temporary home, plain HTTP or TLS) with
+--synchronous set. Nothing here imports the server into the benchmark process.
 """
 from __future__ import annotations
 
 import json
 import os
 import platform
-import shutil
-import signal
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from gpulayer.testing import ControlPlaneProcess  # noqa: E402
 
 PROTOCOL_HEADER = {"X-GpuLayer-Protocol": "1"}
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -114,89 +110,14 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+class Server(ControlPlaneProcess):
+    """A real control plane subprocess with a temporary home (gpulayer.testing); use as a context manager."""
 
-
-def gpulayer_cmd() -> list[str]:
-    """How to run the CLI: the installed entry point, else `python -m gpulayer.cli`."""
-    exe = shutil.which("gpulayer")
-    return [exe] if exe else [sys.executable, "-c", "from gpulayer.cli import main; main()"]
-
-
-class Server:
-    """A real control plane subprocess with a temporary home; use as a context manager."""
-
-    def __init__(self, *, tls: bool = False, synchronous: str = "normal", extra_args: list[str] = (),
-                 keep_home: bool = False, log_path: Path | None = None):
-        self.tls = tls
-        self.synchronous = synchronous
-        self.extra_args = list(extra_args)
-        self.keep_home = keep_home
-        self.home = Path(tempfile.mkdtemp(prefix="gpulayer-bench-"))
-        self.port = free_port()
-        self.proc: subprocess.Popen | None = None
-        self.tokens: dict = {}
-        self.ca: str | None = None
-        self.log_path = log_path or self.home / "server.log"
-
-    @property
-    def url(self) -> str:
-        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
-
-    @property
-    def verify(self):
-        return self.ca if self.tls else True
-
-    def __enter__(self) -> "Server":
-        out = subprocess.run(gpulayer_cmd() + ["server", "init", "--json", "--home", str(self.home)],
-                             check=True, capture_output=True, text=True)
-        self.tokens = json.loads(out.stdout)
-        args = gpulayer_cmd() + ["server", "start", "--home", str(self.home), "--port", str(self.port),
-                                 "--synchronous", self.synchronous, *self.extra_args]
-        if self.tls:
-            from gpulayer.certs import ensure_tls
-            paths = ensure_tls(self.home)
-            self.ca = str(paths["ca"])
-            args += ["--tls-cert", str(paths["cert"]), "--tls-key", str(paths["key"])]
-        self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT)
-        self._wait_healthy()
-        return self
-
-    def _wait_healthy(self, timeout_s: float = 30.0) -> None:
-        import requests
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited {self.proc.returncode}: {self.log_path.read_text()[-2000:]}")
-            try:
-                if requests.get(self.url + "/v1/health", verify=self.verify, timeout=1).ok:
-                    return
-            except requests.RequestException:
-                pass
-            time.sleep(0.05)
-        raise RuntimeError("server did not become healthy")
-
-    def __exit__(self, *exc) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if getattr(self, "_log", None):
-            self._log.close()
-        if not self.keep_home:
-            shutil.rmtree(self.home, ignore_errors=True)
-
-    # helpers for load generators --------------------------------------------
+    def __init__(self, *, tls: bool = False, synchronous: str = "normal", extra_args: list[str] = ()):
+        super().__init__(tls=tls, args=["--synchronous", synchronous, *extra_args])
 
     def client_headers(self) -> dict:
-        return {"Authorization": f"Bearer {self.tokens['client_token']}"}
+        return self.headers()
 
 
 def session(url_verify=True):
