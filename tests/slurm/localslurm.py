@@ -16,6 +16,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from gpulayer.testing import free_port
+
 PACKAGES = ("slurmctld", "slurmd", "slurm-client")
 BINARIES = ("slurmctld", "slurmd", "sbatch", "squeue", "scancel", "sinfo")
 
@@ -49,12 +51,6 @@ def memory_mb() -> int:
     return 1024
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class LocalSlurm:
     """One slurmctld + one slurmd on this machine; `extra` lines are appended to slurm.conf."""
 
@@ -80,8 +76,8 @@ class LocalSlurm:
             f"SlurmctldHost={self.host}(127.0.0.1)",
             "SlurmUser=root",
             "SlurmdUser=root",
-            f"SlurmctldPort={_free_port()}",
-            f"SlurmdPort={_free_port()}",
+            f"SlurmctldPort={free_port()}",
+            f"SlurmdPort={free_port()}",
             "AuthType=auth/none",
             "CredType=cred/none",
             "ProctrackType=proctrack/linuxproc",

@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -15,26 +13,16 @@ from gpulayer import client as gl
 from gpulayer.auth import init_home
 from gpulayer.config import ControlPlaneConfig
 from gpulayer.server import ControlPlane
+from gpulayer.testing import free_port, run_cli, wait_for
 
 # Slurm runs the batch job with --export=NONE: the prerun line is what puts `gpulayer` on its PATH,
 # as `source venv/bin/activate` would on a real cluster.
 BIN = str(Path(sys.executable).parent)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(predicate, timeout: float, what: str, logs=lambda: ""):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}\n{logs()}")
+def wait(predicate, timeout: float, what: str, logs=None):
+    """wait_for at Slurm's pace (every 0.2 s: each try may run squeue), failing with `logs()`."""
+    return wait_for(predicate, timeout, what, interval=0.2, details=logs)
 
 
 @pytest.fixture
@@ -78,14 +66,14 @@ def test_a_label_only_slurm_offers_gets_a_worker_that_runs_the_job_and_leaves(pl
                                  "prerun": [f"export PATH={BIN}:$PATH"]}])
     job = client.submit({"command": ["sh", "-c", "echo hello from $SLURM_JOB_ID"],
                          "labels": {"pool": "slurm-only"}})
-    req = wait_for(lambda: (r := request_of(client, "cpu")) and r["slurm_job_id"] and r, 20,
+    req = wait(lambda: (r := request_of(client, "cpu")) and r["slurm_job_id"] and r, 20,
                    "a Slurm job to be submitted", slurm.logs)
     job_id = req["slurm_job_id"]
     logs = lambda: f"{output_of(cp, job_id)}\n{slurm.logs()}"  # noqa: E731
-    attached = wait_for(lambda: (r := request_of(client, "cpu"))["state"] == "attached" and r, 60,
+    attached = wait(lambda: (r := request_of(client, "cpu"))["state"] == "attached" and r, 60,
                         "the worker to attach", logs)
     assert attached["worker_name"] == f"local-cpu-{attached['id']}"
-    done = wait_for(lambda: (j := client.call("GET", f"/jobs/{job.id}"))["state"] in
+    done = wait(lambda: (j := client.call("GET", f"/jobs/{job.id}"))["state"] in
                     ("succeeded", "failed", "lost") and j, 60, "the job to finish", logs)
     assert done["state"] == "succeeded", done
     lines = [line["text"] for line in client.call("GET", f"/jobs/{job.id}/logs")["lines"]]
@@ -95,7 +83,7 @@ def test_a_label_only_slurm_offers_gets_a_worker_that_runs_the_job_and_leaves(pl
                   if w["id"] == attached["worker_id"])
     assert worker["labels"] == {"pool": "slurm-only"} and worker["resources"]["cpus"] == 1   # the allocation's
     # Idle for max_idle_s (3 s), the worker leaves and its Slurm job ends.
-    wait_for(lambda: slurm_state(slurm, job_id) in ("COMPLETED", "GONE"), 60, "the Slurm job to complete", logs)
+    wait(lambda: slurm_state(slurm, job_id) in ("COMPLETED", "GONE"), 60, "the Slurm job to complete", logs)
     assert slurm_state(slurm, job_id) == "COMPLETED", logs()
     gone = next(w for w in client.call("GET", "/workers", params={"all": "true"})["workers"]
                 if w["id"] == attached["worker_id"])
@@ -107,9 +95,7 @@ def test_a_label_only_slurm_offers_gets_a_worker_that_runs_the_job_and_leaves(pl
     assert not list((cp.config.layout.home / "provisioner").glob("*.sh"))   # the token left with the script
     assert stat_mode(cp.config.layout.home / "provisioner") == 0o700
 
-    cli = subprocess.run([sys.executable, "-m", "gpulayer.cli", "--url", cp.url, "--token", tokens["client_token"],
-                          "worker", "list"], capture_output=True, text=True, timeout=60,
-                         env={k: v for k, v in os.environ.items() if not k.startswith("GPULAYER_")})
+    cli = run_cli("--url", cp.url, "--token", tokens["client_token"], "worker", "list", timeout=60)
     assert cli.returncode == 0, cli.stderr
     assert "Provisioning (Slurm): local [cpu]" in cli.stdout
     [line] = [ln for ln in cli.stdout.splitlines() if ln.startswith(str(attached["id"]) + " ") and "local" in ln]
@@ -129,17 +115,17 @@ def test_a_job_that_cannot_attach_is_failed_or_cancelled_with_the_error_visible(
     client.submit({"command": ["true"], "labels": {"pool": "stuck"}})
 
     # A prerun that fails ends the Slurm job: the request fails at once, with the job's own words.
-    broken = wait_for(lambda: (r := request_of(client, "broken")) and r["state"] == "failed" and r, 30,
+    broken = wait(lambda: (r := request_of(client, "broken")) and r["state"] == "failed" and r, 30,
                       "the broken request to fail", slurm.logs)
     assert f"Slurm job {broken['slurm_job_id']} ended (FAILED) before its worker attached" in broken["last_error"]
     assert "exited with status 1: false" in broken["last_error"]
 
     # A job that runs but never attaches is scancel'd after provision_timeout_s.
-    stuck = wait_for(lambda: (r := request_of(client, "stuck")) and r["state"] == "cancelled" and r, 30,
+    stuck = wait(lambda: (r := request_of(client, "stuck")) and r["state"] == "cancelled" and r, 30,
                      "the stuck request to be cancelled", slurm.logs)
     assert "did not attach within provision_timeout_s (4 s)" in stuck["last_error"]
     assert stuck["updated_at"] - stuck["created_at"] >= 4
-    wait_for(lambda: slurm_state(slurm, stuck["slurm_job_id"]) in ("CANCELLED", "GONE"), 30,
+    wait(lambda: slurm_state(slurm, stuck["slurm_job_id"]) in ("CANCELLED", "GONE"), 30,
              "scancel to take effect", slurm.logs)
 
     # The same is in the state file, and neither token can join any more.
