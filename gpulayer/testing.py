@@ -141,7 +141,7 @@ def _loopback(host: str) -> bool:
 class ChildProcess:
     """One child process whose output goes to `log_path`: start, stop, kill, pause, resume."""
 
-    name = "process"
+    label = "process"  # in messages
 
     def __init__(self, log_path: Path):
         self.log_path = Path(log_path)
@@ -150,7 +150,7 @@ class ChildProcess:
 
     def _spawn(self, argv: list[str], env: dict, cwd: Path, mode: str = "w") -> None:
         if self.running:
-            raise RuntimeError(f"{self.name} is already running (pid {self.proc.pid})")
+            raise RuntimeError(f"{self.label} is already running (pid {self.proc.pid})")
         self._log = open(self.log_path, mode)
         self.proc = subprocess.Popen(argv, env=env, stdout=self._log, stderr=subprocess.STDOUT, cwd=cwd)
 
@@ -200,7 +200,7 @@ class ChildProcess:
     def check_alive(self) -> None:
         """Raises ProcessExited, with its log tail, when it has exited."""
         if self.proc is not None and self.proc.poll() is not None:
-            raise ProcessExited(f"{self.name} exited with {self.proc.returncode}:\n{self.log(4000)}")
+            raise ProcessExited(f"{self.label} exited with {self.proc.returncode}:\n{self.log(4000)}")
 
     def _close_log(self) -> None:
         if self._log is not None:
@@ -224,6 +224,7 @@ class WorkerProcess(ChildProcess):
         self.root = Path(root)
         super().__init__(self.root / f"{name}.log")
         self.url, self.join_token, self.name = url, join_token, name
+        self.label = f"worker {name}"
         self.state_dir = Path(state_dir) if state_dir else self.root / name
         command = [*CLI, "--url", url, *(["--ca-file", str(ca_file)] if ca_file else []), "worker", "start",
                    "--name", name, "--state-dir", str(self.state_dir)]
@@ -254,7 +255,7 @@ class ControlPlaneProcess(ChildProcess):
     and close().
     """
 
-    name = "the control plane"
+    label = "the control plane"
 
     def __init__(self, root: str | Path | None = None, *, host: str = "127.0.0.1", port: int = 0, tls: bool = False,
                  heartbeat_interval: float | None = None, lease_ttl: float | None = None, args: list[str] = (),

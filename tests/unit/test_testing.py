@@ -27,7 +27,7 @@ def test_a_control_plane_starts_answers_runs_a_job_on_a_worker_and_stops_cleanly
 
 def test_a_worker_that_exits_fails_the_wait_with_its_log(tmp_path):
     with ControlPlaneProcess(tmp_path) as plane:
-        with pytest.raises(ProcessExited, match="w-bad exited"):
+        with pytest.raises(ProcessExited, match="worker w-bad exited"):
             plane.start_worker("w-bad", join_token="glj_not-a-token", timeout=20)
 
 
