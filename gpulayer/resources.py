@@ -226,7 +226,10 @@ class Artifact(Resource):
         principal = req.context.principal
         if principal.kind == "worker" and not self.store.read(self.deps.worker_holds_task, principal.worker_id):
             raise Forbidden("a worker uploads only while it holds a task")
-        size = self.deps.artifacts.put(digest, req.bounded_stream, req.content_length)
+        # Without Content-Length (Transfer-Encoding: chunked) the server's input stream ends
+        # with the last chunk; falcon's bounded stream would read nothing at all.
+        stream = req.bounded_stream if req.content_length is not None else req.stream
+        size = self.deps.artifacts.put(digest, stream, req.content_length)
         self.deps.record_artifact(digest, size)
         resp.status = falcon.HTTP_201
         resp.media = {"digest": digest, "size": size}
