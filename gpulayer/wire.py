@@ -20,7 +20,8 @@ def read_json(req, *, limit: int = MAX_JSON_BODY, allow_empty: bool = False) -> 
     length = req.content_length
     if length is not None and length > limit:
         raise BodyTooLarge(f"request body of {length} bytes is over the limit of {limit}")
-    raw = req.bounded_stream.read(limit + 1)
+    # A chunked body has no Content-Length: read the server's stream, which ends with the last chunk.
+    raw = (req.bounded_stream if length is not None else req.stream).read(limit + 1)
     if len(raw) > limit:
         raise BodyTooLarge(f"request body is over the limit of {limit} bytes")
     if not raw.strip():

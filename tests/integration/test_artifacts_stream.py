@@ -67,3 +67,12 @@ def test_a_wrong_digest_stores_nothing_even_when_large(server):
     assert put.status_code == 400 and put.json()["error"]["code"] == "digest_mismatch"
     assert server.request("HEAD", f"/v1/artifacts/{name}").status_code == 404
     assert not list((server.home / "artifacts" / "tmp").iterdir())
+
+
+def test_a_chunked_json_body_is_read(server):
+    def body():
+        yield b'{"command": '
+        yield b'["true"]}'
+    r = server.request("POST", "/v1/jobs", data=body(), headers={"Content-Type": "application/json"})
+    assert r.status_code == 201, r.text
+    assert r.json()["spec"]["command"] == ["true"]
