@@ -64,3 +64,18 @@ def finish_leftovers(conn, worker_id: int, reason: str, now: float) -> int:
         outcomes.settle(conn, now, task["job_id"], task["attempt"],
                         {"id": task["id"], "state": "lost", "reason": reason, "exit_code": None})
     return len(held)
+
+
+def grace_after_restart(conn, now: float, lease_ttl_s: float) -> dict:
+    """At start-up: no lease expires within one TTL of now, because the server, not the workers, was away.
+
+    Without this, a control plane down for longer than the TTL (an upgrade, a
+    crash) would lose, and retry, every task on workers that never stopped.
+    """
+    until = now + lease_ttl_s
+    tasks = rows(conn, "grace_task_leases", until=until)
+    workers = rows(conn, "grace_worker_leases", until=until)
+    if tasks or workers:
+        events.record(conn, now, "leases_extended", reason="server_started", tasks=len(tasks),
+                      workers=len(workers), until=until)
+    return {"tasks": len(tasks), "workers": len(workers)}

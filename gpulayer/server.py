@@ -15,7 +15,7 @@ from pathlib import Path
 
 import apsw
 
-from . import provisioner, retention
+from . import leases, provisioner, retention
 from .app import create_app, new_deps, with_explorer
 from .auth import init_home, rotate_join_token  # noqa: F401 - the CLI imports them from here
 from .config import ControlPlaneConfig
@@ -84,6 +84,7 @@ class ControlPlane:
         self.deps = new_deps(self.config, clock=self.clock, ca_file=ca if self.config.tls_cert and ca.exists() else None)
         self.deps.provisioners = self.provisioners
         self.deps.store.write(lambda conn: row(conn, "clear_needs_upgrade", name=None, reason="server_restarted"))
+        self.deps.store.write(leases.grace_after_restart, self.clock(), self.config.lease_ttl_s)
         app = with_explorer(create_app(self.deps), self.deps, secure_cookies=bool(self.config.tls_cert))
         self.http = HTTPServer(app, self.config.host, self.config.port,
                                certfile=str(self.config.tls_cert) if self.config.tls_cert else None,

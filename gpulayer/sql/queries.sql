@@ -618,3 +618,16 @@ SELECT count(*) AS n FROM sqlite_schema;
 -- name: count_jobs --
 -- Jobs in a state file (a backup reports what it holds).
 SELECT count(*) AS n FROM jobs;
+
+-- name: grace_task_leases --
+-- After the control plane was down, live task leases run at least until :until,
+-- so workers that kept running get a heartbeat interval or two to report in.
+UPDATE tasks SET lease_expires_at = max(lease_expires_at, :until)
+WHERE state IN ('assigned', 'running') AND lease_expires_at < :until
+RETURNING id;
+
+-- name: grace_worker_leases --
+-- The same grace for the leases of online workers.
+UPDATE workers SET lease_expires_at = max(coalesce(lease_expires_at, 0), :until)
+WHERE state = 'online' AND coalesce(lease_expires_at, 0) < :until
+RETURNING id;
