@@ -76,11 +76,12 @@ def _render(conn, job: dict) -> dict:
 
 
 def waiting_reason(conn, job: dict) -> str | None:
-    """Why a queued job is not placed (no worker with its labels, size, secrets' labels); None otherwise."""
+    """Why a queued job is not placed: what no online worker has (labels, size, secrets' labels), else
+    that the workers that fit are busy; None when a worker could take it now."""
     if job["state"] != "queued":
         return None
     found = row(conn, "job_waiting_reason", job_id=job["id"])
-    return found["reason"] if found else None
+    return (found["reason"] or found["busy"]) if found else None
 
 
 def listing(conn, state: str | None, limit: int, before: int | None) -> list[dict]:

@@ -576,8 +576,9 @@ FROM provision_requests p LEFT JOIN workers w ON w.id = p.worker_id
 ORDER BY p.id DESC LIMIT :limit;
 
 -- name: job_waiting_reason --
--- Why a queued job is not placed: the first thing no online worker has (labels, accelerator or
--- size, a join token with its secrets' labels, a secret that is set); NULL when a worker fits.
+-- Why a queued job is not placed: `reason`, the first thing no online worker has (labels,
+-- accelerator or size, a join token with its secrets' labels, a secret that is set); else `busy`
+-- when the workers that fit have no room now; both NULL when a worker could take it now.
 WITH j AS (SELECT * FROM jobs WHERE id = :job_id AND state = 'queued'),
 online AS (SELECT * FROM workers WHERE state = 'online'),
 labelled AS (
@@ -608,7 +609,16 @@ SELECT CASE
                                 WHERE NOT EXISTS (SELECT 1 FROM json_each(f.token_labels) tl
                                                   WHERE tl.key = sl.key AND tl.value = sl.value)))
           ORDER BY n.name LIMIT 1)
-END AS reason
+END AS reason,
+-- Everything fits somewhere, but is anything free now? (A gang needs `width` such workers at once.)
+CASE WHEN (SELECT count(*) FROM worker_load wl, fitting f
+           WHERE wl.worker_id = f.id AND wl.free_slots > 0 AND wl.free_gpus >= j.gpus
+             AND wl.free_cpus >= j.cpus AND wl.free_memory_mb >= j.memory_mb)
+          < CASE WHEN j.gang = 1 THEN j.width ELSE 1 END
+     THEN printf('waiting for capacity: the online workers that fit are busy (%s free at once)',
+                 CASE WHEN j.gang = 1 THEN j.width || ' workers' ELSE 'one worker' END || ' with '
+                 || j.gpus || ' GPUs, ' || j.cpus || ' CPUs, ' || j.memory_mb || ' MB and a free slot needed')
+END AS busy
 FROM j;
 
 -- name: schema_objects --

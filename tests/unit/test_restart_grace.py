@@ -19,3 +19,4 @@ def test_leases_are_extended_at_start_so_running_tasks_survive_a_long_outage(sch
     assert hb["cancel_task_ids"] == []
     clock.advance(sched.config.lease_ttl_s + 1)  # but a worker that does not come back is lost as usual
     assert sched.expire()["tasks_lost"] == 1
+
