@@ -58,6 +58,11 @@ def depart(conn, worker_id: int, reason: str, now: float) -> int:
     """The worker is gone for good (deregistered or revoked); returns how many tasks it left."""
     if row(conn, "worker_gone", worker_id=worker_id, reason=reason) is None:
         return 0
+    if reason == "deregistered":
+        for task in rows(conn, "requeue_never_started", worker_id=worker_id):
+            row(conn, "requeue_job_if_idle", job_id=task["job_id"])
+            events.record(conn, now, "task_requeued", job_id=task["job_id"], task_id=task["id"],
+                          worker_id=worker_id, reason="never_started")
     task_reason = "worker_revoked" if reason == "revoked" else "worker_lost"
     left = leases.finish_leftovers(conn, worker_id, task_reason, now)
     events.record(conn, now, "worker_gone", worker_id=worker_id, reason=reason, tasks_left=left)

@@ -641,3 +641,21 @@ RETURNING id;
 UPDATE workers SET lease_expires_at = max(coalesce(lease_expires_at, 0), :until)
 WHERE state = 'online' AND coalesce(lease_expires_at, 0) < :until
 RETURNING id;
+
+-- name: requeue_never_started --
+-- A worker that deregisters reported every task it launched first: those still only
+-- assigned never ran there and go back to the queue, same attempt (not for gangs,
+-- which are placed whole).
+UPDATE tasks
+SET state = 'queued', worker_id = NULL, gpu_indices = '[]', lease_expires_at = NULL, assigned_at = NULL,
+    address = NULL
+WHERE worker_id = :worker_id AND state = 'assigned'
+  AND job_id IN (SELECT id FROM jobs WHERE gang = 0)
+RETURNING id, job_id;
+
+-- name: requeue_job_if_idle --
+-- A running job whose tasks all went back to the queue is queued again.
+UPDATE jobs SET state = 'queued'
+WHERE id = :job_id AND state = 'running'
+  AND NOT EXISTS (SELECT 1 FROM tasks WHERE job_id = :job_id AND state IN ('assigned', 'running'))
+RETURNING id;

@@ -12,3 +12,4 @@ def test_a_job_waiting_for_a_busy_worker_says_so(sched):
     assert state_of(sched, first)["waiting_reason"] is None
     assert state_of(sched, second)["waiting_reason"].startswith("waiting for capacity")
     assert "1 GPUs" in state_of(sched, second)["waiting_reason"]
+
