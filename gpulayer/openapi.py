@@ -61,7 +61,10 @@ REQUEST_BODIES = {
     ("/v1/worker/tasks/{task_id}/finish", "post"): {"type": "object", "required": ["outcome"], "properties": {
         "exit_code": {"type": ["integer", "null"]},
         "outcome": {"enum": ["succeeded", "failed", "cancelled", "timed_out"]},
-        "outputs": STR_MAP, "reason": {"type": ["string", "null"]}}},
+        "outputs": STR_MAP, "reason": {"type": ["string", "null"]}, "next": {"type": "boolean"},
+        "lines": {"type": "array", "items": {"type": "object", "required": ["n", "text"], "properties": {
+            "n": INT, "stream": {"enum": ["stdout", "stderr", "system"]}, "text": {"type": "string"},
+            "at": NUM}}}}},
     ("/v1/tokens", "post"): {"type": "object", "required": ["name"], "additionalProperties": False, "properties": {
         "name": {"type": "string"}, "labels": STR_MAP, "expires_in_s": {"type": ["number", "null"]},
         "kind": {"enum": ["join", "metrics"]}}},

@@ -111,7 +111,11 @@ class WorkerTask(WorkerResource):
 
     def on_post_finish(self, req, resp, task_id):
         body = wire.finish(wire.read_json(req))
-        resp.media = {"accepted": self.sched.finish(self.worker_id(req), task_id, **body)}
+        want_next = body.pop("next")
+        answer = {"accepted": self.sched.finish(self.worker_id(req), task_id, **body)}
+        if want_next:  # the freed slot's next task in the same round trip, as acquire with wait_s 0
+            answer["task"] = self.sched.acquire(self.worker_id(req), 0)
+        resp.media = answer
         self.deps.logs_written()  # the job may have ended: its log followers stop waiting
 
 

@@ -121,7 +121,14 @@ def finish(body: dict) -> dict:
             "outputs": {relative_path(k, "outputs key"): digest(v, f"outputs.{k}", allow_none=False)
                         for k, v in outputs.items()},
             "reason": None if reason is None else _str(reason, "reason", limit=2048),
-            "lines": log_lines(body) if body.get("lines") is not None else []}
+            "lines": log_lines(body) if body.get("lines") is not None else [],
+            "next": _flag(body.get("next", False), "next")}
+
+
+def _flag(value, field: str) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidRequest(f"{field}: must be true or false")
+    return value
 
 
 def token_request(body: dict) -> dict:

@@ -53,3 +53,20 @@ def test_finish_carries_last_lines(api, client_h, worker):
     bad = api.simulate_post(f"/v1/worker/tasks/{task['task_id']}/finish", headers=wh,
                             json={"exit_code": 0, "outcome": "succeeded", "lines": [{"n": "x"}]})
     assert bad.status_code == 400
+
+
+def test_finish_with_next_hands_out_the_next_task(api, client_h, worker):
+    wid, wh = worker()
+    first = api.simulate_post("/v1/jobs", headers=client_h, json={"command": ["a"]}).json["id"]
+    second = api.simulate_post("/v1/jobs", headers=client_h, json={"command": ["b"]}).json["id"]
+    task = api.simulate_post("/v1/worker/acquire", headers=wh, json={}).json["task"]
+    assert task["job_id"] == first
+    api.simulate_post(f"/v1/worker/tasks/{task['task_id']}/start", headers=wh, json={})
+    r = api.simulate_post(f"/v1/worker/tasks/{task['task_id']}/finish", headers=wh,
+                          json={"exit_code": 0, "outcome": "succeeded", "next": True})
+    assert r.json["accepted"] is True and r.json["task"]["job_id"] == second
+    # the hand-out is an ordinary assignment: acquire repeats it until start
+    assert api.simulate_post("/v1/worker/acquire", headers=wh, json={}).json["task"]["job_id"] == second
+    bad = api.simulate_post(f"/v1/worker/tasks/{r.json['task']['task_id']}/finish", headers=wh,
+                            json={"exit_code": 0, "outcome": "succeeded", "next": "yes"})
+    assert bad.status_code == 400
