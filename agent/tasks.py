@@ -12,6 +12,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from .bundle import place_file, unpack_bundle
 from .cache import ArtifactCache
@@ -47,6 +48,9 @@ class TaskContext:
     fatal: list[AgentError] = field(default_factory=list)
     #: Where running process groups are recorded, for the next agent to kill if this one is killed.
     running: RunningTasks | None = None
+    #: Whether a finish should ask for the freed slot's next task (``next``), and who launches it.
+    want_next: Callable[[], bool] = lambda: False
+    hand_over: Callable[[dict], None] | None = None
 
 
 @dataclass
@@ -259,7 +263,8 @@ class TaskRunner:
         summary = f"finished: {result.outcome}" + (f" (exit code {result.exit_code})" if result.exit_code is not None else "")
         self.shipper.system(summary + (f": {result.reason}" if result.reason and result.outcome != "succeeded" else ""))
         tail = self.shipper.close_keeping_tail(self.ctx.transport.give_up_at)
-        body = {"exit_code": result.exit_code, "outcome": result.outcome, "outputs": outputs, "lines": tail}
+        body = {"exit_code": result.exit_code, "outcome": result.outcome, "outputs": outputs, "lines": tail,
+                "next": self.ctx.hand_over is not None and self.ctx.want_next()}
         if result.reason:
             body["reason"] = result.reason
         self._send_finish(body)
@@ -276,6 +281,8 @@ class TaskRunner:
             self.ctx.fatal.append(exc)
             return
         accepted = bool(answer.get("accepted"))
+        if answer.get("task") and self.ctx.hand_over is not None:
+            self.ctx.hand_over(answer["task"])
         log_event("task_finished", task_id=self.task_id, outcome=body["outcome"], exit_code=body["exit_code"], accepted=accepted)
         if not accepted:
             log_event("task_result_late", task_id=self.task_id, outcome=body["outcome"])

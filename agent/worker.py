@@ -232,6 +232,8 @@ class Worker:
             keep_task_dirs=config.keep_task_dirs,
             fatal=self.fatal,
             running=RunningTasks(state_dir),
+            want_next=lambda: not self.stopping.is_set(),
+            hand_over=self._handed_over,
         )
 
     # -- the three loops ---------------------------------------------------
@@ -341,13 +343,22 @@ class Worker:
             return
         self._launch(task).start_sent.wait(0.5)
 
+    def _handed_over(self, task: dict) -> None:
+        """The next task a finish brought back: launch it (a stopping worker leaves it; deregister requeues it)."""
+        if not self.stopping.is_set():
+            self._launch(task)
+
     def _launch(self, task: dict) -> TaskHandle:
+        """Start the task's runner once, whoever asks first (acquire loop or a finish)."""
         task_id = int(task["task_id"])
-        handle = TaskHandle(task_id)
-        handle.on_change = self.beat_now.set
-        runner = TaskRunner(task, self.ctx, handle)
-        thread = threading.Thread(target=self._run_task, args=(runner,), name=f"task-{task_id}", daemon=True)
         with self.lock:
+            known = self.handles.get(task_id)
+            if known is not None:
+                return known
+            handle = TaskHandle(task_id)
+            handle.on_change = self.beat_now.set
+            runner = TaskRunner(task, self.ctx, handle)
+            thread = threading.Thread(target=self._run_task, args=(runner,), name=f"task-{task_id}", daemon=True)
             self.handles[task_id] = handle
             self.threads[task_id] = thread
         thread.start()

@@ -246,3 +246,27 @@ def test_rank_dropped_quietly_when_its_gang_is_replaced_during_rendezvous(plane,
             time.sleep(0.05)
     assert "task_dropped task_id=30" in caplog.text and "task_agent_error" not in caplog.text, caplog.text
     assert 30 not in plane.finishes and plane.log_texts(30, "stdout") == []
+
+
+
+def test_launch_is_once_per_task_whoever_asks(monkeypatch):
+    """The acquire loop and a finish's hand-over may bring the same assignment: one runner only."""
+    import threading
+
+    import agent.worker as module
+
+    class Runner:
+        def __init__(self, task, ctx, handle):
+            self.task_id = handle.task_id
+
+    monkeypatch.setattr(module, "TaskRunner", Runner)
+    worker = module.Worker.__new__(module.Worker)  # only the launch bookkeeping, no control plane
+    worker.lock, worker.handles, worker.threads = threading.Lock(), {}, {}
+    worker.ctx, worker.beat_now = None, threading.Event()
+    started = []
+    worker._run_task = lambda runner: started.append(runner.task_id)
+    first = worker._launch({"task_id": 7})
+    assert worker._launch({"task_id": 7}) is first
+    for thread in worker.threads.values():
+        thread.join(5)
+    assert started == [7]
