@@ -39,8 +39,12 @@ def _worker_headers(token: str) -> dict:
 
 # -- load processes ----------------------------------------------------------
 
-def _cycle_proc(url, verify, join_token, threads, duration, start_at, out, name):
-    """One load process: `threads` simulated workers doing acquire -> start -> finish."""
+def _cycle_proc(url, verify, join_token, threads, duration, start_at, out, name, finish_next=False):
+    """One load process: `threads` simulated workers doing acquire -> start -> finish.
+
+    With `finish_next`, finish asks for the next task (`next: true`), as the agent does, and
+    acquire is called only when a finish brought none back (its time counts in the cycle then).
+    """
     sessions, tokens = [], []
     for i in range(threads):
         s = benchlib.LeanSession(url, verify)
@@ -59,23 +63,28 @@ def _cycle_proc(url, verify, join_token, threads, duration, start_at, out, name)
         while time.time() < start_at:
             time.sleep(0.001)
         end = start_at + duration
+        handed = None
         try:
             while time.time() < end:
                 t0 = clock()
-                r = s.post(url + "/v1/worker/acquire", json={"wait_s": 0}, headers=hdr, timeout=30)
+                task = handed
+                if task is None:
+                    r = s.post(url + "/v1/worker/acquire", json={"wait_s": 0}, headers=hdr, timeout=30)
+                    r.raise_for_status()
+                    task = r.json()["task"]
                 t1 = clock()
-                r.raise_for_status()
-                task = r.json()["task"]
                 if task is None:
                     break
                 tid = task["task_id"]
                 r = s.post(f"{url}/v1/worker/tasks/{tid}/start", json={"pid": 1}, headers=hdr, timeout=30)
                 t2 = clock()
                 r.raise_for_status()
-                r = s.post(f"{url}/v1/worker/tasks/{tid}/finish", json={"exit_code": 0, "outcome": "succeeded"},
+                r = s.post(f"{url}/v1/worker/tasks/{tid}/finish",
+                           json={"exit_code": 0, "outcome": "succeeded", "next": finish_next},
                            headers=hdr, timeout=30)
                 t3 = clock()
                 r.raise_for_status()
+                handed = r.json().get("task") if finish_next else None
                 mine["acquire"].append(t1 - t0)
                 mine["start"].append(t2 - t1)
                 mine["finish"].append(t3 - t2)
@@ -175,7 +184,7 @@ def run_cycles(args, tls: bool) -> dict:
         out = ctx.Queue()
         start_at = time.time() + 2.0 + 0.3 * args.threads
         procs = [ctx.Process(target=_cycle_proc, args=(srv.url, srv.verify, srv.tokens["join_token"], args.threads,
-                                                       args.duration, start_at, out, f"p{p}"))
+                                                       args.duration, start_at, out, f"p{p}", args.finish_next))
                  for p in range(args.procs)]
         for p in procs:
             p.start()
@@ -291,6 +300,8 @@ def main(argv=None) -> int:
     p.add_argument("--synchronous", default="normal", choices=["normal", "full"])
     p.add_argument("--profile", action="store_true", help="py-spy the server (raw stacks into --profile-dir)")
     p.add_argument("--profile-dir", default="/tmp/gpulayer-bench-profile")
+    p.add_argument("--finish-next", action="store_true",
+                   help="finish asks for the next task (`next: true`, as the agent does): 2 requests per cycle")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
 
