@@ -177,28 +177,38 @@ def submit_jobs(srv, n: int, threads: int = 8) -> float:
     return n / (time.perf_counter() - t0)
 
 
+def _run_load(ctx, args, srv, label: str, start_at: float, duration: float, target):
+    """Start --procs load processes (`target(p, out)` gives each one's function and arguments), time them.
+
+    Returns (their results, wall seconds, server CPU seconds) from `start_at` until every process reported.
+    """
+    out = ctx.Queue()
+    procs = [ctx.Process(target=fn, args=fn_args) for fn, fn_args in (target(p, out) for p in range(args.procs))]
+    for p in procs:
+        p.start()
+    while time.time() < start_at:
+        time.sleep(0.01)
+    cpu0, wall0 = benchlib.cpu_seconds(srv.proc.pid), time.perf_counter()
+    profile = _maybe_profile(args, srv.proc.pid, label)
+    results = [out.get(timeout=duration + 120) for _ in procs]
+    wall = time.perf_counter() - wall0
+    cpu = benchlib.cpu_seconds(srv.proc.pid) - cpu0
+    for p in procs:
+        p.join()
+    if profile:
+        profile.wait()
+    return results, wall, cpu
+
+
 def run_cycles(args, tls: bool) -> dict:
     ctx = mp.get_context("fork")
     with benchlib.Server(tls=tls, synchronous=args.synchronous) as srv:
         submit_rate = submit_jobs(srv, args.jobs)
-        out = ctx.Queue()
         start_at = time.time() + 2.0 + 0.3 * args.threads
-        procs = [ctx.Process(target=_cycle_proc, args=(srv.url, srv.verify, srv.tokens["join_token"], args.threads,
-                                                       args.duration, start_at, out, f"p{p}", args.finish_next))
-                 for p in range(args.procs)]
-        for p in procs:
-            p.start()
-        while time.time() < start_at:
-            time.sleep(0.01)
-        cpu0, wall0 = benchlib.cpu_seconds(srv.proc.pid), time.perf_counter()
-        profile = _maybe_profile(args, srv.proc.pid, "cycles" + ("-tls" if tls else ""))
-        results = [out.get(timeout=args.duration + 120) for _ in procs]
-        wall = time.perf_counter() - wall0
-        cpu = benchlib.cpu_seconds(srv.proc.pid) - cpu0
-        for p in procs:
-            p.join()
-        if profile:
-            profile.wait()
+        results, wall, cpu = _run_load(
+            ctx, args, srv, "cycles" + ("-tls" if tls else ""), start_at, args.duration,
+            lambda p, out: (_cycle_proc, (srv.url, srv.verify, srv.tokens["join_token"], args.threads,
+                                          args.duration, start_at, out, f"p{p}", args.finish_next)))
     lat = {k: [x for r in results for x in r["lat"][k]] for k in ("acquire", "start", "finish", "cycle")}
     cycles = sum(r["cycles"] for r in results)
     spent = min(wall, args.duration) if cycles else wall
@@ -238,25 +248,12 @@ def run_heartbeats(args, tls: bool) -> dict:
                        timeout=30).raise_for_status()
                 tasks = [task["task_id"]]
             creds.append((token, tasks))
-        out = ctx.Queue()
         share = [creds[p::args.procs] for p in range(args.procs)]
         start_at = time.time() + 1.5
-        procs = [ctx.Process(target=_heartbeat_proc, args=(srv.url, srv.verify, share[p], args.threads,
-                                                           args.hb_duration, start_at, out))
-                 for p in range(args.procs)]
-        for p in procs:
-            p.start()
-        while time.time() < start_at:
-            time.sleep(0.01)
-        cpu0, wall0 = benchlib.cpu_seconds(srv.proc.pid), time.perf_counter()
-        profile = _maybe_profile(args, srv.proc.pid, "heartbeats" + ("-tls" if tls else ""))
-        results = [out.get(timeout=args.hb_duration + 120) for _ in procs]
-        wall = time.perf_counter() - wall0
-        cpu = benchlib.cpu_seconds(srv.proc.pid) - cpu0
-        for p in procs:
-            p.join()
-        if profile:
-            profile.wait()
+        results, wall, cpu = _run_load(
+            ctx, args, srv, "heartbeats" + ("-tls" if tls else ""), start_at, args.hb_duration,
+            lambda p, out: (_heartbeat_proc, (srv.url, srv.verify, share[p], args.threads, args.hb_duration,
+                                              start_at, out)))
         time.sleep(1.5)  # one more upkeep round
         jobs = s.get(srv.url + "/v1/jobs", params={"limit": 1000}, headers=srv.client_headers(), timeout=60).json()
         lost = [j["id"] for j in jobs["jobs"] if j["state"] in ("lost", "failed")
