@@ -26,11 +26,11 @@ _ROOT = Path(__file__).resolve().parent
 
 
 def schema_path() -> Path:
-    """schema.sql at the repository root (or the copy packaged beside this module)."""
-    for candidate in (_ROOT.parent / "schema.sql", _ROOT / "schema.sql"):
-        if candidate.exists():
-            return candidate
-    raise ConfigError("schema.sql not found: reinstall gpulayer")
+    """The package's schema.sql (the repository's top-level schema.sql is a link to it)."""
+    path = _ROOT / "schema.sql"
+    if not path.exists():
+        raise ConfigError(f"{path} not found: reinstall gpulayer")
+    return path
 
 
 def schema_version(sql: str | None = None) -> int:
