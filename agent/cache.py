@@ -20,7 +20,7 @@ from .events import log_event
 
 DEFAULT_CACHE_BYTES = 1024**3
 CHUNK_BYTES = 1024 * 1024
-_DIGEST = re.compile(r"^sha256:([0-9a-f]{64})$")
+_DIGEST = re.compile(r"sha256:([0-9a-f]{64})\Z")  # \Z: `$` would let a trailing newline through
 
 #: Writes the whole artifact named by a digest into the open binary file.
 Fetcher = Callable[[str, BinaryIO], None]

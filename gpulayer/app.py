@@ -1,6 +1,8 @@
 """The /v1 Falcon WSGI app: routes, the protocol header, auth, one error shape."""
 from __future__ import annotations
 
+import functools
+import json
 import logging
 import threading
 import time
@@ -9,7 +11,7 @@ from pathlib import Path
 
 import falcon
 
-from . import auth, resources, tokens
+from . import auth, resources, tokens, wire
 from .artifacts import ArtifactStore
 from .config import PROTOCOL, ControlPlaneConfig
 from .db import Store
@@ -20,6 +22,7 @@ from .sql import row
 
 log = logging.getLogger("gpulayer.server")
 HEADER = "X-GpuLayer-Protocol"
+INT64_MAX = (1 << 63) - 1
 
 
 @dataclass
@@ -114,7 +117,7 @@ class ProtocolMiddleware:
             principal = self.deps.auth.authenticate(_bearer(req), self.deps.clock())
             if principal.kind != "join":
                 return
-            body = req.get_media(default_when_empty={}) if req.content_length else {}
+            body = wire.read_json(req, allow_empty=True)
             name = str(body.get("name") or "unknown")[:256] if isinstance(body, dict) else "unknown"
             version = str(body.get("version"))[:64] if isinstance(body, dict) and body.get("version") else None
             self.deps.scheduler.needs_upgrade(name=name, version=version, protocol=sent, token_jti=principal.jti)
@@ -200,6 +203,13 @@ ROUTES = [
 ]
 
 
+class RowIdConverter(falcon.routing.IntConverter):
+    """`{x:int}` in a route: a non-negative integer that fits SQLite's int64; anything else is no route (404)."""
+
+    def __init__(self, num_digits=None, min=0, max=INT64_MAX):  # noqa: A002 - falcon's keyword names
+        super().__init__(num_digits, min, max)
+
+
 def create_app(deps: Deps) -> falcon.App:
     """The WSGI app over injected dependencies."""
     metrics = Metrics(deps.store)
@@ -207,6 +217,11 @@ def create_app(deps: Deps) -> falcon.App:
     app = falcon.App(middleware=[metrics, ProtocolMiddleware(deps), AuthMiddleware(deps)])
     app.req_options.strip_url_path_trailing_slash = True
     app.resp_options.secure_cookies_by_default = False
+    # Every id in a path is a row key: one larger than int64 would fail in SQLite as a 500.
+    app.router_options.converters["int"] = RowIdConverter
+    # ASCII-escaped JSON renders any str, so no stored text can make a read fail after its write.
+    app.resp_options.media_handlers[falcon.MEDIA_JSON] = falcon.media.JSONHandler(
+        dumps=functools.partial(json.dumps, ensure_ascii=True))
     app.add_error_handler(Exception, _unexpected)
     app.add_error_handler(GpulayerError, _error_handler)
     app.set_error_serializer(_http_error_serializer)

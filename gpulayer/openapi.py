@@ -52,7 +52,7 @@ REQUEST_BODIES = {
                                                                                 "maximum": 1}}},
     ("/v1/worker/tasks/{task_id}/start", "post"): {"type": "object", "properties": {"pid": INT}},
     ("/v1/worker/tasks/{task_id}/logs", "post"): {"type": "object", "required": ["lines"], "properties": {
-        "lines": {"type": "array", "items": {"type": "object", "required": ["n", "text"], "properties": {
+        "lines": {"type": "array", "items": {"type": "object", "required": ["text"], "properties": {
             "n": INT, "stream": {"enum": ["stdout", "stderr", "system"]}, "text": {"type": "string"},
             "at": NUM}}}}},
     ("/v1/worker/tasks/{task_id}/rendezvous", "post"): {"type": "object", "required": ["address", "port"],
@@ -62,7 +62,7 @@ REQUEST_BODIES = {
         "exit_code": {"type": ["integer", "null"]},
         "outcome": {"enum": ["succeeded", "failed", "cancelled", "timed_out"]},
         "outputs": STR_MAP, "reason": {"type": ["string", "null"]}, "next": {"type": "boolean"},
-        "lines": {"type": "array", "items": {"type": "object", "required": ["n", "text"], "properties": {
+        "lines": {"type": "array", "items": {"type": "object", "required": ["text"], "properties": {
             "n": INT, "stream": {"enum": ["stdout", "stderr", "system"]}, "text": {"type": "string"},
             "at": NUM}}}}},
     ("/v1/tokens", "post"): {"type": "object", "required": ["name"], "additionalProperties": False, "properties": {
@@ -139,7 +139,7 @@ def document(routes) -> dict:
             responder = f"on_{method}" + (f"_{suffix}" if suffix else "")
             if hasattr(cls, responder):
                 paths.setdefault(path, {})[method] = _operation(path, method, getattr(cls, "auth", ("client",)))
-    paths["/v1/openapi.json"] = {"get": _operation("/v1/openapi.json", "get", ("client", "worker", "join"))}
+    paths["/v1/openapi.json"] = {"get": _operation("/v1/openapi.json", "get", OpenAPI.auth)}
     return {"openapi": "3.1.0",
             "info": {"title": "GPUlayer", "version": str(PROTOCOL),
                      "description": "GPUlayer protocol v1 (docs/protocol.md). Every response carries "
@@ -149,9 +149,9 @@ def document(routes) -> dict:
 
 
 class OpenAPI:
-    """Serves the document to any valid token."""
+    """Serves the document to anyone: it describes the API, it holds no data."""
 
-    auth = ("client", "worker", "join", "metrics")
+    auth = ()
 
     def __init__(self, deps, routes):
         self.doc = document(routes)

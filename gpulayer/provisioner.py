@@ -40,7 +40,7 @@ PROVISION_TIMEOUT_S = 900.0
 RETRY_AFTER_S = 60.0             # after a failed or cancelled request, before the profile asks again
 LOOP_INTERVAL_S = 1.0
 ERROR_CHARS = 2000
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")  # \Z: `$` would let a trailing newline through
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,11 @@ from typing import Any
 from .config import SERVICE_MAX_ATTEMPTS
 from .errors import InvalidRequest
 
-DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
-LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-/]{0,62}$")
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,255}$")
+# Validating patterns end in \Z, not $ (which also matches before a trailing newline), so that
+# .match() elsewhere is as strict as .fullmatch() here.
+DIGEST = re.compile(r"sha256:[0-9a-f]{64}\Z")
+LABEL_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-/]{0,62}\Z")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}\Z")
 RETRY_REASONS = ("worker_lost", "worker_revoked", "failed", "timed_out", "start_timeout")
 
 MAX_ARGS = 4096
@@ -79,7 +81,7 @@ def digest(value: Any, field: str, *, allow_none: bool = True) -> str | None:
     """A `sha256:<64 lowercase hex>` digest, or None where allowed."""
     if value is None and allow_none:
         return None
-    if not isinstance(value, str) or not DIGEST.match(value):
+    if not isinstance(value, str) or not DIGEST.fullmatch(value):
         raise _fail(field, "must be a digest written sha256:<64 lowercase hex digits>")
     return value
 
@@ -99,8 +101,8 @@ def labels(value: Any, field: str = "labels") -> dict[str, str]:
     if len(obj) > 64:
         raise _fail(field, "at most 64 labels")
     for key, val in obj.items():
-        if not LABEL_KEY.match(key):
-            raise _fail(field, f"label key {key!r} must match {LABEL_KEY.pattern}")
+        if not LABEL_KEY.fullmatch(key):
+            raise _fail(field, f"label key {key!r} must be 1-63 of [A-Za-z0-9_.-/], starting with a letter or digit")
         _str(val, f"{field}.{key}", limit=256)
     return dict(obj)
 
@@ -120,7 +122,7 @@ def _command(value: Any) -> list[str]:
 def _env(value: Any) -> dict[str, str]:
     obj = _object(value, "env")
     for key, val in obj.items():
-        if not ENV_NAME.match(key):
+        if not ENV_NAME.fullmatch(key):
             raise _fail("env", f"{key!r} is not a valid environment variable name")
         _str(val, f"env.{key}")
     return dict(obj)
@@ -186,7 +188,7 @@ def _service(value: Any) -> dict | None:
 
 
 def _secret_names(value: Any) -> list[str]:
-    if not isinstance(value, list) or any(not isinstance(v, str) or not ENV_NAME.match(v) for v in value):
+    if not isinstance(value, list) or any(not isinstance(v, str) or not ENV_NAME.fullmatch(v) for v in value):
         raise _fail("secrets", "must be a list of secret names (letters, digits and _)")
     return list(dict.fromkeys(value))
 

@@ -5,6 +5,8 @@
 from __future__ import annotations
 
 import json
+import re
+
 from .config import MAX_JSON_BODY
 from .errors import BodyTooLarge, InvalidJSON, InvalidRequest
 from .spec import _int, _number, _object, _str, digest, labels, relative_path
@@ -13,6 +15,7 @@ OUTCOMES = ("succeeded", "failed", "cancelled", "timed_out")
 STREAMS = ("stdout", "stderr", "system")
 MAX_LOG_LINES = 10_000
 MAX_LOG_TEXT = 64 * 1024
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 def read_json(req, *, limit: int = MAX_JSON_BODY, allow_empty: bool = False) -> dict:
@@ -29,14 +32,45 @@ def read_json(req, *, limit: int = MAX_JSON_BODY, allow_empty: bool = False) -> 
             return {}
         raise InvalidJSON("the request needs a JSON object body")
     try:
-        body = json.loads(raw)
+        # Decoded here, strictly: json.loads on bytes would let UTF-8-encoded surrogates through.
+        text = raw.decode("utf-8-sig")
+        body = json.loads(text)
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidJSON(f"the body is not valid JSON: {exc}") from None
     except RecursionError:
         raise InvalidJSON("the body is nested too deeply") from None
     if not isinstance(body, dict):
         raise InvalidJSON("the body must be a JSON object")
+    if _SURROGATE_ESCAPE.search(text):  # the only way left to a lone surrogate; most bodies skip the walk
+        check_text(body)
     return body
+
+
+def check_text(value, field: str = "") -> None:
+    """Refuse (400 invalid_field) any string, key or value, that does not encode to UTF-8.
+
+    JSON's `\\ud800` escape decodes to a lone surrogate: SQLite, the JSON
+    renderer and the explorer would all fail on it later, after the write.
+    read_json walks every body here, before any route sees it.
+    """
+    stack = [(field, value)]
+    while stack:
+        where, item = stack.pop()
+        if isinstance(item, dict):
+            for key, val in item.items():
+                _encodable(key, f"{where} key" if where else "a key")
+                stack.append((f"{where}.{key}" if where else key, val))
+        elif isinstance(item, list):
+            stack.extend((f"{where}[{i}]", val) for i, val in enumerate(item))
+        elif isinstance(item, str):
+            _encodable(item, where)
+
+
+def _encodable(text: str, where: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidRequest(f"{where}: is not valid Unicode (a lone surrogate such as \\ud800)") from None
 
 
 def register(body: dict) -> dict:
@@ -99,7 +133,8 @@ def log_lines(body: dict) -> list[dict]:
         text = line.get("text")
         if not isinstance(text, str):
             raise InvalidRequest(f"lines[{i}].text: must be a string")
-        out.append({"n": _int(line.get("n"), f"lines[{i}].n", 0, 1 << 62), "stream": stream,
+        n = line.get("n")  # optional (protocol-v1.md): without it the line goes after the task's last
+        out.append({"n": None if n is None else _int(n, f"lines[{i}].n", 0, 1 << 62), "stream": stream,
                     "at": _number(line.get("at", 0), f"lines[{i}].at", 0, 1e12), "text": text[:MAX_LOG_TEXT]})
     return out
 

@@ -162,9 +162,12 @@ SELECT id, job_id, attempt, "index", state, cancel_requested, pid
 FROM tasks WHERE id = :task_id AND worker_id = :worker_id;
 
 -- name: insert_log --
--- One log line; (task_id, n) makes a retried batch harmless.
+-- One log line; (task_id, n) makes a retried batch harmless. A line sent without
+-- `n` (NULL) goes after the task's last line (the UNIQUE index finds the max).
 INSERT OR IGNORE INTO logs (job_id, task_id, n, stream, at, text)
-VALUES (:job_id, :task_id, :n, :stream, :at, :text);
+VALUES (:job_id, :task_id,
+        COALESCE(:n, (SELECT COALESCE(MAX(n) + 1, 0) FROM logs WHERE task_id = :task_id)),
+        :stream, :at, :text);
 
 -- name: finish_task --
 -- Record a task's result, only while this worker holds it.

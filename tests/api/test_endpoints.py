@@ -307,7 +307,7 @@ WORKER_BAD = [
     ("/v1/worker/tasks/{tid}/logs", {"lines": [{"n": 0, "stream": "tty", "text": "x"}]}),
     ("/v1/worker/tasks/{tid}/logs", {"lines": [{"n": -1, "text": "x"}]}),
     ("/v1/worker/tasks/{tid}/logs", {"lines": [{"n": 0, "text": 5}]}),
-    ("/v1/worker/tasks/{tid}/logs", {"lines": [{"text": "no n"}]}),
+    ("/v1/worker/tasks/{tid}/logs", {"lines": [{"n": None, "text": None}]}),
     ("/v1/worker/tasks/{tid}/rendezvous", {"address": "a", "port": 0}),
     ("/v1/worker/tasks/{tid}/rendezvous", {"address": 1, "port": 80}),
     ("/v1/worker/tasks/{tid}/finish", {"outcome": "exploded"}),
@@ -384,7 +384,9 @@ def test_path_character_digests_refused(api, client_h, deps, unchanged, digest):
 
 
 GARBAGE = ["{nope", "[]", "null", "1e999999", '{"a": ' * 5000, json.dumps({"tasks": [None]}),
-           json.dumps({"lines": [None]}), json.dumps({"name": None, "labels": None, "resources": None})]
+           json.dumps({"lines": [None]}), json.dumps({"name": None, "labels": None, "resources": None}),
+           '{"\\ud800": 1}', '{"name": "\\ud800", "labels": {"a": "\\udfff"}, "command": ["\\ud800"], '
+           '"lines": [{"text": "\\ud800"}], "outcome": "failed", "reason": "\\ud800", "value": "\\ud800"}']
 
 
 def test_no_5xx_for_garbage_anywhere(api, client_h, tokens, running, unchanged):
