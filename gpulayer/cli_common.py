@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 import typer
 
-from gpulayer.client import Client, connect
+from gpulayer.client import Client, connect, server_configured
 from gpulayer.config import default_home
 
 DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -44,8 +44,13 @@ def home_of(ctx: typer.Context, home: Optional[Path] = None) -> Path:
 
 
 def client_of(ctx: typer.Context) -> Client:
-    """A Client for the configured control plane (ClientError when none is configured)."""
+    """A Client for the configured control plane, else for this home's local jobs (ClientError when neither)."""
     opts = global_options(ctx)
+    if not server_configured(opts.url, opts.home):
+        from gpulayer.local import history_client
+        local = history_client(home_of(ctx), ctx.call_on_close)
+        if local is not None:
+            return local
     return connect(opts.url, opts.token, opts.ca_file, opts.home)
 
 

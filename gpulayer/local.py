@@ -100,6 +100,25 @@ def local_control_plane(home: Path) -> Iterator[tuple[Client, dict]]:
         plane.stop()
 
 
+def history_client(home: Path, on_close) -> Client | None:
+    """A Client over the jobs that `--target local` ran in `home`, or None when it ran none.
+
+    Starts the home's control plane in this process with no worker (so nothing
+    queued there runs) and hands `plane.stop` to `on_close`: `gpulayer job
+    logs|outputs|list|status` then work for local jobs as for remote ones.
+    """
+    from gpulayer.config import ControlPlaneConfig
+    from gpulayer.server import ControlPlane
+    tokens_path = home / LOCAL_TOKENS
+    if not tokens_path.exists() or not (home / "state.db").exists():
+        return None
+    tokens = json.loads(tokens_path.read_text())
+    plane = ControlPlane(ControlPlaneConfig(home=home, host="127.0.0.1", port=0))
+    plane.start()
+    on_close(plane.stop)
+    return Client(plane.url, tokens["client_token"])
+
+
 def quiet_logs() -> None:
     """Only warnings from the in-process server and agent: the job's output is what matters here."""
     if not logging.getLogger().handlers:
@@ -123,4 +142,8 @@ def run_local(spec: dict, home: Path, as_json: bool = False) -> int:
             job.cancel()
             job.wait(timeout=WORKER_STOP_S)
             return 130
+        if spec.get("outputs"):
+            # Like `gpulayer job outputs --dest .`: the outputs land where the command was typed.
+            for path in job.download_outputs(Path.cwd()):
+                print(f"gpulayer: output {path}", file=sys.stderr)
         return exit_code_of(job.info())

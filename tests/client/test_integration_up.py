@@ -36,6 +36,30 @@ def test_local_target_runs_the_job_here_with_its_exit_code(tmp_path):
     assert oct((home / "local-tokens.json").stat().st_mode & 0o777) == "0o600"
 
 
+def test_local_target_outputs_land_here_and_local_jobs_answer_job_commands(tmp_path):
+    home, here = tmp_path / "home", tmp_path / "project"
+    here.mkdir()
+    result = run_cli("submit", "--output", "out/result.txt", "--", "sh", "-c",
+                     "mkdir -p out && echo 42 > out/result.txt && echo done",
+                     env={"GPULAYER_HOME": str(home)}, cwd=here, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert (here / "out" / "result.txt").read_text() == "42\n"
+    job_id = result.stdout.split()[0]
+    logs = gl("job", "logs", job_id, home=home)
+    assert logs.returncode == 0 and "done" in logs.stdout.splitlines(), logs.stderr
+    again = gl("job", "outputs", job_id, "--dest", str(tmp_path / "again"), home=home)
+    assert again.returncode == 0, again.stderr
+    assert (tmp_path / "again" / "out" / "result.txt").read_text() == "42\n"
+    listed = gl("job", "list", "--json", home=home)
+    assert [job["state"] for job in json.loads(listed.stdout)] == ["succeeded"]
+
+
+def test_job_commands_without_a_server_or_local_jobs_say_so(tmp_path):
+    result = gl("job", "list", home=tmp_path / "empty")
+    assert result.returncode != 0 and "no control plane configured" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_local_target_refuses_a_home_made_by_server_init(tmp_path):
     home = tmp_path / "home"
     assert gl("server", "init", home=home).returncode == 0
