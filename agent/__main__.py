@@ -15,6 +15,16 @@ def _label(text: str) -> tuple[str, str]:
     return key, value
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The flags of ``gpulayer worker start``, plus --url and --ca-file."""
     parser = argparse.ArgumentParser(prog="python -m agent", description="GPUlayer worker agent.")
@@ -32,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--gpus", type=int, default=None, help="advertised GPUs; 0 means none (default: detected)")
     add("--ram-mb", type=int, default=None, help="advertised memory in MB (default: detected)")
     add("--max-idle", type=float, default=0, help="exit after this many idle seconds; 0 disables")
+    add("--drain-timeout", type=_seconds, default=0.0, help="on SIGTERM, take no new task and let running ones finish for up to S seconds before stopping them (default 0)")
     add("--state-dir", default=os.environ.get("GPULAYER_WORKER_STATE_DIR", "~/.gpulayer/worker"), help="task working dirs and the pinned CA (env GPULAYER_WORKER_STATE_DIR)")
     add("--insecure", action="store_true", help="allow plain http:// to a non-loopback host")
     add("--version", action="version", version=f"gpulayer-agent {__version__} (protocol 1)")
@@ -51,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     config = WorkerConfig(
         url=args.url, join_token=token, name=args.name, labels=dict(args.label), python=args.python,
         advertise_address=args.advertise_address, parallel=args.parallel, cpus=args.cpus, gpus=args.gpus,
-        ram_mb=args.ram_mb, max_idle_s=args.max_idle, state_dir=args.state_dir, ca_file=args.ca_file,
+        ram_mb=args.ram_mb, max_idle_s=args.max_idle, drain_timeout_s=args.drain_timeout, state_dir=args.state_dir, ca_file=args.ca_file,
         ca_fingerprint=args.ca_fingerprint, insecure=args.insecure,
     )
     return run_worker(config)

@@ -22,6 +22,8 @@ class TaskHandle:
         #: Called when the endpoint changes, so the worker reports it now rather than a heartbeat later.
         self.on_change: Callable[[], None] = lambda: None
         self.cancel_reason: str | None = None
+        #: True when the worker itself stopped the task (SIGTERM, revocation), not the control plane.
+        self.by_worker = False
         self._cancel = threading.Event()
         #: Set once the control plane heard the task's start (or the task ended): until then acquire
         #: answers with this same task again, so the worker asks for the next one only after it.
@@ -39,10 +41,10 @@ class TaskHandle:
         if changed:
             self.on_change()
 
-    def cancel(self, reason: str) -> None:
-        """Ask the runner to stop the task (the first reason is kept)."""
+    def cancel(self, reason: str, by_worker: bool = False) -> None:
+        """Ask the runner to stop the task (the first reason is kept); ``by_worker``: the worker is stopping."""
         if not self._cancel.is_set():
-            self.cancel_reason = reason
+            self.cancel_reason, self.by_worker = reason, by_worker
             self._cancel.set()
 
     @property

@@ -119,6 +119,8 @@ class TaskRunner:
             self.shipper.system(f"setup failed: {exc}")
             return TaskResult(None, "failed", str(exc)) if self._send_start(None) else None
         if self.handle.cancelled:
+            if self.handle.by_worker:  # it never ran: deregister puts it back in the queue, same attempt
+                return None
             return TaskResult(None, "cancelled", f"cancelled before start: {self.handle.cancel_reason}")
         extra: dict[str, str] = {}
         if int(self.assignment.get("world_size") or 1) > 1:

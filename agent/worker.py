@@ -52,6 +52,8 @@ class WorkerConfig:
     gpus: int | None = None
     ram_mb: int | None = None
     max_idle_s: float = 0
+    #: On a stop, take no new task and let running ones finish for up to this long before stopping them.
+    drain_timeout_s: float = 0
     state_dir: str = "~/.gpulayer/worker"
     ca_file: str | None = None
     ca_fingerprint: str | None = None
@@ -77,7 +79,7 @@ def run_worker(config: WorkerConfig, stop_event: threading.Event | None = None) 
     stop_event = stop_event or threading.Event()
     worker = Worker(config, stop_event)
     try:
-        with _signals_stop(stop_event):
+        with _signals_stop(stop_event, worker.hurry):
             return worker.run()
     except AgentError as exc:
         worker.close()
@@ -92,14 +94,18 @@ def run_worker(config: WorkerConfig, stop_event: threading.Event | None = None) 
 
 
 @contextlib.contextmanager
-def _signals_stop(stop_event: threading.Event):
-    """SIGTERM and SIGINT set ``stop_event`` (only possible from the main thread)."""
+def _signals_stop(stop_event: threading.Event, hurry: threading.Event):
+    """SIGTERM and SIGINT set ``stop_event``, a second one ``hurry`` (only possible from the main thread)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+
+    def on_signal(*_) -> None:
+        (hurry if stop_event.is_set() else stop_event).set()
+
     previous = {}
     for signum in (signal.SIGTERM, signal.SIGINT):
-        previous[signum] = signal.signal(signum, lambda *_: stop_event.set())
+        previous[signum] = signal.signal(signum, on_signal)
     try:
         yield
     finally:
@@ -126,6 +132,7 @@ class Worker:
         self.config = config
         self.stop_event = stop_event
         self.stopping = threading.Event()
+        self.hurry = threading.Event()  # a second stop signal: no drain
         self.slot_freed = threading.Event()
         self.heartbeat_stop = threading.Event()
         self.beat_now = threading.Event()  # an endpoint changed: heartbeat at once
@@ -382,9 +389,10 @@ class Worker:
 
     # -- stopping ----------------------------------------------------------
     def _shutdown(self, heartbeat: threading.Thread) -> None:
-        """Cancel and report every task, stop the heartbeat, deregister."""
+        """Drain, then stop and report every task, stop the heartbeat, deregister."""
         self.stopping.set()
         self.slot_freed.set()
+        self._drain()
         revoked = any(isinstance(err, Revoked) for err in self.fatal)
         reason = "the worker was revoked" if revoked else "the worker is stopping"
         self.transport.give_up_at = time.monotonic() + SHUTDOWN_REPORT_S
@@ -392,7 +400,7 @@ class Worker:
             handles = list(self.handles.values())
             threads = list(self.threads.values())
         for handle in handles:
-            handle.cancel(reason)
+            handle.cancel(reason, by_worker=True)
         deadline = time.monotonic() + SHUTDOWN_REPORT_S + self.config.kill_grace_s + 5
         for thread in threads:
             thread.join(max(0.1, deadline - time.monotonic()))
@@ -403,6 +411,25 @@ class Worker:
             self._deregister()
         self.close()
         log_event("worker_stopped", tasks_stopped=len(handles))
+
+    def _drain(self) -> None:
+        """Let running tasks end by themselves for up to ``drain_timeout_s`` (a second signal cuts it short)."""
+        with self.lock:
+            busy = len(self.handles)
+        limit = self.config.drain_timeout_s or 0
+        if limit <= 0 or not busy or self.fatal:
+            return
+        log_event("worker_draining", tasks=busy, drain_timeout_s=limit)
+        deadline = time.monotonic() + limit
+        while not self.hurry.is_set() and not self.fatal:
+            with self.lock:
+                busy = len(self.handles)
+            left = deadline - time.monotonic()
+            if not busy or left <= 0:
+                break
+            self.slot_freed.wait(min(0.2, left))
+            self.slot_freed.clear()
+        log_event("worker_drained", tasks_left=busy)
 
     def _deregister(self) -> None:
         try:

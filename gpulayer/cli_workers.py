@@ -19,6 +19,7 @@ Cpus = Annotated[Optional[float], typer.Option("--cpus", help="CPUs to advertise
 Gpus = Annotated[Optional[int], typer.Option("--gpus", help="GPUs to advertise (default: detected; 0 means none).", min=0)]
 RamMb = Annotated[Optional[int], typer.Option("--ram-mb", help="Memory to advertise, MB (default: detected).", min=0)]
 MaxIdle = Annotated[float, typer.Option("--max-idle", help="Exit after S idle seconds; 0 never.", min=0)]
+DrainTimeout = Annotated[float, typer.Option("--drain-timeout", help="On SIGTERM (or Ctrl-C), take no new task and let running ones finish for up to S seconds before stopping them; a second signal stops at once.", min=0)]
 StateDir = Annotated[Optional[Path], typer.Option("--state-dir", envvar="GPULAYER_WORKER_STATE_DIR", show_envvar=True, help="Task working directories and cache (default: ~/.gpulayer/worker).")]
 Insecure = Annotated[bool, typer.Option("--insecure", help="Allow plain HTTP to a non-loopback control plane.")]
 JoinToken = Annotated[Optional[str], typer.Option("--token", envvar="GPULAYER_JOIN_TOKEN", show_envvar=True, help="Join token glj_...; prefer the environment variable, which keeps it out of process listings.")]
@@ -35,21 +36,23 @@ def _run(settings: dict) -> int:
 
 
 def _worker_settings(name, label, python, advertise_address, parallel, cpus, gpus, ram_mb,
-                     max_idle, state_dir, insecure) -> dict:
+                     max_idle, state_dir, insecure, drain_timeout=0.0) -> dict:
     return dict(name=name, labels=parse_pairs(label, "--label"), python=python,
                 advertise_address=advertise_address, parallel=parallel, cpus=cpus, gpus=gpus,
-                ram_mb=ram_mb, max_idle_s=max_idle, state_dir=state_dir, insecure=insecure)
+                ram_mb=ram_mb, max_idle_s=max_idle, state_dir=state_dir, insecure=insecure,
+                drain_timeout_s=drain_timeout)
 
 
 @worker_app.command("start")
 def worker_start(ctx: typer.Context, name: Name = None, label: Labels = None, python: Python = None,
                  advertise_address: Advertise = None, parallel: Parallel = 1, cpus: Cpus = None,
                  gpus: Gpus = None, ram_mb: RamMb = None, max_idle: MaxIdle = 0.0,
-                 state_dir: StateDir = None, insecure: Insecure = False, token: JoinToken = None) -> None:
+                 state_dir: StateDir = None, insecure: Insecure = False, token: JoinToken = None,
+                 drain_timeout: DrainTimeout = 0.0) -> None:
     """Run a worker agent against the control plane of --url (GPULAYER_URL) until stopped."""
     opts = global_options(ctx)
     settings = _worker_settings(name, label, python, advertise_address, parallel, cpus, gpus, ram_mb,
-                                max_idle, state_dir, insecure)
+                                max_idle, state_dir, insecure, drain_timeout)
     settings.update(url=opts.url, join_token=token, ca_file=opts.ca_file)
     raise typer.Exit(_run(settings))
 
@@ -62,14 +65,14 @@ def join(ctx: typer.Context,
          name: Name = None, label: Labels = None, python: Python = None,
          advertise_address: Advertise = None, parallel: Parallel = 1, cpus: Cpus = None,
          gpus: Gpus = None, ram_mb: RamMb = None, max_idle: MaxIdle = 0.0,
-         state_dir: StateDir = None, insecure: Insecure = False) -> None:
+         state_dir: StateDir = None, insecure: Insecure = False, drain_timeout: DrainTimeout = 0.0) -> None:
     """Join this machine to a control plane as a worker (the line `gpulayer up` prints)."""
     if ca_file and ca_fingerprint:
         raise typer.BadParameter("give --ca-file or --ca-fingerprint, not both", param_hint="--ca-fingerprint")
     if ca_fingerprint and not ca_fingerprint.startswith("sha256:"):
         raise typer.BadParameter("expected sha256:HEX", param_hint="--ca-fingerprint")
     settings = _worker_settings(name, label, python, advertise_address, parallel, cpus, gpus, ram_mb,
-                                max_idle, state_dir, insecure)
+                                max_idle, state_dir, insecure, drain_timeout)
     settings.update(url=url.rstrip("/"), join_token=token, ca_file=ca_file or global_options(ctx).ca_file,
                     ca_fingerprint=ca_fingerprint)
     raise typer.Exit(_run(settings))

@@ -72,8 +72,9 @@ def finish(conn, worker_id: int, task_id: int, exit_code: int | None, outcome: s
     if lines:  # the last lines ride along with the result: one call, one transaction
         append_logs(conn, worker_id, task_id, lines)
     if state == "cancelled" and done["state"] in ("assigned", "running") and not done["cancel_requested"]:
-        # Nobody asked to cancel it: the worker stopped (SIGTERM, revocation). The retry policy judges.
-        state, default_reason = "lost", "worker_lost"
+        # Nobody asked to cancel it: its worker stopped it (SIGTERM, a drain that ran out). The agent's
+        # text stays in the logs; the retry policy judges the task as `worker_lost` (outcomes.RETRY_AS).
+        state, default_reason, reason = "lost", "worker_stopped", None
     ended = row(conn, "finish_task", task_id=task_id, worker_id=worker_id, state=state, exit_code=exit_code,
                 outcome=outcome, reason=reason or default_reason, outputs=json.dumps(outputs), now=now)
     if ended is None:

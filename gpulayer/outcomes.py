@@ -13,6 +13,8 @@ from .sql import row, rows
 
 ACTIVE = ("queued", "assigned", "running")
 FINAL_JOB_STATE = {"failed": "failed", "lost": "lost", "cancelled": "cancelled"}
+#: Reasons the retry policy reads as another: a task its worker stopped (SIGTERM) was lost with it.
+RETRY_AS = {"worker_stopped": "worker_lost"}
 
 
 def settle(conn, now: float, job_id: int, attempt: int, task: dict) -> str | None:
@@ -30,7 +32,7 @@ def settle(conn, now: float, job_id: int, attempt: int, task: dict) -> str | Non
             return finish(conn, now, job_id, "cancelled", None, "cancelled")
         return None
     reason = task.get("reason") or task["state"]
-    if reason in json.loads(job["retry_on"]) and job["attempt"] < job["max_attempts"]:
+    if RETRY_AS.get(reason, reason) in json.loads(job["retry_on"]) and job["attempt"] < job["max_attempts"]:
         retry(conn, now, job, reason)
         return "queued"
     _stop_siblings(conn, now, job_id, attempt, f"{reason} (task {task['id']})")
