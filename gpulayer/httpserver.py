@@ -4,19 +4,28 @@ cheroot's stock TLS adapter does the handshake inside its accept loop, so one
 client that connects and says nothing stalls every other client. Here:
 
 - the adapter wraps the socket without a handshake (`_LazyTLSAdapter`);
-- a new connection first waits in cheroot's selector, holding no thread,
-  until the client sends its first bytes (`_Server.process_conn`); a client
-  that never sends is closed after `request_timeout_s` by cheroot's expiry;
-- a worker thread then does the handshake (`_Connection.communicate`) and
-  drops a failed one quietly (debug log line, no traceback).
+- a connection waits in cheroot's selector, holding no thread, until it has
+  sent a whole request head: the selector thread does the TLS handshake and
+  reads the head without blocking, a step each time bytes arrive
+  (`_Server.process_conn`, `_Connection.gate`). Only then does a worker
+  thread take it, with the head already buffered. So clients that send
+  slowly (slowloris: a header line every few seconds, or a ClientHello in
+  pieces) never hold the threads that serve heartbeats;
+- a head (and its handshake) must be complete within `head_timeout_s` of its
+  first byte, in total, or the connection is closed; at most
+  `MAX_PENDING_HEADS` connections may be part-way through one; a client that
+  never sends is closed after `request_timeout_s` by cheroot's expiry;
+- a failed handshake is dropped quietly (debug log line, no traceback).
 """
 
 from __future__ import annotations
 
 import logging
+import selectors
 import socket
 import ssl
 import threading
+import time
 
 from cheroot import server as cheroot_server, wsgi
 from cheroot.makefile import StreamReader, StreamWriter
@@ -30,6 +39,12 @@ LISTEN_BACKLOG = 128
 KEEPALIVE_PER_THREAD = 16
 # How often cheroot closes connections idle longer than request_timeout_s.
 EXPIRY_INTERVAL_S = 0.25
+# A request head (and TLS handshake) must be complete this long after its first byte.
+HEAD_TIMEOUT_S = 10.0
+# Connections part-way through a head at once; past it, new ones are closed. Each costs
+# a file descriptor and up to max_header_bytes of buffer, never a thread.
+MAX_PENDING_HEADS = 2048
+_READ_STEP = 64 * 1024
 
 _PLAIN_HTTP_MSG = b"This port speaks HTTPS; use an https:// URL.\n"
 _PLAIN_HTTP_ON_TLS = (
@@ -43,8 +58,11 @@ class HTTPServer:
 
     `threads` bounds the requests served at once: each request in progress
     (a long-poll included) holds one thread; idle keep-alive connections do
-    not. `request_timeout_s` is the socket timeout for every read and write
-    and the idle limit of a keep-alive connection. Headers beyond
+    not, and neither do clients still sending a request head (see the
+    module's docstring). `request_timeout_s` is the socket timeout for every
+    read and write once a request is in a thread, and the idle limit of a
+    keep-alive connection; `head_timeout_s` bounds the whole head (and TLS
+    handshake) from its first byte. Headers beyond
     `max_header_bytes` are refused; bodies are not bounded here (the app
     bounds them). No access log; cheroot's errors go to the
     "gpulayer.httpserver" logger.
@@ -61,6 +79,8 @@ class HTTPServer:
         threads: int = 64,
         request_timeout_s: float = 30.0,
         max_header_bytes: int = 64 * 1024,
+        head_timeout_s: float = HEAD_TIMEOUT_S,
+        max_pending_heads: int = MAX_PENDING_HEADS,
     ):
         if (certfile is None) != (keyfile is None):
             raise ValueError("TLS needs both certfile and keyfile")
@@ -74,6 +94,8 @@ class HTTPServer:
             timeout=request_timeout_s,
         )
         srv.max_request_header_size = max_header_bytes
+        srv.head_timeout_s = min(head_timeout_s, request_timeout_s)
+        srv.max_pending_heads = max_pending_heads
         srv.max_request_body_size = 0
         srv.keep_alive_conn_limit = threads * KEEPALIVE_PER_THREAD
         srv.expiration_interval = min(EXPIRY_INTERVAL_S, request_timeout_s)
@@ -159,28 +181,58 @@ class _LazyTLSAdapter(Adapter):
 
 
 class _Connection(cheroot_server.HTTPConnection):
-    """An HTTPConnection that finishes the TLS handshake in its worker thread, once."""
+    """An HTTPConnection that reaches a worker thread only with a whole request head buffered."""
 
-    spoke = False  # set when the client's first bytes arrived; see _Server.process_conn
     handshaken = False
+    head_started: float | None = None  # monotonic time of the current head's first step
 
-    def communicate(self):
-        """Handshake on first use (TLS only), then serve one request; True keeps the connection."""
-        if isinstance(self.socket, ssl.SSLSocket) and not self.handshaken:
-            if not self._handshake():
-                return False
-        return super().communicate()
+    def gate(self, max_head: int) -> str:
+        """One non-blocking step of handshake and head reading: "ready", "wait" or "drop"."""
+        self.socket.settimeout(0)
+        try:
+            if isinstance(self.socket, ssl.SSLSocket) and not self.handshaken and not self._handshake():
+                return "wait" if self.handshaken is None else "drop"
+            return self._read_head(max_head)
+        finally:
+            if self.socket.fileno() != -1:
+                self.socket.settimeout(self.server.timeout)
+
+    def _read_head(self, max_head: int) -> str:
+        head = bytearray(self.rfile._read_buf[self.rfile._read_pos:])  # a pipelined request's start, if any
+        state = "wait"
+        while not _head_complete(head) and len(head) <= max_head:
+            try:
+                chunk = self.socket.recv(_READ_STEP)
+            except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                break
+            except (OSError, ValueError) as exc:
+                self._drop("http_head_failed", exc)
+                return "drop"
+            if not chunk:
+                return "drop"  # the client went away
+            head += chunk
+        if _head_complete(head) or len(head) > max_head:
+            state = "ready"  # an oversized head goes on too: cheroot answers it with 431
+        # Hand what arrived to the reader the worker thread parses from (a pure-Python BufferedReader).
+        self.rfile._read_buf, self.rfile._read_pos = bytes(head), 0
+        return state
 
     def _handshake(self) -> bool:
+        """One handshake step; False with handshaken None while it needs more bytes."""
         try:
             self.socket.do_handshake()
+        except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            self.handshaken = None
+            return False
         except ssl.SSLError as exc:
             if exc.reason == "HTTP_REQUEST":
                 self._answer_plain_http()
             self._drop("tls_handshake_failed", exc)
+            self.handshaken = False
             return False
-        except (OSError, ValueError) as exc:  # reset, timeout, EOF, closed under us
+        except (OSError, ValueError) as exc:  # reset, EOF, closed under us
             self._drop("tls_handshake_failed", exc)
+            self.handshaken = False
             return False
         self.handshaken = True
         name, version, bits = self.socket.cipher()
@@ -198,23 +250,65 @@ class _Connection(cheroot_server.HTTPConnection):
     def _drop(self, event: str, exc: BaseException) -> None:
         log.debug("%s peer=%s:%s error=%s", event, self.remote_addr, self.remote_port, exc)
 
+    def close(self):
+        """Close the socket; a head in progress no longer counts against the cap."""
+        self.server.pending_heads.discard(self)
+        super().close()
+
+
+def _head_complete(data: bytes | bytearray) -> bool:
+    return b"\r\n\r\n" in data or b"\n\n" in data
+
 
 class _Server(wsgi.Server):
-    """cheroot's WSGI server with parked new connections and logging through `log`."""
+    """cheroot's WSGI server that hands a worker only whole request heads; logging through `log`."""
 
     ConnectionClass = _Connection
+    head_timeout_s = HEAD_TIMEOUT_S
+    max_pending_heads = MAX_PENDING_HEADS
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.pending_heads: set[_Connection] = set()
 
     def process_conn(self, conn):
-        """Park a brand-new connection in the selector; hand it to a worker once it has spoken.
+        """Read the head (and handshake) in the calling thread, never blocking; queue it once whole.
 
-        cheroot otherwise gives every accepted connection to a worker at once,
-        so silent clients could occupy every thread until they time out.
+        Called by the selector thread for a new or readable connection (and by a
+        worker that puts back a keep-alive connection with bytes buffered).
+        cheroot otherwise gives every connection to a worker at once, so slow or
+        silent clients could occupy every thread.
         """
-        if not conn.spoke:
-            conn.spoke = True
-            self._connections.put(conn)  # calls back here at once if bytes are already buffered
+        fresh = conn.head_started is None
+        if fresh:
+            conn.head_started = time.monotonic()
+        state = conn.gate(self.max_request_header_size)
+        if state == "ready":
+            conn.head_started = None
+            self.pending_heads.discard(conn)
+            super().process_conn(conn)
             return
-        super().process_conn(conn)
+        if state == "drop" or time.monotonic() - conn.head_started > self.head_timeout_s:
+            conn.close()
+            return
+        if conn not in self.pending_heads and (conn.rfile.has_data() or conn.handshaken is None):
+            if len(self.pending_heads) >= self.max_pending_heads:
+                log.debug("http_head_refused peer=%s pending=%d", conn.remote_addr, len(self.pending_heads))
+                conn.close()
+                return
+            self.pending_heads.add(conn)
+        if not conn.rfile.has_data() and conn.handshaken is not None:
+            conn.head_started = None  # nothing sent yet: an idle connection, expired as such
+        self._park(conn)
+
+    def _park(self, conn) -> None:
+        """Back to the selector until more bytes arrive; cheroot's expiry closes it at its deadline."""
+        self._connections._selector.register(conn.socket.fileno(), selectors.EVENT_READ, data=conn)
+        if conn.head_started is None:
+            conn.last_used = time.time()
+        else:  # expire at head_started + head_timeout_s, whatever arrives meanwhile
+            left = self.head_timeout_s - (time.monotonic() - conn.head_started)
+            conn.last_used = time.time() + left - self.timeout
 
     def error_log(self, msg="", level=logging.INFO, traceback=False):
         """Route cheroot's messages to logging: warnings and errors as such, the rest at debug."""

@@ -234,3 +234,77 @@ def _read_all(sock) -> bytes:
     except (ConnectionResetError, ssl.SSLError):
         pass
     return b"".join(chunks)
+
+
+def _slow_heads(srv, count: int, tls_files=None) -> list:
+    """`count` clients part-way through a request head (or, with tls_files, through a ClientHello)."""
+    clients = []
+    for _ in range(count):
+        s = socket.create_connection(("127.0.0.1", srv.port), timeout=5)
+        s.sendall(b"\x16\x03\x01\x02\x00\x01" if tls_files else b"GET /hello HTTP/1.1\r\nHost: x\r\n")
+        clients.append(s)
+    return clients
+
+
+def _trickle(clients) -> int:
+    """One more header line from each client; how many the server has closed."""
+    closed = 0
+    for s in clients:
+        try:
+            s.sendall(b"X-Slow: 1\r\n")
+            s.setblocking(False)
+            if s.recv(100) == b"":
+                closed += 1
+        except (BlockingIOError, ssl.SSLWantReadError):
+            pass
+        except OSError:  # reset: closed
+            closed += 1
+        finally:
+            s.setblocking(True)
+    return closed
+
+
+@pytest.mark.parametrize("tls", [False, True])
+def test_slowloris_heads_hold_no_thread_and_end_at_the_deadline(serve, tls_files, tls):
+    srv = serve(tls=tls, threads=4, request_timeout_s=5, head_timeout_s=1.5)
+    slow = _slow_heads(srv, 40, tls_files if tls else None)
+    url = f"{srv.scheme}://localhost:{srv.port}/hello"
+    try:
+        began = time.monotonic()
+        closed = 0
+        for _ in range(60):  # bounded: at most ~6 s of trickling, one line per client per round
+            assert requests.get(url, verify=tls_files["ca"], timeout=1).status_code == 200
+            closed = _trickle(slow)
+            if closed == len(slow):
+                break
+            time.sleep(0.1)  # the slowloris pace; nothing to await
+        assert closed == len(slow), closed
+        assert time.monotonic() - began < 5  # closed at the head deadline, not the per-read timeout
+    finally:
+        for s in slow:
+            s.close()
+
+
+def test_pending_heads_are_capped(serve):
+    srv = serve(tls=False, threads=2, max_pending_heads=5)
+    slow = _slow_heads(srv, 12)
+    try:
+        # the selector refuses heads past the cap; the first five stay open
+        deadline = time.monotonic() + 5
+        while _trickle(slow) < 7 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _trickle(slow) == 7
+        assert requests.get(f"http://127.0.0.1:{srv.port}/hello", timeout=1).status_code == 200
+    finally:
+        for s in slow:
+            s.close()
+
+
+def test_pipelined_and_split_heads_are_served(serve):
+    srv = serve(tls=False, threads=1)
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=3) as s:
+        s.sendall(b"GET /hello HTTP/1.1\r\nHo")
+        time.sleep(0.05)  # a head in two packets
+        s.sendall(b"st: x\r\n\r\nGET /hello HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        answer = _read_all(s)
+    assert answer.count(b"HTTP/1.1 200") == 2, answer
