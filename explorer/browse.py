@@ -169,10 +169,11 @@ def _offset(token: str | None) -> int:
         raise BadRequest(f"_next {token!r} is not an offset this page gave out") from None
 
 
-def next_token(relation: Relation, browse: Browse, last_row: dict[str, Any]) -> str:
-    """The `_next` value for the page after the one ending with `last_row`."""
+def next_token(relation: Relation, browse: Browse, rows: list[dict[str, Any]]) -> str:
+    """The `_next` value for the page after `rows` (fewer than `_size` when the page hit its byte limit)."""
+    last_row = rows[-1]
     if not relation.keyset:
-        return str(_offset(browse.next) + browse.size)
+        return str(_offset(browse.next) + len(rows))
     if browse.sort is None:
         return str(last_row[ROWID])
     return json.dumps([last_row[browse.sort], last_row[ROWID]], separators=(",", ":"))
@@ -183,7 +184,7 @@ def page(session: Session, relation: Relation, browse: Browse) -> tuple[list[str
     sql, params = select_page(relation, browse)
     result = session.query(sql, params, max_rows=browse.size)
     records = row_dicts(result)
-    token = next_token(relation, browse, records[-1]) if result.truncated and records else None
+    token = next_token(relation, browse, records) if result.truncated and records else None
     keep = [i for i, name in enumerate(result.columns) if name != ROWID]
     columns = [result.columns[i] for i in keep]
     rows = [tuple(row[i] for i in keep) for row in result.rows]

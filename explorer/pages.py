@@ -15,7 +15,7 @@ import jinja2
 
 from . import browse, render
 from .queries import CANNED, QUERIES, param_defaults
-from .readonly import QueryError, ReadOnlyDatabase, Result, first, row_dicts
+from .readonly import SQLITE_INTEGERS, QueryError, ReadOnlyDatabase, Result, first, row_dicts
 
 DATA_FORMATS = ("json", "csv")
 LOG_TAIL_LINES = 200
@@ -267,6 +267,8 @@ class JobPage:
         self.ctx = ctx
 
     def on_get(self, req: falcon.Request, resp: falcon.Response, job_id: int) -> None:
+        if job_id not in SQLITE_INTEGERS:
+            raise ExplorerError(falcon.HTTP_404, f"no job {job_id}")
         params = {"job_id": job_id}
         with self.ctx.db.session() as session:
             job = first(session.query(QUERIES["page_job"].sql, params))

@@ -42,6 +42,14 @@ READABLE_SETTINGS = frozenset({
 DENIED_FUNCTIONS = frozenset({"load_extension", "fts3_tokenizer", "readfile", "writefile", "edit"})
 
 PROGRESS_STEPS = 1000  # VM steps between deadline checks: ~tens of microseconds
+# One VM step can allocate a whole value (zeroblob(1e9) is one step), so the
+# deadline alone cannot bound a query: every value is capped at MAX_VALUE_BYTES
+# (a stored job spec, a 1 MiB request re-encoded with \u escapes, stays under
+# it), a result row at MAX_COLUMNS columns and a result at MAX_RESULT_BYTES.
+MAX_VALUE_BYTES = 2_000_000
+MAX_COLUMNS = 64            # the widest table has 22
+MAX_RESULT_BYTES = 8_000_000
+SQLITE_INTEGERS = range(-2**63, 2**63)
 
 _ERROR_SUBJECT = re.compile(r'(?:no such (?:table|column|function): |near ")([^"\s]+)')
 _LEADING_NOISE = re.compile(r"(?:\s+|;|--[^\n]*(?:\n|$)|/\*.*?(?:\*/|$))", re.DOTALL)
@@ -83,6 +91,11 @@ class Result:
     columns: list[str]
     rows: list[tuple[Any, ...]]
     truncated: bool = False
+
+
+def row_bytes(row: tuple[Any, ...]) -> int:
+    """Roughly what a row weighs once rendered: its text and blobs' lengths, 8 a number."""
+    return sum(len(v) if isinstance(v, (str, bytes)) else 8 for v in row)
 
 
 class _Missing(dict):
@@ -199,15 +212,25 @@ class Session:
         self.conn.set_progress_handler(lambda: time.monotonic() > deadline, PROGRESS_STEPS)
         self.guard.reset()
         rows: list[tuple[Any, ...]] = []
+        size = 0
         try:
             for row in cursor.execute(sql, _Missing(params or {})):
+                size += row_bytes(row)
+                if size > MAX_RESULT_BYTES and not rows:
+                    raise QueryError(f"one row of the result is over {MAX_RESULT_BYTES} bytes: "
+                                     "select fewer or shorter columns (substr())", sql)
                 rows.append(row)
-                if len(rows) > limit:
+                if len(rows) > limit or size > MAX_RESULT_BYTES:
                     break
         except QueryError:
             raise
         except apsw.InterruptError:
             raise QueryTimeout(f"query took longer than {float(seconds)} s and was stopped", sql) from None
+        except apsw.TooBigError:
+            raise QueryError(f"string or blob too big: the explorer allows values up to {MAX_VALUE_BYTES} bytes "
+                             f"and results up to {MAX_COLUMNS} columns", sql) from None
+        except OverflowError:
+            raise QueryError("a number is too large for SQLite: integers run from -2**63 to 2**63-1", sql) from None
         except apsw.AuthError as e:
             raise QueryError(self.guard.refusal or str(e), sql) from None
         except apsw.ReadOnlyError as e:
@@ -220,7 +243,8 @@ class Session:
         finally:
             self.conn.set_progress_handler(None)
             cursor.close(force=True)
-        return Result(columns, rows[:limit], truncated=len(rows) > limit)
+        truncated = len(rows) > limit or size > MAX_RESULT_BYTES
+        return Result(columns, rows[:limit], truncated=truncated)
 
     def parameters(self, sql: str) -> list[str]:
         """The names of the `:named` parameters of one statement, without running it."""
@@ -275,6 +299,8 @@ class ReadOnlyDatabase:
         conn.set_busy_timeout(1000)
         conn.execute("PRAGMA query_only = 1")
         conn.enable_load_extension(False)
+        conn.limit(apsw.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
+        conn.limit(apsw.SQLITE_LIMIT_COLUMN, MAX_COLUMNS)
         guard = _Guard()
         conn.authorizer = guard
         return conn, guard

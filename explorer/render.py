@@ -131,12 +131,30 @@ def json_body(payload: dict[str, Any]) -> str:
     return json.dumps(payload, ensure_ascii=False, allow_nan=False)
 
 
+# A spreadsheet runs a cell that starts with one of these as a formula (CSV injection).
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(value: Any) -> Any:
+    """A value as a CSV cell: text that a spreadsheet would run prefixed with `'`, blobs in base64.
+
+    Numbers stay as they are (-1 is not a formula); text such as '-1' gets the quote too.
+    Base64 is left exact: its alphabet cannot spell a call or a DDE link.
+    """
+    if value is None:
+        return ""
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode("ascii")
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return value
+
+
 def csv_body(columns: list[str], rows: list[tuple[Any, ...]]) -> str:
-    """RFC 4180 CSV: a header line, CRLF line ends, quoted where needed."""
+    """RFC 4180 CSV: a header line, CRLF line ends, quoted where needed, no cell a formula."""
     out = io.StringIO()
     writer = csv.writer(out)
-    writer.writerow(columns)
+    writer.writerow([csv_cell(c) for c in columns])
     for row in rows:
-        writer.writerow(["" if v is None else base64.b64encode(v).decode("ascii") if isinstance(v, bytes) else v
-                         for v in row])
+        writer.writerow([csv_cell(v) for v in row])
     return out.getvalue()

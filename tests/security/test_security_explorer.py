@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+from pathlib import Path
 
 import falcon.testing
 import pytest
+import requests
 
 import explorer
 from gpulayer.app import new_deps
 from gpulayer.config import ControlPlaneConfig
+from gpulayer.testing import ControlPlaneProcess
 
 WRITES = [
     "INSERT INTO jobs (spec, created_at) VALUES ('{}', 0)",
@@ -115,3 +118,46 @@ def test_table_pages_take_no_writes(browse, state_copy):
     r = browse.simulate_get("/jobs", params={"_sort": "id; DROP TABLE jobs", "_where": "1; DELETE FROM jobs"})
     assert r.status_code < 500
     assert _digest(state_copy) == before
+
+
+def _peak_rss_mb(pid: int) -> float:
+    """The highest resident set size the process has had (VmHWM), in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM in /proc/PID/status")
+
+
+HUGE_VALUES = [
+    "select zeroblob(999999999)",
+    "select printf('%.*c', 999999999, 'x')",
+    "select hex(zeroblob(4e8))",
+    "select length(zeroblob(999999999))",
+    "select group_concat(zeroblob(999999)) from (with recursive r(n) as"
+    " (select 1 union all select n + 1 from r limit 5000) select n from r)",
+]
+MANY_BIG_ROWS = ("with recursive r(n) as (select 1 union all select n + 1 from r limit 1000)"
+                 " select n, zeroblob(999999) as blob from r")
+
+
+def test_huge_values_are_refused_fast_and_memory_stays_bounded(tmp_path):
+    """Through a real control plane: each query answers 400 at once, pages stay small, RSS stays put."""
+    with ControlPlaneProcess(tmp_path) as plane:
+        session = requests.Session()
+        session.headers["Authorization"] = f"Bearer {plane.client_token}"
+        url = f"{plane.url}/explorer/-/query"
+        assert session.get(url + ".json", params={"sql": "select 1"}, timeout=30).status_code == 200
+        before = _peak_rss_mb(plane.pid)
+        for sql in HUGE_VALUES:
+            for suffix in (".json", ".csv", ""):
+                answer = session.get(url + suffix, params={"sql": sql}, timeout=30)
+                assert answer.status_code == 400, (sql, suffix, answer.text[:300])
+                if suffix == ".json":
+                    assert "too big" in answer.json()["error"], answer.text[:300]
+        for suffix in (".json", ".csv", ""):
+            answer = session.get(url + suffix, params={"sql": MANY_BIG_ROWS}, timeout=30)
+            assert answer.status_code == 200 and len(answer.content) < 20_000_000, (suffix, len(answer.content))
+        page = session.get(url + ".json", params={"sql": MANY_BIG_ROWS}, timeout=30).json()
+        assert page["truncated"] is True and 0 < len(page["rows"]) < 1000
+        assert plane.healthy()
+        assert _peak_rss_mb(plane.pid) - before < 300, "the explorer's queries grew the server's memory"
