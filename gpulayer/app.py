@@ -14,7 +14,7 @@ import falcon
 from . import auth, resources, tokens, wire
 from .artifacts import ArtifactStore
 from .config import PROTOCOL, ControlPlaneConfig
-from .db import Store
+from .db import Store, domain_error
 from .errors import Forbidden, GpulayerError, NotFound, ProtocolMismatch, Unauthorized
 from .metrics import Metrics, MetricsResource
 from .scheduler import Scheduler
@@ -168,6 +168,10 @@ def _http_error_serializer(req, resp, exc: falcon.HTTPError):
 def _unexpected(req, resp, ex, params):
     if isinstance(ex, falcon.HTTPError):
         raise ex
+    mapped = domain_error(ex)  # a full disk: 507; out of file descriptors, writer busy: 503
+    if mapped is not None:
+        log.warning("request_refused method=%s path=%s code=%s error=%r", req.method, req.path, mapped.code, ex)
+        return _error_handler(req, resp, mapped, params)
     log.exception("request_failed method=%s path=%s", req.method, req.path)
     resp.status = falcon.HTTP_500
     resp.media = {"error": {"code": "internal_error", "message": "the control plane hit an unexpected error; "

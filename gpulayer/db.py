@@ -4,10 +4,15 @@ Every write goes through `Store.write(fn, ...)`, which runs `fn(conn, ...)` on
 the one writer thread inside `BEGIN IMMEDIATE`. The writer groups what is
 queued into one transaction (each function in its own SAVEPOINT, so one
 failure undoes only its own changes) and answers callers after the COMMIT.
-Readers use one connection per thread and never block the writer (WAL).
+Readers take a connection from a bounded pool and never block the writer (WAL).
+The writer outlives any failure: a group that fails (a full disk) fails its
+callers, and the next group starts afresh. No caller waits without bound.
 """
 from __future__ import annotations
 
+import errno
+import logging
+import os
 import queue
 import threading
 from contextlib import contextmanager
@@ -16,12 +21,17 @@ from typing import Any, Callable, Iterator
 
 import apsw
 
-from .errors import ConfigError
-from .sql import QUERIES
+from .errors import ConfigError, GpulayerError, StorageFull, Unavailable
+from .sql import QUERIES, row, rows
+
+log = logging.getLogger("gpulayer.db")
 
 SYNCHRONOUS = {"normal": "NORMAL", "full": "FULL"}
 BUSY_TIMEOUT_MS = 10_000
 MAX_GROUP = 256          # most functions one transaction carries
+READERS = 16             # pooled read connections, all opened at start (about 2 file descriptors each)
+LOW_DISK_BYTES = 1 << 20    # /v1/health answers 503 below this much free space on the state file's disk
+WRITE_TIMEOUT_S = 30.0   # longest a request waits for the writer (or a reader) before a 503
 _ROOT = Path(__file__).resolve().parent
 
 
@@ -54,8 +64,12 @@ def _dict_row(cursor: apsw.Cursor, row: tuple) -> dict:
     return dict(zip((d[0] for d in cursor.getdescription()), row))
 
 
-def connect(path: Path | str, *, synchronous: str = "normal", readonly: bool = False) -> apsw.Connection:
-    """An apsw connection with GPUlayer's pragmas; rows come back as dicts."""
+def connect(path: Path | str, *, synchronous: str = "normal", readonly: bool = False,
+            query_only: bool = False) -> apsw.Connection:
+    """An apsw connection with GPUlayer's pragmas; rows come back as dicts.
+
+    `query_only`: a reader of a live file (WAL needs it opened read-write, so writes are refused by pragma).
+    """
     flags = apsw.SQLITE_OPEN_READONLY if readonly else apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE
     conn = apsw.Connection(str(path), flags=flags)
     conn.set_busy_timeout(BUSY_TIMEOUT_MS)
@@ -63,6 +77,8 @@ def connect(path: Path | str, *, synchronous: str = "normal", readonly: bool = F
         conn.execute("PRAGMA journal_mode=WAL")
     conn.execute(f"PRAGMA synchronous={SYNCHRONOUS[synchronous]}")
     conn.execute("PRAGMA foreign_keys=ON")
+    if query_only:
+        conn.execute("PRAGMA query_only=ON")
     conn.row_trace = _dict_row
     return conn
 
@@ -92,84 +108,142 @@ def ensure_schema(conn: apsw.Connection) -> int:
 
 
 class _Op:
-    __slots__ = ("fn", "args", "kwargs", "done", "result", "error")
+    __slots__ = ("fn", "args", "kwargs", "done", "result", "error", "claimed", "abandoned")
 
     def __init__(self, fn, args, kwargs):
         self.fn, self.args, self.kwargs = fn, args, kwargs
         self.done = threading.Event()
         self.result = None
         self.error: BaseException | None = None
+        self.claimed = self.abandoned = False   # the writer took it / its caller gave up first
+
+    def fail(self, exc: BaseException) -> None:
+        self.error = self.error or exc
+        self.done.set()
+
+
+def domain_error(exc: BaseException) -> GpulayerError | None:
+    """What a storage failure means to a caller: 507 disk full, 503 retry later; None for other errors."""
+    if isinstance(exc, GpulayerError):
+        return exc
+    if isinstance(exc, apsw.FullError) or (isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)):
+        return StorageFull("the control plane's disk is full: nothing was written; free space and retry")
+    if isinstance(exc, (apsw.BusyError, apsw.CantOpenError)) or \
+            (isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE)):
+        return Unavailable(f"the control plane is out of a resource ({type(exc).__name__}): retry later")
+    return None
 
 
 class Store:
-    """One state file: a writer thread that owns the write connection, readers per thread."""
+    """One state file: a writer thread that owns the write connection, a bounded pool of readers."""
 
-    def __init__(self, path: Path | str, *, synchronous: str = "normal"):
+    def __init__(self, path: Path | str, *, synchronous: str = "normal", readers: int = READERS,
+                 write_timeout_s: float = WRITE_TIMEOUT_S):
         if synchronous not in SYNCHRONOUS:
             raise ConfigError(f"synchronous must be one of {sorted(SYNCHRONOUS)}, not {synchronous!r}")
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.synchronous = synchronous
+        self.write_timeout_s = write_timeout_s
+        _private(self.path)
         self._writer = connect(self.path, synchronous=synchronous)
         ensure_schema(self._writer)
         self._queue: queue.SimpleQueue[_Op | None] = queue.SimpleQueue()
-        self._local = threading.local()
-        self._readers: list[apsw.Connection] = []
-        self._readers_lock = threading.Lock()
+        self._lock = threading.Lock()        # closing vs queueing; claiming vs abandoning an op
+        # Every reader is opened now: a request never opens a file after its write committed.
+        self._readers = [connect(self.path, synchronous=synchronous, query_only=True) for _ in range(readers)]
+        self._pool: queue.LifoQueue[apsw.Connection] = queue.LifoQueue()
+        for conn in self._readers:
+            self._pool.put(conn)
         self._closed = False
+        self.last_error: str | None = None   # the code of the last failed group; None after a commit
         self._thread = threading.Thread(target=self._run, name="gpulayer-writer", daemon=True)
         self._thread.start()
 
     def write(self, fn: Callable[..., Any], *args, **kwargs) -> Any:
         """Run fn(conn, *args, **kwargs) in a write transaction; returns its result after COMMIT.
 
-        Raises whatever fn raised (its changes undone), or RuntimeError once closed.
+        Raises whatever fn raised (its changes undone); StorageFull when the disk is
+        full; Unavailable once closed, or when the writer has not taken the write
+        within write_timeout_s (then it never will: nothing was written).
         """
-        if self._closed:
-            raise RuntimeError("the state file is closed")
         op = _Op(fn, args, kwargs)
-        self._queue.put(op)
-        op.done.wait()
+        with self._lock:
+            if self._closed:
+                raise Unavailable("the state file is closed (the control plane is stopping)")
+            self._queue.put(op)
+        if not op.done.wait(self.write_timeout_s):
+            with self._lock:
+                if not op.claimed:
+                    op.abandoned = True
+                    raise Unavailable(f"the state file's writer did not take this write within "
+                                      f"{self.write_timeout_s:g} s; nothing was written: retry")
+            # Taken already: its transaction is under way and ends within the busy timeout.
+            if not op.done.wait(self.write_timeout_s + BUSY_TIMEOUT_MS / 1000):
+                raise Unavailable("the state file's writer is stuck; the write's outcome is unknown")
         if op.error is not None:
             raise op.error
         return op.result
 
     @contextmanager
     def reading(self) -> Iterator[apsw.Connection]:
-        """A read transaction on this thread's connection (a consistent snapshot)."""
-        conn = self._reader()
-        conn.execute("BEGIN")
+        """A read transaction on a pooled connection (a consistent snapshot).
+
+        Raises Unavailable when every reader stays busy for write_timeout_s.
+        """
         try:
-            yield conn
+            conn = self._pool.get(timeout=self.write_timeout_s)
+        except queue.Empty:
+            raise Unavailable(f"all {len(self._readers)} readers of the state file stayed busy: retry") from None
+        try:
+            conn.execute("BEGIN")
+            try:
+                yield conn
+            finally:
+                if not conn.getautocommit():
+                    conn.execute("COMMIT")
         finally:
-            conn.execute("COMMIT")
+            self._pool.put(conn)
 
     def read(self, fn: Callable[..., Any], *args, **kwargs) -> Any:
         """fn(conn, *args, **kwargs) inside one read transaction."""
         with self.reading() as conn:
             return fn(conn, *args, **kwargs)
 
+    def health(self) -> dict:
+        """The writer (alive, queued writes, last error) and the disk (free bytes); `ok` when writes can succeed."""
+        try:
+            disk = os.statvfs(self.path.parent)
+            free = disk.f_bavail * disk.f_frsize
+        except OSError:
+            free = None
+        low = free is not None and free < LOW_DISK_BYTES
+        if self.last_error == StorageFull.code and not low:
+            self._probe()  # space came back: clear the error without waiting for a client's write
+        full = low or self.last_error == StorageFull.code
+        alive = self._thread.is_alive() and not self._closed
+        return {"ok": alive and not full,
+                "writer": {"alive": alive, "queued": self._queue.qsize(), "last_error": self.last_error},
+                "disk": {"free_bytes": free, "full": full}}
+
+    def _probe(self) -> None:
+        """A write that changes nothing but needs room in the file: sets last_error, or clears it once it fits."""
+        try:
+            self.write(lambda conn: row(conn, "storage_probe") and rows(conn, "storage_probe_undo"))
+        except GpulayerError:
+            pass
+
     def close(self) -> None:
-        """Finish queued writes, stop the writer, close every connection."""
-        if self._closed:
-            return
-        self._closed = True
-        self._queue.put(None)
+        """Finish queued writes, stop the writer, close every connection; later writes fail at once."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._queue.put(None)
         self._thread.join()
         self._writer.close()
-        with self._readers_lock:
-            for conn in self._readers:
-                conn.close()
-            self._readers.clear()
-
-    def _reader(self) -> apsw.Connection:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = connect(self.path, synchronous=self.synchronous)
-            self._local.conn = conn
-            with self._readers_lock:
-                self._readers.append(conn)
-        return conn
+        for conn in self._readers:
+            conn.close()
 
     def _run(self) -> None:
         while True:
@@ -187,26 +261,57 @@ class Store:
                     stop = True
                     break
                 group.append(op)
-            self._run_group(group)
+            try:
+                self._run_group([op for op in group if self._claim(op)])
+            except BaseException as exc:  # noqa: BLE001 - the writer outlives any one group
+                self._recover(group, exc)
             if stop:
                 return
 
+    def _claim(self, op: _Op) -> bool:
+        with self._lock:
+            op.claimed = not op.abandoned
+            return op.claimed
+
+    def _recover(self, group: list[_Op], exc: BaseException) -> None:
+        log.error("writer_group_failed error=%r", exc)
+        try:
+            if not self._writer.getautocommit():
+                self._writer.execute("ROLLBACK")
+        except apsw.Error:
+            log.exception("writer_rollback_failed")
+        failure = domain_error(exc) or exc
+        for op in group:
+            if not op.done.is_set():
+                op.error = failure if op.error is None else op.error
+                op.result = None
+                op.done.set()
+
     def _run_group(self, group: list[_Op]) -> None:
+        if not group:
+            return
         conn = self._writer
+        changes = conn.total_changes()
         try:
             conn.execute("BEGIN IMMEDIATE")
         except apsw.Error as exc:  # another process holds the lock past the busy timeout
-            for op in group:
-                op.error = exc
-                op.done.set()
+            self._fail(group, exc)
             return
-        for op in group:
+        for i, op in enumerate(group):
             conn.execute("SAVEPOINT op")
             try:
                 op.result = op.fn(conn, *op.args, **op.kwargs)
                 conn.execute("RELEASE op")
             except BaseException as exc:  # noqa: BLE001 - handed to the caller
-                op.error = exc
+                op.error = (domain_error(exc) if isinstance(exc, apsw.Error) else None) or exc
+                if isinstance(op.error, StorageFull):
+                    self.last_error = StorageFull.code
+                if conn.getautocommit():
+                    # SQLite rolled the whole transaction back (SQLITE_FULL, IOERR, NOMEM):
+                    # what ran before is undone too; the rest gets a transaction of its own.
+                    self._fail(group[:i + 1], exc)
+                    self._run_group(group[i + 1:])
+                    return
                 conn.execute("ROLLBACK TO op")
                 conn.execute("RELEASE op")
         try:
@@ -214,7 +319,25 @@ class Store:
         except apsw.Error as exc:
             if not conn.getautocommit():
                 conn.execute("ROLLBACK")
-            for op in group:
-                op.error = op.error or exc
+            self._fail(group, exc)
+            return
+        if conn.total_changes() != changes:  # only a commit that wrote rows shows there is room again
+            self.last_error = None
         for op in group:
             op.done.set()
+
+    def _fail(self, group: list[_Op], exc: BaseException) -> None:
+        """None of the group was written: every caller gets the error (its own first, if it had one)."""
+        failure = domain_error(exc) or exc
+        self.last_error = getattr(failure, "code", type(exc).__name__)
+        for op in group:
+            op.result = None
+            op.fail(failure)
+
+
+def _private(path: Path) -> None:
+    """The state file and its -wal/-shm are the owner's alone (0600); SQLite gives -wal/-shm the file's mode."""
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+    for p in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        if p.exists():
+            os.chmod(p, 0o600)

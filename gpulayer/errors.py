@@ -78,3 +78,17 @@ class DigestMismatch(GpulayerError):
 class AlreadyInitialised(GpulayerError):
     code = "already_initialised"
     status = 409
+
+
+class Unavailable(GpulayerError):
+    """The control plane cannot serve this now (writer busy or stopped, out of file descriptors); retry later."""
+
+    code = "unavailable"
+    status = 503
+
+
+class StorageFull(GpulayerError):
+    """The state file's disk (or its max_page_count) is full; nothing of the request was written."""
+
+    code = "storage_full"
+    status = 507

@@ -32,7 +32,13 @@ class Health(Resource):
     auth = ()
 
     def on_get(self, req, resp):
-        resp.media = {"ok": True, "protocol": PROTOCOL}
+        """200 `ok: true` while writes can succeed; else 503 `ok: false` with the writer's and the disk's state."""
+        health = self.deps.store.health()
+        if health["ok"]:
+            resp.media = {"ok": True, "protocol": PROTOCOL}
+            return
+        resp.status = falcon.HTTP_503
+        resp.media = {"protocol": PROTOCOL, **health}
 
 
 class CACert(Resource):

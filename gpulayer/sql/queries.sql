@@ -662,3 +662,13 @@ UPDATE jobs SET state = 'queued'
 WHERE id = :job_id AND state = 'running'
   AND NOT EXISTS (SELECT 1 FROM tasks WHERE job_id = :job_id AND state IN ('assigned', 'running'))
 RETURNING id;
+
+-- name: storage_probe --
+-- /v1/health after a full disk: an event row of 16 kB, so it needs new pages in the
+-- file; storage_probe_undo removes it in the same transaction, whose COMMIT still writes pages.
+INSERT INTO events (at, kind, data)
+VALUES (0, 'storage_probe', json_object('pad', printf('%.*c', 16384, 'x'))) RETURNING seq;
+
+-- name: storage_probe_undo --
+-- The other half of storage_probe.
+DELETE FROM events WHERE kind = 'storage_probe' AND at = 0 RETURNING seq;
