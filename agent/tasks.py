@@ -21,7 +21,7 @@ from .errors import AgentError, Rejected, TaskSetupError, Unreachable
 from .events import log_event
 from .leftovers import RunningTasks
 from .logship import LogShipper
-from .outputs import collect_outputs, upload_outputs
+from .outputs import collect_outputs, open_regular, upload_outputs
 from .process import KILL_GRACE_S, TaskProcess, exit_code_of
 from .rendezvous import RENDEZVOUS_TIMEOUT_S, distributed_env, free_port, rendezvous
 from .supervision import Limits, Stop, TaskHandle, supervise
@@ -243,16 +243,16 @@ class TaskRunner:
             self.shipper.system(problem)
         if not files or not self.assigned:
             return {}
-        recorded = upload_outputs(files, self._upload)
+        recorded = upload_outputs(files, self._upload, self.shipper.system)
         self.shipper.system(f"{len(recorded)} output files uploaded")
         return recorded
 
     def _upload(self, digest: str, path: str) -> bool:
         """Upload one output; False (and a log line) when the control plane refuses it."""
         try:
-            self.ctx.transport.upload_artifact(digest, path)
+            self.ctx.transport.upload_artifact(digest, path, open_regular)
             return True
-        except Rejected as exc:
+        except (Rejected, OSError) as exc:  # OSError: the task swapped the file meanwhile
             self.shipper.system(f"output {os.path.relpath(path, self.workdir)} not uploaded: {exc}")
             return False
 

@@ -8,7 +8,7 @@ other 4xx → Rejected, network errors, timeouts and 5xx → Unreachable.
 
 import ipaddress
 import time
-from typing import BinaryIO
+from typing import BinaryIO, Callable
 from urllib.parse import urlsplit
 
 import requests
@@ -171,13 +171,13 @@ class Transport:
 
         self.retrying(f"GET /artifacts/{digest}", attempt)
 
-    def upload_artifact(self, digest: str, path: str) -> None:
-        """PUT a file's bytes (streamed) under its digest, unless the server has it."""
+    def upload_artifact(self, digest: str, path: str, opener: Callable[[str], BinaryIO] = lambda p: open(p, "rb")) -> None:
+        """PUT a file's bytes (streamed) under its digest, unless the server has it; ``opener`` opens it."""
 
         def attempt() -> None:
             if self.artifact_exists(digest):
                 return
-            with open(path, "rb") as handle:
+            with opener(path) as handle:
                 headers = {"Content-Type": "application/octet-stream"}
                 self._send("PUT", f"/artifacts/{digest}", data=handle, headers=headers, timeout=(30, 600))
 

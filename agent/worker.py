@@ -401,14 +401,17 @@ class Worker:
             threads = list(self.threads.values())
         for handle in handles:
             handle.cancel(reason, by_worker=True)
+        # Bounded whatever a task thread is doing (a FIFO, a hung upload); a second SIGTERM stops waiting at once.
         deadline = time.monotonic() + SHUTDOWN_REPORT_S + self.config.kill_grace_s + 5
         for thread in threads:
-            thread.join(max(0.1, deadline - time.monotonic()))
+            while thread.is_alive() and not self.hurry.is_set() and time.monotonic() < deadline:
+                thread.join(0.1)
         self.heartbeat_stop.set()
         self.beat_now.set()
-        heartbeat.join(self.interval_s + 5)
-        if not self.fatal:
-            self._deregister()
+        if not self.hurry.is_set():
+            heartbeat.join(max(0.1, min(self.interval_s + 5, deadline - time.monotonic())))
+        if not self.fatal:  # the control plane puts back what was only assigned and loses what still runs
+            self._deregister(timeout=2 if self.hurry.is_set() else 10)
         self.close()
         log_event("worker_stopped", tasks_stopped=len(handles))
 
@@ -431,9 +434,9 @@ class Worker:
             self.slot_freed.clear()
         log_event("worker_drained", tasks_left=busy)
 
-    def _deregister(self) -> None:
+    def _deregister(self, timeout: float) -> None:
         try:
-            self.transport.request("POST", "/worker/deregister", {}, timeout=10)
+            self.transport.request("POST", "/worker/deregister", {}, timeout=timeout)
             log_event("worker_deregistered")
         except (Unreachable, Rejected) as exc:
             log_event("deregister_failed", error=str(exc))

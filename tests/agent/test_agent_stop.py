@@ -116,3 +116,19 @@ def test_python_m_agent_refuses_a_negative_drain_timeout(capsys):
         build_parser().parse_args(["--drain-timeout", "-1"])
     assert stopped.value.code == 2 and "--drain-timeout" in capsys.readouterr().err
     assert build_parser().parse_args(["--drain-timeout", "2.5"]).drain_timeout == 2.5
+
+
+def test_a_second_sigterm_stops_the_agent_whatever_its_task_threads_wait_for(plane, tmp_path):
+    worker = plane.start_worker("stuck")
+    job_id = plane.submit({"command": ["sh", "-c", FIRST_ATTEMPT_WAITS], "env": {"GO": str(tmp_path / "never")}})
+    wait_for(lambda: running_on(plane, job_id, "stuck"), 30, "the task running")
+    plane.pause()  # the task's finish, the heartbeat and deregister now wait on a control plane that never answers
+    try:
+        worker.proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: "task_started" in worker.log() and "worker_stopping" in worker.log(), 15,
+                 "the worker to start stopping", details=worker.log)
+        worker.proc.send_signal(signal.SIGTERM)
+        assert worker.wait(15) == 0, worker.log()
+    finally:
+        plane.resume()
+    plane.workers.pop("stuck")
