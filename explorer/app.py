@@ -12,6 +12,22 @@ from . import pages, render
 from .readonly import QueryError, ReadOnlyDatabase
 
 STATIC = Path(__file__).with_name("static")
+# Only our own stylesheet may load: no script, no frame, no form posting elsewhere.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
+                               "frame-ancestors 'none'; base-uri 'none'",
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",   # URLs carry SQL and filter values
+}
+
+
+class SecurityHeaders:
+    """Middleware: SECURITY_HEADERS on every answer, errors and redirects included."""
+
+    def process_response(self, req: falcon.Request, resp: falcon.Response, resource: object,
+                         req_succeeded: bool) -> None:
+        resp.set_headers(SECURITY_HEADERS)
 
 
 def create_app(state_path: str, *, auth: Callable[[str], bool] | None = None, secure_cookies: bool = False,
@@ -21,13 +37,15 @@ def create_app(state_path: str, *, auth: Callable[[str], bool] | None = None, se
 
     `auth(token) -> bool` checks a client token; None leaves the explorer open.
     `base_path` ("/explorer") is the prefix every route and link carries when
-    the app is mounted under one. `clock` gives `:now` for canned queries.
+    the app is mounted under one. `clock` gives `:now` for canned queries and
+    times login sessions (SESSION_TTL_S).
     """
     base = base_path.rstrip("/")
     ctx = pages.Context(db=ReadOnlyDatabase(state_path, time_limit_s=time_limit_s, max_rows=max_rows),
                         env=render.environment(), links=render.Links(base), clock=clock,
                         auth_enabled=auth is not None)
-    middleware = [auth_.RequireToken(ctx, auth)] if auth is not None else []
+    sessions = auth_.Sessions(clock)
+    middleware = [SecurityHeaders(), *([auth_.RequireToken(ctx, auth, sessions)] if auth is not None else [])]
     app = falcon.App(middleware=middleware)
     app.req_options.strip_url_path_trailing_slash = True
     app.resp_options.secure_cookies_by_default = secure_cookies
@@ -46,6 +64,6 @@ def create_app(state_path: str, *, auth: Callable[[str], bool] | None = None, se
     app.add_route(f"{base}/-/jobs/{{job_id:int}}", pages.JobPage(ctx))
     app.add_route(f"{base}/-/static/app.css", pages.Stylesheet((STATIC / "app.css").read_bytes()))
     if auth is not None:
-        app.add_route(f"{base}{auth_.LOGIN_PATH}", auth_.LoginPage(ctx, auth, secure_cookies))
-        app.add_route(f"{base}/-/logout", auth_.LogoutPage(ctx, secure_cookies))
+        app.add_route(f"{base}{auth_.LOGIN_PATH}", auth_.LoginPage(ctx, auth, sessions, secure_cookies))
+        app.add_route(f"{base}/-/logout", auth_.LogoutPage(ctx, sessions, secure_cookies))
     return app

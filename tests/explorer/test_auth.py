@@ -5,9 +5,10 @@ from pathlib import Path
 
 import falcon.testing
 import pytest
-from explorer_state import CLIENT_TOKEN
+from explorer_state import CLIENT_TOKEN, NOW
 
 from explorer import create_app
+from explorer.auth import SESSION_TTL_S
 
 COOKIE = "gpulayer_token"
 
@@ -35,7 +36,7 @@ def test_bearer_token_and_cookie_both_work(auth_client: falcon.testing.TestClien
     bearer = auth_client.simulate_get("/explorer/-/query.json", params={"sql": "select 1"},
                                       headers={"Authorization": f"Bearer {CLIENT_TOKEN}"})
     assert bearer.json == {"ok": True, "columns": ["1"], "rows": [[1]], "truncated": False}
-    page = auth_client.simulate_get("/explorer/-/workers", cookies={COOKIE: CLIENT_TOKEN})
+    page = auth_client.simulate_get("/explorer/-/workers", cookies={COOKIE: log_in(auth_client)})
     assert page.status_code == 200 and "gpu-a" in page.text
     assert 'action="/explorer/-/logout"' in page.text
 
@@ -53,7 +54,7 @@ def test_login_sets_an_httponly_samesite_strict_secure_cookie(auth_client: falco
                                        body=f"token={CLIENT_TOKEN}&next=%2Fexplorer%2F-%2Fworkers")
     assert result.status_code == 303 and result.headers["location"] == "/explorer/-/workers"
     cookie = result.cookies[COOKIE]
-    assert cookie.value == CLIENT_TOKEN
+    assert cookie.value != CLIENT_TOKEN and len(cookie.value) >= 40
     assert cookie.http_only and cookie.secure and cookie.same_site == "Strict"
     assert cookie.path == "/explorer"
 
@@ -83,9 +84,65 @@ def test_cookie_is_not_secure_on_plain_http(state: Path) -> None:
 
 
 def test_logout_forgets_the_cookie(auth_client: falcon.testing.TestClient) -> None:
-    result = auth_client.simulate_post("/explorer/-/logout", cookies={COOKIE: CLIENT_TOKEN})
+    result = auth_client.simulate_post("/explorer/-/logout", cookies={COOKIE: log_in(auth_client)})
     assert result.status_code == 303 and result.headers["location"] == "/explorer/-/login"
     assert result.cookies[COOKIE].value == ""
+
+
+def log_in(client: falcon.testing.TestClient, base: str = "/explorer") -> str:
+    """Log in through the form; the session id the cookie carries."""
+    result = client.simulate_post(f"{base}/-/login", body=f"token={CLIENT_TOKEN}",
+                                  headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert result.status_code == 303, result.text
+    return result.cookies[COOKIE].value
+
+
+def test_the_cookie_is_a_session_that_logout_revokes(auth_client: falcon.testing.TestClient) -> None:
+    assert auth_client.simulate_get("/explorer/jobs.json", cookies={COOKIE: CLIENT_TOKEN}).status_code == 401
+    first, second = log_in(auth_client), log_in(auth_client)
+    assert first != second
+    for session in (first, second):
+        assert auth_client.simulate_get("/explorer/jobs.json", cookies={COOKIE: session}).status_code == 200
+    auth_client.simulate_post("/explorer/-/logout", cookies={COOKIE: first})
+    assert auth_client.simulate_get("/explorer/jobs.json", cookies={COOKIE: first}).status_code == 401
+    assert auth_client.simulate_get("/explorer/jobs.json", cookies={COOKIE: second}).status_code == 200
+
+
+def test_a_session_expires_and_dies_with_its_token(state: Path) -> None:
+    now, valid = [NOW], {CLIENT_TOKEN}
+    app = create_app(str(state), auth=lambda token: token in valid, clock=lambda: now[0])
+    client = falcon.testing.TestClient(app)
+    session = log_in(client, "")
+    assert client.simulate_get("/jobs.json", cookies={COOKIE: session}).status_code == 200
+    now[0] += SESSION_TTL_S + 1
+    assert client.simulate_get("/jobs.json", cookies={COOKIE: session}).status_code == 401
+    session = log_in(client, "")
+    valid.clear()   # the client token rotated
+    assert client.simulate_get("/jobs.json", cookies={COOKIE: session}).status_code == 401
+
+
+@pytest.mark.parametrize(("url", "status"), [("/explorer/", 303), ("/explorer/-/login", 200),
+                                             ("/explorer/jobs.json", 401),
+                                             ("/explorer/-/static/app.css", 200)])
+def test_every_answer_carries_the_security_headers(auth_client: falcon.testing.TestClient, url: str,
+                                                    status: int) -> None:
+    result = auth_client.simulate_get(url)
+    assert result.status_code == status
+    assert_security_headers(result)
+
+
+@pytest.mark.parametrize("url", ["/", "/jobs", "/jobs.csv", "/-/query.json?sql=select+x", "/-/jobs/1", "/-/jobs/999",
+                                 "/nope"])
+def test_pages_and_errors_carry_the_security_headers(client: falcon.testing.TestClient, url: str) -> None:
+    assert_security_headers(client.simulate_get(url))
+
+
+def assert_security_headers(result: falcon.testing.Result) -> None:
+    csp = result.headers["content-security-policy"]
+    assert "default-src 'none'" in csp and "style-src 'self'" in csp and "frame-ancestors 'none'" in csp
+    assert result.headers["x-frame-options"] == "DENY"
+    assert result.headers["x-content-type-options"] == "nosniff"
+    assert result.headers["referrer-policy"] == "no-referrer"
 
 
 def test_open_explorer_has_no_login(client: falcon.testing.TestClient) -> None:
