@@ -15,7 +15,7 @@ from . import auth, resources, tokens, wire
 from .artifacts import ArtifactStore
 from .config import PROTOCOL, ControlPlaneConfig
 from .db import Store, domain_error
-from .errors import Forbidden, GpulayerError, NotFound, ProtocolMismatch, Unauthorized
+from .errors import BodyTooLarge, Forbidden, GpulayerError, NotFound, ProtocolMismatch, Unauthorized
 from .metrics import Metrics, MetricsResource
 from .scheduler import Scheduler
 from .sql import row
@@ -38,6 +38,10 @@ class Deps:
     clock: object = time.time
     provisioners: list = field(default_factory=list)  # provisioner.Provisioner, from provisioners.json
     _logs_cond: threading.Condition = field(default_factory=threading.Condition)
+    _log_polls: threading.BoundedSemaphore = field(init=False)
+
+    def __post_init__(self):
+        self._log_polls = threading.BoundedSemaphore(max(1, self.config.max_parked_log_polls))
 
     def auth_new_session(self) -> str:
         return auth.new_token("worker")
@@ -67,6 +71,23 @@ class Deps:
     def worker_holds_task(self, conn, worker_id: int) -> bool:
         return row(conn, "worker_holds_task", worker_id=worker_id) is not None
 
+    def put_artifact(self, principal, digest: str, stream, length: int | None) -> int:
+        """Store an upload; its size. A worker uploads only task outputs, up to `max_output_bytes`.
+
+        Raises Forbidden when a worker holds no active task that declares outputs,
+        BodyTooLarge past the limit (nothing stored), and what ArtifactStore.put raises.
+        """
+        if principal.kind == "worker":
+            if not self.store.read(lambda conn: row(conn, "worker_may_upload", worker_id=principal.worker_id)):
+                raise Forbidden("a worker uploads only the outputs of a task it runs, and its tasks declare none")
+            limit = self.config.max_output_bytes
+            if length is not None and length > limit:
+                raise BodyTooLarge(f"an output of {length} bytes is over the limit of {limit} (--max-output-mb)")
+            stream = _Capped(stream, limit)
+        size = self.artifacts.put(digest, stream, length)
+        self.record_artifact(digest, size)
+        return size
+
     def record_artifact(self, digest: str, size: int) -> None:
         self.store.write(lambda conn: row(conn, "record_artifact", digest=digest, size=size, now=self.clock()))
 
@@ -75,19 +96,47 @@ class Deps:
         with self._logs_cond:
             self._logs_cond.notify_all()
 
-    def wait_for_logs(self, job_id: int, after: int, limit: int, wait_s: float) -> list[dict]:
-        """Log lines after `after`; with wait_s, long-poll until some arrive or the job has ended."""
+    def wait_for_logs(self, job_id: int, after: int, limit: int, wait_s: float) -> tuple[list[dict], bool]:
+        """Log lines after `after` and whether the call could wait.
+
+        With wait_s, long-polls until some arrive or the job has ended. Each
+        waiting call holds a server thread, so at most `max_parked_log_polls`
+        wait at once; past that the lines so far come back at once, with False.
+        """
         from .jobs import job_ended, log_lines
         deadline = time.monotonic() + wait_s
-        while True:
-            lines = self.store.read(log_lines, job_id, after, limit)
-            remaining = deadline - time.monotonic()
-            # A job's last line comes before its finish: a follower that saw it still running
-            # must not then wait out its whole wait_s for lines that will never come.
-            if lines or remaining <= 0 or self.store.read(job_ended, job_id):
-                return lines
-            with self._logs_cond:
-                self._logs_cond.wait(min(remaining, 1.0))
+        parked = False
+        try:
+            while True:
+                lines = self.store.read(log_lines, job_id, after, limit)
+                remaining = deadline - time.monotonic()
+                # A job's last line comes before its finish: a follower that saw it still running
+                # must not then wait out its whole wait_s for lines that will never come.
+                if lines or remaining <= 0 or self.store.read(job_ended, job_id):
+                    return lines, True
+                if not parked:
+                    parked = self._log_polls.acquire(blocking=False)
+                    if not parked:
+                        return lines, False
+                with self._logs_cond:
+                    self._logs_cond.wait(min(remaining, 1.0))
+        finally:
+            if parked:
+                self._log_polls.release()
+
+
+class _Capped:
+    """A stream that raises BodyTooLarge once more than `limit` bytes were read from it."""
+
+    def __init__(self, stream, limit: int):
+        self.stream, self.left, self.limit = stream, limit, limit
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.stream.read(size)
+        self.left -= len(data)
+        if self.left < 0:
+            raise BodyTooLarge(f"an output is over the limit of {self.limit} bytes (--max-output-mb)")
+        return data
 
 
 class ProtocolMiddleware:

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from gpulayer.cli_common import fail, home_of, print_json
-from gpulayer.config import DEFAULT_PORT, HEARTBEAT_INTERVAL_S, LEASE_TTL_S
+from gpulayer.config import DEFAULT_PORT, HEARTBEAT_INTERVAL_S, LEASE_TTL_S, MAX_OUTPUT_BYTES
 
 server_app = typer.Typer(help="Initialise, run and back up a control plane.", no_args_is_help=True)
 artifacts_app = typer.Typer(help="The control plane's artifact store.", no_args_is_help=True)
@@ -51,6 +51,7 @@ def server_start(
     heartbeat_interval: Annotated[float, typer.Option("--heartbeat-interval", help="Seconds between worker heartbeats.", min=0.01)] = HEARTBEAT_INTERVAL_S,
     lease_ttl: Annotated[float, typer.Option("--lease-ttl", help="Seconds without a heartbeat before a worker's tasks are lost.", min=0.01)] = LEASE_TTL_S,
     synchronous: Annotated[Synchronous, typer.Option("--synchronous", help="SQLite synchronous: normal (fast) or full (survives power loss).")] = Synchronous.normal,
+    max_output_mb: Annotated[int, typer.Option("--max-output-mb", help="Largest task output a worker may upload, in MiB.", min=1)] = MAX_OUTPUT_BYTES // 1024 ** 2,
 ) -> None:
     """Run the control plane in the foreground until SIGTERM or Ctrl-C."""
     if bool(tls_cert) != bool(tls_key):
@@ -60,7 +61,7 @@ def server_start(
     config = ControlPlaneConfig(home=home_of(ctx, home), host=host, port=port, tls_cert=tls_cert,
                                 tls_key=tls_key, allow_insecure_remote=allow_insecure_remote,
                                 heartbeat_interval_s=heartbeat_interval, lease_ttl_s=lease_ttl,
-                                synchronous=synchronous.value)
+                                synchronous=synchronous.value, max_output_bytes=max_output_mb * 1024 ** 2)
     raise typer.Exit(run_server(config) or 0)
 
 

@@ -296,6 +296,8 @@ class Job:
     def _follow(self, after: int | None) -> Iterator[dict]:
         while True:
             page = self._log_page(after, wait_s=LOG_WAIT_S)
+            if not page["lines"] and page.get("retry_after_s"):  # the server had too many followers parked
+                time.sleep(min(float(page["retry_after_s"]), LOG_WAIT_S))
             yield from page["lines"]
             after = _next_after(page, after)
             # Checked after every page, not only empty ones: the line that ends a job

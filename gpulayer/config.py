@@ -18,6 +18,7 @@ RENDEZVOUS_TIMEOUT_S = 300.0     # a gang whose ranks do not all arrive by then 
 ARTIFACT_RETENTION_S = 7 * 86400
 ARTIFACT_SWEEP_INTERVAL_S = 3600.0
 SERVICE_MAX_ATTEMPTS = 10
+MAX_OUTPUT_BYTES = 10 * 1024 ** 3  # a task output a worker uploads; clients' uploads have the store's limit
 
 
 def default_home() -> Path:
@@ -80,6 +81,10 @@ class ControlPlaneConfig:
     synchronous: str = "normal"
     threads: int = 320           # requests served at once; a parked long-poll holds one
     max_parked_acquires: int = 256
+    # Log long-polls parked at once; past it they answer at once (`retry_after_s`). With the
+    # acquires' cap this leaves threads free for heartbeats whatever clients do.
+    max_parked_log_polls: int = 32
+    max_output_bytes: int = MAX_OUTPUT_BYTES  # one artifact a worker uploads (`--max-output-mb`)
     start_timeout_s: float = START_TIMEOUT_S
     rendezvous_timeout_s: float = RENDEZVOUS_TIMEOUT_S
     artifact_retention_s: float = ARTIFACT_RETENTION_S

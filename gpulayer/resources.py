@@ -14,6 +14,7 @@ from .artifacts import check_digest
 from .config import PROTOCOL
 from .errors import Forbidden, InvalidRequest, NotFound
 
+LOG_RETRY_AFTER_S = 1.0
 JOB_STATES = ("queued", "running", "succeeded", "failed", "cancelled", "lost")
 
 
@@ -157,8 +158,10 @@ class Job(Resource):
         limit = wire.query_int(req, "limit", 1000, 1, 10_000)
         wait_s = wire.query_float(req, "wait_s", 0.0, 0.0, 30.0)
         self.store.read(jobs.render, job_id)  # 404 for no such job
-        lines = self.deps.wait_for_logs(job_id, after, limit, wait_s)
+        lines, waited = self.deps.wait_for_logs(job_id, after, limit, wait_s)
         resp.media = {"lines": lines, "next": lines[-1]["seq"] if lines else after}
+        if not waited:  # too many followers parked: this one polls again after a pause
+            resp.media["retry_after_s"] = LOG_RETRY_AFTER_S
 
     def on_get_events(self, req, resp, job_id):
         resp.media = {"events": self.store.read(jobs.events_of, job_id)}
@@ -233,14 +236,10 @@ class Artifact(Resource):
 
     def on_put(self, req, resp, digest):
         check_digest(digest)
-        principal = req.context.principal
-        if principal.kind == "worker" and not self.store.read(self.deps.worker_holds_task, principal.worker_id):
-            raise Forbidden("a worker uploads only while it holds a task")
         # Without Content-Length (Transfer-Encoding: chunked) the server's input stream ends
         # with the last chunk; falcon's bounded stream would read nothing at all.
         stream = req.bounded_stream if req.content_length is not None else req.stream
-        size = self.deps.artifacts.put(digest, stream, req.content_length)
-        self.deps.record_artifact(digest, size)
+        size = self.deps.put_artifact(req.context.principal, digest, stream, req.content_length)
         resp.status = falcon.HTTP_201
         resp.media = {"digest": digest, "size": size}
 

@@ -672,3 +672,10 @@ VALUES (0, 'storage_probe', json_object('pad', printf('%.*c', 16384, 'x'))) RETU
 -- name: storage_probe_undo --
 -- The other half of storage_probe.
 DELETE FROM events WHERE kind = 'storage_probe' AND at = 0 RETURNING seq;
+
+-- name: worker_may_upload --
+-- A worker uploads only outputs: it must hold an active task whose job declares some.
+SELECT 1 AS ok FROM tasks t JOIN jobs j ON j.id = t.job_id
+WHERE t.worker_id = :worker_id AND t.state IN ('assigned', 'running')
+  AND json_array_length(j.spec, '$.outputs') > 0
+LIMIT 1;

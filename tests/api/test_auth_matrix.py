@@ -45,7 +45,8 @@ def callers(api, deps, tokens, client_h, worker, clock):
     """Headers for every kind of caller, plus a held task and a job."""
     assert api.simulate_put(f"/v1/artifacts/{DIGEST}", headers=client_h, body=b"artifact").status_code == 201
     job_id = api.simulate_post("/v1/jobs", headers=client_h,
-                               json={"command": ["x"], "inputs": {"in.bin": DIGEST}}).json["id"]
+                               json={"command": ["x"], "inputs": {"in.bin": DIGEST},
+                                     "outputs": ["out"]}).json["id"]
     wid, wh = worker("owner")
     task = api.simulate_post("/v1/worker/acquire", headers=wh, json={}).json["task"]
     revoked = deps.mint_token(name="old", labels={}, expires_in_s=None)
@@ -122,7 +123,7 @@ def test_worker_a_cannot_touch_worker_b_task(api, client_h, worker, deps):
     _, a = worker("a")
     _, b = worker("b")
     api.simulate_post("/v1/jobs", headers=client_h, json={"command": ["x"], "inputs": {"in.txt": digest},
-                                                         "labels": {}})
+                                                         "labels": {}, "outputs": ["out"]})
     task = api.simulate_post("/v1/worker/acquire", headers=b, json={}).json["task"]
     tid = task["task_id"]
     assert api.simulate_post("/v1/worker/acquire", headers=a, json={}).json["task"] is None
@@ -141,7 +142,7 @@ def test_worker_a_cannot_touch_worker_b_task(api, client_h, worker, deps):
     assert api.simulate_get(f"/v1/artifacts/{digest}", headers=a).status_code == 403
     assert api.simulate_head(f"/v1/artifacts/{digest}", headers=a).status_code == 403
     assert api.simulate_get(f"/v1/artifacts/{other_digest}", headers=b).status_code == 403
-    # uploads: only while holding a task
+    # uploads: only while holding a task that declares outputs
     out = b"output"
     out_digest = "sha256:" + hashlib.sha256(out).hexdigest()
     assert api.simulate_put(f"/v1/artifacts/{out_digest}", headers=a, body=out).status_code == 403

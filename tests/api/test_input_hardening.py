@@ -161,8 +161,39 @@ def test_log_lines_without_n_are_appended_after_the_last(api, client_h, worker):
 # -- health and the OpenAPI document answer without a token ---------------------------
 
 def test_health_and_openapi_need_no_token(api):
-    assert api.simulate_get("/v1/health").json == {"ok": True, "protocol": 1}
+    health = api.simulate_get("/v1/health")
+    assert health.status_code == 200 and health.json["ok"] is True and health.json["protocol"] == 1
     r = api.simulate_get("/v1/openapi.json", headers=PROTO)
     assert r.status_code == 200 and r.json["openapi"] == "3.1.0"
     assert "security" not in r.json["paths"]["/v1/openapi.json"]["get"]
     assert api.simulate_get("/v1/openapi.json", headers={"Authorization": "Bearer glc_nope"}).status_code == 200
+
+
+# -- 14: a worker uploads only what its running tasks declare as outputs ---------------
+
+def test_worker_uploads_only_for_tasks_with_outputs(api, deps, client_h, worker):
+    import hashlib
+    data = b"not an output"
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    wh, tid, job_id = _running(api, client_h, worker)  # its job declares no outputs
+    assert_error(api.simulate_put(f"/v1/artifacts/{digest}", headers=wh, body=data), 403, "forbidden")
+    assert not deps.artifacts.exists(digest)
+
+
+def test_worker_upload_size_is_capped(api, deps, config, client_h, worker):
+    import hashlib
+    config.max_output_bytes = 10
+    wid, wh = worker()
+    api.simulate_post("/v1/jobs", headers=client_h, json={"command": ["x"], "outputs": ["out"]})
+    api.simulate_post("/v1/worker/acquire", headers=wh, json={})
+    small, big = b"0123456789", b"0123456789A"
+    for data, status in ((big, 413), (small, 201)):
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        assert api.simulate_put(f"/v1/artifacts/{digest}", headers=wh, body=data).status_code == status
+        chunked = api.simulate_put(f"/v1/artifacts/{digest}", headers={**wh, "Transfer-Encoding": "chunked"},
+                                   body=data)
+        assert chunked.status_code == status, chunked.text
+        assert deps.artifacts.exists(digest) == (status == 201)
+    # a client's upload is not a worker's output: the store's own limit applies
+    assert api.simulate_put("/v1/artifacts/sha256:" + hashlib.sha256(big).hexdigest(), headers=client_h,
+                            body=big).status_code == 201

@@ -1,0 +1,109 @@
+"""Clients that hold connections open against a real `gpulayer server start`, without stalling heartbeats.
+
+More connections than the server has threads (320): slowloris request heads
+(a header line every so often), partial TLS ClientHellos, and parked log
+long-polls. Meanwhile a real worker heartbeats at a 3 s lease TTL while it
+runs a task: the task must finish on its first attempt, never be lost, and
+/v1/health must answer throughout. Loopback only; every loop is bounded.
+"""
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+import requests
+
+from gpulayer.testing import ControlPlaneProcess, wait_for
+
+pytestmark = pytest.mark.timeout(180)
+
+CONNECTIONS = 400
+ATTACK_S = 7.0  # more than twice the lease TTL
+
+
+def _plane(root, tls: bool = False) -> ControlPlaneProcess:
+    plane = ControlPlaneProcess(root, tls=tls, heartbeat_interval=0.5, lease_ttl=3).start()
+    plane.start_worker("w1")
+    return plane
+
+
+def _running_job(plane) -> int:
+    job_id = plane.submit({"command": ["sleep", str(ATTACK_S + 4)]})
+    plane.wait_job(job_id, states=("running",))
+    return job_id
+
+
+def _hold(plane, clients: list, trickle: bytes | None) -> None:
+    """Keep the clients open for ATTACK_S, trickling a line each second; health must answer all along."""
+    end = time.monotonic() + ATTACK_S
+    while time.monotonic() < end:
+        began = time.monotonic()
+        r = requests.get(f"{plane.url}/v1/health", verify=plane.verify, timeout=2)
+        assert r.status_code == 200 and time.monotonic() - began < 2
+        if trickle:
+            for s in clients:
+                try:
+                    s.sendall(trickle)
+                except OSError:
+                    pass
+        time.sleep(1.0)  # the attacker's pace; nothing to await
+
+
+def _not_lost(plane, job_id: int) -> None:
+    job = plane.wait_job(job_id, timeout=30)
+    kinds = [e["kind"] for e in plane.events(job_id)]
+    assert job["state"] == "succeeded" and "task_lost" not in kinds, (job, kinds, plane.logs())
+    assert [t["attempt"] for t in job["tasks"]] == [1]
+
+
+def _connect(plane, first: bytes) -> list:
+    clients = []
+    for _ in range(CONNECTIONS):
+        s = socket.create_connection(("127.0.0.1", plane.port), timeout=5)
+        s.sendall(first)
+        clients.append(s)
+    return clients
+
+
+def test_slowloris_heads_do_not_cost_heartbeats(tmp_path):
+    with _plane(tmp_path) as plane:
+        job_id = _running_job(plane)
+        clients = _connect(plane, b"GET /v1/jobs HTTP/1.1\r\nHost: x\r\n")
+        try:
+            _hold(plane, clients, b"X-Slow: 1\r\n")
+        finally:
+            for s in clients:
+                s.close()
+        _not_lost(plane, job_id)
+
+
+def test_partial_client_hellos_do_not_cost_heartbeats(tmp_path):
+    with _plane(tmp_path, tls=True) as plane:
+        job_id = _running_job(plane)
+        clients = _connect(plane, b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03")  # a ClientHello's start
+        try:
+            _hold(plane, clients, None)
+        finally:
+            for s in clients:
+                s.close()
+        _not_lost(plane, job_id)
+
+
+def test_parked_log_followers_do_not_cost_heartbeats(tmp_path):
+    with _plane(tmp_path) as plane:
+        job_id = _running_job(plane)
+        after = 10 ** 9  # past every line: each follower parks
+        request = (f"GET /v1/jobs/{job_id}/logs?wait_s=30&after={after} HTTP/1.1\r\nHost: x\r\n"
+                   f"Authorization: Bearer {plane.client_token}\r\n\r\n").encode()
+        clients = _connect(plane, request)
+        try:
+            # past the cap a follower is answered at once and told to pause
+            page = wait_for(lambda: (p := plane.get_json(f"/v1/jobs/{job_id}/logs", timeout=35, params={
+                "wait_s": 30, "after": after})).get("retry_after_s") and p, 30, "a follower past the cap")
+            assert page["lines"] == [] and page["retry_after_s"] > 0
+            _hold(plane, clients, None)
+        finally:
+            for s in clients:
+                s.close()
+        _not_lost(plane, job_id)
