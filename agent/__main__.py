@@ -5,6 +5,7 @@ import os
 import sys
 
 from . import __version__
+from .hardening import JOIN_TOKEN_VAR, TokenFileError, read_token_file
 from .worker import WorkerConfig, run_worker
 
 
@@ -30,7 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m agent", description="GPUlayer worker agent.")
     add = parser.add_argument
     add("--url", default=os.environ.get("GPULAYER_URL"), help="control plane URL, https://host:8470 (env GPULAYER_URL)")
-    add("--token", default=None, help="join token glj_... (prefer env GPULAYER_JOIN_TOKEN: flags show in process listings)")
+    add("--token", default=None, help="join token glj_... (prefer --token-file or env GPULAYER_JOIN_TOKEN: flags show in process listings)")
+    add("--token-file", default=os.environ.get("GPULAYER_JOIN_TOKEN_FILE"), help="file holding the join token; wins over --token and GPULAYER_JOIN_TOKEN (env GPULAYER_JOIN_TOKEN_FILE)")
     add("--ca-file", default=os.environ.get("GPULAYER_CA_FILE"), help="CA certificate to verify the control plane (env GPULAYER_CA_FILE)")
     add("--ca-fingerprint", default=os.environ.get("GPULAYER_CA_FINGERPRINT"), help="sha256:HEX of the control plane's CA; pinned on first contact (env GPULAYER_CA_FINGERPRINT)")
     add("--name", default=None, help="worker name (default: host name)")
@@ -52,12 +54,16 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Parse flags, run the worker, return its exit code."""
     args = build_parser().parse_args(argv)
-    token = args.token or os.environ.get("GPULAYER_JOIN_TOKEN")
+    try:
+        token = read_token_file(args.token_file) if args.token_file else args.token or os.environ.get(JOIN_TOKEN_VAR)
+    except TokenFileError as exc:
+        print(f"gpulayer worker: {exc}", file=sys.stderr)
+        return 2
     if not args.url:
         print("gpulayer worker: no control plane URL: pass --url or set GPULAYER_URL", file=sys.stderr)
         return 2
     if not token:
-        print("gpulayer worker: no join token: set GPULAYER_JOIN_TOKEN (or pass --token)", file=sys.stderr)
+        print("gpulayer worker: no join token: pass --token-file or set GPULAYER_JOIN_TOKEN", file=sys.stderr)
         return 2
     config = WorkerConfig(
         url=args.url, join_token=token, name=args.name, labels=dict(args.label), python=args.python,

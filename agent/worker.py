@@ -25,6 +25,7 @@ from .cache import ArtifactCache, default_cache_bytes, default_cache_dir
 from .environment import filtered_environ
 from .errors import AgentError, Forbidden, Rejected, Revoked, Unauthorized, Unreachable
 from .events import configure_logging, log_event
+from .hardening import forget_join_token, make_undumpable
 from .inventory import Inventory, detect, nvml_probe
 from .leftovers import RunningTasks
 from .process import KILL_GRACE_S
@@ -76,6 +77,9 @@ def run_worker(config: WorkerConfig, stop_event: threading.Event | None = None) 
     control plane revoked the worker. A fatal error is printed as one line on stderr, never a traceback.
     """
     configure_logging()
+    if not make_undumpable():  # before any task: they run as our user and could read our /proc files
+        log_event("undumpable_unavailable", platform=sys.platform)
+    forget_join_token()
     stop_event = stop_event or threading.Event()
     worker = Worker(config, stop_event)
     try:

@@ -22,14 +22,22 @@ MaxIdle = Annotated[float, typer.Option("--max-idle", help="Exit after S idle se
 DrainTimeout = Annotated[float, typer.Option("--drain-timeout", help="On SIGTERM (or Ctrl-C), take no new task and let running ones finish for up to S seconds before stopping them; a second signal stops at once.", min=0)]
 StateDir = Annotated[Optional[Path], typer.Option("--state-dir", envvar="GPULAYER_WORKER_STATE_DIR", show_envvar=True, help="Task working directories and cache (default: ~/.gpulayer/worker).")]
 Insecure = Annotated[bool, typer.Option("--insecure", help="Allow plain HTTP to a non-loopback control plane.")]
-JoinToken = Annotated[Optional[str], typer.Option("--token", envvar="GPULAYER_JOIN_TOKEN", show_envvar=True, help="Join token glj_...; prefer the environment variable, which keeps it out of process listings.")]
+JoinToken = Annotated[Optional[str], typer.Option("--token", envvar="GPULAYER_JOIN_TOKEN", show_envvar=True, help="Join token glj_...; prefer --token-file or the environment variable, which keep it out of process listings.")]
+TokenFile = Annotated[Optional[str], typer.Option("--token-file", envvar="GPULAYER_JOIN_TOKEN_FILE", show_envvar=True, help="File holding the join token (wins over --token and GPULAYER_JOIN_TOKEN).")]
 
 
 def _run(settings: dict) -> int:
     """Run the agent in the foreground with these settings; its exit code."""
+    from agent.hardening import TokenFileError, read_token_file
     from gpulayer.up import run_worker_foreground
+    token_file = settings.pop("token_file", None)
+    if token_file:
+        try:
+            settings["join_token"] = read_token_file(token_file)
+        except TokenFileError as exc:
+            raise fail(str(exc), 2) from None
     if not settings.get("join_token"):
-        raise fail("a join token is needed: set GPULAYER_JOIN_TOKEN (or pass --token)", 2)
+        raise fail("a join token is needed: pass --token-file or set GPULAYER_JOIN_TOKEN", 2)
     if not settings.get("url"):
         raise fail("no control plane URL: pass --url or set GPULAYER_URL", 2)
     return run_worker_foreground(settings)
@@ -48,18 +56,18 @@ def worker_start(ctx: typer.Context, name: Name = None, label: Labels = None, py
                  advertise_address: Advertise = None, parallel: Parallel = 1, cpus: Cpus = None,
                  gpus: Gpus = None, ram_mb: RamMb = None, max_idle: MaxIdle = 0.0,
                  state_dir: StateDir = None, insecure: Insecure = False, token: JoinToken = None,
-                 drain_timeout: DrainTimeout = 0.0) -> None:
+                 token_file: TokenFile = None, drain_timeout: DrainTimeout = 0.0) -> None:
     """Run a worker agent against the control plane of --url (GPULAYER_URL) until stopped."""
     opts = global_options(ctx)
     settings = _worker_settings(name, label, python, advertise_address, parallel, cpus, gpus, ram_mb,
                                 max_idle, state_dir, insecure, drain_timeout)
-    settings.update(url=opts.url, join_token=token, ca_file=opts.ca_file)
+    settings.update(url=opts.url, join_token=token, token_file=token_file, ca_file=opts.ca_file)
     raise typer.Exit(_run(settings))
 
 
 def join(ctx: typer.Context,
          url: Annotated[str, typer.Argument(help="The control plane, e.g. https://10.0.0.5:8470.", show_default=False)],
-         token: JoinToken = None,
+         token: JoinToken = None, token_file: TokenFile = None,
          ca_file: Annotated[Optional[str], typer.Option("--ca-file", envvar="GPULAYER_CA_FILE", show_envvar=True, help="CA certificate of the control plane.")] = None,
          ca_fingerprint: Annotated[Optional[str], typer.Option("--ca-fingerprint", envvar="GPULAYER_CA_FINGERPRINT", show_envvar=True, help="sha256:HEX of the control plane's CA, pinned on first contact.")] = None,
          name: Name = None, label: Labels = None, python: Python = None,
@@ -73,7 +81,7 @@ def join(ctx: typer.Context,
         raise typer.BadParameter("expected sha256:HEX", param_hint="--ca-fingerprint")
     settings = _worker_settings(name, label, python, advertise_address, parallel, cpus, gpus, ram_mb,
                                 max_idle, state_dir, insecure, drain_timeout)
-    settings.update(url=url.rstrip("/"), join_token=token, ca_file=ca_file or global_options(ctx).ca_file,
+    settings.update(url=url.rstrip("/"), join_token=token, token_file=token_file, ca_file=ca_file or global_options(ctx).ca_file,
                     ca_fingerprint=ca_fingerprint)
     raise typer.Exit(_run(settings))
 

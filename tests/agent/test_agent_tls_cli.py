@@ -83,7 +83,7 @@ def run_agent(*args, env=None):
 
 def test_module_entry_point_messages():
     missing = run_agent("--url", "https://cp.example:8470")
-    assert missing.returncode == 2 and missing.stderr.strip() == "gpulayer worker: no join token: set GPULAYER_JOIN_TOKEN (or pass --token)"
+    assert missing.returncode == 2 and missing.stderr.strip() == "gpulayer worker: no join token: pass --token-file or set GPULAYER_JOIN_TOKEN"
     plain = run_agent("--url", "http://cp.example:8470", env={"PATH": "/usr/bin:/bin", "GPULAYER_JOIN_TOKEN": "glj_x"})
     assert plain.returncode == 2
     assert plain.stderr.strip().splitlines()[-1] == "gpulayer worker: refusing plain HTTP to cp.example: use https:// or --insecure"
