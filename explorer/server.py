@@ -1,6 +1,11 @@
 """serve(): the explorer over plain HTTP on this machine (`gpulayer explore`)."""
 from __future__ import annotations
 
+import hmac
+import json
+from collections.abc import Callable
+from pathlib import Path
+
 import waitress
 
 from .app import create_app
@@ -8,17 +13,52 @@ from .app import create_app
 DEFAULT_PORT = 8471
 
 
-def serve(state_path: str, host: str = "127.0.0.1", port: int = DEFAULT_PORT) -> None:
-    """Serve the explorer, open (no token), until interrupted; prints its URL.
+class Exposed(ValueError):
+    """Serving the explorer open on an address other machines reach: refused."""
 
-    Plain HTTP and no auth: meant for 127.0.0.1. Port 0 picks a free port.
+
+def serve(state_path: str, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *,
+          auth: Callable[[str], bool] | None = None) -> None:
+    """Serve the explorer until interrupted; prints its URL. Port 0 picks a free port.
+
+    Without `auth` the explorer is open, so only a loopback `host` is allowed
+    (raises Exposed otherwise): it shows the whole state file, job env included.
     """
-    server = waitress.create_server(create_app(state_path), host=host, port=port, threads=4,
+    from gpulayer.server import is_loopback
+    if auth is None and not is_loopback(host):
+        raise Exposed(f"refusing to serve the explorer without a token on {host}, which is not a loopback "
+                      "address: it shows the whole state file, job environments included. Give "
+                      "--token-required (log in with the client token), or --host 127.0.0.1")
+    server = waitress.create_server(create_app(state_path, auth=auth), host=host, port=port, threads=4,
                                     clear_untrusted_proxy_headers=True)
     bound_host, bound_port = server.socket.getsockname()[:2]
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
-    print(f"GPUlayer explorer: http://{shown}:{bound_port}/ (read-only view of {state_path})", flush=True)
+    print(f"GPUlayer explorer: http://{shown}:{bound_port}/ (read-only view of {state_path}; Ctrl-C to stop)", flush=True)
     try:
         server.run()
     finally:
         server.close()
+
+
+def home_client_auth(home: Path) -> Callable[[str], bool]:
+    """`auth` for serve(): accepts the client token of `gpulayer server init` in `home`.
+
+    The credentials file is read at every check, so `server init --force` takes
+    effect at once. Raises ConfigError when the home is not initialised.
+    """
+    from gpulayer.auth import hash_token, load_secret
+    from gpulayer.config import HomeLayout
+    from gpulayer.errors import ConfigError
+    layout = HomeLayout(Path(home))
+    secret = load_secret(layout)
+    if not layout.credentials.exists():
+        raise ConfigError(f"{layout.home} is not initialised: run `gpulayer server init --home {layout.home}`")
+
+    def is_client(token: str) -> bool:
+        try:
+            expected = json.loads(layout.credentials.read_text())["client"]["hash"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
+        return hmac.compare_digest(expected, hash_token(secret, token))
+
+    return is_client

@@ -95,15 +95,23 @@ def up(ctx: typer.Context, home: Home = None,
 def explore(ctx: typer.Context, home: Home = None,
             state: Annotated[Optional[Path], typer.Option("--state", help="State file to open (default: HOME/state.db).")] = None,
             host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
-            port: Annotated[int, typer.Option("--port", help="Port to listen on.", min=0, max=65535)] = 8471) -> None:
+            port: Annotated[int, typer.Option("--port", help="Port to listen on.", min=0, max=65535)] = 8471,
+            token_required: Annotated[bool, typer.Option("--token-required", help="Ask for the home's client token (`server init`); needed off loopback.")] = False) -> None:
     """Browse the state file read-only in a web page."""
     from gpulayer.config import HomeLayout
+    from gpulayer.errors import ConfigError
     import explorer
-    path = state or HomeLayout(home_of(ctx, home)).state
+    where = home_of(ctx, home)
+    path = state or HomeLayout(where).state
     if not Path(path).exists():
         raise fail(f"no state file at {path} (run `gpulayer server init` or `gpulayer up` first, or pass --state)", 2)
-    typer.echo(f"explorer on http://{host}:{port}/ (Ctrl-C to stop)", err=True)
-    explorer.serve(str(path), host=host, port=port)
+    try:
+        auth = explorer.home_client_auth(where) if token_required else None
+        explorer.serve(str(path), host=host, port=port, auth=auth)
+    except (ConfigError, explorer.Exposed) as e:
+        raise fail(str(e), 2) from None
+    except (OSError, ValueError) as e:   # waitress: the address is taken or does not resolve
+        raise fail(f"cannot listen on {host} port {port}: {getattr(e, 'strerror', None) or e}", 2) from None
 
 
 @artifacts_app.command("gc")
