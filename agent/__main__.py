@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--name", default=None, help="worker name (default: host name)")
     add("--label", action="append", type=_label, default=[], metavar="K=V", help="a label, repeatable")
     add("--python", default=None, help="interpreter that runs a task's `python`; its bin dir goes first on PATH")
-    add("--advertise-address", default=None, help="address other machines reach this worker at (services, multi-node)")
+    add("--advertise-address", default=None, help="address other machines reach this worker at (services, multi-node); default: its address on the route to the control plane")
     add("--parallel", type=int, default=1, help="tasks at once (default 1)")
     add("--cpus", type=float, default=None, help="advertised CPUs (default: detected)")
     add("--gpus", type=int, default=None, help="advertised GPUs; 0 means none (default: detected)")

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import __version__
+from .addresses import local_address_towards
 from .backoff import retry_delay
 from .cache import ArtifactCache, default_cache_bytes, default_cache_dir
 from .environment import filtered_environ
@@ -193,8 +194,9 @@ class Worker:
             "version": __version__,
             "slots": max(1, int(config.parallel)),
         }
-        if config.advertise_address:
-            body["advertise_address"] = config.advertise_address
+        advertise = config.advertise_address or local_address_towards(config.url)
+        if advertise:  # else the control plane takes the address it sees
+            body["advertise_address"] = advertise
         self.transport.set_token(config.join_token)
         failures = 0
         while not self.stop_event.is_set():

@@ -13,7 +13,7 @@ worker_app = typer.Typer(help="List workers, or run a worker agent on this machi
 Name = Annotated[Optional[str], typer.Option("--name", help="Worker name (default: the host name).")]
 Labels = Annotated[Optional[list[str]], typer.Option("--label", help="k=v this worker carries (repeatable).")]
 Python = Annotated[Optional[str], typer.Option("--python", help="Interpreter that tasks get as `python`.")]
-Advertise = Annotated[Optional[str], typer.Option("--advertise-address", help="Address others reach this worker at (multi-node jobs, service endpoints); default: what the control plane sees.")]
+Advertise = Annotated[Optional[str], typer.Option("--advertise-address", help="Address others reach this worker at (multi-node jobs, service endpoints); default: this machine's address on its route to the control plane.")]
 Parallel = Annotated[int, typer.Option("--parallel", help="Tasks run at the same time.", min=1)]
 Cpus = Annotated[Optional[float], typer.Option("--cpus", help="CPUs to advertise (default: detected).", min=0)]
 Gpus = Annotated[Optional[int], typer.Option("--gpus", help="GPUs to advertise (default: detected; 0 means none).", min=0)]

@@ -67,8 +67,9 @@ def run_up(home: Path, host: str, port: int, parallel: int | None) -> int:
         local_url = _url("127.0.0.1" if host in WILDCARD_HOSTS else host, bound)
         write_private_json(home / "client.json",
                            {"url": local_url, "token": tokens["client_token"], "ca_file": str(tls["ca"])})
+        # The worker dials 127.0.0.1 but is reached, like the control plane, at the join line's address.
         settings = dict(url=local_url, join_token=tokens["join_token"], ca_file=str(tls["ca"]),
-                        name=socket.gethostname(), parallel=parallel or os.cpu_count() or 1,
+                        advertise_address=address, name=socket.gethostname(), parallel=parallel or os.cpu_count() or 1,
                         state_dir=home / "worker")
         with worker_thread(settings) as worker:
             _announce(local_url, _url(address, bound), tokens["join_token"], tls["fingerprint"], home)
