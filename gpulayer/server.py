@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import resource
 import signal
 import threading
 import time
@@ -24,6 +25,7 @@ from .httpserver import HTTPServer
 from .sql import QUERIES, row
 
 log = logging.getLogger("gpulayer.server")
+FD_LIMIT_WHEN_UNLIMITED = 1 << 20   # a soft limit to ask for when the hard one is unlimited
 
 
 def is_loopback(host: str) -> bool:
@@ -55,6 +57,24 @@ def check_config(config: ControlPlaneConfig) -> None:
                           f"{config.layout.home}` (or `gpulayer up`)")
 
 
+def raise_fd_limit() -> tuple[int, int]:
+    """Raise the soft limit on open files to the hard one (each connection, reader and upload holds one).
+
+    Returns (soft, hard) as they are now; a limit the system refuses to raise is left as it was.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, FD_LIMIT_WHEN_UNLIMITED)
+    if soft == resource.RLIM_INFINITY or soft >= target:
+        return soft, hard
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError) as exc:
+        log.warning("fd_limit_not_raised soft=%d hard=%d error=%s", soft, hard, exc)
+        return soft, hard
+    log.info("fd_limit_raised soft=%d to=%d", soft, target)
+    return target, hard
+
+
 class ControlPlane:
     """One control plane: state file, scheduler, HTTP server and upkeep thread."""
 
@@ -80,6 +100,7 @@ class ControlPlane:
 
     def start(self) -> None:
         """Open the state file and serve; returns once listening."""
+        raise_fd_limit()
         ca = self.config.layout.tls / "ca.pem"
         self.deps = new_deps(self.config, clock=self.clock, ca_file=ca if self.config.tls_cert and ca.exists() else None)
         self.deps.provisioners = self.provisioners
