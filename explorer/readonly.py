@@ -13,8 +13,9 @@ is never blocked.
 from __future__ import annotations
 
 import re
+import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -50,6 +51,13 @@ MAX_VALUE_BYTES = 2_000_000
 MAX_COLUMNS = 64            # the widest table has 22
 MAX_RESULT_BYTES = 8_000_000
 SQLITE_INTEGERS = range(-2**63, 2**63)
+# Built-ins whose one call costs about len(first argument) * len(second): one VM
+# step the deadline cannot stop (trim() of two 100 kB strings runs 40 s). Past
+# its budget (~0.1 s of work) a call is refused; under it SQLite's own runs.
+COSTLY_FUNCTIONS = {  # (name, arguments): budget of len * len
+    ("instr", 2): 2_500_000_000, ("replace", 3): 2_500_000_000,
+    ("trim", 2): 25_000_000, ("ltrim", 2): 25_000_000, ("rtrim", 2): 25_000_000,
+}
 
 _ERROR_SUBJECT = re.compile(r'(?:no such (?:table|column|function): |near ")([^"\s]+)')
 _LEADING_NOISE = re.compile(r"(?:\s+|;|--[^\n]*(?:\n|$)|/\*.*?(?:\*/|$))", re.DOTALL)
@@ -222,7 +230,9 @@ class Session:
                 rows.append(row)
                 if len(rows) > limit or size > MAX_RESULT_BYTES:
                     break
-        except QueryError:
+        except QueryError as e:
+            if not e.sql:   # raised by a guarded function, which does not know the query
+                raise QueryError(e.message, sql) from None
             raise
         except apsw.InterruptError:
             raise QueryTimeout(f"query took longer than {float(seconds)} s and was stopped", sql) from None
@@ -301,6 +311,8 @@ class ReadOnlyDatabase:
         conn.enable_load_extension(False)
         conn.limit(apsw.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
         conn.limit(apsw.SQLITE_LIMIT_COLUMN, MAX_COLUMNS)
+        for (name, arguments), budget in COSTLY_FUNCTIONS.items():
+            conn.create_scalar_function(name, _guarded(name, arguments, budget), arguments, deterministic=True)
         guard = _Guard()
         conn.authorizer = guard
         return conn, guard
@@ -327,6 +339,25 @@ def _internal(guard: _Guard) -> Iterator[None]:
         yield
     finally:
         guard.internal = False
+
+
+_builtins = threading.local()   # per thread: an apsw connection is used by one thread at a time
+
+
+def _guarded(name: str, arguments: int, budget: int) -> Callable[..., Any]:
+    """`name` as SQLite has it, refused (QueryError) when the first two arguments' lengths multiply past `budget`."""
+    sql = f"SELECT {name}({', '.join('?' * arguments)})"
+
+    def call(*args: Any) -> Any:
+        first, second = (len(a) if isinstance(a, (str, bytes)) else len(str(a)) for a in args[:2])
+        if first * second > budget:
+            raise QueryError(f"{name}() on values this long ({first} and {second}) would take too long: "
+                             "shorten them first (substr())")
+        if not hasattr(_builtins, "conn"):
+            _builtins.conn = apsw.Connection(":memory:")
+        return _builtins.conn.execute(sql, args).fetchone()[0]
+
+    return call
 
 
 def _uri_path(path: str) -> str:

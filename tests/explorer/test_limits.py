@@ -98,3 +98,27 @@ def test_table_csv_escapes_stored_formulas(state: Path) -> None:
     assert "'=HYPERLINK" in workers and '\n=HYPERLINK' not in workers and ",=HYPERLINK" not in workers
     logs = client.simulate_get("/logs.csv").text
     assert ",'+SUM(1)" in logs and ",+SUM(1)" not in logs
+
+
+LONG_A = "printf('%.*c', 200000, 'a')"
+LONG_B = "(printf('%.*c', 100000, 'b') || 'a')"
+
+
+@pytest.mark.parametrize("sql", [f"select length(trim({LONG_A}, {LONG_B}))",
+                                 f"select ltrim({LONG_A}, {LONG_B})", f"select rtrim({LONG_A}, {LONG_B})",
+                                 f"select instr({LONG_A} || {LONG_A}, {LONG_A} || 'b')",
+                                 f"select replace({LONG_A} || {LONG_A}, {LONG_A} || 'b', 'x')"])
+def test_one_call_that_would_outlast_the_time_limit_is_400(client: falcon.testing.TestClient, sql: str) -> None:
+    """SQLite runs one function call as one step, so the deadline cannot stop trim() of two 200 kB strings."""
+    result = client.simulate_get("/-/query.json", params={"sql": sql})
+    assert result.status_code == 400 and "would take too long" in result.json["error"], result.text[:300]
+
+
+@pytest.mark.parametrize(("sql", "expected"), [
+    ("select trim('  x  '), trim('xxaxx', 'x'), ltrim('abc', 'a'), rtrim('abc', 'c')", ["x", "a", "bc", "ab"]),
+    ("select instr('hello', 'll'), instr(x'0102', x'02'), instr(null, 'a'), instr(12345, 34)", [3, 2, None, 3]),
+    ("select replace('a-b-c', '-', '+'), replace(123, 2, 'x'), replace('abc', '', 'x')", ["a+b+c", "1x3", "abc"]),
+    ("select count(*), sum(instr(text, 'e') > 0) from logs", [3, 2]),
+])
+def test_guarded_functions_answer_as_sqlite_does(client: falcon.testing.TestClient, sql: str, expected: list) -> None:
+    assert client.simulate_get("/-/query.json", params={"sql": sql}).json["rows"] == [expected]
