@@ -84,9 +84,8 @@ class Deps:
             if length is not None and length > limit:
                 raise BodyTooLarge(f"an output of {length} bytes is over the limit of {limit} (--max-output-mb)")
             stream = _Capped(stream, limit)
-        size = self.artifacts.put(digest, stream, length)
-        self.record_artifact(digest, size)
-        return size
+        # Recorded under the digest's lock, so the artifact sweep cannot unlink the file in between.
+        return self.artifacts.put(digest, stream, length, record=self.record_artifact)
 
     def record_artifact(self, digest: str, size: int) -> None:
         self.store.write(lambda conn: row(conn, "record_artifact", digest=digest, size=size, now=self.clock()))

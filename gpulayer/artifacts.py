@@ -3,20 +3,30 @@
 Bytes stream through: PUT writes to a temporary file while hashing SHA-256 and
 renames it into place only when the digest matches; GET streams the file.
 Memory use does not grow with an artifact's size.
+
+A digest's lock is held while its file is renamed into place and its row
+recorded, and while the sweep re-checks that the row is gone and unlinks the
+file: a PUT racing the sweep never leaves a row without its file.
 """
 from __future__ import annotations
 
 import hashlib
 import os
 import tempfile
+import threading
+import time
+import zlib
+from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, Callable, Iterator
 
 from .errors import BodyTooLarge, DigestMismatch, InvalidRequest
 from .spec import DIGEST
 
 CHUNK = 1024 * 1024
 MAX_ARTIFACT_BYTES = 1 << 40
+TMP_MAX_AGE_S = 86400.0  # a partial upload this old has no request left writing it (killed mid-upload)
+LOCK_STRIPES = 64
 
 
 def check_digest(digest: str) -> str:
@@ -33,6 +43,13 @@ class ArtifactStore:
         self.root = Path(root)
         self.max_bytes = max_bytes
         (self.root / "tmp").mkdir(parents=True, exist_ok=True)
+        self._locks = [threading.Lock() for _ in range(LOCK_STRIPES)]
+
+    @contextmanager
+    def locked(self, digest: str) -> Iterator[None]:
+        """Hold this digest's lock: its file and its row change together."""
+        with self._locks[zlib.crc32(digest.encode()) % LOCK_STRIPES]:
+            yield
 
     def path(self, digest: str) -> Path:
         hexd = check_digest(digest).split(":", 1)[1]
@@ -41,12 +58,18 @@ class ArtifactStore:
     def exists(self, digest: str) -> bool:
         return self.path(digest).is_file()
 
-    def size(self, digest: str) -> int:
-        return self.path(digest).stat().st_size
+    def size(self, digest: str) -> int | None:
+        """The stored bytes' size; None when absent (or removed meanwhile)."""
+        try:
+            return self.path(digest).stat().st_size
+        except FileNotFoundError:
+            return None
 
-    def put(self, digest: str, stream: BinaryIO, length: int | None = None) -> int:
+    def put(self, digest: str, stream: BinaryIO, length: int | None = None,
+            record: Callable[[str, int], None] | None = None) -> int:
         """Store the bytes read from `stream` under `digest`; returns their size.
 
+        `record(digest, size)` runs under the digest's lock right after the file is in place.
         Raises DigestMismatch (nothing stored) when the bytes hash to something else,
         BodyTooLarge past the store's limit.
         """
@@ -72,26 +95,46 @@ class ArtifactStore:
             if actual != digest:
                 raise DigestMismatch(f"the bytes hash to {actual}, not {digest}; nothing was stored")
             target.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(tmp, target)
-            tmp = None
+            with self.locked(digest):
+                os.replace(tmp, target)
+                tmp = None
+                if record is not None:
+                    record(digest, size)
             return size
         finally:
             if tmp is not None:
                 os.unlink(tmp)
 
-    def open(self, digest: str) -> BinaryIO:
-        """The stored file, opened for reading (FileNotFoundError when absent)."""
-        return open(self.path(digest), "rb")
+    def open(self, digest: str) -> tuple[BinaryIO, int]:
+        """The stored file opened for reading, and its size (FileNotFoundError when absent)."""
+        fh = open(self.path(digest), "rb")
+        return fh, os.fstat(fh.fileno()).st_size
 
-    def delete(self, digest: str) -> int:
-        """Remove one artifact's bytes; returns the bytes freed (0 when it was not there)."""
+    def delete(self, digest: str, still_gone: Callable[[], bool] = lambda: True) -> int:
+        """Remove one artifact's bytes if `still_gone()` (checked under the digest's lock); the bytes freed."""
         path = self.path(digest)
-        try:
-            size = path.stat().st_size
-            path.unlink()
-            return size
-        except FileNotFoundError:
-            return 0
+        with self.locked(digest):
+            if not still_gone():
+                return 0
+            try:
+                size = path.stat().st_size
+                path.unlink()
+                return size
+            except FileNotFoundError:
+                return 0
+
+    def sweep_tmp(self, *, now: float | None = None, max_age_s: float = TMP_MAX_AGE_S) -> int:
+        """Remove partial uploads older than max_age_s (left by a killed server); how many."""
+        cutoff = (time.time() if now is None else now) - max_age_s
+        removed = 0
+        for entry in os.scandir(self.root / "tmp"):
+            try:
+                if entry.is_file(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                    os.unlink(entry.path)
+                    removed += 1
+            except FileNotFoundError:
+                continue
+        return removed
 
     def iter_digests(self) -> Iterator[str]:
         """Every digest whose bytes are on disk."""
@@ -103,4 +146,4 @@ class ArtifactStore:
                 yield f"sha256:{sub.name}{f.name}"
 
     def total_bytes(self) -> int:
-        return sum(self.size(d) for d in self.iter_digests())
+        return sum(self.size(d) or 0 for d in self.iter_digests())

@@ -68,6 +68,9 @@ def init_home(home: Path, *, force: bool = False) -> dict:
     """
     layout = HomeLayout(Path(home).expanduser())
     layout.home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(layout.home, 0o700)  # an existing home too: it holds the secret and the state file
+    from .db import make_private
+    make_private(layout.state)
     if layout.credentials.exists() and not force:
         raise AlreadyInitialised(f"{layout.home} is already initialised (use --force to rotate its tokens)")
     if not layout.secret.exists():

@@ -145,7 +145,7 @@ class Store:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.synchronous = synchronous
         self.write_timeout_s = write_timeout_s
-        _private(self.path)
+        make_private(self.path, create=True)
         self._writer = connect(self.path, synchronous=synchronous)
         ensure_schema(self._writer)
         self._queue: queue.SimpleQueue[_Op | None] = queue.SimpleQueue()
@@ -335,9 +335,11 @@ class Store:
             op.fail(failure)
 
 
-def _private(path: Path) -> None:
+def make_private(path: Path | str, *, create: bool = False) -> None:
     """The state file and its -wal/-shm are the owner's alone (0600); SQLite gives -wal/-shm the file's mode."""
-    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+    path = Path(path)
+    if create:
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
     for p in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
         if p.exists():
             os.chmod(p, 0o600)

@@ -247,11 +247,11 @@ class Artifact(Resource):
         check_digest(digest)
         self._check_read(req, digest)
         try:
-            fh = self.deps.artifacts.open(digest)
+            fh, size = self.deps.artifacts.open(digest)  # the size of what is open, even if swept meanwhile
         except FileNotFoundError:
             raise NotFound(f"no artifact {digest}") from None
         resp.content_type = "application/octet-stream"
-        resp.content_length = self.deps.artifacts.size(digest)
+        resp.content_length = size
         resp.stream = fh
 
     def on_head(self, req, resp, digest):
@@ -261,9 +261,10 @@ class Artifact(Resource):
         # already knows reveals nothing else, so holding a task is enough.
         if principal.kind == "worker" and not self.store.read(self.deps.worker_holds_task, principal.worker_id):
             self._check_read(req, digest)
-        if not self.deps.artifacts.exists(digest):
+        size = self.deps.artifacts.size(digest)
+        if size is None:
             resp.status = falcon.HTTP_404
             return
         resp.content_type = "application/octet-stream"
-        resp.content_length = self.deps.artifacts.size(digest)
+        resp.content_length = size
 

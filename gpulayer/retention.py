@@ -4,7 +4,8 @@ An artifact is removed when it is older than the retention period (by its
 last use) and no queued, running or retained job names it: as source, input,
 service weights or output. Rows go first, in one transaction; files after the
 commit, so a job submitted meanwhile is refused (unknown artifact) rather than
-left pointing at nothing.
+left pointing at nothing. A file is unlinked only if its row is still gone,
+checked under the digest's lock that a PUT holds from rename to record.
 """
 from __future__ import annotations
 
@@ -39,7 +40,8 @@ def sweep(store, artifacts, *, now: float, retention_s: float, dry_run: bool = F
     else:
         found = store.write(_forget, cutoff, now)
         for artifact in found:
-            artifacts.delete(artifact["digest"])
+            digest = artifact["digest"]
+            artifacts.delete(digest, lambda: store.read(row, "artifact_recorded", digest=digest) is None)
     total = sum(a["size"] for a in found)
     if found and not dry_run:
         log.info("artifacts_swept count=%d bytes=%d", len(found), total)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import os
 import resource
 import signal
 import threading
@@ -104,6 +105,9 @@ class ControlPlane:
         ca = self.config.layout.tls / "ca.pem"
         self.deps = new_deps(self.config, clock=self.clock, ca_file=ca if self.config.tls_cert and ca.exists() else None)
         self.deps.provisioners = self.provisioners
+        swept = self.deps.artifacts.sweep_tmp()  # partial uploads of a server killed mid-upload
+        if swept:
+            log.info("artifact_tmp_swept count=%d", swept)
         self.deps.store.write(lambda conn: row(conn, "clear_needs_upgrade", name=None, reason="server_restarted"))
         self.deps.store.write(leases.grace_after_restart, self.clock(), self.config.lease_ttl_s)
         app = with_explorer(create_app(self.deps), self.deps, secure_cookies=bool(self.config.tls_cert))
@@ -147,6 +151,7 @@ class ControlPlane:
                     next_sweep = time.monotonic() + self.config.artifact_sweep_interval_s
                     retention.sweep(self.deps.store, self.deps.artifacts, now=self.clock(),
                                     retention_s=self.config.artifact_retention_s)
+                    self.deps.artifacts.sweep_tmp()
             except Exception:  # noqa: BLE001 - upkeep must outlive one bad round
                 if self._stop.is_set():
                     return
@@ -182,8 +187,12 @@ def backup(home: Path, dest: Path) -> dict:
     if not source.exists():
         raise ConfigError(f"no state file at {source}")
     dest = Path(dest)
-    if dest.exists():
-        raise ConfigError(f"{dest} exists already: choose a new file")
+    try:  # the copy holds every secret's ciphertext and token hash: the owner's alone
+        os.close(os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        raise ConfigError(f"{dest} exists already: choose a new file") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot create {dest}: {exc.strerror}") from None
     src = apsw.Connection(str(source), flags=apsw.SQLITE_OPEN_READONLY)
     src.set_busy_timeout(10_000)
     out = apsw.Connection(str(dest))

@@ -679,3 +679,7 @@ SELECT 1 AS ok FROM tasks t JOIN jobs j ON j.id = t.job_id
 WHERE t.worker_id = :worker_id AND t.state IN ('assigned', 'running')
   AND json_array_length(j.spec, '$.outputs') > 0
 LIMIT 1;
+
+-- name: artifact_recorded --
+-- Is this artifact's row there? The sweep asks again, under the digest's lock, before it unlinks.
+SELECT 1 AS ok FROM artifacts WHERE digest = :digest;
