@@ -45,8 +45,9 @@ DENIED_FUNCTIONS = frozenset({"load_extension", "fts3_tokenizer", "readfile", "w
 PROGRESS_STEPS = 1000  # VM steps between deadline checks: ~tens of microseconds
 # One VM step can allocate a whole value (zeroblob(1e9) is one step), so the
 # deadline alone cannot bound a query: every value is capped at MAX_VALUE_BYTES
-# (a stored job spec, a 1 MiB request re-encoded with \u escapes, stays under
-# it), a result row at MAX_COLUMNS columns and a result at MAX_RESULT_BYTES.
+# (twice the 1 MiB request body; a spec of mostly non-Latin text, stored with
+# \u escapes, can pass it and then reads as a 400), a result row at
+# MAX_COLUMNS columns and a result at MAX_RESULT_BYTES.
 MAX_VALUE_BYTES = 2_000_000
 MAX_COLUMNS = 64            # the widest table has 22
 MAX_RESULT_BYTES = 8_000_000
