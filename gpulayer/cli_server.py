@@ -1,4 +1,4 @@
-"""`gpulayer server ...`, `up`, `explore` and `artifacts gc`: the control plane's side."""
+"""`gpulayer server ...` (start, prune, backup), `up`, `explore` and `artifacts gc`: the control plane's side."""
 from __future__ import annotations
 
 from enum import Enum
@@ -8,13 +8,41 @@ from typing import Annotated, Optional
 import typer
 
 from gpulayer.cli_common import fail, home_of, print_json
-from gpulayer.config import DEFAULT_PORT, HEARTBEAT_INTERVAL_S, LEASE_TTL_S, MAX_OUTPUT_BYTES
+from gpulayer.config import (DEFAULT_PORT, HEARTBEAT_INTERVAL_S, JOB_RETENTION_S, LEASE_TTL_S, LOG_RETENTION_S,
+                             MAX_OUTPUT_BYTES)
 
 server_app = typer.Typer(help="Initialise, run and back up a control plane.", no_args_is_help=True)
 artifacts_app = typer.Typer(help="The control plane's artifact store.", no_args_is_help=True)
 
 Home = Annotated[Optional[Path], typer.Option("--home", envvar="GPULAYER_HOME", show_envvar=True,
                                               help="The control plane's home directory (default ~/.gpulayer).")]
+
+
+def _seconds(value: Optional[str]) -> Optional[float]:
+    """A duration option (`30d`, `12h`, `90s`) in seconds; a usage error otherwise."""
+    if value is None:
+        return None
+    from gpulayer.errors import ConfigError
+    from gpulayer.retention import parse_duration
+    try:
+        return parse_duration(value)
+    except ConfigError as exc:
+        raise typer.BadParameter(exc.message) from None
+
+
+LogRetention = Annotated[Optional[str], typer.Option(
+    "--log-retention", callback=_seconds, metavar="DURATION",
+    help=f"Prune the log lines of jobs that ended this long ago (30d, 12h, 90s; default {LOG_RETENTION_S // 86400:g}d).")]
+JobRetention = Annotated[Optional[str], typer.Option(
+    "--job-retention", callback=_seconds, metavar="DURATION",
+    help=f"Prune ended jobs (tasks, events, logs), loose events and departed workers this old "
+         f"(default {JOB_RETENTION_S // 86400:g}d).")]
+
+
+def _retention(log_retention, job_retention) -> dict:
+    """ControlPlaneConfig's retention settings that were given."""
+    given = {"log_retention_s": log_retention, "job_retention_s": job_retention}
+    return {k: v for k, v in given.items() if v is not None}
 
 
 class Synchronous(str, Enum):
@@ -52,6 +80,8 @@ def server_start(
     lease_ttl: Annotated[float, typer.Option("--lease-ttl", help="Seconds without a heartbeat before a worker's tasks are lost.", min=0.01)] = LEASE_TTL_S,
     synchronous: Annotated[Synchronous, typer.Option("--synchronous", help="SQLite synchronous: normal (fast) or full (survives power loss).")] = Synchronous.normal,
     max_output_mb: Annotated[int, typer.Option("--max-output-mb", help="Largest task output a worker may upload, in MiB.", min=1)] = MAX_OUTPUT_BYTES // 1024 ** 2,
+    log_retention: LogRetention = None,
+    job_retention: JobRetention = None,
 ) -> None:
     """Run the control plane in the foreground until SIGTERM or Ctrl-C."""
     if bool(tls_cert) != bool(tls_key):
@@ -61,8 +91,26 @@ def server_start(
     config = ControlPlaneConfig(home=home_of(ctx, home), host=host, port=port, tls_cert=tls_cert,
                                 tls_key=tls_key, allow_insecure_remote=allow_insecure_remote,
                                 heartbeat_interval_s=heartbeat_interval, lease_ttl_s=lease_ttl,
-                                synchronous=synchronous.value, max_output_bytes=max_output_mb * 1024 ** 2)
+                                synchronous=synchronous.value, max_output_bytes=max_output_mb * 1024 ** 2,
+                                **_retention(log_retention, job_retention))
     raise typer.Exit(run_server(config) or 0)
+
+
+@server_app.command("prune")
+def server_prune(ctx: typer.Context, home: Home = None,
+                 dry_run: Annotated[bool, typer.Option("--dry-run", help="Count what would be removed; remove nothing.")] = False,
+                 log_retention: LogRetention = None, job_retention: JobRetention = None,
+                 as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+    """Apply retention now (as upkeep does on its own) and print what was removed; safe while the server runs."""
+    from gpulayer.retention import run_prune
+    result = run_prune(home_of(ctx, home), dry_run=dry_run, log_retention_s=log_retention,
+                       job_retention_s=job_retention)
+    if as_json:
+        print_json(result)
+        return
+    verb = "would remove" if dry_run else "removed"
+    typer.echo(f"{verb} {result['jobs']} job(s), {result['log_lines']} log line(s), {result['events']} event(s), "
+               f"{result['workers']} departed worker(s)")
 
 
 @server_app.command("rotate-join-token")
@@ -86,10 +134,11 @@ def server_backup(ctx: typer.Context,
 def up(ctx: typer.Context, home: Home = None,
        host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "0.0.0.0",
        port: Annotated[int, typer.Option("--port", help="Port to listen on.", min=0, max=65535)] = DEFAULT_PORT,
-       parallel: Annotated[Optional[int], typer.Option("--parallel", help="Tasks the local worker runs at once (default: CPU count).", min=1)] = None) -> None:
+       parallel: Annotated[Optional[int], typer.Option("--parallel", help="Tasks the local worker runs at once (default: CPU count).", min=1)] = None,
+       log_retention: LogRetention = None, job_retention: JobRetention = None) -> None:
     """Start a control plane over TLS and a local worker; print the line that joins other machines."""
     from gpulayer.up import run_up
-    raise typer.Exit(run_up(home_of(ctx, home), host, port, parallel))
+    raise typer.Exit(run_up(home_of(ctx, home), host, port, parallel, **_retention(log_retention, job_retention)))
 
 
 def explore(ctx: typer.Context, home: Home = None,

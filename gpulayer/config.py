@@ -17,6 +17,9 @@ START_TIMEOUT_S = 120.0          # a gang with a rank not started by then goes b
 RENDEZVOUS_TIMEOUT_S = 300.0     # a gang whose ranks do not all arrive by then fails the attempt
 ARTIFACT_RETENTION_S = 7 * 86400
 ARTIFACT_SWEEP_INTERVAL_S = 3600.0
+LOG_RETENTION_S = 14 * 86400     # log lines of a job that ended this long ago are pruned
+JOB_RETENTION_S = 30 * 86400     # ended jobs (tasks, events, lines), loose events, departed workers
+PRUNE_INTERVAL_S = 300.0         # upkeep prunes this often, in small batches
 SERVICE_MAX_ATTEMPTS = 10
 MAX_OUTPUT_BYTES = 10 * 1024 ** 3  # a task output a worker uploads; clients' uploads have the store's limit
 
@@ -89,6 +92,9 @@ class ControlPlaneConfig:
     rendezvous_timeout_s: float = RENDEZVOUS_TIMEOUT_S
     artifact_retention_s: float = ARTIFACT_RETENTION_S
     artifact_sweep_interval_s: float = ARTIFACT_SWEEP_INTERVAL_S
+    log_retention_s: float = LOG_RETENTION_S
+    job_retention_s: float = JOB_RETENTION_S
+    prune_interval_s: float = PRUNE_INTERVAL_S
 
     @property
     def layout(self) -> HomeLayout:

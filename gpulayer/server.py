@@ -51,6 +51,8 @@ def check_config(config: ControlPlaneConfig) -> None:
                           "give --tls-cert and --tls-key, or --allow-insecure-remote behind a TLS proxy you control")
     if config.heartbeat_interval_s <= 0 or config.lease_ttl_s <= config.heartbeat_interval_s:
         raise ConfigError("--lease-ttl must be longer than --heartbeat-interval, and both positive")
+    if min(config.log_retention_s, config.job_retention_s, config.prune_interval_s) <= 0:
+        raise ConfigError("--log-retention and --job-retention must be longer than zero")
     if config.synchronous not in ("normal", "full"):
         raise ConfigError("--synchronous must be normal or full")
     if not config.layout.credentials.exists():
@@ -142,11 +144,18 @@ class ControlPlane:
     def _run_upkeep(self) -> None:
         interval = min(self.config.heartbeat_interval_s, 1.0)
         next_sweep = time.monotonic() + self.config.artifact_sweep_interval_s
+        next_prune = time.monotonic() + min(self.config.prune_interval_s, 60.0)
         while not self._stop.wait(interval):
             try:
                 result = self.deps.scheduler.expire()
                 if any(result.values()):
                     log.info("leases_expired %s", " ".join(f"{k}={v}" for k, v in result.items()))
+                if time.monotonic() >= next_prune:
+                    done = retention.prune(self.deps.store, now=self.clock(),
+                                           log_retention_s=self.config.log_retention_s,
+                                           job_retention_s=self.config.job_retention_s)["done"]
+                    # A backlog (a first start after an upgrade) goes on at the next tick.
+                    next_prune = time.monotonic() + (self.config.prune_interval_s if done else 0)
                 if time.monotonic() >= next_sweep:
                     next_sweep = time.monotonic() + self.config.artifact_sweep_interval_s
                     retention.sweep(self.deps.store, self.deps.artifacts, now=self.clock(),

@@ -50,8 +50,11 @@ def _wait_for_stop(worker: threading.Thread) -> None:
             signal.signal(sig, handler)
 
 
-def run_up(home: Path, host: str, port: int, parallel: int | None) -> int:
-    """Serve a control plane over TLS with a local worker until stopped; return 0."""
+def run_up(home: Path, host: str, port: int, parallel: int | None, **settings) -> int:
+    """Serve a control plane over TLS with a local worker until stopped; return 0.
+
+    `settings`: more ControlPlaneConfig fields (log_retention_s, job_retention_s).
+    """
     from gpulayer.certs import ensure_tls
     from gpulayer.config import ControlPlaneConfig
     from gpulayer.server import ControlPlane
@@ -60,7 +63,7 @@ def run_up(home: Path, host: str, port: int, parallel: int | None) -> int:
     tls = ensure_tls(home, [address] if host not in WILDCARD_HOSTS else [])
     tokens = home_tokens(home, rotate_unknown=True)
     plane = ControlPlane(ControlPlaneConfig(home=home, host=host, port=port, tls_cert=Path(tls["cert"]),
-                                            tls_key=Path(tls["key"])))
+                                            tls_key=Path(tls["key"]), **settings))
     plane.start()
     try:
         bound = urlsplit(plane.url).port or port

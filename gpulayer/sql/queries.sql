@@ -683,3 +683,85 @@ LIMIT 1;
 -- name: artifact_recorded --
 -- Is this artifact's row there? The sweep asks again, under the digest's lock, before it unlinks.
 SELECT 1 AS ok FROM artifacts WHERE digest = :digest;
+
+-- name: prune_log_jobs --
+-- Retention (read, no lock): ended jobs, ended before the log cutoff, that still have log lines.
+SELECT id FROM jobs
+WHERE state IN ('succeeded', 'failed', 'cancelled', 'lost') AND finished_at < :cutoff
+  AND EXISTS (SELECT 1 FROM logs WHERE logs.job_id = jobs.id)
+ORDER BY id LIMIT :n;
+
+-- name: prune_job_logs --
+-- Retention: up to :n log lines of one job that ended before the cutoff.
+DELETE FROM logs WHERE seq IN (
+    SELECT seq FROM logs WHERE job_id = :job_id
+      AND EXISTS (SELECT 1 FROM jobs WHERE id = :job_id AND finished_at < :cutoff)
+    ORDER BY seq LIMIT :n)
+RETURNING seq;
+
+-- name: prune_old_jobs --
+-- Retention (read, no lock): jobs that ended before the job cutoff, oldest first.
+SELECT id FROM jobs
+WHERE state IN ('succeeded', 'failed', 'cancelled', 'lost') AND finished_at < :cutoff
+ORDER BY id LIMIT :n;
+
+-- name: prune_job_events --
+-- Retention: the events of one job that ended before the cutoff (its logs are gone by then).
+DELETE FROM events WHERE job_id = :job_id
+  AND EXISTS (SELECT 1 FROM jobs WHERE id = :job_id AND finished_at < :cutoff)
+RETURNING seq;
+
+-- name: prune_job_rendezvous --
+-- Retention: the rendezvous rows of one pruned job.
+DELETE FROM rendezvous WHERE job_id = :job_id
+  AND EXISTS (SELECT 1 FROM jobs WHERE id = :job_id AND finished_at < :cutoff);
+
+-- name: prune_job_tasks --
+-- Retention: the tasks of one pruned job (before the job: tasks reference it).
+DELETE FROM tasks WHERE job_id = :job_id
+  AND EXISTS (SELECT 1 FROM jobs WHERE id = :job_id AND finished_at < :cutoff);
+
+-- name: prune_job --
+-- Retention: the job row itself, once it has no log lines left.
+DELETE FROM jobs WHERE id = :job_id AND finished_at < :cutoff
+  AND NOT EXISTS (SELECT 1 FROM logs WHERE job_id = :job_id)
+RETURNING id;
+
+-- name: prune_loose_events --
+-- Retention (read, no lock): events of no job (workers, upkeep) older than the cutoff.
+SELECT seq FROM events WHERE job_id IS NULL AND at < :cutoff ORDER BY seq LIMIT :n;
+
+-- name: prune_events --
+-- Retention: delete the events prune_loose_events found, if they still qualify.
+DELETE FROM events
+WHERE seq IN (SELECT value FROM json_each(:seqs)) AND job_id IS NULL AND at < :cutoff
+RETURNING seq;
+
+-- name: prune_gone_workers --
+-- Retention (read, no lock): workers gone before the cutoff that no remaining task names.
+SELECT id FROM workers w
+WHERE state = 'gone' AND last_seen_at < :cutoff AND NOT EXISTS (SELECT 1 FROM tasks t WHERE t.worker_id = w.id)
+ORDER BY id LIMIT :n;
+
+-- name: prune_worker --
+-- Retention: one departed worker's row, if it still qualifies.
+DELETE FROM workers
+WHERE id = :worker_id AND state = 'gone' AND last_seen_at < :cutoff
+  AND NOT EXISTS (SELECT 1 FROM tasks WHERE worker_id = :worker_id)
+RETURNING id;
+
+-- name: prune_preview --
+-- `gpulayer server prune --dry-run`: what each rule would remove now
+-- (:lines_cutoff is the later of the log and job cutoffs).
+SELECT
+  (SELECT count(*) FROM jobs WHERE state IN ('succeeded', 'failed', 'cancelled', 'lost')
+                               AND finished_at < :job_cutoff) AS jobs,
+  (SELECT count(*) FROM logs WHERE job_id IN (
+      SELECT id FROM jobs WHERE state IN ('succeeded', 'failed', 'cancelled', 'lost')
+                            AND finished_at < :lines_cutoff)) AS log_lines,
+  (SELECT count(*) FROM events WHERE (job_id IS NULL AND at < :job_cutoff) OR job_id IN (
+      SELECT id FROM jobs WHERE state IN ('succeeded', 'failed', 'cancelled', 'lost')
+                            AND finished_at < :job_cutoff)) AS events,
+  (SELECT count(*) FROM workers w WHERE state = 'gone' AND last_seen_at < :job_cutoff
+      AND NOT EXISTS (SELECT 1 FROM tasks t JOIN jobs j ON j.id = t.job_id
+                      WHERE t.worker_id = w.id AND NOT (j.finished_at < :job_cutoff))) AS workers;

@@ -1,0 +1,107 @@
+"""Retention: old log lines, ended jobs, loose events and departed workers go, in small batches; nothing live does.
+
+In-process with a pinned clock (the unit tier), and `gpulayer server prune` as the CLI.
+"""
+from __future__ import annotations
+
+import json
+
+from gpulayer import retention, wire
+from gpulayer.auth import Principal
+from gpulayer.testing import run_cli
+
+DAY = 86400.0
+LINES = 1_200  # more than one batch
+
+
+def _worker(sched, name: str) -> int:
+    body = wire.register({"name": name, "labels": {}, "resources": {"cpus": 8}, "slots": 4})
+    return sched.register(body=body, token=Principal(kind="join", jti="server-join"), session_hash=name,
+                          peer_address="127.0.0.1")["worker_id"]
+
+
+def _run(sched, worker: int, *, finish: bool) -> int:
+    job = sched.submit({"command": ["run"]})
+    task = sched.acquire(worker)
+    assert task["job_id"] == job
+    sched.start(worker, task["task_id"], 1)
+    lines = [{"n": i, "stream": "stdout", "at": 0.0, "text": f"line {i}"} for i in range(LINES)]
+    sched.logs(worker, task["task_id"], lines)
+    if finish:
+        assert sched.finish(worker, task["task_id"], exit_code=0, outcome="succeeded", outputs={}, reason=None)
+    return job
+
+
+def _count(store, table: str, where: str = "1") -> int:
+    return store.read(lambda conn: conn.execute(f"SELECT count(*) AS n FROM {table} WHERE {where}").fetchall())[0]["n"]
+
+
+def test_prune_removes_what_is_past_retention_in_small_writes(store, sched, clock, monkeypatch):
+    departed = _worker(sched, "departed")
+    sched.deregister(departed)
+    worker = _worker(sched, "w")
+    old = _run(sched, worker, finish=True)
+    clock.advance(20 * DAY)
+    recent = _run(sched, worker, finish=True)
+    running = _run(sched, worker, finish=False)
+    keep = dict(log_retention_s=7 * DAY, job_retention_s=30 * DAY)
+
+    writes = []
+    real_write = store.write
+
+    def counting_write(fn, *args, **kwargs):
+        result = real_write(fn, *args, **kwargs)
+        writes.append(result)
+        return result
+
+    monkeypatch.setattr(store, "write", counting_write)
+    # Day 20: the old job's lines are past log retention; the job itself is kept.
+    dry = retention.prune(store, now=clock.now, dry_run=True, **keep)
+    assert dry["log_lines"] == LINES and dry["jobs"] == 0
+    done = retention.prune(store, now=clock.now, **keep)
+    assert done["log_lines"] == LINES and done["jobs"] == 0 and done["done"]
+    assert all(len(w) <= retention.PRUNE_BATCH for w in writes if isinstance(w, list))
+    assert _count(store, "logs", f"job_id = {old}") == 0 and _count(store, "jobs", f"id = {old}") == 1
+    assert _count(store, "logs", f"job_id = {recent}") == LINES
+
+    # Day 40: the old job (tasks, events) and the departed worker are past job retention.
+    clock.advance(20 * DAY)
+    dry = retention.prune(store, now=clock.now, dry_run=True, **keep)
+    done = retention.prune(store, now=clock.now, **keep)
+    assert (dry["jobs"], dry["workers"]) == (done["jobs"], done["workers"]) == (1, 1)
+    assert dry["log_lines"] == done["log_lines"] == LINES  # the recent job's lines, ended 20 days ago
+    assert _count(store, "jobs", f"id = {old}") == 0
+    assert _count(store, "tasks", f"job_id = {old}") == 0 and _count(store, "events", f"job_id = {old}") == 0
+    assert _count(store, "workers", f"id = {departed}") == 0
+    # What is live or within retention stays: the running job and its lines, the recent job, the worker.
+    assert _count(store, "logs", f"job_id = {running}") == LINES
+    assert _count(store, "jobs", f"id IN ({recent}, {running})") == 2
+    assert _count(store, "workers", f"id = {worker}") == 1
+    assert _count(store, "events", "kind = 'state_pruned'") == 2
+    assert store.read(lambda conn: conn.execute("PRAGMA foreign_key_check").fetchall()) == []
+    assert retention.prune(store, now=clock.now, **keep)["jobs"] == 0
+
+
+def test_a_round_stops_at_its_budget_and_the_next_goes_on(store, sched, clock):
+    worker = _worker(sched, "w")
+    job = _run(sched, worker, finish=True)
+    clock.advance(40 * DAY)
+    first = retention.prune(store, now=clock.now, log_retention_s=DAY, job_retention_s=30 * DAY, budget=1)
+    assert not first["done"] and first["log_lines"] == retention.PRUNE_BATCH
+    rest = retention.prune(store, now=clock.now, log_retention_s=DAY, job_retention_s=30 * DAY)
+    assert rest["done"] and rest["jobs"] == 1 and first["log_lines"] + rest["log_lines"] == LINES
+    assert _count(store, "jobs", f"id = {job}") == 0
+
+
+def test_server_prune_cli(home, store, sched, clock):
+    worker = _worker(sched, "w")
+    _run(sched, worker, finish=True)  # ended at the pinned clock, long before the real now
+    dry = run_cli("server", "prune", "--home", str(home), "--dry-run", "--json", timeout=60)
+    assert dry.returncode == 0, dry.stderr
+    assert json.loads(dry.stdout)["jobs"] == 1 and _count(store, "jobs") == 1
+    done = run_cli("server", "prune", "--home", str(home), "--job-retention", "90d", timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("removed 1 job(s), 1200 log line(s)"), done.stdout
+    assert _count(store, "jobs") == 0
+    bad = run_cli("server", "prune", "--home", str(home), "--log-retention", "soon", timeout=60)
+    assert bad.returncode == 2 and "not a duration" in bad.stderr and "Traceback" not in bad.stderr
