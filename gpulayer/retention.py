@@ -19,7 +19,7 @@ from .sql import row, rows
 
 log = logging.getLogger("gpulayer.retention")
 # Pruning works in small batches, each its own write: none holds the write lock for long.
-PRUNE_BATCH = 500            # log lines or events per write
+PRUNE_BATCH = 200            # log lines or events per write
 PRUNE_JOBS = 50              # jobs (or workers) looked at per read
 PRUNE_ROUND_WRITES = 400     # writes per upkeep round at most; a backlog goes on in the next round
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
