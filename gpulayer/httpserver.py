@@ -20,7 +20,9 @@ client that connects and says nothing stalls every other client. Here:
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import selectors
 import socket
 import ssl
@@ -45,6 +47,15 @@ HEAD_TIMEOUT_S = 10.0
 # a file descriptor and up to max_header_bytes of buffer, never a thread.
 MAX_PENDING_HEADS = 2048
 _READ_STEP = 64 * 1024
+# Out of file descriptors, accept() fails while the connection waits in the backlog:
+# a spare descriptor, released for the moment, lets the server take it and refuse it.
+_FD_EXHAUSTED = (errno.EMFILE, errno.ENFILE)
+_OVERLOADED_BODY = (b'{"error": {"code": "overloaded", "message": "the control plane is out of file '
+                    b'descriptors; try again"}}')
+_OVERLOADED = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+    b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(_OVERLOADED_BODY), _OVERLOADED_BODY)
+)
 
 _PLAIN_HTTP_MSG = b"This port speaks HTTPS; use an https:// URL.\n"
 _PLAIN_HTTP_ON_TLS = (
@@ -144,6 +155,9 @@ class HTTPServer:
         """
         self._server.shutdown_timeout = timeout
         self._server.stop()
+        if self._server._spare_fd is not None:
+            os.close(self._server._spare_fd)
+            self._server._spare_fd = None
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
@@ -270,6 +284,59 @@ class _Server(wsgi.Server):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.pending_heads: set[_Connection] = set()
+        self._spare_fd: int | None = None
+        self._fd_warned_at = 0.0
+
+    def prepare(self):
+        """cheroot's prepare, then an accept that sheds load when file descriptors run out."""
+        super().prepare()
+        self._spare_fd = os.open(os.devnull, os.O_RDONLY)
+        accept = self._connections._from_server_socket
+
+        def accept_or_shed(server_socket):
+            try:
+                return accept(server_socket)
+            except OSError as exc:
+                if exc.errno not in _FD_EXHAUSTED:
+                    raise
+                self._shed(server_socket)
+                return None
+
+        self._connections._from_server_socket = accept_or_shed
+
+    def _shed(self, server_socket) -> None:
+        """Out of descriptors: take one waiting connection with the spare, answer 503, close it.
+
+        Without this cheroot retries accept() at once, for ever: one core spins,
+        the log fills, and the waiting clients hang until their own timeout.
+        """
+        now = time.monotonic()
+        if now - self._fd_warned_at > 10:
+            self._fd_warned_at = now
+            log.warning("http_fd_exhausted: refusing new connections with 503 until descriptors are free "
+                        "(raise the limit: LimitNOFILE / ulimit -n)")
+        if self._spare_fd is None:
+            time.sleep(0.05)
+            return
+        os.close(self._spare_fd)
+        self._spare_fd = None
+        try:
+            sock, _addr = server_socket.accept()
+        except OSError:
+            time.sleep(0.05)  # taken by another, or still none: let descriptors free up
+        else:
+            with sock:
+                if self.ssl_adapter is None:
+                    sock.setblocking(False)
+                    try:
+                        sock.send(_OVERLOADED)
+                    except OSError:
+                        pass
+        finally:
+            try:
+                self._spare_fd = os.open(os.devnull, os.O_RDONLY)
+            except OSError:
+                self._spare_fd = None
 
     def process_conn(self, conn):
         """Read the head (and handshake) in the calling thread, never blocking; queue it once whole.

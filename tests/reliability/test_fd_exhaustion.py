@@ -94,3 +94,39 @@ def test_out_of_fds_a_submit_is_acknowledged_and_an_upload_answers_503(app, home
     assert deps.store.read(lambda conn: conn.execute("SELECT count(*) AS n FROM artifacts").fetchall())[0]["n"] == 0
     assert not deps.artifacts.exists(digest)
     assert api.simulate_put(f"/v1/artifacts/{digest}", headers=headers, body=data).status_code == 201
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_a_server_out_of_descriptors_answers_503_and_recovers(tmp_path):
+    import socket
+    import time
+
+    import requests
+
+    from gpulayer.testing import wait_for
+
+    with ControlPlaneProcess(tmp_path) as plane:
+        pid = plane.proc.pid
+        in_use = len(os.listdir(f"/proc/{pid}/fd"))
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (in_use + 16, in_use + 16))
+        holders = []
+        try:
+            for _ in range(40):  # idle connections: each one the server accepts costs it a descriptor
+                holders.append(socket.create_connection(("127.0.0.1", plane.port), timeout=5))
+            wait_for(lambda: len(os.listdir(f"/proc/{pid}/fd")) >= in_use + 14, 10, "the server to run out")
+            answer = requests.get(f"{plane.url}/v1/health", timeout=10)
+            assert answer.status_code == 503
+            assert answer.json()["error"]["code"] == "overloaded"
+            before = _cpu_seconds(pid)
+            time.sleep(1.0)  # what the server burns while clients wait in the backlog
+            assert _cpu_seconds(pid) - before < 0.5, "the accept loop spins while out of descriptors"
+        finally:
+            for sock in holders:
+                sock.close()
+        wait_for(lambda: plane.healthy(), 30, "health once the descriptors are back")
+        assert plane.submit({"command": ["true"]}) > 0
+        assert plane.logs(200_000).count("http_fd_exhausted") <= 3
