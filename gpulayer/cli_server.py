@@ -50,6 +50,12 @@ class Synchronous(str, Enum):
     full = "full"
 
 
+HeartbeatInterval = Annotated[float, typer.Option("--heartbeat-interval", help="Seconds between worker heartbeats.", min=0.01)]
+LeaseTTL = Annotated[float, typer.Option("--lease-ttl", help="Seconds without a heartbeat before a worker's tasks are lost.", min=0.01)]
+SynchronousOpt = Annotated[Synchronous, typer.Option("--synchronous", help="SQLite synchronous: normal (fast) or full (survives power loss).")]
+MaxOutputMB = Annotated[int, typer.Option("--max-output-mb", help="Largest task output a worker may upload, in MiB.", min=1)]
+
+
 @server_app.command("init")
 def server_init(ctx: typer.Context, home: Home = None,
                 as_json: Annotated[bool, typer.Option("--json", help="Print the tokens as JSON.")] = False,
@@ -76,10 +82,10 @@ def server_start(
     tls_key: Annotated[Optional[Path], typer.Option("--tls-key", help="PEM private key for HTTPS.")] = None,
     allow_insecure_remote: Annotated[bool, typer.Option("--allow-insecure-remote", help="Allow plain HTTP on a non-loopback address (behind a TLS proxy you control).")] = False,
     home: Home = None,
-    heartbeat_interval: Annotated[float, typer.Option("--heartbeat-interval", help="Seconds between worker heartbeats.", min=0.01)] = HEARTBEAT_INTERVAL_S,
-    lease_ttl: Annotated[float, typer.Option("--lease-ttl", help="Seconds without a heartbeat before a worker's tasks are lost.", min=0.01)] = LEASE_TTL_S,
-    synchronous: Annotated[Synchronous, typer.Option("--synchronous", help="SQLite synchronous: normal (fast) or full (survives power loss).")] = Synchronous.normal,
-    max_output_mb: Annotated[int, typer.Option("--max-output-mb", help="Largest task output a worker may upload, in MiB.", min=1)] = MAX_OUTPUT_BYTES // 1024 ** 2,
+    heartbeat_interval: HeartbeatInterval = HEARTBEAT_INTERVAL_S,
+    lease_ttl: LeaseTTL = LEASE_TTL_S,
+    synchronous: SynchronousOpt = Synchronous.normal,
+    max_output_mb: MaxOutputMB = MAX_OUTPUT_BYTES // 1024 ** 2,
     log_retention: LogRetention = None,
     job_retention: JobRetention = None,
 ) -> None:
@@ -90,10 +96,16 @@ def server_start(
     from gpulayer.server import run_server
     config = ControlPlaneConfig(home=home_of(ctx, home), host=host, port=port, tls_cert=tls_cert,
                                 tls_key=tls_key, allow_insecure_remote=allow_insecure_remote,
-                                heartbeat_interval_s=heartbeat_interval, lease_ttl_s=lease_ttl,
-                                synchronous=synchronous.value, max_output_bytes=max_output_mb * 1024 ** 2,
-                                **_retention(log_retention, job_retention))
+                                **_plane_settings(heartbeat_interval, lease_ttl, synchronous, max_output_mb,
+                                                  log_retention, job_retention))
     raise typer.Exit(run_server(config) or 0)
+
+
+def _plane_settings(heartbeat_interval, lease_ttl, synchronous, max_output_mb, log_retention,
+                    job_retention) -> dict:
+    """The ControlPlaneConfig fields that `server start` and `up` both take."""
+    return dict(heartbeat_interval_s=heartbeat_interval, lease_ttl_s=lease_ttl, synchronous=synchronous.value,
+                max_output_bytes=max_output_mb * 1024 ** 2, **_retention(log_retention, job_retention))
 
 
 @server_app.command("prune")
@@ -135,10 +147,14 @@ def up(ctx: typer.Context, home: Home = None,
        host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "0.0.0.0",
        port: Annotated[int, typer.Option("--port", help="Port to listen on.", min=0, max=65535)] = DEFAULT_PORT,
        parallel: Annotated[Optional[int], typer.Option("--parallel", help="Tasks the local worker runs at once (default: CPU count).", min=1)] = None,
+       heartbeat_interval: HeartbeatInterval = HEARTBEAT_INTERVAL_S, lease_ttl: LeaseTTL = LEASE_TTL_S,
+       synchronous: SynchronousOpt = Synchronous.normal, max_output_mb: MaxOutputMB = MAX_OUTPUT_BYTES // 1024 ** 2,
        log_retention: LogRetention = None, job_retention: JobRetention = None) -> None:
     """Start a control plane over TLS and a local worker; print the line that joins other machines."""
     from gpulayer.up import run_up
-    raise typer.Exit(run_up(home_of(ctx, home), host, port, parallel, **_retention(log_retention, job_retention)))
+    raise typer.Exit(run_up(home_of(ctx, home), host, port, parallel,
+                            **_plane_settings(heartbeat_interval, lease_ttl, synchronous, max_output_mb,
+                                              log_retention, job_retention)))
 
 
 def explore(ctx: typer.Context, home: Home = None,
