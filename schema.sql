@@ -1,1 +1,1 @@
-gpulayer/schema.sql
+gpulayer/server/store/schema.sql

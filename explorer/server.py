@@ -1,10 +1,8 @@
 """serve(): the explorer over plain HTTP on this machine (`gpulayer explore`)."""
 from __future__ import annotations
 
-import hmac
-import json
+import ipaddress
 from collections.abc import Callable
-from pathlib import Path
 
 import waitress
 
@@ -24,8 +22,7 @@ def serve(state_path: str, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *,
     Without `auth` the explorer is open, so only a loopback `host` is allowed
     (raises Exposed otherwise): it shows the whole state file, job env included.
     """
-    from gpulayer.server import is_loopback
-    if auth is None and not is_loopback(host):
+    if auth is None and not _is_loopback(host):
         raise Exposed(f"refusing to serve the explorer without a token on {host}, which is not a loopback "
                       "address: it shows the whole state file, job environments included. Give "
                       "--token-required (log in with the client token), or --host 127.0.0.1")
@@ -40,25 +37,10 @@ def serve(state_path: str, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *,
         server.close()
 
 
-def home_client_auth(home: Path) -> Callable[[str], bool]:
-    """`auth` for serve(): accepts the client token of `gpulayer server init` in `home`.
-
-    The credentials file is read at every check, so `server init --force` takes
-    effect at once. Raises ConfigError when the home is not initialised.
-    """
-    from gpulayer.auth import hash_token, load_secret
-    from gpulayer.config import HomeLayout
-    from gpulayer.errors import ConfigError
-    layout = HomeLayout(Path(home))
-    secret = load_secret(layout)
-    if not layout.credentials.exists():
-        raise ConfigError(f"{layout.home} is not initialised: run `gpulayer server init --home {layout.home}`")
-
-    def is_client(token: str) -> bool:
-        try:
-            expected = json.loads(layout.credentials.read_text())["client"]["hash"]
-        except (OSError, ValueError, KeyError, TypeError):
-            return False
-        return hmac.compare_digest(expected, hash_token(secret, token))
-
-    return is_client
+def _is_loopback(host: str) -> bool:
+    if host in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

@@ -11,14 +11,14 @@ See docs/python.md.
 """
 from __future__ import annotations
 
-from gpulayer.client import (
+from gpulayer.client.api import (
     FINISHED_STATES, Client, Job, connect, resolve_settings, server_configured,
 )
-from gpulayer.client_errors import (
+from gpulayer.client.errors import (
     ApiError, ClientError, Conflict, ConnectionFailed, Forbidden, InvalidRequest, NotFound,
     ProtocolMismatch, Unauthorized, WaitTimeout,
 )
-from gpulayer.specs import job, service
+from gpulayer.client.specs import job, service
 
 __version__ = "0.1.0"
 

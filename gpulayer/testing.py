@@ -24,8 +24,8 @@ server is imported here. Under `root`:
 Every wait is bounded. A wait that runs out raises TimedOut; a process that
 exits while waited on raises ProcessExited with the log tails. Both are
 AssertionErrors, so a test runner reports them as failures. This module
-imports only the standard library and requests (gpulayer.certs for TLS,
-gpulayer.client for `client()`, when asked for).
+imports only the standard library and requests (gpulayer.server.security.certs for TLS,
+gpulayer.client.api for `client()`, when asked for).
 """
 from __future__ import annotations
 
@@ -248,7 +248,7 @@ class ControlPlaneProcess(ChildProcess):
     """`gpulayer server init` and `server start` as a child process, with workers and API helpers.
 
     `root` None: a temporary folder, removed by close(). `port` 0: a free one,
-    kept across restarts. `tls`: a CA and a certificate for `host` (gpulayer.certs);
+    kept across restarts. `tls`: a CA and a certificate for `host` (gpulayer.server.security.certs);
     `ca_file` and `verify` then name the CA. A plain-HTTP `host` off loopback gets
     --allow-insecure-remote. `args` go after the others (`--synchronous full`);
     `env` adds to the server's environment. Use as a context manager, or start()
@@ -310,7 +310,7 @@ class ControlPlaneProcess(ChildProcess):
         tokens = json.loads(done.stdout)
         self.client_token, self.join_token = tokens["client_token"], tokens["join_token"]
         if self.tls and not self.ca_file.exists():
-            from gpulayer.certs import make_ca, make_server_cert
+            from gpulayer.server.security.certs import make_ca, make_server_cert
             ca, ca_key = make_ca(self.root / "tls")
             make_server_cert(self.root / "tls", ca, ca_key, ["localhost"], [self.host])
 
@@ -458,7 +458,7 @@ class ControlPlaneProcess(ChildProcess):
 
     def client(self):
         """A gpulayer.Client of this control plane."""
-        from gpulayer.client import connect
+        from gpulayer.client.api import connect
         return connect(url=self.url, token=self.client_token, ca_file=self.ca_file and str(self.ca_file))
 
     def sql(self, query: str, params=()) -> list[tuple]:

@@ -3,7 +3,7 @@
 
 The server is a real subprocess (`gpulayer server start` on a free loopback
 port, temporary home), over plain HTTP and over TLS (certificate from
-gpulayer.certs.ensure_tls). The load comes from separate processes (default
+gpulayer.server.security.certs.ensure_tls). The load comes from separate processes (default
 2 processes x 8 threads, each thread one simulated worker with a keep-alive
 requests.Session). On a 2-core machine the load generator competes with the
 server for the CPUs: the figures are a floor for the server alone.

@@ -20,11 +20,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib  # noqa: E402
 
-from gpulayer import retention, wire  # noqa: E402
-from gpulayer.auth import Principal, init_home  # noqa: E402
-from gpulayer.config import ControlPlaneConfig  # noqa: E402
-from gpulayer.db import Store, connect  # noqa: E402
-from gpulayer.scheduler import Scheduler  # noqa: E402
+from gpulayer.server.scheduler import retention
+
+from gpulayer.server.http import wire  # noqa: E402
+from gpulayer.server.security.auth import Principal, init_home  # noqa: E402
+from gpulayer.server.config import ControlPlaneConfig  # noqa: E402
+from gpulayer.server.store.db import Store, connect  # noqa: E402
+from gpulayer.server.scheduler.core import Scheduler  # noqa: E402
 
 HOUR = 3600.0
 

@@ -7,7 +7,7 @@ template file per repetition, variants interleaved. Variants:
   minimal        one apsw connection: BEGIN IMMEDIATE; UPDATE t SET state='assigned'
                  WHERE id = (SELECT id FROM t WHERE state='queued' ORDER BY id LIMIT 1)
                  RETURNING id; COMMIT  (t has the same row count and a partial index on queued rows)
-  real_direct    gpulayer.placement.acquire on one gpulayer connection inside
+  real_direct    gpulayer.server.scheduler.placement.acquire on one gpulayer connection inside
                  BEGIN IMMEDIATE ... COMMIT (no writer thread)
   real_store     the same function through Store.write (writer thread, SAVEPOINT, group commit),
                  one caller at a time
@@ -36,9 +36,11 @@ import apsw
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib  # noqa: E402
 
-from gpulayer import db, placement  # noqa: E402
-from gpulayer.spec import validate_job  # noqa: E402
-from gpulayer.sql import QUERIES  # noqa: E402
+from gpulayer.server.store import db
+
+from gpulayer.server.scheduler import placement  # noqa: E402
+from gpulayer.server.scheduler.spec import validate_job  # noqa: E402
+from gpulayer.server.store.queries import QUERIES  # noqa: E402
 
 LEASE_TTL = 20.0
 MINIMAL = ("UPDATE t SET state='assigned' WHERE id = (SELECT id FROM t WHERE state='queued' ORDER BY id LIMIT 1) "

@@ -20,7 +20,7 @@ import requests
 REPO = Path(__file__).resolve().parents[1]
 PROTO = {"X-GpuLayer-Protocol": "1"}
 sys.path.insert(0, str(REPO))
-from gpulayer.sql import load  # noqa: E402
+from gpulayer.server.store.queries import load  # noqa: E402
 
 INVARIANTS = load(Path(__file__).with_name("invariants.sql"))
 # Events that end a task's hold on its worker (see replay).

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from gpulayer.auth import init_home
-from gpulayer.config import ControlPlaneConfig
-from gpulayer.db import Store
-from gpulayer.scheduler import Scheduler
+from gpulayer.server.security.auth import init_home
+from gpulayer.server.config import ControlPlaneConfig
+from gpulayer.server.store.db import Store
+from gpulayer.server.scheduler.core import Scheduler
 
 
 class Clock:

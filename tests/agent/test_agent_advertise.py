@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from agent.addresses import local_address_towards
-from gpulayer.certs import local_addresses
+from gpulayer.server.security.certs import local_addresses
 from gpulayer.testing import CLI, clean_env, free_port, run_cli, stop_process, wait_for
 
 pytestmark = pytest.mark.timeout(120)

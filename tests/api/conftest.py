@@ -7,7 +7,7 @@ import falcon.testing
 import pytest
 
 from apihelpers import PROTO, bearer  # noqa: F401 - tests import them from here too
-from gpulayer.app import create_app, new_deps
+from gpulayer.server.http.app import create_app, new_deps
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ import re
 import pytest
 
 from apihelpers import PROTO, bearer
-from gpulayer.app import ROUTES
-from gpulayer.openapi import METHODS
+from gpulayer.server.http.app import ROUTES
+from gpulayer.server.http.openapi import METHODS
 
 CALLERS = ("none", "join", "worker", "client", "revoked", "expired")
 PUBLIC = {"/v1/health", "/v1/ca.pem"}

@@ -390,7 +390,7 @@ GARBAGE = ["{nope", "[]", "null", "1e999999", '{"a": ' * 5000, json.dumps({"task
 
 
 def test_no_5xx_for_garbage_anywhere(api, client_h, tokens, running, unchanged):
-    from gpulayer.app import ROUTES
+    from gpulayer.server.http.app import ROUTES
     wh, a, job_id = running
     join = bearer(tokens["join_token"])
     headers_for = {"/v1/workers/register": join}

@@ -1,7 +1,7 @@
 """GET /v1/provisioners: the configuration and the requests, for a client token only."""
 from __future__ import annotations
 
-from gpulayer import provisioner
+from gpulayer.server.provisioning import loop as provisioner
 
 
 def test_provisioners_listing(api, deps, client_h, worker, clock):

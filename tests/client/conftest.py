@@ -18,7 +18,7 @@ def clean_env(monkeypatch, tmp_path):
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory):
     """One real server process and one real worker process (`--parallel 2`), shared by the session."""
-    pytest.importorskip("gpulayer.server", reason="the control plane (gpulayer.server) is not there yet")
+    pytest.importorskip("gpulayer.server.process", reason="the control plane (gpulayer.server.process) is not there yet")
     from gpulayer.testing import ControlPlaneProcess
     plane = ControlPlaneProcess(tmp_path_factory.mktemp("cluster"), heartbeat_interval=0.5, lease_ttl=5)
     try:

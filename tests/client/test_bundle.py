@@ -7,8 +7,8 @@ import tarfile
 
 import pytest
 
-from gpulayer import bundle
-from gpulayer.client_errors import ClientError
+from gpulayer.client import bundle
+from gpulayer.client.errors import ClientError
 
 needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
 

@@ -2,8 +2,8 @@
 import pytest
 from typer.testing import CliRunner
 
-from gpulayer.cli import app, main
-from gpulayer.cli_common import parse_duration
+from gpulayer.cli.app import app, main
+from gpulayer.cli.common import parse_duration
 
 runner = CliRunner()
 
@@ -107,7 +107,7 @@ def test_explore_without_a_state_file(tmp_path):
 
 
 def test_progress_bar_draws_on_stderr(capsys):
-    from gpulayer.transfers import Progress
+    from gpulayer.client.transfers import Progress
     bar = Progress("upload x", 10 * 1024 * 1024, enabled=True)
     bar.advance(10 * 1024 * 1024)
     bar.close()
@@ -119,7 +119,7 @@ def test_progress_bar_draws_on_stderr(capsys):
 
 
 def test_bad_server_settings_are_one_line_and_exit_2(tmp_path):
-    pytest.importorskip("gpulayer.server")
+    pytest.importorskip("gpulayer.server.process")
     assert run("server", "init", "--home", str(tmp_path / "h")).exit_code == 0
     result = run("server", "start", "--home", str(tmp_path / "h"), "--host", "0.0.0.0", "--port", "0")
     assert result.exit_code == 2 and "--allow-insecure-remote" in _one_error_line(result)

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import typer
 
-from gpulayer.cli import app
+from gpulayer.cli.app import app
 
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text()
 

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.timeout(300)
 
 @pytest.fixture(autouse=True)
 def _needs_server():
-    pytest.importorskip("gpulayer.server", reason="the control plane (gpulayer.server) is not there yet")
+    pytest.importorskip("gpulayer.server.process", reason="the control plane (gpulayer.server.process) is not there yet")
 
 
 def gl(*args, home, timeout=120, **env):

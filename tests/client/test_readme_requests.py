@@ -30,7 +30,7 @@ def plane(tmp_path_factory):
 
 
 def test_readme_requests_snippet_runs_as_written(plane, tmp_path):
-    from gpulayer.certs import make_ca
+    from gpulayer.server.security.certs import make_ca
     other_ca, _ = make_ca(tmp_path / "unrelated")
     code = _snippet()
     assert 'URL, TOKEN, CA = "https://cp.internal:8470", "glc_...", "ca.pem"' in code

@@ -5,8 +5,8 @@ import pytest
 import requests
 
 import gpulayer as gl
-from gpulayer.client import resolve_settings
-from gpulayer.client_errors import error_from_response
+from gpulayer.client.api import resolve_settings
+from gpulayer.client.errors import error_from_response
 
 
 def _client_json(home, **data):

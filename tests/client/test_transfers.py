@@ -1,8 +1,8 @@
 """Local paths in specs: where inputs land, and output paths that may not escape."""
 import pytest
 
-from gpulayer.client_errors import ClientError
-from gpulayer.transfers import file_digest, remote_path, safe_join
+from gpulayer.client.errors import ClientError
+from gpulayer.client.transfers import file_digest, remote_path, safe_join
 
 
 def test_remote_path_keeps_relative_paths_and_drops_the_rest():

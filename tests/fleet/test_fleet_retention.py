@@ -11,10 +11,12 @@ import json
 
 from gpulayer.testing import run_cli
 
-from gpulayer import retention, wire
-from gpulayer.artifacts import ArtifactStore
-from gpulayer.auth import Principal
-from gpulayer.sql import row
+from gpulayer.server.scheduler import retention
+
+from gpulayer.server.http import wire
+from gpulayer.server.scheduler.artifacts import ArtifactStore
+from gpulayer.server.security.auth import Principal
+from gpulayer.server.store.queries import row
 
 DAY = 86400.0
 

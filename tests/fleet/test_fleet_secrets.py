@@ -76,8 +76,10 @@ def test_secret_reaches_only_labelled_workers_and_never_shows(fleet):
 
 
 def test_a_job_whose_secret_was_deleted_waits_until_it_is_set_again(store, sched):
-    from gpulayer import jobs, secrets, wire
-    from gpulayer.auth import Principal
+    from gpulayer.server.scheduler import jobs
+    from gpulayer.server.scheduler import secrets
+    from gpulayer.server.http import wire
+    from gpulayer.server.security.auth import Principal
 
     store.write(secrets.put, sched.secret_box, "GONE_SOON", "v1", {}, sched.clock())
     job_id = sched.submit({"command": ["env"], "secrets": ["GONE_SOON"]})

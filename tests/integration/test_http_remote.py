@@ -2,7 +2,7 @@
 
 Every worker is a `gpulayer worker start` process with its own --state-dir and
 artifact cache, dialing a `gpulayer server start` over TLS (a CA and a server
-certificate made here with gpulayer.certs; workers get `--ca-file`, the CLI
+certificate made here with gpulayer.server.security.certs; workers get `--ca-file`, the CLI
 `GPULAYER_CA_FILE`). Heartbeat 0.5 s, lease TTL 3 s.
 
 - an input goes in and an output comes back byte for byte; logs arrive;

@@ -18,8 +18,8 @@ import time
 import pytest
 import requests
 
-from gpulayer import certs
-from gpulayer.auth import init_home
+from gpulayer.server.security import certs
+from gpulayer.server.security.auth import init_home
 
 PROTO = {"X-GpuLayer-Protocol": "1"}
 START_TIMEOUT_S = 20

@@ -107,7 +107,7 @@ def test_python_client_endpoints_and_health_check_restart(cluster, service_cmd):
 
 def test_endpoints_wait_times_out_clearly(cluster):
     import gpulayer as gl
-    from gpulayer.client_errors import WaitTimeout
+    from gpulayer.client.errors import WaitTimeout
 
     job = cluster.client().submit(gl.service([sys.executable, "-c", "import time; time.sleep(60)"], replicas=2))
     try:

@@ -11,8 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 import falcon.testing
 import pytest
 
-from gpulayer import retention
-from gpulayer.app import create_app, new_deps
+from gpulayer.server.scheduler import retention
+from gpulayer.server.http.app import create_app, new_deps
 from gpulayer.testing import wait_for
 
 DAY = 86400.0
@@ -92,7 +92,7 @@ def test_concurrent_puts_and_sweeps_never_leave_a_row_without_its_file(app, cloc
 
 
 def test_partial_uploads_older_than_a_day_are_swept(config):
-    from gpulayer.artifacts import ArtifactStore
+    from gpulayer.server.scheduler.artifacts import ArtifactStore
     store = ArtifactStore(config.layout.artifacts)
     old, fresh = store.root / "tmp" / "tmpold", store.root / "tmp" / "tmpfresh"
     old.write_bytes(b"half an upload")

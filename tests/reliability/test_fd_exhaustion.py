@@ -15,7 +15,7 @@ from contextlib import contextmanager
 import falcon.testing
 import pytest
 
-from gpulayer.app import create_app, new_deps
+from gpulayer.server.http.app import create_app, new_deps
 from gpulayer.testing import ControlPlaneProcess
 
 

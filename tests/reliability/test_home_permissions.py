@@ -4,7 +4,7 @@ from __future__ import annotations
 import sqlite3
 import stat
 
-from gpulayer.db import Store
+from gpulayer.server.store.db import Store
 from gpulayer.testing import run_cli
 
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 
-from gpulayer import retention, wire
-from gpulayer.auth import Principal
+from gpulayer.server.scheduler import retention
+
+from gpulayer.server.http import wire
+from gpulayer.server.security.auth import Principal
 from gpulayer.testing import run_cli
 
 DAY = 86400.0

@@ -13,8 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from gpulayer.db import Store
-from gpulayer.errors import StorageFull, Unavailable
+from gpulayer.server.store.db import Store
+from gpulayer.server.errors import StorageFull, Unavailable
 from gpulayer.testing import ControlPlaneProcess, wait_for
 
 BIG = "x" * 20_000

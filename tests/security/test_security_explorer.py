@@ -15,8 +15,8 @@ import pytest
 import requests
 
 import explorer
-from gpulayer.app import new_deps
-from gpulayer.config import ControlPlaneConfig
+from gpulayer.server.http.app import new_deps
+from gpulayer.server.config import ControlPlaneConfig
 from gpulayer.testing import ControlPlaneProcess
 
 WRITES = [
@@ -63,7 +63,7 @@ WRITES = [
 @pytest.fixture(scope="module")
 def state_copy(tmp_path_factory):
     """A state file with real rows in it, copied (with no -wal left) as an operator would."""
-    from gpulayer.auth import init_home
+    from gpulayer.server.security.auth import init_home
     root = tmp_path_factory.mktemp("explorer")
     init_home(root / "home")
     deps = new_deps(ControlPlaneConfig(home=root / "home"))

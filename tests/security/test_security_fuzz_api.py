@@ -20,9 +20,9 @@ from schemathesis import GenerationMode
 from schemathesis.checks import (content_type_conformance, not_a_server_error, response_schema_conformance,
                                  status_code_conformance)
 
-from gpulayer.auth import init_home
-from gpulayer.config import ControlPlaneConfig
-from gpulayer.server import ControlPlane
+from gpulayer.server.security.auth import init_home
+from gpulayer.server.config import ControlPlaneConfig
+from gpulayer.server.process import ControlPlane
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -89,9 +89,9 @@ def _bounded(case) -> None:
 
 
 def _operations():
-    # collected before the server starts: the document is the route table's (gpulayer.openapi)
-    from gpulayer.app import ROUTES
-    from gpulayer.openapi import document
+    # collected before the server starts: the document is the route table's (gpulayer.server.http.openapi)
+    from gpulayer.server.http.app import ROUTES
+    from gpulayer.server.http.openapi import document
     doc = document(ROUTES)
     return [(path, method) for path, ops in doc["paths"].items() for method in ops]
 

@@ -1,6 +1,6 @@
 """Property tests (hypothesis): the job spec validator and the agent's bundle unpacker.
 
-- gpulayer.spec.validate_job raises nothing but InvalidRequest, whatever JSON
+- gpulayer.server.scheduler.spec.validate_job raises nothing but InvalidRequest, whatever JSON
   it is given; what it accepts is JSON-serialisable and a fixed point
   (validating the normalised spec again gives the same spec).
 - agent.bundle.unpack_bundle, for arbitrary tar members (names with `..`,
@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 
 from agent.bundle import unpack_bundle
 from agent.errors import TaskSetupError
-from gpulayer.errors import InvalidRequest
-from gpulayer.spec import JOB_FIELDS, validate_job
+from gpulayer.server.errors import InvalidRequest
+from gpulayer.server.scheduler.spec import JOB_FIELDS, validate_job
 
 # -- validate_job ----------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """The CA a worker or client pins is the only one trusted, whatever the environment says.
 
 requests lets $REQUESTS_CA_BUNDLE / $CURL_CA_BUNDLE replace a Session's
-`verify`; both the agent's Transport and gpulayer.client pass the pinned CA
+`verify`; both the agent's Transport and gpulayer.client.api pass the pinned CA
 per request so that an environment variable can neither break nor widen the
 pinning.
 """
@@ -11,10 +11,10 @@ import pytest
 
 from agent.errors import Unreachable
 from agent.transport import Transport
-from gpulayer.certs import make_ca, make_server_cert
-from gpulayer.client import Client
-from gpulayer.client_errors import ConnectionFailed
-from gpulayer.httpserver import HTTPServer
+from gpulayer.server.security.certs import make_ca, make_server_cert
+from gpulayer.client.api import Client
+from gpulayer.client.errors import ConnectionFailed
+from gpulayer.server.http.server import HTTPServer
 
 
 def _hello(environ, start_response):

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from gpulayer import client as gl
-from gpulayer.auth import init_home
-from gpulayer.config import ControlPlaneConfig
-from gpulayer.server import ControlPlane
+from gpulayer.client import api as gl
+from gpulayer.server.security.auth import init_home
+from gpulayer.server.config import ControlPlaneConfig
+from gpulayer.server.process import ControlPlane
 from gpulayer.testing import free_port, run_cli, wait_for
 
 # Slurm runs the batch job with --export=NONE: the prerun line is what puts `gpulayer` on its PATH,

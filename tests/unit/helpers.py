@@ -1,7 +1,7 @@
 """Small builders for scheduler tests."""
 from __future__ import annotations
 
-from gpulayer.auth import Principal
+from gpulayer.server.security.auth import Principal
 
 SERVER_JOIN = Principal(kind="join", jti="server-join", name="server")
 
@@ -19,5 +19,5 @@ def job(command=("true",), **spec):
 
 
 def state_of(sched, job_id):
-    from gpulayer import jobs
+    from gpulayer.server.scheduler import jobs
     return sched.store.read(jobs.render, job_id)

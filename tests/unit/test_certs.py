@@ -13,7 +13,7 @@ import time
 import pytest
 from cryptography import x509
 
-from gpulayer import certs
+from gpulayer.server.security import certs
 
 
 def load_all(path):

@@ -12,8 +12,8 @@ import time
 import pytest
 import requests
 
-from gpulayer import certs
-from gpulayer.httpserver import HTTPServer
+from gpulayer.server.security import certs
+from gpulayer.server.http.server import HTTPServer
 
 MB = 1024 * 1024
 CHUNK = bytes(range(256)) * 4096  # 1 MiB
@@ -75,7 +75,7 @@ def serve(tls_files):
 @pytest.fixture
 def loud(caplog):
     """Records of WARNING and above from the server (none expected on a dropped client)."""
-    caplog.set_level(logging.DEBUG, logger="gpulayer.httpserver")
+    caplog.set_level(logging.DEBUG, logger="gpulayer.server.http.server")
     return lambda: [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 

@@ -10,12 +10,12 @@ import stat
 
 import pytest
 
-from gpulayer import provisioner as prov_mod
-from gpulayer.app import new_deps
-from gpulayer.auth import Principal
-from gpulayer.errors import ConfigError
-from gpulayer.slurm import SlurmError
-from gpulayer.sql import row, rows
+from gpulayer.server.provisioning import loop as prov_mod
+from gpulayer.server.http.app import new_deps
+from gpulayer.server.security.auth import Principal
+from gpulayer.server.errors import ConfigError
+from gpulayer.server.provisioning.slurm import SlurmError
+from gpulayer.server.store.queries import row, rows
 from helpers import add_worker, job
 
 GOOD = [{
@@ -103,7 +103,7 @@ def test_load_names_the_file(tmp_path):
 
 
 def test_server_refuses_a_bad_file(config):
-    from gpulayer.server import ControlPlane
+    from gpulayer.server.process import ControlPlane
     config.layout.provisioners.write_text(json.dumps(with_change("0.max_idle_s", "soon")))
     with pytest.raises(ConfigError, match=r"max_idle_s: must be a non-negative number"):
         ControlPlane(config)

@@ -11,10 +11,10 @@ import json
 import multiprocessing
 import threading
 
-from gpulayer.config import ControlPlaneConfig
-from gpulayer.db import Store
-from gpulayer.errors import TaskNotAssigned
-from gpulayer.scheduler import Scheduler
+from gpulayer.server.config import ControlPlaneConfig
+from gpulayer.server.store.db import Store
+from gpulayer.server.errors import TaskNotAssigned
+from gpulayer.server.scheduler.core import Scheduler
 from helpers import add_worker, job
 
 GPUS_PER_WORKER = 4

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from helpers import add_worker, job
 
-from gpulayer import leases
+from gpulayer.server.scheduler import leases
 
 
 def test_leases_are_extended_at_start_so_running_tasks_survive_a_long_outage(sched, clock):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from gpulayer.app import ROUTES
+from gpulayer.server.http.app import ROUTES
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
 

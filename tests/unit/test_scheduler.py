@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from gpulayer import events as events_mod
-from gpulayer import jobs
-from gpulayer.errors import InvalidRequest, NotFound, TaskNotAssigned
-from gpulayer.spec import MAX_ARG_BYTES, MAX_ARGS, MAX_PATHS
+from gpulayer.server.scheduler import events as events_mod
+from gpulayer.server.scheduler import jobs
+from gpulayer.server.errors import InvalidRequest, NotFound, TaskNotAssigned
+from gpulayer.server.scheduler.spec import MAX_ARG_BYTES, MAX_ARGS, MAX_PATHS
 from helpers import add_worker, job, state_of
 
 

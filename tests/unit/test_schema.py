@@ -8,13 +8,14 @@ from pathlib import Path
 import apsw
 import pytest
 
-from gpulayer import db
-from gpulayer.errors import ConfigError
-from gpulayer.sql import QUERIES
+from gpulayer.server.store import db
+from gpulayer.server.errors import ConfigError
+from gpulayer.server.store.queries import QUERIES
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "gpulayer"
-MIGRATIONS = PACKAGE / "migrations"
+STORE = PACKAGE / "server" / "store"
+MIGRATIONS = STORE / "migrations"
 # The schema as it stood at version 1, frozen, once a migration exists: migrations replay from it.
 BASELINE = MIGRATIONS / "baseline_0001.sql"
 PARAM = re.compile(r"(?<!:):([A-Za-z_][A-Za-z0-9_]*)")
@@ -90,7 +91,7 @@ def test_migrations_replay_to_exactly_schema_sql(tmp_path):
     try:
         if not found:
             # Nothing to replay yet: schema.sql is version 1 itself, and the baseline.
-            assert target == 1, "schema.sql moved past version 1: add gpulayer/migrations/NNNN_*.sql for it"
+            assert target == 1, "schema.sql moved past version 1: add gpulayer/server/store/migrations/NNNN_*.sql for it"
             return
         assert sorted(found) == list(range(2, target + 1)), "one migration file per version after 1"
         assert BASELINE.exists(), f"freeze schema.sql as it was at version 1 in {BASELINE} to replay migrations"
@@ -146,7 +147,7 @@ def test_every_named_query_is_used():
 
 
 def test_query_files_hold_only_named_blocks():
-    text = (PACKAGE / "sql" / "queries.sql").read_text()
+    text = (STORE / "queries.sql").read_text()
     first = text.index("-- name:")
     assert all(line.startswith("--") or not line.strip() for line in text[:first].splitlines())
     for name, sql in QUERIES.items():

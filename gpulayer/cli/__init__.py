@@ -1,0 +1,17 @@
+"""The `gpulayer` command: typer over gpulayer.client (and, lazily, the local control plane).
+
+    app       the typer app, global options, `main()` (the console script)
+    common    global options, parsing and output helpers
+    jobs      submit, job ...            workers   worker ..., join
+    fleet     token ..., secret ...      server    server ..., up, explore, artifacts gc
+    up        `gpulayer up`              local     `submit --target local`
+
+Only `server`, `up` and `local` import the control plane (gpulayer.server), and
+only inside the functions that run it (tests/unit/test_import_contracts.py).
+"""
+
+
+def main(argv=None):
+    """The `gpulayer` console script (`gpulayer.cli:main`)."""
+    from gpulayer.cli.app import main as run
+    return run(argv)

@@ -1,0 +1,141 @@
+"""The `gpulayer` command: a thin typer layer over gpulayer.client.api, gpulayer.server.process and agent.
+
+Commands live in cli_jobs.py (submit, job), cli_workers.py (worker, join),
+cli_fleet.py (token, secret) and cli_server.py (server, up, explore,
+artifacts). Every failure ends as one line `Error: ...` on stderr: exit
+status 2 for bad usage, 1 for a refusal or an unreachable server.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from typer.core import TyperGroup
+
+from typer.exceptions import Abort
+
+try:  # typer >= 0.20 vendors click
+    from typer._click import exceptions as click_exceptions
+except ImportError:  # pragma: no cover - older typer
+    from click import exceptions as click_exceptions
+
+from gpulayer.cli import fleet as cli_fleet
+
+from gpulayer.cli import jobs as cli_jobs
+
+from gpulayer.cli import server as cli_server
+
+from gpulayer.cli import workers as cli_workers
+from gpulayer.cli.common import GlobalOptions
+from gpulayer.client.errors import ApiError, ClientError
+
+
+class GpulayerGroup(TyperGroup):
+    """The root group: turns every error into one `Error:` line and an exit status."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        """Run the CLI; with standalone_mode, exit with the status, else return it."""
+        code = self._run(args, prog_name or "gpulayer", complete_var, extra)
+        if standalone_mode:
+            sys.exit(code)
+        return code
+
+    def _run(self, args, prog_name, complete_var, extra) -> int:
+        try:
+            rv = super().main(args=args, prog_name=prog_name, complete_var=complete_var,
+                              standalone_mode=False, **extra)
+        except click_exceptions.ClickException as exc:
+            if type(exc).__name__ == "NoArgsIsHelpError":  # a group without its command: help was shown
+                sys.stderr.write(exc.format_message().strip() and f"{exc.format_message()}\n")
+                return exc.exit_code
+            sys.stderr.write(f"Error: {_usage_message(exc)}\n")
+            return exc.exit_code
+        except SystemExit as exc:  # typer exits by itself on a broken pipe
+            return exc.code if isinstance(exc.code, int) else 1
+        except Abort:
+            sys.stderr.write("Error: aborted\n")
+            return 130
+        except (KeyboardInterrupt, EOFError):
+            sys.stderr.write("Error: interrupted\n")
+            return 130
+        except Exception as exc:  # noqa: BLE001 - the one place that turns errors into exit codes
+            return _report(exc)
+        return rv if isinstance(rv, int) else 0
+
+
+def _usage_message(exc) -> str:
+    """click's message plus which command's --help to read, on one line."""
+    message = exc.format_message()
+    ctx = getattr(exc, "ctx", None)
+    if isinstance(exc, click_exceptions.UsageError) and ctx is not None:
+        message += f" (see `{ctx.command_path} --help`)"
+    return message.replace("\n", " ")
+
+
+def _report(exc: Exception) -> int:
+    """Print one `Error:` line for an error raised by a command; return the exit status."""
+    if isinstance(exc, ApiError):
+        sys.stderr.write(f"Error: {exc.message} ({exc.code})\n")
+        return 1
+    if isinstance(exc, ClientError):
+        sys.stderr.write(f"Error: {exc.message}\n")
+        return 1
+    # Only the commands that run a control plane here (server, up, local) load the server's
+    # errors; the others must not import the server at all (docs/architecture.md).
+    server_errors = sys.modules.get("gpulayer.server.errors")
+    if server_errors is not None and isinstance(exc, server_errors.GpulayerError):
+        sys.stderr.write(f"Error: {exc.message} ({exc.code})\n")
+        return 2 if isinstance(exc, server_errors.ConfigError) else 1
+    if isinstance(exc, (ValueError, TypeError, OSError)) and not os.environ.get("GPULAYER_DEBUG"):
+        sys.stderr.write(f"Error: {exc}\n")
+        return 1
+    if os.environ.get("GPULAYER_DEBUG"):
+        traceback.print_exc()
+    sys.stderr.write(f"Error: unexpected {type(exc).__name__}: {exc} (set GPULAYER_DEBUG=1 for a traceback)\n")
+    return 1
+
+
+app = typer.Typer(
+    cls=GpulayerGroup, name="gpulayer", no_args_is_help=True, add_completion=False,
+    pretty_exceptions_enable=False,
+    help="GPUlayer: run jobs and services on GPU workers that dial out to one control plane.",
+)
+
+
+@app.callback()
+def root(
+    ctx: typer.Context,
+    url: Annotated[Optional[str], typer.Option("--url", envvar="GPULAYER_URL", show_envvar=True, help="Control plane URL, e.g. https://cp.internal:8470.")] = None,
+    token: Annotated[Optional[str], typer.Option("--token", envvar="GPULAYER_TOKEN", show_envvar=True, help="Client token glc_...")] = None,
+    ca_file: Annotated[Optional[str], typer.Option("--ca-file", envvar="GPULAYER_CA_FILE", show_envvar=True, help="CA certificate to trust for the control plane.")] = None,
+    home: Annotated[Optional[Path], typer.Option("--home", envvar="GPULAYER_HOME", show_envvar=True, help="Home directory: state, TLS files, client.json (default ~/.gpulayer).")] = None,
+) -> None:
+    """GPUlayer: run jobs and services on GPU workers that dial out to one control plane."""
+    ctx.obj = GlobalOptions(url=url, token=token, ca_file=ca_file, home=home)
+
+
+_LOOSE = {"allow_interspersed_args": False}
+app.command("submit", context_settings=_LOOSE)(cli_jobs.submit)
+app.add_typer(cli_jobs.job_app, name="job")
+app.add_typer(cli_workers.worker_app, name="worker")
+app.command("join")(cli_workers.join)
+app.add_typer(cli_fleet.token_app, name="token")
+app.add_typer(cli_fleet.secret_app, name="secret")
+app.add_typer(cli_server.server_app, name="server")
+app.command("up")(cli_server.up)
+app.command("explore")(cli_server.explore)
+app.add_typer(cli_server.artifacts_app, name="artifacts")
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Entry point of the `gpulayer` console script; returns the exit status."""
+    command = typer.main.get_command(app)
+    return command.main(args=argv, prog_name="gpulayer", standalone_mode=False)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""What every CLI module shares: global options, parsing helpers, output helpers."""
+from __future__ import annotations
+
+import json
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from gpulayer.client.api import Client, connect, server_configured
+from gpulayer.protocol import default_home
+
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+HomeOption = typer.Option(None, "--home", envvar="GPULAYER_HOME", show_envvar=True,
+                          help="The control plane's home directory (default ~/.gpulayer).")
+
+
+@dataclass
+class GlobalOptions:
+    """The options given before the command: where the control plane is and how to trust it."""
+
+    url: Optional[str] = None
+    token: Optional[str] = None
+    ca_file: Optional[str] = None
+    home: Optional[Path] = None
+
+
+def global_options(ctx: typer.Context) -> GlobalOptions:
+    """The GlobalOptions the top-level callback stored (defaults when run without it)."""
+    root = ctx.find_root()
+    if not isinstance(root.obj, GlobalOptions):
+        root.obj = GlobalOptions()
+    return root.obj
+
+
+def home_of(ctx: typer.Context, home: Optional[Path] = None) -> Path:
+    """The command's --home, else the global one, else $GPULAYER_HOME or ~/.gpulayer."""
+    chosen = home or global_options(ctx).home
+    return Path(chosen).expanduser() if chosen else default_home()
+
+
+def client_of(ctx: typer.Context) -> Client:
+    """A Client for the configured control plane, else for this home's local jobs (ClientError when neither)."""
+    opts = global_options(ctx)
+    if not server_configured(opts.url, opts.home):
+        from gpulayer.cli.local import history_client
+        local = history_client(home_of(ctx), ctx.call_on_close)
+        if local is not None:
+            return local
+    return connect(opts.url, opts.token, opts.ca_file, opts.home)
+
+
+def parse_pairs(values: Optional[list[str]], option: str) -> dict[str, str]:
+    """['k=v', ...] → {k: v}; a malformed entry is a usage error naming the option."""
+    pairs: dict[str, str] = {}
+    for value in values or []:
+        key, sep, val = value.partition("=")
+        if not sep or not key:
+            raise typer.BadParameter(f"expected KEY=VALUE, got {value!r}", param_hint=option)
+        pairs[key] = val
+    return pairs
+
+
+def parse_duration(text: Optional[str], option: str) -> Optional[float]:
+    """'90', '45s', '30m', '12h', '365d', '2w' → seconds; None stays None."""
+    if text is None:
+        return None
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", text)
+    if not match:
+        raise typer.BadParameter(f"expected a duration such as 3600, 30m, 12h or 365d, got {text!r}",
+                                 param_hint=option)
+    return float(match.group(1)) * DURATION_UNITS[match.group(2) or "s"]
+
+
+def print_json(data: Any, compact: bool = False) -> None:
+    """Write `data` as JSON on stdout (one line when compact)."""
+    if compact:
+        typer.echo(json.dumps(data, separators=(",", ":"), sort_keys=True))
+    else:
+        typer.echo(json.dumps(data, indent=2, sort_keys=True))
+
+
+def print_table(rows: list[list[Any]], headers: list[str]) -> None:
+    """Left-aligned columns on stdout; empty cells show as '-'."""
+    cells = [[("-" if c is None or c == "" else str(c)) for c in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
+    typer.echo("  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip())
+    for row in cells:
+        typer.echo("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+
+
+def print_log_line(line: dict, prefix: str = "") -> None:
+    """A task's stdout line to stdout; its stderr and system lines to stderr."""
+    text = line.get("text", "")
+    stream = line.get("stream")
+    if stream == "system":
+        text = f"[gpulayer] {text}"
+    out = sys.stdout if stream == "stdout" else sys.stderr
+    out.write(f"{prefix}{text}" + ("" if text.endswith("\n") else "\n"))
+    out.flush()
+
+
+def exit_code_of(job: dict) -> int:
+    """The exit status the CLI returns for a finished job: the job's own, 1 when it has none."""
+    code = job.get("exit_code")
+    if job.get("state") == "succeeded":
+        return 0
+    if isinstance(code, int) and code != 0:
+        return code if 0 < code < 256 else 1
+    return 1
+
+
+def fail(message: str, code: int = 1) -> typer.Exit:
+    """Print `Error: message` on stderr and return the Exit to raise."""
+    typer.echo(f"Error: {message}", err=True)
+    return typer.Exit(code)
+
+
+def fmt_time(ts: Optional[float]) -> str:
+    """Unix seconds → local 'YYYY-MM-DD HH:MM:SS' ('-' for None)."""
+    if ts is None:
+        return "-"
+    import time
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))

@@ -1,0 +1,149 @@
+"""`gpulayer submit --target local`: run one job on this machine, with no server process.
+
+The control plane runs in this process on 127.0.0.1 (a free port, plain HTTP,
+the state file in $GPULAYER_HOME), a worker agent runs in a thread against it,
+the job is submitted through the ordinary client, its logs are streamed, and
+both are stopped when it ends. The job's exit code is the command's.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import sys
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from gpulayer.client.api import Client
+from gpulayer.client.errors import ClientError
+
+LOCAL_TOKENS = "local-tokens.json"  # tokens of a home initialised by `up` or a local run (0600)
+WORKER_STOP_S = 30.0
+
+
+def write_private_json(path: Path, data: dict) -> None:
+    """Write JSON readable by the owner only (created 0600, replaced atomically)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(data, fh, indent=2)
+        fh.write("\n")
+    os.replace(tmp, path)
+
+
+def home_tokens(home: Path, rotate_unknown: bool = False) -> dict:
+    """The client and join tokens of `home`, initialising it on first use.
+
+    A home initialised by `gpulayer server init` keeps only token hashes: with
+    rotate_unknown the tokens are rotated (and kept here), else ClientError.
+    """
+    from gpulayer.server.errors import GpulayerError
+    from gpulayer.server.process import init_home
+    path = home / LOCAL_TOKENS
+    if path.exists():
+        return json.loads(path.read_text())
+    try:
+        tokens = init_home(home)
+    except GpulayerError:
+        if not rotate_unknown:
+            raise ClientError(f"{home} was initialised by `gpulayer server init` and its tokens are not "
+                              "kept there: use that server (--url, GPULAYER_URL) or another --home") from None
+        tokens = init_home(home, force=True)
+        print(f"gpulayer: {home} kept no clear tokens (made by `server init`): rotated its client "
+              "and join tokens", file=sys.stderr)
+    write_private_json(path, tokens)
+    return tokens
+
+
+def worker_config(settings: dict):
+    """An agent WorkerConfig from CLI-style settings (None values left to the agent's defaults)."""
+    from agent.worker import WorkerConfig
+    fields = {k: v for k, v in settings.items() if v is not None}
+    if "state_dir" in fields:
+        fields["state_dir"] = str(fields["state_dir"])
+    return WorkerConfig(**fields)
+
+
+@contextmanager
+def worker_thread(settings: dict) -> Iterator[threading.Thread]:
+    """Run the agent in a daemon thread for the duration of the block; stop it after."""
+    from agent.worker import run_worker
+    stop = threading.Event()
+    thread = threading.Thread(target=run_worker, args=(worker_config(settings), stop),
+                              name="gpulayer-worker", daemon=True)
+    thread.start()
+    try:
+        yield thread
+    finally:
+        stop.set()
+        thread.join(WORKER_STOP_S)
+
+
+@contextmanager
+def local_control_plane(home: Path) -> Iterator[tuple[Client, dict]]:
+    """A control plane on 127.0.0.1:0 (plain HTTP) and a local worker, for one block."""
+    from gpulayer.server.config import ControlPlaneConfig
+    from gpulayer.server.process import ControlPlane
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tokens = home_tokens(home)
+    plane = ControlPlane(ControlPlaneConfig(home=home, host="127.0.0.1", port=0))
+    plane.start()
+    try:
+        settings = dict(url=plane.url, join_token=tokens["join_token"], name=f"local-{socket.gethostname()}",
+                        parallel=os.cpu_count() or 1, state_dir=home / "local-worker")
+        with worker_thread(settings), Client(plane.url, tokens["client_token"]) as client:
+            yield client, tokens
+    finally:
+        plane.stop()
+
+
+def history_client(home: Path, on_close) -> Client | None:
+    """A Client over the jobs that `--target local` ran in `home`, or None when it ran none.
+
+    Starts the home's control plane in this process with no worker (so nothing
+    queued there runs) and hands `plane.stop` to `on_close`: `gpulayer job
+    logs|outputs|list|status` then work for local jobs as for remote ones.
+    """
+    from gpulayer.server.config import ControlPlaneConfig
+    from gpulayer.server.process import ControlPlane
+    tokens_path = home / LOCAL_TOKENS
+    if not tokens_path.exists() or not (home / "state.db").exists():
+        return None
+    tokens = json.loads(tokens_path.read_text())
+    plane = ControlPlane(ControlPlaneConfig(home=home, host="127.0.0.1", port=0))
+    plane.start()
+    on_close(plane.stop)
+    return Client(plane.url, tokens["client_token"])
+
+
+def quiet_logs() -> None:
+    """Only warnings from the in-process server and agent: the job's output is what matters here."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.WARNING, format="gpulayer: %(levelname)s %(message)s")
+
+
+def run_local(spec: dict, home: Path, as_json: bool = False) -> int:
+    """Submit `spec` to an in-process control plane, stream its logs, return its exit code."""
+    from gpulayer.cli.common import exit_code_of, print_json
+    from gpulayer.cli.jobs import follow_logs
+    quiet_logs()
+    with local_control_plane(home) as (client, _tokens):
+        job = client.submit(spec)
+        if as_json:
+            print_json(job.data, compact=True)
+        else:
+            print(job.id, flush=True)
+        try:
+            follow_logs(job)
+        except KeyboardInterrupt:
+            job.cancel()
+            job.wait(timeout=WORKER_STOP_S)
+            return 130
+        if spec.get("outputs"):
+            # Like `gpulayer job outputs --dest .`: the outputs land where the command was typed.
+            for path in job.download_outputs(Path.cwd()):
+                print(f"gpulayer: output {path}", file=sys.stderr)
+        return exit_code_of(job.info())

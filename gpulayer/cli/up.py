@@ -1,0 +1,92 @@
+"""`gpulayer up` (a TLS control plane and a local worker in one command) and foreground workers.
+
+`up` leaves `$GPULAYER_HOME/client.json` (url, token, ca_file; 0600) so that
+`gpulayer submit` and `gl.connect()` on this machine find the server with no
+settings, and prints the `gpulayer join ...` line for other machines.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import threading
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from gpulayer.cli.local import home_tokens, worker_config, worker_thread, write_private_json
+
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+
+
+def run_worker_foreground(settings: dict) -> int:
+    """Run the agent in this thread until it stops (SIGTERM/Ctrl-C); its exit code."""
+    from agent.worker import run_worker
+    return int(run_worker(worker_config(settings)) or 0)
+
+
+def join_address(host: str) -> str:
+    """The address other machines should dial: `host`, or this machine's first address for a wildcard."""
+    if host not in WILDCARD_HOSTS:
+        return host
+    from gpulayer.server.security.certs import local_addresses
+    ipv4 = [a for a in local_addresses() if ":" not in a]
+    return (ipv4 or [socket.gethostname()])[0]
+
+
+def _url(host: str, port: int) -> str:
+    return f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
+
+
+def _wait_for_stop(worker: threading.Thread) -> None:
+    """Block until SIGTERM, SIGINT (Ctrl-C) or the local worker's end."""
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        while not stop.wait(0.5) and worker.is_alive():
+            pass
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def run_up(home: Path, host: str, port: int, parallel: int | None, **settings) -> int:
+    """Serve a control plane over TLS with a local worker until stopped; return 0.
+
+    `settings`: more ControlPlaneConfig fields (log_retention_s, job_retention_s).
+    """
+    from gpulayer.server.security.certs import ensure_tls
+    from gpulayer.server.config import ControlPlaneConfig
+    from gpulayer.server.process import ControlPlane
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    address = join_address(host)
+    tls = ensure_tls(home, [address] if host not in WILDCARD_HOSTS else [])
+    tokens = home_tokens(home, rotate_unknown=True)
+    plane = ControlPlane(ControlPlaneConfig(home=home, host=host, port=port, tls_cert=Path(tls["cert"]),
+                                            tls_key=Path(tls["key"]), **settings))
+    plane.start()
+    try:
+        bound = urlsplit(plane.url).port or port
+        local_url = _url("127.0.0.1" if host in WILDCARD_HOSTS else host, bound)
+        write_private_json(home / "client.json",
+                           {"url": local_url, "token": tokens["client_token"], "ca_file": str(tls["ca"])})
+        # The worker dials 127.0.0.1 but is reached, like the control plane, at the join line's address.
+        settings = dict(url=local_url, join_token=tokens["join_token"], ca_file=str(tls["ca"]),
+                        advertise_address=address, name=socket.gethostname(), parallel=parallel or os.cpu_count() or 1,
+                        state_dir=home / "worker")
+        with worker_thread(settings) as worker:
+            _announce(local_url, _url(address, bound), tokens["join_token"], tls["fingerprint"], home)
+            _wait_for_stop(worker)
+            print("stopping the worker and the control plane...", file=sys.stderr, flush=True)
+    finally:
+        plane.stop()
+    return 0
+
+
+def _announce(local_url: str, public_url: str, join_token: str, fingerprint: str, home: Path) -> None:
+    """Print where the server is and the line that joins another machine."""
+    print(f"GPUlayer control plane on {public_url} (this machine: {local_url})")
+    print(f"clients here need nothing more ({home / 'client.json'}); try: gpulayer submit --wait -- echo hello")
+    print("to add a worker on another machine, run there:")
+    print(f"  gpulayer join {public_url} --token {join_token} --ca-fingerprint {fingerprint}")
+    print("Ctrl-C stops the worker and the control plane.", flush=True)

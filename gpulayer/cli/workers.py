@@ -1,0 +1,123 @@
+"""`gpulayer worker list|start` and `gpulayer join`: run or list worker agents."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from gpulayer.cli.common import client_of, fail, fmt_time, global_options, parse_pairs, print_json, print_table
+
+worker_app = typer.Typer(help="List workers, or run a worker agent on this machine.", no_args_is_help=True)
+
+Name = Annotated[Optional[str], typer.Option("--name", help="Worker name (default: the host name).")]
+Labels = Annotated[Optional[list[str]], typer.Option("--label", help="k=v this worker carries (repeatable).")]
+Python = Annotated[Optional[str], typer.Option("--python", help="Interpreter that tasks get as `python`.")]
+Advertise = Annotated[Optional[str], typer.Option("--advertise-address", help="Address others reach this worker at (multi-node jobs, service endpoints); default: this machine's address on its route to the control plane.")]
+Parallel = Annotated[int, typer.Option("--parallel", help="Tasks run at the same time.", min=1)]
+Cpus = Annotated[Optional[float], typer.Option("--cpus", help="CPUs to advertise (default: detected).", min=0)]
+Gpus = Annotated[Optional[int], typer.Option("--gpus", help="GPUs to advertise (default: detected; 0 means none).", min=0)]
+RamMb = Annotated[Optional[int], typer.Option("--ram-mb", help="Memory to advertise, MB (default: detected).", min=0)]
+MaxIdle = Annotated[float, typer.Option("--max-idle", help="Exit after S idle seconds; 0 never.", min=0)]
+DrainTimeout = Annotated[float, typer.Option("--drain-timeout", help="On SIGTERM (or Ctrl-C), take no new task and let running ones finish for up to S seconds before stopping them; a second signal stops at once.", min=0)]
+StateDir = Annotated[Optional[Path], typer.Option("--state-dir", envvar="GPULAYER_WORKER_STATE_DIR", show_envvar=True, help="Task working directories and cache (default: ~/.gpulayer/worker).")]
+Insecure = Annotated[bool, typer.Option("--insecure", help="Allow plain HTTP to a non-loopback control plane.")]
+JoinToken = Annotated[Optional[str], typer.Option("--token", envvar="GPULAYER_JOIN_TOKEN", show_envvar=True, help="Join token glj_...; prefer --token-file or the environment variable, which keep it out of process listings.")]
+TokenFile = Annotated[Optional[str], typer.Option("--token-file", envvar="GPULAYER_JOIN_TOKEN_FILE", show_envvar=True, help="File holding the join token (wins over --token and GPULAYER_JOIN_TOKEN).")]
+
+
+def _run(settings: dict) -> int:
+    """Run the agent in the foreground with these settings; its exit code."""
+    from agent.hardening import TokenFileError, read_token_file
+    from gpulayer.cli.up import run_worker_foreground
+    token_file = settings.pop("token_file", None)
+    if token_file:
+        try:
+            settings["join_token"] = read_token_file(token_file)
+        except TokenFileError as exc:
+            raise fail(str(exc), 2) from None
+    if not settings.get("join_token"):
+        raise fail("a join token is needed: pass --token-file or set GPULAYER_JOIN_TOKEN", 2)
+    if not settings.get("url"):
+        raise fail("no control plane URL: pass --url or set GPULAYER_URL", 2)
+    return run_worker_foreground(settings)
+
+
+def _worker_settings(name, label, python, advertise_address, parallel, cpus, gpus, ram_mb,
+                     max_idle, state_dir, insecure, drain_timeout=0.0) -> dict:
+    return dict(name=name, labels=parse_pairs(label, "--label"), python=python,
+                advertise_address=advertise_address, parallel=parallel, cpus=cpus, gpus=gpus,
+                ram_mb=ram_mb, max_idle_s=max_idle, state_dir=state_dir, insecure=insecure,
+                drain_timeout_s=drain_timeout)
+
+
+@worker_app.command("start")
+def worker_start(ctx: typer.Context, name: Name = None, label: Labels = None, python: Python = None,
+                 advertise_address: Advertise = None, parallel: Parallel = 1, cpus: Cpus = None,
+                 gpus: Gpus = None, ram_mb: RamMb = None, max_idle: MaxIdle = 0.0,
+                 state_dir: StateDir = None, insecure: Insecure = False, token: JoinToken = None,
+                 token_file: TokenFile = None, drain_timeout: DrainTimeout = 0.0) -> None:
+    """Run a worker agent against the control plane of --url (GPULAYER_URL) until stopped."""
+    opts = global_options(ctx)
+    settings = _worker_settings(name, label, python, advertise_address, parallel, cpus, gpus, ram_mb,
+                                max_idle, state_dir, insecure, drain_timeout)
+    settings.update(url=opts.url, join_token=token, token_file=token_file, ca_file=opts.ca_file)
+    raise typer.Exit(_run(settings))
+
+
+def join(ctx: typer.Context,
+         url: Annotated[str, typer.Argument(help="The control plane, e.g. https://10.0.0.5:8470.", show_default=False)],
+         token: JoinToken = None, token_file: TokenFile = None,
+         ca_file: Annotated[Optional[str], typer.Option("--ca-file", envvar="GPULAYER_CA_FILE", show_envvar=True, help="CA certificate of the control plane.")] = None,
+         ca_fingerprint: Annotated[Optional[str], typer.Option("--ca-fingerprint", envvar="GPULAYER_CA_FINGERPRINT", show_envvar=True, help="sha256:HEX of the control plane's CA, pinned on first contact.")] = None,
+         name: Name = None, label: Labels = None, python: Python = None,
+         advertise_address: Advertise = None, parallel: Parallel = 1, cpus: Cpus = None,
+         gpus: Gpus = None, ram_mb: RamMb = None, max_idle: MaxIdle = 0.0,
+         state_dir: StateDir = None, insecure: Insecure = False, drain_timeout: DrainTimeout = 0.0) -> None:
+    """Join this machine to a control plane as a worker (the line `gpulayer up` prints)."""
+    if ca_file and ca_fingerprint:
+        raise typer.BadParameter("give --ca-file or --ca-fingerprint, not both", param_hint="--ca-fingerprint")
+    if ca_fingerprint and not ca_fingerprint.startswith("sha256:"):
+        raise typer.BadParameter("expected sha256:HEX", param_hint="--ca-fingerprint")
+    settings = _worker_settings(name, label, python, advertise_address, parallel, cpus, gpus, ram_mb,
+                                max_idle, state_dir, insecure, drain_timeout)
+    settings.update(url=url.rstrip("/"), join_token=token, token_file=token_file, ca_file=ca_file or global_options(ctx).ca_file,
+                    ca_fingerprint=ca_fingerprint)
+    raise typer.Exit(_run(settings))
+
+
+@worker_app.command("list")
+def worker_list(ctx: typer.Context,
+                as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+    """Workers the control plane knows: state, free slots, resources, labels."""
+    workers = client_of(ctx).workers()
+    if as_json:
+        print_json(workers)
+        return
+    rows = []
+    for w in workers:
+        res, free = w.get("resources") or {}, w.get("free") or {}
+        labels = ",".join(f"{k}={v}" for k, v in sorted((w.get("labels") or {}).items()))
+        rows.append([w["id"], w.get("name"), w.get("state"), f"{free.get('slots', '?')}/{w.get('slots', '?')}",
+                     res.get("cpus"), f"{free.get('gpus', '?')}/{res.get('gpus', 0)}", res.get("memory_mb"),
+                     labels, w.get("advertise_address"), fmt_time(w.get("last_seen_at"))])
+    print_table(rows, ["ID", "NAME", "STATE", "SLOTS", "CPUS", "GPUS", "MEM_MB", "LABELS", "ADDRESS", "LAST_SEEN"])
+    _print_provisioning(client_of(ctx))
+
+
+def _print_provisioning(client) -> None:
+    """Below the workers: recent Slurm provision requests, when any provisioner is configured."""
+    from gpulayer.client.errors import NotFound
+    try:
+        state = client.provisioners(limit=20)
+    except NotFound:  # a control plane from before /v1/provisioners
+        return
+    if not state["provisioners"] and not state["requests"]:
+        return
+    typer.echo("\nProvisioning (Slurm): " + ", ".join(
+        f"{p['name']} [{', '.join(f['name'] for f in p['profiles'])}]" for p in state["provisioners"]))
+    rows = [[r["id"], r["provisioner"], r["profile"], r["state"], r["slurm_job_id"], r.get("worker_name"),
+             fmt_time(r["updated_at"]), (r["last_error"] or "").splitlines()[0][:80] if r["last_error"] else None]
+            for r in state["requests"]]
+    if rows:
+        print_table(rows, ["REQ", "PROVISIONER", "PROFILE", "STATE", "SLURM_JOB", "WORKER", "UPDATED", "LAST_ERROR"])

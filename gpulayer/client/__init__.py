@@ -1,0 +1,22 @@
+"""The Python client: HTTP only, nothing of the server (`import gpulayer as gl` re-exports it).
+
+    api        Client, Job, connect(), settings (GPULAYER_URL, client.json)
+    errors     one exception class per kind of refusal
+    specs      gl.job(), gl.service(): JobSpecs from keyword arguments
+    transfers  artifact uploads and verified downloads
+    bundle     `--source DIR` packed deterministically
+"""
+from gpulayer.client.api import (
+    FINISHED_STATES, Client, Job, Settings, connect, read_client_file, resolve_settings, server_configured,
+)
+from gpulayer.client.errors import (
+    ApiError, ClientError, Conflict, ConnectionFailed, Forbidden, InvalidRequest, NotFound,
+    ProtocolMismatch, Unauthorized, WaitTimeout,
+)
+from gpulayer.client.specs import job, service
+
+__all__ = [
+    "ApiError", "Client", "ClientError", "Conflict", "ConnectionFailed", "FINISHED_STATES", "Forbidden",
+    "InvalidRequest", "Job", "NotFound", "ProtocolMismatch", "Settings", "Unauthorized", "WaitTimeout",
+    "connect", "job", "read_client_file", "resolve_settings", "server_configured", "service",
+]

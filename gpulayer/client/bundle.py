@@ -1,0 +1,94 @@
+"""Pack a `--source DIR` into a deterministic tar.gz.
+
+In a git checkout only the files git tracks are packed (untracked and ignored
+files stay home); elsewhere every file under DIR except `.git` folders. The
+same files with the same contents give the same bytes, hence the same digest,
+so an unchanged source is never uploaded twice: names are sorted, times,
+owners and the gzip header are zeroed, and modes are reduced to 0644/0755.
+"""
+from __future__ import annotations
+
+import gzip
+import os
+import stat
+import subprocess
+import tarfile
+from pathlib import Path
+
+from gpulayer.client.errors import ClientError
+
+
+def list_files(directory: Path) -> list[str]:
+    """Relative POSIX paths to pack, sorted: git-tracked files when DIR is in a checkout."""
+    directory = Path(directory)
+    tracked = _git_tracked(directory)
+    names = tracked if tracked is not None else _walk(directory)
+    return sorted(n for n in names if _packable(directory / n))
+
+
+def _packable(path: Path) -> bool:
+    """A symlink, or a file that still exists (git lists deleted and submodule entries too)."""
+    return path.is_symlink() or (path.exists() and not path.is_dir())
+
+
+def _git_tracked(directory: Path) -> list[str] | None:
+    """Files git tracks under `directory` (relative to it), or None when it is no checkout."""
+    try:
+        inside = subprocess.run(["git", "-C", str(directory), "rev-parse", "--is-inside-work-tree"],
+                                capture_output=True, text=True, check=False)
+        if inside.returncode != 0 or inside.stdout.strip() != "true":
+            return None
+        listed = subprocess.run(["git", "-C", str(directory), "ls-files", "-z", "--cached",
+                                 "--recurse-submodules"], capture_output=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return [name for name in listed.stdout.decode("utf-8", "surrogateescape").split("\0") if name]
+
+
+def _walk(directory: Path) -> list[str]:
+    names = []
+    for root, dirs, files in os.walk(directory):
+        dirs[:] = [d for d in dirs if d != ".git" and not os.path.islink(os.path.join(root, d))]
+        rel_root = Path(root).relative_to(directory)
+        names.extend((rel_root / f).as_posix() for f in files)
+        names.extend((rel_root / d).as_posix() for d in os.listdir(root)
+                     if os.path.islink(os.path.join(root, d)) and os.path.isdir(os.path.join(root, d)))
+    return names
+
+
+def _member(directory: Path, name: str) -> tuple[tarfile.TarInfo, Path | None]:
+    """A normalised TarInfo for one file or symlink (no times, owners or odd modes)."""
+    path = directory / name
+    info = tarfile.TarInfo(name)
+    info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
+    st = path.lstat()
+    if stat.S_ISLNK(st.st_mode):
+        info.type, info.linkname, info.mode = tarfile.SYMTYPE, os.readlink(path), 0o777
+        return info, None
+    if not stat.S_ISREG(st.st_mode):
+        raise ClientError(f"cannot pack {path}: not a regular file or symlink")
+    info.size = st.st_size
+    info.mode = 0o755 if st.st_mode & 0o111 else 0o644
+    return info, path
+
+
+def pack(directory: Path | str, dest: Path | str) -> list[str]:
+    """Write the tar.gz of `directory` to `dest`; return the packed names.
+
+    Raises ClientError when DIR is not a folder or holds a special file.
+    """
+    directory, dest = Path(directory), Path(dest)
+    if not directory.is_dir():
+        raise ClientError(f"cannot pack {directory}: not a directory")
+    names = list_files(directory)
+    with open(dest, "wb") as raw, \
+            gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz, \
+            tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name in names:
+            info, path = _member(directory, name)
+            if path is None:
+                tar.addfile(info)
+            else:
+                with open(path, "rb") as fh:
+                    tar.addfile(info, fh)
+    return names

@@ -1,0 +1,189 @@
+"""Artifact transfers for the client: uploads by digest, verified downloads, progress bars.
+
+Artifacts are content-addressed (`sha256:<hex>`): an upload first asks
+`HEAD /v1/artifacts/{digest}` and sends nothing when the server has it.
+Transfers over PROGRESS_MIN_BYTES show a progress bar on stderr when stderr
+is a terminal.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, BinaryIO
+
+from gpulayer.client.errors import ClientError
+
+if TYPE_CHECKING:
+    from gpulayer.client.api import Client
+
+CHUNK = 1024 * 1024
+PROGRESS_MIN_BYTES = 4 * 1024 * 1024
+TRANSFER_TIMEOUT_S = 600.0
+
+
+def file_digest(path: Path) -> str:
+    """`sha256:<hex>` of a file, read in chunks."""
+    sha = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(CHUNK), b""):
+            sha.update(chunk)
+    return f"sha256:{sha.hexdigest()}"
+
+
+class Progress:
+    """A one-line progress bar on stderr, redrawn at most 10 times a second."""
+
+    def __init__(self, label: str, total: int, enabled: bool | None = None):
+        if enabled is None:
+            enabled = total > PROGRESS_MIN_BYTES and sys.stderr.isatty()
+        self.label, self.total, self.enabled = label, total, enabled
+        self.done, self._drawn_at = 0, 0.0
+
+    def advance(self, n: int) -> None:
+        """Count `n` more bytes; redraw when due."""
+        self.done += n
+        now = time.monotonic()
+        if self.enabled and (now - self._drawn_at > 0.1 or self.done >= self.total):
+            self._drawn_at = now
+            frac = self.done / self.total if self.total else 1.0
+            bar = "#" * int(frac * 30)
+            sys.stderr.write(f"\r{self.label} [{bar:<30}] {self.done / 1e6:.1f}/{self.total / 1e6:.1f} MB {frac:4.0%}")
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        """End the bar's line."""
+        if self.enabled:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+class _ProgressReader:
+    """A file wrapper with a length, so requests streams it with Content-Length."""
+
+    def __init__(self, fh: BinaryIO, size: int, progress: Progress):
+        self.fh, self.size, self.progress = fh, size, progress
+
+    def __len__(self) -> int:
+        return self.size
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.fh.read(CHUNK if n is None or n < 0 else n)
+        self.progress.advance(len(data))
+        return data
+
+
+def upload_file(client: "Client", path: Path, progress: bool | None = None) -> str:
+    """Upload `path` unless the server already has its digest; return the digest."""
+    if not path.is_file():
+        raise ClientError(f"cannot upload {path}: not a readable file")
+    digest = file_digest(path)
+    if client.has_artifact(digest):
+        return digest
+    size = path.stat().st_size
+    bar = Progress(f"upload {path.name}", size, progress)
+    with open(path, "rb") as fh:
+        client.request("PUT", f"/artifacts/{digest}", data=_ProgressReader(fh, size, bar),
+                       headers={"Content-Type": "application/octet-stream"}, timeout=TRANSFER_TIMEOUT_S)
+    bar.close()
+    return digest
+
+
+def download_artifact(client: "Client", digest: str, dest: Path, progress: bool | None = None) -> Path:
+    """Stream an artifact into `dest` (atomically), checking its SHA-256 against `digest`."""
+    response = client.request("GET", f"/artifacts/{digest}", stream=True, timeout=TRANSFER_TIMEOUT_S)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    bar = Progress(f"download {dest.name}", int(response.headers.get("Content-Length") or 0), progress)
+    sha = hashlib.sha256()
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.")
+    try:
+        with os.fdopen(fd, "wb") as out, response:
+            for chunk in response.iter_content(CHUNK):
+                sha.update(chunk)
+                out.write(chunk)
+                bar.advance(len(chunk))
+        bar.close()
+        if f"sha256:{sha.hexdigest()}" != digest:
+            raise ClientError(f"downloaded bytes of {dest.name} do not match {digest}")
+        os.replace(tmp, dest)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return dest
+
+
+def download_outputs(client: "Client", outputs: dict[str, str], dest: Path,
+                     progress: bool | None = None) -> list[Path]:
+    """Download {relative path: digest} under `dest`; refuse paths that leave it."""
+    written = []
+    for rel, digest in sorted(outputs.items()):
+        target = safe_join(dest, rel)
+        written.append(download_artifact(client, digest, target, progress))
+    return written
+
+
+def safe_join(root: Path, rel: str) -> Path:
+    """`root / rel`, refusing absolute paths and `..` (ClientError)."""
+    parts = PurePosixPath(rel).parts
+    if not parts or PurePosixPath(rel).is_absolute() or ".." in parts:
+        raise ClientError(f"refusing the output path {rel!r}: it leads outside {root}")
+    return root.joinpath(*parts)
+
+
+def remote_path(local: str) -> str:
+    """Where a local input lands on the worker: its relative path, else its file name."""
+    pure = PurePosixPath(Path(local).as_posix())
+    if pure.is_absolute() or ".." in pure.parts:
+        return pure.name
+    return pure.as_posix().removeprefix("./")
+
+
+def prepare_spec(client: "Client", spec: dict) -> dict:
+    """A copy of `spec` with local paths in source, inputs and weights uploaded as digests."""
+    spec = dict(spec)
+    source = spec.get("source")
+    if source and not _is_digest(source):
+        spec["source"] = upload_source(client, Path(source))
+    if spec.get("inputs"):
+        spec["inputs"] = upload_inputs(client, spec["inputs"])
+    service = spec.get("service")
+    if service and service.get("weights") and not _is_digest(service["weights"]):
+        spec["service"] = {**service, "weights": client.upload(Path(service["weights"]))}
+    return spec
+
+
+def upload_source(client: "Client", directory: Path) -> str:
+    """Pack a directory with `gpulayer.client.bundle` and upload the tar.gz; return its digest."""
+    from gpulayer.client import bundle
+    if not directory.is_dir():
+        raise ClientError(f"--source {directory}: not a directory")
+    with tempfile.TemporaryDirectory(prefix="gpulayer-bundle-") as tmp:
+        archive = Path(tmp) / "source.tar.gz"
+        bundle.pack(directory, archive)
+        return client.upload(archive)
+
+
+def upload_inputs(client: "Client", inputs: dict[str, str]) -> dict[str, str]:
+    """Map {remote path: digest or local path} to {remote path: digest}; folders go file by file."""
+    out: dict[str, str] = {}
+    for key, value in inputs.items():
+        if _is_digest(value):
+            out[key] = value
+            continue
+        local = Path(value)
+        remote = remote_path(key) if key == value else key
+        if local.is_dir():
+            for file in sorted(p for p in local.rglob("*") if p.is_file()):
+                out[f"{remote.rstrip('/')}/{file.relative_to(local).as_posix()}"] = client.upload(file)
+        elif local.is_file():
+            out[remote] = client.upload(local)
+        else:
+            raise ClientError(f"input {value!r} is neither a digest nor a local file or folder")
+    return out
+
+
+def _is_digest(value: str) -> bool:
+    return isinstance(value, str) and value.startswith("sha256:")

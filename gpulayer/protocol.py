@@ -1,0 +1,34 @@
+"""What both sides of the wire agree on: the protocol version and the defaults named once.
+
+Imports nothing of gpulayer, so the client, the CLI, the control plane and
+`gpulayer.testing` can all take their defaults from here (protocol-v1.md,
+"Defaults").
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+PROTOCOL = 1
+PROTOCOL_HEADER = "X-GpuLayer-Protocol"
+
+# Defaults named once (protocol-v1.md, "Defaults").
+HEARTBEAT_INTERVAL_S = 2.0
+LEASE_TTL_S = 20.0
+DEFAULT_PORT = 8470
+MAX_JSON_BODY = 1024 * 1024
+MAX_ACQUIRE_WAIT_S = 30.0
+START_TIMEOUT_S = 120.0          # a gang with a rank not started by then goes back to the queue whole
+RENDEZVOUS_TIMEOUT_S = 300.0     # a gang whose ranks do not all arrive by then fails the attempt
+ARTIFACT_RETENTION_S = 7 * 86400
+ARTIFACT_SWEEP_INTERVAL_S = 3600.0
+LOG_RETENTION_S = 14 * 86400     # log lines of a job that ended this long ago are pruned
+JOB_RETENTION_S = 30 * 86400     # ended jobs (tasks, events, lines), loose events, departed workers
+PRUNE_INTERVAL_S = 300.0         # upkeep prunes this often, in small batches
+SERVICE_MAX_ATTEMPTS = 10
+MAX_OUTPUT_BYTES = 10 * 1024 ** 3  # a task output a worker uploads; clients' uploads have the store's limit
+
+
+def default_home() -> Path:
+    """$GPULAYER_HOME, else ~/.gpulayer."""
+    return Path(os.environ.get("GPULAYER_HOME") or Path.home() / ".gpulayer").expanduser()

@@ -1,0 +1,1 @@
+"""The control plane: store, scheduler, HTTP front end, security, provisioning."""

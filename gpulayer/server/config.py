@@ -1,0 +1,84 @@
+"""Control-plane settings and the layout of $GPULAYER_HOME."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpulayer.protocol import (  # noqa: F401  (re-exported: the settings below default to them)
+    PROTOCOL, HEARTBEAT_INTERVAL_S, LEASE_TTL_S, DEFAULT_PORT, MAX_JSON_BODY, MAX_ACQUIRE_WAIT_S,
+    START_TIMEOUT_S, RENDEZVOUS_TIMEOUT_S, ARTIFACT_RETENTION_S, ARTIFACT_SWEEP_INTERVAL_S,
+    LOG_RETENTION_S, JOB_RETENTION_S, PRUNE_INTERVAL_S, SERVICE_MAX_ATTEMPTS, MAX_OUTPUT_BYTES,
+    default_home,
+)
+
+
+@dataclass(frozen=True)
+class HomeLayout:
+    """Where the control plane keeps its files under one home directory."""
+
+    home: Path
+
+    @property
+    def state(self) -> Path:
+        return self.home / "state.db"
+
+    @property
+    def secret(self) -> Path:
+        return self.home / "server-secret"
+
+    @property
+    def credentials(self) -> Path:
+        return self.home / "server-credentials.json"
+
+    @property
+    def secrets_key(self) -> Path:
+        return self.home / "secrets.key"
+
+    @property
+    def artifacts(self) -> Path:
+        return self.home / "artifacts"
+
+    @property
+    def tls(self) -> Path:
+        return self.home / "tls"
+
+    @property
+    def client(self) -> Path:
+        """What `gpulayer up` leaves for clients on this machine (url, token, ca_file)."""
+        return self.home / "client.json"
+
+    @property
+    def provisioners(self) -> Path:
+        return self.home / "provisioners.json"
+
+
+@dataclass
+class ControlPlaneConfig:
+    """Everything `gpulayer server start` can set; defaults per protocol-v1.md."""
+
+    home: Path = field(default_factory=default_home)
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    allow_insecure_remote: bool = False
+    heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S
+    lease_ttl_s: float = LEASE_TTL_S
+    synchronous: str = "normal"
+    threads: int = 320           # requests served at once; a parked long-poll holds one
+    max_parked_acquires: int = 256
+    # Log long-polls parked at once; past it they answer at once (`retry_after_s`). With the
+    # acquires' cap this leaves threads free for heartbeats whatever clients do.
+    max_parked_log_polls: int = 32
+    max_output_bytes: int = MAX_OUTPUT_BYTES  # one artifact a worker uploads (`--max-output-mb`)
+    start_timeout_s: float = START_TIMEOUT_S
+    rendezvous_timeout_s: float = RENDEZVOUS_TIMEOUT_S
+    artifact_retention_s: float = ARTIFACT_RETENTION_S
+    artifact_sweep_interval_s: float = ARTIFACT_SWEEP_INTERVAL_S
+    log_retention_s: float = LOG_RETENTION_S
+    job_retention_s: float = JOB_RETENTION_S
+    prune_interval_s: float = PRUNE_INTERVAL_S
+
+    @property
+    def layout(self) -> HomeLayout:
+        return HomeLayout(Path(self.home).expanduser())

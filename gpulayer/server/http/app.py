@@ -1,0 +1,331 @@
+"""The /v1 Falcon WSGI app: routes, the protocol header, auth, one error shape."""
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import falcon
+
+from gpulayer.protocol import PROTOCOL_HEADER
+from gpulayer.server.security import auth
+
+from gpulayer.server.http import resources
+
+from gpulayer.server.scheduler import tokens
+
+from gpulayer.server.http import wire
+from gpulayer.server.scheduler.artifacts import ArtifactStore
+from gpulayer.server.config import PROTOCOL, ControlPlaneConfig
+from gpulayer.server.store.db import Store, domain_error
+from gpulayer.server.errors import BodyTooLarge, Forbidden, GpulayerError, NotFound, ProtocolMismatch, Unauthorized
+from gpulayer.server.http.metrics import Metrics, MetricsResource
+from gpulayer.server.scheduler.core import Scheduler
+from gpulayer.server.store.queries import row
+
+log = logging.getLogger("gpulayer.server.process")
+HEADER = PROTOCOL_HEADER
+INT64_MAX = (1 << 63) - 1
+
+
+@dataclass
+class Deps:
+    """Everything resources need, injected once."""
+
+    config: ControlPlaneConfig
+    store: Store
+    scheduler: Scheduler
+    auth: auth.Authenticator
+    artifacts: ArtifactStore
+    ca_file: Path | None = None
+    clock: object = time.time
+    provisioners: list = field(default_factory=list)  # provisioner.Provisioner, from provisioners.json
+    _logs_cond: threading.Condition = field(default_factory=threading.Condition)
+    _log_polls: threading.BoundedSemaphore = field(init=False)
+
+    def __post_init__(self):
+        self._log_polls = threading.BoundedSemaphore(max(1, self.config.max_parked_log_polls))
+
+    def auth_new_session(self) -> str:
+        return auth.new_token("worker")
+
+    def mint_token(self, *, name: str, labels: dict, expires_in_s: float | None, kind: str = "join",
+                   source: str = "minted") -> dict:
+        """A new join (or metrics) token bound to a name and labels; the secret is returned once."""
+        secret = auth.new_token(kind)
+        jti = auth.new_jti()
+        now = self.clock()
+        expires_at = None if expires_in_s is None else now + expires_in_s
+        self.store.write(tokens.insert, jti=jti, kind=kind, name=name, labels=labels,
+                         token_hash=self.auth.hash(secret), expires_at=expires_at, source=source, now=now)
+        return {"token": secret, "jti": jti, "name": name, "labels": labels, "kind": kind, "expires_at": expires_at}
+
+    def revoke_token(self, jti: str) -> dict:
+        if self.store.read(tokens.get, jti) is None:
+            raise NotFound(f"no token with jti {jti!r}")
+        result = self.scheduler.revoke_token(jti)
+        self.auth.invalidate()
+        found = self.store.read(tokens.get, jti)
+        return {**found, "workers_revoked": (result or {}).get("workers", [])}
+
+    def worker_may_read(self, conn, worker_id: int, digest: str) -> bool:
+        return row(conn, "artifact_allowed_for_worker", worker_id=worker_id, digest=digest) is not None
+
+    def worker_holds_task(self, conn, worker_id: int) -> bool:
+        return row(conn, "worker_holds_task", worker_id=worker_id) is not None
+
+    def put_artifact(self, principal, digest: str, stream, length: int | None) -> int:
+        """Store an upload; its size. A worker uploads only task outputs, up to `max_output_bytes`.
+
+        Raises Forbidden when a worker holds no active task that declares outputs,
+        BodyTooLarge past the limit (nothing stored), and what ArtifactStore.put raises.
+        """
+        if principal.kind == "worker":
+            if not self.store.read(lambda conn: row(conn, "worker_may_upload", worker_id=principal.worker_id)):
+                raise Forbidden("a worker uploads only the outputs of a task it runs, and its tasks declare none")
+            limit = self.config.max_output_bytes
+            if length is not None and length > limit:
+                raise BodyTooLarge(f"an output of {length} bytes is over the limit of {limit} (--max-output-mb)")
+            stream = _Capped(stream, limit)
+        # Recorded under the digest's lock, so the artifact sweep cannot unlink the file in between.
+        return self.artifacts.put(digest, stream, length, record=self.record_artifact)
+
+    def record_artifact(self, digest: str, size: int) -> None:
+        self.store.write(lambda conn: row(conn, "record_artifact", digest=digest, size=size, now=self.clock()))
+
+    def logs_written(self) -> None:
+        """Wake the log long-polls: lines arrived, or a job may have ended."""
+        with self._logs_cond:
+            self._logs_cond.notify_all()
+
+    def wait_for_logs(self, job_id: int, after: int, limit: int, wait_s: float) -> tuple[list[dict], bool]:
+        """Log lines after `after` and whether the call could wait.
+
+        With wait_s, long-polls until some arrive or the job has ended. Each
+        waiting call holds a server thread, so at most `max_parked_log_polls`
+        wait at once; past that the lines so far come back at once, with False.
+        """
+        from gpulayer.server.scheduler.jobs import job_ended, log_lines
+        deadline = time.monotonic() + wait_s
+        parked = False
+        try:
+            while True:
+                lines = self.store.read(log_lines, job_id, after, limit)
+                remaining = deadline - time.monotonic()
+                # A job's last line comes before its finish: a follower that saw it still running
+                # must not then wait out its whole wait_s for lines that will never come.
+                if lines or remaining <= 0 or self.store.read(job_ended, job_id):
+                    return lines, True
+                if not parked:
+                    parked = self._log_polls.acquire(blocking=False)
+                    if not parked:
+                        return lines, False
+                with self._logs_cond:
+                    self._logs_cond.wait(min(remaining, 1.0))
+        finally:
+            if parked:
+                self._log_polls.release()
+
+
+class _Capped:
+    """A stream that raises BodyTooLarge once more than `limit` bytes were read from it."""
+
+    def __init__(self, stream, limit: int):
+        self.stream, self.left, self.limit = stream, limit, limit
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.stream.read(size)
+        self.left -= len(data)
+        if self.left < 0:
+            raise BodyTooLarge(f"an output is over the limit of {self.limit} bytes (--max-output-mb)")
+        return data
+
+
+class ProtocolMiddleware:
+    """Every answer says `X-GpuLayer-Protocol: 1`; another version is refused with 426."""
+
+    def __init__(self, deps: Deps):
+        self.deps = deps
+
+    def process_request(self, req, resp):
+        resp.set_header(HEADER, str(PROTOCOL))
+        sent = req.get_header(HEADER)
+        worker_route = req.path.startswith("/v1/worker/") or req.path == "/v1/workers/register"
+        if sent is None and not worker_route:
+            return
+        if sent != str(PROTOCOL):
+            if req.path == "/v1/workers/register":
+                self._note_needs_upgrade(req, sent)
+            raise ProtocolMismatch(
+                f"this control plane speaks protocol {PROTOCOL}, the request "
+                + (f"speaks {sent}" if sent is not None else f"sent no {HEADER} header")
+                + ": upgrade the control plane first, then the workers",
+                protocol=PROTOCOL, client_protocol=sent)
+
+    def _note_needs_upgrade(self, req, sent) -> None:
+        """List a worker with a valid join token as needs_upgrade (best effort, never fails the 426)."""
+        try:
+            principal = self.deps.auth.authenticate(_bearer(req), self.deps.clock())
+            if principal.kind != "join":
+                return
+            body = wire.read_json(req, allow_empty=True)
+            name = str(body.get("name") or "unknown")[:256] if isinstance(body, dict) else "unknown"
+            version = str(body.get("version"))[:64] if isinstance(body, dict) and body.get("version") else None
+            self.deps.scheduler.needs_upgrade(name=name, version=version, protocol=sent, token_jti=principal.jti)
+        except Exception:  # noqa: BLE001 - the 426 matters, the listing is a courtesy
+            log.debug("needs_upgrade_not_recorded", exc_info=True)
+
+
+def _bearer(req) -> str | None:
+    header = req.get_header("Authorization")
+    if not header:
+        return None
+    scheme, _, token = header.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else None
+
+
+class AuthMiddleware:
+    """Checks the bearer token against the resource's `auth` kinds: 401 unknown, 403 wrong kind."""
+
+    def __init__(self, deps: Deps):
+        self.deps = deps
+
+    def process_resource(self, req, resp, resource, params):
+        kinds = getattr(resource, "auth", ("client",))
+        if resource is None or not kinds:
+            return
+        principal = self.deps.auth.authenticate(_bearer(req), self.deps.clock())
+        if principal.kind == "worker" and principal.worker_state == "gone" \
+                and not getattr(resource, "allow_gone", False):
+            raise Unauthorized("this worker session has ended (deregistered or revoked)")
+        if principal.kind not in kinds:
+            raise Forbidden(f"a {principal.kind} token cannot call {req.method} {req.path}")
+        req.context.principal = principal
+
+
+def _error_handler(req, resp, ex, params):
+    resp.status = ex.status
+    resp.media = ex.to_dict()
+    resp.set_header(HEADER, str(PROTOCOL))
+
+
+def _http_error_serializer(req, resp, exc: falcon.HTTPError):
+    code = (exc.title or "error").lower().replace(" ", "_")
+    resp.content_type = falcon.MEDIA_JSON
+    resp.media = {"error": {"code": code, "message": exc.description or exc.title or "error"}}
+    resp.set_header(HEADER, str(PROTOCOL))
+
+
+def _unexpected(req, resp, ex, params):
+    if isinstance(ex, falcon.HTTPError):
+        raise ex
+    mapped = domain_error(ex)  # a full disk: 507; out of file descriptors, writer busy: 503
+    if mapped is not None:
+        log.warning("request_refused method=%s path=%s code=%s error=%r", req.method, req.path, mapped.code, ex)
+        return _error_handler(req, resp, mapped, params)
+    log.exception("request_failed method=%s path=%s", req.method, req.path)
+    resp.status = falcon.HTTP_500
+    resp.media = {"error": {"code": "internal_error", "message": "the control plane hit an unexpected error; "
+                                                                  "see its log"}}
+    resp.set_header(HEADER, str(PROTOCOL))
+
+
+ROUTES = [
+    ("/v1/health", resources.Health, None),
+    ("/v1/ca.pem", resources.CACert, None),
+    ("/v1/workers/register", resources.Register, None),
+    ("/v1/worker/heartbeat", resources.Heartbeat, None),
+    ("/v1/worker/acquire", resources.Acquire, None),
+    ("/v1/worker/deregister", resources.Deregister, None),
+    ("/v1/worker/tasks/{task_id:int}/start", resources.WorkerTask, "start"),
+    ("/v1/worker/tasks/{task_id:int}/logs", resources.WorkerTask, "logs"),
+    ("/v1/worker/tasks/{task_id:int}/rendezvous", resources.WorkerTask, "rendezvous"),
+    ("/v1/worker/tasks/{task_id:int}/finish", resources.WorkerTask, "finish"),
+    ("/v1/jobs", resources.Jobs, None),
+    ("/v1/jobs/{job_id:int}", resources.Job, None),
+    ("/v1/jobs/{job_id:int}/cancel", resources.Job, "cancel"),
+    ("/v1/jobs/{job_id:int}/logs", resources.Job, "logs"),
+    ("/v1/jobs/{job_id:int}/events", resources.Job, "events"),
+    ("/v1/jobs/{job_id:int}/endpoints", resources.Job, "endpoints"),
+    ("/v1/jobs/{job_id:int}/outputs", resources.Job, "outputs"),
+    ("/v1/workers", resources.Workers, None),
+    ("/v1/provisioners", resources.Provisioners, None),
+    ("/v1/tokens", resources.Tokens, None),
+    ("/v1/tokens/{jti}/revoke", resources.Token, "revoke"),
+    ("/v1/secrets", resources.Secrets, None),
+    ("/v1/secrets/{name}", resources.Secret, None),
+    ("/v1/artifacts/{digest}", resources.Artifact, None),
+]
+
+
+class RowIdConverter(falcon.routing.IntConverter):
+    """`{x:int}` in a route: a non-negative integer that fits SQLite's int64; anything else is no route (404)."""
+
+    def __init__(self, num_digits=None, min=0, max=INT64_MAX):  # noqa: A002 - falcon's keyword names
+        super().__init__(num_digits, min, max)
+
+
+def create_app(deps: Deps) -> falcon.App:
+    """The WSGI app over injected dependencies."""
+    metrics = Metrics(deps.store)
+    deps.scheduler.observe_acquire = metrics.acquire.observe
+    app = falcon.App(middleware=[metrics, ProtocolMiddleware(deps), AuthMiddleware(deps)])
+    app.req_options.strip_url_path_trailing_slash = True
+    app.resp_options.secure_cookies_by_default = False
+    # Every id in a path is a row key: one larger than int64 would fail in SQLite as a 500.
+    app.router_options.converters["int"] = RowIdConverter
+    # ASCII-escaped JSON renders any str, so no stored text can make a read fail after its write.
+    app.resp_options.media_handlers[falcon.MEDIA_JSON] = falcon.media.JSONHandler(
+        dumps=functools.partial(json.dumps, ensure_ascii=True))
+    app.add_error_handler(Exception, _unexpected)
+    app.add_error_handler(GpulayerError, _error_handler)
+    app.set_error_serializer(_http_error_serializer)
+    instances: dict[type, object] = {}
+    for path, cls, suffix in ROUTES:
+        instance = instances.setdefault(cls, cls(deps))
+        if suffix:
+            app.add_route(path, instance, suffix=suffix)
+        else:
+            app.add_route(path, instance)
+    from gpulayer.server.http.openapi import OpenAPI
+    app.add_route("/v1/openapi.json", OpenAPI(deps, ROUTES))
+    app.add_route("/metrics", MetricsResource(metrics))
+    return app
+
+
+def with_explorer(app, deps: Deps, *, secure_cookies: bool):
+    """Serve the read-only explorer at /explorer/ beside /v1, behind the client token."""
+    import explorer
+
+    def is_client(token: str) -> bool:
+        try:
+            return deps.auth.authenticate(token, deps.clock()).kind == "client"
+        except GpulayerError:
+            return False
+
+    browse = explorer.create_app(str(deps.config.layout.state), auth=is_client, secure_cookies=secure_cookies,
+                                 base_path="/explorer")
+
+    def dispatch(environ, start_response):
+        path = environ.get("PATH_INFO", "")
+        if path == "/explorer" or path.startswith("/explorer/"):
+            return browse(environ, start_response)
+        return app(environ, start_response)
+
+    return dispatch
+
+
+def new_deps(config: ControlPlaneConfig, *, clock=time.time, ca_file: Path | None = None) -> Deps:
+    """Open the home's state file and build every dependency of the app."""
+    layout = config.layout
+    store = Store(layout.state, synchronous=config.synchronous)
+    scheduler = Scheduler(store, config, clock)
+    from gpulayer.server.store.queries import QUERIES
+    authn = auth.Authenticator(layout, store, QUERIES)
+    return Deps(config=config, store=store, scheduler=scheduler, auth=authn,
+                artifacts=ArtifactStore(layout.artifacts), ca_file=ca_file, clock=clock)
+

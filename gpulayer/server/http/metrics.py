@@ -1,0 +1,88 @@
+"""GET /metrics: Prometheus text format, every metric named gpulayer_*.
+
+State gauges (jobs, workers, queue depth, artifact bytes) are read from the
+state file at scrape time, so they always match what SQL says; latencies are
+histograms observed by a middleware.
+"""
+from __future__ import annotations
+
+import json
+import time
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from gpulayer.server.store.queries import rows
+
+BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class StateCollector:
+    """Reads the state file on each scrape."""
+
+    def __init__(self, store):
+        self.store = store
+
+    def collect(self):
+        snap = self.store.read(_snapshot)
+        jobs = GaugeMetricFamily("gpulayer_jobs", "Jobs by state.", labels=["state"])
+        for r in snap["jobs"]:
+            jobs.add_metric([r["state"]], r["n"])
+        yield jobs
+        workers = GaugeMetricFamily("gpulayer_workers", "Workers by state.", labels=["state"])
+        for r in snap["workers"]:
+            workers.add_metric([r["state"]], r["n"])
+        yield workers
+        queue = GaugeMetricFamily("gpulayer_queue_depth", "Queued tasks by the labels their job asks for.",
+                                  labels=["labels"])
+        for r in snap["queue"]:
+            labels = json.loads(r["labels"])
+            queue.add_metric([",".join(f"{k}={v}" for k, v in sorted(labels.items()))], r["n"])
+        yield queue
+        yield CounterMetricFamily("gpulayer_leases_expired", "Tasks lost to an expired lease.",
+                                  value=snap["leases"][0]["n"])
+        yield GaugeMetricFamily("gpulayer_artifact_store_bytes", "Bytes in the artifact store.",
+                                value=snap["artifacts"][0]["bytes"])
+        yield GaugeMetricFamily("gpulayer_artifacts", "Artifacts in the store.", value=snap["artifacts"][0]["n"])
+
+
+def _snapshot(conn) -> dict:
+    return {"jobs": rows(conn, "metrics_jobs_by_state"), "workers": rows(conn, "metrics_workers_by_state"),
+            "queue": rows(conn, "metrics_queue_by_labels"), "leases": rows(conn, "metrics_leases_expired"),
+            "artifacts": rows(conn, "metrics_artifact_bytes")}
+
+
+class Metrics:
+    """The registry, the latency histograms and the middleware that fills them."""
+
+    def __init__(self, store):
+        self.registry = CollectorRegistry()
+        self.registry.register(StateCollector(store))
+        self.requests = Histogram("gpulayer_request_seconds", "Time to answer a /v1 request.",
+                                  ["method", "route", "status"], buckets=BUCKETS, registry=self.registry)
+        self.acquire = Histogram("gpulayer_acquire_seconds", "Time of one acquire transaction (no long-poll wait).",
+                                 buckets=BUCKETS, registry=self.registry)
+
+    def process_request(self, req, resp):
+        req.context.started = time.perf_counter()
+
+    def process_response(self, req, resp, resource, req_succeeded):
+        started = getattr(req.context, "started", None)
+        if started is None:
+            return
+        route = req.uri_template or "unmatched"
+        self.requests.labels(req.method, route, resp.status[:3] if isinstance(resp.status, str) else
+                             str(resp.status)).observe(time.perf_counter() - started)
+
+
+class MetricsResource:
+    """The scrape endpoint; a client token or a metrics token (glm_)."""
+
+    auth = ("client", "metrics")
+
+    def __init__(self, metrics: Metrics):
+        self.metrics = metrics
+
+    def on_get(self, req, resp):
+        resp.content_type = CONTENT_TYPE_LATEST
+        resp.data = generate_latest(self.metrics.registry)

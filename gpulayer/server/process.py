@@ -1,0 +1,221 @@
+"""The control plane process: serving /v1, upkeep on its own schedule, clean shutdown.
+
+`ControlPlane(config).start()` serves in background threads (used by `up`,
+`--target local` and tests); `run_server(config)` blocks until SIGTERM or
+SIGINT (`gpulayer server start`).
+"""
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import resource
+import signal
+import threading
+import time
+from pathlib import Path
+
+import apsw
+
+from gpulayer.server.scheduler import leases
+
+from gpulayer.server.provisioning import loop as provisioner
+
+from gpulayer.server.scheduler import retention
+from gpulayer.server.http.app import create_app, new_deps, with_explorer
+from gpulayer.server.security.auth import init_home, rotate_join_token  # noqa: F401 - the CLI imports them from here
+from gpulayer.server.config import ControlPlaneConfig
+from gpulayer.server.errors import ConfigError
+from gpulayer.server.http.server import HTTPServer
+from gpulayer.server.store.queries import QUERIES, row
+
+log = logging.getLogger("gpulayer.server.process")
+FD_LIMIT_WHEN_UNLIMITED = 1 << 20   # a soft limit to ask for when the hard one is unlimited
+
+
+def is_loopback(host: str) -> bool:
+    """True for localhost and 127.0.0.0/8 / ::1 (plain HTTP is allowed there)."""
+    if host in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_config(config: ControlPlaneConfig) -> None:
+    """Refuse settings that cannot work or are unsafe, with the flag that changes it."""
+    if bool(config.tls_cert) != bool(config.tls_key):
+        raise ConfigError("--tls-cert and --tls-key go together: give both or neither")
+    for path in (config.tls_cert, config.tls_key):
+        if path and not Path(path).is_file():
+            raise ConfigError(f"no such file: {path}")
+    if not config.tls_cert and not is_loopback(config.host) and not config.allow_insecure_remote:
+        raise ConfigError(f"refusing to serve plain HTTP on {config.host}, which is not a loopback address: "
+                          "give --tls-cert and --tls-key, or --allow-insecure-remote behind a TLS proxy you control")
+    if config.heartbeat_interval_s <= 0 or config.lease_ttl_s <= config.heartbeat_interval_s:
+        raise ConfigError("--lease-ttl must be longer than --heartbeat-interval, and both positive")
+    if min(config.log_retention_s, config.job_retention_s, config.prune_interval_s) <= 0:
+        raise ConfigError("--log-retention and --job-retention must be longer than zero")
+    if config.synchronous not in ("normal", "full"):
+        raise ConfigError("--synchronous must be normal or full")
+    if not config.layout.credentials.exists():
+        raise ConfigError(f"{config.layout.home} is not initialised: run `gpulayer server init --home "
+                          f"{config.layout.home}` (or `gpulayer up`)")
+
+
+def raise_fd_limit() -> tuple[int, int]:
+    """Raise the soft limit on open files to the hard one (each connection, reader and upload holds one).
+
+    Returns (soft, hard) as they are now; a limit the system refuses to raise is left as it was.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, FD_LIMIT_WHEN_UNLIMITED)
+    if soft == resource.RLIM_INFINITY or soft >= target:
+        return soft, hard
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError) as exc:
+        log.warning("fd_limit_not_raised soft=%d hard=%d error=%s", soft, hard, exc)
+        return soft, hard
+    log.info("fd_limit_raised soft=%d to=%d", soft, target)
+    return target, hard
+
+
+class ControlPlane:
+    """One control plane: state file, scheduler, HTTP server and upkeep thread."""
+
+    def __init__(self, config: ControlPlaneConfig, *, clock=time.time):
+        check_config(config)
+        self.config = config
+        self.clock = clock
+        self.deps = None
+        self.http: HTTPServer | None = None
+        self._stop = threading.Event()
+        self._upkeep: threading.Thread | None = None
+        self.provisioners = provisioner.load(config.layout.provisioners)
+        self.provisioning: provisioner.Provisioning | None = None
+
+    @property
+    def url(self) -> str:
+        host = self.config.host
+        if host in ("0.0.0.0", "::"):
+            host = "127.0.0.1"
+        if ":" in host:
+            host = f"[{host}]"
+        return f"{self.http.scheme}://{host}:{self.http.port}"
+
+    def start(self) -> None:
+        """Open the state file and serve; returns once listening."""
+        raise_fd_limit()
+        ca = self.config.layout.tls / "ca.pem"
+        self.deps = new_deps(self.config, clock=self.clock, ca_file=ca if self.config.tls_cert and ca.exists() else None)
+        self.deps.provisioners = self.provisioners
+        swept = self.deps.artifacts.sweep_tmp()  # partial uploads of a server killed mid-upload
+        if swept:
+            log.info("artifact_tmp_swept count=%d", swept)
+        self.deps.store.write(lambda conn: row(conn, "clear_needs_upgrade", name=None, reason="server_restarted"))
+        self.deps.store.write(leases.grace_after_restart, self.clock(), self.config.lease_ttl_s)
+        app = with_explorer(create_app(self.deps), self.deps, secure_cookies=bool(self.config.tls_cert))
+        self.http = HTTPServer(app, self.config.host, self.config.port,
+                               certfile=str(self.config.tls_cert) if self.config.tls_cert else None,
+                               keyfile=str(self.config.tls_key) if self.config.tls_key else None,
+                               threads=self.config.threads)
+        self.http.start()
+        self._upkeep = threading.Thread(target=self._run_upkeep, name="gpulayer-upkeep", daemon=True)
+        self._upkeep.start()
+        if self.provisioners:
+            self.provisioning = provisioner.Provisioning(self.provisioners, self.deps)
+            self.provisioning.start()
+        log.info("server_started url=%s state=%s", self.url, self.config.layout.state)
+
+    def stop(self) -> None:
+        """Stop accepting, finish in-flight requests, flush every acknowledged write, close."""
+        self._stop.set()
+        if self.deps is not None:
+            self.deps.scheduler.stop_waiting()  # else parked acquires hold shutdown up to their wait_s
+        if self.http is not None:
+            self.http.stop()
+        if self._upkeep is not None:
+            self._upkeep.join(timeout=10)
+        if self.provisioning is not None:
+            self.provisioning.stop()
+        if self.deps is not None:
+            self.deps.scheduler.wake()
+            self.deps.store.close()
+        log.info("server_stopped")
+
+    def _run_upkeep(self) -> None:
+        interval = min(self.config.heartbeat_interval_s, 1.0)
+        next_sweep = time.monotonic() + self.config.artifact_sweep_interval_s
+        next_prune = time.monotonic() + min(self.config.prune_interval_s, 60.0)
+        while not self._stop.wait(interval):
+            try:
+                result = self.deps.scheduler.expire()
+                if any(result.values()):
+                    log.info("leases_expired %s", " ".join(f"{k}={v}" for k, v in result.items()))
+                if time.monotonic() >= next_prune:
+                    done = retention.prune(self.deps.store, now=self.clock(),
+                                           log_retention_s=self.config.log_retention_s,
+                                           job_retention_s=self.config.job_retention_s)["done"]
+                    # A backlog (a first start after an upgrade) goes on at the next tick.
+                    next_prune = time.monotonic() + (self.config.prune_interval_s if done else 0)
+                if time.monotonic() >= next_sweep:
+                    next_sweep = time.monotonic() + self.config.artifact_sweep_interval_s
+                    retention.sweep(self.deps.store, self.deps.artifacts, now=self.clock(),
+                                    retention_s=self.config.artifact_retention_s)
+                    self.deps.artifacts.sweep_tmp()
+            except Exception:  # noqa: BLE001 - upkeep must outlive one bad round
+                if self._stop.is_set():
+                    return
+                log.exception("upkeep_failed")
+
+
+def run_server(config: ControlPlaneConfig) -> int:
+    """Serve until SIGTERM or SIGINT; returns the exit code. Raises ConfigError for bad settings."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    plane = ControlPlane(config)
+    stopping = threading.Event()
+
+    def _on_signal(signum, frame):
+        stopping.set()
+
+    previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        plane.start()
+        print(f"GPUlayer control plane listening on {plane.url}", flush=True)
+        while not stopping.wait(0.5):
+            pass
+    finally:
+        plane.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0
+
+
+def backup(home: Path, dest: Path) -> dict:
+    """A consistent online copy of the state file (SQLite backup API) while the server runs."""
+    config = ControlPlaneConfig(home=Path(home))
+    source = config.layout.state
+    if not source.exists():
+        raise ConfigError(f"no state file at {source}")
+    dest = Path(dest)
+    try:  # the copy holds every secret's ciphertext and token hash: the owner's alone
+        os.close(os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        raise ConfigError(f"{dest} exists already: choose a new file") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot create {dest}: {exc.strerror}") from None
+    src = apsw.Connection(str(source), flags=apsw.SQLITE_OPEN_READONLY)
+    src.set_busy_timeout(10_000)
+    out = apsw.Connection(str(dest))
+    try:
+        with out.backup("main", src, "main") as b:
+            while not b.done:
+                b.step(1024)
+        check = out.execute("PRAGMA integrity_check").fetchall()[0][0]
+        jobs = out.execute(QUERIES["count_jobs"]).fetchall()[0][0]
+    finally:
+        out.close()
+        src.close()
+    return {"dest": str(dest), "integrity_check": check, "jobs": jobs}

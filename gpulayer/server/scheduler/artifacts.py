@@ -1,0 +1,149 @@
+"""Content-addressed artifact store under $GPULAYER_HOME/artifacts.
+
+Bytes stream through: PUT writes to a temporary file while hashing SHA-256 and
+renames it into place only when the digest matches; GET streams the file.
+Memory use does not grow with an artifact's size.
+
+A digest's lock is held while its file is renamed into place and its row
+recorded, and while the sweep re-checks that the row is gone and unlinks the
+file: a PUT racing the sweep never leaves a row without its file.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import threading
+import time
+import zlib
+from contextlib import contextmanager
+from pathlib import Path
+from typing import BinaryIO, Callable, Iterator
+
+from gpulayer.server.errors import BodyTooLarge, DigestMismatch, InvalidRequest
+from gpulayer.server.scheduler.spec import DIGEST
+
+CHUNK = 1024 * 1024
+MAX_ARTIFACT_BYTES = 1 << 40
+TMP_MAX_AGE_S = 86400.0  # a partial upload this old has no request left writing it (killed mid-upload)
+LOCK_STRIPES = 64
+
+
+def check_digest(digest: str) -> str:
+    """Refuse anything but `sha256:<64 lowercase hex>` (no path characters reach the filesystem)."""
+    if not isinstance(digest, str) or not DIGEST.match(digest):
+        raise InvalidRequest("artifact digest must be written sha256:<64 lowercase hex digits>", code="invalid_digest")
+    return digest
+
+
+class ArtifactStore:
+    """Files named by digest: root/sha256/<2 hex>/<62 hex>."""
+
+    def __init__(self, root: Path, *, max_bytes: int = MAX_ARTIFACT_BYTES):
+        self.root = Path(root)
+        self.max_bytes = max_bytes
+        (self.root / "tmp").mkdir(parents=True, exist_ok=True)
+        self._locks = [threading.Lock() for _ in range(LOCK_STRIPES)]
+
+    @contextmanager
+    def locked(self, digest: str) -> Iterator[None]:
+        """Hold this digest's lock: its file and its row change together."""
+        with self._locks[zlib.crc32(digest.encode()) % LOCK_STRIPES]:
+            yield
+
+    def path(self, digest: str) -> Path:
+        hexd = check_digest(digest).split(":", 1)[1]
+        return self.root / "sha256" / hexd[:2] / hexd[2:]
+
+    def exists(self, digest: str) -> bool:
+        return self.path(digest).is_file()
+
+    def size(self, digest: str) -> int | None:
+        """The stored bytes' size; None when absent (or removed meanwhile)."""
+        try:
+            return self.path(digest).stat().st_size
+        except FileNotFoundError:
+            return None
+
+    def put(self, digest: str, stream: BinaryIO, length: int | None = None,
+            record: Callable[[str, int], None] | None = None) -> int:
+        """Store the bytes read from `stream` under `digest`; returns their size.
+
+        `record(digest, size)` runs under the digest's lock right after the file is in place.
+        Raises DigestMismatch (nothing stored) when the bytes hash to something else,
+        BodyTooLarge past the store's limit.
+        """
+        target = self.path(digest)
+        if length is not None and length > self.max_bytes:
+            raise BodyTooLarge(f"artifact of {length} bytes is over the limit of {self.max_bytes}")
+        hasher = hashlib.sha256()
+        size = 0
+        fd, tmp = tempfile.mkstemp(dir=self.root / "tmp")
+        try:
+            with os.fdopen(fd, "wb") as out:
+                while chunk := stream.read(CHUNK):
+                    size += len(chunk)
+                    if size > self.max_bytes:
+                        raise BodyTooLarge(f"artifact is over the limit of {self.max_bytes} bytes")
+                    hasher.update(chunk)
+                    out.write(chunk)
+                out.flush()
+                os.fsync(out.fileno())
+            if length is not None and size != length:
+                raise InvalidRequest(f"body ended after {size} of {length} bytes", code="incomplete_body")
+            actual = "sha256:" + hasher.hexdigest()
+            if actual != digest:
+                raise DigestMismatch(f"the bytes hash to {actual}, not {digest}; nothing was stored")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with self.locked(digest):
+                os.replace(tmp, target)
+                tmp = None
+                if record is not None:
+                    record(digest, size)
+            return size
+        finally:
+            if tmp is not None:
+                os.unlink(tmp)
+
+    def open(self, digest: str) -> tuple[BinaryIO, int]:
+        """The stored file opened for reading, and its size (FileNotFoundError when absent)."""
+        fh = open(self.path(digest), "rb")
+        return fh, os.fstat(fh.fileno()).st_size
+
+    def delete(self, digest: str, still_gone: Callable[[], bool] = lambda: True) -> int:
+        """Remove one artifact's bytes if `still_gone()` (checked under the digest's lock); the bytes freed."""
+        path = self.path(digest)
+        with self.locked(digest):
+            if not still_gone():
+                return 0
+            try:
+                size = path.stat().st_size
+                path.unlink()
+                return size
+            except FileNotFoundError:
+                return 0
+
+    def sweep_tmp(self, *, now: float | None = None, max_age_s: float = TMP_MAX_AGE_S) -> int:
+        """Remove partial uploads older than max_age_s (left by a killed server); how many."""
+        cutoff = (time.time() if now is None else now) - max_age_s
+        removed = 0
+        for entry in os.scandir(self.root / "tmp"):
+            try:
+                if entry.is_file(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                    os.unlink(entry.path)
+                    removed += 1
+            except FileNotFoundError:
+                continue
+        return removed
+
+    def iter_digests(self) -> Iterator[str]:
+        """Every digest whose bytes are on disk."""
+        base = self.root / "sha256"
+        if not base.exists():
+            return
+        for sub in base.iterdir():
+            for f in sub.iterdir():
+                yield f"sha256:{sub.name}{f.name}"
+
+    def total_bytes(self) -> int:
+        return sum(self.size(d) or 0 for d in self.iter_digests())

@@ -1,0 +1,83 @@
+"""Leases are timestamps: heartbeats move them on, upkeep expires them."""
+from __future__ import annotations
+
+from gpulayer.server.scheduler import events
+
+from gpulayer.server.scheduler import outcomes
+from gpulayer.server.store.queries import QUERIES, row, rows
+
+
+def heartbeat(conn, worker_id: int, reported: list[dict], now: float, lease_ttl_s: float) -> dict:
+    """Renew the worker's leases; answer which of its tasks to kill and whether it was revoked."""
+    lease = now + lease_ttl_s
+    before = row(conn, "worker_state", worker_id=worker_id)
+    worker = row(conn, "renew_worker", worker_id=worker_id, now=now, lease_expires_at=lease)
+    if worker is None or worker["state"] == "gone":
+        return {"cancel_task_ids": sorted({t["task_id"] for t in reported}),
+                "revoked": bool(worker and worker["gone_reason"] == "revoked"), "lease_expires_at": None}
+    if before and before["state"] == "offline":
+        events.record(conn, now, "worker_online", worker_id=worker_id)
+    conn.execute(QUERIES["renew_task_leases"], {"worker_id": worker_id, "lease_expires_at": lease})
+    for task in reported:
+        changed = row(conn, "report_task", task_id=task["task_id"], worker_id=worker_id,
+                      endpoint=task.get("endpoint"), restarts=task.get("restarts") or 0)
+        if changed is not None:
+            events.record(conn, now, "task_reported", job_id=changed["job_id"], task_id=changed["id"],
+                          worker_id=worker_id, endpoint=changed["endpoint"], restarts=changed["restarts"])
+    active = {t["id"]: t["cancel_requested"] for t in rows(conn, "worker_active_tasks", worker_id=worker_id)}
+    cancel = {t["task_id"] for t in reported if active.get(t["task_id"], 1)}
+    cancel |= {task_id for task_id, wanted in active.items() if wanted}
+    return {"cancel_task_ids": sorted(cancel), "revoked": False, "lease_expires_at": lease}
+
+
+def expire(conn, now: float) -> dict:
+    """Tasks whose lease passed are lost (and retried or ended); their workers go offline."""
+    lost = rows(conn, "expire_task_leases", now=now)
+    for task in lost:
+        events.record(conn, now, "task_lost", job_id=task["job_id"], task_id=task["id"], worker_id=task["worker_id"],
+                      reason="worker_lost", lease_expired=True)
+    for task in lost:
+        outcomes.settle(conn, now, task["job_id"], task["attempt"],
+                        {"id": task["id"], "state": "lost", "reason": "worker_lost", "exit_code": None})
+    offline = rows(conn, "expire_workers", now=now)
+    for worker in offline:
+        events.record(conn, now, "worker_offline", worker_id=worker["id"], name=worker["name"])
+    return {"tasks_lost": len(lost), "workers_offline": len(offline)}
+
+
+def release_stale_gangs(conn, now: float, start_timeout_s: float) -> int:
+    """Gangs with a rank not started in time go back to the queue whole; returns how many."""
+    stale = rows(conn, "stale_gang_tasks", deadline=now - start_timeout_s)
+    for gang in stale:
+        released = rows(conn, "release_attempt", job_id=gang["job_id"], attempt=gang["attempt"])
+        conn.execute(QUERIES["clear_rendezvous"], gang)
+        row(conn, "requeue_job", job_id=gang["job_id"])
+        events.record(conn, now, "gang_released", job_id=gang["job_id"], attempt=gang["attempt"],
+                      reason="start_timeout", workers=[r["worker_id"] for r in released])
+    return len(stale)
+
+
+def finish_leftovers(conn, worker_id: int, reason: str, now: float) -> int:
+    """A worker leaves (deregister, revoke): what it held is lost, for the retry policy to judge."""
+    held = rows(conn, "worker_tasks_lost", worker_id=worker_id, reason=reason, now=now)
+    for task in held:
+        events.record(conn, now, "task_lost", job_id=task["job_id"], task_id=task["id"], worker_id=worker_id,
+                      reason=reason)
+        outcomes.settle(conn, now, task["job_id"], task["attempt"],
+                        {"id": task["id"], "state": "lost", "reason": reason, "exit_code": None})
+    return len(held)
+
+
+def grace_after_restart(conn, now: float, lease_ttl_s: float) -> dict:
+    """At start-up: no lease expires within one TTL of now, because the server, not the workers, was away.
+
+    Without this, a control plane down for longer than the TTL (an upgrade, a
+    crash) would lose, and retry, every task on workers that never stopped.
+    """
+    until = now + lease_ttl_s
+    tasks = rows(conn, "grace_task_leases", until=until)
+    workers = rows(conn, "grace_worker_leases", until=until)
+    if tasks or workers:
+        events.record(conn, now, "leases_extended", reason="server_started", tasks=len(tasks),
+                      workers=len(workers), until=until)
+    return {"tasks": len(tasks), "workers": len(workers)}

@@ -1,0 +1,80 @@
+"""What a job does when one of its tasks ends: wait, retry the attempt, or end.
+
+A job's tasks of one attempt (its replicas or ranks) stand or fall together:
+a task that fails or is lost stops its siblings, and the attempt is retried
+as a whole when the reason is in `retry.retry_on` and attempts remain.
+"""
+from __future__ import annotations
+
+import json
+
+from gpulayer.server.scheduler import events
+from gpulayer.server.store.queries import row, rows
+
+ACTIVE = ("queued", "assigned", "running")
+FINAL_JOB_STATE = {"failed": "failed", "lost": "lost", "cancelled": "cancelled"}
+#: Reasons the retry policy reads as another: a task its worker stopped (SIGTERM) was lost with it.
+RETRY_AS = {"worker_stopped": "worker_lost"}
+
+
+def settle(conn, now: float, job_id: int, attempt: int, task: dict) -> str | None:
+    """Decide the job's fate after `task` (its row, already ended) ended; returns the job's new state, if any.
+
+    `task` holds at least state, reason and exit_code.
+    """
+    job = row(conn, "job_for_update", job_id=job_id)
+    if job is None or job["state"] not in ("queued", "running") or job["attempt"] != attempt:
+        return None  # the job already ended, or this is an old attempt's straggler
+    if task["state"] == "succeeded":
+        return _succeeded(conn, now, job)
+    if task["state"] == "cancelled":
+        if not any(t["state"] in ACTIVE for t in rows(conn, "attempt_tasks", job_id=job_id, attempt=attempt)):
+            return finish(conn, now, job_id, "cancelled", None, "cancelled")
+        return None
+    reason = task.get("reason") or task["state"]
+    if RETRY_AS.get(reason, reason) in json.loads(job["retry_on"]) and job["attempt"] < job["max_attempts"]:
+        retry(conn, now, job, reason)
+        return "queued"
+    _stop_siblings(conn, now, job_id, attempt, f"{reason} (task {task['id']})")
+    return finish(conn, now, job_id, FINAL_JOB_STATE.get(task["state"], "failed"), task.get("exit_code"), reason)
+
+
+def _succeeded(conn, now: float, job: dict) -> str | None:
+    siblings = rows(conn, "attempt_tasks", job_id=job["id"], attempt=job["attempt"])
+    if job["kind"] == "service":
+        # One replica ended for good with a clean exit: the service ends with it.
+        _stop_siblings(conn, now, job["id"], job["attempt"], "replica_ended")
+        return finish(conn, now, job["id"], "succeeded", 0, "replica_ended")
+    if any(t["state"] in ACTIVE for t in siblings):
+        return None
+    if all(t["state"] == "succeeded" for t in siblings):
+        return finish(conn, now, job["id"], "succeeded", 0, None)
+    return None
+
+
+def _stop_siblings(conn, now: float, job_id: int, attempt: int, reason: str) -> None:
+    for stopped in rows(conn, "stop_attempt_tasks", job_id=job_id, attempt=attempt, state="cancelled",
+                        reason=reason, now=now):
+        events.record(conn, now, "task_stopped", job_id=job_id, task_id=stopped["id"], reason=reason)
+
+
+def retry(conn, now: float, job: dict, reason: str) -> int:
+    """Replace the job's current attempt by a new one, queued; returns the new attempt number."""
+    for old in rows(conn, "detach_running_tasks", job_id=job["id"], attempt=job["attempt"], state="cancelled",
+                    reason="attempt_replaced", now=now):
+        events.record(conn, now, "task_stopped", job_id=job["id"], task_id=old["id"], worker_id=old["worker_id"],
+                      reason="attempt_replaced")
+    new = row(conn, "next_attempt", job_id=job["id"])
+    for index in range(new["width"]):
+        row(conn, "insert_task", job_id=job["id"], index=index, attempt=new["attempt"],
+            priority=new["priority"], now=now)
+    events.record(conn, now, "job_retried", job_id=job["id"], attempt=new["attempt"], reason=reason)
+    return new["attempt"]
+
+
+def finish(conn, now: float, job_id: int, state: str, exit_code: int | None, reason: str | None) -> str | None:
+    """End the job once; returns its final state, or None when it had ended already."""
+    if row(conn, "finish_job", job_id=job_id, state=state, exit_code=exit_code, reason=reason, now=now) is None:
+        return None
+    events.record(conn, now, "job_finished", job_id=job_id, state=state, exit_code=exit_code, reason=reason)
+    return state

@@ -1,0 +1,96 @@
+"""Placement: which queued task a polling worker gets, as SQL transactions.
+
+Single tasks are taken with one `UPDATE ... RETURNING` (acquire_task) that
+matches capability in SQL against what the worker has free, read in the same
+write transaction (worker_free), so nothing can change in between; GPU
+device indices are then reserved from those its other tasks do not hold. A multi-node job is placed all at once: when N
+distinct online workers have room, every rank is assigned in the same
+transaction (the other workers receive theirs on their next acquire), or none
+is, so a gang never holds part of the cluster while it waits.
+"""
+from __future__ import annotations
+
+import json
+
+from gpulayer.server.scheduler import events
+from gpulayer.server.store.queries import row, rows
+
+GANG_CANDIDATES = 8  # queued gangs looked at per acquire: one too wide for the fleet must not block the rest
+
+
+def acquire(conn, worker_id: int, now: float, lease_ttl_s: float) -> int | None:
+    """The task id this worker should run next, or None. Idempotent until start."""
+    held = row(conn, "assigned_task_for_worker", worker_id=worker_id)
+    if held is not None:
+        return held["id"]
+    free = row(conn, "worker_free", worker_id=worker_id)
+    if free is None or free["free_slots"] <= 0:
+        return None
+    lease = now + lease_ttl_s
+    if row(conn, "any_queued_gang") is not None:
+        gang_task = _place_gang(conn, worker_id, now, lease)
+        if gang_task is not None:
+            return gang_task
+    taken = row(conn, "acquire_task", worker_id=worker_id, now=now, lease_expires_at=lease,
+                address=free["advertise_address"], free_gpus=free["free_gpus"], free_cpus=free["free_cpus"],
+                free_memory_mb=free["free_memory_mb"], gpus=free["gpus"], labels=free["labels"],
+                token_labels=free["token_labels"])
+    if taken is None:
+        return None
+    _reserve_gpus(conn, taken, worker_id, free["gpus"])
+    row(conn, "mark_job_running", job_id=taken["job_id"])
+    events.record(conn, now, "task_assigned", job_id=taken["job_id"], task_id=taken["id"], worker_id=worker_id,
+                  attempt=taken["attempt"])
+    return taken["id"]
+
+
+def _reserve_gpus(conn, task: dict, worker_id: int, worker_gpus: int) -> None:
+    """Give an assigned task the lowest device indices no other active task on its worker holds."""
+    if not task["gpus"]:
+        return
+    used = {r["i"] for r in rows(conn, "gpus_in_use", worker_id=worker_id)}
+    free = [i for i in range(worker_gpus) if i not in used][:task["gpus"]]
+    if len(free) < task["gpus"]:  # placement checked the count; a mismatch means corrupt state
+        raise RuntimeError(f"worker {worker_id} has {len(free)} free GPU indices, task {task['id']} needs {task['gpus']}")
+    row(conn, "set_gpu_indices", task_id=task["id"], gpu_indices=json.dumps(free))
+
+
+def _place_gang(conn, worker_id: int, now: float, lease: float) -> int | None:
+    for gang in rows(conn, "next_gang_job", worker_id=worker_id, limit=GANG_CANDIDATES):
+        workers = [r["worker_id"] for r in rows(conn, "gang_workers", job_id=gang["id"], worker_id=worker_id,
+                                                   width=gang["width"])]
+        queued = rows(conn, "queued_tasks_of_attempt", job_id=gang["id"], attempt=gang["attempt"])
+        if len(workers) == gang["width"] and workers[0] == worker_id and len(queued) == gang["width"]:
+            return _assign_gang(conn, gang, workers, queued, now, lease)
+    return None
+
+
+def _assign_gang(conn, gang: dict, workers: list[int], queued: list[dict], now: float, lease: float) -> int:
+    for task, target in zip(queued, workers):
+        taken = row(conn, "assign_task", task_id=task["id"], worker_id=target, now=now, lease_expires_at=lease)
+        _reserve_gpus(conn, taken, target, row(conn, "worker_free", worker_id=target)["gpus"])
+        events.record(conn, now, "task_assigned", job_id=gang["id"], task_id=task["id"], worker_id=target,
+                      attempt=gang["attempt"], rank=task["index"])
+    row(conn, "mark_job_running", job_id=gang["id"])
+    events.record(conn, now, "gang_placed", job_id=gang["id"], attempt=gang["attempt"], workers=workers)
+    return queued[0]["id"]
+
+
+def assignment(conn, task_id: int, secret_env=None) -> dict:
+    """The Assignment a worker receives for `task_id` (docs/protocol.md).
+
+    `secret_env(names) -> {name: value}` resolves the job's secrets into its environment.
+    """
+    found = row(conn, "assignment", task_id=task_id)
+    spec = json.loads(found["spec"])
+    gang = bool(found["gang"])
+    return {
+        "task_id": found["task_id"], "job_id": found["job_id"], "attempt": found["attempt"],
+        "index": found["index"], "command": spec["command"],
+        "env": {**spec["env"], **(secret_env(spec["secrets"]) if secret_env and spec["secrets"] else {})},
+        "source": spec["source"], "inputs": spec["inputs"], "outputs": spec["outputs"],
+        "gpus": json.loads(found["gpu_indices"]), "cpus": spec["cpus"], "memory_mb": spec["memory_mb"],
+        "service": spec["service"],
+        "rank": found["index"] if gang else 0, "world_size": found["width"] if gang else 1,
+        "timeout_seconds": spec["timeout_seconds"], "silence_timeout_seconds": spec["silence_timeout_seconds"],
+    }

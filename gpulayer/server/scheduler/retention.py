@@ -1,0 +1,204 @@
+"""Retention: the artifact sweep, and pruning of old logs, jobs, events and departed workers.
+
+An artifact is removed when it is older than the retention period (by its
+last use) and no queued, running or retained job names it: as source, input,
+service weights or output. Rows go first, in one transaction; files after the
+commit, so a job submitted meanwhile is refused (unknown artifact) rather than
+left pointing at nothing. A file is unlinked only if its row is still gone,
+checked under the digest's lock that a PUT holds from rename to record.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import re
+
+from gpulayer.server.scheduler import events
+from gpulayer.server.errors import ConfigError
+from gpulayer.server.store.queries import row, rows
+
+log = logging.getLogger("gpulayer.server.scheduler.retention")
+# Pruning works in small batches, each its own write: none holds the write lock for long.
+PRUNE_BATCH = 200            # log lines or events per write
+PRUNE_JOBS = 50              # jobs (or workers) looked at per read
+PRUNE_ROUND_WRITES = 400     # writes per upkeep round at most; a backlog goes on in the next round
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in `30d`, `12h`, `15m`, `90s`, `2w` or a bare number of seconds; ConfigError otherwise."""
+    found = _DURATION.match(str(text))
+    seconds = float(found.group(1)) * _UNITS[found.group(2) or "s"] if found else 0
+    if seconds <= 0:
+        raise ConfigError(f"{text!r} is not a duration: write it like 30d, 12h, 15m or 90s (more than zero)")
+    return seconds
+
+
+def candidates(conn, cutoff: float) -> list[dict]:
+    """What a sweep with this cutoff would remove."""
+    return rows(conn, "unreferenced_artifacts", cutoff=cutoff)
+
+
+def _forget(conn, cutoff: float, now: float) -> list[dict]:
+    removed = []
+    for artifact in rows(conn, "unreferenced_artifacts", cutoff=cutoff):
+        if row(conn, "delete_artifact", digest=artifact["digest"]) is not None:
+            removed.append(artifact)
+    if removed:
+        events.record(conn, now, "artifacts_swept", count=len(removed), bytes=sum(a["size"] for a in removed))
+    return removed
+
+
+def sweep(store, artifacts, *, now: float, retention_s: float, dry_run: bool = False) -> dict:
+    """Remove (or with dry_run, list) unreferenced artifacts older than the retention period."""
+    cutoff = now - retention_s
+    if dry_run:
+        found = store.read(candidates, cutoff)
+    else:
+        found = store.write(_forget, cutoff, now)
+        for artifact in found:
+            digest = artifact["digest"]
+            artifacts.delete(digest, lambda: store.read(row, "artifact_recorded", digest=digest) is None)
+    total = sum(a["size"] for a in found)
+    if found and not dry_run:
+        log.info("artifacts_swept count=%d bytes=%d", len(found), total)
+    return {"dry_run": dry_run, "removed": [a["digest"] for a in found], "bytes": total}
+
+
+def run_gc(home, *, dry_run: bool = False, retention_s: float | None = None, now: float | None = None) -> list[str]:
+    """`gpulayer artifacts gc` on the control plane's host: sweep the home's store now; returns the digests."""
+    import time
+    from pathlib import Path
+
+    from gpulayer.server.scheduler.artifacts import ArtifactStore
+    from gpulayer.server.config import ControlPlaneConfig
+    from gpulayer.server.store.db import Store
+
+    config = ControlPlaneConfig(home=Path(home))
+    store = Store(config.layout.state, synchronous=config.synchronous)
+    try:
+        result = sweep(store, ArtifactStore(config.layout.artifacts), now=time.time() if now is None else now,
+                       retention_s=config.artifact_retention_s if retention_s is None else retention_s,
+                       dry_run=dry_run)
+    finally:
+        store.close()
+    return result["removed"]
+
+
+class _Round:
+    """One pruning round: counts what went, and stops at its budget of writes."""
+
+    def __init__(self, store, now: float, budget: int):
+        self.store, self.now, self.budget = store, now, budget
+        self.removed = {"jobs": 0, "log_lines": 0, "events": 0, "workers": 0}
+
+    def write(self, kind: str, query: str, **params) -> int:
+        self.budget -= 1
+        count = len(self.store.write(lambda conn: rows(conn, query, **params)))
+        self.removed[kind] += count
+        return count
+
+    @property
+    def spent(self) -> bool:
+        return self.budget <= 0
+
+    def job_lines(self, job_id: int, cutoff: float) -> None:
+        while not self.spent and self.write("log_lines", "prune_job_logs", job_id=job_id, cutoff=cutoff,
+                                             n=PRUNE_BATCH) == PRUNE_BATCH:
+            pass
+
+    def each(self, query: str, cutoff: float, handle) -> None:
+        """handle(row) for each row the read `query` finds, PRUNE_JOBS at a time, until none or spent."""
+        while not self.spent:
+            found = self.store.read(rows, query, cutoff=cutoff, n=PRUNE_JOBS)
+            for item in found:
+                if self.spent:
+                    return
+                handle(item)
+            if len(found) < PRUNE_JOBS:
+                return
+
+    def logs(self, cutoff: float) -> None:
+        self.each("prune_log_jobs", cutoff, lambda job: self.job_lines(job["id"], cutoff))
+
+    def jobs(self, cutoff: float) -> None:
+        def forget(job):
+            self.job_lines(job["id"], cutoff)
+            if not self.spent:
+                self.budget -= 1
+                gone = self.store.write(_forget_job, job["id"], cutoff)
+                self.removed["events"] += gone["events"]
+                self.removed["jobs"] += gone["jobs"]
+        self.each("prune_old_jobs", cutoff, forget)
+
+    def loose_events(self, cutoff: float) -> None:
+        while not self.spent:
+            seqs = [r["seq"] for r in self.store.read(rows, "prune_loose_events", cutoff=cutoff, n=PRUNE_BATCH)]
+            if seqs:
+                self.write("events", "prune_events", seqs=json.dumps(seqs), cutoff=cutoff)
+            if len(seqs) < PRUNE_BATCH:
+                return
+
+    def workers(self, cutoff: float) -> None:
+        self.each("prune_gone_workers", cutoff,
+                  lambda worker: self.write("workers", "prune_worker", worker_id=worker["id"], cutoff=cutoff))
+
+
+def _forget_job(conn, job_id: int, cutoff: float) -> dict:
+    """One ended job's events, rendezvous, tasks and row (its log lines went in batches before)."""
+    gone = len(rows(conn, "prune_job_events", job_id=job_id, cutoff=cutoff))
+    rows(conn, "prune_job_rendezvous", job_id=job_id, cutoff=cutoff)
+    rows(conn, "prune_job_tasks", job_id=job_id, cutoff=cutoff)
+    return {"events": gone, "jobs": 1 if row(conn, "prune_job", job_id=job_id, cutoff=cutoff) else 0}
+
+
+def prune(store, *, now: float, log_retention_s: float, job_retention_s: float, dry_run: bool = False,
+          budget: int = PRUNE_ROUND_WRITES) -> dict:
+    """Remove (or with dry_run, count) what is past retention: log lines of jobs ended more than
+    log_retention_s ago; jobs ended more than job_retention_s ago with their tasks and events;
+    events of no job and departed workers older than that. At most `budget` writes of a few
+    milliseconds each; returns the counts by kind, and `done` (False: more is left for next time).
+    """
+    log_cutoff, job_cutoff = now - log_retention_s, now - job_retention_s
+    if dry_run:
+        found = store.read(row, "prune_preview", job_cutoff=job_cutoff, lines_cutoff=max(log_cutoff, job_cutoff))
+        return {"dry_run": True, "done": True, **found}
+    work = _Round(store, now, budget)
+    work.logs(log_cutoff)
+    work.jobs(job_cutoff)
+    work.loose_events(job_cutoff)
+    work.workers(job_cutoff)
+    if any(work.removed.values()):
+        store.write(lambda conn: events.record(conn, now, "state_pruned", **work.removed))
+        log.info("state_pruned %s", " ".join(f"{k}={v}" for k, v in work.removed.items()))
+    return {"dry_run": False, "done": not work.spent, **work.removed}
+
+
+def run_prune(home, *, dry_run: bool = False, log_retention_s: float | None = None,
+              job_retention_s: float | None = None, now: float | None = None) -> dict:
+    """`gpulayer server prune` on the control plane's host: apply retention to the home's state file now."""
+    import time
+    from pathlib import Path
+
+    from gpulayer.server.config import ControlPlaneConfig
+    from gpulayer.server.store.db import Store
+
+    config = ControlPlaneConfig(home=Path(home))
+    if not config.layout.state.exists():
+        raise ConfigError(f"no state file at {config.layout.state}")
+    store = Store(config.layout.state, synchronous=config.synchronous, readers=1)
+    try:
+        result = {"done": False}
+        while not result["done"]:
+            result_now = prune(store, now=time.time() if now is None else now, dry_run=dry_run,
+                               log_retention_s=config.log_retention_s if log_retention_s is None else log_retention_s,
+                               job_retention_s=config.job_retention_s if job_retention_s is None else job_retention_s)
+            result = _add(result, result_now) if "jobs" in result else result_now
+    finally:
+        store.close()
+    return result
+
+
+def _add(total: dict, more: dict) -> dict:
+    return {k: (total[k] + v if isinstance(v, int) and not isinstance(v, bool) else v) for k, v in more.items()}

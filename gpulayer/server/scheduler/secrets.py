@@ -1,0 +1,72 @@
+"""Secrets for jobs: encrypted at rest with a key kept beside the server secret.
+
+The key (Fernet: AES-128-CBC with HMAC-SHA256) lives in $GPULAYER_HOME/secrets.key
+(0600), never in the state file, so a copy of the state file reveals nothing.
+A value leaves the control plane only inside an assignment, to a worker whose
+join token carries the secret's labels.
+"""
+from __future__ import annotations
+
+import json
+import re
+
+from cryptography.fernet import Fernet
+
+from gpulayer.server.scheduler import events
+from gpulayer.server.security.auth import write_private
+from gpulayer.server.config import HomeLayout
+from gpulayer.server.errors import InvalidRequest, NotFound
+from gpulayer.server.scheduler.spec import ENV_NAME, labels as check_labels
+from gpulayer.server.store.queries import row, rows
+
+MAX_SECRET_BYTES = 64 * 1024
+_NAME = re.compile(ENV_NAME.pattern)
+
+
+class SecretBox:
+    """Encrypts and decrypts secret values with the home's key (made on first use)."""
+
+    def __init__(self, layout: HomeLayout):
+        if not layout.secrets_key.exists():
+            write_private(layout.secrets_key, Fernet.generate_key().decode() + "\n")
+        self._fernet = Fernet(layout.secrets_key.read_text().strip().encode())
+
+    def seal(self, value: str) -> bytes:
+        return self._fernet.encrypt(value.encode("utf-8"))
+
+    def open(self, ciphertext: bytes) -> str:
+        return self._fernet.decrypt(ciphertext).decode("utf-8")
+
+
+def check(name: str, value, labels) -> tuple[str, dict]:
+    """Validate a secret's name, value and labels; raises InvalidRequest."""
+    if not _NAME.match(name):
+        raise InvalidRequest("secret names are letters, digits and _ (an environment variable name)")
+    if not isinstance(value, str) or len(value.encode()) > MAX_SECRET_BYTES:
+        raise InvalidRequest(f"value: must be a string of at most {MAX_SECRET_BYTES} bytes")
+    return value, check_labels(labels or {}, "labels")
+
+
+def put(conn, box: SecretBox, name: str, value: str, labels: dict, now: float) -> None:
+    row(conn, "put_secret", name=name, labels=json.dumps(labels), ciphertext=box.seal(value), now=now)
+    events.record(conn, now, "secret_set", name=name, labels=labels)
+
+
+def delete(conn, name: str, now: float) -> None:
+    if row(conn, "delete_secret", name=name) is None:
+        raise NotFound(f"no secret named {name!r}")
+    events.record(conn, now, "secret_deleted", name=name)
+
+
+def listing(conn) -> list[dict]:
+    return [{**r, "labels": json.loads(r["labels"])} for r in rows(conn, "list_secrets")]
+
+
+def env_for(conn, box: SecretBox, names: list[str]) -> dict[str, str]:
+    """{name: value} for a job's secrets (only called while building an assignment)."""
+    found = {}
+    for name in names:
+        secret = row(conn, "get_secret", name=name)
+        if secret is not None:
+            found[name] = box.open(secret["ciphertext"])
+    return found

@@ -1,0 +1,240 @@
+"""JobSpec validation: every field checked, normalised with its default, or refused by name."""
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from gpulayer.server.config import SERVICE_MAX_ATTEMPTS
+from gpulayer.server.errors import InvalidRequest
+
+# Validating patterns end in \Z, not $ (which also matches before a trailing newline), so that
+# .match() elsewhere is as strict as .fullmatch() here.
+DIGEST = re.compile(r"sha256:[0-9a-f]{64}\Z")
+LABEL_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-/]{0,62}\Z")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}\Z")
+RETRY_REASONS = ("worker_lost", "worker_revoked", "failed", "timed_out", "start_timeout")
+
+MAX_ARGS = 4096
+MAX_ARG_BYTES = 128 * 1024
+MAX_STR = 64 * 1024
+MAX_WIDTH = 1024          # replicas or nodes
+MAX_GPUS = 1024
+MAX_PATHS = 10_000
+
+JOB_FIELDS = {"command", "name", "env", "accelerator", "gpus", "cpus", "memory_mb", "labels", "retry",
+              "timeout_seconds", "silence_timeout_seconds", "source", "inputs", "outputs", "nodes",
+              "service", "priority", "secrets"}
+SERVICE_FIELDS = {"replicas", "port", "restart", "max_restarts", "health", "weights"}
+HEALTH_FIELDS = {"http_path", "interval_s", "failures"}
+RETRY_FIELDS = {"max_attempts", "retry_on"}
+
+
+def _fail(field: str, why: str) -> InvalidRequest:
+    return InvalidRequest(f"{field}: {why}")
+
+
+def _int(value: Any, field: str, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _fail(field, f"must be an integer, not {type(value).__name__}")
+    if not lo <= value <= hi:
+        raise _fail(field, f"must be between {lo} and {hi}, not {value}")
+    return value
+
+
+def _number(value: Any, field: str, lo: float, hi: float, *, allow_none: bool = False) -> float | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise _fail(field, "must be a finite number")
+    if not lo <= value <= hi:
+        raise _fail(field, f"must be between {lo:g} and {hi:g}, not {value:g}")
+    return value
+
+
+def _str(value: Any, field: str, *, limit: int = MAX_STR, allow_none: bool = False) -> str | None:
+    if value is None and allow_none:
+        return None
+    if not isinstance(value, str):
+        raise _fail(field, f"must be a string, not {type(value).__name__}")
+    if len(value.encode("utf-8", "surrogatepass")) > limit:
+        raise _fail(field, f"is longer than {limit} bytes")
+    if "\x00" in value:
+        raise _fail(field, "must not contain NUL characters")
+    return value
+
+
+def _object(value: Any, field: str) -> dict:
+    if not isinstance(value, dict):
+        raise _fail(field, f"must be an object, not {type(value).__name__}")
+    return value
+
+
+def _known(obj: dict, allowed: set[str], field: str) -> None:
+    unknown = sorted(set(obj) - allowed)
+    if unknown:
+        where = f"{field}." if field else ""
+        raise InvalidRequest(f"unknown field {where}{unknown[0]} (known: {', '.join(sorted(allowed))})")
+
+
+def digest(value: Any, field: str, *, allow_none: bool = True) -> str | None:
+    """A `sha256:<64 lowercase hex>` digest, or None where allowed."""
+    if value is None and allow_none:
+        return None
+    if not isinstance(value, str) or not DIGEST.fullmatch(value):
+        raise _fail(field, "must be a digest written sha256:<64 lowercase hex digits>")
+    return value
+
+
+def relative_path(value: Any, field: str) -> str:
+    """A relative path inside the task directory: no absolute path, no `..`."""
+    path = _str(value, field, limit=1024)
+    parts = path.replace("\\", "/").split("/")
+    if not path or path.startswith("/") or ".." in parts or "\x00" in path:
+        raise _fail(field, f"{path!r} must be a relative path inside the task directory (no leading / and no ..)")
+    return path
+
+
+def labels(value: Any, field: str = "labels") -> dict[str, str]:
+    """{key: value} strings; keys start alphanumeric, then [A-Za-z0-9_.-/], at most 63 characters."""
+    obj = _object(value, field)
+    if len(obj) > 64:
+        raise _fail(field, "at most 64 labels")
+    for key, val in obj.items():
+        if not LABEL_KEY.fullmatch(key):
+            raise _fail(field, f"label key {key!r} must be 1-63 of [A-Za-z0-9_.-/], starting with a letter or digit")
+        _str(val, f"{field}.{key}", limit=256)
+    return dict(obj)
+
+
+def _command(value: Any) -> list[str]:
+    if not isinstance(value, list) or not value:
+        raise _fail("command", "must be a non-empty list of strings (argv)")
+    if len(value) > MAX_ARGS:
+        raise _fail("command", f"at most {MAX_ARGS} arguments")
+    for i, arg in enumerate(value):
+        _str(arg, f"command[{i}]", limit=MAX_ARG_BYTES)
+    if not value[0]:
+        raise _fail("command", "the program name (command[0]) is empty")
+    return list(value)
+
+
+def _env(value: Any) -> dict[str, str]:
+    obj = _object(value, "env")
+    for key, val in obj.items():
+        if not ENV_NAME.fullmatch(key):
+            raise _fail("env", f"{key!r} is not a valid environment variable name")
+        _str(val, f"env.{key}")
+    return dict(obj)
+
+
+def _paths_map(value: Any, field: str) -> dict[str, str]:
+    obj = _object(value, field)
+    if len(obj) > MAX_PATHS:
+        raise _fail(field, f"at most {MAX_PATHS} entries")
+    return {relative_path(k, f"{field} key"): digest(v, f"{field}.{k}", allow_none=False) for k, v in obj.items()}
+
+
+def _outputs(value: Any) -> list[str]:
+    if not isinstance(value, list):
+        raise _fail("outputs", "must be a list of relative paths")
+    if len(value) > MAX_PATHS:
+        raise _fail("outputs", f"at most {MAX_PATHS} paths")
+    return [relative_path(p, f"outputs[{i}]") for i, p in enumerate(value)]
+
+
+def _retry(value: Any, is_service: bool) -> dict:
+    obj = _object({} if value is None else value, "retry")
+    _known(obj, RETRY_FIELDS, "retry")
+    default = SERVICE_MAX_ATTEMPTS if is_service else 1
+    attempts = _int(obj.get("max_attempts", default), "retry.max_attempts", 1, 1000)
+    retry_on = obj.get("retry_on", ["worker_lost"])
+    if not isinstance(retry_on, list) or any(r not in RETRY_REASONS for r in retry_on):
+        raise _fail("retry.retry_on", f"must be a list drawn from {', '.join(RETRY_REASONS)}")
+    return {"max_attempts": attempts, "retry_on": list(dict.fromkeys(retry_on))}
+
+
+def _health(value: Any) -> dict | None:
+    if value is None:
+        return None
+    obj = _object(value, "service.health")
+    _known(obj, HEALTH_FIELDS, "service.health")
+    path = _str(obj.get("http_path"), "service.health.http_path", limit=2048)
+    if not path.startswith("/"):
+        raise _fail("service.health.http_path", "must start with /")
+    return {"http_path": path,
+            "interval_s": _number(obj.get("interval_s", 10), "service.health.interval_s", 0.1, 3600),
+            "failures": _int(obj.get("failures", 3), "service.health.failures", 1, 100)}
+
+
+def _service(value: Any) -> dict | None:
+    if value is None:
+        return None
+    obj = _object(value, "service")
+    _known(obj, SERVICE_FIELDS, "service")
+    restart = obj.get("restart", "always")
+    if restart not in ("always", "on_failure"):
+        raise _fail("service.restart", "must be 'always' or 'on_failure'")
+    port = obj.get("port", True)
+    if not isinstance(port, bool):
+        raise _fail("service.port", "must be true or false")
+    max_restarts = obj.get("max_restarts")
+    return {"replicas": _int(obj.get("replicas", 1), "service.replicas", 1, MAX_WIDTH),
+            "port": port,
+            "restart": restart,
+            "max_restarts": None if max_restarts is None else _int(max_restarts, "service.max_restarts", 0, 1_000_000),
+            "health": _health(obj.get("health")),
+            "weights": digest(obj.get("weights"), "service.weights")}
+
+
+def _secret_names(value: Any) -> list[str]:
+    if not isinstance(value, list) or any(not isinstance(v, str) or not ENV_NAME.fullmatch(v) for v in value):
+        raise _fail("secrets", "must be a list of secret names (letters, digits and _)")
+    return list(dict.fromkeys(value))
+
+
+def validate_job(raw: Any) -> dict:
+    """The normalised JobSpec; raises InvalidRequest naming the first bad field."""
+    spec = _object(raw, "job")
+    _known(spec, JOB_FIELDS, "")
+    service = _service(spec.get("service"))
+    accelerator = spec.get("accelerator")
+    if accelerator not in (None, "cuda"):
+        raise _fail("accelerator", "must be 'cuda' or null")
+    gpus = spec.get("gpus")
+    gpus = (1 if accelerator == "cuda" else 0) if gpus is None else _int(gpus, "gpus", 0, MAX_GPUS)
+    nodes = _int(spec.get("nodes", 1), "nodes", 1, MAX_WIDTH)
+    if service and nodes > 1:
+        raise _fail("nodes", "a service runs replicas; multi-node (nodes > 1) is for jobs")
+    return {
+        "command": _command(spec.get("command")),
+        "name": _str(spec.get("name"), "name", limit=256, allow_none=True),
+        "env": _env(spec.get("env", {})),
+        "accelerator": accelerator,
+        "gpus": gpus,
+        "cpus": _number(spec.get("cpus", 0), "cpus", 0, 1_000_000),
+        "memory_mb": _int(spec.get("memory_mb", 0), "memory_mb", 0, 1 << 40),
+        "labels": labels(spec.get("labels", {})),
+        "retry": _retry(spec.get("retry"), service is not None),
+        "timeout_seconds": _number(spec.get("timeout_seconds"), "timeout_seconds", 0.001, 10**9, allow_none=True),
+        "silence_timeout_seconds": _number(spec.get("silence_timeout_seconds"), "silence_timeout_seconds",
+                                           0.001, 10**9, allow_none=True),
+        "source": digest(spec.get("source"), "source"),
+        "inputs": _paths_map(spec.get("inputs", {}), "inputs"),
+        "outputs": _outputs(spec.get("outputs", [])),
+        "nodes": nodes,
+        "service": service,
+        "priority": _int(spec.get("priority", 0), "priority", -1_000_000, 1_000_000),
+        "secrets": _secret_names(spec.get("secrets", [])),
+    }
+
+
+def referenced_digests(spec: dict) -> set[str]:
+    """Every artifact a (normalised) spec names: source, inputs, service weights."""
+    found = set(spec.get("inputs", {}).values())
+    if spec.get("source"):
+        found.add(spec["source"])
+    weights = (spec.get("service") or {}).get("weights")
+    if weights:
+        found.add(weights)
+    return found

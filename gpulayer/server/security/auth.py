@@ -1,0 +1,218 @@
+"""Tokens: minting, keyed BLAKE2b hashes, lookup and scopes.
+
+Only hashes are stored: `server init`'s two tokens in server-credentials.json,
+minted join tokens in the `tokens` table, worker session tokens on their
+`workers` row. The hash is keyed with the server secret (a 0600 file), so a
+copy of the state file alone cannot be used to test guesses. Comparison of
+hashes is constant-time; no token is ever written to a log.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpulayer.server.config import HomeLayout
+from gpulayer.server.errors import AlreadyInitialised, ConfigError, Unauthorized
+
+PREFIXES = {"join": "glj_", "worker": "glw_", "client": "glc_", "metrics": "glm_"}
+KIND_OF_PREFIX = {v: k for k, v in PREFIXES.items()}
+SERVER_JOIN_JTI = "server-join"
+SERVER_CLIENT_JTI = "server-client"
+
+
+def new_token(kind: str) -> str:
+    """A fresh token: its kind's prefix and 43 URL-safe characters (256 bits)."""
+    return PREFIXES[kind] + secrets.token_urlsafe(32)
+
+
+def new_jti() -> str:
+    return secrets.token_hex(8)
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write a file readable by its owner only (0600), atomically."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+
+
+def load_secret(layout: HomeLayout) -> bytes:
+    """The server secret (raises ConfigError when `server init` has not run)."""
+    try:
+        return bytes.fromhex(layout.secret.read_text().strip())
+    except FileNotFoundError:
+        raise ConfigError(f"{layout.home} is not initialised: run `gpulayer server init --home {layout.home}`") from None
+
+
+def hash_token(secret: bytes, token: str) -> str:
+    """BLAKE2b-256 of the token keyed with the server secret, as hex."""
+    return hashlib.blake2b(token.encode("utf-8"), key=secret, digest_size=32).hexdigest()
+
+
+def init_home(home: Path, *, force: bool = False) -> dict:
+    """Create the server secret and the two first tokens; returns them in clear, once.
+
+    Raises AlreadyInitialised unless `force` (which rotates both tokens and keeps the secret).
+    """
+    layout = HomeLayout(Path(home).expanduser())
+    layout.home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(layout.home, 0o700)  # an existing home too: it holds the secret and the state file
+    from gpulayer.server.store.db import make_private
+    make_private(layout.state)
+    if layout.credentials.exists() and not force:
+        raise AlreadyInitialised(f"{layout.home} is already initialised (use --force to rotate its tokens)")
+    if not layout.secret.exists():
+        write_private(layout.secret, secrets.token_hex(32) + "\n")
+    secret = load_secret(layout)
+    tokens = {"join_token": new_token("join"), "client_token": new_token("client")}
+    creds = {"join": {"jti": SERVER_JOIN_JTI, "hash": hash_token(secret, tokens["join_token"]), "created_at": time.time()},
+             "client": {"jti": SERVER_CLIENT_JTI, "hash": hash_token(secret, tokens["client_token"]), "created_at": time.time()}}
+    write_private(layout.credentials, json.dumps(creds, indent=2) + "\n")
+    return tokens
+
+
+def rotate_join_token(home: Path) -> str:
+    """Replace server init's join token; the old one stops working at once (the server re-reads the file)."""
+    layout = HomeLayout(Path(home).expanduser())
+    secret = load_secret(layout)
+    creds = json.loads(layout.credentials.read_text())
+    token = new_token("join")
+    creds["join"] = {"jti": SERVER_JOIN_JTI, "hash": hash_token(secret, token), "created_at": time.time()}
+    write_private(layout.credentials, json.dumps(creds, indent=2) + "\n")
+    return token
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: a token's kind and what it is bound to."""
+
+    kind: str                     # join | worker | client | metrics
+    jti: str | None = None
+    name: str | None = None
+    labels: dict = field(default_factory=dict)
+    worker_id: int | None = None
+    worker_state: str | None = None
+    advertise_address: str | None = None
+    expires_at: float | None = None   # a minted token's expiry (a cached principal must not outlive it)
+
+
+class Authenticator:
+    """Maps bearer tokens to principals; caches good answers until something is revoked.
+
+    Every change that can make a cached answer wrong (a token revoked, a worker
+    deregistered or revoked, credentials rotated) calls `invalidate()`, in this
+    process, which is the only one that serves tokens.
+    """
+
+    def __init__(self, layout: HomeLayout, store, queries: dict):
+        self.layout = layout
+        self.secret = load_secret(layout)
+        self.store = store
+        self.q = queries
+        self._creds: dict = {}
+        self._creds_mtime = 0.0
+        self._creds_checked = 0.0
+        self._cache: dict[str, Principal] = {}
+        self._lock = threading.Lock()
+        self._reload_credentials(force=True)
+
+    def hash(self, token: str) -> str:
+        return hash_token(self.secret, token)
+
+    def invalidate(self) -> None:
+        """Forget cached principals (after a revocation, a worker leaving)."""
+        with self._lock:
+            self._cache.clear()
+
+    def authenticate(self, token: str | None, now: float) -> Principal:
+        """The caller behind `token`; raises Unauthorized for none, unknown, revoked or expired."""
+        if not token:
+            raise Unauthorized("missing bearer token: send Authorization: Bearer <token>")
+        kind = KIND_OF_PREFIX.get(token[:4])
+        if kind is None or len(token) > 256:
+            raise Unauthorized("unknown token")
+        digest = self.hash(token)
+        self._reload_credentials()
+        cached = self._cache.get(digest)
+        if cached is not None and (cached.expires_at is None or cached.expires_at > now):
+            return cached
+        principal = self._lookup(kind, digest, now)
+        if principal is None:
+            raise Unauthorized("unknown, revoked or expired token")
+        with self._lock:
+            if len(self._cache) > 100_000:
+                self._cache.clear()
+            self._cache[digest] = principal
+        return principal
+
+    def _lookup(self, kind: str, digest: str, now: float) -> Principal | None:
+        server = self._creds.get(kind)
+        if server and hmac.compare_digest(server["hash"], digest):
+            return Principal(kind=kind, jti=server["jti"], name="server")
+        if kind == "worker":
+            return self._worker(digest)
+        rows = self.store.read(lambda c: c.execute(self.q["token_by_hash"], {"token_hash": digest}).fetchall())
+        if not rows or not hmac.compare_digest(rows[0]["token_hash"], digest) or rows[0]["kind"] != kind:
+            return None
+        row = rows[0]
+        if row["revoked_at"] is not None or (row["expires_at"] is not None and row["expires_at"] <= now):
+            return None
+        return Principal(kind=kind, jti=row["jti"], name=row["name"], labels=json.loads(row["labels"]),
+                         expires_at=row["expires_at"])
+
+    def _worker(self, digest: str) -> Principal | None:
+        rows = self.store.read(lambda c: c.execute(self.q["worker_by_session"], {"session_hash": digest}).fetchall())
+        if not rows or not hmac.compare_digest(rows[0]["session_hash"], digest):
+            return None
+        row = rows[0]
+        return Principal(kind="worker", jti=row["token_jti"], name=row["name"], labels=json.loads(row["labels"]),
+                         worker_id=row["id"], worker_state=row["state"], advertise_address=row["advertise_address"])
+
+    def _reload_credentials(self, force: bool = False) -> None:
+        """Re-read server-credentials.json when it changed (join token rotation), at most once a second."""
+        mono = time.monotonic()
+        if not force and mono - self._creds_checked < 1.0:
+            return
+        self._creds_checked = mono
+        try:
+            mtime = self.layout.credentials.stat().st_mtime
+        except FileNotFoundError:
+            raise ConfigError(f"{self.layout.credentials} is missing: run `gpulayer server init`") from None
+        if force or mtime != self._creds_mtime:
+            self._creds = json.loads(self.layout.credentials.read_text())
+            self._creds_mtime = mtime
+            self.invalidate()
+
+
+def client_token_check(home: Path) -> Callable[[str], bool]:
+    """A check for the explorer's login (`gpulayer explore --token-required`): accepts the client token of `gpulayer server init` in `home`.
+
+    The credentials file is read at every check, so `server init --force` takes
+    effect at once. Raises ConfigError when the home is not initialised.
+    """
+    layout = HomeLayout(Path(home))
+    secret = load_secret(layout)
+    if not layout.credentials.exists():
+        raise ConfigError(f"{layout.home} is not initialised: run `gpulayer server init --home {layout.home}`")
+
+    def is_client(token: str) -> bool:
+        try:
+            expected = json.loads(layout.credentials.read_text())["client"]["hash"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
+        return hmac.compare_digest(expected, hash_token(secret, token))
+
+    return is_client

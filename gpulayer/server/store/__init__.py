@@ -1,0 +1,1 @@
+"""The state file: apsw connections, schema, migrations, named queries, the one writer."""

@@ -1,0 +1,120 @@
+"""The architecture's import rules (docs/architecture.md, "Import contracts"), checked on the source.
+
+Every `import` and `from ... import` in every module counts, including those
+inside functions (a lazy import is still a dependency); only the ones under
+`if TYPE_CHECKING:` are left out. A rule names who may not import what, so a
+new module is covered the day it is added.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _resolve(module: str, node: ast.ImportFrom, is_package: bool) -> str:
+    if not node.level:
+        return node.module or ""
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    base = base[:len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+class Import:
+    def __init__(self, target: str, line: int, lazy: bool):
+        self.target, self.line, self.lazy = target, line, lazy
+
+
+def _imports(path: Path) -> list[Import]:
+    tree = ast.parse(path.read_text(), str(path))
+    module, is_package = _module_name(path), path.name == "__init__.py"
+    found: list[Import] = []
+
+    def visit(node, lazy: bool, type_only: bool):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                continue
+            inner = lazy or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
+            if isinstance(child, ast.Import):
+                found.extend(Import(alias.name, child.lineno, lazy) for alias in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                base = _resolve(module, child, is_package)
+                found.append(Import(base, child.lineno, lazy))
+                # `from gpulayer import client` imports gpulayer.client
+                found.extend(Import(f"{base}.{alias.name}", child.lineno, lazy) for alias in child.names)
+            visit(child, inner, type_only)
+
+    visit(tree, False, False)
+    return found
+
+
+def _sources(*packages: str) -> list[Path]:
+    return sorted(p for package in packages for p in (ROOT / package).rglob("*.py"))
+
+
+def _under(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def _violations(sources, forbidden, *, allow_lazy=False) -> list[str]:
+    bad = []
+    for path in sources:
+        for imp in _imports(path):
+            if any(_under(imp.target, f) for f in forbidden) and not (allow_lazy and imp.lazy):
+                bad.append(f"{path.relative_to(ROOT)}:{imp.line} imports {imp.target}")
+    return sorted(set(bad))
+
+
+SERVER_ADMIN_COMMANDS = ("server.py", "up.py", "local.py")  # start or administer a local control plane
+
+
+RULES = {
+    "agent imports nothing of gpulayer": (_sources("agent"), ["gpulayer", "explorer"], False),
+    "explorer imports nothing of gpulayer": (_sources("explorer"), ["gpulayer", "agent"], False),
+    "protocol imports nothing of gpulayer": ([ROOT / "gpulayer/protocol.py"], ["gpulayer"], False),
+    "client imports nothing of server or cli": (
+        _sources("gpulayer/client"), ["gpulayer.server", "gpulayer.cli", "agent", "explorer"], False),
+    "cli imports the server only in server/up/local, lazily": (
+        [p for p in _sources("gpulayer/cli") if p.name not in SERVER_ADMIN_COMMANDS], ["gpulayer.server"], False),
+    "cli's server commands import the server lazily": (
+        [ROOT / "gpulayer/cli" / name for name in SERVER_ADMIN_COMMANDS], ["gpulayer.server"], True),
+    "store imports nothing above it": (
+        _sources("gpulayer/server/store"),
+        ["gpulayer.server.scheduler", "gpulayer.server.http", "gpulayer.server.provisioning",
+         "gpulayer.server.process", "gpulayer.client", "gpulayer.cli", "falcon", "cheroot"], False),
+    "scheduler imports nothing of HTTP": (
+        _sources("gpulayer/server/scheduler"),
+        ["gpulayer.server.http", "gpulayer.server.process", "gpulayer.server.provisioning", "gpulayer.client",
+         "gpulayer.cli", "falcon", "cheroot", "waitress", "requests"], False),
+    "provisioning does not reach into HTTP": (
+        _sources("gpulayer/server/provisioning"), ["gpulayer.server.http", "gpulayer.cli", "falcon"], False),
+    "the server imports nothing of the client or the CLI": (
+        _sources("gpulayer/server"), ["gpulayer.client", "gpulayer.cli"], False),
+}
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_import_contract(rule):
+    sources, forbidden, allow_lazy = RULES[rule]
+    assert sources, f"{rule}: no source files found"
+    assert _violations(sources, forbidden, allow_lazy=allow_lazy) == []
+
+
+def test_the_checker_sees_lazy_and_relative_imports(tmp_path, monkeypatch):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "mod.py").write_text("from . import sibling\ndef f():\n    import gpulayer.server.process\n")
+    monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path)
+    imports = {(i.target, i.lazy) for i in _imports(pkg / "mod.py")}
+    assert ("pkg.sibling", False) in imports and ("gpulayer.server.process", True) in imports
