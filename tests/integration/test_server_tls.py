@@ -17,9 +17,11 @@ import time
 
 import pytest
 import requests
+from prometheus_client.parser import text_string_to_metric_families
 
 from gpulayer.server.security import certs
 from gpulayer.server.security.auth import init_home
+from gpulayer.testing import wait_for
 
 PROTO = {"X-GpuLayer-Protocol": "1"}
 START_TIMEOUT_S = 20
@@ -98,16 +100,6 @@ def server_home(tmp_path):
     return home, init_home(home)
 
 
-def until(fn, timeout=10.0, every=0.05):
-    """Poll fn() until it returns something true; bounded."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = fn()
-        if got or time.monotonic() > deadline:
-            return got
-        time.sleep(every)
-
-
 def test_worker_and_client_over_tls(servers, server_home, tls):
     home, tokens = server_home
     server = servers(home, "--host", "127.0.0.1", "--port", "0", "--tls-cert", tls["cert"], "--tls-key", tls["key"])
@@ -148,13 +140,19 @@ def test_worker_and_client_over_tls(servers, server_home, tls):
     poller = threading.Thread(target=lambda: got.update(s.post(f"{base}/v1/worker/acquire", headers=wh,
                                                                json={"wait_s": 10}, timeout=15).json()))
     poller.start()
-    time.sleep(0.2)  # let the acquire park before the submit wakes it
+
+    def parked() -> float:
+        text = s.get(f"{base}/metrics", headers=client, timeout=5).text
+        return next(m.samples[0].value for m in text_string_to_metric_families(text)
+                    if m.name == "gpulayer_parked_acquires")
+    wait_for(lambda: parked() == 1, 10, "the acquire to park (gpulayer_parked_acquires)")
     submitted = time.monotonic()
     r = s.post(f"{base}/v1/jobs", headers=client, timeout=5,
                json={"command": ["echo", "hello"], "name": "hello", "accelerator": "cuda"})
     assert r.status_code == 201, r.text
     job_id = r.json()["id"]
     poller.join(15)
+    assert not poller.is_alive(), "the parked acquire was never answered"
     assert time.monotonic() - submitted < 5, "a parked acquire was not woken by the submit"
     a = got["task"]
     assert a["job_id"] == job_id and a["gpus"] == [0] and a["command"] == ["echo", "hello"]
@@ -182,7 +180,7 @@ def test_worker_and_client_over_tls(servers, server_home, tls):
     # Meanwhile the silent worker's lease ran out with no request to prompt it.
     def doomed_state():
         return s.get(f"{base}/v1/jobs/{doomed}", headers=client, timeout=5).json()["state"] == "lost"
-    assert until(doomed_state, timeout=10), "the silent worker's task was never expired"
+    wait_for(doomed_state, 10, "the silent worker's task to be expired (lost)")
     assert time.monotonic() - silent_since >= 3.0
     workers = {w["id"]: w["state"] for w in s.get(f"{base}/v1/workers", headers=client, timeout=5).json()["workers"]}
     assert workers[silent_id] == "offline"
@@ -238,12 +236,13 @@ def test_sigkill_during_submits_keeps_acknowledged_jobs(servers, server_home):
     threads = [threading.Thread(target=submit_loop, args=(n,)) for n in range(4)]
     for t in threads:
         t.start()
-    assert until(lambda: len(acked) >= 150, timeout=20), f"only {len(acked)} submits acknowledged"
+    wait_for(lambda: len(acked) >= 150, 20, "150 acknowledged submits", details=lambda: f"only {len(acked)}")
     server.proc.send_signal(signal.SIGKILL)
     server.wait_exit(10)
     stop.set()
     for t in threads:
         t.join(10)
+        assert not t.is_alive(), "a submit loop hung after the server died"
     assert errors == []
     assert server.proc.returncode == -signal.SIGKILL
 

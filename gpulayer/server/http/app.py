@@ -273,6 +273,7 @@ def create_app(deps: Deps) -> falcon.App:
     """The WSGI app over injected dependencies."""
     metrics = Metrics(deps.store)
     deps.scheduler.observe_acquire = metrics.acquire.observe
+    metrics.parked.set_function(lambda: deps.scheduler.parked_acquires)
     app = falcon.App(middleware=[metrics, ProtocolMiddleware(deps), AuthMiddleware(deps)])
     app.req_options.strip_url_path_trailing_slash = True
     app.resp_options.secure_cookies_by_default = False

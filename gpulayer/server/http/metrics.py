@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import time
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from gpulayer.server.store.queries import rows
@@ -62,6 +62,9 @@ class Metrics:
                                   ["method", "route", "status"], buckets=BUCKETS, registry=self.registry)
         self.acquire = Histogram("gpulayer_acquire_seconds", "Time of one acquire transaction (no long-poll wait).",
                                  buckets=BUCKETS, registry=self.registry)
+        # Read at scrape time from the scheduler: create_app binds it (`parked.set_function`).
+        self.parked = Gauge("gpulayer_parked_acquires", "Worker acquires parked on the long-poll now.",
+                            registry=self.registry)
 
     def process_request(self, req, resp):
         req.context.started = time.perf_counter()

@@ -37,6 +37,7 @@ class Scheduler:
         self._generation = 0
         self._parked = threading.BoundedSemaphore(max(1, config.max_parked_acquires))
         self._closing = False
+        self._waiting = 0  # acquires inside self._wake.wait(): what a wake() reaches now
         self.observe_acquire: Callable[[float], None] = lambda seconds: None
 
     # -- wake-up -------------------------------------------------------------
@@ -53,6 +54,12 @@ class Scheduler:
             self._closing = True
             self._generation += 1
             self._wake.notify_all()
+
+    @property
+    def parked_acquires(self) -> int:
+        """How many acquire calls wait on the wake-up now (a wake() or submit reaches each of them)."""
+        with self._wake:
+            return self._waiting
 
     def _write(self, fn, *args, wake: bool = False, **kwargs):
         result = self.store.write(fn, *args, **kwargs)
@@ -103,7 +110,11 @@ class Scheduler:
                         return None  # too many parked already: the worker polls again later
                 with self._wake:
                     if self._generation == seen and not self._closing:
-                        self._wake.wait(remaining)
+                        self._waiting += 1
+                        try:
+                            self._wake.wait(remaining)
+                        finally:
+                            self._waiting -= 1
         finally:
             if parked:
                 self._parked.release()
