@@ -19,6 +19,27 @@ from helpers import add_worker, job
 
 GPUS_PER_WORKER = 4
 SLOTS = 6
+JOIN_S = 30  # a thread or process still running after this is hung: the test fails, not passes on partial results
+
+
+def run_threads(targets) -> None:
+    """Run each callable in its own thread; fail on a thread still alive after JOIN_S or one that raised."""
+    errors: list[BaseException] = []
+
+    def guarded(fn):
+        try:
+            fn()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=guarded, args=(fn,), daemon=True) for fn in targets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(JOIN_S)
+        assert not t.is_alive(), f"{t.name} still running after {JOIN_S} s: hung"
+    if errors:
+        raise errors[0]
 
 
 def drain(sched, worker_ids, start=None):
@@ -87,7 +108,7 @@ def check_invariants(store, results):
 
 def test_threads_sharing_one_store(sched):
     workers = _fleet(sched)
-    start = threading.Barrier(8)
+    start = threading.Barrier(8, timeout=JOIN_S)
     results: list = []
     lock = threading.Lock()
 
@@ -98,11 +119,7 @@ def test_threads_sharing_one_store(sched):
 
     # two threads per worker (the same worker polling twice at once), each also polling a neighbour
     plan = [[workers[i % 4], workers[(i + 1) % 4]] for i in range(8)]
-    threads = [threading.Thread(target=run, args=(ws,)) for ws in plan]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    run_threads([lambda ws=ws: run(ws) for ws in plan])
     tasks = check_invariants(sched.store, results)
     assert sum(t["gpus"] for t in tasks) == GPUS_PER_WORKER * len(workers)  # the fleet ends full
 
@@ -112,7 +129,7 @@ def test_threads_with_their_own_store(sched, config, clock):
     sched.store.close()
     stores = [Store(config.layout.state) for _ in range(4)]
     try:
-        start = threading.Barrier(len(stores))
+        start = threading.Barrier(len(stores), timeout=JOIN_S)
         results: list = []
         lock = threading.Lock()
 
@@ -121,12 +138,7 @@ def test_threads_with_their_own_store(sched, config, clock):
             with lock:
                 results.extend(got)
 
-        threads = [threading.Thread(target=run, args=(s, [workers[i], workers[(i + 1) % 4]]))
-                   for i, s in enumerate(stores)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(30)
+        run_threads([lambda s=s, i=i: run(s, [workers[i], workers[(i + 1) % 4]]) for i, s in enumerate(stores)])
         check_invariants(stores[0], results)
     finally:
         for s in stores:
@@ -150,17 +162,24 @@ def test_processes_each_with_its_own_store(sched, config, clock):
     sched.store.close()
     ctx = multiprocessing.get_context("spawn")
     n = 4
-    barrier = ctx.Barrier(n)
+    barrier = ctx.Barrier(n, timeout=JOIN_S)
     out = ctx.Queue()
     procs = [ctx.Process(target=_process_main,
                          args=(str(config.home), clock.now, [workers[i], workers[(i + 1) % 4]], barrier, out))
              for i in range(n)]
     for p in procs:
         p.start()
-    answers = [out.get(timeout=60) for _ in procs]
-    for p in procs:
-        p.join(30)
-        assert p.exitcode == 0
+    try:
+        answers = [out.get(timeout=2 * JOIN_S) for _ in procs]
+        for p in procs:
+            p.join(JOIN_S)
+            assert not p.is_alive(), f"process {p.pid} still running after {JOIN_S} s: hung"
+            assert p.exitcode == 0, f"process {p.pid} exited {p.exitcode}"
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(5)
     assert all(kind == "ok" for kind, _ in answers), answers
     results = [r for _, got in answers for r in got]
     store = Store(config.layout.state)
