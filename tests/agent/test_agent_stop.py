@@ -66,12 +66,17 @@ def test_a_service_replica_of_a_stopped_worker_is_placed_again(plane):
     job_id = plane.submit({"command": ["sh", "-c", "exec sleep 300"],
                            "service": {"replicas": 2, "port": False}})
     wait_for(lambda: running_on(plane, job_id, "a") and running_on(plane, job_id, "b"), 30, "both replicas running")
+    lost, healthy = running_on(plane, job_id, "a"), running_on(plane, job_id, "b")
     assert plane.workers.pop("a").stop() == 0
     info = plane.job(job_id)
-    assert info["state"] in ("queued", "running") and info["attempt"] == 2, info
+    assert info["state"] == "running" and info["attempt"] == 1, info
     plane.start_worker("c")
-    wait_for(lambda: running_on(plane, job_id, "b") and running_on(plane, job_id, "c"), 30,
-             "the service running on b and c")
+    replaced = wait_for(lambda: running_on(plane, job_id, "c"), 30, "the lost replica placed on c")
+    assert replaced["index"] == lost["index"] and replaced["task_id"] != lost["task_id"]
+    # The healthy replica was never stopped: the same task, still running on b.
+    assert running_on(plane, job_id, "b")["task_id"] == healthy["task_id"]
+    kinds = [e["kind"] for e in plane.get_json(f"/v1/jobs/{job_id}/events")["events"]]
+    assert "replica_replaced" in kinds and "job_retried" not in kinds, kinds
     plane.request("POST", f"/v1/jobs/{job_id}/cancel")
 
 

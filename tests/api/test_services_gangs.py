@@ -131,7 +131,7 @@ def test_an_ended_service_lists_no_endpoints(sim):
     assert sim.beat(a, (ta["task_id"], "running", "10.0.0.1:8000", 0))["cancel_task_ids"] == [ta["task_id"]]
 
 
-def test_worker_loss_moves_the_whole_service_and_forgets_old_endpoints(sim):
+def test_worker_loss_replaces_only_that_replica_and_forgets_its_endpoint(sim):
     a, b, c = sim.worker("a"), sim.worker("b"), sim.worker("c")
     job_id = sim.submit(SERVE)
     ta, tb = sim.take(a), sim.take(b)
@@ -140,14 +140,16 @@ def test_worker_loss_moves_the_whole_service_and_forgets_old_endpoints(sim):
     result = sim.expire_after(4, (a, [(ta["task_id"], "running", "10.0.0.1:8000", 0)]), (c, []))
     assert result["tasks_lost"] == 1  # b fell silent
     info = sim.job(job_id)
-    assert info["state"] == "queued" and info["attempt"] == 2
-    assert sim.endpoints(job_id) == {"endpoints": [], "ready": False}
-    assert sim.beat(a, (ta["task_id"], "running", "10.0.0.1:8000", 0))["cancel_task_ids"] == [ta["task_id"]]
-    na, nc = sim.take(a), sim.take(c)
-    assert na["attempt"] == nc["attempt"] == 2
-    sim.beat(a, (na["task_id"], "running", "10.0.0.1:8001", 0))
+    assert info["state"] == "running" and info["attempt"] == 1
+    # a's replica keeps serving: not stopped, still listed
+    assert sim.endpoints(job_id)["endpoints"] == ["10.0.0.1:8000"]
+    assert sim.beat(a, (ta["task_id"], "running", "10.0.0.1:8000", 0))["cancel_task_ids"] == []
+    nc = sim.take(c)
+    assert nc["attempt"] == 1 and nc["index"] == tb["index"]
     sim.beat(c, (nc["task_id"], "running", "10.0.0.3:8000", 0))
-    assert sorted(sim.endpoints(job_id)["endpoints"]) == ["10.0.0.1:8001", "10.0.0.3:8000"]
+    assert sorted(sim.endpoints(job_id)["endpoints"]) == ["10.0.0.1:8000", "10.0.0.3:8000"]
+    kinds = [e["kind"] for e in sim.get(f"/jobs/{job_id}/events")["events"]]
+    assert "replica_replaced" in kinds and "job_retried" not in kinds
 
 
 def test_a_service_is_placed_again_at_most_ten_times_by_default(sim):

@@ -433,7 +433,7 @@ def test_service_replica_end_stops_siblings_and_job_takes_outcome(sched):
     assert hb(sched, w1, a["task_id"])["cancel_task_ids"] == [a["task_id"]]
 
 
-def test_service_worker_loss_replaces_whole_service(sched, clock):
+def test_service_worker_loss_replaces_only_the_lost_replica(sched, clock):
     w1, w2, w3 = (add_worker(sched, f"w{i}") for i in (1, 2, 3))
     s = sched.submit(job(service={"replicas": 2}))
     a, b = take(sched, w1), take(sched, w2)
@@ -443,14 +443,28 @@ def test_service_worker_loss_replaces_whole_service(sched, clock):
     clock.advance(2)
     assert sched.expire()["tasks_lost"] == 1  # w2 stopped heartbeating
     info = state_of(sched, s)
-    assert info["state"] == "queued" and info["attempt"] == 2
-    old = {t["task_id"]: t["state"] for t in info["tasks"] if t["attempt"] == 1}
-    assert old == {a["task_id"]: "cancelled", b["task_id"]: "lost"}
-    assert hb(sched, w1, a["task_id"])["cancel_task_ids"] == [a["task_id"]]
-    assert finish(sched, w1, a["task_id"], outcome="cancelled") is False
-    c, d = take(sched, w1), take(sched, w3)
-    assert c["attempt"] == d["attempt"] == 2 and {c["index"], d["index"]} == {0, 1}
-    assert state_of(sched, s)["state"] == "running"
+    assert info["state"] == "running" and info["attempt"] == 1
+    states = {t["task_id"]: t["state"] for t in info["tasks"]}
+    assert states[a["task_id"]] == "running" and states[b["task_id"]] == "lost"
+    assert hb(sched, w1, a["task_id"])["cancel_task_ids"] == []
+    c = take(sched, w3)
+    assert c["attempt"] == 1 and c["index"] == b["index"]
+
+
+def test_a_lost_replica_is_replaced_at_most_max_attempts_times_then_the_attempt_retries(sched, clock):
+    w1, w2 = add_worker(sched, "w1"), add_worker(sched, "w2")
+    s = sched.submit(job(service={"replicas": 2}, retry={"max_attempts": 2}))
+    a = take(sched, w1)
+    for placed in range(2):  # w2's replica is placed twice, lost twice
+        spare = add_worker(sched, f"spare{placed}")
+        b = take(sched, spare)
+        clock.advance(2)
+        hb(sched, w1, a["task_id"])
+        hb(sched, w2)
+        clock.advance(2)
+        assert sched.expire()["tasks_lost"] == 1
+    info = state_of(sched, s)
+    assert info["attempt"] == 2 and b["index"] == 1  # out of replacements: the attempt was retried whole
 
 
 # -- gangs (multi-node) ------------------------------------------------------

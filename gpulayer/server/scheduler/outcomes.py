@@ -1,8 +1,9 @@
 """What a job does when one of its tasks ends: wait, retry the attempt, or end.
 
-A job's tasks of one attempt (its replicas or ranks) stand or fall together:
-a task that fails or is lost stops its siblings, and the attempt is retried
-as a whole when the reason is in `retry.retry_on` and attempts remain.
+A job's tasks of one attempt (its ranks) stand or fall together: a task that
+fails or is lost stops its siblings, and the attempt is retried as a whole
+when the reason is in `retry.retry_on` and attempts remain. A service replica
+lost with its worker is the exception: only that replica is placed again.
 """
 from __future__ import annotations
 
@@ -32,11 +33,35 @@ def settle(conn, now: float, job_id: int, attempt: int, task: dict) -> str | Non
             return finish(conn, now, job_id, "cancelled", None, "cancelled")
         return None
     reason = task.get("reason") or task["state"]
-    if RETRY_AS.get(reason, reason) in json.loads(job["retry_on"]) and job["attempt"] < job["max_attempts"]:
+    retryable = RETRY_AS.get(reason, reason) in json.loads(job["retry_on"])
+    if (retryable and job["kind"] == "service" and job["width"] > 1 and task["state"] == "lost"
+            and _replace_replica(conn, now, job, task)):
+        return None
+    if retryable and job["attempt"] < job["max_attempts"]:
         retry(conn, now, job, reason)
         return "queued"
     _stop_siblings(conn, now, job_id, attempt, f"{reason} (task {task['id']})")
     return finish(conn, now, job_id, FINAL_JOB_STATE.get(task["state"], "failed"), task.get("exit_code"), reason)
+
+
+def _replace_replica(conn, now: float, job: dict, task: dict) -> bool:
+    """Queue a new task for a service replica lost with its worker; the other replicas keep running.
+
+    A service's replicas are independent servers, so losing one machine must
+    not restart the healthy ones (as retrying the whole attempt would). Each
+    replica index may be placed `max_attempts` times per attempt; past that
+    (False), the job's ordinary policy decides. A one-replica service simply
+    retries its attempt, which is the same thing with the attempt counted.
+    """
+    tasks = rows(conn, "attempt_tasks", job_id=job["id"], attempt=job["attempt"])
+    index = next((t["index"] for t in tasks if t["id"] == task["id"]), None)
+    if index is None or sum(t["index"] == index for t in tasks) >= job["max_attempts"]:
+        return False
+    new = row(conn, "insert_task", job_id=job["id"], index=index, attempt=job["attempt"],
+              priority=job["priority"], now=now)
+    events.record(conn, now, "replica_replaced", job_id=job["id"], task_id=task["id"], new_task_id=new["id"],
+                  index=index, reason=task.get("reason"))
+    return True
 
 
 def _succeeded(conn, now: float, job: dict) -> str | None:
