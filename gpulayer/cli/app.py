@@ -28,6 +28,7 @@ from gpulayer.cli import fleet as cli_fleet
 from gpulayer.cli import jobs as cli_jobs
 
 from gpulayer.cli import server as cli_server
+from gpulayer.cli import sql as cli_sql
 
 from gpulayer.cli import workers as cli_workers
 from gpulayer.cli.common import GlobalOptions
@@ -76,8 +77,18 @@ def _usage_message(exc) -> str:
     return message.replace("\n", " ")
 
 
+#: The import names of the `server` extra (pyproject.toml): the base install lacks them.
+SERVER_PACKAGES = frozenset({"apsw", "falcon", "cheroot", "cryptography", "jinja2", "prometheus_client",
+                             "waitress", "sqlite_utils"})
+
+
 def _report(exc: Exception) -> int:
     """Print one `Error:` line for an error raised by a command; return the exit status."""
+    missing = (exc.name or "").split(".")[0] if isinstance(exc, ImportError) else ""
+    if missing in SERVER_PACKAGES:
+        sys.stderr.write(f"Error: this command needs the control plane's packages ({missing} is not installed): "
+                         "pip install 'gpulayer[server]'\n")
+        return 1
     if isinstance(exc, ApiError):
         sys.stderr.write(f"Error: {exc.message} ({exc.code})\n")
         return 1
@@ -128,6 +139,7 @@ app.add_typer(cli_fleet.secret_app, name="secret")
 app.add_typer(cli_server.server_app, name="server")
 app.command("up")(cli_server.up)
 app.command("explore")(cli_server.explore)
+app.command("sql")(cli_sql.sql)
 app.add_typer(cli_server.artifacts_app, name="artifacts")
 
 

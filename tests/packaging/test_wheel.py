@@ -10,8 +10,6 @@ runs the venv's own `gpulayer` script from a folder outside the checkout.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,49 +17,17 @@ from pathlib import Path
 import pytest
 
 from gpulayer.testing import free_port, stop_process, wait_for
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _checkout_files() -> list[str]:
-    done = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
-                          text=True)
-    if done.returncode != 0:
-        pytest.skip(f"not a git checkout: {done.stderr.strip()}")
-    return [name for name in done.stdout.splitlines() if (ROOT / name).exists() or (ROOT / name).is_symlink()]
-
-
-def _copy_checkout(dest: Path) -> None:
-    for name in _checkout_files():
-        target = dest / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        source = ROOT / name
-        if source.is_symlink():
-            target.symlink_to(os.readlink(source))
-        else:
-            shutil.copy2(source, target)
-
-
-def _env(venv: Path, **extra: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPULAYER_") and k != "PYTHONPATH"}
-    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
-    env.update(extra)
-    return env
+from wheels import ROOT, build_wheel, venv_env as _env
 
 
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory) -> Path:
     """A venv with the wheel of this checkout installed (not editable)."""
     work = tmp_path_factory.mktemp("wheel")
-    source, dist, venv = work / "source", work / "dist", work / "venv"
-    _copy_checkout(source)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(dist), str(source)], check=True, capture_output=True, timeout=300)
-    wheels = list(dist.glob("gpulayer-*.whl"))
-    assert len(wheels) == 1, wheels
+    wheel, venv = build_wheel(work), work / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120)
     subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", "--no-index",
-                    "--disable-pip-version-check", str(wheels[0])], check=True, capture_output=True, timeout=300)
+                    "--disable-pip-version-check", str(wheel)], check=True, capture_output=True, timeout=300)
     return venv
 
 
