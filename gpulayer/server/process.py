@@ -125,7 +125,9 @@ class ControlPlane:
         self._upkeep = threading.Thread(target=self._run_upkeep, name="gpulayer-upkeep", daemon=True)
         self._upkeep.start()
         if self.provisioners:
-            self.provisioning = provisioner.Provisioning(self.provisioners, self.deps)
+            wiring = provisioner.ProvisioningDeps(config=self.config, store=self.deps.store,
+                                                  scheduler=self.deps.scheduler, auth=self.deps.auth, clock=self.clock)
+            self.provisioning = provisioner.Provisioning(self.provisioners, wiring)
             self.provisioning.start()
         log.info("server_started url=%s state=%s", self.url, self.config.layout.state)
 

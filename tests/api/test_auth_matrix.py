@@ -49,12 +49,12 @@ def callers(api, deps, tokens, client_h, worker, clock):
                                      "outputs": ["out"]}).json["id"]
     wid, wh = worker("owner")
     task = api.simulate_post("/v1/worker/acquire", headers=wh, json={}).json["task"]
-    revoked = deps.mint_token(name="old", labels={}, expires_in_s=None)
-    expiring = deps.mint_token(name="soon", labels={}, expires_in_s=60)
+    revoked = deps.scheduler.mint_token(name="old", labels={}, expires_in_s=None)
+    expiring = deps.scheduler.mint_token(name="soon", labels={}, expires_in_s=60)
     for minted in (revoked, expiring):  # used once while good, so any cache has seen them
         r = api.simulate_post("/v1/workers/register", headers=bearer(minted["token"]), json={"name": "x"})
         assert r.status_code == 200, r.text
-    deps.revoke_token(revoked["jti"])
+    deps.scheduler.revoke_token(revoked["jti"])
     clock.advance(61)
     api.simulate_post("/v1/worker/heartbeat", headers=wh, json={})  # the owner keeps its lease
     return {"headers": {"none": dict(PROTO), "join": bearer(tokens["join_token"]), "worker": wh,
@@ -95,7 +95,7 @@ def test_garbage_tokens_are_401(api):
 
 
 def test_expired_token_refused_even_after_use(api, deps, clock):
-    minted = deps.mint_token(name="t", labels={}, expires_in_s=10)
+    minted = deps.scheduler.mint_token(name="t", labels={}, expires_in_s=10)
     assert api.simulate_post("/v1/workers/register", headers=bearer(minted["token"]),
                              json={"name": "w"}).status_code == 200
     clock.advance(10)

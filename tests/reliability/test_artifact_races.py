@@ -84,7 +84,7 @@ def test_concurrent_puts_and_sweeps_never_leave_a_row_without_its_file(app, cloc
         sweeper = pool.submit(sweeping)
         try:
             for _ in range(150):
-                deps.artifacts.put(DIGEST, io.BytesIO(DATA), len(DATA), record=deps.record_artifact)
+                deps.artifacts.put(DIGEST, io.BytesIO(DATA), len(DATA), record=deps.scheduler.record_artifact)
         finally:
             stop.set()
         sweeper.result()

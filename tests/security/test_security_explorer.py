@@ -69,7 +69,7 @@ def state_copy(tmp_path_factory):
     deps = new_deps(ControlPlaneConfig(home=root / "home"))
     for i in range(3):
         deps.scheduler.submit({"command": ["echo", str(i)], "name": f"job{i}"})
-    deps.mint_token(name="t", labels={}, expires_in_s=None)
+    deps.scheduler.mint_token(name="t", labels={}, expires_in_s=None)
     deps.store.close()
     copy = root / "copy.db"
     shutil.copy(root / "home" / "state.db", copy)

@@ -11,7 +11,8 @@ import stat
 import pytest
 
 from gpulayer.server.provisioning import loop as prov_mod
-from gpulayer.server.http.app import new_deps
+from gpulayer.server.scheduler.core import Scheduler
+from gpulayer.server.store.db import Store
 from gpulayer.server.security.auth import Principal
 from gpulayer.server.errors import ConfigError
 from gpulayer.server.provisioning.slurm import SlurmError
@@ -152,14 +153,15 @@ class FakeSlurm:
 
 @pytest.fixture
 def plane(config, clock):
-    deps = new_deps(config, clock=clock)
+    store = Store(config.layout.state)
+    sched = Scheduler(store, config, clock)
     [p] = prov_mod.parse(GOOD)
-    deps.provisioners = [p]
+    deps = prov_mod.ProvisioningDeps(config=config, store=store, scheduler=sched, auth=sched.auth, clock=clock)
     loop = prov_mod.Provisioning([p], deps)
     loop.slurm["hpc"] = FakeSlurm()
     loop.scripts.mkdir(mode=0o700, exist_ok=True)
     yield loop
-    deps.store.close()
+    store.close()
 
 
 def requests(loop):

@@ -4,7 +4,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,20 +11,15 @@ from pathlib import Path
 import falcon
 
 from gpulayer.protocol import PROTOCOL_HEADER
-from gpulayer.server.security import auth
-
-from gpulayer.server.http import resources
-
-from gpulayer.server.scheduler import tokens
-
-from gpulayer.server.http import wire
-from gpulayer.server.scheduler.artifacts import ArtifactStore
 from gpulayer.server.config import PROTOCOL, ControlPlaneConfig
-from gpulayer.server.store.db import Store, domain_error
-from gpulayer.server.errors import BodyTooLarge, Forbidden, GpulayerError, NotFound, ProtocolMismatch, Unauthorized
+from gpulayer.server.errors import Forbidden, GpulayerError, ProtocolMismatch, Unauthorized
+from gpulayer.server.http import resources, wire
 from gpulayer.server.http.metrics import Metrics, MetricsResource
+from gpulayer.server.scheduler.artifacts import ArtifactStore
 from gpulayer.server.scheduler.core import Scheduler
-from gpulayer.server.store.queries import row
+from gpulayer.server.security import auth
+from gpulayer.server.store.db import Store, domain_error
+from gpulayer.server.store.queries import QUERIES
 
 log = logging.getLogger("gpulayer.server.process")
 HEADER = PROTOCOL_HEADER
@@ -34,7 +28,7 @@ INT64_MAX = (1 << 63) - 1
 
 @dataclass
 class Deps:
-    """Everything resources need, injected once."""
+    """What resources need, wired once: no domain work here (that is the scheduler's)."""
 
     config: ControlPlaneConfig
     store: Store
@@ -43,106 +37,7 @@ class Deps:
     artifacts: ArtifactStore
     ca_file: Path | None = None
     clock: object = time.time
-    provisioners: list = field(default_factory=list)  # provisioner.Provisioner, from provisioners.json
-    _logs_cond: threading.Condition = field(default_factory=threading.Condition)
-    _log_polls: threading.BoundedSemaphore = field(init=False)
-
-    def __post_init__(self):
-        self._log_polls = threading.BoundedSemaphore(max(1, self.config.max_parked_log_polls))
-
-    def auth_new_session(self) -> str:
-        return auth.new_token("worker")
-
-    def mint_token(self, *, name: str, labels: dict, expires_in_s: float | None, kind: str = "join",
-                   source: str = "minted") -> dict:
-        """A new join (or metrics) token bound to a name and labels; the secret is returned once."""
-        secret = auth.new_token(kind)
-        jti = auth.new_jti()
-        now = self.clock()
-        expires_at = None if expires_in_s is None else now + expires_in_s
-        self.store.write(tokens.insert, jti=jti, kind=kind, name=name, labels=labels,
-                         token_hash=self.auth.hash(secret), expires_at=expires_at, source=source, now=now)
-        return {"token": secret, "jti": jti, "name": name, "labels": labels, "kind": kind, "expires_at": expires_at}
-
-    def revoke_token(self, jti: str) -> dict:
-        if self.store.read(tokens.get, jti) is None:
-            raise NotFound(f"no token with jti {jti!r}")
-        result = self.scheduler.revoke_token(jti)
-        self.auth.invalidate()
-        found = self.store.read(tokens.get, jti)
-        return {**found, "workers_revoked": (result or {}).get("workers", [])}
-
-    def worker_may_read(self, conn, worker_id: int, digest: str) -> bool:
-        return row(conn, "artifact_allowed_for_worker", worker_id=worker_id, digest=digest) is not None
-
-    def worker_holds_task(self, conn, worker_id: int) -> bool:
-        return row(conn, "worker_holds_task", worker_id=worker_id) is not None
-
-    def put_artifact(self, principal, digest: str, stream, length: int | None) -> int:
-        """Store an upload; its size. A worker uploads only task outputs, up to `max_output_bytes`.
-
-        Raises Forbidden when a worker holds no active task that declares outputs,
-        BodyTooLarge past the limit (nothing stored), and what ArtifactStore.put raises.
-        """
-        if principal.kind == "worker":
-            if not self.store.read(lambda conn: row(conn, "worker_may_upload", worker_id=principal.worker_id)):
-                raise Forbidden("a worker uploads only the outputs of a task it runs, and its tasks declare none")
-            limit = self.config.max_output_bytes
-            if length is not None and length > limit:
-                raise BodyTooLarge(f"an output of {length} bytes is over the limit of {limit} (--max-output-mb)")
-            stream = _Capped(stream, limit)
-        # Recorded under the digest's lock, so the artifact sweep cannot unlink the file in between.
-        return self.artifacts.put(digest, stream, length, record=self.record_artifact)
-
-    def record_artifact(self, digest: str, size: int) -> None:
-        self.store.write(lambda conn: row(conn, "record_artifact", digest=digest, size=size, now=self.clock()))
-
-    def logs_written(self) -> None:
-        """Wake the log long-polls: lines arrived, or a job may have ended."""
-        with self._logs_cond:
-            self._logs_cond.notify_all()
-
-    def wait_for_logs(self, job_id: int, after: int, limit: int, wait_s: float) -> tuple[list[dict], bool]:
-        """Log lines after `after` and whether the call could wait.
-
-        With wait_s, long-polls until some arrive or the job has ended. Each
-        waiting call holds a server thread, so at most `max_parked_log_polls`
-        wait at once; past that the lines so far come back at once, with False.
-        """
-        from gpulayer.server.scheduler.jobs import job_ended, log_lines
-        deadline = time.monotonic() + wait_s
-        parked = False
-        try:
-            while True:
-                lines = self.store.read(log_lines, job_id, after, limit)
-                remaining = deadline - time.monotonic()
-                # A job's last line comes before its finish: a follower that saw it still running
-                # must not then wait out its whole wait_s for lines that will never come.
-                if lines or remaining <= 0 or self.store.read(job_ended, job_id):
-                    return lines, True
-                if not parked:
-                    parked = self._log_polls.acquire(blocking=False)
-                    if not parked:
-                        return lines, False
-                with self._logs_cond:
-                    self._logs_cond.wait(min(remaining, 1.0))
-        finally:
-            if parked:
-                self._log_polls.release()
-
-
-class _Capped:
-    """A stream that raises BodyTooLarge once more than `limit` bytes were read from it."""
-
-    def __init__(self, stream, limit: int):
-        self.stream, self.left, self.limit = stream, limit, limit
-
-    def read(self, size: int = -1) -> bytes:
-        data = self.stream.read(size)
-        self.left -= len(data)
-        if self.left < 0:
-            raise BodyTooLarge(f"an output is over the limit of {self.limit} bytes (--max-output-mb)")
-        return data
+    provisioners: list = field(default_factory=list)  # provisioning.loop.Provisioner, from provisioners.json
 
 
 class ProtocolMiddleware:
@@ -324,9 +219,9 @@ def new_deps(config: ControlPlaneConfig, *, clock=time.time, ca_file: Path | Non
     """Open the home's state file and build every dependency of the app."""
     layout = config.layout
     store = Store(layout.state, synchronous=config.synchronous)
-    scheduler = Scheduler(store, config, clock)
-    from gpulayer.server.store.queries import QUERIES
     authn = auth.Authenticator(layout, store, QUERIES)
-    return Deps(config=config, store=store, scheduler=scheduler, auth=authn,
-                artifacts=ArtifactStore(layout.artifacts), ca_file=ca_file, clock=clock)
+    artifacts = ArtifactStore(layout.artifacts)
+    scheduler = Scheduler(store, config, clock, auth=authn, artifacts=artifacts)
+    return Deps(config=config, store=store, scheduler=scheduler, auth=authn, artifacts=artifacts,
+                ca_file=ca_file, clock=clock)
 

@@ -5,24 +5,14 @@ middleware in app.py enforces it before any responder runs.
 """
 from __future__ import annotations
 
-import time
-
 import falcon
 
-from gpulayer.server.scheduler import jobs
-
-from gpulayer.server.provisioning import loop as provisioner
-
-from gpulayer.server.scheduler import secrets
-
-from gpulayer.server.scheduler import tokens
-
-from gpulayer.server.scheduler import workers
-
-from gpulayer.server.http import wire
-from gpulayer.server.scheduler.artifacts import check_digest
 from gpulayer.server.config import PROTOCOL
-from gpulayer.server.errors import Forbidden, InvalidRequest, NotFound
+from gpulayer.server.errors import InvalidRequest, NotFound
+from gpulayer.server.http import wire
+from gpulayer.server.provisioning import loop as provisioner
+from gpulayer.server.scheduler import jobs, secrets, tokens, workers
+from gpulayer.server.scheduler.artifacts import check_digest
 
 LOG_RETRY_AFTER_S = 1.0
 JOB_STATES = ("queued", "running", "succeeded", "failed", "cancelled", "lost")
@@ -71,11 +61,9 @@ class Register(Resource):
 
     def on_post(self, req, resp):
         body = wire.register(wire.read_json(req))
-        token = req.context.principal
-        session = self.deps.auth_new_session()
-        result = self.sched.register(body=body, token=token, session_hash=self.deps.auth.hash(session),
-                                     peer_address=req.remote_addr)
-        resp.media = {"worker_id": result["worker_id"], "session_token": session, "name": result["name"],
+        result = self.sched.join(body=body, token=req.context.principal, peer_address=req.remote_addr)
+        resp.media = {"worker_id": result["worker_id"], "session_token": result["session_token"],
+                      "name": result["name"],
                       "labels": result["labels"], "advertise_address": result["advertise_address"],
                       "heartbeat_interval_s": self.deps.config.heartbeat_interval_s,
                       "lease_ttl_s": self.deps.config.lease_ttl_s}
@@ -105,7 +93,6 @@ class Acquire(WorkerResource):
 class Deregister(WorkerResource):
     def on_post(self, req, resp):
         left = self.sched.deregister(self.worker_id(req))
-        self.deps.auth.invalidate()
         resp.media = {"ok": True, "tasks_left": left}
 
 
@@ -119,7 +106,6 @@ class WorkerTask(WorkerResource):
     def on_post_logs(self, req, resp, task_id):
         lines = wire.log_lines(wire.read_json(req, limit=8 * 1024 * 1024))
         accepted = self.sched.logs(self.worker_id(req), task_id, lines)
-        self.deps.logs_written()
         resp.media = {"ok": True, "accepted": accepted}
 
     def on_post_rendezvous(self, req, resp, task_id):
@@ -133,7 +119,6 @@ class WorkerTask(WorkerResource):
         if want_next:  # the freed slot's next task in the same round trip, as acquire with wait_s 0
             answer["task"] = self.sched.acquire(self.worker_id(req), 0)
         resp.media = answer
-        self.deps.logs_written()  # the job may have ended: its log followers stop waiting
 
 
 # -- clients -----------------------------------------------------------------
@@ -160,7 +145,6 @@ class Job(Resource):
 
     def on_post_cancel(self, req, resp, job_id):
         self.sched.cancel(job_id)
-        self.deps.logs_written()
         resp.media = self.store.read(jobs.render, job_id)
 
     def on_get_logs(self, req, resp, job_id):
@@ -168,7 +152,7 @@ class Job(Resource):
         limit = wire.query_int(req, "limit", 1000, 1, 10_000)
         wait_s = wire.query_float(req, "wait_s", 0.0, 0.0, 30.0)
         self.store.read(jobs.render, job_id)  # 404 for no such job
-        lines, waited = self.deps.wait_for_logs(job_id, after, limit, wait_s)
+        lines, waited = self.sched.wait_for_logs(job_id, after, limit, wait_s)
         resp.media = {"lines": lines, "next": lines[-1]["seq"] if lines else after}
         if not waited:  # too many followers parked: this one polls again after a pause
             resp.media["retry_after_s"] = LOG_RETRY_AFTER_S
@@ -203,7 +187,7 @@ class Tokens(Resource):
     def on_post(self, req, resp):
         body = wire.token_request(wire.read_json(req))
         resp.status = falcon.HTTP_201
-        resp.media = self.deps.mint_token(**body)
+        resp.media = self.sched.mint_token(**body)
 
     def on_get(self, req, resp):
         resp.media = {"tokens": self.store.read(tokens.listing)}
@@ -211,7 +195,7 @@ class Tokens(Resource):
 
 class Token(Resource):
     def on_post_revoke(self, req, resp, jti):
-        resp.media = self.deps.revoke_token(jti)
+        resp.media = self.sched.revoke_token(jti)
 
 
 class Secrets(Resource):
@@ -225,12 +209,10 @@ class Secret(Resource):
         unknown = set(body) - {"value", "labels"}
         if unknown:
             raise InvalidRequest(f"unknown field {sorted(unknown)[0]}")
-        value, labels = secrets.check(name, body.get("value"), body.get("labels"))
-        self.store.write(secrets.put, self.sched.secret_box, name, value, labels, time.time())
-        resp.media = {"name": name, "labels": labels}
+        resp.media = self.sched.set_secret(name, body.get("value"), body.get("labels"))
 
     def on_delete(self, req, resp, name):
-        self.store.write(secrets.delete, name, time.time())
+        self.sched.delete_secret(name)
         resp.media = {"ok": True}
 
 
@@ -239,23 +221,18 @@ class Secret(Resource):
 class Artifact(Resource):
     auth = ("client", "worker")
 
-    def _check_read(self, req, digest: str) -> None:
-        principal = req.context.principal
-        if principal.kind == "worker" and not self.store.read(self.deps.worker_may_read, principal.worker_id, digest):
-            raise Forbidden("this worker's tasks do not name that artifact")
-
     def on_put(self, req, resp, digest):
         check_digest(digest)
         # Without Content-Length (Transfer-Encoding: chunked) the server's input stream ends
         # with the last chunk; falcon's bounded stream would read nothing at all.
         stream = req.bounded_stream if req.content_length is not None else req.stream
-        size = self.deps.put_artifact(req.context.principal, digest, stream, req.content_length)
+        size = self.sched.put_artifact(req.context.principal, digest, stream, req.content_length)
         resp.status = falcon.HTTP_201
         resp.media = {"digest": digest, "size": size}
 
     def on_get(self, req, resp, digest):
         check_digest(digest)
-        self._check_read(req, digest)
+        self.sched.check_artifact_read(req.context.principal, digest)
         try:
             fh, size = self.deps.artifacts.open(digest)  # the size of what is open, even if swept meanwhile
         except FileNotFoundError:
@@ -266,11 +243,7 @@ class Artifact(Resource):
 
     def on_head(self, req, resp, digest):
         check_digest(digest)
-        principal = req.context.principal
-        # A worker asks before uploading an output (dedup): existence of a digest it
-        # already knows reveals nothing else, so holding a task is enough.
-        if principal.kind == "worker" and not self.store.read(self.deps.worker_holds_task, principal.worker_id):
-            self._check_read(req, digest)
+        self.sched.check_artifact_probe(req.context.principal, digest)
         size = self.deps.artifacts.size(digest)
         if size is None:
             resp.status = falcon.HTTP_404

@@ -1,7 +1,8 @@
 """Slurm provisioning: grow the fleet by submitting Slurm jobs that run `gpulayer worker start`.
 
 `load(path)` reads and validates `$GPULAYER_HOME/provisioners.json` (raises
-ConfigError naming the bad field). `Provisioning(provisioners, deps)` runs a
+ConfigError naming the bad field). `Provisioning(provisioners, deps)`, over
+its own `ProvisioningDeps` (built by server/process.py, nothing of HTTP), runs a
 loop in its own thread (Slurm's tools may sit behind ssh and take seconds,
 which the lease-expiry upkeep must not wait for). Each round it:
 
@@ -24,18 +25,17 @@ import os
 import re
 import shlex
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpulayer.server.security import auth
-
-from gpulayer.server.scheduler import events
-
-from gpulayer.server.scheduler import tokens
-
-from gpulayer.server.scheduler import workers
+from gpulayer.server.config import ControlPlaneConfig
 from gpulayer.server.errors import ConfigError
 from gpulayer.server.provisioning.slurm import ENDED, Slurm, SlurmError
+from gpulayer.server.scheduler import events, tokens, workers
+from gpulayer.server.scheduler.core import Scheduler
+from gpulayer.server.security import auth
+from gpulayer.server.store.db import Store
 from gpulayer.server.store.queries import row, rows
 
 log = logging.getLogger("gpulayer.server.provisioning.loop")
@@ -333,10 +333,21 @@ def _shape(prov: Provisioner, profile_name: str) -> dict | None:
     return None
 
 
+@dataclass(frozen=True)
+class ProvisioningDeps:
+    """What the provisioning loop works with: the state file, the scheduler, token hashes, settings, the clock."""
+
+    config: ControlPlaneConfig
+    store: Store
+    scheduler: Scheduler
+    auth: auth.Authenticator
+    clock: Callable[[], float]
+
+
 class Provisioning:
     """The provisioning loop of one control plane (its own thread)."""
 
-    def __init__(self, provisioners: list[Provisioner], deps, *, interval_s: float = LOOP_INTERVAL_S,
+    def __init__(self, provisioners: list[Provisioner], deps: ProvisioningDeps, *, interval_s: float = LOOP_INTERVAL_S,
                  slurm_env: dict | None = None):
         self.provisioners = {p.name: p for p in provisioners}
         self.deps = deps

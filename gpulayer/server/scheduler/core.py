@@ -7,32 +7,39 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable
+from functools import cached_property
+from typing import BinaryIO, Callable
 
-from gpulayer.server.scheduler import jobs
-
-from gpulayer.server.scheduler import leases
-
-from gpulayer.server.scheduler import lifecycle
-
-from gpulayer.server.scheduler import placement
-
-from gpulayer.server.scheduler import secrets
-
-from gpulayer.server.scheduler import workers
 from gpulayer.server.config import MAX_ACQUIRE_WAIT_S, ControlPlaneConfig
-from gpulayer.server.store.db import Store
+from gpulayer.server.errors import NotFound
+from gpulayer.server.scheduler import access, jobs, leases, lifecycle, placement, secrets, tokens, workers
+from gpulayer.server.scheduler.artifacts import ArtifactStore
+from gpulayer.server.scheduler.follow import LogFollowers
 from gpulayer.server.scheduler.spec import validate_job
+from gpulayer.server.security.auth import Authenticator, Principal, new_jti, new_token
+from gpulayer.server.store.db import Store
+from gpulayer.server.store.queries import QUERIES
 
 
 class Scheduler:
-    """Facade over the transaction functions, bound to one store, clock and config."""
+    """Facade over the transaction functions, bound to one store, clock and config.
 
-    def __init__(self, store: Store, config: ControlPlaneConfig, clock: Callable[[], float] = time.time):
+    `auth` (token hashes and the principal cache) and `artifacts` (the files)
+    are made from the config's home when not given; the front end passes the
+    ones it authenticates and serves with, so one cache is invalidated.
+    """
+
+    def __init__(self, store: Store, config: ControlPlaneConfig, clock: Callable[[], float] = time.time, *,
+                 auth: Authenticator | None = None, artifacts: ArtifactStore | None = None):
         self.store = store
         self.config = config
         self.clock = clock
+        if auth is not None:
+            self.auth = auth
+        if artifacts is not None:
+            self.artifacts = artifacts
         self.secret_box = secrets.SecretBox(config.layout)
+        self.log_followers = LogFollowers(store, config.max_parked_log_polls)
         self._wake = threading.Condition()
         self._generation = 0
         self._parked = threading.BoundedSemaphore(max(1, config.max_parked_acquires))
@@ -61,6 +68,14 @@ class Scheduler:
         with self._wake:
             return self._waiting
 
+    @cached_property
+    def auth(self) -> Authenticator:
+        return Authenticator(self.config.layout, self.store, QUERIES)
+
+    @cached_property
+    def artifacts(self) -> ArtifactStore:
+        return ArtifactStore(self.config.layout.artifacts)
+
     def _write(self, fn, *args, wake: bool = False, **kwargs):
         result = self.store.write(fn, *args, **kwargs)
         if wake:
@@ -75,13 +90,92 @@ class Scheduler:
         return self._write(jobs.submit, spec, self.clock(), wake=True)
 
     def cancel(self, job_id: int) -> bool:
-        return self._write(jobs.cancel, job_id, self.clock(), wake=True)
+        cancelled = self._write(jobs.cancel, job_id, self.clock(), wake=True)
+        self.log_followers.written()  # the job may have ended: its log followers stop waiting
+        return cancelled
+
+    @property
+    def parked_log_polls(self) -> int:
+        """How many log long-polls wait on new lines now."""
+        return self.log_followers.parked
+
+    def wait_for_logs(self, job_id: int, after: int, limit: int, wait_s: float) -> tuple[list[dict], bool]:
+        """Log lines after `after`, long-polled up to wait_s; False when too many wait already (LogFollowers.wait)."""
+        return self.log_followers.wait(job_id, after, limit, wait_s)
+
+    def set_secret(self, name: str, value, labels) -> dict:
+        """Validate and store a secret (encrypted); a job waiting for it may now be placed. Raises InvalidRequest."""
+        value, labels = secrets.check(name, value, labels)
+        self._write(secrets.put, self.secret_box, name, value, labels, self.clock(), wake=True)
+        return {"name": name, "labels": labels}
+
+    def delete_secret(self, name: str) -> None:
+        """Raises NotFound for no such secret."""
+        self._write(secrets.delete, name, self.clock())
+
+    # -- tokens --------------------------------------------------------------
+
+    def mint_token(self, *, name: str, labels: dict, expires_in_s: float | None, kind: str = "join",
+                   source: str = "minted") -> dict:
+        """A new join (or metrics) token bound to a name and labels; the secret is returned once, only here."""
+        secret, jti, now = new_token(kind), new_jti(), self.clock()
+        expires_at = None if expires_in_s is None else now + expires_in_s
+        self._write(tokens.insert, jti=jti, kind=kind, name=name, labels=labels, token_hash=self.auth.hash(secret),
+                    expires_at=expires_at, source=source, now=now)
+        return {"token": secret, "jti": jti, "name": name, "labels": labels, "kind": kind, "expires_at": expires_at}
+
+    def revoke_token(self, jti: str) -> dict:
+        """Revoke a minted token and cut off the workers that joined with it; the token as it is now.
+
+        Raises NotFound for no such token. Revoking one already revoked changes nothing.
+        """
+        if self.store.read(tokens.get, jti) is None:
+            raise NotFound(f"no token with jti {jti!r}")
+        result = self._write(workers.revoke_token, jti, self.clock(), wake=True)
+        self._forget_principals()
+        return {**self.store.read(tokens.get, jti), "workers_revoked": (result or {}).get("workers", [])}
+
+    def _forget_principals(self) -> None:
+        if "auth" in self.__dict__:  # no authenticator made yet: nothing cached to forget
+            self.auth.invalidate()
+
+    # -- artifacts -----------------------------------------------------------
+
+    def check_artifact_read(self, principal: Principal, digest: str) -> None:
+        """Raises Forbidden when the caller may not download `digest` (access.check_read)."""
+        self.store.read(access.check_read, principal, digest)
+
+    def check_artifact_probe(self, principal: Principal, digest: str) -> None:
+        """Raises Forbidden when the caller may not ask whether `digest` exists (access.check_probe)."""
+        self.store.read(access.check_probe, principal, digest)
+
+    def put_artifact(self, principal: Principal, digest: str, stream: BinaryIO, length: int | None) -> int:
+        """Store an upload; its size. A worker uploads only task outputs, up to `max_output_bytes`.
+
+        Raises Forbidden when a worker holds no active task that declares outputs,
+        BodyTooLarge past the limit (nothing stored), and what ArtifactStore.put raises.
+        """
+        if principal.kind == "worker":
+            limit = self.config.max_output_bytes
+            self.store.read(access.check_upload, principal, length, limit)
+            stream = access.Capped(stream, limit)
+        # Recorded under the digest's lock, so the artifact sweep cannot unlink the file in between.
+        return self.artifacts.put(digest, stream, length, record=self.record_artifact)
+
+    def record_artifact(self, digest: str, size: int) -> None:
+        self._write(access.record, digest, size, self.clock())
 
     # -- workers -------------------------------------------------------------
 
     def register(self, **kwargs) -> dict:
         return self._write(workers.register, now=self.clock(), lease_ttl_s=self.config.lease_ttl_s, wake=True,
                            **kwargs)
+
+    def join(self, *, body: dict, token: Principal, peer_address: str | None) -> dict:
+        """Register a worker with a new session token, returned once (in `session_token`), only here."""
+        session = new_token("worker")
+        result = self.register(body=body, token=token, session_hash=self.auth.hash(session), peer_address=peer_address)
+        return {**result, "session_token": session}
 
     def needs_upgrade(self, **kwargs) -> None:
         self._write(workers.needs_upgrade, now=self.clock(), **kwargs)
@@ -131,30 +225,32 @@ class Scheduler:
         self._write(lifecycle.start, worker_id, task_id, pid, self.clock())
 
     def logs(self, worker_id: int, task_id: int, lines: list[dict]) -> int:
-        return self._write(lifecycle.append_logs, worker_id, task_id, lines)
+        accepted = self._write(lifecycle.append_logs, worker_id, task_id, lines)
+        self.log_followers.written()
+        return accepted
 
     def rendezvous(self, worker_id: int, task_id: int, address: str, port: int) -> dict:
         return self._write(lifecycle.rendezvous, worker_id, task_id, address, port, self.clock())
 
     def finish(self, worker_id: int, task_id: int, *, exit_code, outcome, outputs, reason, lines=()) -> bool:
         """Record a result (with the task's last log lines, if sent along) in one transaction."""
-        return self._write(lifecycle.finish, worker_id, task_id, exit_code, outcome, outputs, reason, self.clock(),
-                           lines=lines, wake=True)
+        accepted = self._write(lifecycle.finish, worker_id, task_id, exit_code, outcome, outputs, reason,
+                               self.clock(), lines=lines, wake=True)
+        self.log_followers.written()  # the job may have ended: its log followers stop waiting
+        return accepted
 
     def deregister(self, worker_id: int) -> int:
-        return self._write(workers.depart, worker_id, "deregistered", self.clock(), wake=True)
-
-    def revoke_token(self, jti: str) -> dict | None:
-        return self._write(workers.revoke_token, jti, self.clock(), wake=True)
+        left = self._write(workers.depart, worker_id, "deregistered", self.clock(), wake=True)
+        self._forget_principals()
+        return left
 
     # -- upkeep --------------------------------------------------------------
 
     def expire(self) -> dict:
-        """Expire leases and release gangs not started in time (run by upkeep)."""
-        now = self.clock()
-        result = self._write(leases.expire, now)
-        result["gangs_released"] = self._write(leases.release_stale_gangs, now, self.config.start_timeout_s)
+        """Expire leases and release gangs not started in time (run by upkeep), in one transaction."""
+        result = self._write(leases.expire, self.clock(), self.config.start_timeout_s)
         if any(result.values()):
             self.wake()
+            self.log_followers.written()  # a lost task may have ended its job
         return result
 

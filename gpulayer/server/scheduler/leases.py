@@ -30,8 +30,13 @@ def heartbeat(conn, worker_id: int, reported: list[dict], now: float, lease_ttl_
     return {"cancel_task_ids": sorted(cancel), "revoked": False, "lease_expires_at": lease}
 
 
-def expire(conn, now: float) -> dict:
-    """Tasks whose lease passed are lost (and retried or ended); their workers go offline."""
+def expire(conn, now: float, start_timeout_s: float) -> dict:
+    """Upkeep's one transaction: expired leases, silent workers, stale gangs; how many of each.
+
+    Tasks whose lease passed are lost (and retried or ended), their workers go
+    offline, and gangs with a rank not started within `start_timeout_s` go back
+    to the queue whole.
+    """
     lost = rows(conn, "expire_task_leases", now=now)
     for task in lost:
         events.record(conn, now, "task_lost", job_id=task["job_id"], task_id=task["id"], worker_id=task["worker_id"],
@@ -42,7 +47,8 @@ def expire(conn, now: float) -> dict:
     offline = rows(conn, "expire_workers", now=now)
     for worker in offline:
         events.record(conn, now, "worker_offline", worker_id=worker["id"], name=worker["name"])
-    return {"tasks_lost": len(lost), "workers_offline": len(offline)}
+    return {"tasks_lost": len(lost), "workers_offline": len(offline),
+            "gangs_released": release_stale_gangs(conn, now, start_timeout_s)}
 
 
 def release_stale_gangs(conn, now: float, start_timeout_s: float) -> int:

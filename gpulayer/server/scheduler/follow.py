@@ -1,0 +1,62 @@
+"""Log long-polls: followers of a job's log wait here until lines arrive or the job ends."""
+from __future__ import annotations
+
+import threading
+import time
+
+from gpulayer.server.scheduler.jobs import job_ended, log_lines
+from gpulayer.server.store.db import Store
+
+RECHECK_S = 1.0  # a follower looks again at least this often, even if no wake-up reached it
+
+
+class LogFollowers:
+    """Parks log long-polls and wakes them when lines are written or a job may have ended."""
+
+    def __init__(self, store: Store, max_parked: int):
+        self.store = store
+        self._cond = threading.Condition()
+        self._parked = threading.BoundedSemaphore(max(1, max_parked))
+        self._waiting = 0  # followers inside self._cond.wait(): what written() reaches now
+
+    @property
+    def parked(self) -> int:
+        """How many log long-polls wait on new lines now (written() reaches each of them)."""
+        with self._cond:
+            return self._waiting
+
+    def written(self) -> None:
+        """Wake the followers: lines arrived, or a job may have ended."""
+        with self._cond:
+            self._cond.notify_all()
+
+    def wait(self, job_id: int, after: int, limit: int, wait_s: float) -> tuple[list[dict], bool]:
+        """Log lines after `after` and whether the call could wait.
+
+        With wait_s, long-polls until some arrive or the job has ended. Each
+        waiting call holds a server thread, so at most `max_parked` wait at
+        once; past that the lines so far come back at once, with False.
+        """
+        deadline = time.monotonic() + wait_s
+        parked = False
+        try:
+            while True:
+                lines = self.store.read(log_lines, job_id, after, limit)
+                remaining = deadline - time.monotonic()
+                # A job's last line comes before its finish: a follower that saw it still running
+                # must not then wait out its whole wait_s for lines that will never come.
+                if lines or remaining <= 0 or self.store.read(job_ended, job_id):
+                    return lines, True
+                if not parked:
+                    parked = self._parked.acquire(blocking=False)
+                    if not parked:
+                        return lines, False
+                with self._cond:
+                    self._waiting += 1
+                    try:
+                        self._cond.wait(min(remaining, RECHECK_S))
+                    finally:
+                        self._waiting -= 1
+        finally:
+            if parked:
+                self._parked.release()
