@@ -10,6 +10,8 @@ import pytest
 
 from apihelpers import PROTO, bearer
 
+from gpulayer.testing import wait_for
+
 TABLES = ("workers", "jobs", "tasks", "events", "logs", "artifacts", "tokens", "rendezvous", "secrets")
 
 
@@ -418,7 +420,7 @@ def test_protocol_header_on_every_answer(api, client_h):
     assert PROTO == {"X-GpuLayer-Protocol": "1"}
 
 
-def test_a_log_long_poll_ends_with_the_job(api, client_h, running):
+def test_a_log_long_poll_ends_with_the_job(api, deps, client_h, running):
     """The job's last line comes before its finish: a follower waiting after it is answered at the finish."""
     wh, a, job_id = running
     lines = [{"n": 0, "stream": "system", "text": "finished: succeeded", "at": 1.0}]
@@ -433,10 +435,11 @@ def test_a_log_long_poll_ends_with_the_job(api, client_h, running):
         answer["waited_s"] = time.monotonic() - began
     follower = threading.Thread(target=follow)
     follower.start()
-    time.sleep(0.2)  # parked on the long-poll
+    wait_for(lambda: deps.scheduler.parked_log_polls == 1, 5, "the follower to park on the long-poll")
     api.simulate_post(f"/v1/worker/tasks/{a['task_id']}/finish", headers=wh,
                       json={"exit_code": 0, "outcome": "succeeded"})
     follower.join(10)
+    assert not follower.is_alive(), "the parked follower was not answered at the finish"
     assert answer["page"] == {"lines": [], "next": after} and answer["waited_s"] < 5, answer
     began = time.monotonic()
     page = api.simulate_get(f"/v1/jobs/{job_id}/logs", headers=client_h, params={"after": after, "wait_s": 20}).json
