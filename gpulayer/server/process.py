@@ -17,17 +17,14 @@ from pathlib import Path
 
 import apsw
 
-from gpulayer.server.scheduler import leases
-
 from gpulayer.server.provisioning import loop as provisioner
-
 from gpulayer.server.scheduler import retention
-from gpulayer.server.http.app import create_app, new_deps, with_explorer
+from gpulayer.server.http.app import Deps, create_app, new_deps, with_explorer
 from gpulayer.server.security.auth import init_home, rotate_join_token  # noqa: F401 - the CLI imports them from here
 from gpulayer.server.config import ControlPlaneConfig
 from gpulayer.server.errors import ConfigError
 from gpulayer.server.http.server import HTTPServer
-from gpulayer.server.store.queries import QUERIES, row
+from gpulayer.server.store.queries import QUERIES
 
 log = logging.getLogger("gpulayer.server.process")
 FD_LIMIT_WHEN_UNLIMITED = 1 << 20   # a soft limit to ask for when the hard one is unlimited
@@ -89,7 +86,7 @@ class ControlPlane:
         check_config(config)
         self.config = config
         self.clock = clock
-        self.deps = None
+        self.deps: Deps | None = None
         self.http: HTTPServer | None = None
         self._stop = threading.Event()
         self._upkeep: threading.Thread | None = None
@@ -114,8 +111,7 @@ class ControlPlane:
         swept = self.deps.artifacts.sweep_tmp()  # partial uploads of a server killed mid-upload
         if swept:
             log.info("artifact_tmp_swept count=%d", swept)
-        self.deps.store.write(lambda conn: row(conn, "clear_needs_upgrade", name=None, reason="server_restarted"))
-        self.deps.store.write(leases.grace_after_restart, self.clock(), self.config.lease_ttl_s)
+        self.deps.scheduler.restarted()
         app = with_explorer(create_app(self.deps), self.deps, secure_cookies=bool(self.config.tls_cert))
         self.http = HTTPServer(app, self.config.host, self.config.port,
                                certfile=str(self.config.tls_cert) if self.config.tls_cert else None,

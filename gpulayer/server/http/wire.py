@@ -9,7 +9,7 @@ import re
 
 from gpulayer.server.config import MAX_JSON_BODY
 from gpulayer.server.errors import BodyTooLarge, InvalidJSON, InvalidRequest
-from gpulayer.server.scheduler.spec import _int, _number, _object, _str, digest, labels, relative_path
+from gpulayer.server.scheduler.spec import digest, integer, labels, mapping, number, relative_path, string
 
 OUTCOMES = ("succeeded", "failed", "cancelled", "timed_out")
 STREAMS = ("stdout", "stderr", "system")
@@ -75,21 +75,21 @@ def _encodable(text: str, where: str) -> None:
 
 def register(body: dict) -> dict:
     """POST /v1/workers/register."""
-    res = _object(body.get("resources", {}), "resources")
+    res = mapping(body.get("resources", {}), "resources")
     models = res.get("gpu_models", [])
     if not isinstance(models, list) or any(not isinstance(m, str) or len(m) > 256 for m in models):
         raise InvalidRequest("resources.gpu_models: must be a list of strings")
     address = body.get("advertise_address")
     return {
-        "name": _str(body.get("name"), "name", limit=256),
+        "name": string(body.get("name"), "name", limit=256),
         "labels": labels(body.get("labels", {})),
-        "resources": {"cpus": _number(res.get("cpus", 0), "resources.cpus", 0, 1_000_000),
-                      "gpus": _int(res.get("gpus", 0), "resources.gpus", 0, 1024),
-                      "memory_mb": _int(res.get("memory_mb", 0), "resources.memory_mb", 0, 1 << 40),
+        "resources": {"cpus": number(res.get("cpus", 0), "resources.cpus", 0, 1_000_000),
+                      "gpus": integer(res.get("gpus", 0), "resources.gpus", 0, 1024),
+                      "memory_mb": integer(res.get("memory_mb", 0), "resources.memory_mb", 0, 1 << 40),
                       "gpu_models": models[:1024]},
-        "advertise_address": _str(address, "advertise_address", limit=256) if address else None,
-        "version": _str(body.get("version", "unknown"), "version", limit=64),
-        "slots": _int(body.get("slots", 1), "slots", 1, 1024),
+        "advertise_address": string(address, "advertise_address", limit=256) if address else None,
+        "version": string(body.get("version", "unknown"), "version", limit=64),
+        "slots": integer(body.get("slots", 1), "slots", 1, 1024),
     }
 
 
@@ -100,23 +100,23 @@ def heartbeat(body: dict) -> list[dict]:
         raise InvalidRequest("tasks: must be a list")
     out = []
     for i, task in enumerate(tasks):
-        task = _object(task, f"tasks[{i}]")
+        task = mapping(task, f"tasks[{i}]")
         endpoint = task.get("endpoint")
-        out.append({"task_id": _int(task.get("task_id"), f"tasks[{i}].task_id", 1, 1 << 62),
-                    "state": _str(task.get("state", "running"), f"tasks[{i}].state", limit=32),
-                    "endpoint": None if endpoint is None else _str(endpoint, f"tasks[{i}].endpoint", limit=300),
-                    "restarts": _int(task.get("restarts", 0) or 0, f"tasks[{i}].restarts", 0, 1 << 31)})
+        out.append({"task_id": integer(task.get("task_id"), f"tasks[{i}].task_id", 1, 1 << 62),
+                    "state": string(task.get("state", "running"), f"tasks[{i}].state", limit=32),
+                    "endpoint": None if endpoint is None else string(endpoint, f"tasks[{i}].endpoint", limit=300),
+                    "restarts": integer(task.get("restarts", 0) or 0, f"tasks[{i}].restarts", 0, 1 << 31)})
     return out
 
 
 def wait_seconds(body: dict) -> float:
     """POST /v1/worker/acquire: the long-poll wait."""
-    return _number(body.get("wait_s", 0) or 0, "wait_s", 0, 3600)
+    return number(body.get("wait_s", 0) or 0, "wait_s", 0, 3600)
 
 
 def start(body: dict) -> int | None:
     pid = body.get("pid")
-    return None if pid is None else _int(pid, "pid", 0, 1 << 31)
+    return None if pid is None else integer(pid, "pid", 0, 1 << 31)
 
 
 def log_lines(body: dict) -> list[dict]:
@@ -126,7 +126,7 @@ def log_lines(body: dict) -> list[dict]:
         raise InvalidRequest(f"lines: must be a list of at most {MAX_LOG_LINES} lines")
     out = []
     for i, line in enumerate(lines):
-        line = _object(line, f"lines[{i}]")
+        line = mapping(line, f"lines[{i}]")
         stream = line.get("stream", "stdout")
         if stream not in STREAMS:
             raise InvalidRequest(f"lines[{i}].stream: must be one of {', '.join(STREAMS)}")
@@ -134,13 +134,13 @@ def log_lines(body: dict) -> list[dict]:
         if not isinstance(text, str):
             raise InvalidRequest(f"lines[{i}].text: must be a string")
         n = line.get("n")  # optional (protocol-v1.md): without it the line goes after the task's last
-        out.append({"n": None if n is None else _int(n, f"lines[{i}].n", 0, 1 << 62), "stream": stream,
-                    "at": _number(line.get("at", 0), f"lines[{i}].at", 0, 1e12), "text": text[:MAX_LOG_TEXT]})
+        out.append({"n": None if n is None else integer(n, f"lines[{i}].n", 0, 1 << 62), "stream": stream,
+                    "at": number(line.get("at", 0), f"lines[{i}].at", 0, 1e12), "text": text[:MAX_LOG_TEXT]})
     return out
 
 
 def rendezvous(body: dict) -> tuple[str, int]:
-    return _str(body.get("address"), "address", limit=256), _int(body.get("port"), "port", 1, 65535)
+    return string(body.get("address"), "address", limit=256), integer(body.get("port"), "port", 1, 65535)
 
 
 def finish(body: dict) -> dict:
@@ -149,13 +149,13 @@ def finish(body: dict) -> dict:
     if outcome not in OUTCOMES:
         raise InvalidRequest(f"outcome: must be one of {', '.join(OUTCOMES)}")
     code = body.get("exit_code")
-    outputs = _object(body.get("outputs") or {}, "outputs")
+    outputs = mapping(body.get("outputs") or {}, "outputs")
     reason = body.get("reason")
-    return {"exit_code": None if code is None else _int(code, "exit_code", -(1 << 31), 1 << 31),
+    return {"exit_code": None if code is None else integer(code, "exit_code", -(1 << 31), 1 << 31),
             "outcome": outcome,
             "outputs": {relative_path(k, "outputs key"): digest(v, f"outputs.{k}", allow_none=False)
                         for k, v in outputs.items()},
-            "reason": None if reason is None else _str(reason, "reason", limit=2048),
+            "reason": None if reason is None else string(reason, "reason", limit=2048),
             "lines": log_lines(body) if body.get("lines") is not None else [],
             "next": _flag(body.get("next", False), "next")}
 
@@ -175,8 +175,8 @@ def token_request(body: dict) -> dict:
     if kind not in ("join", "metrics"):
         raise InvalidRequest("kind: must be 'join' or 'metrics'")
     expires = body.get("expires_in_s", 365 * 86400)
-    return {"name": _str(body.get("name"), "name", limit=128), "labels": labels(body.get("labels", {})),
-            "expires_in_s": _number(expires, "expires_in_s", 1, 100 * 365 * 86400, allow_none=True), "kind": kind}
+    return {"name": string(body.get("name"), "name", limit=128), "labels": labels(body.get("labels", {})),
+            "expires_in_s": number(expires, "expires_in_s", 1, 100 * 365 * 86400, allow_none=True), "kind": kind}
 
 
 def query_int(req, name: str, default: int | None, lo: int, hi: int) -> int | None:
@@ -188,7 +188,7 @@ def query_int(req, name: str, default: int | None, lo: int, hi: int) -> int | No
         value = int(raw)
     except ValueError:
         raise InvalidRequest(f"{name}: must be an integer") from None
-    return _int(value, name, lo, hi)
+    return integer(value, name, lo, hi)
 
 
 def query_float(req, name: str, default: float, lo: float, hi: float) -> float:
@@ -196,7 +196,7 @@ def query_float(req, name: str, default: float, lo: float, hi: float) -> float:
     if raw is None or raw == "":
         return default
     try:
-        return _number(float(raw), name, lo, hi)
+        return number(float(raw), name, lo, hi)
     except ValueError:
         raise InvalidRequest(f"{name}: must be a number") from None
 

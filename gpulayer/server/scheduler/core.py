@@ -246,6 +246,17 @@ class Scheduler:
 
     # -- upkeep --------------------------------------------------------------
 
+    def restarted(self) -> dict:
+        """At start-up, one transaction: forget the needs_upgrade list; no lease expires within one TTL.
+
+        Returns how many task and worker leases were extended (leases.grace_after_restart).
+        """
+        return self._write(self._restarted, self.clock())
+
+    def _restarted(self, conn, now: float) -> dict:
+        workers.forget_needs_upgrade(conn, "server_restarted")
+        return leases.grace_after_restart(conn, now, self.config.lease_ttl_s)
+
     def expire(self) -> dict:
         """Expire leases and release gangs not started in time (run by upkeep), in one transaction."""
         result = self._write(leases.expire, self.clock(), self.config.start_timeout_s)

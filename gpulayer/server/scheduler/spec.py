@@ -34,7 +34,8 @@ def _fail(field: str, why: str) -> InvalidRequest:
     return InvalidRequest(f"{field}: {why}")
 
 
-def _int(value: Any, field: str, lo: int, hi: int) -> int:
+def integer(value: Any, field: str, lo: int, hi: int) -> int:
+    """`value` as an int in [lo, hi] (not a bool); raises InvalidRequest naming `field`."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise _fail(field, f"must be an integer, not {type(value).__name__}")
     if not lo <= value <= hi:
@@ -42,7 +43,8 @@ def _int(value: Any, field: str, lo: int, hi: int) -> int:
     return value
 
 
-def _number(value: Any, field: str, lo: float, hi: float, *, allow_none: bool = False) -> float | None:
+def number(value: Any, field: str, lo: float, hi: float, *, allow_none: bool = False) -> float | None:
+    """`value` as a finite number in [lo, hi]; raises InvalidRequest naming `field`."""
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -52,7 +54,8 @@ def _number(value: Any, field: str, lo: float, hi: float, *, allow_none: bool = 
     return value
 
 
-def _str(value: Any, field: str, *, limit: int = MAX_STR, allow_none: bool = False) -> str | None:
+def string(value: Any, field: str, *, limit: int = MAX_STR, allow_none: bool = False) -> str | None:
+    """`value` as a str of at most `limit` UTF-8 bytes, without NUL; raises InvalidRequest naming `field`."""
     if value is None and allow_none:
         return None
     if not isinstance(value, str):
@@ -64,7 +67,8 @@ def _str(value: Any, field: str, *, limit: int = MAX_STR, allow_none: bool = Fal
     return value
 
 
-def _object(value: Any, field: str) -> dict:
+def mapping(value: Any, field: str) -> dict:
+    """`value` if it is a JSON object; raises InvalidRequest naming `field`."""
     if not isinstance(value, dict):
         raise _fail(field, f"must be an object, not {type(value).__name__}")
     return value
@@ -88,7 +92,7 @@ def digest(value: Any, field: str, *, allow_none: bool = True) -> str | None:
 
 def relative_path(value: Any, field: str) -> str:
     """A relative path inside the task directory: no absolute path, no `..`."""
-    path = _str(value, field, limit=1024)
+    path = string(value, field, limit=1024)
     parts = path.replace("\\", "/").split("/")
     if not path or path.startswith("/") or ".." in parts or "\x00" in path:
         raise _fail(field, f"{path!r} must be a relative path inside the task directory (no leading / and no ..)")
@@ -97,13 +101,13 @@ def relative_path(value: Any, field: str) -> str:
 
 def labels(value: Any, field: str = "labels") -> dict[str, str]:
     """{key: value} strings; keys start alphanumeric, then [A-Za-z0-9_.-/], at most 63 characters."""
-    obj = _object(value, field)
+    obj = mapping(value, field)
     if len(obj) > 64:
         raise _fail(field, "at most 64 labels")
     for key, val in obj.items():
         if not LABEL_KEY.fullmatch(key):
             raise _fail(field, f"label key {key!r} must be 1-63 of [A-Za-z0-9_.-/], starting with a letter or digit")
-        _str(val, f"{field}.{key}", limit=256)
+        string(val, f"{field}.{key}", limit=256)
     return dict(obj)
 
 
@@ -113,23 +117,23 @@ def _command(value: Any) -> list[str]:
     if len(value) > MAX_ARGS:
         raise _fail("command", f"at most {MAX_ARGS} arguments")
     for i, arg in enumerate(value):
-        _str(arg, f"command[{i}]", limit=MAX_ARG_BYTES)
+        string(arg, f"command[{i}]", limit=MAX_ARG_BYTES)
     if not value[0]:
         raise _fail("command", "the program name (command[0]) is empty")
     return list(value)
 
 
 def _env(value: Any) -> dict[str, str]:
-    obj = _object(value, "env")
+    obj = mapping(value, "env")
     for key, val in obj.items():
         if not ENV_NAME.fullmatch(key):
             raise _fail("env", f"{key!r} is not a valid environment variable name")
-        _str(val, f"env.{key}")
+        string(val, f"env.{key}")
     return dict(obj)
 
 
 def _paths_map(value: Any, field: str) -> dict[str, str]:
-    obj = _object(value, field)
+    obj = mapping(value, field)
     if len(obj) > MAX_PATHS:
         raise _fail(field, f"at most {MAX_PATHS} entries")
     return {relative_path(k, f"{field} key"): digest(v, f"{field}.{k}", allow_none=False) for k, v in obj.items()}
@@ -144,10 +148,10 @@ def _outputs(value: Any) -> list[str]:
 
 
 def _retry(value: Any, is_service: bool) -> dict:
-    obj = _object({} if value is None else value, "retry")
+    obj = mapping({} if value is None else value, "retry")
     _known(obj, RETRY_FIELDS, "retry")
     default = SERVICE_MAX_ATTEMPTS if is_service else 1
-    attempts = _int(obj.get("max_attempts", default), "retry.max_attempts", 1, 1000)
+    attempts = integer(obj.get("max_attempts", default), "retry.max_attempts", 1, 1000)
     retry_on = obj.get("retry_on", ["worker_lost"])
     if not isinstance(retry_on, list) or any(r not in RETRY_REASONS for r in retry_on):
         raise _fail("retry.retry_on", f"must be a list drawn from {', '.join(RETRY_REASONS)}")
@@ -157,20 +161,20 @@ def _retry(value: Any, is_service: bool) -> dict:
 def _health(value: Any) -> dict | None:
     if value is None:
         return None
-    obj = _object(value, "service.health")
+    obj = mapping(value, "service.health")
     _known(obj, HEALTH_FIELDS, "service.health")
-    path = _str(obj.get("http_path"), "service.health.http_path", limit=2048)
+    path = string(obj.get("http_path"), "service.health.http_path", limit=2048)
     if not path.startswith("/"):
         raise _fail("service.health.http_path", "must start with /")
     return {"http_path": path,
-            "interval_s": _number(obj.get("interval_s", 10), "service.health.interval_s", 0.1, 3600),
-            "failures": _int(obj.get("failures", 3), "service.health.failures", 1, 100)}
+            "interval_s": number(obj.get("interval_s", 10), "service.health.interval_s", 0.1, 3600),
+            "failures": integer(obj.get("failures", 3), "service.health.failures", 1, 100)}
 
 
 def _service(value: Any) -> dict | None:
     if value is None:
         return None
-    obj = _object(value, "service")
+    obj = mapping(value, "service")
     _known(obj, SERVICE_FIELDS, "service")
     restart = obj.get("restart", "always")
     if restart not in ("always", "on_failure"):
@@ -179,10 +183,10 @@ def _service(value: Any) -> dict | None:
     if not isinstance(port, bool):
         raise _fail("service.port", "must be true or false")
     max_restarts = obj.get("max_restarts")
-    return {"replicas": _int(obj.get("replicas", 1), "service.replicas", 1, MAX_WIDTH),
+    return {"replicas": integer(obj.get("replicas", 1), "service.replicas", 1, MAX_WIDTH),
             "port": port,
             "restart": restart,
-            "max_restarts": None if max_restarts is None else _int(max_restarts, "service.max_restarts", 0, 1_000_000),
+            "max_restarts": None if max_restarts is None else integer(max_restarts, "service.max_restarts", 0, 1_000_000),
             "health": _health(obj.get("health")),
             "weights": digest(obj.get("weights"), "service.weights")}
 
@@ -195,36 +199,36 @@ def _secret_names(value: Any) -> list[str]:
 
 def validate_job(raw: Any) -> dict:
     """The normalised JobSpec; raises InvalidRequest naming the first bad field."""
-    spec = _object(raw, "job")
+    spec = mapping(raw, "job")
     _known(spec, JOB_FIELDS, "")
     service = _service(spec.get("service"))
     accelerator = spec.get("accelerator")
     if accelerator not in (None, "cuda"):
         raise _fail("accelerator", "must be 'cuda' or null")
     gpus = spec.get("gpus")
-    gpus = (1 if accelerator == "cuda" else 0) if gpus is None else _int(gpus, "gpus", 0, MAX_GPUS)
-    nodes = _int(spec.get("nodes", 1), "nodes", 1, MAX_WIDTH)
+    gpus = (1 if accelerator == "cuda" else 0) if gpus is None else integer(gpus, "gpus", 0, MAX_GPUS)
+    nodes = integer(spec.get("nodes", 1), "nodes", 1, MAX_WIDTH)
     if service and nodes > 1:
         raise _fail("nodes", "a service runs replicas; multi-node (nodes > 1) is for jobs")
     return {
         "command": _command(spec.get("command")),
-        "name": _str(spec.get("name"), "name", limit=256, allow_none=True),
+        "name": string(spec.get("name"), "name", limit=256, allow_none=True),
         "env": _env(spec.get("env", {})),
         "accelerator": accelerator,
         "gpus": gpus,
-        "cpus": _number(spec.get("cpus", 0), "cpus", 0, 1_000_000),
-        "memory_mb": _int(spec.get("memory_mb", 0), "memory_mb", 0, 1 << 40),
+        "cpus": number(spec.get("cpus", 0), "cpus", 0, 1_000_000),
+        "memory_mb": integer(spec.get("memory_mb", 0), "memory_mb", 0, 1 << 40),
         "labels": labels(spec.get("labels", {})),
         "retry": _retry(spec.get("retry"), service is not None),
-        "timeout_seconds": _number(spec.get("timeout_seconds"), "timeout_seconds", 0.001, 10**9, allow_none=True),
-        "silence_timeout_seconds": _number(spec.get("silence_timeout_seconds"), "silence_timeout_seconds",
+        "timeout_seconds": number(spec.get("timeout_seconds"), "timeout_seconds", 0.001, 10**9, allow_none=True),
+        "silence_timeout_seconds": number(spec.get("silence_timeout_seconds"), "silence_timeout_seconds",
                                            0.001, 10**9, allow_none=True),
         "source": digest(spec.get("source"), "source"),
         "inputs": _paths_map(spec.get("inputs", {}), "inputs"),
         "outputs": _outputs(spec.get("outputs", [])),
         "nodes": nodes,
         "service": service,
-        "priority": _int(spec.get("priority", 0), "priority", -1_000_000, 1_000_000),
+        "priority": integer(spec.get("priority", 0), "priority", -1_000_000, 1_000_000),
         "secrets": _secret_names(spec.get("secrets", [])),
     }
 

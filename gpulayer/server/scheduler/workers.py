@@ -8,6 +8,7 @@ from gpulayer.server.scheduler import events
 from gpulayer.server.scheduler import leases
 from gpulayer.server.config import PROTOCOL
 from gpulayer.server.errors import Forbidden
+from gpulayer.server.security.auth import SERVER_JOIN_JTI
 from gpulayer.server.store.queries import row, rows
 
 
@@ -19,9 +20,10 @@ def register(conn, *, body: dict, token, session_hash: str, peer_address: str | 
     does not carry raises Forbidden.
     """
     labels = body["labels"]
-    token_labels = token.labels if token.jti != "server-join" else {}
+    from_server = token.jti == SERVER_JOIN_JTI  # the server's own join token binds no name or labels
+    token_labels = {} if from_server else token.labels
     name = body["name"]
-    if token.jti != "server-join":
+    if not from_server:
         foreign = {k: v for k, v in labels.items() if token_labels.get(k) != v}
         if foreign:
             key = sorted(foreign)[0]
@@ -47,6 +49,11 @@ def needs_upgrade(conn, *, name: str, version: str | None, protocol: str, token_
     row(conn, "mark_needs_upgrade", name=name, version=version, protocol=_int_or_none(protocol),
         token_jti=token_jti, now=now)
     events.record(conn, now, "worker_needs_upgrade", name=name, version=version, protocol=protocol)
+
+
+def forget_needs_upgrade(conn, reason: str) -> None:
+    """Clear the whole needs_upgrade list (the server restarted: refused workers will say so again)."""
+    row(conn, "clear_needs_upgrade", name=None, reason=reason)
 
 
 def _int_or_none(value) -> int | None:
