@@ -16,7 +16,6 @@ from .readonly import HIDDEN_COLUMNS, QueryError, Session, quote_identifier, row
 DEFAULT_PAGE_SIZE = 100
 ROWID = "_rowid"          # the extra column a table page selects for its `_next` key
 HIDDEN_TEXT = "(hidden)"  # what a table page shows in place of a hidden column
-CONTROL_PARAMS = frozenset({"_next", "_sort", "_sort_desc", "_size"})
 _NUMERIC_TYPES = frozenset({"INTEGER", "INT", "REAL", "NUMERIC", ""})
 
 

@@ -15,10 +15,6 @@ from gpulayer.protocol import default_home
 
 DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
-HomeOption = typer.Option(None, "--home", envvar="GPULAYER_HOME", show_envvar=True,
-                          help="The control plane's home directory (default ~/.gpulayer).")
-
-
 @dataclass
 class GlobalOptions:
     """The options given before the command: where the control plane is and how to trust it."""

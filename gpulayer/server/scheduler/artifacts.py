@@ -144,6 +144,3 @@ class ArtifactStore:
         for sub in base.iterdir():
             for f in sub.iterdir():
                 yield f"sha256:{sub.name}{f.name}"
-
-    def total_bytes(self) -> int:
-        return sum(self.size(d) or 0 for d in self.iter_digests())
