@@ -135,12 +135,3 @@ class ArtifactStore:
             except FileNotFoundError:
                 continue
         return removed
-
-    def iter_digests(self) -> Iterator[str]:
-        """Every digest whose bytes are on disk."""
-        base = self.root / "sha256"
-        if not base.exists():
-            return
-        for sub in base.iterdir():
-            for f in sub.iterdir():
-                yield f"sha256:{sub.name}{f.name}"
