@@ -8,7 +8,7 @@
 -- Every query here stays readable by the stock sqlite3 3.40 CLI.
 
 -- name: queued_jobs --
--- Jobs with queued tasks, best first, and the first reason each waits (labels, accelerator, size, free GPUs, free slots).
+-- Jobs with queued tasks, best first, and the first reason each waits (labels, accelerator, size, secrets, free GPUs, free slots).
 WITH waiting AS (
     SELECT j.id AS job_id, j.name, j.state, j.priority, j.labels, j.accelerator,
            j.gpus, j.cpus, j.memory_mb, j.width, j.gang,
@@ -18,18 +18,12 @@ WITH waiting AS (
     GROUP BY j.id
 ),
 pairs AS (
-    SELECT q.job_id, w.worker_id,
-           NOT EXISTS (
-               SELECT 1 FROM json_each(q.labels) jl
-               WHERE NOT EXISTS (SELECT 1 FROM json_each(w.labels) wl
-                                 WHERE wl.key = jl.key AND wl.value = jl.value)
-           ) AS has_labels,
-           (q.accelerator IS NULL OR w.gpus > 0) AS has_accelerator,
-           (w.gpus >= q.gpus AND w.cpus >= q.cpus AND w.memory_mb >= q.memory_mb) AS big_enough,
-           (w.free_gpus >= q.gpus) AS gpus_free,
-           (w.free_slots >= 1 AND w.free_cpus >= q.cpus AND w.free_memory_mb >= q.memory_mb) AS slot_free
+    -- job_worker_fit is the fit acquire and gang placement read; worker_load adds free GPUs
+    SELECT q.job_id, f.worker_id, f.has_labels, f.has_accelerator, f.big_enough, f.missing_secret,
+           f.fits, f.fits_now, (w.free_gpus >= q.gpus) AS gpus_free
     FROM waiting q
-    JOIN worker_load w ON w.state = 'online'
+    JOIN job_worker_fit f ON f.job_id = q.job_id AND f.worker_state = 'online'
+    JOIN worker_load w ON w.worker_id = f.worker_id
 ),
 fits AS (
     SELECT q.job_id,
@@ -37,9 +31,10 @@ fits AS (
            coalesce(sum(p.has_labels), 0) AS with_labels,
            coalesce(sum(p.has_labels AND p.has_accelerator), 0) AS with_accelerator,
            coalesce(sum(p.has_labels AND p.has_accelerator AND p.big_enough), 0) AS big_enough,
-           coalesce(sum(p.has_labels AND p.has_accelerator AND p.big_enough AND p.gpus_free), 0) AS gpus_free,
-           coalesce(sum(p.has_labels AND p.has_accelerator AND p.big_enough AND p.gpus_free
-                        AND p.slot_free), 0) AS fit_now
+           min(CASE WHEN p.has_labels AND p.has_accelerator AND p.big_enough THEN p.missing_secret END) AS missing_secret,
+           coalesce(sum(p.fits), 0) AS fits,
+           coalesce(sum(p.fits AND p.gpus_free), 0) AS gpus_free,
+           coalesce(sum(p.fits_now), 0) AS fit_now
     FROM waiting q
     LEFT JOIN pairs p ON p.job_id = q.job_id
     GROUP BY q.job_id
@@ -52,6 +47,7 @@ SELECT q.job_id, q.name, q.state, q.priority, q.queued_tasks, q.width, q.gpus, q
            WHEN f.with_accelerator = 0 THEN 'no online worker with its labels has the accelerator ' || q.accelerator
            WHEN f.big_enough = 0 THEN printf('no online worker with its labels is big enough for %d GPUs, %g CPUs, %d MB per task',
                                              q.gpus, q.cpus, q.memory_mb)
+           WHEN f.fits = 0 THEN 'no online worker that fits may receive its secret ' || f.missing_secret
            WHEN f.gpus_free = 0 THEN printf('no online worker that fits has %d free GPUs', q.gpus)
            WHEN f.fit_now = 0 THEN 'no free slot (or CPUs, memory) on the workers that fit'
            WHEN q.gang AND f.fit_now < q.width THEN printf('gang of %d needs %d workers free at once; %d are',
@@ -200,22 +196,11 @@ WHERE l.state <> 'gone'
 ORDER BY l.state = 'online' DESC, l.name, l.worker_id;
 
 -- name: page_unmatched_tasks --
--- Queued tasks that no attached worker could take even when idle (labels, accelerator or size).
+-- Queued tasks that no attached worker could take even when idle (labels, accelerator, size or secrets).
 SELECT t.id AS task_id, t.job_id, j.name AS job_name, t."index", t.attempt, t.priority,
        j.labels, j.accelerator, j.gpus, j.cpus, j.memory_mb, t.created_at
 FROM tasks t
 JOIN jobs j ON j.id = t.job_id
 WHERE t.state = 'queued'
-  AND NOT EXISTS (
-      SELECT 1
-      FROM workers w
-      WHERE w.state <> 'gone'
-        AND (j.accelerator IS NULL OR w.gpus > 0)
-        AND w.gpus >= j.gpus AND w.cpus >= j.cpus AND w.memory_mb >= j.memory_mb
-        AND NOT EXISTS (
-            SELECT 1 FROM json_each(j.labels) jl
-            WHERE NOT EXISTS (SELECT 1 FROM json_each(w.labels) wl
-                              WHERE wl.key = jl.key AND wl.value = jl.value)
-        )
-  )
+  AND NOT EXISTS (SELECT 1 FROM job_worker_fit f WHERE f.job_id = j.id AND f.worker_state <> 'gone' AND f.fits)
 ORDER BY t.priority DESC, t.id;

@@ -1,9 +1,11 @@
 """Placement: which queued task a polling worker gets, as SQL transactions.
 
-Single tasks are taken with one `UPDATE ... RETURNING` (acquire_task) that
-matches capability in SQL against what the worker has free, read in the same
-write transaction (worker_free), so nothing can change in between; GPU
-device indices are then reserved from those its other tasks do not hold. A multi-node job is placed all at once: when N
+Which worker a job fits is one view, `job_worker_fit` (schema.sql): labels,
+accelerator, size, secrets, free room now. Single tasks are taken with one
+`UPDATE ... RETURNING` (acquire_task) over its `fits_now`, inside the write
+transaction, so nothing can change in between; GPU device indices are then
+reserved from those its other tasks do not hold. Waiting reasons read the same
+view, so what a job says it waits for is what acquire does. A multi-node job is placed all at once: when N
 distinct online workers have room, every rank is assigned in the same
 transaction (the other workers receive theirs on their next acquire), or none
 is, so a gang never holds part of the cluster while it waits.
@@ -32,9 +34,7 @@ def acquire(conn, worker_id: int, now: float, lease_ttl_s: float) -> int | None:
         if gang_task is not None:
             return gang_task
     taken = row(conn, "acquire_task", worker_id=worker_id, now=now, lease_expires_at=lease,
-                address=free["advertise_address"], free_gpus=free["free_gpus"], free_cpus=free["free_cpus"],
-                free_memory_mb=free["free_memory_mb"], gpus=free["gpus"], labels=free["labels"],
-                token_labels=free["token_labels"])
+                address=free["advertise_address"])
     if taken is None:
         return None
     _reserve_gpus(conn, taken, worker_id, free["gpus"])

@@ -1,6 +1,9 @@
 -- Every query of the control plane, by name. Parameters are named (:now is
 -- always a parameter, never the wall clock, so tests pin time).
 -- Active task states are 'assigned' and 'running' throughout.
+-- A parameter that joins a view (`f.worker_id = CAST(:worker_id AS INTEGER)`) is
+-- CAST: SQLite 3.54 prepares a join whose key is a bare parameter again on every
+-- run (acquire_task took 1 ms instead of 50 us); an expression is planned once.
 
 -- name: insert_event --
 -- Append one event; written in the transaction of the change it records.
@@ -31,24 +34,15 @@ WHERE worker_id = :worker_id AND state IN ('assigned', 'running') AND state = 'a
 ORDER BY id LIMIT 1;
 
 -- name: worker_free --
--- What an online worker has free now: slots, GPUs, CPUs, memory (acquisition reads it
--- once, in the same transaction as the UPDATE below).
-SELECT w.id, w.labels, w.token_labels, w.gpus, w.advertise_address,
-       w.slots - count(a.id) AS free_slots,
-       w.gpus - coalesce(sum(aj.gpus), 0) AS free_gpus,
-       w.cpus - coalesce(sum(aj.cpus), 0) AS free_cpus,
-       w.memory_mb - coalesce(sum(aj.memory_mb), 0) AS free_memory_mb
-FROM workers w
-LEFT JOIN tasks a ON a.worker_id = w.id AND a.state IN ('assigned', 'running')
-LEFT JOIN jobs aj ON aj.id = a.job_id
-WHERE w.id = :worker_id AND w.state = 'online'
-GROUP BY w.id;
+-- What an online worker has free now (worker_load), with what acquisition hands on.
+SELECT l.worker_id AS id, l.gpus, l.free_slots, w.advertise_address
+FROM worker_load l JOIN workers w ON w.id = l.worker_id
+WHERE l.worker_id = CAST(:worker_id AS INTEGER) AND l.state = 'online';
 
 -- name: acquire_task --
--- Atomic acquisition: the best queued task (priority, then first come) that fits
--- the worker's free GPUs, CPUs and memory (from worker_free), whose labels are all
--- on the worker, whose accelerator it has, whose secrets its join token may receive,
--- and whose job has no other replica on it. Gang (multi-node) jobs are placed by
+-- Atomic acquisition: the best queued task (priority, then first come) of a job that
+-- the worker fits now (job_worker_fit.fits_now: labels, accelerator, size, secrets,
+-- free room, no other replica of the job on it). Gang (multi-node) jobs are placed by
 -- gang_workers / assign_task instead.
 UPDATE tasks
 SET state = 'assigned', worker_id = :worker_id, assigned_at = :now, lease_expires_at = :lease_expires_at,
@@ -57,21 +51,8 @@ WHERE id = (
     SELECT t.id
     FROM tasks t INDEXED BY tasks_queued
     JOIN jobs j ON j.id = t.job_id
-    WHERE t.state = 'queued' AND j.gang = 0
-      AND j.gpus <= :free_gpus AND j.cpus <= :free_cpus AND j.memory_mb <= :free_memory_mb
-      AND (j.accelerator IS NULL OR :gpus > 0)
-      AND (j.labels = '{}' OR NOT EXISTS (
-              SELECT 1 FROM json_each(j.labels) l
-              WHERE NOT EXISTS (SELECT 1 FROM json_each(:labels) wl WHERE wl.key = l.key AND wl.value = l.value)))
-      AND NOT EXISTS (SELECT 1 FROM tasks o
-                      WHERE o.worker_id = :worker_id AND o.job_id = t.job_id AND o.state IN ('assigned', 'running'))
-      AND (j.secrets = '[]' OR NOT EXISTS (
-              SELECT 1 FROM json_each(j.secrets) s
-              LEFT JOIN secrets sc ON sc.name = s.value
-              WHERE sc.name IS NULL  -- deleted since submit: wait until it is set again
-                 OR EXISTS (SELECT 1 FROM json_each(sc.labels) sl
-                            WHERE NOT EXISTS (SELECT 1 FROM json_each(:token_labels) tl
-                                              WHERE tl.key = sl.key AND tl.value = sl.value))))
+    JOIN job_worker_fit f ON f.job_id = t.job_id AND f.worker_id = CAST(:worker_id AS INTEGER)
+    WHERE t.state = 'queued' AND j.gang = 0 AND f.fits_now
     ORDER BY t.priority DESC, t.id
     LIMIT 1
 )
@@ -91,39 +72,22 @@ UPDATE tasks SET gpu_indices = :gpu_indices WHERE id = :task_id AND state = 'ass
 SELECT 1 AS found FROM jobs INDEXED BY jobs_queued_gangs WHERE state = 'queued' AND gang = 1 LIMIT 1;
 
 -- name: next_gang_job --
--- The best queued multi-node jobs that the polling worker could hold one rank of
+-- The best queued multi-node jobs that the polling worker fits now (one rank of)
 -- (several, so that a gang too wide for the fleet does not block the ones behind it).
 SELECT j.id, j.attempt, j.width
 FROM jobs j INDEXED BY jobs_queued_gangs
-JOIN worker_load f ON f.worker_id = :worker_id AND f.state = 'online'
-WHERE j.state = 'queued' AND j.gang = 1
-  AND f.free_slots > 0 AND j.gpus <= f.free_gpus AND j.cpus <= f.free_cpus AND j.memory_mb <= f.free_memory_mb
-  AND (j.accelerator IS NULL OR f.gpus > 0)
-  AND (j.labels = '{}' OR NOT EXISTS (
-          SELECT 1 FROM json_each(j.labels) l
-          WHERE NOT EXISTS (SELECT 1 FROM json_each(f.labels) wl WHERE wl.key = l.key AND wl.value = l.value)))
+JOIN job_worker_fit f ON f.job_id = j.id AND f.worker_id = CAST(:worker_id AS INTEGER)
+WHERE j.state = 'queued' AND j.gang = 1 AND f.fits_now
 ORDER BY j.priority DESC, j.id
 LIMIT :limit;
 
 -- name: gang_workers --
--- Distinct online workers with room for one rank of :job_id, the polling worker first.
+-- Distinct workers that fit one rank of :job_id now, the polling worker first, then
+-- those left with the fewest free GPUs.
 SELECT f.worker_id
-FROM worker_load f, jobs j
-WHERE j.id = :job_id AND f.state = 'online'
-  AND f.free_slots > 0 AND j.gpus <= f.free_gpus AND j.cpus <= f.free_cpus AND j.memory_mb <= f.free_memory_mb
-  AND (j.accelerator IS NULL OR f.gpus > 0)
-  AND (j.labels = '{}' OR NOT EXISTS (
-          SELECT 1 FROM json_each(j.labels) l
-          WHERE NOT EXISTS (SELECT 1 FROM json_each(f.labels) wl WHERE wl.key = l.key AND wl.value = l.value)))
-  AND (j.secrets = '[]' OR NOT EXISTS (
-          SELECT 1 FROM workers tw, json_each(j.secrets) s
-          LEFT JOIN secrets sc ON sc.name = s.value
-          WHERE tw.id = f.worker_id
-            AND (sc.name IS NULL  -- deleted since submit: wait until it is set again
-                 OR EXISTS (SELECT 1 FROM json_each(sc.labels) sl
-                            WHERE NOT EXISTS (SELECT 1 FROM json_each(tw.token_labels) tl
-                                              WHERE tl.key = sl.key AND tl.value = sl.value)))))
-ORDER BY f.worker_id = :worker_id DESC, f.free_gpus - j.gpus, f.worker_id
+FROM job_worker_fit f
+WHERE f.job_id = CAST(:job_id AS INTEGER) AND f.fits_now
+ORDER BY f.worker_id = :worker_id DESC, f.spare_gpus, f.worker_id
 LIMIT :width;
 
 -- name: assign_task --
@@ -500,33 +464,36 @@ DELETE FROM artifacts WHERE digest = :digest RETURNING digest, size;
 UPDATE artifacts SET last_used_at = :now WHERE digest = :digest RETURNING digest;
 
 -- name: provision_demand --
--- Queued tasks that a worker of this profile could run (its resources and labels
--- fit) and that no online worker with room can take now: the reason to ask Slurm
--- for one. :labels is the profile's labels as a JSON object; :covered a JSON list of
--- profiles ({cpus, gpus, memory_mb, labels}) already asked for, whose tasks do not count.
+-- Queued tasks that no online worker can take now (job_worker_fit.fits_now) and that a
+-- worker of this profile could run, its join token carrying the profile's labels: the
+-- reason to ask Slurm for one. :labels is the profile's labels as a JSON object; :covered
+-- a JSON list of profiles ({cpus, gpus, memory_mb, labels}) already asked for, whose tasks
+-- do not count. A profile is no row of `workers`, so job_worker_fit cannot judge it: its
+-- fit is written here once, for the profile (shape 0) and the covered ones alike.
+WITH shapes AS (
+    SELECT 0 AS n, :gpus AS gpus, :cpus AS cpus, :memory_mb AS memory_mb, :labels AS labels
+    UNION ALL
+    SELECT 1 + c.key, json_extract(c.value, '$.gpus'), json_extract(c.value, '$.cpus'),
+           json_extract(c.value, '$.memory_mb'), json_extract(c.value, '$.labels')
+    FROM json_each(:covered) c
+)
 SELECT count(*) AS tasks
 FROM tasks t JOIN jobs j ON j.id = t.job_id
 WHERE t.state = 'queued'
-  AND j.gpus <= :gpus AND j.cpus <= :cpus AND j.memory_mb <= :memory_mb
-  AND (j.accelerator IS NULL OR :gpus > 0)
-  AND NOT EXISTS (SELECT 1 FROM json_each(j.labels) l
-                  WHERE NOT EXISTS (SELECT 1 FROM json_each(:labels) pl WHERE pl.key = l.key AND pl.value = l.value))
-  AND NOT EXISTS (
-      SELECT 1 FROM json_each(:covered) c
-      WHERE j.gpus <= json_extract(c.value, '$.gpus') AND j.cpus <= json_extract(c.value, '$.cpus')
-        AND j.memory_mb <= json_extract(c.value, '$.memory_mb')
-        AND (j.accelerator IS NULL OR json_extract(c.value, '$.gpus') > 0)
-        AND NOT EXISTS (SELECT 1 FROM json_each(j.labels) l
-                        WHERE NOT EXISTS (SELECT 1 FROM json_each(c.value, '$.labels') cl
-                                          WHERE cl.key = l.key AND cl.value = l.value)))
-  AND NOT EXISTS (
-      SELECT 1 FROM worker_load f
-      WHERE f.state = 'online' AND f.free_slots > 0
-        AND j.gpus <= f.free_gpus AND j.cpus <= f.free_cpus AND j.memory_mb <= f.free_memory_mb
-        AND (j.accelerator IS NULL OR f.gpus > 0)
-        AND NOT EXISTS (SELECT 1 FROM json_each(j.labels) l
-                        WHERE NOT EXISTS (SELECT 1 FROM json_each(f.labels) wl
-                                          WHERE wl.key = l.key AND wl.value = l.value)));
+  AND NOT EXISTS (SELECT 1 FROM job_worker_fit f WHERE f.job_id = j.id AND f.fits_now)
+  -- the shapes that fit it are the profile alone
+  AND (SELECT group_concat(s.n) FROM shapes s
+       WHERE j.gpus <= s.gpus AND j.cpus <= s.cpus AND j.memory_mb <= s.memory_mb
+         AND (j.accelerator IS NULL OR s.gpus > 0)
+         AND NOT EXISTS (SELECT 1 FROM json_each(j.labels) l
+                         WHERE NOT EXISTS (SELECT 1 FROM json_each(s.labels) sl
+                                           WHERE sl.key = l.key AND sl.value = l.value))
+         AND NOT EXISTS (SELECT 1 FROM json_each(j.secrets) js
+                         LEFT JOIN secrets sc ON sc.name = js.value
+                         WHERE sc.name IS NULL
+                            OR EXISTS (SELECT 1 FROM json_each(sc.labels) scl
+                                       WHERE NOT EXISTS (SELECT 1 FROM json_each(s.labels) sl
+                                                         WHERE sl.key = scl.key AND sl.value = scl.value)))) = '0';
 
 -- name: insert_provision_request --
 -- A decision to ask Slurm for a worker; the unique open index refuses a second open one per profile.
@@ -579,45 +546,27 @@ FROM provision_requests p LEFT JOIN workers w ON w.id = p.worker_id
 ORDER BY p.id DESC LIMIT :limit;
 
 -- name: job_waiting_reason --
--- Why a queued job is not placed: `reason`, the first thing no online worker has (labels,
--- accelerator or size, a join token with its secrets' labels, a secret that is set); else `busy`
--- when the workers that fit have no room now; both NULL when a worker could take it now.
-WITH j AS (SELECT * FROM jobs WHERE id = :job_id AND state = 'queued'),
-online AS (SELECT * FROM workers WHERE state = 'online'),
-labelled AS (
-    SELECT o.* FROM online o, j
-    WHERE NOT EXISTS (SELECT 1 FROM json_each(j.labels) l
-                      WHERE NOT EXISTS (SELECT 1 FROM json_each(o.labels) wl WHERE wl.key = l.key AND wl.value = l.value))
-),
-fitting AS (
-    SELECT f.* FROM labelled f, j
-    WHERE (j.accelerator IS NULL OR f.gpus > 0) AND f.gpus >= j.gpus AND f.cpus >= j.cpus AND f.memory_mb >= j.memory_mb
-),
-needed AS (
-    SELECT s.value AS name, sc.labels FROM j, json_each(j.secrets) s LEFT JOIN secrets sc ON sc.name = s.value
-)
+-- Why a queued job is not placed, read from job_worker_fit, the view acquire and gang
+-- placement read: `reason`, the first thing no online worker has (labels, accelerator or
+-- size, a secret that is set and whose labels its join token carries); else `busy` when
+-- fewer online workers fit it now than it needs at once (one, or a gang's width); both
+-- NULL when an acquire would place it now.
+WITH j AS (SELECT * FROM jobs WHERE id = CAST(:job_id AS INTEGER) AND state = 'queued'),
+f AS (SELECT f.* FROM job_worker_fit f JOIN j ON f.job_id = j.id WHERE f.worker_state = 'online'),
+sized AS (SELECT * FROM f WHERE has_labels AND has_accelerator AND big_enough)
 SELECT CASE
-    WHEN NOT EXISTS (SELECT 1 FROM online) THEN 'no online worker'
-    WHEN NOT EXISTS (SELECT 1 FROM labelled) THEN 'no online worker has the labels ' || j.labels
-    WHEN NOT EXISTS (SELECT 1 FROM fitting) THEN
+    WHEN NOT EXISTS (SELECT 1 FROM f) THEN 'no online worker'
+    WHEN NOT EXISTS (SELECT 1 FROM f WHERE has_labels) THEN 'no online worker has the labels ' || j.labels
+    WHEN NOT EXISTS (SELECT 1 FROM sized) THEN
         printf('no online worker with its labels has the accelerator and size it asks for (%d GPUs, %g CPUs, %d MB)',
                j.gpus, j.cpus, j.memory_mb)
-    ELSE (SELECT CASE WHEN n.labels IS NULL THEN 'secret ' || n.name || ' is not set'
-                      ELSE 'no online worker that fits joined with a token carrying the labels ' || n.labels
-                           || ' of secret ' || n.name END
-          FROM needed n
-          WHERE n.labels IS NULL OR NOT EXISTS (
-              SELECT 1 FROM fitting f
-              WHERE NOT EXISTS (SELECT 1 FROM json_each(n.labels) sl
-                                WHERE NOT EXISTS (SELECT 1 FROM json_each(f.token_labels) tl
-                                                  WHERE tl.key = sl.key AND tl.value = sl.value)))
-          ORDER BY n.name LIMIT 1)
+    WHEN NOT EXISTS (SELECT 1 FROM sized WHERE missing_secret IS NULL) THEN (
+        SELECT CASE WHEN sc.name IS NULL THEN 'secret ' || m.name || ' is not set'
+                    ELSE 'no online worker that fits joined with a token carrying the labels ' || sc.labels
+                         || ' of secret ' || m.name END
+        FROM (SELECT min(missing_secret) AS name FROM sized) m LEFT JOIN secrets sc ON sc.name = m.name)
 END AS reason,
--- Everything fits somewhere, but is anything free now? (A gang needs `width` such workers at once.)
-CASE WHEN (SELECT count(*) FROM worker_load wl, fitting f
-           WHERE wl.worker_id = f.id AND wl.free_slots > 0 AND wl.free_gpus >= j.gpus
-             AND wl.free_cpus >= j.cpus AND wl.free_memory_mb >= j.memory_mb)
-          < CASE WHEN j.gang = 1 THEN j.width ELSE 1 END
+CASE WHEN (SELECT count(*) FROM f WHERE fits_now) < CASE WHEN j.gang = 1 THEN j.width ELSE 1 END
      THEN printf('waiting for capacity: the online workers that fit are busy (%s free at once)',
                  CASE WHEN j.gang = 1 THEN j.width || ' workers' ELSE 'one worker' END || ' with '
                  || j.gpus || ' GPUs, ' || j.cpus || ' CPUs, ' || j.memory_mb || ' MB and a free slot needed')
