@@ -10,7 +10,6 @@ and symlinks last.
 """
 
 import os
-import posixpath
 import shutil
 import stat
 import tarfile

@@ -46,7 +46,7 @@ def create_app(state_path: str, *, auth: Callable[[str], bool] | None = None, se
                         auth_enabled=auth is not None)
     sessions = auth_.Sessions(clock)
     middleware = [SecurityHeaders(), *([auth_.RequireToken(ctx, auth, sessions)] if auth is not None else [])]
-    app = falcon.App(middleware=middleware)
+    app = falcon.App(middleware=middleware)  # type: ignore[arg-type]  # falcon types middleware as protocols
     app.req_options.strip_url_path_trailing_slash = True
     app.resp_options.secure_cookies_by_default = secure_cookies
 

@@ -201,7 +201,8 @@ class QueryPage:
         sql = req.get_param("sql") or ""
         if fmt in DATA_FORMATS and not sql.strip():
             raise ExplorerError(falcon.HTTP_400, "give the query as ?sql=...")
-        result, typed, error, elapsed = None, {}, None, 0.0
+        typed: dict = {}
+        result, error, elapsed = None, None, 0.0
         with self.ctx.db.session() as session:
             try:
                 if sql.strip():

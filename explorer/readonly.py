@@ -170,7 +170,7 @@ def _write_action(code: int, arg1: str | None, arg2: str | None) -> str:
         return f"{_WRITES[code]} {arg1}"
     if code == apsw.SQLITE_ALTER_TABLE:
         return f"ALTER TABLE {arg2}"
-    action = apsw.mapping_authorizer_function.get(code, str(code)).removeprefix("SQLITE_").replace("_", " ")
+    action = str(apsw.mapping_authorizer_function.get(code, code)).removeprefix("SQLITE_").replace("_", " ")
     return f"{action} {arg1}" if arg1 else action
 
 

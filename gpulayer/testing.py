@@ -40,7 +40,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import IO, Callable, NamedTuple, Sequence
 
 import requests
 
@@ -146,7 +146,7 @@ class ChildProcess:
     def __init__(self, log_path: Path):
         self.log_path = Path(log_path)
         self.proc: subprocess.Popen | None = None
-        self._log = None
+        self._log: IO[str] | None = None
 
     def _spawn(self, argv: list[str], env: dict, cwd: Path, mode: str = "w") -> None:
         if self.running:
@@ -219,7 +219,7 @@ class WorkerProcess(ChildProcess):
     def __init__(self, url: str, join_token: str, name: str, root: str | Path, *, ca_file: str | Path | None = None,
                  insecure: bool = False, parallel: int | None = 1, gpus: int | None = None, cpus: int | None = None,
                  labels: dict | None = None, advertise: str | None = None, state_dir: str | Path | None = None,
-                 args: list[str] = (), env: dict | None = None, prefix: list[str] = (),
+                 args: Sequence[str] = (), env: dict | None = None, prefix: Sequence[str] = (),
                  argv: list[str] | None = None):
         self.root = Path(root)
         super().__init__(self.root / f"{name}.log")
@@ -258,7 +258,7 @@ class ControlPlaneProcess(ChildProcess):
     label = "the control plane"
 
     def __init__(self, root: str | Path | None = None, *, host: str = "127.0.0.1", port: int = 0, tls: bool = False,
-                 heartbeat_interval: float | None = None, lease_ttl: float | None = None, args: list[str] = (),
+                 heartbeat_interval: float | None = None, lease_ttl: float | None = None, args: Sequence[str] = (),
                  env: dict | None = None):
         self._temporary = root is None
         self.root = Path(root) if root is not None else Path(tempfile.mkdtemp(prefix="gpulayer-test-"))

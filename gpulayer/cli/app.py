@@ -21,7 +21,7 @@ from typer.exceptions import Abort
 try:  # typer >= 0.20 vendors click
     from typer._click import exceptions as click_exceptions
 except ImportError:  # pragma: no cover - older typer
-    from click import exceptions as click_exceptions
+    from click import exceptions as click_exceptions  # type: ignore[no-redef]
 
 from gpulayer.cli import fleet as cli_fleet
 

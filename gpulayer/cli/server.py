@@ -116,8 +116,9 @@ def server_prune(ctx: typer.Context, home: Home = None,
                  as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
     """Apply retention now (as upkeep does on its own) and print what was removed; safe while the server runs."""
     from gpulayer.server.scheduler.retention import run_prune
-    result = run_prune(home_of(ctx, home), dry_run=dry_run, log_retention_s=log_retention,
-                       job_retention_s=job_retention)
+    # The options' callback (_seconds) has turned their text into seconds.
+    result = run_prune(home_of(ctx, home), dry_run=dry_run, log_retention_s=log_retention,  # type: ignore[arg-type]
+                       job_retention_s=job_retention)  # type: ignore[arg-type]
     if as_json:
         print_json(result)
         return

@@ -162,7 +162,7 @@ class Client:
 
     def jobs(self, state: str | None = None, limit: int = 100, before: int | None = None) -> list[dict]:
         """Jobs newest first, as dicts; filter by `state`."""
-        params = {"limit": limit}
+        params: dict[str, object] = {"limit": limit}
         if state:
             params["state"] = state
         if before is not None:
@@ -196,7 +196,7 @@ class Client:
     def create_token(self, name: str, labels: dict | None = None,
                      expires_in_s: float | None = None) -> dict:
         """Mint a worker join token bound to a name and labels; the answer holds `token` once."""
-        body = {"name": name, "labels": labels or {}}
+        body: dict[str, object] = {"name": name, "labels": labels or {}}
         if expires_in_s is not None:
             body["expires_in_s"] = expires_in_s
         return self.call("POST", "/tokens", json=body)

@@ -46,7 +46,7 @@ def _git_tracked(directory: Path) -> list[str] | None:
 
 
 def _walk(directory: Path) -> list[str]:
-    names = []
+    names: list[str] = []
     for root, dirs, files in os.walk(directory):
         dirs[:] = [d for d in dirs if d != ".git" and not os.path.islink(os.path.join(root, d))]
         rel_root = Path(root).relative_to(directory)

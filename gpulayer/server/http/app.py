@@ -5,6 +5,7 @@ import functools
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,7 +37,7 @@ class Deps:
     auth: auth.Authenticator
     artifacts: ArtifactStore
     ca_file: Path | None = None
-    clock: object = time.time
+    clock: Callable[[], float] = time.time
     provisioners: list = field(default_factory=list)  # provisioning.loop.Provisioner, from provisioners.json
 
 
@@ -169,7 +170,7 @@ def create_app(deps: Deps) -> falcon.App:
     metrics = Metrics(deps.store)
     deps.scheduler.observe_acquire = metrics.acquire.observe
     metrics.parked.set_function(lambda: deps.scheduler.parked_acquires)
-    app = falcon.App(middleware=[metrics, ProtocolMiddleware(deps), AuthMiddleware(deps)])
+    app = falcon.App(middleware=[metrics, ProtocolMiddleware(deps), AuthMiddleware(deps)])  # type: ignore[arg-type]  # falcon types middleware as protocols
     app.req_options.strip_url_path_trailing_slash = True
     app.resp_options.secure_cookies_by_default = False
     # Every id in a path is a row key: one larger than int64 would fail in SQLite as a 500.

@@ -84,7 +84,7 @@ RESPONSES = {
         "requests": {"type": "array", "items": {"type": "object", "required": ["id", "provisioner", "profile",
                                                                                "state", "slurm_job_id", "last_error"]}}}}),
 }
-QUERY_PARAMS = {
+QUERY_PARAMS: dict[tuple[str, str], list[tuple[str, dict]]] = {
     ("/v1/jobs", "get"): [("state", {"type": "string"}), ("limit", {"type": "integer"}),
                           ("before", {"type": "integer"})],
     ("/v1/jobs/{job_id}/logs", "get"): [("after", {"type": "integer"}), ("limit", {"type": "integer"}),

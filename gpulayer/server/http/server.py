@@ -370,7 +370,8 @@ class _Server(wsgi.Server):
 
     def _park(self, conn) -> None:
         """Back to the selector until more bytes arrive; cheroot's expiry closes it at its deadline."""
-        self._connections._selector.register(conn.socket.fileno(), selectors.EVENT_READ, data=conn)
+        self._connections._selector.register(  # type: ignore[attr-defined]  # cheroot internals, not in its stubs
+            conn.socket.fileno(), selectors.EVENT_READ, data=conn)
         if conn.head_started is None:
             conn.last_used = time.time()
         else:  # expire at head_started + head_timeout_s, whatever arrives meanwhile

@@ -59,7 +59,7 @@ def sweep(store, artifacts, *, now: float, retention_s: float, dry_run: bool = F
         found = store.write(_forget, cutoff, now)
         for artifact in found:
             digest = artifact["digest"]
-            artifacts.delete(digest, lambda: store.read(row, "artifact_recorded", digest=digest) is None)
+            artifacts.delete(digest, lambda digest=digest: store.read(row, "artifact_recorded", digest=digest) is None)
     total = sum(a["size"] for a in found)
     if found and not dry_run:
         log.info("artifacts_swept count=%d bytes=%d", len(found), total)

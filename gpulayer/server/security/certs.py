@@ -16,6 +16,7 @@ import os
 import socket
 import subprocess
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 from cryptography import x509
@@ -102,8 +103,10 @@ def make_server_cert(
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .add_extension(x509.SubjectAlternativeName(sans), critical=False)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.public_key()), critical=False)
-        .sign(signer, hashes.SHA256())
+        # The CA is ours (an EC key, make_ca), though loading it from PEM types it as any kind of key.
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.public_key()),  # type: ignore[arg-type]
+                       critical=False)
+        .sign(signer, hashes.SHA256())  # type: ignore[arg-type]
     )
     cert_path, key_path = dir / SERVER_CERT, dir / SERVER_KEY
     _write_private(key_path, _key_pem(key))
@@ -111,7 +114,7 @@ def make_server_cert(
     return cert_path, key_path
 
 
-def ensure_tls(home: Path, extra_names: list[str] = ()) -> dict:
+def ensure_tls(home: Path, extra_names: Sequence[str] = ()) -> dict:
     """Make or reuse the CA and server certificate under `home/tls/`.
 
     The server certificate names localhost, 127.0.0.1, ::1, this host's name

@@ -89,14 +89,14 @@ def ensure_schema(conn: apsw.Connection) -> int:
     Raises ConfigError for a file newer than this code, or one that is not ours.
     """
     target = schema_version()
-    current = conn.execute("PRAGMA user_version").fetchall()[0]["user_version"]
+    current = conn.execute("PRAGMA user_version").fetchall()[0]["user_version"]  # type: ignore[call-overload]  # rows are dicts (row tracer)
     if current == target:
         return current
     if current > target:
         raise ConfigError(f"state file is at schema version {current}, newer than this gpulayer ({target}): upgrade gpulayer")
     with conn:
         if current == 0:
-            tables = conn.execute(QUERIES["schema_objects"]).fetchall()[0]["n"]
+            tables = conn.execute(QUERIES["schema_objects"]).fetchall()[0]["n"]  # type: ignore[call-overload]  # rows are dicts
             if tables:
                 raise ConfigError("the state file holds tables but no GPUlayer schema version: is it the right file?")
             conn.execute(schema_path().read_text())
