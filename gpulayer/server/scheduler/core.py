@@ -158,7 +158,7 @@ class Scheduler:
         if principal.kind == "worker":
             limit = self.config.max_output_bytes
             self.store.read(access.check_upload, principal, length, limit)
-            stream = access.Capped(stream, limit)
+            stream = access.Capped(stream, limit)  # type: ignore[assignment]  # put() only reads it
         # Recorded under the digest's lock, so the artifact sweep cannot unlink the file in between.
         return self.artifacts.put(digest, stream, length, record=self.record_artifact)
 
