@@ -1,7 +1,7 @@
-"""The `gpulayer` command: a thin typer layer over gpulayer.client.api, gpulayer.server.process and agent.
+"""The `gpulayer` command: a thin typer layer over gpulayer.client (and, lazily, the control plane and agent).
 
-Commands live in cli_jobs.py (submit, job), cli_workers.py (worker, join),
-cli_fleet.py (token, secret) and cli_server.py (server, up, explore,
+Commands live in jobs.py (submit, job), workers.py (worker, join),
+fleet.py (token, secret) and server.py (server, up, explore,
 artifacts). Every failure ends as one line `Error: ...` on stderr: exit
 status 2 for bad usage, 1 for a refusal or an unreachable server.
 """
@@ -24,12 +24,9 @@ except ImportError:  # pragma: no cover - older typer
     from click import exceptions as click_exceptions  # type: ignore[no-redef]
 
 from gpulayer.cli import fleet as cli_fleet
-
 from gpulayer.cli import jobs as cli_jobs
-
 from gpulayer.cli import server as cli_server
 from gpulayer.cli import sql as cli_sql
-
 from gpulayer.cli import workers as cli_workers
 from gpulayer.cli.common import GlobalOptions
 from gpulayer.client.errors import ApiError, ClientError
