@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING, Callable
 from .backoff import next_restart_delay
 from .events import log_event
 from .rendezvous import free_port
-from .supervision import Limits, Stop, supervise
+from .supervision import Limits, Stop, TaskResult, result_of, supervise
 
 if TYPE_CHECKING:
-    from .tasks import TaskResult, TaskRunner
+    from .tasks import TaskRunner  # type-only: tasks imports this module
 
 #: Until the replica answers, probes start 20 ms apart and back off to 250 ms:
 #: a server that binds in 100 ms is reported then, not a whole interval later.
@@ -111,8 +111,6 @@ def should_restart(policy: str, exit_code: int, health_failed: bool) -> bool:
 
 def run_service(runner: "TaskRunner", extra_env: dict[str, str]) -> "TaskResult":
     """Run a service replica until it ends for good, is cancelled or times out."""
-    from .tasks import TaskResult, result_of
-
     service = runner.assignment["service"] or {}
     handle = runner.handle
     limits = Limits(runner.assignment.get("timeout_seconds"), runner.assignment.get("silence_timeout_seconds"), time.monotonic())
@@ -150,7 +148,6 @@ def run_service(runner: "TaskRunner", extra_env: dict[str, str]) -> "TaskResult"
 
 def _ended_for_good(service: dict, restarts: int, exit_code: int, stop: Stop | None, why: str, system_line) -> "TaskResult | None":
     """The replica's final result when it must not restart, else None."""
-    from .tasks import TaskResult
 
     health_failed = stop is not None
     outcome = "succeeded" if exit_code == 0 and not health_failed else "failed"

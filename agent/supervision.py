@@ -78,6 +78,25 @@ class Stop:
     reason: str
 
 
+@dataclass
+class TaskResult:
+    """How a task ended; ``exit_code`` is None when the command never ran."""
+
+    exit_code: int | None
+    outcome: str
+    reason: str | None = None
+
+
+def result_of(stop: Stop | None, exit_code: int) -> TaskResult:
+    """The result of a run the agent stopped (``stop``) or that ended by itself."""
+    if stop is None:
+        if exit_code == 0:
+            return TaskResult(0, "succeeded")
+        return TaskResult(exit_code, "failed", f"exit code {exit_code}")
+    outcome = "timed_out" if stop.kind == "timed_out" else "cancelled" if stop.kind == "cancelled" else "failed"
+    return TaskResult(exit_code, outcome, stop.reason)
+
+
 #: Called every poll while the process runs; returns a restart reason or None.
 Tick = Callable[[], str | None]
 

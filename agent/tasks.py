@@ -24,7 +24,8 @@ from .logship import LogShipper
 from .outputs import collect_outputs, open_regular, upload_outputs
 from .process import KILL_GRACE_S, TaskProcess, exit_code_of
 from .rendezvous import RENDEZVOUS_TIMEOUT_S, distributed_env, free_port, rendezvous
-from .supervision import Limits, Stop, TaskHandle, supervise
+from .services import run_service
+from .supervision import Limits, TaskHandle, TaskResult, result_of, supervise
 from .transport import Transport
 
 #: How long a stopping worker keeps trying to report (logs, outputs, finish).
@@ -51,25 +52,6 @@ class TaskContext:
     #: Whether a finish should ask for the freed slot's next task (``next``), and who launches it.
     want_next: Callable[[], bool] = lambda: False
     hand_over: Callable[[dict], None] | None = None
-
-
-@dataclass
-class TaskResult:
-    """How a task ended; ``exit_code`` is None when the command never ran."""
-
-    exit_code: int | None
-    outcome: str
-    reason: str | None = None
-
-
-def result_of(stop: Stop | None, exit_code: int) -> TaskResult:
-    """The result of a run the agent stopped (``stop``) or that ended by itself."""
-    if stop is None:
-        if exit_code == 0:
-            return TaskResult(0, "succeeded")
-        return TaskResult(exit_code, "failed", f"exit code {exit_code}")
-    outcome = "timed_out" if stop.kind == "timed_out" else "cancelled" if stop.kind == "cancelled" else "failed"
-    return TaskResult(exit_code, outcome, stop.reason)
 
 
 class TaskRunner:
@@ -139,8 +121,6 @@ class TaskRunner:
                 return TaskResult(None, "cancelled", f"cancelled during rendezvous: {self.handle.cancel_reason}")
             extra = distributed_env(answer)
         if self.assignment.get("service"):
-            from .services import run_service
-
             return run_service(self, extra)
         return self._run_once(extra)
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -88,8 +89,7 @@ def submit(
     if not remote:
         if service:
             raise fail("--service needs a control plane: run `gpulayer up`, or pass --url / GPULAYER_URL", 2)
-        from gpulayer.cli.local import run_local
-        raise typer.Exit(run_local(spec, home_of(ctx), as_json=as_json))
+        raise typer.Exit(_submit_local(spec, home_of(ctx), as_json))
     raise typer.Exit(_submit_remote(ctx, spec, service, wait, follow, as_json))
 
 
@@ -111,6 +111,29 @@ def _submit_remote(ctx, spec, service, wait, follow, as_json) -> int:
     else:
         return 0
     return exit_code_of(job.info())
+
+
+def _submit_local(spec: dict, home: Path, as_json: bool) -> int:
+    """Submit `spec` to an in-process control plane, stream its logs, return its exit code."""
+    from gpulayer.cli.local import WORKER_STOP_S, local_control_plane, quiet_logs
+    quiet_logs()
+    with local_control_plane(home) as (client, _tokens):
+        job = client.submit(spec)
+        if as_json:
+            print_json(job.data, compact=True)
+        else:
+            print(job.id, flush=True)
+        try:
+            follow_logs(job)
+        except KeyboardInterrupt:
+            job.cancel()
+            job.wait(timeout=WORKER_STOP_S)
+            return 130
+        if spec.get("outputs"):
+            # Like `gpulayer job outputs --dest .`: the outputs land where the command was typed.
+            for path in job.download_outputs(Path.cwd()):
+                print(f"gpulayer: output {path}", file=sys.stderr)
+        return exit_code_of(job.info())
 
 
 def follow_logs(job: Job) -> None:

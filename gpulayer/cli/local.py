@@ -1,9 +1,9 @@
-"""`gpulayer submit --target local`: run one job on this machine, with no server process.
+"""An in-process control plane, for `gpulayer submit --target local` (cli/jobs.py) and the local history.
 
 The control plane runs in this process on 127.0.0.1 (a free port, plain HTTP,
-the state file in $GPULAYER_HOME), a worker agent runs in a thread against it,
-the job is submitted through the ordinary client, its logs are streamed, and
-both are stopped when it ends. The job's exit code is the command's.
+the state file in $GPULAYER_HOME) and a worker agent runs in a thread against
+it; `local_control_plane()` yields an ordinary client and stops both on exit.
+This module imports nothing else of the CLI, which imports it.
 """
 from __future__ import annotations
 
@@ -124,26 +124,3 @@ def quiet_logs() -> None:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.WARNING, format="gpulayer: %(levelname)s %(message)s")
 
-
-def run_local(spec: dict, home: Path, as_json: bool = False) -> int:
-    """Submit `spec` to an in-process control plane, stream its logs, return its exit code."""
-    from gpulayer.cli.common import exit_code_of, print_json
-    from gpulayer.cli.jobs import follow_logs
-    quiet_logs()
-    with local_control_plane(home) as (client, _tokens):
-        job = client.submit(spec)
-        if as_json:
-            print_json(job.data, compact=True)
-        else:
-            print(job.id, flush=True)
-        try:
-            follow_logs(job)
-        except KeyboardInterrupt:
-            job.cancel()
-            job.wait(timeout=WORKER_STOP_S)
-            return 130
-        if spec.get("outputs"):
-            # Like `gpulayer job outputs --dest .`: the outputs land where the command was typed.
-            for path in job.download_outputs(Path.cwd()):
-                print(f"gpulayer: output {path}", file=sys.stderr)
-        return exit_code_of(job.info())

@@ -13,12 +13,19 @@ import sys
 import tempfile
 import time
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 from gpulayer.client.errors import ClientError
 
-if TYPE_CHECKING:
-    from gpulayer.client.api import Client
+
+class Client(Protocol):
+    """What transfers need of a client (gpulayer.client.api.Client, which imports this module)."""
+
+    def request(self, method: str, path: str, **kwargs: Any) -> Any: ...
+
+    def has_artifact(self, digest: str) -> bool: ...
+
+    def upload(self, path: Path, progress: bool | None = None) -> str: ...
 
 CHUNK = 1024 * 1024
 PROGRESS_MIN_BYTES = 4 * 1024 * 1024
@@ -76,7 +83,7 @@ class _ProgressReader:
         return data
 
 
-def upload_file(client: "Client", path: Path, progress: bool | None = None) -> str:
+def upload_file(client: Client, path: Path, progress: bool | None = None) -> str:
     """Upload `path` unless the server already has its digest; return the digest."""
     if not path.is_file():
         raise ClientError(f"cannot upload {path}: not a readable file")
@@ -92,7 +99,7 @@ def upload_file(client: "Client", path: Path, progress: bool | None = None) -> s
     return digest
 
 
-def download_artifact(client: "Client", digest: str, dest: Path, progress: bool | None = None) -> Path:
+def download_artifact(client: Client, digest: str, dest: Path, progress: bool | None = None) -> Path:
     """Stream an artifact into `dest` (atomically), checking its SHA-256 against `digest`."""
     response = client.request("GET", f"/artifacts/{digest}", stream=True, timeout=TRANSFER_TIMEOUT_S)
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -115,7 +122,7 @@ def download_artifact(client: "Client", digest: str, dest: Path, progress: bool 
     return dest
 
 
-def download_outputs(client: "Client", outputs: dict[str, str], dest: Path,
+def download_outputs(client: Client, outputs: dict[str, str], dest: Path,
                      progress: bool | None = None) -> list[Path]:
     """Download {relative path: digest} under `dest`; refuse paths that leave it."""
     written = []
@@ -141,7 +148,7 @@ def remote_path(local: str) -> str:
     return pure.as_posix().removeprefix("./")
 
 
-def prepare_spec(client: "Client", spec: dict) -> dict:
+def prepare_spec(client: Client, spec: dict) -> dict:
     """A copy of `spec` with local paths in source, inputs and weights uploaded as digests."""
     spec = dict(spec)
     source = spec.get("source")
@@ -155,7 +162,7 @@ def prepare_spec(client: "Client", spec: dict) -> dict:
     return spec
 
 
-def upload_source(client: "Client", directory: Path) -> str:
+def upload_source(client: Client, directory: Path) -> str:
     """Pack a directory with `gpulayer.client.bundle` and upload the tar.gz; return its digest."""
     from gpulayer.client import bundle
     if not directory.is_dir():
@@ -166,7 +173,7 @@ def upload_source(client: "Client", directory: Path) -> str:
         return client.upload(archive)
 
 
-def upload_inputs(client: "Client", inputs: dict[str, str]) -> dict[str, str]:
+def upload_inputs(client: Client, inputs: dict[str, str]) -> dict[str, str]:
     """Map {remote path: digest or local path} to {remote path: digest}; folders go file by file."""
     out: dict[str, str] = {}
     for key, value in inputs.items():

@@ -3,7 +3,8 @@
 Every `import` and `from ... import` in every module counts, including those
 inside functions (a lazy import is still a dependency); only the ones under
 `if TYPE_CHECKING:` are left out. A rule names who may not import what, so a
-new module is covered the day it is added.
+new module is covered the day it is added. No module of gpulayer, agent or
+explorer may be part of an import cycle, lazy imports counted.
 """
 from __future__ import annotations
 
@@ -31,8 +32,10 @@ def _resolve(module: str, node: ast.ImportFrom, is_package: bool) -> str:
 
 
 class Import:
-    def __init__(self, target: str, line: int, lazy: bool):
-        self.target, self.line, self.lazy = target, line, lazy
+    """One imported name; `names` are what `from target import ...` took from it (empty otherwise)."""
+
+    def __init__(self, target: str, line: int, lazy: bool, names: tuple[str, ...] = ()):
+        self.target, self.line, self.lazy, self.names = target, line, lazy, names
 
 
 def _imports(path: Path) -> list[Import]:
@@ -49,7 +52,7 @@ def _imports(path: Path) -> list[Import]:
                 found.extend(Import(alias.name, child.lineno, lazy) for alias in child.names)
             elif isinstance(child, ast.ImportFrom):
                 base = _resolve(module, child, is_package)
-                found.append(Import(base, child.lineno, lazy))
+                found.append(Import(base, child.lineno, lazy, tuple(alias.name for alias in child.names)))
                 # `from gpulayer import client` imports gpulayer.client
                 found.extend(Import(f"{base}.{alias.name}", child.lineno, lazy) for alias in child.names)
             visit(child, inner, type_only)
@@ -118,3 +121,64 @@ def test_the_checker_sees_lazy_and_relative_imports(tmp_path, monkeypatch):
     monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path)
     imports = {(i.target, i.lazy) for i in _imports(pkg / "mod.py")}
     assert ("pkg.sibling", False) in imports and ("gpulayer.server.process", True) in imports
+
+
+def _import_graph(paths: list[Path]) -> dict[str, set[str]]:
+    """Module -> the modules it imports (lazy ones included), among `paths` only."""
+    modules = {_module_name(p): p for p in paths}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        edges = set()
+        for imp in _imports(path):
+            if imp.names and all(f"{imp.target}.{n}" in modules for n in imp.names):
+                continue  # `from pkg import mod` depends on mod (its own entry), not on pkg/__init__
+            target = imp.target
+            while target and target not in modules:  # `from a.b import name`: the module a.b
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                edges.add(target)
+        graph[name] = edges
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = stack[stack.index(v):]
+            del stack[stack.index(v):]
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+def test_no_import_cycles():
+    """A cycle hidden by a lazy import is still a cycle: move the shared piece down, or pass it in."""
+    assert _cycles(_import_graph(_sources("gpulayer", "agent", "explorer"))) == []
+
+
+def test_the_cycle_check_sees_a_lazy_cycle(tmp_path, monkeypatch):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from . import a\n")
+    (pkg / "a.py").write_text("from .b import thing\n")
+    (pkg / "b.py").write_text("thing = 1\ndef f():\n    from .a import x\n")
+    monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path)
+    assert _cycles(_import_graph(_sources("pkg"))) == [["pkg.a", "pkg.b"]]
