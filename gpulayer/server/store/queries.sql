@@ -3,7 +3,7 @@
 -- Active task states are 'assigned' and 'running' throughout.
 -- A parameter that joins a view (`f.worker_id = CAST(:worker_id AS INTEGER)`) is
 -- CAST: SQLite 3.54 prepares a join whose key is a bare parameter again on every
--- run (acquire_task took 1 ms instead of 50 us); an expression is planned once.
+-- run (one job's fit on one worker: ~170 us instead of ~13 us); an expression is not.
 
 -- name: insert_event --
 -- Append one event; written in the transaction of the change it records.
