@@ -10,6 +10,7 @@ import pytest
 from explorer_state import SECRET_MARKERS, file_digest
 
 from explorer.readonly import QueryError, QueryTimeout, ReadOnlyDatabase
+from gpulayer.server.store.db import schema_version
 
 RUNAWAY = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
 
@@ -86,7 +87,7 @@ def test_row_limit_reports_truncated(db: ReadOnlyDatabase) -> None:
 
 def test_reads_views_pragmas_and_named_parameters(db: ReadOnlyDatabase) -> None:
     with db.session() as session:
-        assert session.query("PRAGMA user_version").rows == [(1,)]
+        assert session.query("PRAGMA user_version").rows == [(schema_version(),)]
         assert ("name",) in [(r[1],) for r in session.query("PRAGMA table_info(jobs)").rows]
         assert session.query("SELECT count(*) FROM tokens").rows == [(2,)]
         assert session.query("SELECT jti, kind FROM tokens ORDER BY jti").rows[0] == ("jti-ci", "client")
