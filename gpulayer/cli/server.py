@@ -51,6 +51,11 @@ class Synchronous(str, Enum):
     full = "full"
 
 
+class FrontEnd(str, Enum):
+    cheroot = "cheroot"
+    granian = "granian"
+
+
 HeartbeatInterval = Annotated[float, typer.Option("--heartbeat-interval", help="Seconds between worker heartbeats.", min=0.01)]
 LeaseTTL = Annotated[float, typer.Option("--lease-ttl", help="Seconds without a heartbeat before a worker's tasks are lost.", min=0.01)]
 SynchronousOpt = Annotated[Synchronous, typer.Option("--synchronous", help="SQLite synchronous: normal (fast) or full (survives power loss).")]
@@ -89,6 +94,7 @@ def server_start(
     max_output_mb: MaxOutputMB = MAX_OUTPUT_BYTES // 1024 ** 2,
     log_retention: LogRetention = None,
     job_retention: JobRetention = None,
+    http: Annotated[FrontEnd, typer.Option("--http", help="The HTTP front end: cheroot, or granian (needs the granian package; docs/benchmarks.md, \"Front ends\").")] = FrontEnd.cheroot,
 ) -> None:
     """Run the control plane in the foreground until SIGTERM or Ctrl-C."""
     if bool(tls_cert) != bool(tls_key):
@@ -96,7 +102,7 @@ def server_start(
     from gpulayer.server.config import ControlPlaneConfig
     from gpulayer.server.process import run_server
     config = ControlPlaneConfig(home=home_of(ctx, home), host=host, port=port, tls_cert=tls_cert,
-                                tls_key=tls_key, allow_insecure_remote=allow_insecure_remote,
+                                tls_key=tls_key, allow_insecure_remote=allow_insecure_remote, http=http.value,
                                 **_plane_settings(heartbeat_interval, lease_ttl, synchronous, max_output_mb,
                                                   log_retention, job_retention))
     raise typer.Exit(run_server(config) or 0)

@@ -6,6 +6,7 @@ SIGINT (`gpulayer server start`).
 """
 from __future__ import annotations
 
+import importlib.util
 import ipaddress
 import logging
 import os
@@ -14,6 +15,7 @@ import signal
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import apsw
 
@@ -25,6 +27,9 @@ from gpulayer.server.config import ControlPlaneConfig
 from gpulayer.server.errors import ConfigError
 from gpulayer.server.http.server import HTTPServer
 from gpulayer.server.store.queries import QUERIES
+
+if TYPE_CHECKING:
+    from gpulayer.server.http.granian_server import GranianServer
 
 log = logging.getLogger("gpulayer.server.process")
 FD_LIMIT_WHEN_UNLIMITED = 1 << 20   # a soft limit to ask for when the hard one is unlimited
@@ -56,6 +61,10 @@ def check_config(config: ControlPlaneConfig) -> None:
         raise ConfigError("--log-retention and --job-retention must be longer than zero")
     if config.synchronous not in ("normal", "full"):
         raise ConfigError("--synchronous must be normal or full")
+    if config.http not in ("cheroot", "granian"):
+        raise ConfigError("--http must be cheroot or granian")
+    if config.http == "granian" and importlib.util.find_spec("granian") is None:
+        raise ConfigError("--http granian needs the granian package: pip install 'granian>=2.8,<2.9'")
     if not config.layout.credentials.exists():
         raise ConfigError(f"{config.layout.home} is not initialised: run `gpulayer server init --home "
                           f"{config.layout.home}` (or `gpulayer up`)")
@@ -87,7 +96,7 @@ class ControlPlane:
         self.config = config
         self.clock = clock
         self.deps: Deps | None = None
-        self.http: HTTPServer | None = None
+        self.http: HTTPServer | GranianServer | None = None
         self._stop = threading.Event()
         self._upkeep: threading.Thread | None = None
         self.provisioners = provisioner.load(config.layout.provisioners)
@@ -113,10 +122,14 @@ class ControlPlane:
             log.info("artifact_tmp_swept count=%d", swept)
         self.deps.scheduler.restarted()
         app = with_explorer(create_app(self.deps), self.deps, secure_cookies=bool(self.config.tls_cert))
-        self.http = HTTPServer(app, self.config.host, self.config.port,
-                               certfile=str(self.config.tls_cert) if self.config.tls_cert else None,
-                               keyfile=str(self.config.tls_key) if self.config.tls_key else None,
-                               threads=self.config.threads)
+        front_end: type[HTTPServer] | type[GranianServer] = HTTPServer
+        if self.config.http == "granian":
+            from gpulayer.server.http.granian_server import GranianServer  # an optional package
+            front_end = GranianServer
+        self.http = front_end(app, self.config.host, self.config.port,
+                              certfile=str(self.config.tls_cert) if self.config.tls_cert else None,
+                              keyfile=str(self.config.tls_key) if self.config.tls_key else None,
+                              threads=self.config.threads)
         self.http.start()
         self._upkeep = threading.Thread(target=self._run_upkeep, name="gpulayer-upkeep", daemon=True)
         self._upkeep.start()
