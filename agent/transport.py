@@ -2,25 +2,31 @@
 
 Every request carries ``X-GpuLayer-Protocol: 1``. Answers map to exceptions:
 426 → AgentError (protocol mismatch), 401 → Unauthorized, 403 → Forbidden,
-other 4xx → Rejected, network errors, timeouts and 5xx → Unreachable.
+other 3xx and 4xx → Rejected (redirects are not followed), network errors,
+timeouts, 408, 429 and 5xx → Unreachable.
 ``call()`` retries Unreachable with exponential backoff and jitter.
 """
 
+import http.client
 import ipaddress
+import json
+import os
+import ssl
 import time
 from typing import BinaryIO, Callable
 from urllib.parse import urlsplit
 
-import requests
-
-from . import PROTOCOL
+from . import PROTOCOL, __version__
 from .backoff import retry_delay
+from .connections import ConnectionPool
 from .errors import AgentError, Forbidden, Rejected, Unauthorized, Unreachable
 from .events import log_event
 
 PROTOCOL_HEADER = "X-GpuLayer-Protocol"
 DEFAULT_TIMEOUT_S = 30.0
 CHUNK_BYTES = 1024 * 1024
+#: Seconds: one for both connecting and each read, or (connect, read).
+Timeout = float | tuple[float, float]
 
 
 def is_loopback_host(host: str) -> bool:
@@ -56,20 +62,25 @@ def mismatch_message(server_protocol: object) -> str:
     )
 
 
-def _error_of(response: requests.Response) -> tuple[str, str, dict]:
+def _error_of(status: int, reason: str, data: bytes) -> tuple[str, str, dict]:
     try:
-        body = response.json()
+        body = json.loads(data) if data else {}
     except ValueError:
         body = {}
     error = body.get("error") if isinstance(body, dict) else None
     if not isinstance(error, dict):
-        return "http_" + str(response.status_code), response.reason or "error", body if isinstance(body, dict) else {}
+        return "http_" + str(status), reason or "error", body if isinstance(body, dict) else {}
     return str(error.get("code", "")), str(error.get("message", "")), body
 
 
-class Transport:
-    """A requests session bound to one control plane, with retrying calls.
+def _timeouts(timeout: Timeout) -> tuple[float, float]:
+    return timeout if isinstance(timeout, tuple) else (timeout, timeout)
 
+
+class Transport:
+    """Calls to one control plane over keep-alive connections (agent/connections.py), with retries.
+
+    Safe to use from many threads: each request holds its own connection.
     ``give_up_at`` (a time.monotonic() value) bounds every retry loop: the
     worker sets it when stopping so that nothing retries forever.
     """
@@ -77,44 +88,86 @@ class Transport:
     def __init__(self, base_url: str, verify: bool | str = True, timeout: float = DEFAULT_TIMEOUT_S):
         self.api = base_url.rstrip("/") + "/v1"
         self.timeout = timeout
-        self.session = requests.Session()
         self.verify = verify
-        self.session.verify = verify
-        self.session.headers[PROTOCOL_HEADER] = str(PROTOCOL)
+        self.api_path = urlsplit(self.api).path  # /v1, or deeper when the control plane sits under a path
+        self.pool = ConnectionPool(base_url, verify)
+        self.headers = {PROTOCOL_HEADER: str(PROTOCOL), "User-Agent": f"gpulayer-agent/{__version__}"}
         self.give_up_at: float | None = None
 
     def set_token(self, token: str) -> None:
         """Use ``token`` as the bearer token from now on."""
-        self.session.headers["Authorization"] = f"Bearer {token}"
+        self.headers = {**self.headers, "Authorization": f"Bearer {token}"}
 
-    def _send(self, method: str, path: str, **kwargs) -> requests.Response:
-        kwargs.setdefault("timeout", self.timeout)
-        # Per request: requests lets $REQUESTS_CA_BUNDLE / $CURL_CA_BUNDLE override a
-        # session's verify, which would replace the pinned CA with the system's.
-        kwargs.setdefault("verify", self.verify)
+    def _exchange(self, method: str, path: str, body, headers: dict, timeout: Timeout):
+        """Send one request and read the answer's head; returns (connection, response).
+
+        A reused connection the server closed meanwhile is replaced and the
+        request sent once more, unless its body is a stream already read.
+        """
+        connect_s, read_s = _timeouts(timeout)
+        target = self.pool.target(self.api_path + path)
+        headers = {**self.headers, **self.pool.request_headers(), **headers}
+        fresh = False
+        while True:
+            connection, reused = self.pool.take(fresh)
+            try:
+                if connection.sock is None:
+                    connection.timeout = connect_s
+                    connection.connect()
+                connection.sock.settimeout(read_s)
+                connection.request(method, target, body=body, headers=headers)
+                return connection, connection.getresponse()
+            except (OSError, http.client.HTTPException) as exc:
+                connection.close()
+                stale = isinstance(exc, (ConnectionResetError, BrokenPipeError, ssl.SSLEOFError))  # RemoteDisconnected is one
+                if reused and stale and not hasattr(body, "read"):
+                    fresh = True
+                    continue
+                raise Unreachable(f"{method} {path}: {type(exc).__name__}") from None
+
+    def _read(self, connection, response, method: str, path: str) -> bytes:
+        """The whole body; the connection goes back to the pool (or is closed on an error)."""
         try:
-            response = self.session.request(method, self.api + path, **kwargs)
-        except requests.RequestException as exc:
+            data = response.read()
+        except (OSError, http.client.HTTPException) as exc:
+            connection.close()
             raise Unreachable(f"{method} {path}: {type(exc).__name__}") from None
-        if response.status_code >= 500 or response.status_code in (408, 429):
-            raise Unreachable(f"{method} {path}: HTTP {response.status_code}")
-        if response.status_code == 426:
-            _, _, body = _error_of(response)
-            server = body.get("protocol", response.headers.get(PROTOCOL_HEADER, "?"))
+        self.pool.give_back(connection, response)
+        return data
+
+    def _open(self, method: str, path: str, body=None, headers: dict | None = None, timeout: Timeout | None = None):
+        """A request whose 2xx answer's body is still to be read: (connection, response); errors mapped."""
+        connection, response = self._exchange(method, path, body, headers or {}, timeout or self.timeout)
+        status = response.status
+        if 200 <= status < 300:
+            return connection, response
+        data = self._read(connection, response, method, path)
+        if status >= 500 or status in (408, 429):
+            raise Unreachable(f"{method} {path}: HTTP {status}")
+        if status == 426:
+            _, _, error_body = _error_of(status, response.reason, data)
+            server = error_body.get("protocol", response.getheader(PROTOCOL_HEADER, "?"))
             raise AgentError(mismatch_message(server))
-        if response.status_code >= 400:
-            code, message, _ = _error_of(response)
-            cls = {401: Unauthorized, 403: Forbidden}.get(response.status_code, Rejected)
-            raise cls(response.status_code, code, message)
-        return response
+        code, message, _ = _error_of(status, response.reason, data)
+        cls = {401: Unauthorized, 403: Forbidden}.get(status, Rejected)
+        raise cls(status, code, message)
+
+    def _send(self, method: str, path: str, body=None, headers: dict | None = None, timeout: Timeout | None = None) -> bytes:
+        """One request; the answer's body, read whole. Raises as the module docstring says."""
+        connection, response = self._open(method, path, body, headers, timeout)
+        return self._read(connection, response, method, path)
 
     def request(self, method: str, path: str, body: dict | None = None, timeout: float | None = None) -> dict:
         """One JSON call, no retry; returns the decoded answer ({} when empty)."""
-        response = self._send(method, path, json=body, timeout=timeout or self.timeout)
-        if not response.content:
+        if body is None:
+            data = self._send(method, path, timeout=timeout)
+        else:
+            payload = json.dumps(body, separators=(",", ":")).encode()
+            data = self._send(method, path, payload, {"Content-Type": "application/json"}, timeout)
+        if not data:
             return {}
         try:
-            return response.json()
+            return json.loads(data)
         except ValueError:
             raise Unreachable(f"{method} {path}: answer is not JSON") from None
 
@@ -159,14 +212,21 @@ class Transport:
         def attempt() -> None:
             out.seek(0)
             out.truncate()
-            response = self._send("GET", f"/artifacts/{digest}", stream=True)
-            try:
-                for chunk in response.iter_content(CHUNK_BYTES):
+            connection, response = self._open("GET", f"/artifacts/{digest}")
+            while True:
+                try:
+                    chunk = response.read(CHUNK_BYTES)
+                except (OSError, http.client.HTTPException) as exc:
+                    connection.close()
+                    raise Unreachable(f"GET artifact {digest}: {type(exc).__name__}") from None
+                if not chunk:
+                    break
+                try:
                     out.write(chunk)
-            except requests.RequestException as exc:
-                raise Unreachable(f"GET artifact {digest}: {type(exc).__name__}") from None
-            finally:
-                response.close()
+                except BaseException:
+                    connection.close()
+                    raise
+            self.pool.give_back(connection, response)
             out.flush()
 
         self.retrying(f"GET /artifacts/{digest}", attempt)
@@ -179,10 +239,14 @@ class Transport:
                 return
             with opener(path) as handle:
                 headers = {"Content-Type": "application/octet-stream"}
-                self._send("PUT", f"/artifacts/{digest}", data=handle, headers=headers, timeout=(30, 600))
+                try:
+                    headers["Content-Length"] = str(os.fstat(handle.fileno()).st_size - handle.tell())
+                except (OSError, AttributeError, ValueError):
+                    pass  # no size known: http.client sends it chunked
+                self._send("PUT", f"/artifacts/{digest}", handle, headers, timeout=(30, 600))
 
         self.retrying(f"PUT /artifacts/{digest}", attempt)
 
     def close(self) -> None:
-        """Close the HTTP session."""
-        self.session.close()
+        """Close the idle connections (safe to call twice)."""
+        self.pool.close()

@@ -4,7 +4,9 @@
 throughput: --jobs jobs `true` through a real server (subprocess) and one real
             worker (`gpulayer worker start --parallel 2`, subprocess), timed from
             the first POST /v1/jobs to the last job's finished_at; against the
-            same commands run directly, --parallel at a time (subprocess), same run.
+            same commands run directly, --parallel at a time (subprocess), same run;
+            and the agent's own CPU (utime+stime of the worker process, not its
+            tasks) over those jobs, per task.
 latency:    with the worker idle (long-polling acquire), --latency-jobs jobs one
             after another: time from just before POST /v1/jobs to the task's
             started_at (the task_started event's time, same clock).
@@ -74,11 +76,13 @@ def throughput(args) -> dict:
                 r.raise_for_status()
                 return r.json()["id"]
 
+            agent_cpu0 = benchlib.cpu_seconds(worker.pid)
             t0 = time.time()
             with ThreadPoolExecutor(args.submitters) as pool:
                 ids = list(pool.map(submit, range(args.jobs)))
             submitted = time.time()
             jobs = wait_all_done(srv, benchlib.session(), ids, args.timeout)
+            agent_cpu = benchlib.cpu_seconds(worker.pid) - agent_cpu0  # the agent alone, not its tasks
         finally:
             worker.stop()
     states = {}
@@ -96,6 +100,7 @@ def throughput(args) -> dict:
     return {"jobs": args.jobs, "parallel": args.parallel, "states": states, "completed": len(done),
             "projected": len(done) < args.jobs,
             "gpulayer_s": round(gp_s, 2), "submit_s": round(submitted - t0, 2),
+            "agent_cpu_s": round(agent_cpu, 2), "agent_cpu_ms_per_task": round(1000 * agent_cpu / max(1, len(done)), 2),
             "direct_s": round(direct_s, 2), "ratio": round(gp_s / direct_s, 2),
             "gpulayer_jobs_per_s": round(args.jobs / gp_s, 1), "direct_jobs_per_s": round(args.jobs / direct_s, 1)}
 
@@ -215,7 +220,8 @@ def main(argv=None) -> int:
                                   "seconds": t["gpulayer_s"], "jobs_per_s": t["gpulayer_jobs_per_s"]},
                                  {"path": "direct subprocess, %d at a time" % t["parallel"],
                                   "seconds": t["direct_s"], "jobs_per_s": t["direct_jobs_per_s"]}]),
-                 f"ratio {t['ratio']}x; job states {t['states']}; submitting took {t['submit_s']} s"
+                 f"ratio {t['ratio']}x; job states {t['states']}; submitting took {t['submit_s']} s; "
+                 f"agent CPU {t['agent_cpu_s']} s ({t['agent_cpu_ms_per_task']} ms per task)"
                  + (f"; PROJECTED from the {t['completed']} done within --timeout" if t["projected"] else ""), ""]
     if "latency" in result:
         lat = result["latency"]
