@@ -220,6 +220,9 @@ class Transport:
                     connection.close()
                     raise Unreachable(f"GET artifact {digest}: {type(exc).__name__}") from None
                 if not chunk:
+                    if response.length:  # http.client's read(n) ends quietly at a close before Content-Length
+                        connection.close()
+                        raise Unreachable(f"GET artifact {digest}: IncompleteRead")
                     break
                 try:
                     out.write(chunk)
