@@ -2,7 +2,9 @@
 
 Every line of a task attempt (stdout, stderr and the agent's own ``system``
 lines) gets ``n``, counted from 0. A flusher thread sends what is pending
-every ``interval_s`` or as soon as ``batch_lines`` are waiting. A batch that
+every ``interval_s`` or as soon as ``batch_lines`` are waiting; it starts
+with the first line, so a task that prints nothing until it ends costs no
+thread (its last lines ride along with the finish). A batch that
 fails to send stays pending and is sent again with the same numbers, so the
 server (which keeps one line per task and ``n``) never stores a line twice.
 """
@@ -48,6 +50,7 @@ class LogShipper:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._closing = False
+        self._armed = False
         self._thread: threading.Thread | None = None
 
     @property
@@ -67,6 +70,8 @@ class LogShipper:
             self._append(stream, text)
             if len(self._pending) >= self.batch_lines:
                 self._wake.set()
+            if self._armed and self._thread is None and not self._closing:
+                self._start_thread()
 
     def system(self, text: str) -> None:
         """Queue a line written by the agent itself."""
@@ -114,17 +119,33 @@ class LogShipper:
                 self._wake.wait(self.retry_wait_s)
 
     def start(self) -> "LogShipper":
-        """Start the background flusher."""
-        self._thread = threading.Thread(target=self._run, name="log-shipper", daemon=True)
-        self._thread.start()
+        """Run the background flusher from the first line on (at once if lines are waiting)."""
+        with self._lock:
+            self._armed = True
+            if self._pending and self._thread is None and not self._closing:
+                self._start_thread()
         return self
 
-    def close_keeping_tail(self, deadline: float | None = None) -> list[dict]:
-        """Stop the flusher and send all but the last batch; returns that batch, to ride along with finish."""
-        self._closing = True
+    def _start_thread(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="log-shipper", daemon=True)
+        self._thread.start()
+
+    def _stop_thread(self) -> None:
+        with self._lock:
+            self._closing = True
+            thread = self._thread
         self._wake.set()
-        if self._thread is not None:
-            self._thread.join()
+        if thread is not None:
+            thread.join()
+
+    def close_keeping_tail(self, deadline: float | None = None, last_line: str | None = None) -> list[dict]:
+        """Stop the flusher and send all but the last batch; returns that batch, to ride along with finish.
+
+        ``last_line``, a system line, is added after the flusher stopped (it never starts one).
+        """
+        self._stop_thread()
+        if last_line is not None:
+            self.system(last_line)
         while True:
             with self._lock:
                 if len(self._pending) <= self.batch_lines:
@@ -139,8 +160,5 @@ class LogShipper:
 
     def close(self, deadline: float | None = None) -> bool:
         """Stop the flusher and send what is left; False if lines could not be sent."""
-        self._closing = True
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join()
+        self._stop_thread()
         return self.flush(deadline)

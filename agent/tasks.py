@@ -30,6 +30,8 @@ from .transport import Transport
 
 #: How long a stopping worker keeps trying to report (logs, outputs, finish).
 SHUTDOWN_REPORT_S = 30.0
+#: Seconds the task thread waits for its start's answer before leaving it to a retrying thread.
+INLINE_START_TIMEOUT_S = 2.0
 
 
 @dataclass
@@ -186,8 +188,26 @@ class TaskRunner:
             self.ctx.running.add(self.workdir.name, proc.pid)
         if not self.pid_reported:  # a gang rank sent its start before the rendezvous, without a pid
             self.started = self.pid_reported = True
-            threading.Thread(target=self._send_start, args=(proc.pid,), daemon=True, name=f"start-{self.task_id}").start()
+            self._report_start(proc.pid)
         return proc
+
+    def _report_start(self, pid: int) -> None:
+        """POST start with the pid once; if the control plane does not answer, a thread retries it.
+
+        The supervision that follows must not wait on an unreachable control
+        plane (timeouts, silence, cancel); a thread per task only for that
+        case keeps the common one cheap.
+        """
+        try:
+            self.ctx.transport.request("POST", f"/worker/tasks/{self.task_id}/start", {"pid": pid}, timeout=INLINE_START_TIMEOUT_S)
+        except Unreachable:  # a start sent twice is harmless (protocol)
+            threading.Thread(target=self._send_start, args=(pid,), daemon=True, name=f"start-{self.task_id}").start()
+            return
+        except Rejected as exc:
+            self._not_assigned(exc)
+        except AgentError as exc:  # protocol mismatch: the worker stops, which stops this task
+            self.ctx.fatal.append(exc)
+        self.handle.start_sent.set()
 
     def _send_start(self, pid: int | None) -> bool:
         """POST start (retried); False, and the task is dropped, when the server says it is not ours."""
@@ -197,12 +217,15 @@ class TaskRunner:
             self.ctx.transport.call("POST", f"/worker/tasks/{self.task_id}/start", body)
             return True
         except Rejected as exc:
-            log_event("task_not_assigned", task_id=self.task_id, error=str(exc))
-            self.assigned = False
-            self.handle.cancel("the control plane no longer assigns this task to this worker")
+            self._not_assigned(exc)
             return False
         finally:
             self.handle.start_sent.set()
+
+    def _not_assigned(self, exc: Rejected) -> None:
+        log_event("task_not_assigned", task_id=self.task_id, error=str(exc))
+        self.assigned = False
+        self.handle.cancel("the control plane no longer assigns this task to this worker")
 
     def exit_code(self, proc: TaskProcess) -> int:
         """The process's shell-style exit code (it must have ended)."""
@@ -243,8 +266,8 @@ class TaskRunner:
             log_event("task_dropped", task_id=self.task_id)
             return
         summary = f"finished: {result.outcome}" + (f" (exit code {result.exit_code})" if result.exit_code is not None else "")
-        self.shipper.system(summary + (f": {result.reason}" if result.reason and result.outcome != "succeeded" else ""))
-        tail = self.shipper.close_keeping_tail(self.ctx.transport.give_up_at)
+        summary += f": {result.reason}" if result.reason and result.outcome != "succeeded" else ""
+        tail = self.shipper.close_keeping_tail(self.ctx.transport.give_up_at, last_line=summary)
         body = {"exit_code": result.exit_code, "outcome": result.outcome, "outputs": outputs, "lines": tail,
                 "next": self.ctx.hand_over is not None and self.ctx.want_next()}
         if result.reason:

@@ -52,6 +52,23 @@ def test_lines_are_captured_per_stream(tmp_path):
     assert sorted(lines) == [("stderr", "err"), ("stdout", "no newline"), ("stdout", "out")]
 
 
+def test_lines_keep_their_order_and_long_lines_are_split(tmp_path):
+    from agent.process import MAX_LINE_BYTES
+    code = (f"import sys; n = {MAX_LINE_BYTES}\n"
+            "for i in range(3000): print(f'line {i}')\n"
+            "print('e' * 10, file=sys.stderr); print('x' * (n - 1)); print('y' * n); print('z' * (2 * n + 5), end='')\n"
+            "sys.stdout.buffer.write('é'.encode()[:1] + b'\\n')")
+    lines = []
+    proc = spawn(code, tmp_path, lines)
+    assert proc.popen.wait() == 0
+    proc.finish_readers()
+    out = [text for stream, text in lines if stream == "stdout"]
+    assert out[:3000] == [f"line {i}" for i in range(3000)]
+    n = MAX_LINE_BYTES
+    assert out[3000:] == ["x" * (n - 1), "y" * n, "", "z" * n, "z" * n, "z" * 5 + "\ufffd"]
+    assert [text for stream, text in lines if stream == "stderr"] == ["e" * 10]
+
+
 def test_task_leads_its_own_process_group(tmp_path):
     proc = spawn("import time; time.sleep(5)", tmp_path)
     try:
