@@ -84,3 +84,24 @@ def _healthy(url: str) -> bool:
         return requests.get(f"{url}/v1/health", timeout=2).status_code == 200
     except requests.RequestException:
         return False
+
+
+def test_wheel_runs_gpulayer_up_and_a_job_through_it(venv, tmp_path):
+    gpulayer, home, port = str(venv / "bin" / "gpulayer"), tmp_path / "home", free_port()
+    env = _env(venv, GPULAYER_HOME=str(home), PYTHONUNBUFFERED="1")
+    log_path = tmp_path / "up.log"
+    with open(log_path, "w") as log:
+        up = subprocess.Popen([gpulayer, "up", "--host", "127.0.0.1", "--port", str(port), "--parallel", "1"],
+                              cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            wait_for(lambda: up.poll() is not None or "gpulayer join " in log_path.read_text(), 60,
+                     "`up` to print its join line", details=log_path.read_text)
+            assert up.poll() is None, log_path.read_text()
+            done = subprocess.run([gpulayer, "submit", "--wait", "--", "echo", "up-from-the-wheel"], cwd=tmp_path,
+                                  env=env, capture_output=True, text=True, timeout=90)
+            assert done.returncode == 0, (done.stdout, done.stderr, log_path.read_text())
+            logs = subprocess.run([gpulayer, "job", "logs", done.stdout.split()[0]], cwd=tmp_path, env=env,
+                                  capture_output=True, text=True, timeout=60)
+            assert "up-from-the-wheel" in logs.stdout
+        finally:
+            assert stop_process(up) == 0, log_path.read_text()
