@@ -18,8 +18,15 @@ Between two timed acquisitions the task taken is marked succeeded (untimed for
 the sequential variants), otherwise acquire would hand the same task back
 (acquire is idempotent until start).
 
---index-check compares the real acquire with and without the partial index
-tasks_queued (the query's INDEXED BY removed) on --finished finished + 1,000 queued tasks.
+--index-check compares the real acquire with and without the index task_queue_shape
+(each queued shape's tasks, best first) on --finished finished + 1,000 queued tasks.
+
+--backlog N,N,... measures acquire against a backlog instead (and nothing else): a
+CPU-only worker; N queued tasks that ask for 8 GPUs (which no worker has) ahead of the
+tasks it can take. `acquire`: ms per acquisition on one connection (BEGIN IMMEDIATE ...
+COMMIT), median and p99, and the same without the COMMIT (placement.acquire alone);
+`heartbeat`: ms per heartbeat through Store.write while 100 idle workers poll acquire
+(100 polls/s in all), median and p99.
 """
 from __future__ import annotations
 
@@ -38,9 +45,8 @@ import benchlib  # noqa: E402
 
 from gpulayer.server.store import db
 
-from gpulayer.server.scheduler import placement  # noqa: E402
+from gpulayer.server.scheduler import leases, placement  # noqa: E402
 from gpulayer.server.scheduler.spec import validate_job  # noqa: E402
-from gpulayer.server.store.queries import QUERIES  # noqa: E402
 
 LEASE_TTL = 20.0
 MINIMAL = ("UPDATE t SET state='assigned' WHERE id = (SELECT id FROM t WHERE state='queued' ORDER BY id LIMIT 1) "
@@ -202,29 +208,128 @@ def throughput(args, template: Path, workdir: Path) -> list[dict]:
 def index_check(args, workdir: Path) -> list[dict]:
     template = workdir / "index-template.db"
     build_template(template, args.finished, 1000, 1)
-    original = QUERIES["acquire_task"]
     rates: dict[str, list[float]] = {"with_index": [], "without_index": []}
-    try:
-        for rep in range(args.index_reps):
-            for name in rates:
-                path = fresh_copy(template, workdir, name)
-                if name == "without_index":
-                    conn = apsw.Connection(str(path))
-                    conn.execute("DROP INDEX tasks_queued")
-                    conn.close()
-                    QUERIES["acquire_task"] = original.replace("INDEXED BY tasks_queued", "")
-                else:
-                    QUERIES["acquire_task"] = original
-                done, spent = run_real_direct(path, "NORMAL", args.index_acquisitions, args.max_seconds)
-                rates[name].append(done / spent if spent else 0.0)
-    finally:
-        QUERIES["acquire_task"] = original
+    for _rep in range(args.index_reps):
+        for name in rates:
+            path = fresh_copy(template, workdir, name)
+            if name == "without_index":
+                conn = apsw.Connection(str(path))
+                conn.execute("DROP INDEX task_queue_shape")
+                conn.close()
+            done, spent = run_real_direct(path, "NORMAL", args.index_acquisitions, args.max_seconds)
+            rates[name].append(done / spent if spent else 0.0)
     with_i = benchlib.median(rates["with_index"])
     without = benchlib.median(rates["without_index"])
     return [{"variant": name, "median_per_s": round(benchlib.median(r), 1),
              "ms_per_acquire": round(1e3 / benchlib.median(r), 3), "reps": [round(x, 1) for x in r]}
             for name, r in rates.items()] + [{"variant": "slowdown_without_index",
                                               "median_per_s": round(with_i / without, 1) if without else None}]
+
+
+BACKLOG_WORKERS = 101  # worker 1 acquires; all of them poll and heartbeat in the heartbeat phase
+
+
+def build_backlog(path: Path, backlog: int, fitting: int) -> None:
+    """CPU-only online workers; `backlog` queued 8-GPU tasks, then `fitting` queued CPU tasks behind them."""
+    conn = db.connect(path)
+    db.ensure_schema(conn)
+    json = __import__("json")
+    spec = json.dumps(validate_job({"command": ["true"]}))
+    big = json.dumps(validate_job({"command": ["true"], "gpus": 8}))
+    now = time.time()
+    with conn:
+        conn.executemany(
+            "INSERT INTO workers (name, state, cpus, gpus, memory_mb, slots, registered_at, last_seen_at, "
+            "lease_expires_at, session_hash) VALUES (?, 'online', 64, 0, 1048576, 1, ?, ?, ?, ?)",
+            [(f"w{i}", now, now, now + 1e9, f"h{i}") for i in range(BACKLOG_WORKERS)])
+        conn.executemany("INSERT INTO jobs (id, state, spec, gpus, created_at) VALUES (?, 'queued', ?, ?, ?)",
+                         [(i + 1, big if i < backlog else spec, 8 if i < backlog else 0, now)
+                          for i in range(backlog + fitting)])
+        conn.executemany("INSERT INTO tasks (id, job_id, state, created_at) VALUES (?, ?, 'queued', ?)",
+                         [(i + 1, i + 1, now) for i in range(backlog + fitting)])
+    conn.execute("ANALYZE")
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+
+
+def time_acquires(path: Path, n: int) -> tuple[list[float], list[float]]:
+    """Seconds per acquisition by worker 1, each in its own BEGIN IMMEDIATE ... COMMIT; and without the COMMIT."""
+    conn = db.connect(path, synchronous="normal")
+    spent, sql = [], []
+    clock = time.perf_counter
+    for _ in range(n):
+        now = time.time()
+        t0 = clock()
+        conn.execute("BEGIN IMMEDIATE")
+        t1 = clock()
+        task = placement.acquire(conn, 1, now, LEASE_TTL)
+        t2 = clock()
+        conn.execute("COMMIT")
+        spent.append(clock() - t0)
+        sql.append(t2 - t1)
+        if task is None:
+            raise RuntimeError("backlog: worker 1 found nothing to take")
+        conn.execute(CLEAR, {"now": now, "id": task})
+    conn.close()
+    return spent, sql
+
+
+def time_heartbeats(path: Path, seconds: float, polls_per_s: float, heartbeats_per_s: float) -> list[float]:
+    """Seconds per heartbeat (Store.write) while idle workers poll acquire, nothing they can take queued."""
+    conn = db.connect(path)
+    conn.execute("UPDATE tasks SET state = 'cancelled', finished_at = :now WHERE state = 'queued' "
+                 "AND job_id IN (SELECT id FROM jobs WHERE gpus = 0)", {"now": time.time()})
+    conn.close()
+    store = db.Store(path, synchronous="normal")
+    stop = threading.Event()
+
+    def paced(rate, call):
+        n, start = 0, time.perf_counter()
+        while not stop.is_set():
+            wait = start + n / rate - time.perf_counter()
+            if wait > 0:
+                time.sleep(wait)
+            call(n)
+            n += 1
+
+    spent: list[float] = []
+
+    def poll(n):
+        if store.write(placement.acquire, 2 + n % (BACKLOG_WORKERS - 1), time.time(), LEASE_TTL) is not None:
+            raise RuntimeError("backlog: an idle worker found a task")
+
+    def beat(n):
+        t0 = time.perf_counter()
+        store.write(leases.heartbeat, 1 + n % BACKLOG_WORKERS, [], time.time(), LEASE_TTL)
+        spent.append(time.perf_counter() - t0)
+
+    pool = [threading.Thread(target=paced, args=(polls_per_s, poll)),
+            threading.Thread(target=paced, args=(heartbeats_per_s, beat))]
+    for t in pool:
+        t.start()
+    time.sleep(seconds)
+    stop.set()
+    for t in pool:
+        t.join()
+    store.close()
+    return spent
+
+
+def backlog_check(args, workdir: Path) -> list[dict]:
+    out = []
+    for backlog in args.backlog:
+        template = workdir / f"backlog-{backlog}.db"
+        build_backlog(template, backlog, args.backlog_acquisitions)
+        spent, sql = time_acquires(fresh_copy(template, workdir, "backlog"), args.backlog_acquisitions)
+        acq, stmts = benchlib.summary_ms(spent), benchlib.summary_ms(sql)
+        beats = benchlib.summary_ms(time_heartbeats(fresh_copy(template, workdir, "backlog"), args.backlog_seconds,
+                                                    BACKLOG_WORKERS - 1, 50))
+        out.append({"backlog": backlog, "acquire_p50_ms": acq["p50_ms"], "acquire_p99_ms": acq["p99_ms"],
+                    "acquires": acq["n"],
+                    "no_commit_p50_ms": stmts["p50_ms"], "no_commit_p99_ms": stmts["p99_ms"], "heartbeat_p50_ms": beats["p50_ms"],
+                    "heartbeat_p99_ms": beats["p99_ms"], "heartbeats": beats["n"]})
+        template.unlink()
+    return out
 
 
 def main(argv=None) -> int:
@@ -238,11 +343,30 @@ def main(argv=None) -> int:
     p.add_argument("--index-acquisitions", type=int, default=200)
     p.add_argument("--index-reps", type=int, default=3)
     p.add_argument("--skip-index-check", action="store_true")
+    p.add_argument("--backlog", type=lambda v: [int(x) for x in v.split(",")], default=None,
+                   help="measure acquire against these backlogs instead, e.g. 0,1000,10000,100000")
+    p.add_argument("--backlog-acquisitions", type=int, default=400, help="timed acquisitions per backlog")
+    p.add_argument("--backlog-seconds", type=float, default=5.0, help="seconds of heartbeats per backlog")
     p.add_argument("--dir", type=Path, default=None, help="where the files go (default: a temp dir)")
     p.add_argument("--json", action="store_true", help="print JSON")
     args = p.parse_args(argv)
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-sql-", dir=args.dir))
+    if args.backlog is not None:
+        try:
+            result = {"machine": benchlib.machine(), "args": {k: (str(v) if isinstance(v, Path) else v)
+                                                              for k, v in vars(args).items()},
+                      "backlog": backlog_check(args, workdir)}
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        benchlib.emit(result, args.json, "\n".join([
+            benchlib.machine_line(result["machine"]),
+            f"queued 8-GPU tasks no worker fits, ahead of the CPU tasks worker 1 takes; "
+            f"heartbeats while {BACKLOG_WORKERS - 1} idle workers poll",
+            benchlib.table(result["backlog"], ["backlog", "acquire_p50_ms", "acquire_p99_ms", "acquires",
+                                               "no_commit_p50_ms", "no_commit_p99_ms",
+                                               "heartbeat_p50_ms", "heartbeat_p99_ms", "heartbeats"])]))
+        return 0
     try:
         template = workdir / "template.db"
         build_template(template, args.finished, args.queued, 8)
@@ -259,7 +383,7 @@ def main(argv=None) -> int:
             benchlib.table(result["throughput"], ["synchronous", "variant", "median_per_s", "min_per_s",
                                                   "max_per_s", "us_per_acquire", "vs_minimal"])]
     if "index_check" in result:
-        text += ["", f"partial index tasks_queued, {args.finished:,} finished + 1,000 queued (real_direct):",
+        text += ["", f"index task_queue_shape, {args.finished:,} finished + 1,000 queued (real_direct):",
                  benchlib.table(result["index_check"], ["variant", "median_per_s", "ms_per_acquire"])]
     benchlib.emit(result, args.json, "\n".join(text))
     return 0

@@ -77,3 +77,17 @@ WHERE kind IN ('task_assigned', 'task_started', 'task_finished', 'task_lost', 't
                'task_cancelled', 'gang_released', 'worker_offline', 'worker_online', 'worker_gone',
                'job_retried', 'job_finished', 'late_finish')
 ORDER BY seq;
+
+-- name: task_queue_disagrees --
+-- task_queue holds exactly the queued tasks, each under its job's shape (kept by triggers).
+SELECT t.id AS task_id, t.state, q.shape_id, js.shape_id AS job_shape
+FROM tasks t
+LEFT JOIN task_queue q ON q.task_id = t.id
+LEFT JOIN job_shape js ON js.job_id = t.job_id
+WHERE (t.state = 'queued') <> (q.task_id IS NOT NULL) OR q.shape_id IS NOT js.shape_id AND q.task_id IS NOT NULL;
+
+-- name: shape_count_wrong --
+-- shapes.queued counts the shape's rows of task_queue.
+SELECT s.id AS shape_id, s.queued, (SELECT count(*) FROM task_queue q WHERE q.shape_id = s.id) AS rows
+FROM shapes s
+WHERE s.queued <> (SELECT count(*) FROM task_queue q WHERE q.shape_id = s.id);

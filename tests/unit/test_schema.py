@@ -106,6 +106,30 @@ def test_migrations_replay_to_exactly_schema_sql(tmp_path):
         fresh.close()
 
 
+def test_upgraded_file_acquires_its_queued_tasks(tmp_path):
+    """Migration 0003 groups the queued tasks of an older file by shape, so acquire finds them."""
+    from gpulayer.server.scheduler import placement
+
+    old = db.connect(tmp_path / "old.db")
+    old.execute(BASELINE.read_text())
+    old.execute("INSERT INTO workers (name, cpus, memory_mb, registered_at, last_seen_at, lease_expires_at) "
+                "VALUES ('w', 8, 16000, 1, 1, 100)")
+    for job_id, gpus, priority, state in [(1, 8, 5, "queued"), (2, 0, 0, "queued"), (3, 0, 1, "queued"),
+                                          (4, 0, 1, "succeeded")]:
+        old.execute("INSERT INTO jobs (id, spec, gpus, priority, created_at, state, finished_at) "
+                    "VALUES (?, '{}', ?, ?, 1, ?, ?)", (job_id, gpus, priority, state,
+                                                       None if state == "queued" else 2))
+        old.execute("INSERT INTO tasks (job_id, priority, state, created_at, finished_at) VALUES (?, ?, ?, 1, ?)",
+                    (job_id, priority, state, None if state == "queued" else 2))
+    db.ensure_schema(old)
+    assert [r["queued"] for r in old.execute("SELECT queued FROM shapes ORDER BY id").fetchall()] == [1, 2]
+    assert old.execute("SELECT count(*) AS n FROM task_queue").fetchall()[0]["n"] == 3
+    with old:
+        assert placement.acquire(old, 1, 10.0, 20.0) == 3  # priority 1 before 0; the 8-GPU task fits nobody
+    assert old.execute("SELECT count(*) AS n FROM task_queue").fetchall()[0]["n"] == 2
+    old.close()
+
+
 def test_newer_file_refused(tmp_path):
     conn = build(tmp_path / "state.db")
     conn.execute(f"PRAGMA user_version = {db.schema_version() + 1}")
@@ -155,14 +179,15 @@ def test_query_files_hold_only_named_blocks():
         assert body.endswith(";") and body.count(";") == 1, f"{name}: one statement per block"
 
 
-def test_acquisition_uses_the_partial_index(built):
+def test_acquisition_reads_shapes_not_tasks(built):
+    """acquire_task walks the queued shapes (partial index) and each one's queue, never all queued tasks."""
     conn, _ = built
     sql = QUERIES["acquire_task"]
     params = {p: None for p in PARAM.findall(sql)}
     plan = " | ".join(r["detail"] for r in conn.execute("EXPLAIN QUERY PLAN " + sql, params).fetchall())
-    assert "tasks_queued" in plan, plan
-    # the same in the stock SQLite the CLI ships (3.40): the index is usable there too
+    assert "shapes_queued" in plan and "task_queue_shape" in plan and "tasks_queued" not in plan, plan
+    # the same in the stock SQLite the CLI ships (3.40): the indexes are usable there too
     stock = sqlite3.connect(":memory:")
     stock.executescript(db.schema_path().read_text())
     stock_plan = " | ".join(r[3] for r in stock.execute("EXPLAIN QUERY PLAN " + sql, params).fetchall())
-    assert "tasks_queued" in stock_plan, stock_plan
+    assert "shapes_queued" in stock_plan and "task_queue_shape" in stock_plan, stock_plan

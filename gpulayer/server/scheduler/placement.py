@@ -1,9 +1,11 @@
 """Placement: which queued task a polling worker gets, as SQL transactions.
 
 Which worker a job fits is one view, `job_worker_fit` (schema.sql): labels,
-accelerator, size, secrets, free room now. Single tasks are taken with one
-`UPDATE ... RETURNING` (acquire_task) over its `fits_now`, inside the write
-transaction, so nothing can change in between; GPU device indices are then
+accelerator, size, secrets, free room now, read through each job's shape
+(`shape_worker_fit`). Single tasks are taken with one `UPDATE ... RETURNING`
+(acquire_task) that looks at queued shapes, not queued tasks (`task_queue`, kept
+by triggers), inside the write transaction, so nothing can change in between,
+and what the worker cannot take costs nothing; GPU device indices are then
 reserved from those its other tasks do not hold. Waiting reasons read the same
 view, so what a job says it waits for is what acquire does. A multi-node job is placed all at once: when N
 distinct online workers have room, every rank is assigned in the same

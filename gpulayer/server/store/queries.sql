@@ -42,18 +42,28 @@ WHERE l.worker_id = CAST(:worker_id AS INTEGER) AND l.state = 'online';
 -- name: acquire_task --
 -- Atomic acquisition: the best queued task (priority, then first come) of a job that
 -- the worker fits now (job_worker_fit.fits_now: labels, accelerator, size, secrets,
--- free room, no other replica of the job on it). Gang (multi-node) jobs are placed by
--- gang_workers / assign_task instead.
+-- free room, no other replica of the job on it). Read by shape, not by task: the fit of
+-- each shape with queued tasks (shape_worker_fit.fits_now), then each fitting shape's
+-- best task of a job the worker holds none of (job_worker_fit.holds_task), then the best
+-- of those; so queued tasks the worker cannot take cost nothing. Gang (multi-node) jobs
+-- are placed by gang_workers / assign_task instead.
 UPDATE tasks
 SET state = 'assigned', worker_id = :worker_id, assigned_at = :now, lease_expires_at = :lease_expires_at,
     address = :address
 WHERE id = (
-    SELECT t.id
-    FROM tasks t INDEXED BY tasks_queued
-    JOIN jobs j ON j.id = t.job_id
-    JOIN job_worker_fit f ON f.job_id = t.job_id AND f.worker_id = CAST(:worker_id AS INTEGER)
-    WHERE t.state = 'queued' AND j.gang = 0 AND f.fits_now
-    ORDER BY t.priority DESC, t.id
+    SELECT head.task_id
+    FROM shapes s INDEXED BY shapes_queued
+    JOIN shape_worker_fit f ON f.shape_id = s.id AND f.worker_id = CAST(:worker_id AS INTEGER)
+    JOIN task_queue head ON head.task_id = (
+        SELECT h.task_id FROM task_queue h
+        WHERE h.shape_id = s.id
+          AND NOT EXISTS (SELECT 1 FROM tasks o
+                          WHERE o.worker_id = CAST(:worker_id AS INTEGER) AND o.job_id = h.job_id
+                            AND o.state IN ('assigned', 'running'))
+        ORDER BY h.priority DESC, h.task_id
+        LIMIT 1)
+    WHERE s.queued > 0 AND s.gang = 0 AND f.fits_now
+    ORDER BY head.priority DESC, head.task_id
     LIMIT 1
 )
 RETURNING id, job_id, "index", attempt, (SELECT gpus FROM jobs WHERE jobs.id = tasks.job_id) AS gpus;
