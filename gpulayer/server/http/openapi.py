@@ -33,6 +33,17 @@ JOB_SPEC = {
         "service": {"type": ["object", "null"]},
     },
 }
+# acquire, and finish with `next`: `task` as in protocol v1; `more` only when the request named max_tasks
+MAX_TASKS = {"type": "integer", "minimum": 1, "maximum": 1024,
+             "description": "assignments one answer may carry (capped by the worker's free slots and 16)"}
+ASSIGNMENT = {"type": "object", "required": ["task_id", "job_id", "attempt", "command", "env", "gpus"], "properties": {
+    "task_id": {"type": "integer"}, "job_id": {"type": "integer"}, "attempt": {"type": "integer", "minimum": 1},
+    "index": INT, "command": {"type": "array", "items": {"type": "string"}}, "env": STR_MAP,
+    "source": {"type": ["string", "null"]}, "inputs": STR_MAP, "outputs": {"type": "array", "items": {"type": "string"}},
+    "gpus": {"type": "array", "items": INT}, "cpus": NUM, "memory_mb": INT, "service": {"type": ["object", "null"]},
+    "rank": INT, "world_size": {"type": "integer", "minimum": 1},
+    "timeout_seconds": {"type": ["number", "null"]}, "silence_timeout_seconds": {"type": ["number", "null"]}}}
+ASSIGNMENTS = {"task": {"oneOf": [ASSIGNMENT, {"type": "null"}]}, "more": {"type": "array", "items": ASSIGNMENT}}
 JOB = {"type": "object", "required": ["id", "state", "created_at", "spec", "tasks"], "properties": {
     "id": {"type": "integer"}, "name": {"type": ["string", "null"]}, "state": {"type": "string"},
     "created_at": {"type": "number"}, "spec": {"type": "object"}, "tasks": {"type": "array"}}}
@@ -49,7 +60,8 @@ REQUEST_BODIES = {
             "task_id": {"type": "integer"}, "state": {"type": "string"},
             "endpoint": {"type": ["string", "null"]}, "restarts": INT}}}}},
     ("/v1/worker/acquire", "post"): {"type": "object", "properties": {"wait_s": {"type": "number", "minimum": 0,
-                                                                                "maximum": 1}}},
+                                                                                "maximum": 1},
+                                                                     "max_tasks": MAX_TASKS}},
     ("/v1/worker/tasks/{task_id}/start", "post"): {"type": "object", "properties": {"pid": INT}},
     ("/v1/worker/tasks/{task_id}/logs", "post"): {"type": "object", "required": ["lines"], "properties": {
         "lines": {"type": "array", "items": {"type": "object", "required": ["text"], "properties": {
@@ -62,6 +74,7 @@ REQUEST_BODIES = {
         "exit_code": {"type": ["integer", "null"]},
         "outcome": {"enum": ["succeeded", "failed", "cancelled", "timed_out"]},
         "outputs": STR_MAP, "reason": {"type": ["string", "null"]}, "next": {"type": "boolean"},
+        "max_tasks": MAX_TASKS,
         "lines": {"type": "array", "items": {"type": "object", "required": ["text"], "properties": {
             "n": INT, "stream": {"enum": ["stdout", "stderr", "system"]}, "text": {"type": "string"},
             "at": NUM}}}}},
@@ -79,6 +92,9 @@ RESPONSES = {
     ("/v1/health", "get"): ("200", {"type": "object", "required": ["ok", "protocol"]}),
     ("/v1/tokens", "post"): ("201", {"type": "object", "required": ["token", "jti", "name", "kind"]}),
     ("/v1/artifacts/{digest}", "put"): ("201", {"type": "object", "required": ["digest", "size"]}),
+    ("/v1/worker/acquire", "post"): ("200", {"type": "object", "required": ["task"], "properties": ASSIGNMENTS}),
+    ("/v1/worker/tasks/{task_id}/finish", "post"): ("200", {"type": "object", "required": ["accepted"], "properties": {
+        "accepted": {"type": "boolean"}, **ASSIGNMENTS}}),
     ("/v1/provisioners", "get"): ("200", {"type": "object", "required": ["provisioners", "requests"], "properties": {
         "provisioners": {"type": "array", "items": {"type": "object"}},
         "requests": {"type": "array", "items": {"type": "object", "required": ["id", "provisioner", "profile",

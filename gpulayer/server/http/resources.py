@@ -86,8 +86,17 @@ class Heartbeat(WorkerResource):
 
 class Acquire(WorkerResource):
     def on_post(self, req, resp):
-        wait_s = wire.wait_seconds(wire.read_json(req, allow_empty=True))
-        resp.media = {"task": self.sched.acquire(self.worker_id(req), wait_s)}
+        body = wire.read_json(req, allow_empty=True)
+        wait_s, max_tasks = wire.wait_seconds(body), wire.max_tasks(body)
+        resp.media = assignments(self.sched.acquire_many(self.worker_id(req), wait_s, max_tasks or 1), max_tasks)
+
+
+def assignments(found: list[dict], max_tasks: int | None) -> dict:
+    """`task` (the first Assignment or null), plus `more` (the rest) when the request named `max_tasks`."""
+    answer: dict = {"task": found[0] if found else None}
+    if max_tasks is not None:
+        answer["more"] = found[1:]
+    return answer
 
 
 class Deregister(WorkerResource):
@@ -114,10 +123,10 @@ class WorkerTask(WorkerResource):
 
     def on_post_finish(self, req, resp, task_id):
         body = wire.finish(wire.read_json(req))
-        want_next = body.pop("next")
+        want_next, max_tasks = body.pop("next"), body.pop("max_tasks")
         answer = {"accepted": self.sched.finish(self.worker_id(req), task_id, **body)}
-        if want_next:  # the freed slot's next task in the same round trip, as acquire with wait_s 0
-            answer["task"] = self.sched.acquire(self.worker_id(req), 0)
+        if want_next:  # the freed slot's next task(s) in the same round trip, as acquire with wait_s 0
+            answer.update(assignments(self.sched.acquire_many(self.worker_id(req), 0, max_tasks or 1), max_tasks))
         resp.media = answer
 
 

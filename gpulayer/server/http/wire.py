@@ -114,6 +114,12 @@ def wait_seconds(body: dict) -> float:
     return number(body.get("wait_s", 0) or 0, "wait_s", 0, 3600)
 
 
+def max_tasks(body: dict) -> int | None:
+    """`max_tasks` of acquire and finish: how many assignments one answer may carry; None when absent."""
+    value = body.get("max_tasks")
+    return None if value is None else integer(value, "max_tasks", 1, 1024)
+
+
 def start(body: dict) -> int | None:
     pid = body.get("pid")
     return None if pid is None else integer(pid, "pid", 0, 1 << 31)
@@ -157,7 +163,7 @@ def finish(body: dict) -> dict:
                         for k, v in outputs.items()},
             "reason": None if reason is None else string(reason, "reason", limit=2048),
             "lines": log_lines(body) if body.get("lines") is not None else [],
-            "next": _flag(body.get("next", False), "next")}
+            "next": _flag(body.get("next", False), "next"), "max_tasks": max_tasks(body)}
 
 
 def _flag(value, field: str) -> bool:

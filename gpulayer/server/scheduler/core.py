@@ -185,23 +185,28 @@ class Scheduler:
 
     def acquire(self, worker_id: int, wait_s: float = 0.0) -> dict | None:
         """The worker's next Assignment, or None after waiting up to wait_s for one."""
+        found = self.acquire_many(worker_id, wait_s, 1)
+        return found[0] if found else None
+
+    def acquire_many(self, worker_id: int, wait_s: float = 0.0, max_tasks: int = 1) -> list[dict]:
+        """Up to max_tasks Assignments (placement.acquire_many), or [] after waiting up to wait_s for one."""
         deadline = time.monotonic() + min(max(wait_s, 0.0), MAX_ACQUIRE_WAIT_S)
         parked = False
         try:
             while True:
                 seen = self._generation
                 began = time.perf_counter()
-                found = self._write(self._acquire_once, worker_id, self.clock())
+                found = self._write(self._acquire_once, worker_id, self.clock(), max_tasks)
                 self.observe_acquire(time.perf_counter() - began)
-                if found is not None:
+                if found:
                     return found
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or self._closing:
-                    return None
+                    return []
                 if not parked:
                     parked = self._parked.acquire(blocking=False)
                     if not parked:
-                        return None  # too many parked already: the worker polls again later
+                        return []  # too many parked already: the worker polls again later
                 with self._wake:
                     if self._generation == seen and not self._closing:
                         self._waiting += 1
@@ -213,10 +218,10 @@ class Scheduler:
             if parked:
                 self._parked.release()
 
-    def _acquire_once(self, conn, worker_id: int, now: float) -> dict | None:
-        """One acquire transaction: the Assignment, built in the same transaction, or None."""
-        task_id = placement.acquire(conn, worker_id, now, self.config.lease_ttl_s)
-        return None if task_id is None else self._assignment(conn, task_id)
+    def _acquire_once(self, conn, worker_id: int, now: float, max_tasks: int = 1) -> list[dict]:
+        """One acquire transaction: the Assignments, built in the same transaction (maybe none)."""
+        taken = placement.acquire_many(conn, worker_id, now, self.config.lease_ttl_s, max_tasks)
+        return [self._assignment(conn, task_id) for task_id in taken]
 
     def _assignment(self, conn, task_id: int) -> dict:
         return placement.assignment(conn, task_id, lambda names: secrets.env_for(conn, self.secret_box, names))

@@ -20,17 +20,39 @@ from gpulayer.server.scheduler import events
 from gpulayer.server.store.queries import row, rows
 
 GANG_CANDIDATES = 8  # queued gangs looked at per acquire: one too wide for the fleet must not block the rest
+MAX_TASKS_PER_ACQUIRE = 16  # assignments one acquire (or finish with `next`) may hand out
 
 
 def acquire(conn, worker_id: int, now: float, lease_ttl_s: float) -> int | None:
     """The task id this worker should run next, or None. Idempotent until start."""
-    held = row(conn, "assigned_task_for_worker", worker_id=worker_id)
-    if held is not None:
-        return held["id"]
+    taken = acquire_many(conn, worker_id, now, lease_ttl_s, 1)
+    return taken[0] if taken else None
+
+
+def acquire_many(conn, worker_id: int, now: float, lease_ttl_s: float, max_tasks: int) -> list[int]:
+    """Up to `max_tasks` task ids (at most MAX_TASKS_PER_ACQUIRE) for this worker, in one transaction.
+
+    Idempotent until start: the tasks assigned to it and not started yet come
+    first (oldest first), then new ones while its free room lasts. With
+    `max_tasks` 1 this is the one-task acquire of protocol v1, unchanged: a
+    held task is handed out again and nothing new is assigned beside it.
+    """
+    limit = max(1, min(max_tasks, MAX_TASKS_PER_ACQUIRE))
+    taken = [r["id"] for r in rows(conn, "assigned_task_for_worker", worker_id=worker_id, limit=limit)]
+    lease = now + lease_ttl_s
+    while len(taken) < limit:
+        task_id = _take_one(conn, worker_id, now, lease)
+        if task_id is None:
+            break
+        taken.append(task_id)
+    return taken
+
+
+def _take_one(conn, worker_id: int, now: float, lease: float) -> int | None:
+    """Assign one more queued task (a gang rank or a single task) to the worker, if it has room; its id."""
     free = row(conn, "worker_free", worker_id=worker_id)
     if free is None or free["free_slots"] <= 0:
         return None
-    lease = now + lease_ttl_s
     if row(conn, "any_queued_gang") is not None:
         gang_task = _place_gang(conn, worker_id, now, lease)
         if gang_task is not None:

@@ -25,13 +25,14 @@ VALUES (:job_id, :index, :attempt, 'queued', :priority, :now)
 RETURNING id;
 
 -- name: assigned_task_for_worker --
--- acquire is idempotent until start: an assigned task not started yet is handed out again.
+-- acquire is idempotent until start: the assigned tasks not started yet (oldest first, at
+-- most :limit) are handed out again.
 -- (The redundant IN term lets SQLite use the partial index tasks_worker_active;
 -- without it this scans every task the worker ever ran: 7 ms at 100k tasks.)
 SELECT id FROM tasks
 WHERE worker_id = :worker_id AND state IN ('assigned', 'running') AND state = 'assigned'
   AND cancel_requested = 0
-ORDER BY id LIMIT 1;
+ORDER BY id LIMIT :limit;
 
 -- name: worker_free --
 -- What an online worker has free now (worker_load), with what acquisition hands on.
