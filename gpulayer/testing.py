@@ -46,6 +46,9 @@ import requests
 
 #: The `gpulayer` command line for a child process: this interpreter, so the child runs this gpulayer.
 CLI = [sys.executable, "-m", "gpulayer.cli"]
+#: `server start --http` for every ControlPlaneProcess whose args name none ("granian": run a suite under
+#: granian); read at each start, in this process (children never see GPULAYER_* variables).
+TEST_HTTP_VARIABLE = "GPULAYER_TEST_HTTP"
 #: The job states that do not change any more.
 FINAL_STATES = ("succeeded", "failed", "cancelled", "lost")
 # The folder that holds gpulayer/ and agent/: first on a child's PYTHONPATH.
@@ -251,8 +254,9 @@ class ControlPlaneProcess(ChildProcess):
     kept across restarts. `tls`: a CA and a certificate for `host` (gpulayer.server.security.certs);
     `ca_file` and `verify` then name the CA. A plain-HTTP `host` off loopback gets
     --allow-insecure-remote. `args` go after the others (`--synchronous full`);
-    `env` adds to the server's environment. Use as a context manager, or start()
-    and close().
+    `env` adds to the server's environment. GPULAYER_TEST_HTTP=granian in this
+    process's environment adds `--http granian` where `args` name no front end.
+    Use as a context manager, or start() and close().
     """
 
     label = "the control plane"
@@ -328,6 +332,9 @@ class ControlPlaneProcess(ChildProcess):
                      "--tls-key", str(self.root / "tls" / "server-key.pem")]
         elif not _loopback(self.host):
             argv.append("--allow-insecure-remote")
+        front_end = os.environ.get(TEST_HTTP_VARIABLE)
+        if front_end and "--http" not in self.args:
+            argv += ["--http", front_end]
         self.starts += 1
         self._spawn([*argv, *self.args], clean_env(**self.env), self.root, mode="a")
         wait_for(self.healthy, timeout, "the control plane to answer /v1/health")

@@ -2,13 +2,17 @@
 
 Real server processes on loopback: TLS with the certificates `gpulayer up`
 makes (`ensure_tls`), a parked long-poll acquire while heartbeats are served,
-SIGTERM flushing acknowledged writes, slowloris heads that cost no
-heartbeats, and a 64 MiB artifact round trip with flat memory.
+SIGTERM flushing acknowledged writes (stop waits for requests in progress),
+slowloris heads that cost no heartbeats, a 64 MiB artifact round trip with
+flat memory, a 503 without spinning when file descriptors run out, and plain
+HTTP on the TLS port closed at once. The whole real-server suite runs under
+granian with GPULAYER_TEST_HTTP=granian (docs/benchmarks.md, "Front ends").
 """
 from __future__ import annotations
 
 import hashlib
 import os
+import resource
 import socket
 import threading
 import time
@@ -17,7 +21,7 @@ import pytest
 import requests
 
 from gpulayer.protocol import PROTOCOL, PROTOCOL_HEADER
-from gpulayer.testing import ControlPlaneProcess, stop_process
+from gpulayer.testing import ControlPlaneProcess, stop_process, wait_for
 
 pytest.importorskip("granian")
 pytestmark = pytest.mark.timeout(120)
@@ -166,3 +170,69 @@ def test_a_64_mib_artifact_round_trip_with_flat_memory(tmp_path):
                 back.update(chunk)
         assert back.hexdigest() == digest.hexdigest()
         assert _rss_kb(plane.pid) - before < 32 * 1024
+
+
+def test_stop_returns_once_a_request_in_progress_has_answered():
+    from gpulayer.server.http.granian_server import GranianServer
+
+    def slow(environ, start_response):
+        time.sleep(1.0)
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [b"done"]
+
+    server = GranianServer(slow, "127.0.0.1", 0, threads=2)
+    server.start()
+    got: dict = {}
+    request = threading.Thread(target=lambda: got.update(
+        r=requests.get(f"http://127.0.0.1:{server.port}/", timeout=10).text, at=time.monotonic()))
+    request.start()
+    time.sleep(0.3)  # the request is in the app
+    server.stop(timeout=5)
+    stopped = time.monotonic()
+    request.join(10)
+    assert got["r"] == "done" and got["at"] <= stopped + 0.1  # the state file closes only after this
+    with pytest.raises(requests.ConnectionError):
+        requests.get(f"http://127.0.0.1:{server.port}/", timeout=2)
+
+
+def _cpu_s(pid: int) -> float:
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_out_of_descriptors_a_503_without_spinning_then_recovery(tmp_path):
+    with ControlPlaneProcess(tmp_path, args=GRANIAN) as plane:
+        pid = plane.pid
+        in_use = len(os.listdir(f"/proc/{pid}/fd"))
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (in_use + 16, in_use + 16))
+        idle = [socket.create_connection(("127.0.0.1", plane.port), timeout=5) for _ in range(40)]
+        try:
+            wait_for(lambda: len(os.listdir(f"/proc/{pid}/fd")) >= in_use + 14, 10, "the server to run out")
+            began = time.monotonic()
+            answer = requests.get(f"{plane.url}/v1/health", timeout=10)
+            assert answer.status_code == 503 and answer.json()["error"]["code"] == "overloaded"
+            assert time.monotonic() - began < 2  # granian retries accept every 0.5 s; each retry sheds
+            cpu = _cpu_s(pid)
+            time.sleep(1.0)
+            assert _cpu_s(pid) - cpu < 0.5, "the accept loop spins while out of descriptors"
+        finally:
+            for sock in idle:
+                sock.close()
+        wait_for(plane.healthy, 30, "health once the descriptors are back")
+        assert plane.submit({"command": ["true"]}) > 0
+        assert plane.logs(200_000).count("http_fd_exhausted") <= 2  # one line per 10 s, not per retry
+        assert "Failed to accept" not in plane.logs(200_000)
+
+
+def test_plain_http_on_the_tls_port_is_closed_at_once(tmp_path):
+    with ControlPlaneProcess(tmp_path, tls=True, args=GRANIAN) as plane:
+        began = time.monotonic()
+        with socket.create_connection(("127.0.0.1", plane.port), timeout=5) as sock:
+            sock.sendall(b"GET /v1/health HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            answer = b""
+            while chunk := sock.recv(4096):
+                answer += chunk
+        # rustls answers a TLS alert record (no readable 400, unlike cheroot), then closes.
+        assert answer == b"" or answer.startswith(b"\x15\x03"), answer
+        assert time.monotonic() - began < 2
+        assert requests.get(plane.url + "/v1/health", verify=plane.verify, timeout=5).status_code == 200

@@ -17,15 +17,24 @@ What granian does and cheroot did here (server.py):
 - requests run on `threads` Python threads ("blocking threads"): a parked
   long-poll holds one, as with cheroot; `backpressure` bounds the requests
   (and connections) in progress at once, past which accept waits;
-- TLS: certificate and key files, TLS 1.2 at least;
-- stop: the signal stops accepting and lets requests in progress finish.
+- TLS: certificate and key files, TLS 1.2 at least; plain HTTP on the TLS
+  port gets a TLS alert and a close at once (rustls; no readable 400);
+- out of file descriptors: granian logs each failed accept and retries it
+  every 0.5 s (no spin). A filter on that log line (`_AcceptFailures`) takes
+  the waiting connections with a spare descriptor and answers 503 (plain
+  HTTP; over TLS a close), as server.py's `_shed` does;
+- stop: the signal stops accepting; granian calls back once the requests in
+  progress have finished, and stop() waits for that (the state file must
+  not close under a running request).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import threading
+import time
 from typing import Any
 
 from granian._futures import _new_cbscheduler
@@ -33,6 +42,8 @@ from granian._granian import ListenerSpec, WorkerSignal, WSGIWorker
 from granian._loops import loops
 from granian.http import HTTP1Settings
 from granian.wsgi import _callback_wrapper
+
+from gpulayer.server.http.server import _OVERLOADED  # the same 503 as cheroot's
 
 log = logging.getLogger("gpulayer.server.http.granian")
 
@@ -42,6 +53,11 @@ HEAD_TIMEOUT_S = 10.0
 RUNTIME_THREADS = 1
 # In-progress requests and connections past the Python threads (an idle keep-alive connection holds none).
 BACKPRESSURE_PER_THREAD = 16
+# Connections refused with 503 per failed accept (granian retries every 0.5 s).
+SHED_BATCH = 256
+# granian logs a failed accept under this logger, the error's Debug form in the message.
+_ACCEPT_LOGGER = "_granian.workers"
+_FD_EXHAUSTED = ("TooManyOpenFiles", "code: 24,", "code: 23,")  # EMFILE; ENFILE (no ErrorKind of its own)
 
 
 class GranianServer:
@@ -74,8 +90,13 @@ class GranianServer:
         self._runtime_threads = runtime_threads
         self._http1 = HTTP1Settings(header_read_timeout=int(head_timeout_s * 1000))
         self._signal: WorkerSignal | None = None
+        self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
         self._bound_port = port
+        self._listener: socket.socket | None = None  # a second handle on granian's socket, to shed from
+        self._spare_fd: int | None = None
+        self._accept_filter = _AcceptFailures(self)
+        self._fd_warned_at = 0.0
 
     @property
     def port(self) -> int:
@@ -93,12 +114,15 @@ class GranianServer:
         Raises OSError when the address cannot be bound.
         """
         holder = ListenerSpec(self._host, self._port, LISTEN_BACKLOG).build()
-        probe = socket.socket(fileno=socket.dup(holder.get_fd()))
-        try:
-            self._bound_port = probe.getsockname()[1]
-        finally:
-            probe.close()
+        self._listener = socket.socket(fileno=socket.dup(holder.get_fd()))
+        self._listener.setblocking(False)
+        self._bound_port = self._listener.getsockname()[1]
+        self._spare_fd = os.open(os.devnull, os.O_RDONLY)
+        logging.getLogger(_ACCEPT_LOGGER).addFilter(self._accept_filter)
         self._signal = WorkerSignal()
+        self._stopped.clear()
+        # Called by granian once the worker has stopped and its requests have finished.
+        self._signal.add_cb(lambda *_: self._stopped.set())
         ready = threading.Event()
         self._thread = threading.Thread(target=self._serve, args=(holder, ready), name="gpulayer-granian",
                                         daemon=True)
@@ -116,22 +140,82 @@ class GranianServer:
         scheduler = _new_cbscheduler(loop, _callback_wrapper(self._app, {}, None), impl_asyncio=True)
         ready.set()
         try:
-            worker.serve_mtr(scheduler, loop, self._signal)
+            worker.serve_mtr(scheduler, loop, self._signal)  # returns at once: granian serves on its own threads
+            self._stopped.wait()
         finally:
             loop.close()
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Stop accepting and let requests in progress finish (up to `timeout` seconds).
+        """Stop accepting; return once requests in progress have finished, or after `timeout` seconds.
+
+        granian also waits out a request head in progress (up to its deadline).
 
         Safe to call twice or before start().
         """
         if self._signal is not None:
             self._signal.set()
             self._signal = None
-        if self._thread is not None:
+            if not self._stopped.wait(timeout):  # a running request, or a head granian waits out (10 s)
+                log.warning("http_stop_timeout: connections still busy after %.0f s", timeout)
+        if self._thread is not None and self._stopped.is_set():
             self._thread.join(timeout)
-            self._thread = None
+        self._thread = None
+        logging.getLogger(_ACCEPT_LOGGER).removeFilter(self._accept_filter)
+        if self._spare_fd is not None:
+            os.close(self._spare_fd)
+        if self._listener is not None:
+            self._listener.close()
+        self._spare_fd, self._listener = None, None
         log.info("http_stopped port=%d server=granian", self.port)
+
+    def shed(self) -> None:
+        """Out of descriptors: take the waiting connections with the spare one, answer each 503, close it.
+
+        Called from granian's failed accept (every 0.5 s while it fails); without
+        it the clients wait in the backlog until their own timeout.
+        """
+        now = time.monotonic()
+        if now - self._fd_warned_at > 10:
+            self._fd_warned_at = now
+            log.warning("http_fd_exhausted: refusing new connections with 503 until descriptors are free "
+                        "(raise the limit: LimitNOFILE / ulimit -n) server=granian")
+        for _ in range(SHED_BATCH):
+            if self._spare_fd is None or self._listener is None:
+                return
+            os.close(self._spare_fd)
+            self._spare_fd = None
+            try:
+                conn, _addr = self._listener.accept()
+            except OSError:
+                return  # none waiting (or taken by granian): done until the next failed accept
+            else:
+                with conn:
+                    if self.scheme == "http":
+                        conn.setblocking(False)
+                        try:
+                            conn.send(_OVERLOADED)
+                        except OSError:
+                            pass
+            finally:
+                try:
+                    self._spare_fd = os.open(os.devnull, os.O_RDONLY)
+                except OSError:
+                    self._spare_fd = None
+
+
+class _AcceptFailures(logging.Filter):
+    """On granian's "Failed to accept connection" for want of descriptors: shed, and one warning per 10 s."""
+
+    def __init__(self, server: GranianServer):
+        super().__init__()
+        self._server = server
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if not message.startswith("Failed to accept") or not any(m in message for m in _FD_EXHAUSTED):
+            return True
+        self._server.shed()
+        return False  # shed() logs its own line, once per 10 s
 
 
 __all__ = ["GranianServer"]
