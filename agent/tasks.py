@@ -54,6 +54,8 @@ class TaskContext:
     #: Whether a finish should ask for the freed slot's next task (``next``), and who launches it.
     want_next: Callable[[], bool] = lambda: False
     hand_over: Callable[[dict], None] | None = None
+    #: How many assignments a finish with ``next`` may bring back (``max_tasks``): the worker's free slots.
+    next_max: Callable[[], int] = lambda: 1
 
 
 class TaskRunner:
@@ -270,6 +272,8 @@ class TaskRunner:
         tail = self.shipper.close_keeping_tail(self.ctx.transport.give_up_at, last_line=summary)
         body = {"exit_code": result.exit_code, "outcome": result.outcome, "outputs": outputs, "lines": tail,
                 "next": self.ctx.hand_over is not None and self.ctx.want_next()}
+        if body["next"]:
+            body["max_tasks"] = max(1, self.ctx.next_max())
         if result.reason:
             body["reason"] = result.reason
         self._send_finish(body)
@@ -287,7 +291,8 @@ class TaskRunner:
             return
         accepted = bool(answer.get("accepted"))
         if answer.get("task") and self.ctx.hand_over is not None:
-            self.ctx.hand_over(answer["task"])
+            for task in [answer["task"], *(answer.get("more") or [])]:  # an older server sends no `more`
+                self.ctx.hand_over(task)
         log_event("task_finished", task_id=self.task_id, outcome=body["outcome"], exit_code=body["exit_code"], accepted=accepted)
         if not accepted:
             log_event("task_result_late", task_id=self.task_id, outcome=body["outcome"])

@@ -247,6 +247,7 @@ class Worker:
             running=RunningTasks(state_dir),
             want_next=lambda: not self.stopping.is_set(),
             hand_over=self._handed_over,
+            next_max=lambda: self._free_slots() + 1,  # the finishing task still holds its slot here
         )
 
     # -- the three loops ---------------------------------------------------
@@ -308,11 +309,16 @@ class Worker:
     def _acquire_loop(self) -> None:
         failures = 0
         while not self.stopping.is_set():
-            if not self._free_slot():
+            free = self._free_slots()
+            if not free:
+                self.slot_freed.wait(0.5)
+                self.slot_freed.clear()
                 continue
             asked = time.monotonic()
             try:
-                answer = self.transport.request("POST", "/worker/acquire", {"wait_s": self.config.acquire_wait_s},
+                # max_tasks: every free slot's assignment in one round trip (an older server sends one)
+                answer = self.transport.request("POST", "/worker/acquire",
+                                                {"wait_s": self.config.acquire_wait_s, "max_tasks": free},
                                                 timeout=self.config.acquire_wait_s + 15)
                 failures = 0
             except Unreachable:
@@ -329,32 +335,26 @@ class Worker:
                 log_event("acquire_rejected", error=str(exc))
                 self.stopping.wait(self.interval_s)
                 continue
-            self._take(answer.get("task"), time.monotonic() - asked)
+            tasks = [answer["task"], *(answer.get("more") or [])] if answer.get("task") else []
+            self._take(tasks, time.monotonic() - asked)
 
-    def _free_slot(self) -> bool:
-        """True when a slot is free; otherwise waits a little for one."""
+    def _free_slots(self) -> int:
+        """How many more tasks this worker may run now (``--parallel`` less those it holds)."""
         with self.lock:
-            free = len(self.handles) < max(1, int(self.config.parallel))
-        if not free:
-            self.slot_freed.wait(0.5)
-            self.slot_freed.clear()
-        return free
+            return max(0, max(1, int(self.config.parallel)) - len(self.handles))
 
-    def _take(self, task: dict | None, elapsed_s: float) -> None:
-        """Launch an acquired assignment (ignoring a repeat of one already running)."""
+    def _take(self, tasks: list[dict], elapsed_s: float) -> None:
+        """Launch the acquired assignments (a repeat of one already running is not launched again)."""
         if self.stopping.is_set():
             return
-        if not task:
+        if not tasks:
             if elapsed_s < self.config.acquire_wait_s / 2:  # the server did not park us: poll gently
                 self.stopping.wait(self.interval_s)
             return
-        task_id = int(task["task_id"])
-        with self.lock:
-            known = self.handles.get(task_id)
-        if known is not None:  # acquire repeats an assignment until its start: wait for that
-            known.start_sent.wait(0.5)
-            return
-        self._launch(task).start_sent.wait(0.5)
+        # acquire repeats an assignment until its start: wait (a little) for the starts before asking again
+        deadline = time.monotonic() + 0.5
+        for handle in [self._launch(task) for task in tasks]:
+            handle.start_sent.wait(max(0.0, deadline - time.monotonic()))
 
     def _handed_over(self, task: dict) -> None:
         """The next task a finish brought back: launch it (a stopping worker leaves it; deregister requeues it)."""

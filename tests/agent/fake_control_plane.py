@@ -42,6 +42,7 @@ class FakeControlPlane:
         self.revoked = False
         self.deregistered = False
         self.missing_header = []
+        self.acquires = []  # each acquire's body
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -90,7 +91,9 @@ class FakeControlPlane:
             self.heartbeats.append(body)
             return 200, {"cancel_task_ids": sorted(self.cancel), "revoked": self.revoked, "lease_expires_at": time.time() + 5}
         if path == "/v1/worker/acquire":
-            return 200, {"task": self._acquire(float(body.get("wait_s") or 0))}
+            self.acquires.append(body)
+            return 200, self._answer(self._acquire(float(body.get("wait_s") or 0), body.get("max_tasks") or 1),
+                                     body)
         if path == "/v1/worker/deregister":
             self.deregistered = True
             return 200, {"ok": True}
@@ -99,14 +102,21 @@ class FakeControlPlane:
             return self._task_call(int(task_id), action, body)
         return 404, {"error": {"code": "not_found", "message": path}}
 
-    def _acquire(self, wait_s):
+    def _acquire(self, wait_s, max_tasks=1):
         with self.cond:
             self.cond.wait_for(lambda: self.queue, timeout=wait_s)
-            if not self.queue:
-                return None
-            task = self.queue.pop(0)
-            self.assigned[task["task_id"]] = task
-            return task
+            taken, self.queue = self.queue[:max_tasks], self.queue[max_tasks:]
+            for task in taken:
+                self.assigned[task["task_id"]] = task
+            return taken
+
+    @staticmethod
+    def _answer(taken, body):
+        """`task`, and `more` when the request named `max_tasks` (as the real server answers)."""
+        answer = {"task": taken[0] if taken else None}
+        if body.get("max_tasks") is not None:
+            answer["more"] = taken[1:]
+        return answer
 
     def _task_call(self, task_id, action, body):
         if task_id not in self.assigned:
@@ -122,6 +132,8 @@ class FakeControlPlane:
             for line in body.get("lines") or []:  # the last lines ride along, as the real server stores them
                 self.logs.setdefault(task_id, {}).setdefault(line["n"], line)
             self.finishes[task_id] = body
+            if body.get("next"):
+                return 200, {"accepted": True, **self._answer(self._acquire(0, body.get("max_tasks") or 1), body)}
             return 200, {"accepted": True}
         elif action == "rendezvous":
             return 200, self._rendezvous(self.assigned[task_id], body)

@@ -250,3 +250,14 @@ def test_launch_is_once_per_task_whoever_asks(monkeypatch):
     for thread in worker.threads.values():
         thread.join(5)
     assert started == [7]
+
+
+def test_one_acquire_brings_every_free_slot_and_a_finish_its_next(plane, start_worker):
+    """The agent asks for `max_tasks` = its free slots and launches each assignment it gets."""
+    for task_id in (40, 41, 42):
+        plane.submit(assignment(task_id, [PY, "-c", "import time; time.sleep(0.3)"]))
+    start_worker(parallel=3)
+    for task_id in (40, 41, 42):
+        assert plane.wait_finish(task_id)["outcome"] == "succeeded"
+    assert plane.acquires[0]["max_tasks"] == 3 and set(plane.starts) == {40, 41, 42}
+    assert all(f["max_tasks"] >= 1 for f in plane.finishes.values() if f.get("next"))
