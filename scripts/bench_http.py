@@ -39,20 +39,24 @@ def _worker_headers(token: str) -> dict:
 
 # -- load processes ----------------------------------------------------------
 
-def _cycle_proc(url, verify, join_token, threads, duration, start_at, out, name, finish_next=False):
+def _cycle_proc(url, verify, join_token, threads, duration, start_at, out, name, finish_next=False, max_tasks=1):
     """One load process: `threads` simulated workers doing acquire -> start -> finish.
 
     With `finish_next`, finish asks for the next task (`next: true`), as the agent does, and
     acquire is called only when a finish brought none back (its time counts in the cycle then).
+    With `max_tasks` > 1 each worker has that many slots and asks for that many assignments
+    at once (`max_tasks`); it runs them one after another and asks again (acquire, or the
+    last one's finish with `next`) once none is left.
     """
     sessions, tokens = [], []
     for i in range(threads):
         s = benchlib.LeanSession(url, verify)
-        reg = benchlib.register_worker(s, url, join_token, f"{name}-{i}")
+        reg = benchlib.register_worker(s, url, join_token, f"{name}-{i}", slots=max_tasks)
         sessions.append(s)
         tokens.append(reg["session_token"])
     lat = {"acquire": [], "start": [], "finish": [], "cycle": []}
     counts = [0] * threads
+    calls = [0] * threads
     errors = []
     lock = threading.Lock()
 
@@ -63,28 +67,32 @@ def _cycle_proc(url, verify, join_token, threads, duration, start_at, out, name,
         while time.time() < start_at:
             time.sleep(0.001)
         end = start_at + duration
-        handed = None
+        several = {"max_tasks": max_tasks} if max_tasks > 1 else {}
+        pending: list = []
         try:
             while time.time() < end:
                 t0 = clock()
-                task = handed
-                if task is None:
-                    r = s.post(url + "/v1/worker/acquire", json={"wait_s": 0}, headers=hdr, timeout=30)
+                if not pending:
+                    r = s.post(url + "/v1/worker/acquire", json={"wait_s": 0, **several}, headers=hdr, timeout=30)
                     r.raise_for_status()
-                    task = r.json()["task"]
+                    calls[i] += 1
+                    pending = _assignments(r.json())
                 t1 = clock()
-                if task is None:
+                if not pending:
                     break
-                tid = task["task_id"]
+                tid = pending.pop(0)["task_id"]
                 r = s.post(f"{url}/v1/worker/tasks/{tid}/start", json={"pid": 1}, headers=hdr, timeout=30)
                 t2 = clock()
                 r.raise_for_status()
+                ask = finish_next and not pending  # those held come back first: ask once they are done
                 r = s.post(f"{url}/v1/worker/tasks/{tid}/finish",
-                           json={"exit_code": 0, "outcome": "succeeded", "next": finish_next},
+                           json={"exit_code": 0, "outcome": "succeeded", "next": ask, **(several if ask else {})},
                            headers=hdr, timeout=30)
                 t3 = clock()
                 r.raise_for_status()
-                handed = r.json().get("task") if finish_next else None
+                calls[i] += 2
+                if ask:
+                    pending = _assignments(r.json())
                 mine["acquire"].append(t1 - t0)
                 mine["start"].append(t2 - t1)
                 mine["finish"].append(t3 - t2)
@@ -101,7 +109,12 @@ def _cycle_proc(url, verify, join_token, threads, duration, start_at, out, name,
         t.start()
     for t in pool:
         t.join()
-    out.put({"lat": lat, "cycles": sum(counts), "errors": errors})
+    out.put({"lat": lat, "cycles": sum(counts), "calls": sum(calls), "errors": errors})
+
+
+def _assignments(answer: dict) -> list:
+    """The assignments an acquire (or finish with `next`) answer carries: `task`, then `more`."""
+    return [answer["task"], *answer.get("more", [])] if answer.get("task") else []
 
 
 def _heartbeat_proc(url, verify, creds, threads, duration, start_at, out):
@@ -208,12 +221,15 @@ def run_cycles(args, tls: bool) -> dict:
         results, wall, cpu = _run_load(
             ctx, args, srv, "cycles" + ("-tls" if tls else ""), start_at, args.duration,
             lambda p, out: (_cycle_proc, (srv.url, srv.verify, srv.tokens["join_token"], args.threads,
-                                          args.duration, start_at, out, f"p{p}", args.finish_next)))
+                                          args.duration, start_at, out, f"p{p}", args.finish_next,
+                                          args.max_tasks)))
     lat = {k: [x for r in results for x in r["lat"][k]] for k in ("acquire", "start", "finish", "cycle")}
     cycles = sum(r["cycles"] for r in results)
+    calls = sum(r["calls"] for r in results)
     spent = min(wall, args.duration) if cycles else wall
     return {"transport": "tls" if tls else "http", "workers": args.procs * args.threads, "cycles": cycles,
-            "cycles_per_s": round(cycles / spent, 1), "calls_per_s": round(3 * cycles / spent, 1),
+            "max_tasks": args.max_tasks, "cycles_per_s": round(cycles / spent, 1),
+            "calls_per_s": round(calls / spent, 1), "calls_per_cycle": round(calls / max(1, cycles), 2),
             "server_cpu_cores": round(cpu / wall, 2), "submit_per_s": round(submit_rate, 1),
             **{k: benchlib.summary_ms(v) for k, v in lat.items()},
             "errors": [e for r in results for e in r["errors"]][:10]}
@@ -299,6 +315,8 @@ def main(argv=None) -> int:
     p.add_argument("--profile-dir", default="/tmp/gpulayer-bench-profile")
     p.add_argument("--finish-next", action="store_true",
                    help="finish asks for the next task (`next: true`, as the agent does): 2 requests per cycle")
+    p.add_argument("--max-tasks", type=int, default=1,
+                   help="slots per simulated worker, and assignments asked for at once (`max_tasks`; default 1)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
 
