@@ -65,7 +65,9 @@ class GranianServer:
 
     `threads` bounds the requests running in Python at once (a long-poll holds
     one); `head_timeout_s` bounds a request head from when the connection is
-    ready for one. Raises ValueError for a lone certfile or keyfile.
+    ready for one; a head over `max_header_bytes` is answered 431 (one over
+    half of it may be). Raises
+    ValueError for a lone certfile or keyfile.
     """
 
     def __init__(
@@ -78,6 +80,7 @@ class GranianServer:
         keyfile: str | None = None,
         threads: int = 64,
         head_timeout_s: float = HEAD_TIMEOUT_S,
+        max_header_bytes: int = 64 * 1024,
         runtime_threads: int = RUNTIME_THREADS,
     ):
         if (certfile is None) != (keyfile is None):
@@ -88,7 +91,10 @@ class GranianServer:
         self._tls: tuple[Any, ...] = (certfile is not None, certfile, keyfile, None, "tls1.2", None, [], False)
         self._threads = threads
         self._runtime_threads = runtime_threads
-        self._http1 = HTTP1Settings(header_read_timeout=int(head_timeout_s * 1000))
+        # hyper answers 431 to a head still partial once its read buffer reaches this (granian's default:
+        # 408 KiB); it checks before each read, and a read may bring as much again: half the cap.
+        self._http1 = HTTP1Settings(header_read_timeout=int(head_timeout_s * 1000),
+                                    max_buffer_size=max_header_bytes // 2)
         self._signal: WorkerSignal | None = None
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
@@ -180,7 +186,12 @@ class GranianServer:
             log.warning("http_fd_exhausted: refusing new connections with 503 until descriptors are free "
                         "(raise the limit: LimitNOFILE / ulimit -n) server=granian")
         for _ in range(SHED_BATCH):
-            if self._spare_fd is None or self._listener is None:
+            if self._spare_fd is None:  # lost to a race at the last reopen: take the next one freed
+                try:
+                    self._spare_fd = os.open(os.devnull, os.O_RDONLY)
+                except OSError:
+                    return
+            if self._listener is None:
                 return
             os.close(self._spare_fd)
             self._spare_fd = None
