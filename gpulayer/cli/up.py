@@ -88,5 +88,6 @@ def _announce(local_url: str, public_url: str, join_token: str, fingerprint: str
     print(f"GPUlayer control plane on {public_url} (this machine: {local_url})")
     print(f"clients here need nothing more ({home / 'client.json'}); try: gpulayer submit --wait -- echo hello")
     print("to add a worker on another machine, run there:")
-    print(f"  gpulayer join {public_url} --token {join_token} --ca-fingerprint {fingerprint}")
+    # The token as an environment variable, not an argument: arguments show in every user's `ps`.
+    print(f"  GPULAYER_JOIN_TOKEN={join_token} gpulayer join {public_url} --ca-fingerprint {fingerprint}")
     print("Ctrl-C stops the worker and the control plane.", flush=True)

@@ -84,9 +84,12 @@ def test_up_then_submit_then_join_over_tls(tmp_path):
         assert first.returncode == 0, first.stderr
         assert "hello" in gl("job", "logs", first.stdout.split()[0], home=home).stdout.splitlines()
 
-        argv = shlex.split(join_line)[1:] + ["--name", "second", "--label", "box=second",
-                                              "--state-dir", str(tmp_path / "second")]
-        joined = subprocess.Popen([*CLI, *argv], env=clean_env(GPULAYER_HOME=str(tmp_path / "other-home")),
+        words = shlex.split(join_line)
+        assert words[0].startswith("GPULAYER_JOIN_TOKEN=glj_") and "--token" not in words  # not in `ps`
+        token = words[0].partition("=")[2]
+        argv = words[2:] + ["--name", "second", "--label", "box=second", "--state-dir", str(tmp_path / "second")]
+        joined = subprocess.Popen([*CLI, *argv], env=clean_env(GPULAYER_HOME=str(tmp_path / "other-home"),
+                                                               GPULAYER_JOIN_TOKEN=token),
                                   stdout=open(tmp_path / "join.log", "w"), stderr=subprocess.STDOUT)
         wait_for(lambda: _online(home, "second"), 60, "the joined worker to be online")
         there = gl("submit", "--wait", "--label", "box=second", "--", "echo", "remote", home=home)
@@ -103,7 +106,7 @@ def test_up_then_submit_then_join_over_tls(tmp_path):
 def _join_line(path, proc):
     if proc.poll() is not None:
         raise AssertionError(f"`up` exited {proc.returncode}:\n{path.read_text()}")
-    lines = [ln.strip() for ln in path.read_text().splitlines() if ln.strip().startswith("gpulayer join ")]
+    lines = [ln.strip() for ln in path.read_text().splitlines() if " gpulayer join " in ln]
     return lines[0] if lines else None
 
 
