@@ -61,10 +61,7 @@ def build_template(path: Path, finished: int, queued: int, workers: int) -> None
     spec = __import__("json").dumps(validate_job({"command": ["true"]}))
     now = time.time()
     with conn:
-        conn.executemany(
-            "INSERT INTO workers (name, state, cpus, gpus, memory_mb, slots, registered_at, last_seen_at, "
-            "lease_expires_at, session_hash) VALUES (?, 'online', 64, 0, 1048576, 4, ?, ?, ?, ?)",
-            [(f"w{i}", now, now, now + 1e9, f"h{i}") for i in range(workers)])
+        _insert_workers(conn, workers, slots=4, now=now)
         conn.executemany(
             "INSERT INTO jobs (id, state, spec, created_at, finished_at, exit_code) VALUES (?, ?, ?, ?, ?, ?)",
             [(i + 1, "succeeded" if i < finished else "queued", spec, now,
@@ -189,7 +186,7 @@ def throughput(args, template: Path, workdir: Path) -> list[dict]:
     out = []
     for sync in args.synchronous:
         rates: dict[str, list[float]] = {v: [] for v in VARIANTS}
-        for rep in range(args.reps):
+        for _rep in range(args.reps):
             for name, fn in VARIANTS.items():
                 path = fresh_copy(template, workdir, f"{name}-{sync}")
                 done, spent = fn(path, sync.upper(), args.acquisitions, args.max_seconds)
@@ -229,6 +226,14 @@ def index_check(args, workdir: Path) -> list[dict]:
 BACKLOG_WORKERS = 101  # worker 1 acquires; all of them poll and heartbeat in the heartbeat phase
 
 
+def _insert_workers(conn, count: int, *, slots: int, now: float) -> None:
+    """`count` online CPU-only workers (64 CPUs, 1 TiB) with `slots` slots each, leases far ahead."""
+    conn.executemany(
+        "INSERT INTO workers (name, state, cpus, gpus, memory_mb, slots, registered_at, last_seen_at, "
+        "lease_expires_at, session_hash) VALUES (?, 'online', 64, 0, 1048576, ?, ?, ?, ?, ?)",
+        [(f"w{i}", slots, now, now, now + 1e9, f"h{i}") for i in range(count)])
+
+
 def build_backlog(path: Path, backlog: int, fitting: int) -> None:
     """CPU-only online workers; `backlog` queued 8-GPU tasks, then `fitting` queued CPU tasks behind them."""
     conn = db.connect(path)
@@ -238,10 +243,7 @@ def build_backlog(path: Path, backlog: int, fitting: int) -> None:
     big = json.dumps(validate_job({"command": ["true"], "gpus": 8}))
     now = time.time()
     with conn:
-        conn.executemany(
-            "INSERT INTO workers (name, state, cpus, gpus, memory_mb, slots, registered_at, last_seen_at, "
-            "lease_expires_at, session_hash) VALUES (?, 'online', 64, 0, 1048576, 1, ?, ?, ?, ?)",
-            [(f"w{i}", now, now, now + 1e9, f"h{i}") for i in range(BACKLOG_WORKERS)])
+        _insert_workers(conn, BACKLOG_WORKERS, slots=1, now=now)
         conn.executemany("INSERT INTO jobs (id, state, spec, gpus, created_at) VALUES (?, 'queued', ?, ?, ?)",
                          [(i + 1, big if i < backlog else spec, 8 if i < backlog else 0, now)
                           for i in range(backlog + fitting)])
