@@ -6,7 +6,7 @@
 -- 3.40 appears in a view. `PRAGMA user_version` below is the schema version;
 -- gpulayer/server/store/migrations/NNNN_*.sql bring an older file up to it.
 
-PRAGMA user_version = 3;
+PRAGMA user_version = 6;
 
 -- Join and client tokens. `server init` writes the hashes of its two tokens to
 -- server-credentials.json; tokens minted later (`gpulayer token create`) live
