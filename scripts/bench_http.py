@@ -215,7 +215,7 @@ def _run_load(ctx, args, srv, label: str, start_at: float, duration: float, targ
 
 def run_cycles(args, tls: bool) -> dict:
     ctx = mp.get_context("fork")
-    with benchlib.Server(tls=tls, synchronous=args.synchronous) as srv:
+    with benchlib.Server(tls=tls, synchronous=args.synchronous, extra_args=["--http", args.http]) as srv:
         submit_rate = submit_jobs(srv, args.jobs)
         start_at = time.time() + 2.0 + 0.3 * args.threads
         results, wall, cpu = _run_load(
@@ -227,7 +227,8 @@ def run_cycles(args, tls: bool) -> dict:
     cycles = sum(r["cycles"] for r in results)
     calls = sum(r["calls"] for r in results)
     spent = min(wall, args.duration) if cycles else wall
-    return {"transport": "tls" if tls else "http", "workers": args.procs * args.threads, "cycles": cycles,
+    return {"transport": "tls" if tls else "http", "front_end": args.http,
+            "workers": args.procs * args.threads, "cycles": cycles,
             "max_tasks": args.max_tasks, "cycles_per_s": round(cycles / spent, 1),
             "calls_per_s": round(calls / spent, 1), "calls_per_cycle": round(calls / max(1, cycles), 2),
             "server_cpu_cores": round(cpu / wall, 2), "submit_per_s": round(submit_rate, 1),
@@ -237,7 +238,8 @@ def run_cycles(args, tls: bool) -> dict:
 
 def run_heartbeats(args, tls: bool) -> dict:
     ctx = mp.get_context("fork")
-    extra = ["--lease-ttl", str(args.hb_lease_ttl), "--heartbeat-interval", str(min(2.0, args.hb_lease_ttl / 3))]
+    extra = ["--http", args.http, "--lease-ttl", str(args.hb_lease_ttl),
+             "--heartbeat-interval", str(min(2.0, args.hb_lease_ttl / 3))]
     with benchlib.Server(tls=tls, synchronous=args.synchronous, extra_args=extra) as srv:
         # register (untimed), busy workers take a task each and start it
         local = threading.local()
@@ -251,6 +253,7 @@ def run_heartbeats(args, tls: bool) -> dict:
         t0 = time.perf_counter()
         with ThreadPoolExecutor(8) as pool:
             tokens = list(pool.map(reg, range(args.hb_workers)))
+        tokens.reverse()   # the busy ones (first below) registered last: their leases are freshest
         register_rate = args.hb_workers / (time.perf_counter() - t0)
         submit_jobs(srv, args.hb_busy)
         s = benchlib.session(srv.verify)
@@ -264,6 +267,13 @@ def run_heartbeats(args, tls: bool) -> dict:
                        timeout=30).raise_for_status()
                 tasks = [task["task_id"]]
             creds.append((token, tasks))
+        # One untimed heartbeat from each busy worker before the load: a task is lost when its
+        # worker's lease lapses, and a busy worker's last word was its registration, seconds
+        # ago while the others registered (this ramp lost all 200 busy tasks at a 6 s TTL).
+        for token, tasks in creds[:args.hb_busy]:
+            body = {"tasks": [{"task_id": t, "state": "running", "endpoint": None, "restarts": 0} for t in tasks]}
+            s.post(srv.url + "/v1/worker/heartbeat", json=body, headers=_worker_headers(token),
+                   timeout=30).raise_for_status()
         share = [creds[p::args.procs] for p in range(args.procs)]
         start_at = time.time() + 1.5
         results, wall, cpu = _run_load(
@@ -276,7 +286,8 @@ def run_heartbeats(args, tls: bool) -> dict:
                 or any(t["state"] == "lost" for t in j["tasks"])]
     lat = [x for r in results for x in r["lat"]]
     max_gap_busy = max(r["max_gap_busy_s"] for r in results)
-    return {"transport": "tls" if tls else "http", "workers": args.hb_workers, "busy_workers": args.hb_busy,
+    return {"transport": "tls" if tls else "http", "front_end": args.http,
+            "workers": args.hb_workers, "busy_workers": args.hb_busy,
             "connections": args.procs * args.threads, "heartbeats": len(lat),
             "heartbeats_per_s": round(len(lat) / min(wall, args.hb_duration), 1),
             "server_cpu_cores": round(cpu / wall, 2), "register_per_s": round(register_rate, 1),
@@ -317,6 +328,8 @@ def main(argv=None) -> int:
                    help="finish asks for the next task (`next: true`, as the agent does): 2 requests per cycle")
     p.add_argument("--max-tasks", type=int, default=1,
                    help="slots per simulated worker, and assignments asked for at once (`max_tasks`; default 1)")
+    p.add_argument("--http", default="cheroot", choices=["cheroot", "granian"],
+                   help="the server's front end (`server start --http`; default cheroot)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
 
