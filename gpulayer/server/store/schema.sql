@@ -24,8 +24,46 @@ CREATE TABLE tokens (
     created_at   REAL NOT NULL,
     expires_at   REAL,
     revoked_at   REAL,
-    source       TEXT NOT NULL DEFAULT 'minted' CHECK (source IN ('minted', 'provisioner'))
+    source       TEXT NOT NULL DEFAULT 'minted' CHECK (source IN ('minted', 'provisioner')),
+    user_id      INTEGER
 ) STRICT;
+
+-- Teams (docs/teams.md). People who hold client tokens (tokens.user_id; NULL for join and
+-- metrics tokens). Id 1 is `admin`, the owner of `server init`'s token.
+CREATE TABLE users (
+    id                INTEGER PRIMARY KEY,
+    name              TEXT NOT NULL UNIQUE,
+    admin             INTEGER NOT NULL DEFAULT 0 CHECK (admin IN (0, 1)),
+    max_running_jobs  INTEGER CHECK (max_running_jobs IS NULL OR max_running_jobs >= 0),
+    created_at        REAL NOT NULL,
+    removed_at        REAL
+) STRICT;
+
+-- Groups of users that share GPUs (Slurm accounts, Kueue queues). Id 1 is `default`.
+CREATE TABLE projects (
+    id          INTEGER PRIMARY KEY,
+    name        TEXT NOT NULL UNIQUE,
+    visibility  TEXT NOT NULL DEFAULT 'private' CHECK (visibility IN (
+                    'private',  -- members see that each other's jobs exist, not their logs or outputs
+                    'project'   -- members read each other's logs and outputs
+                )),
+    gpu_quota   INTEGER CHECK (gpu_quota IS NULL OR gpu_quota >= 0),  -- nominal; NULL = no quota
+    gpu_borrow  INTEGER NOT NULL DEFAULT 0 CHECK (gpu_borrow >= 0),
+    weight      REAL CHECK (weight IS NULL OR weight > 0),
+    created_at  REAL NOT NULL
+) STRICT;
+
+-- Who is in which project, as what (an admin needs no membership).
+CREATE TABLE memberships (
+    user_id     INTEGER NOT NULL REFERENCES users (id),
+    project_id  INTEGER NOT NULL REFERENCES projects (id),
+    role        TEXT NOT NULL CHECK (role IN ('manager', 'member')),
+    PRIMARY KEY (user_id, project_id)
+) STRICT;
+CREATE INDEX memberships_project ON memberships (project_id, user_id);
+
+INSERT INTO users (id, name, admin, created_at) VALUES (1, 'admin', 1, (julianday('now') - 2440587.5) * 86400.0);
+INSERT INTO projects (id, name, created_at) VALUES (1, 'default', (julianday('now') - 2440587.5) * 86400.0);
 
 -- One row per worker registration. A worker keeps its row (and session
 -- token) across leases it loses; it gets a new row when it registers again.
@@ -89,12 +127,17 @@ CREATE TABLE jobs (
     reason            TEXT,
     created_at        REAL NOT NULL,
     finished_at       REAL,
+    user_id           INTEGER NOT NULL DEFAULT 1,
+    project_id        INTEGER NOT NULL DEFAULT 1,
     CHECK ((state IN ('succeeded', 'failed', 'cancelled', 'lost')) = (finished_at IS NOT NULL))
 ) STRICT;
 CREATE INDEX jobs_state_id ON jobs (state, id);
 CREATE INDEX jobs_name ON jobs (name) WHERE name IS NOT NULL;
 -- Gang placement looks only at queued multi-node jobs, best first.
 CREATE INDEX jobs_queued_gangs ON jobs (priority DESC, id) WHERE state = 'queued' AND gang = 1;
+-- `job list` (your jobs, a project's jobs) and the running-jobs limit read these.
+CREATE INDEX jobs_user_state ON jobs (user_id, state);
+CREATE INDEX jobs_project_state ON jobs (project_id, state);
 
 -- One row per replica / rank per attempt. A retry adds rows with attempt + 1;
 -- the old rows stay as history. Leases are timestamps on the rows.
@@ -149,6 +192,8 @@ CREATE INDEX tasks_lost ON tasks (finished_at) WHERE state = 'lost';
 -- acquire judges the few shapes a worker fits instead of every queued task. One row per
 -- distinct requirement, made when the first job asking for it is submitted (trigger
 -- jobs_shape) and kept: job_worker_fit reads every job's fit through its shape.
+-- `secrets` is '[]', or {"project": id, "names": [...]} for a job that uses secrets: the
+-- same name is another secret in another project.
 CREATE TABLE shapes (
     id           INTEGER PRIMARY KEY,
     gang         INTEGER NOT NULL CHECK (gang IN (0, 1)),
@@ -176,7 +221,9 @@ CREATE INDEX task_queue_shape ON task_queue (shape_id, priority DESC, task_id);
 
 CREATE TRIGGER jobs_shape AFTER INSERT ON jobs BEGIN
     INSERT OR IGNORE INTO shapes (gang, gpus, cpus, memory_mb, accelerator, labels, secrets)
-    VALUES (new.gang, new.gpus, new.cpus, new.memory_mb, coalesce(new.accelerator, ''), new.labels, new.secrets);
+    VALUES (new.gang, new.gpus, new.cpus, new.memory_mb, coalesce(new.accelerator, ''), new.labels,
+            CASE WHEN new.secrets = '[]' THEN '[]'
+                 ELSE json_object('project', new.project_id, 'names', json(new.secrets)) END);
 END;
 CREATE TRIGGER tasks_queued_insert AFTER INSERT ON tasks WHEN new.state = 'queued' BEGIN
     INSERT INTO task_queue (task_id, shape_id, job_id, priority)
@@ -210,7 +257,8 @@ CREATE TABLE events (
     job_id     INTEGER,
     task_id    INTEGER,
     worker_id  INTEGER,
-    data       TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(data))
+    data       TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(data)),
+    actor      TEXT
 ) STRICT;
 CREATE INDEX events_job ON events (job_id, seq) WHERE job_id IS NOT NULL;
 CREATE INDEX events_kind_at ON events (kind, at);
@@ -251,13 +299,16 @@ CREATE TABLE rendezvous (
 ) STRICT;
 
 -- Secrets passed to jobs as environment variables, encrypted at rest (the
--- key is in a 0600 file beside the server secret, never in this file).
+-- key is in a 0600 file beside the server secret, never in this file). A secret
+-- belongs to a project: a job reads only its own project's.
 CREATE TABLE secrets (
-    name        TEXT PRIMARY KEY,
+    project_id  INTEGER NOT NULL DEFAULT 1 REFERENCES projects (id),
+    name        TEXT NOT NULL,
     labels      TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(labels)),
     ciphertext  BLOB NOT NULL,
     created_at  REAL NOT NULL,
-    updated_at  REAL NOT NULL
+    updated_at  REAL NOT NULL,
+    PRIMARY KEY (project_id, name)
 ) STRICT;
 
 -- Slurm jobs submitted to start workers (docs/operations.md, "Slurm provisioning").
@@ -326,7 +377,9 @@ CREATE VIEW job_shape AS
 SELECT j.id AS job_id, j.state AS job_state, s.id AS shape_id
 FROM jobs j
 JOIN shapes s ON s.gang = j.gang AND s.gpus = j.gpus AND s.cpus = j.cpus AND s.memory_mb = j.memory_mb
-             AND s.accelerator = coalesce(j.accelerator, '') AND s.labels = j.labels AND s.secrets = j.secrets;
+             AND s.accelerator = coalesce(j.accelerator, '') AND s.labels = j.labels
+             AND s.secrets = CASE WHEN j.secrets = '[]' THEN '[]'
+                                  ELSE json_object('project', j.project_id, 'names', json(j.secrets)) END;
 
 -- Which workers a shape of work fits, and why not: the one definition of fit, which
 -- job_worker_fit reads for jobs and acquisition for queued shapes. One row per shape and
@@ -334,8 +387,9 @@ JOIN shapes s ON s.gang = j.gang AND s.gpus = j.gpus AND s.cpus = j.cpus AND s.m
 --   has_labels       every label the shape asks for is on the worker, with the same value
 --   has_accelerator  the shape asks for none, or the worker has GPUs
 --   big_enough       the worker's GPUs, CPUs and memory cover one task, when idle
---   missing_secret   the first of the shape's secrets (by name) that is not set or whose labels
---                    the worker's join token does not all carry; NULL when it may have them all
+--   missing_secret   the first of the shape's secrets (by name) that is not set in its project
+--                    or whose labels the worker's join token does not all carry; NULL when it
+--                    may have them all
 --   fits             all four: the worker could run a task of the shape when idle
 --   has_room         a free slot, and free GPUs, CPUs and memory for one task now (worker_load)
 --   fits_now         online, fits, has room: it could take a task of the shape of a job it
@@ -355,8 +409,8 @@ FROM (
            (s.accelerator = '' OR w.gpus > 0) AS has_accelerator,
            (s.gpus <= w.gpus AND s.cpus <= w.cpus AND s.memory_mb <= w.memory_mb) AS big_enough,
            CASE WHEN s.secrets <> '[]' THEN (
-               SELECT sv.value FROM json_each(s.secrets) sv
-               LEFT JOIN secrets sc ON sc.name = sv.value
+               SELECT sv.value FROM json_each(s.secrets, '$.names') sv
+               LEFT JOIN secrets sc ON sc.project_id = json_extract(s.secrets, '$.project') AND sc.name = sv.value
                WHERE sc.name IS NULL  -- deleted since submit: wait until it is set again
                   OR EXISTS (SELECT 1 FROM json_each(sc.labels) sl
                              WHERE NOT EXISTS (SELECT 1 FROM json_each(w.token_labels) tl
