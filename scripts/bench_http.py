@@ -118,7 +118,11 @@ def _assignments(answer: dict) -> list:
 
 
 def _heartbeat_proc(url, verify, creds, threads, duration, start_at, out):
-    """Heartbeats round-robin over `creds` [(token, [task_id, ...])] from `threads` keep-alive sessions."""
+    """Heartbeats round-robin over `creds` [(token, [task_id, ...], last heard or None)] from `threads` sessions.
+
+    A worker's largest gap counts from its last word before the load (the warm-up heartbeat),
+    or from `start_at` for one that said nothing since registering.
+    """
     lat, errors = [], []
     last_seen: dict[int, float] = {}
     max_gap: dict[int, float] = {}
@@ -141,7 +145,7 @@ def _heartbeat_proc(url, verify, creds, threads, duration, start_at, out):
         try:
             while time.time() < end:
                 i = next_index()
-                token, tasks = creds[i]
+                token, tasks, _ = creds[i]
                 body = {"tasks": [{"task_id": t, "state": "running", "endpoint": None, "restarts": 0} for t in tasks]}
                 t0 = clock()
                 r = s.post(url + "/v1/worker/heartbeat", json=body, headers=_worker_headers(token), timeout=30)
@@ -152,7 +156,7 @@ def _heartbeat_proc(url, verify, creds, threads, duration, start_at, out):
                     errors.append(f"worker {i}: told to cancel {answer['cancel_task_ids']}")
                 now = time.time()
                 with lock:
-                    prev = last_seen.get(i, start_at)
+                    prev = last_seen.get(i) or creds[i][2] or start_at
                     max_gap[i] = max(max_gap.get(i, 0.0), now - prev)
                     last_seen[i] = now
         except Exception as exc:  # noqa: BLE001
@@ -165,7 +169,7 @@ def _heartbeat_proc(url, verify, creds, threads, duration, start_at, out):
         t.start()
     for t in pool:
         t.join()
-    busy_gaps = [max_gap.get(i, duration) for i, (_, tasks) in enumerate(creds) if tasks]
+    busy_gaps = [max_gap.get(i, duration) for i, (_, tasks, _) in enumerate(creds) if tasks]
     out.put({"lat": lat, "errors": errors[:20], "error_count": len(errors),
              "max_gap_busy_s": max(busy_gaps) if busy_gaps else 0.0,
              "max_gap_all_s": max(max_gap.values()) if max_gap else 0.0})
@@ -267,15 +271,24 @@ def run_heartbeats(args, tls: bool) -> dict:
                        timeout=30).raise_for_status()
                 tasks = [task["task_id"]]
             creds.append((token, tasks))
-        # One untimed heartbeat from each busy worker before the load: a task is lost when its
-        # worker's lease lapses, and a busy worker's last word was its registration, seconds
-        # ago while the others registered (this ramp lost all 200 busy tasks at a 6 s TTL).
-        for token, tasks in creds[:args.hb_busy]:
+        # One untimed heartbeat from each busy worker (8 at a time) just before the load: a task
+        # is lost when its worker's lease lapses, and a busy worker's last word was its
+        # registration, seconds ago while the others registered (this ramp lost all 200 busy
+        # tasks at a 6 s TTL, on the old code and the new).
+        def warm(cred):
+            token, tasks = cred
             body = {"tasks": [{"task_id": t, "state": "running", "endpoint": None, "restarts": 0} for t in tasks]}
-            s.post(srv.url + "/v1/worker/heartbeat", json=body, headers=_worker_headers(token),
-                   timeout=30).raise_for_status()
+            hb = getattr(local, "s", None) or benchlib.session(srv.verify)
+            local.s = hb
+            hb.post(srv.url + "/v1/worker/heartbeat", json=body, headers=_worker_headers(token),
+                    timeout=30).raise_for_status()
+            return time.time()
+
+        with ThreadPoolExecutor(8) as pool:
+            heard = list(pool.map(warm, creds[:args.hb_busy]))
+        creds = [(token, tasks, heard[i] if i < len(heard) else None) for i, (token, tasks) in enumerate(creds)]
         share = [creds[p::args.procs] for p in range(args.procs)]
-        start_at = time.time() + 1.5
+        start_at = time.time() + 0.5 + 0.05 * args.threads
         results, wall, cpu = _run_load(
             ctx, args, srv, "heartbeats" + ("-tls" if tls else ""), start_at, args.hb_duration,
             lambda p, out: (_heartbeat_proc, (srv.url, srv.verify, share[p], args.threads, args.hb_duration,
