@@ -24,10 +24,14 @@ class TaskHandle:
         self.cancel_reason: str | None = None
         #: True when the worker itself stopped the task (SIGTERM, revocation), not the control plane.
         self.by_worker = False
+        #: SIGTERM-to-SIGKILL grace the control plane asked for (a preemption's); None: the worker's own.
+        self.grace_s: float | None = None
         self._cancel = threading.Event()
         #: Set once the control plane heard the task's start (or the task ended): until then acquire
         #: answers with this same task again, so the worker asks for the next one only after it.
         self.start_sent = threading.Event()
+        #: The Assignment's job_id, attempt and gpus, echoed in heartbeats (a restored control plane checks them).
+        self.assignment: dict = {}
 
     @property
     def endpoint(self) -> str | None:
@@ -41,10 +45,11 @@ class TaskHandle:
         if changed:
             self.on_change()
 
-    def cancel(self, reason: str, by_worker: bool = False) -> None:
-        """Ask the runner to stop the task (the first reason is kept); ``by_worker``: the worker is stopping."""
+    def cancel(self, reason: str, by_worker: bool = False, grace_s: float | None = None) -> None:
+        """Ask the runner to stop the task (the first reason is kept); ``by_worker``: the worker is stopping;
+        ``grace_s``: SIGKILL this long after SIGTERM instead of the worker's own grace."""
         if not self._cancel.is_set():
-            self.cancel_reason, self.by_worker = reason, by_worker
+            self.cancel_reason, self.by_worker, self.grace_s = reason, by_worker, grace_s
             self._cancel.set()
 
     @property
@@ -58,7 +63,8 @@ class TaskHandle:
 
     def heartbeat_entry(self) -> dict:
         """The task's entry in a heartbeat's ``tasks`` list."""
-        return {"task_id": self.task_id, "state": self.state, "endpoint": self.endpoint, "restarts": self.restarts}
+        return {"task_id": self.task_id, "state": self.state, "endpoint": self.endpoint, "restarts": self.restarts,
+                **self.assignment}
 
 
 @dataclass
@@ -131,8 +137,9 @@ def supervise(
             return None
         stop = _next_stop(proc, handle, limits, on_tick)
         if stop is not None:
-            system_line(f"{stop.reason}; stopping the process group (SIGTERM, SIGKILL after {kill_grace_s:g} s)")
-            proc.kill_group(kill_grace_s)
+            grace_s = handle.grace_s if stop.kind == "cancelled" and handle.grace_s is not None else kill_grace_s
+            system_line(f"{stop.reason}; stopping the process group (SIGTERM, SIGKILL after {grace_s:g} s)")
+            proc.kill_group(grace_s)
             return stop
         try:  # wakes as soon as the leader exits (a trivial command ends in a millisecond, not a poll period)
             proc.popen.wait(timeout=POLL_S)

@@ -7,6 +7,7 @@ thread per running task.
 """
 
 import contextlib
+import logging
 import os
 import shutil
 import signal
@@ -17,7 +18,6 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from . import __version__
 from .addresses import local_address_towards
@@ -27,7 +27,9 @@ from .environment import filtered_environ
 from .errors import AgentError, Forbidden, Rejected, Revoked, Unauthorized, Unreachable
 from .events import configure_logging, log_event
 from .hardening import forget_join_token, make_undumpable
-from .inventory import Inventory, detect, nvml_probe
+from .gpu_health import GpuHealth
+from .inventory import GpuProbe, Inventory, detect
+from .nvml import Nvml
 from .leftovers import RunningTasks
 from .process import KILL_GRACE_S
 from .rendezvous import RENDEZVOUS_TIMEOUT_S
@@ -37,6 +39,7 @@ from .tls import resolve_verify
 from .transport import Transport, check_url
 
 ACQUIRE_WAIT_S = 20.0
+REJOIN_MIN_S = 5.0  # a session refused again this soon after registering again is not retried
 
 
 @dataclass
@@ -67,7 +70,7 @@ class WorkerConfig:
     acquire_wait_s: float = ACQUIRE_WAIT_S
     rendezvous_timeout_s: float = RENDEZVOUS_TIMEOUT_S
     keep_task_dirs: bool = False
-    gpu_probe: Callable[[], list[str]] | None = None
+    gpu_probe: GpuProbe | None = None  # tests: devices without NVML (no health watch)
 
 
 def run_worker(config: WorkerConfig, stop_event: threading.Event | None = None) -> int:
@@ -149,6 +152,11 @@ class Worker:
         self.transport: Transport | None = None
         self.ctx: TaskContext | None = None
         self.interval_s = 2.0
+        self.rejoin_lock = threading.Lock()
+        self.rejoined_at = 0.0
+        self.inventory: Inventory | None = None
+        self.nvml: Nvml | None = None
+        self.gpu_health: GpuHealth | None = None
 
     # -- setup -------------------------------------------------------------
     def run(self) -> int:
@@ -160,7 +168,9 @@ class Worker:
         verify = resolve_verify(base_url, config.ca_file, config.ca_fingerprint, str(state_dir))
         self._kill_leftovers(state_dir)
         self.transport = Transport(base_url, verify)
-        inventory = detect(probe=config.gpu_probe or nvml_probe, cpus=config.cpus, gpus=config.gpus, ram_mb=config.ram_mb)
+        self.new_transport = lambda: Transport(base_url, verify)
+        inventory = self._inventory()
+        self.inventory = inventory
         answer = self._register(inventory)
         if answer is None:
             return 0
@@ -177,6 +187,20 @@ class Worker:
             raise self.fatal[0]
         return code
 
+    def _inventory(self) -> Inventory:
+        """Detect what this worker offers; with NVML (no --gpus), start watching its GPUs' health."""
+        config = self.config
+        if config.gpu_probe is not None:
+            return detect(probe=config.gpu_probe, cpus=config.cpus, gpus=config.gpus, ram_mb=config.ram_mb)
+        self.nvml = Nvml.open() if config.gpus is None else None
+        nvml = self.nvml
+        inventory = detect(probe=nvml.devices if nvml else lambda: [], cpus=config.cpus, gpus=config.gpus,
+                           ram_mb=config.ram_mb)
+        if nvml is not None and inventory.nvml_devices:
+            self.gpu_health = GpuHealth(nvml, inventory.nvml_devices, on_change=self.beat_now.set)
+            self.gpu_health.start()
+        return inventory
+
     def _kill_leftovers(self, state_dir: Path) -> None:
         """Kill the tasks a killed agent on this state dir left running (the control plane lost them)."""
         for name, pgid in RunningTasks(state_dir).reap():
@@ -184,7 +208,7 @@ class Worker:
             if not self.config.keep_task_dirs:
                 shutil.rmtree(state_dir / "tasks" / name, ignore_errors=True)
 
-    def _register(self, inventory: Inventory) -> dict | None:
+    def _register(self, inventory: Inventory, transport: Transport | None = None) -> dict | None:
         """POST register, retried while unreachable; None if stopped before it answered."""
         config = self.config
         body = {
@@ -194,14 +218,17 @@ class Worker:
             "version": __version__,
             "slots": max(1, int(config.parallel)),
         }
+        if self.gpu_health is not None:  # so that no task is placed on a GPU already broken
+            body["gpus"] = self.gpu_health.report()
         advertise = config.advertise_address or local_address_towards(config.url)
         if advertise:  # else the control plane takes the address it sees
             body["advertise_address"] = advertise
-        self.transport.set_token(config.join_token)
+        transport = transport or self.transport
+        transport.set_token(config.join_token)
         failures = 0
         while not self.stop_event.is_set():
             try:
-                answer = self.transport.request("POST", "/workers/register", body)
+                answer = transport.request("POST", "/workers/register", body)
                 break
             except Unreachable as exc:
                 failures += 1
@@ -222,6 +249,8 @@ class Worker:
         log_event("worker_registered", worker_id=answer.get("worker_id"), name=answer.get("name") or body["name"],
                   labels=answer.get("labels", body["labels"]), slots=body["slots"],
                   advertise_address=answer.get("advertise_address"), heartbeat_interval_s=self.interval_s)
+        for warning in answer.get("warnings") or []:
+            log_event("register_warning", level=logging.WARNING, message=warning)
         return answer
 
     def _task_context(self, answer: dict, inventory: Inventory, state_dir: Path) -> TaskContext:
@@ -273,8 +302,13 @@ class Worker:
         while not self.heartbeat_stop.is_set():
             with self.lock:
                 entries = [handle.heartbeat_entry() for handle in self.handles.values()]
+            sent_with = self.transport.headers.get("Authorization")
+            body: dict = {"tasks": entries}
+            if self.gpu_health is not None:
+                self.gpu_health.check()
+                body["gpus"] = self.gpu_health.report()
             try:
-                answer = self.transport.request("POST", "/worker/heartbeat", {"tasks": entries})
+                answer = self.transport.request("POST", "/worker/heartbeat", body)
                 failures = 0
                 self._on_heartbeat(answer)
             except Unreachable as exc:
@@ -284,6 +318,8 @@ class Worker:
                 self._heartbeat_pause(min(self.interval_s, retry_delay(failures)))
                 continue
             except Unauthorized:
+                if self._rejoin(sent_with):
+                    continue
                 self._fail(Revoked("the control plane no longer accepts this worker's session (401): it was revoked or expired"))
             except AgentError as exc:
                 self._fail(exc)
@@ -296,13 +332,47 @@ class Worker:
         if self.beat_now.wait(seconds):
             self.beat_now.clear()
 
+    def _rejoin(self, refused: str | None) -> bool:
+        """Register again after a heartbeat's 401 (which a revoked worker never gets: it hears `revoked`).
+
+        A control plane restored from a replica may have lost this worker's
+        registration (made in the window the replica had not caught). The join
+        token registers it again; running tasks carry on and the next heartbeat
+        reports them (the control plane adopts those it has queued). False when
+        the join token is refused too, or when this session was just made.
+        """
+        with self.rejoin_lock:
+            if self.transport.headers.get("Authorization") != refused:
+                return True  # registered again meanwhile
+            if not self.config.join_token or time.monotonic() - self.rejoined_at < REJOIN_MIN_S:
+                return False
+            self.rejoined_at = time.monotonic()
+            log_event("worker_rejoining", reason="the control plane does not know this session (401)")
+            joiner = self.new_transport()  # tasks keep sending with the session token meanwhile
+            try:
+                return self._register(self.inventory, joiner) is not None
+            except AgentError as exc:
+                log_event("worker_rejoin_refused", error=str(exc))
+                return False
+            finally:
+                joiner.close()
+
     def _on_heartbeat(self, answer: dict) -> None:
+        preempted = {int(t) for t in answer.get("preempted_task_ids") or []}
+        grace_s = answer.get("preempt_grace_s")
         for task_id in answer.get("cancel_task_ids") or []:
             with self.lock:
                 handle = self.handles.get(int(task_id))
             if handle is not None and not handle.cancelled:
+                if int(task_id) in preempted:  # stopped to make room: its grace is the control plane's
+                    log_event("task_preempted", task_id=task_id, grace_s=grace_s)
+                    handle.cancel("preempted to make room for higher-priority work",
+                                  grace_s=float(grace_s) if isinstance(grace_s, (int, float)) else None)
+                    continue
                 log_event("task_cancel_requested", task_id=task_id)
                 handle.cancel("the control plane cancelled this task")
+        if answer.get("reset_gpus") and self.gpu_health is not None:
+            self.gpu_health.reset([int(i) for i in answer["reset_gpus"]])
         if answer.get("revoked"):
             self._fail(Revoked("the control plane revoked this worker"))
 
@@ -326,8 +396,10 @@ class Worker:
                 self.stopping.wait(retry_delay(failures))
                 continue
             except Unauthorized:
-                self._fail(Revoked("the control plane no longer accepts this worker's session (401): it was revoked or expired"))
-                return
+                # The heartbeat tells an unknown session (registers again) from a revoked one (stops).
+                self.beat_now.set()
+                self.stopping.wait(self.interval_s)
+                continue
             except AgentError as exc:
                 self._fail(exc)
                 return
@@ -370,6 +442,8 @@ class Worker:
                 return known
             handle = TaskHandle(task_id)
             handle.on_change = self.beat_now.set
+            echo = {"job_id": task.get("job_id"), "attempt": task.get("attempt"), "gpus": task.get("gpus")}
+            handle.assignment = {key: value for key, value in echo.items() if value is not None}
             runner = TaskRunner(task, self.ctx, handle)
             thread = threading.Thread(target=self._run_task, args=(runner,), name=f"task-{task_id}", daemon=True)
             self.handles[task_id] = handle
@@ -448,6 +522,11 @@ class Worker:
             log_event("deregister_failed", error=str(exc))
 
     def close(self) -> None:
-        """Release the HTTP session (safe to call twice)."""
+        """Release the HTTP session, the GPU watch and NVML (safe to call twice)."""
         if self.transport is not None:
             self.transport.close()
+        if self.gpu_health is not None:
+            self.gpu_health.stop()
+        if self.nvml is not None:
+            self.nvml.close()
+            self.nvml = None

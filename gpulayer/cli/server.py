@@ -1,15 +1,17 @@
 """`gpulayer server ...` (start, prune, backup), `up`, `explore` and `artifacts gc`: the control plane's side."""
 from __future__ import annotations
 
+import re
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from gpulayer.cli.common import fail, home_of, print_json
+from gpulayer.cli.common import fail, home_of, parse_pairs, plural, print_json
 from gpulayer.protocol import (
     DEFAULT_PORT, HEARTBEAT_INTERVAL_S, JOB_RETENTION_S, LEASE_TTL_S, LOG_RETENTION_S, MAX_OUTPUT_BYTES,
+    PREEMPT_GRACE_S, PRIORITY_CLASSES,
 )
 
 server_app = typer.Typer(help="Initialise, run and back up a control plane.", no_args_is_help=True)
@@ -60,13 +62,25 @@ HeartbeatInterval = Annotated[float, typer.Option("--heartbeat-interval", help="
 LeaseTTL = Annotated[float, typer.Option("--lease-ttl", help="Seconds without a heartbeat before a worker's tasks are lost.", min=0.01)]
 SynchronousOpt = Annotated[Synchronous, typer.Option("--synchronous", help="SQLite synchronous: normal (fast) or full (survives power loss).")]
 MaxOutputMB = Annotated[int, typer.Option("--max-output-mb", help="Largest task output a worker may upload, in MiB.", min=1)]
+Replicate = Annotated[Optional[str], typer.Option(
+    "--replicate", metavar="URL",
+    help="Stream the state file to this replica with Litestream: a directory (a mounted disk, NFS) or a "
+         "Litestream URL (s3://, sftp://). docs/operations.md, \"Losing the control plane's machine\".")]
+ReplicateInterval = Annotated[float, typer.Option(
+    "--replicate-interval", help="Seconds between Litestream's syncs to the replica (what a loss can cost).",
+    min=0.05, max=3600)]
 
 
 @server_app.command("init")
 def server_init(ctx: typer.Context, home: Home = None,
                 as_json: Annotated[bool, typer.Option("--json", help="Print the tokens as JSON.")] = False,
                 force: Annotated[bool, typer.Option("--force", help="Rotate both tokens of an initialised home.")] = False) -> None:
-    """Create the server secret and the client and join tokens (shown once; only hashes are kept)."""
+    """Create the server secret and the client and join tokens (shown once; only hashes are kept).
+
+    \b
+    Example:
+      gpulayer server init --home /srv/gpulayer
+    """
     from gpulayer.server.process import init_home
     where = home_of(ctx, home)
     tokens = init_home(where, force=True) if force else init_home(where)
@@ -95,17 +109,48 @@ def server_start(
     log_retention: LogRetention = None,
     job_retention: JobRetention = None,
     http: Annotated[FrontEnd, typer.Option("--http", help="The HTTP front end: cheroot, or granian (needs the granian package; docs/benchmarks.md, \"Front ends\").")] = FrontEnd.cheroot,
+    replicate: Replicate = None,
+    replicate_interval: ReplicateInterval = 1.0,
+    fairshare_half_life: Annotated[Optional[str], typer.Option(
+        "--fairshare-half-life", callback=_seconds, metavar="DURATION",
+        help="Fair share forgets half of a project's past usage in this long (default 7d; docs/teams.md).")] = None,
+    preempt_grace: Annotated[float, typer.Option(
+        "--preempt-grace", min=0,
+        help="Seconds a preempted task has between SIGTERM and SIGKILL.")] = PREEMPT_GRACE_S,
+    priority_class: Annotated[Optional[list[str]], typer.Option(
+        "--priority-class", metavar="NAME=N",
+        help="A named priority `--priority` accepts, besides low=-10, normal=0, high=10 (repeatable).")] = None,
 ) -> None:
-    """Run the control plane in the foreground until SIGTERM or Ctrl-C."""
+    """Run the control plane in the foreground until SIGTERM or Ctrl-C.
+
+    \b
+    Example:
+      gpulayer server start --host 0.0.0.0 --tls-cert server.pem --tls-key server-key.pem
+    """
     if bool(tls_cert) != bool(tls_key):
         raise typer.BadParameter("give both --tls-cert and --tls-key, or neither", param_hint="--tls-key")
     from gpulayer.server.config import ControlPlaneConfig
     from gpulayer.server.process import run_server
     config = ControlPlaneConfig(home=home_of(ctx, home), host=host, port=port, tls_cert=tls_cert,
                                 tls_key=tls_key, allow_insecure_remote=allow_insecure_remote, http=http.value,
+                                replicate=replicate, replicate_interval_s=replicate_interval,
+                                preempt_grace_s=preempt_grace,
+                                priority_classes={**PRIORITY_CLASSES, **_priority_classes(priority_class)},
+                                **({"fairshare_half_life_s": fairshare_half_life} if fairshare_half_life else {}),
                                 **_plane_settings(heartbeat_interval, lease_ttl, synchronous, max_output_mb,
                                                   log_retention, job_retention))
     raise typer.Exit(run_server(config) or 0)
+
+
+def _priority_classes(values: Optional[list[str]]) -> dict[str, int]:
+    """--priority-class NAME=N, as {name: number}; a usage error otherwise."""
+    found = {}
+    for name, number in parse_pairs(values, "--priority-class").items():
+        if not re.fullmatch(r"[a-z][a-z0-9_-]{0,31}", name) or not re.fullmatch(r"-?\d{1,7}", number.strip()):
+            raise typer.BadParameter(f"expected NAME=N (a lowercase name, an integer), got {name}={number}",
+                                     param_hint="--priority-class")
+        found[name] = int(number)
+    return found
 
 
 def _plane_settings(heartbeat_interval, lease_ttl, synchronous, max_output_mb, log_retention,
@@ -120,7 +165,12 @@ def server_prune(ctx: typer.Context, home: Home = None,
                  dry_run: Annotated[bool, typer.Option("--dry-run", help="Count what would be removed; remove nothing.")] = False,
                  log_retention: LogRetention = None, job_retention: JobRetention = None,
                  as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
-    """Apply retention now (as upkeep does on its own) and print what was removed; safe while the server runs."""
+    """Apply retention now (as upkeep does on its own) and print what was removed; safe while the server runs.
+
+    \b
+    Example:
+      gpulayer server prune --dry-run --job-retention 7d
+    """
     from gpulayer.server.scheduler.retention import run_prune
     # The options' callback (_seconds) has turned their text into seconds.
     result = run_prune(home_of(ctx, home), dry_run=dry_run, log_retention_s=log_retention,  # type: ignore[arg-type]
@@ -129,8 +179,42 @@ def server_prune(ctx: typer.Context, home: Home = None,
         print_json(result)
         return
     verb = "would remove" if dry_run else "removed"
-    typer.echo(f"{verb} {result['jobs']} job(s), {result['log_lines']} log line(s), {result['events']} event(s), "
-               f"{result['workers']} departed worker(s)")
+    typer.echo(f"{verb} {plural(result['jobs'], 'job')}, {plural(result['log_lines'], 'log line')}, "
+               f"{plural(result['events'], 'event')}, {plural(result['workers'], 'departed worker')}")
+
+
+@server_app.command("certs")
+def server_certs(ctx: typer.Context, home: Home = None,
+                 host: Annotated[Optional[list[str]], typer.Option("--host", metavar="NAME", help="A DNS name the certificate names (repeatable).")] = None,
+                 ip: Annotated[Optional[list[str]], typer.Option("--ip", metavar="ADDR", help="An IP address the certificate names (repeatable).")] = None,
+                 as_json: Annotated[bool, typer.Option("--json", help="Print the paths and fingerprint as JSON.")] = False) -> None:
+    """Make (or reuse) the CA and a server certificate for `server start --tls-cert/--tls-key`, as `up` does.
+
+    The certificate names localhost, this host's names and addresses, and each
+    --host and --ip; the CA is made once and kept, so workers that pinned it
+    notice nothing when the certificate is reissued.
+
+    \b
+    Example:
+      gpulayer server certs --host cp.internal --ip 10.0.0.5
+    """
+    import ipaddress
+    for address in ip or []:
+        try:
+            ipaddress.ip_address(address.strip("[]"))
+        except ValueError:
+            raise typer.BadParameter(f"{address!r} is not an IP address", param_hint="--ip") from None
+    from gpulayer.server.security.certs import ensure_tls
+    where = home_of(ctx, home)
+    where.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tls = ensure_tls(where, [*(host or []), *(ip or [])])
+    if as_json:
+        print_json({k: str(v) for k, v in tls.items()})
+        return
+    typer.echo(f"CA:          {tls['ca']}  ({tls['fingerprint']}, for --ca-file or join --ca-fingerprint)")
+    typer.echo(f"certificate: {tls['cert']}")
+    typer.echo(f"key:         {tls['key']}")
+    typer.echo(f"gpulayer server start --host 0.0.0.0 --tls-cert {tls['cert']} --tls-key {tls['key']}", err=True)
 
 
 @server_app.command("rotate-join-token")
@@ -140,11 +224,38 @@ def server_rotate_join_token(ctx: typer.Context, home: Home = None) -> None:
     typer.echo(rotate_join_token(home_of(ctx, home)))
 
 
+@server_app.command("restore")
+def server_restore(
+    ctx: typer.Context,
+    source: Annotated[str, typer.Option("--from", metavar="URL", help="The replica `server start --replicate` wrote: a directory or a Litestream URL.")],
+    home: Home = None,
+    timestamp: Annotated[Optional[str], typer.Option("--timestamp", help="Restore the state as it was at this time (RFC 3339, e.g. 2026-12-01T06:00:00Z) instead of the latest.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Restore although the replica's writer lease is fresh (only when its control plane is surely down).")] = False,
+    home_files: Annotated[Optional[Path], typer.Option("--home-files", help="A copy of the old home's server-secret, server-credentials.json, secrets.key and tls/ (needed for a replica that is not a directory).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Rebuild a new home from a replica (state file and the home's files); then start it with `server start`."""
+    from gpulayer.server.replication import restore
+    result = restore(source, home_of(ctx, home), timestamp=timestamp, force=force, home_files_from=home_files)
+    if as_json:
+        print_json(result)
+        return
+    typer.echo(f"restored {result['home']} from {result['from']}: {result['jobs']} job(s), "
+               f"last event at {result['last_event_at']}, {len(result['files'])} home file(s)")
+    typer.echo("start it at the old address with: gpulayer server start --home " + result["home"]
+               + f" --replicate {result['from']}", err=True)
+
+
 @server_app.command("backup")
 def server_backup(ctx: typer.Context,
                   dest: Annotated[Path, typer.Argument(help="File to write the copy of the state file to.")],
                   home: Home = None) -> None:
-    """Take a consistent copy of the state file while the server runs (SQLite backup API)."""
+    """Take a consistent copy of the state file while the server runs (SQLite backup API).
+
+    \b
+    Example:
+      gpulayer server backup /backups/state-$(date +%F).db
+    """
     from gpulayer.server.process import backup
     result = backup(home_of(ctx, home), dest) or {}
     details = " ".join(f"{k}={v}" for k, v in result.items() if k != "dest")
@@ -157,11 +268,19 @@ def up(ctx: typer.Context, home: Home = None,
        parallel: Annotated[Optional[int], typer.Option("--parallel", help="Tasks the local worker runs at once (default: CPU count).", min=1)] = None,
        heartbeat_interval: HeartbeatInterval = HEARTBEAT_INTERVAL_S, lease_ttl: LeaseTTL = LEASE_TTL_S,
        synchronous: SynchronousOpt = Synchronous.normal, max_output_mb: MaxOutputMB = MAX_OUTPUT_BYTES // 1024 ** 2,
-       log_retention: LogRetention = None, job_retention: JobRetention = None) -> None:
-    """Start a control plane over TLS and a local worker; print the line that joins other machines."""
+       log_retention: LogRetention = None, job_retention: JobRetention = None,
+       no_worker: Annotated[bool, typer.Option("--no-worker", help="Run no worker here: a control-plane-only host.")] = False,
+       replicate: Replicate = None, replicate_interval: ReplicateInterval = 1.0) -> None:
+    """Start a control plane over TLS and a local worker; print the line that joins other machines.
+
+    \b
+    Examples:
+      gpulayer up
+      gpulayer up --no-worker --port 8470
+    """
     from gpulayer.cli.up import run_up
-    raise typer.Exit(run_up(home_of(ctx, home), host, port, parallel,
-                            **_plane_settings(heartbeat_interval, lease_ttl, synchronous, max_output_mb,
+    raise typer.Exit(run_up(home_of(ctx, home), host, port, parallel, not no_worker, replicate=replicate,
+                            replicate_interval_s=replicate_interval, **_plane_settings(heartbeat_interval, lease_ttl, synchronous, max_output_mb,
                                               log_retention, job_retention)))
 
 
@@ -170,7 +289,12 @@ def explore(ctx: typer.Context, home: Home = None,
             host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
             port: Annotated[int, typer.Option("--port", help="Port to listen on.", min=0, max=65535)] = 8471,
             token_required: Annotated[bool, typer.Option("--token-required", help="Ask for the home's client token (`server init`); needed off loopback.")] = False) -> None:
-    """Browse the state file read-only in a web page."""
+    """Browse the state file read-only in a web page.
+
+    \b
+    Example:
+      gpulayer explore   # then open http://127.0.0.1:8471
+    """
     from gpulayer.server.config import HomeLayout
     from gpulayer.server.errors import ConfigError
     from gpulayer.server.security.auth import client_token_check
@@ -192,7 +316,12 @@ def explore(ctx: typer.Context, home: Home = None,
 def artifacts_gc(ctx: typer.Context, home: Home = None,
                  dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what would be removed; remove nothing.")] = False,
                  as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
-    """Remove artifacts no job references that are older than the retention period."""
+    """Remove artifacts no job references that are older than the retention period.
+
+    \b
+    Example:
+      gpulayer artifacts gc --dry-run
+    """
     from gpulayer.server.scheduler.retention import run_gc
     removed = run_gc(home_of(ctx, home), dry_run=dry_run)
     if as_json:
@@ -201,4 +330,4 @@ def artifacts_gc(ctx: typer.Context, home: Home = None,
     for item in removed:
         typer.echo(item)
     verb = "would remove" if dry_run else "removed"
-    typer.echo(f"{verb} {len(removed)} artifact(s)", err=True)
+    typer.echo(f"{verb} {plural(len(removed), 'artifact')}", err=True)

@@ -6,6 +6,7 @@ settings, and prints the `gpulayer join ...` line for other machines.
 """
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import socket
@@ -14,7 +15,10 @@ import threading
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from contextlib import nullcontext
+
 from gpulayer.cli.local import home_tokens, worker_config, worker_thread, write_private_json
+from gpulayer.client.errors import ClientError
 
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 
@@ -38,26 +42,49 @@ def _url(host: str, port: int) -> str:
     return f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
 
 
-def _wait_for_stop(worker: threading.Thread) -> None:
-    """Block until SIGTERM, SIGINT (Ctrl-C) or the local worker's end."""
+def _wait_for_stop(worker: threading.Thread | None, fenced: threading.Event | None = None) -> None:
+    """Block until SIGTERM, SIGINT (Ctrl-C), the local worker's end (when there is one), or `fenced`
+    (a restore elsewhere took the replica: this control plane must stop writing)."""
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        while not stop.wait(0.5) and worker.is_alive():
+        while not stop.wait(0.5) and (worker is None or worker.is_alive()) and not (fenced and fenced.is_set()):
             pass
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
 
-def run_up(home: Path, host: str, port: int, parallel: int | None, **settings) -> int:
-    """Serve a control plane over TLS with a local worker until stopped; return 0.
+def check_port_free(host: str, port: int) -> None:
+    """ClientError when another process listens on host:port, before `up` touches the home.
+
+    A second `up` on the same home would otherwise reissue its certificates and
+    extend its leases before failing to listen.
+    """
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: TIME_WAIT is no owner
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+            raise ClientError(f"port {port} is taken on {host or '0.0.0.0'}: is `gpulayer up` already running? "
+                              "(stop it, or pass --port)") from None
+
+
+def run_up(home: Path, host: str, port: int, parallel: int | None, worker: bool = True, **settings) -> int:
+    """Serve a control plane over TLS, with a local worker unless `worker` is False, until stopped; return 0.
 
     `settings`: more ControlPlaneConfig fields (log_retention_s, job_retention_s).
+    Raises ClientError when the port is taken.
     """
     from gpulayer.server.security.certs import ensure_tls
     from gpulayer.server.config import ControlPlaneConfig
     from gpulayer.server.process import ControlPlane
+    check_port_free(host, port)
     home.mkdir(parents=True, exist_ok=True, mode=0o700)
     address = join_address(host)
     tls = ensure_tls(home, [address] if host not in WILDCARD_HOSTS else [])
@@ -74,20 +101,24 @@ def run_up(home: Path, host: str, port: int, parallel: int | None, **settings) -
         settings = dict(url=local_url, join_token=tokens["join_token"], ca_file=str(tls["ca"]),
                         advertise_address=address, name=socket.gethostname(), parallel=parallel or os.cpu_count() or 1,
                         state_dir=home / "worker")
-        with worker_thread(settings) as worker:
-            _announce(local_url, _url(address, bound), tokens["join_token"], tls["fingerprint"], home)
-            _wait_for_stop(worker)
-            print("stopping the worker and the control plane...", file=sys.stderr, flush=True)
+        with worker_thread(settings) if worker else nullcontext() as thread:
+            _announce(local_url, _url(address, bound), tokens["join_token"], tls["fingerprint"], home, worker)
+            _wait_for_stop(thread, plane.fenced)
+            print("stopping the worker and the control plane..." if worker else "stopping the control plane...",
+                  file=sys.stderr, flush=True)
     finally:
         plane.stop()
     return 0
 
 
-def _announce(local_url: str, public_url: str, join_token: str, fingerprint: str, home: Path) -> None:
+def _announce(local_url: str, public_url: str, join_token: str, fingerprint: str, home: Path,
+              worker: bool = True) -> None:
     """Print where the server is and the line that joins another machine."""
-    print(f"GPUlayer control plane on {public_url} (this machine: {local_url})")
-    print(f"clients here need nothing more ({home / 'client.json'}); try: gpulayer submit --wait -- echo hello")
+    print(f"GPUlayer control plane on {public_url} (this machine: {local_url})"
+          + ("" if worker else ", no local worker (--no-worker)"))
+    print(f"clients here need nothing more ({home / 'client.json'}); try: gpulayer submit --follow -- echo hello")
     print("to add a worker on another machine, run there:")
     # The token as an environment variable, not an argument: arguments show in every user's `ps`.
     print(f"  GPULAYER_JOIN_TOKEN={join_token} gpulayer join {public_url} --ca-fingerprint {fingerprint}")
-    print("Ctrl-C stops the worker and the control plane.", flush=True)
+    print("Ctrl-C stops the worker and the control plane." if worker else "Ctrl-C stops the control plane.",
+          flush=True)

@@ -12,6 +12,7 @@ import logging
 import os
 import resource
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -19,8 +20,9 @@ from typing import TYPE_CHECKING
 
 import apsw
 
+from gpulayer.server import replication
 from gpulayer.server.provisioning import loop as provisioner
-from gpulayer.server.scheduler import retention
+from gpulayer.server.scheduler import reconcile, retention
 from gpulayer.server.http.app import Deps, create_app, new_deps, with_explorer
 from gpulayer.server.security.auth import init_home, rotate_join_token  # noqa: F401 - the CLI imports them from here
 from gpulayer.server.config import ControlPlaneConfig
@@ -65,6 +67,11 @@ def check_config(config: ControlPlaneConfig) -> None:
         raise ConfigError("--http must be cheroot or granian")
     if config.http == "granian" and importlib.util.find_spec("granian") is None:
         raise ConfigError("--http granian needs the granian package: pip install 'granian>=2.8,<2.9'")
+    if config.replicate is not None:
+        replication.Replica.parse(config.replicate)
+        replication.require_binary()
+        if not 0 < config.replicate_interval_s <= 3600:
+            raise ConfigError("--replicate-interval must be between 0 and 3600 seconds")
     if not config.layout.credentials.exists():
         raise ConfigError(f"{config.layout.home} is not initialised: run `gpulayer server init --home "
                           f"{config.layout.home}` (or `gpulayer up`)")
@@ -101,6 +108,8 @@ class ControlPlane:
         self._upkeep: threading.Thread | None = None
         self.provisioners = provisioner.load(config.layout.provisioners)
         self.provisioning: provisioner.Provisioning | None = None
+        self.replicator: replication.Replicator | None = None
+        self.fenced = threading.Event()   # another control plane took the replica's lease: stop serving
 
     @property
     def url(self) -> str:
@@ -117,6 +126,7 @@ class ControlPlane:
         ca = self.config.layout.tls / "ca.pem"
         self.deps = new_deps(self.config, clock=self.clock, ca_file=ca if self.config.tls_cert and ca.exists() else None)
         self.deps.provisioners = self.provisioners
+        self._start_replication()
         swept = self.deps.artifacts.sweep_tmp()  # partial uploads of a server killed mid-upload
         if swept:
             log.info("artifact_tmp_swept count=%d", swept)
@@ -140,6 +150,33 @@ class ControlPlane:
             self.provisioning.start()
         log.info("server_started url=%s state=%s", self.url, self.config.layout.state)
 
+    def _start_replication(self) -> None:
+        """Start Litestream (`--replicate`) and, in a restored home, the reconciliation with the workers.
+
+        Raises ConfigError (the state file closed again) when the replica's lease is another's.
+        """
+        layout, now = self.config.layout, self.clock()
+        if self.config.replicate is not None:
+            self.replicator = replication.Replicator(layout, replication.Replica.parse(self.config.replicate),
+                                                     self.config.replicate_interval_s, on_fenced=self.fenced.set,
+                                                     clock=self.clock)
+            try:
+                self.replicator.start()
+            except Exception:
+                self.replicator = None
+                self.deps.store.close()
+                raise
+            self.deps.replication = self.replicator.status
+        marker = replication.restored_marker(layout)
+        if marker is not None:
+            first = "first_started_at" not in marker
+            self.deps.scheduler.restored = reconcile.Restored.after_restore(
+                marker, now, self.config.heartbeat_interval_s, first_start=first)
+            if first:
+                replication.note_started(layout, marker, now)
+            log.info("restored_home from=%s watermark=%s pause_s=%g", marker.get("from"), marker.get("max_task_id"),
+                     max(0.0, self.deps.scheduler.restored.pause_until - time.monotonic()))
+
     def stop(self) -> None:
         """Stop accepting, finish in-flight requests, flush every acknowledged write, close."""
         self._stop.set()
@@ -154,6 +191,8 @@ class ControlPlane:
         if self.deps is not None:
             self.deps.scheduler.wake()
             self.deps.store.close()
+        if self.replicator is not None:  # after the last commit: Litestream syncs it before it exits
+            self.replicator.stop()
         log.info("server_stopped")
 
     def _run_upkeep(self) -> None:
@@ -165,6 +204,12 @@ class ControlPlane:
                 result = self.deps.scheduler.expire()
                 if any(result.values()):
                     log.info("leases_expired %s", " ".join(f"{k}={v}" for k, v in result.items()))
+                asked = self.deps.scheduler.preempt()
+                if asked:
+                    log.info("task_preempt_requested tasks=%s", ",".join(map(str, asked)))
+                drained = self.deps.scheduler.advance_drains()
+                if drained:
+                    log.info("workers_drained n=%d", drained)
                 if time.monotonic() >= next_prune:
                     done = retention.prune(self.deps.store, now=self.clock(),
                                            log_retention_s=self.config.log_retention_s,
@@ -196,7 +241,10 @@ def run_server(config: ControlPlaneConfig) -> int:
         plane.start()
         print(f"GPUlayer control plane listening on {plane.url}", flush=True)
         while not stopping.wait(0.5):
-            pass
+            if plane.fenced.is_set():
+                print("gpulayer server: another control plane took the replica's lease (a restore): "
+                      "this one stops serving", file=sys.stderr, flush=True)
+                return 3
     finally:
         plane.stop()
         for sig, handler in previous.items():

@@ -15,8 +15,9 @@ from gpulayer.protocol import PROTOCOL_HEADER
 from gpulayer.server.config import PROTOCOL, ControlPlaneConfig
 from gpulayer.server.errors import Forbidden, GpulayerError, ProtocolMismatch, Unauthorized
 from gpulayer.server.http import resources, wire
-from gpulayer.server.http.metrics import Metrics, MetricsResource
+from gpulayer.server.http.metrics import Metrics, MetricsResource, ReplicationCollector
 from gpulayer.server.scheduler.artifacts import ArtifactStore
+from gpulayer.server.scheduler import events
 from gpulayer.server.scheduler.core import Scheduler
 from gpulayer.server.security import auth
 from gpulayer.server.store.db import Store, domain_error
@@ -39,6 +40,7 @@ class Deps:
     ca_file: Path | None = None
     clock: Callable[[], float] = time.time
     provisioners: list = field(default_factory=list)  # provisioning.loop.Provisioner, from provisioners.json
+    replication: Callable[[], dict] | None = None   # the Replicator's status, when `--replicate` is on
 
 
 class ProtocolMiddleware:
@@ -85,10 +87,14 @@ def _bearer(req) -> str | None:
 
 
 class AuthMiddleware:
-    """Checks the bearer token against the resource's `auth` kinds: 401 unknown, 403 wrong kind."""
+    """Checks the bearer token against the resource's `auth` kinds: 401 unknown, 403 wrong kind (or not an
+    admin where the resource is `admin_only`). Names the caller as the actor of the events it causes."""
 
     def __init__(self, deps: Deps):
         self.deps = deps
+
+    def process_request(self, req, resp):
+        events.ACTOR.set("system")  # a pooled thread served someone else before
 
     def process_resource(self, req, resp, resource, params):
         kinds = getattr(resource, "auth", ("client",))
@@ -100,6 +106,9 @@ class AuthMiddleware:
             raise Unauthorized("this worker session has ended (deregistered or revoked)")
         if principal.kind not in kinds:
             raise Forbidden(f"a {principal.kind} token cannot call {req.method} {req.path}")
+        if getattr(resource, "admin_only", False) and not principal.admin:
+            raise Forbidden(f"only an admin may call {req.method} {req.path}")
+        events.ACTOR.set(principal.actor)
         req.context.principal = principal
 
 
@@ -149,7 +158,18 @@ ROUTES = [
     ("/v1/jobs/{job_id:int}/endpoints", resources.Job, "endpoints"),
     ("/v1/jobs/{job_id:int}/outputs", resources.Job, "outputs"),
     ("/v1/workers", resources.Workers, None),
+    ("/v1/workers/{worker}/cordon", resources.WorkerControl, "cordon"),
+    ("/v1/workers/{worker}/drain", resources.WorkerControl, "drain"),
+    ("/v1/workers/{worker}/uncordon", resources.WorkerControl, "uncordon"),
+    ("/v1/workers/{worker}/gpus/{index:int}/reset", resources.WorkerControl, "gpu_reset"),
     ("/v1/provisioners", resources.Provisioners, None),
+    ("/v1/whoami", resources.WhoAmI, None),
+    ("/v1/usage", resources.Usage, None),
+    ("/v1/users", resources.Users, None),
+    ("/v1/users/{name}", resources.User, None),
+    ("/v1/projects", resources.Projects, None),
+    ("/v1/projects/{name}", resources.Project, None),
+    ("/v1/projects/{name}/members/{user}", resources.Member, None),
     ("/v1/tokens", resources.Tokens, None),
     ("/v1/tokens/{jti}/revoke", resources.Token, "revoke"),
     ("/v1/secrets", resources.Secrets, None),
@@ -168,6 +188,8 @@ class RowIdConverter(falcon.routing.IntConverter):
 def create_app(deps: Deps) -> falcon.App:
     """The WSGI app over injected dependencies."""
     metrics = Metrics(deps.store)
+    if deps.replication is not None:
+        metrics.registry.register(ReplicationCollector(deps.replication))
     deps.scheduler.observe_acquire = metrics.acquire.observe
     metrics.parked.set_function(lambda: deps.scheduler.parked_acquires)
     app = falcon.App(middleware=[metrics, ProtocolMiddleware(deps), AuthMiddleware(deps)])  # type: ignore[arg-type]  # falcon types middleware as protocols
@@ -199,10 +221,12 @@ def with_explorer(app, deps: Deps, *, secure_cookies: bool):
     import explorer
 
     def is_client(token: str) -> bool:
+        """Admins only: SQL over the whole file cannot be narrowed to what a member may see (docs/explorer.md)."""
         try:
-            return deps.auth.authenticate(token, deps.clock()).kind == "client"
+            principal = deps.auth.authenticate(token, deps.clock())
         except GpulayerError:
             return False
+        return principal.kind == "client" and principal.admin
 
     browse = explorer.create_app(str(deps.config.layout.state), auth=is_client, secure_cookies=secure_cookies,
                                  base_path="/explorer")
@@ -219,7 +243,7 @@ def with_explorer(app, deps: Deps, *, secure_cookies: bool):
 def new_deps(config: ControlPlaneConfig, *, clock=time.time, ca_file: Path | None = None) -> Deps:
     """Open the home's state file and build every dependency of the app."""
     layout = config.layout
-    store = Store(layout.state, synchronous=config.synchronous)
+    store = Store(layout.state, synchronous=config.synchronous, autocheckpoint=not config.replicate)
     authn = auth.Authenticator(layout, store, QUERIES)
     artifacts = ArtifactStore(layout.artifacts)
     scheduler = Scheduler(store, config, clock, auth=authn, artifacts=artifacts)

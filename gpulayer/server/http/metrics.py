@@ -33,6 +33,14 @@ class StateCollector:
         for r in snap["workers"]:
             workers.add_metric([r["state"]], r["n"])
         yield workers
+        cordoned = GaugeMetricFamily("gpulayer_workers_cordoned", "Workers out of service, by cordon state.",
+                                     labels=["state"])
+        counts = {r["state"]: r["n"] for r in snap["cordoned"]}
+        for state in ("cordoned", "draining", "drained"):
+            cordoned.add_metric([state], counts.get(state, 0))
+        yield cordoned
+        yield GaugeMetricFamily("gpulayer_gpus_unhealthy", "GPUs their agents reported unhealthy (not reset since).",
+                                value=snap["gpus_unhealthy"][0]["n"])
         queue = GaugeMetricFamily("gpulayer_queue_depth", "Queued tasks by the labels their job asks for.",
                                   labels=["labels"])
         for r in snap["queue"]:
@@ -49,7 +57,8 @@ class StateCollector:
 def _snapshot(conn) -> dict:
     return {"jobs": rows(conn, "metrics_jobs_by_state"), "workers": rows(conn, "metrics_workers_by_state"),
             "queue": rows(conn, "metrics_queue_by_labels"), "leases": rows(conn, "metrics_leases_expired"),
-            "artifacts": rows(conn, "metrics_artifact_bytes")}
+            "artifacts": rows(conn, "metrics_artifact_bytes"), "cordoned": rows(conn, "metrics_workers_cordoned"),
+            "gpus_unhealthy": rows(conn, "metrics_gpus_unhealthy")}
 
 
 class Metrics:
@@ -89,3 +98,30 @@ class MetricsResource:
     def on_get(self, req, resp):
         resp.content_type = CONTENT_TYPE_LATEST
         resp.data = generate_latest(self.metrics.registry)
+
+
+class ReplicationCollector:
+    """Replication's state at scrape time (server/replication.py): lag, position, the child's state."""
+
+    def __init__(self, status):
+        self.status = status
+
+    def collect(self):
+        status = self.status()
+        if status["lag_seconds"] is not None:
+            yield GaugeMetricFamily("gpulayer_replication_lag_seconds",
+                                    "Age of the oldest change not yet in the replica (0: caught up).",
+                                    value=status["lag_seconds"])
+        if status["replicated_txid"] is not None:
+            yield GaugeMetricFamily("gpulayer_replication_replicated_txid",
+                                    "The last transaction id the replica holds (Litestream's TXID).",
+                                    value=status["replicated_txid"])
+        yield GaugeMetricFamily("gpulayer_replication_local_txid",
+                                "The last transaction id Litestream took from the WAL.", value=status["local_txid"])
+        state = GaugeMetricFamily("gpulayer_replication_state", "The Litestream child's state (1 for the current one).",
+                                  labels=["state"])
+        for name in ("running", "restarting", "fenced", "stopped"):
+            state.add_metric([name], 1.0 if status["state"] == name else 0.0)
+        yield state
+        yield CounterMetricFamily("gpulayer_replication_restarts", "Times the Litestream child was restarted.",
+                                  value=status["restarts"])

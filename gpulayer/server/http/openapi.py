@@ -6,6 +6,7 @@ define, so the document cannot drift from what is served (a test checks it).
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from gpulayer.server.config import PROTOCOL
 
@@ -17,7 +18,7 @@ DIGEST = {"type": "string", "pattern": "^sha256:[0-9a-f]{64}$"}
 NUM = {"type": "number", "minimum": 0}
 INT = {"type": "integer", "minimum": 0}
 
-JOB_SPEC = {
+JOB_SPEC: dict[str, Any] = {
     "type": "object", "required": ["command"], "additionalProperties": False,
     "properties": {
         "command": {"type": "array", "minItems": 1, "items": {"type": "string"}},
@@ -28,9 +29,24 @@ JOB_SPEC = {
         "timeout_seconds": {"type": ["number", "null"]}, "silence_timeout_seconds": {"type": ["number", "null"]},
         "source": {"type": ["string", "null"]}, "inputs": STR_MAP,
         "outputs": {"type": "array", "items": {"type": "string"}},
-        "nodes": {"type": "integer", "minimum": 1}, "priority": {"type": "integer"},
+        "nodes": {"type": "integer", "minimum": 1},
+        "priority": {"type": ["integer", "string"], "description": "a number, or a priority class of the server "
+                                                                  "(low, normal, high by default)"},
+        "preemptible": {"type": "boolean", "description": "may be stopped (SIGTERM, a grace, SIGKILL) and "
+                                                         "requeued, same attempt, for higher-priority work"},
         "secrets": {"type": "array", "items": {"type": "string"}},
         "service": {"type": ["object", "null"]},
+        "array": {"type": ["string", "array", "null"], "items": INT,
+                  "description": "a job array, one task per index: \"0-999\", \"1,5,9-12\", \"0-15:4\", "
+                                 "\"0-999%16\" (with its cap), or a list of indices; at most 100,000"},
+        "max_running": {"type": ["integer", "null"], "minimum": 1,
+                        "description": "an array's cap on elements running at once"},
+        "after": {"type": "array", "maxItems": 100, "description": "run after these jobs end",
+                  "items": {"oneOf": [{"type": "integer", "minimum": 1},
+                                      {"type": "string", "pattern": "^[0-9]+(:(ok|notok|any))?$"},
+                                      {"type": "object", "required": ["job"], "additionalProperties": False,
+                                       "properties": {"job": {"type": "integer", "minimum": 1},
+                                                      "condition": {"enum": ["ok", "notok", "any"]}}}]}},
     },
 }
 # acquire, and finish with `next`: `task` as in protocol v1; `more` only when the request named max_tasks
@@ -42,23 +58,81 @@ ASSIGNMENT = {"type": "object", "required": ["task_id", "job_id", "attempt", "co
     "source": {"type": ["string", "null"]}, "inputs": STR_MAP, "outputs": {"type": "array", "items": {"type": "string"}},
     "gpus": {"type": "array", "items": INT}, "cpus": NUM, "memory_mb": INT, "service": {"type": ["object", "null"]},
     "rank": INT, "world_size": {"type": "integer", "minimum": 1},
-    "timeout_seconds": {"type": ["number", "null"]}, "silence_timeout_seconds": {"type": ["number", "null"]}}}
+    "timeout_seconds": {"type": ["number", "null"]}, "silence_timeout_seconds": {"type": ["number", "null"]},
+    "array_index": {"type": ["integer", "null"], "minimum": 0}, "array_size": {"type": ["integer", "null"]}}}
 ASSIGNMENTS = {"task": {"oneOf": [ASSIGNMENT, {"type": "null"}]}, "more": {"type": "array", "items": ASSIGNMENT}}
 JOB = {"type": "object", "required": ["id", "state", "created_at", "spec", "tasks"], "properties": {
     "id": {"type": "integer"}, "name": {"type": ["string", "null"]}, "state": {"type": "string"},
-    "created_at": {"type": "number"}, "spec": {"type": "object"}, "tasks": {"type": "array"}}}
+    "created_at": {"type": "number"}, "spec": {"type": "object"}, "tasks": {"type": "array"},
+    "array": {"type": ["object", "null"], "description": "an array's progress: indices, size, max_running, "
+                                                         "counts {state: elements}, done, failed_indices"},
+    "after": {"type": "array", "items": {"type": "object", "properties": {
+        "job": {"type": "integer"}, "condition": {"enum": ["ok", "notok", "any"]}, "state": {"type": "string"},
+        "name": {"type": ["string", "null"]}}}},
+    "owner": {"type": ["string", "null"], "description": "the user that submitted it"},
+    "project": {"type": ["string", "null"], "description": "the project it counts against"},
+    "redacted": {"type": "boolean", "description": "true when the caller may only see that it exists: no env, "
+                                                   "command or outputs"}}}
+
+# teams (docs/teams.md)
+NAME = {"type": "string", "pattern": "^[a-z][a-z0-9_.-]{0,63}$"}
+ROLE = {"enum": ["member", "manager"]}
+MEMBERSHIPS = {"type": "array", "items": {"type": "object", "required": ["project", "role"], "properties": {
+    "project": NAME, "role": ROLE}}}
+USER: dict[str, Any] = {"type": "object", "required": ["name", "admin", "projects"], "properties": {
+    "name": NAME, "admin": {"type": "boolean"}, "max_running_jobs": {"type": ["integer", "null"], "minimum": 0},
+    "created_at": NUM, "projects": MEMBERSHIPS}}
+PROJECT_SETTINGS = {
+    "visibility": {"enum": ["private", "project"]},
+    "gpus": {"type": ["integer", "null"], "minimum": 0, "description": "the GPU quota (nominal); null: none"},
+    "borrow": {"type": "integer", "minimum": 0, "description": "GPUs it may borrow past its quota when idle"},
+    "weight": {"type": ["number", "null"], "exclusiveMinimum": 0, "description": "fair share; null: the quota"}}
+PROJECT = {"type": "object", "required": ["name", "visibility", "members"], "properties": {
+    "name": NAME, **PROJECT_SETTINGS, "created_at": NUM, "members": {"type": "array", "items": {
+        "type": "object", "required": ["user", "role"], "properties": {"user": NAME, "role": ROLE}}}}}
+
+# register and heartbeat: the agent's per-GPU health (NVML), optional
+GPU_HEALTH = {"type": "array", "items": {"type": "object", "required": ["index"], "properties": {
+    "index": INT, "uuid": {"type": ["string", "null"]}, "healthy": {"type": "boolean"},
+    "reason": {"type": ["string", "null"]}}}}
+CORDON = {"type": "object", "required": ["reason"], "additionalProperties": False,
+          "properties": {"reason": {"type": "string", "minLength": 1}}}
+WORKER_CORDON = {"type": "object", "required": ["id", "name", "state", "cordon"], "properties": {
+    "id": {"type": "integer"}, "name": {"type": "string"}, "state": {"type": "string"},
+    "cordon": {"enum": ["cordoned", "draining", "drained", None]}, "cordon_reason": {"type": ["string", "null"]},
+    "cordoned_at": {"type": ["number", "null"]}, "drain_deadline": {"type": ["number", "null"]}}}
 
 REQUEST_BODIES = {
-    ("/v1/jobs", "post"): JOB_SPEC,
+    ("/v1/jobs", "post"): {**JOB_SPEC, "properties": {**JOB_SPEC["properties"], "project": {
+        **NAME, "description": "beside the JobSpec: the project it counts against (default: the caller's only "
+                               "project, else default)"}}},
+    ("/v1/users", "post"): {"type": "object", "required": ["name"], "additionalProperties": False, "properties": {
+        "name": NAME, "admin": {"type": "boolean"}, "max_running_jobs": {"type": ["integer", "null"], "minimum": 0},
+        "projects": MEMBERSHIPS}},
+    ("/v1/users/{name}", "patch"): {"type": "object", "additionalProperties": False, "properties": {
+        "admin": {"type": "boolean"}, "max_running_jobs": {"type": ["integer", "null"], "minimum": 0}}},
+    ("/v1/projects", "post"): {"type": "object", "required": ["name"], "additionalProperties": False,
+                               "properties": {"name": NAME, **PROJECT_SETTINGS}},
+    ("/v1/projects/{name}", "patch"): {"type": "object", "additionalProperties": False,
+                                       "properties": PROJECT_SETTINGS},
+    ("/v1/projects/{name}/members/{user}", "put"): {"type": "object", "additionalProperties": False,
+                                                    "properties": {"role": ROLE}},
     ("/v1/workers/register", "post"): {"type": "object", "required": ["name"], "properties": {
         "name": {"type": "string"}, "labels": STR_MAP, "version": {"type": "string"},
         "advertise_address": {"type": ["string", "null"]}, "slots": {"type": "integer", "minimum": 1},
         "resources": {"type": "object", "properties": {"cpus": NUM, "gpus": INT, "memory_mb": INT,
-                                                       "gpu_models": {"type": "array", "items": {"type": "string"}}}}}},
+                                                       "gpu_models": {"type": "array", "items": {"type": "string"}}}},
+        "gpus": GPU_HEALTH}},
     ("/v1/worker/heartbeat", "post"): {"type": "object", "properties": {"tasks": {"type": "array", "items": {
         "type": "object", "required": ["task_id"], "properties": {
             "task_id": {"type": "integer"}, "state": {"type": "string"},
-            "endpoint": {"type": ["string", "null"]}, "restarts": INT}}}}},
+            "endpoint": {"type": ["string", "null"]}, "restarts": INT,
+            # the Assignment's, echoed: a control plane restored from a replica checks them (reconcile.py)
+            "job_id": {"type": "integer", "minimum": 1}, "attempt": {"type": "integer", "minimum": 1},
+            "gpus": {"type": "array", "items": INT}}}}, "gpus": GPU_HEALTH}},
+    ("/v1/workers/{worker}/cordon", "post"): CORDON,
+    ("/v1/workers/{worker}/drain", "post"): {**CORDON, "properties": {
+        **CORDON["properties"], "timeout_s": {"type": ["number", "null"], "minimum": 0}}},
     ("/v1/worker/acquire", "post"): {"type": "object", "properties": {"wait_s": {"type": "number", "minimum": 0,
                                                                                 "maximum": 1},
                                                                      "max_tasks": MAX_TASKS}},
@@ -80,10 +154,14 @@ REQUEST_BODIES = {
             "at": NUM}}}}},
     ("/v1/tokens", "post"): {"type": "object", "required": ["name"], "additionalProperties": False, "properties": {
         "name": {"type": "string"}, "labels": STR_MAP, "expires_in_s": {"type": ["number", "null"]},
-        "kind": {"enum": ["join", "metrics"]}}},
+        "kind": {"enum": ["join", "metrics", "client"]},
+        "user": {**NAME, "description": "a client token's user (default: the caller; another: admins)"}}},
     ("/v1/secrets/{name}", "put"): {"type": "object", "required": ["value"], "properties": {
         "value": {"type": "string"}, "labels": STR_MAP}},
+    ("/v1/jobs/{job_id}/cancel", "post"): {"type": "object", "additionalProperties": False, "properties": {
+        "index": {**INT, "description": "cancel one element of an array (no body: the whole job)"}}},
 }
+OPTIONAL_BODIES = {("/v1/jobs/{job_id}/cancel", "post")}  # no body: the whole job
 RESPONSES = {
     ("/v1/jobs", "post"): ("201", JOB),
     ("/v1/jobs/{job_id}", "get"): ("200", JOB),
@@ -91,10 +169,45 @@ RESPONSES = {
                                   "properties": {"jobs": {"type": "array", "items": JOB}}}),
     ("/v1/health", "get"): ("200", {"type": "object", "required": ["ok", "protocol"]}),
     ("/v1/tokens", "post"): ("201", {"type": "object", "required": ["token", "jti", "name", "kind"]}),
+    ("/v1/whoami", "get"): ("200", {"type": "object", "required": ["user", "admin", "projects"], "properties": {
+        "user": NAME, "admin": {"type": "boolean"}, "max_running_jobs": {"type": ["integer", "null"]},
+        "projects": MEMBERSHIPS, "token": {"type": "object"}}}),
+    ("/v1/users", "get"): ("200", {"type": "object", "required": ["users"],
+                                   "properties": {"users": {"type": "array", "items": USER}}}),
+    ("/v1/users", "post"): ("201", {**USER, "required": [*USER["required"], "token", "jti"], "properties": {
+        **USER["properties"], "token": {"type": "string", "description": "its client token, shown once"},
+        "jti": {"type": "string"}}}),
+    ("/v1/users/{name}", "get"): ("200", USER),
+    ("/v1/users/{name}", "patch"): ("200", USER),
+    ("/v1/projects", "get"): ("200", {"type": "object", "required": ["projects"],
+                                      "properties": {"projects": {"type": "array", "items": PROJECT}}}),
+    ("/v1/projects", "post"): ("201", PROJECT),
+    ("/v1/projects/{name}", "get"): ("200", PROJECT),
+    ("/v1/projects/{name}", "patch"): ("200", PROJECT),
+    ("/v1/projects/{name}/members/{user}", "put"): ("200", PROJECT),
     ("/v1/artifacts/{digest}", "put"): ("201", {"type": "object", "required": ["digest", "size"]}),
     ("/v1/worker/acquire", "post"): ("200", {"type": "object", "required": ["task"], "properties": ASSIGNMENTS}),
     ("/v1/worker/tasks/{task_id}/finish", "post"): ("200", {"type": "object", "required": ["accepted"], "properties": {
         "accepted": {"type": "boolean"}, **ASSIGNMENTS}}),
+    ("/v1/worker/heartbeat", "post"): ("200", {"type": "object", "required": ["cancel_task_ids", "revoked"],
+                                              "properties": {
+        "cancel_task_ids": {"type": "array", "items": {"type": "integer"}}, "revoked": {"type": "boolean"},
+        "lease_expires_at": {"type": ["number", "null"]},
+        "reset_gpus": {"type": "array", "items": INT,
+                       "description": "GPU indices an operator reset: forget their faults (sent only when some)"},
+        "preempted_task_ids": {"type": "array", "items": {"type": "integer"},
+                               "description": "of cancel_task_ids, those stopped for a preemption (sent only when some)"},
+        "preempt_grace_s": {"type": "number", "description": "their SIGTERM-to-SIGKILL grace"}}}),
+    ("/v1/usage", "get"): ("200", {"type": "object", "required": ["by", "since", "until", "rows"], "properties": {
+        "by": {"type": "string"}, "since": {"type": "number"}, "until": {"type": "number"},
+        "rows": {"type": "array", "items": {"type": "object", "required": ["key", "gpu_hours", "cpu_hours", "runs",
+                                                                           "jobs", "preempted"]}}}}),
+    ("/v1/workers/{worker}/cordon", "post"): ("200", WORKER_CORDON),
+    ("/v1/workers/{worker}/drain", "post"): ("200", WORKER_CORDON),
+    ("/v1/workers/{worker}/uncordon", "post"): ("200", WORKER_CORDON),
+    ("/v1/workers/{worker}/gpus/{index}/reset", "post"): ("200", {
+        "type": "object", "required": ["worker_id", "gpus"], "properties": {
+            "worker_id": {"type": "integer"}, "name": {"type": "string"}, "gpus": GPU_HEALTH}}),
     ("/v1/provisioners", "get"): ("200", {"type": "object", "required": ["provisioners", "requests"], "properties": {
         "provisioners": {"type": "array", "items": {"type": "object"}},
         "requests": {"type": "array", "items": {"type": "object", "required": ["id", "provisioner", "profile",
@@ -102,13 +215,28 @@ RESPONSES = {
 }
 QUERY_PARAMS: dict[tuple[str, str], list[tuple[str, dict]]] = {
     ("/v1/jobs", "get"): [("state", {"type": "string"}), ("limit", {"type": "integer"}),
-                          ("before", {"type": "integer"})],
-    ("/v1/jobs/{job_id}/logs", "get"): [("after", {"type": "integer"}), ("limit", {"type": "integer"}),
+                          ("before", {"type": "integer"}),
+                          ("all", {"type": "boolean", "description": "every job the caller may see, not only its own"}),
+                          ("user", {"type": "string", "description": "that user's jobs (those the caller may see)"}),
+                          ("project", {"type": "string", "description": "that project's jobs (those the caller may see)"})],
+    ("/v1/secrets", "get"): [("project", {"type": "string", "description": "whose secrets (default: the caller's "
+                                                                         "only project, else default)"})],
+    ("/v1/secrets/{name}", "put"): [("project", {"type": "string"})],
+    ("/v1/secrets/{name}", "delete"): [("project", {"type": "string"})],
+    ("/v1/jobs/{job_id}", "get"): [("index", {"type": "integer", "minimum": 0,
+                                              "description": "only that array element's (replica's, rank's) tasks"})],
+    ("/v1/jobs/{job_id}/outputs", "get"): [("index", {"type": "integer", "minimum": 0,
+                                                      "description": "that array element's outputs alone"})],
+    ("/v1/jobs/{job_id}/logs", "get"): [("index", {"type": "integer", "minimum": 0,
+                                                   "description": "that array element's lines alone"}),
+                                        ("after", {"type": "integer"}), ("limit", {"type": "integer"}),
                                         ("wait_s", {"type": "number", "minimum": 0, "maximum": 1})],
     ("/v1/workers", "get"): [("all", {"type": "boolean"})],
+    ("/v1/usage", "get"): [("by", {"type": "string", "description": "user, project, job-name or label:KEY"}),
+                           ("since", {"type": "string", "description": "30d, 12h, 90m or seconds (default 30d)"})],
     ("/v1/provisioners", "get"): [("limit", {"type": "integer", "minimum": 1, "maximum": 1000})],
 }
-METHODS = ("get", "post", "put", "delete", "head")
+METHODS = ("get", "post", "put", "patch", "delete", "head")
 _PARAM = re.compile(r"\{(\w+)(?::(\w+))?\}")
 
 
@@ -132,12 +260,13 @@ def _operation(path: str, method: str, auth: tuple) -> dict:
         op["x-token-kinds"] = list(auth)
     body = REQUEST_BODIES.get((path, method))
     if body is not None:
-        op["requestBody"] = {"required": True, "content": {"application/json": {"schema": body}}}
+        op["requestBody"] = {"required": (path, method) not in OPTIONAL_BODIES,
+                             "content": {"application/json": {"schema": body}}}
     elif path.startswith("/v1/artifacts") and method == "put":
         op["requestBody"] = {"required": True, "content": {"application/octet-stream": {
             "schema": {"type": "string", "format": "binary"}}}}
     params = [{"name": n, "in": "path", "required": True,
-               "schema": {"type": "integer", "minimum": 1} if kind == "int" else
+               "schema": {"type": "integer", "minimum": 0 if n == "index" else 1} if kind == "int" else
                (DIGEST if n == "digest" else {"type": "string"})}
               for n, kind in _PARAM.findall(path)]
     params += [{"name": n, "in": "query", "required": False, "schema": s} for n, s in QUERY_PARAMS.get((path, method), [])]

@@ -7,15 +7,16 @@ from __future__ import annotations
 
 import falcon
 
+from gpulayer.protocol import JOB_STATES
 from gpulayer.server.config import PROTOCOL
 from gpulayer.server.errors import InvalidRequest, NotFound
 from gpulayer.server.http import wire
 from gpulayer.server.provisioning import loop as provisioner
-from gpulayer.server.scheduler import jobs, secrets, tokens, workers
+from gpulayer.server.scheduler import jobs, secrets, teams, tokens, workers
 from gpulayer.server.scheduler.artifacts import check_digest
 
 LOG_RETRY_AFTER_S = 1.0
-JOB_STATES = ("queued", "running", "succeeded", "failed", "cancelled", "lost")
+MAX_INDEX = 1 << 62   # `index` (an array's element, a replica, a rank) in a job's URLs and its cancel
 
 
 class Resource:
@@ -35,11 +36,16 @@ class Health(Resource):
     def on_get(self, req, resp):
         """200 `ok: true` while writes can succeed; else 503 `ok: false` with the writer's and the disk's state."""
         health = self.deps.store.health()
+        # Replication lagging or down leaves writes possible: `degraded`, still 200 (not down).
+        extra = {}
+        if self.deps.replication is not None:
+            replication = self.deps.replication()
+            extra = {"degraded": replication["degraded"], "replication": replication}
         if health["ok"]:
-            resp.media = {"ok": True, "protocol": PROTOCOL}
+            resp.media = {"ok": True, "protocol": PROTOCOL, **extra}
             return
         resp.status = falcon.HTTP_503
-        resp.media = {"protocol": PROTOCOL, **health}
+        resp.media = {"protocol": PROTOCOL, **health, **extra}
 
 
 class CACert(Resource):
@@ -67,6 +73,8 @@ class Register(Resource):
                       "labels": result["labels"], "advertise_address": result["advertise_address"],
                       "heartbeat_interval_s": self.deps.config.heartbeat_interval_s,
                       "lease_ttl_s": self.deps.config.lease_ttl_s}
+        if result.get("warnings"):
+            resp.media["warnings"] = result["warnings"]
 
 
 class WorkerResource(Resource):
@@ -80,8 +88,9 @@ class Heartbeat(WorkerResource):
     allow_gone = True  # a revoked worker must still hear `revoked: true`
 
     def on_post(self, req, resp):
-        reported = wire.heartbeat(wire.read_json(req, allow_empty=True))
-        resp.media = self.sched.heartbeat(self.worker_id(req), reported)
+        body = wire.read_json(req, allow_empty=True)
+        reported = wire.heartbeat(body)
+        resp.media = self.sched.heartbeat(self.worker_id(req), reported, wire.gpu_health(body))
 
 
 class Acquire(WorkerResource):
@@ -132,9 +141,31 @@ class WorkerTask(WorkerResource):
 
 # -- clients -----------------------------------------------------------------
 
+# What a caller must be allowed to do with a job (teams.LEVELS) for each route under /v1/jobs/{id}.
+JOB_ACCESS = {"cancel": "manage", "logs": "read", "endpoints": "read", "outputs": "read", "events": "see"}
+
+
+def _job_access(req, resp, resource, params):
+    """Before any /v1/jobs/{id} responder: 404 unless the caller may see the job, 403 short of the route's level."""
+    need = JOB_ACCESS.get(req.path.rsplit("/", 1)[-1], "see")
+    resource.store.read(teams.check_job, req.context.principal, params["job_id"], need)
+
+
+def _job_owner(req, resp, resource, params=None):
+    """After a responder that renders jobs: each with its owner and project, redacted where only seen."""
+    media = resp.media
+    if isinstance(media, dict) and isinstance(media.get("jobs"), list):
+        resource.store.read(teams.annotate, media["jobs"], req.context.principal)
+    elif isinstance(media, dict) and "spec" in media and "id" in media:
+        resource.store.read(teams.annotate, [media], req.context.principal)
+
+
 class Jobs(Resource):
+    @falcon.after(_job_owner)
     def on_post(self, req, resp):
-        job_id = self.sched.submit(wire.read_json(req))
+        body = wire.read_json(req)
+        project = body.pop("project", None)  # beside the JobSpec: which project the job counts against
+        job_id = self.sched.submit(body, req.context.principal, project)
         resp.status = falcon.HTTP_201
         resp.location = f"/v1/jobs/{job_id}"
         resp.media = self.store.read(jobs.render, job_id)
@@ -145,23 +176,31 @@ class Jobs(Resource):
             raise InvalidRequest(f"state: must be one of {', '.join(JOB_STATES)}")
         limit = wire.query_int(req, "limit", 100, 1, 1000)
         before = wire.query_int(req, "before", None, 1, 1 << 62)
-        resp.media = {"jobs": self.store.read(jobs.listing, state, limit, before)}
+        scope = self.store.read(teams.list_scope, req.context.principal, user=req.get_param("user"),
+                                project=req.get_param("project"),
+                                everything=req.get_param_as_bool("all", default=False))
+        resp.media = {"jobs": self.store.read(jobs.listing, state, limit, before, scope)}
+        _job_owner(req, resp, self)
 
 
+@falcon.before(_job_access)
+@falcon.after(_job_owner)
 class Job(Resource):
     def on_get(self, req, resp, job_id):
-        resp.media = self.store.read(jobs.render, job_id)
+        resp.media = self.store.read(jobs.render, job_id, wire.query_int(req, "index", None, 0, MAX_INDEX))
 
     def on_post_cancel(self, req, resp, job_id):
-        self.sched.cancel(job_id)
-        resp.media = self.store.read(jobs.render, job_id)
+        index = wire.cancel_index(wire.read_json(req, allow_empty=True))
+        self.sched.cancel(job_id, index)
+        resp.media = self.store.read(jobs.render, job_id, index)
 
     def on_get_logs(self, req, resp, job_id):
         after = wire.query_int(req, "after", 0, 0, 1 << 62)
         limit = wire.query_int(req, "limit", 1000, 1, 10_000)
         wait_s = wire.query_float(req, "wait_s", 0.0, 0.0, 30.0)
-        self.store.read(jobs.render, job_id)  # 404 for no such job
-        lines, waited = self.sched.wait_for_logs(job_id, after, limit, wait_s)
+        index = wire.query_int(req, "index", None, 0, MAX_INDEX)
+        self.store.read(jobs.render, job_id, index)  # 404 for no such job (or element)
+        lines, waited = self.sched.wait_for_logs(job_id, after, limit, wait_s, index)
         resp.media = {"lines": lines, "next": lines[-1]["seq"] if lines else after}
         if not waited:  # too many followers parked: this one polls again after a pause
             resp.media["retry_after_s"] = LOG_RETRY_AFTER_S
@@ -173,14 +212,40 @@ class Job(Resource):
         resp.media = self.store.read(jobs.endpoints, job_id)
 
     def on_get_outputs(self, req, resp, job_id):
-        self.store.read(jobs.render, job_id)
-        resp.media = {"outputs": self.store.read(jobs.outputs, job_id)}
+        index = wire.query_int(req, "index", None, 0, MAX_INDEX)
+        self.store.read(jobs.render, job_id, index)
+        resp.media = {"outputs": self.store.read(jobs.outputs, job_id, index)}
 
 
 class Workers(Resource):
     def on_get(self, req, resp):
         include_gone = req.get_param_as_bool("all", default=False)
         resp.media = {"workers": self.store.read(workers.listing, include_gone)}
+
+
+class WorkerControl(Resource):
+    """POST /v1/workers/{worker}/{cordon,drain,uncordon} and .../gpus/{index}/reset: `worker` is an id or a name.
+
+    Admins only (AuthMiddleware reads `admin_only`).
+    """
+
+    admin_only = True
+
+    def on_post_cordon(self, req, resp, worker):
+        body = wire.cordon(wire.read_json(req), drain=False)
+        resp.media = self.sched.cordon(worker, body["reason"])
+
+    def on_post_drain(self, req, resp, worker):
+        body = wire.cordon(wire.read_json(req), drain=True)
+        resp.media = self.sched.cordon(worker, body["reason"], drain=True, timeout_s=body["timeout_s"])
+
+    def on_post_uncordon(self, req, resp, worker):
+        wire.read_json(req, allow_empty=True)
+        resp.media = self.sched.uncordon(worker)
+
+    def on_post_gpu_reset(self, req, resp, worker, index):
+        wire.read_json(req, allow_empty=True)
+        resp.media = self.sched.gpu_reset(worker, index)
 
 
 class Provisioners(Resource):
@@ -193,35 +258,149 @@ class Provisioners(Resource):
 
 
 class Tokens(Resource):
+    """Join and metrics tokens: admins. A client token: an admin for any user, a user for itself."""
+
     def on_post(self, req, resp):
         body = wire.token_request(wire.read_json(req))
+        me = req.context.principal
+        if body["kind"] == "client":
+            body["user"] = body["user"] or me.user
+            if body["user"] != me.user:
+                teams.require_admin(me, "create a client token for another user")
+        else:
+            teams.require_admin(me, f"create {body['kind']} tokens")
         resp.status = falcon.HTTP_201
         resp.media = self.sched.mint_token(**body)
 
     def on_get(self, req, resp):
-        resp.media = {"tokens": self.store.read(tokens.listing)}
+        me = req.context.principal
+        found = self.store.read(tokens.listing)
+        resp.media = {"tokens": found if me.admin else [t for t in found if t.get("user") == me.user]}
 
 
 class Token(Resource):
     def on_post_revoke(self, req, resp, jti):
+        me = req.context.principal
+        if not me.admin:  # a user revokes its own client tokens; other tokens do not exist for it
+            found = self.store.read(tokens.get, jti)
+            if found is None or found.get("user_id") != me.user_id:
+                raise NotFound(f"no token with jti {jti!r}")
         resp.media = self.sched.revoke_token(jti)
 
 
 class Secrets(Resource):
+    """A project's secrets (`?project=`, else the caller's only project or default): its members list them."""
+
     def on_get(self, req, resp):
-        resp.media = {"secrets": self.store.read(secrets.listing)}
+        project_id = self.store.read(teams.secret_project, req.context.principal, req.get_param("project"), False)
+        resp.media = {"secrets": self.store.read(secrets.listing, project_id)}
 
 
 class Secret(Resource):
+    """Set or delete a project's secret: its managers and admins."""
+
     def on_put(self, req, resp, name):
         body = wire.read_json(req)
         unknown = set(body) - {"value", "labels"}
         if unknown:
             raise InvalidRequest(f"unknown field {sorted(unknown)[0]}")
-        resp.media = self.sched.set_secret(name, body.get("value"), body.get("labels"))
+        project_id = self.store.read(teams.secret_project, req.context.principal, req.get_param("project"), True)
+        resp.media = self.sched.set_secret(name, body.get("value"), body.get("labels"), project_id)
 
     def on_delete(self, req, resp, name):
-        self.sched.delete_secret(name)
+        project_id = self.store.read(teams.secret_project, req.context.principal, req.get_param("project"), True)
+        self.sched.delete_secret(name, project_id)
+        resp.media = {"ok": True}
+
+
+# -- teams -------------------------------------------------------------------
+
+class WhoAmI(Resource):
+    def on_get(self, req, resp):
+        resp.media = self.store.read(teams.whoami, req.context.principal)
+
+
+class Usage(Resource):
+    """The usage ledger summed (`gpulayer usage`): an admin reads everyone's; a user their own runs and
+    those of the projects they manage."""
+
+    def on_get(self, req, resp):
+        resp.media = self.sched.usage(req.context.principal, req.get_param("by") or "user", req.get_param("since"))
+
+
+class Users(Resource):
+    """Admins add and list users; adding one answers its first client token, once."""
+
+    def on_get(self, req, resp):
+        teams.require_admin(req.context.principal, "list users")
+        resp.media = {"users": self.store.read(teams.list_users)}
+
+    def on_post(self, req, resp):
+        teams.require_admin(req.context.principal, "add users")
+        body = wire.user_request(wire.read_json(req))
+        self.sched.change_teams(teams.add_user, body["name"], body["admin"], body["projects"],
+                                body["max_running_jobs"])
+        token = self.sched.mint_token(name=body["name"], labels={}, expires_in_s=None, kind="client",
+                                      user=body["name"])
+        resp.status = falcon.HTTP_201
+        resp.media = {**self.store.read(teams.get_user, body["name"]), "token": token["token"], "jti": token["jti"]}
+
+
+class User(Resource):
+    def on_get(self, req, resp, name):
+        teams.require_admin(req.context.principal, "read users")
+        resp.media = self.store.read(teams.get_user, name)
+
+    def on_patch(self, req, resp, name):
+        teams.require_admin(req.context.principal, "change users")
+        self.sched.change_teams(teams.set_user, name, wire.user_update(wire.read_json(req)))
+        resp.media = self.store.read(teams.get_user, name)
+
+    def on_delete(self, req, resp, name):
+        teams.require_admin(req.context.principal, "remove users")
+        revoked = self.sched.change_teams(teams.remove_user, name)
+        resp.media = {"ok": True, "tokens_revoked": revoked}
+
+
+class Projects(Resource):
+    """Everyone lists the projects it is in (admins: all); admins add them."""
+
+    def on_get(self, req, resp):
+        resp.media = {"projects": self.store.read(teams.list_projects, req.context.principal)}
+
+    def on_post(self, req, resp):
+        teams.require_admin(req.context.principal, "add projects")
+        body = wire.project_request(wire.read_json(req), create=True)
+        self.sched.change_teams(teams.add_project, body)
+        resp.status = falcon.HTTP_201
+        resp.media = self.store.read(teams.get_project, req.context.principal, body["name"])
+
+
+class Project(Resource):
+    def on_get(self, req, resp, name):
+        resp.media = self.store.read(teams.get_project, req.context.principal, name)
+
+    def on_patch(self, req, resp, name):
+        teams.require_admin(req.context.principal, "change projects")
+        self.sched.change_teams(teams.set_project, name, wire.project_request(wire.read_json(req), create=False))
+        resp.media = self.store.read(teams.get_project, req.context.principal, name)
+
+    def on_delete(self, req, resp, name):
+        teams.require_admin(req.context.principal, "remove projects")
+        self.sched.change_teams(teams.remove_project, name)
+        resp.media = {"ok": True}
+
+
+class Member(Resource):
+    """A project's members: its managers and admins add, change and remove them."""
+
+    def on_put(self, req, resp, name, user):
+        role = wire.membership_request(wire.read_json(req, allow_empty=True))
+        self.sched.change_teams(teams.put_member, req.context.principal, name, user, role)
+        resp.media = self.store.read(teams.get_project, req.context.principal, name)
+
+    def on_delete(self, req, resp, name, user):
+        self.sched.change_teams(teams.remove_member, req.context.principal, name, user)
         resp.media = {"ok": True}
 
 

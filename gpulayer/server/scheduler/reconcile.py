@@ -1,0 +1,149 @@
+"""Reconciling what workers report with a state file that may be behind them (a restore from a replica).
+
+A control plane restored from a replica can miss up to one sync interval of
+changes: a worker may run a task the restored state has `queued` (assigned in
+the lost window), one it never heard of (submitted in the window), or no longer
+run one it has `running` (its finish was lost). Each heartbeat is checked,
+in its own transaction (docs/reliability.md, "Reconciliation"):
+
+1. a reported task the state has `assigned` to this worker is marked running
+   (its start went to the lost window; without a restore, `start` alone marks
+   it, docs/protocol.md);
+2. a reported task the state has `queued`, made before the
+   restore (id <= the restored file's newest task id, so the very same task
+   attempt, never a later one that reused its id), of its job's current
+   attempt, not a gang rank, is adopted: assigned to this worker and running,
+   on the GPU indices the worker reports, when the worker has room for it;
+3. any other reported task the worker does not hold is cancelled on it (the
+   heartbeat's `cancel_task_ids`, as before); one that is queued or unknown
+   here is held: while a worker still reports running it, nothing is
+   assigned to anyone (`Restored.paused`), so one task attempt never runs
+   twice at once, and a task that reuses its id is not handed out meanwhile;
+4. a task the state has `running` on this worker since before
+   the restore and that the worker no longer reports is lost (`worker_lost`,
+   retried by policy);
+5. for `PAUSE_INTERVALS` heartbeat intervals after a restored control plane
+   first starts, nothing is assigned, so that every live worker reports first.
+
+A control plane that was not restored applies none of them: what a worker
+reports that it does not hold is cancelled, as it always was.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+
+from gpulayer.server.scheduler import events, outcomes
+from gpulayer.server.store.queries import row, rows
+
+PAUSE_INTERVALS = 3   # heartbeat intervals without assignments after a restored plane starts
+HOLD_INTERVALS = 3    # a queued task a worker stopped reporting is free again after this many intervals
+
+
+@dataclass
+class Restored:
+    """What a restored control plane knows of its restore; `held` is shared with heartbeats (locked)."""
+
+    watermark: int          # the restored file's newest task id: ids above it were made after the restore
+    started_at: float       # this process's start (the clock's time): running tasks started before it are checked
+    pause_until: float      # time.monotonic() until which nothing is assigned
+    hold_s: float           # how long a report holds a queued task out of placement
+    held: dict[int, float] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @classmethod
+    def after_restore(cls, marker: dict, now: float, heartbeat_interval_s: float, first_start: bool) -> "Restored":
+        pause = PAUSE_INTERVALS * heartbeat_interval_s if first_start else 0.0
+        return cls(watermark=int(marker.get("max_task_id") or 0), started_at=now,
+                   pause_until=time.monotonic() + pause, hold_s=HOLD_INTERVALS * heartbeat_interval_s)
+
+    def hold(self, task_id: int) -> None:
+        with self.lock:
+            self.held[task_id] = time.monotonic()
+
+    def paused(self) -> bool:
+        """True while nothing may be assigned: the start-up pause, or a queued task some worker still runs."""
+        mono = time.monotonic()
+        if mono < self.pause_until:
+            return True
+        with self.lock:
+            for task_id, at in list(self.held.items()):
+                if mono - at > self.hold_s:
+                    del self.held[task_id]
+            return bool(self.held)
+
+
+def reported(conn, worker_id: int, tasks: list[dict], now: float, lease: float, restored: Restored | None) -> None:
+    """Apply the rules to one heartbeat's `tasks`, before its answer is made (adopted tasks are not cancelled)."""
+    if restored is None:
+        return
+    _unreported(conn, worker_id, {t["task_id"] for t in tasks}, now, restored)  # first: frees their room
+    held = {t["id"]: t["state"] for t in rows(conn, "worker_held_tasks", worker_id=worker_id)} if tasks else {}
+    for task in tasks:
+        task_id = task["task_id"]
+        if task_id in held:
+            if held[task_id] != "assigned":
+                continue
+            started = row(conn, "start_task", task_id=task_id, worker_id=worker_id, pid=None, now=now)
+            if started is not None:
+                events.record(conn, now, "task_started", job_id=started["job_id"], task_id=task_id,
+                              worker_id=worker_id, reported=True)
+        else:
+            _foreign(conn, worker_id, task, now, lease, restored)
+
+
+def _foreign(conn, worker_id: int, task: dict, now: float, lease: float, restored: Restored) -> None:
+    """A reported task this worker does not hold: adopted (rule 2), else held while queued (rule 3)."""
+    found = row(conn, "reconcile_task", task_id=task["task_id"])
+    if found is not None and found["state"] != "queued":
+        return  # another worker's, or ended: cancelled by the heartbeat's answer
+    if found is not None and _adopt(conn, worker_id, task, found, now, lease, restored):
+        return
+    # Cancelled by the answer. Held until the worker stops reporting it: a task made meanwhile may
+    # reuse its id, and must not be handed out (to this worker above all) while the old one runs.
+    restored.hold(task["task_id"])
+
+
+def _adopt(conn, worker_id: int, task: dict, found: dict, now: float, lease: float, restored: Restored) -> bool:
+    same = (found["id"] <= restored.watermark and not found["gang"] and found["attempt"] == found["job_attempt"]
+            and found["job_state"] in ("queued", "running")
+            and task.get("job_id") in (None, found["job_id"]) and task.get("attempt") in (None, found["attempt"]))
+    if not same:
+        return False
+    free = row(conn, "worker_free", worker_id=worker_id)
+    gpus = task.get("gpus")
+    if free is None or free["free_slots"] <= 0:
+        return False
+    if found["gpus"]:
+        in_use = {r["i"] for r in rows(conn, "gpus_in_use", worker_id=worker_id)}
+        if (gpus is None or len(gpus) != found["gpus"] or in_use & set(gpus)
+                or any(i >= free["gpus"] for i in gpus)):
+            return False
+    taken = row(conn, "assign_task", task_id=found["id"], worker_id=worker_id, now=now, lease_expires_at=lease)
+    if taken is None:
+        return False
+    if found["gpus"]:
+        row(conn, "set_gpu_indices", task_id=found["id"], gpu_indices=json.dumps(sorted(gpus)))
+    row(conn, "start_task", task_id=found["id"], worker_id=worker_id, pid=None, now=now)
+    row(conn, "mark_job_running", job_id=found["job_id"])
+    events.record(conn, now, "task_assigned", job_id=found["job_id"], task_id=found["id"], worker_id=worker_id,
+                  attempt=found["attempt"], reason="reconciled")
+    events.record(conn, now, "task_started", job_id=found["job_id"], task_id=found["id"], worker_id=worker_id,
+                  reported=True, reason="reconciled")
+    return True
+
+
+def _unreported(conn, worker_id: int, reported_ids: set[int], now: float, restored: Restored) -> None:
+    """Rule 4: tasks running here since before the restore that the worker no longer runs are lost."""
+    for task in rows(conn, "worker_running_since", worker_id=worker_id, before=restored.started_at):
+        if task["id"] in reported_ids:
+            continue
+        lost = row(conn, "lose_unreported_task", task_id=task["id"], worker_id=worker_id, now=now)
+        if lost is None:
+            continue
+        events.record(conn, now, "task_lost", job_id=lost["job_id"], task_id=lost["id"], worker_id=worker_id,
+                      reason="worker_lost", not_reported=True)
+        outcomes.settle(conn, now, lost["job_id"], lost["attempt"],
+                        {"id": lost["id"], "state": "lost", "reason": "worker_lost", "exit_code": None})

