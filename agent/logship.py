@@ -37,6 +37,7 @@ class LogShipper:
         max_pending: int = MAX_PENDING_LINES,
         clock: Callable[[], float] = time.time,
         retry_wait_s: float = 1.0,
+        first_n: int = 0,
     ):
         self._send = send
         self.batch_lines = batch_lines
@@ -45,7 +46,7 @@ class LogShipper:
         self.retry_wait_s = retry_wait_s
         self._clock = clock
         self._pending: list[dict] = []
-        self._next_n = 0
+        self._next_n = first_n  # a run after a preemption goes on from the lines stored before
         self._dropped = 0
         self._lock = threading.Lock()
         self._wake = threading.Event()

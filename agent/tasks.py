@@ -71,7 +71,7 @@ class TaskRunner:
         self.started = False
         self.pid_reported = False
         self.assigned = True
-        self.shipper = LogShipper(self._send_logs)
+        self.shipper = LogShipper(self._send_logs, first_n=int(assignment.get("log_base") or 0))
 
     def _send_logs(self, lines: list[dict]) -> None:
         self.ctx.transport.request("POST", f"/worker/tasks/{self.task_id}/logs", {"lines": lines})

@@ -8,19 +8,20 @@
 -- Every query here stays readable by the stock sqlite3 3.40 CLI.
 
 -- name: queued_jobs --
--- Jobs with queued tasks, best first, and the first reason each waits (labels, accelerator, size, secrets, free GPUs, free slots).
+-- Jobs with queued tasks, best first, and the first reason each waits (labels, accelerator, size, secrets, cordons, free GPUs, free slots).
 WITH waiting AS (
     SELECT j.id AS job_id, j.name, j.state, j.priority, j.labels, j.accelerator,
            j.gpus, j.cpus, j.memory_mb, j.width, j.gang,
            count(t.id) AS queued_tasks, min(t.created_at) AS queued_since
     FROM jobs j
-    JOIN tasks t ON t.job_id = j.id AND t.state = 'queued'
+    JOIN tasks t ON t.job_id = j.id AND t.state = 'queued' AND t.held = 0  -- held: waits for dependencies or a %N cap
     GROUP BY j.id
 ),
 pairs AS (
     -- job_worker_fit is the fit acquire and gang placement read; worker_load adds free GPUs
     SELECT q.job_id, f.worker_id, f.has_labels, f.has_accelerator, f.big_enough, f.missing_secret,
-           f.fits, f.fits_now, (w.free_gpus >= q.gpus) AS gpus_free
+           f.fits, f.fits_now, (w.free_gpus >= q.gpus) AS gpus_free,
+           NOT EXISTS (SELECT 1 FROM worker_cordons c WHERE c.worker_id = f.worker_id) AS schedulable
     FROM waiting q
     JOIN job_worker_fit f ON f.job_id = q.job_id AND f.worker_state = 'online'
     JOIN worker_load w ON w.worker_id = f.worker_id
@@ -33,7 +34,8 @@ fits AS (
            coalesce(sum(p.has_labels AND p.has_accelerator AND p.big_enough), 0) AS big_enough,
            min(CASE WHEN p.has_labels AND p.has_accelerator AND p.big_enough THEN p.missing_secret END) AS missing_secret,
            coalesce(sum(p.fits), 0) AS fits,
-           coalesce(sum(p.fits AND p.gpus_free), 0) AS gpus_free,
+           coalesce(sum(p.fits AND p.schedulable), 0) AS fits_open,
+           coalesce(sum(p.fits AND p.schedulable AND p.gpus_free), 0) AS gpus_free,
            coalesce(sum(p.fits_now), 0) AS fit_now
     FROM waiting q
     LEFT JOIN pairs p ON p.job_id = q.job_id
@@ -48,6 +50,7 @@ SELECT q.job_id, q.name, q.state, q.priority, q.queued_tasks, q.width, q.gpus, q
            WHEN f.big_enough = 0 THEN printf('no online worker with its labels is big enough for %d GPUs, %g CPUs, %d MB per task',
                                              q.gpus, q.cpus, q.memory_mb)
            WHEN f.fits = 0 THEN 'no online worker that fits may receive its secret ' || f.missing_secret
+           WHEN f.fits_open = 0 THEN 'only cordoned workers fit it (gpulayer worker uncordon)'
            WHEN f.gpus_free = 0 THEN printf('no online worker that fits has %d free GPUs', q.gpus)
            WHEN f.fit_now = 0 THEN 'no free slot (or CPUs, memory) on the workers that fit'
            WHEN q.gang AND f.fit_now < q.width THEN printf('gang of %d needs %d workers free at once; %d are',
@@ -183,15 +186,20 @@ FROM (SELECT seq, task_id, stream, at, text
 ORDER BY seq;
 
 -- name: page_workers --
--- Attached workers (online, offline, needs_upgrade) with what they have, use and have free.
+-- Attached workers (online, offline, needs_upgrade) with what they have, use and have free,
+-- whether an operator cordoned them, and their GPUs' health as their agents report it.
 SELECT l.worker_id, l.name, l.state, l.labels, w.advertise_address, w.version,
        l.slots, l.active_tasks, l.free_slots,
-       l.gpus, l.gpus - l.free_gpus AS used_gpus, l.free_gpus, w.gpu_models,
+       l.gpus, l.gpus - l.free_gpus - l.unhealthy_gpus AS used_gpus, l.free_gpus, w.gpu_models,
        l.cpus, l.cpus - l.free_cpus AS used_cpus, l.free_cpus,
        l.memory_mb, l.memory_mb - l.free_memory_mb AS used_memory_mb, l.free_memory_mb,
-       l.last_seen_at, l.lease_expires_at
+       l.last_seen_at, l.lease_expires_at,
+       c.state AS cordon, c.reason AS cordon_reason, c.deadline AS drain_deadline, l.unhealthy_gpus,
+       (SELECT group_concat(g."index" || ': ' || g.reason, '; ') FROM worker_gpus g
+        WHERE g.worker_id = l.worker_id AND g.healthy = 0) AS unhealthy
 FROM worker_load l
 JOIN workers w ON w.id = l.worker_id
+LEFT JOIN worker_cordons c ON c.worker_id = l.worker_id
 WHERE l.state <> 'gone'
 ORDER BY l.state = 'online' DESC, l.name, l.worker_id;
 
@@ -201,6 +209,58 @@ SELECT t.id AS task_id, t.job_id, j.name AS job_name, t."index", t.attempt, t.pr
        j.labels, j.accelerator, j.gpus, j.cpus, j.memory_mb, t.created_at
 FROM tasks t
 JOIN jobs j ON j.id = t.job_id
-WHERE t.state = 'queued'
+WHERE t.state = 'queued' AND t.held = 0
   AND NOT EXISTS (SELECT 1 FROM job_worker_fit f WHERE f.job_id = j.id AND f.worker_state <> 'gone' AND f.fits)
 ORDER BY t.priority DESC, t.id;
+
+-- name: gpu_hours_by_user --
+-- GPU-hours, CPU-hours, jobs and runs per user from the usage ledger, of runs that ended between :since and :until.
+SELECT coalesce(us.name, '#' || u.user_id) AS user, round(sum(u.gpu_seconds) / 3600.0, 3) AS gpu_hours,
+       round(sum(u.cpu_seconds) / 3600.0, 3) AS cpu_hours, count(DISTINCT u.job_id) AS jobs, count(*) AS runs,
+       sum(u.outcome = 'preempted') AS preempted_runs
+FROM usage u
+LEFT JOIN users us ON us.id = u.user_id
+WHERE u.ended_at >= :since AND u.ended_at <= :until
+GROUP BY u.user_id
+ORDER BY gpu_hours DESC, cpu_hours DESC;
+
+-- name: gpu_hours_by_project --
+-- GPU-hours, CPU-hours, jobs and runs per project from the usage ledger, of runs that ended between :since and :until.
+SELECT coalesce(p.name, '#' || u.project_id) AS project, round(sum(u.gpu_seconds) / 3600.0, 3) AS gpu_hours,
+       round(sum(u.cpu_seconds) / 3600.0, 3) AS cpu_hours, count(DISTINCT u.job_id) AS jobs, count(*) AS runs,
+       sum(u.outcome = 'preempted') AS preempted_runs
+FROM usage u
+LEFT JOIN projects p ON p.id = u.project_id
+WHERE u.ended_at >= :since AND u.ended_at <= :until
+GROUP BY u.project_id
+ORDER BY gpu_hours DESC, cpu_hours DESC;
+
+-- name: gpu_hours_by_week --
+-- GPU-hours per ISO week (Monday first) and project from the usage ledger, of runs that ended between :since and :until.
+SELECT date(u.ended_at, 'unixepoch', 'weekday 0', '-6 days') AS week_of,
+       coalesce(p.name, '#' || u.project_id) AS project, round(sum(u.gpu_seconds) / 3600.0, 3) AS gpu_hours,
+       count(DISTINCT u.job_id) AS jobs
+FROM usage u
+LEFT JOIN projects p ON p.id = u.project_id
+WHERE u.ended_at >= :since AND u.ended_at <= :until
+GROUP BY week_of, u.project_id
+ORDER BY week_of DESC, gpu_hours DESC;
+
+-- name: quota_use_now --
+-- Each project's GPU quota (nominal + borrow), the GPUs its tasks hold now, how many of them borrowed, and its queued tasks.
+SELECT name AS project, nominal, borrow, weight, gpus_in_use, borrowed, running_jobs, queued_tasks
+FROM project_quota_use
+ORDER BY gpus_in_use DESC, name;
+
+-- name: who_preempts_whom --
+-- Preemptions asked between :since and :until, newest first: the victim task and job, the task that needed the room, why, and when it was requeued.
+SELECT pe.asked_at, pe.reason, pe.task_id AS victim_task, pe.job_id AS victim_job,
+       coalesce(vu.name, '#' || vj.user_id) AS victim_user, pe.for_task_id AS for_task, pe.for_job_id AS for_job,
+       coalesce(fu.name, '#' || fj.user_id) AS for_user, pe.worker_id, pe.done_at AS requeued_at
+FROM preemptions pe
+LEFT JOIN jobs vj ON vj.id = pe.job_id
+LEFT JOIN users vu ON vu.id = vj.user_id
+LEFT JOIN jobs fj ON fj.id = pe.for_job_id
+LEFT JOIN users fu ON fu.id = fj.user_id
+WHERE pe.asked_at >= :since AND pe.asked_at <= :until
+ORDER BY pe.asked_at DESC, pe.id DESC;

@@ -27,6 +27,10 @@ JOB_RETENTION_S = 30 * 86400     # ended jobs (tasks, events, lines), loose even
 PRUNE_INTERVAL_S = 300.0         # upkeep prunes this often, in small batches
 SERVICE_MAX_ATTEMPTS = 10
 MAX_OUTPUT_BYTES = 10 * 1024 ** 3  # a task output a worker uploads; clients' uploads have the store's limit
+FAIRSHARE_HALF_LIFE_S = 7 * 86400.0  # fair share forgets half a project's usage in this long
+PREEMPT_GRACE_S = 30.0           # a preempted task's SIGTERM-to-SIGKILL grace
+PRIORITY_CLASSES = {"low": -10, "normal": 0, "high": 10}  # names `--priority` takes besides numbers
+JOB_STATES = ("queued", "running", "succeeded", "failed", "cancelled", "lost", "waiting")  # what GET /v1/jobs?state= takes
 
 
 def default_home() -> Path:

@@ -56,11 +56,16 @@ WHERE (SELECT count(*) FROM events e WHERE e.kind = 'job_finished' AND e.job_id 
 
 -- name: stuck_job --
 -- A job still queued or running has a task of its current attempt that can
--- still move (queued, assigned or running); otherwise it would never end.
+-- still move (queued, assigned or running); otherwise it would never end. An
+-- array's elements count their own attempts: any task of it that can move will do.
+-- A waiting job has a dependency that has not ended.
 SELECT j.id AS job_id, j.state, j.attempt FROM jobs j
-WHERE j.state IN ('queued', 'running') AND NOT EXISTS (
-    SELECT 1 FROM tasks t WHERE t.job_id = j.id AND t.attempt = j.attempt
-      AND t.state IN ('queued', 'assigned', 'running'));
+WHERE (j.state IN ('queued', 'running') AND NOT EXISTS (
+    SELECT 1 FROM tasks t WHERE t.job_id = j.id AND (t.attempt = j.attempt OR j.array_size IS NOT NULL)
+      AND t.state IN ('queued', 'assigned', 'running')))
+   OR (j.state = 'waiting' AND NOT EXISTS (
+    SELECT 1 FROM job_dependencies d JOIN jobs a ON a.id = d.after_job_id
+    WHERE d.job_id = j.id AND a.finished_at IS NULL));
 
 -- name: ended_job_with_active_task --
 -- A job that ended holds no worker, except running tasks it asked to stop
@@ -84,10 +89,25 @@ SELECT t.id AS task_id, t.state, q.shape_id, js.shape_id AS job_shape
 FROM tasks t
 LEFT JOIN task_queue q ON q.task_id = t.id
 LEFT JOIN job_shape js ON js.job_id = t.job_id
-WHERE (t.state = 'queued') <> (q.task_id IS NOT NULL) OR q.shape_id IS NOT js.shape_id AND q.task_id IS NOT NULL;
+WHERE (t.state = 'queued' AND t.held = 0) <> (q.task_id IS NOT NULL) OR q.shape_id IS NOT js.shape_id AND q.task_id IS NOT NULL;
 
 -- name: shape_count_wrong --
 -- shapes.queued counts the shape's rows of task_queue.
 SELECT s.id AS shape_id, s.queued, (SELECT count(*) FROM task_queue q WHERE q.shape_id = s.id) AS rows
 FROM shapes s
 WHERE s.queued <> (SELECT count(*) FROM task_queue q WHERE q.shape_id = s.id);
+
+-- name: queue_group_count_wrong --
+-- queue_groups counts each (shape, project, user)'s rows of task_queue, which carry their job's project and user.
+SELECT g.shape_id, g.project_id, g.user_id, g.queued, count(q.task_id) AS rows
+FROM queue_groups g
+LEFT JOIN task_queue q ON q.shape_id = g.shape_id AND q.project_id = g.project_id AND q.user_id = g.user_id
+GROUP BY g.shape_id, g.project_id, g.user_id
+HAVING g.queued <> count(q.task_id)
+UNION ALL
+SELECT q.shape_id, q.project_id, q.user_id, NULL, count(*) FROM task_queue q
+JOIN jobs j ON j.id = q.job_id
+WHERE j.project_id <> q.project_id OR j.user_id <> q.user_id
+   OR NOT EXISTS (SELECT 1 FROM queue_groups g WHERE g.shape_id = q.shape_id AND g.project_id = q.project_id
+                                                 AND g.user_id = q.user_id)
+GROUP BY q.shape_id, q.project_id, q.user_id;

@@ -27,6 +27,8 @@ from gpulayer.cli import fleet as cli_fleet
 from gpulayer.cli import jobs as cli_jobs
 from gpulayer.cli import server as cli_server
 from gpulayer.cli import sql as cli_sql
+from gpulayer.cli import teams as cli_teams
+from gpulayer.cli import usage as cli_usage
 from gpulayer.cli import workers as cli_workers
 from gpulayer.cli.common import GlobalOptions
 from gpulayer.client.errors import ApiError, ClientError
@@ -35,12 +37,24 @@ from gpulayer.client.errors import ApiError, ClientError
 class GpulayerGroup(TyperGroup):
     """The root group: turns every error into one `Error:` line and an exit status."""
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        _no_flag_placeholders(self)
+
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         """Run the CLI; with standalone_mode, exit with the status, else return it."""
         code = self._run(args, prog_name or "gpulayer", complete_var, extra)
         if standalone_mode:
             sys.exit(code)
         return code
+
+    def invoke(self, ctx):
+        """Run the command; a reader of stdout that went away (`gpulayer job logs 7 | head`) ends it with 0."""
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:  # caught here, before click turns it into exit status 1
+            _quiet_stdout()
+            return 0
 
     def _run(self, args, prog_name, complete_var, extra) -> int:
         try:
@@ -63,6 +77,34 @@ class GpulayerGroup(TyperGroup):
         except Exception as exc:  # noqa: BLE001 - the one place that turns errors into exit codes
             return _report(exc)
         return rv if isinstance(rv, int) else 0
+
+
+def _no_flag_placeholders(command) -> None:
+    """typer's help shows `<bool>` after a flag as if it took a value: a flag shows no placeholder.
+
+    Wraps each command's get_params, which help reads, so the options added
+    late (--help, the completion ones) are covered too.
+    """
+    get_params = command.get_params
+
+    def params_without_placeholders(ctx):
+        params = get_params(ctx)
+        for param in params:
+            if getattr(param, "is_flag", False) and param.metavar is None:
+                param.metavar = ""
+        return params
+
+    command.get_params = params_without_placeholders
+    for sub in getattr(command, "commands", {}).values():
+        _no_flag_placeholders(sub)
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null so that flushing it at exit does not fail on the closed pipe again."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):  # no real stdout (a test runner's): nothing to flush there
+        pass
 
 
 def _usage_message(exc) -> str:
@@ -108,10 +150,19 @@ def _report(exc: Exception) -> int:
 
 
 app = typer.Typer(
-    cls=GpulayerGroup, name="gpulayer", no_args_is_help=True, add_completion=False,
+    cls=GpulayerGroup, name="gpulayer", no_args_is_help=True, add_completion=True,
     pretty_exceptions_enable=False,
-    help="GPUlayer: run jobs and services on GPU workers that dial out to one control plane.",
+    help="GPUlayer: run jobs and services on GPU workers that dial out to one control plane.\n\n"
+         "\b\nExamples:\n  gpulayer up                 # a control plane and a worker here\n"
+         "  gpulayer submit --gpus 1 --follow -- python train.py",
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from gpulayer import __version__
+        typer.echo(f"gpulayer {__version__}")
+        raise typer.Exit()
 
 
 @app.callback()
@@ -121,6 +172,7 @@ def root(
     token: Annotated[Optional[str], typer.Option("--token", envvar="GPULAYER_TOKEN", show_envvar=True, help="Client token glc_...")] = None,
     ca_file: Annotated[Optional[str], typer.Option("--ca-file", envvar="GPULAYER_CA_FILE", show_envvar=True, help="CA certificate to trust for the control plane.")] = None,
     home: Annotated[Optional[Path], typer.Option("--home", envvar="GPULAYER_HOME", show_envvar=True, help="Home directory: state, TLS files, client.json (default ~/.gpulayer).")] = None,
+    version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit.")] = False,
 ) -> None:
     """GPUlayer: run jobs and services on GPU workers that dial out to one control plane."""
     ctx.obj = GlobalOptions(url=url, token=token, ca_file=ca_file, home=home)
@@ -133,6 +185,10 @@ app.add_typer(cli_workers.worker_app, name="worker")
 app.command("join")(cli_workers.join)
 app.add_typer(cli_fleet.token_app, name="token")
 app.add_typer(cli_fleet.secret_app, name="secret")
+app.add_typer(cli_teams.user_app, name="user")
+app.add_typer(cli_teams.project_app, name="project")
+app.command("whoami")(cli_teams.whoami)
+app.command("usage")(cli_usage.usage)
 app.add_typer(cli_server.server_app, name="server")
 app.command("up")(cli_server.up)
 app.command("explore")(cli_server.explore)

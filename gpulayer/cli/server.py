@@ -11,7 +11,7 @@ import typer
 from gpulayer.cli.common import fail, home_of, parse_pairs, plural, print_json
 from gpulayer.protocol import (
     DEFAULT_PORT, HEARTBEAT_INTERVAL_S, JOB_RETENTION_S, LEASE_TTL_S, LOG_RETENTION_S, MAX_OUTPUT_BYTES,
-    PREEMPT_GRACE_S, PRIORITY_CLASSES,
+    FAIRSHARE_HALF_LIFE_S, PREEMPT_GRACE_S, PRIORITY_CLASSES,
 )
 
 server_app = typer.Typer(help="Initialise, run and back up a control plane.", no_args_is_help=True)
@@ -136,7 +136,7 @@ def server_start(
                                 replicate=replicate, replicate_interval_s=replicate_interval,
                                 preempt_grace_s=preempt_grace,
                                 priority_classes={**PRIORITY_CLASSES, **_priority_classes(priority_class)},
-                                **({"fairshare_half_life_s": fairshare_half_life} if fairshare_half_life else {}),
+                                fairshare_half_life_s=float(fairshare_half_life) if fairshare_half_life else FAIRSHARE_HALF_LIFE_S,
                                 **_plane_settings(heartbeat_interval, lease_ttl, synchronous, max_output_mb,
                                                   log_retention, job_retention))
     raise typer.Exit(run_server(config) or 0)

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
+from urllib.parse import quote
 
 import requests
 
@@ -22,9 +23,11 @@ from gpulayer.client.errors import (  # noqa: F401  (re-exported)
 )
 from gpulayer.protocol import PROTOCOL, PROTOCOL_HEADER, default_home
 from gpulayer.client.specs import job, service  # noqa: F401  (re-exported)
+from gpulayer.client.waiting import OnWaiting, WaitingNotice
 
 FINISHED_STATES = frozenset({"succeeded", "failed", "cancelled", "lost"})
 LOG_WAIT_S = 10.0
+QUEUED_POLL_S = 1.0  # a queued job's logs are polled this often, so a waiting reason is told in time
 
 
 @dataclass(frozen=True)
@@ -151,18 +154,29 @@ class Client:
 
     # Jobs
 
-    def submit(self, spec: dict) -> "Job":
-        """Upload what the spec names by local path (source, inputs, weights), then submit it."""
+    def submit(self, spec: dict, project: str | None = None) -> "Job":
+        """Upload what the spec names by local path (source, inputs, weights), then submit it, to `project`
+        (default: your only project, else `default`)."""
         prepared = transfers.prepare_spec(self, spec)
+        if project is not None:
+            prepared = {**prepared, "project": project}
         return Job(self, self.call("POST", "/jobs", json=prepared))
 
     def get_job(self, job_id: int | str) -> "Job":
         """The Job with this id (NotFound when there is none)."""
         return Job(self, self.call("GET", f"/jobs/{_job_id(job_id)}"))
 
-    def jobs(self, state: str | None = None, limit: int = 100, before: int | None = None) -> list[dict]:
-        """Jobs newest first, as dicts; filter by `state`."""
+    def jobs(self, state: str | None = None, limit: int = 100, before: int | None = None, *,
+             all: bool = False, user: str | None = None, project: str | None = None) -> list[dict]:  # noqa: A002
+        """Jobs newest first, as dicts: your own, or `all` you may see, or those of `user` / `project`;
+        filter by `state`."""
         params: dict[str, object] = {"limit": limit}
+        if all:
+            params["all"] = "true"
+        if user:
+            params["user"] = user
+        if project:
+            params["project"] = project
         if state:
             params["state"] = state
         if before is not None:
@@ -172,6 +186,22 @@ class Client:
     def workers(self) -> list[dict]:
         """Every worker the control plane knows, as dicts."""
         return self.call("GET", "/workers")["workers"]
+
+    def cordon_worker(self, worker: str | int, reason: str) -> dict:
+        """Give the worker (id or name) no new task; what runs there goes on. Its cordon as stored."""
+        return self.call("POST", f"/workers/{_segment(worker)}/cordon", json={"reason": reason})
+
+    def drain_worker(self, worker: str | int, reason: str, timeout_s: float | None = None) -> dict:
+        """Cordon the worker and mark it drained once its tasks end (or, after `timeout_s`, stop and requeue them)."""
+        return self.call("POST", f"/workers/{_segment(worker)}/drain", json={"reason": reason, "timeout_s": timeout_s})
+
+    def uncordon_worker(self, worker: str | int) -> dict:
+        """Put a cordoned, draining or drained worker back into service."""
+        return self.call("POST", f"/workers/{_segment(worker)}/uncordon")
+
+    def reset_gpu(self, worker: str | int, index: int) -> dict:
+        """Mark GPU `index` of the worker healthy again (after the fault was dealt with)."""
+        return self.call("POST", f"/workers/{_segment(worker)}/gpus/{int(index)}/reset")
 
     def provisioners(self, limit: int = 100) -> dict:
         """Slurm provisioning: `provisioners` (the configuration) and `requests` (newest first)."""
@@ -194,11 +224,16 @@ class Client:
     # Tokens and secrets
 
     def create_token(self, name: str, labels: dict | None = None,
-                     expires_in_s: float | None = None) -> dict:
-        """Mint a worker join token bound to a name and labels; the answer holds `token` once."""
+                     expires_in_s: float | None = None, *, kind: str | None = None, user: str | None = None) -> dict:
+        """Mint a token bound to a name and labels: a worker join token, or `kind="client"` for `user` (yours
+        unless an admin names another); the answer holds `token` once."""
         body: dict[str, object] = {"name": name, "labels": labels or {}}
         if expires_in_s is not None:
             body["expires_in_s"] = expires_in_s
+        if kind is not None:
+            body["kind"] = kind
+        if user is not None:
+            body["user"] = user
         return self.call("POST", "/tokens", json=body)
 
     def tokens(self) -> list[dict]:
@@ -209,17 +244,75 @@ class Client:
         """Revoke a join token: its workers are cut off at their next heartbeat."""
         return self.call("POST", f"/tokens/{jti}/revoke")
 
-    def set_secret(self, name: str, value: str, labels: dict | None = None) -> dict:
-        """Store (or replace) a secret; jobs that name it get it as an environment variable."""
-        return self.call("PUT", f"/secrets/{name}", json={"value": value, "labels": labels or {}})
+    def set_secret(self, name: str, value: str, labels: dict | None = None, project: str | None = None) -> dict:
+        """Store (or replace) a project's secret (default: your only project, else `default`); jobs of that
+        project that name it get it as an environment variable."""
+        return self.call("PUT", f"/secrets/{name}", json={"value": value, "labels": labels or {}},
+                         params=_project(project))
 
-    def secrets(self) -> list[dict]:
-        """Secret names and labels (never values)."""
-        return self.call("GET", "/secrets")["secrets"]
+    def secrets(self, project: str | None = None) -> list[dict]:
+        """A project's secret names and labels (never values)."""
+        return self.call("GET", "/secrets", params=_project(project))["secrets"]
 
-    def delete_secret(self, name: str) -> None:
-        """Delete a secret (NotFound when there is none)."""
-        self.request("DELETE", f"/secrets/{name}")
+    def delete_secret(self, name: str, project: str | None = None) -> None:
+        """Delete a project's secret (NotFound when there is none)."""
+        self.request("DELETE", f"/secrets/{name}", params=_project(project))
+
+    # -- teams (docs/teams.md) --------------------------------------------------
+
+    def whoami(self) -> dict:
+        """Your user, whether an admin, your projects and roles, and the token in use."""
+        return self.call("GET", "/whoami")
+
+    def usage(self, by: str = "user", since: str | float = "30d") -> dict:
+        """GPU-hours, CPU-hours, runs and jobs from the usage ledger, per `by` (user, project, job-name or
+        label:KEY), over the runs that ended within `since` ("30d", "12h", or seconds): {by, since, until,
+        rows}. An admin sees everyone's; a user their own and those of the projects they manage."""
+        return self.call("GET", "/usage", params={"by": by, "since": str(since)})
+
+    def add_user(self, name: str, *, admin: bool = False, projects: list[tuple[str, str]] | None = None,
+                 max_running_jobs: int | None = None) -> dict:
+        """Add a user (admins) in `projects` [(project, "member" | "manager")]; the answer holds its client
+        `token`, once."""
+        return self.call("POST", "/users", json={
+            "name": name, "admin": admin, "max_running_jobs": max_running_jobs,
+            "projects": [{"project": p, "role": r} for p, r in projects or []]})
+
+    def users(self) -> list[dict]:
+        """Every user (admins)."""
+        return self.call("GET", "/users")["users"]
+
+    def set_user(self, name: str, **changes) -> dict:
+        """Change a user's `admin` flag or `max_running_jobs` (None clears it) (admins)."""
+        return self.call("PATCH", f"/users/{_segment(name)}", json=changes)
+
+    def remove_user(self, name: str) -> dict:
+        """Remove a user (admins): its client tokens stop working; its jobs stay its own."""
+        return self.call("DELETE", f"/users/{_segment(name)}")
+
+    def add_project(self, name: str, **settings) -> dict:
+        """Add a project (admins): `visibility`, `gpus` (quota), `borrow`, `weight`."""
+        return self.call("POST", "/projects", json={"name": name, **settings})
+
+    def projects(self) -> list[dict]:
+        """The projects you are in (admins: all), with their members."""
+        return self.call("GET", "/projects")["projects"]
+
+    def set_project(self, name: str, **settings) -> dict:
+        """Change a project's `visibility`, `gpus`, `borrow`, `weight` (admins)."""
+        return self.call("PATCH", f"/projects/{_segment(name)}", json=settings)
+
+    def remove_project(self, name: str) -> dict:
+        """Remove a project with no job left to end (admins)."""
+        return self.call("DELETE", f"/projects/{_segment(name)}")
+
+    def set_member(self, project: str, user: str, role: str = "member") -> dict:
+        """Add `user` to `project` as `role`, or change its role (the project's managers, admins)."""
+        return self.call("PUT", f"/projects/{_segment(project)}/members/{_segment(user)}", json={"role": role})
+
+    def remove_member(self, project: str, user: str) -> dict:
+        """Take `user` out of `project` (the project's managers, admins)."""
+        return self.call("DELETE", f"/projects/{_segment(project)}/members/{_segment(user)}")
 
 
 class Job:
@@ -251,14 +344,20 @@ class Job:
         """True once the last copy fetched is in a final state."""
         return self.data.get("state") in FINISHED_STATES
 
-    def wait(self, timeout: float | None = None) -> str:
+    def wait(self, timeout: float | None = None, on_waiting: OnWaiting | None = None) -> str:
         """Block until the job finishes; return its final state.
 
-        Raises WaitTimeout after `timeout` seconds (None waits for ever).
+        Raises WaitTimeout after `timeout` seconds (None waits for ever). Once the
+        job has waited about 3 s without starting, `on_waiting(message)` is called
+        with what it waits for ("no online worker has ...", a replica's restart),
+        and again whenever that changes; by default the message is logged (INFO,
+        logger `gpulayer`).
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = 0.05
+        notice = WaitingNotice(on_waiting)
         while self.info()["state"] not in FINISHED_STATES:
+            notice.update(self.data)
             if deadline is not None and time.monotonic() >= deadline:
                 raise WaitTimeout(f"job {self.id} is still {self.data['state']} after {timeout:g} s")
             pause = delay if deadline is None else min(delay, max(0.0, deadline - time.monotonic()))
@@ -266,63 +365,85 @@ class Job:
             delay = min(delay * 1.5, 1.0)
         return self.data["state"]
 
-    def logs(self, follow: bool = False, after: int | None = None):
+    def logs(self, follow: bool = False, after: int | None = None, on_waiting: OnWaiting | None = None,
+             index: int | None = None):
         """Log lines as dicts (`seq`, `task_id`, `stream`, `at`, `text`).
 
         Returns a list of the lines so far; with follow=True an iterator that
-        yields lines as they arrive and ends when the job has finished.
+        yields lines as they arrive and ends when the job has finished, telling
+        `on_waiting` what the job waits for as `wait()` does. `index`: the lines
+        of that element of an array (or replica, or rank) alone; followed, they
+        end when that element has ended.
         """
         if follow:
-            return self._follow(after)
+            return self._follow(after, WaitingNotice(on_waiting), index)
         lines: list[dict] = []
         while True:
-            page = self._log_page(after, wait_s=None)
+            page = self._log_page(after, wait_s=None, index=index)
             if not page["lines"]:
                 return lines
             lines.extend(page["lines"])
             after = _next_after(page, after)
 
-    def _log_page(self, after: int | None, wait_s: float | None) -> dict:
+    def _log_page(self, after: int | None, wait_s: float | None, index: int | None = None) -> dict:
         params: dict = {"limit": 1000}
         if after is not None:
             params["after"] = after
+        if index is not None:
+            params["index"] = index
         if wait_s:
             params["wait_s"] = wait_s
         timeout = self.client.timeout + (wait_s or 0)
         return self.client.call("GET", f"/jobs/{self.id}/logs", params=params, timeout=timeout)
 
-    def _follow(self, after: int | None) -> Iterator[dict]:
+    def _follow(self, after: int | None, notice: WaitingNotice, index: int | None = None) -> Iterator[dict]:
         while True:
-            page = self._log_page(after, wait_s=LOG_WAIT_S)
+            queued = self.data.get("state") in ("queued", "waiting")
+            page = self._log_page(after, wait_s=QUEUED_POLL_S if queued else LOG_WAIT_S, index=index)
             if not page["lines"] and page.get("retry_after_s"):  # the server had too many followers parked
                 time.sleep(min(float(page["retry_after_s"]), LOG_WAIT_S))
             yield from page["lines"]
             after = _next_after(page, after)
             # Checked after every page, not only empty ones: the line that ends a job
             # would otherwise be followed by a long-poll that nothing wakes.
-            if self.info()["state"] in FINISHED_STATES:
-                yield from self.logs(after=after)
+            if self.info()["state"] in FINISHED_STATES or (index is not None and self._element_ended(index)):
+                yield from self.logs(after=after, index=index)
                 return
+            notice.update(self.data)
 
-    def cancel(self) -> dict:
-        """Cancel the job (every task, every replica); returns the Job."""
-        self.data = self.client.call("POST", f"/jobs/{self.id}/cancel")
-        return self.data
+    def cancel(self, index: int | None = None) -> dict:
+        """Cancel the job (every task, every replica, every element of an array), or with `index` one element
+        of an array; returns the Job (with `index`, its tasks are that element's)."""
+        body = None if index is None else {"index": index}
+        answer = self.client.call("POST", f"/jobs/{self.id}/cancel", json=body)
+        if index is None:
+            self.data = answer
+        return answer
+
+    def element(self, index: int) -> dict:
+        """The Job with only the tasks of element `index` of an array (or of that replica or rank)."""
+        return self.client.call("GET", f"/jobs/{self.id}", params={"index": index})
+
+    def _element_ended(self, index: int) -> bool:
+        tasks = self.element(index)["tasks"]
+        return bool(tasks) and tasks[0].get("finished_at") is not None
 
     def events(self) -> list[dict]:
         """The job's events, oldest first."""
         return self.client.call("GET", f"/jobs/{self.id}/events")["events"]
 
-    def endpoints(self, wait: float | None = None) -> list[str]:
+    def endpoints(self, wait: float | None = None, on_waiting: OnWaiting | None = None) -> list[str]:
         """A service's endpoints ["host:port", ...].
 
         wait=None answers at once with what is known. wait=S waits up to S
-        seconds until every replica has one; raises WaitTimeout after that, and
-        ClientError when the job ends first.
+        seconds until every replica has one, telling `on_waiting` what it waits
+        for as `wait()` does (a replica not placed, one restarting); raises
+        WaitTimeout after that, and ClientError when the job ends first.
         """
         if wait is None:
             return list(self.client.call("GET", f"/jobs/{self.id}/endpoints").get("endpoints") or [])
         deadline = time.monotonic() + wait
+        notice = WaitingNotice(on_waiting)
         while True:
             # The state first: a finished service's tasks keep their last endpoints.
             if self.info()["state"] in FINISHED_STATES:
@@ -330,18 +451,21 @@ class Job:
             answer = self.client.call("GET", f"/jobs/{self.id}/endpoints")
             if answer.get("ready") and answer.get("endpoints"):
                 return list(answer["endpoints"])
+            notice.update(self.data)
             if time.monotonic() >= deadline:
                 have = len(answer.get("endpoints") or [])
                 raise WaitTimeout(f"job {self.id}: not every replica had an endpoint after {wait:g} s ({have} ready)")
             time.sleep(0.2)
 
-    def outputs(self) -> dict[str, str]:
-        """{relative path: digest} of the outputs the finished tasks uploaded."""
-        return self.client.call("GET", f"/jobs/{self.id}/outputs")["outputs"]
+    def outputs(self, index: int | None = None) -> dict[str, str]:
+        """{relative path: digest} of the outputs the finished tasks uploaded (`index`: that element's alone)."""
+        params = None if index is None else {"index": index}
+        return self.client.call("GET", f"/jobs/{self.id}/outputs", params=params)["outputs"]
 
-    def download_outputs(self, dest: str | Path, progress: bool | None = None) -> list[Path]:
-        """Download every output into `dest` at its relative path; return the files written."""
-        return transfers.download_outputs(self.client, self.outputs(), Path(dest), progress)
+    def download_outputs(self, dest: str | Path, progress: bool | None = None, index: int | None = None) -> list[Path]:
+        """Download every output (`index`: of that element alone) into `dest` at its relative path; return the
+        files written."""
+        return transfers.download_outputs(self.client, self.outputs(index), Path(dest), progress)
 
 
 def _next_after(page: dict, after: int | None) -> int | None:
@@ -350,6 +474,10 @@ def _next_after(page: dict, after: int | None) -> int | None:
     if page["lines"]:
         return page["lines"][-1]["seq"]
     return after
+
+
+def _project(project: str | None) -> dict:
+    return {"project": project} if project else {}
 
 
 def _job_id(job_id: int | str) -> int:
@@ -367,3 +495,8 @@ def _reason(exc: Exception) -> str:
         if marker in text:
             return marker.lower()
     return text.split("Caused by ")[-1].strip("()' ") if "Caused by" in text else text
+
+
+def _segment(value: str | int) -> str:
+    """A worker id or name as one URL path segment (a name may hold any character)."""
+    return quote(str(value), safe="")

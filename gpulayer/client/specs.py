@@ -13,8 +13,9 @@ from typing import Any, Iterable
 JOB_SETTINGS = (
     "name", "env", "accelerator", "gpus", "cpus", "memory_mb", "labels", "retry", "retry_on",
     "timeout_seconds", "silence_timeout_seconds", "source", "inputs", "outputs", "nodes",
-    "priority", "secrets",
+    "priority", "secrets", "array", "max_running", "after", "preemptible",
 )
+AFTER_CONDITIONS = ("ok", "notok", "any")
 RESTART_POLICIES = ("always", "on_failure")
 
 
@@ -24,8 +25,14 @@ def job(command: str | Iterable[str], **settings: Any) -> dict:
     Settings: name, env, accelerator, gpus, cpus, memory_mb, labels, retry (int
     = max attempts, or a dict), retry_on (list of reasons), timeout_seconds,
     silence_timeout_seconds, source (digest or directory), inputs (dict path ->
-    digest or local path, or a list of local paths), outputs, nodes, priority,
-    secrets. Raises TypeError for an unknown setting, ValueError for a bad value.
+    digest or local path, or a list of local paths), outputs, nodes, priority
+    (a number, or a class of the server such as "low", "normal", "high"),
+    preemptible (True: may be stopped and requeued for higher-priority work),
+    secrets; array ("0-999%16", "1,5,9-12", or indices such as range(1000)),
+    max_running (the array's cap on elements running at once), after (jobs this
+    one runs after: Job objects or ids, each ending ok; "ID:ok|notok|any"; or
+    (job, condition) pairs). Raises TypeError for an unknown setting, ValueError
+    for a bad value.
     """
     unknown = sorted(set(settings) - set(JOB_SETTINGS))
     if unknown:
@@ -100,4 +107,31 @@ def _normalise(key: str, value: Any) -> Any:
         return {str(k): str(v) for k, v in dict(value).items()}
     if key == "source":
         return str(value)
+    if key == "array":
+        return array_text(value)
+    if key == "after":
+        return [_after(v) for v in ([value] if isinstance(value, (int, str)) or hasattr(value, "id") else value)]
     return value
+
+
+def array_text(value: Any) -> str | list[int]:
+    """An array as the JobSpec takes it: a string as given ("0-999%16"), a range as one ("0-999", "0-15:4"),
+    other indices as a list (the server checks them all)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, range) and value.step > 0 and len(value):
+        last = value[-1]
+        return f"{value.start}-{last}" if value.step == 1 else f"{value.start}-{last}:{value.step}"
+    return [int(v) for v in value]
+
+
+def _after(entry: Any) -> Any:
+    """One dependency: a Job (its id, ending ok), an id, "ID:condition", or (job, condition)."""
+    if isinstance(entry, tuple) and len(entry) == 2:
+        job, condition = entry
+        if condition not in AFTER_CONDITIONS:
+            raise ValueError(f"after: the condition is one of {', '.join(AFTER_CONDITIONS)}, not {condition!r}")
+        return {"job": int(getattr(job, "id", job)), "condition": condition}
+    if hasattr(entry, "id"):
+        return int(entry.id)
+    return entry

@@ -77,7 +77,7 @@ def count(sched, table):
     ({"command": ["x"], "outputs": ["/etc/passwd"]}, "outputs[0]"),
     ({"command": ["x"], "outputs": ["a/../../b"]}, "outputs[0]"),
     ({"command": ["x"], "outputs": [f"o{i}" for i in range(MAX_PATHS + 5)]}, "outputs"),
-    ({"command": ["x"], "priority": "high"}, "priority"),
+    ({"command": ["x"], "priority": "urgent"}, "priority"),  # no such priority class
     ({"command": ["x"], "service": {"replicas": 2}, "nodes": 2}, "nodes"),
     ("not an object", "job"),
 ])

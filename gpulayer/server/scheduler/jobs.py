@@ -7,32 +7,62 @@ from gpulayer.server.scheduler import events
 
 from gpulayer.server.scheduler import outcomes
 from gpulayer.server.errors import InvalidRequest, NotFound
-from gpulayer.server.scheduler.spec import referenced_digests
-from gpulayer.server.store.queries import row, rows
+from gpulayer.server.scheduler.spec import array_indices, referenced_digests
+from gpulayer.server.store.queries import QUERIES, row, rows
+
+ARRAY_TASKS_SHOWN = 100     # an array's job view lists at most this many tasks (active first, then failed)
+ARRAY_FAILED_SHOWN = 1000   # and at most this many failed indices
 
 
-def submit(conn, spec: dict, now: float) -> int:
-    """Insert a validated (normalised) spec and its first attempt's tasks; returns the job id."""
-    missing = [name for name in spec["secrets"] if row(conn, "get_secret", name=name) is None]
+def submit(conn, spec: dict, now: float, user_id: int = 1, project_id: int = 1) -> int:
+    """Insert a validated (normalised) spec and its first attempt's tasks, owned by `user_id` in `project_id`
+    (teams.submit_owner); returns the job id."""
+    missing = [name for name in spec["secrets"]
+               if row(conn, "get_secret", project_id=project_id, name=name) is None]
     if missing:
-        raise InvalidRequest(f"secrets: no secret named {missing[0]!r} (set it with `gpulayer secret set`)",
+        raise InvalidRequest(f"secrets: no secret named {missing[0]!r} in the job's project "
+                             "(set it with `gpulayer secret set --project`)",
                              code="unknown_secret")
     for digest in sorted(referenced_digests(spec)):
         if row(conn, "touch_artifact", digest=digest, now=now) is None:
             raise InvalidRequest(f"artifact {digest} is not stored on the control plane: upload it first "
                                  "(PUT /v1/artifacts/{digest})", code="unknown_artifact")
+    after = [(dep, _dependency(conn, dep["job"])) for dep in spec.get("after") or []]
+    waiting = any(state in outcomes.ACTIVE_JOB for _, state in after)
     service = spec["service"]
     width = service["replicas"] if service else spec["nodes"]
+    indices = array_indices(spec["array"]) if spec.get("array") else list(range(width))
+    cap = spec.get("max_running")
     job_id = row(conn, "insert_job", name=spec["name"], spec=json.dumps(spec), kind="service" if service else "batch",
                  priority=spec["priority"], labels=json.dumps(spec["labels"]), secrets=json.dumps(spec["secrets"]),
                  accelerator=spec["accelerator"],
                  gpus=spec["gpus"], cpus=spec["cpus"], memory_mb=spec["memory_mb"], width=width,
                  gang=int(spec["nodes"] > 1), max_attempts=spec["retry"]["max_attempts"],
-                 retry_on=json.dumps(spec["retry"]["retry_on"]), now=now)["id"]
-    for index in range(width):
-        row(conn, "insert_task", job_id=job_id, index=index, attempt=1, priority=spec["priority"], now=now)
-    events.record(conn, now, "job_submitted", job_id=job_id, name=spec["name"], width=width)
+                 retry_on=json.dumps(spec["retry"]["retry_on"]), now=now, state="waiting" if waiting else "queued",
+                 array_size=len(indices) if spec.get("array") else None, max_running=cap,
+                 user_id=user_id, project_id=project_id)["id"]
+    # One statement for every task, whatever the array's size; held ones stay out of task_queue.
+    conn.execute(QUERIES["insert_tasks"], {"job_id": job_id, "indices": json.dumps(indices), "priority": spec["priority"],
+                                           "now": now, "released": 0 if waiting else (cap or len(indices))})
+    for dep, _ in after:
+        row(conn, "insert_dependency", job_id=job_id, after_job_id=dep["job"], condition=dep["condition"])
+    extra: dict = {"array_size": len(indices)} if spec.get("array") else {}
+    if waiting:
+        extra["waiting_for"] = [dep["job"] for dep, state in after if state in outcomes.ACTIVE_JOB]
+    events.record(conn, now, "job_submitted", job_id=job_id, name=spec["name"], width=width, **extra)
+    failed = next(((dep, state) for dep, state in after
+                   if state not in outcomes.ACTIVE_JOB and not outcomes.dependency_met(dep["condition"], state)), None)
+    if failed is not None:  # it can never run: cancelled at once, as if that dependency had just ended
+        outcomes.cancel_dependent(conn, now, job_id, failed[0]["job"], failed[1])
     return job_id
+
+
+def _dependency(conn, job_id: int) -> str:
+    """The state of a job named in `after`; InvalidRequest when there is none (so no cycle can be made)."""
+    found = row(conn, "get_job", job_id=job_id)
+    if found is None:
+        raise InvalidRequest(f"after: no job {job_id} (a job runs after jobs that exist)", code="unknown_job")
+    return found["state"]
 
 
 def cancel(conn, job_id: int, now: float) -> bool:
@@ -43,7 +73,7 @@ def cancel(conn, job_id: int, now: float) -> bool:
     job = row(conn, "get_job", job_id=job_id)
     if job is None:
         raise NotFound(f"no job {job_id}")
-    if job["state"] not in ("queued", "running"):
+    if job["state"] not in outcomes.ACTIVE_JOB:
         return False
     for task in rows(conn, "cancel_queued_tasks", job_id=job_id, now=now):
         events.record(conn, now, "task_cancelled", job_id=job_id, task_id=task["id"])
@@ -54,47 +84,123 @@ def cancel(conn, job_id: int, now: float) -> bool:
     return True
 
 
-def _task_view(task: dict) -> dict:
+def cancel_element(conn, job_id: int, index: int, now: float) -> bool:
+    """Cancel one element of an array: queued (held or not) or assigned, it ends now; running, through its
+    worker's heartbeat. False when the element (or the array) had already ended. Raises NotFound, or
+    InvalidRequest for a job that is no array."""
+    job = row(conn, "job_for_update", job_id=job_id)
+    if job is None:
+        raise NotFound(f"no job {job_id}")
+    if job["array_size"] is None:
+        raise InvalidRequest(f"index: job {job_id} is no array (cancel the whole job without --index)")
+    if not rows(conn, "element_tasks", job_id=job_id, index=index):
+        raise NotFound(f"job {job_id} has no element {index}")
+    if job["state"] not in outcomes.ACTIVE_JOB:
+        return False
+    task = row(conn, "cancel_element", job_id=job_id, index=index, now=now)
+    if task is None:
+        return False
+    if task["state"] == "running":
+        events.record(conn, now, "task_cancel_requested", job_id=job_id, task_id=task["id"],
+                      worker_id=task["worker_id"], index=index)
+        return True
+    events.record(conn, now, "task_cancelled", job_id=job_id, task_id=task["id"], index=index)
+    # A held element frees no place under the cap; the array ends if it was the last element left.
+    outcomes.settle_element(conn, now, job, {"id": task["id"], "state": "cancelled"}, freed=not task["held"])
+    return True
+
+
+def _task_view(conn, task: dict) -> dict:
     task = dict(task)
     task["outputs"] = json.loads(task["outputs"])
     task["index"] = task.pop("index")
+    restarted = task["restarts"] and task["state"] == "running"
+    found = row(conn, "task_restart_message", task_id=task["task_id"]) if restarted else None
+    task["restart_message"] = found["text"] if found else None
     return task
 
 
-def render(conn, job_id: int) -> dict:
-    """The Job as the API returns it (NotFound when there is none)."""
+def render(conn, job_id: int, index: int | None = None) -> dict:
+    """The Job as the API returns it (NotFound when there is none); `index`: only that element's (replica's,
+    rank's) tasks."""
     job = row(conn, "get_job", job_id=job_id)
     if job is None:
         raise NotFound(f"no job {job_id}")
-    return _render(conn, job)
+    # its tasks stopped to make room for other work (docs/teams.md), oldest first
+    return {**_render(conn, job, index), "preemptions": rows(conn, "job_preemptions", job_id=job_id)}
 
 
-def _render(conn, job: dict) -> dict:
-    tasks = [_task_view(t) for t in rows(conn, "job_tasks", job_id=job["id"])]
+def _render(conn, job: dict, index: int | None = None) -> dict:
+    if index is not None:
+        found = rows(conn, "element_tasks", job_id=job["id"], index=index)
+        if not found:
+            raise NotFound(f"job {job['id']} has no {'element' if job['array_size'] else 'task with index'} {index}")
+    elif job["array_size"] is not None:  # an array lists what runs and what failed; `array` counts them all
+        found = rows(conn, "array_tasks_shown", job_id=job["id"], limit=ARRAY_TASKS_SHOWN)
+    else:
+        found = rows(conn, "job_tasks", job_id=job["id"])
+    tasks = [_task_view(conn, t) for t in found]
     return {"id": job["id"], "name": job["name"], "state": job["state"], "kind": job["kind"],
             "attempt": job["attempt"], "created_at": job["created_at"], "finished_at": job["finished_at"],
-            "exit_code": job["exit_code"], "reason": job["reason"], "waiting_reason": waiting_reason(conn, job),
-            "spec": json.loads(job["spec"]), "tasks": tasks}
+            "exit_code": job["exit_code"], "reason": job["reason"],
+            "waiting_reason": waiting_reason(conn, job, tasks),
+            "spec": json.loads(job["spec"]), "tasks": tasks,
+            "array": _array_view(conn, job) if job["array_size"] is not None else None,
+            "after": rows(conn, "job_dependencies_of", job_id=job["id"])}
 
 
-def waiting_reason(conn, job: dict) -> str | None:
+def _array_view(conn, job: dict) -> dict:
+    """An array's progress: its elements counted by the state of their latest task, and the failed ones."""
+    counts = {r["state"]: r["n"] for r in rows(conn, "array_counts", job_id=job["id"])}
+    failed = rows(conn, "array_failed_indices", job_id=job["id"], limit=ARRAY_FAILED_SHOWN)
+    return {"indices": json.loads(job["spec"])["array"], "size": job["array_size"], "max_running": job["max_running"],
+            "counts": counts, "done": sum(counts.get(s, 0) for s in ("succeeded", "failed", "cancelled", "lost")),
+            "failed_indices": [f["index"] for f in failed]}
+
+
+def _dependencies_reason(conn, job: dict) -> str:
+    """What a waiting job waits for: "for job 41 to succeed", "for job 41 to succeed and job 42 to end"."""
+    verbs = {"ok": "succeed", "notok": "fail", "any": "end"}
+    open_ = [f"job {d['job']} to {verbs[d['condition']]}" for d in rows(conn, "job_dependencies_of", job_id=job["id"])
+             if d["state"] in outcomes.ACTIVE_JOB]
+    return "for " + " and ".join(open_) if open_ else "for its dependencies"
+
+
+def waiting_reason(conn, job: dict, tasks: list[dict] | None = None) -> str | None:
     """Why a queued job is not placed: what no online worker has (labels, size, secrets' labels), else
-    that the workers that fit are busy; None when a worker could take it now."""
-    if job["state"] != "queued":
+    that the workers that fit are busy; None when a worker could take it now.
+
+    A running service with a replica back in the queue (`tasks`, the rendered
+    tasks) is told the same way, for that replica.
+    """
+    if job["state"] == "waiting":
+        return _dependencies_reason(conn, job)
+    if job["state"] == "running":
+        if job["kind"] != "service" or not any(t["state"] == "queued" and t["attempt"] == job["attempt"]
+                                               for t in tasks or []):
+            return None
+    elif job["state"] != "queued":
         return None
     found = row(conn, "job_waiting_reason", job_id=job["id"])
-    return (found["reason"] or found["busy"]) if found else None
+    if found and found["reason"]:
+        return found["reason"]
+    quota = row(conn, "job_quota_reason", job_id=job["id"])  # a project's quota, a user's limit
+    return (quota and quota["reason"]) or (found["busy"] if found else None)
 
 
-def listing(conn, state: str | None, limit: int, before: int | None) -> list[dict]:
-    """Jobs newest first."""
-    return [_render(conn, job) for job in rows(conn, "list_jobs", state=state, limit=limit, before=before)]
+def listing(conn, state: str | None, limit: int, before: int | None, scope: dict | None = None) -> list[dict]:
+    """Jobs newest first; `scope` (teams.list_scope): whose jobs, and what the caller may see."""
+    scope = scope or {"owner_id": None, "project_id": None, "viewer_id": None}
+    return [_render(conn, job) for job in rows(conn, "list_jobs", state=state, limit=limit, before=before, **scope)]
 
 
-def outputs(conn, job_id: int) -> dict[str, str]:
-    """{path: digest} collected by the job's succeeded tasks (latest attempt wins)."""
+def outputs(conn, job_id: int, index: int | None = None) -> dict[str, str]:
+    """{path: digest} collected by the job's succeeded tasks (latest attempt wins); `index`: of that element
+    (replica, rank) alone."""
     found: dict[str, str] = {}
-    for task in reversed(rows(conn, "job_tasks", job_id=job_id)):
+    tasks = rows(conn, "job_tasks", job_id=job_id) if index is None else \
+        rows(conn, "element_tasks", job_id=job_id, index=index)
+    for task in reversed(tasks):
         if task["state"] == "succeeded":
             found.update(json.loads(task["outputs"]))
     return found
@@ -124,12 +230,18 @@ def events_of(conn, job_id: int) -> list[dict]:
     return [{**e, "data": json.loads(e["data"])} for e in rows(conn, "job_events", job_id=job_id)]
 
 
-def log_lines(conn, job_id: int, after: int, limit: int) -> list[dict]:
-    """Log lines of a job after sequence number `after`."""
+def log_lines(conn, job_id: int, after: int, limit: int, index: int | None = None) -> list[dict]:
+    """Log lines of a job after sequence number `after`; `index`: of that element (replica, rank) alone."""
+    if index is not None:
+        return rows(conn, "element_logs", job_id=job_id, index=index, after=after, limit=limit)
     return rows(conn, "job_logs", job_id=job_id, after=after, limit=limit)
 
 
-def job_ended(conn, job_id: int) -> bool:
-    """True once the job is finished (succeeded, failed, cancelled or lost)."""
+def job_ended(conn, job_id: int, index: int | None = None) -> bool:
+    """True once the job is finished (succeeded, failed, cancelled or lost); with `index`, once that
+    element's (replica's, rank's) latest task has ended, or the job has."""
     job = row(conn, "get_job", job_id=job_id)
+    if job is not None and job["finished_at"] is None and index is not None:
+        latest = rows(conn, "element_tasks", job_id=job_id, index=index)
+        return bool(latest) and latest[0]["finished_at"] is not None
     return job is not None and job["finished_at"] is not None

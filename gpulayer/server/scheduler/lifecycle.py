@@ -5,7 +5,7 @@ import json
 
 from gpulayer.server.scheduler import events
 
-from gpulayer.server.scheduler import outcomes
+from gpulayer.server.scheduler import outcomes, preemption
 from gpulayer.server.errors import TaskNotAssigned
 from gpulayer.server.store.queries import QUERIES, row, rows
 
@@ -77,6 +77,8 @@ def finish(conn, worker_id: int, task_id: int, exit_code: int | None, outcome: s
         # Nobody asked to cancel it: its worker stopped it (SIGTERM, a drain that ran out). The agent's
         # text stays in the logs; the retry policy judges the task as `worker_lost` (outcomes.RETRY_AS).
         state, default_reason, reason = "lost", "worker_stopped", None
+    if done["cancel_requested"] and outcome != "succeeded" and preemption.requeue(conn, worker_id, done, now):
+        return True  # stopped to make room: queued again, same attempt
     ended = row(conn, "finish_task", task_id=task_id, worker_id=worker_id, state=state, exit_code=exit_code,
                 outcome=outcome, reason=reason or default_reason, outputs=json.dumps(outputs), now=now)
     if ended is None:

@@ -80,7 +80,7 @@ def _reserve_gpus(conn, task: dict, worker_id: int, worker_gpus: int) -> None:
 
 
 def _place_gang(conn, worker_id: int, now: float, lease: float) -> int | None:
-    for gang in rows(conn, "next_gang_job", worker_id=worker_id, limit=GANG_CANDIDATES):
+    for gang in rows(conn, "next_gang_job", worker_id=worker_id, limit=GANG_CANDIDATES, now=now):
         workers = [r["worker_id"] for r in rows(conn, "gang_workers", job_id=gang["id"], worker_id=worker_id,
                                                    width=gang["width"])]
         queued = rows(conn, "queued_tasks_of_attempt", job_id=gang["id"], attempt=gang["attempt"])
@@ -111,10 +111,17 @@ def assignment(conn, task_id: int, secret_env=None) -> dict:
     return {
         "task_id": found["task_id"], "job_id": found["job_id"], "attempt": found["attempt"],
         "index": found["index"], "command": spec["command"],
-        "env": {**spec["env"], **(secret_env(spec["secrets"]) if secret_env and spec["secrets"] else {})},
+        "env": {**spec["env"], **(secret_env(spec["secrets"]) if secret_env and spec["secrets"] else {}),
+                **({"GPULAYER_PREEMPTED": "1"} if row(conn, "task_was_preempted", task_id=task_id) else {})},
         "source": spec["source"], "inputs": spec["inputs"], "outputs": spec["outputs"],
         "gpus": json.loads(found["gpu_indices"]), "cpus": spec["cpus"], "memory_mb": spec["memory_mb"],
         "service": spec["service"],
         "rank": found["index"] if gang else 0, "world_size": found["width"] if gang else 1,
         "timeout_seconds": spec["timeout_seconds"], "silence_timeout_seconds": spec["silence_timeout_seconds"],
+        # An array's element: its index (also `index`) and the array's element count; null otherwise.
+        "array_index": found["index"] if found["array_size"] is not None else None,
+        "array_size": found["array_size"],
+        # The number of the task's next log line: a task run again (after a preemption, a gang sent back
+        # to the queue) numbers its lines after those stored, which (task_id, n) would otherwise drop.
+        "log_base": row(conn, "task_log_base", task_id=task_id)["n"],
     }

@@ -5,7 +5,7 @@ import math
 import re
 from typing import Any
 
-from gpulayer.server.config import SERVICE_MAX_ATTEMPTS
+from gpulayer.server.config import PRIORITY_CLASSES, SERVICE_MAX_ATTEMPTS
 from gpulayer.server.errors import InvalidRequest
 
 # Validating patterns end in \Z, not $ (which also matches before a trailing newline), so that
@@ -21,10 +21,15 @@ MAX_STR = 64 * 1024
 MAX_WIDTH = 1024          # replicas or nodes
 MAX_GPUS = 1024
 MAX_PATHS = 10_000
+MAX_ARRAY = 100_000       # elements of one job array (one request, one transaction)
+MAX_ARRAY_INDEX = 9_999_999
+MAX_AFTER = 100           # dependencies of one job
+AFTER_CONDITIONS = ("ok", "notok", "any")
+ARRAY_RANGE = re.compile(r"(\d+)(?:-(\d+)(?::(\d+))?)?\Z")
 
 JOB_FIELDS = {"command", "name", "env", "accelerator", "gpus", "cpus", "memory_mb", "labels", "retry",
               "timeout_seconds", "silence_timeout_seconds", "source", "inputs", "outputs", "nodes",
-              "service", "priority", "secrets"}
+              "service", "priority", "secrets", "array", "max_running", "after", "preemptible"}
 SERVICE_FIELDS = {"replicas", "port", "restart", "max_restarts", "health", "weights"}
 HEALTH_FIELDS = {"http_path", "interval_s", "failures"}
 RETRY_FIELDS = {"max_attempts", "retry_on"}
@@ -197,8 +202,123 @@ def _secret_names(value: Any) -> list[str]:
     return list(dict.fromkeys(value))
 
 
-def validate_job(raw: Any) -> dict:
-    """The normalised JobSpec; raises InvalidRequest naming the first bad field."""
+def array_indices(value: Any) -> list[int]:
+    """An array's indices, ascending: from "0-999", "1,5,9-12", "0-15:4" (a step) or a list of integers.
+
+    Raises InvalidRequest naming `array` for a malformed, repeated or out-of-range index, or
+    more than MAX_ARRAY of them.
+    """
+    if isinstance(value, list):
+        found = [integer(v, f"array[{i}]", 0, MAX_ARRAY_INDEX) for i, v in enumerate(value[:MAX_ARRAY + 1])]
+    elif isinstance(value, str):
+        found = []
+        for part in value.replace(" ", "").split(","):
+            match = ARRAY_RANGE.match(part)
+            if not match:
+                raise _fail("array", f"{part!r} is not an index, a range A-B or a range with a step A-B:S "
+                                     "(e.g. 0-999, 1,5,9-12 or 0-15:4)")
+            first, last, step = int(match[1]), int(match[2] or match[1]), int(match[3] or 1)
+            if last < first or step < 1:
+                raise _fail("array", f"{part!r}: a range goes up (A <= B) in steps of at least 1")
+            if last > MAX_ARRAY_INDEX:
+                raise _fail("array", f"indices go from 0 to {MAX_ARRAY_INDEX}, not {last}")
+            if len(found) + (last - first) // step + 1 > MAX_ARRAY:
+                raise _fail("array", f"at most {MAX_ARRAY} elements")
+            found.extend(range(first, last + 1, step))
+    else:
+        raise _fail("array", f"must be a string like \"0-999\" or a list of indices, not {type(value).__name__}")
+    if not found:
+        raise _fail("array", "names no index")
+    if len(found) > MAX_ARRAY:
+        raise _fail("array", f"at most {MAX_ARRAY} elements")
+    ordered = sorted(set(found))
+    if len(ordered) != len(found):
+        seen: set[int] = set()
+        twice = next(i for i in found if i in seen or seen.add(i))  # type: ignore[func-returns-value]
+        raise _fail("array", f"index {twice} appears twice")
+    return ordered
+
+
+def array_text(indices: list[int]) -> str:
+    """Ascending indices written as ranges: [0, 1, 2, 5] -> "0-2,5"."""
+    parts, start = [], 0
+    for i in range(1, len(indices) + 1):
+        if i == len(indices) or indices[i] != indices[i - 1] + 1:
+            first, last = indices[start], indices[i - 1]
+            parts.append(str(first) if first == last else f"{first}-{last}")
+            start = i
+    return ",".join(parts)
+
+
+def _array(spec: dict) -> tuple[str | None, int | None]:
+    """The array (normalised to ranges) and its running cap, from `array` ("0-999%16") and `max_running`."""
+    value, cap = spec.get("array"), spec.get("max_running")
+    cap = None if cap is None else integer(cap, "max_running", 1, MAX_ARRAY)
+    if value is None:
+        if cap is not None:
+            raise _fail("max_running", "caps an array's running elements: give `array` too")
+        return None, None
+    if isinstance(value, str) and "%" in value:
+        value, _, limit = value.partition("%")
+        if not limit.strip().isdigit():
+            raise _fail("array", f"%{limit}: the running cap after % is a whole number (0-999%16)")
+        inline = integer(int(limit), "array (its %N)", 1, MAX_ARRAY)
+        if cap is not None and cap != inline:
+            raise _fail("max_running", f"is {cap} but array says %{inline}: give one")
+        cap = inline
+    return array_text(array_indices(value)), cap
+
+
+def _after(value: Any) -> list[dict]:
+    """Dependencies: each an id (ends ok), "ID[:ok|notok|any]" or {"job": ID, "condition": ...}."""
+    if not isinstance(value, list):
+        raise _fail("after", "must be a list of job ids, \"ID:ok|notok|any\" strings or {job, condition} objects")
+    if len(value) > MAX_AFTER:
+        raise _fail("after", f"at most {MAX_AFTER} dependencies")
+    found: dict[int, str] = {}
+    for i, entry in enumerate(value):
+        field = f"after[{i}]"
+        if isinstance(entry, str):
+            job, _, condition = entry.strip().partition(":")
+            if not job.isdigit():
+                raise _fail(field, f"{entry!r} is not a job id, ID:ok, ID:notok or ID:any")
+            job_id, condition = int(job), condition or "ok"
+        elif isinstance(entry, dict):
+            _known(entry, {"job", "condition"}, field)
+            job_id, condition = entry.get("job"), entry.get("condition", "ok")
+        else:
+            job_id, condition = entry, "ok"
+        job_id = integer(job_id, f"{field}.job" if isinstance(entry, dict) else field, 1, 1 << 62)
+        if condition not in AFTER_CONDITIONS:
+            raise _fail(field, f"the condition is one of {', '.join(AFTER_CONDITIONS)}, not {condition!r}")
+        if found.get(job_id, condition) != condition:
+            raise _fail(field, f"job {job_id} is named twice with different conditions")
+        found[job_id] = condition
+    return [{"job": job_id, "condition": condition} for job_id, condition in found.items()]
+
+
+def _priority(value: Any, classes: dict[str, int] | None) -> int:
+    """A priority number, or the number of a named class (`high`) of the server's config."""
+    classes = PRIORITY_CLASSES if classes is None else classes
+    if isinstance(value, str):
+        if value not in classes:
+            known = ", ".join(f"{name}={number}" for name, number in sorted(classes.items(), key=lambda c: c[1]))
+            raise _fail("priority", f"{value!r} is no priority class of this server (known: {known}) nor a number")
+        return classes[value]
+    return integer(value, "priority", -1_000_000, 1_000_000)
+
+
+def _flag(value: Any, field: str) -> bool:
+    if not isinstance(value, bool):
+        raise _fail(field, "must be true or false")
+    return value
+
+
+def validate_job(raw: Any, priority_classes: dict[str, int] | None = None) -> dict:
+    """The normalised JobSpec; raises InvalidRequest naming the first bad field.
+
+    `priority` may name one of `priority_classes` (the server's; default low, normal, high).
+    """
     spec = mapping(raw, "job")
     _known(spec, JOB_FIELDS, "")
     service = _service(spec.get("service"))
@@ -210,6 +330,9 @@ def validate_job(raw: Any) -> dict:
     nodes = integer(spec.get("nodes", 1), "nodes", 1, MAX_WIDTH)
     if service and nodes > 1:
         raise _fail("nodes", "a service runs replicas; multi-node (nodes > 1) is for jobs")
+    array, max_running = _array(spec)
+    if array is not None and (service or nodes > 1):
+        raise _fail("array", "an array's elements are single tasks: not with `service` or `nodes` > 1")
     return {
         "command": _command(spec.get("command")),
         "name": string(spec.get("name"), "name", limit=256, allow_none=True),
@@ -228,8 +351,12 @@ def validate_job(raw: Any) -> dict:
         "outputs": _outputs(spec.get("outputs", [])),
         "nodes": nodes,
         "service": service,
-        "priority": integer(spec.get("priority", 0), "priority", -1_000_000, 1_000_000),
+        "priority": _priority(spec.get("priority", 0), priority_classes),
+        "preemptible": _flag(spec.get("preemptible", False), "preemptible"),
         "secrets": _secret_names(spec.get("secrets", [])),
+        "array": array,
+        "max_running": max_running,
+        "after": _after(spec.get("after", [])),
     }
 
 

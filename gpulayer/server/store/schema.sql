@@ -96,8 +96,50 @@ CREATE TABLE workers (
 ) STRICT;
 CREATE INDEX workers_online_lease ON workers (lease_expires_at) WHERE state = 'online';
 
+-- Workers an operator took out of service (`gpulayer worker cordon|drain`, like Slurm's
+-- `scontrol update state=drain`): a row while cordoned, deleted by uncordon. Placement gives
+-- them no new task (shape_worker_fit.schedulable); what runs there goes on. A draining worker
+-- is drained once it holds no task, or at its deadline, when what still runs is stopped and
+-- requeued as in a graceful stop (docs/operations.md). A drained worker stays registered.
+CREATE TABLE worker_cordons (
+    worker_id   INTEGER PRIMARY KEY REFERENCES workers (id) ON DELETE CASCADE,
+    state       TEXT NOT NULL CHECK (state IN (
+                    'cordoned',  -- no new tasks; running ones go on
+                    'draining',  -- cordoned, and drained when its tasks have ended or at its deadline
+                    'drained'    -- holds no task; still registered and heartbeating
+                )),
+    reason      TEXT NOT NULL,
+    since       REAL NOT NULL,
+    deadline    REAL,            -- draining: when what still runs is stopped and requeued (NULL: never)
+    drained_at  REAL,
+    CHECK ((state = 'drained') = (drained_at IS NOT NULL))
+) STRICT;
+-- Upkeep looks only at the workers draining now.
+CREATE INDEX worker_cordons_draining ON worker_cordons (worker_id) WHERE state = 'draining';
+
+-- Per-GPU health as each worker's agent reports it from NVML (register and heartbeat `gpus`):
+-- one row per device index. Placement reserves no unhealthy index (worker_load.free_gpus,
+-- gpus_in_use). A GPU stays unhealthy until its agent registers again (a new worker row) or
+-- an operator runs `gpulayer worker gpu-reset` (docs/workers.md, "Broken GPUs").
+CREATE TABLE worker_gpus (
+    worker_id      INTEGER NOT NULL REFERENCES workers (id) ON DELETE CASCADE,
+    "index"        INTEGER NOT NULL CHECK ("index" >= 0),
+    uuid           TEXT,
+    healthy        INTEGER NOT NULL DEFAULT 1 CHECK (healthy IN (0, 1)),
+    reason         TEXT,             -- why not healthy (an Xid, ECC errors, no answer)
+    changed_at     REAL NOT NULL,
+    reset_pending  INTEGER NOT NULL DEFAULT 0 CHECK (reset_pending IN (0, 1)),  -- gpu-reset not told to the agent yet
+    PRIMARY KEY (worker_id, "index"),
+    CHECK (healthy = 1 OR reason IS NOT NULL)
+) STRICT;
+-- worker_load counts the unhealthy GPUs of each worker.
+CREATE INDEX worker_gpus_unhealthy ON worker_gpus (worker_id) WHERE healthy = 0;
+
 -- What users submitted. `spec` is the JobSpec as stored (normalised);
--- the requirement columns are copies of it that placement reads.
+-- the requirement columns are copies of it that placement reads. A job array
+-- (spec `array`) has `array_size` elements, each its own task ("index" is the
+-- element's index, attempt its own retries), at most `max_running` (its %N) of
+-- them queued-and-released or active at once; NULL for a job that is no array.
 CREATE TABLE jobs (
     id                INTEGER PRIMARY KEY,
     name              TEXT,
@@ -107,7 +149,8 @@ CREATE TABLE jobs (
                           'succeeded',  -- every task exited 0
                           'failed',     -- a task failed or timed out and is not retried
                           'cancelled',  -- cancelled by a user
-                          'lost'        -- a task was lost and is not retried
+                          'lost',       -- a task was lost and is not retried
+                          'waiting'     -- its dependencies (job_dependencies) have not all ended; tasks held
                       )),
     spec              TEXT NOT NULL CHECK (json_valid(spec)),
     kind              TEXT NOT NULL DEFAULT 'batch' CHECK (kind IN ('batch', 'service')),
@@ -129,6 +172,8 @@ CREATE TABLE jobs (
     finished_at       REAL,
     user_id           INTEGER NOT NULL DEFAULT 1,
     project_id        INTEGER NOT NULL DEFAULT 1,
+    array_size        INTEGER CHECK (array_size IS NULL OR array_size >= 1),
+    max_running       INTEGER CHECK (max_running IS NULL OR max_running >= 1),
     CHECK ((state IN ('succeeded', 'failed', 'cancelled', 'lost')) = (finished_at IS NOT NULL))
 ) STRICT;
 CREATE INDEX jobs_state_id ON jobs (state, id);
@@ -140,7 +185,10 @@ CREATE INDEX jobs_user_state ON jobs (user_id, state);
 CREATE INDEX jobs_project_state ON jobs (project_id, state);
 
 -- One row per replica / rank per attempt. A retry adds rows with attempt + 1;
--- the old rows stay as history. Leases are timestamps on the rows.
+-- the old rows stay as history. Leases are timestamps on the rows. An array's
+-- element is a task whose "index" is the element's index; its retries add rows
+-- with its own attempt + 1. `held` = 1: queued but not released (its job waits
+-- for dependencies, or its array is at its %N cap), so not in task_queue.
 CREATE TABLE tasks (
     id                INTEGER PRIMARY KEY,
     job_id            INTEGER NOT NULL REFERENCES jobs (id),
@@ -172,6 +220,7 @@ CREATE TABLE tasks (
     assigned_at       REAL,
     started_at        REAL,
     finished_at       REAL,
+    held              INTEGER NOT NULL DEFAULT 0 CHECK (held IN (0, 1)),
     CHECK ((state IN ('assigned', 'running')) = (worker_id IS NOT NULL AND lease_expires_at IS NOT NULL)
            OR state NOT IN ('queued', 'assigned', 'running')),
     CHECK (state <> 'queued' OR worker_id IS NULL),
@@ -187,6 +236,28 @@ CREATE INDEX tasks_lease ON tasks (lease_expires_at) WHERE state IN ('assigned',
 CREATE INDEX tasks_job ON tasks (job_id, attempt, "index");
 -- Ops ask which tasks were lost lately (explorer: lost_tasks).
 CREATE INDEX tasks_lost ON tasks (finished_at) WHERE state = 'lost';
+-- The next held task of a job to release (an array below its cap, a job whose dependencies ended).
+CREATE INDEX tasks_held ON tasks (job_id, "index") WHERE state = 'queued' AND held = 1;
+-- Has a job any task left to run? (an array ends when none is left: one probe, not a walk of its elements)
+CREATE INDEX tasks_job_active ON tasks (job_id) WHERE state IN ('queued', 'assigned', 'running');
+
+-- Dependencies (`after`): job_id waits until after_job_id has ended. While any has not ended
+-- the job is `waiting` and its tasks are held (outside task_queue, so waiting costs acquire
+-- nothing); the transaction that ends the last releases it, and one that ends a dependency
+-- against its condition cancels it (reason dependency_failed), which cascades. A dependency
+-- names an existing job, so there are no cycles.
+CREATE TABLE job_dependencies (
+    job_id        INTEGER NOT NULL REFERENCES jobs (id),
+    after_job_id  INTEGER NOT NULL REFERENCES jobs (id),
+    condition     TEXT NOT NULL CHECK (condition IN (
+                      'ok',      -- after_job_id succeeded
+                      'notok',   -- it failed, was lost or was cancelled
+                      'any'      -- it ended, however
+                  )),
+    PRIMARY KEY (job_id, after_job_id)
+) STRICT;
+-- The jobs waiting on a job that just ended.
+CREATE INDEX job_dependencies_after ON job_dependencies (after_job_id);
 
 -- Queued work grouped by what it asks of a worker (HTCondor's autoclusters), so that
 -- acquire judges the few shapes a worker fits instead of every queued task. One row per
@@ -209,15 +280,19 @@ CREATE TABLE shapes (
 -- Acquire looks only at shapes with queued tasks.
 CREATE INDEX shapes_queued ON shapes (id) WHERE queued > 0;
 
--- The queued tasks by shape, best first: a row exactly while its task is queued, kept by
--- the triggers below in the statement that queues or dequeues the task.
+-- The queued tasks by shape, best first: a row exactly while its task is queued (and not held), kept by
+-- the triggers below in the statement that queues or dequeues the task. project_id and user_id are
+-- its job's, set by task_queue_group_in (written as ADD COLUMN wrote them, after the last column).
 CREATE TABLE task_queue (
     task_id   INTEGER PRIMARY KEY REFERENCES tasks (id),
     shape_id  INTEGER NOT NULL REFERENCES shapes (id),
     job_id    INTEGER NOT NULL,
     priority  INTEGER NOT NULL                      -- the task's (set at insert, never changed)
+    , project_id INTEGER NOT NULL DEFAULT 1, user_id INTEGER NOT NULL DEFAULT 1
 ) STRICT;
-CREATE INDEX task_queue_shape ON task_queue (shape_id, priority DESC, task_id);
+-- By shape, then project and user (queue_groups), best first: acquire takes each admitted
+-- group's best task from here.
+CREATE INDEX task_queue_shape ON task_queue (shape_id, project_id, user_id, priority DESC, task_id);
 
 CREATE TRIGGER jobs_shape AFTER INSERT ON jobs BEGIN
     INSERT OR IGNORE INTO shapes (gang, gpus, cpus, memory_mb, accelerator, labels, secrets)
@@ -225,20 +300,20 @@ CREATE TRIGGER jobs_shape AFTER INSERT ON jobs BEGIN
             CASE WHEN new.secrets = '[]' THEN '[]'
                  ELSE json_object('project', new.project_id, 'names', json(new.secrets)) END);
 END;
-CREATE TRIGGER tasks_queued_insert AFTER INSERT ON tasks WHEN new.state = 'queued' BEGIN
+CREATE TRIGGER tasks_queued_insert AFTER INSERT ON tasks WHEN new.state = 'queued' AND new.held = 0 BEGIN
     INSERT INTO task_queue (task_id, shape_id, job_id, priority)
     SELECT new.id, js.shape_id, new.job_id, new.priority FROM job_shape js WHERE js.job_id = new.job_id;
 END;
-CREATE TRIGGER tasks_queued_again AFTER UPDATE OF state ON tasks
-WHEN new.state = 'queued' AND old.state <> 'queued' BEGIN
+CREATE TRIGGER tasks_queued_again AFTER UPDATE OF state, held ON tasks
+WHEN new.state = 'queued' AND new.held = 0 AND NOT (old.state = 'queued' AND old.held = 0) BEGIN
     INSERT INTO task_queue (task_id, shape_id, job_id, priority)
     SELECT new.id, js.shape_id, new.job_id, new.priority FROM job_shape js WHERE js.job_id = new.job_id;
 END;
-CREATE TRIGGER tasks_dequeued AFTER UPDATE OF state ON tasks
-WHEN old.state = 'queued' AND new.state <> 'queued' BEGIN
+CREATE TRIGGER tasks_dequeued AFTER UPDATE OF state, held ON tasks
+WHEN old.state = 'queued' AND old.held = 0 AND NOT (new.state = 'queued' AND new.held = 0) BEGIN
     DELETE FROM task_queue WHERE task_id = old.id;
 END;
-CREATE TRIGGER tasks_queued_delete AFTER DELETE ON tasks WHEN old.state = 'queued' BEGIN
+CREATE TRIGGER tasks_queued_delete AFTER DELETE ON tasks WHEN old.state = 'queued' AND old.held = 0 BEGIN
     DELETE FROM task_queue WHERE task_id = old.id;
 END;
 CREATE TRIGGER task_queue_count_in AFTER INSERT ON task_queue BEGIN
@@ -358,15 +433,17 @@ SELECT j.id AS job_id, j.name, j.state, j.kind, j.priority, j.attempt, j.gpus, j
        j.exit_code, j.reason
 FROM jobs j;
 
--- What each worker has and what is free on it now.
+-- What each worker has and what is free on it now (an unhealthy GPU is never free).
 CREATE VIEW worker_load AS
 SELECT w.id AS worker_id, w.name, w.state, w.labels, w.slots, w.gpus, w.cpus, w.memory_mb,
        count(t.id) AS active_tasks,
        w.slots - count(t.id) AS free_slots,
-       w.gpus - coalesce(sum(j.gpus), 0) AS free_gpus,
+       w.gpus - coalesce(sum(j.gpus), 0)
+           - (SELECT count(*) FROM worker_gpus g WHERE g.worker_id = w.id AND g.healthy = 0) AS free_gpus,
        w.cpus - coalesce(sum(j.cpus), 0) AS free_cpus,
        w.memory_mb - coalesce(sum(j.memory_mb), 0) AS free_memory_mb,
-       w.last_seen_at, w.lease_expires_at
+       w.last_seen_at, w.lease_expires_at,
+       (SELECT count(*) FROM worker_gpus g WHERE g.worker_id = w.id AND g.healthy = 0) AS unhealthy_gpus
 FROM workers w
 LEFT JOIN tasks t ON t.worker_id = w.id AND t.state IN ('assigned', 'running')
 LEFT JOIN jobs j ON j.id = t.job_id
@@ -392,13 +469,14 @@ JOIN shapes s ON s.gang = j.gang AND s.gpus = j.gpus AND s.cpus = j.cpus AND s.m
 --                    may have them all
 --   fits             all four: the worker could run a task of the shape when idle
 --   has_room         a free slot, and free GPUs, CPUs and memory for one task now (worker_load)
---   fits_now         online, fits, has room: it could take a task of the shape of a job it
---                    holds no task of (job_worker_fit.holds_task)
+--   schedulable      not cordoned, draining or drained (worker_cordons)
+--   fits_now         online, schedulable, fits, has room: it could take a task of the shape of
+--                    a job it holds no task of (job_worker_fit.holds_task)
 --   spare_gpus       free GPUs left after one task (gang placement packs the tightest first)
 CREATE VIEW shape_worker_fit AS
 SELECT p.*,
        (p.has_labels AND p.has_accelerator AND p.big_enough AND p.missing_secret IS NULL) AS fits,
-       (p.worker_state = 'online' AND p.has_labels AND p.has_accelerator AND p.big_enough
+       (p.worker_state = 'online' AND p.schedulable AND p.has_labels AND p.has_accelerator AND p.big_enough
         AND p.missing_secret IS NULL AND p.has_room) AS fits_now
 FROM (
     SELECT s.id AS shape_id, s.gang, s.queued, l.worker_id, w.state AS worker_state,
@@ -419,7 +497,8 @@ FROM (
            END AS missing_secret,
            (l.free_slots > 0 AND s.gpus <= l.free_gpus AND s.cpus <= l.free_cpus
             AND s.memory_mb <= l.free_memory_mb) AS has_room,
-           l.free_gpus - s.gpus AS spare_gpus
+           l.free_gpus - s.gpus AS spare_gpus,
+           NOT EXISTS (SELECT 1 FROM worker_cordons c WHERE c.worker_id = w.id) AS schedulable
     FROM shapes s, workers w
     JOIN worker_load l ON l.worker_id = w.id
 ) p;
@@ -428,7 +507,8 @@ FROM (
 -- acquire's waiting reasons, gang placement, provisioning and the explorer. One row per
 -- job and worker, whatever their states (filter on job_state / worker_state). The flags
 -- are its shape's (above), and:
---   holds_task       it holds an active task of the job already (one replica per worker)
+--   holds_task       it holds an active task of the job already (one replica per worker; an
+--                    array's elements are independent tasks, so never for an array)
 --   fits_now         online, fits, has room, holds none: acquire would give it a task of the job
 CREATE VIEW job_worker_fit AS
 SELECT p.job_id, p.job_state, p.worker_id, p.worker_state, p.has_labels, p.has_accelerator,
@@ -437,9 +517,156 @@ SELECT p.job_id, p.job_state, p.worker_id, p.worker_state, p.has_labels, p.has_a
 FROM (
     SELECT js.job_id, js.job_state, f.worker_id, f.worker_state, f.has_labels, f.has_accelerator,
            f.big_enough, f.missing_secret, f.has_room, f.spare_gpus, f.fits, f.fits_now AS shape_fits_now,
-           EXISTS (SELECT 1 FROM tasks o
-                   WHERE o.worker_id = f.worker_id AND o.job_id = js.job_id
-                     AND o.state IN ('assigned', 'running')) AS holds_task
+           (EXISTS (SELECT 1 FROM tasks o
+                    WHERE o.worker_id = f.worker_id AND o.job_id = js.job_id
+                      AND o.state IN ('assigned', 'running'))
+            AND (SELECT a.array_size FROM jobs a WHERE a.id = js.job_id) IS NULL) AS holds_task
     FROM job_shape js
     JOIN shape_worker_fit f ON f.shape_id = js.shape_id
 ) p;
+
+-- ---------------------------------------------------------------------------------------
+-- Part B of issue 15 (quotas, borrowing, fair share, priority classes, preemption, the
+-- usage ledger). docs/teams.md explains the rules these tables serve.
+-- ---------------------------------------------------------------------------------------
+
+-- Queued work by shape, project and user: acquire judges a project's GPU quota and a user's
+-- running-jobs limit once per group, then takes each admitted group's best task
+-- (task_queue_shape), so the queued tasks of a project at its quota cost it nothing. A row
+-- while its group has queued tasks, kept by the two triggers below.
+CREATE TABLE queue_groups (
+    shape_id    INTEGER NOT NULL,
+    project_id  INTEGER NOT NULL,
+    user_id     INTEGER NOT NULL,
+    queued      INTEGER NOT NULL CHECK (queued >= 0),  -- its rows in task_queue
+    PRIMARY KEY (shape_id, project_id, user_id)
+) STRICT;
+
+CREATE TRIGGER task_queue_group_in AFTER INSERT ON task_queue BEGIN
+    UPDATE task_queue SET (project_id, user_id) = (SELECT j.project_id, j.user_id FROM jobs j WHERE j.id = new.job_id)
+    WHERE task_id = new.task_id;
+    INSERT INTO queue_groups (shape_id, project_id, user_id, queued)
+    SELECT new.shape_id, j.project_id, j.user_id, 1 FROM jobs j WHERE j.id = new.job_id
+    ON CONFLICT (shape_id, project_id, user_id) DO UPDATE SET queued = queued + 1;
+END;
+CREATE TRIGGER task_queue_group_out AFTER DELETE ON task_queue BEGIN
+    UPDATE queue_groups SET queued = queued - 1
+    WHERE shape_id = old.shape_id AND project_id = old.project_id AND user_id = old.user_id;
+    DELETE FROM queue_groups
+    WHERE shape_id = old.shape_id AND project_id = old.project_id AND user_id = old.user_id AND queued = 0;
+END;
+
+-- Settings the scheduler's SQL reads: one row, written by the control plane at start
+-- (`server start --fairshare-half-life`, `--preempt-grace`).
+CREATE TABLE scheduler_settings (
+    id                     INTEGER PRIMARY KEY CHECK (id = 1),
+    fairshare_half_life_s  REAL NOT NULL CHECK (fairshare_half_life_s > 0),
+    preempt_grace_s        REAL NOT NULL CHECK (preempt_grace_s >= 0)
+) STRICT;
+INSERT INTO scheduler_settings (id, fairshare_half_life_s, preempt_grace_s) VALUES (1, 604800, 30);
+
+-- Fair share: what each user used in each project, in GPU-seconds (CPU-seconds for a task
+-- without GPUs), decayed by the half-life to `updated_at`. Written with the usage row in the
+-- transaction that ends a task run; acquire orders work of the same priority by its
+-- project's decayed usage over the project's share, then its user's.
+CREATE TABLE fairshare (
+    project_id  INTEGER NOT NULL,
+    user_id     INTEGER NOT NULL,
+    usage       REAL NOT NULL CHECK (usage >= 0),
+    updated_at  REAL NOT NULL,
+    PRIMARY KEY (project_id, user_id)
+) STRICT;
+
+-- The usage ledger (accounting, like Slurm's sacct): one row per task run, written in the
+-- transaction that ends the run (finish, loss, preemption, a gang sent back to the queue).
+-- No reference to jobs or tasks: it outlives their retention. A task that never started
+-- ran nothing and has no row.
+CREATE TABLE usage (
+    id            INTEGER PRIMARY KEY,
+    task_id       INTEGER NOT NULL,
+    job_id        INTEGER NOT NULL,
+    attempt       INTEGER NOT NULL,
+    job_name      TEXT,
+    labels        TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(labels)),  -- the job's
+    user_id       INTEGER NOT NULL,
+    project_id    INTEGER NOT NULL,
+    worker_id     INTEGER,
+    worker_name   TEXT,
+    gpus          INTEGER NOT NULL CHECK (gpus >= 0),
+    cpus          REAL NOT NULL CHECK (cpus >= 0),
+    started_at    REAL NOT NULL,
+    ended_at      REAL NOT NULL,
+    gpu_seconds   REAL NOT NULL CHECK (gpu_seconds >= 0),
+    cpu_seconds   REAL NOT NULL CHECK (cpu_seconds >= 0),
+    outcome       TEXT NOT NULL CHECK (outcome IN (
+                      'succeeded', 'failed', 'timed_out', 'cancelled', 'lost',
+                      'preempted',  -- stopped to make room; the task went back to the queue, same attempt
+                      'requeued'    -- a gang sent back to the queue whole (a rank not started in time)
+                  )),
+    preempted_by  INTEGER,          -- the task that needed the room (outcome preempted)
+    CHECK (ended_at >= started_at)
+) STRICT;
+CREATE INDEX usage_ended ON usage (ended_at);
+
+-- A run that ended (finish, loss, cancel, a GPU gone bad, a restore's reconciliation: any
+-- statement that ends a running task) gets its usage row and its charge to fair share in that
+-- same statement. A run sent back to the queue instead (a preemption, a gang released) has no
+-- finished_at: the scheduler writes its row (query insert_usage) before it requeues the task.
+CREATE TRIGGER tasks_run_ended AFTER UPDATE OF state ON tasks
+WHEN old.state = 'running' AND new.finished_at IS NOT NULL AND old.started_at IS NOT NULL BEGIN
+    INSERT INTO usage (task_id, job_id, attempt, job_name, labels, user_id, project_id, worker_id, worker_name,
+                       gpus, cpus, started_at, ended_at, gpu_seconds, cpu_seconds, outcome)
+    SELECT new.id, new.job_id, new.attempt, j.name, j.labels, j.user_id, j.project_id, old.worker_id, w.name,
+           j.gpus, j.cpus, old.started_at, max(new.finished_at, old.started_at),
+           j.gpus * max(new.finished_at - old.started_at, 0), j.cpus * max(new.finished_at - old.started_at, 0),
+           CASE WHEN new.outcome = 'timed_out' THEN 'timed_out' ELSE new.state END
+    FROM jobs j LEFT JOIN workers w ON w.id = old.worker_id
+    WHERE j.id = new.job_id;
+    INSERT INTO fairshare (project_id, user_id, usage, updated_at)
+    SELECT j.project_id, j.user_id,
+           CASE WHEN j.gpus > 0 THEN j.gpus ELSE j.cpus END * max(new.finished_at - old.started_at, 0), new.finished_at
+    FROM jobs j WHERE j.id = new.job_id
+    ON CONFLICT (project_id, user_id) DO UPDATE
+    SET usage = usage * pow(0.5, max(excluded.updated_at - updated_at, 0)
+                                 / (SELECT fairshare_half_life_s FROM scheduler_settings)) + excluded.usage,
+        updated_at = max(updated_at, excluded.updated_at);
+END;
+
+-- Preemptions: a row per victim, written when the scheduler asks its worker to stop it to
+-- make room for `for_task_id`; `done_at` once it stopped and went back to the queue. A
+-- request older than the task's latest assignment is void (the task was placed again).
+CREATE TABLE preemptions (
+    id            INTEGER PRIMARY KEY,
+    task_id       INTEGER NOT NULL,
+    job_id        INTEGER NOT NULL,
+    worker_id     INTEGER NOT NULL,
+    for_task_id   INTEGER NOT NULL,
+    for_job_id    INTEGER NOT NULL,
+    reason        TEXT NOT NULL CHECK (reason IN (
+                      'priority',  -- preemptible work of a lower priority
+                      'borrowed'   -- work over its project's nominal quota, for a project within its own
+                  )),
+    asked_at      REAL NOT NULL,
+    done_at       REAL
+) STRICT;
+CREATE INDEX preemptions_task ON preemptions (task_id, done_at);
+CREATE INDEX preemptions_for ON preemptions (for_task_id) WHERE done_at IS NULL;
+CREATE INDEX preemptions_worker ON preemptions (worker_id) WHERE done_at IS NULL;
+
+-- GPUs each project's active tasks hold now, and its running jobs.
+CREATE VIEW project_load AS
+SELECT j.project_id, sum(j.gpus) AS gpus_in_use, count(DISTINCT j.id) AS running_jobs
+FROM jobs j
+JOIN tasks t ON t.job_id = j.id AND t.state IN ('assigned', 'running')
+WHERE j.state = 'running'
+GROUP BY j.project_id;
+
+-- Each project's GPU quota and its use now: `borrowed` is what it holds beyond its nominal
+-- quota (preemptible by a project within its own), `queued_tasks` what waits in task_queue.
+CREATE VIEW project_quota_use AS
+SELECT p.id AS project_id, p.name, p.gpu_quota AS nominal, p.gpu_borrow AS borrow, p.weight,
+       coalesce(l.gpus_in_use, 0) AS gpus_in_use, coalesce(l.running_jobs, 0) AS running_jobs,
+       CASE WHEN p.gpu_quota IS NULL THEN 0 ELSE max(coalesce(l.gpus_in_use, 0) - p.gpu_quota, 0) END AS borrowed,
+       (SELECT coalesce(sum(g.queued), 0) FROM queue_groups g WHERE g.project_id = p.id) AS queued_tasks
+FROM projects p
+LEFT JOIN project_load l ON l.project_id = p.id;

@@ -157,3 +157,154 @@ FROM (
 -- ---------------------------------------------------------------------------------------
 -- Part B of issue 15 (quotas, borrowing, fair share, priority classes, preemption, the
 -- usage ledger): its tables and columns go below this line.
+
+ALTER TABLE task_queue ADD COLUMN project_id INTEGER NOT NULL DEFAULT 1;
+ALTER TABLE task_queue ADD COLUMN user_id INTEGER NOT NULL DEFAULT 1;
+UPDATE task_queue SET (project_id, user_id) = (SELECT j.project_id, j.user_id FROM jobs j WHERE j.id = task_queue.job_id);
+DROP INDEX task_queue_shape;
+-- By shape, then project and user (queue_groups), best first: acquire takes each admitted
+-- group's best task from here.
+CREATE INDEX task_queue_shape ON task_queue (shape_id, project_id, user_id, priority DESC, task_id);
+
+-- Queued work by shape, project and user: acquire judges a project's GPU quota and a user's
+-- running-jobs limit once per group, then takes each admitted group's best task
+-- (task_queue_shape), so the queued tasks of a project at its quota cost it nothing. A row
+-- while its group has queued tasks, kept by the two triggers below.
+CREATE TABLE queue_groups (
+    shape_id    INTEGER NOT NULL,
+    project_id  INTEGER NOT NULL,
+    user_id     INTEGER NOT NULL,
+    queued      INTEGER NOT NULL CHECK (queued >= 0),  -- its rows in task_queue
+    PRIMARY KEY (shape_id, project_id, user_id)
+) STRICT;
+INSERT INTO queue_groups (shape_id, project_id, user_id, queued)
+SELECT shape_id, project_id, user_id, count(*) FROM task_queue GROUP BY shape_id, project_id, user_id;
+
+CREATE TRIGGER task_queue_group_in AFTER INSERT ON task_queue BEGIN
+    UPDATE task_queue SET (project_id, user_id) = (SELECT j.project_id, j.user_id FROM jobs j WHERE j.id = new.job_id)
+    WHERE task_id = new.task_id;
+    INSERT INTO queue_groups (shape_id, project_id, user_id, queued)
+    SELECT new.shape_id, j.project_id, j.user_id, 1 FROM jobs j WHERE j.id = new.job_id
+    ON CONFLICT (shape_id, project_id, user_id) DO UPDATE SET queued = queued + 1;
+END;
+CREATE TRIGGER task_queue_group_out AFTER DELETE ON task_queue BEGIN
+    UPDATE queue_groups SET queued = queued - 1
+    WHERE shape_id = old.shape_id AND project_id = old.project_id AND user_id = old.user_id;
+    DELETE FROM queue_groups
+    WHERE shape_id = old.shape_id AND project_id = old.project_id AND user_id = old.user_id AND queued = 0;
+END;
+
+-- Settings the scheduler's SQL reads: one row, written by the control plane at start
+-- (`server start --fairshare-half-life`, `--preempt-grace`).
+CREATE TABLE scheduler_settings (
+    id                     INTEGER PRIMARY KEY CHECK (id = 1),
+    fairshare_half_life_s  REAL NOT NULL CHECK (fairshare_half_life_s > 0),
+    preempt_grace_s        REAL NOT NULL CHECK (preempt_grace_s >= 0)
+) STRICT;
+INSERT INTO scheduler_settings (id, fairshare_half_life_s, preempt_grace_s) VALUES (1, 604800, 30);
+
+-- Fair share: what each user used in each project, in GPU-seconds (CPU-seconds for a task
+-- without GPUs), decayed by the half-life to `updated_at`. Written with the usage row in the
+-- transaction that ends a task run; acquire orders work of the same priority by its
+-- project's decayed usage over the project's share, then its user's.
+CREATE TABLE fairshare (
+    project_id  INTEGER NOT NULL,
+    user_id     INTEGER NOT NULL,
+    usage       REAL NOT NULL CHECK (usage >= 0),
+    updated_at  REAL NOT NULL,
+    PRIMARY KEY (project_id, user_id)
+) STRICT;
+
+-- The usage ledger (accounting, like Slurm's sacct): one row per task run, written in the
+-- transaction that ends the run (finish, loss, preemption, a gang sent back to the queue).
+-- No reference to jobs or tasks: it outlives their retention. A task that never started
+-- ran nothing and has no row.
+CREATE TABLE usage (
+    id            INTEGER PRIMARY KEY,
+    task_id       INTEGER NOT NULL,
+    job_id        INTEGER NOT NULL,
+    attempt       INTEGER NOT NULL,
+    job_name      TEXT,
+    labels        TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(labels)),  -- the job's
+    user_id       INTEGER NOT NULL,
+    project_id    INTEGER NOT NULL,
+    worker_id     INTEGER,
+    worker_name   TEXT,
+    gpus          INTEGER NOT NULL CHECK (gpus >= 0),
+    cpus          REAL NOT NULL CHECK (cpus >= 0),
+    started_at    REAL NOT NULL,
+    ended_at      REAL NOT NULL,
+    gpu_seconds   REAL NOT NULL CHECK (gpu_seconds >= 0),
+    cpu_seconds   REAL NOT NULL CHECK (cpu_seconds >= 0),
+    outcome       TEXT NOT NULL CHECK (outcome IN (
+                      'succeeded', 'failed', 'timed_out', 'cancelled', 'lost',
+                      'preempted',  -- stopped to make room; the task went back to the queue, same attempt
+                      'requeued'    -- a gang sent back to the queue whole (a rank not started in time)
+                  )),
+    preempted_by  INTEGER,          -- the task that needed the room (outcome preempted)
+    CHECK (ended_at >= started_at)
+) STRICT;
+CREATE INDEX usage_ended ON usage (ended_at);
+
+-- A run that ended (finish, loss, cancel, a GPU gone bad, a restore's reconciliation: any
+-- statement that ends a running task) gets its usage row and its charge to fair share in that
+-- same statement. A run sent back to the queue instead (a preemption, a gang released) has no
+-- finished_at: the scheduler writes its row (query insert_usage) before it requeues the task.
+CREATE TRIGGER tasks_run_ended AFTER UPDATE OF state ON tasks
+WHEN old.state = 'running' AND new.finished_at IS NOT NULL AND old.started_at IS NOT NULL BEGIN
+    INSERT INTO usage (task_id, job_id, attempt, job_name, labels, user_id, project_id, worker_id, worker_name,
+                       gpus, cpus, started_at, ended_at, gpu_seconds, cpu_seconds, outcome)
+    SELECT new.id, new.job_id, new.attempt, j.name, j.labels, j.user_id, j.project_id, old.worker_id, w.name,
+           j.gpus, j.cpus, old.started_at, max(new.finished_at, old.started_at),
+           j.gpus * max(new.finished_at - old.started_at, 0), j.cpus * max(new.finished_at - old.started_at, 0),
+           CASE WHEN new.outcome = 'timed_out' THEN 'timed_out' ELSE new.state END
+    FROM jobs j LEFT JOIN workers w ON w.id = old.worker_id
+    WHERE j.id = new.job_id;
+    INSERT INTO fairshare (project_id, user_id, usage, updated_at)
+    SELECT j.project_id, j.user_id,
+           CASE WHEN j.gpus > 0 THEN j.gpus ELSE j.cpus END * max(new.finished_at - old.started_at, 0), new.finished_at
+    FROM jobs j WHERE j.id = new.job_id
+    ON CONFLICT (project_id, user_id) DO UPDATE
+    SET usage = usage * pow(0.5, max(excluded.updated_at - updated_at, 0)
+                                 / (SELECT fairshare_half_life_s FROM scheduler_settings)) + excluded.usage,
+        updated_at = max(updated_at, excluded.updated_at);
+END;
+
+-- Preemptions: a row per victim, written when the scheduler asks its worker to stop it to
+-- make room for `for_task_id`; `done_at` once it stopped and went back to the queue. A
+-- request older than the task's latest assignment is void (the task was placed again).
+CREATE TABLE preemptions (
+    id            INTEGER PRIMARY KEY,
+    task_id       INTEGER NOT NULL,
+    job_id        INTEGER NOT NULL,
+    worker_id     INTEGER NOT NULL,
+    for_task_id   INTEGER NOT NULL,
+    for_job_id    INTEGER NOT NULL,
+    reason        TEXT NOT NULL CHECK (reason IN (
+                      'priority',  -- preemptible work of a lower priority
+                      'borrowed'   -- work over its project's nominal quota, for a project within its own
+                  )),
+    asked_at      REAL NOT NULL,
+    done_at       REAL
+) STRICT;
+CREATE INDEX preemptions_task ON preemptions (task_id, done_at);
+CREATE INDEX preemptions_for ON preemptions (for_task_id) WHERE done_at IS NULL;
+CREATE INDEX preemptions_worker ON preemptions (worker_id) WHERE done_at IS NULL;
+
+-- GPUs each project's active tasks hold now, and its running jobs.
+CREATE VIEW project_load AS
+SELECT j.project_id, sum(j.gpus) AS gpus_in_use, count(DISTINCT j.id) AS running_jobs
+FROM jobs j
+JOIN tasks t ON t.job_id = j.id AND t.state IN ('assigned', 'running')
+WHERE j.state = 'running'
+GROUP BY j.project_id;
+
+-- Each project's GPU quota and its use now: `borrowed` is what it holds beyond its nominal
+-- quota (preemptible by a project within its own), `queued_tasks` what waits in task_queue.
+CREATE VIEW project_quota_use AS
+SELECT p.id AS project_id, p.name, p.gpu_quota AS nominal, p.gpu_borrow AS borrow, p.weight,
+       coalesce(l.gpus_in_use, 0) AS gpus_in_use, coalesce(l.running_jobs, 0) AS running_jobs,
+       CASE WHEN p.gpu_quota IS NULL THEN 0 ELSE max(coalesce(l.gpus_in_use, 0) - p.gpu_quota, 0) END AS borrowed,
+       (SELECT coalesce(sum(g.queued), 0) FROM queue_groups g WHERE g.project_id = p.id) AS queued_tasks
+FROM projects p
+LEFT JOIN project_load l ON l.project_id = p.id;

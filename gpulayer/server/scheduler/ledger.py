@@ -1,0 +1,79 @@
+"""The usage ledger and fair share: what each task run used, written in the transaction that ends it.
+
+One `usage` row per run (GPU-seconds, CPU-seconds, outcome), kept through
+retention; the same transaction adds the run to its user's decayed usage in
+its project (`fairshare`), which acquire reads to order work of the same
+priority. A run that ends (its task gets a finished_at, by whatever path:
+finish, loss, cancel, a GPU gone bad) is written by the trigger
+`tasks_run_ended`, so no path can forget it; a run sent back to the queue (a
+preemption, a gang released) is written here, by `record`, before the task is
+requeued. A task that never started ran nothing and is charged nothing.
+"""
+from __future__ import annotations
+
+import json
+import re
+
+from gpulayer.server.errors import InvalidRequest
+from gpulayer.server.store.queries import QUERIES, rows
+
+USAGE_BY = ("user", "project", "job-name")  # and label:KEY
+DEFAULT_SINCE_S = 30 * 86400.0
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw]?)\Z")
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def record(conn, now: float, task_ids: list[int], outcome: str, preempted_by: int | None = None) -> int:
+    """Write the ledger rows of these tasks' runs, ending now, and charge fair share; how many rows.
+
+    For runs that go back to the queue (`outcome` preempted or requeued): call it in
+    that transaction, before the requeue, while the task rows still hold their
+    `started_at` and worker. (A run that ends is written by the trigger tasks_run_ended.)
+    """
+    if not task_ids:
+        return 0
+    charged = rows(conn, "insert_usage", task_ids=json.dumps(task_ids), now=now, outcome=outcome,
+                   preempted_by=preempted_by)
+    conn.executemany(QUERIES["charge_fairshare"], [{**c, "now": now} for c in charged])
+    return len(charged)
+
+
+def parse_duration(value: str | float | int | None, field: str, default: float) -> float:
+    """Seconds from `30d`, `12h`, `90m`, `45s`, `2w` or a plain number of seconds; raises InvalidRequest."""
+    if value is None or value == "":
+        return default
+    found = _DURATION.match(str(value).strip())
+    if not found:
+        raise InvalidRequest(f"{field}: {value!r} is not a duration (such as 30d, 12h, 90m or seconds)")
+    return float(found.group(1)) * _UNITS[found.group(2)]
+
+
+def report(conn, by: str, since_s: float, now: float, *, user_id: int | None = None,
+           project_ids: list[int] | None = None) -> dict:
+    """GPU-hours, CPU-hours, runs and jobs per key over the runs that ended in the last `since_s` seconds.
+
+    `by` is user, project, job-name or label:KEY. With `user_id` and/or
+    `project_ids`, only runs of that user or of those projects count.
+    Raises InvalidRequest for another `by`.
+    """
+    label = None
+    if by.startswith("label:") and len(by) > len("label:"):
+        label = by[len("label:"):]
+    elif by not in USAGE_BY:
+        raise InvalidRequest(f"by: must be one of {', '.join(USAGE_BY)} or label:KEY, not {by!r}")
+    since = now - since_s
+    found = rows(conn, "usage_report", by="label" if label else by, label=label, since=since, user_id=user_id,
+                 project_ids=None if project_ids is None else json.dumps(project_ids))
+    return {"by": by, "since": since, "until": now,
+            "rows": [{**r, "gpu_hours": round(r["gpu_hours"], 6), "cpu_hours": round(r["cpu_hours"], 6)}
+                     for r in found]}
+
+
+def report_for(conn, principal, by: str, since_s: float, now: float) -> dict:
+    """`report` as `principal` may see it: an admin everything; a user their own runs and those of the
+    projects they manage."""
+    if principal.admin:
+        return report(conn, by, since_s, now)
+    managed = [r["project_id"] for r in rows(conn, "managed_projects", user_id=principal.user_id)]
+    return report(conn, by, since_s, now, user_id=principal.user_id if principal.user_id is not None else -1,
+                  project_ids=managed)

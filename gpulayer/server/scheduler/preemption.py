@@ -1,0 +1,133 @@
+"""Preemption: stop lower-priority preemptible work, or borrowed work, to make room for a waiting task.
+
+Upkeep runs `preempt` as one transaction. For each waiting task that no online
+worker can take now (preemption_candidates, best first), it looks for a worker
+where stopping victims would make room (preemption_victims): preemptible tasks
+of a lower priority, or, when the waiting task's project is within its nominal
+quota, tasks of a project holding more than its own (borrowed GPUs). Victims
+are taken lowest priority first, then the most recently started, so the least
+work is lost; a gang's ranks go together or not at all. The victims' workers
+hear it through the heartbeat (`cancel_task_ids`, and `preempted_task_ids`
+with `preempt_grace_s`): SIGTERM, the grace, then SIGKILL. When a victim's
+finish arrives, `requeue` puts the task back in the queue with the same
+attempt (reason `preempted`, event `task_preempted`); its next run sees
+GPULAYER_PREEMPTED=1. A task never preempts one it was preempted for, so
+preemption cannot loop.
+"""
+from __future__ import annotations
+
+from itertools import groupby
+
+from gpulayer.server.scheduler import events, ledger
+from gpulayer.server.store.queries import QUERIES, row, rows
+
+CANDIDATES = 8  # waiting tasks looked at per upkeep round
+ACTIVE = ("assigned", "running")
+
+
+def preempt(conn, now: float) -> list[int]:
+    """Upkeep's preemption round: ask workers to stop victims for waiting tasks; the victims' task ids."""
+    asked: list[int] = []
+    if not row(conn, "preemption_possible")["possible"]:
+        return asked
+    for want in rows(conn, "preemption_candidates", limit=CANDIDATES):
+        plan = _plan(conn, want)
+        if plan:
+            asked += _ask(conn, now, want, plan)
+    return asked
+
+
+def _plan(conn, want: dict) -> list[dict]:
+    """The victims that make room for `want` on one worker (the one that needs the fewest), or []."""
+    reclaim = want["nominal"] is not None and want["gpus_in_use"] + want["gpus"] <= want["nominal"]
+    found = rows(conn, "preemption_victims", task_id=want["task_id"], job_id=want["job_id"],
+                 shape_id=want["shape_id"], priority=want["priority"], project_id=want["project_id"],
+                 reclaim=int(reclaim))
+    best: list[dict] = []
+    for _, victims in groupby(found, key=lambda v: v["worker_id"]):
+        chosen = _room_on_worker(list(victims), want)
+        if chosen and (not best or len(chosen) < len(best)):
+            best = chosen
+    return best
+
+
+def _room_on_worker(victims: list[dict], want: dict) -> list[dict]:
+    """Victims on one worker, in order, until the freed room fits `want`; [] when even all would not."""
+    first = victims[0]
+    free = {"slots": first["free_slots"], "gpus": first["free_gpus"], "cpus": first["free_cpus"],
+            "memory_mb": first["free_memory_mb"]}
+    borrowed: dict[int, int] = {}  # project -> GPUs it holds beyond its nominal quota, not yet reclaimed
+    chosen: list[dict] = []
+    for victim in victims:
+        if _fits(free, want):
+            break
+        if not victim["by_priority"]:  # borrowed work: reclaim no more than the project borrowed
+            left = borrowed.setdefault(victim["project_id"], victim["gpus_in_use"] - victim["nominal"])
+            if left <= 0:
+                continue
+            borrowed[victim["project_id"]] = left - victim["gpus"]
+        chosen.append(victim)
+        free["slots"] += 1
+        for key in ("gpus", "cpus", "memory_mb"):
+            free[key] += victim[key]
+    return chosen if _fits(free, want) else []
+
+
+def _fits(free: dict, want: dict) -> bool:
+    return (free["slots"] >= 1 and free["gpus"] >= want["gpus"] and free["cpus"] >= want["cpus"]
+            and free["memory_mb"] >= want["memory_mb"])
+
+
+def _ask(conn, now: float, want: dict, plan: list[dict]) -> list[int]:
+    """Mark the victims (a gang's every active rank with its victim) to be stopped; their task ids."""
+    asked: list[int] = []
+    for victim in plan:
+        targets = [victim]
+        if victim["gang"]:
+            targets = [t for t in rows(conn, "attempt_tasks", job_id=victim["job_id"], attempt=victim["attempt"])
+                       if t["state"] in ACTIVE]
+        for target in targets:
+            reason = "priority" if victim["by_priority"] else "borrowed"
+            marked = row(conn, "request_preemption", task_id=target["id"], for_task_id=want["task_id"],
+                         for_job_id=want["job_id"], reason=reason, now=now)
+            if marked is None:
+                continue
+            conn.execute(QUERIES["mark_preempted"], {"task_id": target["id"]})
+            events.record(conn, now, "task_preempt_requested", job_id=marked["job_id"], task_id=target["id"],
+                          worker_id=marked["worker_id"], for_task_id=want["task_id"], for_job_id=want["job_id"],
+                          reason=reason)
+            asked.append(target["id"])
+    return asked
+
+
+def requeue(conn, worker_id: int, task: dict, now: float) -> bool:
+    """A task stopped for a preemption: back to the queue, same attempt; False when that does not apply.
+
+    `task` is the task's row as its worker holds it (task_owned). Applies only
+    while a preemption is pending for its current assignment and its job still
+    runs this attempt (a job cancelled meanwhile ends as cancelled).
+    """
+    pending = row(conn, "pending_preemption", task_id=task["id"])
+    if pending is None:
+        return False
+    job = row(conn, "job_for_update", job_id=task["job_id"])
+    if job is None or job["state"] not in ("queued", "running") or job["attempt"] != task["attempt"]:
+        return False
+    ledger.record(conn, now, [task["id"]], outcome="preempted", preempted_by=pending["for_task_id"])
+    if row(conn, "requeue_preempted", task_id=task["id"], worker_id=worker_id) is None:
+        return False
+    conn.execute(QUERIES["preemption_done"], {"id": pending["id"], "now": now})
+    events.record(conn, now, "task_preempted", job_id=task["job_id"], task_id=task["id"], worker_id=worker_id,
+                  attempt=task["attempt"], for_task_id=pending["for_task_id"], for_job_id=pending["for_job_id"],
+                  reason=pending["reason"])
+    if row(conn, "requeue_job_if_idle", job_id=task["job_id"]) is not None and job["gang"]:
+        conn.execute(QUERIES["clear_rendezvous"], {"job_id": task["job_id"], "attempt": task["attempt"]})
+    return True
+
+
+def heartbeat_fields(conn, worker_id: int) -> dict:
+    """What a heartbeat answer adds for preemptions: the tasks to stop as preempted, and their grace."""
+    found = rows(conn, "worker_preempting", worker_id=worker_id)
+    if not found:
+        return {}
+    return {"preempted_task_ids": sorted(r["task_id"] for r in found), "preempt_grace_s": found[0]["preempt_grace_s"]}

@@ -1,0 +1,144 @@
+"""Quotas, borrowing, fair share, preemption and the usage ledger with a real server process, real worker
+processes (GPUs faked with `--gpus N`: the agent's probe is the only thing not real) and real HTTP."""
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+
+import pytest
+
+from gpulayer.testing import wait_for
+from integration_cluster import Cluster
+
+# A task that checkpoints on SIGTERM: the next run (GPULAYER_PREEMPTED=1) resumes and succeeds.
+CHECKPOINTING = textwrap.dedent("""
+    import os, signal, sys, time
+    if os.environ.get("GPULAYER_PREEMPTED") == "1":
+        print("resumed after a preemption", flush=True)
+        sys.exit(0)
+    def stop(signum, frame):
+        print("got SIGTERM: checkpointing", flush=True)
+        time.sleep(0.5)
+        sys.exit(143)
+    signal.signal(signal.SIGTERM, stop)
+    print("working", flush=True)
+    time.sleep(120)
+""")
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    c = Cluster(tmp_path)
+    c.args = ["--preempt-grace", "3"]
+    c.start_server()
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def admin(c: Cluster, method: str, path: str, body: dict) -> dict:
+    answer = c.request(method, f"/v1{path}", json=body)
+    assert answer.status_code in (200, 201), answer.text
+    return answer.json()
+
+
+def team(c: Cluster, **quotas: dict) -> dict:
+    """Projects named by `quotas` ({gpus, borrow, weight}), each with one user of the same name; their tokens."""
+    tokens = {}
+    for name, settings in quotas.items():
+        admin(c, "POST", "/projects", {"name": name, **settings})
+        tokens[name] = admin(c, "POST", "/users", {"name": f"u{name}", "projects": [{"project": name}]})["token"]
+    return tokens
+
+
+def submit_as(c: Cluster, token: str, project: str, spec: dict) -> int:
+    answer = c.request("POST", "/v1/jobs", token=token, json={**spec, "project": project})
+    assert answer.status_code == 201, answer.text
+    return answer.json()["id"]
+
+
+def python(code: str) -> list[str]:
+    return [sys.executable, "-c", code]
+
+
+def test_a_high_priority_job_preempts_a_preemptible_one_which_resumes(cluster):
+    cluster.start_worker("gpu", gpus=1, parallel=1)
+    low = cluster.submit({"command": python(CHECKPOINTING), "gpus": 1, "priority": "low", "preemptible": True})
+    wait_for(lambda: "working" in cluster.log_text(low), 30, "the low-priority job to run")
+    high = cluster.submit({"command": ["echo", "high"], "gpus": 1, "priority": "high"})
+    assert cluster.wait_job(high, timeout=60)["state"] == "succeeded"
+    done = cluster.wait_job(low, timeout=60)
+    assert done["state"] == "succeeded" and done["attempt"] == 1, done
+    text = cluster.log_text(low)
+    assert "got SIGTERM: checkpointing" in text and "resumed after a preemption" in text, text
+    assert "SIGKILL after 3 s" in text  # the server's --preempt-grace reached the agent
+    kinds = [e["kind"] for e in cluster.events(low)]
+    assert "task_preempt_requested" in kinds and "task_preempted" in kinds and "job_retried" not in kinds
+    preempted = next(e for e in cluster.events(low) if e["kind"] == "task_preempted")
+    assert preempted["data"]["for_job_id"] == high
+    assert [p["for_job_id"] for p in done["preemptions"]] == [high]
+    status = cluster.cli("job", "status", str(low))
+    assert status.returncode == 0 and f"(job {high}, priority)" in status.stdout, status.stdout
+
+
+def test_borrowed_gpus_are_reclaimed_when_the_lender_submits(cluster):
+    tokens = team(cluster, ml={"gpus": 1, "borrow": 1}, cv={"gpus": 1})
+    cluster.start_worker("gpu", gpus=2, parallel=2)
+    ml = [submit_as(cluster, tokens["ml"], "ml", {"command": ["sleep", "120"], "gpus": 1}) for _ in range(2)]
+    third = submit_as(cluster, tokens["ml"], "ml", {"command": ["sleep", "120"], "gpus": 1})
+    wait_for(lambda: all(cluster.job(j)["state"] == "running" for j in ml), 30, "ml to run on both GPUs")
+    assert cluster.job(third)["waiting_reason"] == "project ml at its quota (1 + 1 GPUs in use)"
+    cv = submit_as(cluster, tokens["cv"], "cv", {"command": ["sleep", "120"], "gpus": 1})
+    wait_for(lambda: cluster.job(cv)["state"] == "running", 30, "cv to get its GPU back")
+    requeued = [j for j in ml if cluster.job(j)["state"] == "queued"]
+    assert len(requeued) == 1, [cluster.job(j)["state"] for j in ml]
+    info = cluster.job(requeued[0])
+    assert info["attempt"] == 1 and info["preemptions"][0]["reason"] == "borrowed"
+    assert info["preemptions"][0]["for_job_id"] == cv
+    for job_id in [*ml, third, cv]:
+        cluster.request("POST", f"/v1/jobs/{job_id}/cancel")
+
+
+def test_fair_share_splits_gpu_seconds_between_two_full_queues(cluster):
+    tokens = team(cluster, pa={"weight": 1}, pb={"weight": 1})
+    cluster.start_worker("gpu", gpus=2, parallel=2)
+    spec = {"command": ["sleep", "0.3"], "gpus": 1}
+    # pa's whole sweep is queued first: first come first served would run all of it before pb's
+    first = [submit_as(cluster, tokens["pa"], "pa", spec) for _ in range(30)]
+    second = [submit_as(cluster, tokens["pb"], "pb", spec) for _ in range(30)]
+
+    def finished() -> int:
+        return sum(1 for j in first + second if cluster.job(j)["state"] == "succeeded")
+    wait_for(lambda: finished() >= 30, 120, "half the jobs to finish")
+    usage = {r["key"]: r["gpu_hours"] * 3600 for r in cluster.get_json("/v1/usage?by=project&since=1h")["rows"]}
+    for job_id in first + second:
+        cluster.request("POST", f"/v1/jobs/{job_id}/cancel")
+    a, b = usage["pa"], usage["pb"]
+    assert abs(a - b) <= 0.1 * (a + b), usage
+
+
+def test_the_usage_ledger_matches_the_tasks_run_times(cluster):
+    tokens = team(cluster, ml={"gpus": 4})
+    cluster.start_worker("gpu", gpus=2, parallel=1)
+    code = "import time, json; a = time.time(); time.sleep(1.5); print(json.dumps([a, time.time()]))"
+    job_id = submit_as(cluster, tokens["ml"], "ml", {"command": python(code), "gpus": 2, "name": "timed"})
+    info = cluster.wait_job(job_id, timeout=60)
+    assert info["state"] == "succeeded"
+    task = info["tasks"][0]
+    began, ended = json.loads(next(ln for ln in cluster.log_text(job_id).splitlines() if ln.startswith("[")))
+    rows = cluster.sql("SELECT started_at, ended_at, gpu_seconds, gpus, outcome FROM usage WHERE job_id = ?",
+                       (job_id,))
+    assert len(rows) == 1
+    started_at, ended_at, gpu_seconds, gpus, outcome = rows[0]
+    assert (started_at, ended_at, gpus, outcome) == (task["started_at"], task["finished_at"], 2, "succeeded")
+    assert gpu_seconds == pytest.approx(2 * (ended_at - started_at))
+    # the run the process measured itself lies within the ledger's, which adds only the agent's start and report
+    assert started_at - 0.5 <= began and ended <= ended_at + 0.5
+    assert 1.4 <= ended_at - started_at <= (ended - began) + 3
+    answer = cluster.cli("usage", "--by", "job-name", "--since", "1h", "--json")
+    assert answer.returncode == 0, answer.stderr
+    assert json.loads(answer.stdout)["rows"][0]["key"] == "timed"
+    table = cluster.cli("usage", "--by", "project")
+    assert table.returncode == 0 and "ml" in table.stdout and "GPU-HOURS" in table.stdout

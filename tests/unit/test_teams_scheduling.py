@@ -1,0 +1,317 @@
+"""Quotas, borrowing, fair share, priority classes, preemption and the usage ledger (issue 15, part B),
+through the scheduler against a real state file with a pinned clock."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gpulayer.server.errors import InvalidRequest
+from gpulayer.server.scheduler import jobs, teams
+from gpulayer.server.security.auth import Principal
+from helpers import add_worker, job, state_of
+
+
+def project(sched, name, **settings):
+    sched.change_teams(teams.add_project, {"name": name, **settings})
+
+
+def user(sched, name, *projects, max_running_jobs=None) -> Principal:
+    """A user in `projects` (member), as the principal its client token authenticates as."""
+    user_id = sched.change_teams(teams.add_user, name, False, [(p, "member") for p in projects], max_running_jobs)
+    return Principal(kind="client", jti=f"jti-{name}", name=name, user_id=user_id, user=name, admin=False)
+
+
+def submit(sched, who, proj, **spec):
+    return sched.submit(job(**spec), who, proj)
+
+
+def take(sched, w, pid=100):
+    """Acquire and start one task on worker w; its assignment, or None."""
+    a = sched.acquire(w)
+    if a is not None:
+        sched.start(w, a["task_id"], pid)
+    return a
+
+
+def finish(sched, w, task_id, outcome="succeeded", exit_code=0):
+    return sched.finish(w, task_id, exit_code=exit_code, outcome=outcome, outputs={}, reason=None)
+
+
+def hb(sched, w, *task_ids):
+    return sched.heartbeat(w, [{"task_id": t, "state": "running", "endpoint": None, "restarts": 0} for t in task_ids])
+
+
+def sql(sched, query, *params):
+    return sched.store.read(lambda c: c.execute(query, params).fetchall())
+
+
+def kinds(sched, job_id):
+    return [e["kind"] for e in sched.store.read(jobs.events_of, job_id)]
+
+
+@pytest.fixture
+def ml(sched):
+    """Projects ml (2 GPUs nominal) and cv (2 GPUs nominal), users bob (ml) and ann (cv)."""
+    project(sched, "ml", gpus=2)
+    project(sched, "cv", gpus=2)
+    return {"bob": user(sched, "bob", "ml"), "ann": user(sched, "ann", "cv")}
+
+
+# -- quotas ------------------------------------------------------------------
+
+def test_a_project_at_its_quota_waits_and_says_so(sched, ml):
+    w = add_worker(sched, "big", gpus=8, slots=8)
+    ids = [submit(sched, ml["bob"], "ml", gpus=1) for _ in range(3)]
+    assert take(sched, w) and take(sched, w)
+    assert take(sched, w) is None  # 2 GPUs in use: the third would pass ml's quota of 2
+    assert state_of(sched, ids[2])["waiting_reason"] == "project ml at its quota (2 + 0 GPUs in use)"
+    # another project is not held back by ml's quota
+    other = submit(sched, ml["ann"], "cv", gpus=1)
+    assert take(sched, w)["job_id"] == other
+
+
+def test_borrowing_up_to_nominal_plus_borrow_while_nobody_waits(sched, ml):
+    sched.change_teams(teams.set_project, "ml", {"gpus": 1, "borrow": 2})
+    w = add_worker(sched, "big", gpus=8, slots=8)
+    ids = [submit(sched, ml["bob"], "ml", gpus=1) for _ in range(4)]
+    assert [take(sched, w)["job_id"] for _ in range(3)] == ids[:3]
+    assert take(sched, w) is None
+    assert state_of(sched, ids[3])["waiting_reason"] == "project ml at its quota (1 + 2 GPUs in use)"
+
+
+def test_borrowed_gpus_go_to_a_project_within_its_quota_first(sched, ml):
+    sched.change_teams(teams.set_project, "ml", {"gpus": 1, "borrow": 4})
+    w = add_worker(sched, "w", gpus=2, slots=2)
+    first = submit(sched, ml["bob"], "ml", gpus=1)
+    assert take(sched, w)["job_id"] == first      # within ml's nominal quota
+    borrower = submit(sched, ml["bob"], "ml", gpus=1)
+    lender = submit(sched, ml["ann"], "cv", gpus=1)
+    # ml would borrow the last GPU, but cv waits within its own quota: cv gets it, although it came later
+    assert take(sched, w)["job_id"] == lender
+    assert state_of(sched, borrower)["state"] == "queued"
+
+
+def test_a_borrower_is_told_it_waits_for_a_lender(sched, ml):
+    sched.change_teams(teams.set_project, "ml", {"gpus": 1, "borrow": 4})
+    w = add_worker(sched, "w", gpus=1, slots=1)
+    submit(sched, ml["bob"], "ml", gpus=1)
+    take(sched, w)
+    borrower = submit(sched, ml["bob"], "ml", gpus=1)
+    submit(sched, ml["ann"], "cv", gpus=1)
+    assert state_of(sched, borrower)["waiting_reason"] == (
+        "project ml may borrow beyond its quota (1 GPUs) only what no other project waits for within its own")
+
+
+def test_max_running_jobs_per_user(sched, ml):
+    carl = user(sched, "carl", "ml", max_running_jobs=1)
+    w = add_worker(sched, "w", gpus=0, slots=4)
+    first = submit(sched, carl, "ml")
+    second = submit(sched, carl, "ml")
+    assert take(sched, w)["job_id"] == first
+    assert take(sched, w) is None
+    assert state_of(sched, second)["waiting_reason"] == "user carl at 1 running jobs"
+    other = submit(sched, ml["bob"], "ml")
+    assert take(sched, w)["job_id"] == other
+
+
+def test_a_running_jobs_second_replica_is_not_held_by_the_users_limit(sched, ml):
+    carl = user(sched, "carl", "ml", max_running_jobs=1)
+    w1, w2 = add_worker(sched, "w1"), add_worker(sched, "w2")
+    service = submit(sched, carl, "ml", service={"replicas": 2})
+    assert take(sched, w1)["job_id"] == service
+    assert take(sched, w2)["job_id"] == service
+
+
+# -- fair share ----------------------------------------------------------------
+
+def test_same_priority_work_goes_to_the_project_that_used_least(sched, ml, clock):
+    w = add_worker(sched, "w", gpus=1, slots=1)
+    a = submit(sched, ml["bob"], "ml", gpus=1)
+    t = take(sched, w)
+    clock.advance(100)
+    finish(sched, w, t["task_id"])   # ml used 100 GPU-seconds
+    ml_next = submit(sched, ml["bob"], "ml", gpus=1)
+    cv_next = submit(sched, ml["ann"], "cv", gpus=1)
+    assert take(sched, w)["job_id"] == cv_next   # cv came later, but used nothing yet
+    assert a < ml_next < cv_next
+    # a higher priority still goes first, whatever the usage
+    urgent = submit(sched, ml["bob"], "ml", gpus=1, priority="high")
+    finish(sched, w, sched.store.read(lambda c: c.execute(
+        "SELECT id FROM tasks WHERE job_id = ?", (cv_next,)).fetchall())[0]["id"])
+    assert take(sched, w)["job_id"] == urgent
+
+
+def test_fair_share_decays_with_the_half_life(sched, ml, clock):
+    sched.config.fairshare_half_life_s = 3600
+    sched.restarted()  # writes the settings the SQL reads
+    w = add_worker(sched, "w", gpus=1, slots=1)
+    submit(sched, ml["bob"], "ml", gpus=1)
+    t = take(sched, w)
+    clock.advance(1000)
+    finish(sched, w, t["task_id"])
+    clock.advance(3600)
+    found = sql(sched, "SELECT usage * pow(0.5, (? - updated_at) / 3600.0) AS now FROM fairshare", clock.now)
+    assert found[0]["now"] == pytest.approx(500)
+
+
+# -- priority classes ------------------------------------------------------------
+
+def test_priority_classes_and_numbers(sched):
+    assert state_of(sched, sched.submit(job(priority="high")))["spec"]["priority"] == 10
+    assert state_of(sched, sched.submit(job(priority="low")))["spec"]["priority"] == -10
+    assert state_of(sched, sched.submit(job(priority=7)))["spec"]["priority"] == 7
+    with pytest.raises(InvalidRequest, match="no priority class"):
+        sched.submit(job(priority="urgent"))
+    with pytest.raises(InvalidRequest, match="preemptible"):
+        sched.submit(job(preemptible="yes"))
+
+
+# -- preemption -------------------------------------------------------------------
+
+def test_high_priority_preempts_a_preemptible_task_which_is_requeued_same_attempt(sched, clock):
+    w = add_worker(sched, "w", gpus=1, slots=1)
+    low = sched.submit(job(gpus=1, priority="low", preemptible=True, retry={"max_attempts": 1}))
+    victim = take(sched, w)
+    clock.advance(50)
+    high = sched.submit(job(gpus=1, priority="high"))
+    assert sched.preempt() == [victim["task_id"]]
+    assert sched.preempt() == []   # asked once: not again while it stops
+    answer = hb(sched, w, victim["task_id"])
+    assert answer["cancel_task_ids"] == [victim["task_id"]]
+    assert answer["preempted_task_ids"] == [victim["task_id"]] and answer["preempt_grace_s"] == 30
+    clock.advance(5)
+    assert finish(sched, w, victim["task_id"], outcome="cancelled", exit_code=143)
+    info = state_of(sched, low)
+    assert info["state"] == "queued" and info["attempt"] == 1
+    assert [(t["state"], t["attempt"], t["reason"]) for t in info["tasks"]] == [("queued", 1, "preempted")]
+    assert info["preemptions"][0]["for_job_id"] == high and info["preemptions"][0]["done_at"] == clock.now
+    events = sched.store.read(jobs.events_of, low)
+    preempted = [e for e in events if e["kind"] == "task_preempted"]
+    assert preempted and preempted[0]["data"]["for_job_id"] == high
+    # the room goes to the high-priority job; the victim runs again after it, told it was preempted
+    room = take(sched, w)
+    assert room["job_id"] == high and "GPULAYER_PREEMPTED" not in room["env"]
+    finish(sched, w, room["task_id"])
+    again = take(sched, w)
+    assert again["job_id"] == low and again["attempt"] == 1 and again["env"]["GPULAYER_PREEMPTED"] == "1"
+    finish(sched, w, again["task_id"])
+    assert state_of(sched, low)["state"] == "succeeded"
+    ledger = sql(sched, "SELECT job_id, outcome, gpu_seconds, preempted_by FROM usage ORDER BY id")
+    assert [(r["job_id"], r["outcome"]) for r in ledger] == [(low, "preempted"), (high, "succeeded"), (low, "succeeded")]
+    assert ledger[0]["gpu_seconds"] == pytest.approx(55) and ledger[0]["preempted_by"] == room["task_id"]
+
+
+def test_no_preemption_of_work_not_preemptible_or_not_lower(sched):
+    w = add_worker(sched, "w", gpus=1, slots=1)
+    sched.submit(job(gpus=1, priority="low"))                       # not preemptible
+    take(sched, w)
+    sched.submit(job(gpus=1, priority="high"))
+    assert sched.preempt() == []
+    w2 = add_worker(sched, "w2", gpus=1, slots=1)
+    sched.submit(job(gpus=1, priority=10, preemptible=True))
+    assert take(sched, w2)
+    sched.submit(job(gpus=1, priority=10))                          # the same priority: no
+    assert sched.preempt() == []
+
+
+def test_the_victims_are_the_lowest_priority_then_the_latest_started(sched, clock):
+    w = add_worker(sched, "w", gpus=3, slots=3)
+    old_low = sched.submit(job(gpus=1, priority=-5, preemptible=True))
+    take(sched, w)
+    clock.advance(10)
+    mid = sched.submit(job(gpus=1, priority=-1, preemptible=True))
+    take(sched, w)
+    clock.advance(10)
+    new_low = sched.submit(job(gpus=1, priority=-5, preemptible=True))
+    take(sched, w)
+    sched.submit(job(gpus=2, priority=5))
+    asked = sched.preempt()
+    victims = {r["job_id"] for r in sql(sched, "SELECT job_id FROM tasks WHERE id IN (%s)" % ",".join(map(str, asked)))}
+    assert victims == {new_low, old_low} and mid not in victims
+
+
+def test_a_gang_is_preempted_whole(sched):
+    w1, w2 = add_worker(sched, "w1", gpus=1), add_worker(sched, "w2", gpus=1)
+    gang = sched.submit(job(gpus=1, nodes=2, priority="low", preemptible=True))
+    a1, a2 = take(sched, w1), take(sched, w2)
+    assert {a1["job_id"], a2["job_id"]} == {gang}
+    sched.submit(job(gpus=1, priority="high"))
+    assert sorted(sched.preempt()) == sorted([a1["task_id"], a2["task_id"]])
+    for w, a in ((w1, a1), (w2, a2)):
+        finish(sched, w, a["task_id"], outcome="cancelled", exit_code=143)
+    info = state_of(sched, gang)
+    assert info["state"] == "queued" and info["attempt"] == 1
+    assert {t["state"] for t in info["tasks"]} == {"queued"}
+
+
+def test_borrowed_gpus_are_reclaimed_for_the_lender(sched, ml, clock):
+    sched.change_teams(teams.set_project, "ml", {"gpus": 1, "borrow": 3})
+    w = add_worker(sched, "w", gpus=2, slots=2)
+    for _ in range(2):
+        submit(sched, ml["bob"], "ml", gpus=1)
+    first, second = take(sched, w), take(sched, w)   # ml holds 2: one of them borrowed (nobody waited)
+    clock.advance(5)
+    lender = submit(sched, ml["ann"], "cv", gpus=1)
+    assert take(sched, w) is None
+    asked = sched.preempt()
+    assert asked == [second["task_id"]]   # the borrowed one, most recently started; never ml's nominal one
+    finish(sched, w, second["task_id"], outcome="cancelled", exit_code=143)
+    assert take(sched, w)["job_id"] == lender
+    assert sched.preempt() == []   # ml is within its quota now: nothing more to reclaim
+    assert first
+
+
+def test_a_cancel_during_the_grace_ends_the_job_cancelled(sched):
+    w = add_worker(sched, "w", gpus=1, slots=1)
+    low = sched.submit(job(gpus=1, priority="low", preemptible=True))
+    victim = take(sched, w)
+    sched.submit(job(gpus=1, priority="high"))
+    assert sched.preempt()
+    sched.cancel(low)
+    finish(sched, w, victim["task_id"], outcome="cancelled", exit_code=143)
+    assert state_of(sched, low)["state"] == "cancelled"
+
+
+# -- the usage ledger -----------------------------------------------------------------
+
+def test_the_ledger_holds_each_run_and_survives_retention(sched, ml, clock):
+    from gpulayer.server.scheduler import retention
+    w = add_worker(sched, "w", gpus=2, cpus=8, slots=2)
+    one = submit(sched, ml["bob"], "ml", gpus=2, cpus=1, name="train", labels={})
+    t = take(sched, w)
+    clock.advance(30)
+    finish(sched, w, t["task_id"])
+    cpu = submit(sched, ml["ann"], "cv", cpus=2, name="etl")
+    t = take(sched, w)
+    clock.advance(10)
+    finish(sched, w, t["task_id"], outcome="failed", exit_code=1)
+    rows = sql(sched, "SELECT job_id, outcome, gpu_seconds, cpu_seconds, user_id, project_id FROM usage ORDER BY id")
+    assert [(r["job_id"], r["outcome"], r["gpu_seconds"], r["cpu_seconds"]) for r in rows] == [
+        (one, "succeeded", 60.0, 30.0), (cpu, "failed", 0.0, 20.0)]
+    by_user = sched.usage(None, "user", "1d")
+    assert [(r["key"], r["gpu_hours"], r["jobs"]) for r in by_user["rows"]] == [
+        ("bob", round(60 / 3600, 6), 1), ("ann", 0.0, 1)]
+    assert [r["key"] for r in sched.usage(None, "project", "1d")["rows"]] == ["ml", "cv"]
+    assert [r["key"] for r in sched.usage(None, "job-name", "1d")["rows"]] == ["train", "etl"]
+    # bob sees his own runs only; a bad `by` or `since` is a 400
+    assert [r["key"] for r in sched.usage(ml["bob"], "user", "1d")["rows"]] == ["bob"]
+    with pytest.raises(InvalidRequest):
+        sched.usage(None, "color", "1d")
+    with pytest.raises(InvalidRequest):
+        sched.usage(None, "user", "soon")
+    clock.advance(400 * 86400)
+    retention.prune(sched.store, now=clock.now, log_retention_s=86400, job_retention_s=86400)
+    assert sql(sched, "SELECT count(*) AS n FROM jobs")[0]["n"] == 0
+    assert sql(sched, "SELECT count(*) AS n FROM usage")[0]["n"] == 2
+
+
+def test_a_lost_task_is_in_the_ledger(sched, clock):
+    w = add_worker(sched, "w")
+    sched.submit(job(cpus=1))
+    t = take(sched, w)
+    clock.advance(100)
+    sched.expire()
+    found = sql(sched, "SELECT task_id, outcome, cpu_seconds FROM usage")
+    assert [(r["task_id"], r["outcome"]) for r in found] == [(t["task_id"], "lost")]
+    assert json.loads(json.dumps(found[0]["cpu_seconds"])) == pytest.approx(100)
