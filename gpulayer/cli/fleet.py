@@ -8,10 +8,11 @@ import typer
 
 from gpulayer.cli.common import client_of, fail, fmt_time, parse_duration, parse_pairs, print_json, print_table
 
-token_app = typer.Typer(help="Worker join tokens bound to a name and labels.", no_args_is_help=True)
+token_app = typer.Typer(help="Worker join tokens bound to a name and labels; client tokens of users.", no_args_is_help=True)
 secret_app = typer.Typer(help="Secrets that jobs receive as environment variables.", no_args_is_help=True)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+ProjectOpt = Annotated[Optional[str], typer.Option("--project", help="The project whose secrets (default: your only project, else default).")]
 
 
 @token_app.command("create")
@@ -19,10 +20,21 @@ def token_create(ctx: typer.Context,
                  name: Annotated[str, typer.Option("--name", help="The name its workers carry.")],
                  label: Annotated[Optional[list[str]], typer.Option("--label", help="k=v its workers carry (repeatable).")] = None,
                  expires: Annotated[str, typer.Option("--expires", help="Lifetime: 3600, 30m, 12h, 365d, 2w.")] = "365d",
+                 kind: Annotated[str, typer.Option("--kind", help="join (a worker's), metrics, or client (a user's).")] = "join",
+                 user: Annotated[Optional[str], typer.Option("--user", help="--kind client: whose (default you; another user: admins).")] = None,
                  as_json: JsonOpt = False) -> None:
-    """Mint a join token: printed once, alone on the first line (details on stderr)."""
+    """Mint a token: printed once, alone on the first line (details on stderr).
+
+    \b
+    Example:
+      gpulayer token create --name gpu-07 --label pool=a100 --expires 30d
+    """
     labels, expires_in_s = parse_pairs(label, "--label"), parse_duration(expires, "--expires")
-    answer = client_of(ctx).create_token(name, labels, expires_in_s)
+    if kind not in ("join", "metrics", "client"):
+        raise fail("--kind: must be join, metrics or client", 2)
+    if user is not None and kind != "client":
+        raise fail("--user: only a client token (--kind client) belongs to a user", 2)
+    answer = client_of(ctx).create_token(name, labels, expires_in_s, kind=None if kind == "join" else kind, user=user)
     if as_json:
         print_json(answer)
         return
@@ -47,7 +59,12 @@ def token_list(ctx: typer.Context, as_json: JsonOpt = False) -> None:
 @token_app.command("revoke")
 def token_revoke(ctx: typer.Context,
                  jti: Annotated[str, typer.Argument(help="The token's jti (see `token list`).")]) -> None:
-    """Revoke a join token: its workers stop at their next heartbeat and their tasks are requeued."""
+    """Revoke a join token: its workers stop at their next heartbeat and their tasks are requeued.
+
+    \b
+    Example:
+      gpulayer token revoke JTI   # the jti from `gpulayer token list`
+    """
     client_of(ctx).revoke_token(jti)
     typer.echo(f"revoked {jti}")
 
@@ -68,17 +85,18 @@ def _read_secret_value(name: str) -> str:
 @secret_app.command("set")
 def secret_set(ctx: typer.Context,
                name: Annotated[str, typer.Argument(help="Its name, also the variable jobs receive.")],
-               label: Annotated[Optional[list[str]], typer.Option("--label", help="k=v a worker's token must carry to receive it (repeatable).")] = None) -> None:
-    """Store a secret. The value comes from stdin when piped, else a hidden prompt; never an argument."""
+               label: Annotated[Optional[list[str]], typer.Option("--label", help="k=v a worker's token must carry to receive it (repeatable).")] = None,
+               project: ProjectOpt = None) -> None:
+    """Store a project's secret (its managers, admins). The value comes from stdin when piped, else a hidden prompt; never an argument."""
     labels = parse_pairs(label, "--label")
-    client_of(ctx).set_secret(name, _read_secret_value(name), labels)
+    client_of(ctx).set_secret(name, _read_secret_value(name), labels, project)
     typer.echo(f"secret {name} set", err=True)
 
 
 @secret_app.command("list")
-def secret_list(ctx: typer.Context, as_json: JsonOpt = False) -> None:
-    """Secret names and labels (never values)."""
-    secrets = client_of(ctx).secrets()
+def secret_list(ctx: typer.Context, project: ProjectOpt = None, as_json: JsonOpt = False) -> None:
+    """A project's secret names and labels (never values)."""
+    secrets = client_of(ctx).secrets(project)
     if as_json:
         print_json(secrets)
         return
@@ -88,7 +106,8 @@ def secret_list(ctx: typer.Context, as_json: JsonOpt = False) -> None:
 
 
 @secret_app.command("delete")
-def secret_delete(ctx: typer.Context, name: Annotated[str, typer.Argument(help="The secret's name.")]) -> None:
-    """Delete a secret; jobs that name it wait until it is set again."""
-    client_of(ctx).delete_secret(name)
+def secret_delete(ctx: typer.Context, name: Annotated[str, typer.Argument(help="The secret's name.")],
+                  project: ProjectOpt = None) -> None:
+    """Delete a project's secret; its jobs that name it wait until it is set again."""
+    client_of(ctx).delete_secret(name, project)
     typer.echo(f"secret {name} deleted", err=True)

@@ -205,7 +205,10 @@ def test_tokens(api, client_h, tokens, clock):
     hb = api.simulate_post("/v1/worker/heartbeat", headers=bearer(reg.json["session_token"]), json={})
     assert hb.status_code == 200 and hb.json["revoked"] is True
     assert_error(api.simulate_post("/v1/tokens/nope/revoke", headers=client_h), 404, "not_found")
-    assert_error(api.simulate_post("/v1/tokens", headers=client_h, json={"name": "x", "kind": "client"}), 400)
+    assert_error(api.simulate_post("/v1/tokens", headers=client_h, json={"name": "x", "kind": "worker"}), 400)
+    assert_error(api.simulate_post("/v1/tokens", headers=client_h, json={"name": "x", "user": "admin"}), 400)
+    mine = api.simulate_post("/v1/tokens", headers=client_h, json={"name": "x", "kind": "client"})
+    assert mine.status_code == 201 and mine.json["user"] == "admin" and mine.json["token"].startswith("glc_")
     assert_error(api.simulate_post("/v1/tokens", headers=client_h, json={"name": "x", "bogus": 1}), 400)
 
 

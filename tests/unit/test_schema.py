@@ -193,3 +193,82 @@ def test_acquisition_reads_shapes_not_tasks(built):
     stock.executescript(db.schema_path().read_text())
     stock_plan = " | ".join(r[3] for r in stock.execute("EXPLAIN QUERY PLAN " + sql, params).fetchall())
     assert "shapes_queued" in stock_plan and "task_queue_shape" in stock_plan, stock_plan
+
+
+def _version_3(path: Path) -> apsw.Connection:
+    """A state file as the release before teams left it: the baseline and migrations 2 and 3."""
+    conn = db.connect(path)
+    conn.execute(BASELINE.read_text())
+    for version in (2, 3):
+        conn.execute(db.migrations()[version].read_text())
+        conn.execute(f"PRAGMA user_version = {version}")
+    return conn
+
+
+def test_version_3_file_with_data_upgrades_in_place(tmp_path):
+    """Teams (0004): an older file with jobs in every state, workers, tokens, logs, artifacts and secrets
+    upgrades at start, equals a fresh schema.sql, and everything old belongs to admin in project default."""
+    from gpulayer.server.scheduler import placement
+
+    old = _version_3(tmp_path / "old.db")
+    q = old.execute
+    q("INSERT INTO tokens (jti, kind, name, token_hash, created_at) VALUES "
+      "('j1', 'join', 'gpu-nodes', 'h1', 1), ('c1', 'client', 'ci', 'h2', 1), ('m1', 'metrics', 'prom', 'h3', 1)")
+    q("INSERT INTO workers (id, name, state, gpus, cpus, memory_mb, slots, token_labels, registered_at, last_seen_at, "
+      "lease_expires_at, token_jti) VALUES (1, 'w1', 'online', 0, 8, 16000, 2, '{\"pool\": \"a\"}', 1, 1, 1e12, 'j1')")
+    q("INSERT INTO workers (id, name, state, gone_reason, registered_at, last_seen_at) "
+      "VALUES (2, 'w2', 'gone', 'deregistered', 1, 1)")
+    q("INSERT INTO secrets (name, labels, ciphertext, created_at, updated_at) VALUES ('HF', '{\"pool\": \"a\"}', x'00', 1, 1)")
+    states = ["queued", "running", "succeeded", "failed", "cancelled", "lost"]
+    for job_id, state in enumerate(states, start=1):
+        ended = None if state in ("queued", "running") else 2.0
+        secrets = '["HF"]' if state == "queued" else "[]"
+        q("INSERT INTO jobs (id, spec, state, secrets, created_at, finished_at) VALUES (?, '{}', ?, ?, 1, ?)",
+          (job_id, state, secrets, ended))
+        task_state = "running" if state == "running" else state
+        q("INSERT INTO tasks (job_id, state, worker_id, lease_expires_at, created_at, finished_at, outputs) "
+          "VALUES (?, ?, ?, ?, 1, ?, ?)", (job_id, task_state, 1 if state == "running" else None,
+                                           1e12 if state == "running" else None, ended,
+                                           '{"out": "sha256:' + "0" * 64 + '"}' if state == "succeeded" else "{}"))
+        q("INSERT INTO events (at, kind, job_id, data) VALUES (1, 'job_submitted', ?, '{}')", (job_id,))
+        q("INSERT INTO logs (job_id, task_id, n, stream, at, text) VALUES (?, ?, 0, 'stdout', 1, 'hello')",
+          (job_id, job_id))
+    q("INSERT INTO artifacts (digest, size, created_at, last_used_at) VALUES (?, 3, 1, 1)", ("sha256:" + "0" * 64,))
+    counts = {t: q(f"SELECT count(*) AS n FROM {t}").fetchall()[0]["n"]
+              for t in ("jobs", "tasks", "workers", "tokens", "logs", "events", "artifacts", "secrets", "task_queue")}
+
+    assert db.ensure_schema(old) == db.schema_version()
+    fresh = build(tmp_path / "fresh.db")
+    assert schema_rows(old) == schema_rows(fresh)
+    fresh.close()
+    assert {t: q(f"SELECT count(*) AS n FROM {t}").fetchall()[0]["n"] for t in counts} == counts
+    assert q("SELECT id, name, admin FROM users").fetchall() == [{"id": 1, "name": "admin", "admin": 1}]
+    assert q("SELECT id, name FROM projects").fetchall() == [{"id": 1, "name": "default"}]
+    assert q("SELECT DISTINCT user_id, project_id FROM jobs").fetchall() == [{"user_id": 1, "project_id": 1}]
+    assert {r["jti"]: r["user_id"] for r in q("SELECT jti, user_id FROM tokens").fetchall()} == \
+        {"j1": None, "c1": 1, "m1": None}
+    assert q("SELECT project_id, name FROM secrets").fetchall() == [{"project_id": 1, "name": "HF"}]
+    assert q("SELECT count(*) AS n FROM events WHERE actor IS NOT NULL").fetchall()[0]["n"] == 0
+    assert q("PRAGMA foreign_key_check").fetchall() == [] and q("PRAGMA integrity_check").fetchall()[0] == \
+        {"integrity_check": "ok"}
+    # the queued job's secret is still found (in default, where it went), so the worker may take it
+    fit = q("SELECT missing_secret, fits FROM job_worker_fit WHERE job_id = 1 AND worker_id = 1").fetchall()
+    assert fit == [{"missing_secret": None, "fits": 1}]
+    with old:
+        assert placement.acquire(old, 1, 10.0, 20.0) is not None
+    old.close()
+
+
+def test_secret_of_another_project_does_not_fit(built):
+    """A shape names its secrets' project: the same name set in another project is not the job's."""
+    conn, _ = built
+    conn.execute("INSERT INTO projects (id, name, created_at) VALUES (2, 'ml', 1)")
+    conn.execute("INSERT INTO secrets (project_id, name, ciphertext, created_at, updated_at) VALUES (2, 'HF', x'00', 1, 1)")
+    conn.execute("INSERT INTO workers (name, cpus, memory_mb, registered_at, last_seen_at, lease_expires_at) "
+                 "VALUES ('w', 8, 16000, 1, 1, 1e12)")
+    for job_id, project_id in ((1, 1), (2, 2)):
+        conn.execute("INSERT INTO jobs (id, spec, secrets, project_id, created_at) VALUES (?, '{}', '[\"HF\"]', ?, 1)",
+                     (job_id, project_id))
+    found = {r["job_id"]: r["missing_secret"] for r in conn.execute("SELECT job_id, missing_secret FROM job_worker_fit")}
+    assert found == {1: "HF", 2: None}
+    assert conn.execute("SELECT count(*) AS n FROM shapes").fetchall()[0]["n"] == 2

@@ -47,26 +47,34 @@ def check(name: str, value, labels) -> tuple[str, dict]:
     return value, check_labels(labels or {}, "labels")
 
 
-def put(conn, box: SecretBox, name: str, value: str, labels: dict, now: float) -> None:
-    row(conn, "put_secret", name=name, labels=json.dumps(labels), ciphertext=box.seal(value), now=now)
-    events.record(conn, now, "secret_set", name=name, labels=labels)
+def put(conn, box: SecretBox, name: str, value: str, labels: dict, now: float, project_id: int = 1) -> None:
+    row(conn, "put_secret", project_id=project_id, name=name, labels=json.dumps(labels), ciphertext=box.seal(value),
+        now=now)
+    events.record(conn, now, "secret_set", name=name, labels=labels, project_id=project_id)
 
 
-def delete(conn, name: str, now: float) -> None:
-    if row(conn, "delete_secret", name=name) is None:
+def delete(conn, name: str, now: float, project_id: int = 1) -> None:
+    if row(conn, "delete_secret", project_id=project_id, name=name) is None:
         raise NotFound(f"no secret named {name!r}")
-    events.record(conn, now, "secret_deleted", name=name)
+    events.record(conn, now, "secret_deleted", name=name, project_id=project_id)
 
 
-def listing(conn) -> list[dict]:
-    return [{**r, "labels": json.loads(r["labels"])} for r in rows(conn, "list_secrets")]
+def listing(conn, project_id: int = 1) -> list[dict]:
+    """A project's secrets: names and labels, never values."""
+    return [{**r, "labels": json.loads(r["labels"])} for r in rows(conn, "list_secrets", project_id=project_id)]
 
 
-def env_for(conn, box: SecretBox, names: list[str]) -> dict[str, str]:
-    """{name: value} for a job's secrets (only called while building an assignment)."""
+def task_project(conn, task_id: int) -> int:
+    """The project of a task's job: its secrets are that project's."""
+    found = row(conn, "task_project", task_id=task_id)
+    return found["project_id"] if found else 1
+
+
+def env_for(conn, box: SecretBox, names: list[str], project_id: int = 1) -> dict[str, str]:
+    """{name: value} for a job's secrets, from its project (only called while building an assignment)."""
     found = {}
     for name in names:
-        secret = row(conn, "get_secret", name=name)
+        secret = row(conn, "get_secret", project_id=project_id, name=name)
         if secret is not None:
             found[name] = box.open(secret["ciphertext"])
     return found

@@ -1,18 +1,28 @@
-"""Minted tokens (join and metrics) as rows of the `tokens` table: only hashes."""
+"""Minted tokens (join, metrics, and client tokens of users) as rows of the `tokens` table: only hashes."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
+from gpulayer.server.errors import NotFound
 from gpulayer.server.scheduler import events
 from gpulayer.server.store.queries import row, rows
 
 
 def insert(conn, *, jti: str, kind: str, name: str, labels: dict, token_hash: str, expires_at: float | None,
-           source: str, now: float) -> None:
-    """Store a new token's hash (the token itself is shown once, by the caller)."""
+           source: str, now: float, user: str | None = None) -> None:
+    """Store a new token's hash (the token itself is shown once, by the caller); a client token's `user`."""
+    user_id = None
+    if user is not None:
+        found = row(conn, "user_by_name", name=user)
+        if found is None or found["removed_at"] is not None:
+            raise NotFound(f"no user {user!r}")
+        user_id = found["id"]
     row(conn, "insert_token", jti=jti, kind=kind, name=name, labels=json.dumps(labels), token_hash=token_hash,
-        expires_at=expires_at, source=source, now=now)
-    events.record(conn, now, "token_created", jti=jti, token_kind=kind, name=name, labels=labels, expires_at=expires_at)
+        expires_at=expires_at, source=source, now=now, user_id=user_id)
+    data: dict[str, Any] = {"user": user} if user else {}
+    events.record(conn, now, "token_created", jti=jti, token_kind=kind, name=name, labels=labels, expires_at=expires_at,
+                  **data)
 
 
 def listing(conn) -> list[dict]:

@@ -16,7 +16,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from gpulayer.server.config import HomeLayout
@@ -107,6 +107,18 @@ class Principal:
     worker_state: str | None = None
     advertise_address: str | None = None
     expires_at: float | None = None   # a minted token's expiry (a cached principal must not outlive it)
+    user_id: int | None = None        # a client token's user (server init's: 1, `admin`)
+    user: str | None = None
+    admin: bool = False
+
+    @property
+    def actor(self) -> str:
+        """How events name this caller: user:NAME, worker:ID, or join:NAME (a worker registering)."""
+        if self.kind == "worker":
+            return f"worker:{self.worker_id}"
+        if self.user is not None:
+            return f"user:{self.user}"
+        return f"{self.kind}:{self.name}"
 
 
 class Authenticator:
@@ -161,6 +173,8 @@ class Authenticator:
     def _lookup(self, kind: str, digest: str, now: float) -> Principal | None:
         server = self._creds.get(kind)
         if server and hmac.compare_digest(server["hash"], digest):
+            if kind == "client":  # server init's client token belongs to the first admin, `admin`
+                return self._user(Principal(kind=kind, jti=server["jti"], name="server"), 1)
             return Principal(kind=kind, jti=server["jti"], name="server")
         if kind == "worker":
             return self._worker(digest)
@@ -170,8 +184,16 @@ class Authenticator:
         row = rows[0]
         if row["revoked_at"] is not None or (row["expires_at"] is not None and row["expires_at"] <= now):
             return None
-        return Principal(kind=kind, jti=row["jti"], name=row["name"], labels=json.loads(row["labels"]),
-                         expires_at=row["expires_at"])
+        principal = Principal(kind=kind, jti=row["jti"], name=row["name"], labels=json.loads(row["labels"]),
+                              expires_at=row["expires_at"])
+        return self._user(principal, row["user_id"] or 1) if kind == "client" else principal
+
+    def _user(self, principal: Principal, user_id: int) -> Principal | None:
+        """A client principal with its user; None (unauthorized) once the user was removed."""
+        rows = self.store.read(lambda c: c.execute(self.q["user_by_id"], {"user_id": user_id}).fetchall())
+        if not rows or rows[0]["removed_at"] is not None:
+            return None
+        return replace(principal, user_id=user_id, user=rows[0]["name"], admin=bool(rows[0]["admin"]))
 
     def _worker(self, digest: str) -> Principal | None:
         rows = self.store.read(lambda c: c.execute(self.q["worker_by_session"], {"session_hash": digest}).fetchall())

@@ -1,0 +1,132 @@
+"""Choosing jobs by state, name and age (`job list`, `job cancel`), and how a job reads in a table row."""
+from __future__ import annotations
+
+import datetime as dt
+import fnmatch
+import time
+from typing import Optional
+
+import typer
+
+from gpulayer.cli.common import fmt_time, parse_duration, style
+from gpulayer.client.api import FINISHED_STATES, Client
+from gpulayer.protocol import JOB_STATES
+
+PAGE = 1000  # GET /v1/jobs answers at most this many at once
+UNFINISHED = tuple(s for s in JOB_STATES if s not in FINISHED_STATES)
+HEADERS = ["ID", "STATE", "EXIT", "NAME", "PRIO", "WORKER", "ELAPSED", "CREATED", "COMMAND"]
+STATE_COLOURS = {"running": "cyan", "succeeded": "green", "failed": "red", "lost": "red", "cancelled": "yellow"}
+COMMAND_WIDTH = 60
+
+
+def check_states(values: Optional[list[str]]) -> list[str]:
+    """--state values, each a job state (a usage error naming the states otherwise)."""
+    for value in values or []:
+        if value not in JOB_STATES:
+            raise typer.BadParameter(f"{value!r} is not a job state ({', '.join(JOB_STATES)})", param_hint="--state")
+    return list(dict.fromkeys(values or []))
+
+
+def parse_since(text: Optional[str]) -> Optional[float]:
+    """--since: a duration back from now (`2h`, `3d`) or a local date/time (`2026-12-01`, `2026-12-01T08:00`)."""
+    if text is None:
+        return None
+    try:
+        return dt.datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        pass
+    try:
+        return time.time() - (parse_duration(text, "--since") or 0)
+    except typer.BadParameter:
+        raise typer.BadParameter(f"expected a duration such as 2h or 3d, or a date such as 2026-12-01, got {text!r}",
+                                 param_hint="--since") from None
+
+
+def select_jobs(client: Client, states: list[str], name: Optional[str], since: Optional[float],
+                limit: int, **scope) -> list[dict]:
+    """Jobs newest first in any of `states` (all when empty), named like the glob `name`, created at
+    or after `since`; at most `limit`. `scope` (all, user, project: whose jobs) goes to the server as is.
+
+    The server filters by one state; the name and age are matched here, a page
+    of jobs at a time, until `limit` match or the jobs are older than `since`.
+    """
+    found: list[dict] = []
+    for state in states or [None]:
+        found.extend(_matching(client, state, name, since, limit, scope))
+    found.sort(key=lambda j: j["id"], reverse=True)
+    return found[:limit]
+
+
+def _matching(client: Client, state: Optional[str], name: Optional[str], since: Optional[float],
+              limit: int, scope: dict) -> list[dict]:
+    filtered = name is not None or since is not None
+    found: list[dict] = []
+    before = None
+    while len(found) < limit:
+        size = PAGE if filtered else min(limit, PAGE)
+        page = client.jobs(state=state, limit=size, before=before, **{k: v for k, v in scope.items() if v})
+        for job in page:
+            if since is not None and (job.get("created_at") or 0) < since:
+                return found
+            if name is None or fnmatch.fnmatchcase(job.get("name") or "", name):
+                found.append(job)
+        if len(page) < size:
+            break
+        before = page[-1]["id"]
+    return found
+
+
+def job_row(job: dict, now: float) -> list:
+    """A job as a row under HEADERS."""
+    spec = job.get("spec") or {}
+    command = " ".join(" ".join(str(part) for part in spec.get("command", [])).split())  # no newline breaks a row
+    if len(command) > COMMAND_WIDTH:
+        command = command[:COMMAND_WIDTH - 1] + "…"
+    return [job["id"], state_text(job), job.get("exit_code"), job.get("name"), spec.get("priority"), _workers(job),
+            elapsed(job, now), fmt_time(job.get("created_at")), command]
+
+
+def state_text(job: dict) -> str:
+    """The job's state; an array's with its progress: `running 812/1000 done, 16 running`."""
+    array = job.get("array")
+    if not array:
+        return job["state"]
+    counts = array.get("counts") or {}
+    text = f"{job['state']} {array.get('done', 0)}/{array.get('size')} done"
+    for label, n in (("running", counts.get("running", 0) + counts.get("assigned", 0)),
+                     ("failed", counts.get("failed", 0) + counts.get("lost", 0)),
+                     ("cancelled", counts.get("cancelled", 0))):
+        if n:
+            text += f", {n} {label}"
+    return text
+
+
+def state_style(text: str) -> str:
+    """The STATE column in its colour (on a terminal only)."""
+    colour = STATE_COLOURS.get(text.strip().split(" ")[0])
+    return style(text, colour) if colour else text
+
+
+def _current_tasks(job: dict) -> list[dict]:
+    return [t for t in job.get("tasks") or [] if t.get("attempt") == job.get("attempt")]
+
+
+def _workers(job: dict) -> Optional[str]:
+    """The worker of the job's current attempt, `name+N` when its tasks are on several."""
+    names = list(dict.fromkeys(t.get("worker_name") or str(t["worker_id"])
+                               for t in _current_tasks(job) if t.get("worker_id") is not None))
+    if not names:
+        return None
+    return names[0] if len(names) == 1 else f"{names[0]}+{len(names) - 1}"
+
+
+def elapsed(job: dict, now: float) -> Optional[str]:
+    """How long the job has run (until it ended, or until now), as Slurm writes it: [D-]H:MM:SS."""
+    started = [t["started_at"] for t in _current_tasks(job) if t.get("started_at")]
+    if not started:
+        return None
+    end = job.get("finished_at") or now
+    seconds = max(0, int(end - min(started)))
+    days, rest = divmod(seconds, 86400)
+    text = f"{rest // 3600}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+    return f"{days}-{text}" if days else text

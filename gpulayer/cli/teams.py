@@ -1,0 +1,187 @@
+"""`gpulayer user ...`, `gpulayer project ...` and `gpulayer whoami`: who shares the fleet (docs/teams.md)."""
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from gpulayer.cli.common import client_of, fail, fmt_time, print_json, print_table
+
+user_app = typer.Typer(help="Users: who holds client tokens (admins add and remove them).", no_args_is_help=True)
+project_app = typer.Typer(help="Projects: groups of users that share GPUs, with quotas.", no_args_is_help=True)
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+ROLES = ("member", "manager")
+
+
+def _membership(value: str) -> tuple[str, str]:
+    """`P` or `P:manager` / `P:member` → (project, role); a usage error otherwise."""
+    project, _, role = value.partition(":")
+    role = role or "member"
+    if not project or role not in ROLES:
+        raise fail(f"--project {value!r}: give PROJECT or PROJECT:manager (or PROJECT:member)", 2)
+    return project, role
+
+
+def _report(answer: dict, as_json: bool, message: str) -> None:
+    """The changed user or project as JSON, or a line on stderr saying what changed."""
+    if as_json:
+        print_json(answer)
+    else:
+        typer.echo(message, err=True)
+
+
+def _projects_text(projects: list[dict]) -> str:
+    return ",".join(f"{p['project']}:{p['role']}" if p.get("role") == "manager" else p["project"]
+                    for p in projects or []) or "-"
+
+
+@user_app.command("add")
+def user_add(ctx: typer.Context,
+             name: Annotated[str, typer.Argument(help="The user's name (lower-case letters, digits, _ . -).")],
+             admin: Annotated[bool, typer.Option("--admin", help="May do everything.")] = False,
+             project: Annotated[Optional[list[str]], typer.Option("--project", help="P or P:manager (repeatable; default: member of default).")] = None,
+             max_running_jobs: Annotated[Optional[int], typer.Option("--max-running-jobs", min=0, help="At most this many of its jobs run at once.")] = None,
+             as_json: JsonOpt = False) -> None:
+    """Add a user; its client token is printed once, alone on the first line (details on stderr)."""
+    answer = client_of(ctx).add_user(name, admin=admin, projects=[_membership(p) for p in project or []],
+                                     max_running_jobs=max_running_jobs)
+    if as_json:
+        print_json(answer)
+        return
+    typer.echo(answer["token"])
+    typer.echo(f"user {answer['name']} added{' (admin)' if answer.get('admin') else ''} in "
+               f"{_projects_text(answer.get('projects') or [])}; give them the token above "
+               "(GPULAYER_TOKEN): it is not shown again", err=True)
+
+
+@user_app.command("list")
+def user_list(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+    """Every user, with its projects and roles (admins)."""
+    users = client_of(ctx).users()
+    if as_json:
+        print_json(users)
+        return
+    print_table([[u["name"], "yes" if u["admin"] else "", _projects_text(u.get("projects") or []),
+                  "-" if u.get("max_running_jobs") is None else u["max_running_jobs"], fmt_time(u.get("created_at"))]
+                 for u in users], ["NAME", "ADMIN", "PROJECTS", "MAX RUNNING", "CREATED"])
+
+
+@user_app.command("set")
+def user_set(ctx: typer.Context,
+             name: Annotated[str, typer.Argument(help="The user's name.")],
+             admin: Annotated[Optional[bool], typer.Option("--admin/--no-admin", help="Make or unmake an admin.")] = None,
+             max_running_jobs: Annotated[Optional[int], typer.Option("--max-running-jobs", min=0, help="At most this many of its jobs run at once.")] = None,
+             no_limit: Annotated[bool, typer.Option("--no-max-running-jobs", help="Lift the running-jobs limit.")] = False,
+             as_json: JsonOpt = False) -> None:
+    """Change a user's admin flag or running-jobs limit (admins)."""
+    changes: dict = {}
+    if admin is not None:
+        changes["admin"] = admin
+    if max_running_jobs is not None and no_limit:
+        raise fail("give --max-running-jobs N or --no-max-running-jobs, not both", 2)
+    if max_running_jobs is not None or no_limit:
+        changes["max_running_jobs"] = max_running_jobs
+    if not changes:
+        raise fail("nothing to change: give --admin/--no-admin or --max-running-jobs", 2)
+    _report(client_of(ctx).set_user(name, **changes), as_json, f"user {name} changed")
+
+
+@user_app.command("remove")
+def user_remove(ctx: typer.Context, name: Annotated[str, typer.Argument(help="The user's name.")]) -> None:
+    """Remove a user (admins): its client tokens stop working at once; its jobs stay its own."""
+    answer = client_of(ctx).remove_user(name)
+    typer.echo(f"user {name} removed ({len(answer.get('tokens_revoked') or [])} token(s) revoked)", err=True)
+
+
+def _settings(gpus: Optional[int], no_quota: bool, borrow: Optional[int], weight: Optional[float],
+              visibility: Optional[str]) -> dict:
+    if gpus is not None and no_quota:
+        raise fail("give --gpus N or --no-quota, not both", 2)
+    if visibility is not None and visibility not in ("private", "project"):
+        raise fail("--visibility: must be private or project", 2)
+    found: dict = {}
+    if gpus is not None or no_quota:
+        found["gpus"] = gpus
+    for key, value in (("borrow", borrow), ("weight", weight), ("visibility", visibility)):
+        if value is not None:
+            found[key] = value
+    return found
+
+
+GpusOpt = Annotated[Optional[int], typer.Option("--gpus", min=0, help="Its GPU quota (nominal).")]
+NoQuotaOpt = Annotated[bool, typer.Option("--no-quota", help="No GPU quota.")]
+BorrowOpt = Annotated[Optional[int], typer.Option("--borrow", min=0, help="GPUs it may borrow beyond its quota when idle.")]
+WeightOpt = Annotated[Optional[float], typer.Option("--weight", min=0.000001, help="Its fair share (default: its quota).")]
+VisibilityOpt = Annotated[Optional[str], typer.Option("--visibility", help="private (members see each other's jobs exist) or project (and read their logs and outputs).")]
+
+
+@project_app.command("add")
+def project_add(ctx: typer.Context, name: Annotated[str, typer.Argument(help="The project's name.")],
+                gpus: GpusOpt = None, borrow: BorrowOpt = None, weight: WeightOpt = None,
+                visibility: VisibilityOpt = None, as_json: JsonOpt = False) -> None:
+    """Add a project (admins)."""
+    _report(client_of(ctx).add_project(name, **_settings(gpus, False, borrow, weight, visibility)), as_json,
+            f"project {name} added")
+
+
+@project_app.command("set")
+def project_set(ctx: typer.Context, name: Annotated[str, typer.Argument(help="The project's name.")],
+                gpus: GpusOpt = None, no_quota: NoQuotaOpt = False, borrow: BorrowOpt = None,
+                weight: WeightOpt = None, visibility: VisibilityOpt = None, as_json: JsonOpt = False) -> None:
+    """Change a project's quota, borrowing limit, weight or visibility (admins)."""
+    settings = _settings(gpus, no_quota, borrow, weight, visibility)
+    if not settings:
+        raise fail("nothing to change: give --gpus, --borrow, --weight or --visibility", 2)
+    _report(client_of(ctx).set_project(name, **settings), as_json, f"project {name} changed")
+
+
+@project_app.command("list")
+def project_list(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+    """The projects you are in (admins: all), with their settings and members."""
+    projects = client_of(ctx).projects()
+    if as_json:
+        print_json(projects)
+        return
+    print_table([[p["name"], "-" if p.get("gpus") is None else p["gpus"], p.get("borrow", 0),
+                  "-" if p.get("weight") is None else f"{p['weight']:g}", p.get("visibility"),
+                  ",".join(f"{m['user']}:{m['role']}" if m["role"] == "manager" else m["user"]
+                           for m in p.get("members") or []) or "-"]
+                 for p in projects], ["NAME", "GPUS", "BORROW", "WEIGHT", "VISIBILITY", "MEMBERS"])
+
+
+@project_app.command("remove")
+def project_remove(ctx: typer.Context, name: Annotated[str, typer.Argument(help="The project's name.")]) -> None:
+    """Remove a project with no job left to end (admins): its memberships and secrets go too."""
+    client_of(ctx).remove_project(name)
+    typer.echo(f"project {name} removed", err=True)
+
+
+@project_app.command("add-member")
+def project_add_member(ctx: typer.Context, name: Annotated[str, typer.Argument(help="The project.")],
+                       user: Annotated[str, typer.Argument(help="The user.")],
+                       manager: Annotated[bool, typer.Option("--manager", help="As a manager (else a member).")] = False) -> None:
+    """Add a user to a project, or change its role there (the project's managers, admins)."""
+    client_of(ctx).set_member(name, user, "manager" if manager else "member")
+    typer.echo(f"{user} is a {'manager' if manager else 'member'} of {name}", err=True)
+
+
+@project_app.command("remove-member")
+def project_remove_member(ctx: typer.Context, name: Annotated[str, typer.Argument(help="The project.")],
+                          user: Annotated[str, typer.Argument(help="The user.")]) -> None:
+    """Take a user out of a project (the project's managers, admins); its jobs there stay its own."""
+    client_of(ctx).remove_member(name, user)
+    typer.echo(f"{user} left {name}", err=True)
+
+
+def whoami(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+    """Who your token says you are: user, admin or not, projects and roles."""
+    client = client_of(ctx)
+    if not hasattr(client, "whoami"):
+        raise fail("whoami needs a control plane (this home runs jobs locally, as you)", 2)
+    answer = client.whoami()
+    if as_json:
+        print_json(answer)
+        return
+    typer.echo(f"{answer['user']}{' (admin)' if answer.get('admin') else ''}")
+    typer.echo(f"projects: {_projects_text(answer.get('projects') or [])}")

@@ -1,0 +1,328 @@
+"""Teams: users, projects, memberships, and who may do what with a job (docs/teams.md, docs/security.md).
+
+Roles: an admin may do everything; in a project, a `manager` manages the project's jobs,
+members and secrets, a `member` submits to it. A job belongs to its owner (the user that
+submitted it) and its project. What a caller may do with a job is one of three levels:
+
+  manage  cancel, read logs, outputs and endpoints: the owner, the project's managers, admins
+  read    read logs, outputs and endpoints: also every member when the project's visibility
+          is `project`
+  see     that it exists (id, name, owner, state, resources; not its env, logs or outputs):
+          every other member of the project
+
+Anyone else gets 404 for the job, as if it did not exist, so ids do not leak. Every
+function here takes a read or write connection; the callers choose the transaction.
+"""
+from __future__ import annotations
+
+import json
+import re
+
+from gpulayer.server.errors import Conflict, Forbidden, InvalidRequest, NotFound
+from gpulayer.server.scheduler import events, jobs
+from gpulayer.server.store.queries import row, rows
+
+ADMIN_USER_ID = 1
+DEFAULT_PROJECT_ID = 1
+DEFAULT_PROJECT = "default"
+ROLES = ("manager", "member")
+VISIBILITIES = ("private", "project")
+LEVELS = {"see": 1, "read": 2, "manage": 3}
+NAME = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
+_WHAT = {"read": "read its logs, outputs and endpoints", "manage": "cancel it"}
+
+
+def check_name(name, field: str) -> str:
+    """A user or project name: lower-case letters, digits, `_ . -`, starting with a letter (64 at most)."""
+    if not isinstance(name, str) or not NAME.match(name):
+        raise InvalidRequest(f"{field}: must be 1-64 lower-case letters, digits, '_', '.' or '-', "
+                             "starting with a letter", field=field)
+    return name
+
+
+def require_admin(principal, what: str) -> None:
+    if not getattr(principal, "admin", False):
+        raise Forbidden(f"only an admin may {what}")
+
+
+# -- jobs: ownership ----------------------------------------------------------
+
+def job_level(conn, principal, job_id: int) -> str:
+    """What `principal` may do with the job: manage, read or see; NotFound when nothing (or no job)."""
+    level = _level(principal, row(conn, "job_access", job_id=job_id, user_id=principal.user_id))
+    if level is None:
+        raise NotFound(f"no job {job_id}")
+    return level
+
+
+def _level(principal, found: dict | None) -> str | None:
+    """job_level of a job_access (or job_owners) row; None: the caller may not know the job exists."""
+    if found is None:
+        return None
+    if principal.admin or found["user_id"] == principal.user_id or found["role"] == "manager":
+        return "manage"
+    if found["role"] == "member":
+        return "read" if found["visibility"] == "project" else "see"
+    return None
+
+
+def check_job(conn, principal, job_id: int, need: str) -> str:
+    """The caller's level on the job, at least `need`: Forbidden when it only sees the job, NotFound when not."""
+    level = job_level(conn, principal, job_id)
+    if LEVELS[level] < LEVELS[need]:
+        raise Forbidden(f"job {job_id} is not yours: only its owner, the managers of its project and admins may "
+                        f"{_WHAT[need]}" + (" (members too, when the project's visibility is `project`)"
+                                            if need == "read" else ""))
+    return level
+
+
+def annotate(conn, rendered: list[dict], principal=None) -> list[dict]:
+    """Add `owner` and `project` (names) to rendered jobs; hide what `principal` may only see (redact)."""
+    if not rendered:
+        return rendered
+    names = {r["id"]: r for r in rows(conn, "job_owners", ids=json.dumps([j["id"] for j in rendered]),
+                                      user_id=getattr(principal, "user_id", None))}
+    for job in rendered:
+        found = names.get(job["id"])
+        job["owner"], job["project"] = (found["owner"], found["project"]) if found else (None, None)
+        if principal is not None and _level(principal, found) == "see":
+            redact(job)
+    return rendered
+
+
+def redact(job: dict) -> dict:
+    """What a project member who may only see a job gets: no env, no command, no outputs."""
+    spec = job.get("spec")
+    if isinstance(spec, dict):
+        job["spec"] = {k: v for k, v in spec.items() if k not in ("env", "command", "files", "outputs")}
+    for task in job.get("tasks") or []:
+        task["outputs"] = {}
+    job["redacted"] = True
+    return job
+
+
+def list_scope(conn, principal, *, user: str | None, project: str | None, everything: bool) -> dict:
+    """list_jobs' filters: your own jobs by default; `user`, `project`, or `everything` you may see."""
+    scope: dict = {"owner_id": None, "project_id": None, "viewer_id": None if principal.admin else principal.user_id}
+    if user is not None:
+        found = row(conn, "user_by_name", name=user)
+        scope["owner_id"] = found["id"] if found else -1   # no such user: no jobs (names do not leak)
+    if project is not None:
+        found = row(conn, "project_by_name", name=project)
+        scope["project_id"] = found["id"] if found else -1
+    if user is None and project is None and not everything:
+        scope["owner_id"] = principal.user_id
+    return scope
+
+
+def submit_project(conn, principal, project: str | None) -> int:
+    """The project a job is submitted to: the one named, else the user's only project, else `default`.
+
+    Members may submit to their projects only (admins anywhere): Forbidden otherwise.
+    """
+    if project is not None:
+        found = row(conn, "project_by_name", name=check_name(project, "project"))
+        if found is None:
+            if principal.admin:
+                raise InvalidRequest(f"project: no project named {project!r}", code="unknown_project")
+            raise Forbidden(f"user {principal.user} is not a member of project {project!r}")
+        if not principal.admin and row(conn, "membership_role", user_id=principal.user_id,
+                                       project_id=found["id"]) is None:
+            raise Forbidden(f"user {principal.user} is not a member of project {project!r}")
+        return found["id"]
+    mine = rows(conn, "user_projects", user_id=principal.user_id)
+    if principal.admin:
+        return mine[0]["id"] if len(mine) == 1 else DEFAULT_PROJECT_ID
+    if len(mine) == 1:
+        return mine[0]["id"]
+    if any(p["id"] == DEFAULT_PROJECT_ID for p in mine):
+        return DEFAULT_PROJECT_ID
+    if not mine:
+        raise Forbidden(f"user {principal.user} is in no project: an admin adds it to one "
+                        "(`gpulayer project add-member PROJECT USER`)")
+    raise InvalidRequest(f"user {principal.user} is in projects {', '.join(p['name'] for p in mine)}: "
+                         "name one with --project", code="project_required")
+
+
+def submit(conn, principal, project: str | None, spec: dict, now: float) -> int:
+    """jobs.submit, owned by the caller in the project it may submit to."""
+    project_id = submit_project(conn, principal, project)
+    return jobs.submit(conn, spec, now, principal.user_id or ADMIN_USER_ID, project_id)
+
+
+# -- secrets: per project -------------------------------------------------------
+
+def secret_project(conn, principal, project: str | None, manage: bool) -> int:
+    """The project whose secrets the caller reads (any member) or sets (`manage`: managers, admins).
+
+    No project named: the caller's only project, else `default`. NotFound for a project the caller is not in.
+    """
+    if project is None:
+        mine = rows(conn, "user_projects", user_id=principal.user_id)
+        found = mine[0] if len(mine) == 1 and not principal.admin else row(conn, "project_by_name", name=DEFAULT_PROJECT)
+    else:
+        found = row(conn, "project_by_name", name=check_name(project, "project"))
+    if found is None:
+        raise NotFound(f"no project {project!r}")
+    if principal.admin:
+        return found["id"]
+    role = row(conn, "membership_role", user_id=principal.user_id, project_id=found["id"])
+    if role is None:
+        raise NotFound(f"no project {found['name']!r}")
+    if manage and role["role"] != "manager":
+        raise Forbidden(f"only the managers of project {found['name']} and admins may set or delete its secrets")
+    return found["id"]
+
+
+# -- users ----------------------------------------------------------------------
+
+def _user_view(found: dict) -> dict:
+    return {"name": found["name"], "admin": bool(found["admin"]), "max_running_jobs": found["max_running_jobs"],
+            "created_at": found["created_at"], "projects": json.loads(found["projects"])}
+
+
+def _user(conn, name: str) -> dict:
+    found = row(conn, "user_by_name", name=name)
+    if found is None or found["removed_at"] is not None:
+        raise NotFound(f"no user {name!r}")
+    return found
+
+
+def _project(conn, name: str) -> dict:
+    found = row(conn, "project_by_name", name=name)
+    if found is None:
+        raise NotFound(f"no project {name!r}")
+    return found
+
+
+def add_user(conn, name: str, admin: bool, projects: list[tuple[str, str]], max_running_jobs: int | None,
+             now: float) -> int:
+    """A new user (a removed one of the same name comes back) in `projects` [(name, role)]; returns its id.
+
+    With no project named, the user joins `default` as a member. Conflict when the name is taken.
+    """
+    found = row(conn, "insert_user", name=name, admin=int(admin), max_running_jobs=max_running_jobs, now=now)
+    if found is None:
+        raise Conflict(f"there is already a user named {name!r}", code="user_exists")
+    user_id = found["id"]
+    for project, role in projects or [(DEFAULT_PROJECT, "member")]:
+        row(conn, "put_membership", user_id=user_id, project_id=_project(conn, project)["id"], role=role)
+    events.record(conn, now, "user_added", user=name, admin=admin, max_running_jobs=max_running_jobs,
+                  projects=[{"project": p, "role": r} for p, r in projects or [(DEFAULT_PROJECT, "member")]])
+    return user_id
+
+
+def set_user(conn, name: str, changes: dict, now: float) -> None:
+    """Change `admin` and/or `max_running_jobs` (null clears it)."""
+    found = _user(conn, name)
+    if found["id"] == ADMIN_USER_ID and changes.get("admin") is False:
+        raise InvalidRequest("the first admin (user admin) stays an admin", code="first_admin")
+    row(conn, "update_user", user_id=found["id"], admin=None if "admin" not in changes else int(changes["admin"]),
+        set_limit=int("max_running_jobs" in changes), max_running_jobs=changes.get("max_running_jobs"))
+    events.record(conn, now, "user_changed", user=name, **changes)
+
+
+def remove_user(conn, name: str, now: float) -> list[str]:
+    """Mark a user removed, out of every project, its client tokens revoked (its jobs stay its own); the jtis."""
+    found = _user(conn, name)
+    if found["id"] == ADMIN_USER_ID:
+        raise InvalidRequest("the first admin (user admin) cannot be removed: it owns server init's token",
+                             code="first_admin")
+    row(conn, "remove_user", user_id=found["id"], now=now)
+    row(conn, "remove_user_memberships", user_id=found["id"])
+    revoked = [r["jti"] for r in rows(conn, "revoke_user_tokens", user_id=found["id"], now=now)]
+    events.record(conn, now, "user_removed", user=name, tokens_revoked=revoked)
+    return revoked
+
+
+def list_users(conn) -> list[dict]:
+    return [_user_view(u) for u in rows(conn, "list_users")]
+
+
+def get_user(conn, name: str) -> dict:
+    return next(u for u in list_users(conn) if u["name"] == _user(conn, name)["name"])
+
+
+def whoami(conn, principal) -> dict:
+    """The caller: its user, whether an admin, its projects and roles, and its token."""
+    found = row(conn, "user_by_id", user_id=principal.user_id)
+    return {"user": principal.user, "admin": principal.admin,
+            "max_running_jobs": found["max_running_jobs"] if found else None,
+            "projects": [{"project": p["name"], "role": p["role"]}
+                         for p in rows(conn, "user_projects", user_id=principal.user_id)],
+            "token": {"jti": principal.jti, "name": principal.name}}
+
+
+# -- projects -------------------------------------------------------------------
+
+def _project_view(found: dict) -> dict:
+    return {"name": found["name"], "visibility": found["visibility"], "gpus": found["gpu_quota"],
+            "borrow": found["gpu_borrow"], "weight": found["weight"], "created_at": found["created_at"],
+            "members": json.loads(found["members"])}
+
+
+def add_project(conn, body: dict, now: float) -> None:
+    if row(conn, "project_by_name", name=body["name"]) is not None:
+        raise Conflict(f"there is already a project named {body['name']!r}", code="project_exists")
+    row(conn, "insert_project", name=body["name"], visibility=body.get("visibility") or "private",
+        gpu_quota=body.get("gpus"), gpu_borrow=body.get("borrow") or 0, weight=body.get("weight"), now=now)
+    events.record(conn, now, "project_added", **body)
+
+
+def set_project(conn, name: str, changes: dict, now: float) -> None:
+    found = _project(conn, name)
+    row(conn, "update_project", project_id=found["id"], visibility=changes.get("visibility"),
+        gpu_borrow=changes.get("borrow"), set_quota=int("gpus" in changes), gpu_quota=changes.get("gpus"),
+        set_weight=int("weight" in changes), weight=changes.get("weight"))
+    events.record(conn, now, "project_changed", project=name, **changes)
+
+
+def remove_project(conn, name: str, now: float) -> None:
+    """Remove a project with no job left to end: its memberships and secrets go too."""
+    found = _project(conn, name)
+    if found["id"] == DEFAULT_PROJECT_ID:
+        raise InvalidRequest("the project default cannot be removed", code="default_project")
+    active = row(conn, "project_active_jobs", project_id=found["id"])["n"]
+    if active:
+        raise Conflict(f"project {name} has {active} job(s) not ended yet: cancel them or wait", code="project_busy")
+    row(conn, "delete_project_memberships", project_id=found["id"])
+    row(conn, "delete_project_secrets", project_id=found["id"])
+    row(conn, "delete_project", project_id=found["id"])
+    events.record(conn, now, "project_removed", project=name)
+
+
+def list_projects(conn, principal) -> list[dict]:
+    """Every project for an admin; the caller's own otherwise."""
+    return [_project_view(p) for p in rows(conn, "list_projects", user_id=None if principal.admin else principal.user_id)]
+
+
+def get_project(conn, principal, name: str) -> dict:
+    found = next((p for p in list_projects(conn, principal) if p["name"] == name), None)
+    if found is None:
+        raise NotFound(f"no project {name!r}")
+    return found
+
+
+def _may_manage_members(conn, principal, project: dict) -> None:
+    if principal.admin:
+        return
+    role = row(conn, "membership_role", user_id=principal.user_id, project_id=project["id"])
+    if role is None:
+        raise NotFound(f"no project {project['name']!r}")
+    if role["role"] != "manager":
+        raise Forbidden(f"only the managers of project {project['name']} and admins may change its members")
+
+
+def put_member(conn, principal, project: str, user: str, role: str, now: float) -> None:
+    found = _project(conn, project)
+    _may_manage_members(conn, principal, found)
+    row(conn, "put_membership", user_id=_user(conn, user)["id"], project_id=found["id"], role=role)
+    events.record(conn, now, "member_set", project=project, user=user, role=role)
+
+
+def remove_member(conn, principal, project: str, user: str, now: float) -> None:
+    found = _project(conn, project)
+    _may_manage_members(conn, principal, found)
+    if row(conn, "delete_membership", user_id=_user(conn, user)["id"], project_id=found["id"]) is None:
+        raise NotFound(f"user {user} is not in project {project}")
+    events.record(conn, now, "member_removed", project=project, user=user)
