@@ -64,7 +64,8 @@ def task_environment(
     """Build a task's environment.
 
     Order (later wins): the filtered worker environment, the job's ``env``
-    (with its secrets), then what the agent owns: GPULAYER_* ids,
+    (with its secrets), then what the agent owns: GPULAYER_* ids (and
+    GPULAYER_ARRAY_INDEX / GPULAYER_ARRAY_SIZE for an array's element),
     CUDA_VISIBLE_DEVICES and ``extra`` (PORT, MASTER_ADDR, ...).
     """
     env = dict(base)
@@ -83,6 +84,9 @@ def task_environment(
             "CUDA_VISIBLE_DEVICES": cuda_visible_devices(list(assignment.get("gpus") or []), device_ids),
         }
     )
+    if assignment.get("array_size") is not None:  # an element of a job array (older servers send neither)
+        env["GPULAYER_ARRAY_INDEX"] = str(assignment.get("array_index", assignment.get("index", 0)))
+        env["GPULAYER_ARRAY_SIZE"] = str(assignment["array_size"])
     env.update(extra or {})
     return env
 

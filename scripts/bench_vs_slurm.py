@@ -19,6 +19,11 @@ submitted one after another by one client, while earlier ones run.
 
     python scripts/bench_vs_slurm.py [--jobs 500] [--default-jobs 100] [--write-docs]
 
+With `--array N` it compares job arrays instead: one `sbatch --array=0-(N-1)` on the
+tuned cluster against one GPUlayer array of N elements (`POST /v1/jobs` with `array`),
+each element the same one-liner writing `$SLURM_ARRAY_TASK_ID` / `$GPULAYER_ARRAY_INDEX`,
+from the one submit until every element has ended (its own section of the docs).
+
 Needs root and Debian's Slurm (installed with apt-get when missing).
 """
 from __future__ import annotations
@@ -42,6 +47,7 @@ from localslurm import LocalSlurm, ensure_installed  # noqa: E402
 TUNED = ["SchedulerParameters=batch_sched_delay=0,sched_min_interval=0", "Epilog=/bin/true",
          "SlurmctldDebug=error", "SlurmdDebug=error"]
 SECTION = "## GPUlayer vs Slurm"
+ARRAY_SECTION = "## Job arrays vs Slurm"
 
 
 def stamp_command(stamps: Path, i: int) -> str:
@@ -64,18 +70,16 @@ def result(name: str, n: int, wall: float, lat: list[float], note: str = "") -> 
             "note": note}
 
 
-def run_slurm(name: str, n: int, extra: list[str]) -> dict:
+def through_slurm(name: str, n: int, extra: list[str], submit) -> dict:
+    """`submit(cluster, root, stamps)` on a fresh single-node Slurm returns {i: submitted at}; then until
+    `squeue` is empty."""
     root = Path(tempfile.mkdtemp(prefix="bench-slurm-"))
     stamps = root / "stamps"
     stamps.mkdir()
     cluster = LocalSlurm(root, cpus=2, extra=extra).start()
     try:
-        submitted: dict[int, float] = {}
         first = time.time()
-        for i in range(n):
-            submitted[i] = time.time()
-            cluster.run("sbatch", "-Q", "-c1", "-J", "bench", "--output=/dev/null", "--wrap", stamp_command(stamps, i),
-                        cwd=root)
+        submitted = submit(cluster, root, stamps)
         while cluster.queue():
             time.sleep(0.05)
         wall = time.time() - first
@@ -84,7 +88,30 @@ def run_slurm(name: str, n: int, extra: list[str]) -> dict:
         cluster.stop()
 
 
-def run_gpulayer(n: int) -> dict:
+def run_slurm(name: str, n: int, extra: list[str]) -> dict:
+    def submit(cluster, root: Path, stamps: Path) -> dict[int, float]:
+        submitted: dict[int, float] = {}
+        for i in range(n):
+            submitted[i] = time.time()
+            cluster.run("sbatch", "-Q", "-c1", "-J", "bench", "--output=/dev/null", "--wrap", stamp_command(stamps, i),
+                        cwd=root)
+        return submitted
+    return through_slurm(name, n, extra, submit)
+
+
+def run_slurm_array(n: int, extra: list[str]) -> dict:
+    """One `sbatch --array=0-(n-1)`: from the submit until `squeue` is empty."""
+    def submit(cluster, root: Path, stamps: Path) -> dict[int, float]:
+        at = time.time()
+        cluster.run("sbatch", "-Q", "-c1", "-J", "bench", f"--array=0-{n - 1}", "--output=/dev/null", "--wrap",
+                    f"date +%s.%N > {stamps}/$SLURM_ARRAY_TASK_ID", cwd=root)
+        return dict.fromkeys(range(n), at)
+    return through_slurm(f"Slurm --array=0-{n - 1}, tuned", n, extra, submit)
+
+
+def through_gpulayer(name: str, n: int, submit) -> dict:
+    """`submit(post, stamps)` (post: POST /v1/jobs of a JobSpec) to a real server with one worker
+    (--parallel 2) returns {i: submitted at}; then until every job has finished, each succeeded."""
     stamps = Path(tempfile.mkdtemp(prefix="bench-gpulayer-"))
     with benchlib.Server() as srv:
         worker = srv.start_worker("bench", parallel=2)
@@ -92,13 +119,9 @@ def run_gpulayer(n: int) -> dict:
             s = benchlib.session(srv.verify)
             headers = srv.client_headers()
             db = sqlite3.connect(f"file:{srv.state}?mode=ro", uri=True)
-            submitted: dict[int, float] = {}
             first = time.time()
-            for i in range(n):
-                submitted[i] = time.time()
-                r = s.post(srv.url + "/v1/jobs", headers=headers,
-                           json={"command": ["sh", "-c", stamp_command(stamps, i)]})
-                r.raise_for_status()
+            submitted = submit(lambda spec: s.post(srv.url + "/v1/jobs", headers=headers, json=spec).raise_for_status(),
+                               stamps)
             while db.execute("SELECT count(*) FROM jobs WHERE finished_at IS NULL").fetchone()[0]:
                 time.sleep(0.01)
             wall = time.time() - first
@@ -106,17 +129,57 @@ def run_gpulayer(n: int) -> dict:
             db.close()
             if failed:
                 raise RuntimeError(f"{failed} GPUlayer jobs did not succeed")
-            return result("GPUlayer, 1 worker --parallel 2", n, wall, latencies(stamps, submitted))
+            return result(name, n, wall, latencies(stamps, submitted))
         finally:
             worker.stop()
 
 
+def run_gpulayer(n: int) -> dict:
+    def submit(post, stamps: Path) -> dict[int, float]:
+        submitted: dict[int, float] = {}
+        for i in range(n):
+            submitted[i] = time.time()
+            post({"command": ["sh", "-c", stamp_command(stamps, i)]})
+        return submitted
+    return through_gpulayer("GPUlayer, 1 worker --parallel 2", n, submit)
+
+
+def run_gpulayer_array(n: int) -> dict:
+    """One GPUlayer array of n elements: from the POST until it ended."""
+    def submit(post, stamps: Path) -> dict[int, float]:
+        at = time.time()
+        post({"command": ["sh", "-c", f"date +%s.%N > {stamps}/$GPULAYER_ARRAY_INDEX"], "array": f"0-{n - 1}"})
+        return dict.fromkeys(range(n), at)
+    return through_gpulayer(f"GPUlayer array of {n}, 1 worker --parallel 2", n, submit)
+
+
+def table_rows(runs: list[dict], what: str = "jobs") -> list[str]:
+    """The runs as a markdown table."""
+    return [f"| run | {what} | wall (s) | {what}/s | submit-to-start p50 (s) | p99 (s) |", "|---|---|---|---|---|---|",
+            *(f"| {r['run']} | {r['jobs']} | {r['wall_s']} | {r['jobs_per_s']} | {r['start_p50_s']} | "
+              f"{r['start_p99_s']} |" for r in runs)]
+
+
+def array_markdown(runs: list[dict], args, machine: str) -> str:
+    slurm, ours = runs
+    rows = table_rows(runs, "elements")
+    return "\n".join([
+        ARRAY_SECTION, "",
+        "One job array of trivial elements, at most 2 at a time, on one machine, in one run of",
+        "`python scripts/bench_vs_slurm.py " + " ".join(args) + "` (as root). Slurm: the single-node",
+        "cluster on loopback tuned for throughput as above, one `sbatch -c1 --array=0-N`; GPUlayer: a real",
+        "server and one worker `--parallel 2`, one `POST /v1/jobs` with `array`. Each element writes",
+        "`date +%s.%N` to a file named by its index: submit-to-start is that stamp minus the time just before",
+        "the one submit; wall is from the submit until every element has ended.",
+        "", machine, "", *rows, "",
+        f"- GPUlayer over tuned Slurm, elements/s: {ours['jobs_per_s'] / slurm['jobs_per_s']:.1f}x.",
+        "",
+    ])
+
+
 def markdown(runs: list[dict], args, machine: str) -> str:
     default, tuned, ours = runs
-    rows = ["| run | jobs | wall (s) | jobs/s | submit-to-start p50 (s) | p99 (s) |", "|---|---|---|---|---|---|"]
-    for r in runs:
-        rows.append(f"| {r['run']} | {r['jobs']} | {r['wall_s']} | {r['jobs_per_s']} | {r['start_p50_s']} | "
-                    f"{r['start_p99_s']} |")
+    rows = table_rows(runs)
     return "\n".join([
         SECTION, "",
         "Trivial jobs, at most 2 at a time, on one machine, in one run of",
@@ -140,11 +203,11 @@ def markdown(runs: list[dict], args, machine: str) -> str:
     ])
 
 
-def write_docs(text: str) -> None:
+def write_docs(text: str, section: str = SECTION) -> None:
     """Replace (or append) only this section of docs/benchmarks.md; other sections are someone else's."""
     path = REPO / "docs" / "benchmarks.md"
     old = path.read_text() if path.exists() else "# Benchmarks\n"
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
+    pattern = re.compile(rf"^{re.escape(section)}\n.*?(?=^## |\Z)", re.S | re.M)
     new = pattern.sub(lambda m: text + "\n", old) if pattern.search(old) else old.rstrip("\n") + "\n\n" + text
     path.write_text(new)
 
@@ -154,6 +217,8 @@ def main(argv=None) -> int:
     parser.add_argument("--jobs", type=int, default=500, help="jobs for tuned Slurm and GPUlayer (default 500)")
     parser.add_argument("--default-jobs", type=int, default=100,
                         help="jobs for Slurm's default settings (default 100: 500 take over 5 minutes there)")
+    parser.add_argument("--array", type=int, default=None, metavar="N",
+                        help="compare one job array of N elements instead (sbatch --array=0-(N-1) vs GPUlayer)")
     parser.add_argument("--write-docs", action="store_true", help="write the figures into docs/benchmarks.md")
     parser.add_argument("--json", action="store_true", help="print JSON")
     args = parser.parse_args(argv)
@@ -164,10 +229,17 @@ def main(argv=None) -> int:
         print(f"bench_vs_slurm: no Slurm: {reason}", file=sys.stderr)
         return 2
     machine = benchlib.machine_line()
+    shown = [a for a in (argv if argv is not None else sys.argv[1:]) if a not in ("--write-docs", "--json")]
+    if args.array:
+        runs = [run_slurm_array(args.array, TUNED), run_gpulayer_array(args.array)]
+        text = array_markdown(runs, shown, machine)
+        print(json.dumps(runs, indent=2) if args.json else text)
+        if args.write_docs:
+            write_docs(text, ARRAY_SECTION)
+        return 0
     runs = [run_slurm("Slurm, Debian defaults", args.default_jobs, []),
             run_slurm("Slurm, tuned for throughput", args.jobs, TUNED),
             run_gpulayer(args.jobs)]
-    shown = [a for a in (argv if argv is not None else sys.argv[1:]) if a not in ("--write-docs", "--json")]
     text = markdown(runs, shown, machine)
     print(json.dumps(runs, indent=2) if args.json else text)
     if args.write_docs:

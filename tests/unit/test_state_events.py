@@ -20,9 +20,11 @@ ALLOWED = {
     ("tasks", "failed"): {"task_finished", "task_stopped"},
     ("tasks", "cancelled"): {"task_cancelled", "task_finished", "task_stopped"},
     ("tasks", "lost"): {"task_lost", "task_stopped"},
-    ("tasks", "queued"): {"job_submitted", "job_retried", "replica_replaced", "task_requeued", "gang_released"},
+    ("tasks", "queued"): {"job_submitted", "job_retried", "replica_replaced", "task_requeued", "gang_released",
+                          "element_retried"},
     ("jobs", "running"): {"task_assigned"},
-    ("jobs", "queued"): {"job_submitted", "job_retried", "gang_released", "task_requeued"},
+    ("jobs", "queued"): {"job_submitted", "job_retried", "gang_released", "task_requeued", "job_released"},
+    ("jobs", "waiting"): {"job_submitted"},
     ("jobs", "succeeded"): {"job_finished"},
     ("jobs", "failed"): {"job_finished"},
     ("jobs", "cancelled"): {"job_finished"},
@@ -31,7 +33,7 @@ ALLOWED = {
     ("workers", "offline"): {"worker_offline"},
     ("workers", "gone"): {"worker_gone"},
 }
-JOB_LEVEL = {"job_submitted", "job_retried", "replica_replaced", "gang_released"}
+JOB_LEVEL = {"job_submitted", "job_retried", "replica_replaced", "gang_released", "element_retried"}
 
 
 def _states(store) -> dict:
@@ -150,3 +152,25 @@ def test_every_state_change_has_its_event(checked, clock, config):
                                                        "lost", "queued")}
     assert checked.changes >= {("jobs", s) for s in ("running", "queued", "succeeded", "failed", "cancelled", "lost")}
     assert checked.changes >= {("workers", s) for s in ("online", "offline", "gone")}
+
+
+def test_arrays_and_dependencies_have_their_events(checked):
+    w = _worker(checked, "arrays", slots=2)
+    first = checked.submit(job())
+    # an array that waits for `first`, capped at 1, one element retried once
+    array = checked.submit(job(array="0-2%1", after=[first], retry={"max_attempts": 2, "retry_on": ["failed"]}))
+    chained = checked.submit(job(after=[array]))
+    doomed = checked.submit(job(after=[f"{first}:notok"]))
+    t = checked.acquire(w)
+    checked.start(w, t["task_id"], 1)
+    _finish(checked, w, t["task_id"], 0)  # first succeeds: the array is released, `doomed` cancelled
+    codes = iter([4, 0, 0, 0, 0])
+    while (t := checked.acquire(w)) is not None:
+        checked.start(w, t["task_id"], 1)
+        _finish(checked, w, t["task_id"], next(codes))
+    cancelled = checked.submit(job(array="0-3%2"))
+    checked.cancel(cancelled, 3)
+    checked.cancel(cancelled)
+    assert {doomed, chained}
+    assert checked.changes >= {("jobs", "waiting"), ("jobs", "queued"), ("jobs", "succeeded"), ("jobs", "cancelled"),
+                               ("tasks", "queued"), ("tasks", "cancelled")}

@@ -30,8 +30,10 @@ class LogFollowers:
         with self._cond:
             self._cond.notify_all()
 
-    def wait(self, job_id: int, after: int, limit: int, wait_s: float) -> tuple[list[dict], bool]:
-        """Log lines after `after` and whether the call could wait.
+    def wait(self, job_id: int, after: int, limit: int, wait_s: float,
+             index: int | None = None) -> tuple[list[dict], bool]:
+        """Log lines after `after` (of the element, replica or rank `index` alone, if given) and whether the
+        call could wait.
 
         With wait_s, long-polls until some arrive or the job has ended. Each
         waiting call holds a server thread, so at most `max_parked` wait at
@@ -41,11 +43,11 @@ class LogFollowers:
         parked = False
         try:
             while True:
-                lines = self.store.read(log_lines, job_id, after, limit)
+                lines = self.store.read(log_lines, job_id, after, limit, index)
                 remaining = deadline - time.monotonic()
                 # A job's last line comes before its finish: a follower that saw it still running
                 # must not then wait out its whole wait_s for lines that will never come.
-                if lines or remaining <= 0 or self.store.read(job_ended, job_id):
+                if lines or remaining <= 0 or self.store.read(job_ended, job_id, index):
                     return lines, True
                 if not parked:
                     parked = self._parked.acquire(blocking=False)

@@ -4,6 +4,17 @@ A job's tasks of one attempt (its ranks) stand or fall together: a task that
 fails or is lost stops its siblings, and the attempt is retried as a whole
 when the reason is in `retry.retry_on` and attempts remain. A service replica
 lost with its worker is the exception: only that replica is placed again.
+
+An array's elements are the other exception: each element is one task with
+its own attempts (retried alone, by the same policy), and the array ends when
+no element is left to run: succeeded if every element's last task did, else
+failed. A capped array (%N) keeps at most N tasks released (queued in
+task_queue, or active); each element that ends releases the next held one.
+
+A job that ends settles the jobs waiting on it (job_dependencies), in the same
+transaction: one whose last dependency ended is released (queued, its tasks
+let into task_queue), one whose dependency ended against its condition is
+cancelled with reason `dependency_failed`, which ends it in turn (a cascade).
 """
 from __future__ import annotations
 
@@ -13,9 +24,11 @@ from gpulayer.server.scheduler import events
 from gpulayer.server.store.queries import row, rows
 
 ACTIVE = ("queued", "assigned", "running")
+ACTIVE_JOB = ("queued", "running", "waiting")
 FINAL_JOB_STATE = {"failed": "failed", "lost": "lost", "cancelled": "cancelled"}
-#: Reasons the retry policy reads as another: a task its worker stopped (SIGTERM) was lost with it.
-RETRY_AS = {"worker_stopped": "worker_lost"}
+#: Reasons the retry policy reads as another: a task its worker stopped (SIGTERM), one a drain's
+#: deadline stopped, or one whose GPU turned unhealthy was lost with its worker (or device).
+RETRY_AS = {"worker_stopped": "worker_lost", "worker_drained": "worker_lost", "gpu_unhealthy": "worker_lost"}
 
 
 def settle(conn, now: float, job_id: int, attempt: int, task: dict) -> str | None:
@@ -24,6 +37,8 @@ def settle(conn, now: float, job_id: int, attempt: int, task: dict) -> str | Non
     `task` holds at least state, reason and exit_code.
     """
     job = row(conn, "job_for_update", job_id=job_id)
+    if job is not None and job["array_size"] is not None and job["state"] in ("queued", "running"):
+        return settle_element(conn, now, job, task, freed=True)
     if job is None or job["state"] not in ("queued", "running") or job["attempt"] != attempt:
         return None  # the job already ended, or this is an old attempt's straggler
     if task["state"] == "succeeded":
@@ -98,8 +113,77 @@ def retry(conn, now: float, job: dict, reason: str) -> int:
 
 
 def finish(conn, now: float, job_id: int, state: str, exit_code: int | None, reason: str | None) -> str | None:
-    """End the job once; returns its final state, or None when it had ended already."""
+    """End the job once, and settle the jobs that wait on it; returns its final state, or None when it had
+    ended already."""
     if row(conn, "finish_job", job_id=job_id, state=state, exit_code=exit_code, reason=reason, now=now) is None:
         return None
     events.record(conn, now, "job_finished", job_id=job_id, state=state, exit_code=exit_code, reason=reason)
+    _settle_dependents(conn, now, job_id, state)
     return state
+
+
+# -- arrays ------------------------------------------------------------------
+
+def settle_element(conn, now: float, job: dict, task: dict, *, freed: bool) -> str | None:
+    """An array element's task ended (`freed`: it was released, so the next held one may go): retry that
+    element alone, or release the next and end the array once no element is left to run."""
+    if task["state"] not in ("succeeded", "cancelled"):
+        reason = task.get("reason") or task["state"]
+        element = row(conn, "task_element", task_id=task["id"])
+        if (RETRY_AS.get(reason, reason) in json.loads(job["retry_on"])
+                and element["attempt"] < job["max_attempts"]):
+            new = row(conn, "insert_task", job_id=job["id"], index=element["index"], attempt=element["attempt"] + 1,
+                      priority=job["priority"], now=now)
+            events.record(conn, now, "element_retried", job_id=job["id"], task_id=task["id"], new_task_id=new["id"],
+                          index=element["index"], attempt=element["attempt"] + 1, reason=reason)
+            return None  # the retry takes the ended task's place under the cap
+    if freed:
+        rows(conn, "release_held_tasks", job_id=job["id"], n=1)
+    if row(conn, "job_has_active_task", job_id=job["id"]) is not None:
+        return None
+    failed = rows(conn, "array_failed_indices", job_id=job["id"], limit=1)
+    if not failed:
+        return finish(conn, now, job["id"], "succeeded", 0, None)
+    return finish(conn, now, job["id"], "failed", failed[0]["exit_code"] or 1, "array_elements_failed")
+
+
+# -- dependencies ------------------------------------------------------------
+
+def dependency_met(condition: str, state: str) -> bool:
+    """Whether a dependency that ended in `state` lets its dependent run (ok, notok or any)."""
+    if condition == "any":
+        return True
+    return (state == "succeeded") == (condition == "ok")
+
+
+def cancel_dependent(conn, now: float, job_id: int, after_job_id: int, state: str | None = None) -> bool:
+    """Cancel a job that can never run, its dependency `after_job_id` having ended (in `state`) against
+    its condition: reason dependency_failed. Its own dependents are left to the caller."""
+    events.record(conn, now, "dependency_failed", job_id=job_id, after=after_job_id, state=state)
+    for task in rows(conn, "cancel_queued_tasks", job_id=job_id, now=now):
+        events.record(conn, now, "task_cancelled", job_id=job_id, task_id=task["id"], reason="dependency_failed")
+    if row(conn, "finish_job", job_id=job_id, state="cancelled", exit_code=None, reason="dependency_failed",
+           now=now) is None:
+        return False
+    events.record(conn, now, "job_finished", job_id=job_id, state="cancelled", exit_code=None,
+                  reason="dependency_failed")
+    return True
+
+
+def _settle_dependents(conn, now: float, job_id: int, state: str) -> None:
+    """The jobs waiting on `job_id`, which just ended in `state`: released when their last dependency
+    ended, cancelled when this one ended against their condition, and so on down a chain (a loop, not
+    recursion: a chain may be thousands of jobs long)."""
+    ended = [(job_id, state)]
+    while ended:
+        after, after_state = ended.pop()
+        for dependent in rows(conn, "waiting_dependents", after_job_id=after):
+            if not dependency_met(dependent["condition"], after_state):
+                if cancel_dependent(conn, now, dependent["job_id"], after, after_state):
+                    ended.append((dependent["job_id"], "cancelled"))
+                continue
+            released = row(conn, "release_job", job_id=dependent["job_id"])
+            if released is None:
+                continue  # another dependency has not ended yet
+            rows(conn, "release_held_tasks", job_id=dependent["job_id"], n=released["max_running"] or -1)
+            events.record(conn, now, "job_released", job_id=dependent["job_id"], after=after)

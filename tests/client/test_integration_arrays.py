@@ -1,0 +1,108 @@
+"""Job arrays and dependencies through the real CLI and the Python client, against a real control plane
+process and a real worker process (`--parallel 2`), as a Slurm user would use them."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import gpulayer as gl
+from gpulayer.testing import wait_for
+from test_integration_cli import _job_id, _ok
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _status(cluster, job_id) -> dict:
+    return json.loads(_ok(cluster.cli("job", "status", str(job_id), "--json")).stdout)
+
+
+def test_array_elements_see_their_index_and_fail_alone(cluster):
+    script = 'echo "i=$GPULAYER_ARRAY_INDEX n=$GPULAYER_ARRAY_SIZE"; test "$GPULAYER_ARRAY_INDEX" -ne 7'
+    result = cluster.cli("submit", "--array", "0-9%2", "--wait", "--", "sh", "-c", script)
+    assert result.returncode == 1, result.stderr  # element 7 failed: the array failed, with its exit code
+    job_id = _job_id(result)
+    status = _status(cluster, job_id)
+    assert status["state"] == "failed" and status["reason"] == "array_elements_failed"
+    assert status["array"]["counts"] == {"succeeded": 9, "failed": 1}
+    assert status["array"]["failed_indices"] == [7] and status["array"]["max_running"] == 2
+    text = _ok(cluster.cli("job", "status", str(job_id))).stdout
+    assert "array 0-9 %2: 10/10 done (9 succeeded, 1 failed)" in text and "failed indices: 7" in text
+    assert _ok(cluster.cli("job", "logs", str(job_id), "--index", "3")).stdout.splitlines() == ["i=3 n=10"]
+    every = _ok(cluster.cli("job", "logs", str(job_id))).stdout.splitlines()
+    assert "[3] i=3 n=10" in every and len(every) == 10
+    table = _ok(cluster.cli("job", "list", "--limit", "20")).stdout
+    row = next(line for line in table.splitlines() if line.split() and line.split()[0] == str(job_id))
+    assert "failed 10/10 done, 1 failed" in row
+    missing = cluster.cli("job", "logs", str(job_id), "--index", "10")
+    assert missing.returncode != 0 and "no element 10" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_array_outputs_by_index(cluster):
+    result = _ok(cluster.cli("submit", "--array", "1,5", "--output", "out/", "--wait", "--",
+                             "sh", "-c", 'mkdir -p out && echo "$GPULAYER_ARRAY_INDEX" > out/i.txt'))
+    dest = cluster.root / f"array-outputs-{_job_id(result)}"
+    _ok(cluster.cli("job", "outputs", str(_job_id(result)), "--index", "5", "--dest", str(dest)))
+    assert (dest / "out" / "i.txt").read_text() == "5\n"
+
+
+def test_ten_thousand_elements_one_request_capped_and_cancelled(cluster):
+    result = _ok(cluster.cli("submit", "--array", "0-9999%2", "--name", "big-sweep", "--", "true"))
+    job_id = _job_id(result)
+    status = _status(cluster, job_id)
+    assert status["array"]["size"] == 10_000 and len(status["tasks"]) <= 100
+    wait_for(lambda: _status(cluster, job_id)["array"]["done"] >= 6, 120, "six elements to end")
+    running = cluster.sql("SELECT count(*) FROM tasks WHERE job_id = ? AND state IN ('assigned', 'running')",
+                          (job_id,))[0][0]
+    assert running <= 2
+    row = next(line for line in _ok(cluster.cli("job", "list")).stdout.splitlines() if "big-sweep" in line)
+    assert "/10000 done" in row
+    assert "element 9999 cancelled" in _ok(cluster.cli("job", "cancel", str(job_id), "--index", "9999")).stdout
+    assert "already finished" in _ok(cluster.cli("job", "cancel", str(job_id), "--index", "9999")).stdout
+    _ok(cluster.cli("job", "cancel", str(job_id)))
+    wait_for(lambda: _status(cluster, job_id)["state"] == "cancelled", 30, "the array to be cancelled")
+    left = cluster.sql("SELECT count(*) FROM tasks WHERE job_id = ? AND state IN ('queued', 'assigned')", (job_id,))
+    assert left[0][0] == 0
+
+
+def test_dependency_chain_waits_then_cascades(cluster):
+    go = cluster.root / "go-cascade"  # the head fails once the test has looked at the waiting jobs
+    head = _job_id(_ok(cluster.cli("submit", "--", "sh", "-c", f"while [ ! -e {go} ]; do sleep 0.1; done; exit 4")))
+    second = _job_id(_ok(cluster.cli("submit", "--after", str(head), "--", "true")))
+    third = _job_id(_ok(cluster.cli("submit", "--after", f"{second}:ok", "--", "true")))
+    rescue = _job_id(_ok(cluster.cli("submit", "--after", f"{head}:notok", "--", "echo", "rescued")))
+    status = _ok(cluster.cli("job", "status", str(second))).stdout
+    assert "state=waiting" in status and f"waiting: for job {head} to succeed" in status
+    assert _status(cluster, third)["waiting_reason"] == f"for job {second} to succeed"
+    go.touch()
+    assert _ok(cluster.cli("job", "logs", str(rescue), "--follow")).stdout.splitlines() == ["rescued"]
+    for job_id in (second, third):
+        found = _status(cluster, job_id)
+        assert (found["state"], found["reason"]) == ("cancelled", "dependency_failed")
+    waited = cluster.cli("submit", "--after", str(head), "--wait", "--", "true")
+    assert waited.returncode != 0 and _status(cluster, _job_id(waited))["reason"] == "dependency_failed"
+
+
+def test_after_array_and_bad_dependencies(cluster):
+    array = _job_id(_ok(cluster.cli("submit", "--array", "0-3", "--", "true")))
+    after = _job_id(_ok(cluster.cli("submit", "--after-array", str(array), "--wait", "--", "echo", "after")))
+    assert _status(cluster, array)["state"] == "succeeded" and _status(cluster, after)["state"] == "succeeded"
+    bad = cluster.cli("submit", "--after", "999999", "--", "true")
+    assert bad.returncode != 0 and "no job 999999" in bad.stderr and "Traceback" not in bad.stderr
+    usage = cluster.cli("submit", "--after", "12:sometimes", "--", "true")
+    assert usage.returncode == 2 and "--after" in usage.stderr
+    bad_array = cluster.cli("submit", "--array", "9-1", "--", "true")
+    assert bad_array.returncode != 0 and "array" in bad_array.stderr and "Traceback" not in bad_array.stderr
+
+
+def test_python_client_arrays_and_after(cluster):
+    with gl.connect(url=cluster.url, token=cluster.client_token) as client:
+        array = client.submit(gl.job(["sh", "-c", "echo $GPULAYER_ARRAY_INDEX"], array=range(4), max_running=2))
+        after = client.submit(gl.job(["echo", "done"], after=[array]))
+        assert after.info()["state"] in ("waiting", "queued", "running", "succeeded")
+        assert array.wait(timeout=120) == "succeeded" and after.wait(timeout=120) == "succeeded"
+        assert [line["text"].strip() for line in array.logs(index=2) if line["stream"] == "stdout"] == ["2"]
+        assert {line["index"] for line in array.logs()} == {0, 1, 2, 3}
+        assert array.info()["array"] == {"indices": "0-3", "size": 4, "max_running": 2, "counts": {"succeeded": 4},
+                                         "done": 4, "failed_indices": []}
+        assert after.info()["after"][0]["job"] == array.id

@@ -1,0 +1,233 @@
+"""Job arrays and dependencies (issue 16), transaction by transaction on a real state file."""
+from __future__ import annotations
+
+import pytest
+
+from gpulayer.server.errors import InvalidRequest, NotFound
+from gpulayer.server.scheduler import jobs
+from gpulayer.server.scheduler.spec import MAX_ARRAY, array_indices, array_text, validate_job
+from helpers import add_worker, job, state_of
+
+
+def finish(sched, w, task_id, exit_code=0):
+    return sched.finish(w, task_id, exit_code=exit_code, outcome="succeeded" if exit_code == 0 else "failed",
+                        outputs={}, reason=None)
+
+
+def run(sched, w, exit_code=0):
+    """Acquire, start and finish one task on w; its assignment (None when there was nothing)."""
+    a = sched.acquire(w)
+    if a is not None:
+        sched.start(w, a["task_id"], 100)
+        finish(sched, w, a["task_id"], exit_code)
+    return a
+
+
+def queued_in_task_queue(sched, job_id):
+    return sched.store.read(lambda c: c.execute("SELECT count(*) AS n FROM task_queue WHERE job_id = ?",
+                                                (job_id,)).fetchall()[0]["n"])
+
+
+# -- the spec -----------------------------------------------------------------
+
+@pytest.mark.parametrize("text, indices", [
+    ("0-3", [0, 1, 2, 3]), ("1,5,9-12", [1, 5, 9, 10, 11, 12]), ("0-15:4", [0, 4, 8, 12]), ("7", [7]),
+    ([3, 1, 2], [1, 2, 3]),
+])
+def test_array_indices(text, indices):
+    assert array_indices(text) == indices
+    assert array_indices(array_text(indices)) == indices
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"array": "5-1"}, "goes up"), ({"array": "a-b"}, "not an index"), ({"array": "1,1"}, "appears twice"),
+    ({"array": f"0-{MAX_ARRAY}"}, "at most"), ({"array": "0-9%0"}, "between 1"), ({"array": "0-9%x"}, "whole number"),
+    ({"array": "0-9%4", "max_running": 5}, "give one"), ({"max_running": 4}, "give `array` too"),
+    ({"array": "0-3", "nodes": 2}, "single tasks"), ({"array": 7}, "must be a string"),
+    ({"after": [0]}, "between 1"), ({"after": ["4:sometimes"]}, "condition"), ({"after": ["4:ok", "4:any"]}, "twice"),
+    ({"after": "4"}, "must be a list"),
+])
+def test_bad_array_or_after_refused_by_field(spec, message):
+    with pytest.raises(InvalidRequest, match=message):
+        validate_job(job(**spec))
+
+
+def test_array_spec_is_normalised():
+    spec = validate_job(job(array="0-999%16", after=[3, "4:notok", {"job": 5, "condition": "any"}]))
+    assert (spec["array"], spec["max_running"]) == ("0-999", 16)
+    assert spec["after"] == [{"job": 3, "condition": "ok"}, {"job": 4, "condition": "notok"},
+                             {"job": 5, "condition": "any"}]
+    plain = validate_job(job())
+    assert (plain["array"], plain["max_running"], plain["after"]) == (None, None, [])
+
+
+# -- arrays -------------------------------------------------------------------
+
+def test_array_elements_run_with_their_index_and_share_a_worker(sched):
+    w = add_worker(sched, "w", slots=4)
+    job_id = sched.submit(job(array="1,5,9-10"))
+    taken = sched.acquire_many(w, 0, 4)
+    assert sorted(a["index"] for a in taken) == [1, 5, 9, 10]  # one worker holds several elements of it
+    assert {(a["array_index"], a["array_size"]) for a in taken} == {(i, 4) for i in (1, 5, 9, 10)}
+    for a in taken:
+        sched.start(w, a["task_id"], 1)
+    for a in taken[:-1]:
+        finish(sched, w, a["task_id"])
+    view = state_of(sched, job_id)
+    assert view["state"] == "running"
+    assert view["array"]["counts"] == {"succeeded": 3, "running": 1} and view["array"]["done"] == 3
+    finish(sched, w, taken[-1]["task_id"])
+    view = state_of(sched, job_id)
+    assert (view["state"], view["exit_code"], view["array"]["done"]) == ("succeeded", 0, 4)
+
+
+def test_plain_job_assignment_has_no_array_fields(sched):
+    w = add_worker(sched, "w")
+    sched.submit(job())
+    a = sched.acquire(w)
+    assert (a["array_index"], a["array_size"]) == (None, None)
+
+
+def test_failed_elements_fail_the_array_with_counts_and_indices(sched):
+    w = add_worker(sched, "w")
+    job_id = sched.submit(job(array="0-4"))
+    for code in (0, 3, 0, 0, 7):
+        run(sched, w, code)
+    view = state_of(sched, job_id)
+    assert (view["state"], view["reason"], view["exit_code"]) == ("failed", "array_elements_failed", 3)
+    assert view["array"]["counts"] == {"succeeded": 3, "failed": 2}
+    assert view["array"]["failed_indices"] == [1, 4]
+    assert [t["index"] for t in view["tasks"]] == [1, 4]  # an array lists its active and failed tasks only
+    assert [t["index"] for t in sched.store.read(jobs.render, job_id, 4)["tasks"]] == [4]
+
+
+def test_each_element_retries_alone(sched):
+    w = add_worker(sched, "w")
+    job_id = sched.submit(job(array="0-1", retry={"max_attempts": 2, "retry_on": ["failed"]}))
+    first = run(sched, w, 1)  # element 0 fails once: only it runs again, after element 1
+    second = run(sched, w, 0)
+    third = run(sched, w, 0)
+    assert (first["index"], second["index"], third["index"]) == (0, 1, 0)
+    assert (third["attempt"], second["attempt"]) == (2, 1)
+    assert run(sched, w) is None
+    view = state_of(sched, job_id)
+    assert view["state"] == "succeeded" and view["attempt"] == 1
+    attempts = [(t["index"], t["attempt"], t["state"]) for t in sched.store.read(jobs.render, job_id, 0)["tasks"]]
+    assert attempts == [(0, 2, "succeeded"), (0, 1, "failed")]
+
+
+def test_running_cap_holds_in_acquire(sched):
+    w = add_worker(sched, "w", slots=8)
+    job_id = sched.submit(job(array="0-9%3"))
+    assert queued_in_task_queue(sched, job_id) == 3  # the rest are held: acquire never sees them
+    taken = sched.acquire_many(w, 0, 8)
+    assert [a["index"] for a in taken] == [0, 1, 2]
+    for a in taken:
+        sched.start(w, a["task_id"], 1)
+    finish(sched, w, taken[0]["task_id"])  # one ends: the next held element is released
+    more = sched.acquire_many(w, 0, 8)
+    assert [a["index"] for a in more] == [3]
+    sched.start(w, more[0]["task_id"], 1)
+    active, done = taken[1:] + more, 1
+    while active:
+        finish(sched, w, active.pop(0)["task_id"])
+        done += 1
+        for b in sched.acquire_many(w, 0, 8):
+            sched.start(w, b["task_id"], 1)
+            active.append(b)
+        running = sched.store.read(lambda c: c.execute(
+            "SELECT count(*) AS n FROM tasks WHERE job_id = ? AND state IN ('assigned', 'running')",
+            (job_id,)).fetchall()[0]["n"])
+        assert running <= 3
+    assert done == 10 and state_of(sched, job_id)["state"] == "succeeded"
+
+
+def test_cancel_one_element_or_the_whole_array(sched):
+    w = add_worker(sched, "w", slots=2)
+    job_id = sched.submit(job(array="0-5%2"))
+    a, b = sched.acquire_many(w, 0, 2)
+    sched.start(w, a["task_id"], 1)
+    assert sched.cancel(job_id, 4) is True          # a held element: ends now, frees no place under the cap
+    assert sched.cancel(job_id, 4) is False         # already ended
+    assert sched.cancel(job_id, a["index"]) is True  # a running one: stopped through its worker
+    assert sched.store.read(lambda c: c.execute("SELECT cancel_requested FROM tasks WHERE id = ?",
+                                                (a["task_id"],)).fetchall()[0]["cancel_requested"]) == 1
+    sched.finish(w, a["task_id"], exit_code=-15, outcome="cancelled", outputs={}, reason="cancelled")
+    view = state_of(sched, job_id)
+    assert view["state"] == "running" and view["array"]["counts"]["cancelled"] == 2
+    with pytest.raises(NotFound):
+        sched.cancel(job_id, 99)
+    with pytest.raises(InvalidRequest, match="no array"):
+        sched.cancel(sched.submit(job()), 0)
+    assert sched.cancel(job_id) is True
+    assert state_of(sched, job_id)["state"] == "cancelled"
+
+
+def test_ten_thousand_elements_in_one_transaction(sched):
+    w = add_worker(sched, "w", slots=2)
+    job_id = sched.submit(job(array="0-9999%16"))
+    view = state_of(sched, job_id)
+    assert view["array"]["size"] == 10_000 and view["array"]["counts"] == {"queued": 16, "held": 9984}
+    assert queued_in_task_queue(sched, job_id) == 16
+    assert [a["index"] for a in sched.acquire_many(w, 0, 2)] == [0, 1]
+
+
+# -- dependencies ---------------------------------------------------------------
+
+def test_waiting_job_is_released_by_the_last_dependency(sched):
+    w = add_worker(sched, "w")
+    first, second = sched.submit(job()), sched.submit(job())
+    after = sched.submit(job(after=[first, f"{second}:any"]))
+    view = state_of(sched, after)
+    assert view["state"] == "waiting"
+    assert view["waiting_reason"] == f"for job {first} to succeed and job {second} to end"
+    assert queued_in_task_queue(sched, after) == 0  # waiting costs acquire nothing
+    assert run(sched, w)["job_id"] == first
+    assert state_of(sched, after)["state"] == "waiting"
+    assert run(sched, w, 2)["job_id"] == second  # `any`: a failure still releases it
+    assert state_of(sched, after)["state"] == "queued"
+    assert run(sched, w)["job_id"] == after
+    assert state_of(sched, after)["state"] == "succeeded"
+    assert [d["job"] for d in state_of(sched, after)["after"]] == [first, second]
+
+
+def test_failed_dependency_cancels_down_the_chain(sched):
+    w = add_worker(sched, "w")
+    head = sched.submit(job())
+    chain = [head]
+    for _ in range(50):
+        chain.append(sched.submit(job(after=[chain[-1]])))
+    on_failure = sched.submit(job(after=[f"{chain[10]}:notok"]))
+    anyway = sched.submit(job(after=[f"{chain[20]}:any"]))
+    run(sched, w, 1)
+    for job_id in chain[1:]:
+        view = state_of(sched, job_id)
+        assert (view["state"], view["reason"]) == ("cancelled", "dependency_failed")
+    assert state_of(sched, on_failure)["state"] == "queued"
+    assert state_of(sched, anyway)["state"] == "queued"
+    kinds = [e["kind"] for e in sched.store.read(jobs.events_of, chain[1])]
+    assert "dependency_failed" in kinds and "job_finished" in kinds
+
+
+def test_dependency_already_ended(sched):
+    w = add_worker(sched, "w")
+    done = sched.submit(job())
+    run(sched, w)
+    assert state_of(sched, sched.submit(job(after=[done])))["state"] == "queued"
+    never = sched.submit(job(after=[f"{done}:notok"]))
+    assert (state_of(sched, never)["state"], state_of(sched, never)["reason"]) == ("cancelled", "dependency_failed")
+    with pytest.raises(InvalidRequest, match="no job 999"):
+        sched.submit(job(after=[999]))
+
+
+def test_waiting_array_released_under_its_cap_and_cancelled_while_waiting(sched):
+    w = add_worker(sched, "w", slots=8)
+    first = sched.submit(job())
+    array = sched.submit(job(array="0-9%2", after=[first]))
+    assert state_of(sched, array)["array"]["counts"] == {"held": 10}
+    run(sched, w)
+    assert queued_in_task_queue(sched, array) == 2
+    assert len(sched.acquire_many(w, 0, 8)) == 2
+    waiting = sched.submit(job(after=[array]))
+    assert sched.cancel(waiting) is True
+    assert state_of(sched, waiting)["state"] == "cancelled"
