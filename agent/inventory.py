@@ -8,12 +8,14 @@ when present, else from the host; explicit ``--cpus`` / ``--ram-mb`` win.
 
 import os
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 from .events import log_event
+from .nvml import Device, Nvml
 
-#: A GPU probe returns the model name of every device it sees.
-GpuProbe = Callable[[], list[str]]
+#: A GPU probe returns every device it sees: NVML's (nvml.Device, with UUIDs and MIG instances),
+#: or only their model names (a probe of tests or another source).
+GpuProbe = Callable[[], Sequence["Device | str"]]
 
 
 @dataclass
@@ -25,6 +27,8 @@ class Inventory:
     memory_mb: int
     gpu_models: list[str] = field(default_factory=list)
     device_ids: list[str] = field(default_factory=list)
+    #: index → the NVML device it is, where known (the health watcher reads these)
+    nvml_devices: dict[int, Device] = field(default_factory=dict)
 
     def resources(self) -> dict:
         """The ``resources`` object of the register call."""
@@ -36,23 +40,15 @@ class Inventory:
         }
 
 
-def nvml_probe() -> list[str]:
-    """Model names of the GPUs NVML sees; [] (and one info line) without a driver."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception as exc:  # no library, no driver, no device: all mean "no GPU"
-        log_event("gpu_probe_unavailable", reason=f"{type(exc).__name__}: {exc}")
+def nvml_probe() -> list[Device]:
+    """The devices NVML sees (a MIG-enabled GPU as its MIG instances); [] (and one info line) without a driver."""
+    nvml = Nvml.open()
+    if nvml is None:
         return []
     try:
-        names = []
-        for index in range(pynvml.nvmlDeviceGetCount()):
-            name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(index))
-            names.append(name.decode() if isinstance(name, bytes) else str(name))
-        return names
+        return nvml.devices()
     finally:
-        pynvml.nvmlShutdown()
+        nvml.close()
 
 
 def _int_or_none(env: Mapping[str, str], name: str) -> int | None:
@@ -88,10 +84,23 @@ def _gpu_count(env: Mapping[str, str], explicit: int | None, probed: list[str]) 
     return len(probed), "nvml"
 
 
-def _device_ids(env: Mapping[str, str], count: int) -> list[str]:
-    """CUDA ids for indices 0..count-1: the worker's own CUDA_VISIBLE_DEVICES when set."""
+def _device_ids(env: Mapping[str, str], count: int, devices: list[Device]) -> list[str]:
+    """CUDA ids for indices 0..count-1: the worker's own CUDA_VISIBLE_DEVICES when set; with MIG, the UUIDs.
+
+    CUDA reaches a MIG instance by its UUID only; a whole GPU beside MIG ones, or beside one NVML
+    could not read (left out, so indices and CUDA's numbers differ), by its UUID too.
+    """
     visible = _id_list(env.get("CUDA_VISIBLE_DEVICES"))
+    if not visible and (any(d.mig for d in devices) or [d.gpu for d in devices] != list(range(len(devices)))):
+        return [devices[i].uuid if i < len(devices) else str(i) for i in range(count)]
     return [visible[i] if i < len(visible) else str(i) for i in range(count)]
+
+
+def _nvml_devices(device_ids: list[str], devices: list[Device]) -> dict[int, Device]:
+    """Which NVML device each index is: by UUID, or a whole GPU by its NVML index."""
+    by_id = {d.uuid: d for d in devices}
+    by_id.update({str(d.gpu): d for d in devices if not d.mig})
+    return {index: by_id[cuda_id] for index, cuda_id in enumerate(device_ids) if cuda_id in by_id}
 
 
 def _host_cpus() -> float:
@@ -143,18 +152,23 @@ def detect(
 ) -> Inventory:
     """Detect this worker's inventory; explicit values override detection."""
     env = os.environ if env is None else env
-    probed = probe() if gpus is None else []
-    count, source = _gpu_count(env, gpus, probed)
-    models = [probed[i] if i < len(probed) else "unknown" for i in range(count)]
+    probed = list(probe()) if gpus is None else []
+    devices = [d for d in probed if isinstance(d, Device)]
+    names = [d.name if isinstance(d, Device) else d for d in probed]
+    count, source = _gpu_count(env, gpus, names)
+    models = [names[i] if i < len(names) else "unknown" for i in range(count)]
     cpu_count = _cpus(env, cpus)
+    device_ids = _device_ids(env, count, devices)
     inventory = Inventory(
         cpus=cpu_count,
         gpus=count,
         memory_mb=_memory_mb(env, ram_mb, cpu_count),
         gpu_models=models,
-        device_ids=_device_ids(env, count),
+        device_ids=device_ids,
+        nvml_devices=_nvml_devices(device_ids, devices),
     )
     log_event(
-        "inventory", cpus=inventory.cpus, gpus=inventory.gpus, gpu_source=source, memory_mb=inventory.memory_mb
+        "inventory", cpus=inventory.cpus, gpus=inventory.gpus, gpu_source=source, memory_mb=inventory.memory_mb,
+        mig=sum(d.mig for d in devices)
     )
     return inventory

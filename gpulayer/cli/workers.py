@@ -6,7 +6,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from gpulayer.cli.common import client_of, fail, fmt_time, global_options, parse_pairs, print_json, print_table
+from gpulayer.cli.common import (client_of, fail, fmt_time, global_options, parse_duration, parse_pairs, print_json,
+                                 print_table)
 
 worker_app = typer.Typer(help="List workers, or run a worker agent on this machine.", no_args_is_help=True)
 
@@ -26,8 +27,12 @@ JoinToken = Annotated[Optional[str], typer.Option("--token", envvar="GPULAYER_JO
 TokenFile = Annotated[Optional[str], typer.Option("--token-file", envvar="GPULAYER_JOIN_TOKEN_FILE", show_envvar=True, help="File holding the join token (wins over --token and GPULAYER_JOIN_TOKEN).")]
 
 
-def _run(settings: dict) -> int:
-    """Run the agent in the foreground with these settings; its exit code."""
+def _run(settings: dict, root_token: Optional[str] = None) -> int:
+    """Run the agent in the foreground with these settings; its exit code.
+
+    `root_token` is the --token given before the command (a client token's
+    place), told apart from the join token when it is one.
+    """
     from agent.hardening import TokenFileError, read_token_file
     from gpulayer.cli.up import run_worker_foreground
     token_file = settings.pop("token_file", None)
@@ -36,6 +41,12 @@ def _run(settings: dict) -> int:
             settings["join_token"] = read_token_file(token_file)
         except TokenFileError as exc:
             raise fail(str(exc), 2) from None
+    if not settings.get("join_token") and (root_token or "").startswith("glj_"):
+        raise fail("the join token goes after the command (`gpulayer join URL --token-file FILE`, or "
+                   "GPULAYER_JOIN_TOKEN); --token before the command is a client token (glc_...)", 2)
+    if (settings.get("join_token") or "").startswith("glc_"):
+        raise fail("that is a client token (glc_...), for commands like `gpulayer --token glc_... job list`; "
+                   "a worker joins with a join token (glj_...), as `gpulayer up` prints or `gpulayer token create` mints", 2)
     if not settings.get("join_token"):
         raise fail("a join token is needed: pass --token-file or set GPULAYER_JOIN_TOKEN", 2)
     if not settings.get("url"):
@@ -57,12 +68,17 @@ def worker_start(ctx: typer.Context, name: Name = None, label: Labels = None, py
                  gpus: Gpus = None, ram_mb: RamMb = None, max_idle: MaxIdle = 0.0,
                  state_dir: StateDir = None, insecure: Insecure = False, token: JoinToken = None,
                  token_file: TokenFile = None, drain_timeout: DrainTimeout = 0.0) -> None:
-    """Run a worker agent against the control plane of --url (GPULAYER_URL) until stopped."""
+    """Run a worker agent against the control plane of --url (GPULAYER_URL) until stopped.
+
+    \b
+    Example:
+      GPULAYER_JOIN_TOKEN=glj_... gpulayer --url https://cp:8470 worker start --parallel 4
+    """
     opts = global_options(ctx)
     settings = _worker_settings(name, label, python, advertise_address, parallel, cpus, gpus, ram_mb,
                                 max_idle, state_dir, insecure, drain_timeout)
     settings.update(url=opts.url, join_token=token, token_file=token_file, ca_file=opts.ca_file)
-    raise typer.Exit(_run(settings))
+    raise typer.Exit(_run(settings, opts.token))
 
 
 def join(ctx: typer.Context,
@@ -74,7 +90,12 @@ def join(ctx: typer.Context,
          advertise_address: Advertise = None, parallel: Parallel = 1, cpus: Cpus = None,
          gpus: Gpus = None, ram_mb: RamMb = None, max_idle: MaxIdle = 0.0,
          state_dir: StateDir = None, insecure: Insecure = False, drain_timeout: DrainTimeout = 0.0) -> None:
-    """Join this machine to a control plane as a worker (the line `gpulayer up` prints)."""
+    """Join this machine to a control plane as a worker (the line `gpulayer up` prints).
+
+    \b
+    Example:
+      GPULAYER_JOIN_TOKEN=glj_... gpulayer join https://10.0.0.5:8470 --ca-fingerprint sha256:...
+    """
     if ca_file and ca_fingerprint:
         raise typer.BadParameter("give --ca-file or --ca-fingerprint, not both", param_hint="--ca-fingerprint")
     if ca_fingerprint and not ca_fingerprint.startswith("sha256:"):
@@ -83,26 +104,92 @@ def join(ctx: typer.Context,
                                 max_idle, state_dir, insecure, drain_timeout)
     settings.update(url=url.rstrip("/"), join_token=token, token_file=token_file, ca_file=ca_file or global_options(ctx).ca_file,
                     ca_fingerprint=ca_fingerprint)
-    raise typer.Exit(_run(settings))
+    raise typer.Exit(_run(settings, global_options(ctx).token))
 
 
 @worker_app.command("list")
 def worker_list(ctx: typer.Context,
                 as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
-    """Workers the control plane knows: state, free slots, resources, labels."""
+    """Workers the control plane knows: state, free slots, resources, labels.
+
+    \b
+    Example:
+      gpulayer worker list
+    """
     workers = client_of(ctx).workers()
     if as_json:
         print_json(workers)
         return
     rows = []
     for w in workers:
-        res, free = w.get("resources") or {}, w.get("free") or {}
+        res = w.get("resources") or {}
         labels = ",".join(f"{k}={v}" for k, v in sorted((w.get("labels") or {}).items()))
-        rows.append([w["id"], w.get("name"), w.get("state"), f"{free.get('slots', '?')}/{w.get('slots', '?')}",
-                     res.get("cpus"), f"{free.get('gpus', '?')}/{res.get('gpus', 0)}", res.get("memory_mb"),
-                     labels, w.get("advertise_address"), fmt_time(w.get("last_seen_at"))])
-    print_table(rows, ["ID", "NAME", "STATE", "SLOTS", "CPUS", "GPUS", "MEM_MB", "LABELS", "ADDRESS", "LAST_SEEN"])
+        rows.append([w["id"], w.get("name"), _state(w), _slots(w),
+                     res.get("cpus"), _gpus(w), res.get("memory_mb"),
+                     labels, w.get("advertise_address"), fmt_time(w.get("last_seen_at")), w.get("cordon_reason")])
+    print_table(rows, ["ID", "NAME", "STATE", "SLOTS", "CPUS", "GPUS", "MEM_MB", "LABELS", "ADDRESS", "LAST_SEEN",
+                       "REASON"])
     _print_provisioning(client_of(ctx))
+
+
+def _slots(worker: dict) -> str:
+    """Slots in use / all slots, as `squeue`'s CPUS=used/total reads: `1/4`."""
+    total, free = worker.get("slots"), (worker.get("free") or {}).get("slots")
+    return f"{total - free}/{total}" if isinstance(total, int) and isinstance(free, int) else f"?/{total}"
+
+
+def _state(worker: dict) -> str:
+    """`online`, or `online+drained` (the cordon after the worker's own state), as Slurm's `idle+drain`."""
+    state = str(worker.get("state"))
+    return f"{state}+{worker['cordon']}" if worker.get("cordon") else state
+
+
+def _gpus(worker: dict) -> str:
+    """free/total GPUs, and the unhealthy ones' indices when there are some: `6/8 (bad: 3)`."""
+    text = f"{(worker.get('free') or {}).get('gpus', '?')}/{(worker.get('resources') or {}).get('gpus', 0)}"
+    bad = [str(g["index"]) for g in worker.get("gpus") or [] if not g.get("healthy", True)]
+    return f"{text} (bad: {','.join(bad)})" if bad else text
+
+
+WorkerRef = Annotated[str, typer.Argument(help="The worker's id or name (`gpulayer worker list`).", show_default=False)]
+Reason = Annotated[str, typer.Option("--reason", help="Why (shown in `worker list`, the explorer and the events).",
+                                     show_default=False)]
+
+
+@worker_app.command("cordon")
+def worker_cordon(ctx: typer.Context, worker: WorkerRef, reason: Reason) -> None:
+    """Give a worker no new task; what runs there goes on (Slurm: scontrol update state=drain)."""
+    _print_cordon(client_of(ctx).cordon_worker(worker, reason))
+
+
+@worker_app.command("drain")
+def worker_drain(ctx: typer.Context, worker: WorkerRef, reason: Reason,
+                 timeout: Annotated[Optional[str], typer.Option("--timeout", help="After this long (90, 30m, 2h), stop what still runs and requeue it, as a graceful stop does; default: wait for it to end.")] = None) -> None:
+    """Cordon a worker; it shows `drained` once its tasks have ended (or at --timeout, when they are stopped)."""
+    timeout_s = parse_duration(timeout, "--timeout")
+    _print_cordon(client_of(ctx).drain_worker(worker, reason, timeout_s))
+
+
+@worker_app.command("uncordon")
+def worker_uncordon(ctx: typer.Context, worker: WorkerRef) -> None:
+    """Put a cordoned, draining or drained worker back into service (Slurm: state=resume)."""
+    _print_cordon(client_of(ctx).uncordon_worker(worker))
+
+
+@worker_app.command("gpu-reset")
+def worker_gpu_reset(ctx: typer.Context, worker: WorkerRef,
+                     gpu: Annotated[int, typer.Option("--gpu", help="The device index (as `worker list --json` shows under gpus).", min=0, show_default=False)]) -> None:
+    """Mark a GPU its agent reported unhealthy as healthy again (after the fault was dealt with)."""
+    answer = client_of(ctx).reset_gpu(worker, gpu)
+    typer.echo(f"worker {answer['name']} (id {answer['worker_id']}): GPU {gpu} marked healthy")
+
+
+def _print_cordon(answer: dict) -> None:
+    if answer.get("cordon"):
+        until = f", stopping what still runs at {fmt_time(answer['drain_deadline'])}" if answer.get("drain_deadline") else ""
+        typer.echo(f"worker {answer['name']} (id {answer['id']}): {answer['cordon']}: {answer['cordon_reason']}{until}")
+    else:
+        typer.echo(f"worker {answer['name']} (id {answer['id']}): in service")
 
 
 def _print_provisioning(client) -> None:

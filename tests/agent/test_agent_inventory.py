@@ -76,10 +76,10 @@ def test_real_nvml_sees_the_gpus():
     pynvml.nvmlInit()
     count = pynvml.nvmlDeviceGetCount()
     pynvml.nvmlShutdown()
-    names = nvml_probe()
-    assert len(names) == count > 0
-    assert all(isinstance(name, str) and name for name in names)
-    assert detect(env={}).gpus == count
+    devices = nvml_probe()  # a MIG-enabled GPU counts as its instances: at least one device per GPU
+    assert len(devices) >= count > 0
+    assert all(d.name and d.uuid.startswith(("GPU-", "MIG-")) for d in devices)
+    assert detect(env={}, probe=nvml_probe).gpus == len(devices)
 
 
 def test_nvml_probe_without_driver_does_not_crash():

@@ -270,3 +270,18 @@ def test_mounted_under_a_prefix_every_link_keeps_it(state: Path) -> None:
         for link in re.findall(r'(?:href|action)="([^"]+)"', result.text):
             assert link.startswith("/explorer/"), (url, link)
     assert client.simulate_get("/jobs").status_code == 404
+
+
+def test_workers_page_shows_cordons_and_unhealthy_gpus(state, client: falcon.testing.TestClient) -> None:
+    import apsw
+    db = apsw.Connection(str(state))
+    gpu_a = db.execute("SELECT id FROM workers WHERE name = 'gpu-a'").fetchall()[0][0]
+    db.execute("INSERT INTO worker_cordons (worker_id, state, reason, since, deadline) "
+               "VALUES (?, 'draining', 'swap <GPU> 3', 1, 2)", (gpu_a,))
+    db.execute("INSERT INTO worker_gpus (worker_id, \"index\", uuid, healthy, reason, changed_at) "
+               "VALUES (?, 3, 'GPU-3', 0, 'Xid 79', 1)", (gpu_a,))
+    db.close()
+    page = client.simulate_get("/-/workers").text
+    assert '<span class="state draining">draining</span> swap &lt;GPU&gt; 3' in page
+    assert "<strong>1</strong>: 3: Xid 79" in page
+    assert "2 / <strong>5</strong> <small>of 8</small>" in page  # the bad GPU is neither used nor free

@@ -95,8 +95,8 @@ PROJECT = {"type": "object", "required": ["name", "visibility", "members"], "pro
 GPU_HEALTH = {"type": "array", "items": {"type": "object", "required": ["index"], "properties": {
     "index": INT, "uuid": {"type": ["string", "null"]}, "healthy": {"type": "boolean"},
     "reason": {"type": ["string", "null"]}}}}
-CORDON = {"type": "object", "required": ["reason"], "additionalProperties": False,
-          "properties": {"reason": {"type": "string", "minLength": 1}}}
+REASON = {"type": "string", "minLength": 1}
+CORDON = {"type": "object", "required": ["reason"], "additionalProperties": False, "properties": {"reason": REASON}}
 WORKER_CORDON = {"type": "object", "required": ["id", "name", "state", "cordon"], "properties": {
     "id": {"type": "integer"}, "name": {"type": "string"}, "state": {"type": "string"},
     "cordon": {"enum": ["cordoned", "draining", "drained", None]}, "cordon_reason": {"type": ["string", "null"]},
@@ -132,7 +132,7 @@ REQUEST_BODIES = {
             "gpus": {"type": "array", "items": INT}}}}, "gpus": GPU_HEALTH}},
     ("/v1/workers/{worker}/cordon", "post"): CORDON,
     ("/v1/workers/{worker}/drain", "post"): {**CORDON, "properties": {
-        **CORDON["properties"], "timeout_s": {"type": ["number", "null"], "minimum": 0}}},
+        "reason": REASON, "timeout_s": {"type": ["number", "null"], "minimum": 0}}},
     ("/v1/worker/acquire", "post"): {"type": "object", "properties": {"wait_s": {"type": "number", "minimum": 0,
                                                                                 "maximum": 1},
                                                                      "max_tasks": MAX_TASKS}},

@@ -5,7 +5,7 @@ import json
 
 from gpulayer.server.scheduler import events
 
-from gpulayer.server.scheduler import leases
+from gpulayer.server.scheduler import gpu_health, leases
 from gpulayer.server.config import PROTOCOL
 from gpulayer.server.errors import Forbidden
 from gpulayer.server.security.auth import SERVER_JOIN_JTI
@@ -32,15 +32,25 @@ def register(conn, *, body: dict, token, session_hash: str, peer_address: str | 
         labels, name = dict(token_labels), token.name
     res = body["resources"]
     advertise = body.get("advertise_address") or peer_address
+    namesake = row(conn, "online_worker_named", name=name)
     worker_id = row(conn, "register_worker", name=name, labels=json.dumps(labels),
                     token_labels=json.dumps(token_labels), cpus=res["cpus"], gpus=res["gpus"],
                     memory_mb=res["memory_mb"], gpu_models=json.dumps(res["gpu_models"]), slots=body["slots"],
                     advertise_address=advertise, version=body["version"], protocol=PROTOCOL,
                     session_hash=session_hash, token_jti=token.jti, now=now, lease_expires_at=now + lease_ttl_s)["id"]
     row(conn, "clear_needs_upgrade", name=name, reason="upgraded")
+    gpu_health.report(conn, worker_id, body.get("gpus"), now)  # before its first acquire can reserve a broken one
     events.record(conn, now, "worker_registered", worker_id=worker_id, name=name, labels=labels,
                   resources=res, slots=body["slots"], advertise_address=advertise, version=body["version"])
-    return {"worker_id": worker_id, "name": name, "labels": labels, "advertise_address": advertise}
+    answer = {"worker_id": worker_id, "name": name, "labels": labels, "advertise_address": advertise}
+    if namesake is not None:
+        # Allowed (a machine that rejoins before its old lease ran out), but two online workers
+        # with one name are hard to tell apart in every listing: the joining side is told.
+        events.record(conn, now, "worker_name_in_use", worker_id=worker_id, name=name,
+                      online_worker_id=namesake["id"])
+        answer["warnings"] = [f"a worker named {name!r} is online already (worker {namesake['id']}): unless it is "
+                              "this machine's previous run, give this one another --name"]
+    return answer
 
 
 def needs_upgrade(conn, *, name: str, version: str | None, protocol: str, token_jti: str | None, now: float) -> None:
@@ -101,5 +111,7 @@ def listing(conn, include_gone: bool = False) -> list[dict]:
             "free": {"slots": w["free_slots"], "gpus": w["free_gpus"], "cpus": w["free_cpus"],
                      "memory_mb": w["free_memory_mb"]},
             "slots": w["slots"], "active_tasks": w["active_tasks"], "advertise_address": w["advertise_address"],
-            "last_seen_at": w["last_seen_at"], "version": w["version"], "gone_reason": w["gone_reason"]})
+            "last_seen_at": w["last_seen_at"], "version": w["version"], "gone_reason": w["gone_reason"],
+            "cordon": w["cordon"], "cordon_reason": w["cordon_reason"], "cordoned_at": w["cordoned_at"],
+            "drain_deadline": w["drain_deadline"], "gpus": json.loads(w["gpu_health"])})
     return out

@@ -1,0 +1,102 @@
+"""Cordon, drain, uncordon: taking a worker out of service, as transactions.
+
+A cordoned worker is a row of `worker_cordons`; `shape_worker_fit.schedulable`
+reads it, so acquire, gang placement and the waiting reasons all skip the
+worker at once. Running tasks go on. A drain is a cordon that upkeep watches
+(`advance_drains`): the worker is `drained` once it holds no task, or at its
+deadline, when what is only assigned goes back to the queue and what runs is
+stopped (its worker is told through `cancel_task_ids`) and judged by the
+retry policy as `worker_lost`, exactly as when a worker stops gracefully.
+"""
+from __future__ import annotations
+
+from gpulayer.server.errors import Conflict, NotFound
+from gpulayer.server.scheduler import events, leases
+from gpulayer.server.store.queries import row, rows
+
+#: Reason of the tasks a drain's deadline stops (the retry policy reads it as worker_lost).
+DRAIN_STOPPED = "worker_drained"
+
+
+def resolve(conn, ref: str) -> dict:
+    """The worker an operator names by id or name: the live one (not gone) of that name.
+
+    Raises NotFound for none, Conflict when a name is shared by several live workers.
+    """
+    found = rows(conn, "workers_named", ref=ref)
+    if ref.isdigit():
+        by_id = [w for w in found if str(w["id"]) == ref]
+        if by_id:
+            return by_id[0]
+    named = [w for w in found if w["name"] == ref]
+    live = [w for w in named if w["state"] != "gone"]
+    if len(live) > 1:
+        raise Conflict(f"{len(live)} live workers are named {ref!r} (ids "
+                       f"{', '.join(str(w['id']) for w in live)}): name one by its id", code="ambiguous_worker")
+    if live or named:
+        return (live or named)[0]
+    raise NotFound(f"no worker {ref!r} (give its id or name, as `gpulayer worker list` shows)")
+
+
+def cordon(conn, ref: str, reason: str, now: float, *, drain: bool = False, timeout_s: float | None = None) -> dict:
+    """Cordon (or drain) the worker `ref`; returns the worker's cordon as stored.
+
+    Raises NotFound / Conflict (resolve), and Conflict for a worker that is gone.
+    """
+    worker = resolve(conn, ref)
+    if worker["state"] == "gone":
+        raise Conflict(f"worker {worker['name']} (id {worker['id']}) is gone: there is nothing to cordon",
+                       code="worker_gone")
+    state = "draining" if drain else "cordoned"
+    deadline = None if timeout_s is None or not drain else now + timeout_s
+    before = row(conn, "worker_cordon", worker_id=worker["id"])
+    if not drain and before is not None and before["state"] in ("draining", "drained"):
+        return describe(conn, worker)  # a cordon does not undo a drain
+    row(conn, "cordon_worker", worker_id=worker["id"], state=state, reason=reason, now=now, deadline=deadline)
+    events.record(conn, now, "worker_draining" if state == "draining" else "worker_cordoned",
+                  worker_id=worker["id"], name=worker["name"], reason=reason, deadline=deadline)
+    if state == "draining":
+        advance_drains(conn, now, only=worker["id"])
+    return describe(conn, worker)
+
+
+def uncordon(conn, ref: str, now: float) -> dict:
+    """Put the worker `ref` back into service (a no-op when it is not cordoned)."""
+    worker = resolve(conn, ref)
+    removed = row(conn, "uncordon_worker", worker_id=worker["id"])
+    if removed is not None:
+        events.record(conn, now, "worker_uncordoned", worker_id=worker["id"], name=worker["name"],
+                      was=removed["state"], reason=removed["reason"])
+    return describe(conn, worker)
+
+
+def describe(conn, worker: dict) -> dict:
+    """`{id, name, state, cordon, cordon_reason, drain_deadline}` of one worker now."""
+    found = row(conn, "worker_cordon", worker_id=worker["id"])
+    return {"id": worker["id"], "name": worker["name"], "state": worker["state"],
+            "cordon": found["state"] if found else None, "cordon_reason": found["reason"] if found else None,
+            "cordoned_at": found["since"] if found else None, "drain_deadline": found["deadline"] if found else None}
+
+
+def advance_drains(conn, now: float, only: int | None = None) -> int:
+    """Upkeep: draining workers that hold no task, or whose deadline passed, become drained; how many.
+
+    At the deadline, tasks only assigned go back to the queue (same attempt, not
+    gangs) and running ones are lost with reason `worker_drained` (retried as
+    `worker_lost`); the worker hears `cancel_task_ids` on its next heartbeat.
+    """
+    drained = 0
+    for worker in rows(conn, "draining_workers", now=now):
+        worker_id = worker["worker_id"]
+        if only is not None and worker_id != only:
+            continue
+        if worker["active"] and worker["due"]:
+            for task in rows(conn, "requeue_never_started", worker_id=worker_id):
+                row(conn, "requeue_job_if_idle", job_id=task["job_id"])
+                events.record(conn, now, "task_requeued", job_id=task["job_id"], task_id=task["id"],
+                              worker_id=worker_id, reason="drain_timeout")
+            leases.finish_leftovers(conn, worker_id, DRAIN_STOPPED, now)
+        if row(conn, "mark_drained", worker_id=worker_id, now=now) is not None:
+            events.record(conn, now, "worker_drained", worker_id=worker_id, timed_out=bool(worker["due"]))
+            drained += 1
+    return drained

@@ -1,0 +1,85 @@
+"""Per-GPU health as the agents report it (NVML), and the operator's gpu-reset, as transactions.
+
+The agent sends `gpus: [{index, uuid, healthy, reason}]` at register and in
+every heartbeat. A GPU reported unhealthy is stored so (`worker_gpus`) and
+stays so, whatever later reports say, until its agent registers again (a new
+worker row) or an operator resets it: placement reserves no unhealthy index
+(`worker_load.free_gpus`, `gpus_in_use`). The active tasks holding it are lost
+with reason `gpu_unhealthy` in the same transaction, retried as `worker_lost`,
+and their worker hears `cancel_task_ids` in the answer of that heartbeat.
+"""
+from __future__ import annotations
+
+import json
+
+from gpulayer.server.errors import Conflict, NotFound
+from gpulayer.server.scheduler import events, outcomes
+from gpulayer.server.store.queries import row, rows
+
+
+def report(conn, worker_id: int, gpus: list[dict] | None, now: float) -> list[int]:
+    """Store what the agent reports; returns the indices reset since its last heartbeat (to tell it).
+
+    A report of an index the worker did not register is ignored. While a reset
+    is pending, an unhealthy report of that GPU is ignored too: it was made
+    before the agent heard of the reset.
+    """
+    known = {g["index"]: g for g in rows(conn, "worker_gpus_of", worker_id=worker_id)}
+    resets = sorted(i for i, g in known.items() if g["reset_pending"])
+    count = (row(conn, "worker_gpu_count", worker_id=worker_id) or {"gpus": 0})["gpus"] if gpus else 0
+    failed = []
+    for gpu in gpus or []:
+        index = gpu["index"]
+        before = known.get(index)
+        if index >= count:
+            continue
+        if before is None or (before["healthy"] and not gpu["healthy"] and not before["reset_pending"]):
+            healthy, reason = gpu["healthy"], None if gpu["healthy"] else gpu["reason"] or "reported unhealthy"
+        elif before["uuid"] != gpu["uuid"] and gpu["uuid"]:
+            healthy, reason = bool(before["healthy"]), before["reason"]  # the same health, the UUID learnt
+        else:
+            continue
+        row(conn, "put_worker_gpu", worker_id=worker_id, index=index, uuid=gpu["uuid"], healthy=int(healthy),
+            reason=reason, now=now)
+        if not healthy and (before is None or before["healthy"]):
+            failed.append((index, gpu["uuid"], reason))
+    if resets:
+        row(conn, "reset_told", worker_id=worker_id)
+    if failed:
+        _lose_tasks(conn, worker_id, failed, now)
+    return resets
+
+
+def _lose_tasks(conn, worker_id: int, failed: list[tuple], now: float) -> None:
+    """The tasks on GPUs that just failed: lost (gpu_unhealthy), for the retry policy to judge."""
+    lost = rows(conn, "gpu_tasks_lost", worker_id=worker_id, indices=json.dumps([i for i, _, _ in failed]), now=now)
+    for index, uuid, reason in failed:
+        events.record(conn, now, "gpu_unhealthy", worker_id=worker_id, index=index, uuid=uuid, reason=reason,
+                      tasks=[t["id"] for t in lost])
+    for task in lost:
+        events.record(conn, now, "task_lost", job_id=task["job_id"], task_id=task["id"], worker_id=worker_id,
+                      reason="gpu_unhealthy")
+    for task in lost:
+        outcomes.settle(conn, now, task["job_id"], task["attempt"],
+                        {"id": task["id"], "state": "lost", "reason": "gpu_unhealthy", "exit_code": None})
+
+
+def reset(conn, worker: dict, index: int, now: float) -> dict:
+    """`gpulayer worker gpu-reset`: mark GPU `index` of `worker` (cordons.resolve) healthy again.
+
+    Returns the worker's GPUs. Raises NotFound for no such GPU, Conflict for a worker that is gone.
+    """
+    if worker["state"] == "gone":
+        raise Conflict(f"worker {worker['name']} (id {worker['id']}) is gone: start its agent again instead",
+                       code="worker_gone")
+    found = row(conn, "reset_worker_gpu", worker_id=worker["id"], index=index, now=now)
+    if found is None:
+        raise NotFound(f"worker {worker['name']} (id {worker['id']}) reported no GPU {index}")
+    events.record(conn, now, "gpu_reset", worker_id=worker["id"], index=index, uuid=found["uuid"])
+    return {"worker_id": worker["id"], "name": worker["name"], "gpus": listing(conn, worker["id"])}
+
+
+def listing(conn, worker_id: int) -> list[dict]:
+    """The worker's GPUs: `[{index, uuid, healthy, reason, changed_at}]`."""
+    return [{"index": g["index"], "uuid": g["uuid"], "healthy": bool(g["healthy"]), "reason": g["reason"],
+             "changed_at": g["changed_at"]} for g in rows(conn, "worker_gpus_of", worker_id=worker_id)]

@@ -1,0 +1,205 @@
+"""A fake of nvidia-ml-py's `pynvml`, the one library agent/nvml.py calls: GPUs without a GPU.
+
+Put this folder first on PYTHONPATH (a worker process) or in sys.modules (this
+process) and point FAKE_NVML_STATE at a JSON file; every call reads the file
+again, so a test changes the hardware under a running agent by rewriting it
+(`write_state`, atomically)::
+
+    {"gpus": [{"name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-0",
+               "mig": null | [{"profile": "1g.10gb", "uuid": "MIG-0-1", "gi": 1}],
+               "mig_supported": true, "ecc_uncorrected": 0, "remap_failed": false,
+               "retire_pending": false, "lost": false, "events": true}],
+     "xids": [{"uuid": "GPU-0" | null, "xid": 79, "gi": null}],
+     "init_error": false}
+
+Only what agent/nvml.py uses is here, with pynvml's names, constants and
+error values; `xids` are delivered once each to every event set, in order.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from types import SimpleNamespace
+
+NVML_SUCCESS = 0
+NVML_ERROR_UNINITIALIZED = 1
+NVML_ERROR_INVALID_ARGUMENT = 2
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_NOT_FOUND = 6
+NVML_ERROR_TIMEOUT = 10
+NVML_ERROR_GPU_IS_LOST = 15
+NVML_ERROR_FUNCTION_NOT_FOUND = 13
+NVML_ERROR_UNKNOWN = 999
+NVML_DEVICE_MIG_DISABLE = 0
+NVML_DEVICE_MIG_ENABLE = 1
+NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
+NVML_VOLATILE_ECC = 0
+NVML_TEMPERATURE_GPU = 0
+NVML_FEATURE_ENABLED = 1
+NVML_FEATURE_DISABLED = 0
+nvmlEventTypeXidCriticalError = 0x8
+
+STATE_VARIABLE = "FAKE_NVML_STATE"
+_initialised = 0
+
+
+class NVMLError(Exception):
+    def __init__(self, value: int):
+        super().__init__(value)
+        self.value = value
+
+    def __str__(self) -> str:
+        return {NVML_ERROR_GPU_IS_LOST: "GPU is lost", NVML_ERROR_TIMEOUT: "Timeout",
+                NVML_ERROR_NOT_SUPPORTED: "Not Supported", NVML_ERROR_NOT_FOUND: "Not Found"}.get(
+                    self.value, f"NVML error {self.value}")
+
+
+def write_state(path, state: dict) -> None:
+    """Replace the fake hardware's state at once (readers never see half a file)."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as handle:
+        json.dump(state, handle)
+    os.replace(tmp, path)
+
+
+def _state() -> dict:
+    path = os.environ.get(STATE_VARIABLE)
+    if not path:
+        raise NVMLError(NVML_ERROR_UNINITIALIZED)
+    with open(path) as handle:
+        return json.load(handle)
+
+
+def _gpu(handle) -> dict:
+    gpus = _state()["gpus"]
+    if handle[1] >= len(gpus):
+        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    gpu = gpus[handle[1]]
+    if gpu.get("lost"):
+        raise NVMLError(NVML_ERROR_GPU_IS_LOST)
+    return gpu
+
+
+def _check() -> None:
+    if not _initialised:
+        raise NVMLError(NVML_ERROR_UNINITIALIZED)
+
+
+def nvmlInit() -> None:
+    global _initialised
+    if _state().get("init_error"):
+        raise NVMLError(NVML_ERROR_UNKNOWN)
+    _initialised += 1
+
+
+def nvmlShutdown() -> None:
+    global _initialised
+    _check()
+    _initialised -= 1
+
+
+def nvmlDeviceGetCount() -> int:
+    _check()
+    return len(_state()["gpus"])
+
+
+def nvmlDeviceGetHandleByIndex(index: int):
+    _check()
+    if index >= len(_state()["gpus"]):
+        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    return ("gpu", index)
+
+
+def nvmlDeviceGetName(handle) -> str:
+    gpu = _gpu(handle)
+    if handle[0] == "mig":
+        return f"{gpu['name']} MIG {gpu['mig'][handle[2]]['profile']}"
+    return gpu["name"]
+
+
+def nvmlDeviceGetUUID(handle) -> str:
+    gpu = _gpu(handle)
+    return gpu["mig"][handle[2]]["uuid"] if handle[0] == "mig" else gpu["uuid"]
+
+
+def nvmlDeviceGetMigMode(handle):
+    gpu = _gpu(handle)
+    if not gpu.get("mig_supported", gpu.get("mig") is not None):
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    mode = NVML_DEVICE_MIG_ENABLE if gpu.get("mig") is not None else NVML_DEVICE_MIG_DISABLE
+    return [mode, mode]
+
+
+def nvmlDeviceGetMaxMigDeviceCount(handle) -> int:
+    _gpu(handle)
+    return 7
+
+
+def nvmlDeviceGetMigDeviceHandleByIndex(handle, index: int):
+    gpu = _gpu(handle)
+    if index >= len(gpu.get("mig") or []):
+        raise NVMLError(NVML_ERROR_NOT_FOUND)
+    return ("mig", handle[1], index)
+
+
+def nvmlDeviceGetGpuInstanceId(handle) -> int:
+    return _gpu(handle)["mig"][handle[2]]["gi"]
+
+
+def nvmlDeviceGetTotalEccErrors(handle, error_type, counter_type) -> int:
+    gpu = _gpu(handle)
+    if gpu.get("ecc_uncorrected") is None:
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    return int(gpu["ecc_uncorrected"])
+
+
+def nvmlDeviceGetTemperature(handle, sensor) -> int:
+    _gpu(handle)
+    return 40
+
+
+def nvmlDeviceGetRemappedRows(handle):
+    gpu = _gpu(handle)
+    if gpu.get("remap_failed") is None:
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    return (0, 1 if gpu["remap_failed"] else 0, False, bool(gpu["remap_failed"]))
+
+
+def nvmlDeviceGetRetiredPagesPendingStatus(handle) -> int:
+    gpu = _gpu(handle)
+    return NVML_FEATURE_ENABLED if gpu.get("retire_pending") else NVML_FEATURE_DISABLED
+
+
+def nvmlEventSetCreate():
+    _check()
+    return SimpleNamespace(gpus=set(), seen=0)
+
+
+def nvmlDeviceRegisterEvents(handle, types: int, events) -> None:
+    gpu = _gpu(handle)
+    if not gpu.get("events", True):
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    events.gpus.add(gpu["uuid"])
+
+
+def nvmlEventSetWait_v2(events, timeout_ms: int):
+    deadline = time.monotonic() + timeout_ms / 1000
+    while True:
+        state = _state()
+        xids = state.get("xids") or []
+        if events.seen < len(xids):
+            event = xids[events.seen]
+            events.seen += 1
+            index = next((i for i, g in enumerate(state["gpus"]) if g["uuid"] == event.get("uuid")), None)
+            return SimpleNamespace(eventType=nvmlEventTypeXidCriticalError, eventData=event["xid"],
+                                   device=("gpu", index if index is not None else 1 << 20),
+                                   gpuInstanceId=event.get("gi") if event.get("gi") is not None else 0xFFFFFFFF,
+                                   computeInstanceId=0xFFFFFFFF)
+        if time.monotonic() >= deadline:
+            raise NVMLError(NVML_ERROR_TIMEOUT)
+        time.sleep(0.05)
+
+
+def nvmlEventSetFree(events) -> None:
+    events.gpus.clear()

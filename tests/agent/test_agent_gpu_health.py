@@ -1,0 +1,231 @@
+"""agent/nvml.py and agent/gpu_health.py over a fake pynvml (tests/agent/fake_nvml): inventory, MIG, health.
+
+Only `pynvml` is replaced; agent/nvml.py, the watcher and the inventory run for real.
+"""
+from __future__ import annotations
+
+import importlib.util
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+FAKE = Path(__file__).parent / "fake_nvml" / "pynvml.py"
+
+
+def h100(n: int, **extra) -> dict:
+    return {"name": "NVIDIA H100 80GB HBM3", "uuid": f"GPU-{n}", "mig_supported": True, "mig": None,
+            "ecc_uncorrected": 0, "remap_failed": False, **extra}
+
+
+def a100_mig(n: int, profiles=("1g.10gb", "3g.40gb")) -> dict:
+    return h100(n, name="NVIDIA A100-SXM4-80GB",
+                mig=[{"profile": p, "uuid": f"MIG-{n}-{i}", "gi": i + 1} for i, p in enumerate(profiles)])
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch):
+    """The fake pynvml in sys.modules, on a state file; returns a setter for the hardware's state."""
+    spec = importlib.util.spec_from_file_location("pynvml", FAKE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setitem(sys.modules, "pynvml", module)
+    path = tmp_path / "nvml.json"
+    monkeypatch.setenv("FAKE_NVML_STATE", str(path))
+    state: dict = {"gpus": [], "xids": []}
+
+    def set_state(**changes):
+        state.update(changes)
+        module.write_state(path, state)
+        return state
+    set_state()
+    set_state.state = state
+    return set_state
+
+
+def open_nvml():
+    from agent.nvml import Nvml
+    nvml = Nvml.open()
+    assert nvml is not None
+    return nvml
+
+
+def watcher(nvml, devices):
+    from agent.gpu_health import GpuHealth
+    changed = []
+    health = GpuHealth(nvml, devices, on_change=lambda: changed.append(1))
+    return health, changed
+
+
+def test_whole_gpus_inventory(fake):
+    from agent.inventory import detect, nvml_probe
+    fake(gpus=[h100(0), h100(1)])
+    inv = detect(env={}, probe=nvml_probe)
+    assert inv.gpus == 2 and inv.gpu_models == ["NVIDIA H100 80GB HBM3"] * 2 and inv.device_ids == ["0", "1"]
+    assert [d.uuid for d in inv.nvml_devices.values()] == ["GPU-0", "GPU-1"]
+
+
+def test_mig_inventory_is_its_instances(fake):
+    from agent.environment import cuda_visible_devices
+    from agent.inventory import detect, nvml_probe
+    fake(gpus=[a100_mig(0), h100(1, mig_supported=False)])
+    inv = detect(env={}, probe=nvml_probe)
+    assert inv.gpus == 3
+    assert inv.gpu_models == ["1g.10gb", "3g.40gb", "NVIDIA H100 80GB HBM3"]
+    assert inv.device_ids == ["MIG-0-0", "MIG-0-1", "GPU-1"]  # CUDA reaches a MIG instance by UUID only
+    assert cuda_visible_devices([1], inv.device_ids) == "MIG-0-1"
+    assert inv.nvml_devices[0].mig and inv.nvml_devices[0].parent_uuid == "GPU-0"
+    assert inv.nvml_devices[1].gpu_instance == 2
+
+
+def test_mig_capable_but_off_is_one_gpu(fake):
+    from agent.inventory import detect, nvml_probe
+    fake(gpus=[h100(0, mig_supported=True, mig=None)])
+    nvml = open_nvml()
+    assert nvml.mig_mode(("gpu", 0)) == "disabled"
+    nvml.close()
+    assert detect(env={}, probe=nvml_probe).device_ids == ["0"]
+
+
+def test_workers_visible_devices_map_to_nvml(fake):
+    from agent.inventory import detect, nvml_probe
+    fake(gpus=[h100(0), h100(1), h100(2)])
+    inv = detect(env={"CUDA_VISIBLE_DEVICES": "2,GPU-0"}, probe=nvml_probe)
+    assert inv.device_ids == ["2", "GPU-0"]
+    assert [inv.nvml_devices[i].uuid for i in (0, 1)] == ["GPU-2", "GPU-0"]
+
+
+def test_no_driver_means_no_devices(fake):
+    from agent.inventory import nvml_probe
+    from agent.nvml import Nvml
+    fake(init_error=True)
+    assert Nvml.open() is None and nvml_probe() == []
+
+
+def test_xid_marks_its_gpu_application_xids_do_not(fake):
+    fake(gpus=[h100(0), h100(1)])
+    nvml = open_nvml()
+    from agent.inventory import detect
+    inv = detect(env={}, probe=nvml.devices)
+    health, changed = watcher(nvml, inv.nvml_devices)
+    health.start()
+    try:
+        fake(xids=[{"uuid": "GPU-1", "xid": 13}, {"uuid": "GPU-1", "xid": 31}, {"uuid": "GPU-1", "xid": 79}])
+        deadline = time.monotonic() + 10
+        while not changed and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert health.report() == [
+            {"index": 0, "uuid": "GPU-0", "healthy": True, "reason": None},
+            {"index": 1, "uuid": "GPU-1", "healthy": False, "reason": "Xid 79"}]
+        assert changed == [1]
+    finally:
+        health.stop()
+        nvml.close()
+
+
+def test_xid_of_unknown_device_marks_every_gpu(fake):
+    from agent.nvml import Xid
+    fake(gpus=[h100(0), h100(1)])
+    nvml = open_nvml()
+    from agent.inventory import detect
+    health, _ = watcher(nvml, detect(env={}, probe=nvml.devices).nvml_devices)
+    health.on_xid(Xid(xid=48, uuid=None))
+    assert [g["healthy"] for g in health.report()] == [False, False]
+    health.on_xid(Xid(xid=63, uuid=None))
+    assert [g["reason"] for g in health.report()] == ["Xid 48", "Xid 48"]  # the first fault is kept
+    nvml.close()
+
+
+def test_mig_xid_marks_its_instance_or_the_whole_gpu(fake):
+    from agent.nvml import Xid
+    fake(gpus=[a100_mig(0, ("1g.10gb", "1g.10gb", "2g.20gb"))])
+    nvml = open_nvml()
+    from agent.inventory import detect
+    health, _ = watcher(nvml, detect(env={}, probe=nvml.devices).nvml_devices)
+    health.on_xid(Xid(xid=94, uuid="GPU-0", gpu_instance=2))
+    assert [g["healthy"] for g in health.report()] == [True, False, True]
+    health.on_xid(Xid(xid=79, uuid="GPU-0"))
+    assert [g["healthy"] for g in health.report()] == [False, False, False]
+    nvml.close()
+
+
+def test_event_wait_through_nvml_for_mig(fake):
+    fake(gpus=[a100_mig(0)], xids=[{"uuid": "GPU-0", "xid": 94, "gi": 2}, {"uuid": "GPU-9", "xid": 79}])
+    nvml = open_nvml()
+    events = nvml.xid_events([0])
+    first, second = events.wait(1), events.wait(1)
+    assert (first.xid, first.uuid, first.gpu_instance) == (94, "GPU-0", 2)
+    assert (second.xid, second.uuid) == (79, None)
+    assert events.wait(0.1) is None  # a timeout is no event
+    events.close()
+    nvml.close()
+
+
+@pytest.mark.parametrize("change, reason", [
+    ({"ecc_uncorrected": 5}, "3 uncorrectable ECC error(s)"),
+    ({"remap_failed": True}, "row remapping failed (remapped-row failure)"),
+    ({"retire_pending": True, "remap_failed": None}, "memory pages pending retirement (needs a GPU reset)"),
+    ({"lost": True}, "does not answer NVML (GPU is lost)"),
+])
+def test_periodic_checks(fake, change, reason):
+    fake(gpus=[h100(0, ecc_uncorrected=2), h100(1)])
+    nvml = open_nvml()
+    from agent.inventory import detect
+    health, changed = watcher(nvml, detect(env={}, probe=nvml.devices).nvml_devices)
+    health.start()  # baseline: 2 uncorrectable errors already (counted from here)
+    try:
+        health.check()
+        assert all(g["healthy"] for g in health.report())
+        fake(gpus=[h100(0, **{"ecc_uncorrected": 2, **change}), h100(1)])
+        health.check()
+        assert health.report()[0] == {"index": 0, "uuid": "GPU-0", "healthy": False, "reason": reason}
+        assert health.report()[1]["healthy"] and changed == [1]
+    finally:
+        health.stop()
+        nvml.close()
+
+
+def test_reset_forgets_and_counts_ecc_from_then(fake):
+    fake(gpus=[h100(0)])
+    nvml = open_nvml()
+    from agent.inventory import detect
+    health, _ = watcher(nvml, detect(env={}, probe=nvml.devices).nvml_devices)
+    health.start()
+    fake(gpus=[h100(0, ecc_uncorrected=1)])
+    health.check()
+    assert not health.report()[0]["healthy"]
+    health.reset([0])
+    health.check()
+    assert health.report()[0]["healthy"]  # the old errors no longer count
+    health.stop()
+    nvml.close()
+
+
+def test_ecc_off_and_events_unsupported_still_watch(fake):
+    fake(gpus=[h100(0, ecc_uncorrected=None, remap_failed=None, events=False)])
+    nvml = open_nvml()
+    from agent.inventory import detect
+    health, _ = watcher(nvml, detect(env={}, probe=nvml.devices).nvml_devices)
+    health.start()
+    assert health.thread is not None  # the set exists; this GPU only gives no Xid events
+    health.check()
+    assert health.report()[0]["healthy"]
+    health.stop()
+    nvml.close()
+
+
+def test_no_nvml_no_watch():
+    from agent.gpu_health import GpuHealth
+    health = GpuHealth(None, {})
+    health.start()
+    health.check()
+    assert health.report() == [] and health.thread is None
+
+
+def test_a_gpu_lost_before_start_is_left_out(fake):
+    from agent.inventory import detect, nvml_probe
+    fake(gpus=[h100(0, lost=True), h100(1)])
+    inv = detect(env={}, probe=nvml_probe)
+    assert inv.gpus == 1 and inv.nvml_devices[0].uuid == "GPU-1" and inv.nvml_devices[0].gpu == 1
+    assert inv.device_ids == ["GPU-1"]  # CUDA's device 0 may be either: the UUID says which

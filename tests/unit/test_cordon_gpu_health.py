@@ -1,0 +1,229 @@
+"""Cordon, drain and per-GPU health through the scheduler (real state file, pinned clock)."""
+from __future__ import annotations
+
+import pytest
+
+from gpulayer.server.errors import Conflict, NotFound
+from gpulayer.server.scheduler import jobs, workers
+
+from helpers import add_worker, job, state_of
+
+
+def beat(sched, worker_id, tasks=(), gpus=None):
+    return sched.heartbeat(worker_id, [{"task_id": t, "state": "running", "endpoint": None, "restarts": 0}
+                                       for t in tasks], gpus)
+
+
+def healthy(*indices, bad=None):
+    bad = bad or {}
+    return [{"index": i, "uuid": f"GPU-{i}", "healthy": i not in bad, "reason": bad.get(i)} for i in indices]
+
+
+def listed(sched, worker_id):
+    return next(w for w in sched.store.read(workers.listing) if w["id"] == worker_id)
+
+
+def reason(sched, job_id):
+    return state_of(sched, job_id)["waiting_reason"]
+
+
+def test_cordoned_worker_gets_no_task_and_says_why(sched):
+    w = add_worker(sched, "w1")
+    sched.cordon("w1", "bad fan")
+    job_id = sched.submit(job())
+    assert sched.acquire(w) is None
+    assert reason(sched, job_id) == "only cordoned workers fit it: w1 (cordoned: bad fan)"
+    assert listed(sched, w)["cordon"] == "cordoned" and listed(sched, w)["cordon_reason"] == "bad fan"
+    sched.uncordon(str(w))
+    assert listed(sched, w)["cordon"] is None
+    assert sched.acquire(w)["job_id"] == job_id
+
+
+def test_only_cordoned_workers_fit_a_gang(sched):
+    add_worker(sched, "a", gpus=1)
+    add_worker(sched, "b", gpus=1)
+    sched.cordon("a", "psu")
+    sched.cordon("b", "psu", drain=True)
+    gang = sched.submit(job(nodes=2, gpus=1))
+    assert reason(sched, gang) == "only cordoned workers fit it: a (cordoned: psu), b (drained: psu)"
+
+
+def test_cordon_skips_gangs_and_services(sched):
+    a, b = add_worker(sched, "a"), add_worker(sched, "b")
+    sched.cordon("b", "maintenance")
+    gang = sched.submit(job(nodes=2))
+    service = sched.submit(job(["sleep", "1"], service={"replicas": 2}))
+    first = sched.acquire(a)
+    assert first is not None and first["job_id"] == service  # one replica; the gang needs b too
+    assert sched.acquire(b) is None
+    assert reason(sched, gang).startswith("waiting for capacity")  # a is busy now, b is cordoned
+    sched.uncordon("b")
+    assert sched.acquire(b) is not None
+
+
+def test_running_tasks_go_on_when_cordoned(sched):
+    w = add_worker(sched, "w1")
+    job_id = sched.submit(job())
+    task = sched.acquire(w)
+    sched.start(w, task["task_id"], 1)
+    sched.cordon("w1", "x")
+    assert beat(sched, w, [task["task_id"]])["cancel_task_ids"] == []
+    assert state_of(sched, job_id)["state"] == "running"
+
+
+def test_drain_ends_drained_when_tasks_end(sched):
+    w = add_worker(sched, "w1")
+    job_id = sched.submit(job())
+    task = sched.acquire(w)
+    sched.start(w, task["task_id"], 1)
+    assert sched.cordon("w1", "reboot", drain=True)["cordon"] == "draining"
+    assert sched.advance_drains() == 0
+    sched.finish(w, task["task_id"], exit_code=0, outcome="succeeded", outputs={}, reason=None)
+    assert sched.advance_drains() == 1
+    assert listed(sched, w)["cordon"] == "drained" and listed(sched, w)["state"] == "online"
+    assert state_of(sched, job_id)["state"] == "succeeded"
+    assert beat(sched, w)["revoked"] is False  # a drained worker stays registered and heartbeating
+
+
+def test_drain_of_idle_worker_is_drained_at_once(sched):
+    add_worker(sched, "w1")
+    assert sched.cordon("w1", "idle", drain=True)["cordon"] == "drained"
+    assert sched.cordon("w1", "now cordoned")["cordon"] == "drained"  # a cordon does not undo a drain
+
+
+def test_drain_timeout_stops_and_requeues(sched, clock):
+    w, other = add_worker(sched, "w1"), add_worker(sched, "w2")
+    sched.cordon("w2", "not yet")
+    running = sched.submit(job(retry={"max_attempts": 2}))
+    task = sched.acquire(w)
+    sched.start(w, task["task_id"], 1)
+    sched.cordon("w1", "reboot", drain=True, timeout_s=30)
+    clock.advance(29)
+    assert sched.advance_drains() == 0
+    clock.advance(2)
+    assert sched.advance_drains() == 1
+    after = state_of(sched, running)
+    assert after["state"] == "queued" and after["attempt"] == 2
+    assert [t["reason"] for t in after["tasks"] if t["attempt"] == 1] == ["worker_drained"]
+    assert beat(sched, w, [task["task_id"]])["cancel_task_ids"] == [task["task_id"]]
+    sched.uncordon("w2")
+    assert sched.acquire(other)["job_id"] == running
+
+
+def test_drain_timeout_zero_requeues_assigned_same_attempt(sched):
+    w = add_worker(sched, "w1")
+    job_id = sched.submit(job())
+    task = sched.acquire(w)  # assigned, never started
+    sched.cordon("w1", "now", drain=True, timeout_s=0)
+    after = state_of(sched, job_id)
+    assert after["state"] == "queued" and after["attempt"] == 1
+    assert [t["state"] for t in after["tasks"]] == ["queued"] and task["attempt"] == 1
+    assert listed(sched, w)["cordon"] == "drained"
+
+
+def test_names_ids_and_refusals(sched):
+    add_worker(sched, "dup")
+    add_worker(sched, "dup")
+    with pytest.raises(Conflict) as err:
+        sched.cordon("dup", "x")
+    assert err.value.code == "ambiguous_worker"
+    with pytest.raises(NotFound):
+        sched.cordon("nobody", "x")
+    with pytest.raises(NotFound):
+        sched.uncordon("999")
+    gone = add_worker(sched, "gone")
+    sched.deregister(gone)
+    with pytest.raises(Conflict):
+        sched.cordon("gone", "x")
+    with pytest.raises(Conflict):
+        sched.gpu_reset(str(gone), 0)
+
+
+def test_unhealthy_gpu_is_never_reserved(sched):
+    w = add_worker(sched, "g", gpus=4, slots=4)
+    beat(sched, w, gpus=healthy(0, 1, 2, 3, bad={1: "Xid 79"}))
+    assert listed(sched, w)["free"]["gpus"] == 3
+    ids = [sched.submit(job(gpus=1)) for _ in range(4)]
+    got = [sched.acquire_many(w, 0, 4)]
+    indices = sorted(i for a in got[0] for i in a["gpus"])
+    assert indices == [0, 2, 3]
+    assert reason(sched, ids[3]).startswith("waiting for capacity")
+
+
+def test_eight_gpus_one_bad_offers_seven(sched):
+    w = add_worker(sched, "g8", gpus=8)
+    beat(sched, w, gpus=healthy(*range(8), bad={5: "Xid 48"}))
+    job_id = sched.submit(job(gpus=7))
+    task = sched.acquire(w)
+    assert task["job_id"] == job_id and 5 not in task["gpus"] and len(task["gpus"]) == 7
+    assert sched.submit(job(gpus=8)) and listed(sched, w)["free"]["gpus"] == 0
+
+
+def test_gpu_turning_bad_loses_its_task_and_retries_elsewhere(sched):
+    w = add_worker(sched, "g", gpus=2, slots=2)
+    beat(sched, w, gpus=healthy(0, 1))
+    on_bad = sched.submit(job(gpus=1, retry={"max_attempts": 3}))
+    other = sched.submit(job(gpus=1))
+    a = sched.acquire(w)
+    sched.start(w, a["task_id"], 1)  # acquire hands the same task out again until it starts
+    b = sched.acquire(w)
+    sched.start(w, b["task_id"], 1)
+    bad_task = a if a["job_id"] == on_bad else b
+    bad_index = bad_task["gpus"][0]
+    answer = beat(sched, w, [a["task_id"], b["task_id"]], healthy(0, 1, bad={bad_index: "Xid 79"}))
+    assert answer["cancel_task_ids"] == [bad_task["task_id"]]
+    after = state_of(sched, on_bad)
+    assert after["state"] == "queued" and after["attempt"] == 2
+    assert [t["reason"] for t in after["tasks"] if t["attempt"] == 1] == ["gpu_unhealthy"]
+    assert state_of(sched, other)["state"] == "running"
+    events = [e["kind"] for e in sched.store.read(jobs.events_of, on_bad)]
+    assert "task_lost" in events and "job_retried" in events
+    # The worker's other GPU is busy and the bad one is out: the retry waits, and later healthy reports change nothing.
+    beat(sched, w, [t for t in (a["task_id"], b["task_id"]) if t != bad_task["task_id"]], healthy(0, 1))
+    assert listed(sched, w)["free"]["gpus"] == 0
+    assert [g["healthy"] for g in listed(sched, w)["gpus"]] == [i != bad_index for i in (0, 1)]
+
+
+def test_gpu_reset_marks_healthy_and_tells_the_agent_once(sched):
+    w = add_worker(sched, "g", gpus=2)
+    beat(sched, w, gpus=healthy(0, 1, bad={0: "Xid 79"}))
+    with pytest.raises(NotFound):
+        sched.gpu_reset("g", 5)
+    answer = sched.gpu_reset("g", 0)
+    assert answer["gpus"][0]["healthy"] is True
+    # The report in flight was made before the agent heard: ignored, and the reset is told.
+    hb = beat(sched, w, gpus=healthy(0, 1, bad={0: "Xid 79"}))
+    assert hb["reset_gpus"] == [0]
+    assert listed(sched, w)["free"]["gpus"] == 2
+    # Told once; a new fault after that counts again.
+    hb = beat(sched, w, gpus=healthy(0, 1, bad={0: "Xid 94"}))
+    assert "reset_gpus" not in hb
+    assert listed(sched, w)["gpus"][0] == {"index": 0, "uuid": "GPU-0", "healthy": False, "reason": "Xid 94"}
+
+
+def test_register_reports_gpus_and_ignores_unknown_indices(sched):
+    body = {"name": "r", "labels": {}, "slots": 1, "version": "t", "gpus": healthy(0, 1, 7, bad={1: "Xid 79"}),
+            "resources": {"cpus": 4, "gpus": 2, "memory_mb": 1000, "gpu_models": []}}
+    from helpers import SERVER_JOIN
+    w = sched.register(body=body, token=SERVER_JOIN, session_hash="h-r", peer_address="127.0.0.1")["worker_id"]
+    assert [(g["index"], g["healthy"]) for g in listed(sched, w)["gpus"]] == [(0, True), (1, False)]
+    sched.submit(job(gpus=2))
+    assert sched.acquire(w) is None
+
+
+def test_metrics_queries_count_cordons_and_bad_gpus(sched):
+    from gpulayer.server.store.queries import rows
+    w = add_worker(sched, "g", gpus=2)
+    add_worker(sched, "c")
+    sched.cordon("c", "x")
+    beat(sched, w, gpus=healthy(0, 1, bad={1: "ECC"}))
+    counts = sched.store.read(lambda conn: {r["state"]: r["n"] for r in rows(conn, "metrics_workers_cordoned")})
+    assert counts == {"cordoned": 1}
+    assert sched.store.read(lambda conn: rows(conn, "metrics_gpus_unhealthy"))[0]["n"] == 1
+
+
+def test_a_new_uuid_is_learnt_and_the_health_kept(sched):
+    w = add_worker(sched, "g", gpus=1)
+    beat(sched, w, gpus=[{"index": 0, "uuid": None, "healthy": False, "reason": "Xid 79"}])
+    beat(sched, w, gpus=[{"index": 0, "uuid": "GPU-new", "healthy": True, "reason": None}])
+    assert listed(sched, w)["gpus"] == [{"index": 0, "uuid": "GPU-new", "healthy": False, "reason": "Xid 79"}]
