@@ -192,8 +192,8 @@ WHERE id = (
     JOIN task_queue head ON head.task_id = (
         SELECT h.task_id FROM task_queue h
         WHERE h.shape_id = a.shape_id AND h.project_id = a.project_id AND h.user_id = a.user_id
-          AND (NOT EXISTS (SELECT 1 FROM tasks o
-                           WHERE o.worker_id = CAST(:worker_id AS INTEGER) AND o.job_id = h.job_id
+          AND (NOT EXISTS (SELECT 1 FROM tasks o  -- +o.job_id: by the worker's few tasks, not the job's (an array's many)
+                           WHERE o.worker_id = CAST(:worker_id AS INTEGER) AND +o.job_id = h.job_id
                              AND o.state IN ('assigned', 'running'))
                OR (SELECT x.array_size FROM jobs x WHERE x.id = h.job_id) IS NOT NULL)
         ORDER BY h.priority DESC, h.task_id

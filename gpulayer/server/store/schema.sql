@@ -517,8 +517,8 @@ SELECT p.job_id, p.job_state, p.worker_id, p.worker_state, p.has_labels, p.has_a
 FROM (
     SELECT js.job_id, js.job_state, f.worker_id, f.worker_state, f.has_labels, f.has_accelerator,
            f.big_enough, f.missing_secret, f.has_room, f.spare_gpus, f.fits, f.fits_now AS shape_fits_now,
-           (EXISTS (SELECT 1 FROM tasks o
-                    WHERE o.worker_id = f.worker_id AND o.job_id = js.job_id
+           (EXISTS (SELECT 1 FROM tasks o  -- +o.job_id: by the worker's few tasks, not the job's (an array's many)
+                    WHERE o.worker_id = f.worker_id AND +o.job_id = js.job_id
                       AND o.state IN ('assigned', 'running'))
             AND (SELECT a.array_size FROM jobs a WHERE a.id = js.job_id) IS NULL) AS holds_task
     FROM job_shape js
