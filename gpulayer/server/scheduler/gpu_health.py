@@ -26,12 +26,14 @@ def report(conn, worker_id: int, gpus: list[dict] | None, now: float) -> list[in
     """
     known = {g["index"]: g for g in rows(conn, "worker_gpus_of", worker_id=worker_id)}
     resets = sorted(i for i, g in known.items() if g["reset_pending"])
-    count = (row(conn, "worker_gpu_count", worker_id=worker_id) or {"gpus": 0})["gpus"] if gpus else 0
+    # A stored row's index was checked when stored: the worker's GPU count is read only for a new index.
+    new = gpus and any(g["index"] not in known for g in gpus)
+    count = (row(conn, "worker_gpu_count", worker_id=worker_id) or {"gpus": 0})["gpus"] if new else len(known)
     failed = []
     for gpu in gpus or []:
         index = gpu["index"]
         before = known.get(index)
-        if index >= count:
+        if before is None and index >= count:
             continue
         if before is None or (before["healthy"] and not gpu["healthy"] and not before["reset_pending"]):
             healthy, reason = gpu["healthy"], None if gpu["healthy"] else gpu["reason"] or "reported unhealthy"
