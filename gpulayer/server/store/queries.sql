@@ -169,7 +169,9 @@ WHERE id = (
                coalesce(p.weight, nullif(p.gpu_quota, 0), 1) AS share, u.max_running_jobs,
                CASE WHEN p.gpu_quota IS NULL THEN 0 ELSE (  -- the project's GPUs in use (project_load)
                    SELECT coalesce(sum(j.gpus), 0) FROM jobs j
-                   JOIN tasks t ON t.job_id = j.id AND t.state IN ('assigned', 'running')
+                   -- (the redundant IN term seeks tasks_job_active by state, not a running array's every task)
+                   JOIN tasks t ON t.job_id = j.id AND t.state IN ('queued', 'assigned', 'running')
+                                   AND t.state IN ('assigned', 'running')
                    WHERE j.project_id = g.project_id AND j.state = 'running') END AS in_use
         FROM shapes s INDEXED BY shapes_queued
         JOIN shape_worker_fit f ON f.shape_id = s.id AND f.worker_id = CAST(:worker_id AS INTEGER)

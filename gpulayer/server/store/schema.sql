@@ -238,8 +238,9 @@ CREATE INDEX tasks_job ON tasks (job_id, attempt, "index");
 CREATE INDEX tasks_lost ON tasks (finished_at) WHERE state = 'lost';
 -- The next held task of a job to release (an array below its cap, a job whose dependencies ended).
 CREATE INDEX tasks_held ON tasks (job_id, "index") WHERE state = 'queued' AND held = 1;
--- Has a job any task left to run? (an array ends when none is left: one probe, not a walk of its elements)
-CREATE INDEX tasks_job_active ON tasks (job_id) WHERE state IN ('queued', 'assigned', 'running');
+-- Has a job any task left to run (an array ends when none is left: one probe, not a walk of its
+-- elements), and which of its tasks hold a worker (a seek per state, not a walk of what waits)?
+CREATE INDEX tasks_job_active ON tasks (job_id, state) WHERE state IN ('queued', 'assigned', 'running');
 
 -- Dependencies (`after`): job_id waits until after_job_id has ended. While any has not ended
 -- the job is `waiting` and its tasks are held (outside task_queue, so waiting costs acquire

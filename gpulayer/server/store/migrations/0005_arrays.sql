@@ -22,8 +22,9 @@ ALTER TABLE tasks ADD COLUMN held INTEGER NOT NULL DEFAULT 0 CHECK (held IN (0, 
 
 -- The next held task of a job to release (an array below its cap, a job whose dependencies ended).
 CREATE INDEX tasks_held ON tasks (job_id, "index") WHERE state = 'queued' AND held = 1;
--- Has a job any task left to run? (an array ends when none is left: one probe, not a walk of its elements)
-CREATE INDEX tasks_job_active ON tasks (job_id) WHERE state IN ('queued', 'assigned', 'running');
+-- Has a job any task left to run (an array ends when none is left: one probe, not a walk of its
+-- elements), and which of its tasks hold a worker (a seek per state, not a walk of what waits)?
+CREATE INDEX tasks_job_active ON tasks (job_id, state) WHERE state IN ('queued', 'assigned', 'running');
 
 CREATE TABLE job_dependencies (
     job_id        INTEGER NOT NULL REFERENCES jobs (id),
