@@ -23,7 +23,8 @@ the sequential variants), otherwise acquire would hand the same task back
 
 --backlog N,N,... measures acquire against a backlog instead (and nothing else): a
 CPU-only worker; N queued tasks that ask for 8 GPUs (which no worker has) ahead of the
-tasks it can take. `acquire`: ms per acquisition on one connection (BEGIN IMMEDIATE ...
+tasks it can take (--backlog-blocked user: N CPU tasks it fits, of a user at a running-jobs
+limit of 0, which acquire judges once per group of queued work, not per task). `acquire`: ms per acquisition on one connection (BEGIN IMMEDIATE ...
 COMMIT), median and p99, and the same without the COMMIT (placement.acquire alone);
 `heartbeat`: ms per heartbeat through Store.write while 100 idle workers poll acquire
 (100 polls/s in all), median and p99.
@@ -234,8 +235,10 @@ def _insert_workers(conn, count: int, *, slots: int, now: float) -> None:
         [(f"w{i}", slots, now, now, now + 1e9, f"h{i}") for i in range(count)])
 
 
-def build_backlog(path: Path, backlog: int, fitting: int) -> None:
-    """CPU-only online workers; `backlog` queued 8-GPU tasks, then `fitting` queued CPU tasks behind them."""
+def build_backlog(path: Path, backlog: int, fitting: int, blocked: str = "gpus") -> None:
+    """CPU-only online workers; `backlog` queued tasks they cannot take, then `fitting` queued CPU tasks
+    behind them. `blocked`: "gpus", the backlog asks for 8 GPUs (no worker fits it); "user", the backlog
+    is CPU tasks of the same shape owned by a user at a running-jobs limit of 0 (fits, not admitted)."""
     conn = db.connect(path)
     db.ensure_schema(conn)
     json = __import__("json")
@@ -244,9 +247,16 @@ def build_backlog(path: Path, backlog: int, fitting: int) -> None:
     now = time.time()
     with conn:
         _insert_workers(conn, BACKLOG_WORKERS, slots=1, now=now)
-        conn.executemany("INSERT INTO jobs (id, state, spec, gpus, created_at) VALUES (?, 'queued', ?, ?, ?)",
-                         [(i + 1, big if i < backlog else spec, 8 if i < backlog else 0, now)
-                          for i in range(backlog + fitting)])
+        if blocked == "user":
+            conn.execute("INSERT INTO users (id, name, max_running_jobs, created_at) VALUES (2, 'capped', 0, ?)",
+                         (now,))
+            conn.executemany("INSERT INTO jobs (id, state, spec, gpus, created_at, user_id) "
+                             "VALUES (?, 'queued', ?, 0, ?, ?)",
+                             [(i + 1, spec, now, 2 if i < backlog else 1) for i in range(backlog + fitting)])
+        else:
+            conn.executemany("INSERT INTO jobs (id, state, spec, gpus, created_at) VALUES (?, 'queued', ?, ?, ?)",
+                             [(i + 1, big if i < backlog else spec, 8 if i < backlog else 0, now)
+                              for i in range(backlog + fitting)])
         conn.executemany("INSERT INTO tasks (id, job_id, state, created_at) VALUES (?, ?, 'queued', ?)",
                          [(i + 1, i + 1, now) for i in range(backlog + fitting)])
     conn.execute("ANALYZE")
@@ -276,11 +286,13 @@ def time_acquires(path: Path, n: int) -> tuple[list[float], list[float]]:
     return spent, sql
 
 
-def time_heartbeats(path: Path, seconds: float, polls_per_s: float, heartbeats_per_s: float) -> list[float]:
+def time_heartbeats(path: Path, seconds: float, polls_per_s: float, heartbeats_per_s: float,
+                    blocked: str = "gpus") -> list[float]:
     """Seconds per heartbeat (Store.write) while idle workers poll acquire, nothing they can take queued."""
     conn = db.connect(path)
+    takeable = "gpus = 0" + (" AND user_id = 1" if blocked == "user" else "")
     conn.execute("UPDATE tasks SET state = 'cancelled', finished_at = :now WHERE state = 'queued' "
-                 "AND job_id IN (SELECT id FROM jobs WHERE gpus = 0)", {"now": time.time()})
+                 f"AND job_id IN (SELECT id FROM jobs WHERE {takeable})", {"now": time.time()})
     conn.close()
     store = db.Store(path, synchronous="normal")
     stop = threading.Event()
@@ -321,11 +333,11 @@ def backlog_check(args, workdir: Path) -> list[dict]:
     out = []
     for backlog in args.backlog:
         template = workdir / f"backlog-{backlog}.db"
-        build_backlog(template, backlog, args.backlog_acquisitions)
+        build_backlog(template, backlog, args.backlog_acquisitions, args.backlog_blocked)
         spent, sql = time_acquires(fresh_copy(template, workdir, "backlog"), args.backlog_acquisitions)
         acq, stmts = benchlib.summary_ms(spent), benchlib.summary_ms(sql)
         beats = benchlib.summary_ms(time_heartbeats(fresh_copy(template, workdir, "backlog"), args.backlog_seconds,
-                                                    BACKLOG_WORKERS - 1, 50))
+                                                    BACKLOG_WORKERS - 1, 50, args.backlog_blocked))
         out.append({"backlog": backlog, "acquire_p50_ms": acq["p50_ms"], "acquire_p99_ms": acq["p99_ms"],
                     "acquires": acq["n"],
                     "no_commit_p50_ms": stmts["p50_ms"], "no_commit_p99_ms": stmts["p99_ms"], "heartbeat_p50_ms": beats["p50_ms"],
@@ -349,6 +361,9 @@ def main(argv=None) -> int:
                    help="measure acquire against these backlogs instead, e.g. 0,1000,10000,100000")
     p.add_argument("--backlog-acquisitions", type=int, default=400, help="timed acquisitions per backlog")
     p.add_argument("--backlog-seconds", type=float, default=5.0, help="seconds of heartbeats per backlog")
+    p.add_argument("--backlog-blocked", choices=["gpus", "user"], default="gpus",
+                   help="why worker 1 cannot take the backlog: it asks for 8 GPUs (no worker fits it), or it "
+                        "fits but its user is at a running-jobs limit of 0 (teams: judged per group)")
     p.add_argument("--dir", type=Path, default=None, help="where the files go (default: a temp dir)")
     p.add_argument("--json", action="store_true", help="print JSON")
     args = p.parse_args(argv)
@@ -363,7 +378,9 @@ def main(argv=None) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
         benchlib.emit(result, args.json, "\n".join([
             benchlib.machine_line(result["machine"]),
-            f"queued 8-GPU tasks no worker fits, ahead of the CPU tasks worker 1 takes; "
+            ("queued 8-GPU tasks no worker fits" if args.backlog_blocked == "gpus" else
+             "queued CPU tasks of a user at a running-jobs limit of 0")
+            + ", ahead of the CPU tasks worker 1 takes; "
             f"heartbeats while {BACKLOG_WORKERS - 1} idle workers poll",
             benchlib.table(result["backlog"], ["backlog", "acquire_p50_ms", "acquire_p99_ms", "acquires",
                                                "no_commit_p50_ms", "no_commit_p99_ms",

@@ -262,6 +262,25 @@ def test_borrowed_gpus_are_reclaimed_for_the_lender(sched, ml, clock):
     assert first
 
 
+def test_a_task_never_preempts_the_one_it_was_preempted_for(sched, ml):
+    sched.change_teams(teams.set_project, "ml", {"gpus": 1, "borrow": 1})
+    sched.change_teams(teams.set_project, "cv", {"gpus": 1, "borrow": 1})
+    w = add_worker(sched, "w", gpus=2, slots=2)
+    submit(sched, ml["bob"], "ml", gpus=1)
+    submit(sched, ml["bob"], "ml", gpus=1)
+    take(sched, w)
+    borrowed = take(sched, w)
+    submit(sched, ml["ann"], "cv", gpus=1)
+    assert sched.preempt() == [borrowed["task_id"]]
+    finish(sched, w, borrowed["task_id"], outcome="cancelled", exit_code=143)
+    lender = take(sched, w)
+    # the quotas turn round: cv now borrows, and ml's requeued task is within ml's quota; it could
+    # reclaim cv's GPU, but that task is the one it was preempted for: no ping-pong
+    sched.change_teams(teams.set_project, "ml", {"gpus": 2})
+    sched.change_teams(teams.set_project, "cv", {"gpus": 0})
+    assert lender and sched.preempt() == []
+
+
 def test_a_cancel_during_the_grace_ends_the_job_cancelled(sched):
     w = add_worker(sched, "w", gpus=1, slots=1)
     low = sched.submit(job(gpus=1, priority="low", preemptible=True))
