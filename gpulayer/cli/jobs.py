@@ -41,6 +41,14 @@ def _opt(*names: str, help: str, **kw):
     return typer.Option(*names, help=help, **kw)
 
 
+def _labels_option(label: Optional[list[str]], gpu_model: Optional[str]) -> Optional[dict]:
+    """--label pairs, plus gpu_model=MODEL for --gpu-model (which a worker's GPU models meet too)."""
+    labels = parse_pairs(label, "--label")
+    if gpu_model:
+        labels["gpu_model"] = gpu_model
+    return labels or None
+
+
 def submit(
     ctx: typer.Context,
     command: Annotated[Optional[list[str]], typer.Argument(help="The command, after `--`.", metavar="CMD", show_default=False)] = None,
@@ -51,6 +59,7 @@ def submit(
     cpus: Annotated[Optional[float], _opt("--cpus", help="CPUs per task.", min=0)] = None,
     memory_mb: Annotated[Optional[int], _opt("--memory-mb", help="Memory per task, MB.", min=0)] = None,
     label: Annotated[Optional[list[str]], _opt("--label", help="k=v a worker must carry (repeatable).")] = None,
+    gpu_model: Annotated[Optional[str], _opt("--gpu-model", help="Only workers whose every GPU is this model, or MIG profile (1g.10gb): the label gpu_model=MODEL.")] = None,
     env: Annotated[Optional[list[str]], _opt("--env", help="K=V for the task's environment (repeatable).")] = None,
     source: Annotated[Optional[Path], _opt("--source", help="Directory packed (git-tracked files only in a checkout) and unpacked as the working directory.")] = None,
     input_: Annotated[Optional[list[str]], _opt("--input", help="Local file or folder uploaded and placed at the same relative path (repeatable).")] = None,
@@ -92,7 +101,7 @@ def submit(
     """
     settings = dict(
         name=name, env=parse_pairs(env, "--env") or None, accelerator=accelerator, gpus=gpus,
-        cpus=cpus, memory_mb=memory_mb, labels=parse_pairs(label, "--label") or None, retry=retry,
+        cpus=cpus, memory_mb=memory_mb, labels=_labels_option(label, gpu_model), retry=retry,
         retry_on=retry_on or None, timeout_seconds=timeout, silence_timeout_seconds=silence_timeout,
         source=str(source) if source else None, inputs=list(input_) if input_ else None,
         outputs=output or None, nodes=nodes, priority=_priority_option(priority), secrets=secret or None,

@@ -148,3 +148,10 @@ def test_mig_instances_are_scheduled_as_gpus(cluster, tmp_path):
                              "labels": {"mig": "mixed"}})
     assert cluster.wait_job(job_id)["state"] == "succeeded"
     assert "CVD=MIG-0-a,MIG-0-b" in cluster.log_text(job_id)
+    # A profile asked by model: this worker mixes profiles, so it meets none (docs/workers.md, "Inventory").
+    rc, out, err = cluster.cli("submit", "--gpu-model", "1g.10gb", "--", "true")
+    assert rc == 0, err
+    waiting = int(out.split()[0])
+    assert cluster.job(waiting)["spec"]["labels"] == {"gpu_model": "1g.10gb"}
+    rc, out, _ = cluster.cli("job", "status", str(waiting))
+    assert 'no online worker has the labels {"gpu_model": "1g.10gb"}' in out

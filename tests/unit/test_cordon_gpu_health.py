@@ -227,3 +227,22 @@ def test_a_new_uuid_is_learnt_and_the_health_kept(sched):
     beat(sched, w, gpus=[{"index": 0, "uuid": None, "healthy": False, "reason": "Xid 79"}])
     beat(sched, w, gpus=[{"index": 0, "uuid": "GPU-new", "healthy": True, "reason": None}])
     assert listed(sched, w)["gpus"] == [{"index": 0, "uuid": "GPU-new", "healthy": False, "reason": "Xid 79"}]
+
+
+def test_gpu_model_is_met_by_a_worker_whose_every_gpu_is_that_model(sched):
+    from helpers import SERVER_JOIN
+
+    def mig_worker(name, models):
+        body = {"name": name, "labels": {}, "slots": 1, "version": "t",
+                "resources": {"cpus": 4, "gpus": len(models), "memory_mb": 1000, "gpu_models": models}}
+        return sched.register(body=body, token=SERVER_JOIN, session_hash=f"h-{name}",
+                              peer_address="127.0.0.1")["worker_id"]
+    mixed = mig_worker("mixed", ["1g.10gb", "3g.40gb"])
+    same = mig_worker("same", ["1g.10gb"] * 7)
+    job_id = sched.submit(job(gpus=1, labels={"gpu_model": "1g.10gb"}))
+    assert sched.acquire(mixed) is None
+    assert sched.acquire(same)["job_id"] == job_id
+    other = sched.submit(job(gpus=1, labels={"gpu_model": "2g.20gb"}))
+    assert reason(sched, other) == 'no online worker has the labels {"gpu_model": "2g.20gb"}'
+    labelled = add_worker(sched, "labelled", gpus=1, labels={"gpu_model": "2g.20gb"})
+    assert sched.acquire(labelled)["job_id"] == other

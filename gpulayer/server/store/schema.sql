@@ -462,7 +462,9 @@ JOIN shapes s ON s.gang = j.gang AND s.gpus = j.gpus AND s.cpus = j.cpus AND s.m
 -- Which workers a shape of work fits, and why not: the one definition of fit, which
 -- job_worker_fit reads for jobs and acquisition for queued shapes. One row per shape and
 -- worker, whatever the worker's state. Flags are 0 or 1:
---   has_labels       every label the shape asks for is on the worker, with the same value
+--   has_labels       every label the shape asks for is on the worker, with the same value; a
+--                    `gpu_model` label (`submit --gpu-model`) is also met by a worker whose every
+--                    GPU or MIG instance is that model (its `gpu_models`: "1g.10gb", "NVIDIA H100 ...")
 --   has_accelerator  the shape asks for none, or the worker has GPUs
 --   big_enough       the worker's GPUs, CPUs and memory cover one task, when idle
 --   missing_secret   the first of the shape's secrets (by name) that is not set in its project
@@ -484,7 +486,10 @@ FROM (
            (s.labels = '{}' OR NOT EXISTS (
                SELECT 1 FROM json_each(s.labels) jl
                WHERE NOT EXISTS (SELECT 1 FROM json_each(w.labels) wl
-                                 WHERE wl.key = jl.key AND wl.value = jl.value))) AS has_labels,
+                                 WHERE wl.key = jl.key AND wl.value = jl.value)
+                 AND NOT (jl.key = 'gpu_model' AND w.gpus > 0  -- every GPU (or MIG instance) is that model
+                          AND NOT EXISTS (SELECT 1 FROM json_each(w.gpu_models) m WHERE m.value <> jl.value))))
+           AS has_labels,
            (s.accelerator = '' OR w.gpus > 0) AS has_accelerator,
            (s.gpus <= w.gpus AND s.cpus <= w.cpus AND s.memory_mb <= w.memory_mb) AS big_enough,
            CASE WHEN s.secrets <> '[]' THEN (

@@ -71,7 +71,10 @@ FROM (
            (s.labels = '{}' OR NOT EXISTS (
                SELECT 1 FROM json_each(s.labels) jl
                WHERE NOT EXISTS (SELECT 1 FROM json_each(w.labels) wl
-                                 WHERE wl.key = jl.key AND wl.value = jl.value))) AS has_labels,
+                                 WHERE wl.key = jl.key AND wl.value = jl.value)
+                 AND NOT (jl.key = 'gpu_model' AND w.gpus > 0  -- every GPU (or MIG instance) is that model
+                          AND NOT EXISTS (SELECT 1 FROM json_each(w.gpu_models) m WHERE m.value <> jl.value))))
+           AS has_labels,
            (s.accelerator = '' OR w.gpus > 0) AS has_accelerator,
            (s.gpus <= w.gpus AND s.cpus <= w.cpus AND s.memory_mb <= w.memory_mb) AS big_enough,
            CASE WHEN s.secrets <> '[]' THEN (
