@@ -229,3 +229,44 @@ def test_a_gpu_lost_before_start_is_left_out(fake):
     inv = detect(env={}, probe=nvml_probe)
     assert inv.gpus == 1 and inv.nvml_devices[0].uuid == "GPU-1" and inv.nvml_devices[0].gpu == 1
     assert inv.device_ids == ["GPU-1"]  # CUDA's device 0 may be either: the UUID says which
+
+
+def test_a_count_nvml_cannot_give_means_no_devices(fake):
+    from agent.inventory import nvml_probe
+    fake(gpus=[h100(0)], count_error=True)
+    assert nvml_probe() == []
+
+
+def test_what_a_gpu_does_not_support_is_no_fault(fake):
+    fake(gpus=[h100(0, temperature=False, remap_failed=None, retire_pending=None, ecc_uncorrected=None)])
+    nvml = open_nvml()
+    assert nvml.problem(0) is None and nvml.ecc_uncorrected(0) is None
+    nvml.close()
+
+
+def test_without_an_event_set_the_checks_still_run(fake):
+    fake(gpus=[h100(0)], event_set_error=True)
+    nvml = open_nvml()
+    from agent.inventory import detect
+    health, _ = watcher(nvml, detect(env={}, probe=nvml.devices).nvml_devices)
+    health.start()
+    assert health.thread is None
+    fake(gpus=[h100(0, remap_failed=True)], event_set_error=True)
+    health.check()
+    assert not health.report()[0]["healthy"]
+    nvml.close()
+
+
+def test_a_failing_event_wait_ends_the_watch_not_the_checks(fake):
+    fake(gpus=[h100(0)], xids=[{"uuid": "GPU-0", "xid": 79, "type": 1}, {"error": 999}])
+    nvml = open_nvml()
+    from agent.inventory import detect
+    health, changed = watcher(nvml, detect(env={}, probe=nvml.devices).nvml_devices)
+    health.start()
+    health.thread.join(10)
+    assert not health.thread.is_alive() and changed == []  # an event of another type is no Xid
+    fake(gpus=[h100(0, lost=True)], xids=[])
+    health.check()
+    assert health.report()[0]["reason"] == "does not answer NVML (GPU is lost)"
+    health.stop()
+    nvml.close()

@@ -9,8 +9,10 @@ again, so a test changes the hardware under a running agent by rewriting it
                "mig": null | [{"profile": "1g.10gb", "uuid": "MIG-0-1", "gi": 1}],
                "mig_supported": true, "ecc_uncorrected": 0, "remap_failed": false,
                "retire_pending": false, "lost": false, "events": true}],
-     "xids": [{"uuid": "GPU-0" | null, "xid": 79, "gi": null}],
-     "init_error": false}
+     "xids": [{"uuid": "GPU-0" | null, "xid": 79, "gi": null, "type": 8} | {"error": 999}],
+     "init_error": false, "count_error": false, "event_set_error": false}
+
+and per GPU, optionally: "temperature": false (not supported), "retire_pending": null (not supported).
 
 Only what agent/nvml.py uses is here, with pynvml's names, constants and
 error values; `xids` are delivered once each to every event set, in order.
@@ -101,7 +103,10 @@ def nvmlShutdown() -> None:
 
 def nvmlDeviceGetCount() -> int:
     _check()
-    return len(_state()["gpus"])
+    state = _state()
+    if state.get("count_error"):
+        raise NVMLError(NVML_ERROR_UNKNOWN)
+    return len(state["gpus"])
 
 
 def nvmlDeviceGetHandleByIndex(index: int):
@@ -155,7 +160,8 @@ def nvmlDeviceGetTotalEccErrors(handle, error_type, counter_type) -> int:
 
 
 def nvmlDeviceGetTemperature(handle, sensor) -> int:
-    _gpu(handle)
+    if not _gpu(handle).get("temperature", True):
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
     return 40
 
 
@@ -168,11 +174,15 @@ def nvmlDeviceGetRemappedRows(handle):
 
 def nvmlDeviceGetRetiredPagesPendingStatus(handle) -> int:
     gpu = _gpu(handle)
+    if "retire_pending" in gpu and gpu["retire_pending"] is None:
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
     return NVML_FEATURE_ENABLED if gpu.get("retire_pending") else NVML_FEATURE_DISABLED
 
 
 def nvmlEventSetCreate():
     _check()
+    if _state().get("event_set_error"):
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
     return SimpleNamespace(gpus=set(), seen=0)
 
 
@@ -191,8 +201,10 @@ def nvmlEventSetWait_v2(events, timeout_ms: int):
         if events.seen < len(xids):
             event = xids[events.seen]
             events.seen += 1
+            if "error" in event:  # the wait itself fails (a driver in trouble)
+                raise NVMLError(event["error"])
             index = next((i for i, g in enumerate(state["gpus"]) if g["uuid"] == event.get("uuid")), None)
-            return SimpleNamespace(eventType=nvmlEventTypeXidCriticalError, eventData=event["xid"],
+            return SimpleNamespace(eventType=event.get("type", nvmlEventTypeXidCriticalError), eventData=event["xid"],
                                    device=("gpu", index if index is not None else 1 << 20),
                                    gpuInstanceId=event.get("gi") if event.get("gi") is not None else 0xFFFFFFFF,
                                    computeInstanceId=0xFFFFFFFF)
