@@ -122,6 +122,9 @@ def submit(
         if cancel_on_interrupt is False:
             raise fail("--no-cancel-on-interrupt needs a control plane: a --target local job ends with the command", 2)
         raise typer.Exit(_submit_local(spec, home_of(ctx), as_json))
+    for array_id in after_array or []:  # --after-array names an array: say so before anything is sent
+        if client_of(ctx).get_job(array_id).data.get("array") is None:
+            raise fail(f"--after-array: job {array_id} is no array (use --after {array_id})", 2)
     raise typer.Exit(_submit_remote(ctx, spec, wait, follow, as_json, bool(cancel_on_interrupt), project))
 
 

@@ -87,6 +87,8 @@ def test_after_array_and_bad_dependencies(cluster):
     array = _job_id(_ok(cluster.cli("submit", "--array", "0-3", "--", "true")))
     after = _job_id(_ok(cluster.cli("submit", "--after-array", str(array), "--wait", "--", "echo", "after")))
     assert _status(cluster, array)["state"] == "succeeded" and _status(cluster, after)["state"] == "succeeded"
+    plain = cluster.cli("submit", "--after-array", str(after), "--", "true")
+    assert plain.returncode == 2 and f"job {after} is no array" in plain.stderr
     bad = cluster.cli("submit", "--after", "999999", "--", "true")
     assert bad.returncode != 0 and "no job 999999" in bad.stderr and "Traceback" not in bad.stderr
     usage = cluster.cli("submit", "--after", "12:sometimes", "--", "true")
@@ -106,3 +108,13 @@ def test_python_client_arrays_and_after(cluster):
         assert array.info()["array"] == {"indices": "0-3", "size": 4, "max_running": 2, "counts": {"succeeded": 4},
                                          "done": 4, "failed_indices": []}
         assert after.info()["after"][0]["job"] == array.id
+
+
+def test_job_file_array_and_after_fields(cluster):
+    job_file = cluster.root / "sweep.toml"
+    job_file.write_text('command = ["python", "sweep.py"]\narray = "0-99%8"\nafter = [3, "4:any"]\n')
+    spec = json.loads(_ok(cluster.cli("submit", "-f", str(job_file), "--dry-run")).stdout)
+    assert (spec["array"], spec["after"]) == ("0-99%8", [3, "4:any"])
+    spec = json.loads(_ok(cluster.cli("submit", "--array", "1,5", "--after", "7", "--after-array", "8",
+                                      "--dry-run", "--", "true")).stdout)
+    assert (spec["array"], spec["after"]) == ("1,5", ["7:ok", "8:ok"])
