@@ -246,3 +246,19 @@ def test_gpu_model_is_met_by_a_worker_whose_every_gpu_is_that_model(sched):
     assert reason(sched, other) == 'no online worker has the labels {"gpu_model": "2g.20gb"}'
     labelled = add_worker(sched, "labelled", gpus=1, labels={"gpu_model": "2g.20gb"})
     assert sched.acquire(labelled)["job_id"] == other
+
+
+def test_a_drain_outlives_the_agents_restart(sched):
+    old = add_worker(sched, "node7")
+    sched.cordon("node7", "reboot", drain=True)
+    sched.deregister(old)
+    new = add_worker(sched, "node7")  # the agent started again: a new registration
+    assert listed(sched, new)["cordon"] == "drained" and listed(sched, new)["cordon_reason"] == "reboot"
+    sched.submit(job())
+    assert sched.acquire(new) is None
+    sched.uncordon("node7")
+    newer = add_worker(sched, "node7")
+    assert listed(sched, newer)["cordon"] is None  # the newest registration before it was in service
+    cordoned = add_worker(sched, "other")
+    sched.cordon(str(cordoned), "fan")
+    assert listed(sched, add_worker(sched, "other"))["cordon"] == "cordoned"

@@ -42,6 +42,10 @@ def register(conn, *, body: dict, token, session_hash: str, peer_address: str | 
     gpu_health.report(conn, worker_id, body.get("gpus"), now)  # before its first acquire can reserve a broken one
     events.record(conn, now, "worker_registered", worker_id=worker_id, name=name, labels=labels,
                   resources=res, slots=body["slots"], advertise_address=advertise, version=body["version"])
+    carried = row(conn, "carry_cordon", worker_id=worker_id, name=name, now=now)
+    if carried is not None:  # a drain outlives the agent's restart, as Slurm's outlives slurmd's
+        events.record(conn, now, "worker_cordoned", worker_id=worker_id, name=name, reason=carried["reason"],
+                      state=carried["state"], carried_from=carried["from_worker"])
     answer = {"worker_id": worker_id, "name": name, "labels": labels, "advertise_address": advertise}
     if namesake is not None:
         # Allowed (a machine that rejoins before its old lease ran out), but two online workers

@@ -969,6 +969,19 @@ SET state = excluded.state, reason = excluded.reason, deadline = excluded.deadli
     since = CASE WHEN worker_cordons.state = excluded.state THEN worker_cordons.since ELSE excluded.since END
 RETURNING worker_id, state, reason, since, deadline;
 
+-- name: carry_cordon --
+-- A worker registering under a name whose newest earlier registration was cordoned stays out of
+-- service: the cordon is copied (cordoned stays cordoned; draining or drained is drained, as the
+-- new registration holds no task).
+INSERT INTO worker_cordons (worker_id, state, reason, since, deadline, drained_at)
+SELECT :worker_id, CASE WHEN c.state = 'cordoned' THEN 'cordoned' ELSE 'drained' END, c.reason, c.since, NULL,
+       CASE WHEN c.state = 'cordoned' THEN NULL ELSE :now END
+FROM worker_cordons c
+WHERE c.worker_id = (SELECT max(id) FROM workers
+                     WHERE name = :name AND id <> :worker_id AND state <> 'needs_upgrade')
+RETURNING state, reason, (SELECT max(id) FROM workers
+                          WHERE name = :name AND id <> :worker_id AND state <> 'needs_upgrade') AS from_worker;
+
 -- name: uncordon_worker --
 -- Put a worker back into service.
 DELETE FROM worker_cordons WHERE worker_id = :worker_id RETURNING worker_id, state, reason;
