@@ -111,3 +111,17 @@ WHERE j.project_id <> q.project_id OR j.user_id <> q.user_id
    OR NOT EXISTS (SELECT 1 FROM queue_groups g WHERE g.shape_id = q.shape_id AND g.project_id = q.project_id
                                                  AND g.user_id = q.user_id)
 GROUP BY q.shape_id, q.project_id, q.user_id;
+
+-- name: active_task_on_unhealthy_gpu --
+-- No task holds a GPU its worker reported unhealthy: the heartbeat that stored the fault
+-- lost the tasks on it, and placement reserves no unhealthy index.
+SELECT t.id AS task_id, t.worker_id, g."index"
+FROM tasks t, json_each(t.gpu_indices) i
+JOIN worker_gpus g ON g.worker_id = t.worker_id AND g."index" = i.value AND g.healthy = 0
+WHERE t.state IN ('assigned', 'running');
+
+-- name: drained_worker_with_task --
+-- A drained worker holds no task (draining ends there; a cordon gives no new one).
+SELECT c.worker_id, t.id AS task_id
+FROM worker_cordons c JOIN tasks t ON t.worker_id = c.worker_id AND t.state IN ('assigned', 'running')
+WHERE c.state = 'drained';
