@@ -103,6 +103,18 @@ def test_a_borrower_is_told_it_waits_for_a_lender(sched, ml):
         "project ml may borrow beyond its quota (1 GPUs) only what no other project waits for within its own")
 
 
+def test_a_gang_borrows_only_while_no_lender_waits(sched, ml):
+    sched.change_teams(teams.set_project, "ml", {"gpus": 1, "borrow": 4})
+    w1, w2 = add_worker(sched, "w1", gpus=1), add_worker(sched, "w2", gpus=1)
+    gang = submit(sched, ml["bob"], "ml", gpus=1, nodes=2)      # 2 GPUs: one of them borrowed
+    lender = submit(sched, ml["ann"], "cv", gpus=1)
+    assert take(sched, w1)["job_id"] == lender
+    assert state_of(sched, gang)["state"] == "queued"
+    sched.cancel(lender)
+    finish(sched, w1, state_of(sched, lender)["tasks"][0]["task_id"], outcome="cancelled")
+    assert take(sched, w1)["job_id"] == gang and take(sched, w2)["job_id"] == gang
+
+
 def test_max_running_jobs_per_user(sched, ml):
     carl = user(sched, "carl", "ml", max_running_jobs=1)
     w = add_worker(sched, "w", gpus=0, slots=4)

@@ -231,8 +231,10 @@ SELECT 1 AS found FROM jobs INDEXED BY jobs_queued_gangs WHERE state = 'queued' 
 -- name: next_gang_job --
 -- The best queued multi-node jobs that the polling worker fits now (one rank of)
 -- (several, so that a gang too wide for the fleet does not block the ones behind it), whose
--- project's GPU quota holds every rank (`nominal + borrow`) and whose user is below the
--- running-jobs limit; best as in acquire_task (priority, the project's fair share, first come).
+-- project's GPU quota holds every rank (`nominal + borrow`; borrowed GPUs only while no other
+-- project waits within its nominal quota, judged over all queued work, not this worker's) and
+-- whose user is below the running-jobs limit; best as in acquire_task (priority, the project's
+-- fair share, first come).
 SELECT j.id, j.attempt, j.width
 FROM jobs j INDEXED BY jobs_queued_gangs
 JOIN job_worker_fit f ON f.job_id = j.id AND f.worker_id = CAST(:worker_id AS INTEGER)
@@ -240,10 +242,15 @@ JOIN projects p ON p.id = j.project_id
 LEFT JOIN users u ON u.id = j.user_id
 WHERE j.state = 'queued' AND j.gang = 1 AND f.fits_now
   AND (p.gpu_quota IS NULL OR j.gpus = 0
-       OR (SELECT coalesce(sum(r.gpus), 0) FROM jobs r
-           JOIN tasks t ON t.job_id = r.id AND t.state IN ('assigned', 'running')
-           WHERE r.project_id = j.project_id AND r.state = 'running') + j.gpus * j.width
-          <= p.gpu_quota + p.gpu_borrow)
+       OR (SELECT q.gpus_in_use FROM project_quota_use q WHERE q.project_id = j.project_id) + j.gpus * j.width
+          <= p.gpu_quota
+       OR ((SELECT q.gpus_in_use FROM project_quota_use q WHERE q.project_id = j.project_id) + j.gpus * j.width
+           <= p.gpu_quota + p.gpu_borrow
+           AND NOT EXISTS (SELECT 1 FROM queue_groups g
+                           JOIN shapes s ON s.id = g.shape_id AND s.gpus > 0
+                           JOIN project_quota_use o ON o.project_id = g.project_id
+                           WHERE g.project_id <> j.project_id AND o.nominal IS NOT NULL
+                             AND o.gpus_in_use + s.gpus <= o.nominal)))
   AND (u.max_running_jobs IS NULL
        OR (SELECT count(*) FROM jobs r WHERE r.user_id = j.user_id AND r.state = 'running') < u.max_running_jobs)
 ORDER BY j.priority DESC,
