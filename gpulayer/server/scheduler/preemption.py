@@ -16,6 +16,7 @@ preemption cannot loop.
 """
 from __future__ import annotations
 
+import json
 from itertools import groupby
 
 from gpulayer.server.scheduler import events, ledger
@@ -26,46 +27,64 @@ ACTIVE = ("assigned", "running")
 
 
 def preempt(conn, now: float) -> list[int]:
-    """Upkeep's preemption round: ask workers to stop victims for waiting tasks; the victims' task ids."""
+    """Upkeep's preemption round: ask workers to stop victims for waiting tasks; the victims' task ids.
+
+    Cheap when there is nothing to take: no running preemptible job and no project
+    over its nominal quota end the round after one query.
+    """
     asked: list[int] = []
-    if not row(conn, "preemption_possible")["possible"]:
+    possible = row(conn, "preemption_possible")
+    floor, borrowers = possible["floor"], {int(k): v for k, v in json.loads(possible["borrowers"]).items()}
+    if floor is None and not borrowers:
         return asked
+    found: dict[tuple, list[dict]] = {}  # victims by (shape, priority, lenders), read once a round
+    placeable: dict[int, bool] = {}      # shape -> could an online worker take one now
     for want in rows(conn, "preemption_candidates", limit=CANDIDATES):
-        plan = _plan(conn, want)
-        if plan:
+        reclaim = want["nominal"] is not None and want["gpus_in_use"] + want["gpus"] <= want["nominal"]
+        lenders = {k: v for k, v in borrowers.items() if k != want["project_id"]} if reclaim else {}
+        if (floor is None or want["priority"] <= floor) and not lenders:
+            continue  # nothing it may preempt
+        key = (want["shape_id"], want["priority"], tuple(sorted(lenders)))
+        if key not in found:
+            found[key] = rows(conn, "preemption_victims", task_id=want["task_id"], job_id=want["job_id"],
+                              shape_id=want["shape_id"], priority=want["priority"],
+                              borrowers=json.dumps(sorted(lenders)))
+        plan = _plan([v for v in found[key] if v["id"] not in asked and v["job_id"] != want["job_id"]], want,
+                     lenders)
+        if not plan:
+            continue
+        if want["shape_id"] not in placeable:
+            placeable[want["shape_id"]] = row(conn, "shape_fits_now", shape_id=want["shape_id"]) is not None
+        if not placeable[want["shape_id"]]:
             asked += _ask(conn, now, want, plan)
     return asked
 
 
-def _plan(conn, want: dict) -> list[dict]:
+def _plan(found: list[dict], want: dict, borrowers: dict) -> list[dict]:
     """The victims that make room for `want` on one worker (the one that needs the fewest), or []."""
-    reclaim = want["nominal"] is not None and want["gpus_in_use"] + want["gpus"] <= want["nominal"]
-    found = rows(conn, "preemption_victims", task_id=want["task_id"], job_id=want["job_id"],
-                 shape_id=want["shape_id"], priority=want["priority"], project_id=want["project_id"],
-                 reclaim=int(reclaim))
     best: list[dict] = []
     for _, victims in groupby(found, key=lambda v: v["worker_id"]):
-        chosen = _room_on_worker(list(victims), want)
+        chosen = _room_on_worker(list(victims), want, borrowers)
         if chosen and (not best or len(chosen) < len(best)):
             best = chosen
     return best
 
 
-def _room_on_worker(victims: list[dict], want: dict) -> list[dict]:
+def _room_on_worker(victims: list[dict], want: dict, borrowers: dict) -> list[dict]:
     """Victims on one worker, in order, until the freed room fits `want`; [] when even all would not."""
     first = victims[0]
     free = {"slots": first["free_slots"], "gpus": first["free_gpus"], "cpus": first["free_cpus"],
             "memory_mb": first["free_memory_mb"]}
-    borrowed: dict[int, int] = {}  # project -> GPUs it holds beyond its nominal quota, not yet reclaimed
+    # project -> GPUs it holds beyond its nominal quota, not yet reclaimed
+    borrowed = {k: b["gpus_in_use"] - b["nominal"] for k, b in borrowers.items()}
     chosen: list[dict] = []
     for victim in victims:
         if _fits(free, want):
             break
         if not victim["by_priority"]:  # borrowed work: reclaim no more than the project borrowed
-            left = borrowed.setdefault(victim["project_id"], victim["gpus_in_use"] - victim["nominal"])
-            if left <= 0:
+            if borrowed.get(victim["project_id"], 0) <= 0:
                 continue
-            borrowed[victim["project_id"]] = left - victim["gpus"]
+            borrowed[victim["project_id"]] -= victim["gpus"]
         chosen.append(victim)
         free["slots"] += 1
         for key in ("gpus", "cpus", "memory_mb"):

@@ -1262,9 +1262,10 @@ ORDER BY gpu_hours DESC, cpu_hours DESC, key;
 
 -- name: preemption_candidates --
 -- Upkeep: queued single tasks that may preempt, best first (priority, first come): each
--- queue group's best task when no online worker could take it now, its project's quota and
--- its user's limit would admit it, and no preemption for it is under way. With its project's
--- quota and use. A gang waits for room; it does not preempt (it may be preempted, whole).
+-- queue group's best task, when its project's quota and its user's limit would admit it and
+-- no preemption for it is under way; with its project's quota and use. (Whether a worker could
+-- take it now anyway is asked last, of a task with victims: shape_fits_now.) A gang waits for
+-- room; it does not preempt (it may be preempted, whole).
 SELECT h.task_id, h.job_id, h.priority, h.project_id, h.shape_id, s.gpus, s.cpus, s.memory_mb,
        q.nominal, q.gpus_in_use
 FROM queue_groups g
@@ -1278,38 +1279,39 @@ LEFT JOIN users u ON u.id = g.user_id
 WHERE (q.nominal IS NULL OR s.gpus = 0 OR q.gpus_in_use + s.gpus <= q.nominal + q.borrow)
   AND (u.max_running_jobs IS NULL
        OR (SELECT count(*) FROM jobs r WHERE r.user_id = g.user_id AND r.state = 'running') < u.max_running_jobs)
-  AND NOT EXISTS (SELECT 1 FROM job_worker_fit f WHERE f.job_id = h.job_id AND f.fits_now)
   AND NOT EXISTS (SELECT 1 FROM preemptions pe JOIN tasks v ON v.id = pe.task_id
                   WHERE pe.for_task_id = h.task_id AND pe.done_at IS NULL AND v.state IN ('assigned', 'running'))
 ORDER BY h.priority DESC, h.task_id
 LIMIT :limit;
 
 -- name: preemption_victims --
--- What a waiting task (:task_id of :job_id: its :shape_id, :priority, :project_id) may
--- preempt on the online, schedulable workers its shape fits when idle and where it holds no
--- task: active tasks of other jobs that are preemptible (spec.preemptible) and of a lower
--- priority, or, when :reclaim (its project is within its nominal quota), GPU tasks of
--- another project holding more than its own nominal quota (borrowed). Never a task being
--- stopped already, nor one :task_id was preempted for (no loop). With each worker's free
--- room, in the order victims are taken: per worker, the lowest priority first, then the most
--- recently started (the least work lost).
-SELECT t.id, t.job_id, t.attempt, t.worker_id, j.gang, j.gpus, j.cpus, j.memory_mb, j.priority, j.project_id,
-       (j.priority < :priority AND coalesce(json_extract(j.spec, '$.preemptible'), 0)) AS by_priority,
-       q.nominal, q.gpus_in_use, l.free_slots, l.free_gpus, l.free_cpus, l.free_memory_mb
-FROM shape_worker_fit f
-JOIN worker_load l ON l.worker_id = f.worker_id
-JOIN tasks t ON t.worker_id = f.worker_id AND t.state IN ('assigned', 'running')
-JOIN jobs j ON j.id = t.job_id
-JOIN project_quota_use q ON q.project_id = j.project_id
-WHERE f.shape_id = CAST(:shape_id AS INTEGER) AND f.worker_state = 'online' AND f.fits AND f.schedulable
-  AND t.job_id <> :job_id AND t.cancel_requested = 0
-  AND NOT EXISTS (SELECT 1 FROM tasks o WHERE o.worker_id = f.worker_id AND o.job_id = :job_id
+-- What a waiting task (:task_id of :job_id: its :shape_id, :priority) may preempt: active
+-- tasks of other running jobs that are preemptible (spec.preemptible) and of a lower priority,
+-- or GPU tasks of the projects :borrowers (a JSON list: those holding more than their nominal
+-- quota, when the waiting task's project is within its own), on online, schedulable workers
+-- its shape fits when idle and where its job holds no task. Read from the running jobs (their
+-- few tasks), not from every worker. Never a task being stopped already, nor one :task_id was
+-- preempted for (no loop). With each worker's free room, in the order victims are taken: per
+-- worker, the lowest priority first, then the most recently started (the least work lost).
+WITH v AS (
+    SELECT t.id, t.job_id, t.attempt, t.worker_id, t.started_at, j.gang, j.gpus, j.cpus, j.memory_mb,
+           j.priority, j.project_id,
+           (j.priority < :priority AND coalesce(json_extract(j.spec, '$.preemptible'), 0)) AS by_priority
+    FROM jobs j INDEXED BY jobs_state_id
+    JOIN tasks t ON t.job_id = j.id AND t.state IN ('assigned', 'running') AND t.cancel_requested = 0
+    WHERE j.state = 'running' AND j.id <> :job_id
+      AND ((j.priority < :priority AND coalesce(json_extract(j.spec, '$.preemptible'), 0))
+           OR (j.gpus > 0 AND j.project_id IN (SELECT value FROM json_each(:borrowers))))
+)
+SELECT v.*, l.free_slots, l.free_gpus, l.free_cpus, l.free_memory_mb
+FROM v
+JOIN shape_worker_fit f ON f.shape_id = CAST(:shape_id AS INTEGER) AND f.worker_id = v.worker_id
+JOIN worker_load l ON l.worker_id = v.worker_id
+WHERE f.worker_state = 'online' AND f.fits AND f.schedulable
+  AND NOT EXISTS (SELECT 1 FROM tasks o WHERE o.worker_id = v.worker_id AND o.job_id = :job_id
                                           AND o.state IN ('assigned', 'running'))
-  AND ((j.priority < :priority AND coalesce(json_extract(j.spec, '$.preemptible'), 0))
-       OR (:reclaim AND j.project_id <> :project_id AND j.gpus > 0
-           AND q.nominal IS NOT NULL AND q.gpus_in_use > q.nominal))
-  AND NOT EXISTS (SELECT 1 FROM preemptions pe WHERE pe.task_id = :task_id AND pe.for_task_id = t.id)
-ORDER BY t.worker_id, j.priority, t.started_at DESC, t.id DESC;
+  AND NOT EXISTS (SELECT 1 FROM preemptions pe WHERE pe.task_id = :task_id AND pe.for_task_id = v.id)
+ORDER BY v.worker_id, v.priority, v.started_at DESC, v.id DESC;
 
 -- name: request_preemption --
 -- Ask a victim's worker to stop it (its next heartbeat's cancel list) and note why.
@@ -1368,10 +1370,20 @@ ORDER BY pe.id;
 SELECT project_id FROM memberships WHERE user_id = :user_id AND role = 'manager' ORDER BY project_id;
 
 -- name: preemption_possible --
--- Is there anything to preempt at all: a running preemptible job, or a project with a quota
--- (its borrowed GPUs)? Upkeep skips the preemption round when not.
-SELECT EXISTS (SELECT 1 FROM projects WHERE gpu_quota IS NOT NULL)
-    OR EXISTS (SELECT 1 FROM jobs WHERE state = 'running' AND json_extract(spec, '$.preemptible') = 1) AS possible;
+-- What a preemption round may take at all: the lowest priority of a running preemptible job
+-- (NULL: none), and the projects holding more than their nominal quota (borrowers, with their
+-- nominal quota and GPUs in use, a JSON object by id; '{}' when none). Upkeep skips the round
+-- when there is neither.
+SELECT (SELECT min(priority) FROM jobs WHERE state = 'running' AND json_extract(spec, '$.preemptible') = 1)
+           AS floor,
+       CASE WHEN EXISTS (SELECT 1 FROM projects WHERE gpu_quota IS NOT NULL) THEN (
+           SELECT json_group_object(project_id, json_object('nominal', nominal, 'gpus_in_use', gpus_in_use))
+           FROM project_quota_use WHERE borrowed > 0) ELSE '{}' END AS borrowers;
+
+-- name: shape_fits_now --
+-- Could an online worker take a task of this shape now (shape_worker_fit.fits_now)? Preemption
+-- asks it last, of a waiting task it found victims for: then it waits for acquire instead.
+SELECT 1 AS found FROM shape_worker_fit WHERE shape_id = CAST(:shape_id AS INTEGER) AND fits_now LIMIT 1;
 
 -- name: task_log_base --
 -- The number a task's next log line gets (its Assignment's log_base): after those already stored.
