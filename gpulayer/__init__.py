@@ -18,6 +18,7 @@ from gpulayer.client.errors import (
     ApiError, ClientError, Conflict, ConnectionFailed, Forbidden, InvalidRequest, NotFound,
     ProtocolMismatch, Unauthorized, WaitTimeout,
 )
+from gpulayer.client.jobfile import job_from_file
 from gpulayer.client.specs import job, service
 
 __version__ = "0.1.0"
@@ -25,6 +26,6 @@ __version__ = "0.1.0"
 __all__ = [
     "ApiError", "Client", "ClientError", "Conflict", "ConnectionFailed", "FINISHED_STATES",
     "Forbidden", "InvalidRequest", "Job", "NotFound", "ProtocolMismatch", "Unauthorized",
-    "WaitTimeout", "connect", "job", "resolve_settings", "server_configured", "service",
+    "WaitTimeout", "connect", "job", "job_from_file", "resolve_settings", "server_configured", "service",
     "__version__",
 ]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from dataclasses import dataclass
@@ -42,6 +43,9 @@ def home_of(ctx: typer.Context, home: Optional[Path] = None) -> Path:
 def client_of(ctx: typer.Context) -> Client:
     """A Client for the configured control plane, else for this home's local jobs (ClientError when neither)."""
     opts = global_options(ctx)
+    if (opts.token or "").startswith("glj_"):
+        raise fail("--token (GPULAYER_TOKEN) holds a join token (glj_...), which only workers use "
+                   "(`gpulayer join URL`, GPULAYER_JOIN_TOKEN): give a client token (glc_...)", 2)
     if not server_configured(opts.url, opts.home):
         from gpulayer.cli.local import history_client
         local = history_client(home_of(ctx), ctx.call_on_close)
@@ -80,13 +84,18 @@ def print_json(data: Any, compact: bool = False) -> None:
         typer.echo(json.dumps(data, indent=2, sort_keys=True))
 
 
-def print_table(rows: list[list[Any]], headers: list[str]) -> None:
-    """Left-aligned columns on stdout; empty cells show as '-'."""
-    cells = [[("-" if c is None or c == "" else str(c)) for c in row] for row in rows]
+def print_table(rows: list[list[Any]], headers: list[str], styles: Optional[dict[int, Any]] = None) -> None:
+    """Left-aligned columns on stdout; empty cells show as '-', a line break in a cell as a space.
+
+    `styles` maps a column's number to a function that colours its padded cell.
+    """
+    cells = [[("-" if c is None or c == "" else " ".join(str(c).splitlines())) for c in row] for row in rows]
     widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
+    styles = styles or {}
     typer.echo("  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip())
     for row in cells:
-        typer.echo("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+        padded = [styles[i](c.ljust(w)) if i in styles else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))]
+        typer.echo("  ".join(padded).rstrip())
 
 
 def print_log_line(line: dict, prefix: str = "") -> None:
@@ -108,6 +117,23 @@ def exit_code_of(job: dict) -> int:
     if isinstance(code, int) and code != 0:
         return code if 0 < code < 256 else 1
     return 1
+
+
+def plural(count: int, noun: str, nouns: Optional[str] = None) -> str:
+    """`1 GPU`, `2 GPUs`, `1 output file`: the count and the noun in the number it takes."""
+    return f"{count} {noun if count == 1 else (nouns or noun + 's')}"
+
+
+def colour_on(err: bool = False) -> bool:
+    """Colour only on a terminal, and never when NO_COLOR is set (no-color.org)."""
+    if os.environ.get("NO_COLOR"):
+        return False
+    return (sys.stderr if err else sys.stdout).isatty()
+
+
+def style(text: str, colour: str, err: bool = False) -> str:
+    """`text` in `colour` when the stream it goes to (stdout, or stderr with err) takes colour."""
+    return typer.style(text, fg=colour) if colour_on(err) else text
 
 
 def fail(message: str, code: int = 1) -> typer.Exit:

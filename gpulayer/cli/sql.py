@@ -29,7 +29,13 @@ def sql(ctx: typer.Context,
         param: Annotated[Optional[list[str]], typer.Option("--param", "-p", help="K=V: a value for :K in the query; repeatable.")] = None,
         as_json: Annotated[bool, typer.Option("--json", help="Print the rows as a JSON list of objects.")] = False,
         as_csv: Annotated[bool, typer.Option("--csv", help="Print the rows as CSV with a header line.")] = False) -> None:
-    """Run a read-only query on the state file and print its rows."""
+    """Run a read-only query on the state file and print its rows.
+
+    \b
+    Examples:
+      gpulayer sql "SELECT state, count(*) FROM jobs GROUP BY state"
+      gpulayer sql --json -p id=12 "SELECT * FROM events WHERE job_id = :id"
+    """
     from sqlite_utils import Database  # the server extra: missing, cli/app.py names it
 
     if as_json and as_csv:

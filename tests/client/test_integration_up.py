@@ -146,3 +146,41 @@ def test_readme_quick_start_as_a_new_user(tmp_path):
             code = stop_process(up)
     output = (tmp_path / "up.log").read_text()
     assert code == 0 and "Traceback" not in output, output
+
+
+def test_up_no_worker_tells_a_waiting_job_and_warns_a_namesake(tmp_path):
+    """`up --no-worker` runs no worker: a job waits and `submit --wait` says why; the banner's
+    example follows the output; a second worker joining with an online worker's name is warned."""
+    home, port = tmp_path / "home", free_port()
+    up = subprocess.Popen([*CLI, "up", "--no-worker", "--host", "127.0.0.1", "--port", str(port)],
+                          env=clean_env(GPULAYER_HOME=str(home), PYTHONUNBUFFERED="1"),
+                          stdout=open(tmp_path / "up.log", "w"), stderr=subprocess.STDOUT)
+    joined = []
+    try:
+        words = shlex.split(wait_for(lambda: _join_line(tmp_path / "up.log", up), 60, "`up` to print its join line"))
+        banner = (tmp_path / "up.log").read_text()
+        assert "no local worker" in banner and "gpulayer submit --follow -- echo hello" in banner
+        waiting = subprocess.Popen([*CLI, "submit", "--wait", "--", "echo", "hello"],
+                                   env=clean_env(GPULAYER_HOME=str(home)), stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True)
+        assert waiting.stderr.readline() == "waiting: no online worker\n"
+
+        token = words[0].partition("=")[2]
+        for n in (1, 2):
+            argv = words[2:] + ["--name", "twin", "--state-dir", str(tmp_path / f"twin{n}")]
+            joined.append(subprocess.Popen([*CLI, *argv], env=clean_env(GPULAYER_HOME=str(tmp_path / f"h{n}"),
+                                                                        GPULAYER_JOIN_TOKEN=token),
+                                           stdout=open(tmp_path / f"join{n}.log", "w"), stderr=subprocess.STDOUT))
+            wait_for(lambda n=n: "worker_registered" in (tmp_path / f"join{n}.log").read_text(), 60, f"join {n}")
+        assert waiting.wait(60) == 0  # a worker came: the job ran
+        assert "register_warning" not in (tmp_path / "join1.log").read_text()
+        second = wait_for(lambda: (text := (tmp_path / "join2.log").read_text()) and "register_warning" in text and text,
+                          30, "the second twin's warning")
+        assert "a worker named 'twin' is online already" in second
+        events = gl("sql", "--home", str(home), "--json", "SELECT kind FROM events WHERE kind = 'worker_name_in_use'",
+                    home=home)
+        assert len(json.loads(events.stdout)) == 1, events.stderr
+    finally:
+        codes = [stop_process(p) for p in joined]
+        codes.append(stop_process(up))
+        assert codes == [0] * len(codes), (tmp_path / "up.log").read_text()

@@ -103,7 +103,7 @@ def test_server_prune_cli(home, store, sched, clock):
     assert json.loads(dry.stdout)["jobs"] == 1 and _count(store, "jobs") == 1
     done = run_cli("server", "prune", "--home", str(home), "--job-retention", "90d", timeout=60)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("removed 1 job(s), 1200 log line(s)"), done.stdout
+    assert done.stdout.startswith("removed 1 job, 1200 log lines"), done.stdout
     assert _count(store, "jobs") == 0
     bad = run_cli("server", "prune", "--home", str(home), "--log-retention", "soon", timeout=60)
     assert bad.returncode == 2 and "not a duration" in bad.stderr and "Traceback" not in bad.stderr

@@ -11,5 +11,36 @@ def test_a_job_waiting_for_a_busy_worker_says_so(sched):
     second = sched.submit(job(gpus=1))
     assert state_of(sched, first)["waiting_reason"] is None
     assert state_of(sched, second)["waiting_reason"].startswith("waiting for capacity")
-    assert "1 GPUs" in state_of(sched, second)["waiting_reason"]
+    assert "1 GPU, 0 CPUs" in state_of(sched, second)["waiting_reason"]
+
+
+def test_a_running_service_with_a_replica_not_placed_says_why(sched):
+    w = add_worker(sched, "only")
+    service = sched.submit(job(["sleep", "60"], service={"replicas": 2}))
+    sched.start(w, sched.acquire(w)["task_id"], 1)
+    info = state_of(sched, service)
+    assert info["state"] == "running"
+    assert info["waiting_reason"].startswith("waiting for capacity")  # one replica per worker
+
+
+def test_a_running_batch_job_waits_for_nothing(sched):
+    w = add_worker(sched)
+    running = sched.submit(job(["sleep", "60"]))
+    sched.start(w, sched.acquire(w)["task_id"], 1)
+    assert state_of(sched, running)["waiting_reason"] is None
+
+
+def test_a_restarting_replica_shows_its_last_restart_line(sched):
+    w = add_worker(sched)
+    service = sched.submit(job(["false"], service={"replicas": 1}))
+    task_id = sched.acquire(w)["task_id"]
+    sched.start(w, task_id, 1)
+    assert state_of(sched, service)["tasks"][0]["restart_message"] is None
+    sched.logs(w, task_id, [{"n": 0, "stream": "system", "text": "restart 1: exited with code 1; next run in 1 s", "at": 1.0},
+                            {"n": 1, "stream": "stdout", "text": "restart 9: not from the agent", "at": 2.0},
+                            {"n": 2, "stream": "system", "text": "restart 2: exited with code 1; next run in 2 s", "at": 3.0}])
+    sched.heartbeat(w, [{"task_id": task_id, "state": "restarting", "endpoint": None, "restarts": 2}])
+    task = state_of(sched, service)["tasks"][0]
+    assert task["restarts"] == 2
+    assert task["restart_message"] == "restart 2: exited with code 1; next run in 2 s"
 

@@ -1,0 +1,105 @@
+"""The CLI's habits without a server: version, completion, help, exit codes, certificates, tables."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+import pytest
+from cryptography import x509
+from typer.testing import CliRunner
+
+from gpulayer.cli.app import app
+from gpulayer.cli.common import print_table
+from gpulayer.testing import run_cli
+
+runner = CliRunner()
+
+
+def run(*args, **kw):
+    return runner.invoke(app, list(args), **kw)
+
+
+def _commands():
+    import typer
+
+    def walk(group, path):
+        yield path
+        for name, command in sorted(getattr(group, "commands", {}).items()):
+            yield from walk(command, [*path, name])
+    return list(walk(typer.main.get_command(app), []))
+
+
+def test_version():
+    from gpulayer import __version__
+    result = run("--version")
+    assert result.exit_code == 0 and result.output.strip() == f"gpulayer {__version__}"
+
+
+@pytest.mark.parametrize("command", _commands(), ids=lambda c: " ".join(c) or "gpulayer")
+def test_help_has_no_bool_placeholders(command):
+    result = run(*command, "--help")
+    assert result.exit_code == 0 and "<bool>" not in result.output, result.output
+
+
+@pytest.mark.parametrize("command", [["submit"], ["job", "list"], ["job", "cancel"], ["job", "logs"], ["up"],
+                                     ["server", "certs"]])
+def test_main_commands_show_examples(command):
+    assert "Example" in run(*command, "--help").output
+
+
+def test_shell_completion_is_typers_own():
+    shown = run_cli("--show-completion", "bash")
+    assert shown.returncode == 0 and "_GPULAYER_COMPLETE" in shown.stdout
+    completed = run_cli(env={"_GPULAYER_COMPLETE": "complete_bash", "COMP_WORDS": "gpulayer job li", "COMP_CWORD": "2"})
+    assert completed.stdout.split() == ["list"]
+
+
+def test_a_bogus_state_is_a_usage_error():
+    result = run("--url", "http://127.0.0.1:9", "--token", "glc_x", "job", "list", "--state", "bogus")
+    assert result.exit_code == 2 and "not a job state" in result.output
+
+
+@pytest.mark.parametrize("args,words", [
+    (["job", "cancel"], "give the jobs to cancel"),
+    (["job", "cancel", "3", "--name", "x*"], "not both"),
+    (["job", "list", "--since", "yesterday-ish"], "expected a duration"),
+    (["job", "list", "--watch", "--json"], "leave out --json"),
+    (["submit", "--target", "local", "--no-cancel-on-interrupt", "--", "true"], "needs a control plane"),
+    (["--token", "glj_abc", "job", "list"], "join token"),
+    (["--token", "glj_abc", "join", "http://127.0.0.1:9"], "goes after the command"),
+    (["join", "http://127.0.0.1:9", "--token", "glc_abc"], "that is a client token"),
+])
+def test_usage_errors_explained(args, words):
+    result = run("--url", "http://127.0.0.1:9", *args) if args[0] == "job" else run(*args)
+    assert result.exit_code == 2 and words in result.output, result.output
+
+
+def test_a_cell_with_a_line_break_stays_on_its_row(capsys):
+    print_table([[1, "sh -c 'echo a\necho b'"], [2, "x"]], ["ID", "COMMAND"])
+    assert capsys.readouterr().out.splitlines() == ["ID  COMMAND", "1   sh -c 'echo a echo b'", "2   x"]
+
+
+def test_server_certs_makes_what_server_start_needs(tmp_path):
+    home = tmp_path / "home"
+    result = run("server", "certs", "--home", str(home), "--host", "cp.example.net", "--ip", "10.1.2.3", "--json")
+    assert result.exit_code == 0, result.output
+    made = json.loads(result.output)
+    cert = x509.load_pem_x509_certificates(open(made["cert"], "rb").read())[0]
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "cp.example.net" in san.get_values_for_type(x509.DNSName)
+    assert "10.1.2.3" in [str(a) for a in san.get_values_for_type(x509.IPAddress)]
+    assert made["fingerprint"].startswith("sha256:") and oct(os.stat(made["key"]).st_mode & 0o777) == "0o600"
+    again = json.loads(run("server", "certs", "--home", str(home), "--host", "cp.example.net", "--json").output)
+    assert again["fingerprint"] == made["fingerprint"]  # the CA is kept
+    assert run("server", "certs", "--home", str(home), "--ip", "not-an-ip").exit_code == 2
+
+
+def test_up_on_a_taken_port_says_so_and_touches_nothing(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run("up", "--home", str(tmp_path / "up-home"), "--host", "127.0.0.1", "--port", str(port))
+    assert result.exit_code == 1 and "is `gpulayer up` already running?" in result.output, result.output
+    assert not (tmp_path / "up-home").exists()
