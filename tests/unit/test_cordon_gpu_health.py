@@ -262,3 +262,19 @@ def test_a_drain_outlives_the_agents_restart(sched):
     cordoned = add_worker(sched, "other")
     sched.cordon(str(cordoned), "fan")
     assert listed(sched, add_worker(sched, "other"))["cordon"] == "cordoned"
+
+
+def test_drain_timeout_replaces_a_service_replica_and_keeps_the_other(sched):
+    a, b, c = add_worker(sched, "a"), add_worker(sched, "b"), add_worker(sched, "c")
+    sched.cordon("c", "spare, later")
+    service = sched.submit(job(["sleep", "1000"], service={"replicas": 2}))
+    ta, tb = sched.acquire(a), sched.acquire(b)
+    sched.start(a, ta["task_id"], 1)
+    sched.start(b, tb["task_id"], 1)
+    sched.cordon("a", "reboot", drain=True, timeout_s=0)
+    info = state_of(sched, service)
+    assert info["state"] == "running" and info["attempt"] == 1
+    states = {t["task_id"]: t["state"] for t in info["tasks"]}
+    assert states[ta["task_id"]] == "lost" and states[tb["task_id"]] == "running"
+    sched.uncordon("c")
+    assert sched.acquire(c)["index"] == ta["index"]  # the replica placed again, elsewhere
