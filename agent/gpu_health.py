@@ -69,8 +69,9 @@ class GpuHealth:
             log_event("gpu_xid_ignored", xid=event.xid, uuid=event.uuid, why="application error")
             return
         hit = [i for i, d in self.devices.items()
-               if event.uuid is None or event.uuid in (d.uuid, d.parent_uuid)
-               and (event.gpu_instance is None or not d.mig or d.gpu_instance == event.gpu_instance)]
+               if event.uuid is None
+               or (event.uuid in (d.uuid, d.parent_uuid)
+                   and (event.gpu_instance is None or not d.mig or d.gpu_instance == event.gpu_instance))]
         self._fail(hit, f"Xid {event.xid}")
 
     def check(self) -> None:
