@@ -40,7 +40,7 @@ def submit(conn, spec: dict, now: float, user_id: int = 1, project_id: int = 1) 
                  gang=int(spec["nodes"] > 1), max_attempts=spec["retry"]["max_attempts"],
                  retry_on=json.dumps(spec["retry"]["retry_on"]), now=now, state="waiting" if waiting else "queued",
                  array_size=len(indices) if spec.get("array") else None, max_running=cap,
-                 user_id=user_id, project_id=project_id)["id"]
+                 user_id=user_id, project_id=project_id, preemptible=int(spec["preemptible"]))["id"]
     # One statement for every task, whatever the array's size; held ones stay out of task_queue.
     conn.execute(QUERIES["insert_tasks"], {"job_id": job_id, "indices": json.dumps(indices), "priority": spec["priority"],
                                            "now": now, "released": 0 if waiting else (cap or len(indices))})

@@ -37,20 +37,28 @@ def preempt(conn, now: float) -> list[int]:
     floor, borrowers = possible["floor"], {int(k): v for k, v in json.loads(possible["borrowers"]).items()}
     if floor is None and not borrowers:
         return asked
-    found: dict[tuple, list[dict]] = {}  # victims by (shape, priority, lenders), read once a round
-    placeable: dict[int, bool] = {}      # shape -> could an online worker take one now
+    found: dict[tuple, list[dict]] = {}  # victims by (priority, lenders), read once a round
+    rooms: dict[int, dict] = {}           # shape -> {worker: free room} of the workers it fits
+    placeable: dict[int, bool] = {}       # shape -> could an online worker take one now
     for want in rows(conn, "preemption_candidates", limit=CANDIDATES):
         reclaim = want["nominal"] is not None and want["gpus_in_use"] + want["gpus"] <= want["nominal"]
         lenders = {k: v for k, v in borrowers.items() if k != want["project_id"]} if reclaim else {}
         if (floor is None or want["priority"] <= floor) and not lenders:
             continue  # nothing it may preempt
-        key = (want["shape_id"], want["priority"], tuple(sorted(lenders)))
-        if key not in found:
-            found[key] = rows(conn, "preemption_victims", task_id=want["task_id"], job_id=want["job_id"],
-                              shape_id=want["shape_id"], priority=want["priority"],
+        if want["shape_id"] not in rooms:
+            rooms[want["shape_id"]] = {r["worker_id"]: r for r in rows(conn, "shape_rooms", shape_id=want["shape_id"])}
+        room = rooms[want["shape_id"]]
+        key = (want["priority"], tuple(sorted(lenders)))
+        if room and key not in found:
+            found[key] = rows(conn, "preemption_victims", priority=want["priority"],
                               borrowers=json.dumps(sorted(lenders)))
-        plan = _plan([v for v in found[key] if v["id"] not in asked and v["job_id"] != want["job_id"]], want,
-                     lenders)
+        if not room or not found[key]:
+            continue
+        mine = rows(conn, "preemption_exclusions", job_id=want["job_id"], task_id=want["task_id"])
+        workers = {r["id"] for r in mine if r["kind"] == "worker"}
+        spared = {r["id"] for r in mine if r["kind"] == "task"} | set(asked)
+        plan = _plan([v for v in found[key] if v["worker_id"] in room and v["worker_id"] not in workers
+                      and v["id"] not in spared and v["job_id"] != want["job_id"]], room, want, lenders)
         if not plan:
             continue
         if want["shape_id"] not in placeable:
@@ -60,21 +68,19 @@ def preempt(conn, now: float) -> list[int]:
     return asked
 
 
-def _plan(found: list[dict], want: dict, borrowers: dict) -> list[dict]:
-    """The victims that make room for `want` on one worker (the one that needs the fewest), or []."""
-    best: list[dict] = []
-    for _, victims in groupby(found, key=lambda v: v["worker_id"]):
-        chosen = _room_on_worker(list(victims), want, borrowers)
-        if chosen and (not best or len(chosen) < len(best)):
-            best = chosen
-    return best
+def _plan(found: list[dict], rooms: dict[int, dict], want: dict, borrowers: dict) -> list[dict]:
+    """The victims that make room for `want` on one worker, or []: the worker that needs the fewest,
+    then whose victims have the lowest priority, then started the latest (the least work lost)."""
+    plans = [chosen for worker_id, victims in groupby(found, key=lambda v: v["worker_id"])
+             if (chosen := _room_on_worker(list(victims), rooms[worker_id], want, borrowers))]
+    return min(plans, key=lambda c: (len(c), max(v["priority"] for v in c),
+                                     -min(v["started_at"] or float("inf") for v in c)), default=[])
 
 
-def _room_on_worker(victims: list[dict], want: dict, borrowers: dict) -> list[dict]:
+def _room_on_worker(victims: list[dict], room: dict, want: dict, borrowers: dict) -> list[dict]:
     """Victims on one worker, in order, until the freed room fits `want`; [] when even all would not."""
-    first = victims[0]
-    free = {"slots": first["free_slots"], "gpus": first["free_gpus"], "cpus": first["free_cpus"],
-            "memory_mb": first["free_memory_mb"]}
+    free = {"slots": room["free_slots"], "gpus": room["free_gpus"], "cpus": room["free_cpus"],
+            "memory_mb": room["free_memory_mb"]}
     # project -> GPUs it holds beyond its nominal quota, not yet reclaimed
     borrowed = {k: b["gpus_in_use"] - b["nominal"] for k, b in borrowers.items()}
     chosen: list[dict] = []

@@ -15,9 +15,10 @@ VALUES (:now, :kind, :job_id, :task_id, :worker_id, :data, :actor);
 -- 'queued', or 'waiting' while a dependency has not ended.
 INSERT INTO jobs (name, state, spec, kind, priority, labels, secrets, accelerator, gpus, cpus, memory_mb,
                   width, gang, attempt, max_attempts, retry_on, created_at, array_size, max_running,
-                  user_id, project_id)
+                  user_id, project_id, preemptible)
 VALUES (:name, :state, :spec, :kind, :priority, :labels, :secrets, :accelerator, :gpus, :cpus, :memory_mb,
-        :width, :gang, 1, :max_attempts, :retry_on, :now, :array_size, :max_running, :user_id, :project_id)
+        :width, :gang, 1, :max_attempts, :retry_on, :now, :array_size, :max_running, :user_id, :project_id,
+        :preemptible)
 RETURNING id;
 
 -- name: insert_tasks --
@@ -1285,33 +1286,43 @@ ORDER BY h.priority DESC, h.task_id
 LIMIT :limit;
 
 -- name: preemption_victims --
--- What a waiting task (:task_id of :job_id: its :shape_id, :priority) may preempt: active
--- tasks of other running jobs that are preemptible (spec.preemptible) and of a lower priority,
--- or GPU tasks of the projects :borrowers (a JSON list: those holding more than their nominal
--- quota, when the waiting task's project is within its own), on online, schedulable workers
--- its shape fits when idle and where its job holds no task. Read from the running jobs (their
--- few tasks), not from every worker. Never a task being stopped already, nor one :task_id was
--- preempted for (no loop). With each worker's free room, in the order victims are taken: per
+-- What waiting work at :priority may preempt: active tasks of running jobs that are preemptible
+-- and of a lower priority (jobs_running_preemptible), or GPU tasks of the projects :borrowers (a
+-- JSON list: those holding more than their nominal quota, when the waiting task's project is
+-- within its own); never a task being stopped already. In the order victims are taken: per
 -- worker, the lowest priority first, then the most recently started (the least work lost).
+-- Read once a round for each priority; the waiting task's own checks (its job's workers, the
+-- tasks it was preempted for) and which workers fit it (shape_rooms) are applied to the rows.
 WITH v AS (
-    SELECT t.id, t.job_id, t.attempt, t.worker_id, t.started_at, j.gang, j.gpus, j.cpus, j.memory_mb,
-           j.priority, j.project_id,
-           (j.priority < :priority AND coalesce(json_extract(j.spec, '$.preemptible'), 0)) AS by_priority
-    FROM jobs j INDEXED BY jobs_state_id
-    JOIN tasks t ON t.job_id = j.id AND t.state IN ('assigned', 'running') AND t.cancel_requested = 0
-    WHERE j.state = 'running' AND j.id <> :job_id
-      AND ((j.priority < :priority AND coalesce(json_extract(j.spec, '$.preemptible'), 0))
-           OR (j.gpus > 0 AND j.project_id IN (SELECT value FROM json_each(:borrowers))))
+    SELECT j.id AS job_id, j.gang, j.gpus, j.cpus, j.memory_mb, j.priority, j.project_id, 1 AS by_priority
+    FROM jobs j INDEXED BY jobs_running_preemptible
+    WHERE j.state = 'running' AND j.preemptible = 1 AND j.priority < :priority
+    UNION ALL
+    SELECT j.id, j.gang, j.gpus, j.cpus, j.memory_mb, j.priority, j.project_id, 0
+    FROM json_each(:borrowers) b
+    JOIN jobs j ON j.project_id = b.value AND j.state = 'running'
+    WHERE j.gpus > 0 AND NOT (j.preemptible = 1 AND j.priority < :priority)
 )
-SELECT v.*, l.free_slots, l.free_gpus, l.free_cpus, l.free_memory_mb
+SELECT t.id, t.attempt, t.worker_id, t.started_at, v.*
 FROM v
-JOIN shape_worker_fit f ON f.shape_id = CAST(:shape_id AS INTEGER) AND f.worker_id = v.worker_id
-JOIN worker_load l ON l.worker_id = v.worker_id
-WHERE f.worker_state = 'online' AND f.fits AND f.schedulable
-  AND NOT EXISTS (SELECT 1 FROM tasks o WHERE o.worker_id = v.worker_id AND o.job_id = :job_id
-                                          AND o.state IN ('assigned', 'running'))
-  AND NOT EXISTS (SELECT 1 FROM preemptions pe WHERE pe.task_id = :task_id AND pe.for_task_id = v.id)
-ORDER BY v.worker_id, v.priority, v.started_at DESC, v.id DESC;
+JOIN tasks t ON t.job_id = v.job_id AND t.state IN ('assigned', 'running') AND t.cancel_requested = 0
+ORDER BY t.worker_id, v.priority, t.started_at DESC, t.id DESC;
+
+-- name: preemption_exclusions --
+-- A waiting task's own limits on its victims: the workers where its job holds a task (one
+-- replica per worker), and the tasks it was preempted for (a task never preempts those back).
+SELECT 'worker' AS kind, worker_id AS id FROM tasks
+WHERE job_id = :job_id AND state IN ('assigned', 'running')
+UNION ALL
+SELECT 'task', for_task_id FROM preemptions WHERE task_id = :task_id;
+
+-- name: shape_rooms --
+-- The online, schedulable workers a shape fits when idle (shape_worker_fit), with their free
+-- room now: where preemption may make room for a waiting task of the shape.
+SELECT l.worker_id, l.free_slots, l.free_gpus, l.free_cpus, l.free_memory_mb
+FROM shape_worker_fit f
+JOIN worker_load l ON l.worker_id = f.worker_id
+WHERE f.shape_id = CAST(:shape_id AS INTEGER) AND f.worker_state = 'online' AND f.fits AND f.schedulable;
 
 -- name: request_preemption --
 -- Ask a victim's worker to stop it (its next heartbeat's cancel list) and note why.
@@ -1374,8 +1385,8 @@ SELECT project_id FROM memberships WHERE user_id = :user_id AND role = 'manager'
 -- (NULL: none), and the projects holding more than their nominal quota (borrowers, with their
 -- nominal quota and GPUs in use, a JSON object by id; '{}' when none). Upkeep skips the round
 -- when there is neither.
-SELECT (SELECT min(priority) FROM jobs WHERE state = 'running' AND json_extract(spec, '$.preemptible') = 1)
-           AS floor,
+SELECT (SELECT min(priority) FROM jobs INDEXED BY jobs_running_preemptible
+        WHERE state = 'running' AND preemptible = 1) AS floor,
        CASE WHEN EXISTS (SELECT 1 FROM projects WHERE gpu_quota IS NOT NULL) THEN (
            SELECT json_group_object(project_id, json_object('nominal', nominal, 'gpus_in_use', gpus_in_use))
            FROM project_quota_use WHERE borrowed > 0) ELSE '{}' END AS borrowers;

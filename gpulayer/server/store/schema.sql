@@ -172,6 +172,7 @@ CREATE TABLE jobs (
     finished_at       REAL,
     user_id           INTEGER NOT NULL DEFAULT 1,
     project_id        INTEGER NOT NULL DEFAULT 1,
+    preemptible       INTEGER NOT NULL DEFAULT 0 CHECK (preemptible IN (0, 1)),
     array_size        INTEGER CHECK (array_size IS NULL OR array_size >= 1),
     max_running       INTEGER CHECK (max_running IS NULL OR max_running >= 1),
     CHECK ((state IN ('succeeded', 'failed', 'cancelled', 'lost')) = (finished_at IS NOT NULL))
@@ -613,6 +614,8 @@ CREATE TABLE usage (
     CHECK (ended_at >= started_at)
 ) STRICT;
 CREATE INDEX usage_ended ON usage (ended_at);
+-- Preemption's first question each round: the lowest priority of running preemptible work.
+CREATE INDEX jobs_running_preemptible ON jobs (priority) WHERE state = 'running' AND preemptible = 1;
 
 -- A run that ended (finish, loss, cancel, a GPU gone bad, a restore's reconciliation: any
 -- statement that ends a running task) gets its usage row and its charge to fair share in that

@@ -158,6 +158,8 @@ FROM (
 -- Part B of issue 15 (quotas, borrowing, fair share, priority classes, preemption, the
 -- usage ledger): its tables and columns go below this line.
 
+ALTER TABLE jobs ADD COLUMN preemptible INTEGER NOT NULL DEFAULT 0 CHECK (preemptible IN (0, 1));
+
 ALTER TABLE task_queue ADD COLUMN project_id INTEGER NOT NULL DEFAULT 1;
 ALTER TABLE task_queue ADD COLUMN user_id INTEGER NOT NULL DEFAULT 1;
 UPDATE task_queue SET (project_id, user_id) = (SELECT j.project_id, j.user_id FROM jobs j WHERE j.id = task_queue.job_id);
@@ -245,6 +247,8 @@ CREATE TABLE usage (
     CHECK (ended_at >= started_at)
 ) STRICT;
 CREATE INDEX usage_ended ON usage (ended_at);
+-- Preemption's first question each round: the lowest priority of running preemptible work.
+CREATE INDEX jobs_running_preemptible ON jobs (priority) WHERE state = 'running' AND preemptible = 1;
 
 -- A run that ended (finish, loss, cancel, a GPU gone bad, a restore's reconciliation: any
 -- statement that ends a running task) gets its usage row and its charge to fair share in that
