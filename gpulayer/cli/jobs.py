@@ -381,10 +381,11 @@ def job_cancel(ctx: typer.Context,
                job_ids: Annotated[Optional[list[int]], typer.Argument(help="Job ids.", metavar="JOB...", show_default=False)] = None,
                name: NameOpt = None, state: StatesOpt = None, since: SinceOpt = None,
                index: Annotated[Optional[int], typer.Option("--index", metavar="N", min=0, help="Cancel one element of an array (one JOB only).")] = None,
+               user: Annotated[Optional[str], typer.Option("--user", help="Choose among that user's jobs (those you may cancel); default your own.")] = None,
                as_json: JsonOpt = False) -> None:
     """Cancel jobs: every task (every replica, every rank, every element of an array) is stopped.
 
-    Give ids, or choose with --name/--state/--since (unfinished jobs only).
+    Give ids, or choose with --name/--state/--since/--user (unfinished jobs only).
     --index N cancels one element of an array; the others go on.
 
     \b
@@ -394,17 +395,18 @@ def job_cancel(ctx: typer.Context,
       gpulayer job cancel 12 --index 7
     """
     if index is not None:
-        if len(job_ids or []) != 1 or name or state or since:
+        if len(job_ids or []) != 1 or name or state or since or user:
             raise typer.BadParameter("--index cancels one element of one array: give one JOB", param_hint="--index")
         raise typer.Exit(_cancel_element(client_of(ctx), job_ids[0], index, as_json))  # type: ignore[index]
-    if job_ids and (name or state or since):
-        raise typer.BadParameter("give job ids, or --name/--state/--since, not both", param_hint="JOB")
-    if not job_ids and not (name or state or since):
-        raise typer.BadParameter("give the jobs to cancel: ids, or --name/--state/--since", param_hint="JOB")
+    if job_ids and (name or state or since or user):
+        raise typer.BadParameter("give job ids, or --name/--state/--since/--user, not both", param_hint="JOB")
+    if not job_ids and not (name or state or since or user):
+        raise typer.BadParameter("give the jobs to cancel: ids, or --name/--state/--since/--user", param_hint="JOB")
     client = client_of(ctx)
     if not job_ids:
         states = [s for s in state or selection.UNFINISHED if s in selection.UNFINISHED]
-        chosen = selection.select_jobs(client, states, name, selection.parse_since(since), CANCEL_MAX) if states else []
+        chosen = selection.select_jobs(client, states, name, selection.parse_since(since), CANCEL_MAX,
+                                       user=user) if states else []
         job_ids = [j["id"] for j in chosen]
         if not job_ids and not as_json:
             typer.echo("no unfinished job matches", err=True)

@@ -249,3 +249,12 @@ def test_worker_list_slots_are_used_over_total(cluster):
     used, total = w1[header.index("SLOTS")].split("/")
     assert total == "2" and int(used) >= 1
     _ok(cluster.cli("job", "cancel", job_id))
+
+
+def test_job_cancel_by_user(cluster):
+    tag = f"byuser{os.getpid()}"
+    stuck = _ok(cluster.cli("submit", "--name", f"{tag}-1", *NOWHERE, "--", "true")).stdout.split()[0]
+    assert _ok(cluster.cli("job", "cancel", "--user", "nobody-such", "--name", f"{tag}-*")).stdout == ""
+    assert _state(cluster, int(stuck)) == "queued"
+    done = _ok(cluster.cli("job", "cancel", "--user", "admin", "--name", f"{tag}-*")).stdout
+    assert done.strip() == f"job {stuck} cancelled"
