@@ -103,3 +103,16 @@ def test_up_on_a_taken_port_says_so_and_touches_nothing(tmp_path):
         result = run("up", "--home", str(tmp_path / "up-home"), "--host", "127.0.0.1", "--port", str(port))
     assert result.exit_code == 1 and "is `gpulayer up` already running?" in result.output, result.output
     assert not (tmp_path / "up-home").exists()
+
+
+def test_colour_only_on_a_terminal_and_never_with_no_color(monkeypatch):
+    import sys
+
+    from gpulayer.cli.common import style
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: False, raising=False)
+    assert style("failed", "red") == "failed"
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True, raising=False)
+    assert style("failed", "red") != "failed" and "failed" in style("failed", "red")
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert style("failed", "red") == "failed"
