@@ -231,3 +231,18 @@ def test_waiting_array_released_under_its_cap_and_cancelled_while_waiting(sched)
     waiting = sched.submit(job(after=[array]))
     assert sched.cancel(waiting) is True
     assert state_of(sched, waiting)["state"] == "cancelled"
+
+
+def test_retention_prunes_jobs_with_dependencies(sched, clock):
+    from gpulayer.server.scheduler import retention
+    w = add_worker(sched, "w")
+    first = sched.submit(job())
+    after = sched.submit(job(after=[first]))
+    never = sched.submit(job(after=[f"{first}:notok"]))
+    run(sched, w)
+    run(sched, w)
+    assert {state_of(sched, j)["state"] for j in (first, after, never)} == {"succeeded", "cancelled"}
+    clock.advance(100)
+    result = retention.prune(sched.store, now=clock(), log_retention_s=10, job_retention_s=10)
+    assert result["jobs"] == 3
+    assert sched.store.read(lambda c: c.execute("SELECT count(*) AS n FROM job_dependencies").fetchall()[0]["n"]) == 0

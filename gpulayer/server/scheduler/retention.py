@@ -146,9 +146,11 @@ class _Round:
 
 
 def _forget_job(conn, job_id: int, cutoff: float) -> dict:
-    """One ended job's events, rendezvous, tasks and row (its log lines went in batches before)."""
+    """One ended job's events, rendezvous, dependencies (both ways), tasks and row (its log lines went in
+    batches before)."""
     gone = len(rows(conn, "prune_job_events", job_id=job_id, cutoff=cutoff))
     rows(conn, "prune_job_rendezvous", job_id=job_id, cutoff=cutoff)
+    rows(conn, "prune_job_dependencies", job_id=job_id, cutoff=cutoff)
     rows(conn, "prune_job_tasks", job_id=job_id, cutoff=cutoff)
     return {"events": gone, "jobs": 1 if row(conn, "prune_job", job_id=job_id, cutoff=cutoff) else 0}
 

@@ -911,6 +911,12 @@ RETURNING seq;
 DELETE FROM rendezvous WHERE job_id = :job_id
   AND EXISTS (SELECT 1 FROM jobs WHERE id = :job_id AND finished_at < :cutoff);
 
+-- name: prune_job_dependencies --
+-- Retention: what one pruned job ran after, and what ran after it (a job waits only on a job that
+-- has not ended, so no waiting job loses a dependency here).
+DELETE FROM job_dependencies WHERE (job_id = :job_id OR after_job_id = :job_id)
+  AND EXISTS (SELECT 1 FROM jobs WHERE id = :job_id AND finished_at < :cutoff);
+
 -- name: prune_job_tasks --
 -- Retention: the tasks of one pruned job (before the job: tasks reference it).
 DELETE FROM tasks WHERE job_id = :job_id
