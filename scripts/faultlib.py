@@ -77,7 +77,8 @@ def replay(events) -> list[str]:
         kind, task, worker, job = e["kind"], e["task_id"], e["worker_id"], e["job_id"]
         data = json.loads(e["data"] or "{}")
         if kind == "task_assigned":
-            others = {t for t in active[job] if replica[t][1] != data.get("attempt")}
+            # an array's elements (`element` in the event) each count their own attempts
+            others = {t for t in active[job] if replica[t][1] != data.get("attempt")} if "element" not in data else set()
             if others:
                 problems.append(f"two_running_attempts: job {job} task {task} (attempt {data.get('attempt')}) "
                                 f"assigned while task(s) {sorted(others)} of another attempt still held "

@@ -63,8 +63,10 @@ def _take_one(conn, worker_id: int, now: float, lease: float) -> int | None:
         return None
     _reserve_gpus(conn, taken, worker_id, free["gpus"])
     row(conn, "mark_job_running", job_id=taken["job_id"])
+    # An array's element counts its own attempts: `element` (its index) tells readers of the log so.
+    element = {"element": taken["index"]} if taken["array_size"] is not None else {}
     events.record(conn, now, "task_assigned", job_id=taken["job_id"], task_id=taken["id"], worker_id=worker_id,
-                  attempt=taken["attempt"])
+                  attempt=taken["attempt"], **element)
     return taken["id"]
 
 

@@ -212,7 +212,8 @@ WHERE id = (
              head.task_id
     LIMIT 1
 )
-RETURNING id, job_id, "index", attempt, (SELECT gpus FROM jobs WHERE jobs.id = tasks.job_id) AS gpus;
+RETURNING id, job_id, "index", attempt, (SELECT gpus FROM jobs WHERE jobs.id = tasks.job_id) AS gpus,
+          (SELECT array_size FROM jobs WHERE jobs.id = tasks.job_id) AS array_size;
 
 -- name: gpus_in_use --
 -- Device indices held by the worker's active tasks, and those out of service (unhealthy).
