@@ -246,3 +246,23 @@ def test_retention_prunes_jobs_with_dependencies(sched, clock):
     result = retention.prune(sched.store, now=clock(), log_retention_s=10, job_retention_s=10)
     assert result["jobs"] == 3
     assert sched.store.read(lambda c: c.execute("SELECT count(*) AS n FROM job_dependencies").fetchall()[0]["n"]) == 0
+
+
+def test_a_long_chain_cascades_in_one_transaction(sched):
+    """Deeper than Python's recursion limit: the cascade is a loop."""
+    w = add_worker(sched, "w")
+    head = sched.submit(job())
+    spec = validate_job(job(after=[head]))
+
+    def chain(conn, n):
+        last = head
+        for _ in range(n):
+            last = jobs.submit(conn, {**spec, "after": [{"job": last, "condition": "ok"}]}, 1.0)
+        return last
+
+    last = sched.store.write(chain, 1500)
+    assert state_of(sched, last)["state"] == "waiting"
+    run(sched, w, 1)
+    assert state_of(sched, last)["reason"] == "dependency_failed"
+    left = sched.store.read(lambda c: c.execute("SELECT count(*) AS n FROM jobs WHERE state = 'waiting'").fetchall())
+    assert left[0]["n"] == 0
