@@ -54,3 +54,11 @@ def test_python_flag_puts_its_bin_dir_first_and_replaces_python():
 
 def test_weights_placeholder():
     assert task_argv(["serve", "--model={weights}", "x"], None, "/w/.gpulayer-weights") == ["serve", "--model=/w/.gpulayer-weights", "x"]
+
+
+def test_array_element_sees_its_index_and_the_array_size():
+    env = task_environment({}, dict(ASSIGNMENT, index=41, array_index=41, array_size=1000), "/w", [])
+    assert (env["GPULAYER_ARRAY_INDEX"], env["GPULAYER_ARRAY_SIZE"], env["GPULAYER_TASK_INDEX"]) == ("41", "1000", "41")
+    plain = task_environment({}, dict(ASSIGNMENT, array_index=None, array_size=None), "/w", [])
+    older = task_environment({}, ASSIGNMENT, "/w", [])  # an older server sends neither field
+    assert not {"GPULAYER_ARRAY_INDEX", "GPULAYER_ARRAY_SIZE"} & (set(plain) | set(older))
