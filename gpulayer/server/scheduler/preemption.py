@@ -37,35 +37,58 @@ def preempt(conn, now: float) -> list[int]:
     floor, borrowers = possible["floor"], {int(k): v for k, v in json.loads(possible["borrowers"]).items()}
     if floor is None and not borrowers:
         return asked
-    found: dict[tuple, list[dict]] = {}  # victims by (priority, lenders), read once a round
-    rooms: dict[int, dict] = {}           # shape -> {worker: free room} of the workers it fits
-    placeable: dict[int, bool] = {}       # shape -> could an online worker take one now
+    round_ = _Round(conn)
     for want in rows(conn, "preemption_candidates", limit=CANDIDATES):
         reclaim = want["nominal"] is not None and want["gpus_in_use"] + want["gpus"] <= want["nominal"]
         lenders = {k: v for k, v in borrowers.items() if k != want["project_id"]} if reclaim else {}
         if (floor is None or want["priority"] <= floor) and not lenders:
             continue  # nothing it may preempt
-        if want["shape_id"] not in rooms:
-            rooms[want["shape_id"]] = {r["worker_id"]: r for r in rows(conn, "shape_rooms", shape_id=want["shape_id"])}
-        room = rooms[want["shape_id"]]
+        plan = round_.plan(want, lenders, asked)
+        if plan and not round_.placeable(want["shape_id"]):
+            asked += _ask(conn, now, want, plan)
+            round_.taken(want, plan)
+    return asked
+
+
+class _Round:
+    """What one preemption round reads once: victims per priority, the workers each shape fits."""
+
+    def __init__(self, conn) -> None:
+        self.conn = conn
+        self.victims: dict[tuple, list[dict]] = {}   # (priority, lenders) -> preemption_victims
+        self.rooms: dict[int, dict[int, dict]] = {}  # shape -> {worker: its free room} (shape_rooms)
+        self.fits_now: dict[int, bool] = {}          # shape -> could an online worker take one now
+
+    def plan(self, want: dict, lenders: dict, asked: list[int]) -> list[dict]:
+        """The victims that make room for `want` (none asked already this round), or []."""
+        if want["shape_id"] not in self.rooms:
+            self.rooms[want["shape_id"]] = {r["worker_id"]: r for r in rows(self.conn, "shape_rooms",
+                                                                              shape_id=want["shape_id"])}
+        room = self.rooms[want["shape_id"]]
+        if not room:
+            return []
         key = (want["priority"], tuple(sorted(lenders)))
-        if room and key not in found:
-            found[key] = rows(conn, "preemption_victims", priority=want["priority"],
-                              borrowers=json.dumps(sorted(lenders)))
-        if not room or not found[key]:
-            continue
-        mine = rows(conn, "preemption_exclusions", job_id=want["job_id"], task_id=want["task_id"])
+        if key not in self.victims:
+            self.victims[key] = rows(self.conn, "preemption_victims", priority=want["priority"],
+                                     borrowers=json.dumps(sorted(lenders)))
+        mine = rows(self.conn, "preemption_exclusions", job_id=want["job_id"], task_id=want["task_id"])
         workers = {r["id"] for r in mine if r["kind"] == "worker"}
         spared = {r["id"] for r in mine if r["kind"] == "task"} | set(asked)
-        plan = _plan([v for v in found[key] if v["worker_id"] in room and v["worker_id"] not in workers
+        return _plan([v for v in self.victims[key] if v["worker_id"] in room and v["worker_id"] not in workers
                       and v["id"] not in spared and v["job_id"] != want["job_id"]], room, want, lenders)
-        if not plan:
-            continue
-        if want["shape_id"] not in placeable:
-            placeable[want["shape_id"]] = row(conn, "shape_fits_now", shape_id=want["shape_id"]) is not None
-        if not placeable[want["shape_id"]]:
-            asked += _ask(conn, now, want, plan)
-    return asked
+
+    def placeable(self, shape_id: int) -> bool:
+        """Could an online worker take a task of this shape now (then it waits for acquire instead)?"""
+        if shape_id not in self.fits_now:
+            self.fits_now[shape_id] = row(self.conn, "shape_fits_now", shape_id=shape_id) is not None
+        return self.fits_now[shape_id]
+
+    def taken(self, want: dict, plan: list[dict]) -> None:
+        """The room `plan` frees on its worker is `want`'s: later candidates this round count only the rest."""
+        room = self.rooms[want["shape_id"]][plan[0]["worker_id"]]
+        room["free_slots"] += len(plan) - 1
+        for key in ("gpus", "cpus", "memory_mb"):
+            room[f"free_{key}"] += sum(v[key] for v in plan) - want[key]
 
 
 def _plan(found: list[dict], rooms: dict[int, dict], want: dict, borrowers: dict) -> list[dict]:
