@@ -106,12 +106,12 @@ def test_fair_share_splits_gpu_seconds_between_two_full_queues(cluster):
     cluster.start_worker("gpu", gpus=2, parallel=2)
     spec = {"command": ["sleep", "0.3"], "gpus": 1}
     # pa's whole sweep is queued first: first come first served would run all of it before pb's
-    first = [submit_as(cluster, tokens["pa"], "pa", spec) for _ in range(30)]
-    second = [submit_as(cluster, tokens["pb"], "pb", spec) for _ in range(30)]
+    first = [submit_as(cluster, tokens["pa"], "pa", spec) for _ in range(40)]
+    second = [submit_as(cluster, tokens["pb"], "pb", spec) for _ in range(40)]
 
     def finished() -> int:
         return sum(1 for j in first + second if cluster.job(j)["state"] == "succeeded")
-    wait_for(lambda: finished() >= 30, 120, "half the jobs to finish")
+    wait_for(lambda: finished() >= 40, 120, "half the jobs to finish")
     usage = {r["key"]: r["gpu_hours"] * 3600 for r in cluster.get_json("/v1/usage?by=project&since=1h")["rows"]}
     for job_id in first + second:
         cluster.request("POST", f"/v1/jobs/{job_id}/cancel")
