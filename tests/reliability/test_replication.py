@@ -70,20 +70,21 @@ def test_workers_carry_on_with_a_control_plane_restored_from_its_replica(tmp_pat
     try:
         old.start_worker("w1", parallel=2, labels={"pool": "a"})
         old.start_worker("w2", parallel=1, labels={"pool": "b"})
-        long_job = old.submit({"command": script(marks / "A", 10), "labels": {"pool": "a"}})
-        ends_in_window = old.submit({"command": script(marks / "E", 4), "labels": {"pool": "a"},
+        long_job = old.submit({"command": script(marks / "A", 20), "labels": {"pool": "a"}})
+        ends_in_window = old.submit({"command": script(marks / "E", 6), "labels": {"pool": "a"},
                                      "retry": {"max_attempts": 3}})
         wait_for(lambda: task_state(old, long_job) == "running" and task_state(old, ends_in_window) == "running",
                  30, "A and E to run")
-        behind = old.submit({"command": script(marks / "D", 3), "labels": {"pool": "a"}})   # waits for a slot
-        unplaced = old.submit({"command": script(marks / "H", 3), "labels": {"pool": "c"}})  # waits for w3
+        behind = old.submit({"command": script(marks / "D", 8), "labels": {"pool": "a"}})   # waits for a slot
+        unplaced = old.submit({"command": script(marks / "H", 12), "labels": {"pool": "c"}})  # waits for w3
         wait_replicated(old)
         litestream = replication(old)["pid"]
         os.kill(litestream, signal.SIGSTOP)  # from here on nothing reaches the replica: the lost window
         in_window = old.submit({"command": script(marks / "B", 60), "labels": {"pool": "b"}})
         old.start_worker("w3", parallel=1, labels={"pool": "c"})
-        wait_for(lambda: all(task_state(old, j) == "running" for j in (behind, unplaced, in_window)), 30,
-                 "D, H and B to run in the lost window")
+        wait_for(lambda: all(task_state(old, j) == "running" for j in (behind, unplaced, in_window)), 60,
+                 "D, H and B to run in the lost window",
+                 details=lambda: f"{[old.job(j) for j in (behind, unplaced, in_window)]}\n{old.logs()}")
         assert old.job(ends_in_window)["state"] == "succeeded"
         old.proc.send_signal(signal.SIGKILL)  # the machine is gone: its server, its Litestream, its disk
         old.proc.wait()
@@ -123,8 +124,8 @@ def test_workers_carry_on_with_a_control_plane_restored_from_its_replica(tmp_pat
             new.stop()
 
 
-@pytest.mark.timeout(120)
-def test_the_replica_has_one_writer(tmp_path):
+@pytest.mark.timeout(150)
+def test_the_replica_has_one_writer_and_its_health_is_reported(tmp_path):
     replica = tmp_path / "replica"
     first = replicated_plane(tmp_path / "first", replica).start()
     try:
@@ -132,6 +133,19 @@ def test_the_replica_has_one_writer(tmp_path):
         wait_replicated(first)
         lease = json.loads((replica / FENCE_FILE).read_text())
         assert lease["home"] == str(first.home) and not lease["released"]
+
+        child = replication(first)["pid"]
+        os.kill(child, signal.SIGKILL)  # Litestream dies: restarted with backoff
+        wait_for(lambda: replication(first)["restarts"] == 1 and replication(first)["state"] == "running", 20,
+                 "Litestream to be restarted")
+        stuck = replication(first)["pid"]
+        assert stuck != child
+        os.kill(stuck, signal.SIGSTOP)  # Litestream stuck: health says degraded (still 200), then recovers
+        first.submit({"command": ["true"]})
+        wait_for(lambda: first.get_json("/v1/health")["degraded"], 30, "health to say degraded")
+        assert first.request("GET", "/v1/health").status_code == 200
+        os.kill(stuck, signal.SIGCONT)
+        wait_for(lambda: not first.get_json("/v1/health")["degraded"], 30, "health to recover")
 
         second = replicated_plane(tmp_path / "second", replica)
         with pytest.raises(AssertionError, match="a second control plane may not write to it"):

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from helpers import add_worker, job, state_of
 
+from gpulayer.server.errors import TaskNotAssigned
 from gpulayer.server.scheduler.reconcile import Restored
 
 
@@ -122,3 +124,26 @@ def test_nothing_is_assigned_during_the_pause_after_a_restore(sched):
     assert sched.acquire(w) is None
     time.sleep(0.35)
     assert not held.paused() and sched.acquire(w) is not None
+
+
+def test_a_finish_or_start_before_the_first_heartbeat_adopts_the_queued_task(sched):
+    w = add_worker(sched, slots=2)
+    done_job, started_job = sched.submit(job()), sched.submit(job())
+    done_task, started_task = (state_of(sched, j)["tasks"][0]["task_id"] for j in (done_job, started_job))
+    restored(sched, watermark=started_task)
+    # its finish was retried through the outage and arrives first: the result is kept, not refused
+    assert sched.finish(w, done_task, exit_code=0, outcome="succeeded", outputs={}, reason=None) is True
+    assert state_of(sched, done_job)["state"] == "succeeded"
+    sched.start(w, started_task, 11)  # a start retried through the outage: accepted, the task runs on
+    row = task_row(sched, started_task)
+    assert (row["state"], row["worker_id"], row["pid"]) == ("running", w, 11)
+
+
+def test_a_call_for_a_task_made_after_the_restore_is_still_refused(sched):
+    w = add_worker(sched)
+    job_id = sched.submit(job())
+    task_id = state_of(sched, job_id)["tasks"][0]["task_id"]
+    restored(sched, watermark=task_id - 1)
+    with pytest.raises(TaskNotAssigned):
+        sched.start(w, task_id, 5)
+    assert task_row(sched, task_id)["state"] == "queued"

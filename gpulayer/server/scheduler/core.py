@@ -288,7 +288,15 @@ class Scheduler:
                                                                                  secrets.task_project(conn, task_id)))
 
     def start(self, worker_id: int, task_id: int, pid: int | None) -> None:
-        self._write(lifecycle.start, worker_id, task_id, pid, self.clock())
+        self._write(self._adopting, lifecycle.start, worker_id, task_id, pid, self.clock())
+
+    def _adopting(self, conn, fn, worker_id: int, task_id: int, *args, **kwargs):
+        """fn(conn, worker_id, task_id, ...), once a restored plane adopted the task if it has it queued."""
+        if self.restored is not None:
+            now = self.clock()
+            reconcile.adopt_for_call(conn, worker_id, task_id, now, now + self.config.lease_ttl_s, self.restored,
+                                     ending=fn is lifecycle.finish)
+        return fn(conn, worker_id, task_id, *args, **kwargs)
 
     def logs(self, worker_id: int, task_id: int, lines: list[dict]) -> int:
         accepted = self._write(lifecycle.append_logs, worker_id, task_id, lines)
@@ -300,8 +308,8 @@ class Scheduler:
 
     def finish(self, worker_id: int, task_id: int, *, exit_code, outcome, outputs, reason, lines=()) -> bool:
         """Record a result (with the task's last log lines, if sent along) in one transaction."""
-        accepted = self._write(lifecycle.finish, worker_id, task_id, exit_code, outcome, outputs, reason,
-                               self.clock(), lines=lines, wake=True)
+        accepted = self._write(self._adopting, lifecycle.finish, worker_id, task_id, exit_code, outcome, outputs,
+                               reason, self.clock(), lines=lines, wake=True)
         self.log_followers.written()  # the job may have ended: its log followers stop waiting
         return accepted
 

@@ -14,6 +14,8 @@ in its own transaction (docs/reliability.md, "Reconciliation"):
    attempt, never a later one that reused its id), of its job's current
    attempt, not a gang rank, is adopted: assigned to this worker and running,
    on the GPU indices the worker reports, when the worker has room for it;
+   a start or a finish for such a task that arrives before the worker's
+   first heartbeat adopts it the same way (`adopt_for_call`);
 3. any other reported task the worker does not hold is cancelled on it (the
    heartbeat's `cancel_task_ids`, as before); one that is queued or unknown
    here is held: while a worker still reports running it, nothing is
@@ -99,14 +101,29 @@ def _foreign(conn, worker_id: int, task: dict, now: float, lease: float, restore
     found = row(conn, "reconcile_task", task_id=task["task_id"])
     if found is not None and found["state"] != "queued":
         return  # another worker's, or ended: cancelled by the heartbeat's answer
-    if found is not None and _adopt(conn, worker_id, task, found, now, lease, restored):
+    if found is not None and _adopt(conn, worker_id, task, found, now, lease, restored, ending=False):
         return
     # Cancelled by the answer. Held until the worker stops reporting it: a task made meanwhile may
     # reuse its id, and must not be handed out (to this worker above all) while the old one runs.
     restored.hold(task["task_id"])
 
 
-def _adopt(conn, worker_id: int, task: dict, found: dict, now: float, lease: float, restored: Restored) -> bool:
+def adopt_for_call(conn, worker_id: int, task_id: int, now: float, lease: float, restored: Restored,
+                   *, ending: bool) -> None:
+    """Rule 2 for a start or finish that reaches a restored plane before the worker's first heartbeat.
+
+    Its task may be queued here (acquired in the lost window): adopted as a
+    heartbeat would, so the call is accepted instead of answered 409 (which
+    would make the agent stop a task that runs, or drop a result). `ending`
+    (a finish): a GPU task is adopted without knowing its device indices.
+    """
+    found = row(conn, "reconcile_task", task_id=task_id)
+    if found is not None and found["state"] == "queued":
+        _adopt(conn, worker_id, {"task_id": task_id}, found, now, lease, restored, ending=ending)
+
+
+def _adopt(conn, worker_id: int, task: dict, found: dict, now: float, lease: float, restored: Restored,
+           *, ending: bool) -> bool:
     same = (found["id"] <= restored.watermark and not found["gang"] and found["attempt"] == found["job_attempt"]
             and found["job_state"] in ("queued", "running")
             and task.get("job_id") in (None, found["job_id"]) and task.get("attempt") in (None, found["attempt"]))
@@ -116,7 +133,7 @@ def _adopt(conn, worker_id: int, task: dict, found: dict, now: float, lease: flo
     gpus = task.get("gpus")
     if free is None or free["free_slots"] <= 0:
         return False
-    if found["gpus"]:
+    if found["gpus"] and not (ending and gpus is None):
         in_use = {r["i"] for r in rows(conn, "gpus_in_use", worker_id=worker_id)}
         if (gpus is None or len(gpus) != found["gpus"] or in_use & set(gpus)
                 or any(i >= free["gpus"] for i in gpus)):
@@ -124,7 +141,7 @@ def _adopt(conn, worker_id: int, task: dict, found: dict, now: float, lease: flo
     taken = row(conn, "assign_task", task_id=found["id"], worker_id=worker_id, now=now, lease_expires_at=lease)
     if taken is None:
         return False
-    if found["gpus"]:
+    if found["gpus"] and gpus is not None:
         row(conn, "set_gpu_indices", task_id=found["id"], gpu_indices=json.dumps(sorted(gpus)))
     row(conn, "start_task", task_id=found["id"], worker_id=worker_id, pid=None, now=now)
     row(conn, "mark_job_running", job_id=found["job_id"])
