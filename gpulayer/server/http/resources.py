@@ -146,29 +146,27 @@ JOB_ACCESS = {"cancel": "manage", "logs": "read", "endpoints": "read", "outputs"
 
 
 def _job_access(req, resp, resource, params):
-    """Before any /v1/jobs/{id} responder: 404 unless the caller may see the job, 403 short of the route's level."""
+    """Before any /v1/jobs/{id} responder: 404 unless the caller may see the job, 403 short of the route's level;
+    the job's owner, project and the caller's level kept for _job_owner."""
     need = JOB_ACCESS.get(req.path.rsplit("/", 1)[-1], "see")
-    resource.store.read(teams.check_job, req.context.principal, params["job_id"], need)
+    req.context.job_meta = resource.store.read(teams.check_job, req.context.principal, params["job_id"], need)
 
 
 def _job_owner(req, resp, resource, params=None):
-    """After a responder that renders jobs: each with its owner and project, redacted where only seen."""
-    media = resp.media
-    if isinstance(media, dict) and isinstance(media.get("jobs"), list):
-        resource.store.read(teams.annotate, media["jobs"], req.context.principal)
-    elif isinstance(media, dict) and "spec" in media and "id" in media:
-        resource.store.read(teams.annotate, [media], req.context.principal)
+    """After a /v1/jobs/{id} responder that renders the job: its owner and project, redacted where only seen."""
+    media, meta = resp.media, getattr(req.context, "job_meta", None)
+    if isinstance(media, dict) and "spec" in media and meta is not None and media.get("id") == meta["id"]:
+        teams.apply_meta(media, meta)
 
 
 class Jobs(Resource):
-    @falcon.after(_job_owner)
     def on_post(self, req, resp):
         body = wire.read_json(req)
         project = body.pop("project", None)  # beside the JobSpec: which project the job counts against
         job_id = self.sched.submit(body, req.context.principal, project)
         resp.status = falcon.HTTP_201
         resp.location = f"/v1/jobs/{job_id}"
-        resp.media = self.store.read(jobs.render, job_id)
+        resp.media = self.store.read(teams.render, req.context.principal, job_id)
 
     def on_get(self, req, resp):
         state = req.get_param("state")
@@ -179,8 +177,7 @@ class Jobs(Resource):
         scope = self.store.read(teams.list_scope, req.context.principal, user=req.get_param("user"),
                                 project=req.get_param("project"),
                                 everything=req.get_param_as_bool("all", default=False))
-        resp.media = {"jobs": self.store.read(jobs.listing, state, limit, before, scope)}
-        _job_owner(req, resp, self)
+        resp.media = {"jobs": self.store.read(teams.listing, req.context.principal, state, limit, before, scope)}
 
 
 @falcon.before(_job_access)

@@ -47,16 +47,18 @@ def require_admin(principal, what: str) -> None:
 
 # -- jobs: ownership ----------------------------------------------------------
 
-def job_level(conn, principal, job_id: int) -> str:
-    """What `principal` may do with the job: manage, read or see; NotFound when nothing (or no job)."""
-    level = _level(principal, row(conn, "job_access", job_id=job_id, user_id=principal.user_id))
-    if level is None:
+def job_meta(conn, principal, job_id: int) -> dict:
+    """The job's `owner` and `project` (names) and what `principal` may do with it (`level`: manage, read or
+    see); NotFound when nothing (or there is no such job)."""
+    found = row(conn, "job_owners", ids=json.dumps([job_id]), user_id=principal.user_id)
+    level = _level(principal, found)
+    if found is None or level is None:
         raise NotFound(f"no job {job_id}")
-    return level
+    return {"id": job_id, "owner": found["owner"], "project": found["project"], "level": level}
 
 
 def _level(principal, found: dict | None) -> str | None:
-    """job_level of a job_access (or job_owners) row; None: the caller may not know the job exists."""
+    """What the caller may do with a job, from its job_owners row; None: it may not know the job exists."""
     if found is None:
         return None
     if principal.admin or found["user_id"] == principal.user_id or found["role"] == "manager":
@@ -66,14 +68,31 @@ def _level(principal, found: dict | None) -> str | None:
     return None
 
 
-def check_job(conn, principal, job_id: int, need: str) -> str:
-    """The caller's level on the job, at least `need`: Forbidden when it only sees the job, NotFound when not."""
-    level = job_level(conn, principal, job_id)
-    if LEVELS[level] < LEVELS[need]:
+def check_job(conn, principal, job_id: int, need: str) -> dict:
+    """job_meta, when the caller's level on the job is at least `need`: Forbidden when it only sees the job,
+    NotFound when not even that."""
+    meta = job_meta(conn, principal, job_id)
+    if LEVELS[meta["level"]] < LEVELS[need]:
         raise Forbidden(f"job {job_id} is not yours: only its owner, the managers of its project and admins may "
                         f"{_WHAT[need]}" + (" (members too, when the project's visibility is `project`)"
                                             if need == "read" else ""))
-    return level
+    return meta
+
+
+def apply_meta(job: dict, meta: dict) -> dict:
+    """A rendered job with job_meta's owner and project, redacted when the caller may only see it."""
+    job["owner"], job["project"] = meta["owner"], meta["project"]
+    return redact(job) if meta["level"] == "see" else job
+
+
+def render(conn, principal, job_id: int) -> dict:
+    """jobs.render with its owner and project, as `principal` may see it (one read)."""
+    return annotate(conn, [jobs.render(conn, job_id)], principal)[0]
+
+
+def listing(conn, principal, *args) -> list[dict]:
+    """jobs.listing(*args) with each job's owner and project, as `principal` may see them (one read)."""
+    return annotate(conn, jobs.listing(conn, *args), principal)
 
 
 def annotate(conn, rendered: list[dict], principal=None) -> list[dict]:

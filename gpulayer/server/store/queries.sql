@@ -1168,16 +1168,9 @@ DELETE FROM memberships WHERE user_id = :user_id AND project_id = :project_id RE
 -- A user's role in a project, if any.
 SELECT role FROM memberships WHERE user_id = :user_id AND project_id = :project_id;
 
--- name: job_access --
--- Who a job belongs to, and the caller's role in its project: what ownership rules read.
-SELECT j.id, j.user_id, j.project_id, p.visibility, m.role
-FROM jobs j
-LEFT JOIN projects p ON p.id = j.project_id
-LEFT JOIN memberships m ON m.project_id = j.project_id AND m.user_id = :user_id
-WHERE j.id = :job_id;
-
 -- name: job_owners --
--- The owner and project names of the jobs in :ids (a JSON list), and what job_access says for :user_id.
+-- The owner and project names of the jobs in :ids (a JSON list), and who owns each and :user_id's role
+-- in its project: what the ownership rules read (teams.job_meta).
 SELECT j.id, u.name AS owner, p.name AS project, j.user_id, p.visibility, m.role
 FROM jobs j LEFT JOIN users u ON u.id = j.user_id LEFT JOIN projects p ON p.id = j.project_id
 LEFT JOIN memberships m ON m.project_id = j.project_id AND m.user_id = :user_id

@@ -1,0 +1,101 @@
+"""What the teams checks (issue 15) cost on the client request path, in one sitting.
+
+The real app over a real state file, in process (falcon's test client: no sockets, so the
+figures are the server's own work): submit, read a job, read its logs, list 100 jobs, each
+with server init's token (the first admin, as every existing setup calls). Rounds alternate
+between the app as it is and the same app with the teams work bypassed (the job access check,
+the owner/project annotation and redaction, the submit's project choice replaced by no-ops),
+so the ratio is what ownership adds, measured against itself:
+
+    python scripts/bench_teams.py --jobs 300 --rounds 6 --json
+
+Nothing is timed as a test: this prints figures.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import PROTOCOL_HEADER, table  # noqa: E402
+
+CALLS = ("submit", "get_job", "logs", "list_100")
+
+
+def _bypass(teams, jobs):
+    """No-op stand-ins for what teams adds to these calls; returns a function that puts them back."""
+    saved = {name: getattr(teams, name) for name in ("check_job", "annotate", "submit")}
+    teams.check_job = lambda conn, principal, job_id, need: None
+    teams.annotate = lambda conn, rendered, principal=None: rendered
+    teams.submit = lambda conn, principal, project, spec, now: jobs.submit(conn, spec, now)
+
+    def restore():
+        for name, fn in saved.items():
+            setattr(teams, name, fn)
+    return restore
+
+
+def run(jobs_per_round: int, rounds: int) -> dict:
+    import falcon.testing
+
+    from gpulayer.server.config import ControlPlaneConfig
+    from gpulayer.server.http.app import create_app, new_deps
+    from gpulayer.server.scheduler import jobs, teams
+    from gpulayer.server.security.auth import init_home
+
+    home = Path(tempfile.mkdtemp(prefix="bench-teams-")) / "home"
+    token = init_home(home)["client_token"]
+    deps = new_deps(ControlPlaneConfig(home=home))
+    api = falcon.testing.TestClient(create_app(deps))
+    headers = {"Authorization": f"Bearer {token}", **PROTOCOL_HEADER}
+    found: dict[str, dict[str, list[float]]] = {mode: {c: [] for c in CALLS} for mode in ("teams", "bypassed")}
+
+    def timed(mode: str, call: str, method: str, path: str, **kwargs):
+        start = time.perf_counter()
+        answer = api.simulate_request(method, path, headers=headers, **kwargs)
+        found[mode][call].append(time.perf_counter() - start)
+        assert answer.status_code < 300, answer.text
+        return answer
+
+    try:
+        for r in range(rounds):
+            mode = "teams" if r % 2 == 0 else "bypassed"
+            restore = _bypass(teams, jobs) if mode == "bypassed" else (lambda: None)
+            try:
+                spec = {"command": ["true"], "labels": {"pool": "nowhere"}}  # queued for good: no such worker
+                ids = [timed(mode, "submit", "POST", "/v1/jobs", json=spec).json["id"] for _ in range(jobs_per_round)]
+                for job_id in ids:
+                    timed(mode, "get_job", "GET", f"/v1/jobs/{job_id}")
+                    timed(mode, "logs", "GET", f"/v1/jobs/{job_id}/logs")
+                for _ in range(max(1, jobs_per_round // 10)):
+                    timed(mode, "list_100", "GET", "/v1/jobs?limit=100")
+            finally:
+                restore()
+    finally:
+        deps.store.close()
+    rows = []
+    for call in CALLS:
+        with_teams, without = statistics.median(found["teams"][call]), statistics.median(found["bypassed"][call])
+        rows.append({"call": call, "n": len(found["teams"][call]), "teams_p50_ms": round(with_teams * 1e3, 3),
+                     "bypassed_p50_ms": round(without * 1e3, 3), "ratio": round(with_teams / without, 3)})
+    return {"jobs_per_round": jobs_per_round, "rounds": rounds, "calls": rows}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--jobs", type=int, default=300, help="jobs submitted (and read) per round")
+    parser.add_argument("--rounds", type=int, default=6, help="rounds, alternating teams / bypassed")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    args = parser.parse_args()
+    result = run(args.jobs, args.rounds)
+    print(json.dumps(result, indent=2) if args.json else table(result["calls"]))
+
+
+if __name__ == "__main__":
+    main()
