@@ -58,7 +58,8 @@ BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)   # restarts of a child that keeps 
 STEADY_S = 60.0         # a child that ran this long starts the backoff over
 #: Files of the home a restore needs (required) or uses when the original had them.
 REQUIRED_HOME_FILES = ("server-secret", "server-credentials.json")
-OPTIONAL_HOME_FILES = ("secrets.key", "provisioners.json")
+# local-tokens.json: `gpulayer up` keeps its tokens there; without it a restored `up` home would rotate them.
+OPTIONAL_HOME_FILES = ("secrets.key", "provisioners.json", "local-tokens.json")
 HOME_TREES = ("tls",)
 
 
