@@ -209,6 +209,10 @@ def test_high_priority_preempts_a_preemptible_task_which_is_requeued_same_attemp
     assert again["job_id"] == low and again["attempt"] == 1 and again["env"]["GPULAYER_PREEMPTED"] == "1"
     finish(sched, w, again["task_id"])
     assert state_of(sched, low)["state"] == "succeeded"
+    # retention forgets the preemption with the job; the ledger keeps who preempted whom
+    from gpulayer.server.scheduler import retention
+    retention.prune(sched.store, now=clock.now + 86400, log_retention_s=3600, job_retention_s=3600)
+    assert sql(sched, "SELECT count(*) AS n FROM preemptions")[0]["n"] == 0
     ledger = sql(sched, "SELECT job_id, outcome, gpu_seconds, preempted_by FROM usage ORDER BY id")
     assert [(r["job_id"], r["outcome"]) for r in ledger] == [(low, "preempted"), (high, "succeeded"), (low, "succeeded")]
     assert ledger[0]["gpu_seconds"] == pytest.approx(55) and ledger[0]["preempted_by"] == room["task_id"]

@@ -151,6 +151,7 @@ def _forget_job(conn, job_id: int, cutoff: float) -> dict:
     gone = len(rows(conn, "prune_job_events", job_id=job_id, cutoff=cutoff))
     rows(conn, "prune_job_rendezvous", job_id=job_id, cutoff=cutoff)
     rows(conn, "prune_job_dependencies", job_id=job_id, cutoff=cutoff)
+    rows(conn, "prune_job_preemptions", job_id=job_id, cutoff=cutoff)  # the usage ledger keeps who preempted whom
     rows(conn, "prune_job_tasks", job_id=job_id, cutoff=cutoff)
     return {"events": gone, "jobs": 1 if row(conn, "prune_job", job_id=job_id, cutoff=cutoff) else 0}
 

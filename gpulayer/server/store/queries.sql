@@ -1399,3 +1399,10 @@ SELECT 1 AS found FROM shape_worker_fit WHERE shape_id = CAST(:shape_id AS INTEG
 -- name: task_log_base --
 -- The number a task's next log line gets (its Assignment's log_base): after those already stored.
 SELECT coalesce(max(n) + 1, 0) AS n FROM logs WHERE task_id = :task_id;
+
+-- name: prune_job_preemptions --
+-- Retention: the preemptions of one pruned job's tasks (the usage ledger's rows keep preempted_by).
+-- (Read through the job's tasks, before they go: preemptions_task serves it.)
+DELETE FROM preemptions WHERE task_id IN (SELECT id FROM tasks WHERE job_id = :job_id)
+  AND EXISTS (SELECT 1 FROM jobs WHERE id = :job_id AND finished_at < :cutoff)
+RETURNING id;
