@@ -55,6 +55,7 @@ STOP_TIMEOUT_S = 15.0   # Litestream syncs on SIGTERM; past this it is killed
 WAL_SLACK_S = 0.05      # file times' granularity, between the WAL's last write and the LTX file made from it
 STATUS_CACHE_S = 0.25   # how long one measurement of the lag serves /v1/health and /metrics
 BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)   # restarts of a child that keeps dying
+STUCK_S = 30.0          # a child that takes nothing from a changing WAL this long is killed and restarted
 STEADY_S = 60.0         # a child that ran this long starts the backoff over
 #: Files of the home a restore needs (required) or uses when the original had them.
 REQUIRED_HOME_FILES = ("server-secret", "server-credentials.json")
@@ -272,6 +273,7 @@ class Replicator:
         self._status: dict | None = None
         self._status_at = 0.0
         self._started_mono = 0.0
+        self._spawned_at = 0.0
         self._wal_ahead_since: float | None = None   # first seen: the WAL holds changes Litestream has not taken
 
     # -- start / stop -----------------------------------------------------------------------
@@ -317,6 +319,7 @@ class Replicator:
                                            stdin=subprocess.DEVNULL, stdout=out, stderr=out,
                                            start_new_session=True)
         self._started_mono = time.monotonic()
+        self._spawned_at = self.clock()
         self.state = "running"
         self._stopped_at = None
         log.info("replication_child_started pid=%d", self._child.pid)
@@ -347,6 +350,7 @@ class Replicator:
                         return
                     self._copy_home()
                 self.status()  # keeps the lag's clock running between health checks
+                self._kill_if_stuck()
                 child = self._child
                 if child is not None and child.poll() is not None:
                     ran = mono - self._started_mono
@@ -363,6 +367,16 @@ class Replicator:
             except Exception as exc:  # noqa: BLE001 - the supervisor outlives one bad round
                 self.last_error = repr(exc)
                 log.exception("replication_supervise_failed")
+
+    def _kill_if_stuck(self) -> None:
+        """A Litestream that has taken nothing from a changing WAL for STUCK_S is killed (and so restarted)."""
+        child, since = self._child, self._wal_ahead_since
+        if child is None or since is None or child.poll() is not None:
+            return
+        since = max(since, self._spawned_at)  # a child just (re)started is given its time
+        if self.clock() - since > max(STUCK_S, 10 * self.interval_s):
+            log.error("replication_child_stuck pid=%d wal_untaken_s=%.1f", child.pid, self.clock() - since)
+            child.kill()
 
     def _renew(self) -> bool:
         """Renew the lease; False (replication stopped, on_fenced called) when another writer took it."""
