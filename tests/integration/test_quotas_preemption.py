@@ -142,3 +142,28 @@ def test_the_usage_ledger_matches_the_tasks_run_times(cluster):
     assert json.loads(answer.stdout)["rows"][0]["key"] == "timed"
     table = cluster.cli("usage", "--by", "project")
     assert table.returncode == 0 and "ml" in table.stdout and "GPU-HOURS" in table.stdout
+
+
+# A task that ignores SIGTERM: the grace passes, then SIGKILL ends it.
+STUBBORN = textwrap.dedent("""
+    import signal, time
+    signal.signal(signal.SIGTERM, lambda *_: print("ignoring SIGTERM", flush=True))
+    print("working", flush=True)
+    time.sleep(120)
+""")
+
+
+def test_a_victim_that_ignores_sigterm_is_killed_after_the_grace(cluster):
+    cluster.start_worker("gpu", gpus=1, parallel=1)
+    low = cluster.submit({"command": python(STUBBORN), "gpus": 1, "priority": "low", "preemptible": True,
+                          "retry": {"max_attempts": 1}})
+    wait_for(lambda: "working" in cluster.log_text(low), 30, "the low-priority job to run")
+    high = cluster.submit({"command": ["echo", "high"], "gpus": 1, "priority": "high"})
+    assert cluster.wait_job(high, timeout=60)["state"] == "succeeded"
+    events = {e["kind"]: e for e in cluster.events(low)}
+    asked, requeued = events["task_preempt_requested"]["at"], events["task_preempted"]["at"]
+    assert 3 <= requeued - asked < 3 + 10, (asked, requeued)   # the server's --preempt-grace 3, then SIGKILL
+    assert "ignoring SIGTERM" in cluster.log_text(low)
+    info = cluster.job(low)
+    assert info["attempt"] == 1 and info["state"] in ("queued", "running")  # requeued, no attempt used
+    cluster.request("POST", f"/v1/jobs/{low}/cancel")
