@@ -474,7 +474,8 @@ def job_list(ctx: typer.Context, state: StatesOpt = None, name: NameOpt = None, 
     since_ts = selection.parse_since(since)
     scope = {"all": all_, "user": user, "project": project}
     if not watch:
-        _print_jobs(selection.select_jobs(client, state or [], name, since_ts, limit, **scope), as_json)
+        _print_jobs(selection.select_jobs(client, state or [], name, since_ts, limit, **scope), as_json,
+                    any(scope.values()))
         return
     try:
         while True:
@@ -482,18 +483,24 @@ def job_list(ctx: typer.Context, state: StatesOpt = None, name: NameOpt = None, 
             if colour_on():
                 typer.echo("\033[H\033[2J", nl=False)  # clear the screen, as `watch` does
             typer.echo(f"every {WATCH_S:g} s: gpulayer job list  {fmt_time(time.time())}\n")
-            _print_jobs(jobs, False)
+            _print_jobs(jobs, False, any(scope.values()))
             time.sleep(WATCH_S)
     except KeyboardInterrupt:
         pass  # the way out of --watch, as out of `watch`
 
 
-def _print_jobs(jobs: list[dict], as_json: bool) -> None:
+def _print_jobs(jobs: list[dict], as_json: bool, owners: bool = False) -> None:
+    """The jobs as a table (`owners`: with USER and PROJECT after NAME, as `--all/--user/--project` list
+    other people's), or JSON."""
     if as_json:
         print_json(jobs)
         return
     now = time.time()
-    print_table([selection.job_row(j, now) for j in jobs], selection.HEADERS, {1: selection.state_style})
+    rows, headers = [selection.job_row(j, now) for j in jobs], selection.HEADERS
+    if owners:
+        rows = [[*r[:4], j.get("owner") or "-", j.get("project") or "-", *r[4:]] for r, j in zip(rows, jobs)]
+        headers = [*headers[:4], "USER", "PROJECT", *headers[4:]]
+    print_table(rows, headers, {1: selection.state_style})
 
 
 @job_app.command("outputs")

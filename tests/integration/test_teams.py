@@ -51,6 +51,10 @@ def test_cli_adds_users_and_projects_and_each_owns_its_jobs(plane):
     assert job_id in [j["id"] for j in json.loads(out)]
     rc, out, _ = plane.cli("job", "list", "--user", "bob", "--json", GPULAYER_TOKEN=alice)
     assert [j["id"] for j in json.loads(out)] == [job_id]
+    rc, out, _ = plane.cli("job", "list", "--project", "ml", GPULAYER_TOKEN=alice)
+    header, row = out.splitlines()[0].split(), out.splitlines()[1].split()
+    assert header[:6] == ["ID", "STATE", "EXIT", "NAME", "USER", "PROJECT"] and row[0] == str(job_id)
+    assert "bob" in row and "ml" in row
 
     # the manager reads the member's logs; every event names who caused it
     rc, out, _ = plane.cli("job", "logs", str(job_id), GPULAYER_TOKEN=alice)
