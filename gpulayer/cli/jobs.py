@@ -279,7 +279,8 @@ def job_status(ctx: typer.Context, job_id: JobArg, index: IndexOpt = None, as_js
     typer.echo(f"job {info['id']} {info.get('name') or ''}".rstrip())
     typer.echo(f"state={info['state']} exit_code={_dash(info.get('exit_code'))} "
                f"created={fmt_time(info.get('created_at'))} finished={fmt_time(info.get('finished_at'))}"
-               + (f" reason={info['reason']}" if info.get("reason") else ""))
+               + (f" reason={info['reason']}" if info.get("reason") else "")
+               + (f" owner={info['owner']} project={info.get('project') or '-'}" if info.get("owner") else ""))
     if info.get("waiting_reason"):
         typer.echo(f"waiting: {info['waiting_reason']}")
     for dep in info.get("after") or []:

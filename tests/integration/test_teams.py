@@ -55,6 +55,8 @@ def test_cli_adds_users_and_projects_and_each_owns_its_jobs(plane):
     header, row = out.splitlines()[0].split(), out.splitlines()[1].split()
     assert header[:6] == ["ID", "STATE", "EXIT", "NAME", "USER", "PROJECT"] and row[0] == str(job_id)
     assert "bob" in row and "ml" in row
+    rc, out, _ = plane.cli("job", "status", str(job_id), GPULAYER_TOKEN=alice)
+    assert "owner=bob project=ml" in out
 
     # the manager reads the member's logs; every event names who caused it
     rc, out, _ = plane.cli("job", "logs", str(job_id), GPULAYER_TOKEN=alice)
