@@ -18,6 +18,7 @@ Medians, and ratios to the baseline of the same run.
 from __future__ import annotations
 
 import argparse
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -44,32 +45,39 @@ def submit_times(size: int, repeat: int) -> dict:
 
 
 def run_times(size: int, repeat: int) -> dict:
-    ours, xargs = [], []
+    ours, xargs, server_cpu, agent_cpu = [], [], [], []
     with benchlib.Server() as srv:
         worker = srv.start_worker("bench", parallel=2)
+        db = sqlite3.connect(f"file:{srv.state}?mode=ro", uri=True)
         try:
             s, headers = benchlib.session(srv.verify), srv.client_headers()
             for _ in range(repeat):
                 t0 = time.perf_counter()
                 subprocess.run(["xargs", "-P2", "-n1", "true"], input="\n".join(["x"] * size), text=True, check=True)
                 xargs.append(time.perf_counter() - t0)
+                cpu0 = benchlib.cpu_seconds(srv.proc.pid), benchlib.cpu_seconds(worker.pid)
                 t0 = time.perf_counter()
                 job = s.post(srv.url + "/v1/jobs", headers=headers,
                              json={"command": ["true"], "array": f"0-{size - 1}"}).json()
-                while True:
-                    state = s.get(f"{srv.url}/v1/jobs/{job['id']}", headers=headers).json()["state"]
+                while True:  # read off the state file, as bench_vs_slurm does: no Job renders on the server's CPU
+                    state = db.execute("SELECT state FROM jobs WHERE id = ?", (job["id"],)).fetchone()[0]
                     if state not in ("queued", "running"):
                         break
-                    time.sleep(0.02)
+                    time.sleep(0.01)
                 ours.append(time.perf_counter() - t0)
+                server_cpu.append(benchlib.cpu_seconds(srv.proc.pid) - cpu0[0])
+                agent_cpu.append(benchlib.cpu_seconds(worker.pid) - cpu0[1])  # the agent alone, not its tasks
                 if state != "succeeded":
                     raise RuntimeError(f"the array ended {state}")
         finally:
+            db.close()
             worker.stop()
     return {"elements": size, "gpulayer_p50_s": round(benchlib.median(ours), 2),
             "xargs_p50_s": round(benchlib.median(xargs), 3),
             "ratio": round(benchlib.median(ours) / benchlib.median(xargs), 2),
-            "gpulayer_elements_per_s": round(size / benchlib.median(ours), 1)}
+            "gpulayer_elements_per_s": round(size / benchlib.median(ours), 1),
+            "server_cpu_ms_per_element": round(benchlib.median(server_cpu) / size * 1e3, 2),
+            "agent_cpu_ms_per_element": round(benchlib.median(agent_cpu) / size * 1e3, 2)}
 
 
 def acquire_times(backlog: int, held: int, waiting: int, n: int) -> dict:
