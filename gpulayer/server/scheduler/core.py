@@ -288,15 +288,20 @@ class Scheduler:
                                                                                  secrets.task_project(conn, task_id)))
 
     def start(self, worker_id: int, task_id: int, pid: int | None) -> None:
-        self._write(self._adopting, lifecycle.start, worker_id, task_id, pid, self.clock())
+        self._write(self._adopting(lifecycle.start), worker_id, task_id, pid, self.clock())
 
-    def _adopting(self, conn, fn, worker_id: int, task_id: int, *args, **kwargs):
-        """fn(conn, worker_id, task_id, ...), once a restored plane adopted the task if it has it queued."""
-        if self.restored is not None:
+    def _adopting(self, fn):
+        """fn itself; on a restored plane, fn once the task was adopted if it is queued (reconcile.adopt_for_call)."""
+        restored = self.restored
+        if restored is None:
+            return fn
+
+        def adopting(conn, worker_id: int, task_id: int, *args, **kwargs):
             now = self.clock()
-            reconcile.adopt_for_call(conn, worker_id, task_id, now, now + self.config.lease_ttl_s, self.restored,
+            reconcile.adopt_for_call(conn, worker_id, task_id, now, now + self.config.lease_ttl_s, restored,
                                      ending=fn is lifecycle.finish)
-        return fn(conn, worker_id, task_id, *args, **kwargs)
+            return fn(conn, worker_id, task_id, *args, **kwargs)
+        return adopting
 
     def logs(self, worker_id: int, task_id: int, lines: list[dict]) -> int:
         accepted = self._write(lifecycle.append_logs, worker_id, task_id, lines)
@@ -308,7 +313,7 @@ class Scheduler:
 
     def finish(self, worker_id: int, task_id: int, *, exit_code, outcome, outputs, reason, lines=()) -> bool:
         """Record a result (with the task's last log lines, if sent along) in one transaction."""
-        accepted = self._write(self._adopting, lifecycle.finish, worker_id, task_id, exit_code, outcome, outputs,
+        accepted = self._write(self._adopting(lifecycle.finish), worker_id, task_id, exit_code, outcome, outputs,
                                reason, self.clock(), lines=lines, wake=True)
         self.log_followers.written()  # the job may have ended: its log followers stop waiting
         return accepted
@@ -332,6 +337,10 @@ class Scheduler:
         conn.execute(QUERIES["set_scheduler_settings"], {"half_life_s": self.config.fairshare_half_life_s,
                                                          "preempt_grace_s": self.config.preempt_grace_s})
         return leases.grace_after_restart(conn, now, self.config.lease_ttl_s)
+
+    def refresh_fairshare(self) -> None:
+        """Upkeep: fair share's running part rewritten (ledger.refresh_running), one transaction."""
+        self._write(ledger.refresh_running, self.clock())
 
     def preempt(self) -> list[int]:
         """Upkeep's preemption round, one transaction (preemption.preempt): the task ids asked to stop."""
