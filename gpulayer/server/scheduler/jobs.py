@@ -191,7 +191,8 @@ def waiting_reason(conn, job: dict, tasks: list[dict] | None = None) -> str | No
 def listing(conn, state: str | None, limit: int, before: int | None, scope: dict | None = None) -> list[dict]:
     """Jobs newest first; `scope` (teams.list_scope): whose jobs, and what the caller may see."""
     scope = scope or {"owner_id": None, "project_id": None, "viewer_id": None}
-    return [_render(conn, job) for job in rows(conn, "list_jobs", state=state, limit=limit, before=before, **scope)]
+    query = "list_jobs" if scope["owner_id"] is None else "list_jobs_of_owner"  # one user's: its index alone
+    return [_render(conn, job) for job in rows(conn, query, state=state, limit=limit, before=before, **scope)]
 
 
 def outputs(conn, job_id: int, index: int | None = None) -> dict[str, str]:

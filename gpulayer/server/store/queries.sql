@@ -205,9 +205,10 @@ WHERE id = (
        OR (SELECT r.state FROM jobs r WHERE r.id = head.job_id) = 'running'
        OR (SELECT count(*) FROM jobs r WHERE r.user_id = a.user_id AND r.state = 'running') < a.max_running_jobs
     ORDER BY head.priority DESC,
-             (SELECT coalesce(sum(fs.usage * pow(0.5, (:now - fs.updated_at) / st.fairshare_half_life_s)), 0)
+             (SELECT coalesce(sum(fs.usage * pow(0.5, (:now - fs.updated_at) / st.fairshare_half_life_s)
+                                  + fs.running), 0)
               FROM fairshare fs, scheduler_settings st WHERE fs.project_id = a.project_id) / a.share,
-             (SELECT fs.usage * pow(0.5, (:now - fs.updated_at) / st.fairshare_half_life_s)
+             (SELECT fs.usage * pow(0.5, (:now - fs.updated_at) / st.fairshare_half_life_s) + fs.running
               FROM fairshare fs, scheduler_settings st WHERE fs.project_id = a.project_id AND fs.user_id = a.user_id),
              head.task_id
     LIMIT 1
@@ -256,7 +257,8 @@ WHERE j.state = 'queued' AND j.gang = 1 AND f.fits_now
   AND (u.max_running_jobs IS NULL
        OR (SELECT count(*) FROM jobs r WHERE r.user_id = j.user_id AND r.state = 'running') < u.max_running_jobs)
 ORDER BY j.priority DESC,
-         (SELECT coalesce(sum(fs.usage * pow(0.5, (:now - fs.updated_at) / st.fairshare_half_life_s)), 0)
+         (SELECT coalesce(sum(fs.usage * pow(0.5, (:now - fs.updated_at) / st.fairshare_half_life_s)
+                              + fs.running), 0)
           FROM fairshare fs, scheduler_settings st WHERE fs.project_id = j.project_id)
          / coalesce(p.weight, nullif(p.gpu_quota, 0), 1),
          j.id
@@ -511,6 +513,17 @@ SELECT id, name, state, spec, kind, attempt, exit_code, reason, created_at, fini
 FROM jobs
 WHERE (:state IS NULL OR state = :state) AND (:before IS NULL OR id < :before)
   AND (:owner_id IS NULL OR user_id = :owner_id) AND (:project_id IS NULL OR project_id = :project_id)
+  AND (:viewer_id IS NULL OR user_id = :viewer_id
+       OR project_id IN (SELECT m.project_id FROM memberships m WHERE m.user_id = :viewer_id))
+ORDER BY id DESC LIMIT :limit;
+
+-- name: list_jobs_of_owner --
+-- list_jobs for one owner (:owner_id set, the default of `job list`): walks that user's jobs alone,
+-- newest first, however many other jobs there are.
+SELECT id, name, state, spec, kind, attempt, exit_code, reason, created_at, finished_at, array_size, max_running
+FROM jobs INDEXED BY jobs_user_id
+WHERE user_id = :owner_id AND (:state IS NULL OR state = :state) AND (:before IS NULL OR id < :before)
+  AND (:project_id IS NULL OR project_id = :project_id)
   AND (:viewer_id IS NULL OR user_id = :viewer_id
        OR project_id IN (SELECT m.project_id FROM memberships m WHERE m.user_id = :viewer_id))
 ORDER BY id DESC LIMIT :limit;
@@ -1406,3 +1419,19 @@ SELECT coalesce(max(n) + 1, 0) AS n FROM logs WHERE task_id = :task_id;
 DELETE FROM preemptions WHERE task_id IN (SELECT id FROM tasks WHERE job_id = :job_id)
   AND EXISTS (SELECT 1 FROM jobs WHERE id = :job_id AND finished_at < :cutoff)
 RETURNING id;
+
+-- name: clear_fairshare_running --
+-- Fair share's running part is rewritten whole (set_fairshare_running): first every row to 0.
+UPDATE fairshare SET running = 0 WHERE running > 0;
+
+-- name: set_fairshare_running --
+-- Fair share's view of the runs still going: each (project, user)'s GPU-seconds (CPU-seconds
+-- without GPUs) so far, from the running tasks (the partial index tasks_lease); upkeep writes it
+-- every few seconds, so a project's long runs weigh while they run, not only once they end.
+INSERT INTO fairshare (project_id, user_id, usage, updated_at, running)
+SELECT j.project_id, j.user_id, 0, :now,
+       sum(CASE WHEN j.gpus > 0 THEN j.gpus ELSE j.cpus END * max(:now - t.started_at, 0))
+FROM tasks t JOIN jobs j ON j.id = t.job_id
+WHERE t.state IN ('assigned', 'running') AND t.state = 'running' AND t.started_at IS NOT NULL
+GROUP BY j.project_id, j.user_id
+ON CONFLICT (project_id, user_id) DO UPDATE SET running = excluded.running;

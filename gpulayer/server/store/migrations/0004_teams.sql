@@ -46,6 +46,8 @@ ALTER TABLE jobs ADD COLUMN user_id INTEGER NOT NULL DEFAULT 1;
 ALTER TABLE jobs ADD COLUMN project_id INTEGER NOT NULL DEFAULT 1;
 -- `job list` (your jobs, a project's jobs) and the running-jobs limit read these.
 CREATE INDEX jobs_user_state ON jobs (user_id, state);
+-- A user's own jobs newest first (`job list`), without reading everyone else's.
+CREATE INDEX jobs_user_id ON jobs (user_id, id);
 CREATE INDEX jobs_project_state ON jobs (project_id, state);
 
 ALTER TABLE events ADD COLUMN actor TEXT;
@@ -206,14 +208,16 @@ CREATE TABLE scheduler_settings (
 INSERT INTO scheduler_settings (id, fairshare_half_life_s, preempt_grace_s) VALUES (1, 604800, 30);
 
 -- Fair share: what each user used in each project, in GPU-seconds (CPU-seconds for a task
--- without GPUs), decayed by the half-life to `updated_at`. Written with the usage row in the
--- transaction that ends a task run; acquire orders work of the same priority by its
--- project's decayed usage over the project's share, then its user's.
+-- without GPUs): `usage`, of the runs that ended, decayed by the half-life to `updated_at`
+-- (written with the usage row in the transaction that ends a run), plus `running`, of the runs
+-- still going so far (rewritten by upkeep every few seconds). Acquire orders work of the same
+-- priority by its project's usage over the project's share, then its user's.
 CREATE TABLE fairshare (
     project_id  INTEGER NOT NULL,
     user_id     INTEGER NOT NULL,
     usage       REAL NOT NULL CHECK (usage >= 0),
     updated_at  REAL NOT NULL,
+    running     REAL NOT NULL DEFAULT 0 CHECK (running >= 0),
     PRIMARY KEY (project_id, user_id)
 ) STRICT;
 
