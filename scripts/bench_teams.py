@@ -9,6 +9,9 @@ so the ratio is what ownership adds, measured against itself:
 
     python scripts/bench_teams.py --jobs 300 --rounds 6 --json
 
+and, with `--list-jobs N` (200,000 by default), the page of `job list` for a user with few of N
+jobs and for the admin with most of them: through the owner's index against the general query.
+
 Nothing is timed as a test: this prints figures.
 """
 from __future__ import annotations
@@ -87,14 +90,54 @@ def run(jobs_per_round: int, rounds: int) -> dict:
     return {"jobs_per_round": jobs_per_round, "rounds": rounds, "calls": rows}
 
 
+def owner_listing(total: int, mine_every: int = 4000, calls: int = 5) -> list[dict]:
+    """The page of one user's jobs among `total` (every `mine_every`-th is theirs): the query through the
+    owner's index (list_jobs_of_owner) against the general one (list_jobs, a backward scan), medians."""
+    from gpulayer.server.store import db
+    from gpulayer.server.store.queries import QUERIES
+
+    conn = db.connect(Path(tempfile.mkdtemp(prefix="bench-teams-")) / "state.db")
+    db.ensure_schema(conn)
+    conn.execute("INSERT INTO users (id, name, created_at) VALUES (2, 'bob', 1)")
+    with conn:
+        conn.execute("WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < :total) "
+                     "INSERT INTO jobs (spec, state, finished_at, created_at, user_id) "
+                     "SELECT '{}', 'succeeded', 2, 1, CASE WHEN i % :every = 0 THEN 2 ELSE 1 END FROM n",
+                     {"total": total, "every": mine_every})
+    found = []
+    for who, owner, viewer in (("bob (few)", 2, 2), ("admin (most)", 1, None)):
+        row = {"owner": who, "jobs": total}
+        for query in ("list_jobs", "list_jobs_of_owner"):
+            times = []
+            for _ in range(calls):
+                start = time.perf_counter()
+                conn.execute(QUERIES[query], {"state": None, "before": None, "owner_id": owner, "project_id": None,
+                                              "viewer_id": viewer, "limit": 100}).fetchall()
+                times.append(time.perf_counter() - start)
+            row[f"{query}_p50_ms"] = round(statistics.median(times) * 1e3, 2)
+        found.append(row)
+    conn.close()
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=300, help="jobs submitted (and read) per round")
     parser.add_argument("--rounds", type=int, default=6, help="rounds, alternating teams / bypassed")
+    parser.add_argument("--list-jobs", type=int, default=200_000,
+                        help="jobs in the state file of the `job list` query comparison (0: skip it)")
     parser.add_argument("--json", action="store_true", help="print JSON")
     args = parser.parse_args()
     result = run(args.jobs, args.rounds)
-    print(json.dumps(result, indent=2) if args.json else table(result["calls"]))
+    if args.list_jobs:
+        result["owner_listing"] = owner_listing(args.list_jobs)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(table(result["calls"]))
+        if args.list_jobs:
+            print()
+            print(table(result["owner_listing"]))
 
 
 if __name__ == "__main__":
