@@ -22,7 +22,7 @@ import apsw
 
 from gpulayer.server import replication
 from gpulayer.server.provisioning import loop as provisioner
-from gpulayer.server.scheduler import reconcile, retention
+from gpulayer.server.scheduler import ledger, reconcile, retention
 from gpulayer.server.http.app import Deps, create_app, new_deps, with_explorer
 from gpulayer.server.security.auth import init_home, rotate_join_token  # noqa: F401 - the CLI imports them from here
 from gpulayer.server.config import ControlPlaneConfig
@@ -199,11 +199,15 @@ class ControlPlane:
         interval = min(self.config.heartbeat_interval_s, 1.0)
         next_sweep = time.monotonic() + self.config.artifact_sweep_interval_s
         next_prune = time.monotonic() + min(self.config.prune_interval_s, 60.0)
+        next_fairshare = time.monotonic()
         while not self._stop.wait(interval):
             try:
                 result = self.deps.scheduler.expire()
                 if any(result.values()):
                     log.info("leases_expired %s", " ".join(f"{k}={v}" for k, v in result.items()))
+                if time.monotonic() >= next_fairshare:
+                    next_fairshare = time.monotonic() + ledger.RUNNING_REFRESH_S
+                    self.deps.scheduler.refresh_fairshare()
                 asked = self.deps.scheduler.preempt()
                 if asked:
                     log.info("task_preempt_requested tasks=%s", ",".join(map(str, asked)))

@@ -154,6 +154,18 @@ def test_same_priority_work_goes_to_the_project_that_used_least(sched, ml, clock
     assert take(sched, w)["job_id"] == urgent
 
 
+def test_running_work_counts_for_fair_share_once_refreshed(sched, ml, clock):
+    w1, w2 = add_worker(sched, "w1", gpus=1), add_worker(sched, "w2", gpus=1)
+    submit(sched, ml["bob"], "ml", gpus=1)
+    take(sched, w1)                      # ml runs a long task: nothing has ended yet
+    clock.advance(600)
+    ml_next = submit(sched, ml["bob"], "ml", gpus=1)
+    cv_next = submit(sched, ml["ann"], "cv", gpus=1)
+    sched.refresh_fairshare()            # upkeep: ml has 600 GPU-seconds running
+    assert take(sched, w2)["job_id"] == cv_next
+    assert ml_next < cv_next
+
+
 def test_fair_share_decays_with_the_half_life(sched, ml, clock):
     sched.config.fairshare_half_life_s = 3600
     sched.restarted()  # writes the settings the SQL reads

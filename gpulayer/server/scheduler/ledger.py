@@ -18,6 +18,7 @@ from gpulayer.server.errors import InvalidRequest
 from gpulayer.server.store.queries import QUERIES, rows
 
 USAGE_BY = ("user", "project", "job-name")  # and label:KEY
+RUNNING_REFRESH_S = 5.0  # upkeep rewrites fair share's running part this often
 DEFAULT_SINCE_S = 30 * 86400.0
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw]?)\Z")
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -36,6 +37,12 @@ def record(conn, now: float, task_ids: list[int], outcome: str, preempted_by: in
                    preempted_by=preempted_by)
     conn.executemany(QUERIES["charge_fairshare"], [{**c, "now": now} for c in charged])
     return len(charged)
+
+
+def refresh_running(conn, now: float) -> None:
+    """Rewrite fair share's running part: each (project, user)'s usage so far of the runs still going."""
+    conn.execute(QUERIES["clear_fairshare_running"])
+    conn.execute(QUERIES["set_fairshare_running"], {"now": now})
 
 
 def parse_duration(value: str | float | int | None, field: str, default: float) -> float:
