@@ -12,7 +12,9 @@ A state file with W online workers, each running one 1-GPU task, and 8 queued gr
                victims are asked (the round that preempts; later rounds skip those tasks)
 
 Each round is timed inside BEGIN IMMEDIATE ... ROLLBACK, so every repetition sees the same
-state; ms per round, median and max of --reps.
+state; ms per round, median and max of --reps. The case `refresh` times the other upkeep
+step of teams instead: fair share's running part rewritten from the W running tasks
+(ledger.refresh_running, with its COMMIT), on the `idle` state.
 """
 from __future__ import annotations
 
@@ -27,12 +29,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib  # noqa: E402
 
-from gpulayer.server.scheduler import preemption  # noqa: E402
+from gpulayer.server.scheduler import ledger, preemption  # noqa: E402
 from gpulayer.server.scheduler.spec import validate_job  # noqa: E402
 from gpulayer.server.store import db  # noqa: E402
 
 GROUPS = 8
-CASES = ("idle", "quota", "unfit", "fit")
+CASES = ("idle", "quota", "unfit", "fit", "refresh")
 
 
 def build(path: Path, workers: int, case: str) -> None:
@@ -45,7 +47,7 @@ def build(path: Path, workers: int, case: str) -> None:
     waiting = json.dumps(validate_job({"command": ["true"], "gpus": 1, "labels": labels}))
     with conn:
         conn.execute("INSERT INTO projects (id, name, gpu_quota, created_at) VALUES (2, 'ml', ?, ?)",
-                     (100 if case != "idle" else None, now))
+                     (100 if case not in ("idle", "refresh") else None, now))
         conn.executemany("INSERT INTO workers (id, name, state, cpus, gpus, memory_mb, slots, registered_at, "
                          "last_seen_at, lease_expires_at, session_hash) VALUES (?, ?, 'online', 8, 1, 64000, 1, ?, ?, ?, ?)",
                          [(i + 1, f"w{i}", now, now, now + 1e9, f"h{i}") for i in range(workers)])
@@ -74,8 +76,12 @@ def time_rounds(path: Path, reps: int) -> tuple[list[float], int]:
     for _ in range(reps):
         t0 = time.perf_counter()
         conn.execute("BEGIN IMMEDIATE")
-        asked = len(preemption.preempt(conn, time.time()))
-        conn.execute("ROLLBACK")
+        if path.name.startswith("refresh"):
+            ledger.refresh_running(conn, time.time())
+            conn.execute("COMMIT")
+        else:
+            asked = len(preemption.preempt(conn, time.time()))
+            conn.execute("ROLLBACK")
         spent.append(time.perf_counter() - t0)
     conn.close()
     return spent, asked

@@ -23,6 +23,7 @@ from gpulayer.server.scheduler import events, ledger
 from gpulayer.server.store.queries import QUERIES, row, rows
 
 CANDIDATES = 8  # waiting tasks looked at per upkeep round
+WORKERS_TRIED = 64  # workers a waiting task's plan is tried on, those with the cheapest victims first
 ACTIVE = ("assigned", "running")
 
 
@@ -55,12 +56,13 @@ class _Round:
 
     def __init__(self, conn) -> None:
         self.conn = conn
-        self.victims: dict[tuple, list[dict]] = {}   # (priority, lenders) -> preemption_victims
+        # (priority, lenders) -> preemption_victims by worker, workers with the cheapest victim first
+        self.victims: dict[tuple, list[list[dict]]] = {}
         self.rooms: dict[int, dict[int, dict]] = {}  # shape -> {worker: its free room} (shape_rooms)
         self.fits_now: dict[int, bool] = {}          # shape -> could an online worker take one now
 
     def plan(self, want: dict, lenders: dict, asked: list[int]) -> list[dict]:
-        """The victims that make room for `want` (none asked already this round), or []."""
+        """The victims that make room for `want` (none asked already this round), or [] (_plan)."""
         if want["shape_id"] not in self.rooms:
             self.rooms[want["shape_id"]] = {r["worker_id"]: r for r in rows(self.conn, "shape_rooms",
                                                                               shape_id=want["shape_id"])}
@@ -69,13 +71,23 @@ class _Round:
             return []
         key = (want["priority"], tuple(sorted(lenders)))
         if key not in self.victims:
-            self.victims[key] = rows(self.conn, "preemption_victims", priority=want["priority"],
-                                     borrowers=json.dumps(sorted(lenders)))
+            found = rows(self.conn, "preemption_victims", priority=want["priority"],
+                         borrowers=json.dumps(sorted(lenders)))
+            per_worker = [list(victims) for _, victims in groupby(found, key=lambda v: v["worker_id"])]
+            per_worker.sort(key=lambda vs: (vs[0]["priority"], -(vs[0]["started_at"] or 0)))
+            self.victims[key] = per_worker
         mine = rows(self.conn, "preemption_exclusions", job_id=want["job_id"], task_id=want["task_id"])
         workers = {r["id"] for r in mine if r["kind"] == "worker"}
         spared = {r["id"] for r in mine if r["kind"] == "task"} | set(asked)
-        return _plan([v for v in self.victims[key] if v["worker_id"] in room and v["worker_id"] not in workers
-                      and v["id"] not in spared and v["job_id"] != want["job_id"]], room, want, lenders)
+        tried = []
+        for victims in self.victims[key]:
+            worker_id = victims[0]["worker_id"]
+            if worker_id in room and worker_id not in workers:
+                tried.append(([v for v in victims if v["id"] not in spared and v["job_id"] != want["job_id"]],
+                              room[worker_id]))
+                if len(tried) == WORKERS_TRIED:
+                    break
+        return _plan(tried, want, lenders)
 
     def placeable(self, shape_id: int) -> bool:
         """Could an online worker take a task of this shape now (then it waits for acquire instead)?"""
@@ -91,11 +103,15 @@ class _Round:
             room[f"free_{key}"] += sum(v[key] for v in plan) - want[key]
 
 
-def _plan(found: list[dict], rooms: dict[int, dict], want: dict, borrowers: dict) -> list[dict]:
+def _plan(tried: list[tuple[list[dict], dict]], want: dict, borrowers: dict) -> list[dict]:
     """The victims that make room for `want` on one worker, or []: the worker that needs the fewest,
-    then whose victims have the lowest priority, then started the latest (the least work lost)."""
-    plans = [chosen for worker_id, victims in groupby(found, key=lambda v: v["worker_id"])
-             if (chosen := _room_on_worker(list(victims), rooms[worker_id], want, borrowers))]
+    then whose victims have the lowest priority, then started the latest (the least work lost).
+
+    `tried` is [(a worker's victims in order, its free room)], workers with the cheapest victim
+    first, at most WORKERS_TRIED of them (a big fleet full of preemptible work would otherwise
+    cost a plan per worker per waiting task).
+    """
+    plans = [chosen for victims, room in tried if victims and (chosen := _room_on_worker(victims, room, want, borrowers))]
     return min(plans, key=lambda c: (len(c), max(v["priority"] for v in c),
                                      -min(v["started_at"] or float("inf") for v in c)), default=[])
 
