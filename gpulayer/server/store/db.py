@@ -78,6 +78,7 @@ def connect(path: Path | str, *, synchronous: str = "normal", readonly: bool = F
         conn.execute("PRAGMA journal_mode=WAL")
     conn.execute(f"PRAGMA synchronous={SYNCHRONOUS[synchronous]}")
     conn.execute("PRAGMA foreign_keys=ON")
+    conn.execute("PRAGMA temp_store=MEMORY")   # statement journals and sorts never need a new file (out of fds, a submit still commits)
     if query_only:
         conn.execute("PRAGMA query_only=ON")
     conn.row_trace = _dict_row
