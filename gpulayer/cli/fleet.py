@@ -45,7 +45,12 @@ def token_create(ctx: typer.Context,
 
 @token_app.command("list")
 def token_list(ctx: typer.Context, as_json: JsonOpt = False) -> None:
-    """Minted join tokens (never their secret part)."""
+    """Minted join tokens (never their secret part).
+
+    \b
+    Example:
+      gpulayer token list --json
+    """
     tokens = client_of(ctx).tokens()
     if as_json:
         print_json(tokens)
@@ -87,7 +92,12 @@ def secret_set(ctx: typer.Context,
                name: Annotated[str, typer.Argument(help="Its name, also the variable jobs receive.")],
                label: Annotated[Optional[list[str]], typer.Option("--label", help="k=v a worker's token must carry to receive it (repeatable).")] = None,
                project: ProjectOpt = None) -> None:
-    """Store a project's secret (its managers, admins). The value comes from stdin when piped, else a hidden prompt; never an argument."""
+    """Store a project's secret (its managers, admins). The value comes from stdin when piped, else a hidden prompt; never an argument.
+
+    \b
+    Example:
+      printf %s "$HF_TOKEN" | gpulayer secret set HF_TOKEN --project vision
+    """
     labels = parse_pairs(label, "--label")
     client_of(ctx).set_secret(name, _read_secret_value(name), labels, project)
     typer.echo(f"secret {name} set", err=True)
@@ -95,7 +105,12 @@ def secret_set(ctx: typer.Context,
 
 @secret_app.command("list")
 def secret_list(ctx: typer.Context, project: ProjectOpt = None, as_json: JsonOpt = False) -> None:
-    """A project's secret names and labels (never values)."""
+    """A project's secret names and labels (never values).
+
+    \b
+    Example:
+      gpulayer secret list --project vision
+    """
     secrets = client_of(ctx).secrets(project)
     if as_json:
         print_json(secrets)
@@ -108,6 +123,11 @@ def secret_list(ctx: typer.Context, project: ProjectOpt = None, as_json: JsonOpt
 @secret_app.command("delete")
 def secret_delete(ctx: typer.Context, name: Annotated[str, typer.Argument(help="The secret's name.")],
                   project: ProjectOpt = None) -> None:
-    """Delete a project's secret; its jobs that name it wait until it is set again."""
+    """Delete a project's secret; its jobs that name it wait until it is set again.
+
+    \b
+    Example:
+      gpulayer secret delete HF_TOKEN --project vision
+    """
     client_of(ctx).delete_secret(name, project)
     typer.echo(f"secret {name} deleted", err=True)

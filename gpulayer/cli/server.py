@@ -219,7 +219,12 @@ def server_certs(ctx: typer.Context, home: Home = None,
 
 @server_app.command("rotate-join-token")
 def server_rotate_join_token(ctx: typer.Context, home: Home = None) -> None:
-    """Replace the join token of `server init`; the old one stops working (joined workers stay)."""
+    """Replace the join token of `server init`; the old one stops working (joined workers stay).
+
+    \b
+    Example:
+      gpulayer server rotate-join-token --home /srv/gpulayer
+    """
     from gpulayer.server.process import rotate_join_token
     typer.echo(rotate_join_token(home_of(ctx, home)))
 
@@ -234,7 +239,12 @@ def server_restore(
     home_files: Annotated[Optional[Path], typer.Option("--home-files", help="A copy of the old home's server-secret, server-credentials.json, secrets.key and tls/ (needed for a replica that is not a directory).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """Rebuild a new home from a replica (state file and the home's files); then start it with `server start`."""
+    """Rebuild a new home from a replica (state file and the home's files); then start it with `server start`.
+
+    \b
+    Example:
+      gpulayer server restore --from /mnt/replica/gpulayer --home /srv/gpulayer
+    """
     from gpulayer.server.replication import restore
     result = restore(source, home_of(ctx, home), timestamp=timestamp, force=force, home_files_from=home_files)
     if as_json:

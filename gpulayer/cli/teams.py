@@ -43,7 +43,12 @@ def user_add(ctx: typer.Context,
              project: Annotated[Optional[list[str]], typer.Option("--project", help="P or P:manager (repeatable; default: member of default).")] = None,
              max_running_jobs: Annotated[Optional[int], typer.Option("--max-running-jobs", min=0, help="At most this many of its jobs run at once.")] = None,
              as_json: JsonOpt = False) -> None:
-    """Add a user; its client token is printed once, alone on the first line (details on stderr)."""
+    """Add a user; its client token is printed once, alone on the first line (details on stderr).
+
+    \b
+    Example:
+      gpulayer user add alice --project vision:manager --project nlp --max-running-jobs 20
+    """
     answer = client_of(ctx).add_user(name, admin=admin, projects=[_membership(p) for p in project or []],
                                      max_running_jobs=max_running_jobs)
     if as_json:
@@ -57,7 +62,12 @@ def user_add(ctx: typer.Context,
 
 @user_app.command("list")
 def user_list(ctx: typer.Context, as_json: JsonOpt = False) -> None:
-    """Every user, with its projects and roles (admins)."""
+    """Every user, with its projects and roles (admins).
+
+    \b
+    Example:
+      gpulayer user list --json
+    """
     users = client_of(ctx).users()
     if as_json:
         print_json(users)
@@ -74,7 +84,12 @@ def user_set(ctx: typer.Context,
              max_running_jobs: Annotated[Optional[int], typer.Option("--max-running-jobs", min=0, help="At most this many of its jobs run at once.")] = None,
              no_limit: Annotated[bool, typer.Option("--no-max-running-jobs", help="Lift the running-jobs limit.")] = False,
              as_json: JsonOpt = False) -> None:
-    """Change a user's admin flag or running-jobs limit (admins)."""
+    """Change a user's admin flag or running-jobs limit (admins).
+
+    \b
+    Example:
+      gpulayer user set alice --max-running-jobs 50
+    """
     changes: dict = {}
     if admin is not None:
         changes["admin"] = admin
@@ -89,7 +104,12 @@ def user_set(ctx: typer.Context,
 
 @user_app.command("remove")
 def user_remove(ctx: typer.Context, name: Annotated[str, typer.Argument(help="The user's name.")]) -> None:
-    """Remove a user (admins): its client tokens stop working at once; its jobs stay its own."""
+    """Remove a user (admins): its client tokens stop working at once; its jobs stay its own.
+
+    \b
+    Example:
+      gpulayer user remove bob
+    """
     answer = client_of(ctx).remove_user(name)
     typer.echo(f"user {name} removed ({len(answer.get('tokens_revoked') or [])} token(s) revoked)", err=True)
 
@@ -120,7 +140,12 @@ VisibilityOpt = Annotated[Optional[str], typer.Option("--visibility", help="priv
 def project_add(ctx: typer.Context, name: Annotated[str, typer.Argument(help="The project's name.")],
                 gpus: GpusOpt = None, borrow: BorrowOpt = None, weight: WeightOpt = None,
                 visibility: VisibilityOpt = None, as_json: JsonOpt = False) -> None:
-    """Add a project (admins)."""
+    """Add a project (admins).
+
+    \b
+    Example:
+      gpulayer project add vision --gpus 16 --borrow 8 --visibility project
+    """
     _report(client_of(ctx).add_project(name, **_settings(gpus, False, borrow, weight, visibility)), as_json,
             f"project {name} added")
 
@@ -129,7 +154,12 @@ def project_add(ctx: typer.Context, name: Annotated[str, typer.Argument(help="Th
 def project_set(ctx: typer.Context, name: Annotated[str, typer.Argument(help="The project's name.")],
                 gpus: GpusOpt = None, no_quota: NoQuotaOpt = False, borrow: BorrowOpt = None,
                 weight: WeightOpt = None, visibility: VisibilityOpt = None, as_json: JsonOpt = False) -> None:
-    """Change a project's quota, borrowing limit, weight or visibility (admins)."""
+    """Change a project's quota, borrowing limit, weight or visibility (admins).
+
+    \b
+    Example:
+      gpulayer project set vision --gpus 24 --weight 2
+    """
     settings = _settings(gpus, no_quota, borrow, weight, visibility)
     if not settings:
         raise fail("nothing to change: give --gpus, --borrow, --weight or --visibility", 2)
@@ -138,7 +168,12 @@ def project_set(ctx: typer.Context, name: Annotated[str, typer.Argument(help="Th
 
 @project_app.command("list")
 def project_list(ctx: typer.Context, as_json: JsonOpt = False) -> None:
-    """The projects you are in (admins: all), with their settings and members."""
+    """The projects you are in (admins: all), with their settings and members.
+
+    \b
+    Example:
+      gpulayer project list
+    """
     projects = client_of(ctx).projects()
     if as_json:
         print_json(projects)
@@ -152,7 +187,12 @@ def project_list(ctx: typer.Context, as_json: JsonOpt = False) -> None:
 
 @project_app.command("remove")
 def project_remove(ctx: typer.Context, name: Annotated[str, typer.Argument(help="The project's name.")]) -> None:
-    """Remove a project with no job left to end (admins): its memberships and secrets go too."""
+    """Remove a project with no job left to end (admins): its memberships and secrets go too.
+
+    \b
+    Example:
+      gpulayer project remove old-sweeps
+    """
     client_of(ctx).remove_project(name)
     typer.echo(f"project {name} removed", err=True)
 
@@ -161,7 +201,12 @@ def project_remove(ctx: typer.Context, name: Annotated[str, typer.Argument(help=
 def project_add_member(ctx: typer.Context, name: Annotated[str, typer.Argument(help="The project.")],
                        user: Annotated[str, typer.Argument(help="The user.")],
                        manager: Annotated[bool, typer.Option("--manager", help="As a manager (else a member).")] = False) -> None:
-    """Add a user to a project, or change its role there (the project's managers, admins)."""
+    """Add a user to a project, or change its role there (the project's managers, admins).
+
+    \b
+    Example:
+      gpulayer project add-member vision carol --manager
+    """
     client_of(ctx).set_member(name, user, "manager" if manager else "member")
     typer.echo(f"{user} is a {'manager' if manager else 'member'} of {name}", err=True)
 
@@ -169,13 +214,23 @@ def project_add_member(ctx: typer.Context, name: Annotated[str, typer.Argument(h
 @project_app.command("remove-member")
 def project_remove_member(ctx: typer.Context, name: Annotated[str, typer.Argument(help="The project.")],
                           user: Annotated[str, typer.Argument(help="The user.")]) -> None:
-    """Take a user out of a project (the project's managers, admins); its jobs there stay its own."""
+    """Take a user out of a project (the project's managers, admins); its jobs there stay its own.
+
+    \b
+    Example:
+      gpulayer project remove-member vision carol
+    """
     client_of(ctx).remove_member(name, user)
     typer.echo(f"{user} left {name}", err=True)
 
 
 def whoami(ctx: typer.Context, as_json: JsonOpt = False) -> None:
-    """Who your token says you are: user, admin or not, projects and roles."""
+    """Who your token says you are: user, admin or not, projects and roles.
+
+    \b
+    Example:
+      gpulayer whoami --json
+    """
     client = client_of(ctx)
     if not hasattr(client, "whoami"):
         raise fail("whoami needs a control plane (this home runs jobs locally, as you)", 2)

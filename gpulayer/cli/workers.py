@@ -158,28 +158,48 @@ Reason = Annotated[str, typer.Option("--reason", help="Why (shown in `worker lis
 
 @worker_app.command("cordon")
 def worker_cordon(ctx: typer.Context, worker: WorkerRef, reason: Reason) -> None:
-    """Give a worker no new task; what runs there goes on (Slurm: scontrol update state=drain)."""
+    """Give a worker no new task; what runs there goes on (Slurm: scontrol update state=drain).
+
+    \b
+    Example:
+      gpulayer worker cordon gpu-07 --reason "fan noise, RMA ticket 4411"
+    """
     _print_cordon(client_of(ctx).cordon_worker(worker, reason))
 
 
 @worker_app.command("drain")
 def worker_drain(ctx: typer.Context, worker: WorkerRef, reason: Reason,
                  timeout: Annotated[Optional[str], typer.Option("--timeout", help="After this long (90, 30m, 2h), stop what still runs and requeue it, as a graceful stop does; default: wait for it to end.")] = None) -> None:
-    """Cordon a worker; it shows `drained` once its tasks have ended (or at --timeout, when they are stopped)."""
+    """Cordon a worker; it shows `drained` once its tasks have ended (or at --timeout, when they are stopped).
+
+    \b
+    Example:
+      gpulayer worker drain gpu-07 --reason "kernel upgrade" --timeout 2h
+    """
     timeout_s = parse_duration(timeout, "--timeout")
     _print_cordon(client_of(ctx).drain_worker(worker, reason, timeout_s))
 
 
 @worker_app.command("uncordon")
 def worker_uncordon(ctx: typer.Context, worker: WorkerRef) -> None:
-    """Put a cordoned, draining or drained worker back into service (Slurm: state=resume)."""
+    """Put a cordoned, draining or drained worker back into service (Slurm: state=resume).
+
+    \b
+    Example:
+      gpulayer worker uncordon gpu-07
+    """
     _print_cordon(client_of(ctx).uncordon_worker(worker))
 
 
 @worker_app.command("gpu-reset")
 def worker_gpu_reset(ctx: typer.Context, worker: WorkerRef,
                      gpu: Annotated[int, typer.Option("--gpu", help="The device index (as `worker list --json` shows under gpus).", min=0, show_default=False)]) -> None:
-    """Mark a GPU its agent reported unhealthy as healthy again (after the fault was dealt with)."""
+    """Mark a GPU its agent reported unhealthy as healthy again (after the fault was dealt with).
+
+    \b
+    Example:
+      gpulayer worker gpu-reset gpu-07 --gpu 3
+    """
     answer = client_of(ctx).reset_gpu(worker, gpu)
     typer.echo(f"worker {answer['name']} (id {answer['worker_id']}): GPU {gpu} marked healthy")
 

@@ -42,9 +42,20 @@ def test_help_has_no_bool_placeholders(command):
     assert result.exit_code == 0 and "<bool>" not in result.output, result.output
 
 
-@pytest.mark.parametrize("command", [["submit"], ["job", "list"], ["job", "cancel"], ["job", "logs"], ["up"],
-                                     ["server", "certs"]])
-def test_main_commands_show_examples(command):
+def _leaf_commands():
+    import typer
+    return [path for path in _commands() if path and not getattr(_command_at(typer.main.get_command(app), path),
+                                                                  "commands", None)]
+
+
+def _command_at(group, path):
+    for name in path:
+        group = group.commands[name]
+    return group
+
+
+@pytest.mark.parametrize("command", _leaf_commands(), ids=" ".join)
+def test_every_command_shows_an_example(command):
     assert "Example" in run(*command, "--help").output
 
 
