@@ -21,6 +21,7 @@ pairs AS (
     -- job_worker_fit is the fit acquire and gang placement read; worker_load adds free GPUs
     SELECT q.job_id, f.worker_id, f.has_labels, f.has_accelerator, f.big_enough, f.missing_secret,
            f.fits, f.fits_now, (w.free_gpus >= q.gpus) AS gpus_free,
+           (w.gpus - w.unhealthy_gpus >= q.gpus) AS healthy_enough,
            NOT EXISTS (SELECT 1 FROM worker_cordons c WHERE c.worker_id = f.worker_id) AS schedulable
     FROM waiting q
     JOIN job_worker_fit f ON f.job_id = q.job_id AND f.worker_state = 'online'
@@ -35,6 +36,7 @@ fits AS (
            min(CASE WHEN p.has_labels AND p.has_accelerator AND p.big_enough THEN p.missing_secret END) AS missing_secret,
            coalesce(sum(p.fits), 0) AS fits,
            coalesce(sum(p.fits AND p.schedulable), 0) AS fits_open,
+           coalesce(sum(p.fits AND p.schedulable AND p.healthy_enough), 0) AS fits_healthy,
            coalesce(sum(p.fits AND p.schedulable AND p.gpus_free), 0) AS gpus_free,
            coalesce(sum(p.fits_now), 0) AS fit_now
     FROM waiting q
@@ -51,6 +53,7 @@ SELECT q.job_id, q.name, q.state, q.priority, q.queued_tasks, q.width, q.gpus, q
                                              q.gpus, q.cpus, q.memory_mb)
            WHEN f.fits = 0 THEN 'no online worker that fits may receive its secret ' || f.missing_secret
            WHEN f.fits_open = 0 THEN 'only cordoned workers fit it (gpulayer worker uncordon)'
+           WHEN f.fits_healthy = 0 THEN 'only workers with unhealthy GPUs would fit it (gpulayer worker list; gpu-reset)'
            WHEN f.gpus_free = 0 THEN printf('no online worker that fits has %d free GPUs', q.gpus)
            WHEN f.fit_now = 0 THEN 'no free slot (or CPUs, memory) on the workers that fit'
            WHEN q.gang AND f.fit_now < q.width THEN printf('gang of %d needs %d workers free at once; %d are',

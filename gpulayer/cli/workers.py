@@ -169,7 +169,7 @@ def worker_cordon(ctx: typer.Context, worker: WorkerRef, reason: Reason) -> None
 
 @worker_app.command("drain")
 def worker_drain(ctx: typer.Context, worker: WorkerRef, reason: Reason,
-                 timeout: Annotated[Optional[str], typer.Option("--timeout", help="After this long (90, 30m, 2h), stop what still runs and requeue it, as a graceful stop does; default: wait for it to end.")] = None) -> None:
+                 timeout: Annotated[Optional[str], typer.Option("--timeout", help="After this long (90, 30m, 2h), stop what still runs and put it back in the queue, same attempt (no retry used up); default: wait for it to end.")] = None) -> None:
     """Cordon a worker; it shows `drained` once its tasks have ended (or at --timeout, when they are stopped).
 
     \b

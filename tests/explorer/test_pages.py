@@ -285,3 +285,16 @@ def test_workers_page_shows_cordons_and_unhealthy_gpus(state, client: falcon.tes
     assert '<span class="state draining">draining</span> swap &lt;GPU&gt; 3' in page
     assert "<strong>1</strong>: 3: Xid 79" in page
     assert "2 / <strong>5</strong> <small>of 8</small>" in page  # the bad GPU is neither used nor free
+
+
+def test_queued_jobs_says_when_only_unhealthy_gpus_would_fit(state, client: falcon.testing.TestClient) -> None:
+    import apsw
+    db = apsw.Connection(str(state))
+    gpu_a = db.execute("SELECT id FROM workers WHERE name = 'gpu-a'").fetchall()[0][0]
+    db.execute("INSERT INTO worker_gpus (worker_id, \"index\", uuid, healthy, reason, changed_at) "
+               "VALUES (?, 3, 'GPU-3', 0, 'Xid 79', 1)", (gpu_a,))
+    db.close()
+    body = client.simulate_get("/-/queries/queued_jobs.json").json
+    reasons = {row[0]: row[body["columns"].index("waits_because")] for row in body["rows"]}
+    assert reasons[6] == "only workers with unhealthy GPUs would fit it (gpulayer worker list; gpu-reset)"
+    assert reasons[7] == "a worker fits now: waiting for the scheduler"

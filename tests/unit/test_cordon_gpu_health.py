@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpulayer.server.errors import Conflict, NotFound
+from gpulayer.server.errors import Conflict, NotFound, TaskNotAssigned
 from gpulayer.server.scheduler import jobs, workers
 
 from helpers import add_worker, job, state_of
@@ -94,7 +94,7 @@ def test_drain_of_idle_worker_is_drained_at_once(sched):
 def test_drain_timeout_stops_and_requeues(sched, clock):
     w, other = add_worker(sched, "w1"), add_worker(sched, "w2")
     sched.cordon("w2", "not yet")
-    running = sched.submit(job(retry={"max_attempts": 2}))
+    running = sched.submit(job())  # the default: one attempt, which the drain must not use up
     task = sched.acquire(w)
     sched.start(w, task["task_id"], 1)
     sched.cordon("w1", "reboot", drain=True, timeout_s=30)
@@ -103,11 +103,35 @@ def test_drain_timeout_stops_and_requeues(sched, clock):
     clock.advance(2)
     assert sched.advance_drains() == 1
     after = state_of(sched, running)
-    assert after["state"] == "queued" and after["attempt"] == 2
-    assert [t["reason"] for t in after["tasks"] if t["attempt"] == 1] == ["worker_drained"]
+    assert after["state"] == "queued" and after["attempt"] == 1
+    assert [(t["state"], t["reason"]) for t in after["tasks"]] == [("queued", "worker_drained")]
+    events = sched.store.read(jobs.events_of, running)
+    assert [e["data"]["reason"] for e in events if e["kind"] == "task_requeued"] == ["drain_timeout"]
     assert beat(sched, w, [task["task_id"]])["cancel_task_ids"] == [task["task_id"]]
+    # The stopped run's late finish changes nothing; the task runs again elsewhere, same attempt.
+    with pytest.raises(TaskNotAssigned):
+        sched.finish(w, task["task_id"], exit_code=None, outcome="cancelled", outputs={}, reason=None)
     sched.uncordon("w2")
-    assert sched.acquire(other)["job_id"] == running
+    again = sched.acquire(other)
+    assert again["job_id"] == running and again["task_id"] == task["task_id"] and again["attempt"] == 1
+    sched.start(other, again["task_id"], 2)
+    sched.finish(other, again["task_id"], exit_code=0, outcome="succeeded", outputs={}, reason=None)
+    assert state_of(sched, running)["state"] == "succeeded"
+
+
+def test_drain_timeout_sends_a_gang_back_whole(sched):
+    a, b = add_worker(sched, "a"), add_worker(sched, "b")
+    gang = sched.submit(job(nodes=2))
+    first = sched.acquire(a)
+    second = sched.acquire(b)
+    sched.start(a, first["task_id"], 1)
+    sched.start(b, second["task_id"], 1)
+    sched.cordon("a", "reboot", drain=True, timeout_s=0)
+    after = state_of(sched, gang)
+    assert after["state"] == "queued" and after["attempt"] == 1
+    assert sorted(t["state"] for t in after["tasks"]) == ["queued", "queued"]
+    assert beat(sched, b, [second["task_id"]])["cancel_task_ids"] == [second["task_id"]]
+    assert listed(sched, a)["cordon"] == "drained"
 
 
 def test_drain_timeout_zero_requeues_assigned_same_attempt(sched):
@@ -159,6 +183,20 @@ def test_eight_gpus_one_bad_offers_seven(sched):
     assert sched.submit(job(gpus=8)) and listed(sched, w)["free"]["gpus"] == 0
 
 
+def test_a_job_only_unhealthy_gpus_would_fit_says_so(sched):
+    w = add_worker(sched, "g8", gpus=8)
+    small = add_worker(sched, "g2", gpus=2)
+    beat(sched, w, gpus=healthy(*range(8), bad={6: "ECC", 5: "Xid 48"}))
+    job_id = sched.submit(job(gpus=8))
+    assert reason(sched, job_id) == "only workers with unhealthy GPUs would fit: g8 (GPU 5: Xid 48, GPU 6: ECC)"
+    assert sched.acquire(w) is None and sched.acquire(small) is None
+    six = sched.submit(job(gpus=6))
+    assert reason(sched, six) is None  # the six healthy GPUs do
+    sched.gpu_reset("g8", 5)
+    sched.gpu_reset("g8", 6)
+    assert sched.acquire(w)["job_id"] == job_id
+
+
 def test_gpu_turning_bad_loses_its_task_and_retries_elsewhere(sched):
     w = add_worker(sched, "g", gpus=2, slots=2)
     beat(sched, w, gpus=healthy(0, 1))
@@ -172,16 +210,42 @@ def test_gpu_turning_bad_loses_its_task_and_retries_elsewhere(sched):
     bad_index = bad_task["gpus"][0]
     answer = beat(sched, w, [a["task_id"], b["task_id"]], healthy(0, 1, bad={bad_index: "Xid 79"}))
     assert answer["cancel_task_ids"] == [bad_task["task_id"]]
+    assert state_of(sched, on_bad)["attempt"] == 1  # settled once its worker reports it ended
+    sched.finish(w, bad_task["task_id"], exit_code=None, outcome="cancelled", outputs={}, reason=None)
     after = state_of(sched, on_bad)
     assert after["state"] == "queued" and after["attempt"] == 2
     assert [t["reason"] for t in after["tasks"] if t["attempt"] == 1] == ["gpu_unhealthy"]
     assert state_of(sched, other)["state"] == "running"
     events = [e["kind"] for e in sched.store.read(jobs.events_of, on_bad)]
-    assert "task_lost" in events and "job_retried" in events
+    assert "task_stop_requested" in events and "job_retried" in events
     # The worker's other GPU is busy and the bad one is out: the retry waits, and later healthy reports change nothing.
     beat(sched, w, [t for t in (a["task_id"], b["task_id"]) if t != bad_task["task_id"]], healthy(0, 1))
     assert listed(sched, w)["free"]["gpus"] == 0
     assert [g["healthy"] for g in listed(sched, w)["gpus"]] == [i != bad_index for i in (0, 1)]
+
+
+def test_a_task_keeps_its_healthy_gpus_until_it_has_ended(sched):
+    w = add_worker(sched, "g", gpus=4, slots=4)
+    beat(sched, w, gpus=healthy(0, 1, 2, 3))
+    wide = sched.submit(job(gpus=2))  # one attempt: a crash of the process on the bad GPU ends it lost
+    task = sched.acquire(w)
+    sched.start(w, task["task_id"], 1)
+    assert task["gpus"] == [0, 1]
+    answer = beat(sched, w, [task["task_id"]], healthy(0, 1, 2, 3, bad={1: "Xid 79"}))
+    assert answer["cancel_task_ids"] == [task["task_id"]]
+    # GPUs 0 and 1 stay the stopping task's (1 is also out: counted twice meanwhile, so one fewer is offered).
+    assert listed(sched, w)["free"]["gpus"] == 1
+    sched.submit(job(gpus=1))
+    second = sched.acquire(w)
+    assert second["gpus"] == [2]  # not GPU 0, which the old process may still use
+    sched.start(w, second["task_id"], 2)
+    # The process died of the fault: the task is lost as gpu_unhealthy, not failed, and GPU 0 is free again.
+    sched.finish(w, task["task_id"], exit_code=1, outcome="failed", outputs={}, reason=None)
+    after = state_of(sched, wide)
+    assert after["state"] == "lost" and after["tasks"][0]["reason"] == "gpu_unhealthy"
+    assert listed(sched, w)["free"]["gpus"] == 2
+    sched.submit(job(gpus=1))
+    assert sched.acquire(w)["gpus"] == [0]
 
 
 def test_gpu_reset_marks_healthy_and_tells_the_agent_once(sched):
@@ -275,6 +339,6 @@ def test_drain_timeout_replaces_a_service_replica_and_keeps_the_other(sched):
     info = state_of(sched, service)
     assert info["state"] == "running" and info["attempt"] == 1
     states = {t["task_id"]: t["state"] for t in info["tasks"]}
-    assert states[ta["task_id"]] == "lost" and states[tb["task_id"]] == "running"
+    assert states[ta["task_id"]] == "queued" and states[tb["task_id"]] == "running"
     sched.uncordon("c")
-    assert sched.acquire(c)["index"] == ta["index"]  # the replica placed again, elsewhere
+    assert sched.acquire(c)["task_id"] == ta["task_id"]  # the replica placed again, elsewhere

@@ -4,17 +4,18 @@ A cordoned worker is a row of `worker_cordons`; `shape_worker_fit.schedulable`
 reads it, so acquire, gang placement and the waiting reasons all skip the
 worker at once. Running tasks go on. A drain is a cordon that upkeep watches
 (`advance_drains`): the worker is `drained` once it holds no task, or at its
-deadline, when what is only assigned goes back to the queue and what runs is
-stopped (its worker is told through `cancel_task_ids`) and judged by the
-retry policy as `worker_lost`, exactly as when a worker stops gracefully.
+deadline, when its tasks go back to the queue with the same attempt (an
+operator's maintenance uses up none of a job's attempts; a gang goes back
+whole) and its worker is told to stop them through `cancel_task_ids`.
 """
 from __future__ import annotations
 
 from gpulayer.server.errors import Conflict, NotFound
-from gpulayer.server.scheduler import events, leases
-from gpulayer.server.store.queries import row, rows
+from gpulayer.server.scheduler import events, leases, ledger
+from gpulayer.server.store.queries import QUERIES, row, rows
 
-#: Reason of the tasks a drain's deadline stops (the retry policy reads it as worker_lost).
+#: Reason of the tasks a drain's deadline stops: requeued with it, or, for a task already being
+#: stopped (a cancel, a preemption, a GPU gone bad), lost with it (the retry policy reads worker_lost).
 DRAIN_STOPPED = "worker_drained"
 
 
@@ -81,9 +82,8 @@ def describe(conn, worker: dict) -> dict:
 def advance_drains(conn, now: float, only: int | None = None) -> int:
     """Upkeep: draining workers that hold no task, or whose deadline passed, become drained; how many.
 
-    At the deadline, tasks only assigned go back to the queue (same attempt, not
-    gangs) and running ones are lost with reason `worker_drained` (retried as
-    `worker_lost`); the worker hears `cancel_task_ids` on its next heartbeat.
+    At the deadline, its tasks go back to the queue (requeue_at_deadline); the
+    worker hears `cancel_task_ids` on its next heartbeat.
     """
     drained = 0
     for worker in rows(conn, "draining_workers", now=now):
@@ -91,12 +91,35 @@ def advance_drains(conn, now: float, only: int | None = None) -> int:
         if only is not None and worker_id != only:
             continue
         if worker["active"] and worker["due"]:
-            for task in rows(conn, "requeue_never_started", worker_id=worker_id):
-                row(conn, "requeue_job_if_idle", job_id=task["job_id"])
-                events.record(conn, now, "task_requeued", job_id=task["job_id"], task_id=task["id"],
-                              worker_id=worker_id, reason="drain_timeout")
-            leases.finish_leftovers(conn, worker_id, DRAIN_STOPPED, now)
+            requeue_at_deadline(conn, worker_id, now)
         if row(conn, "mark_drained", worker_id=worker_id, now=now) is not None:
             events.record(conn, now, "worker_drained", worker_id=worker_id, timed_out=bool(worker["due"]))
             drained += 1
     return drained
+
+
+def requeue_at_deadline(conn, worker_id: int, now: float) -> None:
+    """A drain's deadline passed: the worker's tasks go back to the queue, same attempt, as a
+    preemption's do (a run that started is written to the usage ledger as `requeued`); a gang's
+    ranks go back whole (their other workers are told to stop theirs). What is already being
+    stopped (a cancel, a preemption, a GPU gone bad) is lost with reason `worker_drained`."""
+    for task in rows(conn, "drain_due_tasks", worker_id=worker_id):
+        if task["gang"]:
+            ranks = rows(conn, "attempt_tasks", job_id=task["job_id"], attempt=task["attempt"])
+            if not any(r["id"] == task["id"] and r["state"] in ("assigned", "running") for r in ranks):
+                continue  # released with an earlier rank of the same gang on this worker
+            ledger.record(conn, now, [r["id"] for r in ranks if r["state"] == "running"], outcome="requeued")
+            released = rows(conn, "release_attempt", job_id=task["job_id"], attempt=task["attempt"])
+            conn.execute(QUERIES["clear_rendezvous"], {"job_id": task["job_id"], "attempt": task["attempt"]})
+            row(conn, "requeue_job", job_id=task["job_id"])
+            events.record(conn, now, "gang_released", job_id=task["job_id"], attempt=task["attempt"],
+                          reason="drain_timeout", workers=[r["worker_id"] for r in released])
+            continue
+        if task["state"] == "running":
+            ledger.record(conn, now, [task["id"]], outcome="requeued")
+        if row(conn, "requeue_drained_task", task_id=task["id"], worker_id=worker_id) is None:
+            continue
+        row(conn, "requeue_job_if_idle", job_id=task["job_id"])
+        events.record(conn, now, "task_requeued", job_id=task["job_id"], task_id=task["id"],
+                      worker_id=worker_id, attempt=task["attempt"], reason="drain_timeout")
+    leases.finish_leftovers(conn, worker_id, DRAIN_STOPPED, now)

@@ -4,16 +4,17 @@ The agent sends `gpus: [{index, uuid, healthy, reason}]` at register and in
 every heartbeat. A GPU reported unhealthy is stored so (`worker_gpus`) and
 stays so, whatever later reports say, until its agent registers again (a new
 worker row) or an operator resets it: placement reserves no unhealthy index
-(`worker_load.free_gpus`, `gpus_in_use`). The active tasks holding it are lost
-with reason `gpu_unhealthy` in the same transaction, retried as `worker_lost`,
-and their worker hears `cancel_task_ids` in the answer of that heartbeat.
+(`worker_load.free_gpus`, `gpus_in_use`). The active tasks holding it are asked
+to stop in the same transaction (their worker hears `cancel_task_ids` in the
+answer of that heartbeat); they hold their GPUs until the worker reports them
+ended, and then end lost with reason `gpu_unhealthy`, retried as `worker_lost`.
 """
 from __future__ import annotations
 
 import json
 
 from gpulayer.server.errors import Conflict, NotFound
-from gpulayer.server.scheduler import events, outcomes
+from gpulayer.server.scheduler import events
 from gpulayer.server.store.queries import row, rows
 
 
@@ -53,17 +54,19 @@ def report(conn, worker_id: int, gpus: list[dict] | None, now: float) -> list[in
 
 
 def _lose_tasks(conn, worker_id: int, failed: list[tuple], now: float) -> None:
-    """The tasks on GPUs that just failed: lost (gpu_unhealthy), for the retry policy to judge."""
-    lost = rows(conn, "gpu_tasks_lost", worker_id=worker_id, indices=json.dumps([i for i, _, _ in failed]), now=now)
+    """The tasks on GPUs that just failed: their worker is asked to stop them (gpu_tasks_stop).
+
+    They keep every GPU index they hold, the healthy ones too, until the worker
+    reports them ended (lifecycle.finish settles them lost, `gpu_unhealthy`), so
+    no new task is given a GPU that the old process may still be using.
+    """
+    stopping = rows(conn, "gpu_tasks_stop", worker_id=worker_id, indices=json.dumps([i for i, _, _ in failed]))
     for index, uuid, reason in failed:
         events.record(conn, now, "gpu_unhealthy", worker_id=worker_id, index=index, uuid=uuid, reason=reason,
-                      tasks=[t["id"] for t in lost])
-    for task in lost:
-        events.record(conn, now, "task_lost", job_id=task["job_id"], task_id=task["id"], worker_id=worker_id,
-                      reason="gpu_unhealthy")
-    for task in lost:
-        outcomes.settle(conn, now, task["job_id"], task["attempt"],
-                        {"id": task["id"], "state": "lost", "reason": "gpu_unhealthy", "exit_code": None})
+                      tasks=[t["id"] for t in stopping])
+    for task in stopping:
+        events.record(conn, now, "task_stop_requested", job_id=task["job_id"], task_id=task["id"],
+                      worker_id=worker_id, reason="gpu_unhealthy")
 
 
 def reset(conn, worker: dict, index: int, now: float) -> dict:

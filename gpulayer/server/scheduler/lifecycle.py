@@ -77,7 +77,9 @@ def finish(conn, worker_id: int, task_id: int, exit_code: int | None, outcome: s
         # Nobody asked to cancel it: its worker stopped it (SIGTERM, a drain that ran out). The agent's
         # text stays in the logs; the retry policy judges the task as `worker_lost` (outcomes.RETRY_AS).
         state, default_reason, reason = "lost", "worker_stopped", None
-    if done["cancel_requested"] and outcome != "succeeded" and preemption.requeue(conn, worker_id, done, now):
+    if done["cancel_requested"] and done["reason"] == "gpu_unhealthy" and outcome != "succeeded":
+        state, default_reason, reason = "lost", "gpu_unhealthy", None  # stopped for its GPU (gpu_health)
+    elif done["cancel_requested"] and outcome != "succeeded" and preemption.requeue(conn, worker_id, done, now):
         return True  # stopped to make room: queued again, same attempt
     ended = row(conn, "finish_task", task_id=task_id, worker_id=worker_id, state=state, exit_code=exit_code,
                 outcome=outcome, reason=reason or default_reason, outputs=json.dumps(outputs), now=now)

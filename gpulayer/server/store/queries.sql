@@ -305,7 +305,7 @@ RETURNING job_id, attempt;
 
 -- name: task_owned --
 -- The task as this worker holds it (no row: not this worker's task).
-SELECT id, job_id, attempt, "index", state, cancel_requested, pid
+SELECT id, job_id, attempt, "index", state, cancel_requested, pid, reason
 FROM tasks WHERE id = :task_id AND worker_id = :worker_id;
 
 -- name: insert_log --
@@ -765,7 +765,8 @@ ORDER BY p.id DESC LIMIT :limit;
 -- Why a queued job (or a running service's queued replica) is not placed, read from
 -- job_worker_fit, the view acquire and gang placement read: `reason`, the first thing no
 -- online worker has (labels, accelerator or size, a secret that is set and whose labels
--- its join token carries); else `busy` when fewer online workers fit it now than it needs
+-- its join token carries), or that only cordoned workers, or workers with too few healthy
+-- GPUs, would fit it; else `busy` when fewer online workers fit it now than it needs
 -- at once (one, or a gang's width); both NULL when an acquire would place it now.
 WITH j AS (SELECT * FROM jobs WHERE id = CAST(:job_id AS INTEGER) AND state IN ('queued', 'running')),
 f AS (SELECT f.* FROM job_worker_fit f JOIN j ON f.job_id = j.id WHERE f.worker_state = 'online'),
@@ -789,6 +790,17 @@ SELECT CASE
                || group_concat(w.name || ' (' || c.state || ': ' || c.reason || ')', ', ')
         FROM sized s JOIN workers w ON w.id = s.worker_id JOIN worker_cordons c ON c.worker_id = s.worker_id
         WHERE s.missing_secret IS NULL)
+    WHEN NOT EXISTS (SELECT 1 FROM sized s JOIN workers w ON w.id = s.worker_id  -- GPUs out (worker_gpus)
+                     WHERE s.missing_secret IS NULL
+                       AND NOT EXISTS (SELECT 1 FROM worker_cordons c WHERE c.worker_id = s.worker_id)
+                       AND w.gpus - (SELECT count(*) FROM worker_gpus g
+                                     WHERE g.worker_id = w.id AND g.healthy = 0) >= j.gpus) THEN (
+        SELECT 'only workers with unhealthy GPUs would fit: ' || group_concat(w.name || ' (' || (
+                   SELECT group_concat('GPU ' || b."index" || ': ' || b.reason, ', ')
+                   FROM (SELECT g."index", g.reason FROM worker_gpus g
+                         WHERE g.worker_id = w.id AND g.healthy = 0 ORDER BY g."index") b) || ')', ', ')
+        FROM sized s JOIN workers w ON w.id = s.worker_id
+        WHERE s.missing_secret IS NULL AND NOT EXISTS (SELECT 1 FROM worker_cordons c WHERE c.worker_id = s.worker_id))
 END AS reason,
 CASE WHEN (SELECT count(*) FROM f WHERE fits_now) < CASE WHEN j.gang = 1 THEN j.width ELSE 1 END
      THEN printf('waiting for capacity: the online workers that fit are busy (%s free at once)',
@@ -1026,6 +1038,24 @@ SELECT c.worker_id, c.deadline,
 FROM worker_cordons c INDEXED BY worker_cordons_draining
 WHERE c.state = 'draining';
 
+-- name: drain_due_tasks --
+-- A drain's deadline passed: the worker's active tasks not already being stopped (a cancel, a
+-- preemption, a GPU gone bad), each with whether its job is a gang (placed again whole).
+SELECT t.id, t.job_id, t.attempt, t.state, j.gang
+FROM tasks t JOIN jobs j ON j.id = t.job_id
+WHERE t.worker_id = :worker_id AND t.state IN ('assigned', 'running') AND t.cancel_requested = 0
+  AND j.state IN ('queued', 'running') AND j.attempt = t.attempt
+ORDER BY t.id;
+
+-- name: requeue_drained_task --
+-- A task a drain's deadline stopped goes back to the queue, same attempt, holding nothing
+-- (an operator's maintenance uses up no attempt); its worker is told to stop it.
+UPDATE tasks
+SET state = 'queued', worker_id = NULL, gpu_indices = '[]', lease_expires_at = NULL, assigned_at = NULL,
+    started_at = NULL, pid = NULL, address = NULL, endpoint = NULL, reason = 'worker_drained'
+WHERE id = :task_id AND worker_id = :worker_id AND state IN ('assigned', 'running') AND cancel_requested = 0
+RETURNING id, job_id;
+
 -- name: mark_drained --
 -- A draining worker that holds no task any more is drained.
 UPDATE worker_cordons SET state = 'drained', drained_at = :now, deadline = NULL
@@ -1059,11 +1089,13 @@ RETURNING "index", uuid;
 -- The heartbeat answer carried the resets: the agent forgets those faults now.
 UPDATE worker_gpus SET reset_pending = 0 WHERE worker_id = :worker_id AND reset_pending = 1;
 
--- name: gpu_tasks_lost --
--- Active tasks holding one of the :indices (a JSON list) of a worker: lost, reason gpu_unhealthy,
--- for the retry policy to judge (as worker_lost); their worker is told to stop them.
-UPDATE tasks SET state = 'lost', reason = 'gpu_unhealthy', finished_at = :now, endpoint = NULL
-WHERE worker_id = :worker_id AND state IN ('assigned', 'running')
+-- name: gpu_tasks_stop --
+-- Active tasks holding one of the :indices (a JSON list) of a worker, not already being stopped:
+-- their worker is told to stop them (cancel_requested), and reason gpu_unhealthy says why. They
+-- stay active, holding every GPU index they have, until the worker reports them ended; then
+-- they end lost (gpu_unhealthy), for the retry policy to judge (as worker_lost).
+UPDATE tasks SET cancel_requested = 1, reason = 'gpu_unhealthy'
+WHERE worker_id = :worker_id AND state IN ('assigned', 'running') AND cancel_requested = 0
   AND EXISTS (SELECT 1 FROM json_each(tasks.gpu_indices) g
               WHERE g.value IN (SELECT value FROM json_each(:indices)))
 RETURNING id, job_id, attempt;
