@@ -31,11 +31,16 @@ class GpuHealth:
         self.ecc_baseline: dict[int, int | None] = {}
 
     def start(self) -> None:
-        """Read the baselines, check once, and start the Xid thread (when NVML gives an event set)."""
+        """Check once, and start the Xid thread (when NVML gives an event set).
+
+        The ECC baseline is 0: the volatile count clears only when the GPU is
+        reset or the driver reloads, so errors from before this start (an
+        agent restarted after a fault) count, and such a GPU reads unhealthy.
+        """
         if self.nvml is None or not self.devices:
             return
         for gpu in self._gpus():
-            self.ecc_baseline[gpu] = self.nvml.ecc_uncorrected(gpu)
+            self.ecc_baseline[gpu] = 0
         self.check()
         watch = self.nvml.xid_events(sorted(self._gpus()))
         if watch is not None:
@@ -98,7 +103,8 @@ class GpuHealth:
             self.on_change()
 
     def reset(self, indices: list[int]) -> None:
-        """An operator reset these devices: forget their faults, and count ECC errors from now."""
+        """An operator reset these devices: forget their faults, and count ECC errors from now (their
+        volatile count is not cleared by an operator's word, only by a GPU reset or a driver reload)."""
         with self.lock:
             for index in indices:
                 if self.faults.pop(int(index), None) is not None:

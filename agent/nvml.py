@@ -136,19 +136,24 @@ class Nvml:
             return None
 
     def problem(self, gpu: int) -> str | None:
-        """Why GPU `gpu` is unhealthy now (no answer, a remapped-row failure, pages pending retirement), or None."""
+        """Why GPU `gpu` is unhealthy now (no answer, a remapped-row failure, a row remap or pages
+        pending until a GPU reset), or None. What the GPU does not support is no fault."""
         lib = self.lib
         try:
             handle = lib.nvmlDeviceGetHandleByIndex(gpu)
-            lib.nvmlDeviceGetTemperature(handle, lib.NVML_TEMPERATURE_GPU)
         except lib.NVMLError as exc:
-            if self._error(exc, "NVML_ERROR_NOT_SUPPORTED"):
-                return None
             return f"does not answer NVML ({_text(exc)})"
         try:
-            _corrected, _uncorrected, _pending, failed = lib.nvmlDeviceGetRemappedRows(handle)
+            lib.nvmlDeviceGetTemperature(handle, lib.NVML_TEMPERATURE_GPU)  # does it still answer at all?
+        except lib.NVMLError as exc:
+            if not self._error(exc, "NVML_ERROR_NOT_SUPPORTED"):
+                return f"does not answer NVML ({_text(exc)})"
+        try:
+            _corrected, _uncorrected, pending, failed = lib.nvmlDeviceGetRemappedRows(handle)
             if failed:
                 return "row remapping failed (remapped-row failure)"
+            if pending:  # an uncorrectable error, on Ampere and later: stays until the GPU is reset
+                return "row remap pending (needs a GPU reset)"
         except lib.NVMLError:
             pass  # before Ampere: no row remapping, pages are retired instead
         try:

@@ -163,24 +163,46 @@ def test_event_wait_through_nvml_for_mig(fake):
 
 
 @pytest.mark.parametrize("change, reason", [
-    ({"ecc_uncorrected": 5}, "3 uncorrectable ECC error(s)"),
+    ({"ecc_uncorrected": 3}, "3 uncorrectable ECC error(s)"),
     ({"remap_failed": True}, "row remapping failed (remapped-row failure)"),
+    ({"remap_pending": True}, "row remap pending (needs a GPU reset)"),
     ({"retire_pending": True, "remap_failed": None}, "memory pages pending retirement (needs a GPU reset)"),
     ({"lost": True}, "does not answer NVML (GPU is lost)"),
+    ({"temperature": False, "remap_pending": True}, "row remap pending (needs a GPU reset)"),
 ])
 def test_periodic_checks(fake, change, reason):
-    fake(gpus=[h100(0, ecc_uncorrected=2), h100(1)])
+    fake(gpus=[h100(0), h100(1)])
     nvml = open_nvml()
     from agent.inventory import detect
     health, changed = watcher(nvml, detect(env={}, probe=nvml.devices).nvml_devices)
-    health.start()  # baseline: 2 uncorrectable errors already (counted from here)
+    health.start()
     try:
         health.check()
         assert all(g["healthy"] for g in health.report())
-        fake(gpus=[h100(0, **{"ecc_uncorrected": 2, **change}), h100(1)])
+        fake(gpus=[h100(0, **change), h100(1)])
         health.check()
         assert health.report()[0] == {"index": 0, "uuid": "GPU-0", "healthy": False, "reason": reason}
         assert health.report()[1]["healthy"] and changed == [1]
+    finally:
+        health.stop()
+        nvml.close()
+
+
+@pytest.mark.parametrize("before, reason", [
+    ({"ecc_uncorrected": 2}, "2 uncorrectable ECC error(s)"),
+    ({"remap_pending": True}, "row remap pending (needs a GPU reset)"),
+])
+def test_a_fault_from_before_the_agent_started_still_counts(fake, before, reason):
+    """An agent restarted after an uncorrectable error reads the GPU unhealthy: the volatile count and
+    a pending row remap clear only with a GPU reset (or a driver reload), not with the agent."""
+    fake(gpus=[h100(0, **before), h100(1)])
+    nvml = open_nvml()
+    from agent.inventory import detect
+    health, _ = watcher(nvml, detect(env={}, probe=nvml.devices).nvml_devices)
+    health.start()
+    try:
+        assert health.report()[0] == {"index": 0, "uuid": "GPU-0", "healthy": False, "reason": reason}
+        assert health.report()[1]["healthy"]
     finally:
         health.stop()
         nvml.close()

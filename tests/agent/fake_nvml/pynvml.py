@@ -8,7 +8,7 @@ again, so a test changes the hardware under a running agent by rewriting it
     {"gpus": [{"name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-0",
                "mig": null | [{"profile": "1g.10gb", "uuid": "MIG-0-1", "gi": 1}],
                "mig_supported": true, "ecc_uncorrected": 0, "remap_failed": false,
-               "retire_pending": false, "lost": false, "events": true}],
+               "remap_pending": false, "retire_pending": false, "lost": false, "events": true}],
      "xids": [{"uuid": "GPU-0" | null, "xid": 79, "gi": null, "type": 8} | {"error": 999}],
      "init_error": false, "count_error": false, "event_set_error": false}
 
@@ -169,7 +169,8 @@ def nvmlDeviceGetRemappedRows(handle):
     gpu = _gpu(handle)
     if gpu.get("remap_failed") is None:
         raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
-    return (0, 1 if gpu["remap_failed"] else 0, False, bool(gpu["remap_failed"]))
+    pending = bool(gpu.get("remap_pending"))
+    return (0, 1 if gpu["remap_failed"] or pending else 0, pending, bool(gpu["remap_failed"]))
 
 
 def nvmlDeviceGetRetiredPagesPendingStatus(handle) -> int:
