@@ -17,7 +17,7 @@ ProjectOpt = Annotated[Optional[str], typer.Option("--project", help="The projec
 
 @token_app.command("create")
 def token_create(ctx: typer.Context,
-                 name: Annotated[str, typer.Option("--name", help="The name its workers carry.")],
+                 name: Annotated[Optional[str], typer.Option("--name", help="The name its workers carry (--kind client: default the user's name).")] = None,
                  label: Annotated[Optional[list[str]], typer.Option("--label", help="k=v its workers carry (repeatable).")] = None,
                  expires: Annotated[str, typer.Option("--expires", help="Lifetime: 3600, 30m, 12h, 365d, 2w.")] = "365d",
                  kind: Annotated[str, typer.Option("--kind", help="join (a worker's), metrics, or client (a user's).")] = "join",
@@ -28,12 +28,15 @@ def token_create(ctx: typer.Context,
     \b
     Example:
       gpulayer token create --name gpu-07 --label pool=a100 --expires 30d
+      gpulayer token create --kind client --user alice --expires 90d
     """
     labels, expires_in_s = parse_pairs(label, "--label"), parse_duration(expires, "--expires")
     if kind not in ("join", "metrics", "client"):
         raise fail("--kind: must be join, metrics or client", 2)
     if user is not None and kind != "client":
         raise fail("--user: only a client token (--kind client) belongs to a user", 2)
+    if name is None and kind != "client":
+        raise fail(f"--name: a {kind} token needs one (only a client token defaults to its user's name)", 2)
     answer = client_of(ctx).create_token(name, labels, expires_in_s, kind=None if kind == "join" else kind, user=user)
     if as_json:
         print_json(answer)

@@ -42,15 +42,19 @@ def user_add(ctx: typer.Context,
              admin: Annotated[bool, typer.Option("--admin", help="May do everything.")] = False,
              project: Annotated[Optional[list[str]], typer.Option("--project", help="P or P:manager (repeatable; default: member of default).")] = None,
              max_running_jobs: Annotated[Optional[int], typer.Option("--max-running-jobs", min=0, help="At most this many of its jobs run at once.")] = None,
+             reclaim: Annotated[bool, typer.Option("--reclaim", help="The name was a removed user's: bring that account back, its jobs, logs and outputs included.")] = False,
              as_json: JsonOpt = False) -> None:
     """Add a user; its client token is printed once, alone on the first line (details on stderr).
+
+    A removed user's name is refused unless --reclaim: the name is the account, so it would get
+    the old user's jobs, logs and outputs.
 
     \b
     Example:
       gpulayer user add alice --project vision:manager --project nlp --max-running-jobs 20
     """
     answer = client_of(ctx).add_user(name, admin=admin, projects=[_membership(p) for p in project or []],
-                                     max_running_jobs=max_running_jobs)
+                                     max_running_jobs=max_running_jobs, reclaim=reclaim)
     if as_json:
         print_json(answer)
         return

@@ -223,11 +223,13 @@ class Client:
 
     # Tokens and secrets
 
-    def create_token(self, name: str, labels: dict | None = None,
+    def create_token(self, name: str | None = None, labels: dict | None = None,
                      expires_in_s: float | None = None, *, kind: str | None = None, user: str | None = None) -> dict:
         """Mint a token bound to a name and labels: a worker join token, or `kind="client"` for `user` (yours
-        unless an admin names another); the answer holds `token` once."""
-        body: dict[str, object] = {"name": name, "labels": labels or {}}
+        unless an admin names another; its name defaults to the user's); the answer holds `token` once."""
+        body: dict[str, object] = {"labels": labels or {}}
+        if name is not None:
+            body["name"] = name
         if expires_in_s is not None:
             body["expires_in_s"] = expires_in_s
         if kind is not None:
@@ -271,12 +273,13 @@ class Client:
         return self.call("GET", "/usage", params={"by": by, "since": str(since)})
 
     def add_user(self, name: str, *, admin: bool = False, projects: list[tuple[str, str]] | None = None,
-                 max_running_jobs: int | None = None) -> dict:
+                 max_running_jobs: int | None = None, reclaim: bool = False) -> dict:
         """Add a user (admins) in `projects` [(project, "member" | "manager")]; the answer holds its client
-        `token`, once."""
-        return self.call("POST", "/users", json={
-            "name": name, "admin": admin, "max_running_jobs": max_running_jobs,
-            "projects": [{"project": p, "role": r} for p, r in projects or []]})
+        `token`, once. A removed user's name is refused (409 user_removed) unless `reclaim`: the old account,
+        its jobs included, comes back."""
+        body = {"name": name, "admin": admin, "max_running_jobs": max_running_jobs,
+                "projects": [{"project": p, "role": r} for p, r in projects or []]}
+        return self.call("POST", "/users", json={**body, "reclaim": True} if reclaim else body)
 
     def users(self) -> list[dict]:
         """Every user (admins)."""

@@ -8,15 +8,17 @@ table covers every route the app serves, so a new route cannot skip the matrix.
 from __future__ import annotations
 
 import hashlib
+import sys
 
 import pytest
 
 from gpulayer.server.http.app import ROUTES
 from gpulayer.server.http.openapi import METHODS
-from gpulayer.testing import ControlPlaneProcess
+from gpulayer.testing import ControlPlaneProcess, wait_for
 
 ROLES = ("admin", "manager", "member", "other", "none")
 DIGEST = "sha256:" + hashlib.sha256(b"teams").hexdigest()
+SOURCE, INPUT = b"secret source code", b"secret input data"   # the owner's job's code and data
 PROTO = {"X-GpuLayer-Protocol": "1"}  # worker routes refuse a request without it (426) before any auth
 
 
@@ -79,7 +81,8 @@ MATRIX = [
     ("put", "/v1/secrets/{name}", "/v1/secrets/TOKEN?project=p1", {"value": "v"}, codes(200, 200, 403, 404, 404)),
     ("delete", "/v1/secrets/{name}", "/v1/secrets/NOSUCH?project=p1", None, codes(404, 404, 403, 404, 404)),
     ("put", "/v1/artifacts/{digest}", f"/v1/artifacts/{DIGEST}", b"teams", ALL(201)),
-    ("get", "/v1/artifacts/{digest}", f"/v1/artifacts/{DIGEST}", None, ALL(200)),
+    # downloads: admins any artifact, others what a job they may read names (no job names this one)
+    ("get", "/v1/artifacts/{digest}", f"/v1/artifacts/{DIGEST}", None, ADMIN_ONLY(200)),
     ("head", "/v1/artifacts/{digest}", f"/v1/artifacts/{DIGEST}", None, ALL(200)),
 ]
 
@@ -97,12 +100,20 @@ def team(tmp_path_factory):
                                ("member", [("p1", "member")]), ("other", [("p2", "member")]), ("none", [])):
             tokens[name] = admin.add_user(name, projects=projects)["token"]
         admin.remove_member("default", "none")  # `none` joined default: now in no project at all
+        for data in (SOURCE, INPUT):
+            put = plane.request("PUT", f"/v1/artifacts/{digest(data)}", token=tokens["owner"], data=data)
+            assert put.status_code == 201, put.text
         answer = plane.request("POST", "/v1/jobs", token=tokens["owner"],
-                               json={"command": ["true"], "project": "p1", "env": {"SECRETISH": "x"}})
+                               json={"command": ["true"], "project": "p1", "env": {"SECRETISH": "x"},
+                                     "source": digest(SOURCE), "inputs": {"data/in.bin": digest(INPUT)}})
         assert answer.status_code == 201, answer.text
         yield plane, tokens, answer.json()["id"]
     finally:
         plane.close()
+
+
+def digest(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
 def test_matrix_covers_every_route():
@@ -129,9 +140,14 @@ def test_member_sees_a_job_exists_but_not_its_env(team):
     plane, tokens, job_id = team
     seen = plane.request("GET", f"/v1/jobs/{job_id}", token=tokens["member"]).json()
     assert seen["owner"] == "owner" and seen["project"] == "p1" and seen["redacted"] is True
-    assert "env" not in seen["spec"] and "command" not in seen["spec"]
+    assert not {"env", "command", "source", "inputs", "outputs"} & set(seen["spec"])
+    assert all(t["endpoint"] is None and t["address"] is None and t["restart_message"] is None and not t["outputs"]
+               for t in seen["tasks"])
+    listed = plane.request("GET", "/v1/jobs?all=true", token=tokens["member"]).json()["jobs"]
+    assert next(j for j in listed if j["id"] == job_id)["spec"] == seen["spec"]
     full = plane.request("GET", f"/v1/jobs/{job_id}", token=tokens["manager"]).json()
     assert full["spec"]["env"] == {"SECRETISH": "x"} and not full.get("redacted")
+    assert full["spec"]["source"] == digest(SOURCE) and full["spec"]["inputs"] == {"data/in.bin": digest(INPUT)}
 
 
 def test_outsider_gets_the_same_404_as_for_no_job(team):
@@ -141,3 +157,137 @@ def test_outsider_gets_the_same_404_as_for_no_job(team):
     assert hidden.status_code == missing.status_code == 404
     assert hidden.json()["error"]["message"].replace(str(job_id), "N") == \
         missing.json()["error"]["message"].replace("999999", "N")
+
+
+def test_only_who_may_read_a_job_downloads_its_code_and_data(team):
+    """The artifacts a job names are downloaded by who may read the job; a member who only sees it, and
+    outsiders, get 403 even with the digest; a digest nobody stored stays 404."""
+    plane, tokens, _ = team
+    expected = {"admin": 200, "owner": 200, "manager": 200, "member": 403, "other": 403, "none": 403}
+    for data in (SOURCE, INPUT):
+        got = {role: plane.request("GET", f"/v1/artifacts/{digest(data)}", token=tokens[role]) for role in expected}
+        assert {role: r.status_code for role, r in got.items()} == expected
+        assert got["owner"].content == data and got["member"].json()["error"]["code"] == "forbidden"
+    nowhere = plane.request("GET", f"/v1/artifacts/{digest(b'never stored')}", token=tokens["member"])
+    assert nowhere.status_code == 404
+
+
+def test_project_visibility_lets_members_download(team):
+    plane, tokens, _ = team
+    admin = plane.client()
+    admin.add_project("open", visibility="project")
+    writer = admin.add_user("writer", projects=[("open", "member")])["token"]
+    reader = admin.add_user("reader", projects=[("open", "member")])["token"]
+    data = b"shared in an open project"
+    assert plane.request("PUT", f"/v1/artifacts/{digest(data)}", token=writer, data=data).status_code == 201
+    assert plane.request("POST", "/v1/jobs", token=writer,
+                         json={"command": ["true"], "project": "open", "source": digest(data)}).status_code == 201
+    assert plane.request("GET", f"/v1/artifacts/{digest(data)}", token=reader).content == data
+    assert plane.request("GET", f"/v1/artifacts/{digest(data)}", token=tokens["member"]).status_code == 403
+
+
+def test_member_does_not_see_service_weights_or_endpoints(team, tmp_path):
+    """A running service of the owner: its weights digest, endpoints and addresses are for who may read it."""
+    plane, tokens, _ = team
+    weights = b"secret weights"
+    assert plane.request("PUT", f"/v1/artifacts/{digest(weights)}", token=tokens["owner"],
+                         data=weights).status_code == 201
+    plane.start_worker("w-matrix")
+    serve = [sys.executable, "-m", "http.server", "--bind", "127.0.0.1"]
+    answer = plane.request("POST", "/v1/jobs", token=tokens["owner"], json={
+        "command": ["sh", "-c", " ".join(serve) + ' "$PORT"'], "project": "p1",
+        "service": {"weights": digest(weights)}})
+    assert answer.status_code == 201, answer.text
+    job = answer.json()["id"]
+    try:
+        def endpoint():
+            tasks = plane.request("GET", f"/v1/jobs/{job}", token=tokens["manager"]).json()["tasks"]
+            return next((t["endpoint"] for t in tasks if t["endpoint"]), None)
+        wait_for(endpoint, 60, "the service's endpoint", details=plane.logs)
+        seen = plane.request("GET", f"/v1/jobs/{job}", token=tokens["member"]).json()
+        assert seen["redacted"] and "weights" not in seen["spec"]["service"] and seen["spec"]["service"]["replicas"] == 1
+        assert seen["tasks"] and all(t["endpoint"] is None and t["address"] is None for t in seen["tasks"])
+        listed = plane.request("GET", "/v1/jobs?all=true", token=tokens["member"]).json()["jobs"]
+        assert all(t["endpoint"] is None for t in next(j for j in listed if j["id"] == job)["tasks"])
+        events = plane.request("GET", f"/v1/jobs/{job}/events", token=tokens["member"]).json()["events"]
+        reported = [e for e in events if e["kind"] == "task_reported"]
+        assert reported and not any("endpoint" in e["data"] for e in reported)
+        full = plane.request("GET", f"/v1/jobs/{job}/events", token=tokens["manager"]).json()["events"]
+        assert any((e["data"].get("endpoint") or "").startswith("127.0.0.1:") for e in full)
+        assert plane.request("GET", f"/v1/artifacts/{digest(weights)}", token=tokens["member"]).status_code == 403
+        assert plane.request("GET", f"/v1/artifacts/{digest(weights)}", token=tokens["manager"]).content == weights
+    finally:
+        plane.request("POST", f"/v1/jobs/{job}/cancel", token=tokens["owner"], json={})
+
+
+def test_a_dependency_on_a_hidden_job_is_answered_as_on_no_job(team):
+    """`after` names only jobs the submitter may see: a hidden one is "no job", word for word."""
+    plane, tokens, job_id = team
+    hidden = plane.request("POST", "/v1/jobs", token=tokens["other"], json={"command": ["true"], "after": [job_id]})
+    missing = plane.request("POST", "/v1/jobs", token=tokens["other"], json={"command": ["true"], "after": [999999]})
+    assert hidden.status_code == missing.status_code == 400
+    assert hidden.json()["error"]["code"] == missing.json()["error"]["code"] == "unknown_job"
+    assert hidden.json()["error"]["message"].replace(str(job_id), "N") == \
+        missing.json()["error"]["message"].replace("999999", "N")
+    for condition in ("ok", "notok", "any"):   # nor does a condition tell how it ended
+        answer = plane.request("POST", "/v1/jobs", token=tokens["other"],
+                               json={"command": ["true"], "after": [f"{job_id}:{condition}"]})
+        assert answer.status_code == 400 and answer.json()["error"]["code"] == "unknown_job"
+    seen = plane.request("POST", "/v1/jobs", token=tokens["member"],   # a job it sees: fine
+                         json={"command": ["true"], "project": "p1", "after": [f"{job_id}:any"]})
+    assert seen.status_code == 201, seen.text
+    assert seen.json()["after"][0]["job"] == job_id and seen.json()["after"][0]["state"] is not None
+
+
+def test_a_dependency_shows_its_name_and_state_only_to_who_may_see_it(team):
+    """A user of p1 and p2 chains a p1 job after a private p2 job: p1's manager and members see the chain's
+    ids, not the p2 job's name or state."""
+    plane, tokens, _ = team
+    both = plane.client().add_user("both", projects=[("p1", "member"), ("p2", "member")])["token"]
+    first = plane.request("POST", "/v1/jobs", token=both,
+                          json={"command": ["true"], "project": "p2", "name": "p2-private-name"}).json()["id"]
+    second = plane.request("POST", "/v1/jobs", token=both,
+                           json={"command": ["true"], "project": "p1", "after": [f"{first}:any"]}).json()["id"]
+    for role in ("manager", "member"):
+        view = plane.request("GET", f"/v1/jobs/{second}", token=tokens[role]).json()
+        assert view["after"] == [{"job": first, "condition": "any", "name": None, "state": None}], role
+        listed = plane.request("GET", "/v1/jobs?project=p1", token=tokens[role]).json()["jobs"]
+        assert next(j for j in listed if j["id"] == second)["after"][0]["name"] is None
+    for token in (both, tokens["admin"]):
+        assert plane.request("GET", f"/v1/jobs/{second}", token=token).json()["after"][0]["name"] == "p2-private-name"
+
+
+def test_client_token_is_named_after_its_user_by_default(team):
+    plane, tokens, _ = team
+    mine = plane.request("POST", "/v1/tokens", token=tokens["member"], json={"kind": "client"})
+    assert mine.status_code == 201 and mine.json()["name"] == "member" and mine.json()["user"] == "member"
+    theirs = plane.request("POST", "/v1/tokens", json={"kind": "client", "user": "other"})
+    assert theirs.status_code == 201 and theirs.json()["name"] == "other"
+    unnamed = plane.request("POST", "/v1/tokens", json={"kind": "join"})
+    assert unnamed.status_code == 400 and "name" in unnamed.json()["error"]["message"]
+    rc, out, err = plane.cli("token", "create", "--kind", "client", "--user", "other")
+    assert rc == 0 and out.strip().startswith("glc_") and "name=other" in err, err
+    rc, _, err = plane.cli("token", "create")
+    assert rc == 2 and "--name" in err and "Traceback" not in err
+
+
+def test_a_removed_users_name_comes_back_only_when_reclaimed(team):
+    """Re-adding a removed user's name would hand its jobs to whoever gets the name: 409 unless reclaim."""
+    plane, _, _ = team
+    admin = plane.client()
+    token = admin.add_user("leaver")["token"]
+    job = plane.request("POST", "/v1/jobs", token=token, json={"command": ["true"]}).json()["id"]
+    admin.remove_user("leaver")
+    again = plane.request("POST", "/v1/users", json={"name": "leaver"})
+    assert again.status_code == 409 and again.json()["error"]["code"] == "user_removed"
+    assert "reclaim" in again.json()["error"]["message"]
+    rc, _, err = plane.cli("user", "add", "leaver")
+    assert rc != 0 and "--reclaim" in err and "Traceback" not in err
+    bad = plane.request("POST", "/v1/users", json={"name": "leaver", "reclaim": "yes"})
+    assert bad.status_code == 400 and "reclaim" in bad.json()["error"]["message"]
+    rc, out, err = plane.cli("user", "add", "leaver", "--reclaim")
+    assert rc == 0, err
+    back = plane.request("GET", f"/v1/jobs/{job}", token=out.strip())
+    assert back.status_code == 200 and back.json()["owner"] == "leaver"
+    fresh = plane.request("POST", "/v1/users", json={"name": "newcomer", "reclaim": True})   # nothing to reclaim
+    assert fresh.status_code == 201

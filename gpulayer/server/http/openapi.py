@@ -67,7 +67,7 @@ JOB = {"type": "object", "required": ["id", "state", "created_at", "spec", "task
     "array": {"type": ["object", "null"], "description": "an array's progress: indices, size, max_running, "
                                                          "counts {state: elements}, done, failed_indices"},
     "after": {"type": "array", "items": {"type": "object", "properties": {
-        "job": {"type": "integer"}, "condition": {"enum": ["ok", "notok", "any"]}, "state": {"type": "string"},
+        "job": {"type": "integer"}, "condition": {"enum": ["ok", "notok", "any"]}, "state": {"type": ["string", "null"]},
         "name": {"type": ["string", "null"]}}}},
     "owner": {"type": ["string", "null"], "description": "the user that submitted it"},
     "project": {"type": ["string", "null"], "description": "the project it counts against"},
@@ -108,7 +108,8 @@ REQUEST_BODIES = {
                                "project, else default)"}}},
     ("/v1/users", "post"): {"type": "object", "required": ["name"], "additionalProperties": False, "properties": {
         "name": NAME, "admin": {"type": "boolean"}, "max_running_jobs": {"type": ["integer", "null"], "minimum": 0},
-        "projects": MEMBERSHIPS}},
+        "projects": MEMBERSHIPS,
+        "reclaim": {"type": "boolean", "description": "a removed user's name: bring that account back (else 409)"}}},
     ("/v1/users/{name}", "patch"): {"type": "object", "additionalProperties": False, "properties": {
         "admin": {"type": "boolean"}, "max_running_jobs": {"type": ["integer", "null"], "minimum": 0}}},
     ("/v1/projects", "post"): {"type": "object", "required": ["name"], "additionalProperties": False,
@@ -152,8 +153,10 @@ REQUEST_BODIES = {
         "lines": {"type": "array", "items": {"type": "object", "required": ["text"], "properties": {
             "n": INT, "stream": {"enum": ["stdout", "stderr", "system"]}, "text": {"type": "string"},
             "at": NUM}}}}},
-    ("/v1/tokens", "post"): {"type": "object", "required": ["name"], "additionalProperties": False, "properties": {
-        "name": {"type": "string"}, "labels": STR_MAP, "expires_in_s": {"type": ["number", "null"]},
+    ("/v1/tokens", "post"): {"type": "object", "additionalProperties": False, "properties": {
+        "name": {"type": "string", "description": "required for join and metrics tokens; a client token's "
+                                                  "defaults to its user's name"},
+        "labels": STR_MAP, "expires_in_s": {"type": ["number", "null"]},
         "kind": {"enum": ["join", "metrics", "client"]},
         "user": {**NAME, "description": "a client token's user (default: the caller; another: admins)"}}},
     ("/v1/secrets/{name}", "put"): {"type": "object", "required": ["value"], "properties": {

@@ -5,6 +5,8 @@ middleware in app.py enforces it before any responder runs.
 """
 from __future__ import annotations
 
+import functools
+
 import falcon
 
 from gpulayer.protocol import JOB_STATES
@@ -157,6 +159,8 @@ def _job_owner(req, resp, resource, params=None):
     media, meta = resp.media, getattr(req.context, "job_meta", None)
     if isinstance(media, dict) and "spec" in media and meta is not None and media.get("id") == meta["id"]:
         teams.apply_meta(media, meta)
+        if media.get("after") and not req.context.principal.admin:
+            resource.store.read(teams.hide_dependencies, req.context.principal, [media])
 
 
 class Jobs(Resource):
@@ -203,7 +207,8 @@ class Job(Resource):
             resp.media["retry_after_s"] = LOG_RETRY_AFTER_S
 
     def on_get_events(self, req, resp, job_id):
-        resp.media = {"events": self.store.read(jobs.events_of, job_id)}
+        found = self.store.read(jobs.events_of, job_id)
+        resp.media = {"events": teams.redact_events(found) if req.context.job_meta["level"] == "see" else found}
 
     def on_get_endpoints(self, req, resp, job_id):
         resp.media = self.store.read(jobs.endpoints, job_id)
@@ -262,6 +267,7 @@ class Tokens(Resource):
         me = req.context.principal
         if body["kind"] == "client":
             body["user"] = body["user"] or me.user
+            body["name"] = body["name"] or body["user"] or "client"  # no name given: the user's
             if body["user"] != me.user:
                 teams.require_admin(me, "create a client token for another user")
         else:
@@ -335,8 +341,8 @@ class Users(Resource):
     def on_post(self, req, resp):
         teams.require_admin(req.context.principal, "add users")
         body = wire.user_request(wire.read_json(req))
-        self.sched.change_teams(teams.add_user, body["name"], body["admin"], body["projects"],
-                                body["max_running_jobs"])
+        self.sched.change_teams(functools.partial(teams.add_user, reclaim=body["reclaim"]), body["name"],
+                                body["admin"], body["projects"], body["max_running_jobs"])
         token = self.sched.mint_token(name=body["name"], labels={}, expires_in_s=None, kind="client",
                                       user=body["name"])
         resp.status = falcon.HTTP_201

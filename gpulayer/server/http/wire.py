@@ -193,7 +193,8 @@ def _flag(value, field: str) -> bool:
 
 
 def token_request(body: dict) -> dict:
-    """POST /v1/tokens: a join or metrics token bound to a name and labels, or a client token of `user`."""
+    """POST /v1/tokens: a join or metrics token bound to a name and labels, or a client token of `user` (its
+    name, when none is given: None here, the user's name once the route knows whose it is)."""
     unknown = set(body) - {"name", "labels", "expires_in_s", "kind", "user"}
     if unknown:
         raise InvalidRequest(f"unknown field {sorted(unknown)[0]}")
@@ -203,7 +204,8 @@ def token_request(body: dict) -> dict:
     if body.get("user") is not None and kind != "client":
         raise InvalidRequest("user: only a client token belongs to a user")
     expires = body.get("expires_in_s", 365 * 86400)
-    return {"name": string(body.get("name"), "name", limit=128), "labels": labels(body.get("labels", {})),
+    name = None if kind == "client" and body.get("name") is None else string(body.get("name"), "name", limit=128)
+    return {"name": name, "labels": labels(body.get("labels", {})),
             "expires_in_s": number(expires, "expires_in_s", 1, 100 * 365 * 86400, allow_none=True), "kind": kind,
             "user": None if body.get("user") is None else string(body["user"], "user", limit=64)}
 
@@ -287,8 +289,9 @@ def _limit(value, field: str) -> int | None:
 
 
 def user_request(body: dict) -> dict:
-    """POST /v1/users: name, admin, projects [{project, role}], max_running_jobs."""
-    _known(body, {"name", "admin", "projects", "max_running_jobs"})
+    """POST /v1/users: name, admin, projects [{project, role}], max_running_jobs, reclaim (a removed user's
+    name: bring its old account back)."""
+    _known(body, {"name", "admin", "projects", "max_running_jobs", "reclaim"})
     projects = body.get("projects") or []
     if not isinstance(projects, list) or len(projects) > 100:
         raise InvalidRequest("projects: must be a list of {project, role}", field="projects")
@@ -301,7 +304,8 @@ def user_request(body: dict) -> dict:
             raise InvalidRequest(f"projects: role must be one of {', '.join(ROLES)}", field="projects")
         pairs.append((check_name(item.get("project"), "projects"), role))
     return {"name": check_name(body.get("name"), "name"), "admin": _flag(body.get("admin", False), "admin"),
-            "projects": pairs, "max_running_jobs": _limit(body.get("max_running_jobs"), "max_running_jobs")}
+            "projects": pairs, "max_running_jobs": _limit(body.get("max_running_jobs"), "max_running_jobs"),
+            "reclaim": _flag(body.get("reclaim", False), "reclaim")}
 
 
 def user_update(body: dict) -> dict:

@@ -1,20 +1,28 @@
 """Artifacts in the state file: who may read and write them, and the record of what arrived.
 
-A client may do anything with artifacts. A worker reads only what its active
+A client uploads and probes any artifact; an admin downloads any, another user only those
+that a job it may read names (teams: the `read` level). A worker reads only what its active
 tasks name, asks whether a digest exists only while it holds a task, and
 uploads only the outputs of a task it runs, up to `max_output_bytes`.
 """
 from __future__ import annotations
 
-from gpulayer.server.errors import BodyTooLarge, Forbidden
+from gpulayer.server.errors import BodyTooLarge, Forbidden, NotFound
 from gpulayer.server.store.queries import row
 
 
 def check_read(conn, principal, digest: str) -> None:
-    """Raises Forbidden when a worker's active tasks do not name `digest`."""
+    """Raises Forbidden when a worker's active tasks do not name `digest`, or when no job a non-admin user
+    may read names it (NotFound when it is not stored at all)."""
     if principal.kind == "worker" and \
             row(conn, "artifact_allowed_for_worker", worker_id=principal.worker_id, digest=digest) is None:
         raise Forbidden("this worker's tasks do not name that artifact")
+    if principal.kind == "client" and not principal.admin and \
+            row(conn, "artifact_allowed_for_user", user_id=principal.user_id, digest=digest) is None:
+        if row(conn, "artifact_recorded", digest=digest) is None:
+            raise NotFound(f"no artifact {digest}")
+        raise Forbidden(f"artifact {digest} is named by no job whose outputs you may read "
+                        "(only admins download any artifact)")
 
 
 def check_probe(conn, principal, digest: str) -> None:

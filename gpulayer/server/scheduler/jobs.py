@@ -61,8 +61,13 @@ def _dependency(conn, job_id: int) -> str:
     """The state of a job named in `after`; InvalidRequest when there is none (so no cycle can be made)."""
     found = row(conn, "get_job", job_id=job_id)
     if found is None:
-        raise InvalidRequest(f"after: no job {job_id} (a job runs after jobs that exist)", code="unknown_job")
+        raise no_dependency(job_id)
     return found["state"]
+
+
+def no_dependency(job_id: int) -> InvalidRequest:
+    """The answer to an `after` that names no job, and (teams.submit) one the submitter may not see: the same."""
+    return InvalidRequest(f"after: no job {job_id} (a job runs after jobs that exist)", code="unknown_job")
 
 
 def cancel(conn, job_id: int, now: float) -> bool:

@@ -106,18 +106,47 @@ def annotate(conn, rendered: list[dict], principal=None) -> list[dict]:
         job["owner"], job["project"] = (found["owner"], found["project"]) if found else (None, None)
         if principal is not None and _level(principal, found) == "see":
             redact(job)
+    return hide_dependencies(conn, principal, rendered) if principal is not None else rendered
+
+
+def hide_dependencies(conn, principal, rendered: list[dict]) -> list[dict]:
+    """In each job's `after`, the name and state of a job the caller may not see become null (its id and the
+    condition stay: they are the viewed job's own spec)."""
+    ids = sorted({dep["job"] for job in rendered for dep in job.get("after") or []})
+    if not ids or principal.admin:
+        return rendered
+    found = {r["id"]: r for r in rows(conn, "job_owners", ids=json.dumps(ids), user_id=principal.user_id)}
+    for job in rendered:
+        for dep in job.get("after") or []:
+            if _level(principal, found.get(dep["job"])) is None:
+                dep["name"] = dep["state"] = None
     return rendered
 
 
+HIDDEN_SPEC = ("env", "command", "files", "outputs", "source", "inputs")  # what a `see` view leaves out
+HIDDEN_TASK = ("endpoint", "address", "restart_message")                  # blanked (None) per task
+
+
 def redact(job: dict) -> dict:
-    """What a project member who may only see a job gets: no env, no command, no outputs."""
+    """What a project member who may only see a job gets: no env, command, code or data digests (source,
+    inputs, service weights; artifacts are fetched by digest), outputs, endpoints or log line."""
     spec = job.get("spec")
     if isinstance(spec, dict):
-        job["spec"] = {k: v for k, v in spec.items() if k not in ("env", "command", "files", "outputs")}
+        job["spec"] = {k: v for k, v in spec.items() if k not in HIDDEN_SPEC}
+        if isinstance(spec.get("service"), dict):
+            job["spec"]["service"] = {k: v for k, v in spec["service"].items() if k != "weights"}
     for task in job.get("tasks") or []:
         task["outputs"] = {}
+        task.update({k: None for k in HIDDEN_TASK if k in task})
     job["redacted"] = True
     return job
+
+
+def redact_events(found: list[dict]) -> list[dict]:
+    """A job's events as one who may only see the job gets them: no endpoint (task_reported) or address."""
+    for event in found:
+        event["data"] = {k: v for k, v in event["data"].items() if k not in HIDDEN_TASK}
+    return found
 
 
 def list_scope(conn, principal, *, user: str | None, project: str | None, everything: bool) -> dict:
@@ -166,7 +195,20 @@ def submit_project(conn, principal, project: str | None) -> int:
 def submit(conn, principal, project: str | None, spec: dict, now: float) -> int:
     """jobs.submit, owned by the caller in the project it may submit to."""
     project_id = submit_project(conn, principal, project)
+    _check_dependencies(conn, principal, spec)
     return jobs.submit(conn, spec, now, principal.user_id or ADMIN_USER_ID, project_id)
+
+
+def _check_dependencies(conn, principal, spec: dict) -> None:
+    """Every job in `after` is one the caller may see (as for GET /v1/jobs/{id}): any other is answered as a
+    job that does not exist, so `after` tells neither which ids exist nor how another's job ends."""
+    ids = [dep["job"] for dep in spec.get("after") or []]
+    if not ids or principal.admin:
+        return
+    found = {r["id"]: r for r in rows(conn, "job_owners", ids=json.dumps(ids), user_id=principal.user_id)}
+    hidden = next((job_id for job_id in ids if _level(principal, found.get(job_id)) is None), None)
+    if hidden is not None:
+        raise jobs.no_dependency(hidden)
 
 
 # -- secrets: per project -------------------------------------------------------
@@ -215,11 +257,16 @@ def _project(conn, name: str) -> dict:
 
 
 def add_user(conn, name: str, admin: bool, projects: list[tuple[str, str]], max_running_jobs: int | None,
-             now: float) -> int:
-    """A new user (a removed one of the same name comes back) in `projects` [(name, role)]; returns its id.
-
-    With no project named, the user joins `default` as a member. Conflict when the name is taken.
+             now: float, reclaim: bool = False) -> int:
+    """A new user in `projects` [(name, role)]; returns its id. With no project named, the user joins
+    `default` as a member. Conflict when the name is taken, and when a removed user had it, unless `reclaim`:
+    that user then comes back, with its jobs, logs and outputs (the name is the account).
     """
+    removed = row(conn, "user_by_name", name=name)
+    if removed is not None and removed["removed_at"] is not None and not reclaim:
+        raise Conflict(f"user {name!r} was removed; adding the name again gives back its old account, its jobs, "
+                       "logs and outputs included: say reclaim (`gpulayer user add --reclaim`) to do that, "
+                       "or choose another name", code="user_removed")
     found = row(conn, "insert_user", name=name, admin=int(admin), max_running_jobs=max_running_jobs, now=now)
     if found is None:
         raise Conflict(f"there is already a user named {name!r}", code="user_exists")
@@ -227,6 +274,7 @@ def add_user(conn, name: str, admin: bool, projects: list[tuple[str, str]], max_
     for project, role in projects or [(DEFAULT_PROJECT, "member")]:
         row(conn, "put_membership", user_id=user_id, project_id=_project(conn, project)["id"], role=role)
     events.record(conn, now, "user_added", user=name, admin=admin, max_running_jobs=max_running_jobs,
+                  **({"reclaimed": True} if removed is not None else {}),
                   projects=[{"project": p, "role": r} for p, r in projects or [(DEFAULT_PROJECT, "member")]])
     return user_id
 
