@@ -60,7 +60,12 @@ def test_every_command_shows_an_example(command):
 
 
 def test_shell_completion_is_typers_own():
-    shown = run_cli("--show-completion", "bash")
+    # --show-completion detects the shell from the process tree: run it under a real bash (not exec'd), as a
+    # person would, so the answer does not depend on what started pytest.
+    import subprocess
+    from gpulayer.testing import CLI, clean_env
+    shown = subprocess.run(["bash", "-c", '"$@"; exit $?', "bash", *CLI, "--show-completion"], env=clean_env(),
+                           capture_output=True, text=True, timeout=90)
     assert shown.returncode == 0 and "_GPULAYER_COMPLETE" in shown.stdout
     completed = run_cli(env={"_GPULAYER_COMPLETE": "complete_bash", "COMP_WORDS": "gpulayer job li", "COMP_CWORD": "2"})
     assert completed.stdout.split() == ["list"]
