@@ -144,10 +144,15 @@ def test_mig_instances_are_scheduled_as_gpus(cluster, tmp_path):
     assert w["resources"]["gpus"] == 3
     assert w["resources"]["gpu_models"] == ["1g.10gb", "3g.40gb", "NVIDIA H100 80GB HBM3"]
     assert [g["uuid"] for g in w["gpus"]] == ["MIG-0-a", "MIG-0-b", "GPU-1"]
-    job_id = cluster.submit({"command": ["sh", "-c", 'echo "CVD=$CUDA_VISIBLE_DEVICES"'], "gpus": 2,
+    # Two GPUs are never two MIG instances (a CUDA process would see only one): this worker has one whole GPU.
+    two = cluster.submit({"command": ["true"], "gpus": 2, "labels": {"mig": "mixed"}})
+    rc, out, _ = cluster.cli("job", "status", str(two))
+    assert "no online worker with its labels has 2 whole GPUs" in out
+    cluster.cli("job", "cancel", str(two))
+    job_id = cluster.submit({"command": ["sh", "-c", 'echo "CVD=$CUDA_VISIBLE_DEVICES"'], "gpus": 1,
                              "labels": {"mig": "mixed"}})
     assert cluster.wait_job(job_id)["state"] == "succeeded"
-    assert "CVD=MIG-0-a,MIG-0-b" in cluster.log_text(job_id)
+    assert "CVD=MIG-0-a" in cluster.log_text(job_id)
     # A profile asked by model: this worker mixes profiles, so it meets none (docs/workers.md, "Inventory").
     rc, out, err = cluster.cli("submit", "--gpu-model", "1g.10gb", "--", "true")
     assert rc == 0, err

@@ -342,3 +342,41 @@ def test_drain_timeout_replaces_a_service_replica_and_keeps_the_other(sched):
     assert states[ta["task_id"]] == "queued" and states[tb["task_id"]] == "running"
     sched.uncordon("c")
     assert sched.acquire(c)["task_id"] == ta["task_id"]  # the replica placed again, elsewhere
+
+
+def mig_gpus(*uuids):
+    return [{"index": i, "uuid": u, "healthy": True, "reason": None} for i, u in enumerate(uuids)]
+
+
+def register_mig(sched, name, uuids, models):
+    from helpers import SERVER_JOIN
+    body = {"name": name, "labels": {}, "slots": 4, "version": "t", "gpus": mig_gpus(*uuids),
+            "resources": {"cpus": 8, "gpus": len(uuids), "memory_mb": 1000, "gpu_models": models}}
+    return sched.register(body=body, token=SERVER_JOIN, session_hash=f"h-{name}",
+                          peer_address="127.0.0.1")["worker_id"]
+
+
+def test_a_task_of_several_gpus_gets_no_mig_instances(sched):
+    m = register_mig(sched, "m", ["MIG-0-a", "MIG-0-b", "GPU-1"], ["1g.10gb", "3g.40gb", "H100"])
+    two = sched.submit(job(gpus=2))
+    assert reason(sched, two) == ("no online worker with its labels has 2 whole GPUs: a task of more than "
+                                  "one GPU is given no MIG instances (a CUDA process uses only one)")
+    assert sched.acquire(m) is None
+    one = sched.submit(job(gpus=1))
+    got = sched.acquire(m)
+    assert got["job_id"] == one and got["gpus"] == [0]  # one MIG instance is fine
+
+
+def test_on_a_mixed_worker_several_gpus_are_whole_ones(sched):
+    w = register_mig(sched, "mixed", ["MIG-0-a", "MIG-0-b", "GPU-1", "GPU-2"], ["1g.10gb", "1g.10gb", "H100", "H100"])
+    small = sched.submit(job(gpus=1))
+    first = sched.acquire(w)
+    assert first["job_id"] == small and first["gpus"] == [0]
+    sched.start(w, first["task_id"], 1)
+    wide = sched.submit(job(gpus=2))
+    second = sched.acquire(w)  # a MIG instance busy does not hide the two free whole GPUs
+    assert second["job_id"] == wide and second["gpus"] == [2, 3]
+    sched.start(w, second["task_id"], 2)
+    again = sched.submit(job(gpus=2))
+    assert sched.acquire(w) is None  # MIG-0-b and nothing whole is free
+    assert reason(sched, again).startswith("waiting for capacity")

@@ -223,6 +223,10 @@ WHERE u.worker_id = :worker_id AND u.state IN ('assigned', 'running')
 UNION ALL
 SELECT "index" FROM worker_gpus WHERE worker_id = :worker_id AND healthy = 0;
 
+-- name: worker_mig_indices --
+-- A worker's MIG instances (a task of more than one GPU is given none: shape_worker_fit).
+SELECT "index" AS i FROM worker_gpus WHERE worker_id = :worker_id AND uuid GLOB 'MIG-*';
+
 -- name: set_gpu_indices --
 -- Reserve device indices for an assigned task.
 UPDATE tasks SET gpu_indices = :gpu_indices WHERE id = :task_id AND state = 'assigned' RETURNING id;
@@ -791,6 +795,12 @@ sized AS (SELECT * FROM f WHERE has_labels AND has_accelerator AND big_enough)
 SELECT CASE
     WHEN NOT EXISTS (SELECT 1 FROM f) THEN 'no online worker'
     WHEN NOT EXISTS (SELECT 1 FROM f WHERE has_labels) THEN 'no online worker has the labels ' || j.labels
+    WHEN NOT EXISTS (SELECT 1 FROM sized) AND j.gpus > 1 AND EXISTS (  -- shape_worker_fit.big_enough
+            SELECT 1 FROM f JOIN workers w ON w.id = f.worker_id
+            WHERE f.has_labels AND f.has_accelerator
+              AND j.gpus <= w.gpus AND j.cpus <= w.cpus AND j.memory_mb <= w.memory_mb) THEN
+        printf('no online worker with its labels has %d whole GPUs: a task of more than one GPU is given '
+               || 'no MIG instances (a CUDA process uses only one)', j.gpus)
     WHEN NOT EXISTS (SELECT 1 FROM sized) THEN
         printf('no online worker with its labels has the accelerator and size it asks for (%d GPU%s, %g CPU%s, %d MB)',
                j.gpus, CASE WHEN j.gpus = 1 THEN '' ELSE 's' END, j.cpus, CASE WHEN j.cpus = 1 THEN '' ELSE 's' END,
@@ -863,10 +873,6 @@ SELECT id FROM tasks WHERE worker_id = :worker_id AND state = 'running' AND star
 UPDATE tasks SET state = 'lost', reason = 'worker_lost', finished_at = :now, endpoint = NULL
 WHERE id = :task_id AND worker_id = :worker_id AND state = 'running'
 RETURNING id, job_id, attempt;
-
--- name: reconcile_online_workers --
--- Reconciliation: the workers a restored state has online (its first start waits for their heartbeats).
-SELECT id FROM workers WHERE state = 'online';
 
 -- name: restored_summary --
 -- What a restored state file holds: its jobs, its newest task id (the reconciliation

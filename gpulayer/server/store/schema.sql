@@ -6,7 +6,7 @@
 -- 3.40 appears in a view. `PRAGMA user_version` below is the schema version;
 -- gpulayer/server/store/migrations/NNNN_*.sql bring an older file up to it.
 
-PRAGMA user_version = 6;
+PRAGMA user_version = 7;
 
 -- Join and client tokens. `server init` writes the hashes of its two tokens to
 -- server-credentials.json; tokens minted later (`gpulayer token create`) live
@@ -469,12 +469,16 @@ JOIN shapes s ON s.gang = j.gang AND s.gpus = j.gpus AND s.cpus = j.cpus AND s.m
 --                    `gpu_model` label (`submit --gpu-model`) is also met by a worker whose every
 --                    GPU or MIG instance is that model (its `gpu_models`: "1g.10gb", "NVIDIA H100 ...")
 --   has_accelerator  the shape asks for none, or the worker has GPUs
---   big_enough       the worker's GPUs, CPUs and memory cover one task, when idle
+--   big_enough       the worker's GPUs, CPUs and memory cover one task, when idle; a task of
+--                    more than one GPU counts only whole GPUs, never MIG instances (a CUDA
+--                    process uses one MIG instance: worker_gpus rows whose uuid is MIG-...)
 --   missing_secret   the first of the shape's secrets (by name) that is not set in its project
 --                    or whose labels the worker's join token does not all carry; NULL when it
 --                    may have them all
 --   fits             all four: the worker could run a task of the shape when idle
---   has_room         a free slot, and free GPUs, CPUs and memory for one task now (worker_load)
+--   has_room         a free slot, and free GPUs, CPUs and memory for one task now (worker_load);
+--                    for more than one GPU on a worker with MIG instances, as many free whole
+--                    GPUs (healthy, held by no task)
 --   schedulable      not cordoned, draining or drained (worker_cordons)
 --   fits_now         online, schedulable, fits, has room: it could take a task of the shape of
 --                    a job it holds no task of (job_worker_fit.holds_task)
@@ -494,7 +498,10 @@ FROM (
                           AND NOT EXISTS (SELECT 1 FROM json_each(w.gpu_models) m WHERE m.value <> jl.value))))
            AS has_labels,
            (s.accelerator = '' OR w.gpus > 0) AS has_accelerator,
-           (s.gpus <= w.gpus AND s.cpus <= w.cpus AND s.memory_mb <= w.memory_mb) AS big_enough,
+           (s.gpus <= w.gpus AND s.cpus <= w.cpus AND s.memory_mb <= w.memory_mb
+            AND (s.gpus <= 1 OR s.gpus <= w.gpus - (SELECT count(*) FROM worker_gpus g
+                                                    WHERE g.worker_id = w.id AND g.uuid GLOB 'MIG-*')))
+           AS big_enough,
            CASE WHEN s.secrets <> '[]' THEN (
                SELECT sv.value FROM json_each(s.secrets, '$.names') sv
                LEFT JOIN secrets sc ON sc.project_id = json_extract(s.secrets, '$.project') AND sc.name = sv.value
@@ -505,7 +512,17 @@ FROM (
                ORDER BY sv.value LIMIT 1)
            END AS missing_secret,
            (l.free_slots > 0 AND s.gpus <= l.free_gpus AND s.cpus <= l.free_cpus
-            AND s.memory_mb <= l.free_memory_mb) AS has_room,
+            AND s.memory_mb <= l.free_memory_mb
+            AND (s.gpus <= 1
+                 OR NOT EXISTS (SELECT 1 FROM worker_gpus g WHERE g.worker_id = w.id AND g.uuid GLOB 'MIG-*')
+                 OR s.gpus <= w.gpus  -- the free whole GPUs: neither MIG nor unhealthy, nor held by a task
+                              - (SELECT count(*) FROM worker_gpus g
+                                 WHERE g.worker_id = w.id AND (g.healthy = 0 OR g.uuid GLOB 'MIG-*'))
+                              - (SELECT count(DISTINCT x.value) FROM tasks t, json_each(t.gpu_indices) x
+                                 WHERE t.worker_id = w.id AND t.state IN ('assigned', 'running')
+                                   AND NOT EXISTS (SELECT 1 FROM worker_gpus g
+                                                   WHERE g.worker_id = w.id AND g."index" = x.value
+                                                     AND (g.healthy = 0 OR g.uuid GLOB 'MIG-*'))))) AS has_room,
            l.free_gpus - s.gpus AS spare_gpus,
            NOT EXISTS (SELECT 1 FROM worker_cordons c WHERE c.worker_id = w.id) AS schedulable
     FROM shapes s, workers w
