@@ -167,3 +167,31 @@ def test_a_victim_that_ignores_sigterm_is_killed_after_the_grace(cluster):
     info = cluster.job(low)
     assert info["attempt"] == 1 and info["state"] in ("queued", "running")  # requeued, no attempt used
     cluster.request("POST", f"/v1/jobs/{low}/cancel")
+
+
+def test_a_victim_whose_worker_goes_silent_in_the_grace_keeps_its_attempt(cluster):
+    worker = cluster.start_worker("gpu", gpus=1, parallel=1)
+    low = cluster.submit({"command": python(STUBBORN), "gpus": 1, "priority": "low", "preemptible": True,
+                          "retry": {"max_attempts": 1}})
+    wait_for(lambda: "working" in cluster.log_text(low), 30, "the low-priority job to run")
+    high = cluster.submit({"command": ["echo", "high"], "gpus": 1, "priority": "high"})
+    wait_for(lambda: any(e["kind"] == "task_preempt_requested" for e in cluster.events(low)), 30,
+             "the preemption to be asked")
+    worker.pause()   # the agent stops answering within the grace: its lease (3 s) expires first
+    try:
+        wait_for(lambda: any(e["kind"] == "task_preempted" for e in cluster.events(low)), 30,
+                 "the victim to be requeued at its lease's expiry")
+    finally:
+        worker.resume()
+    preempted = next(e for e in cluster.events(low) if e["kind"] == "task_preempted")
+    assert preempted["data"]["worker_lost"] is True and preempted["data"]["for_job_id"] == high
+    kinds = [e["kind"] for e in cluster.events(low)]
+    assert "task_lost" not in kinds and "job_retried" not in kinds
+    # not lost (its one attempt spent): the worker comes back, runs the high job, then the victim again
+    assert cluster.wait_job(high, timeout=60)["state"] == "succeeded"
+    wait_for(lambda: cluster.log_text(low).count("working") >= 2, 60, "the victim to run again")
+    info = cluster.job(low)
+    assert info["attempt"] == 1 and info["state"] == "running", info
+    outcomes = [r[0] for r in cluster.sql("SELECT outcome FROM usage WHERE job_id = ? ORDER BY id", (low,))]
+    assert outcomes == ["preempted"], outcomes
+    cluster.request("POST", f"/v1/jobs/{low}/cancel")

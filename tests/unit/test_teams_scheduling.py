@@ -9,6 +9,7 @@ import pytest
 from gpulayer.server.errors import InvalidRequest
 from gpulayer.server.scheduler import jobs, teams
 from gpulayer.server.security.auth import Principal
+from gpulayer.server.store.queries import row
 from helpers import add_worker, job, state_of
 
 
@@ -135,6 +136,28 @@ def test_a_running_jobs_second_replica_is_not_held_by_the_users_limit(sched, ml)
     assert take(sched, w2)["job_id"] == service
 
 
+def test_each_running_array_element_counts_against_the_users_limit(sched, ml):
+    # Slurm's MaxJobs counts array tasks: a user held to 2 runs an array 2 elements at a time
+    carl = user(sched, "carl", "ml", max_running_jobs=2)
+    w = add_worker(sched, "w", gpus=0, slots=8)
+    array = submit(sched, carl, "ml", array="0-9")
+    first, second = take(sched, w), take(sched, w)
+    assert first["job_id"] == second["job_id"] == array
+    assert take(sched, w) is None
+    reason = sched.store.read(lambda c: row(c, "job_quota_reason", job_id=array))
+    assert reason["reason"] == "user carl at 2 running jobs"
+    plain = submit(sched, carl, "ml")
+    assert take(sched, w) is None and state_of(sched, plain)["waiting_reason"] == "user carl at 2 running jobs"
+    gang = submit(sched, carl, "ml", nodes=2)   # the gang placement judges the limit the same way
+    w2 = add_worker(sched, "w2", gpus=0, slots=8)
+    assert take(sched, w2) is None and state_of(sched, gang)["state"] == "queued"
+    finish(sched, w, first["task_id"])          # an element ends: one more job may run (the gang, best first)
+    assert take(sched, w)["job_id"] == gang and take(sched, w2)["job_id"] == gang
+    assert take(sched, w) is None               # the array's element and the gang: 2
+    other = submit(sched, ml["bob"], "ml")      # another user's work is not held back
+    assert take(sched, w)["job_id"] == other
+
+
 # -- fair share ----------------------------------------------------------------
 
 def test_same_priority_work_goes_to_the_project_that_used_least(sched, ml, clock):
@@ -152,6 +175,38 @@ def test_same_priority_work_goes_to_the_project_that_used_least(sched, ml, clock
     finish(sched, w, sched.store.read(lambda c: c.execute(
         "SELECT id FROM tasks WHERE job_id = ?", (cv_next,)).fetchall())[0]["id"])
     assert take(sched, w)["job_id"] == urgent
+
+
+def test_fair_share_between_users_of_a_project_and_by_quota_between_projects(sched, ml, clock):
+    carl = user(sched, "carl", "ml")
+    w = add_worker(sched, "w", gpus=1, slots=1)
+
+    def run(who, proj, seconds):
+        submit(sched, who, proj, gpus=1)
+        t = take(sched, w)
+        clock.advance(seconds)
+        finish(sched, w, t["task_id"])
+
+    run(ml["bob"], "ml", 100)                     # bob used 100 GPU-seconds of ml's
+    bobs = submit(sched, ml["bob"], "ml", gpus=1)
+    carls = submit(sched, carl, "ml", gpus=1)
+    t = take(sched, w)
+    assert t["job_id"] == carls and bobs < carls  # within ml, the user that used least goes first
+    clock.advance(30)
+    finish(sched, w, t["task_id"])                # carl: 30, bob: 100; ml: 130 over its quota of 2
+    run(ml["ann"], "cv", 40)                      # cv: 40 over its quota of 2
+    anns = submit(sched, ml["ann"], "cv", gpus=1)
+    t = take(sched, w)
+    assert t["job_id"] == anns and anns > bobs    # 40 / 2 < 130 / 2: cv first, though bob came first
+    finish(sched, w, t["task_id"])
+    # ml's quota, its share, grows to 8: 130 / 8 < 40 / 2, so ml goes first, though it used more;
+    # within ml, carl (30) before bob (100): carl's task, the latest of the three
+    anns = submit(sched, ml["ann"], "cv", gpus=1)
+    sched.change_teams(teams.set_project, "ml", {"gpus": 8})
+    carls = submit(sched, carl, "ml", gpus=1)
+    assert take(sched, w)["job_id"] == carls and bobs < anns < carls
+    usage = sql(sched, "SELECT u.name, f.usage FROM fairshare f JOIN users u ON u.id = f.user_id ORDER BY u.name")
+    assert [(r["name"], round(r["usage"])) for r in usage] == [("ann", 40), ("bob", 100), ("carl", 30)]
 
 
 def test_running_work_counts_for_fair_share_once_refreshed(sched, ml, clock):
@@ -193,13 +248,20 @@ def test_priority_classes_and_numbers(sched):
 
 # -- preemption -------------------------------------------------------------------
 
-def test_high_priority_preempts_a_preemptible_task_which_is_requeued_same_attempt(sched, clock):
+def preempted_once(sched, clock, ran_s):
+    """A 1-GPU worker whose one-attempt preemptible low task, run `ran_s`, is asked to stop for a high one:
+    (worker, low job, victim's assignment, high job)."""
     w = add_worker(sched, "w", gpus=1, slots=1)
     low = sched.submit(job(gpus=1, priority="low", preemptible=True, retry={"max_attempts": 1}))
     victim = take(sched, w)
-    clock.advance(50)
+    clock.advance(ran_s)
     high = sched.submit(job(gpus=1, priority="high"))
     assert sched.preempt() == [victim["task_id"]]
+    return w, low, victim, high
+
+
+def test_high_priority_preempts_a_preemptible_task_which_is_requeued_same_attempt(sched, clock):
+    w, low, victim, high = preempted_once(sched, clock, 50)
     assert sched.preempt() == []   # asked once: not again while it stops
     answer = hb(sched, w, victim["task_id"])
     assert answer["cancel_task_ids"] == [victim["task_id"]]
@@ -309,6 +371,25 @@ def test_a_task_never_preempts_the_one_it_was_preempted_for(sched, ml):
     assert lender and sched.preempt() == []
 
 
+def test_waiting_tasks_that_find_no_victims_hold_back_no_later_one(sched):
+    a = add_worker(sched, "a", gpus=1, cpus=64, labels={"pool": "a"})
+    b = add_worker(sched, "b", gpus=1, cpus=64)
+    sched.submit(job(gpus=1, labels={"pool": "a"}))                     # a: work that is not preemptible
+    assert take(sched, a)
+    low = sched.submit(job(gpus=1, priority="low", preemptible=True))    # b: work that is
+    victim = take(sched, b)
+    assert victim["job_id"] == low
+    # ahead of the task that could preempt, better ones that cannot: 20 groups (shapes) that fit no
+    # worker at all (skipped without a plan), then 12 that fit only a, where nothing may be taken
+    for cpus in range(1, 21):
+        sched.submit(job(gpus=4, cpus=cpus, priority=10))
+    for cpus in range(1, 13):
+        sched.submit(job(gpus=1, cpus=cpus, priority=9, labels={"pool": "a"}))
+    waiting = sched.submit(job(gpus=1, priority=5))
+    assert sched.preempt() == [victim["task_id"]]
+    assert sql(sched, "SELECT for_job_id FROM preemptions")[0]["for_job_id"] == waiting
+
+
 def test_a_cancel_during_the_grace_ends_the_job_cancelled(sched):
     w = add_worker(sched, "w", gpus=1, slots=1)
     low = sched.submit(job(gpus=1, priority="low", preemptible=True))
@@ -318,6 +399,43 @@ def test_a_cancel_during_the_grace_ends_the_job_cancelled(sched):
     sched.cancel(low)
     finish(sched, w, victim["task_id"], outcome="cancelled", exit_code=143)
     assert state_of(sched, low)["state"] == "cancelled"
+
+
+def test_a_victim_whose_worker_is_lost_in_the_grace_is_requeued_same_attempt(sched, clock):
+    _, low, victim, high = preempted_once(sched, clock, 10)
+    clock.advance(sched.config.lease_ttl_s + 1)   # no heartbeat: the worker is lost during the grace
+    assert sched.expire()["tasks_lost"] == 0
+    info = state_of(sched, low)
+    # not `lost` (its one attempt would be spent): queued again, as a preemption that completed
+    assert info["state"] == "queued" and info["attempt"] == 1
+    assert [(t["state"], t["attempt"], t["reason"]) for t in info["tasks"]] == [("queued", 1, "preempted")]
+    assert info["preemptions"][0]["done_at"] == clock.now
+    preempted = [e for e in sched.store.read(jobs.events_of, low) if e["kind"] == "task_preempted"]
+    assert preempted[0]["data"]["worker_lost"] is True and preempted[0]["data"]["for_job_id"] == high
+    assert "task_lost" not in kinds(sched, low)
+    ledger = sql(sched, "SELECT job_id, outcome, preempted_by FROM usage")
+    assert [(r["job_id"], r["outcome"]) for r in ledger] == [(low, "preempted")]
+    # another worker runs the waiting task first, then the victim, told it was preempted
+    w2 = add_worker(sched, "w2", gpus=1, slots=1)
+    room = take(sched, w2)
+    assert room["job_id"] == high and ledger[0]["preempted_by"] == room["task_id"]
+    finish(sched, w2, room["task_id"])
+    again = take(sched, w2)
+    assert again["job_id"] == low and again["attempt"] == 1 and again["env"]["GPULAYER_PREEMPTED"] == "1"
+
+
+def test_a_victim_on_a_worker_that_leaves_in_the_grace_is_requeued(sched):
+    w = add_worker(sched, "w", gpus=1, slots=1)
+    keep = add_worker(sched, "keep", gpus=1, slots=1)
+    low = sched.submit(job(gpus=1, priority="low", preemptible=True, retry={"max_attempts": 1}))
+    other = sched.submit(job(gpus=1, priority="low", retry={"max_attempts": 1}))
+    victim, bystander = take(sched, w), take(sched, keep)
+    assert (victim["job_id"], bystander["job_id"]) == (low, other)
+    sched.submit(job(gpus=1, priority="high"))
+    assert sched.preempt() == [victim["task_id"]]
+    assert sched.deregister(w) == 0          # nothing of w's is lost: its victim is requeued
+    assert state_of(sched, low)["state"] == "queued" and state_of(sched, low)["attempt"] == 1
+    assert sched.preempt() == []             # asked once; the room will come on another worker
 
 
 # -- the usage ledger -----------------------------------------------------------------

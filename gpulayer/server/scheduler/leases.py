@@ -49,8 +49,10 @@ def expire(conn, now: float, start_timeout_s: float) -> dict:
 
     Tasks whose lease passed are lost (and retried or ended), their workers go
     offline, and gangs with a rank not started within `start_timeout_s` go back
-    to the queue whole.
+    to the queue whole. A preemption's victim among them goes back to the queue
+    as preempted, same attempt (preemption.requeue_lost): it was being stopped anyway.
     """
+    preemption.requeue_lost(conn, now)
     lost = rows(conn, "expire_task_leases", now=now)
     for task in lost:
         events.record(conn, now, "task_lost", job_id=task["job_id"], task_id=task["id"], worker_id=task["worker_id"],
@@ -80,7 +82,9 @@ def release_stale_gangs(conn, now: float, start_timeout_s: float) -> int:
 
 
 def finish_leftovers(conn, worker_id: int, reason: str, now: float) -> int:
-    """A worker leaves (deregister, revoke): what it held is lost, for the retry policy to judge."""
+    """A worker leaves (deregister, revoke): what it held is lost, for the retry policy to judge
+    (a preemption's victim goes back to the queue, same attempt: preemption.requeue_lost)."""
+    preemption.requeue_lost(conn, now, worker_id)
     held = rows(conn, "worker_tasks_lost", worker_id=worker_id, reason=reason, now=now)
     for task in held:
         events.record(conn, now, "task_lost", job_id=task["job_id"], task_id=task["id"], worker_id=worker_id,

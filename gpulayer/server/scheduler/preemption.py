@@ -22,7 +22,8 @@ from itertools import groupby
 from gpulayer.server.scheduler import events, ledger
 from gpulayer.server.store.queries import QUERIES, row, rows
 
-CANDIDATES = 8  # waiting tasks looked at per upkeep round
+PLANS = 16  # waiting tasks whose victims are searched for per upkeep round
+CANDIDATES = 256  # waiting tasks read per round: those with nothing to take, or no worker they fit, cost no plan
 WORKERS_TRIED = 64  # workers a waiting task's plan is tried on, those with the cheapest victims first
 ACTIVE = ("assigned", "running")
 
@@ -39,15 +40,21 @@ def preempt(conn, now: float) -> list[int]:
     if floor is None and not borrowers:
         return asked
     round_ = _Round(conn)
+    plans = 0
     for want in rows(conn, "preemption_candidates", limit=CANDIDATES):
         reclaim = want["nominal"] is not None and want["gpus_in_use"] + want["gpus"] <= want["nominal"]
         lenders = {k: v for k, v in borrowers.items() if k != want["project_id"]} if reclaim else {}
         if (floor is None or want["priority"] <= floor) and not lenders:
             continue  # nothing it may preempt
+        if not round_.room(want["shape_id"]):
+            continue  # no online worker it fits even idle: no victim would help
         plan = round_.plan(want, lenders, asked)
         if plan and not round_.placeable(want["shape_id"]):
             asked += _ask(conn, now, want, plan)
             round_.taken(want, plan)
+        plans += 1
+        if plans == PLANS:  # the budget: so a few waiting tasks that find no victims hold back no later one
+            break
     return asked
 
 
@@ -61,12 +68,15 @@ class _Round:
         self.rooms: dict[int, dict[int, dict]] = {}  # shape -> {worker: its free room} (shape_rooms)
         self.fits_now: dict[int, bool] = {}          # shape -> could an online worker take one now
 
+    def room(self, shape_id: int) -> dict[int, dict]:
+        """The online workers a shape fits when idle, with their free room now (shape_rooms), by id."""
+        if shape_id not in self.rooms:
+            self.rooms[shape_id] = {r["worker_id"]: r for r in rows(self.conn, "shape_rooms", shape_id=shape_id)}
+        return self.rooms[shape_id]
+
     def plan(self, want: dict, lenders: dict, asked: list[int]) -> list[dict]:
         """The victims that make room for `want` (none asked already this round), or [] (_plan)."""
-        if want["shape_id"] not in self.rooms:
-            self.rooms[want["shape_id"]] = {r["worker_id"]: r for r in rows(self.conn, "shape_rooms",
-                                                                              shape_id=want["shape_id"])}
-        room = self.rooms[want["shape_id"]]
+        room = self.room(want["shape_id"])
         if not room:
             return []
         key = (want["priority"], tuple(sorted(lenders)))
@@ -164,12 +174,24 @@ def _ask(conn, now: float, want: dict, plan: list[dict]) -> list[int]:
     return asked
 
 
-def requeue(conn, worker_id: int, task: dict, now: float) -> bool:
+def requeue_lost(conn, now: float, worker_id: int | None = None) -> int:
+    """Victims whose worker is lost during their grace go back to the queue, same attempt; how many.
+
+    Called before a lost worker's tasks are settled lost: those of `worker_id`
+    (leaving), or with None those whose lease or worker's lease passed. Their runs
+    are in the ledger as preempted; the job keeps its attempts.
+    """
+    found = rows(conn, "lost_preemption_victims", worker_id=worker_id, now=now)
+    return sum(requeue(conn, task["worker_id"], task, now, worker_lost=True) for task in found)
+
+
+def requeue(conn, worker_id: int, task: dict, now: float, *, worker_lost: bool = False) -> bool:
     """A task stopped for a preemption: back to the queue, same attempt; False when that does not apply.
 
     `task` is the task's row as its worker holds it (task_owned). Applies only
     while a preemption is pending for its current assignment and its job still
-    runs this attempt (a job cancelled meanwhile ends as cancelled).
+    runs this attempt (a job cancelled meanwhile ends as cancelled). `worker_lost`:
+    its worker was lost before it reported the stop (requeue_lost; said in the event).
     """
     pending = row(conn, "pending_preemption", task_id=task["id"])
     if pending is None:
@@ -183,7 +205,7 @@ def requeue(conn, worker_id: int, task: dict, now: float) -> bool:
     conn.execute(QUERIES["preemption_done"], {"id": pending["id"], "now": now})
     events.record(conn, now, "task_preempted", job_id=task["job_id"], task_id=task["id"], worker_id=worker_id,
                   attempt=task["attempt"], for_task_id=pending["for_task_id"], for_job_id=pending["for_job_id"],
-                  reason=pending["reason"])
+                  reason=pending["reason"], **({"worker_lost": True} if worker_lost else {}))
     if row(conn, "requeue_job_if_idle", job_id=task["job_id"]) is not None and job["gang"]:
         conn.execute(QUERIES["clear_rendezvous"], {"job_id": task["job_id"], "attempt": task["attempt"]})
     return True

@@ -37,7 +37,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from gpulayer.server.scheduler import events, outcomes
+from gpulayer.server.scheduler import events, outcomes, preemption
 from gpulayer.server.store.queries import row, rows
 
 PAUSE_INTERVALS = 3   # heartbeat intervals without assignments after a restored plane starts
@@ -157,6 +157,8 @@ def _unreported(conn, worker_id: int, reported_ids: set[int], now: float, restor
     for task in rows(conn, "worker_running_since", worker_id=worker_id, before=restored.started_at):
         if task["id"] in reported_ids:
             continue
+        if preemption.requeue(conn, worker_id, task, now, worker_lost=True):
+            continue  # a preemption's victim that stopped: back to the queue, same attempt
         lost = row(conn, "lose_unreported_task", task_id=task["id"], worker_id=worker_id, now=now)
         if lost is None:
             continue

@@ -157,7 +157,8 @@ WHERE l.worker_id = CAST(:worker_id AS INTEGER) AND l.state = 'online';
 -- for this worker), then each admitted group's best task of a job the worker holds none of
 -- (job_worker_fit.holds_task; an array's elements may share a worker), then the best of
 -- those; so queued tasks the worker cannot take cost nothing. The user's limit is judged on
--- that best task (a task of a job already running adds no job). Held tasks (a waiting
+-- that best task (a task of a job already running adds no job, except an array's: each
+-- active element counts as a job, as Slurm's MaxJobs counts array tasks). Held tasks (a waiting
 -- job's, an array's past its %N cap) are not in task_queue: the cap holds because a capped
 -- array has at most N tasks released at once. Gang (multi-node) jobs are placed by
 -- gang_workers / assign_task instead. job_quota_reason words what holds a job back here.
@@ -202,8 +203,11 @@ WHERE id = (
         ORDER BY h.priority DESC, h.task_id
         LIMIT 1)
     WHERE a.max_running_jobs IS NULL
-       OR (SELECT r.state FROM jobs r WHERE r.id = head.job_id) = 'running'
-       OR (SELECT count(*) FROM jobs r WHERE r.user_id = a.user_id AND r.state = 'running') < a.max_running_jobs
+       OR (SELECT r.state = 'running' AND r.array_size IS NULL FROM jobs r WHERE r.id = head.job_id)
+       OR (SELECT total(CASE WHEN r.array_size IS NULL THEN 1 ELSE (  -- an array: its active elements
+           SELECT count(*) FROM tasks t WHERE t.job_id = r.id AND t.state IN ('queued', 'assigned', 'running')
+                                          AND t.state IN ('assigned', 'running')) END)
+        FROM jobs r WHERE r.user_id = a.user_id AND r.state = 'running') < a.max_running_jobs
     ORDER BY head.priority DESC,
              (SELECT coalesce(sum(fs.usage * pow(0.5, (:now - fs.updated_at) / st.fairshare_half_life_s)
                                   + fs.running), 0)
@@ -259,7 +263,10 @@ WHERE j.state = 'queued' AND j.gang = 1 AND f.fits_now
                            WHERE g.project_id <> j.project_id AND o.nominal IS NOT NULL
                              AND o.gpus_in_use + s.gpus <= o.nominal)))
   AND (u.max_running_jobs IS NULL
-       OR (SELECT count(*) FROM jobs r WHERE r.user_id = j.user_id AND r.state = 'running') < u.max_running_jobs)
+       OR (SELECT total(CASE WHEN r.array_size IS NULL THEN 1 ELSE (  -- an array: its active elements
+           SELECT count(*) FROM tasks t WHERE t.job_id = r.id AND t.state IN ('queued', 'assigned', 'running')
+                                          AND t.state IN ('assigned', 'running')) END)
+        FROM jobs r WHERE r.user_id = j.user_id AND r.state = 'running') < u.max_running_jobs)
 ORDER BY j.priority DESC,
          (SELECT coalesce(sum(fs.usage * pow(0.5, (:now - fs.updated_at) / st.fairshare_half_life_s)
                               + fs.running), 0)
@@ -866,7 +873,7 @@ FROM tasks t JOIN jobs j ON j.id = t.job_id WHERE t.id = :task_id;
 
 -- name: worker_running_since --
 -- Reconciliation: this worker's tasks running since before the restored plane started.
-SELECT id FROM tasks WHERE worker_id = :worker_id AND state = 'running' AND started_at < :before;
+SELECT id, job_id, attempt FROM tasks WHERE worker_id = :worker_id AND state = 'running' AND started_at < :before;
 
 -- name: lose_unreported_task --
 -- Reconciliation: a task running since before a restore that its worker no longer reports is lost.
@@ -1257,7 +1264,8 @@ SELECT j.project_id FROM tasks t JOIN jobs j ON j.id = t.job_id WHERE t.id = :ta
 -- name: job_quota_reason --
 -- What of acquire's admission holds a queued job back (acquire_task, next_gang_job): its
 -- project's GPU quota, borrowing while another project waits within its nominal quota, or its
--- user's running-jobs limit (a running job's queued replica adds no job); NULL when none does.
+-- user's running-jobs limit (a running job's queued replica adds no job; an array's element
+-- does, as in acquire_task); NULL when none does.
 WITH j AS (SELECT * FROM jobs WHERE id = CAST(:job_id AS INTEGER) AND state IN ('queued', 'running')),
 q AS (SELECT q.* FROM project_quota_use q JOIN j ON q.project_id = j.project_id),
 need AS (SELECT j.gpus * CASE WHEN j.gang = 1 THEN j.width ELSE 1 END AS gpus FROM j)
@@ -1272,8 +1280,11 @@ SELECT CASE
                        AND o.gpus_in_use + s.gpus <= o.nominal)
         THEN printf('project %s may borrow beyond its quota (%d GPUs) only what no other project waits for within its own',
                     q.name, q.nominal)
-    WHEN u.max_running_jobs IS NOT NULL AND j.state = 'queued'
-         AND (SELECT count(*) FROM jobs r WHERE r.user_id = j.user_id AND r.state = 'running') >= u.max_running_jobs
+    WHEN u.max_running_jobs IS NOT NULL AND (j.state = 'queued' OR j.array_size IS NOT NULL)
+         AND (SELECT total(CASE WHEN r.array_size IS NULL THEN 1 ELSE (  -- an array: its active elements
+           SELECT count(*) FROM tasks t WHERE t.job_id = r.id AND t.state IN ('queued', 'assigned', 'running')
+                                          AND t.state IN ('assigned', 'running')) END)
+        FROM jobs r WHERE r.user_id = j.user_id AND r.state = 'running') >= u.max_running_jobs
         THEN printf('user %s at %d running jobs', u.name, u.max_running_jobs)
 END AS reason
 FROM j, q, need
@@ -1351,7 +1362,10 @@ JOIN project_quota_use q ON q.project_id = g.project_id
 LEFT JOIN users u ON u.id = g.user_id
 WHERE (q.nominal IS NULL OR s.gpus = 0 OR q.gpus_in_use + s.gpus <= q.nominal + q.borrow)
   AND (u.max_running_jobs IS NULL
-       OR (SELECT count(*) FROM jobs r WHERE r.user_id = g.user_id AND r.state = 'running') < u.max_running_jobs)
+       OR (SELECT total(CASE WHEN r.array_size IS NULL THEN 1 ELSE (  -- an array: its active elements
+           SELECT count(*) FROM tasks t WHERE t.job_id = r.id AND t.state IN ('queued', 'assigned', 'running')
+                                          AND t.state IN ('assigned', 'running')) END)
+        FROM jobs r WHERE r.user_id = g.user_id AND r.state = 'running') < u.max_running_jobs)
   AND NOT EXISTS (SELECT 1 FROM preemptions pe JOIN tasks v ON v.id = pe.task_id
                   WHERE pe.for_task_id = h.task_id AND pe.done_at IS NULL AND v.state IN ('assigned', 'running'))
 ORDER BY h.priority DESC, h.task_id
@@ -1423,6 +1437,20 @@ SET state = 'queued', worker_id = NULL, gpu_indices = '[]', lease_expires_at = N
     started_at = NULL, pid = NULL, address = NULL, endpoint = NULL, cancel_requested = 0, reason = 'preempted'
 WHERE id = :task_id AND worker_id = :worker_id AND state IN ('assigned', 'running')
 RETURNING id, job_id, attempt;
+
+-- name: lost_preemption_victims --
+-- Victims whose worker was lost during their grace, before they are settled lost: those of
+-- :worker_id (leaving), or with :worker_id NULL those whose lease, or whose worker's, passed
+-- (as expire_task_leases). They go back to the queue as preempted (preemption.requeue).
+SELECT t.id, t.job_id, t.attempt, t.worker_id
+FROM preemptions pe INDEXED BY preemptions_worker
+JOIN tasks t ON t.id = pe.task_id AND pe.asked_at >= t.assigned_at
+WHERE pe.done_at IS NULL AND t.state IN ('assigned', 'running')
+  AND (t.worker_id = :worker_id
+       OR (:worker_id IS NULL
+           AND (t.lease_expires_at < :now
+                OR t.worker_id IN (SELECT id FROM workers WHERE state = 'online' AND lease_expires_at < :now))));
+
 
 -- name: preemption_done --
 -- The victim stopped and is queued again.
