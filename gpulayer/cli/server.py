@@ -234,7 +234,7 @@ def server_restore(
     ctx: typer.Context,
     source: Annotated[str, typer.Option("--from", metavar="URL", help="The replica `server start --replicate` wrote: a directory or a Litestream URL.")],
     home: Home = None,
-    timestamp: Annotated[Optional[str], typer.Option("--timestamp", help="Restore the state as it was at this time (RFC 3339, e.g. 2026-12-01T06:00:00Z) instead of the latest.")] = None,
+    timestamp: Annotated[Optional[str], typer.Option("--timestamp", help="Restore the state as it was at this time (RFC 3339, e.g. 2026-12-01T06:00:00Z) instead of the latest; the restored home then replicates to a new directory.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Restore although the replica's writer lease is fresh (only when its control plane is surely down).")] = False,
     home_files: Annotated[Optional[Path], typer.Option("--home-files", help="A copy of the old home's server-secret, server-credentials.json, secrets.key and tls/ (needed for a replica that is not a directory).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
@@ -252,6 +252,11 @@ def server_restore(
         return
     typer.echo(f"restored {result['home']} from {result['from']}: {result['jobs']} job(s), "
                f"last event at {result['last_event_at']}, {len(result['files'])} home file(s)")
+    if result["timestamp"]:  # an older state: its history must not go into the replica that has the newer one
+        typer.echo(f"start it with: gpulayer server start --home {result['home']} --replicate NEW_DIR "
+                   f"(replicate to a new directory: {result['from']} holds a later history, and keeps its lease)",
+                   err=True)
+        return
     typer.echo("start it at the old address with: gpulayer server start --home " + result["home"]
                + f" --replicate {result['from']}", err=True)
 

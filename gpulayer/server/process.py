@@ -68,7 +68,7 @@ def check_config(config: ControlPlaneConfig) -> None:
     if config.http == "granian" and importlib.util.find_spec("granian") is None:
         raise ConfigError("--http granian needs the granian package: pip install 'granian>=2.8,<2.9'")
     if config.replicate is not None:
-        replication.Replica.parse(config.replicate)
+        replication.check_directory(replication.Replica.parse(config.replicate))
         replication.require_binary()
         if not 0 < config.replicate_interval_s <= 3600:
             raise ConfigError("--replicate-interval must be between 0 and 3600 seconds")
@@ -169,13 +169,17 @@ class ControlPlane:
             self.deps.replication = self.replicator.status
         marker = replication.restored_marker(layout)
         if marker is not None:
-            first = "first_started_at" not in marker
-            self.deps.scheduler.restored = reconcile.Restored.after_restore(
-                marker, now, self.config.heartbeat_interval_s, first_start=first)
-            if first:
+            online = self.deps.store.read(reconcile.online_workers)
+            restored = reconcile.Restored.after_restore(marker, now, self.config.heartbeat_interval_s,
+                                                        self.config.lease_ttl_s, online)
+            self.deps.scheduler.restored = restored
+            if "first_started_at" not in marker:
                 replication.note_started(layout, marker, now)
-            log.info("restored_home from=%s watermark=%s pause_s=%g", marker.get("from"), marker.get("max_task_id"),
-                     max(0.0, self.deps.scheduler.restored.pause_until - time.monotonic()))
+            if restored is not None:
+                log.info("restored_home from=%s watermark=%s awaiting_workers=%d pause_max_s=%g rules_s=%g",
+                         marker.get("from"), marker.get("max_task_id"), len(restored.awaiting),
+                         max(0.0, restored.pause_until - time.monotonic()),
+                         max(0.0, restored.ends_at - time.monotonic()))
 
     def stop(self) -> None:
         """Stop accepting, finish in-flight requests, flush every acknowledged write, close."""

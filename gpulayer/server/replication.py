@@ -10,7 +10,8 @@ A directory replica (a mounted disk, NFS) also holds two files of ours beside
 Litestream's `ltx/`: `gpulayer-writer.json`, the writer lease that the running
 control plane renews every `FENCE_RENEW_S` (one writer per replica: a second
 one refuses to start, a restore refuses a fresh lease unless forced, and a
-control plane that finds the lease taken stops), and `home/`, a 0600 copy of
+control plane that finds the lease taken, or that could not renew it for
+`FENCE_TTL_S - FENCE_MARGIN_S`, stops), and `home/`, a 0600 copy of
 the home's secret files (server secret, credentials, secrets key, TLS), which
 `restore()` needs to rebuild a home that works. Other replica URLs (s3://,
 sftp://, ...) are passed to Litestream as they are; the lease and the home
@@ -49,11 +50,14 @@ WRITER_ID_FILE = "replica-writer-id"  # in the home: which writer this home is, 
 RESTORED_FILE = "restored.json"       # in a restored home: where from, and the reconciliation it needs
 FENCE_TTL_S = 10.0      # a lease not renewed for this long is stale: its writer is taken to be gone
 FENCE_RENEW_S = 1.0     # how often the running control plane renews it
+FENCE_MARGIN_S = 3.0    # a writer that could not renew for FENCE_TTL_S minus this stops (clock skew, its own exit)
 LAG_DEGRADED_S = 10.0   # /v1/health says `degraded` when replication lags more than this (and the interval)
 MONITOR_SHARE = 0.2     # of --replicate-interval: how often Litestream looks at the WAL (the rest: shipping)
 STOP_TIMEOUT_S = 15.0   # Litestream syncs on SIGTERM; past this it is killed
 WAL_SLACK_S = 0.05      # file times' granularity, between the WAL's last write and the LTX file made from it
-STATUS_CACHE_S = 0.25   # how long one measurement of the lag serves /v1/health and /metrics
+STATUS_CACHE_S = 0.25   # how often the supervising thread measures the lag that /v1/health and /metrics read
+STATUS_STALE_S = 5.0    # a measurement older than this (the replica hangs) is reported degraded, lag unknown
+RESTORE_TIMEOUT_S = 3600.0   # the most `litestream restore` may take
 BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)   # restarts of a child that keeps dying
 STUCK_S = 30.0          # a child that takes nothing from a changing WAL this long is killed and restarted
 STEADY_S = 60.0         # a child that ran this long starts the backoff over
@@ -108,6 +112,27 @@ class Replica:
         return f"file://{self.directory}" if self.directory is not None else self.url
 
 
+def check_directory(replica: Replica) -> None:
+    """ConfigError when a directory replica's path is a file (or lies under one)."""
+    if replica.directory is None:
+        return
+    for path in (replica.directory, *replica.directory.parents):
+        if path.exists():
+            if not path.is_dir():
+                raise ConfigError(f"--replicate {replica.url}: {path} is a file, not a directory")
+            return
+
+
+def _same_replica(source: str | None, replica: Replica) -> bool:
+    try:
+        other = Replica.parse(source or "")
+    except ConfigError:
+        return False
+    if replica.directory is not None:
+        return other.directory == replica.directory
+    return other.url.rstrip("/") == replica.url.rstrip("/")
+
+
 # -- the writer lease --------------------------------------------------------------------------
 
 def writer_id(layout: HomeLayout) -> str:
@@ -159,7 +184,16 @@ def claim(replica: Replica, layout: HomeLayout, now: float) -> str:
     directory = replica.directory
     if directory is None:
         return mine
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    marker = restored_marker(layout)
+    if marker is not None and marker.get("timestamp") and _same_replica(marker.get("from"), replica):
+        raise ConfigError(f"this home was restored from {replica.url} as it was at {marker['timestamp']}: "
+                          "replicating it there would mix an older history into a newer one. "
+                          "Replicate to a new directory")
+    check_directory(replica)
+    try:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        raise ConfigError(f"cannot create the replica directory {directory}: {exc.strerror or exc}") from None
     lease = read_lease(directory)
     if lease is not None and lease["writer"] != mine:
         if lease_is_live(lease, now):
@@ -207,7 +241,7 @@ def copy_home_files(layout: HomeLayout, directory: Path) -> list[str]:
     for rel in home_files(layout):
         dest = target / rel
         dest.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        write_private(dest, (layout.home / rel).read_text())
+        write_private(dest, (layout.home / rel).read_bytes())
         names.append(str(rel))
     write_private(target / "manifest.json", json.dumps({"files": names, "copied_at": time.time()}) + "\n")
     return names
@@ -216,7 +250,10 @@ def copy_home_files(layout: HomeLayout, directory: Path) -> list[str]:
 # -- lag ------------------------------------------------------------------------------------------
 
 def _ltx_positions(root: Path) -> list[tuple[int, float]]:
-    """(max TXID, mtime) of every LTX file under root/ltx/<level>/ (Litestream 0.5's layout)."""
+    """(max TXID, mtime) of every LTX file under root/ltx/<level>/ (Litestream 0.5's layout).
+
+    No ltx/ yet is no file; any other OSError (EIO, ESTALE from a replica on NFS) is raised.
+    """
     found: list[tuple[int, float]] = []
     try:
         levels = list((root / "ltx").iterdir())
@@ -224,15 +261,16 @@ def _ltx_positions(root: Path) -> list[tuple[int, float]]:
         return found
     for level in levels:
         try:
-            for entry in os.scandir(level):
-                name = entry.name
-                if name.endswith(".ltx") and "-" in name:
-                    try:
-                        found.append((int(name[:-4].split("-")[1], 16), entry.stat().st_mtime))
-                    except (ValueError, OSError):
-                        continue
+            entries = list(os.scandir(level))
         except (NotADirectoryError, FileNotFoundError):
             continue
+        for entry in entries:
+            name = entry.name
+            if name.endswith(".ltx") and "-" in name:
+                try:
+                    found.append((int(name[:-4].split("-")[1], 16), entry.stat().st_mtime))
+                except (ValueError, FileNotFoundError):
+                    continue   # not one of Litestream's, or compacted away meanwhile
     return found
 
 
@@ -246,8 +284,14 @@ def local_ltx_dir(state: Path) -> Path:
 class Replicator:
     """Runs Litestream for one state file and one replica; renews the lease; reports lag.
 
-    `on_fenced()` is called (once, from the supervising thread) when another
-    control plane took the replica's lease: replication has stopped by then.
+    `on_fenced()` is called once when another control plane took the replica's
+    lease, or when this one could not renew it for FENCE_TTL_S - FENCE_MARGIN_S
+    (a watchdog thread that touches no file sees to that even when the renewal
+    hangs on the replica): Litestream is killed by then, so that nothing of
+    this plane reaches a replica a restore may have handed to another.
+
+    The supervising thread alone reads the replica: `status()` (health, metrics)
+    returns its last measurement, so a hung or failing replica never blocks a request.
     """
 
     def __init__(self, layout: HomeLayout, replica: Replica, interval_s: float, *, on_fenced=None,
@@ -270,8 +314,11 @@ class Replicator:
         self._thread: threading.Thread | None = None
         self._home_signature: tuple = ()
         self._stopped_at: float | None = None
-        self._status: dict | None = None
+        self._status: dict | None = None   # the last measurement (lag, positions), made by the supervisor
         self._status_at = 0.0
+        self._renewed_ok = 0.0            # time.monotonic() of the lease's last successful renewal
+        self._fence_lock = threading.Lock()
+        self._watchdog: threading.Thread | None = None
         self._started_mono = 0.0
         self._spawned_at = 0.0
         self._wal_ahead_since: float | None = None   # first seen: the WAL holds changes Litestream has not taken
@@ -281,11 +328,16 @@ class Replicator:
         """Claim the lease, copy the home's files, start Litestream. Raises ConfigError (nothing started)."""
         now = self.clock()
         self.writer = claim(self.replica, self.layout, now)
+        self._renewed_ok = time.monotonic()
         self._copy_home()
         write_private(self.config_path, self._config_text())
         self._spawn()
+        self._refresh()
         self._thread = threading.Thread(target=self._supervise, name="gpulayer-replication", daemon=True)
         self._thread.start()
+        if self.replica.directory is not None:
+            self._watchdog = threading.Thread(target=self._watch, name="gpulayer-replication-lease", daemon=True)
+            self._watchdog.start()
         log.info("replication_started replica=%s interval_s=%g", self.replica.url, self.interval_s)
 
     def stop(self) -> None:
@@ -295,9 +347,12 @@ class Replicator:
             self._thread.join(timeout=5)
         self._terminate()
         if self.state != "fenced" and self.replica.directory is not None and self.writer:
-            lease = read_lease(self.replica.directory)
-            if lease is not None and lease["writer"] == self.writer:
-                write_lease(self.replica.directory, self.writer, self.layout.home, self.clock(), released=True)
+            try:
+                lease = read_lease(self.replica.directory)
+                if lease is not None and lease["writer"] == self.writer:
+                    write_lease(self.replica.directory, self.writer, self.layout.home, self.clock(), released=True)
+            except OSError as exc:  # the lease then goes stale by itself
+                log.warning("replication_lease_not_released error=%s", exc)
             self.state = "stopped"
         log.info("replication_stopped replica=%s", self.replica.url)
 
@@ -349,7 +404,7 @@ class Replicator:
                     if not self._renew():
                         return
                     self._copy_home()
-                self.status()  # keeps the lag's clock running between health checks
+                self._refresh()  # the lag's clock runs between health checks; requests read this
                 self._kill_if_stuck()
                 child = self._child
                 if child is not None and child.poll() is not None:
@@ -361,9 +416,12 @@ class Replicator:
                     next_start = mono + BACKOFF_S[min(failures, len(BACKOFF_S) - 1)]
                     log.warning("replication_child_exited status=%s restart_in_s=%g", child.returncode,
                                 next_start - mono)
-                if self._child is None and mono >= next_start:
-                    self.restarts += 1
-                    self._spawn()
+                with self._fence_lock:
+                    if self.state == "fenced":
+                        return
+                    if self._child is None and mono >= next_start:
+                        self.restarts += 1
+                        self._spawn()
             except Exception as exc:  # noqa: BLE001 - the supervisor outlives one bad round
                 self.last_error = repr(exc)
                 log.exception("replication_supervise_failed")
@@ -379,20 +437,58 @@ class Replicator:
             child.kill()
 
     def _renew(self) -> bool:
-        """Renew the lease; False (replication stopped, on_fenced called) when another writer took it."""
+        """Renew the lease; False once fenced (replication stopped, on_fenced called).
+
+        Fenced when another writer took the lease, or when it could not be
+        renewed (the replica unreachable: EIO, ESTALE) for FENCE_TTL_S -
+        FENCE_MARGIN_S: by then a restore may take it as stale, and this plane
+        must not go on as a second writer. A shorter failure is logged and retried.
+        """
         directory = self.replica.directory
         if directory is None:
             return True
-        lease = read_lease(directory)
-        if lease is not None and lease["writer"] != self.writer:
+        try:
+            lease = read_lease(directory)
+            if lease is not None and lease["writer"] != self.writer:
+                self._fence(f"the replica's lease was taken: {describe_lease(lease, self.clock())}")
+                return False
+            if self.state == "fenced":
+                return False
+            write_lease(directory, self.writer, self.layout.home, self.clock())
+            self._renewed_ok = time.monotonic()
+        except OSError as exc:
+            self.last_error = f"cannot renew the replica's lease: {exc}"
+            log.warning("replication_lease_renew_failed error=%s", exc)
+        return not self._overdue()
+
+    def _overdue(self) -> bool:
+        """Fence when the lease went unrenewed too long; True once fenced (for whatever reason)."""
+        if self.replica.directory is not None and self.state != "fenced":
+            unrenewed = time.monotonic() - self._renewed_ok
+            if unrenewed > FENCE_TTL_S - FENCE_MARGIN_S:
+                self._fence(f"the replica's lease could not be renewed for {unrenewed:.1f} s "
+                            f"({self.last_error or 'the replica does not answer'}): a restore may take it")
+        return self.state == "fenced"
+
+    def _watch(self) -> None:
+        """The lease's watchdog: it reads no file, so a renewal hung on the replica cannot keep this plane writing."""
+        while not self._stop.wait(FENCE_RENEW_S / 4):
+            if self._overdue():
+                return
+
+    def _fence(self, reason: str) -> None:
+        """Stop replicating at once (SIGKILL: nothing more may reach the replica) and call on_fenced, once."""
+        with self._fence_lock:
+            if self.state == "fenced":
+                return
             self.state = "fenced"
-            self.last_error = f"the replica's lease was taken: {describe_lease(lease, self.clock())}"
-            log.error("replication_fenced %s", self.last_error)
-            self._terminate()
-            self.on_fenced()
-            return False
-        write_lease(directory, self.writer, self.layout.home, self.clock())
-        return True
+            self.last_error = reason
+            child, self._child = self._child, None
+        log.error("replication_fenced %s", reason)
+        if child is not None and child.poll() is None:
+            child.kill()
+            child.wait()
+        self.on_fenced()
 
     def _copy_home(self) -> None:
         if self.replica.directory is None:
@@ -404,45 +500,64 @@ class Replicator:
 
     # -- what health and metrics report -----------------------------------------------------------
     def status(self) -> dict:
-        """state, lag_seconds (None when it cannot be measured), positions, restarts, degraded.
+        """state, lag_seconds (None when it cannot be measured, `lag_error` says why), positions, restarts, degraded.
 
-        The directories are listed at most every STATUS_CACHE_S (health checks and scrapes may be frequent).
+        Reads no file: the supervising thread measures every STATUS_CACHE_S. A
+        measurement older than STATUS_STALE_S (the supervisor hangs on the replica)
+        is reported degraded with the lag unknown (`measured_s_ago` says how old).
         """
-        with self._lock:
-            mono = time.monotonic()
-            if self._status is None or mono - self._status_at >= STATUS_CACHE_S:
-                self._status, self._status_at = self._measure(), mono
-            return self._status
-
-    def _measure(self) -> dict:
-        now = self.clock()
-        local = _ltx_positions(local_ltx_dir(self.layout.state))
-        local_txid = max((t for t, _ in local), default=0)
-        replica_txid = lag = None
-        wal_ahead = self._wal_ahead(max((m for _, m in local), default=0.0))
-        if self.replica.directory is not None:
-            replica_txid = max((t for t, _ in _ltx_positions(self.replica.directory)), default=0)
-            behind = [mtime for txid, mtime in local if txid > replica_txid]
-            lag = max(0.0, now - min(behind)) if behind else 0.0
-            if wal_ahead is not None:  # commits Litestream has not even taken (it is stuck, or stopped)
-                lag = max(lag, now - wal_ahead)
-            if self._stopped_at is not None:
-                lag = max(lag, now - self._stopped_at)
-        degraded = self.state != "running" or (lag is not None and lag > max(LAG_DEGRADED_S, 2 * self.interval_s))
+        measured, at = self._status, self._status_at
+        age = time.monotonic() - at if measured is not None else None
+        if measured is None:
+            measured = {"lag_seconds": None, "local_txid": 0, "replicated_txid": None, "degraded": True,
+                        "error": "the replica's lag has not been measured yet"}
+        elif age > STATUS_STALE_S:
+            measured = {**measured, "lag_seconds": None, "degraded": True,
+                        "error": f"the replica's lag has not been measured for {age:.0f} s (the replica may hang)"}
         child = self._child
         return {"state": self.state, "replica": self.replica.url, "interval_s": self.interval_s,
-                "pid": child.pid if child is not None else None,
-                "lag_seconds": lag, "local_txid": local_txid, "replicated_txid": replica_txid,
-                "restarts": self.restarts, "last_error": self.last_error, "degraded": degraded,
-                "fenced": self.state == "fenced"}
+                "pid": child.pid if child is not None else None, "lag_seconds": measured["lag_seconds"],
+                "local_txid": measured["local_txid"], "replicated_txid": measured["replicated_txid"],
+                "measured_s_ago": round(age, 2) if age is not None else None,
+                "lag_error": measured["error"], "restarts": self.restarts, "last_error": self.last_error,
+                "degraded": measured["degraded"] or self.state != "running", "fenced": self.state == "fenced"}
 
+    def _refresh(self) -> None:
+        """Measure (the supervising thread only: it lists the replica's files) and keep it for status()."""
+        self._status, self._status_at = self._measure(), time.monotonic()
+
+    def _measure(self) -> dict:
+        """The lag and positions; an OSError reading either side gives lag None and degraded."""
+        now = self.clock()
+        try:
+            local = _ltx_positions(local_ltx_dir(self.layout.state))
+            local_txid = max((t for t, _ in local), default=0)
+            replica_txid = lag = None
+            wal_ahead = self._wal_ahead(max((m for _, m in local), default=0.0))
+            if self.replica.directory is not None:
+                replica_txid = max((t for t, _ in _ltx_positions(self.replica.directory)), default=0)
+                behind = [mtime for txid, mtime in local if txid > replica_txid]
+                lag = max(0.0, now - min(behind)) if behind else 0.0
+                if wal_ahead is not None:  # commits Litestream has not even taken (it is stuck, or stopped)
+                    lag = max(lag, now - wal_ahead)
+                if self._stopped_at is not None:
+                    lag = max(lag, now - self._stopped_at)
+        except OSError as exc:
+            log.warning("replication_lag_unmeasured error=%s", exc)
+            previous = self._status or {}
+            return {"lag_seconds": None, "local_txid": previous.get("local_txid", 0),
+                    "replicated_txid": previous.get("replicated_txid"), "degraded": True,
+                    "error": f"cannot measure the replica's lag: {exc}"}
+        degraded = lag is not None and lag > max(LAG_DEGRADED_S, 2 * self.interval_s)
+        return {"lag_seconds": lag, "local_txid": local_txid, "replicated_txid": replica_txid,
+                "degraded": degraded, "error": None}
 
     def _wal_ahead(self, newest_ltx: float) -> float | None:
         """Since when (about) the WAL has held commits newer than Litestream's newest LTX file; None if none."""
         wal = self.layout.state.with_name(self.layout.state.name + "-wal")
         try:
             st = wal.stat()
-        except FileNotFoundError:
+        except FileNotFoundError:  # another OSError goes to _measure
             st = None
         if st is None or st.st_size == 0 or st.st_mtime <= newest_ltx + WAL_SLACK_S:
             self._wal_ahead_since = None
@@ -459,9 +574,16 @@ def restore(source: str, home: Path, *, timestamp: str | None = None, force: boo
             home_files_from: Path | None = None, clock=time.time) -> dict:
     """Rebuild a home from a replica: the state file (Litestream), the home's files, the writer lease.
 
-    Writes nothing into `home` unless everything needed is there. Raises
-    ConfigError: the home is in use, the replica's lease is live (unless
-    `force`), the home's files are missing, or Litestream fails.
+    Everything is made in a staging directory inside the home and moved in
+    last, the state file after the rest: a failure (Litestream's, a timeout, a
+    file that cannot be copied) leaves no half-made home (a home directory this
+    call made is removed again). Raises ConfigError: the home is in use, the
+    replica's lease is live (unless `force`), the home's files are missing, or
+    Litestream fails.
+
+    With a `timestamp` (an older state) the replica's lease is left as it is:
+    the restored home must replicate to a new directory (`claim` refuses this
+    replica), since its history ends before the replica's does.
     """
     replica = Replica.parse(source)
     binary = require_binary()
@@ -483,34 +605,70 @@ def restore(source: str, home: Path, *, timestamp: str | None = None, force: boo
                           "give --home-files DIR (a copy of the old home's server-secret, "
                           "server-credentials.json, secrets.key and tls/)")
     wanted = _wanted_home_files(Path(files_root))
-    layout.home.mkdir(parents=True, exist_ok=True, mode=0o700)
-    os.chmod(layout.home, 0o700)
-    with tempfile.TemporaryDirectory(dir=layout.home, prefix=".restore-") as staging:
-        staged = Path(staging) / "state.db"
-        command = [binary, "restore", "-o", str(staged)]
-        if timestamp:
-            command += ["-timestamp", timestamp]
-        done = subprocess.run([*command, replica.litestream_url], capture_output=True, text=True, timeout=3600)
-        if done.returncode != 0 or not staged.exists():
-            detail = (done.stderr or done.stdout).strip().splitlines()
-            raise ConfigError(f"litestream restore failed: {detail[-1] if detail else f'status {done.returncode}'}")
-        summary = _check_restored(staged)
-        for rel in wanted:
-            dest = layout.home / rel
-            dest.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            write_private(dest, (Path(files_root) / rel).read_text())
-        for suffix in ("", "-wal", "-shm"):
-            part = Path(str(staged) + suffix)
-            if part.exists():
-                os.chmod(part, 0o600)
-                os.replace(part, Path(str(layout.state) + suffix))
-    new_writer = secrets.token_hex(8)
-    write_private(layout.home / WRITER_ID_FILE, new_writer + "\n")
-    if replica.directory is not None:  # the replica is this home's now: a returning old plane finds it taken
+    made_home = not layout.home.exists()
+    try:
+        layout.home.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(layout.home, 0o700)
+        with tempfile.TemporaryDirectory(dir=layout.home, prefix=".restore-") as staging:
+            staged = Path(staging) / "state.db"
+            summary = _litestream_restore(binary, replica, staged, timestamp)
+            files = Path(staging) / "home"
+            for rel in wanted:
+                dest = files / rel
+                dest.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                write_private(dest, (Path(files_root) / rel).read_bytes())
+            new_writer = secrets.token_hex(8)
+            write_private(files / WRITER_ID_FILE, new_writer + "\n")
+            marker = {"from": replica.url, "timestamp": timestamp, "restored_at": clock(), **summary}
+            write_private(files / RESTORED_FILE, json.dumps(marker, indent=2) + "\n")
+            for rel in [*wanted, Path(WRITER_ID_FILE), Path(RESTORED_FILE)]:
+                dest = layout.home / rel
+                dest.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                os.replace(files / rel, dest)
+            for suffix in ("-wal", "-shm", ""):  # the state file last: a home with one is complete
+                part = Path(str(staged) + suffix)
+                if part.exists():
+                    os.chmod(part, 0o600)
+                    os.replace(part, Path(str(layout.state) + suffix))
+    except BaseException as exc:
+        _undo_restore(layout, made_home, wanted)
+        if isinstance(exc, OSError):
+            raise ConfigError(f"cannot restore into {layout.home}: {exc}") from None
+        raise
+    if replica.directory is not None and not timestamp:
+        # The replica is this home's now: a returning old plane finds its lease taken and stops.
         write_lease(replica.directory, new_writer, layout.home, clock())
-    marker = {"from": replica.url, "timestamp": timestamp, "restored_at": clock(), **summary}
-    write_private(layout.home / RESTORED_FILE, json.dumps(marker, indent=2) + "\n")
     return {"home": str(layout.home), "files": [str(p) for p in wanted], **marker}
+
+
+def _litestream_restore(binary: str, replica: Replica, staged: Path, timestamp: str | None) -> dict:
+    """`litestream restore` into `staged`, checked (_check_restored); ConfigError when it fails or hangs."""
+    command = [binary, "restore", "-o", str(staged)]
+    if timestamp:
+        command += ["-timestamp", timestamp]
+    try:
+        done = subprocess.run([*command, replica.litestream_url], capture_output=True, text=True,
+                              timeout=RESTORE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise ConfigError(f"litestream restore did not finish within {RESTORE_TIMEOUT_S:g} s: is the replica "
+                          "reachable? Nothing was restored") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot run {binary}: {exc.strerror or exc}") from None
+    if done.returncode != 0 or not staged.exists():
+        detail = (done.stderr or done.stdout).strip().splitlines()
+        raise ConfigError(f"litestream restore failed: {detail[-1] if detail else f'status {done.returncode}'}")
+    return _check_restored(staged)
+
+
+def _undo_restore(layout: HomeLayout, made_home: bool, wanted: list[Path]) -> None:
+    """After a failed restore: the home as it was (removed when this restore made it)."""
+    if layout.state.exists():
+        return  # everything was moved in: not a half-made home
+    if made_home:
+        shutil.rmtree(layout.home, ignore_errors=True)
+        return
+    for rel in [*wanted, Path(WRITER_ID_FILE), Path(RESTORED_FILE)]:
+        (layout.home / rel).unlink(missing_ok=True)
 
 
 def _wanted_home_files(root: Path) -> list[Path]:

@@ -164,3 +164,45 @@ def test_the_replica_has_one_writer_and_its_health_is_reported(tmp_path):
         assert "took the replica's lease" in first.log()
     finally:
         first.stop()
+
+
+@pytest.mark.timeout(150)
+def test_a_clean_stop_hands_the_replica_over_at_once_and_an_older_restore_replicates_elsewhere(tmp_path):
+    replica = tmp_path / "replica"
+    first = replicated_plane(tmp_path / "first", replica).start()
+    try:
+        kept = first.submit({"command": ["true"]})
+        wait_replicated(first)
+        time.sleep(1.1)  # the timestamp below falls after the replicated job (RFC 3339 has whole seconds)
+        point = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        time.sleep(1.1)
+        later = first.submit({"command": ["true"]})
+        wait_replicated(first)
+    finally:
+        assert first.stop() == 0
+    assert json.loads((replica / FENCE_FILE).read_text())["released"]
+
+    moved = restore(replica, tmp_path / "moved" / "home")  # a planned move: no --force, no wait
+    assert moved.returncode == 0, moved.stderr
+    moved_writer = json.loads((replica / FENCE_FILE).read_text())["writer"]
+
+    older_home = tmp_path / "older" / "home"  # --force: the lease the move just took is fresh
+    older = run_cli("server", "restore", "--from", str(replica), "--home", str(older_home), "--timestamp", point,
+                    "--force", timeout=120)
+    assert older.returncode == 0, older.stderr
+    assert "replicate to a new directory" in older.stderr and f"--replicate {replica}" not in older.stderr
+    assert json.loads((replica / FENCE_FILE).read_text())["writer"] == moved_writer   # the lease stays
+
+    plane = replicated_plane(tmp_path / "older", replica)
+    plane.client_token, plane.join_token = first.client_token, first.join_token
+    with pytest.raises(AssertionError, match="Replicate to a new directory"):
+        plane.start(timeout=20)
+    plane = replicated_plane(tmp_path / "older", tmp_path / "replica-2")
+    plane.client_token, plane.join_token = first.client_token, first.join_token
+    plane.start()
+    try:
+        assert plane.job(kept)["state"] in ("queued", "succeeded", "running")
+        assert plane.request("GET", f"/v1/jobs/{later}").status_code == 404   # after the timestamp
+        assert check_state(plane.state) == []
+    finally:
+        plane.stop()

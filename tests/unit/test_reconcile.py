@@ -14,9 +14,11 @@ def entry(task_id: int, **echo) -> dict:
     return {"task_id": task_id, "state": "running", "endpoint": None, "restarts": 0, **echo}
 
 
-def restored(sched, *, watermark: int, pause_s: float = 0.0, hold_s: float = 60.0) -> Restored:
-    sched.restored = Restored(watermark=watermark, started_at=sched.clock(), pause_until=time.monotonic() + pause_s,
-                              hold_s=hold_s)
+def restored(sched, *, watermark: int, pause_s: float = 0.0, hold_s: float = 60.0, awaiting=(),
+             rules_s: float = 600.0) -> Restored:
+    mono = time.monotonic()
+    sched.restored = Restored(watermark=watermark, started_at=sched.clock(), pause_until=mono + pause_s,
+                              hold_s=hold_s, awaiting=set(awaiting), ends_at=mono + rules_s)
     return sched.restored
 
 
@@ -117,13 +119,56 @@ def test_a_task_started_after_the_restore_is_not_lost_for_a_heartbeat_sent_befor
     assert task_row(sched, task["task_id"])["state"] == "running"
 
 
-def test_nothing_is_assigned_during_the_pause_after_a_restore(sched):
-    w = add_worker(sched)
+def test_nothing_is_assigned_until_every_worker_online_in_the_restored_state_reported(sched):
+    early, late = add_worker(sched, "early"), add_worker(sched, "late")
+    job_id = sched.submit(job())
+    task_id = state_of(sched, job_id)["tasks"][0]["task_id"]  # `late` acquired it in the lost window
+    held = restored(sched, watermark=task_id, pause_s=60, awaiting={early, late})
+    sched.heartbeat(early, [])
+    assert held.paused() and sched.acquire(early) is None  # `late` (its DNS cache, a hung connect) not yet heard
+    answer = sched.heartbeat(late, [entry(task_id, job_id=job_id, attempt=1)])
+    assert answer["cancel_task_ids"] == []
+    assert not held.paused()
+    row = task_row(sched, task_id)
+    assert (row["state"], row["worker_id"]) == ("running", late)  # adopted, never handed to `early`
+    assert sched.acquire(early) is None
+
+
+def test_the_pause_for_a_worker_that_never_reports_ends_with_its_lease(sched):
+    w, silent = add_worker(sched, "w"), add_worker(sched, "silent")
     sched.submit(job())
-    held = restored(sched, watermark=0, pause_s=0.3)
+    held = restored(sched, watermark=0, pause_s=0.3, awaiting={w, silent})
+    sched.heartbeat(w, [])
     assert sched.acquire(w) is None
     time.sleep(0.35)
     assert not held.paused() and sched.acquire(w) is not None
+
+
+def test_the_first_start_waits_at_most_one_lease_ttl_and_the_rules_end_two_ttls_after_it():
+    marker = {"max_task_id": 7}
+    first = Restored.after_restore(marker, 1000.0, heartbeat_interval_s=2, lease_ttl_s=20, online_workers={1, 2})
+    assert first.awaiting == {1, 2} and first.watermark == 7
+    assert 19 < first.pause_until - time.monotonic() <= 20
+    assert 39 < first.ends_at - time.monotonic() <= 40
+    again = Restored.after_restore({**marker, "first_started_at": 1000.0}, 1030.0, heartbeat_interval_s=2,
+                                   lease_ttl_s=20, online_workers={1, 2})
+    assert again.awaiting == set() and not again.paused()   # a restart has no pause
+    assert 9 < again.ends_at - time.monotonic() <= 10         # only what is left of the rules' time
+    assert Restored.after_restore({**marker, "first_started_at": 1000.0}, 1041.0, heartbeat_interval_s=2,
+                                  lease_ttl_s=20, online_workers={1}) is None
+
+
+def test_once_the_rules_time_is_over_a_report_neither_adopts_nor_holds(sched):
+    w, other = add_worker(sched, "w"), add_worker(sched, "other")
+    job_id = sched.submit(job())
+    task_id = state_of(sched, job_id)["tasks"][0]["task_id"]
+    held = restored(sched, watermark=task_id - 1, rules_s=0.3)  # a reused id: held while reported...
+    assert sched.heartbeat(w, [entry(task_id)])["cancel_task_ids"] == [task_id]
+    assert held.paused()
+    time.sleep(0.35)
+    assert sched.heartbeat(w, [entry(task_id)])["cancel_task_ids"] == [task_id]  # ...but not past the cap
+    assert not held.paused() and not held.active()
+    assert sched.acquire(other)["task_id"] == task_id
 
 
 def test_a_finish_or_start_before_the_first_heartbeat_adopts_the_queued_task(sched):

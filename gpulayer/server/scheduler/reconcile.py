@@ -24,9 +24,15 @@ in its own transaction (docs/reliability.md, "Reconciliation"):
 4. a task the state has `running` on this worker since before
    the restore and that the worker no longer reports is lost (`worker_lost`,
    retried by policy);
-5. for `PAUSE_INTERVALS` heartbeat intervals after a restored control plane
-   first starts, nothing is assigned, so that every live worker reports first.
+5. after a restored control plane first starts, nothing is assigned until
+   every worker the restored state has online has sent a heartbeat (so its
+   tasks of the lost window are adopted or held first), or until one lease
+   TTL has passed: the leases of the workers that did not report then
+   expire (the start gives every lease one TTL), and their tasks are lost.
 
+The rules apply for one lease TTL past the longest pause (`RULES_TTLS` TTLs
+after the first start, across restarts of the restored home); after that a
+restored plane is an ordinary one, and no report holds assignment any more.
 A control plane that was not restored applies none of them: what a worker
 reports that it does not hold is cancelled, as it always was.
 """
@@ -40,47 +46,83 @@ from dataclasses import dataclass, field
 from gpulayer.server.scheduler import events, outcomes, preemption
 from gpulayer.server.store.queries import row, rows
 
-PAUSE_INTERVALS = 3   # heartbeat intervals without assignments after a restored plane starts
 HOLD_INTERVALS = 3    # a queued task a worker stopped reporting is free again after this many intervals
+RULES_TTLS = 2        # lease TTLs after the first start that the rules apply: the longest pause, then one more
 
 
 @dataclass
 class Restored:
-    """What a restored control plane knows of its restore; `held` is shared with heartbeats (locked)."""
+    """What a restored control plane knows of its restore; `held` and `awaiting` are shared (locked)."""
 
     watermark: int          # the restored file's newest task id: ids above it were made after the restore
     started_at: float       # this process's start (the clock's time): running tasks started before it are checked
-    pause_until: float      # time.monotonic() until which nothing is assigned
+    pause_until: float      # time.monotonic() past which the pause ends, even with workers still awaited
     hold_s: float           # how long a report holds a queued task out of placement
+    awaiting: set[int] = field(default_factory=set)   # workers online in the restored state, not heard from yet
+    ends_at: float = float("inf")   # time.monotonic() past which none of the rules apply
     held: dict[int, float] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @classmethod
-    def after_restore(cls, marker: dict, now: float, heartbeat_interval_s: float, first_start: bool) -> "Restored":
-        pause = PAUSE_INTERVALS * heartbeat_interval_s if first_start else 0.0
+    def after_restore(cls, marker: dict, now: float, heartbeat_interval_s: float, lease_ttl_s: float,
+                      online_workers: set[int]) -> "Restored | None":
+        """The rules for a plane started at `now` (the clock's time); None once their time is over.
+
+        On the first start (no `first_started_at` in the marker) assignment
+        waits for `online_workers`, at most one lease TTL; a later start of the
+        same home has no pause, and only what is left of the rules' time.
+        """
+        mono = time.monotonic()
+        first = marker.get("first_started_at")
+        left = RULES_TTLS * lease_ttl_s - (now - float(first) if first is not None else 0.0)
+        if left <= 0:
+            return None
         return cls(watermark=int(marker.get("max_task_id") or 0), started_at=now,
-                   pause_until=time.monotonic() + pause, hold_s=HOLD_INTERVALS * heartbeat_interval_s)
+                   pause_until=mono + (lease_ttl_s if first is None else 0.0),
+                   hold_s=HOLD_INTERVALS * heartbeat_interval_s,
+                   awaiting=set(online_workers) if first is None else set(), ends_at=mono + left)
+
+    def active(self) -> bool:
+        """True while the rules apply."""
+        return time.monotonic() < self.ends_at
+
+    def seen(self, worker_id: int) -> None:
+        """The worker's heartbeat was reconciled: the pause no longer waits for it."""
+        with self.lock:
+            self.awaiting.discard(worker_id)
 
     def hold(self, task_id: int) -> None:
         with self.lock:
             self.held[task_id] = time.monotonic()
 
     def paused(self) -> bool:
-        """True while nothing may be assigned: the start-up pause, or a queued task some worker still runs."""
+        """True while nothing may be assigned: workers still awaited (rule 5), or a queued task some worker runs.
+
+        Both end when the rules' time is over, however often workers report (a task that will not stop
+        cannot hold the cluster's assignment for longer).
+        """
         mono = time.monotonic()
-        if mono < self.pause_until:
-            return True
+        if mono >= self.ends_at:
+            return False
         with self.lock:
+            if self.awaiting and mono < self.pause_until:
+                return True
             for task_id, at in list(self.held.items()):
                 if mono - at > self.hold_s:
                     del self.held[task_id]
             return bool(self.held)
 
 
+def online_workers(conn) -> set[int]:
+    """The workers the (restored) state has online: rule 5's pause waits for them."""
+    return {r["id"] for r in rows(conn, "reconcile_online_workers")}
+
+
 def reported(conn, worker_id: int, tasks: list[dict], now: float, lease: float, restored: Restored | None) -> None:
     """Apply the rules to one heartbeat's `tasks`, before its answer is made (adopted tasks are not cancelled)."""
-    if restored is None:
+    if restored is None or not restored.active():
         return
+    restored.seen(worker_id)
     _unreported(conn, worker_id, {t["task_id"] for t in tasks}, now, restored)  # first: frees their room
     held = {t["id"]: t["state"] for t in rows(conn, "worker_held_tasks", worker_id=worker_id)} if tasks else {}
     for task in tasks:
@@ -117,6 +159,8 @@ def adopt_for_call(conn, worker_id: int, task_id: int, now: float, lease: float,
     would make the agent stop a task that runs, or drop a result). `ending`
     (a finish): a GPU task is adopted without knowing its device indices.
     """
+    if not restored.active():
+        return
     found = row(conn, "reconcile_task", task_id=task_id)
     if found is not None and found["state"] == "queued":
         _adopt(conn, worker_id, {"task_id": task_id}, found, now, lease, restored, ending=ending)

@@ -37,16 +37,25 @@ def new_jti() -> str:
     return secrets.token_hex(8)
 
 
-def write_private(path: Path, text: str) -> None:
-    """Write a file readable by its owner only (0600), atomically."""
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
+def write_private(path: Path, data: str | bytes) -> None:
+    """Write a file readable by its owner only (0600), atomically (text as UTF-8, bytes as they are).
+
+    The temporary file's name is this writer's own: two processes writing the same
+    file (a replica's lease, renewed by one control plane, taken by a restore) never
+    write into one temporary file.
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data.encode("utf-8") if isinstance(data, str) else data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def load_secret(layout: HomeLayout) -> bytes:

@@ -881,6 +881,10 @@ UPDATE tasks SET state = 'lost', reason = 'worker_lost', finished_at = :now, end
 WHERE id = :task_id AND worker_id = :worker_id AND state = 'running'
 RETURNING id, job_id, attempt;
 
+-- name: reconcile_online_workers --
+-- Reconciliation: the workers a restored state has online (its first start waits for their heartbeats).
+SELECT id FROM workers WHERE state = 'online';
+
 -- name: restored_summary --
 -- What a restored state file holds: its jobs, its newest task id (the reconciliation
 -- watermark: a task id above it was made after the restore), its last event's time.
