@@ -96,7 +96,7 @@ def _device_ids(env: Mapping[str, str], count: int, devices: list[Device]) -> li
     return [visible[i] if i < len(visible) else str(i) for i in range(count)]
 
 
-def _nvml_devices(device_ids: list[str], devices: list[Device]) -> dict[int, Device]:
+def nvml_devices(device_ids: list[str], devices: list[Device]) -> dict[int, Device]:
     """Which NVML device each index is: by UUID, or a whole GPU by its NVML index."""
     by_id = {d.uuid: d for d in devices}
     by_id.update({str(d.gpu): d for d in devices if not d.mig})
@@ -165,7 +165,7 @@ def detect(
         memory_mb=_memory_mb(env, ram_mb, cpu_count),
         gpu_models=models,
         device_ids=device_ids,
-        nvml_devices=_nvml_devices(device_ids, devices),
+        nvml_devices=nvml_devices(device_ids, devices),
     )
     log_event(
         "inventory", cpus=inventory.cpus, gpus=inventory.gpus, gpu_source=source, memory_mb=inventory.memory_mb,

@@ -28,7 +28,7 @@ from .errors import AgentError, Forbidden, Rejected, Revoked, Unauthorized, Unre
 from .events import configure_logging, log_event
 from .hardening import forget_join_token, make_undumpable
 from .gpu_health import GpuHealth
-from .inventory import GpuProbe, Inventory, detect
+from .inventory import GpuProbe, Inventory, detect, nvml_devices
 from .nvml import Nvml
 from .leftovers import RunningTasks
 from .process import KILL_GRACE_S
@@ -188,14 +188,17 @@ class Worker:
         return code
 
     def _inventory(self) -> Inventory:
-        """Detect what this worker offers; with NVML (no --gpus), start watching its GPUs' health."""
+        """Detect what this worker offers, and where NVML answers, start watching its GPUs' health
+        (with --gpus N too: the count is the operator's, the devices' health NVML's)."""
         config = self.config
         if config.gpu_probe is not None:
             return detect(probe=config.gpu_probe, cpus=config.cpus, gpus=config.gpus, ram_mb=config.ram_mb)
-        self.nvml = Nvml.open() if config.gpus is None else None
+        self.nvml = Nvml.open() if config.gpus != 0 else None
         nvml = self.nvml
         inventory = detect(probe=nvml.devices if nvml else lambda: [], cpus=config.cpus, gpus=config.gpus,
                            ram_mb=config.ram_mb)
+        if nvml is not None and config.gpus is not None:  # detect left NVML's devices out: map them here
+            inventory.nvml_devices = nvml_devices(inventory.device_ids, nvml.devices())
         if nvml is not None and inventory.nvml_devices:
             self.gpu_health = GpuHealth(nvml, inventory.nvml_devices, on_change=self.beat_now.set)
             self.gpu_health.start()

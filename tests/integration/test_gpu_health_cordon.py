@@ -160,3 +160,19 @@ def test_mig_instances_are_scheduled_as_gpus(cluster, tmp_path):
     assert cluster.job(waiting)["spec"]["labels"] == {"gpu_model": "1g.10gb"}
     rc, out, _ = cluster.cli("job", "status", str(waiting))
     assert 'no online worker has the labels {"gpu_model": "1g.10gb"}' in out
+
+
+def test_health_is_watched_when_the_count_is_given(cluster, tmp_path):
+    """--gpus N sets the count; NVML still says how the devices are (gap: it used to watch nothing)."""
+    path = tmp_path / "p-nvml.json"
+    state = {"gpus": [gpu(0), gpu(1)], "xids": []}
+    write_state(path, state)
+    cluster.start_worker("p", gpus=1, env={"PYTHONPATH": f"{FAKE_DIR}:{SOURCE_ROOT}", "FAKE_NVML_STATE": str(path)})
+    w = listed(cluster, "p")
+    assert w["resources"]["gpus"] == 1
+    assert [(g["uuid"], g["healthy"]) for g in w["gpus"]] == [("GPU-0", True)]
+    state["gpus"][0]["remap_failed"] = True
+    write_state(path, state)
+    wait_for(lambda: not listed(cluster, "p")["gpus"][0]["healthy"], 30, "GPU 0 unhealthy",
+             details=lambda: cluster.logs())
+    assert listed(cluster, "p")["gpus"][0]["reason"] == "row remapping failed (remapped-row failure)"

@@ -89,6 +89,8 @@ def test_drain_of_idle_worker_is_drained_at_once(sched):
     add_worker(sched, "w1")
     assert sched.cordon("w1", "idle", drain=True)["cordon"] == "drained"
     assert sched.cordon("w1", "now cordoned")["cordon"] == "drained"  # a cordon does not undo a drain
+    again = sched.cordon("w1", "firmware", drain=True)  # a new drain: its reason, drained again at once
+    assert again["cordon"] == "drained" and again["cordon_reason"] == "firmware"
 
 
 def test_drain_timeout_stops_and_requeues(sched, clock):
