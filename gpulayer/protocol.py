@@ -36,3 +36,14 @@ JOB_STATES = ("queued", "running", "succeeded", "failed", "cancelled", "lost", "
 def default_home() -> Path:
     """$GPULAYER_HOME, else ~/.gpulayer."""
     return Path(os.environ.get("GPULAYER_HOME") or Path.home() / ".gpulayer").expanduser()
+
+
+def array_text(indices: list[int]) -> str:
+    """Ascending indices written as ranges, as an array's `indices` are: [0, 1, 2, 5] -> "0-2,5"."""
+    parts, start = [], 0
+    for i in range(1, len(indices) + 1):
+        if i == len(indices) or indices[i] != indices[i - 1] + 1:
+            first, last = indices[start], indices[i - 1]
+            parts.append(str(first) if first == last else f"{first}-{last}")
+            start = i
+    return ",".join(parts)

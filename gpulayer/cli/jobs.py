@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from enum import Enum
@@ -17,7 +18,7 @@ from gpulayer.cli.common import (
     plural, print_log_line, print_table, style,
 )
 from gpulayer.client.errors import ApiError, ClientError
-from gpulayer.protocol import JOB_STATES
+from gpulayer.protocol import JOB_STATES, array_text
 from gpulayer.client.api import Job, server_configured
 from gpulayer.client.jobfile import read_job_file, spec_from_fields
 
@@ -136,7 +137,7 @@ def _after_option(after: Optional[list[str]], after_array: Optional[list[int]]) 
     found = []
     for value in after or []:
         job, _, condition = value.partition(":")
-        if not job.strip().isdigit() or condition not in ("", "ok", "notok", "any"):
+        if not re.fullmatch(r"[0-9]{1,19}", job.strip()) or condition not in ("", "ok", "notok", "any"):
             raise typer.BadParameter(f"expected JOB, JOB:ok, JOB:notok or JOB:any, got {value!r}", param_hint="--after")
         found.append(f"{int(job)}:{condition or 'ok'}")
     found.extend(f"{job}:ok" for job in after_array or [])
@@ -262,9 +263,10 @@ IndexOpt = Annotated[Optional[int], typer.Option("--index", metavar="N", min=0, 
 def job_status(ctx: typer.Context, job_id: JobArg, index: IndexOpt = None, as_json: JsonOpt = False) -> None:
     """The job's state, what it waits for, and each task's worker, address and endpoint.
 
-    An array's status counts its elements by state and lists the failed indices
-    (its tasks listed are those running and those that failed; --index N shows
-    one element's).
+    An array's status counts its elements by state and lists, as ranges
+    (0-999,1204), the indices that failed or were lost and, apart, those
+    cancelled (its tasks listed are those running and those that failed;
+    --index N shows one element's).
 
     \b
     Examples:
@@ -319,11 +321,15 @@ def _print_array(array: Optional[dict], job_id: int) -> None:
     text = ", ".join(f"{counts[s]} {s}" for s in order if counts.get(s))
     cap = f" %{array['max_running']}" if array.get("max_running") else ""
     typer.echo(f"array {array.get('indices')}{cap}: {array.get('done', 0)}/{array.get('size')} done ({text})")
-    failed = array.get("failed_indices") or []
+    ended = array.get("failed_indices") or []  # the first 1,000 not succeeded, by index
+    cancelled = set(array.get("cancelled_indices") or [])
+    failed = [i for i in ended if i not in cancelled]
     if failed:
-        shown = ",".join(str(i) for i in failed)
-        more = " ..." if len(failed) < sum(counts.get(s, 0) for s in ("failed", "lost", "cancelled")) else ""
-        typer.echo(f"failed indices: {shown}{more}  (their logs: gpulayer job logs {job_id} --index N)")
+        more = " ..." if len(failed) < counts.get("failed", 0) + counts.get("lost", 0) else ""
+        typer.echo(f"failed indices: {array_text(failed)}{more}  (their logs: gpulayer job logs {job_id} --index N)")
+    if cancelled:
+        more = " ..." if len(cancelled) < counts.get("cancelled", 0) else ""
+        typer.echo(f"cancelled indices: {array_text(sorted(cancelled))}{more}")
 
 
 def _worker(task: dict) -> str:

@@ -108,11 +108,17 @@ def state_style(text: str) -> str:
 
 
 def _current_tasks(job: dict) -> list[dict]:
-    return [t for t in job.get("tasks") or [] if t.get("attempt") == job.get("attempt")]
+    """The tasks of the job's current attempt; an array's listed ones, whatever their attempt (each element
+    retries alone), those running first."""
+    tasks = job.get("tasks") or []
+    if job.get("array"):
+        return [t for t in tasks if t.get("state") in ("assigned", "running")] or tasks
+    return [t for t in tasks if t.get("attempt") == job.get("attempt")]
 
 
 def _workers(job: dict) -> Optional[str]:
-    """The worker of the job's current attempt, `name+N` when its tasks are on several."""
+    """The worker of the job's current attempt (an array's running elements), `name+N` when its tasks are on
+    several."""
     names = list(dict.fromkeys(t.get("worker_name") or str(t["worker_id"])
                                for t in _current_tasks(job) if t.get("worker_id") is not None))
     if not names:
@@ -121,8 +127,10 @@ def _workers(job: dict) -> Optional[str]:
 
 
 def elapsed(job: dict, now: float) -> Optional[str]:
-    """How long the job has run (until it ended, or until now), as Slurm writes it: [D-]H:MM:SS."""
+    """How long the job has run (until it ended, or until now), as Slurm writes it: [D-]H:MM:SS; an array
+    since its first element started."""
     started = [t["started_at"] for t in _current_tasks(job) if t.get("started_at")]
+    started += [t for t in [(job.get("array") or {}).get("started_at")] if t]
     if not started:
         return None
     end = job.get("finished_at") or now

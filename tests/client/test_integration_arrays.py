@@ -3,12 +3,15 @@ process and a real worker process (`--parallel 2`), as a Slurm user would use th
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 
 import pytest
 
 import gpulayer as gl
-from gpulayer.testing import wait_for
+from gpulayer.testing import CLI, clean_env, wait_for
 from test_integration_cli import _job_id, _ok
+from test_integration_waiting import _told
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -34,6 +37,7 @@ def test_array_elements_see_their_index_and_fail_alone(cluster):
     table = _ok(cluster.cli("job", "list", "--limit", "20")).stdout
     row = next(line for line in table.splitlines() if line.split() and line.split()[0] == str(job_id))
     assert "failed 10/10 done, 1 failed" in row
+    assert re.search(r"\s(\d+-)?\d+:\d\d:\d\d\s+\d{4}-\d\d-\d\d ", row), row  # ELAPSED, then CREATED
     missing = cluster.cli("job", "logs", str(job_id), "--index", "10")
     assert missing.returncode != 0 and "no element 10" in missing.stderr and "Traceback" not in missing.stderr
 
@@ -93,6 +97,11 @@ def test_after_array_and_bad_dependencies(cluster):
     assert bad.returncode != 0 and "no job 999999" in bad.stderr and "Traceback" not in bad.stderr
     usage = cluster.cli("submit", "--after", "12:sometimes", "--", "true")
     assert usage.returncode == 2 and "--after" in usage.stderr
+    for digits in ("\u0663", "\u00b2"):  # an Arabic-Indic three, a superscript two: no job id
+        usage = cluster.cli("submit", "--after", digits, "--", "true")
+        assert usage.returncode == 2 and "--after" in usage.stderr and "Traceback" not in usage.stderr
+        refused = cluster.request("POST", "/v1/jobs", json={"command": ["true"], "after": [digits]})
+        assert refused.status_code == 400 and refused.json()["error"]["message"].startswith("after[0]")
     bad_array = cluster.cli("submit", "--array", "9-1", "--", "true")
     assert bad_array.returncode != 0 and "array" in bad_array.stderr and "Traceback" not in bad_array.stderr
 
@@ -105,8 +114,10 @@ def test_python_client_arrays_and_after(cluster):
         assert array.wait(timeout=120) == "succeeded" and after.wait(timeout=120) == "succeeded"
         assert [line["text"].strip() for line in array.logs(index=2) if line["stream"] == "stdout"] == ["2"]
         assert {line["index"] for line in array.logs()} == {0, 1, 2, 3}
-        assert array.info()["array"] == {"indices": "0-3", "size": 4, "max_running": 2, "counts": {"succeeded": 4},
-                                         "done": 4, "failed_indices": []}
+        view = array.info()["array"]
+        assert view.pop("started_at") <= array.info()["finished_at"]
+        assert view == {"indices": "0-3", "size": 4, "max_running": 2, "counts": {"succeeded": 4}, "done": 4,
+                        "failed_indices": [], "cancelled_indices": []}
         assert after.info()["after"][0]["job"] == array.id
 
 
@@ -118,3 +129,35 @@ def test_job_file_array_and_after_fields(cluster):
     spec = json.loads(_ok(cluster.cli("submit", "--array", "1,5", "--after", "7", "--after-array", "8",
                                       "--dry-run", "--", "true")).stdout)
     assert (spec["array"], spec["after"]) == ("1,5", ["7:ok", "8:ok"])
+
+
+def test_a_running_array_says_why_its_other_elements_wait(cluster):
+    # Each element takes every CPU of the biggest worker: one runs per worker, the others wait for capacity
+    cpus = cluster.sql("SELECT max(cpus) FROM workers WHERE state = 'online'")[0][0]
+    proc = subprocess.Popen([*CLI, "submit", "--array", "0-5", "--cpus", f"{cpus:g}", "--wait", "--", "sleep", "300"],
+                            env=clean_env(**cluster.cli_env()), cwd=cluster.root,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    job_id = int(proc.stdout.readline())
+    try:
+        line = _told(proc, "waiting for capacity")
+        assert "free at once" in line, line
+        status = _status(cluster, job_id)
+        assert status["state"] == "running" and status["waiting_reason"].startswith("waiting for capacity")
+        assert "waiting: waiting for capacity" in _ok(cluster.cli("job", "status", str(job_id))).stdout
+    finally:
+        _ok(cluster.cli("job", "cancel", str(job_id)))
+        proc.communicate(timeout=60)
+    assert proc.returncode == 1
+
+
+def test_status_of_a_cancelled_array_names_indices_as_ranges(cluster):
+    script = 'test "$GPULAYER_ARRAY_INDEX" -ge 2 && sleep 300; exit 3'  # elements 0 and 1 fail, 2 runs on
+    job_id = _job_id(_ok(cluster.cli("submit", "--array", "0-1199%1", "--", "sh", "-c", script)))
+    wait_for(lambda: _status(cluster, job_id)["array"]["counts"].get("running"), 60, "element 2 to run")
+    _ok(cluster.cli("job", "cancel", str(job_id)))
+    wait_for(lambda: _status(cluster, job_id)["array"]["counts"] == {"failed": 2, "cancelled": 1198}, 60,
+             "every element to end")
+    text = _ok(cluster.cli("job", "status", str(job_id))).stdout
+    assert "array 0-1199 %1: 1200/1200 done (2 failed, 1198 cancelled)" in text
+    assert f"failed indices: 0-1  (their logs: gpulayer job logs {job_id} --index N)" in text
+    assert "cancelled indices: 2-999 ...\n" in text  # the first 1,000 that did not succeed, by index

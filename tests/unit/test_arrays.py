@@ -46,6 +46,10 @@ def test_array_indices(text, indices):
     ({"array": "0-3", "nodes": 2}, "single tasks"), ({"array": 7}, "must be a string"),
     ({"after": [0]}, "between 1"), ({"after": ["4:sometimes"]}, "condition"), ({"after": ["4:ok", "4:any"]}, "twice"),
     ({"after": "4"}, "must be a list"),
+    # ASCII digits only: "٣" (Arabic-Indic three) and "²" are no job id, index or cap; nor are 5,000 digits
+    ({"after": ["\u0663"]}, "not a job id"), ({"after": ["\u00b2"]}, "not a job id"), ({"after": ["9" * 5000]}, "not a job id"),
+    ({"array": "0-3%\u0663"}, "whole number"), ({"array": "0-3%\u00b2"}, "whole number"), ({"array": "\u0663"}, "not an index"),
+    ({"array": "9" * 5000}, "not an index"), ({"after": ["9" * 19]}, "between 1"),
 ])
 def test_bad_array_or_after_refused_by_field(spec, message):
     with pytest.raises(InvalidRequest, match=message):
@@ -157,8 +161,9 @@ def test_cancel_one_element_or_the_whole_array(sched):
     assert view["state"] == "running" and view["array"]["counts"]["cancelled"] == 2
     with pytest.raises(NotFound):
         sched.cancel(job_id, 99)
-    with pytest.raises(InvalidRequest, match="no array"):
+    with pytest.raises(InvalidRequest, match="no array") as refused:
         sched.cancel(sched.submit(job()), 0)
+    assert "--" not in str(refused.value)  # said for the wire, not for the CLI's flags
     assert sched.cancel(job_id) is True
     assert state_of(sched, job_id)["state"] == "cancelled"
 
@@ -203,6 +208,7 @@ def test_failed_dependency_cancels_down_the_chain(sched):
     for job_id in chain[1:]:
         view = state_of(sched, job_id)
         assert (view["state"], view["reason"]) == ("cancelled", "dependency_failed")
+        assert [t["reason"] for t in view["tasks"]] == ["dependency_failed"]  # its task says so too
     assert state_of(sched, on_failure)["state"] == "queued"
     assert state_of(sched, anyway)["state"] == "queued"
     kinds = [e["kind"] for e in sched.store.read(jobs.events_of, chain[1])]
@@ -266,3 +272,34 @@ def test_a_long_chain_cascades_in_one_transaction(sched):
     assert state_of(sched, last)["reason"] == "dependency_failed"
     left = sched.store.read(lambda c: c.execute("SELECT count(*) AS n FROM jobs WHERE state = 'waiting'").fetchall())
     assert left[0]["n"] == 0
+
+
+def test_counts_and_indices_follow_each_element_s_latest_attempt(sched):
+    w = add_worker(sched, "w", slots=2)
+    job_id = sched.submit(job(array="0-5", retry={"max_attempts": 2, "retry_on": ["failed"]}))
+    assert state_of(sched, job_id)["array"]["started_at"] is None
+    assert run(sched, w, 1)["index"] == 0        # element 0 fails once: its retry is queued
+    view = state_of(sched, job_id)
+    assert view["array"]["counts"] == {"queued": 6} and view["array"]["failed_indices"] == []
+    assert [(t["index"], t["attempt"], t["state"]) for t in view["tasks"]] == [(0, 1, "failed")]  # still listed
+    assert view["array"]["started_at"] == sched.clock()
+    for code in (0, 0, 2, 0, 0):                 # elements 1-5: element 3 fails once, then again
+        run(sched, w, code)
+    run(sched, w, 0)                             # element 0's retry succeeds
+    run(sched, w, 5)                             # element 3's retry fails: no third attempt
+    view = state_of(sched, job_id)
+    assert view["state"] == "failed"
+    assert view["array"]["counts"] == {"succeeded": 5, "failed": 1} and view["array"]["done"] == 6
+    assert view["array"]["failed_indices"] == [3] and view["array"]["cancelled_indices"] == []
+
+
+def test_cancelled_elements_are_named_apart_from_failed_ones(sched):
+    w = add_worker(sched, "w")
+    job_id = sched.submit(job(array="0-2999%1"))
+    run(sched, w, 4)                              # element 0 fails
+    assert sched.cancel(job_id) is True           # the rest, held or queued, are cancelled
+    view = state_of(sched, job_id)
+    assert view["array"]["counts"] == {"failed": 1, "cancelled": 2999}
+    assert len(view["array"]["failed_indices"]) == jobs.ARRAY_FAILED_SHOWN
+    assert view["array"]["failed_indices"][:2] == [0, 1]
+    assert view["array"]["cancelled_indices"] == list(range(1, jobs.ARRAY_FAILED_SHOWN))

@@ -44,3 +44,30 @@ def test_a_restarting_replica_shows_its_last_restart_line(sched):
     assert task["restarts"] == 2
     assert task["restart_message"] == "restart 2: exited with code 1; next run in 2 s"
 
+
+
+def test_a_running_array_with_an_element_not_placed_says_why(sched):
+    w = add_worker(sched, "only", slots=1)
+    array = sched.submit(job(["sleep", "60"], array="0-2"))
+    first = sched.acquire(w)
+    sched.start(w, first["task_id"], 1)
+    info = state_of(sched, array)
+    assert info["state"] == "running"
+    assert info["waiting_reason"].startswith("waiting for capacity")  # elements 1 and 2: the one slot is taken
+
+
+def test_a_running_array_at_its_cap_waits_for_nothing_to_be_told(sched):
+    w = add_worker(sched, "only", slots=2)
+    array = sched.submit(job(["sleep", "60"], array="0-99%2", retry={"max_attempts": 2, "retry_on": ["failed"]}))
+    taken = sched.acquire_many(w, 0, 2)
+    for a in taken:
+        sched.start(w, a["task_id"], 1)
+    assert state_of(sched, array)["waiting_reason"] is None  # the held ones wait for the cap, by design
+    # Element 0 fails: its retry (a new task, after every held one) is released, and a job of higher
+    # priority takes the slot it freed
+    sched.finish(w, taken[0]["task_id"], exit_code=1, outcome="failed", outputs={}, reason=None)
+    other = sched.submit(job(["sleep", "60"], priority=5))
+    sched.start(w, sched.acquire(w)["task_id"], 1)
+    assert state_of(sched, other)["state"] == "running"
+    info = state_of(sched, array)
+    assert info["state"] == "running" and info["waiting_reason"].startswith("waiting for capacity")

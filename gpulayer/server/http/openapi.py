@@ -65,7 +65,7 @@ JOB = {"type": "object", "required": ["id", "state", "created_at", "spec", "task
     "id": {"type": "integer"}, "name": {"type": ["string", "null"]}, "state": {"type": "string"},
     "created_at": {"type": "number"}, "spec": {"type": "object"}, "tasks": {"type": "array"},
     "array": {"type": ["object", "null"], "description": "an array's progress: indices, size, max_running, "
-                                                         "counts {state: elements}, done, failed_indices"},
+                                                         "counts {state: elements}, done, failed_indices, cancelled_indices"},
     "after": {"type": "array", "items": {"type": "object", "properties": {
         "job": {"type": "integer"}, "condition": {"enum": ["ok", "notok", "any"]}, "state": {"type": ["string", "null"]},
         "name": {"type": ["string", "null"]}}}},

@@ -80,7 +80,7 @@ def cancel(conn, job_id: int, now: float) -> bool:
         raise NotFound(f"no job {job_id}")
     if job["state"] not in outcomes.ACTIVE_JOB:
         return False
-    for task in rows(conn, "cancel_queued_tasks", job_id=job_id, now=now):
+    for task in rows(conn, "cancel_queued_tasks", job_id=job_id, now=now, reason="cancelled"):
         events.record(conn, now, "task_cancelled", job_id=job_id, task_id=task["id"])
     for task in rows(conn, "cancel_running_tasks", job_id=job_id):
         events.record(conn, now, "task_cancel_requested", job_id=job_id, task_id=task["id"],
@@ -97,7 +97,7 @@ def cancel_element(conn, job_id: int, index: int, now: float) -> bool:
     if job is None:
         raise NotFound(f"no job {job_id}")
     if job["array_size"] is None:
-        raise InvalidRequest(f"index: job {job_id} is no array (cancel the whole job without --index)")
+        raise InvalidRequest(f"index: job {job_id} is no array (to cancel the whole job, send no index)")
     if not rows(conn, "element_tasks", job_id=job_id, index=index):
         raise NotFound(f"job {job_id} has no element {index}")
     if job["state"] not in outcomes.ACTIVE_JOB:
@@ -140,9 +140,11 @@ def _render(conn, job: dict, index: int | None = None) -> dict:
         found = rows(conn, "element_tasks", job_id=job["id"], index=index)
         if not found:
             raise NotFound(f"job {job['id']} has no {'element' if job['array_size'] else 'task with index'} {index}")
-    elif job["array_size"] is not None:  # an array lists what runs and what failed; `array` counts them all
-        found = rows(conn, "array_tasks_shown", job_id=job["id"], limit=ARRAY_TASKS_SHOWN)
-    else:
+    array, ended = _array_view(conn, job) if job["array_size"] is not None else (None, False)
+    if index is None and array is not None:  # an array lists what runs and what failed; `array` counts them all
+        found = rows(conn, "array_tasks_shown", job_id=job["id"], limit=ARRAY_TASKS_SHOWN,
+                     ended_limit=ARRAY_TASKS_SHOWN if ended else 0)
+    elif index is None:
         found = rows(conn, "job_tasks", job_id=job["id"])
     tasks = [_task_view(conn, t) for t in found]
     return {"id": job["id"], "name": job["name"], "state": job["state"], "kind": job["kind"],
@@ -150,17 +152,25 @@ def _render(conn, job: dict, index: int | None = None) -> dict:
             "exit_code": job["exit_code"], "reason": job["reason"],
             "waiting_reason": waiting_reason(conn, job, tasks),
             "spec": json.loads(job["spec"]), "tasks": tasks,
-            "array": _array_view(conn, job) if job["array_size"] is not None else None,
+            "array": array,
             "after": rows(conn, "job_dependencies_of", job_id=job["id"])}
 
 
-def _array_view(conn, job: dict) -> dict:
-    """An array's progress: its elements counted by the state of their latest task, and the failed ones."""
-    counts = {r["state"]: r["n"] for r in rows(conn, "array_counts", job_id=job["id"])}
-    failed = rows(conn, "array_failed_indices", job_id=job["id"], limit=ARRAY_FAILED_SHOWN)
-    return {"indices": json.loads(job["spec"])["array"], "size": job["array_size"], "max_running": job["max_running"],
-            "counts": counts, "done": sum(counts.get(s, 0) for s in ("succeeded", "failed", "cancelled", "lost")),
-            "failed_indices": [f["index"] for f in failed]}
+def _array_view(conn, job: dict) -> tuple[dict, bool]:
+    """An array's progress: its elements counted by the state of their latest task, when the first
+    started, and those that did not succeed (the cancelled ones among them named apart); and whether
+    any of its tasks ended without success (a retried one included)."""
+    found = rows(conn, "array_counts", job_id=job["id"])
+    counts = {r["state"]: r["n"] for r in found if r["n"] > 0}
+    unsuccessful = sum(counts.get(s, 0) for s in ("failed", "cancelled", "lost"))
+    # none counted: the indices are not looked for (a walk of every task of the array)
+    failed = rows(conn, "array_failed_indices", job_id=job["id"], limit=ARRAY_FAILED_SHOWN) if unsuccessful else []
+    view = {"indices": json.loads(job["spec"])["array"], "size": job["array_size"], "max_running": job["max_running"],
+            "counts": counts, "done": counts.get("succeeded", 0) + unsuccessful,
+            "started_at": min((r["started_at"] for r in found if r["started_at"] is not None), default=None),
+            "failed_indices": [f["index"] for f in failed],
+            "cancelled_indices": [f["index"] for f in failed if f["state"] == "cancelled"]}
+    return view, bool(unsuccessful) or any(r["replaced"] for r in found)
 
 
 def _dependencies_reason(conn, job: dict) -> str:
@@ -175,14 +185,15 @@ def waiting_reason(conn, job: dict, tasks: list[dict] | None = None) -> str | No
     """Why a queued job is not placed: what no online worker has (labels, size, secrets' labels), else
     that the workers that fit are busy; None when a worker could take it now.
 
-    A running service with a replica back in the queue (`tasks`, the rendered
-    tasks) is told the same way, for that replica.
+    A running job with a task in the queue is told the same way, for that task:
+    a service's replica back in the queue (`tasks`, the rendered tasks), an
+    array's element released but not placed (one held by the array's %N cap
+    waits for nothing to be told).
     """
     if job["state"] == "waiting":
         return _dependencies_reason(conn, job)
     if job["state"] == "running":
-        if job["kind"] != "service" or not any(t["state"] == "queued" and t["attempt"] == job["attempt"]
-                                               for t in tasks or []):
+        if not _task_in_queue(conn, job, tasks or []):
             return None
     elif job["state"] != "queued":
         return None
@@ -191,6 +202,14 @@ def waiting_reason(conn, job: dict, tasks: list[dict] | None = None) -> str | No
         return found["reason"]
     quota = row(conn, "job_quota_reason", job_id=job["id"])  # a project's quota, a user's limit
     return (quota and quota["reason"]) or (found["busy"] if found else None)
+
+
+def _task_in_queue(conn, job: dict, tasks: list[dict]) -> bool:
+    """Whether a running job has a task in the queue: an array's released element, a service's replica."""
+    if job["array_size"] is not None:  # its view lists no queued element: asked of the state file
+        return row(conn, "array_element_released", job_id=job["id"]) is not None
+    return job["kind"] == "service" and any(t["state"] == "queued" and t["attempt"] == job["attempt"]
+                                            for t in tasks)
 
 
 def listing(conn, state: str | None, limit: int, before: int | None, scope: dict | None = None) -> list[dict]:

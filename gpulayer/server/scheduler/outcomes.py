@@ -160,7 +160,7 @@ def cancel_dependent(conn, now: float, job_id: int, after_job_id: int, state: st
     """Cancel a job that can never run, its dependency `after_job_id` having ended (in `state`) against
     its condition: reason dependency_failed. Its own dependents are left to the caller."""
     events.record(conn, now, "dependency_failed", job_id=job_id, after=after_job_id, state=state)
-    for task in rows(conn, "cancel_queued_tasks", job_id=job_id, now=now):
+    for task in rows(conn, "cancel_queued_tasks", job_id=job_id, now=now, reason="dependency_failed"):
         events.record(conn, now, "task_cancelled", job_id=job_id, task_id=task["id"], reason="dependency_failed")
     if row(conn, "finish_job", job_id=job_id, state="cancelled", exit_code=None, reason="dependency_failed",
            now=now) is None:

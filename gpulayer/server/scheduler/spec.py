@@ -5,6 +5,7 @@ import math
 import re
 from typing import Any
 
+from gpulayer.protocol import array_text
 from gpulayer.server.config import PRIORITY_CLASSES, SERVICE_MAX_ATTEMPTS
 from gpulayer.server.errors import InvalidRequest
 
@@ -25,7 +26,8 @@ MAX_ARRAY = 100_000       # elements of one job array (one request, one transact
 MAX_ARRAY_INDEX = 9_999_999
 MAX_AFTER = 100           # dependencies of one job
 AFTER_CONDITIONS = ("ok", "notok", "any")
-ARRAY_RANGE = re.compile(r"(\d+)(?:-(\d+)(?::(\d+))?)?\Z")
+# ASCII digits only (\d and str.isdigit take "٣" and "²"), and few enough that int() takes them
+ARRAY_RANGE = re.compile(r"([0-9]{1,19})(?:-([0-9]{1,19})(?::([0-9]{1,19}))?)?\Z")
 
 JOB_FIELDS = {"command", "name", "env", "accelerator", "gpus", "cpus", "memory_mb", "labels", "retry",
               "timeout_seconds", "silence_timeout_seconds", "source", "inputs", "outputs", "nodes",
@@ -239,17 +241,6 @@ def array_indices(value: Any) -> list[int]:
     return ordered
 
 
-def array_text(indices: list[int]) -> str:
-    """Ascending indices written as ranges: [0, 1, 2, 5] -> "0-2,5"."""
-    parts, start = [], 0
-    for i in range(1, len(indices) + 1):
-        if i == len(indices) or indices[i] != indices[i - 1] + 1:
-            first, last = indices[start], indices[i - 1]
-            parts.append(str(first) if first == last else f"{first}-{last}")
-            start = i
-    return ",".join(parts)
-
-
 def _array(spec: dict) -> tuple[str | None, int | None]:
     """The array (normalised to ranges) and its running cap, from `array` ("0-999%16") and `max_running`."""
     value, cap = spec.get("array"), spec.get("max_running")
@@ -260,13 +251,18 @@ def _array(spec: dict) -> tuple[str | None, int | None]:
         return None, None
     if isinstance(value, str) and "%" in value:
         value, _, limit = value.partition("%")
-        if not limit.strip().isdigit():
+        if _whole(limit.strip()) is None:
             raise _fail("array", f"%{limit}: the running cap after % is a whole number (0-999%16)")
-        inline = integer(int(limit), "array (its %N)", 1, MAX_ARRAY)
+        inline = integer(_whole(limit.strip()), "array (its %N)", 1, MAX_ARRAY)
         if cap is not None and cap != inline:
             raise _fail("max_running", f"is {cap} but array says %{inline}: give one")
         cap = inline
     return array_text(array_indices(value)), cap
+
+
+def _whole(text: str) -> int | None:
+    """`text` as a whole number when it is one in ASCII digits (at most 19 of them), else None."""
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 19 else None
 
 
 def _after(value: Any) -> list[dict]:
@@ -280,9 +276,9 @@ def _after(value: Any) -> list[dict]:
         field = f"after[{i}]"
         if isinstance(entry, str):
             job, _, condition = entry.strip().partition(":")
-            if not job.isdigit():
+            if _whole(job) is None:
                 raise _fail(field, f"{entry!r} is not a job id, ID:ok, ID:notok or ID:any")
-            job_id, condition = int(job), condition or "ok"
+            job_id, condition = _whole(job), condition or "ok"
         elif isinstance(entry, dict):
             _known(entry, {"job", "condition"}, field)
             job_id, condition = entry.get("job"), entry.get("condition", "ok")

@@ -68,28 +68,56 @@ SELECT 1 AS found FROM tasks INDEXED BY tasks_job_active
 WHERE job_id = :job_id AND state IN ('queued', 'assigned', 'running') LIMIT 1;
 
 -- name: array_counts --
--- An array's elements by the state of their latest task ('held' for queued but not released;
--- SQLite takes the bare columns from the row with max(attempt)).
-SELECT CASE WHEN state = 'queued' AND held = 1 THEN 'held' ELSE state END AS state, count(*) AS n
-FROM (SELECT "index", max(attempt), state, held FROM tasks WHERE job_id = :job_id GROUP BY "index")
-GROUP BY 1;
+-- An array's elements by the state of their latest task ('held' for queued but not released),
+-- when the first of them started, and how many tasks of each state a retry replaced: every task
+-- counted by state, less those replaced (an element's attempt k + 1 replaces its attempt k).
+-- One pass over the array's tasks grouped by state, not by index (which sorts them all): 2x
+-- faster at 100,000.
+SELECT state, sum(n) AS n, min(started_at) AS started_at, sum(replaced) AS replaced FROM (
+    SELECT CASE WHEN state = 'queued' AND held = 1 THEN 'held' ELSE state END AS state, count(*) AS n,
+           min(started_at) AS started_at, 0 AS replaced
+    FROM tasks WHERE job_id = :job_id GROUP BY 1
+    UNION ALL
+    SELECT p.state, -count(*), NULL, count(*) FROM tasks r
+    JOIN tasks p ON p.job_id = r.job_id AND p.attempt = r.attempt - 1 AND p."index" = r."index"
+    WHERE r.job_id = :job_id AND r.attempt >= 2 GROUP BY 1)
+GROUP BY state;
+
+-- name: array_element_released --
+-- Has a running array an element released to the queue but not placed (its waiting reason is
+-- then told)? Two seeks, not a walk of what is held: release goes lowest index first and a
+-- retry is a new task, released, so the queued tasks by id are the released ones, then the
+-- held ones, then the retries; one released is queued iff the first or the last is.
+SELECT 1 AS found FROM (
+    SELECT * FROM (SELECT held FROM tasks INDEXED BY tasks_job_active
+                   WHERE job_id = :job_id AND state IN ('queued', 'assigned', 'running') AND state = 'queued'
+                   ORDER BY id LIMIT 1)
+    UNION ALL
+    SELECT * FROM (SELECT held FROM tasks INDEXED BY tasks_job_active
+                   WHERE job_id = :job_id AND state IN ('queued', 'assigned', 'running') AND state = 'queued'
+                   ORDER BY id DESC LIMIT 1))
+WHERE held = 0 LIMIT 1;
 
 -- name: array_failed_indices --
--- The indices of an array's elements whose latest task ended without success, at most :limit.
-SELECT "index", state, exit_code, reason
-FROM (SELECT "index", max(attempt), state, exit_code, reason FROM tasks WHERE job_id = :job_id GROUP BY "index")
-WHERE state IN ('failed', 'cancelled', 'lost') ORDER BY "index" LIMIT :limit;
+-- The indices of an array's elements whose latest task (one no retry replaced) ended without
+-- success, at most :limit (:limit 0 reads nothing).
+SELECT t."index", t.state, t.exit_code, t.reason FROM tasks t
+WHERE t.job_id = :job_id AND t.state IN ('failed', 'cancelled', 'lost')
+  AND NOT EXISTS (SELECT 1 FROM tasks n WHERE n.job_id = t.job_id AND n.attempt = t.attempt + 1
+                                          AND n."index" = t."index")
+ORDER BY t."index" LIMIT :limit;
 
 -- name: array_tasks_shown --
--- The tasks of an array a job view lists: the active ones, then the latest that did not
--- succeed, at most :limit (array_counts counts them all).
+-- The tasks of an array a job view lists: the active ones, at most :limit, then the latest that
+-- did not succeed, at most :ended_limit (0 when array_counts counts none: they are not looked for).
 SELECT * FROM (
     SELECT t.id AS task_id, t."index", t.attempt, t.state, t.worker_id, t.endpoint, t.exit_code,
            t.restarts, t.started_at, t.finished_at, t.reason, t.address, t.outcome, t.outputs,
            w.name AS worker_name
     FROM tasks t LEFT JOIN workers w ON w.id = t.worker_id
-    -- (the redundant IN term lets SQLite use the partial index tasks_job_active, not all the array's tasks)
-    WHERE t.job_id = :job_id AND t.state IN ('queued', 'assigned', 'running') AND t.state IN ('assigned', 'running')
+    -- (the redundant IN term lets SQLite use the partial index tasks_job_active, not all the array's tasks,
+    -- written second, so that the index is searched for the two states, not walked through every queued task)
+    WHERE t.job_id = :job_id AND t.state IN ('assigned', 'running') AND t.state IN ('queued', 'assigned', 'running')
     ORDER BY t."index" LIMIT :limit)
 UNION ALL
 SELECT * FROM (
@@ -97,8 +125,8 @@ SELECT * FROM (
            t.restarts, t.started_at, t.finished_at, t.reason, t.address, t.outcome, t.outputs,
            w.name AS worker_name
     FROM tasks t LEFT JOIN workers w ON w.id = t.worker_id
-    WHERE t.job_id = :job_id AND t.state IN ('failed', 'cancelled', 'lost')
-    ORDER BY t."index", t.attempt DESC LIMIT :limit);
+    WHERE :ended_limit > 0 AND t.job_id = :job_id AND t.state IN ('failed', 'cancelled', 'lost')
+    ORDER BY t."index", t.attempt DESC LIMIT :ended_limit);
 
 -- name: element_tasks --
 -- The tasks of one element of an array (or one replica / rank), newest attempt first.
@@ -436,8 +464,8 @@ WHERE id = :job_id AND state IN ('queued', 'running', 'waiting')
 RETURNING id;
 
 -- name: cancel_queued_tasks --
--- Cancel: tasks not yet running end at once.
-UPDATE tasks SET state = 'cancelled', reason = 'cancelled', finished_at = :now
+-- Cancel: tasks not yet running end at once, for :reason (cancelled, or dependency_failed as their job).
+UPDATE tasks SET state = 'cancelled', reason = :reason, finished_at = :now
 WHERE job_id = :job_id AND state IN ('queued', 'assigned')
 RETURNING id;
 
