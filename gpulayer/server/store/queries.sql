@@ -610,6 +610,23 @@ WHERE t.worker_id = :worker_id AND t.state IN ('assigned', 'running')
        OR EXISTS (SELECT 1 FROM json_each(j.spec, '$.inputs') i WHERE i.value = :digest))
 LIMIT 1;
 
+-- name: artifact_allowed_for_user --
+-- A non-admin client downloads only what a job it may read names (source, inputs, weights,
+-- an output): its own jobs, its managed projects' and, in projects of visibility `project`,
+-- its projects' jobs: the `read` level of teams._level, written again here.
+WITH readable(id) AS (
+    SELECT id FROM jobs WHERE user_id = :user_id
+    UNION
+    SELECT j.id FROM memberships m JOIN projects p ON p.id = m.project_id JOIN jobs j ON j.project_id = m.project_id
+    WHERE m.user_id = :user_id AND (m.role = 'manager' OR p.visibility = 'project')
+)
+SELECT 1 AS ok FROM readable r JOIN jobs j ON j.id = r.id
+WHERE json_extract(j.spec, '$.source') = :digest
+   OR json_extract(j.spec, '$.service.weights') = :digest
+   OR EXISTS (SELECT 1 FROM json_each(j.spec, '$.inputs') i WHERE i.value = :digest)
+   OR EXISTS (SELECT 1 FROM tasks t, json_each(t.outputs) o WHERE t.job_id = j.id AND o.value = :digest)
+LIMIT 1;
+
 -- name: worker_holds_task --
 -- Does the worker hold any active task (it may upload outputs)?
 SELECT 1 AS ok FROM tasks WHERE worker_id = :worker_id AND state IN ('assigned', 'running') LIMIT 1;
@@ -649,23 +666,6 @@ UPDATE jobs SET state = 'queued' WHERE id = :job_id AND state = 'running';
 -- name: worker_state --
 -- A worker's state before a change.
 SELECT state, gone_reason FROM workers WHERE id = :worker_id;
--- name: artifact_allowed_for_user --
--- A non-admin client downloads only what a job it may read names (source, inputs, weights,
--- an output): its own jobs, its managed projects' and, in projects of visibility `project`,
--- its projects' jobs: the `read` level of teams._level, written again here.
-WITH readable(id) AS (
-    SELECT id FROM jobs WHERE user_id = :user_id
-    UNION
-    SELECT j.id FROM memberships m JOIN projects p ON p.id = m.project_id JOIN jobs j ON j.project_id = m.project_id
-    WHERE m.user_id = :user_id AND (m.role = 'manager' OR p.visibility = 'project')
-)
-SELECT 1 AS ok FROM readable r JOIN jobs j ON j.id = r.id
-WHERE json_extract(j.spec, '$.source') = :digest
-   OR json_extract(j.spec, '$.service.weights') = :digest
-   OR EXISTS (SELECT 1 FROM json_each(j.spec, '$.inputs') i WHERE i.value = :digest)
-   OR EXISTS (SELECT 1 FROM tasks t, json_each(t.outputs) o WHERE t.job_id = j.id AND o.value = :digest)
-LIMIT 1;
-
 
 -- name: set_task_pid --
 -- A started task reports its process id again (a retried start).
