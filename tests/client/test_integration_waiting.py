@@ -10,6 +10,7 @@ import os
 import pty
 import queue
 import select
+import signal
 import subprocess
 import threading
 import time
@@ -40,6 +41,9 @@ class Terminal:
     def __init__(self, args, env, cwd):
         self.pid, self.fd = pty.fork()
         if self.pid == 0:  # the child: the CLI, with the terminal as its controlling one
+            # As a shell would: ^C's SIGINT at its default (a pytest-xdist worker ignores SIGINT, and an
+            # ignored signal stays ignored across exec).
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.chdir(cwd)
             os.execve(CLI[0], [*CLI, *args], clean_env(**env))
         self.output = ""
