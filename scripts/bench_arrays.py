@@ -10,6 +10,9 @@
    --backlog plain queued tasks behind them; then of an array's elements (one %16-capped
    array of --held elements, each finished before the next acquire), with the same backlog
    and --waiting dependent jobs besides (their tasks held, outside task_queue).
+4. read: what `GET /v1/jobs/{id}` renders (jobs.render), in-process, for an array of --held
+   elements half of them ended (a quarter failed, a quarter cancelled) and the rest queued;
+   beside it the render of a one-task job on the same state file.
 
     python scripts/bench_arrays.py [--size 10000] [--run-size 1000] [--repeat 5] [--json]
 
@@ -122,6 +125,39 @@ def acquire_times(backlog: int, held: int, waiting: int, n: int) -> dict:
             "ratio": round(benchlib.median(arrays) / benchlib.median(plain), 2)}
 
 
+def read_times(elements: int, n: int) -> dict:
+    from gpulayer.server.scheduler import jobs
+    from gpulayer.server.scheduler.spec import validate_job
+    from gpulayer.server.store import db
+
+    path = Path(tempfile.mkdtemp(prefix="bench-arrays-read-")) / "state.db"
+    store = db.Store(path, synchronous="normal")
+    now = time.time()
+    single = store.write(jobs.submit, validate_job({"command": ["true"]}), now)
+    array = store.write(jobs.submit, validate_job({"command": ["true"], "array": f"0-{elements - 1}"}), now)
+
+    def end_half(conn):  # as if run: a quarter failed, a quarter cancelled, the job still running
+        conn.execute("UPDATE jobs SET state = 'running' WHERE id = ?", (array,))
+        conn.execute("DELETE FROM task_queue WHERE task_id IN (SELECT id FROM tasks WHERE job_id = ? AND \"index\" < ?)",
+                     (array, elements // 2))
+        conn.execute("UPDATE tasks SET state = CASE WHEN \"index\" % 2 THEN 'failed' ELSE 'cancelled' END, "
+                     "exit_code = 1, started_at = ?, finished_at = ? WHERE job_id = ? AND \"index\" < ?",
+                     (now, now, array, elements // 2))
+    store.write(end_half)
+    conn = db.connect(path)
+    spent: dict[int, list[float]] = {single: [], array: []}
+    for _ in range(n):
+        for job_id, out in spent.items():
+            t0 = time.perf_counter()
+            jobs.render(conn, job_id)
+            out.append(time.perf_counter() - t0)
+    conn.close()
+    store.close()
+    return {"elements": elements, "one_task_p50_ms": round(benchlib.median(spent[single]) * 1e3, 3),
+            "array_p50_ms": round(benchlib.median(spent[array]) * 1e3, 2),
+            "ratio": round(benchlib.median(spent[array]) / benchlib.median(spent[single]), 1)}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", type=int, default=10_000, help="elements of the submitted array")
@@ -131,7 +167,8 @@ def main(argv=None) -> int:
     parser.add_argument("--held", type=int, default=100_000, help="elements of the capped array (held)")
     parser.add_argument("--waiting", type=int, default=10_000, help="waiting dependent jobs")
     parser.add_argument("--acquisitions", type=int, default=300, help="timed acquisitions")
-    parser.add_argument("--skip", default="", help="comma list of parts to skip: submit, run, acquire")
+    parser.add_argument("--reads", type=int, default=15, help="timed renders of each job (part read)")
+    parser.add_argument("--skip", default="", help="comma list of parts to skip: submit, run, acquire, read")
     parser.add_argument("--json", action="store_true", help="print JSON")
     args = parser.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
@@ -142,8 +179,10 @@ def main(argv=None) -> int:
         result["run"] = run_times(args.run_size, args.repeat)
     if "acquire" not in skip:
         result["acquire"] = acquire_times(args.backlog, args.held, args.waiting, args.acquisitions)
+    if "read" not in skip:
+        result["read"] = read_times(args.held, args.reads)
     text = "\n\n".join([benchlib.machine_line(result["machine"])] +
-                       [f"{part}:\n" + benchlib.table([result[part]]) for part in ("submit", "run", "acquire")
+                       [f"{part}:\n" + benchlib.table([result[part]]) for part in ("submit", "run", "acquire", "read")
                         if part in result])
     benchlib.emit(result, args.json, text)
     return 0
