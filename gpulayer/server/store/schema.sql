@@ -6,7 +6,7 @@
 -- 3.40 appears in a view. `PRAGMA user_version` below is the schema version;
 -- gpulayer/server/store/migrations/NNNN_*.sql bring an older file up to it.
 
-PRAGMA user_version = 7;
+PRAGMA user_version = 8;
 
 -- Join and client tokens. `server init` writes the hashes of its two tokens to
 -- server-credentials.json; tokens minted later (`gpulayer token create`) live
@@ -682,6 +682,30 @@ CREATE TABLE preemptions (
 CREATE INDEX preemptions_task ON preemptions (task_id, done_at);
 CREATE INDEX preemptions_for ON preemptions (for_task_id) WHERE done_at IS NULL;
 CREATE INDEX preemptions_worker ON preemptions (worker_id) WHERE done_at IS NULL;
+
+-- Room held for a waiting gang while the preemption victims that make it stop: a row per
+-- worker chosen for one of its ranks, written in the preemption round that asked for the
+-- victims (preemption.py). Until `expires_at` (the preemption grace plus two lease TTLs after
+-- it), other work on that worker (acquire_task, another gang's gang_workers) takes only room
+-- beyond it: a slot and the rank's GPUs, CPUs and memory. Deleted when the job leaves the queue
+-- (placed or cancelled: the trigger below); an expired row counts for nothing and goes at the
+-- next preemption round.
+CREATE TABLE gang_reservations (
+    worker_id    INTEGER NOT NULL,
+    job_id       INTEGER NOT NULL,
+    gpus         INTEGER NOT NULL CHECK (gpus >= 0),   -- one rank's
+    cpus         REAL NOT NULL CHECK (cpus >= 0),
+    memory_mb    INTEGER NOT NULL CHECK (memory_mb >= 0),
+    reserved_at  REAL NOT NULL,
+    expires_at   REAL NOT NULL,
+    PRIMARY KEY (worker_id, job_id)
+) STRICT;
+CREATE INDEX gang_reservations_job ON gang_reservations (job_id);
+
+CREATE TRIGGER jobs_gang_reservations_end AFTER UPDATE OF state ON jobs
+WHEN old.state = 'queued' AND new.state <> 'queued' AND new.gang = 1 BEGIN
+    DELETE FROM gang_reservations WHERE job_id = new.id;
+END;
 
 -- GPUs each project's active tasks hold now, and its running jobs.
 CREATE VIEW project_load AS
