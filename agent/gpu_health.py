@@ -2,7 +2,10 @@
 
 A fault is sticky: once a device is unhealthy it stays so in every report
 until the agent restarts (and NVML then reports it clean) or the control
-plane says an operator reset it (`reset_gpus` in a heartbeat answer). Xids
+plane says an operator reset it (`reset_gpus` in a heartbeat answer; the
+agent echoes each reset it applied, `reset_applied` in that device's report,
+until a heartbeat carrying the echo is answered, and the control plane tells
+the reset again until it hears the echo, so a lost answer loses no reset). Xids
 that are the application's fault (nvml.APPLICATION_XIDS) change nothing. A
 fault on a MIG-enabled GPU marks each of its MIG instances, or only the one
 an Xid names. Every NVML call is in agent/nvml.py.
@@ -25,6 +28,7 @@ class GpuHealth:
         self.devices = devices
         self.on_change = on_change  # a device turned unhealthy: heartbeat now
         self.faults: dict[int, str] = {}
+        self.applied: set[int] = set()  # resets applied, to echo until a heartbeat carrying them is answered
         self.lock = threading.Lock()
         self.stopped = threading.Event()
         self.thread: threading.Thread | None = None
@@ -107,6 +111,9 @@ class GpuHealth:
         volatile count is not cleared by an operator's word, only by a GPU reset or a driver reload)."""
         with self.lock:
             for index in indices:
+                if int(index) not in self.devices:
+                    continue
+                self.applied.add(int(index))
                 if self.faults.pop(int(index), None) is not None:
                     log_event("gpu_reset", index=index)
         if self.nvml is not None:
@@ -114,8 +121,15 @@ class GpuHealth:
                 self.ecc_baseline[gpu] = self.nvml.ecc_uncorrected(gpu)
 
     def report(self) -> list[dict]:
-        """The heartbeat's `gpus`: `[{index, uuid, healthy, reason}]`."""
+        """The heartbeat's `gpus`: `[{index, uuid, healthy, reason}]`, and `reset_applied: true` on a device
+        whose reset was applied and not yet echoed in an answered heartbeat."""
         with self.lock:
-            faults = dict(self.faults)
-        return [{"index": i, "uuid": d.uuid, "healthy": i not in faults, "reason": faults.get(i)}
+            faults, applied = dict(self.faults), set(self.applied)
+        return [{"index": i, "uuid": d.uuid, "healthy": i not in faults, "reason": faults.get(i),
+                 **({"reset_applied": True} if i in applied else {})}
                 for i, d in sorted(self.devices.items())]
+
+    def echoed(self, sent: list[dict]) -> None:
+        """A heartbeat carrying `sent` (a report()) was answered: the resets it echoed were heard."""
+        with self.lock:
+            self.applied -= {g["index"] for g in sent if g.get("reset_applied")}

@@ -313,6 +313,8 @@ class Worker:
             try:
                 answer = self.transport.request("POST", "/worker/heartbeat", body)
                 failures = 0
+                if self.gpu_health is not None:  # the resets it echoed were heard (before this answer's own)
+                    self.gpu_health.echoed(body["gpus"])
                 self._on_heartbeat(answer)
             except Unreachable as exc:
                 failures += 1

@@ -292,3 +292,39 @@ def test_a_failing_event_wait_ends_the_watch_not_the_checks(fake):
     assert health.report()[0]["reason"] == "does not answer NVML (GPU is lost)"
     health.stop()
     nvml.close()
+
+
+def test_the_agent_echoes_a_reset_until_an_answer_is_heard(fake, plane, start_worker):
+    """A real worker on the fake pynvml: a reset told in an answer is echoed (`reset_applied`) in the
+    next heartbeats until one of them is answered; an answer lost on the way is sent again."""
+    fake(gpus=[h100(0, ecc_uncorrected=1), h100(1)])  # GPU 0's uncorrectable error predates the agent
+    sent, lost = [], {"echo": 1}
+    route = plane.route
+
+    def answering(method, path, body, token):
+        if path != "/v1/worker/heartbeat" or not body.get("gpus"):
+            return route(method, path, body, token)
+        sent.append(body["gpus"])
+        echoed = any(g.get("reset_applied") for g in body["gpus"])
+        if echoed and lost["echo"]:
+            lost["echo"] -= 1  # the answer to the first echo is lost: the agent must echo again
+            return 503, {"error": {"code": "unavailable", "message": "down"}}
+        status, answer = route(method, path, body, token)
+        if not echoed and not body["gpus"][0]["healthy"]:  # the control plane tells the reset until heard
+            answer["reset_gpus"] = [0]
+        return status, answer
+    plane.route = answering
+    worker = start_worker(gpu_probe=None, gpus=None)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not (sent and any(g[0].get("reset_applied") for g in sent)
+                                               and "reset_applied" not in sent[-1][0]):
+        time.sleep(0.05)
+    worker.stop()
+    register = plane.registrations[0]["gpus"]
+    assert register[0]["healthy"] is False and register[1]["healthy"] is True
+    echoes = [i for i, g in enumerate(sent) if g[0].get("reset_applied")]
+    assert len(echoes) >= 2 and echoes[1] == echoes[0] + 1  # the lost one, then again
+    assert all(sent[i][0]["healthy"] for i in echoes)  # the fault forgotten, ECC counted from the reset
+    after = sent[echoes[-1] + 1:]
+    assert after and all(not g[0].get("reset_applied") and g[0]["healthy"] for g in after)  # heard: echoed no more
+    assert all("reset_applied" not in g[1] for g in sent)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from gpulayer.server.errors import Conflict, NotFound, TaskNotAssigned
-from gpulayer.server.scheduler import jobs, workers
+from gpulayer.server.scheduler import gpu_health, jobs, workers
 
 from helpers import add_worker, job, state_of
 
@@ -250,7 +250,7 @@ def test_a_task_keeps_its_healthy_gpus_until_it_has_ended(sched):
     assert sched.acquire(w)["gpus"] == [0]
 
 
-def test_gpu_reset_marks_healthy_and_tells_the_agent_once(sched):
+def test_gpu_reset_marks_healthy_and_is_told_until_the_agent_echoes_it(sched):
     w = add_worker(sched, "g", gpus=2)
     beat(sched, w, gpus=healthy(0, 1, bad={0: "Xid 79"}))
     with pytest.raises(NotFound):
@@ -261,10 +261,57 @@ def test_gpu_reset_marks_healthy_and_tells_the_agent_once(sched):
     hb = beat(sched, w, gpus=healthy(0, 1, bad={0: "Xid 79"}))
     assert hb["reset_gpus"] == [0]
     assert listed(sched, w)["free"]["gpus"] == 2
-    # Told once; a new fault after that counts again.
-    hb = beat(sched, w, gpus=healthy(0, 1, bad={0: "Xid 94"}))
+    # That answer was lost: the agent still reports the fault, which is ignored, and the reset is told again.
+    hb = beat(sched, w, gpus=healthy(0, 1, bad={0: "Xid 79"}))
+    assert hb["reset_gpus"] == [0] and listed(sched, w)["gpus"][0]["healthy"] is True
+    assert sched.store.read(lambda conn: conn.execute(
+        "SELECT count(*) AS n FROM events WHERE kind = 'gpu_unhealthy' AND worker_id = ?", (w,)).fetchone()["n"]) == 1
+    # The agent applied it and echoes it: heard, told no more.
+    echo = healthy(0, 1)
+    echo[0]["reset_applied"] = True
+    hb = beat(sched, w, gpus=echo)
+    assert "reset_gpus" not in hb
+    assert sched.store.read(lambda conn: gpu_health.listing(conn, w))[0]["healthy"] is True
+    # A new fault after that counts again; an echo repeated (its answer lost) changes nothing.
+    again = healthy(0, 1, bad={0: "Xid 94"})
+    again[0]["reset_applied"] = True
+    hb = beat(sched, w, gpus=again)
     assert "reset_gpus" not in hb
     assert listed(sched, w)["gpus"][0] == {"index": 0, "uuid": "GPU-0", "healthy": False, "reason": "Xid 94"}
+
+
+def test_a_fault_reported_with_the_echo_counts(sched):
+    w = add_worker(sched, "g", gpus=1)
+    beat(sched, w, gpus=healthy(0, bad={0: "Xid 79"}))
+    sched.gpu_reset("g", 0)
+    # The agent applied the reset, and then NVML showed the fault again (a remap failure is not cleared by words).
+    report = healthy(0, bad={0: "row remap failure"})
+    report[0]["reset_applied"] = True
+    hb = beat(sched, w, gpus=report)
+    assert "reset_gpus" not in hb
+    assert listed(sched, w)["gpus"][0]["reason"] == "row remap failure"
+
+
+def test_a_healthy_report_hears_the_reset_and_no_report_is_told_once(sched):
+    w = add_worker(sched, "g", gpus=2)
+    beat(sched, w, gpus=healthy(0, 1, bad={0: "Xid 79", 1: "Xid 48"}))
+    sched.gpu_reset("g", 0)
+    sched.gpu_reset("g", 1)
+    # An agent that applies resets but echoes nothing (an older one) reports GPU 0 healthy: heard.
+    hb = beat(sched, w, gpus=healthy(0, 1, bad={1: "Xid 48"}))
+    assert hb["reset_gpus"] == [1]
+    # A heartbeat without `gpus` cannot mark a GPU again: the reset is told once.
+    assert beat(sched, w)["reset_gpus"] == [1]
+    assert "reset_gpus" not in beat(sched, w)
+    assert [g["healthy"] for g in listed(sched, w)["gpus"]] == [True, True]
+
+
+def test_reset_applied_must_be_a_flag():
+    from gpulayer.server.errors import InvalidRequest
+    from gpulayer.server.http import wire
+    assert wire.gpu_health({"gpus": [{"index": 0}]})[0]["reset_applied"] is False
+    with pytest.raises(InvalidRequest, match=r"gpus\[0\].reset_applied"):
+        wire.gpu_health({"gpus": [{"index": 0, "reset_applied": "yes"}]})
 
 
 def test_register_reports_gpus_and_ignores_unknown_indices(sched):

@@ -94,7 +94,9 @@ PROJECT = {"type": "object", "required": ["name", "visibility", "members"], "pro
 # register and heartbeat: the agent's per-GPU health (NVML), optional
 GPU_HEALTH = {"type": "array", "items": {"type": "object", "required": ["index"], "properties": {
     "index": INT, "uuid": {"type": ["string", "null"]}, "healthy": {"type": "boolean"},
-    "reason": {"type": ["string", "null"]}}}}
+    "reason": {"type": ["string", "null"]},
+    "reset_applied": {"type": "boolean", "description": "heartbeat: the agent applied an operator's reset of this "
+                                                         "GPU (reset_gpus) since its last answer; sent until answered"}}}}
 REASON = {"type": "string", "minLength": 1}
 CORDON = {"type": "object", "required": ["reason"], "additionalProperties": False, "properties": {"reason": REASON}}
 WORKER_CORDON = {"type": "object", "required": ["id", "name", "state", "cordon"], "properties": {

@@ -246,7 +246,9 @@ def gpu_health(body: dict) -> list[dict] | None:
         out.append({"index": integer(gpu.get("index"), f"gpus[{i}].index", 0, 1023),
                     "uuid": string(gpu.get("uuid"), f"gpus[{i}].uuid", limit=128, allow_none=True),
                     "healthy": _flag(gpu.get("healthy", True), f"gpus[{i}].healthy"),
-                    "reason": string(gpu.get("reason"), f"gpus[{i}].reason", limit=1024, allow_none=True)})
+                    "reason": string(gpu.get("reason"), f"gpus[{i}].reason", limit=1024, allow_none=True),
+                    # heartbeat: the agent applied an operator's reset of it (`reset_gpus`) since its last answer
+                    "reset_applied": _flag(gpu.get("reset_applied", False), f"gpus[{i}].reset_applied")})
     if len({g["index"] for g in out}) != len(out):
         raise InvalidRequest("gpus: each index at most once")
     return out

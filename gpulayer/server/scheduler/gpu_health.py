@@ -19,14 +19,18 @@ from gpulayer.server.store.queries import row, rows
 
 
 def report(conn, worker_id: int, gpus: list[dict] | None, now: float) -> list[int]:
-    """Store what the agent reports; returns the indices reset since its last heartbeat (to tell it).
+    """Store what the agent reports; returns the indices whose reset it has yet to hear (to tell it).
 
-    A report of an index the worker did not register is ignored. While a reset
-    is pending, an unhealthy report of that GPU is ignored too: it was made
-    before the agent heard of the reset.
+    A report of an index the worker did not register is ignored. A reset stays
+    pending, and is told in every heartbeat answer, until the agent shows it
+    heard: it echoes the reset (`reset_applied` in that GPU's report) or reports
+    the GPU healthy. So a lost answer loses no reset. While a reset is pending,
+    an unhealthy report of that GPU is ignored: it was made before the agent
+    applied the reset. The echo is read first, so a fault reported with it (a
+    new one, after the reset) counts. An agent that reports no `gpus` cannot
+    mark a GPU again: its resets are told once.
     """
     known = {g["index"]: g for g in rows(conn, "worker_gpus_of", worker_id=worker_id)}
-    resets = sorted(i for i, g in known.items() if g["reset_pending"])
     # A stored row's index was checked when stored: the worker's GPU count is read only for a new index.
     new = gpus and any(g["index"] not in known for g in gpus)
     count = (row(conn, "worker_gpu_count", worker_id=worker_id) or {"gpus": 0})["gpus"] if new else len(known)
@@ -36,6 +40,9 @@ def report(conn, worker_id: int, gpus: list[dict] | None, now: float) -> list[in
         before = known.get(index)
         if before is None and index >= count:
             continue
+        if before is not None and before["reset_pending"] and (gpu["healthy"] or gpu.get("reset_applied")):
+            row(conn, "reset_heard", worker_id=worker_id, index=index)
+            before = known[index] = {**before, "reset_pending": 0}
         if before is None or (before["healthy"] and not gpu["healthy"] and not before["reset_pending"]):
             healthy, reason = gpu["healthy"], None if gpu["healthy"] else gpu["reason"] or "reported unhealthy"
         elif before["uuid"] != gpu["uuid"] and gpu["uuid"]:
@@ -46,7 +53,8 @@ def report(conn, worker_id: int, gpus: list[dict] | None, now: float) -> list[in
             reason=reason, now=now)
         if not healthy and (before is None or before["healthy"]):
             failed.append((index, gpu["uuid"], reason))
-    if resets:
+    resets = sorted(i for i, g in known.items() if g["reset_pending"])
+    if resets and gpus is None:
         row(conn, "reset_told", worker_id=worker_id)
     if failed:
         _lose_tasks(conn, worker_id, failed, now)

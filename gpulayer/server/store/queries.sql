@@ -1152,8 +1152,12 @@ WHERE worker_id = :worker_id AND "index" = :index
 RETURNING "index", uuid;
 
 -- name: reset_told --
--- The heartbeat answer carried the resets: the agent forgets those faults now.
+-- The heartbeat answer carried the resets to an agent that reports no GPU health (so cannot mark one again).
 UPDATE worker_gpus SET reset_pending = 0 WHERE worker_id = :worker_id AND reset_pending = 1;
+
+-- name: reset_heard --
+-- The agent applied the reset of this GPU (it echoed it, or reports the GPU healthy): stop telling it.
+UPDATE worker_gpus SET reset_pending = 0 WHERE worker_id = :worker_id AND "index" = :index AND reset_pending = 1;
 
 -- name: gpu_tasks_stop --
 -- Active tasks holding one of the :indices (a JSON list) of a worker, not already being stopped:
