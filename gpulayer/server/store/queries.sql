@@ -822,8 +822,9 @@ ORDER BY p.id DESC LIMIT :limit;
 -- job_worker_fit, the view acquire and gang placement read: `reason`, the first thing no
 -- online worker has (labels, accelerator or size, a secret that is set and whose labels
 -- its join token carries), or that only cordoned workers, or workers with too few healthy
--- GPUs, would fit it; else `busy` when fewer online workers fit it now than it needs
--- at once (one, or a gang's width); both NULL when an acquire would place it now.
+-- GPUs, would fit it, or for a gang that fewer online workers than its width fit it (naming
+-- those of them that are cordoned); else `busy` when fewer online workers fit it now than it
+-- needs at once (one, or a gang's width); both NULL when an acquire would place it now.
 WITH j AS (SELECT * FROM jobs WHERE id = CAST(:job_id AS INTEGER) AND state IN ('queued', 'running')),
 f AS (SELECT f.* FROM job_worker_fit f JOIN j ON f.job_id = j.id WHERE f.worker_state = 'online'),
 sized AS (SELECT * FROM f WHERE has_labels AND has_accelerator AND big_enough)
@@ -863,6 +864,16 @@ SELECT CASE
                          WHERE g.worker_id = w.id AND g.healthy = 0 ORDER BY g."index") b) || ')', ', ')
         FROM sized s JOIN workers w ON w.id = s.worker_id
         WHERE s.missing_secret IS NULL AND NOT EXISTS (SELECT 1 FROM worker_cordons c WHERE c.worker_id = s.worker_id))
+    WHEN j.gang = 1 AND (SELECT count(*) FROM sized s WHERE s.missing_secret IS NULL
+                           AND NOT EXISTS (SELECT 1 FROM worker_cordons c WHERE c.worker_id = s.worker_id)) < j.width
+    THEN (  -- a gang that too few online workers fit, even idle: some cordoned, or too few at all
+        SELECT CASE WHEN count(x.state) = 0 THEN printf('needs %d workers; only %d online fit it', j.width, count(*))
+                    ELSE printf('needs %d workers; of the %d online that fit it, %d %s cordoned: ', j.width, count(*),
+                                count(x.state), CASE WHEN count(x.state) = 1 THEN 'is' ELSE 'are' END)
+                         || group_concat(x.name || ' (' || x.state || ': ' || x.reason || ')', ', ') END
+        FROM (SELECT w.name, c.state, c.reason FROM sized s JOIN workers w ON w.id = s.worker_id
+              LEFT JOIN worker_cordons c ON c.worker_id = s.worker_id
+              WHERE s.missing_secret IS NULL ORDER BY c.state IS NULL, w.name) x)
 END AS reason,
 CASE WHEN (SELECT count(*) FROM f WHERE fits_now) < CASE WHEN j.gang = 1 THEN j.width ELSE 1 END
      THEN printf('waiting for capacity: the online workers that fit are busy (%s free at once)',
