@@ -56,13 +56,13 @@ def test_a_gang_too_few_uncordoned_workers_fit_names_the_cordons(sched):
     sched.cordon("c", "fan")
     sched.cordon("b", "psu", drain=True)
     gang = sched.submit(job(nodes=3, gpus=1))
-    assert reason(sched, gang) == ("needs 3 workers; of the 3 online that fit it, 2 are cordoned: "
+    assert reason(sched, gang) == ("needs 3 workers, but of the 3 online that fit it, 2 are cordoned: "
                                    "b (drained: psu), c (cordoned: fan)")
     sched.uncordon("b")
     sched.uncordon("c")
     assert reason(sched, gang) is None
     wide = sched.submit(job(nodes=4, gpus=1))
-    assert reason(sched, wide) == "needs 4 workers; only 3 online fit it"  # not "busy": never, as things are
+    assert reason(sched, wide) == "needs 4 workers, but only 3 online fit it"  # not "busy": never, as things are
 
 
 def test_cordon_skips_gangs_and_services(sched):
@@ -74,7 +74,7 @@ def test_cordon_skips_gangs_and_services(sched):
     assert first is not None and first["job_id"] == service  # one replica; the gang needs b too
     assert sched.acquire(b) is None
     # a is busy now, but the gang would wait with a idle too: b's cordon is what holds it.
-    assert reason(sched, gang) == "needs 2 workers; of the 2 online that fit it, 1 is cordoned: b (cordoned: maintenance)"
+    assert reason(sched, gang) == "needs 2 workers, but of the 2 online that fit it, 1 is cordoned: b (cordoned: maintenance)"
     sched.uncordon("b")
     assert sched.acquire(b) is not None
 

@@ -867,8 +867,8 @@ SELECT CASE
     WHEN j.gang = 1 AND (SELECT count(*) FROM sized s WHERE s.missing_secret IS NULL
                            AND NOT EXISTS (SELECT 1 FROM worker_cordons c WHERE c.worker_id = s.worker_id)) < j.width
     THEN (  -- a gang that too few online workers fit, even idle: some cordoned, or too few at all
-        SELECT CASE WHEN count(x.state) = 0 THEN printf('needs %d workers; only %d online fit it', j.width, count(*))
-                    ELSE printf('needs %d workers; of the %d online that fit it, %d %s cordoned: ', j.width, count(*),
+        SELECT CASE WHEN count(x.state) = 0 THEN printf('needs %d workers, but only %d online fit it', j.width, count(*))
+                    ELSE printf('needs %d workers, but of the %d online that fit it, %d %s cordoned: ', j.width, count(*),
                                 count(x.state), CASE WHEN count(x.state) = 1 THEN 'is' ELSE 'are' END)
                          || group_concat(x.name || ' (' || x.state || ': ' || x.reason || ')', ', ') END
         FROM (SELECT w.name, c.state, c.reason FROM sized s JOIN workers w ON w.id = s.worker_id
