@@ -195,3 +195,20 @@ def test_a_victim_whose_worker_goes_silent_in_the_grace_keeps_its_attempt(cluste
     outcomes = [r[0] for r in cluster.sql("SELECT outcome FROM usage WHERE job_id = ? ORDER BY id", (low,))]
     assert outcomes == ["preempted"], outcomes
     cluster.request("POST", f"/v1/jobs/{low}/cancel")
+
+
+def test_a_waiting_gang_preempts_on_two_workers_and_runs_whole(cluster):
+    for name in ("g1", "g2"):
+        cluster.start_worker(name, gpus=1, parallel=1)
+    low = [cluster.submit({"command": python(CHECKPOINTING), "gpus": 1, "priority": "low", "preemptible": True})
+           for _ in range(2)]
+    wait_for(lambda: all("working" in cluster.log_text(j) for j in low), 30, "both low-priority jobs to run")
+    gang = cluster.submit({"command": ["echo", "rank"], "gpus": 1, "nodes": 2, "priority": "high"})
+    done = cluster.wait_job(gang, timeout=60)
+    assert done["state"] == "succeeded", done
+    assert len({t["worker_id"] for t in done["tasks"]}) == 2
+    for job_id in low:   # each stopped for the gang, then resumed on the same attempt
+        info = cluster.wait_job(job_id, timeout=60)
+        assert info["state"] == "succeeded" and info["attempt"] == 1, info
+        assert [p["for_job_id"] for p in info["preemptions"]] == [gang]
+        assert "resumed after a preemption" in cluster.log_text(job_id)

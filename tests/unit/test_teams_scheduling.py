@@ -438,6 +438,124 @@ def test_a_victim_on_a_worker_that_leaves_in_the_grace_is_requeued(sched):
     assert sched.preempt() == []             # asked once; the room will come on another worker
 
 
+
+# -- a waiting gang preempts: victims on `width` distinct workers, their room held ------------
+
+def held(sched):
+    return {(r["worker_id"], r["job_id"]) for r in sql(sched, "SELECT worker_id, job_id FROM gang_reservations")}
+
+
+def gang_waiting_on_three(sched, clock):
+    """w1, w2 (1 GPU) each run a low preemptible task; w3 (2 GPUs) is idle; a high 3-node gang of
+    1 GPU a rank waits: (workers, the two victims' assignments, the low jobs, the gang)."""
+    w1, w2 = add_worker(sched, "w1", gpus=1), add_worker(sched, "w2", gpus=1)
+    w3 = add_worker(sched, "w3", gpus=2, slots=2)
+    low = [sched.submit(job(gpus=1, priority="low", preemptible=True, retry={"max_attempts": 1})) for _ in range(2)]
+    v1, v2 = take(sched, w1), take(sched, w2)
+    assert [v1["job_id"], v2["job_id"]] == low
+    clock.advance(60)
+    gang = sched.submit(job(gpus=1, nodes=3, priority="high"))
+    return (w1, w2, w3), (v1, v2), low, gang
+
+
+def test_a_waiting_gang_preempts_on_width_workers_and_its_room_is_held(sched, clock):
+    (w1, w2, w3), (v1, v2), low, gang = gang_waiting_on_three(sched, clock)
+    assert sorted(sched.preempt()) == sorted([v1["task_id"], v2["task_id"]])
+    assert held(sched) == {(w1, gang), (w2, gang), (w3, gang)}   # w3: room now, held with the others
+    assert {r["for_job_id"] for r in sql(sched, "SELECT for_job_id FROM preemptions")} == {gang}
+    assert sched.preempt() == []   # under way: not again
+    # other work takes only the room beyond what is held: w3's second GPU, not its first
+    other = [sched.submit(job(gpus=1)) for _ in range(2)]
+    assert take(sched, w3)["job_id"] == other[0]
+    assert take(sched, w3) is None
+    # the first victim stops: its worker's room stays held (the victim itself and `other` wait)
+    finish(sched, w1, v1["task_id"], outcome="cancelled", exit_code=143)
+    assert take(sched, w1) is None
+    assert state_of(sched, gang)["state"] == "queued"
+    # the last one stops: the gang is placed whole on the three workers, and the hold ends
+    finish(sched, w2, v2["task_id"], outcome="cancelled", exit_code=143)
+    first = take(sched, w2)
+    assert first["job_id"] == gang
+    assert state_of(sched, gang)["state"] == "running"
+    placed = sql(sched, "SELECT worker_id FROM tasks WHERE job_id = ? AND state IN ('assigned', 'running')", gang)
+    assert sorted(r["worker_id"] for r in placed) == sorted([w1, w2, w3])
+    assert held(sched) == set()
+    for job_id in low:
+        info = state_of(sched, job_id)
+        assert info["state"] == "queued" and info["attempt"] == 1
+        assert [t["reason"] for t in info["tasks"]] == ["preempted"]
+
+
+def test_a_gang_preempts_nothing_unless_width_workers_can_be_found(sched, clock):
+    w1, w2 = add_worker(sched, "w1", gpus=1), add_worker(sched, "w2", gpus=1)
+    w3 = add_worker(sched, "w3", gpus=1)
+    for w in (w1, w2):
+        low = sched.submit(job(gpus=1, priority="low", preemptible=True))
+        assert take(sched, w)["job_id"] == low
+    sched.submit(job(gpus=1, priority="low"))   # w3: not preemptible
+    assert take(sched, w3)
+    clock.advance(10)
+    gang = sched.submit(job(gpus=1, nodes=3, priority="high"))
+    assert sched.preempt() == []   # two workers could be freed, not three: no victim at all
+    assert held(sched) == set()
+    wider = sched.submit(job(gpus=1, nodes=4, priority="high"))   # wider than the fleet
+    assert sched.preempt() == []
+    assert {r["job_id"] for r in sql(sched, "SELECT job_id FROM tasks WHERE cancel_requested = 1")} == set()
+    assert gang and wider
+
+
+def test_another_gang_skips_a_worker_holding_room_for_a_gang(sched, clock):
+    (w1, w2, w3), (v1, v2), low, first = gang_waiting_on_three(sched, clock)
+    assert len(sched.preempt()) == 2   # the first gang holds w1-w3
+    w5 = add_worker(sched, "w5", gpus=1)
+    low5 = sched.submit(job(gpus=1, priority="low", preemptible=True))
+    v5 = take(sched, w5)
+    assert v5["job_id"] == low5
+    w4 = add_worker(sched, "w4", gpus=1)   # idle
+    second = sched.submit(job(gpus=1, cpus=2, nodes=2, priority=5))
+    # w3 has a GPU beyond the rank held there, but another gang skips a worker holding room
+    # whole: the second gang has w4 free and w5's victim to stop
+    assert sched.preempt() == [v5["task_id"]]
+    assert held(sched) == {(w1, first), (w2, first), (w3, first), (w4, second), (w5, second)}
+    finish(sched, w5, v5["task_id"], outcome="cancelled", exit_code=143)
+    assert take(sched, w5)["job_id"] == second
+    placed = sql(sched, "SELECT worker_id FROM tasks WHERE job_id = ? AND state IN ('assigned', 'running')", second)
+    assert sorted(r["worker_id"] for r in placed) == sorted([w4, w5])
+    assert held(sched) == {(w1, first), (w2, first), (w3, first)}
+
+def test_a_gang_reclaims_lent_gpus_across_workers_and_is_never_preempted_back(sched, ml):
+    sched.change_teams(teams.set_project, "cv", {"gpus": 0, "borrow": 2})
+    w1, w2 = add_worker(sched, "w1", gpus=1), add_worker(sched, "w2", gpus=1)
+    for _ in range(2):
+        submit(sched, ml["ann"], "cv", gpus=1)
+    x1, x2 = take(sched, w1), take(sched, w2)   # cv borrows both GPUs: nobody waits
+    gang = submit(sched, ml["bob"], "ml", gpus=1, nodes=2)   # ml within its nominal 2: reclaims
+    assert sorted(sched.preempt()) == sorted([x1["task_id"], x2["task_id"]])
+    for w, x in ((w1, x1), (w2, x2)):
+        finish(sched, w, x["task_id"], outcome="cancelled", exit_code=143)
+    assert take(sched, w2)["job_id"] == gang and state_of(sched, gang)["state"] == "running"
+    # the quotas turn round: ml now borrows, and cv's requeued tasks are within cv's quota; they
+    # could reclaim the gang's GPUs, but each was preempted for that gang: no ping-pong
+    sched.change_teams(teams.set_project, "ml", {"gpus": 0, "borrow": 2})
+    sched.change_teams(teams.set_project, "cv", {"gpus": 2})
+    assert sched.preempt() == []
+
+
+def test_room_held_for_a_gang_is_free_again_once_the_hold_expires(sched, clock):
+    (w1, w2, w3), (v1, v2), low, gang = gang_waiting_on_three(sched, clock)
+    assert len(sched.preempt()) == 2
+    sched.deregister(w3)   # a worker it was to use leaves: the gang cannot be placed
+    for w, v in ((w1, v1), (w2, v2)):
+        finish(sched, w, v["task_id"], outcome="cancelled", exit_code=143)
+    assert take(sched, w1) is None and take(sched, w2) is None   # held for the gang
+    grace = sched.config.preempt_grace_s
+    clock.advance(grace + 2 * sched.config.lease_ttl_s + 1)
+    for w in (w1, w2):   # heartbeats keep the workers online
+        hb(sched, w)
+    assert take(sched, w1)["job_id"] == low[0]   # the hold expired: the room is anyone's again
+    assert sched.preempt() == [] and held(sched) == set()   # the round forgets it; 2 workers: no new plan
+
+
 # -- the usage ledger -----------------------------------------------------------------
 
 def test_the_ledger_holds_each_run_and_survives_retention(sched, ml, clock):

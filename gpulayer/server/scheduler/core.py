@@ -344,7 +344,7 @@ class Scheduler:
 
     def preempt(self) -> list[int]:
         """Upkeep's preemption round, one transaction (preemption.preempt): the task ids asked to stop."""
-        return self._write(preemption.preempt, self.clock())
+        return self._write(preemption.preempt, self.clock(), self.config.lease_ttl_s)
 
     def usage(self, principal: Principal | None, by: str = "user", since: str | float | None = None) -> dict:
         """The usage ledger summed per `by` over `since` (ledger.report_for; none: the last 30 days).

@@ -72,15 +72,13 @@ def _take_one(conn, worker_id: int, now: float, lease: float) -> int | None:
 
 def _reserve_gpus(conn, task: dict, worker_id: int, worker_gpus: int) -> None:
     """Give an assigned task the lowest device indices no other active task on its worker holds
-    (for more than one GPU, whole GPUs only: shape_worker_fit counted no MIG instance for it; for
-    a `gpu_model` the worker meets by its GPUs, those of that model only, as shape_worker_fit counted)."""
+    (for more than one GPU, whole GPUs only: shape_worker_fit counted no MIG instance for it)."""
     if not task["gpus"]:
         return
     used = {r["i"] for r in rows(conn, "gpus_in_use", worker_id=worker_id)}
     if task["gpus"] > 1:
         used |= {r["i"] for r in rows(conn, "worker_mig_indices", worker_id=worker_id)}
-    model = {r["i"] for r in rows(conn, "task_model_indices", task_id=task["id"], worker_id=worker_id)}
-    free = [i for i in range(worker_gpus) if i not in used and (not model or i in model)][:task["gpus"]]
+    free = [i for i in range(worker_gpus) if i not in used][:task["gpus"]]
     if len(free) < task["gpus"]:  # placement checked the count; a mismatch means corrupt state
         raise RuntimeError(f"worker {worker_id} has {len(free)} free GPU indices, task {task['id']} needs {task['gpus']}")
     row(conn, "set_gpu_indices", task_id=task["id"], gpu_indices=json.dumps(free))
@@ -89,7 +87,7 @@ def _reserve_gpus(conn, task: dict, worker_id: int, worker_gpus: int) -> None:
 def _place_gang(conn, worker_id: int, now: float, lease: float) -> int | None:
     for gang in rows(conn, "next_gang_job", worker_id=worker_id, limit=GANG_CANDIDATES, now=now):
         workers = [r["worker_id"] for r in rows(conn, "gang_workers", job_id=gang["id"], worker_id=worker_id,
-                                                   width=gang["width"])]
+                                                   width=gang["width"], now=now)]
         queued = rows(conn, "queued_tasks_of_attempt", job_id=gang["id"], attempt=gang["attempt"])
         if len(workers) == gang["width"] and workers[0] == worker_id and len(queued) == gang["width"]:
             return _assign_gang(conn, gang, workers, queued, now, lease)

@@ -11,14 +11,23 @@ hear it through the heartbeat (`cancel_task_ids`, and `preempted_task_ids`
 with `preempt_grace_s`): SIGTERM, the grace, then SIGKILL. When a victim's
 finish arrives, `requeue` puts the task back in the queue with the same
 attempt (reason `preempted`, event `task_preempted`); its next run sees
-GPULAYER_PREEMPTED=1. A task never preempts one it was preempted for, so
-preemption cannot loop.
+GPULAYER_PREEMPTED=1. A task never preempts one it was preempted for (nor,
+when that was a gang's rank, the gang), so preemption cannot loop.
+
+A waiting gang (multi-node job) of width W preempts too, all or nothing: it
+needs W distinct workers that fit a rank, each with room now or with victims
+that make it (`_gang_plan`); if fewer can be found, no victim is asked. The W
+workers' room is then held for it (gang_reservations, until the grace and two
+lease TTLs have passed): acquire and other gangs take only room beyond it, so
+the room a first victim frees is still there when the last one stops and the
+gang is placed whole (the hold ends then).
 """
 from __future__ import annotations
 
 import json
 from itertools import groupby
 
+from gpulayer.protocol import LEASE_TTL_S
 from gpulayer.server.scheduler import events, ledger
 from gpulayer.server.store.queries import QUERIES, row, rows
 
@@ -28,30 +37,41 @@ WORKERS_TRIED = 64  # workers a waiting task's plan is tried on, those with the 
 ACTIVE = ("assigned", "running")
 
 
-def preempt(conn, now: float) -> list[int]:
+def preempt(conn, now: float, lease_ttl_s: float = LEASE_TTL_S) -> list[int]:
     """Upkeep's preemption round: ask workers to stop victims for waiting tasks; the victims' task ids.
 
     Cheap when there is nothing to take: no running preemptible job and no project
-    over its nominal quota end the round after one query.
+    over its nominal quota end the round after one query (and the deletion of room
+    held for gangs that has expired). `lease_ttl_s` sizes how long a gang's room is held.
     """
     asked: list[int] = []
+    conn.execute(QUERIES["expire_gang_reservations"], {"now": now})
     possible = row(conn, "preemption_possible")
     floor, borrowers = possible["floor"], {int(k): v for k, v in json.loads(possible["borrowers"]).items()}
     if floor is None and not borrowers:
         return asked
-    round_ = _Round(conn)
+    round_ = _Round(conn, now)
     plans = 0
-    for want in rows(conn, "preemption_candidates", limit=CANDIDATES):
-        reclaim = want["nominal"] is not None and want["gpus_in_use"] + want["gpus"] <= want["nominal"]
+    for want in rows(conn, "preemption_candidates", limit=CANDIDATES, now=now):
+        reclaim = want["nominal"] is not None and want["gpus_in_use"] + want["gpus"] * want["width"] <= want["nominal"]
         lenders = {k: v for k, v in borrowers.items() if k != want["project_id"]} if reclaim else {}
         if (floor is None or want["priority"] <= floor) and not lenders:
             continue  # nothing it may preempt
-        if not round_.room(want["shape_id"]):
-            continue  # no online worker it fits even idle: no victim would help
-        plan = round_.plan(want, lenders, asked)
-        if plan and not round_.placeable(want["shape_id"]):
-            asked += _ask(conn, now, want, plan)
-            round_.taken(want, plan)
+        if len(round_.room(want["shape_id"])) < want["width"]:
+            continue  # too few online workers it fits even idle: no victim would help
+        if want["gang"]:
+            per_worker = round_.gang_plan(want, lenders, asked)
+            if per_worker and not round_.gang_placeable(want):
+                asked += _ask(conn, now, want, [v for victims in per_worker.values() for v in victims])
+                for worker_id in per_worker:
+                    conn.execute(QUERIES["reserve_for_gang"], {"worker_id": worker_id, "job_id": want["job_id"],
+                                                               "now": now, "lease_ttl_s": lease_ttl_s})
+                round_.taken(want, per_worker)
+        else:
+            plan = round_.plan(want, lenders, asked)
+            if plan and not round_.placeable(want["shape_id"]):
+                asked += _ask(conn, now, want, plan)
+                round_.taken(want, {plan[0]["worker_id"]: plan})
         plans += 1
         if plans == PLANS:  # the budget: so a few waiting tasks that find no victims hold back no later one
             break
@@ -61,8 +81,13 @@ def preempt(conn, now: float) -> list[int]:
 class _Round:
     """What one preemption round reads once: victims per priority, the workers each shape fits."""
 
-    def __init__(self, conn) -> None:
+    def __init__(self, conn, now: float) -> None:
         self.conn = conn
+        self.now = now
+        # worker -> room held there for waiting gangs (gang_reservations): no other task's
+        self.held: dict[int, list[dict]] = {}
+        for r in rows(conn, "live_gang_reservations", now=now):
+            self.held.setdefault(r["worker_id"], []).append(r)
         # (priority, lenders) -> preemption_victims by worker, workers with the cheapest victim first
         self.victims: dict[tuple, list[list[dict]]] = {}
         self.rooms: dict[int, dict[int, dict]] = {}  # shape -> {worker: its free room} (shape_rooms)
@@ -71,14 +96,35 @@ class _Round:
     def room(self, shape_id: int) -> dict[int, dict]:
         """The online workers a shape fits when idle, with their free room now (shape_rooms), by id."""
         if shape_id not in self.rooms:
-            self.rooms[shape_id] = {r["worker_id"]: r for r in rows(self.conn, "shape_rooms", shape_id=shape_id)}
+            rooms = {r["worker_id"]: dict(r) for r in rows(self.conn, "shape_rooms", shape_id=shape_id)}
+            for worker_id, held in self.held.items():  # room held for a gang is not free to others
+                if worker_id in rooms:
+                    rooms[worker_id]["free_slots"] -= len(held)
+                    for key in ("gpus", "cpus", "memory_mb"):
+                        rooms[worker_id][f"free_{key}"] -= sum(h[key] for h in held)
+            self.rooms[shape_id] = rooms
         return self.rooms[shape_id]
 
     def plan(self, want: dict, lenders: dict, asked: list[int]) -> list[dict]:
         """The victims that make room for `want` (none asked already this round), or [] (_plan)."""
+        return _plan(self._tried(want, lenders, asked, WORKERS_TRIED), want, lenders)
+
+    def gang_plan(self, want: dict, lenders: dict, asked: list[int]) -> dict[int, list[dict]]:
+        """For a waiting gang, the victims to stop on each of `width` distinct workers that fit a rank
+        ([] on one with room now, at least one with victims), or {} when so many cannot be found."""
         room = self.room(want["shape_id"])
-        if not room:
-            return []
+        free = [w for w, r in room.items() if w not in self.held and _fits(_free(r), want)]
+        if len(free) >= want["width"]:
+            return {}  # room for it now: it waits for acquire
+        # a worker holding room for another gang is no other gang's (gang_workers skips it whole)
+        tried = [(victims, r) for victims, r in self._tried(want, lenders, asked, WORKERS_TRIED + want["width"])
+                 if r["worker_id"] not in self.held]
+        return _gang_plan(tried, free, want, lenders)
+
+    def _tried(self, want: dict, lenders: dict, asked: list[int], most: int) -> list[tuple[list[dict], dict]]:
+        """[(a worker's victims `want` may take, in order; its free room)] for up to `most` workers it
+        fits, those with the cheapest victim first (the victims read once a round per priority)."""
+        room = self.room(want["shape_id"])
         key = (want["priority"], tuple(sorted(lenders)))
         if key not in self.victims:
             found = rows(self.conn, "preemption_victims", priority=want["priority"],
@@ -86,18 +132,26 @@ class _Round:
             per_worker = [list(victims) for _, victims in groupby(found, key=lambda v: v["worker_id"])]
             per_worker.sort(key=lambda vs: (vs[0]["priority"], -(vs[0]["started_at"] or 0)))
             self.victims[key] = per_worker
-        mine = rows(self.conn, "preemption_exclusions", job_id=want["job_id"], task_id=want["task_id"])
+        mine = rows(self.conn, "preemption_exclusions", job_id=want["job_id"], task_id=want["task_id"],
+                    gang=want["gang"])
         workers = {r["id"] for r in mine if r["kind"] == "worker"}
         spared = {r["id"] for r in mine if r["kind"] == "task"} | set(asked)
+        spared_jobs = {r["id"] for r in mine if r["kind"] == "job"} | {want["job_id"]}
         tried = []
         for victims in self.victims[key]:
             worker_id = victims[0]["worker_id"]
             if worker_id in room and worker_id not in workers:
-                tried.append(([v for v in victims if v["id"] not in spared and v["job_id"] != want["job_id"]],
+                tried.append(([v for v in victims if v["id"] not in spared and v["job_id"] not in spared_jobs],
                               room[worker_id]))
-                if len(tried) == WORKERS_TRIED:
+                if len(tried) == most:
                     break
-        return _plan(tried, want, lenders)
+        return tried
+
+    def gang_placeable(self, want: dict) -> bool:
+        """Could acquire place the whole gang now (width workers fit a rank, beyond room held for others)?"""
+        found = rows(self.conn, "gang_workers", job_id=want["job_id"], worker_id=None, width=want["width"],
+                     now=self.now)
+        return len(found) == want["width"]
 
     def placeable(self, shape_id: int) -> bool:
         """Could an online worker take a task of this shape now (then it waits for acquire instead)?"""
@@ -105,12 +159,18 @@ class _Round:
             self.fits_now[shape_id] = row(self.conn, "shape_fits_now", shape_id=shape_id) is not None
         return self.fits_now[shape_id]
 
-    def taken(self, want: dict, plan: list[dict]) -> None:
-        """The room `plan` frees on its worker is `want`'s: later candidates this round count only the rest."""
-        room = self.rooms[want["shape_id"]][plan[0]["worker_id"]]
-        room["free_slots"] += len(plan) - 1
-        for key in ("gpus", "cpus", "memory_mb"):
-            room[f"free_{key}"] += sum(v[key] for v in plan) - want[key]
+    def taken(self, want: dict, per_worker: dict[int, list[dict]]) -> None:
+        """The room the victims free on each worker is `want`'s (a rank's on each of a gang's workers):
+        later candidates this round count only the rest, on every shape's copy of the worker's room."""
+        for worker_id, plan in per_worker.items():
+            if want["gang"]:  # held for it: the rooms of shapes read later this round leave it out
+                self.held.setdefault(worker_id, []).append({k: want[k] for k in ("gpus", "cpus", "memory_mb")})
+            for rooms in self.rooms.values():
+                if worker_id in rooms:
+                    room = rooms[worker_id]
+                    room["free_slots"] += len(plan) - 1
+                    for key in ("gpus", "cpus", "memory_mb"):
+                        room[f"free_{key}"] += sum(v[key] for v in plan) - want[key]
 
 
 def _plan(tried: list[tuple[list[dict], dict]], want: dict, borrowers: dict) -> list[dict]:
@@ -121,17 +181,55 @@ def _plan(tried: list[tuple[list[dict], dict]], want: dict, borrowers: dict) -> 
     first, at most WORKERS_TRIED of them (a big fleet full of preemptible work would otherwise
     cost a plan per worker per waiting task).
     """
-    plans = [chosen for victims, room in tried if victims and (chosen := _room_on_worker(victims, room, want, borrowers))]
-    return min(plans, key=lambda c: (len(c), max(v["priority"] for v in c),
-                                     -min(v["started_at"] or float("inf") for v in c)), default=[])
+    plans = [chosen for victims, room in tried
+             if victims and (chosen := _room_on_worker(victims, room, want, _borrowed(borrowers)))]
+    return min(plans, key=_cost, default=[])
 
 
-def _room_on_worker(victims: list[dict], room: dict, want: dict, borrowers: dict) -> list[dict]:
-    """Victims on one worker, in order, until the freed room fits `want`; [] when even all would not."""
-    free = {"slots": room["free_slots"], "gpus": room["free_gpus"], "cpus": room["free_cpus"],
+def _gang_plan(tried: list[tuple[list[dict], dict]], free: list[int], want: dict,
+               borrowers: dict) -> dict[int, list[dict]]:
+    """A gang's victims by worker: the `free` workers (room now, no victim), then the workers whose
+    victims cost the least (as _plan ranks them), until `width` distinct workers; {} when fewer
+    can be found. GPUs reclaimed from a borrowing project, over all the workers, stay within
+    what it borrowed."""
+    borrowed = _borrowed(borrowers)
+    costed = sorted(((chosen, victims, room) for victims, room in tried
+                     if room["worker_id"] not in free and victims
+                     and (chosen := _room_on_worker(victims, room, want, dict(borrowed)))),
+                    key=lambda c: _cost(c[0]))
+    per_worker: dict[int, list[dict]] = {w: [] for w in free}
+    for _, victims, room in costed:
+        if len(per_worker) >= want["width"]:
+            break
+        left = dict(borrowed)  # again, after what the workers chosen before reclaim
+        if chosen := _room_on_worker(victims, room, want, left):
+            per_worker[room["worker_id"]] = chosen
+            borrowed = left
+    return per_worker if len(per_worker) == want["width"] else {}
+
+
+def _borrowed(borrowers: dict) -> dict[int, int]:
+    """project -> GPUs it holds beyond its nominal quota, not yet reclaimed."""
+    return {k: b["gpus_in_use"] - b["nominal"] for k, b in borrowers.items()}
+
+
+def _cost(chosen: list[dict]) -> tuple:
+    """How much a plan's victims lose: the fewest, then the lowest priority, then started the latest."""
+    return (len(chosen), max(v["priority"] for v in chosen), -min(v["started_at"] or float("inf") for v in chosen))
+
+
+def _free(room: dict) -> dict:
+    return {"slots": room["free_slots"], "gpus": room["free_gpus"], "cpus": room["free_cpus"],
             "memory_mb": room["free_memory_mb"]}
-    # project -> GPUs it holds beyond its nominal quota, not yet reclaimed
-    borrowed = {k: b["gpus_in_use"] - b["nominal"] for k, b in borrowers.items()}
+
+
+def _room_on_worker(victims: list[dict], room: dict, want: dict, borrowed: dict[int, int]) -> list[dict]:
+    """Victims on one worker, in order, until the freed room fits `want`; [] when even all would not.
+
+    `borrowed` (project -> GPUs it borrowed, not yet reclaimed: _borrowed) is drawn from as
+    borrowed work is chosen.
+    """
+    free = _free(room)
     chosen: list[dict] = []
     for victim in victims:
         if _fits(free, want):

@@ -188,8 +188,10 @@ WHERE l.worker_id = CAST(:worker_id AS INTEGER) AND l.state = 'online';
 -- that best task (a task of a job already running adds no job, except an array's: each
 -- active element counts as a job, as Slurm's MaxJobs counts array tasks). Held tasks (a waiting
 -- job's, an array's past its %N cap) are not in task_queue: the cap holds because a capped
--- array has at most N tasks released at once. Gang (multi-node) jobs are placed by
--- gang_workers / assign_task instead. job_quota_reason words what holds a job back here.
+-- array has at most N tasks released at once. Room held on the worker for a waiting gang
+-- (gang_reservations, while its preemption victims stop) is not taken: only what is beyond it.
+-- Gang (multi-node) jobs are placed by gang_workers / assign_task instead. job_quota_reason
+-- words what holds a job back here.
 UPDATE tasks
 SET state = 'assigned', worker_id = :worker_id, assigned_at = :now, lease_expires_at = :lease_expires_at,
     address = :address
@@ -209,6 +211,15 @@ WHERE id = (
         JOIN projects p ON p.id = g.project_id
         LEFT JOIN users u ON u.id = g.user_id
         WHERE s.queued > 0 AND s.gang = 0 AND f.fits_now
+          -- room held on this worker for a waiting gang (gang_reservations): only what is beyond it
+          AND (NOT EXISTS (SELECT 1 FROM gang_reservations r
+                           WHERE r.worker_id = CAST(:worker_id AS INTEGER) AND r.expires_at > :now)
+               OR (SELECT l.free_slots - count(*) >= 1 AND l.free_gpus - total(r.gpus) >= s.gpus
+                          AND l.free_cpus - total(r.cpus) >= s.cpus
+                          AND l.free_memory_mb - total(r.memory_mb) >= s.memory_mb
+                   FROM gang_reservations r, worker_load l
+                   WHERE r.worker_id = CAST(:worker_id AS INTEGER) AND r.expires_at > :now
+                     AND l.worker_id = CAST(:worker_id AS INTEGER)))
     ),
     admitted AS (
         SELECT c.* FROM cand c
@@ -259,15 +270,6 @@ SELECT "index" FROM worker_gpus WHERE worker_id = :worker_id AND healthy = 0;
 -- A worker's MIG instances (a task of more than one GPU is given none: shape_worker_fit).
 SELECT "index" AS i FROM worker_gpus WHERE worker_id = :worker_id AND uuid GLOB 'MIG-*';
 
--- name: task_model_indices --
--- For a task whose job asks for a `gpu_model` that the worker meets by its GPUs (not by a
--- worker label; shape_worker_fit), the worker's indices of that model; no row otherwise.
-SELECT m.key AS i FROM tasks t JOIN jobs j ON j.id = t.job_id JOIN workers w ON w.id = :worker_id,
-     json_each(w.gpu_models) m
-WHERE t.id = :task_id AND json_extract(j.labels, '$.gpu_model') IS NOT NULL
-  AND json_extract(j.labels, '$.gpu_model') IS NOT json_extract(w.labels, '$.gpu_model')
-  AND m.value = json_extract(j.labels, '$.gpu_model');
-
 -- name: set_gpu_indices --
 -- Reserve device indices for an assigned task.
 UPDATE tasks SET gpu_indices = :gpu_indices WHERE id = :task_id AND state = 'assigned' RETURNING id;
@@ -313,12 +315,18 @@ ORDER BY j.priority DESC,
 LIMIT :limit;
 
 -- name: gang_workers --
--- Distinct workers that fit one rank of :job_id now, the polling worker first, then
--- those left with the fewest free GPUs.
+-- Distinct workers that fit one rank of :job_id now and hold no room for another waiting gang
+-- (gang_reservations: another gang skips such a worker whole, while single tasks may take
+-- what is beyond the room held); the polling worker first, then those holding room for this
+-- job, then those left with the fewest free GPUs.
 SELECT f.worker_id
 FROM job_worker_fit f
 WHERE f.job_id = CAST(:job_id AS INTEGER) AND f.fits_now
-ORDER BY f.worker_id = :worker_id DESC, f.spare_gpus, f.worker_id
+  AND NOT EXISTS (SELECT 1 FROM gang_reservations r
+                  WHERE r.worker_id = f.worker_id AND r.job_id <> f.job_id AND r.expires_at > :now)
+ORDER BY f.worker_id = :worker_id DESC,
+         EXISTS (SELECT 1 FROM gang_reservations r WHERE r.worker_id = f.worker_id AND r.job_id = f.job_id) DESC,
+         f.spare_gpus, f.worker_id
 LIMIT :width;
 
 -- name: assign_task --
@@ -840,12 +848,6 @@ sized AS (SELECT * FROM f WHERE has_labels AND has_accelerator AND big_enough)
 SELECT CASE
     WHEN NOT EXISTS (SELECT 1 FROM f) THEN 'no online worker'
     WHEN NOT EXISTS (SELECT 1 FROM f WHERE has_labels) THEN 'no online worker has the labels ' || j.labels
-    WHEN NOT EXISTS (SELECT 1 FROM sized) AND j.gpus > 0 AND json_extract(j.labels, '$.gpu_model') IS NOT NULL THEN
-        printf('no online worker with its labels has %d GPU%s of model %s, %g CPU%s and %d MB%s', j.gpus,
-               CASE WHEN j.gpus = 1 THEN '' ELSE 's' END, json_extract(j.labels, '$.gpu_model'), j.cpus,
-               CASE WHEN j.cpus = 1 THEN '' ELSE 's' END, j.memory_mb,
-               CASE WHEN j.gpus > 1 THEN ' (whole GPUs: a task of more than one GPU is given no MIG instances)'
-                    ELSE '' END)
     WHEN NOT EXISTS (SELECT 1 FROM sized) AND j.gpus > 1 AND EXISTS (  -- shape_worker_fit.big_enough
             SELECT 1 FROM f JOIN workers w ON w.id = f.worker_id
             WHERE f.has_labels AND f.has_accelerator
@@ -1407,22 +1409,27 @@ GROUP BY 1
 ORDER BY gpu_hours DESC, cpu_hours DESC, key;
 
 -- name: preemption_candidates --
--- Upkeep: queued single tasks that may preempt, best first (priority, first come): each
--- queue group's best task, when its project's quota and its user's limit would admit it and
--- no preemption for it is under way; with its project's quota and use. (Whether a worker could
--- take it now anyway is asked last, of a task with victims: shape_fits_now.) A gang waits for
--- room; it does not preempt (it may be preempted, whole).
-SELECT h.task_id, h.job_id, h.priority, h.project_id, h.shape_id, s.gpus, s.cpus, s.memory_mb,
-       q.nominal, q.gpus_in_use
+-- Upkeep: queued tasks that may preempt, best first (priority, first come): each queue group's
+-- best task, when its project's quota and its user's limit would admit it (a gang: all its
+-- ranks) and no preemption for it is under way (a gang: nor room held for it); with its project's
+-- quota and use, and for a gang (`gang` 1) its width. (Whether workers could take it now
+-- anyway is asked last, of a task with victims: shape_fits_now, gang_workers.) A gang's head
+-- task stands for the job: its victims are planned on `width` distinct workers, all or none.
+SELECT h.task_id, h.job_id, h.priority, h.project_id, h.shape_id, s.gpus, s.cpus, s.memory_mb, s.gang,
+       CASE WHEN s.gang = 1 THEN j.width ELSE 1 END AS width, q.nominal, q.gpus_in_use
 FROM queue_groups g
-JOIN shapes s ON s.id = g.shape_id AND s.gang = 0
+JOIN shapes s ON s.id = g.shape_id
 JOIN task_queue h ON h.task_id = (
     SELECT x.task_id FROM task_queue x
     WHERE x.shape_id = g.shape_id AND x.project_id = g.project_id AND x.user_id = g.user_id
     ORDER BY x.priority DESC, x.task_id LIMIT 1)
+JOIN jobs j ON j.id = h.job_id
 JOIN project_quota_use q ON q.project_id = g.project_id
 LEFT JOIN users u ON u.id = g.user_id
-WHERE (q.nominal IS NULL OR s.gpus = 0 OR q.gpus_in_use + s.gpus <= q.nominal + q.borrow)
+WHERE (q.nominal IS NULL OR s.gpus = 0
+       OR q.gpus_in_use + s.gpus * CASE WHEN s.gang = 1 THEN j.width ELSE 1 END <= q.nominal + q.borrow)
+  AND (s.gang = 0 OR NOT EXISTS (SELECT 1 FROM gang_reservations r
+                                 WHERE r.job_id = h.job_id AND r.expires_at > :now))
   AND (u.max_running_jobs IS NULL
        OR (SELECT total(CASE WHEN r.array_size IS NULL THEN 1 ELSE (  -- an array: its active elements
            SELECT count(*) FROM tasks t WHERE t.job_id = r.id AND t.state IN ('queued', 'assigned', 'running')
@@ -1458,11 +1465,39 @@ ORDER BY t.worker_id, v.priority, t.started_at DESC, t.id DESC;
 
 -- name: preemption_exclusions --
 -- A waiting task's own limits on its victims: the workers where its job holds a task (one
--- replica per worker), and the tasks it was preempted for (a task never preempts those back).
+-- replica per worker), and the tasks it was preempted for (a task never preempts those back),
+-- with the whole job of those that are gangs' ranks (kind 'job'). For a gang (:gang 1), what
+-- any of its tasks was preempted for.
+WITH mine AS (
+    SELECT :task_id AS id
+    UNION
+    SELECT id FROM tasks WHERE :gang = 1 AND job_id = :job_id
+)
 SELECT 'worker' AS kind, worker_id AS id FROM tasks
 WHERE job_id = :job_id AND state IN ('assigned', 'running')
 UNION ALL
-SELECT 'task', for_task_id FROM preemptions WHERE task_id = :task_id;
+SELECT 'task', pe.for_task_id FROM mine JOIN preemptions pe ON pe.task_id = mine.id
+UNION ALL
+SELECT 'job', pe.for_job_id FROM mine JOIN preemptions pe ON pe.task_id = mine.id
+JOIN jobs f ON f.id = pe.for_job_id AND f.gang = 1;
+
+-- name: live_gang_reservations --
+-- Room held now for waiting gangs (gang_reservations not expired): preemption counts it out of
+-- its worker's free room for every other waiting task.
+SELECT worker_id, job_id, gpus, cpus, memory_mb FROM gang_reservations WHERE expires_at > :now;
+
+-- name: reserve_for_gang --
+-- Hold a worker's room for one rank of a waiting gang whose victims there (or elsewhere) were
+-- just asked to stop: until the preemption grace and two lease TTLs have passed.
+INSERT INTO gang_reservations (worker_id, job_id, gpus, cpus, memory_mb, reserved_at, expires_at)
+SELECT :worker_id, j.id, j.gpus, j.cpus, j.memory_mb, :now, :now + st.preempt_grace_s + 2 * :lease_ttl_s
+FROM jobs j, scheduler_settings st
+WHERE j.id = :job_id AND j.state = 'queued' AND j.gang = 1
+ON CONFLICT (worker_id, job_id) DO UPDATE SET reserved_at = excluded.reserved_at, expires_at = excluded.expires_at;
+
+-- name: expire_gang_reservations --
+-- Room held for a gang that was not placed in time is free again.
+DELETE FROM gang_reservations WHERE expires_at <= :now;
 
 -- name: shape_rooms --
 -- The online, schedulable workers a shape fits when idle (shape_worker_fit), with their free
