@@ -60,7 +60,7 @@ def submit(
     cpus: Annotated[Optional[float], _opt("--cpus", help="CPUs per task.", min=0)] = None,
     memory_mb: Annotated[Optional[int], _opt("--memory-mb", help="Memory per task, MB.", min=0)] = None,
     label: Annotated[Optional[list[str]], _opt("--label", help="k=v a worker must carry (repeatable).")] = None,
-    gpu_model: Annotated[Optional[str], _opt("--gpu-model", help="Only workers whose every GPU is this model, or MIG profile (1g.10gb): the label gpu_model=MODEL.")] = None,
+    gpu_model: Annotated[Optional[str], _opt("--gpu-model", help="Only GPUs of this model, or MIG profile (1g.10gb): the label gpu_model=MODEL.")] = None,
     env: Annotated[Optional[list[str]], _opt("--env", help="K=V for the task's environment (repeatable).")] = None,
     source: Annotated[Optional[Path], _opt("--source", help="Directory packed (git-tracked files only in a checkout) and unpacked as the working directory.")] = None,
     input_: Annotated[Optional[list[str]], _opt("--input", help="Local file or folder uploaded and placed at the same relative path (repeatable).")] = None,

@@ -153,13 +153,18 @@ def test_mig_instances_are_scheduled_as_gpus(cluster, tmp_path):
                              "labels": {"mig": "mixed"}})
     assert cluster.wait_job(job_id)["state"] == "succeeded"
     assert "CVD=MIG-0-a" in cluster.log_text(job_id)
-    # A profile asked by model: this worker mixes profiles, so it meets none (docs/workers.md, "Inventory").
-    rc, out, err = cluster.cli("submit", "--gpu-model", "1g.10gb", "--", "true")
+    # A profile asked by model on this worker of mixed profiles: the task gets the instance of that profile.
+    rc, out, err = cluster.cli("submit", "--gpus", "1", "--gpu-model", "3g.40gb", "--", "sh", "-c",
+                               'echo "CVD=$CUDA_VISIBLE_DEVICES"')
     assert rc == 0, err
-    waiting = int(out.split()[0])
-    assert cluster.job(waiting)["spec"]["labels"] == {"gpu_model": "1g.10gb"}
-    rc, out, _ = cluster.cli("job", "status", str(waiting))
-    assert 'no online worker has the labels {"gpu_model": "1g.10gb"}' in out
+    by_model = int(out.split()[0])
+    assert cluster.job(by_model)["spec"]["labels"] == {"gpu_model": "3g.40gb"}
+    assert cluster.wait_job(by_model)["state"] == "succeeded"
+    assert "CVD=MIG-0-b" in cluster.log_text(by_model)
+    rc, out, err = cluster.cli("submit", "--gpu-model", "2g.20gb", "--", "true")
+    assert rc == 0, err
+    rc, out, _ = cluster.cli("job", "status", out.split()[0])
+    assert 'no online worker has the labels {"gpu_model": "2g.20gb"}' in out
 
 
 def test_health_is_watched_when_the_count_is_given(cluster, tmp_path):

@@ -368,15 +368,43 @@ def test_gpu_model_is_met_by_a_worker_whose_every_gpu_is_that_model(sched):
                 "resources": {"cpus": 4, "gpus": len(models), "memory_mb": 1000, "gpu_models": models}}
         return sched.register(body=body, token=SERVER_JOIN, session_hash=f"h-{name}",
                               peer_address="127.0.0.1")["worker_id"]
-    mixed = mig_worker("mixed", ["1g.10gb", "3g.40gb"])
     same = mig_worker("same", ["1g.10gb"] * 7)
     job_id = sched.submit(job(gpus=1, labels={"gpu_model": "1g.10gb"}))
-    assert sched.acquire(mixed) is None
     assert sched.acquire(same)["job_id"] == job_id
     other = sched.submit(job(gpus=1, labels={"gpu_model": "2g.20gb"}))
     assert reason(sched, other) == 'no online worker has the labels {"gpu_model": "2g.20gb"}'
     labelled = add_worker(sched, "labelled", gpus=1, labels={"gpu_model": "2g.20gb"})
     assert sched.acquire(labelled)["job_id"] == other
+
+
+def test_gpu_model_on_a_mixed_worker_takes_the_gpus_of_that_model(sched):
+    w = register_mig(sched, "mixed", ["MIG-0-a", "MIG-0-b", "GPU-1", "MIG-2-a", "GPU-3"],
+                     ["3g.40gb", "1g.10gb", "NVIDIA H100", "1g.10gb", "NVIDIA H100"])
+    small = [sched.submit(job(gpus=1, labels={"gpu_model": "1g.10gb"})) for _ in range(3)]
+    first = sched.acquire(w)
+    assert first["job_id"] == small[0] and first["gpus"] == [1]  # not index 0, a 3g.40gb
+    sched.start(w, first["task_id"], 1)
+    second = sched.acquire(w)
+    assert second["job_id"] == small[1] and second["gpus"] == [3]
+    sched.start(w, second["task_id"], 2)
+    assert sched.acquire(w) is None  # both 1g.10gb are taken; the free 3g.40gb and H100s are not that model
+    assert reason(sched, small[2]).startswith("waiting for capacity")
+    pair = sched.submit(job(gpus=2, labels={"gpu_model": "NVIDIA H100"}))
+    got = sched.acquire(w)
+    assert got["job_id"] == pair and got["gpus"] == [2, 4]
+    sched.start(w, got["task_id"], 3)
+    wide = sched.submit(job(gpus=2, labels={"gpu_model": "1g.10gb"}))
+    assert reason(sched, wide) == ("no online worker with its labels has 2 GPUs of model 1g.10gb, 0 CPUs and 0 MB "
+                                   "(whole GPUs: a task of more than one GPU is given no MIG instances)")
+    three = sched.submit(job(gpus=3, labels={"gpu_model": "NVIDIA H100"}))
+    assert reason(sched, three).startswith("no online worker with its labels has 3 GPUs of model NVIDIA H100")
+    # An unhealthy GPU of that model is never given: the last 1g.10gb job waits once GPU 1 is free but bad.
+    beat(sched, w, [first["task_id"], second["task_id"], got["task_id"]],
+         mig_gpus("MIG-0-a", "MIG-0-b", "GPU-1", "MIG-2-a", "GPU-3")[:1]
+         + [{"index": 1, "uuid": "MIG-0-b", "healthy": False, "reason": "Xid 79"}])
+    sched.finish(w, first["task_id"], exit_code=None, outcome="cancelled", outputs={}, reason=None)
+    assert sched.acquire(w) is None
+    assert reason(sched, small[2]).startswith("waiting for capacity")
 
 
 def test_a_drain_outlives_the_agents_restart(sched):

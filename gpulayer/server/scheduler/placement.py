@@ -72,13 +72,15 @@ def _take_one(conn, worker_id: int, now: float, lease: float) -> int | None:
 
 def _reserve_gpus(conn, task: dict, worker_id: int, worker_gpus: int) -> None:
     """Give an assigned task the lowest device indices no other active task on its worker holds
-    (for more than one GPU, whole GPUs only: shape_worker_fit counted no MIG instance for it)."""
+    (for more than one GPU, whole GPUs only: shape_worker_fit counted no MIG instance for it; for
+    a `gpu_model` the worker meets by its GPUs, those of that model only, as shape_worker_fit counted)."""
     if not task["gpus"]:
         return
     used = {r["i"] for r in rows(conn, "gpus_in_use", worker_id=worker_id)}
     if task["gpus"] > 1:
         used |= {r["i"] for r in rows(conn, "worker_mig_indices", worker_id=worker_id)}
-    free = [i for i in range(worker_gpus) if i not in used][:task["gpus"]]
+    model = {r["i"] for r in rows(conn, "task_model_indices", task_id=task["id"], worker_id=worker_id)}
+    free = [i for i in range(worker_gpus) if i not in used and (not model or i in model)][:task["gpus"]]
     if len(free) < task["gpus"]:  # placement checked the count; a mismatch means corrupt state
         raise RuntimeError(f"worker {worker_id} has {len(free)} free GPU indices, task {task['id']} needs {task['gpus']}")
     row(conn, "set_gpu_indices", task_id=task["id"], gpu_indices=json.dumps(free))

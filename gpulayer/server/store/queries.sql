@@ -270,6 +270,15 @@ SELECT "index" FROM worker_gpus WHERE worker_id = :worker_id AND healthy = 0;
 -- A worker's MIG instances (a task of more than one GPU is given none: shape_worker_fit).
 SELECT "index" AS i FROM worker_gpus WHERE worker_id = :worker_id AND uuid GLOB 'MIG-*';
 
+-- name: task_model_indices --
+-- For a task whose job asks for a `gpu_model` that the worker meets by its GPUs (not by a
+-- worker label; shape_worker_fit), the worker's indices of that model; no row otherwise.
+SELECT m.key AS i FROM tasks t JOIN jobs j ON j.id = t.job_id JOIN workers w ON w.id = :worker_id,
+     json_each(w.gpu_models) m
+WHERE t.id = :task_id AND json_extract(j.labels, '$.gpu_model') IS NOT NULL
+  AND json_extract(j.labels, '$.gpu_model') IS NOT json_extract(w.labels, '$.gpu_model')
+  AND m.value = json_extract(j.labels, '$.gpu_model');
+
 -- name: set_gpu_indices --
 -- Reserve device indices for an assigned task.
 UPDATE tasks SET gpu_indices = :gpu_indices WHERE id = :task_id AND state = 'assigned' RETURNING id;
@@ -848,6 +857,12 @@ sized AS (SELECT * FROM f WHERE has_labels AND has_accelerator AND big_enough)
 SELECT CASE
     WHEN NOT EXISTS (SELECT 1 FROM f) THEN 'no online worker'
     WHEN NOT EXISTS (SELECT 1 FROM f WHERE has_labels) THEN 'no online worker has the labels ' || j.labels
+    WHEN NOT EXISTS (SELECT 1 FROM sized) AND j.gpus > 0 AND json_extract(j.labels, '$.gpu_model') IS NOT NULL THEN
+        printf('no online worker with its labels has %d GPU%s of model %s, %g CPU%s and %d MB%s', j.gpus,
+               CASE WHEN j.gpus = 1 THEN '' ELSE 's' END, json_extract(j.labels, '$.gpu_model'), j.cpus,
+               CASE WHEN j.cpus = 1 THEN '' ELSE 's' END, j.memory_mb,
+               CASE WHEN j.gpus > 1 THEN ' (whole GPUs: a task of more than one GPU is given no MIG instances)'
+                    ELSE '' END)
     WHEN NOT EXISTS (SELECT 1 FROM sized) AND j.gpus > 1 AND EXISTS (  -- shape_worker_fit.big_enough
             SELECT 1 FROM f JOIN workers w ON w.id = f.worker_id
             WHERE f.has_labels AND f.has_accelerator

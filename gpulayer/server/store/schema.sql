@@ -6,7 +6,7 @@
 -- 3.40 appears in a view. `PRAGMA user_version` below is the schema version;
 -- gpulayer/server/store/migrations/NNNN_*.sql bring an older file up to it.
 
-PRAGMA user_version = 8;
+PRAGMA user_version = 9;
 
 -- Join and client tokens. `server init` writes the hashes of its two tokens to
 -- server-credentials.json; tokens minted later (`gpulayer token create`) live
@@ -466,19 +466,22 @@ JOIN shapes s ON s.gang = j.gang AND s.gpus = j.gpus AND s.cpus = j.cpus AND s.m
 -- job_worker_fit reads for jobs and acquisition for queued shapes. One row per shape and
 -- worker, whatever the worker's state. Flags are 0 or 1:
 --   has_labels       every label the shape asks for is on the worker, with the same value; a
---                    `gpu_model` label (`submit --gpu-model`) is also met by a worker whose every
---                    GPU or MIG instance is that model (its `gpu_models`: "1g.10gb", "NVIDIA H100 ...")
+--                    `gpu_model` label (`submit --gpu-model`) is also met by a worker with a GPU
+--                    or MIG instance of that model (its `gpu_models`, by index: "1g.10gb",
+--                    "NVIDIA H100 ..."); then only GPUs of that model count for it, below
 --   has_accelerator  the shape asks for none, or the worker has GPUs
 --   big_enough       the worker's GPUs, CPUs and memory cover one task, when idle; a task of
 --                    more than one GPU counts only whole GPUs, never MIG instances (a CUDA
---                    process uses one MIG instance: worker_gpus rows whose uuid is MIG-...)
+--                    process uses one MIG instance: worker_gpus rows whose uuid is MIG-...);
+--                    a `gpu_model` met by the GPUs (not by a worker label) counts those of it
 --   missing_secret   the first of the shape's secrets (by name) that is not set in its project
 --                    or whose labels the worker's join token does not all carry; NULL when it
 --                    may have them all
 --   fits             all four: the worker could run a task of the shape when idle
 --   has_room         a free slot, and free GPUs, CPUs and memory for one task now (worker_load);
 --                    for more than one GPU on a worker with MIG instances, as many free whole
---                    GPUs (healthy, held by no task)
+--                    GPUs (healthy, held by no task); for a `gpu_model` met by the GPUs, as
+--                    many free GPUs of that model
 --   schedulable      not cordoned, draining or drained (worker_cordons)
 --   fits_now         online, schedulable, fits, has room: it could take a task of the shape of
 --                    a job it holds no task of (job_worker_fit.holds_task)
@@ -494,13 +497,20 @@ FROM (
                SELECT 1 FROM json_each(s.labels) jl
                WHERE NOT EXISTS (SELECT 1 FROM json_each(w.labels) wl
                                  WHERE wl.key = jl.key AND wl.value = jl.value)
-                 AND NOT (jl.key = 'gpu_model' AND w.gpus > 0  -- every GPU (or MIG instance) is that model
-                          AND NOT EXISTS (SELECT 1 FROM json_each(w.gpu_models) m WHERE m.value <> jl.value))))
+                 AND NOT (jl.key = 'gpu_model'  -- a GPU (or MIG instance) of that model at least
+                          AND EXISTS (SELECT 1 FROM json_each(w.gpu_models) m WHERE m.value = jl.value))))
            AS has_labels,
            (s.accelerator = '' OR w.gpus > 0) AS has_accelerator,
            (s.gpus <= w.gpus AND s.cpus <= w.cpus AND s.memory_mb <= w.memory_mb
             AND (s.gpus <= 1 OR s.gpus <= w.gpus - (SELECT count(*) FROM worker_gpus g
-                                                    WHERE g.worker_id = w.id AND g.uuid GLOB 'MIG-*')))
+                                                    WHERE g.worker_id = w.id AND g.uuid GLOB 'MIG-*'))
+            AND (s.gpus = 0 OR s.labels = '{}' OR json_extract(s.labels, '$.gpu_model') IS NULL
+                 OR json_extract(s.labels, '$.gpu_model') IS json_extract(w.labels, '$.gpu_model')
+                 OR s.gpus <= (SELECT count(*) FROM json_each(w.gpu_models) m  -- its GPUs of that model
+                               WHERE m.value = json_extract(s.labels, '$.gpu_model')
+                                 AND (s.gpus = 1 OR NOT EXISTS (SELECT 1 FROM worker_gpus g
+                                                                WHERE g.worker_id = w.id AND g."index" = m.key
+                                                                  AND g.uuid GLOB 'MIG-*')))))
            AS big_enough,
            CASE WHEN s.secrets <> '[]' THEN (
                SELECT sv.value FROM json_each(s.secrets, '$.names') sv
@@ -522,7 +532,17 @@ FROM (
                                  WHERE t.worker_id = w.id AND t.state IN ('assigned', 'running')
                                    AND NOT EXISTS (SELECT 1 FROM worker_gpus g
                                                    WHERE g.worker_id = w.id AND g."index" = x.value
-                                                     AND (g.healthy = 0 OR g.uuid GLOB 'MIG-*'))))) AS has_room,
+                                                     AND (g.healthy = 0 OR g.uuid GLOB 'MIG-*'))))
+            AND (s.gpus = 0 OR s.labels = '{}' OR json_extract(s.labels, '$.gpu_model') IS NULL
+                 OR json_extract(s.labels, '$.gpu_model') IS json_extract(w.labels, '$.gpu_model')
+                 OR s.gpus <= (SELECT count(*) FROM json_each(w.gpu_models) m  -- its free GPUs of that model
+                               WHERE m.value = json_extract(s.labels, '$.gpu_model')
+                                 AND NOT EXISTS (SELECT 1 FROM worker_gpus g
+                                                 WHERE g.worker_id = w.id AND g."index" = m.key
+                                                   AND (g.healthy = 0 OR (s.gpus > 1 AND g.uuid GLOB 'MIG-*')))
+                                 AND NOT EXISTS (SELECT 1 FROM tasks t, json_each(t.gpu_indices) x
+                                                 WHERE t.worker_id = w.id AND t.state IN ('assigned', 'running')
+                                                   AND x.value = m.key)))) AS has_room,
            l.free_gpus - s.gpus AS spare_gpus,
            NOT EXISTS (SELECT 1 FROM worker_cordons c WHERE c.worker_id = w.id) AS schedulable
     FROM shapes s, workers w
