@@ -13,15 +13,19 @@ one refuses to start, a restore refuses a fresh lease unless forced, and a
 control plane that finds the lease taken, or that could not renew it for
 `FENCE_TTL_S - FENCE_MARGIN_S`, stops), and `home/`, a 0600 copy of
 the home's secret files (server secret, credentials, secrets key, TLS), which
-`restore()` needs to rebuild a home that works. Other replica URLs (s3://,
-sftp://, ...) are passed to Litestream as they are; the lease and the home
-files are then the operator's (docs/operations.md).
+`restore()` needs to rebuild a home that works. Every write of the lease takes
+a new generation, claimed by hard-linking it as `.gpulayer-writer.N` (one writer
+per generation: `swap_lease`). Other replica URLs (s3://, sftp://, ...) are
+passed to Litestream as they are; the lease and the home files are then the
+operator's (docs/operations.md), and their lag is the time since Litestream's
+last sync that shipped everything, asked of its control socket.
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -32,6 +36,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -45,6 +50,8 @@ from gpulayer.server.store.queries import QUERIES
 log = logging.getLogger("gpulayer.server.replication")
 
 FENCE_FILE = "gpulayer-writer.json"   # the writer lease, in a directory replica
+CLAIM_PREFIX = ".gpulayer-writer."    # + a generation: made O_EXCL by each write of the lease (swap_lease)
+CLAIMS_KEPT = 8                       # the newest claims kept (older ones are removed)
 HOME_DIR = "home"                     # the home's secret files, copied into a directory replica
 WRITER_ID_FILE = "replica-writer-id"  # in the home: which writer this home is, for the lease
 RESTORED_FILE = "restored.json"       # in a restored home: where from, and the reconciliation it needs
@@ -57,7 +64,10 @@ STOP_TIMEOUT_S = 15.0   # Litestream syncs on SIGTERM; past this it is killed
 WAL_SLACK_S = 0.05      # file times' granularity, between the WAL's last write and the LTX file made from it
 STATUS_CACHE_S = 0.25   # how often the supervising thread measures the lag that /v1/health and /metrics read
 STATUS_STALE_S = 5.0    # a measurement older than this (the replica hangs) is reported degraded, lag unknown
+SYNC_QUERY_S = 0.5      # how often the supervisor asks Litestream's control socket for the replica's last sync
+SOCKET_TIMEOUT_S = 0.5  # the most one such question may take
 RESTORE_TIMEOUT_S = 3600.0   # the most `litestream restore` may take
+TAKE_OVER_TRIES = 5     # a restore's attempts at the lease while another writer races it
 BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)   # restarts of a child that keeps dying
 STUCK_S = 30.0          # a child that takes nothing from a changing WAL this long is killed and restarted
 STEADY_S = 60.0         # a child that ran this long starts the backoff over
@@ -146,13 +156,27 @@ def writer_id(layout: HomeLayout) -> str:
         return value
 
 
-def read_lease(directory: Path) -> dict | None:
-    """The replica's writer lease, or None when it has none (or it cannot be read as one)."""
+def _read_json(path: Path) -> dict | None:
     try:
-        lease = json.loads((directory / FENCE_FILE).read_text())
+        lease = json.loads(path.read_text())
     except (FileNotFoundError, ValueError):
         return None
     return lease if isinstance(lease, dict) and "writer" in lease else None
+
+
+def read_lease(directory: Path) -> dict | None:
+    """The replica's writer lease, or None when it has none (or it cannot be read as one).
+
+    The lease is the newest generation: the highest claim file (swap_lease), or
+    the lease file when that is newer (a lease written without a claim).
+    """
+    claims = _claims(directory) if directory.is_dir() else []
+    lease = _read_json(directory / FENCE_FILE)
+    if claims and (lease is None or int(lease.get("generation") or 0) < max(claims)):
+        claimed = _read_json(directory / f"{CLAIM_PREFIX}{max(claims)}")
+        if claimed is not None:
+            return claimed
+    return lease
 
 
 def lease_is_live(lease: dict | None, now: float) -> bool:
@@ -162,10 +186,78 @@ def lease_is_live(lease: dict | None, now: float) -> bool:
     return now - float(lease.get("renewed_at", 0)) < float(lease.get("ttl_s", FENCE_TTL_S))
 
 
-def write_lease(directory: Path, writer: str, home: Path, now: float, *, released: bool = False) -> None:
-    write_private(directory / FENCE_FILE, json.dumps({
+def write_lease(directory: Path, writer: str, home: Path, now: float, *, released: bool = False,
+                generation: int | None = None, exclusive: bool = False) -> None:
+    """Write the lease as `generation` (default: the next one), unchecked; swap_lease is the checked way.
+
+    `exclusive`: the lease is first linked as the claim file of its generation,
+    which fails (FileExistsError) when another writer has that generation.
+    """
+    if generation is None:
+        generation = max([int((read_lease(directory) or {}).get("generation") or 0), *_claims(directory)]) + 1
+    text = json.dumps({
         "writer": writer, "host": socket.gethostname(), "pid": os.getpid(), "home": str(home),
-        "renewed_at": now, "ttl_s": FENCE_TTL_S, "released": released}) + "\n")
+        "renewed_at": now, "ttl_s": FENCE_TTL_S, "released": released, "generation": generation}) + "\n"
+    if not exclusive:
+        write_private(directory / FENCE_FILE, text)
+        return
+    tmp = directory / f".{FENCE_FILE}.{os.getpid()}.{secrets.token_hex(4)}.tmp"   # this writer's own
+    try:
+        write_private(tmp, text)
+        os.link(tmp, directory / f"{CLAIM_PREFIX}{generation}")   # one writer per generation, complete
+        try:
+            os.replace(tmp, directory / FENCE_FILE)   # the readable copy; the claim is the lease
+        except OSError as exc:
+            log.warning("replication_lease_copy_failed error=%s", exc)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+class LeaseLost(Exception):
+    """Another writer changed the lease between this writer's read and its write (swap_lease)."""
+
+
+def _claims(directory: Path) -> list[int]:
+    """The generations claimed in the replica (CLAIM_PREFIX files)."""
+    found = []
+    for name in os.listdir(directory):
+        if name.startswith(CLAIM_PREFIX):
+            try:
+                found.append(int(name[len(CLAIM_PREFIX):]))
+            except ValueError:
+                continue
+    return found
+
+
+def swap_lease(directory: Path, writer: str, home: Path, now: float, *, expect: int | None,
+               released: bool = False) -> int:
+    """Write the lease as a new generation, one writer at a time; returns that generation.
+
+    Every write of the lease takes generation N+1: its content goes to a
+    temporary file of this writer's own, which is then hard-linked as the claim
+    file CLAIM_PREFIX + N+1 (exactly one of two racing writers can make it, and
+    it is complete when it appears); the newest claim is the lease (read_lease).
+    `expect` (a holder renewing or releasing): the generation it wrote last; a
+    newer one means another writer took over. After the link, a claim past its
+    own also means that. Raises LeaseLost, or OSError (the replica failed:
+    nothing was claimed, or the claim stands as a renewal).
+    """
+    claims = _claims(directory)
+    lease = read_lease(directory)
+    top = max([int(lease.get("generation") or 0) if lease is not None else 0, *claims])
+    if expect is not None and top != expect:
+        raise LeaseLost(f"the lease is at generation {top}, past this writer's {expect}")
+    new = top + 1
+    try:
+        write_lease(directory, writer, home, now, released=released, generation=new, exclusive=True)
+    except FileExistsError:
+        raise LeaseLost(f"another writer claimed the lease's generation {new} at the same time") from None
+    if max(_claims(directory)) != new:
+        raise LeaseLost("another writer took the lease while this one wrote it")
+    for old in claims:
+        if old < new - CLAIMS_KEPT:  # the newest are kept: a slow claimer sees them and cannot reuse a number
+            (directory / f"{CLAIM_PREFIX}{old}").unlink(missing_ok=True)
+    return new
 
 
 def describe_lease(lease: dict, now: float) -> str:
@@ -205,7 +297,11 @@ def claim(replica: Replica, layout: HomeLayout, now: float) -> str:
     if lease is None and (directory / "ltx").exists():
         raise ConfigError(f"the replica {directory} already holds a replicated state file with no writer lease: "
                           "restore from it, or replicate to an empty directory")
-    write_lease(directory, mine, layout.home, now)
+    try:
+        swap_lease(directory, mine, layout.home, now, expect=None)
+    except LeaseLost as exc:
+        raise ConfigError(f"the replica {directory}'s lease changed while this control plane took it ({exc}): "
+                          "another one is starting or restoring. Try again") from None
     return mine
 
 
@@ -317,18 +413,27 @@ class Replicator:
         self._status: dict | None = None   # the last measurement (lag, positions), made by the supervisor
         self._status_at = 0.0
         self._renewed_ok = 0.0            # time.monotonic() of the lease's last successful renewal
+        self._generation: int | None = None   # the lease's generation this plane wrote last (swap_lease)
         self._fence_lock = threading.Lock()
         self._watchdog: threading.Thread | None = None
         self._started_mono = 0.0
         self._spawned_at = 0.0
         self._wal_ahead_since: float | None = None   # first seen: the WAL holds changes Litestream has not taken
+        # Not a directory: the replica's lag comes from Litestream's control socket (its last full sync).
+        self.socket_path: Path | None = None if replica.directory is not None else _socket_path(layout)
+        self._synced_at: float | None = None    # Litestream's last sync that left nothing unshipped (wall clock)
+        self._unsynced_since = 0.0              # while no sync was seen: since when (the first start)
+        self._synced_asked = 0.0                # time.monotonic() of the last question to the socket
 
     # -- start / stop -----------------------------------------------------------------------
     def start(self) -> None:
         """Claim the lease, copy the home's files, start Litestream. Raises ConfigError (nothing started)."""
         now = self.clock()
         self.writer = claim(self.replica, self.layout, now)
+        if self.replica.directory is not None:
+            self._generation = int((read_lease(self.replica.directory) or {}).get("generation") or 0)
         self._renewed_ok = time.monotonic()
+        self._unsynced_since = now
         self._copy_home()
         write_private(self.config_path, self._config_text())
         self._spawn()
@@ -346,12 +451,17 @@ class Replicator:
         if self._thread is not None:
             self._thread.join(timeout=5)
         self._terminate()
+        if self.socket_path is not None:
+            _remove_socket(self.socket_path)
+            if self.socket_path.parent != self.layout.home:   # the private directory _socket_path made
+                shutil.rmtree(self.socket_path.parent, ignore_errors=True)
         if self.state != "fenced" and self.replica.directory is not None and self.writer:
             try:
                 lease = read_lease(self.replica.directory)
                 if lease is not None and lease["writer"] == self.writer:
-                    write_lease(self.replica.directory, self.writer, self.layout.home, self.clock(), released=True)
-            except OSError as exc:  # the lease then goes stale by itself
+                    swap_lease(self.replica.directory, self.writer, self.layout.home, self.clock(),
+                               expect=self._generation, released=True)
+            except (OSError, LeaseLost) as exc:  # the lease then goes stale by itself (or is another's)
                 log.warning("replication_lease_not_released error=%s", exc)
             self.state = "stopped"
         log.info("replication_stopped replica=%s", self.replica.url)
@@ -365,9 +475,13 @@ class Replicator:
         config = {"logging": {"level": "warn"},
                   "dbs": [{"path": str(self.layout.state), "monitor-interval": f"{monitor:.3f}s",
                            "busy-timeout": "10s", "replicas": [replica]}]}
+        if self.socket_path is not None:  # Litestream's own account of the replica: see _query_synced
+            config["socket"] = {"enabled": True, "path": str(self.socket_path)}
         return json.dumps(config, indent=2) + "\n"   # JSON is YAML
 
     def _spawn(self) -> None:
+        if self.socket_path is not None:
+            _remove_socket(self.socket_path)   # a killed child's: Litestream would not listen on it
         with open(self.log_path, "ab") as out:
             os.chmod(self.log_path, 0o600)
             self._child = subprocess.Popen([self.binary, "replicate", "-config", str(self.config_path)],
@@ -454,8 +568,14 @@ class Replicator:
                 return False
             if self.state == "fenced":
                 return False
-            write_lease(directory, self.writer, self.layout.home, self.clock())
+            expect = self._generation
+            if expect is None and lease is not None:
+                expect = int(lease.get("generation") or 0)
+            self._generation = swap_lease(directory, self.writer, self.layout.home, self.clock(), expect=expect)
             self._renewed_ok = time.monotonic()
+        except LeaseLost as exc:
+            self._fence(f"the replica's lease was taken: {exc}")
+            return False
         except OSError as exc:
             self.last_error = f"cannot renew the replica's lease: {exc}"
             log.warning("replication_lease_renew_failed error=%s", exc)
@@ -534,14 +654,19 @@ class Replicator:
             local_txid = max((t for t, _ in local), default=0)
             replica_txid = lag = None
             wal_ahead = self._wal_ahead(max((m for _, m in local), default=0.0))
-            if self.replica.directory is not None:
+            if self.replica.directory is None:
+                # Litestream's last sync that shipped everything (its control socket; before the first,
+                # the start): a replica that fails every upload (expired credentials) lags from then on.
+                self._query_synced()
+                lag = max(0.0, now - (self._synced_at if self._synced_at is not None else self._unsynced_since))
+            else:
                 replica_txid = max((t for t, _ in _ltx_positions(self.replica.directory)), default=0)
                 behind = [mtime for txid, mtime in local if txid > replica_txid]
                 lag = max(0.0, now - min(behind)) if behind else 0.0
-                if wal_ahead is not None:  # commits Litestream has not even taken (it is stuck, or stopped)
-                    lag = max(lag, now - wal_ahead)
-                if self._stopped_at is not None:
-                    lag = max(lag, now - self._stopped_at)
+            if wal_ahead is not None:  # commits Litestream has not even taken (it is stuck, or stopped)
+                lag = max(lag, now - wal_ahead)
+            if self._stopped_at is not None:
+                lag = max(lag, now - self._stopped_at)
         except OSError as exc:
             log.warning("replication_lag_unmeasured error=%s", exc)
             previous = self._status or {}
@@ -551,6 +676,23 @@ class Replicator:
         degraded = lag is not None and lag > max(LAG_DEGRADED_S, 2 * self.interval_s)
         return {"lag_seconds": lag, "local_txid": local_txid, "replicated_txid": replica_txid,
                 "degraded": degraded, "error": None}
+
+    def _query_synced(self) -> None:
+        """Ask Litestream (every SYNC_QUERY_S) when it last synced the replica; keep the answer in _synced_at.
+
+        Litestream 0.5's `last_sync_at` (GET /list on its control socket) moves
+        on while every change reaches the replica, idle or not, and stops while
+        an upload fails. Its Prometheus metrics (`addr:`) carry neither the
+        replica's position nor failed uploads, so they are not used. No answer
+        (the child restarts, hangs, is an older Litestream) keeps the last one.
+        """
+        mono = time.monotonic()
+        if self.socket_path is None or mono - self._synced_asked < SYNC_QUERY_S:
+            return
+        self._synced_asked = mono
+        synced = _last_sync_at(self.socket_path, self.layout.state)
+        if synced is not None and (self._synced_at is None or synced > self._synced_at):
+            self._synced_at = synced
 
     def _wal_ahead(self, newest_ltx: float) -> float | None:
         """Since when (about) the WAL has held commits newer than Litestream's newest LTX file; None if none."""
@@ -566,6 +708,58 @@ class Replicator:
         else:  # Litestream took what came before its newest file: what is left is at most that old
             self._wal_ahead_since = max(self._wal_ahead_since, newest_ltx)
         return self._wal_ahead_since
+
+
+# -- Litestream's control socket ------------------------------------------------------------
+
+def _socket_path(layout: HomeLayout) -> Path:
+    """Where Litestream listens for `list`: in the home, or a private temporary directory when that path is
+    too long for a unix socket."""
+    path = layout.home / "litestream.sock"
+    if len(os.fsencode(str(path))) < 100:
+        return path
+    return Path(tempfile.mkdtemp(prefix="gpulayer-ls-")) / "ls.sock"
+
+
+def _remove_socket(path: Path) -> None:
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as exc:
+        log.warning("replication_socket_not_removed path=%s error=%s", path, exc)
+
+
+def _last_sync_at(path: Path, state: Path) -> float | None:
+    """`last_sync_at` of `state` from Litestream's control socket (seconds since the epoch), or None."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(SOCKET_TIMEOUT_S)
+            conn.connect(str(path))
+            conn.sendall(b"GET /list HTTP/1.0\r\nHost: litestream\r\n\r\n")
+            data = b""
+            while len(data) < 1 << 20:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        if not head.startswith(b"HTTP/1.") or b" 200 " not in head.split(b"\r\n", 1)[0] + b" ":
+            return None
+        for db in json.loads(body).get("databases") or []:
+            if db.get("path") == str(state) and db.get("last_sync_at"):
+                return _rfc3339(db["last_sync_at"])
+    except (OSError, ValueError, AttributeError, TypeError):
+        return None
+    return None
+
+
+def _rfc3339(text: str) -> float:
+    """Go's RFC 3339 time (nanoseconds, Z or an offset) as seconds since the epoch; ValueError if not one."""
+    match = re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)", text)
+    if match is None:
+        raise ValueError(text)
+    whole, fraction, zone = match.groups()
+    stamp = datetime.fromisoformat(whole + ("+00:00" if zone == "Z" else zone)).timestamp()
+    return stamp + (float("0." + fraction) if fraction else 0.0)
 
 
 # -- restore ----------------------------------------------------------------------------------
@@ -637,8 +831,24 @@ def restore(source: str, home: Path, *, timestamp: str | None = None, force: boo
         raise
     if replica.directory is not None and not timestamp:
         # The replica is this home's now: a returning old plane finds its lease taken and stops.
-        write_lease(replica.directory, new_writer, layout.home, clock())
+        _take_over(replica.directory, new_writer, layout.home, clock)
     return {"home": str(layout.home), "files": [str(p) for p in wanted], **marker}
+
+
+def _take_over(directory: Path, writer: str, home: Path, clock) -> None:
+    """Take the replica's lease for a restored home, whatever generation it is at (a few tries: a renewal
+    of the old plane racing this one loses, and stops, at its own check)."""
+    lost: LeaseLost | None = None
+    for attempt in range(TAKE_OVER_TRIES):
+        try:
+            swap_lease(directory, writer, home, clock(), expect=None)
+            return
+        except LeaseLost as exc:
+            lost = exc
+            time.sleep(0.05 * (attempt + 1))
+    raise ConfigError(f"{home} is restored, but the replica's lease kept changing while this restore took it "
+                      f"({lost}): is its control plane still running? Stop it, then start the restored home "
+                      "after the lease goes stale")
 
 
 def _litestream_restore(binary: str, replica: Replica, staged: Path, timestamp: str | None) -> dict:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gpulayer.server.replication import FENCE_FILE, STATUS_CACHE_S, litestream_binary
+from gpulayer.server.replication import FENCE_FILE, LAG_DEGRADED_S, STATUS_CACHE_S, litestream_binary
 from gpulayer.testing import ControlPlaneProcess, run_cli, wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
@@ -206,3 +206,162 @@ def test_a_clean_stop_hands_the_replica_over_at_once_and_an_older_restore_replic
         assert check_state(plane.state) == []
     finally:
         plane.stop()
+
+
+# -- a replica that is not a directory: its lag, and what health says when every upload fails ----------------
+
+class FakeS3:
+    """Just enough of S3 for Litestream 0.5 (list, put, delete), in this process; `failing` answers 403 to all
+    (expired credentials)."""
+
+    def __init__(self):
+        import http.server
+        import threading
+        fake = self
+        self.failing, self.puts = False, 0
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def _answer(self, code: int, body: bytes = b"") -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                if length:
+                    self.rfile.read(length)
+                if fake.failing:
+                    code, body = 403, b"<Error><Code>ExpiredToken</Code><Message>expired</Message></Error>"
+                self.send_response(code)
+                self.send_header("Content-Type", "application/xml")
+                self.send_header("Content-Length", str(len(body)))
+                self.send_header("ETag", '"0"')
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_PUT(self):
+                fake.puts += not fake.failing
+                self._answer(200)
+
+            def do_GET(self):
+                self._answer(200, b"<ListBucketResult><IsTruncated>false</IsTruncated></ListBucketResult>")
+
+            def do_POST(self):
+                self._answer(200, b"<DeleteResult></DeleteResult>")
+
+            def do_DELETE(self):
+                self._answer(204)
+
+            def do_HEAD(self):
+                self._answer(404)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+S3_ENV = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_CA_BUNDLE": ""}
+
+
+def metric_names(srv: ControlPlaneProcess) -> dict[str, float]:
+    answer = srv.request("GET", "/metrics")
+    assert answer.status_code == 200, answer.text
+    found = {}
+    for line in answer.text.splitlines():
+        if line.startswith("gpulayer_replication_"):
+            name, _, value = line.rpartition(" ")
+            found[name] = float(value)
+    return found
+
+
+@pytest.mark.timeout(90)
+def test_an_s3_replica_that_fails_every_upload_is_degraded_within_the_lag_bound(tmp_path):
+    s3 = FakeS3()
+    url = f"s3://bucket/state?endpoint=http://127.0.0.1:{s3.port}&region=us-east-1&forcePathStyle=true"
+    srv = ControlPlaneProcess(tmp_path, heartbeat_interval=0.5, lease_ttl=5, env=S3_ENV,
+                              args=["--replicate", url, "--replicate-interval", str(INTERVAL)]).start()
+    try:
+        wait_for(lambda: s3.puts > 0 and (replication(srv)["lag_seconds"] or 99) < 2, 15,
+                 "the first upload", details=lambda: f"{replication(srv)}\n{srv.log()}")
+        assert not srv.get_json("/v1/health")["degraded"]
+        series = metric_names(srv)
+        assert 0 <= series["gpulayer_replication_lag_seconds"] < 2
+        assert {'gpulayer_replication_state{state="running"}', "gpulayer_replication_local_txid",
+                "gpulayer_replication_restarts_total"} <= set(series)
+
+        s3.failing = True   # the credentials expire: Litestream runs on, and no upload succeeds any more
+        failed_at = time.monotonic()
+        srv.submit({"command": ["true"]})
+        wait_for(lambda: srv.get_json("/v1/health")["degraded"], LAG_DEGRADED_S + 5,
+                 "health to say degraded", details=lambda: f"{replication(srv)}")
+        assert time.monotonic() - failed_at > LAG_DEGRADED_S - 1   # from the lag, not from a dead child
+        status = replication(srv)
+        assert status["state"] == "running" and status["lag_seconds"] > LAG_DEGRADED_S
+        assert metric_names(srv)["gpulayer_replication_lag_seconds"] > LAG_DEGRADED_S
+
+        s3.failing = False
+        wait_for(lambda: not srv.get_json("/v1/health")["degraded"], 10, "health to recover")
+    finally:
+        srv.stop()
+        s3.close()
+
+
+@pytest.mark.timeout(60)
+def test_an_sftp_replica_that_cannot_be_reached_is_degraded_with_a_lag(tmp_path):
+    srv = ControlPlaneProcess(tmp_path, heartbeat_interval=0.5, lease_ttl=5,
+                              args=["--replicate", "sftp://gpulayer@127.0.0.1:1/replica",
+                                    "--replicate-interval", str(INTERVAL)]).start()
+    try:
+        wait_for(lambda: (replication(srv)["lag_seconds"] or 0) > LAG_DEGRADED_S, LAG_DEGRADED_S + 5,
+                 "the lag to pass the bound", details=lambda: f"{replication(srv)}")
+        health = srv.get_json("/v1/health")
+        assert health["degraded"] and health["replication"]["last_error"]
+        assert srv.request("GET", "/v1/health").status_code == 200   # writes still work: degraded, not down
+    finally:
+        srv.stop()
+
+
+# -- `gpulayer up --replicate` -------------------------------------------------------------------------------
+
+@pytest.mark.timeout(120)
+def test_up_replicates_reports_it_and_stops_when_a_restore_takes_the_replica(tmp_path):
+    import subprocess
+
+    import requests
+
+    from gpulayer.testing import CLI, clean_env, free_port, stop_process
+    home, replica, port = tmp_path / "home", tmp_path / "replica", free_port()
+    log = tmp_path / "up.log"
+    up = subprocess.Popen([*CLI, "up", "--no-worker", "--host", "127.0.0.1", "--port", str(port),
+                           "--replicate", str(replica), "--replicate-interval", str(INTERVAL)],
+                          env=clean_env(GPULAYER_HOME=str(home), PYTHONUNBUFFERED="1"),
+                          stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: up.poll() is not None or "Ctrl-C stops" in log.read_text(), 60, "`up` to start",
+                 details=log.read_text)
+        assert up.poll() is None, log.read_text()
+        client = json.loads((home / "client.json").read_text())
+
+        def get(path):
+            return requests.get(client["url"] + path, headers={"Authorization": f"Bearer {client['token']}"},
+                                verify=client["ca_file"], timeout=10)
+        wait_for(lambda: get("/v1/health").json()["replication"]["replicated_txid"], 20, "a first sync")
+        health = get("/v1/health").json()
+        assert health["replication"]["state"] == "running" and health["replication"]["replica"] == str(replica)
+        assert isinstance(health["replication"]["lag_seconds"], float) and not health["degraded"]
+        series = {line.rpartition(" ")[0] for line in get("/metrics").text.splitlines()
+                  if line.startswith("gpulayer_replication_")}
+        assert {"gpulayer_replication_lag_seconds", "gpulayer_replication_replicated_txid",
+                "gpulayer_replication_local_txid", 'gpulayer_replication_state{state="running"}'} <= series
+
+        taken = restore(replica, tmp_path / "new" / "home", "--force")
+        assert taken.returncode == 0, taken.stderr
+        wait_for(lambda: up.poll() is not None, 20, "`up` to stop once its lease is taken", details=log.read_text)
+        assert "stopping the control plane" in log.read_text()
+        assert json.loads((replica / FENCE_FILE).read_text())["home"] == str(tmp_path / "new" / "home")
+    finally:
+        stop_process(up)

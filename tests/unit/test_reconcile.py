@@ -192,3 +192,31 @@ def test_a_call_for_a_task_made_after_the_restore_is_still_refused(sched):
     with pytest.raises(TaskNotAssigned):
         sched.start(w, task_id, 5)
     assert task_row(sched, task_id)["state"] == "queued"
+
+
+def test_health_shows_the_pause_the_workers_it_awaits_and_the_held_tasks(sched):
+    from gpulayer.server.http.resources import Health
+
+    class Answer:
+        status, media = "200 OK", None
+
+    def health() -> dict:
+        answer = Answer()
+        Health(type("Deps", (), {"store": sched.store, "scheduler": sched, "replication": None})()).on_get(None,
+                                                                                                           answer)
+        return answer.media
+
+    assert "reconcile" not in health()   # not restored
+    early, late = add_worker(sched, "early"), add_worker(sched, "late")
+    held = restored(sched, watermark=5, pause_s=60, awaiting={early, late})
+    sched.heartbeat(early, [])
+    shown = health()["reconcile"]
+    assert shown["paused"] and shown["awaiting_workers"] == [late] and shown["held_task_ids"] == []
+    assert 59 < shown["pause_ends_in_s"] <= 60 and shown["watermark_task_id"] == 5
+    sched.heartbeat(late, [entry(999)])   # a task of the lost window this state never heard of: held
+    shown = health()["reconcile"]
+    assert shown["paused"] and shown["awaiting_workers"] == [] and shown["held_task_ids"] == [999]
+    held.held.clear()
+    assert health()["reconcile"]["paused"] is False
+    held.ends_at = time.monotonic() - 1   # the rules' time is over: health says nothing of them
+    assert "reconcile" not in health()

@@ -43,6 +43,9 @@ class Health(Resource):
         if self.deps.replication is not None:
             replication = self.deps.replication()
             extra = {"degraded": replication["degraded"], "replication": replication}
+        restored = self.sched.restored   # a restored plane, while its reconciliation rules apply
+        if restored is not None and restored.active():
+            extra["reconcile"] = restored.describe()
         if health["ok"]:
             resp.media = {"ok": True, "protocol": PROTOCOL, **extra}
             return

@@ -113,6 +113,18 @@ class Restored:
             return bool(self.held)
 
 
+    def describe(self) -> dict:
+        """For /v1/health: whether assignment is paused, which workers it awaits, which tasks are held."""
+        mono = time.monotonic()
+        paused = self.paused()
+        with self.lock:
+            awaiting = sorted(self.awaiting) if mono < self.pause_until else []
+            held = sorted(self.held)
+        return {"paused": paused, "awaiting_workers": awaiting, "held_task_ids": held,
+                "pause_ends_in_s": round(max(0.0, min(self.pause_until, self.ends_at) - mono), 2) if awaiting else 0.0,
+                "rules_end_in_s": round(max(0.0, self.ends_at - mono), 2), "watermark_task_id": self.watermark}
+
+
 def online_workers(conn) -> set[int]:
     """The workers the (restored) state has online: rule 5's pause waits for them."""
     return {r["id"] for r in rows(conn, "reconcile_online_workers")}
