@@ -104,11 +104,14 @@ def run_up(home: Path, host: str, port: int, parallel: int | None, worker: bool 
         with worker_thread(settings) if worker else nullcontext() as thread:
             _announce(local_url, _url(address, bound), tokens["join_token"], tls["fingerprint"], home, worker)
             _wait_for_stop(thread, plane.fenced)
+            if plane.fenced.is_set():  # as `server start`: exit 3, so a supervisor does not take it for a clean stop
+                print("gpulayer up: another control plane took the replica's lease (a restore): this one stops "
+                      "serving", file=sys.stderr, flush=True)
             print("stopping the worker and the control plane..." if worker else "stopping the control plane...",
                   file=sys.stderr, flush=True)
     finally:
         plane.stop()
-    return 0
+    return 3 if plane.fenced.is_set() else 0
 
 
 def _announce(local_url: str, public_url: str, join_token: str, fingerprint: str, home: Path,

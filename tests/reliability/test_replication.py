@@ -361,7 +361,8 @@ def test_up_replicates_reports_it_and_stops_when_a_restore_takes_the_replica(tmp
         taken = restore(replica, tmp_path / "new" / "home", "--force")
         assert taken.returncode == 0, taken.stderr
         wait_for(lambda: up.poll() is not None, 20, "`up` to stop once its lease is taken", details=log.read_text)
-        assert "stopping the control plane" in log.read_text()
+        assert "stopping the control plane" in log.read_text() and "took the replica's lease" in log.read_text()
+        assert up.returncode == 3  # as `server start` when fenced: not a clean stop to its supervisor
         assert json.loads((replica / FENCE_FILE).read_text())["home"] == str(tmp_path / "new" / "home")
     finally:
         stop_process(up)
