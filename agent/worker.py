@@ -39,6 +39,8 @@ from .tls import resolve_verify
 from .transport import Transport, check_url
 
 ACQUIRE_WAIT_S = 20.0
+#: How long a task that ended is remembered, against stale assignments of it (longer than any request waits).
+ENDED_KEPT_S = 600.0
 REJOIN_MIN_S = 5.0  # a session refused again this soon after registering again is not retried
 
 
@@ -146,6 +148,9 @@ class Worker:
         self.beat_now = threading.Event()  # an endpoint changed: heartbeat at once
         self.handles: dict[int, TaskHandle] = {}
         self.threads: dict[int, threading.Thread] = {}
+        #: When each recent task's runner ended (monotonic): an answer to a request sent before that
+        #: carries a stale assignment of it (made before its finish), not one to run again.
+        self.ended: dict[int, float] = {}
         self.lock = threading.Lock()
         self.idle_since = time.monotonic()
         self.fatal: list[AgentError] = []
@@ -413,14 +418,14 @@ class Worker:
                 self.stopping.wait(self.interval_s)
                 continue
             tasks = [answer["task"], *(answer.get("more") or [])] if answer.get("task") else []
-            self._take(tasks, time.monotonic() - asked)
+            self._take(tasks, time.monotonic() - asked, asked)
 
     def _free_slots(self) -> int:
         """How many more tasks this worker may run now (``--parallel`` less those it holds)."""
         with self.lock:
             return max(0, max(1, int(self.config.parallel)) - len(self.handles))
 
-    def _take(self, tasks: list[dict], elapsed_s: float) -> None:
+    def _take(self, tasks: list[dict], elapsed_s: float, asked: float | None = None) -> None:
         """Launch the acquired assignments (a repeat of one already running is not launched again)."""
         if self.stopping.is_set():
             return
@@ -430,21 +435,30 @@ class Worker:
             return
         # acquire repeats an assignment until its start: wait (a little) for the starts before asking again
         deadline = time.monotonic() + 0.5
-        for handle in [self._launch(task) for task in tasks]:
+        for handle in [self._launch(task, asked) for task in tasks]:
             handle.start_sent.wait(max(0.0, deadline - time.monotonic()))
 
-    def _handed_over(self, task: dict) -> None:
+    def _handed_over(self, task: dict, asked: float | None = None) -> None:
         """The next task a finish brought back: launch it (a stopping worker leaves it; deregister requeues it)."""
         if not self.stopping.is_set():
-            self._launch(task)
+            self._launch(task, asked)
 
-    def _launch(self, task: dict) -> TaskHandle:
-        """Start the task's runner once, whoever asks first (acquire loop or a finish)."""
+    def _launch(self, task: dict, asked: float | None = None) -> TaskHandle:
+        """Start the task's runner once, whoever asks first (acquire loop or a finish).
+
+        ``asked``: when the request that brought the assignment was sent; one sent before the task's runner
+        ended was answered before its finish (a short task's start rides on it), so it is not run again.
+        """
         task_id = int(task["task_id"])
         with self.lock:
             known = self.handles.get(task_id)
             if known is not None:
                 return known
+            if asked is not None and self.ended.get(task_id, asked) > asked:
+                log_event("task_assignment_stale", task_id=task_id)
+                stale = TaskHandle(task_id)
+                stale.start_sent.set()
+                return stale
             handle = TaskHandle(task_id)
             handle.on_change = self.beat_now.set
             echo = {"job_id": task.get("job_id"), "attempt": task.get("attempt"), "gpus": task.get("gpus")}
@@ -463,6 +477,11 @@ class Worker:
             with self.lock:
                 self.handles.pop(runner.task_id, None)
                 self.threads.pop(runner.task_id, None)
+                now = time.monotonic()
+                self.ended.pop(runner.task_id, None)
+                self.ended[runner.task_id] = now  # in time order: the oldest first
+                for old in [k for k, _ in zip(self.ended, range(8)) if self.ended[k] < now - ENDED_KEPT_S]:
+                    del self.ended[old]
                 if not self.handles:
                     self.idle_since = time.monotonic()
             self.slot_freed.set()

@@ -61,3 +61,27 @@ def start_worker(worker_config):
     yield start
     for worker in workers:
         worker.stop()
+
+
+@pytest.fixture
+def launch_only_worker(monkeypatch):
+    """A Worker with only its launch bookkeeping (no control plane): runners are stubs, and each launched
+    runner's task id lands in ``worker.launched`` instead of running."""
+    import agent.worker as module
+
+    class Runner:
+        def __init__(self, task, ctx, handle):
+            self.task_id = handle.task_id
+
+    monkeypatch.setattr(module, "TaskRunner", Runner)
+    worker = module.Worker.__new__(module.Worker)
+    worker.lock, worker.handles, worker.threads, worker.ended = threading.Lock(), {}, {}, {}
+    worker.ctx, worker.beat_now = None, threading.Event()
+    worker.launched = []
+    worker._run_task = lambda runner: worker.launched.append(runner.task_id)
+
+    def join():
+        for thread in list(worker.threads.values()):
+            thread.join(5)
+    worker.join_launched = join
+    return worker

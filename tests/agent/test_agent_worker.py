@@ -229,27 +229,13 @@ def test_rank_dropped_quietly_when_its_gang_is_replaced_during_rendezvous(plane,
 
 
 
-def test_launch_is_once_per_task_whoever_asks(monkeypatch):
+def test_launch_is_once_per_task_whoever_asks(launch_only_worker):
     """The acquire loop and a finish's hand-over may bring the same assignment: one runner only."""
-    import threading
-
-    import agent.worker as module
-
-    class Runner:
-        def __init__(self, task, ctx, handle):
-            self.task_id = handle.task_id
-
-    monkeypatch.setattr(module, "TaskRunner", Runner)
-    worker = module.Worker.__new__(module.Worker)  # only the launch bookkeeping, no control plane
-    worker.lock, worker.handles, worker.threads = threading.Lock(), {}, {}
-    worker.ctx, worker.beat_now = None, threading.Event()
-    started = []
-    worker._run_task = lambda runner: started.append(runner.task_id)
+    worker = launch_only_worker
     first = worker._launch({"task_id": 7})
     assert worker._launch({"task_id": 7}) is first
-    for thread in worker.threads.values():
-        thread.join(5)
-    assert started == [7]
+    worker.join_launched()
+    assert worker.launched == [7]
 
 
 def test_one_acquire_brings_every_free_slot_and_a_finish_its_next(plane, start_worker):

@@ -152,6 +152,8 @@ REQUEST_BODIES = {
         "outcome": {"enum": ["succeeded", "failed", "cancelled", "timed_out"]},
         "outputs": STR_MAP, "reason": {"type": ["string", "null"]}, "next": {"type": "boolean"},
         "max_tasks": MAX_TASKS,
+        "pid": {"type": "integer", "minimum": 1, "description": "the task's start, never sent (its process "
+                "ended first): a task still assigned is started with this pid in the same transaction"},
         "lines": {"type": "array", "items": {"type": "object", "required": ["text"], "properties": {
             "n": INT, "stream": {"enum": ["stdout", "stderr", "system"]}, "text": {"type": "string"},
             "at": NUM}}}}},

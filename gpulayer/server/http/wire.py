@@ -183,7 +183,8 @@ def finish(body: dict) -> dict:
                         for k, v in outputs.items()},
             "reason": None if reason is None else string(reason, "reason", limit=2048),
             "lines": log_lines(body) if body.get("lines") is not None else [],
-            "next": _flag(body.get("next", False), "next"), "max_tasks": max_tasks(body)}
+            "next": _flag(body.get("next", False), "next"), "max_tasks": max_tasks(body),
+            "pid": None if body.get("pid") is None else integer(body["pid"], "pid", 1, 1 << 31)}
 
 
 def _flag(value, field: str) -> bool:

@@ -311,10 +311,11 @@ class Scheduler:
     def rendezvous(self, worker_id: int, task_id: int, address: str, port: int) -> dict:
         return self._write(lifecycle.rendezvous, worker_id, task_id, address, port, self.clock())
 
-    def finish(self, worker_id: int, task_id: int, *, exit_code, outcome, outputs, reason, lines=()) -> bool:
-        """Record a result (with the task's last log lines, if sent along) in one transaction."""
+    def finish(self, worker_id: int, task_id: int, *, exit_code, outcome, outputs, reason, lines=(),
+               pid=None) -> bool:
+        """Record a result (with the task's last log lines, and its start when `pid`) in one transaction."""
         accepted = self._write(self._adopting(lifecycle.finish), worker_id, task_id, exit_code, outcome, outputs,
-                               reason, self.clock(), lines=lines, wake=True)
+                               reason, self.clock(), lines=lines, pid=pid, wake=True)
         self.log_followers.written()  # the job may have ended: its log followers stop waiting
         return accepted
 

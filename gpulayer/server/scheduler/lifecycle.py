@@ -64,13 +64,19 @@ def rendezvous(conn, worker_id: int, task_id: int, address: str, port: int, now:
 
 
 def finish(conn, worker_id: int, task_id: int, exit_code: int | None, outcome: str, outputs: dict,
-           reason: str | None, now: float, *, lines=()) -> bool:
+           reason: str | None, now: float, *, lines=(), pid: int | None = None) -> bool:
     """Record a task's result; False (and only an event) when the task was lost or cancelled meanwhile.
 
-    Raises TaskNotAssigned for a task that was never this worker's.
+    `pid`: the worker never sent this task's start (its process ended first); a task still `assigned`
+    is started here first, as `start` would have, in the same transaction (a cancel requested before it
+    makes the whole finish 409 task_not_assigned, as the start would have been). Raises TaskNotAssigned
+    for a task that was never this worker's.
     """
     state, default_reason = OUTCOMES[outcome]
     done = _owned(conn, worker_id, task_id, active=False)
+    if pid is not None and done["state"] == "assigned":
+        start(conn, worker_id, task_id, pid, now)
+        done = {**done, "state": "running", "pid": pid}
     if lines:  # the last lines ride along with the result: one call, one transaction
         append_logs(conn, worker_id, task_id, lines)
     if state == "cancelled" and done["state"] in ("assigned", "running") and not done["cancel_requested"]:
