@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from gpulayer.server.errors import Conflict, NotFound
 from gpulayer.server.scheduler import events, leases, ledger
-from gpulayer.server.store.queries import QUERIES, row, rows
+from gpulayer.server.store.queries import row, rows
 
 #: Reason of the tasks a drain's deadline stops: requeued with it, or, for a task already being
 #: stopped (a cancel, a preemption, a GPU gone bad), lost with it (the retry policy reads worker_lost).
@@ -108,12 +108,7 @@ def requeue_at_deadline(conn, worker_id: int, now: float) -> None:
             ranks = rows(conn, "attempt_tasks", job_id=task["job_id"], attempt=task["attempt"])
             if not any(r["id"] == task["id"] and r["state"] in ("assigned", "running") for r in ranks):
                 continue  # released with an earlier rank of the same gang on this worker
-            ledger.record(conn, now, [r["id"] for r in ranks if r["state"] == "running"], outcome="requeued")
-            released = rows(conn, "release_attempt", job_id=task["job_id"], attempt=task["attempt"])
-            conn.execute(QUERIES["clear_rendezvous"], {"job_id": task["job_id"], "attempt": task["attempt"]})
-            row(conn, "requeue_job", job_id=task["job_id"])
-            events.record(conn, now, "gang_released", job_id=task["job_id"], attempt=task["attempt"],
-                          reason="drain_timeout", workers=[r["worker_id"] for r in released])
+            leases.release_gang(conn, now, task["job_id"], task["attempt"], "drain_timeout", ranks)
             continue
         if task["state"] == "running":
             ledger.record(conn, now, [task["id"]], outcome="requeued")

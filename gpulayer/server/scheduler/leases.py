@@ -71,14 +71,21 @@ def release_stale_gangs(conn, now: float, start_timeout_s: float) -> int:
     """Gangs with a rank not started in time go back to the queue whole; returns how many."""
     stale = rows(conn, "stale_gang_tasks", deadline=now - start_timeout_s)
     for gang in stale:
-        ranks = rows(conn, "attempt_tasks", job_id=gang["job_id"], attempt=gang["attempt"])
-        ledger.record(conn, now, [r["id"] for r in ranks if r["state"] == "running"], outcome="requeued")
-        released = rows(conn, "release_attempt", job_id=gang["job_id"], attempt=gang["attempt"])
-        conn.execute(QUERIES["clear_rendezvous"], gang)
-        row(conn, "requeue_job", job_id=gang["job_id"])
-        events.record(conn, now, "gang_released", job_id=gang["job_id"], attempt=gang["attempt"],
-                      reason="start_timeout", workers=[r["worker_id"] for r in released])
+        release_gang(conn, now, gang["job_id"], gang["attempt"], "start_timeout")
     return len(stale)
+
+
+def release_gang(conn, now: float, job_id: int, attempt: int, reason: str,
+                 ranks: list[dict] | None = None) -> None:
+    """A gang's attempt goes back to the queue whole, same attempt (`ranks`: its attempt_tasks, when read
+    already): runs that started are written to the ledger as requeued, workers told to stop theirs."""
+    ranks = ranks if ranks is not None else rows(conn, "attempt_tasks", job_id=job_id, attempt=attempt)
+    ledger.record(conn, now, [r["id"] for r in ranks if r["state"] == "running"], outcome="requeued")
+    released = rows(conn, "release_attempt", job_id=job_id, attempt=attempt)
+    conn.execute(QUERIES["clear_rendezvous"], {"job_id": job_id, "attempt": attempt})
+    row(conn, "requeue_job", job_id=job_id)
+    events.record(conn, now, "gang_released", job_id=job_id, attempt=attempt, reason=reason,
+                  workers=[r["worker_id"] for r in released])
 
 
 def finish_leftovers(conn, worker_id: int, reason: str, now: float) -> int:

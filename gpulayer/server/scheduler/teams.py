@@ -115,12 +115,18 @@ def hide_dependencies(conn, principal, rendered: list[dict]) -> list[dict]:
     ids = sorted({dep["job"] for job in rendered for dep in job.get("after") or []})
     if not ids or principal.admin:
         return rendered
-    found = {r["id"]: r for r in rows(conn, "job_owners", ids=json.dumps(ids), user_id=principal.user_id)}
+    unseen = _unseen(conn, principal, ids)
     for job in rendered:
         for dep in job.get("after") or []:
-            if _level(principal, found.get(dep["job"])) is None:
+            if dep["job"] in unseen:
                 dep["name"] = dep["state"] = None
     return rendered
+
+
+def _unseen(conn, principal, ids: list[int]) -> set[int]:
+    """Those of the jobs `ids` that `principal` may not see (a job that does not exist among them)."""
+    found = {r["id"]: r for r in rows(conn, "job_owners", ids=json.dumps(ids), user_id=principal.user_id)}
+    return {job_id for job_id in ids if _level(principal, found.get(job_id)) is None}
 
 
 HIDDEN_SPEC = ("env", "command", "files", "outputs", "source", "inputs")  # what a `see` view leaves out
@@ -205,8 +211,8 @@ def _check_dependencies(conn, principal, spec: dict) -> None:
     ids = [dep["job"] for dep in spec.get("after") or []]
     if not ids or principal.admin:
         return
-    found = {r["id"]: r for r in rows(conn, "job_owners", ids=json.dumps(ids), user_id=principal.user_id)}
-    hidden = next((job_id for job_id in ids if _level(principal, found.get(job_id)) is None), None)
+    unseen = _unseen(conn, principal, ids)
+    hidden = next((job_id for job_id in ids if job_id in unseen), None)
     if hidden is not None:
         raise jobs.no_dependency(hidden)
 
