@@ -7,14 +7,24 @@ resolved against the other links in the bundle, so a chain of innocent-looking
 links cannot climb out either. Then members are written by hand (never
 ``extractall``): folders, regular files with O_EXCL|O_NOFOLLOW, hard links,
 and symlinks last.
+
+The archive is read through a ``BoundedStream``: the worker's caps on bytes
+and entries (``agent.caps``) are charged as the decompressor produces them,
+so a gzip bomb stops at the cap, with the task directory left empty.
 """
 
+import bz2
+import gzip
+import lzma
 import os
 import shutil
 import stat
 import tarfile
+import zlib
 from pathlib import Path
+from typing import BinaryIO
 
+from .caps import BoundedStream, UnpackBudget, UnpackLimit
 from .errors import TaskSetupError, UnsafeBundle
 
 MAX_LINK_HOPS = 40
@@ -125,15 +135,40 @@ def _write_file(archive: tarfile.TarFile, member: tarfile.TarInfo, path: Path) -
             shutil.copyfileobj(source, out, 1024 * 1024)
 
 
-def unpack_bundle(bundle: str | os.PathLike, dest: str | os.PathLike) -> int:
+#: The compressions a bundle may use, by their magic bytes (the client writes gzip); anything else is read as plain tar.
+_OPENERS = ((b"\x1f\x8b", gzip.open), (b"BZh", bz2.open), (b"\xfd7zXZ\x00", lzma.open))
+
+
+def _open_stream(bundle: str | os.PathLike) -> BinaryIO:
+    with open(bundle, "rb") as raw:
+        head = raw.read(6)
+    for magic, opener in _OPENERS:
+        if head.startswith(magic):
+            return opener(bundle, "rb")  # type: ignore[operator, return-value]
+    return open(bundle, "rb")
+
+
+def _listed(archive: tarfile.TarFile, budget: UnpackBudget) -> list[tarfile.TarInfo]:
+    """Every member's header, each one charged as an entry (its data is charged as the stream passes it)."""
+    members = []
+    while (member := archive.next()) is not None:
+        budget.take(n_files=1)
+        members.append(member)
+    return members
+
+
+def unpack_bundle(bundle: str | os.PathLike, dest: str | os.PathLike, budget: UnpackBudget | None = None) -> int:
     """Unpack a tar.gz bundle into ``dest`` (an empty folder); returns the member count.
 
-    Raises UnsafeBundle (nothing written) or TaskSetupError for an unreadable archive.
+    Raises UnsafeBundle (nothing written), UnpackLimit past ``budget``'s caps
+    (default: the worker's, from the environment; ``dest`` left empty) or
+    TaskSetupError for an unreadable archive.
     """
     root = Path(dest)
+    budget = budget if budget is not None else UnpackBudget.from_environment()
     try:
-        with tarfile.open(bundle, "r:*") as archive:
-            members = archive.getmembers()
+        with _open_stream(bundle) as stream, tarfile.open(fileobj=BoundedStream(stream, budget), mode="r:") as archive:  # type: ignore[call-overload]
+            members = _listed(archive, budget)
             check_members(members)
             for member in members:
                 _place_member(archive, member, root)
@@ -142,13 +177,16 @@ def unpack_bundle(bundle: str | os.PathLike, dest: str | os.PathLike) -> int:
                     link = root / safe_relative_path(member.name)
                     link.parent.mkdir(parents=True, exist_ok=True)  # a bundle need not list its folders
                     os.symlink(member.linkname, link)
-    except (tarfile.TarError, EOFError, OSError) as exc:
-        _empty(root)
+    except UnpackLimit:
+        empty_dir(root)
+        raise
+    except (tarfile.TarError, EOFError, OSError, zlib.error, lzma.LZMAError) as exc:
+        empty_dir(root)
         raise TaskSetupError(f"cannot unpack the source bundle: {exc}") from None
     return len(members)
 
 
-def _empty(root: Path) -> None:
+def empty_dir(root: Path) -> None:
     """Remove what a failed unpacking wrote (``dest`` was empty), never following a link."""
     for child in root.iterdir() if root.is_dir() else ():
         if child.is_dir() and not child.is_symlink():
@@ -171,12 +209,16 @@ def _place_member(archive: tarfile.TarFile, member: tarfile.TarInfo, root: Path)
         _write_file(archive, member, path)
 
 
-def place_file(source: str | os.PathLike, workdir: str | os.PathLike, relative: str, what: str = "input") -> Path:
+def place_file(source: str | os.PathLike, workdir: str | os.PathLike, relative: str, what: str = "input",
+               budget: UnpackBudget | None = None) -> Path:
     """Copy ``source`` to ``workdir/relative``, refusing paths that end up outside.
 
     An existing file or link at the destination is replaced, never written through.
+    The copy is charged to ``budget`` (its bytes and one entry) before it is written: UnpackLimit past a cap.
     """
     name = safe_relative_path(relative, what)
+    if budget is not None:
+        budget.take(os.path.getsize(source), 1)
     root = Path(workdir).resolve()
     dest = root / name
     dest.parent.mkdir(parents=True, exist_ok=True)

@@ -15,6 +15,7 @@ import threading
 from pathlib import Path
 from typing import BinaryIO, Callable
 
+from .caps import CappedWriter
 from .errors import DigestMismatch, TaskSetupError
 from .events import log_event
 
@@ -65,11 +66,12 @@ class ArtifactCache:
         self._lock = threading.Lock()
         self._digest_locks: dict[str, threading.Lock] = {}
 
-    def get(self, digest: str) -> Path:
+    def get(self, digest: str, max_bytes: int | None = None) -> Path:
         """The local path of an artifact, downloading and verifying it when missing.
 
         Raises TaskSetupError for a malformed digest, DigestMismatch when the
-        bytes do not match; the fetcher's own errors pass through.
+        bytes do not match, UnpackLimit when a download passes ``max_bytes``
+        (nothing kept); the fetcher's own errors pass through.
         """
         hex_digest = digest_hex(digest)
         path = self.root / hex_digest
@@ -77,7 +79,7 @@ class ArtifactCache:
             if path.exists():
                 os.utime(path)
                 return path
-            self._download(digest, path)
+            self._download(digest, path, max_bytes)
         self.evict(keep=hex_digest)
         return path
 
@@ -85,11 +87,12 @@ class ArtifactCache:
         with self._lock:
             return self._digest_locks.setdefault(hex_digest, threading.Lock())
 
-    def _download(self, digest: str, path: Path) -> None:
+    def _download(self, digest: str, path: Path, max_bytes: int | None) -> None:
         fd, temp_name = tempfile.mkstemp(prefix=".tmp-", dir=self.root)
         try:
             with os.fdopen(fd, "w+b") as handle:
-                self._fetch(digest, handle)
+                capped = CappedWriter(handle, max_bytes, f"artifact {digest}") if max_bytes is not None else handle
+                self._fetch(digest, capped)  # type: ignore[arg-type]
             actual = sha256_file(temp_name)
             if actual != digest:
                 raise DigestMismatch(f"artifact {digest} failed verification: its bytes hash to {actual}")

@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .bundle import place_file, unpack_bundle
+from .bundle import empty_dir, place_file, unpack_bundle
 from .cache import ArtifactCache
+from .caps import UnpackBudget, UnpackLimit
 from .environment import task_argv, task_environment
 from .errors import AgentError, Rejected, TaskSetupError, Unreachable
 from .events import log_event
@@ -62,6 +63,8 @@ class TaskContext:
     hand_over: Callable[[dict, float], None] | None = None
     #: How many assignments a finish with ``next`` may bring back (``max_tasks``): the worker's free slots.
     next_max: Callable[[], int] = lambda: 1
+    #: The caps on what one task's bundle and inputs write (each task gets a fresh copy).
+    unpack_caps: UnpackBudget = field(default_factory=UnpackBudget)
 
 
 class TaskRunner:
@@ -145,16 +148,24 @@ class TaskRunner:
         self.workdir.mkdir(parents=True)
 
     def _materialize(self) -> None:
-        """Fetch and place the source bundle, the inputs and the weights."""
-        source = self.assignment.get("source")
-        if source:
-            count = unpack_bundle(self.ctx.cache.get(source), self.workdir)
-            self.shipper.system(f"source bundle {source} unpacked: {count} entries")
-        for relative, digest in sorted((self.assignment.get("inputs") or {}).items()):
-            place_file(self.ctx.cache.get(digest), self.workdir, relative, "input")
+        """Fetch and place the source bundle, the inputs and the weights (weights are linked, not capped)."""
+        budget = self.ctx.unpack_caps.fresh()
+        try:
+            self._place_artifacts(budget)
+        except UnpackLimit:
+            empty_dir(self.workdir)
+            raise
         weights = ((self.assignment.get("service") or {}).get("weights")) or None
         if weights:
             self.weights = self._link_weights(self.ctx.cache.get(weights))
+
+    def _place_artifacts(self, budget: UnpackBudget) -> None:
+        source = self.assignment.get("source")
+        if source:
+            count = unpack_bundle(self.ctx.cache.get(source, budget.max_bytes), self.workdir, budget)
+            self.shipper.system(f"source bundle {source} unpacked: {count} entries")
+        for relative, digest in sorted((self.assignment.get("inputs") or {}).items()):
+            place_file(self.ctx.cache.get(digest, budget.max_bytes), self.workdir, relative, "input", budget)
 
     def _link_weights(self, cached: Path) -> str:
         """A hard link (or copy) of the cached weights in the working dir, safe from eviction."""

@@ -23,6 +23,7 @@ from . import __version__
 from .addresses import local_address_towards
 from .backoff import retry_delay
 from .cache import ArtifactCache, default_cache_bytes, default_cache_dir
+from .caps import UnpackBudget
 from .environment import filtered_environ
 from .errors import AgentError, Forbidden, Rejected, Revoked, Unauthorized, Unreachable
 from .events import configure_logging, log_event
@@ -168,6 +169,7 @@ class Worker:
         """Register, serve until stopped, shut down; returns the exit code."""
         config = self.config
         base_url = check_url(config.url, config.insecure)
+        self.unpack_caps = UnpackBudget.from_environment()  # a malformed cap stops the worker before it registers
         state_dir = Path(os.path.expanduser(config.state_dir))
         state_dir.mkdir(parents=True, exist_ok=True)
         verify = resolve_verify(base_url, config.ca_file, config.ca_fingerprint, str(state_dir))
@@ -285,6 +287,7 @@ class Worker:
             want_next=lambda: not self.stopping.is_set(),
             hand_over=self._handed_over,
             next_max=lambda: self._free_slots() + 1,  # the finishing task still holds its slot here
+            unpack_caps=self.unpack_caps,
         )
 
     # -- the three loops ---------------------------------------------------

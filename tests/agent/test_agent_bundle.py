@@ -6,6 +6,7 @@ import tarfile
 
 import pytest
 
+from bombs import tar_gz_of_zeros
 from agent.bundle import place_file, safe_relative_path, unpack_bundle
 from agent.errors import TaskSetupError, UnsafeBundle
 
@@ -132,3 +133,83 @@ def test_place_file_refuses_a_folder_link_leading_outside(layout):
     with pytest.raises(TaskSetupError, match="outside"):
         place_file(source, work, "data/x.bin")
     assert not (tmp / "elsewhere/x.bin").exists()
+
+
+# -- the caps on bytes and entries (issue 22 item 11) -------------------------------------------
+
+def gzip_bomb(path, size):
+    path.write_bytes(tar_gz_of_zeros([("ok.txt", 0), ("zeros.bin", size)]))
+    return path
+
+
+def test_a_gzip_bomb_stops_at_the_byte_cap_with_nothing_written(layout):
+    from agent.caps import UnpackBudget, UnpackLimit
+
+    tmp, work = layout
+    bomb = gzip_bomb(tmp / "bomb.tar.gz", 64 * 1024 * 1024)
+    assert bomb.stat().st_size < 200_000
+    budget = UnpackBudget(max_bytes=1024 * 1024)
+    with pytest.raises(UnpackLimit, match="more than 1048576 bytes.*GPULAYER_UNPACK_MAX_BYTES"):
+        unpack_bundle(bomb, work, budget)
+    assert tree(work) == []
+    assert 0 < budget.used_bytes <= 1024 * 1024  # charged before decompressing: the 64 MiB were never produced
+
+
+def test_the_byte_cap_comes_from_the_environment(layout, monkeypatch):
+    from agent.caps import UnpackLimit
+
+    tmp, work = layout
+    bomb = gzip_bomb(tmp / "bomb.tar.gz", 4 * 1024 * 1024)
+    monkeypatch.setenv("GPULAYER_UNPACK_MAX_BYTES", str(1024 * 1024))
+    with pytest.raises(UnpackLimit):
+        unpack_bundle(bomb, work)
+    monkeypatch.setenv("GPULAYER_UNPACK_MAX_BYTES", str(8 * 1024 * 1024))
+    assert unpack_bundle(bomb, work) == 2 and (work / "zeros.bin").stat().st_size == 4 * 1024 * 1024
+
+
+def test_a_file_count_bomb_stops_at_the_entry_cap(layout):
+    from agent.caps import UnpackBudget, UnpackLimit
+
+    tmp, work = layout
+    bundle = make_bundle(tmp / "many.tar.gz", [(f"d/f{i}", "file", "") for i in range(300)])
+    with pytest.raises(UnpackLimit, match="more than 200 entries.*GPULAYER_UNPACK_MAX_FILES"):
+        unpack_bundle(bundle, work, UnpackBudget(max_files=200))
+    assert tree(work) == []
+    assert unpack_bundle(bundle, work, UnpackBudget(max_files=300)) == 300
+
+
+def test_a_huge_tar_header_is_refused_before_it_is_read(layout):
+    from agent.caps import UnpackLimit
+
+    tmp, work = layout
+    bomb = tmp / "pax.tar.gz"
+    with tarfile.open(bomb, "w:gz", format=tarfile.PAX_FORMAT) as archive:  # tarfile reads a pax header whole
+        info = tarfile.TarInfo("x")
+        info.pax_headers = {"comment": "z" * (20 * 1024 * 1024)}
+        archive.addfile(info, io.BytesIO(b""))
+    with pytest.raises(UnpackLimit, match="tar header"):
+        unpack_bundle(bomb, work)
+    assert tree(work) == []
+
+
+def test_inputs_share_the_budget_of_the_bundle(layout):
+    from agent.caps import UnpackBudget, UnpackLimit
+
+    tmp, work = layout
+    source = tmp / "input.bin"
+    source.write_bytes(b"x" * 600)
+    budget = UnpackBudget(max_bytes=1000, max_files=10)
+    place_file(source, work, "a.bin", budget=budget)
+    with pytest.raises(UnpackLimit, match="more than 1000 bytes"):
+        place_file(source, work, "b.bin", budget=budget)
+    assert not (work / "b.bin").exists() and budget.used_bytes == 600
+
+
+@pytest.mark.parametrize("raw", ["0", "-5", "many", "1.5"])
+def test_a_malformed_cap_is_a_configuration_error(monkeypatch, raw):
+    from agent.caps import UnpackBudget
+    from agent.errors import AgentError
+
+    monkeypatch.setenv("GPULAYER_UNPACK_MAX_FILES", raw)
+    with pytest.raises(AgentError, match="GPULAYER_UNPACK_MAX_FILES"):
+        UnpackBudget.from_environment()

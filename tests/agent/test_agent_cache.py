@@ -77,3 +77,18 @@ def test_an_artifact_larger_than_the_limit_is_still_served(tmp_path):
     big = cache.get(digest_of(blobs[1]))
     assert big.exists()
     assert os.listdir(tmp_path) == [digest_hex(digest_of(blobs[1]))]
+
+
+def test_a_download_past_its_cap_stops_and_keeps_nothing(tmp_path):
+    from agent.caps import UnpackLimit
+
+    written = []
+
+    def endless(digest, out):  # a server that sends more than the cap, in 1 KiB chunks
+        for _ in range(1000):
+            out.write(b"z" * 1024)
+            written.append(1024)
+
+    with pytest.raises(UnpackLimit, match="larger than 4096 bytes"):
+        ArtifactCache(tmp_path, 10**9, endless).get(digest_of(b"anything"), max_bytes=4096)
+    assert sum(written) == 4096 and os.listdir(tmp_path) == []
