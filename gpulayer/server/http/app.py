@@ -100,6 +100,13 @@ class AuthMiddleware:
         kinds = getattr(resource, "auth", ("client",))
         if resource is None or not kinds:
             return
+        req.context.principal = self._authorize(req, resource, kinds)
+        events.ACTOR.set(req.context.principal.actor)
+        # A parked request (log follow, acquire) calls this after each wake-up: 401 once its caller was
+        # removed or revoked while it waited (auth.invalidate() wakes it).
+        req.context.recheck = functools.partial(self._authorize, req, resource, kinds)
+
+    def _authorize(self, req, resource, kinds):
         principal = self.deps.auth.authenticate(_bearer(req), self.deps.clock())
         if principal.kind == "worker" and principal.worker_state == "gone" \
                 and not getattr(resource, "allow_gone", False):
@@ -108,8 +115,7 @@ class AuthMiddleware:
             raise Forbidden(f"a {principal.kind} token cannot call {req.method} {req.path}")
         if getattr(resource, "admin_only", False) and not principal.admin:
             raise Forbidden(f"only an admin may call {req.method} {req.path}")
-        events.ACTOR.set(principal.actor)
-        req.context.principal = principal
+        return principal
 
 
 def _error_handler(req, resp, ex, params):
@@ -192,6 +198,7 @@ def create_app(deps: Deps) -> falcon.App:
         metrics.registry.register(ReplicationCollector(deps.replication))
     deps.scheduler.observe_acquire = metrics.acquire.observe
     metrics.parked.set_function(lambda: deps.scheduler.parked_acquires)
+    metrics.parked_log_polls.set_function(lambda: deps.scheduler.parked_log_polls)
     app = falcon.App(middleware=[metrics, ProtocolMiddleware(deps), AuthMiddleware(deps)])  # type: ignore[arg-type]  # falcon types middleware as protocols
     app.req_options.strip_url_path_trailing_slash = True
     app.resp_options.secure_cookies_by_default = False

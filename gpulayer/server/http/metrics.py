@@ -71,9 +71,11 @@ class Metrics:
                                   ["method", "route", "status"], buckets=BUCKETS, registry=self.registry)
         self.acquire = Histogram("gpulayer_acquire_seconds", "Time of one acquire transaction (no long-poll wait).",
                                  buckets=BUCKETS, registry=self.registry)
-        # Read at scrape time from the scheduler: create_app binds it (`parked.set_function`).
+        # Read at scrape time from the scheduler: create_app binds them (`parked.set_function`).
         self.parked = Gauge("gpulayer_parked_acquires", "Worker acquires parked on the long-poll now.",
                             registry=self.registry)
+        self.parked_log_polls = Gauge("gpulayer_parked_log_polls", "Log follows parked on the long-poll now.",
+                                      registry=self.registry)
 
     def process_request(self, req, resp):
         req.context.started = time.perf_counter()

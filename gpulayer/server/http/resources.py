@@ -102,7 +102,8 @@ class Acquire(WorkerResource):
     def on_post(self, req, resp):
         body = wire.read_json(req, allow_empty=True)
         wait_s, max_tasks = wire.wait_seconds(body), wire.max_tasks(body)
-        resp.media = assignments(self.sched.acquire_many(self.worker_id(req), wait_s, max_tasks or 1), max_tasks)
+        resp.media = assignments(self.sched.acquire_many(self.worker_id(req), wait_s, max_tasks or 1,
+                                                         req.context.recheck), max_tasks)
 
 
 def assignments(found: list[dict], max_tasks: int | None) -> dict:
@@ -157,6 +158,20 @@ def _job_access(req, resp, resource, params):
     req.context.job_meta = resource.store.read(teams.check_job, req.context.principal, params["job_id"], need)
 
 
+def _still_allowed(req, resource, job_id: int, need: str):
+    """A parked /v1/jobs/{id} request's check after each wake-up: its caller is still authenticated (401 once
+    removed or revoked) and, when its principal was read again, may still `need` the job (404, 403 once out of
+    its project)."""
+    seen = [req.context.principal]
+
+    def check() -> None:
+        principal = req.context.recheck()
+        if principal is not seen[0]:   # a fresh lookup (after an invalidation or the cache's TTL)
+            resource.store.read(teams.check_job, principal, job_id, need)
+            seen[0] = principal
+    return check
+
+
 def _job_owner(req, resp, resource, params=None):
     """After a /v1/jobs/{id} responder that renders the job: its owner and project, redacted where only seen."""
     media, meta = resp.media, getattr(req.context, "job_meta", None)
@@ -204,7 +219,8 @@ class Job(Resource):
         wait_s = wire.query_float(req, "wait_s", 0.0, 0.0, 30.0)
         index = wire.query_int(req, "index", None, 0, MAX_INDEX)
         self.store.read(jobs.render, job_id, index)  # 404 for no such job (or element)
-        lines, waited = self.sched.wait_for_logs(job_id, after, limit, wait_s, index)
+        lines, waited = self.sched.wait_for_logs(job_id, after, limit, wait_s, index,
+                                                 _still_allowed(req, self, job_id, "read"))
         resp.media = {"lines": lines, "next": lines[-1]["seq"] if lines else after}
         if not waited:  # too many followers parked: this one polls again after a pause
             resp.media["retry_after_s"] = LOG_RETRY_AFTER_S

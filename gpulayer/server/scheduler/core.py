@@ -43,6 +43,7 @@ class Scheduler:
         self.clock = clock
         if auth is not None:
             self.auth = auth
+            auth.on_invalidate(self._rights_changed)
         if artifacts is not None:
             self.artifacts = artifacts
         self.secret_box = secrets.SecretBox(config.layout)
@@ -79,7 +80,14 @@ class Scheduler:
 
     @cached_property
     def auth(self) -> Authenticator:
-        return Authenticator(self.config.layout, self.store, QUERIES)
+        made = Authenticator(self.config.layout, self.store, QUERIES)
+        made.on_invalidate(self._rights_changed)
+        return made
+
+    def _rights_changed(self) -> None:
+        """Principals changed (auth.invalidate): parked log follows and acquires wake to re-check their caller."""
+        self.wake()
+        self.log_followers.written()
 
     @cached_property
     def artifacts(self) -> ArtifactStore:
@@ -120,11 +128,11 @@ class Scheduler:
         """How many log long-polls wait on new lines now."""
         return self.log_followers.parked
 
-    def wait_for_logs(self, job_id: int, after: int, limit: int, wait_s: float,
-                      index: int | None = None) -> tuple[list[dict], bool]:
+    def wait_for_logs(self, job_id: int, after: int, limit: int, wait_s: float, index: int | None = None,
+                      check: Callable[[], object] | None = None) -> tuple[list[dict], bool]:
         """Log lines after `after` (of element `index` alone, if given), long-polled up to wait_s; False when
-        too many wait already (LogFollowers.wait)."""
-        return self.log_followers.wait(job_id, after, limit, wait_s, index)
+        too many wait already (LogFollowers.wait: `check` raises once the caller may no longer read them)."""
+        return self.log_followers.wait(job_id, after, limit, wait_s, index, check)
 
     def set_secret(self, name: str, value, labels, project_id: int = teams.DEFAULT_PROJECT_ID) -> dict:
         """Validate and store a project's secret (encrypted); a job waiting for it may now be placed.
@@ -246,8 +254,13 @@ class Scheduler:
         found = self.acquire_many(worker_id, wait_s, 1)
         return found[0] if found else None
 
-    def acquire_many(self, worker_id: int, wait_s: float = 0.0, max_tasks: int = 1) -> list[dict]:
-        """Up to max_tasks Assignments (placement.acquire_many), or [] after waiting up to wait_s for one."""
+    def acquire_many(self, worker_id: int, wait_s: float = 0.0, max_tasks: int = 1,
+                     check: Callable[[], object] | None = None) -> list[dict]:
+        """Up to max_tasks Assignments (placement.acquire_many), or [] after waiting up to wait_s for one.
+
+        `check` runs after each wake-up and raises (Unauthorized) once the worker's session ended: a parked
+        acquire of a deregistered or revoked worker ends at once, not at its deadline.
+        """
         deadline = time.monotonic() + min(max(wait_s, 0.0), MAX_ACQUIRE_WAIT_S)
         parked = False
         try:
@@ -274,6 +287,8 @@ class Scheduler:
                             self._wake.wait(remaining)
                         finally:
                             self._waiting -= 1
+                if check is not None:
+                    check()
         finally:
             if parked:
                 self._parked.release()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 from gpulayer.server.scheduler.jobs import job_ended, log_lines
 from gpulayer.server.store.db import Store
@@ -30,14 +31,17 @@ class LogFollowers:
         with self._cond:
             self._cond.notify_all()
 
-    def wait(self, job_id: int, after: int, limit: int, wait_s: float,
-             index: int | None = None) -> tuple[list[dict], bool]:
+    def wait(self, job_id: int, after: int, limit: int, wait_s: float, index: int | None = None,
+             check: Callable[[], object] | None = None) -> tuple[list[dict], bool]:
         """Log lines after `after` (of the element, replica or rank `index` alone, if given) and whether the
         call could wait.
 
         With wait_s, long-polls until some arrive or the job has ended. Each
         waiting call holds a server thread, so at most `max_parked` wait at
         once; past that the lines so far come back at once, with False.
+        `check` runs after each wait, before lines are read again, and raises
+        once the caller may no longer read them (its user removed, its token
+        revoked: auth.invalidate() wakes every follower for that).
         """
         deadline = time.monotonic() + wait_s
         parked = False
@@ -59,6 +63,8 @@ class LogFollowers:
                         self._cond.wait(min(remaining, RECHECK_S))
                     finally:
                         self._waiting -= 1
+                if check is not None:
+                    check()
         finally:
             if parked:
                 self._parked.release()

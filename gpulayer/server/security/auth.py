@@ -26,6 +26,8 @@ PREFIXES = {"join": "glj_", "worker": "glw_", "client": "glc_", "metrics": "glm_
 KIND_OF_PREFIX = {v: k for k, v in PREFIXES.items()}
 SERVER_JOIN_JTI = "server-join"
 SERVER_CLIENT_JTI = "server-client"
+# A cached principal is read again after this long, even if no invalidate() reached the cache.
+CACHE_TTL_S = 5.0
 
 
 def new_token(kind: str) -> str:
@@ -131,32 +133,47 @@ class Principal:
 
 
 class Authenticator:
-    """Maps bearer tokens to principals; caches good answers until something is revoked.
+    """Maps bearer tokens to principals; caches good answers for CACHE_TTL_S, or until something is revoked.
 
     Every change that can make a cached answer wrong (a token revoked, a worker
-    deregistered or revoked, credentials rotated) calls `invalidate()`, in this
-    process, which is the only one that serves tokens.
+    deregistered or revoked, a user removed or changed, credentials rotated)
+    calls `invalidate()` after its commit, in this process, which is the only one
+    that serves tokens. A lookup that read the state file before that commit
+    must not store its answer after the clear: `invalidate()` bumps a generation,
+    and a lookup stores only when the generation it saw before its reads is still
+    the current one. The TTL bounds what any missed invalidation could cost.
     """
 
-    def __init__(self, layout: HomeLayout, store, queries: dict):
+    def __init__(self, layout: HomeLayout, store, queries: dict, *, ticks: Callable[[], float] = time.monotonic):
         self.layout = layout
+        self.ticks = ticks   # the TTL's clock: wall time in this process, not the scheduler's (pinnable) one
         self.secret = load_secret(layout)
         self.store = store
         self.q = queries
         self._creds: dict = {}
         self._creds_mtime = 0.0
         self._creds_checked = 0.0
-        self._cache: dict[str, Principal] = {}
+        self._cache: dict[str, tuple[Principal, float]] = {}   # digest: (principal, monotonic expiry)
+        self._generation = 0   # bumped by every invalidate(), under _lock
         self._lock = threading.Lock()
+        self._listeners: list[Callable[[], None]] = []
         self._reload_credentials(force=True)
 
     def hash(self, token: str) -> str:
         return hash_token(self.secret, token)
 
+    def on_invalidate(self, listener: Callable[[], None]) -> None:
+        """Call `listener` after every invalidate(): parked requests re-check their caller (follow.py, acquire)."""
+        self._listeners.append(listener)
+
     def invalidate(self) -> None:
-        """Forget cached principals (after a revocation, a worker leaving)."""
+        """Forget cached principals (after a revocation, a worker leaving, a user removed or changed) and keep
+        lookups that read before now from storing theirs; then wake what waits on a caller's rights."""
         with self._lock:
+            self._generation += 1
             self._cache.clear()
+        for listener in list(self._listeners):
+            listener()
 
     def authenticate(self, token: str | None, now: float) -> Principal:
         """The caller behind `token`; raises Unauthorized for none, unknown, revoked or expired."""
@@ -167,16 +184,19 @@ class Authenticator:
             raise Unauthorized("unknown token")
         digest = self.hash(token)
         self._reload_credentials()
-        cached = self._cache.get(digest)
-        if cached is not None and (cached.expires_at is None or cached.expires_at > now):
-            return cached
+        mono = self.ticks()
+        with self._lock:
+            cached, generation = self._cache.get(digest), self._generation
+        if cached is not None and cached[1] > mono and (cached[0].expires_at is None or cached[0].expires_at > now):
+            return cached[0]
         principal = self._lookup(kind, digest, now)
         if principal is None:
             raise Unauthorized("unknown, revoked or expired token")
         with self._lock:
-            if len(self._cache) > 100_000:
-                self._cache.clear()
-            self._cache[digest] = principal
+            if self._generation == generation:   # else a change committed during the reads: they may be stale
+                if len(self._cache) > 100_000:
+                    self._cache.clear()
+                self._cache[digest] = (principal, mono + CACHE_TTL_S)
         return principal
 
     def _lookup(self, kind: str, digest: str, now: float) -> Principal | None:
