@@ -29,7 +29,7 @@ Fetcher = Callable[[str, BinaryIO], None]
 
 def digest_hex(digest: str) -> str:
     """The 64 hex characters of ``sha256:<hex>``; raises TaskSetupError otherwise."""
-    match = _DIGEST.match(str(digest))
+    match = _DIGEST.fullmatch(str(digest))
     if not match:
         raise TaskSetupError(f"not an artifact digest: {digest!r} (expected sha256:<64 hex>)")
     return match.group(1)

@@ -69,6 +69,11 @@ def test_good_config_parses_with_defaults():
     ("0.profiles", KeyError, "provisioners[0].profiles: is required"),
     ("0.control_plane_url", KeyError, "provisioners[0].control_plane_url: is required"),
     ("0.control_plane_url", "cp:8470", "provisioners[0].control_plane_url: must be the http:// or https:// URL"),
+    # issue 22 item 8: a pattern refuses a trailing newline, and a URL anything after its host but a path
+    ("0.control_plane_url", "https://cp:8470\n", "provisioners[0].control_plane_url: must be the http://"),
+    ("0.control_plane_url", "https://cp:8470 --x", "provisioners[0].control_plane_url: must be the http://"),
+    ("0.name", "hpc\n", "provisioners[0].name: must be 1-64 letters"),
+    ("0.profiles.0.name", "cpu\n", "provisioners[0].profiles[0].name: must be 1-64 letters"),
     ("0.max_idle_s", -5, "provisioners[0].max_idle_s: must be a non-negative number of seconds"),
     ("0.provision_timeout_s", "900", "provisioners[0].provision_timeout_s: must be a non-negative number"),
     ("0.type", "pbs", 'provisioners[0].type: must be "slurm"'),

@@ -47,6 +47,7 @@ RETRY_AFTER_S = 60.0             # after a failed or cancelled request, before t
 LOOP_INTERVAL_S = 1.0
 ERROR_CHARS = 2000
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")  # \Z: `$` would let a trailing newline through
+_URL = re.compile(r"https?://[^/\s]+(?:/\S*)?")   # fullmatch: no space or newline anywhere
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,7 @@ def _fields(obj, path: str, known: dict, required: tuple) -> dict:
 
 
 def _name(value, path):
-    if not isinstance(value, str) or not _NAME.match(value):
+    if not isinstance(value, str) or not _NAME.fullmatch(value):
         raise _bad(path, "must be 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit")
     return value
 
@@ -154,7 +155,7 @@ def _lines(value, path):
 
 
 def _url(value, path):
-    if not isinstance(value, str) or not re.match(r"^https?://[^/\s]+", value):
+    if not isinstance(value, str) or not _URL.fullmatch(value):
         raise _bad(path, "must be the http:// or https:// URL that compute nodes reach the control plane at")
     return value.rstrip("/")
 

@@ -31,7 +31,7 @@ LOCK_STRIPES = 64
 
 def check_digest(digest: str) -> str:
     """Refuse anything but `sha256:<64 lowercase hex>` (no path characters reach the filesystem)."""
-    if not isinstance(digest, str) or not DIGEST.match(digest):
+    if not isinstance(digest, str) or not DIGEST.fullmatch(digest):
         raise InvalidRequest("artifact digest must be written sha256:<64 lowercase hex digits>", code="invalid_digest")
     return digest
 

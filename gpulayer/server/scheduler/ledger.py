@@ -15,6 +15,7 @@ import json
 import re
 
 from gpulayer.server.errors import InvalidRequest
+from gpulayer.server.scheduler.spec import label_key
 from gpulayer.server.store.queries import QUERIES, rows
 
 USAGE_BY = ("user", "project", "job-name")  # and label:KEY
@@ -49,7 +50,7 @@ def parse_duration(value: str | float | int | None, field: str, default: float) 
     """Seconds from `30d`, `12h`, `90m`, `45s`, `2w` or a plain number of seconds; raises InvalidRequest."""
     if value is None or value == "":
         return default
-    found = _DURATION.match(str(value).strip())
+    found = _DURATION.fullmatch(str(value).strip())
     if not found:
         raise InvalidRequest(f"{field}: {value!r} is not a duration (such as 30d, 12h, 90m or seconds)")
     return float(found.group(1)) * _UNITS[found.group(2)]
@@ -61,11 +62,11 @@ def report(conn, by: str, since_s: float, now: float, *, user_id: int | None = N
 
     `by` is user, project, job-name or label:KEY. With `user_id` and/or
     `project_ids`, only runs of that user or of those projects count.
-    Raises InvalidRequest for another `by`.
+    Raises InvalidRequest for another `by`, and for a KEY that is no label key (the rule of labels at submit).
     """
     label = None
-    if by.startswith("label:") and len(by) > len("label:"):
-        label = by[len("label:"):]
+    if by.startswith("label:"):
+        label = label_key(by[len("label:"):], "by")
     elif by not in USAGE_BY:
         raise InvalidRequest(f"by: must be one of {', '.join(USAGE_BY)} or label:KEY, not {by!r}")
     since = now - since_s

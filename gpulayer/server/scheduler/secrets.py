@@ -8,7 +8,6 @@ join token carries the secret's labels.
 from __future__ import annotations
 
 import json
-import re
 
 from cryptography.fernet import Fernet
 
@@ -20,7 +19,6 @@ from gpulayer.server.scheduler.spec import ENV_NAME, labels as check_labels
 from gpulayer.server.store.queries import row, rows
 
 MAX_SECRET_BYTES = 64 * 1024
-_NAME = re.compile(ENV_NAME.pattern)
 
 
 class SecretBox:
@@ -40,7 +38,7 @@ class SecretBox:
 
 def check(name: str, value, labels) -> tuple[str, dict]:
     """Validate a secret's name, value and labels; raises InvalidRequest."""
-    if not _NAME.match(name):
+    if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
         raise InvalidRequest("secret names are letters, digits and _ (an environment variable name)")
     if not isinstance(value, str) or len(value.encode()) > MAX_SECRET_BYTES:
         raise InvalidRequest(f"value: must be a string of at most {MAX_SECRET_BYTES} bytes")

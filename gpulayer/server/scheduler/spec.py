@@ -9,8 +9,8 @@ from gpulayer.protocol import array_text
 from gpulayer.server.config import PRIORITY_CLASSES, SERVICE_MAX_ATTEMPTS
 from gpulayer.server.errors import InvalidRequest
 
-# Validating patterns end in \Z, not $ (which also matches before a trailing newline), so that
-# .match() elsewhere is as strict as .fullmatch() here.
+# Validating patterns are used with .fullmatch() (and end in \Z, so that even a .match() is as strict):
+# `$` also matches before a trailing newline, so "admin\n" would pass (docs/security.md, issue 22 item 8).
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}\Z")
 LABEL_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-/]{0,62}\Z")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}\Z")
@@ -112,10 +112,17 @@ def labels(value: Any, field: str = "labels") -> dict[str, str]:
     if len(obj) > 64:
         raise _fail(field, "at most 64 labels")
     for key, val in obj.items():
-        if not LABEL_KEY.fullmatch(key):
-            raise _fail(field, f"label key {key!r} must be 1-63 of [A-Za-z0-9_.-/], starting with a letter or digit")
+        label_key(key, field)
         string(val, f"{field}.{key}", limit=256)
     return dict(obj)
+
+
+def label_key(key: Any, field: str) -> str:
+    """A label key: 1-63 of [A-Za-z0-9_.-/], starting with a letter or digit; raises InvalidRequest naming
+    `field`."""
+    if not isinstance(key, str) or not LABEL_KEY.fullmatch(key):
+        raise _fail(field, f"label key {key!r} must be 1-63 of [A-Za-z0-9_.-/], starting with a letter or digit")
+    return key
 
 
 def _command(value: Any) -> list[str]:
@@ -215,7 +222,7 @@ def array_indices(value: Any) -> list[int]:
     elif isinstance(value, str):
         found = []
         for part in value.replace(" ", "").split(","):
-            match = ARRAY_RANGE.match(part)
+            match = ARRAY_RANGE.fullmatch(part)
             if not match:
                 raise _fail("array", f"{part!r} is not an index, a range A-B or a range with a step A-B:S "
                                      "(e.g. 0-999, 1,5,9-12 or 0-15:4)")

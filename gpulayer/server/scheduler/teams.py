@@ -28,13 +28,13 @@ DEFAULT_PROJECT = "default"
 ROLES = ("manager", "member")
 VISIBILITIES = ("private", "project")
 LEVELS = {"see": 1, "read": 2, "manage": 3}
-NAME = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
+NAME = re.compile(r"[a-z][a-z0-9_.-]{0,63}")   # fullmatch: `$` lets a trailing newline in
 _WHAT = {"read": "read its logs, outputs and endpoints", "manage": "cancel it"}
 
 
 def check_name(name, field: str) -> str:
     """A user or project name: lower-case letters, digits, `_ . -`, starting with a letter (64 at most)."""
-    if not isinstance(name, str) or not NAME.match(name):
+    if not isinstance(name, str) or not NAME.fullmatch(name):
         raise InvalidRequest(f"{field}: must be 1-64 lower-case letters, digits, '_', '.' or '-', "
                              "starting with a letter", field=field)
     return name

@@ -1407,11 +1407,11 @@ SET usage = usage * pow(0.5, max(:now - updated_at, 0) / (SELECT fairshare_half_
 -- `gpulayer usage` (GET /v1/usage): GPU-hours, CPU-hours, runs and jobs of the runs that
 -- ended since :since, per user, project, job name or value of the label :label (:by); only
 -- the runs of :user_id and of the projects :project_ids (a JSON list) when those are not NULL
--- (either may match).
+-- (either may match). The label is bound, never made into a JSON path: any key is only data.
 SELECT CASE :by WHEN 'user' THEN coalesce(us.name, '#' || u.user_id)
                 WHEN 'project' THEN coalesce(pr.name, '#' || u.project_id)
                 WHEN 'job-name' THEN u.job_name
-                ELSE json_extract(u.labels, '$."' || :label || '"') END AS key,
+                ELSE (SELECT l.value FROM json_each(u.labels) l WHERE l.key = :label) END AS key,
        sum(u.gpu_seconds) / 3600.0 AS gpu_hours, sum(u.cpu_seconds) / 3600.0 AS cpu_hours,
        count(*) AS runs, count(DISTINCT u.job_id) AS jobs, sum(u.outcome = 'preempted') AS preempted
 FROM usage u
