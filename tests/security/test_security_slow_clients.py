@@ -1,14 +1,17 @@
 """Clients that hold connections open against a real `gpulayer server start`, without stalling heartbeats.
 
 More connections than the server has threads (320): slowloris request heads
-(a header line every so often), partial TLS ClientHellos, and parked log
-long-polls. Meanwhile a real worker heartbeats at a 3 s lease TTL while it
+(a header line every so often), partial TLS ClientHellos, parked log
+long-polls, and request bodies trickled a byte at a time (issue 22 item 1:
+on both front ends, plain and TLS). Meanwhile a real worker heartbeats at a 3 s lease TTL while it
 runs a task: the task must finish on its first attempt, never be lost, and
 /v1/health must answer throughout. Loopback only; every loop is bounded.
 """
 from __future__ import annotations
 
+import importlib.util
 import socket
+import ssl
 import time
 
 import pytest
@@ -22,8 +25,8 @@ CONNECTIONS = 400
 ATTACK_S = 7.0  # more than twice the lease TTL
 
 
-def _plane(root, tls: bool = False) -> ControlPlaneProcess:
-    plane = ControlPlaneProcess(root, tls=tls, heartbeat_interval=0.5, lease_ttl=3).start()
+def _plane(root, tls: bool = False, args=()) -> ControlPlaneProcess:
+    plane = ControlPlaneProcess(root, tls=tls, heartbeat_interval=0.5, lease_ttl=3, args=args).start()
     plane.start_worker("w1")
     return plane
 
@@ -103,6 +106,51 @@ def test_parked_log_followers_do_not_cost_heartbeats(tmp_path):
                 "wait_s": 30, "after": after})).get("retry_after_s") and p, 30, "a follower past the cap")
             assert page["lines"] == [] and page["retry_after_s"] > 0
             _hold(plane, clients, None)
+        finally:
+            for s in clients:
+                s.close()
+        _not_lost(plane, job_id)
+
+
+FRONT_ENDS = [
+    pytest.param("cheroot", False, id="cheroot-plain"),
+    pytest.param("cheroot", True, id="cheroot-tls"),
+    pytest.param("granian", False, id="granian-plain",
+                 marks=pytest.mark.skipif(importlib.util.find_spec("granian") is None, reason="no granian")),
+    pytest.param("granian", True, id="granian-tls",
+                 marks=pytest.mark.skipif(importlib.util.find_spec("granian") is None, reason="no granian")),
+]
+LARGE = 10 * 1024 * 1024  # streamed, not buffered: these take a thread each, up to a quarter of them
+
+
+def _open(plane, head: bytes) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", plane.port), timeout=5)
+    if plane.tls:
+        s = ssl.create_default_context(cafile=str(plane.ca_file)).wrap_socket(s, server_hostname="127.0.0.1")
+    s.sendall(head)
+    return s
+
+
+@pytest.mark.parametrize(("front_end", "tls"), FRONT_ENDS)
+def test_trickled_bodies_do_not_cost_heartbeats(tmp_path, front_end, tls):
+    """Heads sent whole, then a body byte at a time: small bodies (no token: the explorer's login; with
+    one: a job submission) and large ones (an artifact upload). The worker's task at TTL 3 s is not lost."""
+    with _plane(tmp_path, tls=tls, args=["--http", front_end]) as plane:
+        job_id = _running_job(plane)
+        token = f"Authorization: Bearer {plane.client_token}\r\n"
+        heads = [
+            b"POST /explorer/-/login HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-www-form-urlencoded\r\n"
+            b"Content-Length: 1000\r\n\r\nt",
+            f"POST /v1/jobs HTTP/1.1\r\nHost: x\r\n{token}Content-Type: application/json\r\n"
+            f"Content-Length: 1000\r\n\r\n{{".encode(),
+            f"PUT /v1/artifacts/sha256:{'0' * 64} HTTP/1.1\r\nHost: x\r\n{token}Content-Length: {LARGE}\r\n\r\nx".encode(),
+        ]
+        clients = [_open(plane, heads[i % len(heads)]) for i in range(CONNECTIONS)]
+        try:
+            _hold(plane, clients, b" ")
+            answered = requests.post(f"{plane.url}/v1/jobs", json={"command": ["true"]}, verify=plane.verify,
+                                     headers={"Authorization": f"Bearer {plane.client_token}"}, timeout=5)
+            assert answered.status_code == 201, answered.text
         finally:
             for s in clients:
                 s.close()

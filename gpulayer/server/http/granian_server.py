@@ -4,19 +4,25 @@ granian's public entry point (`granian.Granian`) runs the app in worker
 processes it spawns, or in worker threads only on a free-threaded Python. The
 control plane needs the app in its own process: one writer owns the state
 file, and `gpulayer up`, `--target local` and gpulayer.testing run it in
-process. So this module drives granian's WSGI worker directly, as granian's
-own thread-mode server does (`granian.server.mt`): a listening socket, a
-`WSGIWorker`, its `serve_mtr` in a thread, a `WorkerSignal` to stop it. That
-is granian's internal API, so the version is pinned (`granian>=2.8,<2.9`).
+process. So this module drives granian's RSGI worker directly, as granian's
+own thread-mode server does (`granian.server.mt`): a listening socket, an
+`RSGIWorker`, its `serve_mtr` and asyncio loop in a thread, a `WorkerSignal`
+to stop it. That is granian's internal API, so the version is pinned
+(`granian>=2.8,<2.9`). The WSGI app runs behind granian_bridge.Bridge: RSGI,
+not granian's WSGI worker, because there a request takes a Python thread as
+soon as its head is in and a slow body then holds it with no deadline.
 
 What granian does and cheroot did here (server.py):
 
 - request heads: hyper's `header_read_timeout` closes a connection whose head
   is not complete `head_timeout_s` after it started, for ever idle keep-alive
   connections too; heads are read by tokio, never by a Python thread;
-- requests run on `threads` Python threads ("blocking threads"): a parked
-  long-poll holds one, as with cheroot; `backpressure` bounds the requests
-  (and connections) in progress at once, past which accept waits;
+- request bodies: framing is checked, a small body is awaited on the loop
+  before a thread takes the request, a large one streams at a minimum rate,
+  a bounded share of the threads at once (granian_bridge.py, bodies.py);
+- requests run on a pool of `threads` Python threads: a parked long-poll
+  holds one, as with cheroot; `backpressure` bounds the requests (and
+  connections) in progress at once, past which accept waits;
 - TLS: certificate and key files, TLS 1.2 at least; plain HTTP on the TLS
   port gets a TLS alert and a close at once (rustls; no readable 400);
 - out of file descriptors: granian logs each failed accept and retries it
@@ -30,6 +36,7 @@ What granian does and cheroot did here (server.py):
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
@@ -37,12 +44,12 @@ import threading
 import time
 from typing import Any
 
-from granian._futures import _new_cbscheduler
-from granian._granian import ListenerSpec, WorkerSignal, WSGIWorker
+from granian._futures import _future_watcher_wrapper, _new_cbscheduler
+from granian._granian import ListenerSpec, RSGIWorker, WorkerSignal
 from granian._loops import loops
 from granian.http import HTTP1Settings
-from granian.wsgi import _callback_wrapper
 
+from gpulayer.server.http.granian_bridge import Bridge
 from gpulayer.server.http.server import _OVERLOADED  # the same 503 as cheroot's
 
 log = logging.getLogger("gpulayer.server.http.granian")
@@ -90,6 +97,7 @@ class GranianServer:
         # granian's TLS settings: enabled, cert, key, key password, minimum protocol, client CA, CRLs, verify.
         self._tls: tuple[Any, ...] = (certfile is not None, certfile, keyfile, None, "tls1.2", None, [], False)
         self._threads = threads
+        self._head_timeout_s = head_timeout_s
         self._runtime_threads = runtime_threads
         # hyper answers 431 to a head still partial once its read buffer reaches this (granian's default:
         # 408 KiB); it checks before each read, and a read may bring as much again: half the cap.
@@ -125,10 +133,8 @@ class GranianServer:
         self._bound_port = self._listener.getsockname()[1]
         self._spare_fd = os.open(os.devnull, os.O_RDONLY)
         logging.getLogger(_ACCEPT_LOGGER).addFilter(self._accept_filter)
-        self._signal = WorkerSignal()
+        self._signal = WorkerSignal()  # granian calls back once the worker has stopped and its requests finished
         self._stopped.clear()
-        # Called by granian once the worker has stopped and its requests have finished.
-        self._signal.add_cb(lambda *_: self._stopped.set())
         ready = threading.Event()
         self._thread = threading.Thread(target=self._serve, args=(holder, ready), name="gpulayer-granian",
                                         daemon=True)
@@ -138,18 +144,25 @@ class GranianServer:
 
     def _serve(self, holder, ready: threading.Event) -> None:
         loop = loops.get("asyncio")
+        asyncio.set_event_loop(loop)
         backpressure = self._threads * BACKPRESSURE_PER_THREAD
+        bridge = Bridge(self._app, loop, self._threads, self._head_timeout_s)
         # granian's own stub lags its worker's signature (the IPC handle, the metrics pair): Any.
-        worker_cls: Any = WSGIWorker
-        worker = worker_cls(1, (None, holder), None, self._runtime_threads, 512, self._threads, 30,
-                            backpressure, "1", self._http1, None, None, *self._tls, (None, None))
-        scheduler = _new_cbscheduler(loop, _callback_wrapper(self._app, {}, None), impl_asyncio=True)
+        worker_cls: Any = RSGIWorker
+        worker = worker_cls(1, (None, holder), None, self._runtime_threads, 512, 1, 30, backpressure, "1",
+                            self._http1, None, False, None, *self._tls, (None, None))
+        scheduler = _new_cbscheduler(loop, _future_watcher_wrapper(bridge), impl_asyncio=True)
+        done = asyncio.Event()
+        assert self._signal is not None
+        self._signal.add_cb(lambda *_: loop.call_soon_threadsafe(done.set))
         ready.set()
         try:
-            worker.serve_mtr(scheduler, loop, self._signal)  # returns at once: granian serves on its own threads
-            self._stopped.wait()
+            worker.serve_mtr(scheduler, loop, self._signal)  # granian serves on its own threads; the app on ours
+            loop.run_until_complete(done.wait())
         finally:
+            bridge.close()
             loop.close()
+            self._stopped.set()
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop accepting; return once requests in progress have finished, or after `timeout` seconds.

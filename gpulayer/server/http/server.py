@@ -15,6 +15,13 @@ client that connects and says nothing stalls every other client. Here:
   first byte, in total, or the connection is closed; at most
   `MAX_PENDING_HEADS` connections may be part-way through one; a client that
   never sends is closed after `request_timeout_s` by cheroot's expiry;
+- the body comes next (bodies.py): framing is checked in the selector (400
+  and a close for an ambiguous length); a small body is read there too,
+  within the same deadline as its head (408 past it), so a worker thread
+  takes the connection with head and body buffered; a larger or chunked
+  body is read by the thread through `_PacedSocketIO`, at a minimum rate
+  (408 and a close past it), and at most `bodies.streamed_cap(threads)`
+  connections do that at once (503 past it): heartbeats always find a thread;
 - a failed handshake is dropped quietly (debug log line, no traceback).
 """
 
@@ -30,8 +37,10 @@ import threading
 import time
 
 from cheroot import server as cheroot_server, wsgi
-from cheroot.makefile import StreamReader, StreamWriter
+from cheroot.makefile import MakeFile, StreamReader, StreamWriter
 from cheroot.ssl import Adapter
+
+from gpulayer.server.http import bodies
 
 log = logging.getLogger("gpulayer.server.http.server")
 
@@ -73,9 +82,8 @@ class HTTPServer:
     module's docstring). `request_timeout_s` is the socket timeout for every
     read and write once a request is in a thread, and the idle limit of a
     keep-alive connection; `head_timeout_s` bounds the whole head (and TLS
-    handshake) from its first byte. Headers beyond
-    `max_header_bytes` are refused; bodies are not bounded here (the app
-    bounds them). No access log; cheroot's errors go to the
+    handshake) from its first byte, and a small body with it. Headers beyond
+    `max_header_bytes` are refused; body sizes are bounded by the app. No access log; cheroot's errors go to the
     "gpulayer.server.http.server" logger.
     """
 
@@ -107,6 +115,7 @@ class HTTPServer:
         srv.max_request_header_size = max_header_bytes
         srv.head_timeout_s = min(head_timeout_s, request_timeout_s)
         srv.max_pending_heads = max_pending_heads
+        srv.max_streams = bodies.streamed_cap(threads)
         srv.max_request_body_size = 0
         srv.keep_alive_conn_limit = threads * KEEPALIVE_PER_THREAD
         srv.expiration_interval = min(EXPIRY_INTERVAL_S, request_timeout_s)
@@ -194,27 +203,80 @@ class _LazyTLSAdapter(Adapter):
         return (StreamReader if "r" in mode else StreamWriter)(sock, mode, bufsize)
 
 
-class _Connection(cheroot_server.HTTPConnection):
-    """An HTTPConnection that reaches a worker thread only with a whole request head buffered."""
+class _PacedSocketIO(socket.SocketIO):
+    """The socket under a connection's reader: while a streamed body is read, each read waits only as long
+    as the body's minimum rate allows (`bodies.Pace`), then raises BodyTooSlow."""
 
+    def __init__(self, conn: _Connection, sock):
+        super().__init__(sock, "rb")
+        self._conn = conn
+
+    def readinto(self, b):
+        pace = self._conn.pace
+        if pace is None:
+            return super().readinto(b)
+        left = pace.seconds_left()
+        if left <= 0:
+            raise pace.too_slow()
+        self._sock.settimeout(min(left, self._conn.server.timeout))
+        try:
+            n = super().readinto(b)
+        except TimeoutError:
+            if pace.seconds_left() <= 0:
+                raise pace.too_slow() from None
+            raise
+        pace.received += n or 0
+        return n
+
+
+class _PacedReader(StreamReader):
+    """cheroot's socket reader over a _PacedSocketIO."""
+
+    def __init__(self, conn: _Connection, sock, bufsize):
+        super().__init__(sock, "rb", bufsize)
+        self._raw = _PacedSocketIO(conn, sock)  # _pyio's BufferedReader reads through _raw
+
+
+class _Request(cheroot_server.HTTPRequest):
+    """cheroot's request, which closes its connection after a body that fell behind its minimum rate."""
+
+    def send_headers(self):
+        """Close (rather than drain the rest of the body) when the body was too slow."""
+        if self.conn.pace is not None and self.conn.pace.expired:
+            self.close_connection = True
+        super().send_headers()
+
+
+class _Connection(cheroot_server.HTTPConnection):
+    """An HTTPConnection that reaches a worker thread only with a whole request head buffered, and its body
+    too when that is small (bodies.BUFFERED_BODY_BYTES); a larger one streams under a `bodies.Pace`."""
+
+    RequestHandlerClass = _Request
     handshaken = False
+    refusal = ""                       # why the request's framing is refused
     head_started: float | None = None  # monotonic time of the current head's first step
+    pace: bodies.Pace | None = None     # the minimum rate of a body a worker thread is reading
+    _wanted: int | None = None          # the bytes of head and buffered body, once the head is known
+
+    def __init__(self, server, sock, makefile=None):
+        super().__init__(server, sock, makefile or MakeFile)
+        self.rfile = _PacedReader(self, sock, self.rbufsize)
 
     def gate(self, max_head: int) -> str:
-        """One non-blocking step of handshake and head reading: "ready", "wait" or "drop"."""
+        """One non-blocking step of handshake, head and small body: "ready", "stream", "wait" or "drop"."""
         self.socket.settimeout(0)
         try:
             if isinstance(self.socket, ssl.SSLSocket) and not self.handshaken and not self._handshake():
                 return "wait" if self.handshaken is None else "drop"
-            return self._read_head(max_head)
+            return self._read_request(max_head)
         finally:
             if self.socket.fileno() != -1:
                 self.socket.settimeout(self.server.timeout)
 
-    def _read_head(self, max_head: int) -> str:
-        head = bytearray(self.rfile._read_buf[self.rfile._read_pos:])  # a pipelined request's start, if any
-        state = "wait"
-        while not _head_complete(head) and len(head) <= max_head:
+    def _read_request(self, max_head: int) -> str:
+        data = bytearray(self.rfile._read_buf[self.rfile._read_pos:])  # a pipelined request's start, if any
+        state = self._buffered(data, max_head)
+        while state == "wait":
             try:
                 chunk = self.socket.recv(_READ_STEP)
             except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
@@ -224,12 +286,42 @@ class _Connection(cheroot_server.HTTPConnection):
                 return "drop"
             if not chunk:
                 return "drop"  # the client went away
-            head += chunk
-        if _head_complete(head) or len(head) > max_head:
-            state = "ready"  # an oversized head goes on too: cheroot answers it with 431
+            data += chunk
+            state = self._buffered(data, max_head)
         # Hand what arrived to the reader the worker thread parses from (a pure-Python BufferedReader).
-        self.rfile._read_buf, self.rfile._read_pos = bytes(head), 0
+        self.rfile._read_buf, self.rfile._read_pos = bytes(data), 0
+        if state != "wait":
+            self._wanted = None
         return state
+
+    def _buffered(self, data: bytearray, max_head: int) -> str:
+        """What the bytes so far make: "wait" for more, "ready", "stream" (a big body), "refuse" (framing)."""
+        if self._wanted is None:
+            end = _head_end(data)
+            if end is None:
+                return "ready" if len(data) > max_head else "wait"  # an oversized head: cheroot answers 431
+            if end > max_head:
+                return "ready"
+            framing = _framing(bytes(data[:end]))
+            if isinstance(framing, str):
+                self.refusal = framing
+                return "refuse"
+            if framing is None:
+                return "stream"
+            self._wanted = end + framing
+        return "ready" if len(data) >= self._wanted else "wait"
+
+    def communicate(self):
+        """Serve one request; a streamed body's slot is freed after it."""
+        try:
+            return super().communicate()
+        finally:
+            self._end_stream()
+
+    def _end_stream(self) -> None:
+        if self.pace is not None:
+            self.pace = None
+            self.server.end_stream()
 
     def _handshake(self) -> bool:
         """One handshake step; False with handshaken None while it needs more bytes."""
@@ -264,14 +356,53 @@ class _Connection(cheroot_server.HTTPConnection):
     def _drop(self, event: str, exc: BaseException) -> None:
         log.debug("%s peer=%s:%s error=%s", event, self.remote_addr, self.remote_port, exc)
 
+    def answer(self, response: bytes) -> None:
+        """Write a short response without blocking (the selector's thread): what fits, or nothing."""
+        self.socket.settimeout(0)
+        try:
+            self.socket.send(response)
+        except (OSError, ValueError):
+            pass
+
     def close(self):
-        """Close the socket; a head in progress no longer counts against the cap."""
+        """Close the socket; a head in progress, or a streamed body, no longer counts against its cap.
+
+        Closed with its head in and its (small) body still arriving, it was too slow: 408 first.
+        """
         self.server.pending_heads.discard(self)
+        if self._wanted is not None and self.socket.fileno() != -1:
+            self._wanted = None
+            self.answer(bodies.error_response(
+                "408 Request Timeout", "request_timeout",
+                f"the request body did not arrive within {self.server.head_timeout_s:g} s of its head's start"))
+        self._end_stream()
         super().close()
 
 
-def _head_complete(data: bytes | bytearray) -> bool:
-    return b"\r\n\r\n" in data or b"\n\n" in data
+def _head_end(data: bytes | bytearray) -> int | None:
+    """Where the head's blank line ends, or None while it has not arrived."""
+    ends = [i + len(mark) for mark in (b"\r\n\r\n", b"\n\n") if (i := data.find(mark)) != -1]
+    return min(ends) if ends else None
+
+
+def _framing(head: bytes) -> int | str | None:
+    """The length of a body to buffer with this head (0: none); None to stream it; a str: why it is refused."""
+    fields: list[tuple[str, str]] = []
+    for line in head.split(b"\n")[1:]:
+        line = line.rstrip(b"\r")
+        if line[:1] in (b" ", b"\t") and fields:  # an obsolete line folding: part of the previous value
+            fields[-1] = (fields[-1][0], fields[-1][1] + " " + line.strip().decode("latin-1"))
+        elif b":" in line:
+            name, _, value = line.partition(b":")
+            fields.append((name.decode("latin-1"), value.decode("latin-1")))
+    refused = bodies.framing_error(fields)
+    if refused is not None:
+        return refused
+    named = {name.strip().lower(): value.strip().lower() for name, value in fields}
+    if "transfer-encoding" in named or named.get("expect") == "100-continue":
+        return None  # chunked, or a client that waits to be told to send: a thread reads it
+    length = int(named.get("content-length", "0"))
+    return length if length <= bodies.BUFFERED_BODY_BYTES else None
 
 
 class _Server(wsgi.Server):
@@ -280,10 +411,13 @@ class _Server(wsgi.Server):
     ConnectionClass = _Connection
     head_timeout_s = HEAD_TIMEOUT_S
     max_pending_heads = MAX_PENDING_HEADS
+    max_streams = 1  # requests reading a streamed body at once: bodies.streamed_cap(threads)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.pending_heads: set[_Connection] = set()
+        self._streams = 0
+        self._streams_lock = threading.Lock()
         self._spare_fd: int | None = None
         self._fd_warned_at = 0.0
 
@@ -350,6 +484,19 @@ class _Server(wsgi.Server):
         if fresh:
             conn.head_started = time.monotonic()
         state = conn.gate(self.max_request_header_size)
+        if state == "refuse":
+            log.debug("http_framing_refused peer=%s error=%s", conn.remote_addr, conn.refusal)
+            self._refuse(conn, "400 Bad Request", "invalid_framing",
+                         f"the request's length is ambiguous: {conn.refusal} (RFC 9112, section 6.3)")
+            return
+        if state == "stream":
+            if not self._start_stream():
+                log.debug("http_stream_refused peer=%s streams=%d", conn.remote_addr, self._streams)
+                self._refuse(conn, "503 Service Unavailable", "unavailable", bodies.STREAMS_FULL,
+                             (b"Retry-After: 1",))
+                return
+            conn.pace = bodies.Pace()
+            state = "ready"
         if state == "ready":
             conn.head_started = None
             self.pending_heads.discard(conn)
@@ -367,6 +514,23 @@ class _Server(wsgi.Server):
         if not conn.rfile.has_data() and conn.handshaken is not None:
             conn.head_started = None  # nothing sent yet: an idle connection, expired as such
         self._park(conn)
+
+    def _refuse(self, conn, status: str, code: str, message: str, extra: tuple[bytes, ...] = ()) -> None:
+        conn.answer(bodies.error_response(status, code, message, extra))
+        conn.close()
+
+    def _start_stream(self) -> bool:
+        """Take a slot for a streamed body; False when `max_streams` are taken."""
+        with self._streams_lock:
+            if self._streams >= self.max_streams:
+                return False
+            self._streams += 1
+            return True
+
+    def end_stream(self) -> None:
+        """Free a streamed body's slot."""
+        with self._streams_lock:
+            self._streams -= 1
 
     def _park(self, conn) -> None:
         """Back to the selector until more bytes arrive; cheroot's expiry closes it at its deadline."""

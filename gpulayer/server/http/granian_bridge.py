@@ -1,0 +1,237 @@
+"""Run a WSGI app behind granian's RSGI worker: bodies read in asyncio, the app on a pool of threads.
+
+granian's WSGI worker hands a request to a Python thread as soon as its head
+is in, and `wsgi.input.read()` then blocks that thread until the body has
+come, with no deadline: slow bodies could hold every thread. Over RSGI the
+body is an awaitable on granian's asyncio loop, so here (bodies.py has the
+policy, as cheroot's server.py applies it):
+
+- framing is checked first (400 for an ambiguous length);
+- a small body is awaited on the loop, holding no thread, within
+  `head_timeout_s` (408 and a close past it); only then does a thread of
+  the pool run the app, with the body in memory;
+- a larger or chunked body streams into the app through `_StreamedBody`,
+  each read waiting only as long as the minimum rate allows; at most
+  `bodies.streamed_cap(threads)` requests do that at once (503 past it).
+
+A 408 or 400 answer carries `Connection: close`, and dropping the body's
+awaitable makes granian close the connection at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
+
+from gpulayer.server.http import bodies
+
+log = logging.getLogger("gpulayer.server.http.granian")
+
+_FILE_BLOCK = 1 << 20  # bytes of a streamed file response per send
+_JSON = ("content-type", "application/json")
+_CLOSE = ("connection", "close")
+
+
+class Bridge:
+    """The RSGI callable granian calls on its loop for each request; `close()` stops the pool."""
+
+    def __init__(self, app, loop: asyncio.AbstractEventLoop, threads: int, head_timeout_s: float):
+        self.app, self.loop = app, loop
+        self.head_timeout_s = head_timeout_s
+        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="gpulayer-granian")
+        self.max_streams = bodies.streamed_cap(threads)
+        self.streams = 0  # touched only on the loop's thread
+
+    async def __call__(self, scope, proto) -> None:
+        headers = scope.headers.items()
+        refused = bodies.framing_error(headers)
+        if refused is not None:
+            return _refuse(proto, 400, "invalid_framing",
+                           f"the request's length is ambiguous: {refused} (RFC 9112, section 6.3)")
+        named = {name: value.strip().lower() for name, value in headers}
+        length = int(named.get("content-length") or 0)
+        if "transfer-encoding" in named or length > bodies.BUFFERED_BODY_BYTES:
+            return await self._streamed(scope, proto, headers)
+        body = b""
+        if length:
+            try:
+                body = await asyncio.wait_for(proto(), self.head_timeout_s)
+            except asyncio.TimeoutError:
+                return _refuse(proto, 408, "request_timeout",
+                               f"the request body did not arrive within {self.head_timeout_s:g} s")
+        environ = _environ(scope, headers, io.BytesIO(body))
+        await self.loop.run_in_executor(self.pool, self._serve, environ, proto, None)
+
+    async def _streamed(self, scope, proto, headers) -> None:
+        if self.streams >= self.max_streams:
+            log.debug("http_stream_refused peer=%s streams=%d", scope.client, self.streams)
+            return _refuse(proto, 503, "unavailable", bodies.STREAMS_FULL, [("retry-after", "1")])
+        self.streams += 1
+        stream = _StreamedBody(proto, self.loop)
+        try:
+            environ = _environ(scope, headers, stream)
+            await self.loop.run_in_executor(self.pool, self._serve, environ, proto, stream)
+        finally:
+            self.streams -= 1
+            stream.cancel()
+
+    def _serve(self, environ: dict, proto, stream: _StreamedBody | None) -> None:
+        """Run the app on a pool thread and hand its answer to granian."""
+        started: list = []
+
+        def start_response(status, response_headers, exc_info=None):
+            started[:] = [int(status.split(" ", 1)[0]), list(response_headers)]
+
+        result = self.app(environ, start_response)
+        try:
+            status, response_headers = started
+            if stream is not None and stream.pace.expired:
+                response_headers = [*response_headers, _CLOSE]
+            if isinstance(result, list):
+                proto.response_bytes(status, response_headers, b"".join(result))
+                return
+            transport = proto.response_stream(status, response_headers)
+            for chunk in result:
+                if chunk:
+                    asyncio.run_coroutine_threadsafe(_send(transport, chunk), self.loop).result()
+        finally:
+            close = getattr(result, "close", None)
+            if close is not None:
+                close()
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+async def _send(transport, chunk: bytes) -> None:
+    await transport.send_bytes(chunk)
+
+
+class _StreamedBody(io.RawIOBase):
+    """`wsgi.input` of a streamed body: read() on a pool thread pulls granian's chunks off the loop, each
+    wait bounded by the body's minimum rate (bodies.Pace); BodyTooSlow past it."""
+
+    def __init__(self, proto, loop: asyncio.AbstractEventLoop):
+        super().__init__()
+        self._chunks = proto.__aiter__()
+        self._loop = loop
+        self._buffer = b""
+        self._ended = False
+        self._pending: Any = None
+        self.pace = bodies.Pace()
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int | None = -1) -> bytes:
+        want = sys.maxsize if size is None or size < 0 else size
+        while len(self._buffer) < want and not self._ended:
+            self._pull()
+        data, self._buffer = self._buffer[:want], self._buffer[want:]
+        return data
+
+    def readinto(self, b) -> int:
+        data = self.read(len(b))
+        b[:len(data)] = data
+        return len(data)
+
+    def readline(self, size: int | None = -1) -> bytes:
+        while b"\n" not in self._buffer and not self._ended and (size is None or size < 0 or len(self._buffer) < size):
+            self._pull()
+        end = self._buffer.find(b"\n") + 1 or len(self._buffer)
+        if size is not None and size >= 0:
+            end = min(end, size)
+        data, self._buffer = self._buffer[:end], self._buffer[end:]
+        return data
+
+    def _pull(self) -> None:
+        left = self.pace.seconds_left()
+        if left <= 0:
+            raise self.pace.too_slow()
+        if self._pending is None:
+            self._pending = asyncio.run_coroutine_threadsafe(_next(self._chunks), self._loop)
+        try:
+            chunk = self._pending.result(timeout=left)
+        except FutureTimeout:
+            raise self.pace.too_slow() from None
+        self._pending = None
+        if chunk is None:
+            self._ended = True
+        else:
+            self.pace.received += len(chunk)
+            self._buffer += chunk
+
+    def cancel(self) -> None:
+        """Drop a read in progress (on the loop: granian then closes the connection)."""
+        if self._pending is not None:
+            self._pending.cancel()
+            self._pending = None
+
+
+async def _next(chunks) -> bytes | None:
+    try:
+        return await chunks.__anext__()
+    except StopAsyncIteration:
+        return None
+
+
+def _refuse(proto, status: int, code: str, message: str, extra: list | None = None) -> None:
+    proto.response_bytes(status, [_JSON, _CLOSE, *(extra or [])], bodies.error_body(code, message))
+
+
+class _FileWrapper:
+    """`wsgi.file_wrapper`: a file's bytes in large blocks (falcon's default block is small)."""
+
+    def __init__(self, fh, block: int = _FILE_BLOCK):
+        self.fh, self.block = fh, max(block, _FILE_BLOCK)
+
+    def __iter__(self):
+        return iter(lambda: self.fh.read(self.block), b"")
+
+    def close(self) -> None:
+        self.fh.close()
+
+
+def _environ(scope, headers, body) -> dict:
+    """The WSGI environ (PEP 3333) of an RSGI scope."""
+    server_host, _, server_port = scope.server.rpartition(":")
+    client_host, _, client_port = scope.client.rpartition(":")
+    environ: dict = {
+        "REQUEST_METHOD": scope.method,
+        "SCRIPT_NAME": "",
+        # RSGI gives the path percent-decoded as text; WSGI wants its bytes as latin-1.
+        "PATH_INFO": scope.path.encode("utf-8", "surrogateescape").decode("latin-1"),
+        "QUERY_STRING": scope.query_string,
+        "SERVER_NAME": server_host.strip("[]"),
+        "SERVER_PORT": server_port,
+        "SERVER_PROTOCOL": f"HTTP/{scope.http_version}",
+        "REMOTE_ADDR": client_host.strip("[]"),
+        "REMOTE_PORT": client_port,
+        "wsgi.version": (1, 0),
+        "wsgi.url_scheme": scope.scheme,
+        "wsgi.input": body,
+        "wsgi.errors": sys.stderr,
+        "wsgi.multithread": True,
+        "wsgi.multiprocess": False,
+        "wsgi.run_once": False,
+        "wsgi.input_terminated": True,
+        "wsgi.file_wrapper": _FileWrapper,
+    }
+    if scope.scheme == "https":
+        environ["HTTPS"] = "on"
+    for name, value in headers:
+        key = name.upper().replace("-", "_")
+        if key in ("CONTENT_TYPE", "CONTENT_LENGTH"):
+            environ[key] = value
+            continue
+        key = "HTTP_" + key
+        environ[key] = f"{environ[key]},{value}" if key in environ else value
+    return environ
+
+
+__all__ = ["Bridge"]
