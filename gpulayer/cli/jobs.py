@@ -286,7 +286,8 @@ def job_status(ctx: typer.Context, job_id: JobArg, index: IndexOpt = None, as_js
     if info.get("waiting_reason"):
         typer.echo(f"waiting: {info['waiting_reason']}")
     for dep in info.get("after") or []:
-        typer.echo(f"after: job {dep['job']} {dep['condition']} (it is {dep['state']})")
+        typer.echo(f"after: job {dep['job']} {dep['condition']} "
+                   + (f"(it is {dep['state']})" if dep.get("state") else "(you may not see it)"))
     _print_array(info.get("array"), info["id"])
     for task in info.get("tasks", []):
         typer.echo(f"  task {task['task_id']} index={task.get('index')} attempt={task.get('attempt')} "
@@ -299,7 +300,9 @@ def job_status(ctx: typer.Context, job_id: JobArg, index: IndexOpt = None, as_js
     for pre in info.get("preemptions") or []:
         done = f"requeued {fmt_time(pre['done_at'])}" if pre.get("done_at") else "stopping"
         typer.echo(f"preempted: task {pre['task_id']} on worker {pre['worker_id']} at {fmt_time(pre['asked_at'])} "
-                   f"for task {pre['for_task_id']} (job {pre['for_job_id']}, {pre['reason']}), {done}")
+                   + (f"for task {pre['for_task_id']} (job {pre['for_job_id']}, {pre['reason']}), "
+                      if pre.get("for_job_id") is not None else f"for a job you may not see ({pre['reason']}), ")
+                   + done)
 
 
 def _priority_option(value: Optional[str]) -> int | str | None:

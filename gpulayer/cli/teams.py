@@ -119,7 +119,7 @@ def user_remove(ctx: typer.Context, name: Annotated[str, typer.Argument(help="Th
 
 
 def _settings(gpus: Optional[int], no_quota: bool, borrow: Optional[int], weight: Optional[float],
-              visibility: Optional[str]) -> dict:
+              visibility: Optional[str], max_priority: Optional[int] = None) -> dict:
     if gpus is not None and no_quota:
         raise fail("give --gpus N or --no-quota, not both", 2)
     if visibility is not None and visibility not in ("private", "project"):
@@ -127,7 +127,8 @@ def _settings(gpus: Optional[int], no_quota: bool, borrow: Optional[int], weight
     found: dict = {}
     if gpus is not None or no_quota:
         found["gpus"] = gpus
-    for key, value in (("borrow", borrow), ("weight", weight), ("visibility", visibility)):
+    for key, value in (("borrow", borrow), ("weight", weight), ("visibility", visibility),
+                       ("max_priority", max_priority)):
         if value is not None:
             found[key] = value
     return found
@@ -137,36 +138,41 @@ GpusOpt = Annotated[Optional[int], typer.Option("--gpus", min=0, help="Its GPU q
 NoQuotaOpt = Annotated[bool, typer.Option("--no-quota", help="No GPU quota.")]
 BorrowOpt = Annotated[Optional[int], typer.Option("--borrow", min=0, help="GPUs it may borrow beyond its quota when idle.")]
 WeightOpt = Annotated[Optional[float], typer.Option("--weight", min=0.000001, help="Its fair share (default: its quota).")]
+MaxPriorityOpt = Annotated[Optional[int], typer.Option("--max-priority", min=-1_000_000, max=1_000_000, help="The highest --priority its members may ask for (default 0: they may only lower theirs); admins are not bound, its managers may set it.")]
 VisibilityOpt = Annotated[Optional[str], typer.Option("--visibility", help="private (members see each other's jobs exist) or project (and read their logs and outputs).")]
 
 
 @project_app.command("add")
 def project_add(ctx: typer.Context, name: Annotated[str, typer.Argument(help="The project's name.")],
                 gpus: GpusOpt = None, borrow: BorrowOpt = None, weight: WeightOpt = None,
-                visibility: VisibilityOpt = None, as_json: JsonOpt = False) -> None:
+                visibility: VisibilityOpt = None, max_priority: MaxPriorityOpt = None,
+                as_json: JsonOpt = False) -> None:
     """Add a project (admins).
 
     \b
     Example:
-      gpulayer project add vision --gpus 16 --borrow 8 --visibility project
+      gpulayer project add vision --gpus 16 --borrow 8 --visibility project --max-priority 10
     """
-    _report(client_of(ctx).add_project(name, **_settings(gpus, False, borrow, weight, visibility)), as_json,
-            f"project {name} added")
+    _report(client_of(ctx).add_project(name, **_settings(gpus, False, borrow, weight, visibility, max_priority)),
+            as_json, f"project {name} added")
 
 
 @project_app.command("set")
 def project_set(ctx: typer.Context, name: Annotated[str, typer.Argument(help="The project's name.")],
                 gpus: GpusOpt = None, no_quota: NoQuotaOpt = False, borrow: BorrowOpt = None,
-                weight: WeightOpt = None, visibility: VisibilityOpt = None, as_json: JsonOpt = False) -> None:
-    """Change a project's quota, borrowing limit, weight or visibility (admins).
+                weight: WeightOpt = None, visibility: VisibilityOpt = None, max_priority: MaxPriorityOpt = None,
+                as_json: JsonOpt = False) -> None:
+    """Change a project's quota, borrowing limit, weight or visibility (admins), or its priority ceiling
+    (admins and its managers).
 
     \b
     Example:
       gpulayer project set vision --gpus 24 --weight 2
+      gpulayer project set vision --max-priority 10
     """
-    settings = _settings(gpus, no_quota, borrow, weight, visibility)
+    settings = _settings(gpus, no_quota, borrow, weight, visibility, max_priority)
     if not settings:
-        raise fail("nothing to change: give --gpus, --borrow, --weight or --visibility", 2)
+        raise fail("nothing to change: give --gpus, --borrow, --weight, --visibility or --max-priority", 2)
     _report(client_of(ctx).set_project(name, **settings), as_json, f"project {name} changed")
 
 
@@ -183,10 +189,10 @@ def project_list(ctx: typer.Context, as_json: JsonOpt = False) -> None:
         print_json(projects)
         return
     print_table([[p["name"], "-" if p.get("gpus") is None else p["gpus"], p.get("borrow", 0),
-                  "-" if p.get("weight") is None else f"{p['weight']:g}", p.get("visibility"),
+                  "-" if p.get("weight") is None else f"{p['weight']:g}", p.get("max_priority", 0), p.get("visibility"),
                   ",".join(f"{m['user']}:{m['role']}" if m["role"] == "manager" else m["user"]
                            for m in p.get("members") or []) or "-"]
-                 for p in projects], ["NAME", "GPUS", "BORROW", "WEIGHT", "VISIBILITY", "MEMBERS"])
+                 for p in projects], ["NAME", "GPUS", "BORROW", "WEIGHT", "MAX PRIORITY", "VISIBILITY", "MEMBERS"])
 
 
 @project_app.command("remove")

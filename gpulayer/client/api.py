@@ -294,7 +294,7 @@ class Client:
         return self.call("DELETE", f"/users/{_segment(name)}")
 
     def add_project(self, name: str, **settings) -> dict:
-        """Add a project (admins): `visibility`, `gpus` (quota), `borrow`, `weight`."""
+        """Add a project (admins): `visibility`, `gpus` (quota), `borrow`, `weight`, `max_priority`."""
         return self.call("POST", "/projects", json={"name": name, **settings})
 
     def projects(self) -> list[dict]:
@@ -302,7 +302,7 @@ class Client:
         return self.call("GET", "/projects")["projects"]
 
     def set_project(self, name: str, **settings) -> dict:
-        """Change a project's `visibility`, `gpus`, `borrow`, `weight` (admins)."""
+        """Change a project's `visibility`, `gpus`, `borrow`, `weight` (admins), `max_priority` (admins, its managers)."""
         return self.call("PATCH", f"/projects/{_segment(name)}", json=settings)
 
     def remove_project(self, name: str) -> dict:

@@ -212,6 +212,7 @@ class ControlPlane:
                 if time.monotonic() >= next_fairshare:
                     next_fairshare = time.monotonic() + ledger.RUNNING_REFRESH_S
                     self.deps.scheduler.refresh_fairshare()
+                    self.deps.scheduler.age_queue()
                 asked = self.deps.scheduler.preempt()
                 if asked:
                     log.info("task_preempt_requested tasks=%s", ",".join(map(str, asked)))

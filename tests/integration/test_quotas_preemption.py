@@ -1,5 +1,6 @@
 """Quotas, borrowing, fair share, preemption and the usage ledger with a real server process, real worker
-processes (GPUs faked with `--gpus N`: the agent's probe is the only thing not real) and real HTTP."""
+processes (GPUs faked with `--gpus N`: the agent's probe is the only thing not real) and real HTTP; a project's
+priority ceiling, and what a member sees of another project's jobs (issue 22, items 6 and 7)."""
 from __future__ import annotations
 
 import json
@@ -212,3 +213,113 @@ def test_a_waiting_gang_preempts_on_two_workers_and_runs_whole(cluster):
         assert info["state"] == "succeeded" and info["attempt"] == 1, info
         assert [p["for_job_id"] for p in info["preemptions"]] == [gang]
         assert "resumed after a preemption" in cluster.log_text(job_id)
+
+
+# -- issue 22, items 6 and 7: the priority ceiling on the wire; what a member of project A sees of project B's
+# jobs that preempted its work or that its job depended on ---------------------------------------------
+
+def ok(answer, *codes: int) -> dict:
+    assert answer.status_code in (codes or (200, 201)), answer.text
+    return answer.json()
+
+
+def test_a_member_may_not_raise_priority_above_its_projects_ceiling(cluster):
+    ok(cluster.request("POST", "/v1/projects", json={"name": "pa"}))
+    lead = ok(cluster.request("POST", "/v1/users", json={"name": "lead", "projects": [
+        {"project": "pa", "role": "manager"}]}))["token"]
+    ua = ok(cluster.request("POST", "/v1/users", json={"name": "ua", "projects": [{"project": "pa"}]}))["token"]
+    refused = cluster.request("POST", "/v1/jobs", token=ua,
+                              json={"command": ["true"], "project": "pa", "priority": 1_000_000})
+    assert refused.status_code == 403, refused.text
+    body = refused.json()
+    assert body["error"]["code"] == "priority_above_ceiling" and body["max_priority"] == 0
+    assert "max_priority 0" in body["error"]["message"]
+    assert cluster.sql("SELECT count(*) FROM jobs")[0][0] == 0   # nothing was submitted
+    ok(cluster.request("POST", "/v1/jobs", token=ua, json={"command": ["true"], "project": "pa", "priority": "low"}))
+    # the manager raises the ceiling (its lever); a member may not, nor may the manager change anything else
+    assert ok(cluster.request("PATCH", "/v1/projects/pa", token=lead, json={"max_priority": 10}))["max_priority"] == 10
+    assert cluster.request("PATCH", "/v1/projects/pa", token=ua, json={"max_priority": 99}).status_code == 403
+    assert cluster.request("PATCH", "/v1/projects/pa", token=lead, json={"gpus": 99}).status_code == 403
+    for bad in ("high", 10**7, True, 1.5):
+        answer = cluster.request("PATCH", "/v1/projects/pa", json={"max_priority": bad})
+        assert answer.status_code == 400 and answer.json()["error"]["code"] == "invalid_field", answer.text
+    ok(cluster.request("POST", "/v1/jobs", token=ua, json={"command": ["true"], "project": "pa", "priority": "high"}))
+    # the CLI: the error names the ceiling; project list shows it
+    cli = cluster.cli("submit", "--project", "pa", "--priority", "11", "--", "true", GPULAYER_TOKEN=ua)
+    assert cli.returncode != 0 and "max_priority 10" in cli.stderr, (cli.stdout, cli.stderr)
+    listed = cluster.cli("project", "list")
+    assert listed.returncode == 0 and "MAX PRIORITY" in listed.stdout, listed.stdout
+    assert cluster.cli("project", "set", "pa", "--max-priority", "3").returncode == 0
+    assert cluster.cli("project", "set", "pa", "--max-priority", "x").returncode == 2
+    assert ok(cluster.request("GET", "/v1/projects/pa"))["max_priority"] == 3
+
+
+def test_a_member_sees_no_id_of_the_other_projects_job_that_preempted_its_own(cluster):
+    ok(cluster.request("POST", "/v1/projects", json={"name": "pa"}))
+    ok(cluster.request("POST", "/v1/projects", json={"name": "pb", "max_priority": 10}))
+    ua = ok(cluster.request("POST", "/v1/users", json={"name": "ua", "projects": [{"project": "pa"}]}))["token"]
+    ub = ok(cluster.request("POST", "/v1/users", json={"name": "ub", "projects": [{"project": "pb"}]}))["token"]
+    cluster.start_worker("gpu", gpus=1, parallel=1)
+    low = ok(cluster.request("POST", "/v1/jobs", token=ua, json={
+        "command": python(CHECKPOINTING), "gpus": 1, "priority": "low", "preemptible": True,
+        "project": "pa"}))["id"]
+    wait_for(lambda: "working" in cluster.log_text(low), 30, "pa's job to run")
+    high = ok(cluster.request("POST", "/v1/jobs", token=ub, json={
+        "command": ["echo", "pb"], "gpus": 1, "priority": "high", "project": "pb"}))["id"]
+    high_task = wait_for(lambda: cluster.current_tasks(high), 30, "pb's task")[0]["task_id"]
+    wait_for(lambda: any(e["kind"] == "task_preempted" for e in cluster.events(low)), 60, "the preemption")
+    assert cluster.wait_job(low, timeout=60)["state"] == "succeeded"
+    # the admin sees who preempted whom
+    assert [p["for_job_id"] for p in cluster.job(low)["preemptions"]] == [high]
+    # ua: the job, its events and the CLI name no pb job or task
+    view = ok(cluster.request("GET", f"/v1/jobs/{low}", token=ua))
+    assert view["preemptions"] and all(p["for_job_id"] is None and p["for_task_id"] is None
+                                       for p in view["preemptions"])
+    events = ok(cluster.request("GET", f"/v1/jobs/{low}/events", token=ua))["events"]
+    preempt = [e for e in events if e["kind"] in ("task_preempt_requested", "task_preempted")]
+    assert len(preempt) == 2 and all(e["data"]["for_job_id"] is None and e["data"]["for_task_id"] is None
+                                     for e in preempt)
+    listed = ok(cluster.request("GET", "/v1/jobs", token=ua))["jobs"]
+    assert all(p["for_job_id"] is None for j in listed for p in j.get("preemptions") or [])
+    status = cluster.cli("job", "status", str(low), GPULAYER_TOKEN=ua)
+    shown = cluster.cli("job", "events", str(low), "--json", GPULAYER_TOKEN=ua)
+    as_json = cluster.cli("job", "status", str(low), "--json", GPULAYER_TOKEN=ua)
+    assert status.returncode == shown.returncode == as_json.returncode == 0, status.stderr + shown.stderr
+    assert "for a job you may not see (priority)" in status.stdout, status.stdout
+    for text in (status.stdout, shown.stdout, as_json.stdout, json.dumps(view), json.dumps(events)):
+        assert f"job {high}" not in text and f'"for_job_id": {high}' not in text
+        assert f'"for_task_id": {high_task}' not in text and f"task {high_task}" not in text
+    # and pb's user may not see pa's job at all
+    assert ok(cluster.request("GET", f"/v1/jobs/{low}", token=ub), 404)
+
+
+def test_a_dependency_the_caller_may_no_longer_see_shows_no_final_state(cluster):
+    ok(cluster.request("POST", "/v1/projects", json={"name": "pa"}))
+    ok(cluster.request("POST", "/v1/projects", json={"name": "pb"}))
+    ua = ok(cluster.request("POST", "/v1/users", json={"name": "ua", "projects": [
+        {"project": "pa"}, {"project": "pb"}]}))["token"]
+    ub = ok(cluster.request("POST", "/v1/users", json={"name": "ub", "projects": [{"project": "pb"}]}))["token"]
+    cluster.start_worker("cpu", parallel=2)
+    hidden = ok(cluster.request("POST", "/v1/jobs", token=ub, json={
+        "command": [sys.executable, "-c", "import time; time.sleep(1.5); raise SystemExit(3)"],
+        "project": "pb", "name": "pb-private"}))["id"]
+    mine = ok(cluster.request("POST", "/v1/jobs", token=ua, json={
+        "command": ["true"], "project": "pa", "after": [f"{hidden}:ok"]}))["id"]  # ua saw it, as pb's member
+    assert cluster.request("DELETE", "/v1/projects/pb/members/ua").status_code == 200
+    assert cluster.wait_job(hidden)["state"] == "failed"
+    done = cluster.wait_job(mine)
+    assert done["state"] == "cancelled" and done["reason"] == "dependency_failed"
+    # the admin sees how the dependency ended
+    failed = next(e for e in cluster.events(mine) if e["kind"] == "dependency_failed")
+    assert failed["data"] == {"after": hidden, "state": "failed"}
+    events = ok(cluster.request("GET", f"/v1/jobs/{mine}/events", token=ua))["events"]
+    failed = next(e for e in events if e["kind"] == "dependency_failed")
+    assert failed["data"] == {"after": hidden, "state": None}
+    view = ok(cluster.request("GET", f"/v1/jobs/{mine}", token=ua))
+    assert view["after"] == [{"job": hidden, "condition": "ok", "name": None, "state": None}]
+    for args in (("job", "status", str(mine)), ("job", "events", str(mine), "--json"),
+                 ("job", "status", str(mine), "--json")):
+        shown = cluster.cli(*args, GPULAYER_TOKEN=ua)
+        assert shown.returncode == 0, shown.stderr
+        assert "failed" not in shown.stdout.replace("dependency_failed", ""), shown.stdout
+        assert "pb-private" not in shown.stdout

@@ -69,6 +69,8 @@ MATRIX = [
     ("post", "/v1/projects", "/v1/projects", {"name": "bad name"}, ADMIN_ONLY(400)),
     ("get", "/v1/projects/{name}", "/v1/projects/p1", None, codes(200, 200, 200, 404, 404)),
     ("patch", "/v1/projects/{name}", "/v1/projects/p1", {"borrow": 0}, ADMIN_ONLY(200)),
+    # its priority ceiling: its managers too (their lever on what members may ask for); outsiders: no project
+    ("patch", "/v1/projects/{name}", "/v1/projects/p1", {"max_priority": 0}, codes(200, 200, 403, 404, 404)),
     ("delete", "/v1/projects/{name}", "/v1/projects/nosuch", None, ADMIN_ONLY(404)),
     ("put", "/v1/projects/{name}/members/{user}", "/v1/projects/p1/members/owner", {"role": "member"},
      codes(200, 200, 403, 404, 404)),

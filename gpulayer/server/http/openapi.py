@@ -31,7 +31,9 @@ JOB_SPEC: dict[str, Any] = {
         "outputs": {"type": "array", "items": {"type": "string"}},
         "nodes": {"type": "integer", "minimum": 1},
         "priority": {"type": ["integer", "string"], "description": "a number, or a priority class of the server "
-                                                                  "(low, normal, high by default)"},
+                                                                  "(low, normal, high by default); at most the "
+                                                                  "project's max_priority unless an admin submits "
+                                                                  "(403 priority_above_ceiling)"},
         "preemptible": {"type": "boolean", "description": "may be stopped (SIGTERM, a grace, SIGKILL) and "
                                                          "requeued, same attempt, for higher-priority work"},
         "secrets": {"type": "array", "items": {"type": "string"}},
@@ -86,7 +88,10 @@ PROJECT_SETTINGS = {
     "visibility": {"enum": ["private", "project"]},
     "gpus": {"type": ["integer", "null"], "minimum": 0, "description": "the GPU quota (nominal); null: none"},
     "borrow": {"type": "integer", "minimum": 0, "description": "GPUs it may borrow past its quota when idle"},
-    "weight": {"type": ["number", "null"], "exclusiveMinimum": 0, "description": "fair share; null: the quota"}}
+    "weight": {"type": ["number", "null"], "exclusiveMinimum": 0, "description": "fair share; null: the quota"},
+    "max_priority": {"type": "integer", "minimum": -1_000_000, "maximum": 1_000_000,
+                     "description": "the highest priority its members and managers may ask for (default 0); admins "
+                                    "are not bound; its managers may set it"}}
 PROJECT = {"type": "object", "required": ["name", "visibility", "members"], "properties": {
     "name": NAME, **PROJECT_SETTINGS, "created_at": NUM, "members": {"type": "array", "items": {
         "type": "object", "required": ["user", "role"], "properties": {"user": NAME, "role": ROLE}}}}}

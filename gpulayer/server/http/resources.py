@@ -177,8 +177,8 @@ def _job_owner(req, resp, resource, params=None):
     media, meta = resp.media, getattr(req.context, "job_meta", None)
     if isinstance(media, dict) and "spec" in media and meta is not None and media.get("id") == meta["id"]:
         teams.apply_meta(media, meta)
-        if media.get("after") and not req.context.principal.admin:
-            resource.store.read(teams.hide_dependencies, req.context.principal, [media])
+        if (media.get("after") or media.get("preemptions")) and not req.context.principal.admin:
+            resource.store.read(teams.hide_unseen, req.context.principal, [media])
 
 
 class Jobs(Resource):
@@ -226,7 +226,7 @@ class Job(Resource):
             resp.media["retry_after_s"] = LOG_RETRY_AFTER_S
 
     def on_get_events(self, req, resp, job_id):
-        found = self.store.read(jobs.events_of, job_id)
+        found = self.store.read(teams.events_of, req.context.principal, job_id)
         resp.media = {"events": teams.redact_events(found) if req.context.job_meta["level"] == "see" else found}
 
     def on_get_endpoints(self, req, resp, job_id):
@@ -403,8 +403,9 @@ class Project(Resource):
         resp.media = self.store.read(teams.get_project, req.context.principal, name)
 
     def on_patch(self, req, resp, name):
-        teams.require_admin(req.context.principal, "change projects")
-        self.sched.change_teams(teams.set_project, name, wire.project_request(wire.read_json(req), create=False))
+        changes = wire.project_request(wire.read_json(req), create=False)
+        self.store.read(teams.may_change_project, req.context.principal, name, changes)
+        self.sched.change_teams(teams.set_project, name, changes)
         resp.media = self.store.read(teams.get_project, req.context.principal, name)
 
     def on_delete(self, req, resp, name):

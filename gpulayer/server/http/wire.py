@@ -324,9 +324,10 @@ def user_update(body: dict) -> dict:
 
 def project_request(body: dict, *, create: bool) -> dict:
     """POST /v1/projects (name and settings) or PATCH /v1/projects/{name} (what is given of the settings):
-    visibility, gpus (nominal quota; null: none), borrow, weight (null: the quota)."""
-    _known(body, {"name", "visibility", "gpus", "borrow", "weight"} if create else {"visibility", "gpus", "borrow",
-                                                                                     "weight"})
+    visibility, gpus (nominal quota; null: none), borrow, weight (null: the quota), max_priority (the highest
+    priority its members may ask for)."""
+    settings = {"visibility", "gpus", "borrow", "weight", "max_priority"}
+    _known(body, settings | {"name"} if create else settings)
     found: dict = {"name": check_name(body.get("name"), "name")} if create else {}
     if body.get("visibility") is not None:
         if body["visibility"] not in VISIBILITIES:
@@ -338,6 +339,8 @@ def project_request(body: dict, *, create: bool) -> dict:
         found["borrow"] = integer(body["borrow"], "borrow", 0, 1_000_000)
     if "weight" in body:
         found["weight"] = None if body["weight"] is None else number(body["weight"], "weight", 1e-6, 1e6)
+    if body.get("max_priority") is not None:
+        found["max_priority"] = integer(body["max_priority"], "max_priority", -1_000_000, 1_000_000)
     return found
 
 

@@ -13,8 +13,8 @@ from typing import BinaryIO, Callable
 
 from gpulayer.server.config import MAX_ACQUIRE_WAIT_S, ControlPlaneConfig
 from gpulayer.server.errors import NotFound
-from gpulayer.server.scheduler import (access, cordons, gpu_health, jobs, leases, ledger, lifecycle, placement,
-                                       preemption, reconcile, secrets, teams, tokens, workers)
+from gpulayer.server.scheduler import (access, aging, cordons, gpu_health, jobs, leases, ledger, lifecycle,
+                                       placement, preemption, reconcile, secrets, teams, tokens, workers)
 from gpulayer.server.scheduler.artifacts import ArtifactStore
 from gpulayer.server.scheduler.follow import LogFollowers
 from gpulayer.server.scheduler.spec import validate_job
@@ -357,6 +357,17 @@ class Scheduler:
     def refresh_fairshare(self) -> None:
         """Upkeep: fair share's running part rewritten (ledger.refresh_running), one transaction."""
         self._write(ledger.refresh_running, self.clock())
+
+    def age_queue(self, max_batches: int = 100) -> int:
+        """Upkeep: raise the age boost of the queued tasks due one (aging.age), a bounded batch per transaction,
+        until none is due or `max_batches` were written (the rest at the next round); how many were raised."""
+        raised = 0
+        for _ in range(max_batches):
+            done = self._write(aging.age, self.clock())
+            raised += done
+            if done < aging.AGING_BATCH:
+                break
+        return raised
 
     def preempt(self) -> list[int]:
         """Upkeep's preemption round, one transaction (preemption.preempt): the task ids asked to stop."""

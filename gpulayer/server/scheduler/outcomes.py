@@ -138,7 +138,7 @@ def settle_element(conn, now: float, job: dict, task: dict, *, freed: bool) -> s
                           index=element["index"], attempt=element["attempt"] + 1, reason=reason)
             return None  # the retry takes the ended task's place under the cap
     if freed:
-        rows(conn, "release_held_tasks", job_id=job["id"], n=1)
+        rows(conn, "release_held_tasks", job_id=job["id"], n=1, now=now)
     if row(conn, "job_has_active_task", job_id=job["id"]) is not None:
         return None
     failed = rows(conn, "array_failed_indices", job_id=job["id"], limit=1)
@@ -185,5 +185,5 @@ def _settle_dependents(conn, now: float, job_id: int, state: str) -> None:
             released = row(conn, "release_job", job_id=dependent["job_id"])
             if released is None:
                 continue  # another dependency has not ended yet
-            rows(conn, "release_held_tasks", job_id=dependent["job_id"], n=released["max_running"] or -1)
+            rows(conn, "release_held_tasks", job_id=dependent["job_id"], n=released["max_running"] or -1, now=now)
             events.record(conn, now, "job_released", job_id=dependent["job_id"], after=after)

@@ -106,13 +106,15 @@ def annotate(conn, rendered: list[dict], principal=None) -> list[dict]:
         job["owner"], job["project"] = (found["owner"], found["project"]) if found else (None, None)
         if principal is not None and _level(principal, found) == "see":
             redact(job)
-    return hide_dependencies(conn, principal, rendered) if principal is not None else rendered
+    return hide_unseen(conn, principal, rendered) if principal is not None else rendered
 
 
-def hide_dependencies(conn, principal, rendered: list[dict]) -> list[dict]:
-    """In each job's `after`, the name and state of a job the caller may not see become null (its id and the
-    condition stay: they are the viewed job's own spec)."""
-    ids = sorted({dep["job"] for job in rendered for dep in job.get("after") or []})
+def hide_unseen(conn, principal, rendered: list[dict]) -> list[dict]:
+    """What rendered jobs say of other jobs the caller may not see (as for GET /v1/jobs/{id}), made null: in
+    `after`, such a job's name and state (its id and the condition stay: they are the viewed job's own spec);
+    in `preemptions`, the job and task a run was stopped for (another project's, say)."""
+    ids = sorted({dep["job"] for job in rendered for dep in job.get("after") or []}
+                 | {p["for_job_id"] for job in rendered for p in job.get("preemptions") or []})
     if not ids or principal.admin:
         return rendered
     unseen = _unseen(conn, principal, ids)
@@ -120,7 +122,33 @@ def hide_dependencies(conn, principal, rendered: list[dict]) -> list[dict]:
         for dep in job.get("after") or []:
             if dep["job"] in unseen:
                 dep["name"] = dep["state"] = None
+        for pre in job.get("preemptions") or []:
+            if pre["for_job_id"] in unseen:
+                pre["for_job_id"] = pre["for_task_id"] = None
     return rendered
+
+
+def events_of(conn, principal, job_id: int) -> list[dict]:
+    """jobs.events_of, with what names a job the caller may not see made null (hide_unseen_events)."""
+    return hide_unseen_events(conn, principal, jobs.events_of(conn, job_id))
+
+
+def hide_unseen_events(conn, principal, found: list[dict]) -> list[dict]:
+    """A job's events as the caller may see them: the job and task a preemption was for (for_job_id,
+    for_task_id: task_preempt_requested, task_preempted) and the final state of a dependency
+    (dependency_failed) become null when the caller may not see that other job (hide_unseen's rule)."""
+    ids = sorted({e["data"][key] for e in found for key in ("for_job_id", "after")
+                  if isinstance(e["data"].get(key), int)})
+    if not ids or principal.admin:
+        return found
+    unseen = _unseen(conn, principal, ids)
+    for event in found:
+        data = event["data"]
+        if data.get("for_job_id") in unseen:
+            data["for_job_id"] = data["for_task_id"] = None
+        if event["kind"] == "dependency_failed" and data.get("after") in unseen:
+            data["state"] = None
+    return found
 
 
 def _unseen(conn, principal, ids: list[int]) -> set[int]:
@@ -199,10 +227,25 @@ def submit_project(conn, principal, project: str | None) -> int:
 
 
 def submit(conn, principal, project: str | None, spec: dict, now: float) -> int:
-    """jobs.submit, owned by the caller in the project it may submit to."""
+    """jobs.submit, owned by the caller in the project it may submit to, at a priority it may ask for."""
     project_id = submit_project(conn, principal, project)
+    check_priority(conn, principal, project_id, spec["priority"])
     _check_dependencies(conn, principal, spec)
     return jobs.submit(conn, spec, now, principal.user_id or ADMIN_USER_ID, project_id)
+
+
+def check_priority(conn, principal, project_id: int, priority: int) -> None:
+    """A job's priority is at most its project's ceiling (max_priority), as Slurm lets users only lower
+    theirs (--nice): Forbidden above it. Admins are not bound; managers are, and may raise the ceiling."""
+    if principal.admin:
+        return
+    found = row(conn, "project_priority_ceiling", project_id=project_id)
+    if found is not None and priority > found["max_priority"]:
+        raise Forbidden(f"priority {priority} is above the ceiling of project {found['name']} "
+                        f"(max_priority {found['max_priority']}): ask for {found['max_priority']} or less, or ask "
+                        "its managers or an admin to raise it (`gpulayer project set "
+                        f"{found['name']} --max-priority N`)", code="priority_above_ceiling",
+                        max_priority=found["max_priority"])
 
 
 def _check_dependencies(conn, principal, spec: dict) -> None:
@@ -330,7 +373,8 @@ def whoami(conn, principal) -> dict:
 
 def _project_view(found: dict) -> dict:
     return {"name": found["name"], "visibility": found["visibility"], "gpus": found["gpu_quota"],
-            "borrow": found["gpu_borrow"], "weight": found["weight"], "created_at": found["created_at"],
+            "borrow": found["gpu_borrow"], "weight": found["weight"], "max_priority": found["max_priority"],
+            "created_at": found["created_at"],
             "members": json.loads(found["members"])}
 
 
@@ -338,13 +382,30 @@ def add_project(conn, body: dict, now: float) -> None:
     if row(conn, "project_by_name", name=body["name"]) is not None:
         raise Conflict(f"there is already a project named {body['name']!r}", code="project_exists")
     row(conn, "insert_project", name=body["name"], visibility=body.get("visibility") or "private",
-        gpu_quota=body.get("gpus"), gpu_borrow=body.get("borrow") or 0, weight=body.get("weight"), now=now)
+        gpu_quota=body.get("gpus"), gpu_borrow=body.get("borrow") or 0, weight=body.get("weight"),
+        max_priority=body.get("max_priority") or 0, now=now)
     events.record(conn, now, "project_added", **body)
+
+
+def may_change_project(conn, principal, name: str, changes: dict) -> None:
+    """Admins change any of a project's settings; its managers only its priority ceiling (max_priority, their
+    lever on what their members may ask for). Forbidden otherwise; NotFound for a project the caller is not in."""
+    if principal.admin:
+        return
+    if set(changes) - {"max_priority"}:
+        raise Forbidden("only an admin may change projects (their managers may set max_priority)")
+    found = _project(conn, name)
+    role = row(conn, "membership_role", user_id=principal.user_id, project_id=found["id"])
+    if role is None:
+        raise NotFound(f"no project {name!r}")
+    if role["role"] != "manager":
+        raise Forbidden(f"only the managers of project {name} and admins may set its max_priority")
 
 
 def set_project(conn, name: str, changes: dict, now: float) -> None:
     found = _project(conn, name)
     row(conn, "update_project", project_id=found["id"], visibility=changes.get("visibility"),
+        max_priority=changes.get("max_priority"),
         gpu_borrow=changes.get("borrow"), set_quota=int("gpus" in changes), gpu_quota=changes.get("gpus"),
         set_weight=int("weight" in changes), weight=changes.get("weight"))
     events.record(conn, now, "project_changed", project=name, **changes)

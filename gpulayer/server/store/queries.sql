@@ -30,8 +30,9 @@ SELECT :job_id, e.value, 1, 'queued', :priority, :now, e.key >= :released
 FROM json_each(:indices) e;
 
 -- name: release_held_tasks --
--- Release up to :n held tasks of a job (-1: all), lowest index first: they join task_queue.
-UPDATE tasks SET held = 0
+-- Release up to :n held tasks of a job (-1: all), lowest index first: they join task_queue, aging
+-- from now (queued_at).
+UPDATE tasks SET held = 0, queued_at = :now
 WHERE id IN (SELECT id FROM tasks INDEXED BY tasks_held
              WHERE job_id = :job_id AND state = 'queued' AND held = 1 ORDER BY "index" LIMIT :n)
 RETURNING id;
@@ -190,6 +191,8 @@ WHERE l.worker_id = CAST(:worker_id AS INTEGER) AND l.state = 'online';
 -- job's, an array's past its %N cap) are not in task_queue: the cap holds because a capped
 -- array has at most N tasks released at once. Room held on the worker for a waiting gang
 -- (gang_reservations, while its preemption victims stop) is not taken: only what is beyond it.
+-- Priority is the task's with its age boost (task_queue.aged: upkeep's age_queued_tasks), read in
+-- the order of task_queue_shape, so aging costs the claim nothing.
 -- Gang (multi-node) jobs are placed by gang_workers / assign_task instead. job_quota_reason
 -- words what holds a job back here.
 UPDATE tasks
@@ -239,7 +242,7 @@ WHERE id = (
                            WHERE o.worker_id = CAST(:worker_id AS INTEGER) AND +o.job_id = h.job_id
                              AND o.state IN ('assigned', 'running'))
                OR (SELECT x.array_size FROM jobs x WHERE x.id = h.job_id) IS NOT NULL)
-        ORDER BY h.priority DESC, h.task_id
+        ORDER BY h.priority + h.aged DESC, h.task_id
         LIMIT 1)
     WHERE a.max_running_jobs IS NULL
        OR (SELECT r.state = 'running' AND r.array_size IS NULL FROM jobs r WHERE r.id = head.job_id)
@@ -247,7 +250,7 @@ WHERE id = (
            SELECT count(*) FROM tasks t WHERE t.job_id = r.id AND t.state IN ('queued', 'assigned', 'running')
                                           AND t.state IN ('assigned', 'running')) END)
         FROM jobs r WHERE r.user_id = a.user_id AND r.state = 'running') < a.max_running_jobs
-    ORDER BY head.priority DESC,
+    ORDER BY head.priority + head.aged DESC,
              (SELECT coalesce(sum(fs.usage * pow(0.5, (:now - fs.updated_at) / st.fairshare_half_life_s)
                                   + fs.running), 0)
               FROM fairshare fs, scheduler_settings st WHERE fs.project_id = a.project_id) / a.share,
@@ -292,8 +295,8 @@ SELECT 1 AS found FROM jobs INDEXED BY jobs_queued_gangs WHERE state = 'queued' 
 -- (several, so that a gang too wide for the fleet does not block the ones behind it), whose
 -- project's GPU quota holds every rank (`nominal + borrow`; borrowed GPUs only while no other
 -- project waits within its nominal quota, judged over all queued work, not this worker's) and
--- whose user is below the running-jobs limit; best as in acquire_task (priority, the project's
--- fair share, first come).
+-- whose user is below the running-jobs limit; best as in acquire_task (priority with its age boost:
+-- its queued ranks' task_queue.aged; the project's fair share, first come).
 SELECT j.id, j.attempt, j.width
 FROM jobs j INDEXED BY jobs_queued_gangs
 JOIN job_worker_fit f ON f.job_id = j.id AND f.worker_id = CAST(:worker_id AS INTEGER)
@@ -315,7 +318,9 @@ WHERE j.state = 'queued' AND j.gang = 1 AND f.fits_now
            SELECT count(*) FROM tasks t WHERE t.job_id = r.id AND t.state IN ('queued', 'assigned', 'running')
                                           AND t.state IN ('assigned', 'running')) END)
         FROM jobs r WHERE r.user_id = j.user_id AND r.state = 'running') < u.max_running_jobs)
-ORDER BY j.priority DESC,
+ORDER BY j.priority + (SELECT coalesce(max(q.aged), 0) FROM tasks t JOIN task_queue q ON q.task_id = t.id
+                       WHERE t.job_id = j.id AND t.state IN ('queued', 'assigned', 'running')
+                         AND t.state = 'queued') DESC,
          (SELECT coalesce(sum(fs.usage * pow(0.5, (:now - fs.updated_at) / st.fairshare_half_life_s)
                               + fs.running), 0)
           FROM fairshare fs, scheduler_settings st WHERE fs.project_id = j.project_id)
@@ -1273,16 +1278,17 @@ WHERE m.user_id = :user_id ORDER BY p.name;
 
 -- name: project_by_name --
 -- One project by name.
-SELECT id, name, visibility, gpu_quota, gpu_borrow, weight, created_at FROM projects WHERE name = :name;
+SELECT id, name, visibility, gpu_quota, gpu_borrow, weight, max_priority, created_at FROM projects WHERE name = :name;
 
 -- name: insert_project --
 -- A new project (the unique name refuses a second of the same name).
-INSERT INTO projects (name, visibility, gpu_quota, gpu_borrow, weight, created_at)
-VALUES (:name, :visibility, :gpu_quota, :gpu_borrow, :weight, :now) RETURNING id;
+INSERT INTO projects (name, visibility, gpu_quota, gpu_borrow, weight, max_priority, created_at)
+VALUES (:name, :visibility, :gpu_quota, :gpu_borrow, :weight, :max_priority, :now) RETURNING id;
 
 -- name: update_project --
 -- Change what was given of a project's settings (:set_quota / :set_weight 1 to change those, NULL clears them).
 UPDATE projects SET visibility = coalesce(:visibility, visibility), gpu_borrow = coalesce(:gpu_borrow, gpu_borrow),
+                    max_priority = coalesce(:max_priority, max_priority),
                     gpu_quota = CASE WHEN :set_quota THEN :gpu_quota ELSE gpu_quota END,
                     weight = CASE WHEN :set_weight THEN :weight ELSE weight END
 WHERE id = :project_id RETURNING id;
@@ -1306,7 +1312,7 @@ DELETE FROM projects WHERE id = :project_id RETURNING id;
 
 -- name: list_projects --
 -- Projects, all (:user_id NULL: an admin) or those :user_id is in, with their members (a JSON list).
-SELECT p.id, p.name, p.visibility, p.gpu_quota, p.gpu_borrow, p.weight, p.created_at,
+SELECT p.id, p.name, p.visibility, p.gpu_quota, p.gpu_borrow, p.weight, p.max_priority, p.created_at,
        (SELECT json_group_array(json_object('user', u.name, 'role', m.role))
         FROM memberships m JOIN users u ON u.id = m.user_id WHERE m.project_id = p.id) AS members
 FROM projects p
@@ -1325,6 +1331,10 @@ DELETE FROM memberships WHERE user_id = :user_id AND project_id = :project_id RE
 -- name: membership_role --
 -- A user's role in a project, if any.
 SELECT role FROM memberships WHERE user_id = :user_id AND project_id = :project_id;
+
+-- name: project_priority_ceiling --
+-- The highest priority a project's members may give a job (projects.max_priority), and its name.
+SELECT name, max_priority FROM projects WHERE id = :project_id;
 
 -- name: job_owners --
 -- The owner and project names of the jobs in :ids (a JSON list), and who owns each and :user_id's role
@@ -1424,7 +1434,8 @@ GROUP BY 1
 ORDER BY gpu_hours DESC, cpu_hours DESC, key;
 
 -- name: preemption_candidates --
--- Upkeep: queued tasks that may preempt, best first (priority, first come): each queue group's
+-- Upkeep: queued tasks that may preempt, best first (priority with its age boost, first come, as
+-- acquire_task orders them; `priority`, what it may preempt below, is the task's own): each queue group's
 -- best task, when its project's quota and its user's limit would admit it (a gang: all its
 -- ranks) and no preemption for it is under way (a gang: nor room held for it); with its project's
 -- quota and use, and for a gang (`gang` 1) its width. (Whether workers could take it now
@@ -1437,7 +1448,7 @@ JOIN shapes s ON s.id = g.shape_id
 JOIN task_queue h ON h.task_id = (
     SELECT x.task_id FROM task_queue x
     WHERE x.shape_id = g.shape_id AND x.project_id = g.project_id AND x.user_id = g.user_id
-    ORDER BY x.priority DESC, x.task_id LIMIT 1)
+    ORDER BY x.priority + x.aged DESC, x.task_id LIMIT 1)
 JOIN jobs j ON j.id = h.job_id
 JOIN project_quota_use q ON q.project_id = g.project_id
 LEFT JOIN users u ON u.id = g.user_id
@@ -1452,8 +1463,19 @@ WHERE (q.nominal IS NULL OR s.gpus = 0
         FROM jobs r WHERE r.user_id = g.user_id AND r.state = 'running') < u.max_running_jobs)
   AND NOT EXISTS (SELECT 1 FROM preemptions pe JOIN tasks v ON v.id = pe.task_id
                   WHERE pe.for_task_id = h.task_id AND pe.done_at IS NULL AND v.state IN ('assigned', 'running'))
-ORDER BY h.priority DESC, h.task_id
+ORDER BY h.priority + h.aged DESC, h.task_id
 LIMIT :limit;
+
+-- name: age_queued_tasks --
+-- Upkeep: raise the age boost of up to :limit queued tasks that waited another :step_s seconds since
+-- they became eligible (task_queue.since), one step per :step_s, to :max_aged at most: a seek of
+-- task_queue_aging per step below the cap, so a round reads only the rows it raises. The task ids.
+UPDATE task_queue SET aged = min(CAST(:max_aged AS INTEGER), CAST((:now - since) / :step_s AS INTEGER))
+WHERE task_id IN (
+    WITH RECURSIVE step(k) AS (SELECT 0 UNION ALL SELECT k + 1 FROM step WHERE k + 1 < :max_aged)
+    SELECT q.task_id FROM step JOIN task_queue q ON q.aged = step.k AND q.since <= :now - (step.k + 1) * :step_s
+    LIMIT :limit)
+RETURNING task_id;
 
 -- name: preemption_victims --
 -- What waiting work at :priority may preempt: active tasks of running jobs that are preemptible

@@ -6,7 +6,7 @@
 -- 3.40 appears in a view. `PRAGMA user_version` below is the schema version;
 -- gpulayer/server/store/migrations/NNNN_*.sql bring an older file up to it.
 
-PRAGMA user_version = 9;
+PRAGMA user_version = 10;
 
 -- Join and client tokens. `server init` writes the hashes of its two tokens to
 -- server-credentials.json; tokens minted later (`gpulayer token create`) live
@@ -40,6 +40,9 @@ CREATE TABLE users (
 ) STRICT;
 
 -- Groups of users that share GPUs (Slurm accounts, Kueue queues). Id 1 is `default`.
+-- `max_priority` is the highest priority its members may give a job (`project set --max-priority`;
+-- admins are not bound): above it a submit is refused (403), as Slurm lets users only lower theirs
+-- (--nice). Written as ADD COLUMN wrote it, after the last column.
 CREATE TABLE projects (
     id          INTEGER PRIMARY KEY,
     name        TEXT NOT NULL UNIQUE,
@@ -51,6 +54,7 @@ CREATE TABLE projects (
     gpu_borrow  INTEGER NOT NULL DEFAULT 0 CHECK (gpu_borrow >= 0),
     weight      REAL CHECK (weight IS NULL OR weight > 0),
     created_at  REAL NOT NULL
+    , max_priority INTEGER NOT NULL DEFAULT 0 CHECK (max_priority BETWEEN -1000000 AND 1000000)
 ) STRICT;
 
 -- Who is in which project, as what (an admin needs no membership).
@@ -191,7 +195,9 @@ CREATE INDEX jobs_project_state ON jobs (project_id, state);
 -- the old rows stay as history. Leases are timestamps on the rows. An array's
 -- element is a task whose "index" is the element's index; its retries add rows
 -- with its own attempt + 1. `held` = 1: queued but not released (its job waits
--- for dependencies, or its array is at its %N cap), so not in task_queue.
+-- for dependencies, or its array is at its %N cap), so not in task_queue. `queued_at`: when a held
+-- task was released into the queue (NULL for one queued when created: created_at); aging counts from
+-- it (task_queue.since). Written as ADD COLUMN wrote it, after the last column (before the CHECKs).
 CREATE TABLE tasks (
     id                INTEGER PRIMARY KEY,
     job_id            INTEGER NOT NULL REFERENCES jobs (id),
@@ -223,7 +229,8 @@ CREATE TABLE tasks (
     assigned_at       REAL,
     started_at        REAL,
     finished_at       REAL,
-    held              INTEGER NOT NULL DEFAULT 0 CHECK (held IN (0, 1)),
+    held              INTEGER NOT NULL DEFAULT 0 CHECK (held IN (0, 1))
+    , queued_at REAL,
     CHECK ((state IN ('assigned', 'running')) = (worker_id IS NOT NULL AND lease_expires_at IS NOT NULL)
            OR state NOT IN ('queued', 'assigned', 'running')),
     CHECK (state <> 'queued' OR worker_id IS NULL),
@@ -287,16 +294,23 @@ CREATE INDEX shapes_queued ON shapes (id) WHERE queued > 0;
 -- The queued tasks by shape, best first: a row exactly while its task is queued (and not held), kept by
 -- the triggers below in the statement that queues or dequeues the task. project_id and user_id are
 -- its job's, set by task_queue_group_in (written as ADD COLUMN wrote them, after the last column).
+-- Aging (docs/teams.md): `since` is when the task became eligible (created, or released from held;
+-- a task the scheduler took back, preempted or drained, keeps it), and upkeep raises `aged` one step
+-- per hour waited, up to a cap (aging.AGING_STEP_S, AGING_MAX). Work is ordered by
+-- `priority + aged`; preemption rights stay with `priority` alone.
 CREATE TABLE task_queue (
     task_id   INTEGER PRIMARY KEY REFERENCES tasks (id),
     shape_id  INTEGER NOT NULL REFERENCES shapes (id),
     job_id    INTEGER NOT NULL,
     priority  INTEGER NOT NULL                      -- the task's (set at insert, never changed)
     , project_id INTEGER NOT NULL DEFAULT 1, user_id INTEGER NOT NULL DEFAULT 1
+    , aged INTEGER NOT NULL DEFAULT 0 CHECK (aged >= 0), since REAL NOT NULL DEFAULT 0
 ) STRICT;
--- By shape, then project and user (queue_groups), best first: acquire takes each admitted
--- group's best task from here.
-CREATE INDEX task_queue_shape ON task_queue (shape_id, project_id, user_id, priority DESC, task_id);
+-- By shape, then project and user (queue_groups), best first (priority with its age): acquire takes
+-- each admitted group's best task from here.
+CREATE INDEX task_queue_shape ON task_queue (shape_id, project_id, user_id, priority + aged DESC, task_id);
+-- Aging's upkeep: per step reached, the rows waiting long enough for the next (a seek per step).
+CREATE INDEX task_queue_aging ON task_queue (aged, since);
 
 CREATE TRIGGER jobs_shape AFTER INSERT ON jobs BEGIN
     INSERT OR IGNORE INTO shapes (gang, gpus, cpus, memory_mb, accelerator, labels, secrets)
@@ -305,13 +319,15 @@ CREATE TRIGGER jobs_shape AFTER INSERT ON jobs BEGIN
                  ELSE json_object('project', new.project_id, 'names', json(new.secrets)) END);
 END;
 CREATE TRIGGER tasks_queued_insert AFTER INSERT ON tasks WHEN new.state = 'queued' AND new.held = 0 BEGIN
-    INSERT INTO task_queue (task_id, shape_id, job_id, priority)
-    SELECT new.id, js.shape_id, new.job_id, new.priority FROM job_shape js WHERE js.job_id = new.job_id;
+    INSERT INTO task_queue (task_id, shape_id, job_id, priority, since)
+    SELECT new.id, js.shape_id, new.job_id, new.priority, coalesce(new.queued_at, new.created_at)
+    FROM job_shape js WHERE js.job_id = new.job_id;
 END;
 CREATE TRIGGER tasks_queued_again AFTER UPDATE OF state, held ON tasks
 WHEN new.state = 'queued' AND new.held = 0 AND NOT (old.state = 'queued' AND old.held = 0) BEGIN
-    INSERT INTO task_queue (task_id, shape_id, job_id, priority)
-    SELECT new.id, js.shape_id, new.job_id, new.priority FROM job_shape js WHERE js.job_id = new.job_id;
+    INSERT INTO task_queue (task_id, shape_id, job_id, priority, since)
+    SELECT new.id, js.shape_id, new.job_id, new.priority, coalesce(new.queued_at, new.created_at)
+    FROM job_shape js WHERE js.job_id = new.job_id;
 END;
 CREATE TRIGGER tasks_dequeued AFTER UPDATE OF state, held ON tasks
 WHEN old.state = 'queued' AND old.held = 0 AND NOT (new.state = 'queued' AND new.held = 0) BEGIN
