@@ -206,9 +206,14 @@ def tell_waiting(message: str) -> None:
 
 def _submit_local(spec: dict, home: Path, as_json: bool) -> int:
     """Submit `spec` to an in-process control plane, stream its logs, return its exit code."""
-    from gpulayer.cli.local import WORKER_STOP_S, local_control_plane, quiet_logs
+    from gpulayer.cli.local import WORKER_STOP_S, local_control_plane, quiet_logs, unmet
     quiet_logs()
-    with local_control_plane(home) as (client, _tokens):
+    with local_control_plane(home) as (client, _tokens, worker):
+        # This machine is a local run's only worker: what it can never meet is refused, not waited for.
+        reason = unmet(spec, worker) if worker is not None else None
+        if reason:
+            raise fail(f"{reason}: a `--target local` job runs on this machine alone (send it to a control "
+                       "plane with such workers: --url, GPULAYER_URL)", 2)
         job = client.submit(spec)
         if as_json:
             print_json(job.data, compact=True)

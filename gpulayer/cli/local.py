@@ -13,6 +13,7 @@ import os
 import socket
 import sys
 import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -22,6 +23,8 @@ from gpulayer.client.errors import ClientError
 
 LOCAL_TOKENS = "local-tokens.json"  # tokens of a home initialised by `up` or a local run (0600)
 WORKER_STOP_S = 30.0
+LOCAL_WORKER_WAIT_S = 30.0  # for the local worker to register, before its resources are known
+LOCAL_RUN = "a `--target local` run"  # what a local run's lock file says it is
 
 
 def write_private_json(path: Path, data: dict) -> None:
@@ -83,21 +86,85 @@ def worker_thread(settings: dict) -> Iterator[threading.Thread]:
 
 
 @contextmanager
-def local_control_plane(home: Path) -> Iterator[tuple[Client, dict]]:
-    """A control plane on 127.0.0.1:0 (plain HTTP) and a local worker, for one block."""
+def local_control_plane(home: Path) -> Iterator[tuple[Client, dict, dict | None]]:
+    """A control plane on 127.0.0.1:0 (plain HTTP) and a local worker, for one block.
+
+    Yields (client, tokens, worker): the local worker as `worker list` shows it once it is online
+    (None when it did not come online within LOCAL_WORKER_WAIT_S).
+    """
     from gpulayer.server.config import ControlPlaneConfig
+    from gpulayer.server.homelock import HomeInUse, HomeLock
     from gpulayer.server.process import ControlPlane
     home.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tokens = home_tokens(home)
-    plane = ControlPlane(ControlPlaneConfig(home=home, host="127.0.0.1", port=0))
-    plane.start()
     try:
-        settings = dict(url=plane.url, join_token=tokens["join_token"], name=f"local-{socket.gethostname()}",
-                        parallel=os.cpu_count() or 1, state_dir=home / "local-worker")
-        with worker_thread(settings), Client(plane.url, tokens["client_token"]) as client:
-            yield client, tokens
+        lock = HomeLock(home, LOCAL_RUN).acquire()  # before anything is written to the home
+    except HomeInUse as exc:
+        raise ClientError(_in_use(home, exc.holder)) from None
+    try:
+        tokens = home_tokens(home)
+        plane = ControlPlane(ControlPlaneConfig(home=home, host="127.0.0.1", port=0), lock=lock)
+        plane.start()
+        try:
+            settings = dict(url=plane.url, join_token=tokens["join_token"], name=f"local-{socket.gethostname()}",
+                            parallel=os.cpu_count() or 1, state_dir=home / "local-worker")
+            with worker_thread(settings) as thread, Client(plane.url, tokens["client_token"]) as client:
+                yield client, tokens, _online_worker(client, settings["name"], thread)
+        finally:
+            plane.stop()
     finally:
-        plane.stop()
+        lock.release()
+
+
+def _online_worker(client: Client, name: str, thread: threading.Thread) -> dict | None:
+    """The local worker's listing once it has registered (it is the only one a local run has)."""
+    deadline = time.monotonic() + LOCAL_WORKER_WAIT_S
+    while thread.is_alive() and time.monotonic() < deadline:
+        found = [w for w in client.workers() if w["name"] == name and w["state"] == "online"]
+        if found:
+            return max(found, key=lambda w: w["id"])
+        time.sleep(0.05)
+    return None
+
+
+def unmet(spec: dict, worker: dict) -> str | None:
+    """What `spec` asks that this machine's worker can never give (a local run has no other); None when
+    it fits. Values of a wrong type are left to the control plane's check of the spec."""
+    res = worker.get("resources") or {}
+    try:
+        gpus = int(spec["gpus"]) if spec.get("gpus") is not None else (1 if spec.get("accelerator") == "cuda" else 0)
+        asked = [("GPU", gpus, int(res.get("gpus") or 0)), ("CPU", float(spec.get("cpus") or 0), res.get("cpus")),
+                 ("MB of memory", int(spec.get("memory_mb") or 0), res.get("memory_mb")),
+                 ("node", int(spec.get("nodes") or 1), 1)]
+    except (TypeError, ValueError):
+        return None
+    for noun, want, have in asked:
+        if have is not None and want > have:
+            return f"this machine has {_count(have, noun)}; the job asks for {_count(want, noun)}"
+    labels = spec.get("labels") if isinstance(spec.get("labels"), dict) else {}
+    for key, value in sorted(labels.items()):
+        if key == "gpu_model" and value in (res.get("gpu_models") or []):
+            continue
+        if (worker.get("labels") or {}).get(key) != value:
+            has = f"no GPU of model {value}" if key == "gpu_model" else f"no label {key}={value}"
+            return f"this machine's worker has {has}; the job asks for it"
+    return None
+
+
+def _count(number: float, noun: str) -> str:
+    text = f"{number:.12g}" if isinstance(number, float) else str(number)
+    plural = number != 1 and noun in ("GPU", "CPU", "node")
+    return f"{text} {noun}s" if plural else f"{text} {noun}"
+
+
+def _in_use(home: Path, holder: dict) -> str:
+    """Why a local run cannot use `home`: another local run, or a control plane serving it."""
+    pid = holder.get("pid", "?")
+    if holder.get("what") == LOCAL_RUN:
+        return (f"another `--target local` run (pid {pid}) is using {home}: wait for it to end, or give this "
+                "one another GPULAYER_HOME (`gpulayer up` runs several jobs at once)")
+    where = f" on {holder['url']}" if holder.get("url") else ""
+    return (f"{holder.get('what') or 'a control plane'} (pid {pid}) serves {home}{where}: send the job there "
+            "(without --target local), or give this run another GPULAYER_HOME")
 
 
 def history_client(home: Path, on_close) -> Client | None:
@@ -108,13 +175,22 @@ def history_client(home: Path, on_close) -> Client | None:
     logs|outputs|list|status` then work for local jobs as for remote ones.
     """
     from gpulayer.server.config import ControlPlaneConfig
+    from gpulayer.server.homelock import HomeInUse, HomeLock
     from gpulayer.server.process import ControlPlane
     tokens_path = home / LOCAL_TOKENS
     if not tokens_path.exists() or not (home / "state.db").exists():
         return None
     tokens = json.loads(tokens_path.read_text())
-    plane = ControlPlane(ControlPlaneConfig(home=home, host="127.0.0.1", port=0))
-    plane.start()
+    plane = ControlPlane(ControlPlaneConfig(home=home, host="127.0.0.1", port=0),
+                         lock=HomeLock(home, "`gpulayer job ...` reading the local jobs"))
+    try:
+        plane.start()
+    except HomeInUse as exc:  # a local run (or a plain loopback server) has the home: ask it instead
+        url = exc.holder.get("url") or ""
+        if not url.startswith("http://127.0.0.1:"):
+            raise ClientError(f"{exc.message}; or give its --url") from None
+        return Client(url, tokens["client_token"])
+    on_close(plane.lock.release)  # an exit stack calls them last in, first out: after the stop
     on_close(plane.stop)
     return Client(plane.url, tokens["client_token"])
 

@@ -79,18 +79,27 @@ def run_up(home: Path, host: str, port: int, parallel: int | None, worker: bool 
     """Serve a control plane over TLS, with a local worker unless `worker` is False, until stopped; return 0.
 
     `settings`: more ControlPlaneConfig fields (log_retention_s, job_retention_s).
-    Raises ClientError when the port is taken.
+    Raises ClientError when the port is taken, HomeInUse when a control plane runs on `home` already.
     """
+    from gpulayer.server.homelock import HomeLock
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    # The home's lock before anything is written there: a second `up` must not reissue the
+    # certificates, extend the leases or point client.json at itself (HomeInUse names the first).
+    with HomeLock(home, "gpulayer up" if worker else "gpulayer up --no-worker") as lock:
+        check_port_free(host, port)
+        return _serve_up(home, host, port, parallel, worker, lock, settings)
+
+
+def _serve_up(home: Path, host: str, port: int, parallel: int | None, worker: bool, lock, settings: dict) -> int:
+    """run_up once the home's lock is held."""
     from gpulayer.server.security.certs import ensure_tls
     from gpulayer.server.config import ControlPlaneConfig
     from gpulayer.server.process import ControlPlane
-    check_port_free(host, port)
-    home.mkdir(parents=True, exist_ok=True, mode=0o700)
     address = join_address(host)
     tls = ensure_tls(home, [address] if host not in WILDCARD_HOSTS else [])
     tokens = home_tokens(home, rotate_unknown=True)
     plane = ControlPlane(ControlPlaneConfig(home=home, host=host, port=port, tls_cert=Path(tls["cert"]),
-                                            tls_key=Path(tls["key"]), **settings))
+                                            tls_key=Path(tls["key"]), **settings), lock=lock)
     plane.start()
     try:
         bound = urlsplit(plane.url).port or port

@@ -27,6 +27,7 @@ from gpulayer.server.http.app import Deps, create_app, new_deps, with_explorer
 from gpulayer.server.security.auth import init_home, rotate_join_token  # noqa: F401 - the CLI imports them from here
 from gpulayer.server.config import ControlPlaneConfig
 from gpulayer.server.errors import ConfigError
+from gpulayer.server.homelock import HomeLock
 from gpulayer.server.http.server import HTTPServer
 from gpulayer.server.store.queries import QUERIES
 
@@ -98,7 +99,9 @@ def raise_fd_limit() -> tuple[int, int]:
 class ControlPlane:
     """One control plane: state file, scheduler, HTTP server and upkeep thread."""
 
-    def __init__(self, config: ControlPlaneConfig, *, clock=time.time):
+    def __init__(self, config: ControlPlaneConfig, *, clock=time.time, lock: HomeLock | None = None):
+        """`lock`: the home's lock, taken already by a caller that writes to the home before start
+        (`up`, a local run); else start() takes it and stop() drops it."""
         check_config(config)
         self.config = config
         self.clock = clock
@@ -110,6 +113,8 @@ class ControlPlane:
         self.provisioning: provisioner.Provisioning | None = None
         self.replicator: replication.Replicator | None = None
         self.fenced = threading.Event()   # another control plane took the replica's lease: stop serving
+        self.lock = lock or HomeLock(config.layout.home, "gpulayer server start")
+        self._own_lock = lock is None
 
     @property
     def url(self) -> str:
@@ -121,7 +126,23 @@ class ControlPlane:
         return f"{self.http.scheme}://{host}:{self.http.port}"
 
     def start(self) -> None:
-        """Open the state file and serve; returns once listening."""
+        """Take the home's lock, open the state file and serve; returns once listening.
+
+        Raises HomeInUse (a ConfigError) when another control plane holds the home, before touching it.
+        """
+        self.lock.acquire()
+        try:
+            self._start()
+        except BaseException:
+            self._release_lock()
+            raise
+        self.lock.note(url=self.url)
+
+    def _release_lock(self) -> None:
+        if self._own_lock:
+            self.lock.release()
+
+    def _start(self) -> None:
         raise_fd_limit()
         ca = self.config.layout.tls / "ca.pem"
         self.deps = new_deps(self.config, clock=self.clock, ca_file=ca if self.config.tls_cert and ca.exists() else None)
@@ -197,6 +218,7 @@ class ControlPlane:
             self.deps.store.close()
         if self.replicator is not None:  # after the last commit: Litestream syncs it before it exits
             self.replicator.stop()
+        self._release_lock()
         log.info("server_stopped")
 
     def _run_upkeep(self) -> None:

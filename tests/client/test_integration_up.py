@@ -184,3 +184,24 @@ def test_up_no_worker_tells_a_waiting_job_and_warns_a_namesake(tmp_path):
         codes = [stop_process(p) for p in joined]
         codes.append(stop_process(up))
         assert codes == [0] * len(codes), (tmp_path / "up.log").read_text()
+
+
+@pytest.mark.parametrize("asks, says", [
+    (["--gpus", "1"], "this machine has 0 GPUs; the job asks for 1 GPU"),
+    (["--accelerator", "cuda"], "this machine has 0 GPUs; the job asks for 1 GPU"),
+    (["--nodes", "2"], "this machine has 1 node; the job asks for 2 nodes"),
+    (["--memory-mb", str(1 << 40)], "MB of memory; the job asks for"),
+    (["--label", "pool=a100"], "this machine's worker has no label pool=a100"),
+])
+def test_local_target_refuses_at_once_what_this_machine_can_never_run(tmp_path, asks, says):
+    """Issue 22 item 14: a local run's only worker is this machine (its GPUs as the probe says:
+    GPULAYER_WORKER_GPUS=0 here); a job it can never run is refused (exit 2), not left waiting, and no job is made."""
+    home = tmp_path / "home"
+    result = gl("submit", *asks, "--", "echo", "never", home=home, timeout=60, GPULAYER_WORKER_GPUS="0")
+    assert result.returncode == 2, result
+    assert result.stderr.startswith("Error: ") and says in result.stderr and "--target local" in result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""
+    listed = gl("job", "list", "--json", home=home)
+    assert listed.returncode == 0 and json.loads(listed.stdout) == [], listed.stderr
+    fits = gl("submit", "--gpus", "1", "--", "echo", "fits", home=home, timeout=60, GPULAYER_WORKER_GPUS="1")
+    assert fits.returncode == 0 and fits.stdout.splitlines()[1:] == ["fits"], fits.stderr
