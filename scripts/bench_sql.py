@@ -27,7 +27,9 @@ tasks it can take (--backlog-blocked user: N CPU tasks it fits, of a user at a r
 limit of 0, which acquire judges once per group of queued work, not per task). `acquire`: ms per acquisition on one connection (BEGIN IMMEDIATE ...
 COMMIT), median and p99, and the same without the COMMIT (placement.acquire alone);
 `heartbeat`: ms per heartbeat through Store.write while 100 idle workers poll acquire
-(100 polls/s in all), median and p99.
+(100 polls/s in all), median and p99; `aging`: ms per upkeep transaction of aging
+(aging.age, AGING_BATCH rows raised a step) once the whole backlog is due a step, median and
+max, and ms of a round with nothing due.
 """
 from __future__ import annotations
 
@@ -46,7 +48,7 @@ import benchlib  # noqa: E402
 
 from gpulayer.server.store import db
 
-from gpulayer.server.scheduler import leases, placement  # noqa: E402
+from gpulayer.server.scheduler import aging, leases, placement  # noqa: E402
 from gpulayer.server.scheduler.spec import validate_job  # noqa: E402
 
 LEASE_TTL = 20.0
@@ -329,6 +331,27 @@ def time_heartbeats(path: Path, seconds: float, polls_per_s: float, heartbeats_p
     return spent
 
 
+def time_aging(path: Path) -> tuple[list[float], float]:
+    """Seconds per aging transaction (BEGIN IMMEDIATE ... COMMIT) an hour and a bit after the backlog was
+    queued, until no task is due; and the seconds of one more round, with nothing due."""
+    conn = db.connect(path, synchronous="normal")
+    now = time.time() + aging.AGING_STEP_S + 60
+    spent, done = [], aging.AGING_BATCH
+    while done == aging.AGING_BATCH:
+        t0 = time.perf_counter()
+        conn.execute("BEGIN IMMEDIATE")
+        done = aging.age(conn, now)
+        conn.execute("COMMIT")
+        spent.append(time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    conn.execute("BEGIN IMMEDIATE")
+    aging.age(conn, now)
+    conn.execute("COMMIT")
+    idle = time.perf_counter() - t0
+    conn.close()
+    return spent, idle
+
+
 def backlog_check(args, workdir: Path) -> list[dict]:
     out = []
     for backlog in args.backlog:
@@ -338,10 +361,14 @@ def backlog_check(args, workdir: Path) -> list[dict]:
         acq, stmts = benchlib.summary_ms(spent), benchlib.summary_ms(sql)
         beats = benchlib.summary_ms(time_heartbeats(fresh_copy(template, workdir, "backlog"), args.backlog_seconds,
                                                     BACKLOG_WORKERS - 1, 50, args.backlog_blocked))
+        ages, idle = time_aging(fresh_copy(template, workdir, "backlog"))
         out.append({"backlog": backlog, "acquire_p50_ms": acq["p50_ms"], "acquire_p99_ms": acq["p99_ms"],
                     "acquires": acq["n"],
                     "no_commit_p50_ms": stmts["p50_ms"], "no_commit_p99_ms": stmts["p99_ms"], "heartbeat_p50_ms": beats["p50_ms"],
-                    "heartbeat_p99_ms": beats["p99_ms"], "heartbeats": beats["n"]})
+                    "heartbeat_p99_ms": beats["p99_ms"], "heartbeats": beats["n"],
+                    "aging_batch_p50_ms": benchlib.summary_ms(ages)["p50_ms"],
+                    "aging_batch_max_ms": round(max(ages) * 1e3, 3), "aging_batches": len(ages),
+                    "aging_idle_ms": round(idle * 1e3, 3)})
         template.unlink()
     return out
 
@@ -384,7 +411,9 @@ def main(argv=None) -> int:
             f"heartbeats while {BACKLOG_WORKERS - 1} idle workers poll",
             benchlib.table(result["backlog"], ["backlog", "acquire_p50_ms", "acquire_p99_ms", "acquires",
                                                "no_commit_p50_ms", "no_commit_p99_ms",
-                                               "heartbeat_p50_ms", "heartbeat_p99_ms", "heartbeats"])]))
+                                               "heartbeat_p50_ms", "heartbeat_p99_ms", "heartbeats",
+                                               "aging_batch_p50_ms", "aging_batch_max_ms", "aging_batches",
+                                               "aging_idle_ms"])]))
         return 0
     try:
         template = workdir / "template.db"
