@@ -15,7 +15,7 @@ from gpulayer.client.api import (
     FINISHED_STATES, Client, Job, connect, resolve_settings, server_configured,
 )
 from gpulayer.client.errors import (
-    ApiError, ClientError, Conflict, ConnectionFailed, Forbidden, InvalidRequest, NotFound,
+    ApiError, BadInput, ClientError, Conflict, ConnectionFailed, Forbidden, InvalidRequest, NotFound,
     ProtocolMismatch, Unauthorized, WaitTimeout,
 )
 from gpulayer.client.jobfile import job_from_file
@@ -24,7 +24,7 @@ from gpulayer.client.specs import job, service
 __version__ = "0.1.0"
 
 __all__ = [
-    "ApiError", "Client", "ClientError", "Conflict", "ConnectionFailed", "FINISHED_STATES",
+    "ApiError", "BadInput", "Client", "ClientError", "Conflict", "ConnectionFailed", "FINISHED_STATES",
     "Forbidden", "InvalidRequest", "Job", "NotFound", "ProtocolMismatch", "Unauthorized",
     "WaitTimeout", "connect", "job", "job_from_file", "resolve_settings", "server_configured", "service",
     "__version__",

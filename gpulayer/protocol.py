@@ -7,6 +7,7 @@ Imports nothing of gpulayer, so the client, the CLI, the control plane and
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 PROTOCOL = 1
@@ -30,6 +31,10 @@ MAX_OUTPUT_BYTES = 10 * 1024 ** 3  # a task output a worker uploads; clients' up
 FAIRSHARE_HALF_LIFE_S = 7 * 86400.0  # fair share forgets half a project's usage in this long
 PREEMPT_GRACE_S = 30.0           # a preempted task's SIGTERM-to-SIGKILL grace
 PRIORITY_CLASSES = {"low": -10, "normal": 0, "high": 10}  # names `--priority` takes besides numbers
+MAX_ARRAY = 100_000       # elements of one job array (one request, one transaction)
+MAX_ARRAY_INDEX = 9_999_999
+# ASCII digits only (\d and str.isdigit take "٣" and "²"), and few enough that int() takes them
+ARRAY_RANGE = re.compile(r"([0-9]{1,19})(?:-([0-9]{1,19})(?::([0-9]{1,19}))?)?\Z")
 JOB_STATES = ("queued", "running", "succeeded", "failed", "cancelled", "lost", "waiting")  # what GET /v1/jobs?state= takes
 
 
@@ -47,3 +52,26 @@ def array_text(indices: list[int]) -> str:
             parts.append(str(first) if first == last else f"{first}-{last}")
             start = i
     return ",".join(parts)
+
+
+def array_ranges(text: str) -> list[int]:
+    """The indices that "0-999", "1,5,9-12" or "0-15:4" (a step) name, in the order written.
+
+    Raises ValueError, saying what is wrong, for a malformed part, a range that goes down, an index
+    past MAX_ARRAY_INDEX or more than MAX_ARRAY indices (the server checks repeats).
+    """
+    found: list[int] = []
+    for part in text.replace(" ", "").split(","):
+        match = ARRAY_RANGE.fullmatch(part)
+        if not match:
+            raise ValueError(f"{part!r} is not an index, a range A-B or a range with a step A-B:S "
+                             "(e.g. 0-999, 1,5,9-12 or 0-15:4)")
+        first, last, step = int(match[1]), int(match[2] or match[1]), int(match[3] or 1)
+        if last < first or step < 1:
+            raise ValueError(f"{part!r}: a range goes up (A <= B) in steps of at least 1")
+        if last > MAX_ARRAY_INDEX:
+            raise ValueError(f"indices go from 0 to {MAX_ARRAY_INDEX}, not {last}")
+        if len(found) + (last - first) // step + 1 > MAX_ARRAY:
+            raise ValueError(f"at most {MAX_ARRAY} elements")
+        found.extend(range(first, last + 1, step))
+    return found

@@ -31,7 +31,7 @@ from gpulayer.cli import teams as cli_teams
 from gpulayer.cli import usage as cli_usage
 from gpulayer.cli import workers as cli_workers
 from gpulayer.cli.common import GlobalOptions
-from gpulayer.client.errors import ApiError, ClientError
+from gpulayer.client.errors import ApiError, BadInput, ClientError, InvalidRequest
 
 
 class GpulayerGroup(TyperGroup):
@@ -128,12 +128,12 @@ def _report(exc: Exception) -> int:
         sys.stderr.write(f"Error: this command needs the control plane's packages ({missing} is not installed): "
                          "pip install 'gpulayer[server]'\n")
         return 1
-    if isinstance(exc, ApiError):
+    if isinstance(exc, ApiError):  # a 400 (413, 422) refuses what was given: bad input, as a usage error is
         sys.stderr.write(f"Error: {exc.message} ({exc.code})\n")
-        return 1
+        return 2 if isinstance(exc, InvalidRequest) else 1
     if isinstance(exc, ClientError):
         sys.stderr.write(f"Error: {exc.message}\n")
-        return 1
+        return 2 if isinstance(exc, BadInput) else 1
     # Only the commands that run a control plane here (server, up, local) load the server's
     # errors; the others must not import the server at all (docs/architecture.md).
     server_errors = sys.modules.get("gpulayer.server.errors")

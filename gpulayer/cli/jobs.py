@@ -21,6 +21,7 @@ from gpulayer.client.errors import ApiError, ClientError
 from gpulayer.protocol import JOB_STATES, array_text
 from gpulayer.client.api import Job, server_configured
 from gpulayer.client.jobfile import read_job_file, spec_from_fields
+from gpulayer.client.transfers import check_local_paths
 
 job_app = typer.Typer(help="Inspect and control submitted jobs.", no_args_is_help=True)
 
@@ -112,6 +113,7 @@ def submit(
                             restart=restart.value if restart else None, max_restarts=max_restarts,
                             health_path=health_path, weights=weights)
     spec = _build_spec(command, file, service, settings, service_settings)
+    check_local_paths(spec)  # a missing --source or --input is bad input, dry run or not
     if dry_run:
         print_json(spec)
         return

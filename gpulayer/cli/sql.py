@@ -45,15 +45,41 @@ def sql(ctx: typer.Context,
         raise fail(f"no state file at {path} (run `gpulayer server init` or `gpulayer up` first, or pass --state)", 2)
     conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
     try:
-        rows = [{k: _cell(v) for k, v in r.items()}
-                for r in Database(conn).query(query, parse_pairs(param, "--param"))]
+        db = Database(conn)  # which sets a PRAGMA of its connection: the authorizer comes after
+        conn.set_authorizer(_reads_only)
+        rows = [{k: _cell(v) for k, v in r.items()} for r in db.query(query, parse_pairs(param, "--param"))]
     except ValueError as e:  # sqlite-utils: the statement returns no rows
         raise fail(f"{e} (the state file is read-only here)", 2) from None
     except sqlite3.Error as e:
-        raise fail(f"{e}", 1) from None
+        raise _refusal(e) from None
     finally:
         conn.close()
     _print(rows, "json" if as_json else "csv" if as_csv else "table")
+
+
+#: SQLite's result codes that say the statement itself is wrong (bad SQL, a write, a bad parameter):
+#: SQLITE_ERROR, SQLITE_READONLY, SQLITE_AUTH, SQLITE_RANGE. The others (busy, I/O, corrupt) are the file's.
+READ_ONLY = ("refused: the state file is opened read-only, and `gpulayer sql` runs reads "
+             "(SELECT, WITH ... SELECT, read-only PRAGMAs): ")
+BAD_STATEMENT = {1: "", 8: READ_ONLY, 23: READ_ONLY, 25: ""}
+#: PRAGMAs that read although they take an argument; any other PRAGMA with one (journal_mode=delete) sets.
+READING_PRAGMAS = frozenset({"table_info", "table_xinfo", "table_list", "index_info", "index_xinfo", "index_list",
+                             "foreign_key_list", "foreign_key_check", "integrity_check", "quick_check"})
+
+
+def _reads_only(action: int, arg1, arg2, _db, _source) -> int:
+    """sqlite3 authorizer: deny a PRAGMA that sets something (mode=ro refuses the other writes)."""
+    if action == sqlite3.SQLITE_PRAGMA and arg2 is not None and (arg1 or "").lower() not in READING_PRAGMAS:
+        return sqlite3.SQLITE_DENY
+    return sqlite3.SQLITE_OK
+
+
+def _refusal(error: sqlite3.Error) -> typer.Exit:
+    """The `Error:` line and exit status of a statement SQLite refused: 2 when the statement is at fault."""
+    code = getattr(error, "sqlite_errorcode", None)
+    if isinstance(error, sqlite3.ProgrammingError) or (code is not None and code & 0xFF in BAD_STATEMENT):
+        return fail(f"{BAD_STATEMENT.get((code or 0) & 0xFF, '')}{error}", 2)
+    return fail(str(error), 1)
 
 
 def _cell(value: Any) -> Any:

@@ -10,13 +10,13 @@ from gpulayer.client.api import (
     FINISHED_STATES, Client, Job, Settings, connect, read_client_file, resolve_settings, server_configured,
 )
 from gpulayer.client.errors import (
-    ApiError, ClientError, Conflict, ConnectionFailed, Forbidden, InvalidRequest, NotFound,
+    ApiError, BadInput, ClientError, Conflict, ConnectionFailed, Forbidden, InvalidRequest, NotFound,
     ProtocolMismatch, Unauthorized, WaitTimeout,
 )
 from gpulayer.client.specs import job, service
 
 __all__ = [
-    "ApiError", "Client", "ClientError", "Conflict", "ConnectionFailed", "FINISHED_STATES", "Forbidden",
+    "ApiError", "BadInput", "Client", "ClientError", "Conflict", "ConnectionFailed", "FINISHED_STATES", "Forbidden",
     "InvalidRequest", "Job", "NotFound", "ProtocolMismatch", "Settings", "Unauthorized", "WaitTimeout",
     "connect", "job", "read_client_file", "resolve_settings", "server_configured", "service",
 ]

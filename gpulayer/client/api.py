@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,7 @@ import requests
 
 from gpulayer.client import transfers
 from gpulayer.client.errors import (  # noqa: F401  (re-exported)
-    ApiError, ClientError, Conflict, ConnectionFailed, Forbidden, InvalidRequest, NotFound,
+    ApiError, BadInput, ClientError, Conflict, ConnectionFailed, Forbidden, InvalidRequest, NotFound,
     ProtocolMismatch, Unauthorized, WaitTimeout, error_from_response,
 )
 from gpulayer.protocol import PROTOCOL, PROTOCOL_HEADER, default_home
@@ -78,11 +79,11 @@ def connect(url: str | None = None, token: str | None = None, ca_file: str | Non
             home: str | Path | None = None) -> "Client":
     """Return a Client for the configured control plane (see `resolve_settings`).
 
-    Raises ClientError when no URL is configured anywhere.
+    Raises BadInput (a ClientError) when no URL is configured anywhere, or it has no scheme.
     """
     settings = resolve_settings(url, token, ca_file, home)
     if not settings.url:
-        raise ClientError("no control plane configured: pass url=, set GPULAYER_URL, "
+        raise BadInput("no control plane configured: pass url=, set GPULAYER_URL, "
                           "or run `gpulayer up` to leave one in $GPULAYER_HOME/client.json")
     client = Client(settings.url, settings.token, settings.ca_file)
     if settings.from_file:
@@ -90,12 +91,20 @@ def connect(url: str | None = None, token: str | None = None, ca_file: str | Non
     return client
 
 
+def checked_url(url: str) -> str:
+    """`url` without a trailing slash; BadInput when it has no http:// or https:// scheme."""
+    if not re.match(r"(?i)https?://[^\s/]", url):
+        example = url.split("://", 1)[-1].strip("/") or "cp.internal:8470"
+        raise BadInput(f"control plane URL {url!r}: the URL needs a scheme, e.g. https://{example}")
+    return url.rstrip("/")
+
+
 class Client:
     """A connection to one control plane. Thread-safe enough for one thread per Client."""
 
     def __init__(self, url: str, token: str | None = None, ca_file: str | None = None,
                  timeout: float = 30.0):
-        self.url = url.rstrip("/")
+        self.url = checked_url(url)
         self.token = token
         self.ca_file = ca_file
         self.unreachable_hint = ""
@@ -105,6 +114,8 @@ class Client:
         self.session.headers["User-Agent"] = "gpulayer-client/1"
         if token:
             self.session.headers["Authorization"] = f"Bearer {token}"
+        if ca_file and not Path(ca_file).exists():
+            raise BadInput(f"CA file {ca_file} (--ca-file, GPULAYER_CA_FILE): does not exist")
         self.session.verify = ca_file if ca_file else True
 
     def __repr__(self) -> str:

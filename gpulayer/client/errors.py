@@ -16,6 +16,11 @@ class ClientError(Exception):
         self.message = message
 
 
+class BadInput(ClientError, ValueError):
+    """What the caller gave cannot be used as given (a --source folder that does not exist, a URL without
+    a scheme); nothing was sent. The CLI exits 2 on it, as on every usage error."""
+
+
 class ConnectionFailed(ClientError):
     """The control plane could not be reached (refused, DNS, TLS, timeout)."""
 

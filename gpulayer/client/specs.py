@@ -7,14 +7,20 @@ uploads those and puts their digests in their place.
 """
 from __future__ import annotations
 
+import re
 import shlex
 from typing import Any, Iterable
+
+from gpulayer.protocol import array_ranges
 
 JOB_SETTINGS = (
     "name", "env", "accelerator", "gpus", "cpus", "memory_mb", "labels", "retry", "retry_on",
     "timeout_seconds", "silence_timeout_seconds", "source", "inputs", "outputs", "nodes",
     "priority", "secrets", "array", "max_running", "after", "preemptible",
 )
+#: Settings whose type is checked here, so that a job file's `gpus = "two"` is refused by --dry-run too
+#: (the server checks their bounds, and every other field).
+WHOLE_SETTINGS = ("gpus", "memory_mb", "nodes", "max_running")
 AFTER_CONDITIONS = ("ok", "notok", "any")
 RESTART_POLICIES = ("always", "on_failure")
 
@@ -97,6 +103,12 @@ def _retry(retry: Any, retry_on: Any) -> dict | None:
 
 
 def _normalise(key: str, value: Any) -> Any:
+    if key in WHOLE_SETTINGS and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ValueError(f"{key} is a whole number (0 or more), not {value!r}")
+    if key == "cpus" and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
+        raise ValueError(f"cpus is a number (0 or more), not {value!r}")
+    if key == "preemptible" and not isinstance(value, bool):
+        raise ValueError(f"preemptible is true or false, not {value!r}")
     if key in ("env", "labels"):
         return {str(k): str(v) for k, v in dict(value).items()}
     if key in ("outputs", "secrets"):
@@ -116,8 +128,16 @@ def _normalise(key: str, value: Any) -> Any:
 
 def array_text(value: Any) -> str | list[int]:
     """An array as the JobSpec takes it: a string as given ("0-999%16"), a range as one ("0-999", "0-15:4"),
-    other indices as a list (the server checks them all)."""
+    other indices as a list (the server checks them all). ValueError for a string that names no
+    indices (`abc`, `5-1`) or a bad `%N`."""
     if isinstance(value, str):
+        indices, percent, cap = value.partition("%")
+        try:
+            array_ranges(indices)
+        except ValueError as exc:
+            raise ValueError(f"array: {exc}") from None
+        if percent and not (re.fullmatch(r"\s*[0-9]{1,9}\s*", cap) and int(cap) >= 1):
+            raise ValueError(f"array: %{cap}: the running cap after % is a whole number, 1 or more (0-999%16)")
         return value
     if isinstance(value, range) and value.step > 0 and len(value):
         last = value[-1]

@@ -15,7 +15,7 @@ import time
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO, Protocol
 
-from gpulayer.client.errors import ClientError
+from gpulayer.client.errors import BadInput, ClientError
 
 
 class Client(Protocol):
@@ -148,8 +148,29 @@ def remote_path(local: str) -> str:
     return pure.as_posix().removeprefix("./")
 
 
+def check_local_paths(spec: dict) -> None:
+    """Raise BadInput, before anything is uploaded, for a local source, input or weights path that is
+    missing or of the wrong kind (a digest is the server's to check)."""
+    def check(label: str, value, folder_only: bool = False) -> None:
+        if not value or _is_digest(value):
+            return
+        path = Path(value)
+        if not path.exists():
+            raise BadInput(f"{label} {value}: does not exist")
+        if folder_only and not path.is_dir():
+            raise BadInput(f"{label} {value}: is not a directory")
+    check("--source", spec.get("source"), folder_only=True)
+    for value in (spec.get("inputs") or {}).values():
+        check("--input", value)
+    check("--weights", (spec.get("service") or {}).get("weights"))
+
+
 def prepare_spec(client: Client, spec: dict) -> dict:
-    """A copy of `spec` with local paths in source, inputs and weights uploaded as digests."""
+    """A copy of `spec` with local paths in source, inputs and weights uploaded as digests.
+
+    Raises BadInput (check_local_paths) before any upload when a local path is missing.
+    """
+    check_local_paths(spec)
     spec = dict(spec)
     source = spec.get("source")
     if source and not _is_digest(source):

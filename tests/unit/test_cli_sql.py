@@ -37,13 +37,14 @@ def test_sql_cannot_change_the_state_file(sched, home, capsys):
     sched.submit(job())
     for statement in ("DELETE FROM jobs", "UPDATE jobs SET priority = 9 RETURNING id"):
         code, _, err = _sql(capsys, "--home", str(home), statement)
-        assert code in (1, 2) and err.startswith("Error: ") and err.count("\n") == 1, err
+        assert code == 2 and err.startswith("Error: refused: the state file is opened read-only") \
+            and err.count("\n") == 1, err
     code, out, _ = _sql(capsys, "--home", str(home), "--json", "SELECT priority FROM jobs")
     assert json.loads(out) == [{"priority": 0}]
 
 
 def test_sql_names_a_bad_query_and_a_missing_state_file(tmp_path, sched, home, capsys):
     code, _, err = _sql(capsys, "--home", str(home), "SELECT * FROM no_such_table")
-    assert code == 1 and "no such table" in err
+    assert code == 2 and "no such table" in err  # the statement is at fault: bad input
     code, _, err = _sql(capsys, "--home", str(tmp_path / "elsewhere"), "SELECT 1")
     assert code == 2 and "no state file" in err

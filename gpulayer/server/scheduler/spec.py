@@ -5,7 +5,7 @@ import math
 import re
 from typing import Any
 
-from gpulayer.protocol import array_text
+from gpulayer.protocol import MAX_ARRAY, MAX_ARRAY_INDEX, array_ranges, array_text
 from gpulayer.server.config import PRIORITY_CLASSES, SERVICE_MAX_ATTEMPTS
 from gpulayer.server.errors import InvalidRequest
 
@@ -22,12 +22,8 @@ MAX_STR = 64 * 1024
 MAX_WIDTH = 1024          # replicas or nodes
 MAX_GPUS = 1024
 MAX_PATHS = 10_000
-MAX_ARRAY = 100_000       # elements of one job array (one request, one transaction)
-MAX_ARRAY_INDEX = 9_999_999
 MAX_AFTER = 100           # dependencies of one job
 AFTER_CONDITIONS = ("ok", "notok", "any")
-# ASCII digits only (\d and str.isdigit take "٣" and "²"), and few enough that int() takes them
-ARRAY_RANGE = re.compile(r"([0-9]{1,19})(?:-([0-9]{1,19})(?::([0-9]{1,19}))?)?\Z")
 
 JOB_FIELDS = {"command", "name", "env", "accelerator", "gpus", "cpus", "memory_mb", "labels", "retry",
               "timeout_seconds", "silence_timeout_seconds", "source", "inputs", "outputs", "nodes",
@@ -220,20 +216,10 @@ def array_indices(value: Any) -> list[int]:
     if isinstance(value, list):
         found = [integer(v, f"array[{i}]", 0, MAX_ARRAY_INDEX) for i, v in enumerate(value[:MAX_ARRAY + 1])]
     elif isinstance(value, str):
-        found = []
-        for part in value.replace(" ", "").split(","):
-            match = ARRAY_RANGE.fullmatch(part)
-            if not match:
-                raise _fail("array", f"{part!r} is not an index, a range A-B or a range with a step A-B:S "
-                                     "(e.g. 0-999, 1,5,9-12 or 0-15:4)")
-            first, last, step = int(match[1]), int(match[2] or match[1]), int(match[3] or 1)
-            if last < first or step < 1:
-                raise _fail("array", f"{part!r}: a range goes up (A <= B) in steps of at least 1")
-            if last > MAX_ARRAY_INDEX:
-                raise _fail("array", f"indices go from 0 to {MAX_ARRAY_INDEX}, not {last}")
-            if len(found) + (last - first) // step + 1 > MAX_ARRAY:
-                raise _fail("array", f"at most {MAX_ARRAY} elements")
-            found.extend(range(first, last + 1, step))
+        try:
+            found = array_ranges(value)
+        except ValueError as exc:
+            raise _fail("array", str(exc)) from None
     else:
         raise _fail("array", f"must be a string like \"0-999\" or a list of indices, not {type(value).__name__}")
     if not found:
