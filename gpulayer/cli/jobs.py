@@ -200,10 +200,14 @@ def _interrupted(job: Job, cancel: bool, stop_wait_s: float = 0.0) -> int:
     return 130
 
 
+def waiting_line(message: str) -> str:
+    """ "waiting: no online worker ...", said once ("waiting for capacity: ..." as it is)."""
+    return message if message.startswith("waiting") else f"waiting: {message}"
+
+
 def tell_waiting(message: str) -> None:
     """What a job waits for, on stderr ("waiting: no online worker ...")."""
-    text = message if message.startswith("waiting") else f"waiting: {message}"
-    typer.echo(style(text, "yellow", err=True), err=True)
+    typer.echo(style(waiting_line(message), "yellow", err=True), err=True)
 
 
 def _submit_local(spec: dict, home: Path, as_json: bool) -> int:
@@ -291,7 +295,7 @@ def job_status(ctx: typer.Context, job_id: JobArg, index: IndexOpt = None, as_js
                + (f" reason={info['reason']}" if info.get("reason") else "")
                + (f" owner={info['owner']} project={info.get('project') or '-'}" if info.get("owner") else ""))
     if info.get("waiting_reason"):
-        typer.echo(f"waiting: {info['waiting_reason']}")
+        typer.echo(waiting_line(info["waiting_reason"]))
     for dep in info.get("after") or []:
         typer.echo(f"after: job {dep['job']} {dep['condition']} "
                    + (f"(it is {dep['state']})" if dep.get("state") else "(you may not see it)"))

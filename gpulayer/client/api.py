@@ -478,8 +478,14 @@ class Job:
 
     def download_outputs(self, dest: str | Path, progress: bool | None = None, index: int | None = None) -> list[Path]:
         """Download every output (`index`: of that element alone) into `dest` at its relative path; return the
-        files written."""
-        return transfers.download_outputs(self.client, self.outputs(index), Path(dest), progress)
+        files written. An array's outputs, without `index`, land in one folder per element: `dest/<index>/<path>`
+        (elements that write the same path keep their own file)."""
+        params = None if index is None else {"index": index}
+        answer = self.client.call("GET", f"/jobs/{self.id}/outputs", params=params)
+        if index is None and answer.get("elements") is not None:
+            return [path for element, found in sorted(answer["elements"].items(), key=lambda item: int(item[0]))
+                    for path in transfers.download_outputs(self.client, found, Path(dest) / str(int(element)), progress)]
+        return transfers.download_outputs(self.client, answer["outputs"], Path(dest), progress)
 
 
 def _next_after(page: dict, after: int | None) -> int | None:

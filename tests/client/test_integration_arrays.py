@@ -50,6 +50,23 @@ def test_array_outputs_by_index(cluster):
     assert (dest / "out" / "i.txt").read_text() == "5\n"
 
 
+def test_array_outputs_of_every_element_land_in_a_folder_per_index(cluster):
+    # Three elements write the same path: each keeps its own file (issue 22 item 17)
+    result = _ok(cluster.cli("submit", "--array", "0-2", "--output", "out/", "--", "sh", "-c",
+                             'mkdir -p out && echo "element $GPULAYER_ARRAY_INDEX" > out/result.txt'))
+    job_id = _job_id(result)
+    assert cluster.wait_job(job_id, timeout=120)["state"] == "succeeded"
+    dest = cluster.root / f"array-outputs-all-{job_id}"
+    listed = _ok(cluster.cli("job", "outputs", str(job_id), "--dest", str(dest)))
+    for index in range(3):
+        assert (dest / str(index) / "out" / "result.txt").read_text() == f"element {index}\n"
+    assert sorted(p.name for p in dest.iterdir()) == ["0", "1", "2"]
+    assert "3 output files written" in listed.stderr, listed.stderr
+    one = cluster.root / f"array-outputs-one-{job_id}"
+    _ok(cluster.cli("job", "outputs", str(job_id), "--index", "1", "--dest", str(one)))
+    assert (one / "out" / "result.txt").read_text() == "element 1\n"  # one element's: as they are
+
+
 def test_ten_thousand_elements_one_request_capped_and_cancelled(cluster):
     result = _ok(cluster.cli("submit", "--array", "0-9999%2", "--name", "big-sweep", "--", "true"))
     job_id = _job_id(result)
@@ -143,7 +160,8 @@ def test_a_running_array_says_why_its_other_elements_wait(cluster):
         assert "free at once" in line, line
         status = _status(cluster, job_id)
         assert status["state"] == "running" and status["waiting_reason"].startswith("waiting for capacity")
-        assert "waiting: waiting for capacity" in _ok(cluster.cli("job", "status", str(job_id))).stdout
+        status_out = _ok(cluster.cli("job", "status", str(job_id))).stdout
+        assert "\nwaiting for capacity: " in status_out and "waiting: waiting" not in status_out
     finally:
         _ok(cluster.cli("job", "cancel", str(job_id)))
         proc.communicate(timeout=60)

@@ -131,9 +131,11 @@ def test_a_service_replica_not_placed_and_one_crash_looping_are_told(cluster):
                             env=clean_env(**cluster.cli_env()), cwd=cluster.root,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     job_id = int(proc.stdout.readline())
-    _told(proc, "waiting")  # the last replica's reason (the first replica may wait too)
+    needs = f"waiting: needs {replicas} workers, one per replica, but only {replicas - 1} online fit it"
+    assert _told(proc, needs).strip() == needs  # not "the workers that fit are busy" (issue 22 item 18)
     cluster.wait_job(job_id, ("running",), 60)
-    wait_for(lambda: cluster.job(job_id)["waiting_reason"], 30, "the running service's waiting reason")
+    assert cluster.job(job_id)["waiting_reason"] == needs.removeprefix("waiting: ")
+    assert needs in _ok(cluster.cli("job", "status", str(job_id))).stdout
     _ok(cluster.cli("job", "cancel", str(job_id)))
     proc.communicate(timeout=60)
 

@@ -11,7 +11,9 @@ def test_a_job_waiting_for_a_busy_worker_says_so(sched):
     second = sched.submit(job(gpus=1))
     assert state_of(sched, first)["waiting_reason"] is None
     assert state_of(sched, second)["waiting_reason"].startswith("waiting for capacity")
-    assert "1 GPU, 0 CPUs" in state_of(sched, second)["waiting_reason"]
+    assert state_of(sched, second)["waiting_reason"] == (  # what it asks for alone: no "0 CPUs, 0 MB"
+        "waiting for capacity: the online workers that fit are busy (it needs one worker with a free slot and 1 GPU "
+        "free at once)")
 
 
 def test_a_running_service_with_a_replica_not_placed_says_why(sched):
@@ -20,7 +22,31 @@ def test_a_running_service_with_a_replica_not_placed_says_why(sched):
     sched.start(w, sched.acquire(w)["task_id"], 1)
     info = state_of(sched, service)
     assert info["state"] == "running"
-    assert info["waiting_reason"].startswith("waiting for capacity")  # one replica per worker
+    assert info["waiting_reason"] == "needs 2 workers, one per replica, but only 1 online fit it"  # not "busy"
+    second = add_worker(sched, "second")
+    assert state_of(sched, service)["waiting_reason"] is None
+    sched.start(second, sched.acquire(second)["task_id"], 2)
+    assert state_of(sched, service)["waiting_reason"] is None
+
+
+def test_a_service_whose_replicas_outnumber_the_workers_says_so_before_it_runs(sched):
+    service = sched.submit(job(["sleep", "60"], service={"replicas": 3}))
+    for pid, name in enumerate(["a", "b"], 1):
+        w = add_worker(sched, name, slots=4)
+        sched.start(w, sched.acquire(w)["task_id"], pid)
+    assert state_of(sched, service)["state"] == "running"
+    assert state_of(sched, service)["waiting_reason"] == "needs 3 workers, one per replica, but only 2 online fit it"
+
+
+def test_a_reason_names_only_what_the_job_asked_for(sched):
+    add_worker(sched, "small", gpus=0)
+    assert state_of(sched, sched.submit(job(gpus=1)))["waiting_reason"] == (
+        "no online worker has the accelerator and size it asks for (1 GPU)")
+    assert state_of(sched, sched.submit(job(cpus=64, memory_mb=512, labels={})))["waiting_reason"] == (
+        "no online worker has the accelerator and size it asks for (64 CPUs and 512 MB)")
+    add_worker(sched, "pooled", gpus=0, labels={"pool": "a"})
+    assert state_of(sched, sched.submit(job(gpus=2, cpus=1, labels={"pool": "a"})))["waiting_reason"] == (
+        "no online worker with its labels has the accelerator and size it asks for (2 GPUs and 1 CPU)")
 
 
 def test_a_running_batch_job_waits_for_nothing(sched):

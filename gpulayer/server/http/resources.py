@@ -234,8 +234,10 @@ class Job(Resource):
 
     def on_get_outputs(self, req, resp, job_id):
         index = wire.query_int(req, "index", None, 0, MAX_INDEX)
-        self.store.read(jobs.render, job_id, index)
+        job = self.store.read(jobs.render, job_id, index)
         resp.media = {"outputs": self.store.read(jobs.outputs, job_id, index)}
+        if index is None and job["array"] is not None:  # elements that write the same path keep their own file
+            resp.media["elements"] = self.store.read(jobs.element_outputs, job_id)
 
 
 class Workers(Resource):

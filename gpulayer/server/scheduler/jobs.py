@@ -5,7 +5,7 @@ import json
 
 from gpulayer.server.scheduler import events
 
-from gpulayer.server.scheduler import outcomes
+from gpulayer.server.scheduler import outcomes, waiting
 from gpulayer.server.errors import InvalidRequest, NotFound
 from gpulayer.server.scheduler.spec import array_indices, referenced_digests
 from gpulayer.server.store.queries import QUERIES, row, rows
@@ -198,10 +198,10 @@ def waiting_reason(conn, job: dict, tasks: list[dict] | None = None) -> str | No
     elif job["state"] != "queued":
         return None
     found = row(conn, "job_waiting_reason", job_id=job["id"])
-    if found and found["reason"]:
-        return found["reason"]
+    if found and found["why"]:
+        return waiting.unplaced(found)
     quota = row(conn, "job_quota_reason", job_id=job["id"])  # a project's quota, a user's limit
-    return (quota and quota["reason"]) or (found["busy"] if found else None)
+    return (quota and quota["reason"]) or (waiting.busy(found) if found and found["busy"] else None)
 
 
 def _task_in_queue(conn, job: dict, tasks: list[dict]) -> bool:
@@ -228,6 +228,16 @@ def outputs(conn, job_id: int, index: int | None = None) -> dict[str, str]:
     for task in reversed(tasks):
         if task["state"] == "succeeded":
             found.update(json.loads(task["outputs"]))
+    return found
+
+
+def element_outputs(conn, job_id: int) -> dict[str, dict[str, str]]:
+    """An array's outputs by element: {index (as text, a JSON key): {path: digest}}, each element's latest
+    succeeded task's; elements that wrote the same path keep their own file."""
+    found: dict[str, dict[str, str]] = {}
+    for task in reversed(rows(conn, "job_tasks", job_id=job_id)):
+        if task["state"] == "succeeded" and task["outputs"] not in (None, "{}"):
+            found.setdefault(str(task["index"]), {}).update(json.loads(task["outputs"]))
     return found
 
 

@@ -850,76 +850,62 @@ ORDER BY p.id DESC LIMIT :limit;
 
 -- name: job_waiting_reason --
 -- Why a queued job (or a running service's queued replica) is not placed, read from
--- job_worker_fit, the view acquire and gang placement read: `reason`, the first thing no
--- online worker has (labels, accelerator or size, a secret that is set and whose labels
--- its join token carries), or that only cordoned workers, or workers with too few healthy
--- GPUs, would fit it, or for a gang that fewer online workers than its width fit it (naming
--- those of them that are cordoned); else `busy` when fewer online workers fit it now than it
--- needs at once (one, or a gang's width); both NULL when an acquire would place it now.
+-- job_worker_fit, the view acquire and gang placement read, as facts that
+-- scheduler/jobs.py puts in words. `why`: the first thing no online worker has
+-- ('no_worker', 'labels', 'gpu_model', 'whole_gpus': more than one GPU where only MIG
+-- instances make up the count, 'size', 'secret': `detail` names it, `secret_labels` are its
+-- labels when it is set), or that only cordoned workers ('cordoned') or workers with too few
+-- healthy GPUs ('unhealthy') would fit it, `detail` naming them; or, for a gang (`--nodes`)
+-- or a service's replicas (one per worker), that fewer online workers than its width fit it
+-- ('too_few': `fit` of them, `cordoned` of those cordoned, named in `detail`). Else `busy`
+-- is 1 when fewer online workers fit it now than it needs at once (one, or a gang's width);
+-- `why` NULL and `busy` 0 when an acquire would place it now. With the job's size and labels.
 WITH j AS (SELECT * FROM jobs WHERE id = CAST(:job_id AS INTEGER) AND state IN ('queued', 'running')),
 f AS (SELECT f.* FROM job_worker_fit f JOIN j ON f.job_id = j.id WHERE f.worker_state = 'online'),
-sized AS (SELECT * FROM f WHERE has_labels AND has_accelerator AND big_enough)
-SELECT CASE
-    WHEN NOT EXISTS (SELECT 1 FROM f) THEN 'no online worker'
-    WHEN NOT EXISTS (SELECT 1 FROM f WHERE has_labels) THEN 'no online worker has the labels ' || j.labels
-    WHEN NOT EXISTS (SELECT 1 FROM sized) AND j.gpus > 0 AND json_extract(j.labels, '$.gpu_model') IS NOT NULL THEN
-        printf('no online worker with its labels has %d GPU%s of model %s, %g CPU%s and %d MB%s', j.gpus,
-               CASE WHEN j.gpus = 1 THEN '' ELSE 's' END, json_extract(j.labels, '$.gpu_model'), j.cpus,
-               CASE WHEN j.cpus = 1 THEN '' ELSE 's' END, j.memory_mb,
-               CASE WHEN j.gpus > 1 THEN ' (whole GPUs: a task of more than one GPU is given no MIG instances)'
-                    ELSE '' END)
+sized AS (SELECT * FROM f WHERE has_labels AND has_accelerator AND big_enough),
+usable AS (SELECT s.worker_id, w.name, w.gpus, c.state AS cordon, c.reason AS cordon_reason FROM sized s
+           JOIN workers w ON w.id = s.worker_id LEFT JOIN worker_cordons c ON c.worker_id = s.worker_id
+           WHERE s.missing_secret IS NULL),
+uncordoned AS (SELECT u.*, u.gpus - (SELECT count(*) FROM worker_gpus g  -- GPUs out (worker_gpus)
+                                  WHERE g.worker_id = u.worker_id AND g.healthy = 0) AS healthy_gpus
+            FROM usable u WHERE u.cordon IS NULL),
+v AS (SELECT CASE
+    WHEN NOT EXISTS (SELECT 1 FROM f) THEN 'no_worker'
+    WHEN NOT EXISTS (SELECT 1 FROM f WHERE has_labels) THEN 'labels'
+    WHEN NOT EXISTS (SELECT 1 FROM sized) AND j.gpus > 0 AND json_extract(j.labels, '$.gpu_model') IS NOT NULL
+        THEN 'gpu_model'
     WHEN NOT EXISTS (SELECT 1 FROM sized) AND j.gpus > 1 AND EXISTS (  -- shape_worker_fit.big_enough
             SELECT 1 FROM f JOIN workers w ON w.id = f.worker_id
             WHERE f.has_labels AND f.has_accelerator
-              AND j.gpus <= w.gpus AND j.cpus <= w.cpus AND j.memory_mb <= w.memory_mb) THEN
-        printf('no online worker with its labels has %d whole GPUs: a task of more than one GPU is given '
-               || 'no MIG instances (a CUDA process uses only one)', j.gpus)
-    WHEN NOT EXISTS (SELECT 1 FROM sized) THEN
-        printf('no online worker with its labels has the accelerator and size it asks for (%d GPU%s, %g CPU%s, %d MB)',
-               j.gpus, CASE WHEN j.gpus = 1 THEN '' ELSE 's' END, j.cpus, CASE WHEN j.cpus = 1 THEN '' ELSE 's' END,
-               j.memory_mb)
-    WHEN NOT EXISTS (SELECT 1 FROM sized WHERE missing_secret IS NULL) THEN (
-        SELECT CASE WHEN sc.name IS NULL THEN 'secret ' || m.name || ' is not set'
-                    ELSE 'no online worker that fits joined with a token carrying the labels ' || sc.labels
-                         || ' of secret ' || m.name END
-        FROM (SELECT min(missing_secret) AS name FROM sized) m
-        LEFT JOIN secrets sc ON sc.project_id = j.project_id AND sc.name = m.name)
-    WHEN NOT EXISTS (SELECT 1 FROM sized s WHERE s.missing_secret IS NULL   -- shape_worker_fit.schedulable
-                       AND NOT EXISTS (SELECT 1 FROM worker_cordons c WHERE c.worker_id = s.worker_id)) THEN (
-        SELECT 'only cordoned workers fit it: '
-               || group_concat(w.name || ' (' || c.state || ': ' || c.reason || ')', ', ')
-        FROM sized s JOIN workers w ON w.id = s.worker_id JOIN worker_cordons c ON c.worker_id = s.worker_id
-        WHERE s.missing_secret IS NULL)
-    WHEN NOT EXISTS (SELECT 1 FROM sized s JOIN workers w ON w.id = s.worker_id  -- GPUs out (worker_gpus)
-                     WHERE s.missing_secret IS NULL
-                       AND NOT EXISTS (SELECT 1 FROM worker_cordons c WHERE c.worker_id = s.worker_id)
-                       AND w.gpus - (SELECT count(*) FROM worker_gpus g
-                                     WHERE g.worker_id = w.id AND g.healthy = 0) >= j.gpus) THEN (
-        SELECT 'only workers with unhealthy GPUs would fit: ' || group_concat(w.name || ' (' || (
-                   SELECT group_concat('GPU ' || b."index" || ': ' || b.reason, ', ')
-                   FROM (SELECT g."index", g.reason FROM worker_gpus g
-                         WHERE g.worker_id = w.id AND g.healthy = 0 ORDER BY g."index") b) || ')', ', ')
-        FROM sized s JOIN workers w ON w.id = s.worker_id
-        WHERE s.missing_secret IS NULL AND NOT EXISTS (SELECT 1 FROM worker_cordons c WHERE c.worker_id = s.worker_id))
-    WHEN j.gang = 1 AND (SELECT count(*) FROM sized s WHERE s.missing_secret IS NULL
-                           AND NOT EXISTS (SELECT 1 FROM worker_cordons c WHERE c.worker_id = s.worker_id)) < j.width
-    THEN (  -- a gang that too few online workers fit, even idle: some cordoned, or too few at all
-        SELECT CASE WHEN count(x.state) = 0 THEN printf('needs %d workers, but only %d online fit it', j.width, count(*))
-                    ELSE printf('needs %d workers, but of the %d online that fit it, %d %s cordoned: ', j.width, count(*),
-                                count(x.state), CASE WHEN count(x.state) = 1 THEN 'is' ELSE 'are' END)
-                         || group_concat(x.name || ' (' || x.state || ': ' || x.reason || ')', ', ') END
-        FROM (SELECT w.name, c.state, c.reason FROM sized s JOIN workers w ON w.id = s.worker_id
-              LEFT JOIN worker_cordons c ON c.worker_id = s.worker_id
-              WHERE s.missing_secret IS NULL ORDER BY c.state IS NULL, w.name) x)
-END AS reason,
-CASE WHEN (SELECT count(*) FROM f WHERE fits_now) < CASE WHEN j.gang = 1 THEN j.width ELSE 1 END
-     THEN printf('waiting for capacity: the online workers that fit are busy (%s free at once)',
-                 CASE WHEN j.gang = 1 THEN j.width || ' workers' ELSE 'one worker' END || ' with '
-                 || printf('%d GPU%s, %g CPU%s, ', j.gpus, CASE WHEN j.gpus = 1 THEN '' ELSE 's' END,
-                          j.cpus, CASE WHEN j.cpus = 1 THEN '' ELSE 's' END)
-                || j.memory_mb || ' MB and a free slot needed')
-END AS busy
-FROM j;
+              AND j.gpus <= w.gpus AND j.cpus <= w.cpus AND j.memory_mb <= w.memory_mb) THEN 'whole_gpus'
+    WHEN NOT EXISTS (SELECT 1 FROM sized) THEN 'size'
+    WHEN NOT EXISTS (SELECT 1 FROM usable) THEN 'secret'
+    WHEN NOT EXISTS (SELECT 1 FROM uncordoned) THEN 'cordoned'  -- shape_worker_fit.schedulable
+    WHEN NOT EXISTS (SELECT 1 FROM uncordoned WHERE healthy_gpus >= j.gpus) THEN 'unhealthy'
+    -- even idle, too few: a gang's ranks, or a service's replicas (job_worker_fit.holds_task)
+    WHEN (j.gang = 1 OR j.array_size IS NULL) AND (SELECT count(*) FROM uncordoned) < j.width THEN 'too_few'
+    END AS why FROM j)
+SELECT v.why, j.labels, j.accelerator, j.gpus, j.cpus, j.memory_mb, j.width, j.gang,
+       CASE v.why
+           WHEN 'secret' THEN (SELECT min(missing_secret) FROM sized)
+           WHEN 'cordoned' THEN (SELECT group_concat(name || ' (' || cordon || ': ' || cordon_reason || ')', ', ')
+                                 FROM usable)
+           WHEN 'unhealthy' THEN (
+               SELECT group_concat(h.name || ' (' || (
+                          SELECT group_concat('GPU ' || b."index" || ': ' || b.reason, ', ')
+                          FROM (SELECT g."index", g.reason FROM worker_gpus g
+                                WHERE g.worker_id = h.worker_id AND g.healthy = 0 ORDER BY g."index") b) || ')', ', ')
+               FROM uncordoned h)
+           WHEN 'too_few' THEN (SELECT group_concat(x.name || ' (' || x.cordon || ': ' || x.cordon_reason || ')', ', ')
+                                FROM (SELECT * FROM usable WHERE cordon IS NOT NULL ORDER BY name) x)
+       END AS detail,
+       (SELECT sc.labels FROM secrets sc
+        WHERE v.why = 'secret' AND sc.project_id = j.project_id AND sc.name = (SELECT min(missing_secret) FROM sized))
+           AS secret_labels,
+       (SELECT count(*) FROM usable) AS fit,
+       (SELECT count(*) FROM usable WHERE cordon IS NOT NULL) AS cordoned,
+       (SELECT count(*) FROM f WHERE fits_now) < CASE WHEN j.gang = 1 THEN j.width ELSE 1 END AS busy
+FROM j, v;
 
 -- name: task_restart_message --
 -- A service replica's last restart line ("restart 4: exited with code 1; next run in 8 s",
