@@ -94,7 +94,8 @@ def _serve_up(home: Path, host: str, port: int, parallel: int | None, worker: bo
     """run_up once the home's lock is held."""
     from gpulayer.server.security.certs import ensure_tls
     from gpulayer.server.config import ControlPlaneConfig
-    from gpulayer.server.process import ControlPlane
+    from gpulayer.server.process import ControlPlane, configure_logging, stamped
+    configure_logging()
     address = join_address(host)
     tls = ensure_tls(home, [address] if host not in WILDCARD_HOSTS else [])
     tokens = home_tokens(home, rotate_unknown=True)
@@ -114,9 +115,9 @@ def _serve_up(home: Path, host: str, port: int, parallel: int | None, worker: bo
             _announce(local_url, _url(address, bound), tokens["join_token"], tls["fingerprint"], home, worker)
             _wait_for_stop(thread, plane.fenced)
             if plane.fenced.is_set():  # as `server start`: exit 3, so a supervisor does not take it for a clean stop
-                print("gpulayer up: another control plane took the replica's lease (a restore): this one stops "
-                      "serving", file=sys.stderr, flush=True)
-            print("stopping the worker and the control plane..." if worker else "stopping the control plane...",
+                print(stamped("gpulayer up: another control plane took the replica's lease (a restore): this one "
+                              "stops serving"), file=sys.stderr, flush=True)
+            print(stamped("stopping the worker and the control plane..." if worker else "stopping the control plane..."),
                   file=sys.stderr, flush=True)
     finally:
         plane.stop()

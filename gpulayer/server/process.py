@@ -258,9 +258,23 @@ class ControlPlane:
                 log.exception("upkeep_failed")
 
 
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+
+
+def configure_logging() -> None:
+    """One line per event on stderr, each with its time (`server start`, `gpulayer up`), unless set up already."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+
+
+def stamped(message: str) -> str:
+    """`message` after the time, as the log lines show it, for what is printed beside them."""
+    return f"{logging.Formatter().formatTime(logging.makeLogRecord({}))} {message}"
+
+
 def run_server(config: ControlPlaneConfig) -> int:
     """Serve until SIGTERM or SIGINT; returns the exit code. Raises ConfigError for bad settings."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    configure_logging()
     plane = ControlPlane(config)
     stopping = threading.Event()
 
@@ -270,11 +284,11 @@ def run_server(config: ControlPlaneConfig) -> int:
     previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         plane.start()
-        print(f"GPUlayer control plane listening on {plane.url}", flush=True)
+        print(stamped(f"GPUlayer control plane listening on {plane.url}"), flush=True)
         while not stopping.wait(0.5):
             if plane.fenced.is_set():
-                print("gpulayer server: another control plane took the replica's lease (a restore): "
-                      "this one stops serving", file=sys.stderr, flush=True)
+                print(stamped("gpulayer server: another control plane took the replica's lease (a restore): "
+                              "this one stops serving"), file=sys.stderr, flush=True)
                 return 3
     finally:
         plane.stop()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import re
+import ssl
 import time
 from collections.abc import Iterable
 
@@ -33,6 +34,19 @@ BODY_GRACE_S = 10.0
 MIN_BODY_RATE = 32 * 1024
 
 _DIGITS = re.compile(r"[0-9]+")
+
+
+class BodyIncomplete(GpulayerError):
+    """The peer closed the connection before its request body ended."""
+
+    code = "incomplete_body"
+    status = 400
+
+
+def peer_gone(exc: BaseException | None) -> bool:
+    """True for the errors of a peer that closed or reset its connection (not worth a traceback)."""
+    return isinstance(exc, (ConnectionError, ssl.SSLEOFError, ssl.SSLZeroReturnError, BodyIncomplete)) or (
+        isinstance(exc, ssl.SSLError) and exc.reason in ("UNEXPECTED_EOF_WHILE_READING", "BAD_LENGTH"))
 
 
 class BodyTooSlow(GpulayerError):
@@ -111,4 +125,5 @@ class Pace:
                            f"(after {self.grace_s:g} s); the connection is closed")
 
 
-__all__ = ["BUFFERED_BODY_BYTES", "BodyTooSlow", "Pace", "error_body", "error_response", "framing_error", "streamed_cap"]
+__all__ = ["BUFFERED_BODY_BYTES", "BodyIncomplete", "BodyTooSlow", "Pace", "error_body", "error_response",
+           "framing_error", "peer_gone", "streamed_cap"]

@@ -33,10 +33,11 @@ import os
 import selectors
 import socket
 import ssl
+import sys
 import threading
 import time
 
-from cheroot import server as cheroot_server, wsgi
+from cheroot import errors as cheroot_errors, server as cheroot_server, wsgi
 from cheroot.makefile import MakeFile, StreamReader, StreamWriter
 from cheroot.ssl import Adapter
 
@@ -190,7 +191,11 @@ class _LazyTLSAdapter(Adapter):
 
     def wrap(self, sock):
         """Wrap the accepted socket for TLS without reading from it; return (socket, environ)."""
-        tls_sock = self.context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+        try:
+            tls_sock = self.context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+        except OSError as exc:  # reset before it was wrapped: cheroot logs this one (at debug) and drops it
+            sock.close()
+            raise cheroot_errors.FatalSSLAlert(str(exc)) from None
         tls_sock.settimeout(self.timeout_s)
         return tls_sock, self.get_environ(tls_sock)
 
@@ -225,7 +230,9 @@ class _PacedSocketIO(socket.SocketIO):
             if pace.seconds_left() <= 0:
                 raise pace.too_slow() from None
             raise
-        pace.received += n or 0
+        if not n:
+            raise bodies.BodyIncomplete("the connection closed before the request body ended")
+        pace.received += n
         return n
 
 
@@ -543,8 +550,14 @@ class _Server(wsgi.Server):
             conn.last_used = time.time() + left - self.timeout
 
     def error_log(self, msg="", level=logging.INFO, traceback=False):
-        """Route cheroot's messages to logging: warnings and errors as such, the rest at debug."""
-        if level >= logging.WARNING:
+        """Route cheroot's messages to logging: warnings and errors as such, the rest at debug.
+
+        A peer that closed or reset its connection is one debug line, never a traceback.
+        """
+        failure = sys.exc_info()[1] if traceback else None
+        if bodies.peer_gone(failure):
+            log.debug("http_peer_gone error=%r", failure)
+        elif level >= logging.WARNING:
             log.log(level, "http_error %s", msg, exc_info=traceback)
         else:
             log.debug("http_notice %s", msg)
