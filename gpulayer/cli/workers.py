@@ -1,13 +1,15 @@
 """`gpulayer worker list|start` and `gpulayer join`: run or list worker agents."""
 from __future__ import annotations
 
+import re
+import socket
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from gpulayer.cli.common import (client_of, fail, fmt_time, global_options, parse_duration, parse_pairs, print_json,
-                                 print_table)
+from gpulayer.cli.common import (client_of, fail, fmt_time, global_options, home_of, parse_duration, parse_pairs,
+                                 print_json, print_table)
 
 worker_app = typer.Typer(help="List workers, or run a worker agent on this machine.", no_args_is_help=True)
 
@@ -21,7 +23,7 @@ Gpus = Annotated[Optional[int], typer.Option("--gpus", help="GPUs to advertise (
 RamMb = Annotated[Optional[int], typer.Option("--ram-mb", help="Memory to advertise, MB (default: detected).", min=0)]
 MaxIdle = Annotated[float, typer.Option("--max-idle", help="Exit after S idle seconds; 0 never.", min=0)]
 DrainTimeout = Annotated[float, typer.Option("--drain-timeout", help="On SIGTERM (or Ctrl-C), take no new task and let running ones finish for up to S seconds before stopping them; a second signal stops at once.", min=0)]
-StateDir = Annotated[Optional[Path], typer.Option("--state-dir", envvar="GPULAYER_WORKER_STATE_DIR", show_envvar=True, help="Task working directories and cache (default: ~/.gpulayer/worker).")]
+StateDir = Annotated[Optional[Path], typer.Option("--state-dir", envvar="GPULAYER_WORKER_STATE_DIR", show_envvar=True, help="Task working directories, running tasks' records and the pinned CA (default: $GPULAYER_HOME/workers/NAME, one per worker name).")]
 Insecure = Annotated[bool, typer.Option("--insecure", help="Allow plain HTTP to a non-loopback control plane.")]
 JoinToken = Annotated[Optional[str], typer.Option("--token", envvar="GPULAYER_JOIN_TOKEN", show_envvar=True, help="Join token glj_...; prefer --token-file or the environment variable, which keep it out of process listings.")]
 TokenFile = Annotated[Optional[str], typer.Option("--token-file", envvar="GPULAYER_JOIN_TOKEN_FILE", show_envvar=True, help="File holding the join token (wins over --token and GPULAYER_JOIN_TOKEN).")]
@@ -54,6 +56,13 @@ def _run(settings: dict, root_token: Optional[str] = None) -> int:
     return run_worker_foreground(settings)
 
 
+def default_state_dir(ctx: typer.Context, name: Optional[str]) -> Path:
+    """`$GPULAYER_HOME/workers/NAME` (NAME: --name, else the host name): each worker name its own folder,
+    none shared with `up`'s worker (HOME/worker) or a local run's (HOME/local-worker)."""
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", name or socket.gethostname()).lstrip(".") or "worker"
+    return home_of(ctx) / "workers" / safe
+
+
 def _worker_settings(name, label, python, advertise_address, parallel, cpus, gpus, ram_mb,
                      max_idle, state_dir, insecure, drain_timeout=0.0) -> dict:
     return dict(name=name, labels=parse_pairs(label, "--label"), python=python,
@@ -76,7 +85,7 @@ def worker_start(ctx: typer.Context, name: Name = None, label: Labels = None, py
     """
     opts = global_options(ctx)
     settings = _worker_settings(name, label, python, advertise_address, parallel, cpus, gpus, ram_mb,
-                                max_idle, state_dir, insecure, drain_timeout)
+                                max_idle, state_dir or default_state_dir(ctx, name), insecure, drain_timeout)
     settings.update(url=opts.url, join_token=token, token_file=token_file, ca_file=opts.ca_file)
     raise typer.Exit(_run(settings, opts.token))
 
@@ -101,7 +110,7 @@ def join(ctx: typer.Context,
     if ca_fingerprint and not ca_fingerprint.startswith("sha256:"):
         raise typer.BadParameter("expected sha256:HEX", param_hint="--ca-fingerprint")
     settings = _worker_settings(name, label, python, advertise_address, parallel, cpus, gpus, ram_mb,
-                                max_idle, state_dir, insecure, drain_timeout)
+                                max_idle, state_dir or default_state_dir(ctx, name), insecure, drain_timeout)
     settings.update(url=url.rstrip("/"), join_token=token, token_file=token_file, ca_file=ca_file or global_options(ctx).ca_file,
                     ca_fingerprint=ca_fingerprint)
     raise typer.Exit(_run(settings, global_options(ctx).token))

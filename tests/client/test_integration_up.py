@@ -205,3 +205,37 @@ def test_local_target_refuses_at_once_what_this_machine_can_never_run(tmp_path, 
     assert listed.returncode == 0 and json.loads(listed.stdout) == [], listed.stderr
     fits = gl("submit", "--gpus", "1", "--", "echo", "fits", home=home, timeout=60, GPULAYER_WORKER_GPUS="1")
     assert fits.returncode == 0 and fits.stdout.splitlines()[1:] == ["fits"], fits.stderr
+
+
+def test_join_and_worker_start_keep_their_state_in_gpulayer_home_apart_from_ups_worker(tmp_path):
+    """Issue 22 item 20: `join` (and `worker start`) with no --state-dir pin the CA and run tasks under
+    $GPULAYER_HOME/workers/NAME, never in ~/.gpulayer/worker, and so never share `up`'s worker's running/."""
+    home, port, fake_home = tmp_path / "home", free_port(), tmp_path / "user"
+    fake_home.mkdir()
+    up = subprocess.Popen([*CLI, "up", "--host", "127.0.0.1", "--port", str(port), "--parallel", "1"],
+                          env=clean_env(GPULAYER_HOME=str(home), HOME=str(fake_home), PYTHONUNBUFFERED="1"),
+                          stdout=open(tmp_path / "up.log", "w"), stderr=subprocess.STDOUT)
+    joined = []
+    try:
+        words = shlex.split(wait_for(lambda: _join_line(tmp_path / "up.log", up), 60, "`up` to print its join line"))
+        token = words[0].partition("=")[2]
+        for name, argv, where in [
+            ("second", [*words[2:], "--name", "second", "--label", "box=second"], home),  # `up`'s home: its own folder
+            # `worker start` against a port nothing listens on: it makes its state dir, then retries
+            ("third", ["--url", f"http://127.0.0.1:{free_port()}", "worker", "start", "--name", "third"],
+             tmp_path / "other"),
+        ]:
+            joined.append(subprocess.Popen([*CLI, *argv], env=clean_env(GPULAYER_HOME=str(where), HOME=str(fake_home),
+                                                                        GPULAYER_JOIN_TOKEN=token),
+                                           stdout=open(tmp_path / f"{name}.log", "w"), stderr=subprocess.STDOUT))
+        wait_for(lambda: _online(home, "second"), 60, "the joined worker to be online")
+        assert (home / "workers" / "second" / "ca.pem").is_file()  # the CA pinned by --ca-fingerprint
+        ran = gl("submit", "--label", "box=second", "--follow", "--", "pwd", home=home, HOME=str(fake_home))
+        assert ran.returncode == 0, ran.stderr
+        assert ran.stdout.splitlines()[1].startswith(str(home / "workers" / "second" / "tasks") + "/"), ran.stdout
+        wait_for(lambda: (tmp_path / "other" / "workers" / "third").is_dir(), 60, "`worker start`'s state dir")
+        assert not (fake_home / ".gpulayer").exists()
+    finally:
+        codes = [stop_process(p) for p in joined]
+        codes.append(stop_process(up))
+        assert codes[-1] == 0, (tmp_path / "up.log").read_text()
