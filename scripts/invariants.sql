@@ -58,12 +58,13 @@ WHERE (SELECT count(*) FROM events e WHERE e.kind = 'job_finished' AND e.job_id 
 -- A job still queued or running has a task of its current attempt that can
 -- still move (queued, assigned or running); otherwise it would never end. An
 -- array's elements count their own attempts: any task of it that can move will do.
--- A waiting job has a dependency that has not ended.
+-- A waiting job has a dependency that has not ended, unless it is being cancelled (its reason
+-- set: the cascade's next steps end it, after a restart too; scheduler/cascades.py).
 SELECT j.id AS job_id, j.state, j.attempt FROM jobs j
 WHERE (j.state IN ('queued', 'running') AND NOT EXISTS (
     SELECT 1 FROM tasks t WHERE t.job_id = j.id AND (t.attempt = j.attempt OR j.array_size IS NOT NULL)
       AND t.state IN ('queued', 'assigned', 'running')))
-   OR (j.state = 'waiting' AND NOT EXISTS (
+   OR (j.state = 'waiting' AND j.reason IS NULL AND NOT EXISTS (
     SELECT 1 FROM job_dependencies d JOIN jobs a ON a.id = d.after_job_id
     WHERE d.job_id = j.id AND a.finished_at IS NULL));
 

@@ -228,6 +228,9 @@ class ControlPlane:
         next_fairshare = time.monotonic()
         while not self._stop.wait(interval):
             try:
+                found = self.deps.scheduler.resume_cascades()  # at the first tick: what a stop left undone
+                if found:
+                    log.info("cascades_resumed steps=%d", found)
                 result = self.deps.scheduler.expire()
                 if any(result.values()):
                     log.info("leases_expired %s", " ".join(f"{k}={v}" for k, v in result.items()))

@@ -254,9 +254,7 @@ def test_retention_prunes_jobs_with_dependencies(sched, clock):
     assert sched.store.read(lambda c: c.execute("SELECT count(*) AS n FROM job_dependencies").fetchall()[0]["n"]) == 0
 
 
-def test_a_long_chain_cascades_in_one_transaction(sched):
-    """Deeper than Python's recursion limit: the cascade is a loop."""
-    w = add_worker(sched, "w")
+def _chain(sched, n: int) -> tuple[int, int]:
     head = sched.submit(job())
     spec = validate_job(job(after=[head]))
 
@@ -266,12 +264,32 @@ def test_a_long_chain_cascades_in_one_transaction(sched):
             last = jobs.submit(conn, {**spec, "after": [{"job": last, "condition": "ok"}]}, 1.0)
         return last
 
-    last = sched.store.write(chain, 1500)
+    return head, sched.store.write(chain, n)
+
+
+def _waiting(sched) -> int:
+    return sched.store.read(lambda c: c.execute("SELECT count(*) AS n FROM jobs WHERE state = 'waiting'")
+                            .fetchall())[0]["n"]
+
+
+def test_a_long_chain_cascades_link_by_link(sched):
+    """Deeper than Python's recursion limit and longer than the steps the finish runs itself: each link
+    is a write of its own (issue 22), the cascade thread runs the rest, and the whole chain ends."""
+    w = add_worker(sched, "w")
+    head, last = _chain(sched, 1500)
     assert state_of(sched, last)["state"] == "waiting"
     run(sched, w, 1)
+    sched.cascades.join(60)
     assert state_of(sched, last)["reason"] == "dependency_failed"
-    left = sched.store.read(lambda c: c.execute("SELECT count(*) AS n FROM jobs WHERE state = 'waiting'").fetchall())
-    assert left[0]["n"] == 0
+    assert _waiting(sched) == 0 and sched.cascades.steps_run >= 1500
+
+
+def test_with_nothing_to_run_its_steps_a_cascade_is_a_loop_in_one_transaction(sched, clock):
+    """A direct store.write (tools, tests) has no cascade driver: the chain ends in that transaction."""
+    head, last = _chain(sched, 1500)
+    sched.store.write(jobs.cancel, head, clock())
+    assert state_of(sched, last)["reason"] == "dependency_failed"
+    assert _waiting(sched) == 0 and sched.cascades.steps_run == 0
 
 
 def test_counts_and_indices_follow_each_element_s_latest_attempt(sched):

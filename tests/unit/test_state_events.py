@@ -18,7 +18,7 @@ ALLOWED = {
     ("tasks", "running"): {"task_started"},
     ("tasks", "succeeded"): {"task_finished"},
     ("tasks", "failed"): {"task_finished", "task_stopped"},
-    ("tasks", "cancelled"): {"task_cancelled", "task_finished", "task_stopped"},
+    ("tasks", "cancelled"): {"task_cancelled", "task_finished", "task_stopped", "elements_cancelled"},
     ("tasks", "lost"): {"task_lost", "task_stopped"},
     ("tasks", "queued"): {"job_submitted", "job_retried", "replica_replaced", "task_requeued", "gang_released",
                           "element_retried"},
@@ -33,7 +33,9 @@ ALLOWED = {
     ("workers", "offline"): {"worker_offline"},
     ("workers", "gone"): {"worker_gone"},
 }
-JOB_LEVEL = {"job_submitted", "job_retried", "replica_replaced", "gang_released", "element_retried"}
+# (elements_cancelled: one event for a batch of an array's elements, issue 22)
+JOB_LEVEL = {"job_submitted", "job_retried", "replica_replaced", "gang_released", "element_retried",
+             "elements_cancelled"}
 
 
 def _states(store) -> dict:

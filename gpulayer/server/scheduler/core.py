@@ -13,8 +13,9 @@ from typing import BinaryIO, Callable
 
 from gpulayer.server.config import MAX_ACQUIRE_WAIT_S, ControlPlaneConfig
 from gpulayer.server.errors import NotFound
-from gpulayer.server.scheduler import (access, aging, cordons, gpu_health, jobs, leases, ledger, lifecycle,
-                                       placement, preemption, reconcile, secrets, teams, tokens, workers)
+from gpulayer.server.scheduler import (access, aging, cascades, cordons, gpu_health, jobs, leases, ledger,
+                                       lifecycle, outcomes, placement, preemption, reconcile, secrets, teams, tokens,
+                                       workers)
 from gpulayer.server.scheduler.artifacts import ArtifactStore
 from gpulayer.server.scheduler.follow import LogFollowers
 from gpulayer.server.scheduler.spec import validate_job
@@ -56,6 +57,9 @@ class Scheduler:
         self.observe_acquire: Callable[[float], None] = lambda seconds: None
         # Set when this plane was restored from a replica (ControlPlane.start): heartbeats reconcile against it.
         self.restored: reconcile.Restored | None = None
+        # Big cancels, cascades and releases: one bounded write a step (scheduler/cascades.py).
+        self.cascades = cascades.Cascades(store, outcomes.run_step, clock, after_step=self._cascade_stepped)
+        self._cascades_recovered = False
 
     # -- wake-up -------------------------------------------------------------
 
@@ -93,11 +97,34 @@ class Scheduler:
     def artifacts(self) -> ArtifactStore:
         return ArtifactStore(self.config.layout.artifacts)
 
-    def _write(self, fn, *args, wake: bool = False, **kwargs):
-        result = self.store.write(fn, *args, **kwargs)
+    def _write(self, fn, *args, wake: bool = False, until_ended: int | None = None,
+               inline: int = cascades.INLINE_STEPS, **kwargs):
+        """fn in a write; then the cascade steps it asked for (cascades.Cascades.drive: `inline` of them
+        here, and those of job `until_ended` until it has ended; the rest on the cascade thread)."""
+        with cascades.collecting() as steps:
+            result = self.store.write(fn, *args, **kwargs)
         if wake:
             self.wake()
+        if steps:
+            self.cascades.drive(steps, until_ended, inline)
         return result
+
+    def _cascade_stepped(self) -> None:
+        """A cascade step committed: it may have released tasks (acquires look again) or ended jobs."""
+        self.wake()
+        self.log_followers.written()
+
+    def resume_cascades(self) -> int:
+        """At start, then each upkeep tick: queue what a stopped control plane's cascades left undone (at
+        start: `cascades_pending`), and run what is queued; returns how many steps were found at start."""
+        found = 0
+        if not self._cascades_recovered:
+            self._cascades_recovered = True
+            pending = self.store.read(lambda conn: conn.execute(QUERIES["cascades_pending"]).fetchall())
+            found = len(pending)
+            self.cascades.add((p["kind"], p["job_id"], -1 if p["arg"] is None else p["arg"]) for p in pending)
+        self.cascades.resume()
+        return found
 
     # -- clients -------------------------------------------------------------
 
@@ -119,7 +146,7 @@ class Scheduler:
         if index is not None:
             cancelled = self._write(jobs.cancel_element, job_id, index, self.clock(), wake=True)
         else:
-            cancelled = self._write(jobs.cancel, job_id, self.clock(), wake=True)
+            cancelled = self._write(jobs.cancel, job_id, self.clock(), wake=True, until_ended=job_id)
         self.log_followers.written()  # the job may have ended: its log followers stop waiting
         return cancelled
 
@@ -217,7 +244,7 @@ class Scheduler:
         self._write(workers.needs_upgrade, now=self.clock(), **kwargs)
 
     def heartbeat(self, worker_id: int, reported: list[dict], gpus: list[dict] | None = None) -> dict:
-        answer = self._write(leases.heartbeat, worker_id, reported, self.clock(), self.config.lease_ttl_s, gpus,
+        answer = self._write(leases.heartbeat, worker_id, reported, self.clock(), self.config.lease_ttl_s, gpus, inline=0,
                              restored=self.restored)
         if answer.get("reset_gpus"):
             self.wake()

@@ -53,7 +53,7 @@ def submit(conn, spec: dict, now: float, user_id: int = 1, project_id: int = 1) 
     failed = next(((dep, state) for dep, state in after
                    if state not in outcomes.ACTIVE_JOB and not outcomes.dependency_met(dep["condition"], state)), None)
     if failed is not None:  # it can never run: cancelled at once, as if that dependency had just ended
-        outcomes.cancel_dependent(conn, now, job_id, failed[0]["job"], failed[1])
+        outcomes.cancel_dependent(conn, now, job_id, failed[0]["job"], failed[1], first_step=True)
     return job_id
 
 
@@ -71,7 +71,8 @@ def no_dependency(job_id: int) -> InvalidRequest:
 
 
 def cancel(conn, job_id: int, now: float) -> bool:
-    """Cancel a job: queued tasks end now, running ones through their worker's heartbeat.
+    """Cancel a job: queued tasks end now, running ones through their worker's heartbeat; a big array's
+    in bounded steps (outcomes.end_step), the job ending `cancelled` after its last.
 
     Returns False when the job had already ended (cancel is then a no-op). Raises NotFound.
     """
@@ -80,12 +81,7 @@ def cancel(conn, job_id: int, now: float) -> bool:
         raise NotFound(f"no job {job_id}")
     if job["state"] not in outcomes.ACTIVE_JOB:
         return False
-    for task in rows(conn, "cancel_queued_tasks", job_id=job_id, now=now, reason="cancelled"):
-        events.record(conn, now, "task_cancelled", job_id=job_id, task_id=task["id"])
-    for task in rows(conn, "cancel_running_tasks", job_id=job_id):
-        events.record(conn, now, "task_cancel_requested", job_id=job_id, task_id=task["id"],
-                      worker_id=task["worker_id"])
-    outcomes.finish(conn, now, job_id, "cancelled", None, "cancelled")
+    outcomes.cancel(conn, now, job_id, "cancelled")
     return True
 
 
@@ -190,6 +186,8 @@ def waiting_reason(conn, job: dict, tasks: list[dict] | None = None) -> str | No
     array's element released but not placed (one held by the array's %N cap
     waits for nothing to be told).
     """
+    if job["state"] in outcomes.ACTIVE_JOB and job["reason"] is not None:
+        return f"being cancelled ({job['reason']}): its tasks end in batches"  # outcomes.end_step
     if job["state"] == "waiting":
         return _dependencies_reason(conn, job)
     if job["state"] == "running":

@@ -11,16 +11,22 @@ no element is left to run: succeeded if every element's last task did, else
 failed. A capped array (%N) keeps at most N tasks released (queued in
 task_queue, or active); each element that ends releases the next held one.
 
-A job that ends settles the jobs waiting on it (job_dependencies), in the same
-transaction: one whose last dependency ended is released (queued, its tasks
-let into task_queue), one whose dependency ended against its condition is
-cancelled with reason `dependency_failed`, which ends it in turn (a cascade).
+A job that ends settles the jobs waiting on it (job_dependencies): one whose
+last dependency ended is released (queued, its tasks let into task_queue),
+one whose dependency ended against its condition is cancelled with reason
+`dependency_failed`, which ends it in turn (a cascade). A cancel, a cascade
+and a release run in bounded steps (`end_step`, `settle_step`,
+`release_step`: at most BATCH task rows or FANOUT jobs a write), each asked
+for with cascades.follow, so that no transaction holds the writer for long
+(scheduler/cascades.py); a job being cancelled keeps its state, with its
+`reason` set, until its last task ended.
 """
 from __future__ import annotations
 
 import json
 
-from gpulayer.server.scheduler import events
+from gpulayer.protocol import array_text
+from gpulayer.server.scheduler import cascades, events
 from gpulayer.server.store.queries import row, rows
 
 ACTIVE = ("queued", "assigned", "running")
@@ -29,6 +35,9 @@ FINAL_JOB_STATE = {"failed": "failed", "lost": "lost", "cancelled": "cancelled"}
 #: Reasons the retry policy reads as another: a task its worker stopped (SIGTERM), one a drain's
 #: deadline stopped, or one whose GPU turned unhealthy was lost with its worker (or device).
 RETRY_AS = {"worker_stopped": "worker_lost", "worker_drained": "worker_lost", "gpu_unhealthy": "worker_lost"}
+# One cascade step's bounds (a few ms of the writer each on 2 cores; docs/benchmarks.md, "Cascades").
+BATCH = 250     # task rows one step ends or releases
+FANOUT = 100    # waiting jobs one step settles
 
 
 def settle(conn, now: float, job_id: int, attempt: int, task: dict) -> str | None:
@@ -118,7 +127,7 @@ def finish(conn, now: float, job_id: int, state: str, exit_code: int | None, rea
     if row(conn, "finish_job", job_id=job_id, state=state, exit_code=exit_code, reason=reason, now=now) is None:
         return None
     events.record(conn, now, "job_finished", job_id=job_id, state=state, exit_code=exit_code, reason=reason)
-    _settle_dependents(conn, now, job_id, state)
+    settle_step(conn, now, job_id)  # the jobs that wait on it: the first FANOUT now, the rest in steps
     return state
 
 
@@ -141,6 +150,8 @@ def settle_element(conn, now: float, job: dict, task: dict, *, freed: bool) -> s
         rows(conn, "release_held_tasks", job_id=job["id"], n=1, now=now)
     if row(conn, "job_has_active_task", job_id=job["id"]) is not None:
         return None
+    if job["reason"] is not None:  # being cancelled (end_step) and this was its last element: cancelled
+        return finish(conn, now, job["id"], "cancelled", None, job["reason"])
     failed = rows(conn, "array_failed_indices", job_id=job["id"], limit=1)
     if not failed:
         return finish(conn, now, job["id"], "succeeded", 0, None)
@@ -156,34 +167,102 @@ def dependency_met(condition: str, state: str) -> bool:
     return (state == "succeeded") == (condition == "ok")
 
 
-def cancel_dependent(conn, now: float, job_id: int, after_job_id: int, state: str | None = None) -> bool:
+def cancel(conn, now: float, job_id: int, reason: str) -> None:
+    """Start cancelling an active job for `reason` (cancelled, dependency_failed) and run its first
+    end_step now: a job of up to BATCH tasks (any job but a big array) ends in this transaction."""
+    row(conn, "mark_job_ending", job_id=job_id, reason=reason)
+    end_step(conn, now, job_id)
+
+
+def cancel_dependent(conn, now: float, job_id: int, after_job_id: int, state: str | None = None, *,
+                     first_step: bool = False) -> None:
     """Cancel a job that can never run, its dependency `after_job_id` having ended (in `state`) against
-    its condition: reason dependency_failed. Its own dependents are left to the caller."""
+    its condition: reason dependency_failed, in end_steps of their own (`first_step`: the first now)."""
     events.record(conn, now, "dependency_failed", job_id=job_id, after=after_job_id, state=state)
-    for task in rows(conn, "cancel_queued_tasks", job_id=job_id, now=now, reason="dependency_failed"):
-        events.record(conn, now, "task_cancelled", job_id=job_id, task_id=task["id"], reason="dependency_failed")
-    if row(conn, "finish_job", job_id=job_id, state="cancelled", exit_code=None, reason="dependency_failed",
-           now=now) is None:
-        return False
-    events.record(conn, now, "job_finished", job_id=job_id, state="cancelled", exit_code=None,
-                  reason="dependency_failed")
-    return True
+    if first_step:
+        cancel(conn, now, job_id, "dependency_failed")
+        return
+    row(conn, "mark_job_ending", job_id=job_id, reason="dependency_failed")
+    _follow(conn, now, ("end", job_id, 0))
 
 
-def _settle_dependents(conn, now: float, job_id: int, state: str) -> None:
-    """The jobs waiting on `job_id`, which just ended in `state`: released when their last dependency
-    ended, cancelled when this one ended against their condition, and so on down a chain (a loop, not
-    recursion: a chain may be thousands of jobs long)."""
-    ended = [(job_id, state)]
-    while ended:
-        after, after_state = ended.pop()
-        for dependent in rows(conn, "waiting_dependents", after_job_id=after):
-            if not dependency_met(dependent["condition"], after_state):
-                if cancel_dependent(conn, now, dependent["job_id"], after, after_state):
-                    ended.append((dependent["job_id"], "cancelled"))
-                continue
-            released = row(conn, "release_job", job_id=dependent["job_id"])
-            if released is None:
-                continue  # another dependency has not ended yet
-            rows(conn, "release_held_tasks", job_id=dependent["job_id"], n=released["max_running"] or -1, now=now)
-            events.record(conn, now, "job_released", job_id=dependent["job_id"], after=after)
+def end_step(conn, now: float, job_id: int, _arg: int = 0) -> None:
+    """One step of a cancel: up to BATCH of the job's tasks not yet running end (an array's in one
+    `elements_cancelled` event, not one per element); after the last, its running tasks are asked to
+    stop and the job ends `cancelled`, which settles what waits on it. A no-op for a job not being
+    cancelled (marked by mark_job_ending), so a step that runs twice changes nothing."""
+    job = row(conn, "get_job", job_id=job_id)
+    if job is None or job["state"] not in ACTIVE_JOB or job["reason"] is None:
+        return
+    reason, array = job["reason"], job["array_size"] is not None
+    ended = rows(conn, "cancel_queued_batch", job_id=job_id, now=now, reason=reason, n=BATCH if array else -1)
+    extra = {} if reason == "cancelled" else {"reason": reason}
+    # An array's queued elements in one event; a task of any other job, or one that held a worker, in its own.
+    alone = [t for t in ended if not array or t["worker_id"] is not None]
+    together = [t for t in ended if array and t["worker_id"] is None]
+    if together:
+        events.record(conn, now, "elements_cancelled", job_id=job_id, count=len(together),
+                      indices=array_text(sorted(t["index"] for t in together)), **extra)
+    for task in alone:
+        events.record(conn, now, "task_cancelled", job_id=job_id, task_id=task["id"], worker_id=task["worker_id"],
+                      **extra)
+    if array and len(ended) == BATCH:
+        _follow(conn, now, ("end", job_id, 0))
+        return
+    for task in rows(conn, "cancel_running_tasks", job_id=job_id):
+        events.record(conn, now, "task_cancel_requested", job_id=job_id, task_id=task["id"],
+                      worker_id=task["worker_id"])
+    finish(conn, now, job_id, "cancelled", None, reason)
+
+
+def settle_step(conn, now: float, job_id: int, cursor: int = 0) -> None:
+    """One step of settling the jobs waiting on `job_id`, which has ended: up to FANOUT of them (after
+    job `cursor`) are released when their last dependency ended, or set to be cancelled when this one
+    ended against their condition; each goes on in steps of its own (down a chain, one link a step)."""
+    job = row(conn, "get_job", job_id=job_id)
+    if job is None or job["finished_at"] is None:
+        return
+    found = rows(conn, "waiting_dependents", after_job_id=job_id, cursor=cursor, n=FANOUT)
+    for dependent in found:
+        if not dependency_met(dependent["condition"], job["state"]):
+            cancel_dependent(conn, now, dependent["job_id"], job_id, job["state"])
+            continue
+        released = row(conn, "release_job", job_id=dependent["job_id"])
+        if released is None:
+            continue  # another dependency has not ended yet
+        events.record(conn, now, "job_released", job_id=dependent["job_id"], after=job_id)
+        _follow(conn, now, ("release", dependent["job_id"], released["max_running"] or -1))
+    if len(found) == FANOUT:
+        _follow(conn, now, ("settle", job_id, found[-1]["job_id"]))
+
+
+def release_step(conn, now: float, job_id: int, count: int = -1) -> None:
+    """One step of releasing a job's held tasks into task_queue: up to BATCH of the `count` left
+    (-1: all of them), lowest index first; the rest in steps of their own."""
+    n = BATCH if count < 0 else min(count, BATCH)
+    released = rows(conn, "release_held_tasks", job_id=job_id, n=n, now=now)
+    if len(released) == n and count != n:
+        _follow(conn, now, ("release", job_id, -1 if count < 0 else count - n))
+
+
+#: The cascade steps by kind (cascades.Step), each idempotent.
+STEPS = {"end": end_step, "settle": settle_step, "release": release_step}
+
+
+def run_step(conn, now: float, step: cascades.Step) -> None:
+    """Run one cascade step (cascades.Cascades calls this, in a write of its own)."""
+    kind, job_id, arg = step
+    STEPS[kind](conn, now, job_id, arg)
+
+
+def _follow(conn, now: float, step: cascades.Step) -> None:
+    """Ask for `step` in a write of its own; with nothing to collect it, run it and all that follows now,
+    in this transaction (a loop, not recursion: a chain may be thousands of jobs long)."""
+    if cascades.follow(step):
+        return
+    with cascades.collecting() as noted:
+        pending = [step]
+        while pending:
+            run_step(conn, now, pending.pop(0))
+            pending.extend(noted)
+            noted.clear()

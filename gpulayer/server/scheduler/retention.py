@@ -91,11 +91,13 @@ class _Round:
 
     def __init__(self, store, now: float, budget: int):
         self.store, self.now, self.budget = store, now, budget
-        self.removed = {"jobs": 0, "log_lines": 0, "events": 0, "workers": 0}
+        self.removed = {"jobs": 0, "log_lines": 0, "events": 0, "workers": 0, "tasks": 0, "dependencies": 0}
 
-    def write(self, kind: str, query: str, **params) -> int:
+    def write(self, kind: str, query, **params) -> int:
+        """One write: the named query, or fn(conn, **params); the rows it removed are counted under `kind`."""
         self.budget -= 1
-        count = len(self.store.write(lambda conn: rows(conn, query, **params)))
+        fn = query if callable(query) else (lambda conn, **params: rows(conn, query, **params))
+        count = len(self.store.write(fn, **params))
         self.removed[kind] += count
         return count
 
@@ -104,9 +106,7 @@ class _Round:
         return self.budget <= 0
 
     def job_lines(self, job_id: int, cutoff: float) -> None:
-        while not self.spent and self.write("log_lines", "prune_job_logs", job_id=job_id, cutoff=cutoff,
-                                             n=PRUNE_BATCH) == PRUNE_BATCH:
-            pass
+        self.batches("log_lines", "prune_job_logs", job_id=job_id, cutoff=cutoff)
 
     def each(self, query: str, cutoff: float, handle) -> None:
         """handle(row) for each row the read `query` finds, PRUNE_JOBS at a time, until none or spent."""
@@ -122,14 +122,20 @@ class _Round:
     def logs(self, cutoff: float) -> None:
         self.each("prune_log_jobs", cutoff, lambda job: self.job_lines(job["id"], cutoff))
 
+    def batches(self, kind: str, query: str, **params) -> None:
+        """`query` (one bounded write) again until it removes less than a batch, or the budget is spent."""
+        while not self.spent and self.write(kind, query, n=PRUNE_BATCH, **params) == PRUNE_BATCH:
+            pass
+
     def jobs(self, cutoff: float) -> None:
         def forget(job):
+            # A big array's tasks and events go a batch a write too (issue 22), then the job row.
             self.job_lines(job["id"], cutoff)
+            self.batches("events", "prune_job_events", job_id=job["id"], cutoff=cutoff)
+            self.batches("tasks", _forget_tasks, job_id=job["id"], cutoff=cutoff)
+            self.batches("dependencies", "prune_job_dependencies", job_id=job["id"], cutoff=cutoff)
             if not self.spent:
-                self.budget -= 1
-                gone = self.store.write(_forget_job, job["id"], cutoff)
-                self.removed["events"] += gone["events"]
-                self.removed["jobs"] += gone["jobs"]
+                self.write("jobs", _forget_job, job_id=job["id"], cutoff=cutoff)
         self.each("prune_old_jobs", cutoff, forget)
 
     def loose_events(self, cutoff: float) -> None:
@@ -145,15 +151,17 @@ class _Round:
                   lambda worker: self.write("workers", "prune_worker", worker_id=worker["id"], cutoff=cutoff))
 
 
-def _forget_job(conn, job_id: int, cutoff: float) -> dict:
-    """One ended job's events, rendezvous, dependencies (both ways), tasks and row (its log lines went in
-    batches before)."""
-    gone = len(rows(conn, "prune_job_events", job_id=job_id, cutoff=cutoff))
+def _forget_tasks(conn, job_id: int, cutoff: float, n: int) -> list[dict]:
+    """Up to n tasks of one pruned job, with their preemptions (the usage ledger keeps who preempted whom)."""
+    rows(conn, "prune_job_preemptions", job_id=job_id, cutoff=cutoff, n=n)  # of the same n tasks, first
+    return rows(conn, "prune_job_tasks", job_id=job_id, cutoff=cutoff, n=n)
+
+
+def _forget_job(conn, job_id: int, cutoff: float) -> list[dict]:
+    """The row of a pruned job whose lines, events, tasks and dependencies went in batches, with its
+    rendezvous (a few rows a rank); nothing while any of those is left."""
     rows(conn, "prune_job_rendezvous", job_id=job_id, cutoff=cutoff)
-    rows(conn, "prune_job_dependencies", job_id=job_id, cutoff=cutoff)
-    rows(conn, "prune_job_preemptions", job_id=job_id, cutoff=cutoff)  # the usage ledger keeps who preempted whom
-    rows(conn, "prune_job_tasks", job_id=job_id, cutoff=cutoff)
-    return {"events": gone, "jobs": 1 if row(conn, "prune_job", job_id=job_id, cutoff=cutoff) else 0}
+    return rows(conn, "prune_job", job_id=job_id, cutoff=cutoff)
 
 
 def prune(store, *, now: float, log_retention_s: float, job_retention_s: float, dry_run: bool = False,

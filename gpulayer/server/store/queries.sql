@@ -42,20 +42,44 @@ RETURNING id;
 INSERT INTO job_dependencies (job_id, after_job_id, condition) VALUES (:job_id, :after_job_id, :condition);
 
 -- name: waiting_dependents --
--- The waiting jobs that wait on a job that just ended, with their condition on it. (CROSS JOIN
--- keeps SQLite from walking every waiting job instead: the cost is this job's dependents only.)
+-- The waiting jobs that wait on a job that just ended, with their condition on it: up to :n of
+-- them after job :cursor, not those being cancelled already (reason set). (CROSS JOIN keeps
+-- SQLite from walking every waiting job instead: the cost is this job's dependents only.)
 SELECT d.job_id, d.condition FROM job_dependencies d CROSS JOIN jobs j ON j.id = d.job_id
-WHERE d.after_job_id = :after_job_id AND j.state = 'waiting'
-ORDER BY d.job_id;
+WHERE d.after_job_id = :after_job_id AND d.job_id > :cursor AND j.state = 'waiting' AND j.reason IS NULL
+ORDER BY d.job_id LIMIT :n;
 
 -- name: release_job --
 -- A waiting job whose dependencies have all ended (none ended against its condition, or
 -- it would be cancelled) is queued.
 UPDATE jobs SET state = 'queued'
-WHERE id = :job_id AND state = 'waiting'
+WHERE id = :job_id AND state = 'waiting' AND reason IS NULL
   AND NOT EXISTS (SELECT 1 FROM job_dependencies d JOIN jobs a ON a.id = d.after_job_id
                   WHERE d.job_id = :job_id AND a.finished_at IS NULL)
 RETURNING id, max_running;
+
+-- name: cascades_pending --
+-- At start (a read): what a cascade left undone when the control plane stopped between two of its
+-- writes (scheduler/cascades.py). `end`: a job being cancelled (an active job with a reason, set by
+-- mark_job_ending). `settle`: a job that ended while jobs that wait on it are still waiting (their
+-- other dependencies may simply not have ended: settling them again changes nothing). `release`: a
+-- released job with held tasks that its %N cap (or none) lets go, `arg` how many (NULL: all).
+SELECT 'end' AS kind, id AS job_id, 0 AS arg FROM jobs
+WHERE state IN ('queued', 'running', 'waiting') AND reason IS NOT NULL
+UNION
+SELECT 'settle', d.after_job_id, 0 FROM jobs j
+JOIN job_dependencies d ON d.job_id = j.id JOIN jobs a ON a.id = d.after_job_id
+WHERE j.state = 'waiting' AND j.reason IS NULL AND a.finished_at IS NOT NULL
+UNION
+SELECT 'release', id, arg FROM (
+    SELECT j.id, CASE WHEN j.max_running IS NOT NULL THEN j.max_running - (
+               SELECT count(*) FROM tasks t INDEXED BY tasks_job_active
+               WHERE t.job_id = j.id AND t.state IN ('queued', 'assigned', 'running') AND t.held = 0) END AS arg
+    FROM jobs j
+    WHERE j.state IN ('queued', 'running') AND j.reason IS NULL
+      AND EXISTS (SELECT 1 FROM tasks h INDEXED BY tasks_held WHERE h.job_id = j.id AND h.state = 'queued' AND h.held = 1))
+WHERE arg IS NULL OR arg > 0
+ORDER BY 2;
 
 -- name: job_dependencies_of --
 -- What a job runs after, with where each of those stands now.
@@ -455,7 +479,7 @@ DELETE FROM rendezvous WHERE job_id = :job_id AND attempt = :attempt;
 
 -- name: job_for_update --
 -- The job row that task-ending decisions read.
-SELECT id, state, kind, width, gang, attempt, max_attempts, retry_on, priority, array_size, max_running
+SELECT id, state, kind, width, gang, attempt, max_attempts, retry_on, priority, array_size, max_running, reason
 FROM jobs WHERE id = :job_id;
 
 -- name: attempt_tasks --
@@ -494,11 +518,22 @@ UPDATE jobs SET state = :state, exit_code = :exit_code, reason = :reason, finish
 WHERE id = :job_id AND state IN ('queued', 'running', 'waiting')
 RETURNING id;
 
--- name: cancel_queued_tasks --
--- Cancel: tasks not yet running end at once, for :reason (cancelled, or dependency_failed as their job).
-UPDATE tasks SET state = 'cancelled', reason = :reason, finished_at = :now
-WHERE job_id = :job_id AND state IN ('queued', 'assigned')
+-- name: mark_job_ending --
+-- A job starts to be cancelled (:reason cancelled, or dependency_failed): its reason is set while it
+-- is still queued, running or waiting, and it ends once its last task did (outcomes.end_step). An
+-- active job has no reason otherwise, so this is the mark that a restart finds (cascades_pending).
+UPDATE jobs SET reason = :reason
+WHERE id = :job_id AND state IN ('queued', 'running', 'waiting') AND reason IS NULL
 RETURNING id;
+
+-- name: cancel_queued_batch --
+-- Cancel: up to :n tasks not yet running (-1: all) end at once, for :reason (cancelled, or
+-- dependency_failed as their job): one bounded write of a big array's cancel.
+UPDATE tasks SET state = 'cancelled', reason = :reason, finished_at = :now
+WHERE id IN (SELECT id FROM tasks INDEXED BY tasks_job_active
+             WHERE job_id = :job_id AND state IN ('queued', 'assigned', 'running') AND state IN ('queued', 'assigned')
+             LIMIT :n)
+RETURNING id, "index", worker_id;
 
 -- name: cancel_running_tasks --
 -- Cancel: running tasks are stopped through their worker's next heartbeat.
@@ -1027,9 +1062,11 @@ WHERE state IN ('succeeded', 'failed', 'cancelled', 'lost') AND finished_at < :c
 ORDER BY id LIMIT :n;
 
 -- name: prune_job_events --
--- Retention: the events of one job that ended before the cutoff (its logs are gone by then).
-DELETE FROM events WHERE job_id = :job_id
-  AND EXISTS (SELECT 1 FROM jobs WHERE id = :job_id AND finished_at < :cutoff)
+-- Retention: up to :n events of one job that ended before the cutoff (its logs are gone by then).
+DELETE FROM events WHERE seq IN (
+    SELECT seq FROM events WHERE job_id = :job_id
+      AND EXISTS (SELECT 1 FROM jobs WHERE id = :job_id AND finished_at < :cutoff)
+    ORDER BY seq LIMIT :n)
 RETURNING seq;
 
 -- name: prune_job_rendezvous --
@@ -1038,20 +1075,33 @@ DELETE FROM rendezvous WHERE job_id = :job_id
   AND EXISTS (SELECT 1 FROM jobs WHERE id = :job_id AND finished_at < :cutoff);
 
 -- name: prune_job_dependencies --
--- Retention: what one pruned job ran after, and what ran after it (a job waits only on a job that
--- has not ended, so no waiting job loses a dependency here).
-DELETE FROM job_dependencies WHERE (job_id = :job_id OR after_job_id = :job_id)
-  AND EXISTS (SELECT 1 FROM jobs WHERE id = :job_id AND finished_at < :cutoff);
+-- Retention: up to :n of what one pruned job ran after, and of what ran after it (a job waits only
+-- on a job that has not ended, so no waiting job loses a dependency here).
+DELETE FROM job_dependencies WHERE rowid IN (
+    SELECT rowid FROM job_dependencies WHERE job_id = :job_id
+      AND EXISTS (SELECT 1 FROM jobs WHERE id = :job_id AND finished_at < :cutoff)
+    UNION ALL
+    SELECT rowid FROM job_dependencies WHERE after_job_id = :job_id
+      AND EXISTS (SELECT 1 FROM jobs WHERE id = :job_id AND finished_at < :cutoff)
+    LIMIT :n)
+RETURNING job_id;
 
 -- name: prune_job_tasks --
--- Retention: the tasks of one pruned job (before the job: tasks reference it).
-DELETE FROM tasks WHERE job_id = :job_id
-  AND EXISTS (SELECT 1 FROM jobs WHERE id = :job_id AND finished_at < :cutoff);
+-- Retention: up to :n tasks of one pruned job, lowest id first (before the job: tasks reference it).
+DELETE FROM tasks WHERE id IN (
+    SELECT id FROM tasks WHERE job_id = :job_id
+      AND EXISTS (SELECT 1 FROM jobs WHERE id = :job_id AND finished_at < :cutoff)
+    ORDER BY id LIMIT :n)
+RETURNING id;
 
 -- name: prune_job --
--- Retention: the job row itself, once it has no log lines left.
+-- Retention: the job row itself, once it has no log lines, tasks, events or dependencies left.
 DELETE FROM jobs WHERE id = :job_id AND finished_at < :cutoff
   AND NOT EXISTS (SELECT 1 FROM logs WHERE job_id = :job_id)
+  AND NOT EXISTS (SELECT 1 FROM tasks WHERE job_id = :job_id)
+  AND NOT EXISTS (SELECT 1 FROM events WHERE job_id = :job_id)
+  AND NOT EXISTS (SELECT 1 FROM job_dependencies WHERE job_id = :job_id)
+  AND NOT EXISTS (SELECT 1 FROM job_dependencies WHERE after_job_id = :job_id)
 RETURNING id;
 
 -- name: prune_loose_events --
@@ -1621,9 +1671,9 @@ SELECT 1 AS found FROM shape_worker_fit WHERE shape_id = CAST(:shape_id AS INTEG
 SELECT coalesce(max(n) + 1, 0) AS n FROM logs WHERE task_id = :task_id;
 
 -- name: prune_job_preemptions --
--- Retention: the preemptions of one pruned job's tasks (the usage ledger's rows keep preempted_by).
--- (Read through the job's tasks, before they go: preemptions_task serves it.)
-DELETE FROM preemptions WHERE task_id IN (SELECT id FROM tasks WHERE job_id = :job_id)
+-- Retention: the preemptions of the :n tasks prune_job_tasks removes next (the usage ledger's rows
+-- keep preempted_by). (Read through the job's tasks, before they go: preemptions_task serves it.)
+DELETE FROM preemptions WHERE task_id IN (SELECT id FROM tasks WHERE job_id = :job_id ORDER BY id LIMIT :n)
   AND EXISTS (SELECT 1 FROM jobs WHERE id = :job_id AND finished_at < :cutoff)
 RETURNING id;
 
