@@ -30,6 +30,8 @@ SERVICE_MAX_ATTEMPTS = 10
 MAX_OUTPUT_BYTES = 10 * 1024 ** 3  # a task output a worker uploads; clients' uploads have the store's limit
 FAIRSHARE_HALF_LIFE_S = 7 * 86400.0  # fair share forgets half a project's usage in this long
 PREEMPT_GRACE_S = 30.0           # a preempted task's SIGTERM-to-SIGKILL grace
+# Elements (tasks) of one user's jobs not yet ended, at most (0: no cap); 10 arrays of MAX_ARRAY.
+MAX_QUEUED_ELEMENTS = 1_000_000
 PRIORITY_CLASSES = {"low": -10, "normal": 0, "high": 10}  # names `--priority` takes besides numbers
 MAX_ARRAY = 100_000       # elements of one job array (one request, one transaction)
 MAX_ARRAY_INDEX = 9_999_999

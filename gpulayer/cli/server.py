@@ -11,7 +11,7 @@ import typer
 from gpulayer.cli.common import fail, home_of, parse_pairs, plural, print_json
 from gpulayer.protocol import (
     DEFAULT_PORT, HEARTBEAT_INTERVAL_S, JOB_RETENTION_S, LEASE_TTL_S, LOG_RETENTION_S, MAX_OUTPUT_BYTES,
-    FAIRSHARE_HALF_LIFE_S, PREEMPT_GRACE_S, PRIORITY_CLASSES,
+    FAIRSHARE_HALF_LIFE_S, MAX_QUEUED_ELEMENTS, PREEMPT_GRACE_S, PRIORITY_CLASSES,
 )
 
 server_app = typer.Typer(help="Initialise, run and back up a control plane.", no_args_is_help=True)
@@ -117,6 +117,10 @@ def server_start(
     preempt_grace: Annotated[float, typer.Option(
         "--preempt-grace", min=0,
         help="Seconds a preempted task has between SIGTERM and SIGKILL.")] = PREEMPT_GRACE_S,
+    max_queued_elements: Annotated[int, typer.Option(
+        "--max-queued-elements", min=0, metavar="N",
+        help="A user's tasks (array elements) not yet ended, at most: a submit past it is refused (429 "
+             "too_many_queued); 0: no cap.")] = MAX_QUEUED_ELEMENTS,
     priority_class: Annotated[Optional[list[str]], typer.Option(
         "--priority-class", metavar="NAME=N",
         help="A named priority `--priority` accepts, besides low=-10, normal=0, high=10 (repeatable).")] = None,
@@ -134,7 +138,7 @@ def server_start(
     config = ControlPlaneConfig(home=home_of(ctx, home), host=host, port=port, tls_cert=tls_cert,
                                 tls_key=tls_key, allow_insecure_remote=allow_insecure_remote, http=http.value,
                                 replicate=replicate, replicate_interval_s=replicate_interval,
-                                preempt_grace_s=preempt_grace,
+                                preempt_grace_s=preempt_grace, max_queued_elements=max_queued_elements,
                                 priority_classes={**PRIORITY_CLASSES, **_priority_classes(priority_class)},
                                 fairshare_half_life_s=float(fairshare_half_life) if fairshare_half_life else FAIRSHARE_HALF_LIFE_S,
                                 **_plane_settings(heartbeat_interval, lease_ttl, synchronous, max_output_mb,

@@ -65,6 +65,13 @@ class TaskNotAssigned(Conflict):
     code = "task_not_assigned"
 
 
+class TooManyQueued(GpulayerError):
+    """A submit past the per-user cap on elements not yet ended (`--max-queued-elements`)."""
+
+    code = "too_many_queued"
+    status = 429
+
+
 class ProtocolMismatch(GpulayerError):
     code = "protocol_mismatch"
     status = 426

@@ -60,6 +60,8 @@ class Scheduler:
         # Big cancels, cascades and releases: one bounded write a step (scheduler/cascades.py).
         self.cascades = cascades.Cascades(store, outcomes.run_step, clock, after_step=self._cascade_stepped)
         self._cascades_recovered = False
+        self._submit_locks: dict[int, threading.Lock] = {}
+        self._submit_locks_guard = threading.Lock()
 
     # -- wake-up -------------------------------------------------------------
 
@@ -132,7 +134,21 @@ class Scheduler:
         """Validate and queue a JobSpec owned by `principal`'s user in `project` (teams.submit_project; no
         principal: the first admin); returns the job id. Raises InvalidRequest, Forbidden."""
         spec = validate_job(raw_spec, self.config.priority_classes)
-        return self._write(teams.submit, principal or ADMIN, project, spec, self.clock(), wake=True)
+        principal = principal or ADMIN
+        cap = self.config.max_queued_elements
+        if not cap:
+            return self._write(teams.submit, principal, project, spec, self.clock(), wake=True)
+        # The cap is counted on a reader (a walk of up to `cap` index entries, off the writer); one
+        # user's submits take turns from the count to the commit, so none passes it beside another.
+        user_id = principal.user_id or teams.ADMIN_USER_ID
+        with self._submitting(user_id):
+            self.store.read(jobs.check_queued_elements, principal.user or f"#{user_id}", user_id, len(jobs.elements(spec)), cap)
+            return self._write(teams.submit, principal, project, spec, self.clock(), wake=True)
+
+    def _submitting(self, user_id: int) -> threading.Lock:
+        """The lock one user's submits take in turn (TooManyQueued's count and the write)."""
+        with self._submit_locks_guard:
+            return self._submit_locks.setdefault(user_id, threading.Lock())
 
     def change_teams(self, fn, *args) -> object:
         """A change to users, projects or memberships (scheduler/teams.py): cached principals are forgotten."""

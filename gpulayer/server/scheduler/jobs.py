@@ -6,7 +6,7 @@ import json
 from gpulayer.server.scheduler import events
 
 from gpulayer.server.scheduler import outcomes, waiting
-from gpulayer.server.errors import InvalidRequest, NotFound
+from gpulayer.server.errors import InvalidRequest, NotFound, TooManyQueued
 from gpulayer.server.scheduler.spec import array_indices, referenced_digests
 from gpulayer.server.store.queries import QUERIES, row, rows
 
@@ -31,7 +31,7 @@ def submit(conn, spec: dict, now: float, user_id: int = 1, project_id: int = 1) 
     waiting = any(state in outcomes.ACTIVE_JOB for _, state in after)
     service = spec["service"]
     width = service["replicas"] if service else spec["nodes"]
-    indices = array_indices(spec["array"]) if spec.get("array") else list(range(width))
+    indices = elements(spec)
     cap = spec.get("max_running")
     job_id = row(conn, "insert_job", name=spec["name"], spec=json.dumps(spec), kind="service" if service else "batch",
                  priority=spec["priority"], labels=json.dumps(spec["labels"]), secrets=json.dumps(spec["secrets"]),
@@ -55,6 +55,25 @@ def submit(conn, spec: dict, now: float, user_id: int = 1, project_id: int = 1) 
     if failed is not None:  # it can never run: cancelled at once, as if that dependency had just ended
         outcomes.cancel_dependent(conn, now, job_id, failed[0]["job"], failed[1], first_step=True)
     return job_id
+
+
+def elements(spec: dict) -> list[int]:
+    """The indices of a validated spec's tasks: an array's elements, else its replicas or ranks."""
+    if spec.get("array"):
+        return array_indices(spec["array"])
+    return list(range(spec["service"]["replicas"] if spec["service"] else spec["nodes"]))
+
+
+def check_queued_elements(conn, user: str, user_id: int, adding: int, cap: int) -> None:
+    """TooManyQueued when the user's tasks not yet ended (queued, held, running; of jobs not being
+    cancelled) and the `adding` of a new job would pass `cap` (counted up to just past the cap)."""
+    found = row(conn, "user_queued_elements", user_id=user_id, limit=cap + 1)["n"]
+    if found + adding > cap:
+        shown = f"{found:,}" if found <= cap else f"more than {cap:,}"
+        raise TooManyQueued(f"user {user} has {shown} tasks (array elements) not yet ended; this job's "
+                            f"{adding:,} would pass the cap of {cap:,} a user (`gpulayer server start "
+                            f"--max-queued-elements`): wait until some have ended, or cancel some",
+                            limit=cap, queued=found, adding=adding)
 
 
 def _dependency(conn, job_id: int) -> str:

@@ -518,6 +518,15 @@ UPDATE jobs SET state = :state, exit_code = :exit_code, reason = :reason, finish
 WHERE id = :job_id AND state IN ('queued', 'running', 'waiting')
 RETURNING id;
 
+-- name: user_queued_elements --
+-- A user's tasks not yet ended (queued, held or not, assigned, running) of jobs not being cancelled,
+-- counted up to :limit (the cap on them, `--max-queued-elements`: the walk stops there).
+SELECT count(*) AS n FROM (
+    SELECT 1 FROM jobs j INDEXED BY jobs_user_state
+    JOIN tasks t INDEXED BY tasks_job_active ON t.job_id = j.id AND t.state IN ('queued', 'assigned', 'running')
+    WHERE j.user_id = :user_id AND j.state IN ('queued', 'running', 'waiting') AND j.reason IS NULL
+    LIMIT :limit);
+
 -- name: mark_job_ending --
 -- A job starts to be cancelled (:reason cancelled, or dependency_failed): its reason is set while it
 -- is still queued, running or waiting, and it ends once its last task did (outcomes.end_step). An
