@@ -444,7 +444,9 @@ class ControlPlaneProcess(ChildProcess):
         return self.get_json(f"/v1/jobs/{job_id}")
 
     def events(self, job_id: int) -> list[dict]:
-        return self.get_json(f"/v1/jobs/{job_id}/events")["events"]
+        """Every event of the job, oldest first: its pages, following `next` (as the Python client does)."""
+        with self.client() as client:
+            return client.get_job_events(job_id)
 
     def wait_job(self, job_id: int, states=FINAL_STATES, timeout: float = 30) -> dict:
         """The job once its state is one of `states`."""

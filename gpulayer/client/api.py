@@ -29,6 +29,7 @@ from gpulayer.client.waiting import OnWaiting, WaitingNotice
 FINISHED_STATES = frozenset({"succeeded", "failed", "cancelled", "lost"})
 LOG_WAIT_S = 10.0
 QUEUED_POLL_S = 1.0  # a queued job's logs are polled this often, so a waiting reason is told in time
+EVENTS_PAGE = 10_000  # events asked per page (the server's maximum; docs/protocol.md, "Pages")
 
 
 @dataclass(frozen=True)
@@ -159,6 +160,22 @@ class Client:
             raise ApiError(f"the server sent a non-JSON answer to {method} {path}",
                            code="invalid_response", status=response.status_code) from exc
 
+    def pages(self, path: str, params: dict | None = None, cursor: str = "after") -> Iterator[dict]:
+        """Every page of a list route in turn, following each page's `next` (passed back as `cursor`) until it
+        is null; a server from before pages answers one page without `next`, which is its whole list."""
+        params = dict(params or {})
+        while True:
+            page = self.call("GET", path, params=params)
+            yield page
+            following = page.get("next")
+            if following is None or following == params.get(cursor):  # the last page (a cursor that does not
+                return                                                   # move would loop for ever)
+            params[cursor] = following
+
+    def listed(self, path: str, key: str, params: dict | None = None, cursor: str = "after") -> list[dict]:
+        """Every item of a list route, its pages joined (`pages`)."""
+        return [item for page in self.pages(path, params, cursor) for item in page[key]]
+
     def health(self) -> dict:
         """GET /v1/health (no token needed)."""
         return self.call("GET", "/health")
@@ -176,6 +193,10 @@ class Client:
     def get_job(self, job_id: int | str) -> "Job":
         """The Job with this id (NotFound when there is none)."""
         return Job(self, self.call("GET", f"/jobs/{_job_id(job_id)}"))
+
+    def get_job_events(self, job_id: int | str) -> list[dict]:
+        """Every event of job `job_id`, oldest first (its pages joined; NotFound when there is no such job)."""
+        return self.listed(f"/jobs/{_job_id(job_id)}/events", "events", {"limit": EVENTS_PAGE})
 
     def jobs(self, state: str | None = None, limit: int = 100, before: int | None = None, *,
              all: bool = False, user: str | None = None, project: str | None = None) -> list[dict]:  # noqa: A002
@@ -196,7 +217,7 @@ class Client:
 
     def workers(self) -> list[dict]:
         """Every worker the control plane knows, as dicts."""
-        return self.call("GET", "/workers")["workers"]
+        return self.listed("/workers", "workers")
 
     def cordon_worker(self, worker: str | int, reason: str) -> dict:
         """Give the worker (id or name) no new task; what runs there goes on. Its cordon as stored."""
@@ -251,7 +272,7 @@ class Client:
 
     def tokens(self) -> list[dict]:
         """Minted join tokens (never their secret part)."""
-        return self.call("GET", "/tokens")["tokens"]
+        return self.listed("/tokens", "tokens")
 
     def revoke_token(self, jti: str) -> dict:
         """Revoke a join token: its workers are cut off at their next heartbeat."""
@@ -265,7 +286,7 @@ class Client:
 
     def secrets(self, project: str | None = None) -> list[dict]:
         """A project's secret names and labels (never values)."""
-        return self.call("GET", "/secrets", params=_project(project))["secrets"]
+        return self.listed("/secrets", "secrets", _project(project))
 
     def delete_secret(self, name: str, project: str | None = None) -> None:
         """Delete a project's secret (NotFound when there is none)."""
@@ -281,7 +302,8 @@ class Client:
         """GPU-hours, CPU-hours, runs and jobs from the usage ledger, per `by` (user, project, job-name or
         label:KEY), over the runs that ended within `since` ("30d", "12h", or seconds): {by, since, until,
         rows}. An admin sees everyone's; a user their own and those of the projects they manage."""
-        return self.call("GET", "/usage", params={"by": by, "since": str(since)})
+        pages = list(self.pages("/usage", {"by": by, "since": str(since)}))
+        return {**pages[0], "rows": [r for page in pages for r in page["rows"]], "next": None}
 
     def add_user(self, name: str, *, admin: bool = False, projects: list[tuple[str, str]] | None = None,
                  max_running_jobs: int | None = None, reclaim: bool = False) -> dict:
@@ -294,7 +316,7 @@ class Client:
 
     def users(self) -> list[dict]:
         """Every user (admins)."""
-        return self.call("GET", "/users")["users"]
+        return self.listed("/users", "users")
 
     def set_user(self, name: str, **changes) -> dict:
         """Change a user's `admin` flag or `max_running_jobs` (None clears it) (admins)."""
@@ -310,7 +332,7 @@ class Client:
 
     def projects(self) -> list[dict]:
         """The projects you are in (admins: all), with their members."""
-        return self.call("GET", "/projects")["projects"]
+        return self.listed("/projects", "projects")
 
     def set_project(self, name: str, **settings) -> dict:
         """Change a project's `visibility`, `gpus`, `borrow`, `weight` (admins), `max_priority` (admins, its managers)."""
@@ -443,8 +465,8 @@ class Job:
         return bool(tasks) and tasks[0].get("finished_at") is not None
 
     def events(self) -> list[dict]:
-        """The job's events, oldest first."""
-        return self.client.call("GET", f"/jobs/{self.id}/events")["events"]
+        """Every event of the job, oldest first (its pages joined)."""
+        return self.client.get_job_events(self.id)
 
     def endpoints(self, wait: float | None = None, on_waiting: OnWaiting | None = None) -> list[str]:
         """A service's endpoints ["host:port", ...].

@@ -213,7 +213,7 @@ def test_tokens(api, client_h, tokens, clock):
 
 
 def test_secrets(api, client_h, worker):
-    assert api.simulate_get("/v1/secrets", headers=client_h).json == {"secrets": []}
+    assert api.simulate_get("/v1/secrets", headers=client_h).json == {"secrets": [], "next": None}
     r = api.simulate_put("/v1/secrets/HF_TOKEN", headers=client_h, json={"value": "s3cret", "labels": {}})
     assert r.status_code == 200 and r.json == {"name": "HF_TOKEN", "labels": {}}
     listed = api.simulate_get("/v1/secrets", headers=client_h).json["secrets"]

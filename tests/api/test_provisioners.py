@@ -5,7 +5,7 @@ from gpulayer.server.provisioning import loop as provisioner
 
 
 def test_provisioners_listing(api, deps, client_h, worker, clock):
-    assert api.simulate_get("/v1/provisioners", headers=client_h).json == {"provisioners": [], "requests": []}
+    assert api.simulate_get("/v1/provisioners", headers=client_h).json == {"provisioners": [], "requests": [], "next": None}
     deps.provisioners = provisioner.parse([{"name": "hpc", "control_plane_url": "http://cp:8470",
                                             "profiles": [{"name": "cpu", "cpus": 2, "prerun": ["export X=secret"]}]}])
     [p] = deps.provisioners

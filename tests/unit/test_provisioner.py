@@ -170,7 +170,7 @@ def plane(config, clock):
 
 
 def requests(loop):
-    return loop.store.read(rows, "list_provision_requests", limit=100)
+    return loop.store.read(rows, "list_provision_requests", limit=100, before=None)
 
 
 def register_with(loop, req_id, name):

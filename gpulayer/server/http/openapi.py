@@ -9,6 +9,7 @@ import re
 from typing import Any
 
 from gpulayer.server.config import PROTOCOL
+from gpulayer.server.http import paging
 
 ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
     "type": "object", "required": ["code", "message"],
@@ -174,7 +175,7 @@ REQUEST_BODIES = {
         "index": {**INT, "description": "cancel one element of an array (no body: the whole job)"}}},
 }
 OPTIONAL_BODIES = {("/v1/jobs/{job_id}/cancel", "post")}  # no body: the whole job
-RESPONSES = {
+RESPONSES: dict[tuple[str, str], tuple[str, dict]] = {
     ("/v1/jobs", "post"): ("201", JOB),
     ("/v1/jobs/{job_id}", "get"): ("200", JOB),
     ("/v1/jobs", "get"): ("200", {"type": "object", "required": ["jobs"],
@@ -226,8 +227,7 @@ RESPONSES = {
                                                                                "state", "slurm_job_id", "last_error"]}}}}),
 }
 QUERY_PARAMS: dict[tuple[str, str], list[tuple[str, dict]]] = {
-    ("/v1/jobs", "get"): [("state", {"type": "string"}), ("limit", {"type": "integer"}),
-                          ("before", {"type": "integer"}),
+    ("/v1/jobs", "get"): [("state", {"type": "string"}),
                           ("all", {"type": "boolean", "description": "every job the caller may see, not only its own"}),
                           ("user", {"type": "string", "description": "that user's jobs (those the caller may see)"}),
                           ("project", {"type": "string", "description": "that project's jobs (those the caller may see)"})],
@@ -241,21 +241,40 @@ QUERY_PARAMS: dict[tuple[str, str], list[tuple[str, dict]]] = {
                                                       "description": "that array element's outputs alone"})],
     ("/v1/jobs/{job_id}/logs", "get"): [("index", {"type": "integer", "minimum": 0,
                                                    "description": "that array element's lines alone"}),
-                                        ("after", {"type": "integer"}), ("limit", {"type": "integer"}),
                                         ("wait_s", {"type": "number", "minimum": 0, "maximum": 1})],
     ("/v1/workers", "get"): [("all", {"type": "boolean"})],
     ("/v1/usage", "get"): [("by", {"type": "string", "description": "user, project, job-name or label:KEY"}),
                            ("since", {"type": "string", "description": "30d, 12h, 90m or seconds (default 30d)"})],
-    ("/v1/provisioners", "get"): [("limit", {"type": "integer", "minimum": 1, "maximum": 1000})],
 }
 METHODS = ("get", "post", "put", "patch", "delete", "head")
 _PARAM = re.compile(r"\{(\w+)(?::(\w+))?\}")
+
+
+def _page_params(path: str, method: str) -> list[tuple[str, dict]]:
+    """`limit` and the cursor of a list route (paging.ROUTES)."""
+    found = paging.ROUTES.get(path) if method == "get" else None
+    if found is None:
+        return []
+    return [("limit", {"type": "integer", "minimum": 1, "maximum": found.maximum, "default": found.default}),
+            (found.cursor, {"type": "string" if found.text else "integer",
+                            "description": "the `next` of the page before (absent: the first page)"})]
+
+
+def _paged(path: str, method: str, schema: dict) -> dict:
+    """A list route's answer with its `next`."""
+    found = paging.ROUTES.get(path) if method == "get" else None
+    if found is None:
+        return schema
+    kind = "string" if found.text else "integer"
+    cursor = {"type": kind if found.followed else [kind, "null"], "description": found.describe()}
+    return {**schema, "properties": {**schema.get("properties", {}), "next": cursor}}
 
 
 def _operation(path: str, method: str, auth: tuple) -> dict:
     op: dict = {"operationId": f"{method}_{re.sub(r'[^a-z0-9]+', '_', path.lower()).strip('_')}",
                 "responses": {"default": {"description": "error", "content": {"application/json": {"schema": ERROR}}}}}
     status, schema = RESPONSES.get((path, method), ("200", {"type": "object"}))
+    schema = _paged(path, method, schema)
     if method == "head":
         op["responses"]["200"] = {"description": "present"}
     elif path.startswith("/v1/artifacts") and method == "get":
@@ -281,7 +300,8 @@ def _operation(path: str, method: str, auth: tuple) -> dict:
                "schema": {"type": "integer", "minimum": 0 if n == "index" else 1} if kind == "int" else
                (DIGEST if n == "digest" else {"type": "string"})}
               for n, kind in _PARAM.findall(path)]
-    params += [{"name": n, "in": "query", "required": False, "schema": s} for n, s in QUERY_PARAMS.get((path, method), [])]
+    params += [{"name": n, "in": "query", "required": False, "schema": s}
+               for n, s in QUERY_PARAMS.get((path, method), []) + _page_params(path, method)]
     if params:
         op["parameters"] = params
     return op

@@ -12,7 +12,7 @@ import falcon
 from gpulayer.protocol import JOB_STATES
 from gpulayer.server.config import PROTOCOL
 from gpulayer.server.errors import InvalidRequest, NotFound
-from gpulayer.server.http import wire
+from gpulayer.server.http import paging, wire
 from gpulayer.server.provisioning import loop as provisioner
 from gpulayer.server.scheduler import jobs, secrets, teams, tokens, workers
 from gpulayer.server.scheduler.artifacts import check_digest
@@ -194,12 +194,12 @@ class Jobs(Resource):
         state = req.get_param("state")
         if state is not None and state not in JOB_STATES:
             raise InvalidRequest(f"state: must be one of {', '.join(JOB_STATES)}")
-        limit = wire.query_int(req, "limit", 100, 1, 1000)
-        before = wire.query_int(req, "before", None, 1, 1 << 62)
+        limit, before = paging.params(req, "/v1/jobs")
         scope = self.store.read(teams.list_scope, req.context.principal, user=req.get_param("user"),
                                 project=req.get_param("project"),
                                 everything=req.get_param_as_bool("all", default=False))
-        resp.media = {"jobs": self.store.read(teams.listing, req.context.principal, state, limit, before, scope)}
+        found, more = self.store.read(teams.listing_page, req.context.principal, state, limit, before, scope)
+        resp.media = paging.answer("jobs", found, more, "id")
 
 
 @falcon.before(_job_access)
@@ -214,8 +214,7 @@ class Job(Resource):
         resp.media = self.store.read(jobs.render, job_id, index)
 
     def on_get_logs(self, req, resp, job_id):
-        after = wire.query_int(req, "after", 0, 0, 1 << 62)
-        limit = wire.query_int(req, "limit", 1000, 1, 10_000)
+        limit, after = paging.params(req, "/v1/jobs/{job_id}/logs")
         wait_s = wire.query_float(req, "wait_s", 0.0, 0.0, 30.0)
         index = wire.query_int(req, "index", None, 0, MAX_INDEX)
         self.store.read(jobs.render, job_id, index)  # 404 for no such job (or element)
@@ -226,8 +225,11 @@ class Job(Resource):
             resp.media["retry_after_s"] = LOG_RETRY_AFTER_S
 
     def on_get_events(self, req, resp, job_id):
-        found = self.store.read(teams.events_of, req.context.principal, job_id)
-        resp.media = {"events": teams.redact_events(found) if req.context.job_meta["level"] == "see" else found}
+        limit, after = paging.params(req, "/v1/jobs/{job_id}/events")
+        found, more = self.store.read(teams.events_page, req.context.principal, job_id, after, limit)
+        if req.context.job_meta["level"] == "see":
+            found = teams.redact_events(found)
+        resp.media = paging.answer("events", found, more, "seq")
 
     def on_get_endpoints(self, req, resp, job_id):
         resp.media = self.store.read(jobs.endpoints, job_id)
@@ -243,7 +245,9 @@ class Job(Resource):
 class Workers(Resource):
     def on_get(self, req, resp):
         include_gone = req.get_param_as_bool("all", default=False)
-        resp.media = {"workers": self.store.read(workers.listing, include_gone)}
+        limit, after = paging.params(req, "/v1/workers")
+        found, more = paging.cut(self.store.read(workers.listing, include_gone, after, limit + 1), limit)
+        resp.media = paging.answer("workers", found, more, "id")
 
 
 class WorkerControl(Resource):
@@ -275,9 +279,10 @@ class Provisioners(Resource):
     """Slurm provisioning: the configured provisioners and their recent requests."""
 
     def on_get(self, req, resp):
-        limit = req.get_param_as_int("limit", min_value=1, max_value=1000, default=100)
-        resp.media = {"provisioners": provisioner.describe(self.deps.provisioners),
-                      "requests": self.store.read(provisioner.requests_listing, limit)}
+        limit, before = paging.params(req, "/v1/provisioners")
+        found, more = paging.cut(self.store.read(provisioner.requests_listing, limit + 1, before), limit)
+        resp.media = paging.answer("requests", found, more, "id",
+                                   provisioners=provisioner.describe(self.deps.provisioners))
 
 
 class Tokens(Resource):
@@ -297,9 +302,13 @@ class Tokens(Resource):
         resp.media = self.sched.mint_token(**body)
 
     def on_get(self, req, resp):
-        me = req.context.principal
-        found = self.store.read(tokens.listing)
-        resp.media = {"tokens": found if me.admin else [t for t in found if t.get("user") == me.user]}
+        me = req.context.principal  # an admin lists every token, a user its own client tokens
+        limit, after = paging.params(req, "/v1/tokens")
+        found, more = paging.cut(self.store.read(tokens.listing, None if me.admin else me.user_id, after, limit + 1),
+                                 limit)
+        resp.media = paging.answer("tokens", found, more, "n")
+        for token in found:
+            del token["n"]  # the page's cursor (its place in minting order), `next` alone on the wire
 
 
 class Token(Resource):
@@ -317,7 +326,9 @@ class Secrets(Resource):
 
     def on_get(self, req, resp):
         project_id = self.store.read(teams.secret_project, req.context.principal, req.get_param("project"), False)
-        resp.media = {"secrets": self.store.read(secrets.listing, project_id)}
+        limit, after = paging.params(req, "/v1/secrets")
+        found, more = paging.cut(self.store.read(secrets.listing, project_id, after, limit + 1), limit)
+        resp.media = paging.answer("secrets", found, more, "name")
 
 
 class Secret(Resource):
@@ -349,7 +360,12 @@ class Usage(Resource):
     those of the projects they manage."""
 
     def on_get(self, req, resp):
-        resp.media = self.sched.usage(req.context.principal, req.get_param("by") or "user", req.get_param("since"))
+        limit, after = paging.params(req, "/v1/usage")
+        found = self.sched.usage(req.context.principal, req.get_param("by") or "user", req.get_param("since"),
+                                 offset=after, limit=limit + 1)
+        found["rows"], more = paging.cut(found["rows"], limit)
+        found["next"] = after + limit if more else None  # the rows are sums: a page is where it starts
+        resp.media = found
 
 
 class Users(Resource):
@@ -357,7 +373,9 @@ class Users(Resource):
 
     def on_get(self, req, resp):
         teams.require_admin(req.context.principal, "list users")
-        resp.media = {"users": self.store.read(teams.list_users)}
+        limit, after = paging.params(req, "/v1/users")
+        found, more = paging.cut(self.store.read(teams.list_users, after, limit + 1), limit)
+        resp.media = paging.answer("users", found, more, "name")
 
     def on_post(self, req, resp):
         teams.require_admin(req.context.principal, "add users")
@@ -390,7 +408,9 @@ class Projects(Resource):
     """Everyone lists the projects it is in (admins: all); admins add them."""
 
     def on_get(self, req, resp):
-        resp.media = {"projects": self.store.read(teams.list_projects, req.context.principal)}
+        limit, after = paging.params(req, "/v1/projects")
+        found, more = paging.cut(self.store.read(teams.list_projects, req.context.principal, after, limit + 1), limit)
+        resp.media = paging.answer("projects", found, more, "name")
 
     def on_post(self, req, resp):
         teams.require_admin(req.context.principal, "add projects")

@@ -231,9 +231,9 @@ def describe(provisioners: list[Provisioner]) -> list[dict]:
                           for f in p.profiles]} for p in provisioners]
 
 
-def requests_listing(conn, limit: int = 100) -> list[dict]:
-    """Recent provision requests, newest first."""
-    return rows(conn, "list_provision_requests", limit=limit)
+def requests_listing(conn, limit: int = 100, before: int | None = None) -> list[dict]:
+    """Recent provision requests, newest first: before the id `before` (None: the newest), at most `limit`."""
+    return rows(conn, "list_provision_requests", limit=limit, before=before)
 
 
 # -- the batch job -------------------------------------------------------------

@@ -416,13 +416,16 @@ class Scheduler:
         """Upkeep's preemption round, one transaction (preemption.preempt): the task ids asked to stop."""
         return self._write(preemption.preempt, self.clock(), self.config.lease_ttl_s)
 
-    def usage(self, principal: Principal | None, by: str = "user", since: str | float | None = None) -> dict:
-        """The usage ledger summed per `by` over `since` (ledger.report_for; none: the last 30 days).
+    def usage(self, principal: Principal | None, by: str = "user", since: str | float | None = None,
+              offset: int = 0, limit: int = -1) -> dict:
+        """The usage ledger summed per `by` over `since` (ledger.report_for; none: the last 30 days); a page of
+        at most `limit` rows (-1: all) after the first `offset`.
 
         Raises InvalidRequest for a bad `by` or `since`.
         """
         since_s = ledger.parse_duration(since, "since", ledger.DEFAULT_SINCE_S)
-        return self.store.read(ledger.report_for, principal or ADMIN, by, since_s, self.clock())
+        return self.store.read(ledger.report_for, principal or ADMIN, by, since_s, self.clock(), offset=offset,
+                               limit=limit)
 
     def expire(self) -> dict:
         """Expire leases and release gangs not started in time (run by upkeep), in one transaction."""

@@ -8,10 +8,11 @@ from gpulayer.server.scheduler import events
 from gpulayer.server.scheduler import outcomes, waiting
 from gpulayer.server.errors import InvalidRequest, NotFound, TooManyQueued
 from gpulayer.server.scheduler.spec import array_indices, referenced_digests
-from gpulayer.server.store.queries import QUERIES, row, rows
+from gpulayer.server.store.queries import PAGE_BYTES, QUERIES, page, row, rows
 
 ARRAY_TASKS_SHOWN = 100     # an array's job view lists at most this many tasks (active first, then failed)
 ARRAY_FAILED_SHOWN = 1000   # and at most this many failed indices
+PREEMPTIONS_SHOWN = 100     # a job view lists its latest preemptions, at most this many
 
 
 def submit(conn, spec: dict, now: float, user_id: int = 1, project_id: int = 1) -> int:
@@ -147,7 +148,8 @@ def render(conn, job_id: int, index: int | None = None) -> dict:
     if job is None:
         raise NotFound(f"no job {job_id}")
     # its tasks stopped to make room for other work (docs/teams.md), oldest first
-    return {**_render(conn, job, index), "preemptions": rows(conn, "job_preemptions", job_id=job_id)}
+    return {**_render(conn, job, index),
+            "preemptions": rows(conn, "job_preemptions", job_id=job_id, limit=PREEMPTIONS_SHOWN)}
 
 
 def _render(conn, job: dict, index: int | None = None) -> dict:
@@ -229,11 +231,21 @@ def _task_in_queue(conn, job: dict, tasks: list[dict]) -> bool:
                                             for t in tasks)
 
 
-def listing(conn, state: str | None, limit: int, before: int | None, scope: dict | None = None) -> list[dict]:
-    """Jobs newest first; `scope` (teams.list_scope): whose jobs, and what the caller may see."""
+def listing_page(conn, state: str | None, limit: int, before: int | None, scope: dict | None = None,
+                 budget: int = PAGE_BYTES) -> tuple[list[dict], bool]:
+    """A page of jobs newest first (at most `limit`, rendered until their JSON reaches `budget`), and whether
+    older ones follow; `scope` (teams.list_scope): whose jobs, and what the caller may see."""
     scope = scope or {"owner_id": None, "project_id": None, "viewer_id": None}
     query = "list_jobs" if scope["owner_id"] is None else "list_jobs_of_owner"  # one user's: its index alone
-    return [_render(conn, job) for job in rows(conn, query, state=state, limit=limit, before=before, **scope)]
+    found, more = page(conn, query, limit, budget, state=state, before=before, **scope)
+    rendered: list[dict] = []
+    size = 0
+    for job in found:
+        if size >= budget:  # each job renders its tasks: the page is cut by what it renders, not its rows
+            return rendered, True
+        rendered.append(_render(conn, job))
+        size += len(json.dumps(rendered[-1]))
+    return rendered, more
 
 
 def outputs(conn, job_id: int, index: int | None = None) -> dict[str, str]:
@@ -276,17 +288,27 @@ def endpoints(conn, job_id: int) -> dict:
 
 
 def events_of(conn, job_id: int) -> list[dict]:
-    """A job's events, oldest first (NotFound when there is no such job)."""
+    """Every event of a job, oldest first (NotFound when there is no such job)."""
+    return events_page(conn, job_id, 0, -1)[0]
+
+
+def events_page(conn, job_id: int, after: int, limit: int, budget: int = PAGE_BYTES) -> tuple[list[dict], bool]:
+    """A job's events after the sequence number `after`, oldest first: at most `limit` (-1: all) and about
+    `budget` bytes, and whether more follow. Raises NotFound when there is no such job."""
     if row(conn, "get_job", job_id=job_id) is None:
         raise NotFound(f"no job {job_id}")
-    return [{**e, "data": json.loads(e["data"])} for e in rows(conn, "job_events", job_id=job_id)]
+    if limit < 0:
+        found, more = rows(conn, "job_events", job_id=job_id, after=after, limit=-1), False
+    else:
+        found, more = page(conn, "job_events", limit, budget, job_id=job_id, after=after)
+    return [{**e, "data": json.loads(e["data"])} for e in found], more
 
 
 def log_lines(conn, job_id: int, after: int, limit: int, index: int | None = None) -> list[dict]:
     """Log lines of a job after sequence number `after`; `index`: of that element (replica, rank) alone."""
-    if index is not None:
-        return rows(conn, "element_logs", job_id=job_id, index=index, after=after, limit=limit)
-    return rows(conn, "job_logs", job_id=job_id, after=after, limit=limit)
+    if index is not None:  # a page: at most `limit` lines and about PAGE_BYTES of text
+        return page(conn, "element_logs", limit, job_id=job_id, index=index, after=after)[0]
+    return page(conn, "job_logs", limit, job_id=job_id, after=after)[0]
 
 
 def job_ended(conn, job_id: int, index: int | None = None) -> bool:

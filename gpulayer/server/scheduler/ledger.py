@@ -57,11 +57,12 @@ def parse_duration(value: str | float | int | None, field: str, default: float) 
 
 
 def report(conn, by: str, since_s: float, now: float, *, user_id: int | None = None,
-           project_ids: list[int] | None = None) -> dict:
+           project_ids: list[int] | None = None, offset: int = 0, limit: int = -1) -> dict:
     """GPU-hours, CPU-hours, runs and jobs per key over the runs that ended in the last `since_s` seconds.
 
     `by` is user, project, job-name or label:KEY. With `user_id` and/or
-    `project_ids`, only runs of that user or of those projects count.
+    `project_ids`, only runs of that user or of those projects count. A page:
+    at most `limit` rows (-1: all) after the first `offset`.
     Raises InvalidRequest for another `by`, and for a KEY that is no label key (the rule of labels at submit).
     """
     label = None
@@ -71,17 +72,17 @@ def report(conn, by: str, since_s: float, now: float, *, user_id: int | None = N
         raise InvalidRequest(f"by: must be one of {', '.join(USAGE_BY)} or label:KEY, not {by!r}")
     since = now - since_s
     found = rows(conn, "usage_report", by="label" if label else by, label=label, since=since, user_id=user_id,
-                 project_ids=None if project_ids is None else json.dumps(project_ids))
+                 project_ids=None if project_ids is None else json.dumps(project_ids), offset=offset, limit=limit)
     return {"by": by, "since": since, "until": now,
             "rows": [{**r, "gpu_hours": round(r["gpu_hours"], 6), "cpu_hours": round(r["cpu_hours"], 6)}
                      for r in found]}
 
 
-def report_for(conn, principal, by: str, since_s: float, now: float) -> dict:
+def report_for(conn, principal, by: str, since_s: float, now: float, **page) -> dict:
     """`report` as `principal` may see it: an admin everything; a user their own runs and those of the
     projects they manage."""
     if principal.admin:
-        return report(conn, by, since_s, now)
+        return report(conn, by, since_s, now, **page)
     managed = [r["project_id"] for r in rows(conn, "managed_projects", user_id=principal.user_id)]
     return report(conn, by, since_s, now, user_id=principal.user_id if principal.user_id is not None else -1,
-                  project_ids=managed)
+                  project_ids=managed, **page)

@@ -57,9 +57,10 @@ def delete(conn, name: str, now: float, project_id: int = 1) -> None:
     events.record(conn, now, "secret_deleted", name=name, project_id=project_id)
 
 
-def listing(conn, project_id: int = 1) -> list[dict]:
-    """A project's secrets: names and labels, never values."""
-    return [{**r, "labels": json.loads(r["labels"])} for r in rows(conn, "list_secrets", project_id=project_id)]
+def listing(conn, project_id: int = 1, after: str = "", limit: int = -1) -> list[dict]:
+    """A project's secrets: names and labels, never values; by name, after `after`, at most `limit` (-1: all)."""
+    return [{**r, "labels": json.loads(r["labels"])}
+            for r in rows(conn, "list_secrets", project_id=project_id, after=after, limit=limit)]
 
 
 def task_project(conn, task_id: int) -> int:

@@ -90,9 +90,10 @@ def render(conn, principal, job_id: int) -> dict:
     return annotate(conn, [jobs.render(conn, job_id)], principal)[0]
 
 
-def listing(conn, principal, *args) -> list[dict]:
-    """jobs.listing(*args) with each job's owner and project, as `principal` may see them (one read)."""
-    return annotate(conn, jobs.listing(conn, *args), principal)
+def listing_page(conn, principal, *args) -> tuple[list[dict], bool]:
+    """jobs.listing_page(*args) with each job's owner and project, as `principal` may see them (one read)."""
+    found, more = jobs.listing_page(conn, *args)
+    return annotate(conn, found, principal), more
 
 
 def annotate(conn, rendered: list[dict], principal=None) -> list[dict]:
@@ -128,9 +129,10 @@ def hide_unseen(conn, principal, rendered: list[dict]) -> list[dict]:
     return rendered
 
 
-def events_of(conn, principal, job_id: int) -> list[dict]:
-    """jobs.events_of, with what names a job the caller may not see made null (hide_unseen_events)."""
-    return hide_unseen_events(conn, principal, jobs.events_of(conn, job_id))
+def events_page(conn, principal, job_id: int, after: int, limit: int) -> tuple[list[dict], bool]:
+    """jobs.events_page, with what names a job the caller may not see made null (hide_unseen_events)."""
+    found, more = jobs.events_page(conn, job_id, after, limit)
+    return hide_unseen_events(conn, principal, found), more
 
 
 def hide_unseen_events(conn, principal, found: list[dict]) -> list[dict]:
@@ -351,8 +353,9 @@ def remove_user(conn, name: str, now: float) -> list[str]:
     return revoked
 
 
-def list_users(conn) -> list[dict]:
-    return [_user_view(u) for u in rows(conn, "list_users")]
+def list_users(conn, after: str = "", limit: int = -1) -> list[dict]:
+    """Users by name: after `after`, at most `limit` (-1: all)."""
+    return [_user_view(u) for u in rows(conn, "list_users", after=after, limit=limit)]
 
 
 def get_user(conn, name: str) -> dict:
@@ -425,9 +428,10 @@ def remove_project(conn, name: str, now: float) -> None:
     events.record(conn, now, "project_removed", project=name)
 
 
-def list_projects(conn, principal) -> list[dict]:
-    """Every project for an admin; the caller's own otherwise."""
-    return [_project_view(p) for p in rows(conn, "list_projects", user_id=None if principal.admin else principal.user_id)]
+def list_projects(conn, principal, after: str = "", limit: int = -1) -> list[dict]:
+    """Every project for an admin; the caller's own otherwise; by name, after `after`, at most `limit` (-1: all)."""
+    return [_project_view(p) for p in rows(conn, "list_projects", user_id=None if principal.admin else principal.user_id,
+                                           after=after, limit=limit)]
 
 
 def get_project(conn, principal, name: str) -> dict:

@@ -25,9 +25,11 @@ def insert(conn, *, jti: str, kind: str, name: str, labels: dict, token_hash: st
                   **data)
 
 
-def listing(conn) -> list[dict]:
-    """Every minted token, without secret or hash."""
-    return [{**t, "labels": json.loads(t["labels"])} for t in rows(conn, "list_tokens")]
+def listing(conn, user_id: int | None = None, after: int = 0, limit: int = -1) -> list[dict]:
+    """Minted tokens (`user_id`: that user's client tokens alone), without secret or hash, in the order they were
+    minted: after the position `after` (each token's `n`), at most `limit` (-1: all)."""
+    return [{**t, "labels": json.loads(t["labels"])}
+            for t in rows(conn, "list_tokens", user_id=user_id, after=after, limit=limit)]
 
 
 def get(conn, jti: str) -> dict | None:

@@ -104,10 +104,10 @@ def revoke_token(conn, jti: str, now: float) -> dict | None:
     return {"jti": jti, "workers": workers}
 
 
-def listing(conn, include_gone: bool = False) -> list[dict]:
-    """Workers with their resources and what is free on them."""
+def listing(conn, include_gone: bool = False, after: int = 0, limit: int = -1) -> list[dict]:
+    """Workers with their resources and what is free on them, by id: after `after`, at most `limit` (-1: all)."""
     out = []
-    for w in rows(conn, "list_workers", include_gone=int(include_gone)):
+    for w in rows(conn, "list_workers", include_gone=int(include_gone), after=after, limit=limit):
         out.append({
             "id": w["worker_id"], "name": w["name"], "state": w["state"], "labels": json.loads(w["labels"]),
             "resources": {"cpus": w["cpus"], "gpus": w["gpus"], "memory_mb": w["memory_mb"],

@@ -36,6 +36,30 @@ def rows(conn, query: str, /, **params) -> list[dict]:
     return conn.execute(QUERIES[query], params).fetchall()
 
 
+PAGE_BYTES = 4 << 20  # a page of a list route holds at most about this much text (its first row whatever its size)
+
+
+def page(conn, query: str, limit: int, /, budget: int = PAGE_BYTES, **params) -> tuple[list[dict], bool]:
+    """Up to `limit` rows of the named query (which takes `:limit`: it is sent `limit` + 1) until their text and
+    bytes reach `budget` (at least one row); and whether more rows follow.
+
+    A page stays a few MB however large its rows' text (log lines, event
+    data, specs): the rows past the page are never read.
+    """
+    found: list[dict] = []
+    size = 0
+    cursor = conn.execute(QUERIES[query], {**params, "limit": limit + 1})
+    try:
+        for item in cursor:
+            if len(found) == limit or size >= budget:
+                return found, True
+            found.append(item)
+            size += sum(len(v) for v in item.values() if isinstance(v, (str, bytes)))
+        return found, False
+    finally:
+        cursor.close()  # the statement's rest is never stepped through
+
+
 def row(conn, query: str, /, **params) -> dict | None:
     """Run the named query; its first row, or None."""
     found = conn.execute(QUERIES[query], params).fetchall()

@@ -654,9 +654,9 @@ WHERE task_id IN (SELECT id FROM tasks WHERE job_id = :job_id AND "index" = :ind
 ORDER BY seq LIMIT :limit;
 
 -- name: job_events --
--- The event timeline of a job.
+-- The event timeline of a job after the sequence number :after, a page of at most :limit (-1: all).
 SELECT seq, at, kind, task_id, worker_id, data, actor FROM events
-WHERE job_id = :job_id ORDER BY seq;
+WHERE job_id = :job_id AND seq > :after ORDER BY seq LIMIT :limit;
 
 -- name: job_endpoints --
 -- Replica endpoints of the job's current attempt.
@@ -664,7 +664,7 @@ SELECT t."index", t.endpoint, t.state FROM tasks t JOIN jobs j ON j.id = t.job_i
 WHERE t.job_id = :job_id AND t.attempt = j.attempt ORDER BY t."index";
 
 -- name: list_workers --
--- Workers with what is free on them, and whether they are cordoned.
+-- Workers with what is free on them, and whether they are cordoned: after the id :after, at most :limit (-1: all).
 SELECT wl.*, w.gpu_models, w.advertise_address, w.version, w.registered_at, w.gone_reason,
        c.state AS cordon, c.reason AS cordon_reason, c.since AS cordoned_at, c.deadline AS drain_deadline,
        (SELECT json_group_array(json_object('index', g."index", 'uuid', g.uuid,
@@ -673,8 +673,8 @@ SELECT wl.*, w.gpu_models, w.advertise_address, w.version, w.registered_at, w.go
         FROM worker_gpus g WHERE g.worker_id = wl.worker_id) AS gpu_health
 FROM worker_load wl JOIN workers w ON w.id = wl.worker_id
 LEFT JOIN worker_cordons c ON c.worker_id = wl.worker_id
-WHERE (:include_gone OR wl.state <> 'gone')
-ORDER BY wl.worker_id;
+WHERE (:include_gone OR wl.state <> 'gone') AND wl.worker_id > :after
+ORDER BY wl.worker_id LIMIT :limit;
 
 -- name: artifact_allowed_for_worker --
 -- A worker may read the artifacts its active tasks name (source, inputs, weights).
@@ -721,9 +721,13 @@ VALUES (:jti, :kind, :name, :labels, :token_hash, :now, :expires_at, :source, :u
 SELECT jti, kind, name, labels, token_hash, expires_at, revoked_at, user_id FROM tokens WHERE token_hash = :token_hash;
 
 -- name: list_tokens --
--- Minted tokens, never their hashes.
-SELECT t.jti, t.kind, t.name, t.labels, t.created_at, t.expires_at, t.revoked_at, t.source, u.name AS user
-FROM tokens t LEFT JOIN users u ON u.id = t.user_id ORDER BY t.created_at;
+-- Minted tokens, never their hashes, in the order they were minted (`n`, the page cursor): all, or the
+-- client tokens of :user_id; after :after, at most :limit (-1: all).
+SELECT t.rowid AS n, t.jti, t.kind, t.name, t.labels, t.created_at, t.expires_at, t.revoked_at, t.source,
+       u.name AS user
+FROM tokens t LEFT JOIN users u ON u.id = t.user_id
+WHERE (:user_id IS NULL OR t.user_id = :user_id) AND t.rowid > :after
+ORDER BY t.rowid LIMIT :limit;
 
 -- name: revoke_token --
 -- Revoke a token once.
@@ -762,8 +766,9 @@ ON CONFLICT (project_id, name) DO UPDATE SET labels = excluded.labels, ciphertex
 DELETE FROM secrets WHERE project_id = :project_id AND name = :name RETURNING name;
 
 -- name: list_secrets --
--- A project's secret names and labels, never values.
-SELECT name, labels, created_at, updated_at FROM secrets WHERE project_id = :project_id ORDER BY name;
+-- A project's secret names and labels, never values: by name, after :after, at most :limit (-1: all).
+SELECT name, labels, created_at, updated_at FROM secrets WHERE project_id = :project_id AND name > :after
+ORDER BY name LIMIT :limit;
 
 -- name: metrics_jobs_by_state --
 -- gpulayer_jobs{state}.
@@ -886,10 +891,11 @@ WHERE provisioner = :provisioner AND profile = :profile
 ORDER BY id DESC LIMIT 1;
 
 -- name: list_provision_requests --
--- Recent requests, newest first, with the worker that attached.
+-- Recent requests, newest first, with the worker that attached: before the id :before (NULL: the newest).
 SELECT p.id, p.provisioner, p.profile, p.state, p.slurm_job_id, p.worker_id, w.name AS worker_name,
        w.state AS worker_state, p.last_error, p.created_at, p.updated_at
 FROM provision_requests p LEFT JOIN workers w ON w.id = p.worker_id
+WHERE :before IS NULL OR p.id < :before
 ORDER BY p.id DESC LIMIT :limit;
 
 -- name: job_waiting_reason --
@@ -1310,11 +1316,12 @@ DELETE FROM memberships WHERE user_id = :user_id;
 UPDATE tokens SET revoked_at = :now WHERE user_id = :user_id AND revoked_at IS NULL RETURNING jti;
 
 -- name: list_users --
--- Users that are not removed, with their projects and roles (a JSON list).
+-- Users that are not removed, with their projects and roles (a JSON list): by name, after :after, at most
+-- :limit (-1: all).
 SELECT u.id, u.name, u.admin, u.max_running_jobs, u.created_at,
        (SELECT json_group_array(json_object('project', p.name, 'role', m.role))
         FROM memberships m JOIN projects p ON p.id = m.project_id WHERE m.user_id = u.id) AS projects
-FROM users u WHERE u.removed_at IS NULL ORDER BY u.name;
+FROM users u WHERE u.removed_at IS NULL AND u.name > :after ORDER BY u.name LIMIT :limit;
 
 -- name: user_projects --
 -- The projects of a user, with its role in each, by name.
@@ -1356,13 +1363,15 @@ DELETE FROM secrets WHERE project_id = :project_id;
 DELETE FROM projects WHERE id = :project_id RETURNING id;
 
 -- name: list_projects --
--- Projects, all (:user_id NULL: an admin) or those :user_id is in, with their members (a JSON list).
+-- Projects, all (:user_id NULL: an admin) or those :user_id is in, with their members (a JSON list): by
+-- name, after :after, at most :limit (-1: all).
 SELECT p.id, p.name, p.visibility, p.gpu_quota, p.gpu_borrow, p.weight, p.max_priority, p.created_at,
        (SELECT json_group_array(json_object('user', u.name, 'role', m.role))
         FROM memberships m JOIN users u ON u.id = m.user_id WHERE m.project_id = p.id) AS members
 FROM projects p
-WHERE :user_id IS NULL OR EXISTS (SELECT 1 FROM memberships m WHERE m.project_id = p.id AND m.user_id = :user_id)
-ORDER BY p.name;
+WHERE (:user_id IS NULL OR EXISTS (SELECT 1 FROM memberships m WHERE m.project_id = p.id AND m.user_id = :user_id))
+  AND p.name > :after
+ORDER BY p.name LIMIT :limit;
 
 -- name: put_membership --
 -- Add a user to a project as :role, or change its role there.
@@ -1462,7 +1471,8 @@ SET usage = usage * pow(0.5, max(:now - updated_at, 0) / (SELECT fairshare_half_
 -- `gpulayer usage` (GET /v1/usage): GPU-hours, CPU-hours, runs and jobs of the runs that
 -- ended since :since, per user, project, job name or value of the label :label (:by); only
 -- the runs of :user_id and of the projects :project_ids (a JSON list) when those are not NULL
--- (either may match). The label is bound, never made into a JSON path: any key is only data.
+-- (either may match); a page: at most :limit rows (-1: all) after the first :offset. The label is bound,
+-- never made into a JSON path: any key is only data.
 SELECT CASE :by WHEN 'user' THEN coalesce(us.name, '#' || u.user_id)
                 WHEN 'project' THEN coalesce(pr.name, '#' || u.project_id)
                 WHEN 'job-name' THEN u.job_name
@@ -1476,7 +1486,8 @@ WHERE u.ended_at >= :since
   AND ((:user_id IS NULL AND :project_ids IS NULL) OR u.user_id = :user_id
        OR u.project_id IN (SELECT value FROM json_each(coalesce(:project_ids, '[]'))))
 GROUP BY 1
-ORDER BY gpu_hours DESC, cpu_hours DESC, key;
+ORDER BY gpu_hours DESC, cpu_hours DESC, key
+LIMIT :limit OFFSET :offset;
 
 -- name: preemption_candidates --
 -- Upkeep: queued tasks that may preempt, best first (priority with its age boost, first come, as
@@ -1649,11 +1660,13 @@ WHERE pe.worker_id = :worker_id AND pe.done_at IS NULL AND t.worker_id = :worker
 SELECT 1 AS found FROM preemptions WHERE task_id = :task_id AND done_at IS NOT NULL LIMIT 1;
 
 -- name: job_preemptions --
--- A job's tasks preempted (or being preempted), oldest first: `job status` shows them.
-SELECT pe.task_id, pe.worker_id, pe.for_task_id, pe.for_job_id, pe.reason, pe.asked_at, pe.done_at
-FROM preemptions pe
-WHERE pe.task_id IN (SELECT id FROM tasks WHERE job_id = :job_id)
-ORDER BY pe.id;
+-- A job's tasks preempted (or being preempted), oldest first: `job status` shows them; the latest :limit.
+SELECT task_id, worker_id, for_task_id, for_job_id, reason, asked_at, done_at FROM (
+    SELECT pe.id, pe.task_id, pe.worker_id, pe.for_task_id, pe.for_job_id, pe.reason, pe.asked_at, pe.done_at
+    FROM preemptions pe
+    WHERE pe.task_id IN (SELECT id FROM tasks WHERE job_id = :job_id)
+    ORDER BY pe.id DESC LIMIT :limit)
+ORDER BY id;
 
 -- name: managed_projects --
 -- The projects a user manages (their usage is theirs to read).
