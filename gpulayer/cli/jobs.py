@@ -161,24 +161,42 @@ def _build_spec(command, file: Optional[Path], service: bool, settings: dict, se
 def _submit_remote(ctx, spec, wait, follow, as_json, cancel_on_interrupt: bool, project: Optional[str] = None) -> int:
     client = client_of(ctx)
     job = client.submit(spec, project) if project else client.submit(spec)
-    if as_json:
-        print_json(job.data, compact=True)
-    else:
-        typer.echo(job.id)
+    waits = (follow or wait) and not spec.get("service")
+    if not (as_json and waits):  # with --json, --wait and --follow print the Job as it ended, last
+        _print_submitted(job, as_json)
     try:
         if spec.get("service"):
             for endpoint in job.endpoints(wait=ENDPOINT_WAIT_S, on_waiting=tell_waiting):
-                typer.echo(endpoint)
+                if as_json:
+                    print_json({"endpoint": endpoint}, compact=True)
+                else:
+                    typer.echo(endpoint)
             return 0
         if follow:
-            follow_logs(job)
+            follow_logs(job, as_json=as_json)
         elif wait:
             job.wait(on_waiting=tell_waiting)
         else:
             return 0
     except KeyboardInterrupt:
         return _interrupted(job, cancel_on_interrupt)
-    return exit_code_of(job.info())
+    return _ended(job, as_json)
+
+
+def _print_submitted(job: Job, as_json: bool) -> None:
+    """The job just submitted: its id alone, or with --json the Job as one line."""
+    if as_json:
+        print_json(job.data, compact=True)
+    else:
+        typer.echo(job.id)
+
+
+def _ended(job: Job, as_json: bool) -> int:
+    """The exit status of a job that ended (with --json, the Job as it ended is printed, one line)."""
+    info = job.info()
+    if as_json:
+        print_json(info, compact=True)
+    return exit_code_of(info)
 
 
 def _interrupted(job: Job, cancel: bool, stop_wait_s: float = 0.0) -> int:
@@ -221,12 +239,10 @@ def _submit_local(spec: dict, home: Path, as_json: bool) -> int:
             raise fail(f"{reason}: a `--target local` job runs on this machine alone (send it to a control "
                        "plane with such workers: --url, GPULAYER_URL)", 2)
         job = client.submit(spec)
-        if as_json:
-            print_json(job.data, compact=True)
-        else:
+        if not as_json:
             print(job.id, flush=True)
         try:
-            follow_logs(job)
+            follow_logs(job, as_json=as_json)
         except KeyboardInterrupt:
             # The control plane and worker end with this command: the job cannot outlive it.
             return _interrupted(job, True, WORKER_STOP_S)
@@ -234,18 +250,21 @@ def _submit_local(spec: dict, home: Path, as_json: bool) -> int:
             # Like `gpulayer job outputs --dest .`: the outputs land where the command was typed.
             for path in job.download_outputs(Path.cwd()):
                 print(f"gpulayer: output {path}", file=sys.stderr)
-        return exit_code_of(job.info())
+        return _ended(job, as_json)
 
 
-def follow_logs(job: Job, index: Optional[int] = None) -> None:
+def follow_logs(job: Job, index: Optional[int] = None, as_json: bool = False) -> None:
     """Print the job's logs (`index`: of that element alone) until it has finished (prefixed by task when it
-    has several).
+    has several; with `as_json`, each line as one JSON object on stdout, as `job logs --json` prints it).
 
     What the job waits for goes to stderr while it has not started (tell_waiting).
     """
     prefixes = _task_prefixes(job.info()) if index is None else {}
     for line in job.logs(follow=True, on_waiting=tell_waiting, index=index):
-        print_log_line(line, _line_prefix(prefixes, line))
+        if as_json:
+            print_json(line, compact=True)
+        else:
+            print_log_line(line, _line_prefix(prefixes, line))
 
 
 def _line_prefix(prefixes: Optional[dict], line: dict) -> str:
@@ -375,11 +394,11 @@ def job_logs(ctx: typer.Context, job_id: JobArg,
     job = client_of(ctx).get_job(job_id)
     if index is not None:
         job.element(index)  # no such element: a clear error before any line
-    if as_json:
-        for line in job.logs(follow=follow, index=index):
+    if follow:
+        follow_logs(job, index, as_json)
+    elif as_json:
+        for line in job.logs(index=index):
             print_json(line, compact=True)
-    elif follow:
-        follow_logs(job, index)
     else:
         prefixes = _task_prefixes(job.data) if index is None else {}
         for line in job.logs(index=index):

@@ -32,7 +32,7 @@ def test_local_target_runs_the_job_here_with_its_exit_code(tmp_path):
     assert "warn" in result.stderr.splitlines()
     again = gl("submit", "--target", "local", "--json", "--", "true", home=home)
     assert again.returncode == 0, again.stderr
-    assert json.loads(again.stdout.splitlines()[0])["id"] == int(lines[0]) + 1
+    assert json.loads(again.stdout.splitlines()[-1])["id"] == int(lines[0]) + 1  # the Job as it ended, last
     assert oct((home / "local-tokens.json").stat().st_mode & 0o777) == "0o600"
 
 
