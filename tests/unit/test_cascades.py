@@ -10,6 +10,7 @@ import pytest
 
 from gpulayer.server.scheduler import cascades, jobs, lifecycle, outcomes, retention
 from gpulayer.server.scheduler.core import Scheduler
+from gpulayer.server.scheduler.spec import validate_job
 
 from helpers import add_worker, job, state_of
 
@@ -152,3 +153,52 @@ def test_retention_removes_a_big_array_in_bounded_writes(sched, store, clock, mo
     assert _count(store, "SELECT count(*) AS n FROM jobs WHERE id = ?", big) == 0
     assert _count(store, "SELECT count(*) AS n FROM tasks WHERE job_id = ?", big) == 0
     assert max(removed) <= retention.PRUNE_BATCH and sum(removed) >= SIZE
+
+
+def test_a_big_array_is_made_in_bounded_writes(sched, store, changes):
+    changes.clear()
+    big = sched.submit(_nowhere(array=f"0-{SIZE - 1}"))
+    capped = sched.submit(_nowhere(array=f"0-{SIZE - 1}%100"))
+    assert max(changes) <= MOST_CHANGES_PER_WRITE and len(changes) >= 2 * SIZE // outcomes.BATCH, max(changes)
+    released = "SELECT count(*) AS n FROM tasks WHERE job_id = ? AND state = 'queued' AND held = 0"
+    made = "SELECT count(*) AS n FROM tasks WHERE job_id = ?"
+    assert [_count(store, made, j) for j in (big, capped)] == [SIZE, SIZE]  # all made before submit answered
+    assert [_count(store, released, j) for j in (big, capped)] == [SIZE, 100]
+    assert state_of(sched, big)["array"]["counts"] == {"queued": SIZE}
+
+
+def test_a_restart_makes_the_rest_of_a_big_array(store, config, clock):
+    first = Scheduler(store, config, clock)
+    root = first.submit(_nowhere())
+    big_spec = validate_job(_nowhere(array=f"0-{SIZE - 1}"))
+    waiting_spec = validate_job(job(array=f"0-{SIZE - 1}", after=[root]))
+    big = _stopped_after_first_step(first, jobs.submit, big_spec, clock())
+    waiting = _stopped_after_first_step(first, jobs.submit, waiting_spec, clock())
+    made = "SELECT count(*) AS n FROM tasks WHERE job_id = ?"
+    assert _count(store, made, big) == outcomes.BATCH and state_of(first, big)["state"] == "queued"
+    assert _count(store, "SELECT count(*) AS n FROM task_queue WHERE job_id = ?", big) == 0  # none runs yet
+    first.cancel(root)  # the waiting array's dependency fails while its elements are being made
+    restarted = Scheduler(store, config, clock)
+    assert restarted.resume_cascades() >= 1
+    restarted.cascades.join(60)
+    assert _count(store, made, big) == SIZE
+    assert _count(store, "SELECT count(*) AS n FROM task_queue WHERE job_id = ?", big) == SIZE
+    assert (state_of(restarted, waiting)["state"], state_of(restarted, waiting)["reason"]) == \
+        ("cancelled", "dependency_failed")
+
+
+def test_an_array_released_while_its_elements_are_made_is_released_whole(store, config, clock):
+    first = Scheduler(store, config, clock)
+    w = add_worker(first, "w")
+    root = first.submit(job())
+    big = _stopped_after_first_step(first, jobs.submit, validate_job(job(array=f"0-{SIZE - 1}", after=[root])),
+                                    clock())
+    task = first.acquire(w)
+    first.start(w, task["task_id"], 1)
+    assert first.finish(w, task["task_id"], exit_code=0, outcome="succeeded", outputs={}, reason=None)
+    assert state_of(first, big)["state"] == "waiting"  # not released with most of its elements not made
+    restarted = Scheduler(store, config, clock)
+    restarted.resume_cascades()
+    restarted.cascades.join(60)
+    assert state_of(restarted, big)["state"] == "queued"
+    assert _count(store, "SELECT count(*) AS n FROM task_queue WHERE job_id = ?", big) == SIZE

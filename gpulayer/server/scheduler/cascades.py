@@ -5,7 +5,8 @@ arrays wait on, changes millions of task rows. In one transaction that holds
 the state file's only writer for seconds, and every heartbeat waits behind it
 (issue 22). So such a change is cut into steps (scheduler/outcomes.py: `end`
 a batch of a job's tasks, `settle` a batch of the jobs waiting on one that
-ended, `release` a batch of a job's held tasks), each one write of at most
+ended, `release` a batch of a job's held tasks, `insert` a batch of a big
+array's elements), each one write of at most
 `outcomes.BATCH` task rows or `outcomes.FANOUT` jobs, and the writer serves
 others between two steps.
 

@@ -136,14 +136,17 @@ class Scheduler:
         spec = validate_job(raw_spec, self.config.priority_classes)
         principal = principal or ADMIN
         cap = self.config.max_queued_elements
-        if not cap:
-            return self._write(teams.submit, principal, project, spec, self.clock(), wake=True)
         # The cap is counted on a reader (a walk of up to `cap` index entries, off the writer); one
-        # user's submits take turns from the count to the commit, so none passes it beside another.
+        # user's submits take turns from the count to the last of a big array's elements made
+        # (outcomes.insert_step, a write each), so none passes it beside another.
         user_id = principal.user_id or teams.ADMIN_USER_ID
         with self._submitting(user_id):
-            self.store.read(jobs.check_queued_elements, principal.user or f"#{user_id}", user_id, len(jobs.elements(spec)), cap)
-            return self._write(teams.submit, principal, project, spec, self.clock(), wake=True)
+            if cap:
+                self.store.read(jobs.check_queued_elements, principal.user or f"#{user_id}", user_id,
+                                len(jobs.elements(spec)), cap)
+            job_id = self._write(teams.submit, principal, project, spec, self.clock(), wake=True)
+            self.cascades.drive([], until_ended=job_id, inline=0)  # its own steps left, if any, before the answer
+            return job_id
 
     def _submitting(self, user_id: int) -> threading.Lock:
         """The lock one user's submits take in turn (TooManyQueued's count and the write)."""

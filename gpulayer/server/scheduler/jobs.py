@@ -42,9 +42,12 @@ def submit(conn, spec: dict, now: float, user_id: int = 1, project_id: int = 1) 
                  retry_on=json.dumps(spec["retry"]["retry_on"]), now=now, state="waiting" if waiting else "queued",
                  array_size=len(indices) if spec.get("array") else None, max_running=cap,
                  user_id=user_id, project_id=project_id, preemptible=int(spec["preemptible"]))["id"]
-    # One statement for every task, whatever the array's size; held ones stay out of task_queue.
-    conn.execute(QUERIES["insert_tasks"], {"job_id": job_id, "indices": json.dumps(indices), "priority": spec["priority"],
-                                           "now": now, "released": 0 if waiting else (cap or len(indices))})
+    if len(indices) <= outcomes.BATCH:  # one statement for every task; held ones stay out of task_queue
+        conn.execute(QUERIES["insert_tasks"], {"job_id": job_id, "indices": json.dumps(indices), "now": now,
+                                               "priority": spec["priority"], "offset": 0,
+                                               "released": 0 if waiting else (cap or len(indices))})
+    else:  # a big array: BATCH elements a write, all held until the last is in (outcomes.insert_step)
+        outcomes.insert_step(conn, now, job_id, 0)
     for dep, _ in after:
         row(conn, "insert_dependency", job_id=job_id, after_job_id=dep["job"], condition=dep["condition"])
     extra: dict = {"array_size": len(indices)} if spec.get("array") else {}

@@ -14,20 +14,24 @@ task_queue, or active); each element that ends releases the next held one.
 A job that ends settles the jobs waiting on it (job_dependencies): one whose
 last dependency ended is released (queued, its tasks let into task_queue),
 one whose dependency ended against its condition is cancelled with reason
-`dependency_failed`, which ends it in turn (a cascade). A cancel, a cascade
-and a release run in bounded steps (`end_step`, `settle_step`,
-`release_step`: at most BATCH task rows or FANOUT jobs a write), each asked
+`dependency_failed`, which ends it in turn (a cascade). A cancel, a cascade,
+a release and a big array's submit run in bounded steps (`end_step`,
+`settle_step`, `release_step`, `insert_step`: at most BATCH task rows or
+FANOUT jobs a write), each asked
 for with cascades.follow, so that no transaction holds the writer for long
 (scheduler/cascades.py); a job being cancelled keeps its state, with its
 `reason` set, until its last task ended.
 """
 from __future__ import annotations
 
+import functools
 import json
+import re
 
 from gpulayer.protocol import array_text
 from gpulayer.server.scheduler import cascades, events
-from gpulayer.server.store.queries import row, rows
+from gpulayer.server.scheduler.spec import array_indices
+from gpulayer.server.store.queries import QUERIES, row, rows
 
 ACTIVE = ("queued", "assigned", "running")
 ACTIVE_JOB = ("queued", "running", "waiting")
@@ -227,6 +231,8 @@ def settle_step(conn, now: float, job_id: int, cursor: int = 0) -> None:
         if not dependency_met(dependent["condition"], job["state"]):
             cancel_dependent(conn, now, dependent["job_id"], job_id, job["state"])
             continue
+        if not elements_made(conn, row(conn, "get_job", job_id=dependent["job_id"])):
+            continue  # its last insert_step settles this again
         released = row(conn, "release_job", job_id=dependent["job_id"])
         if released is None:
             continue  # another dependency has not ended yet
@@ -245,8 +251,45 @@ def release_step(conn, now: float, job_id: int, count: int = -1) -> None:
         _follow(conn, now, ("release", job_id, -1 if count < 0 else count - n))
 
 
+def insert_step(conn, now: float, job_id: int, offset: int = 0) -> None:
+    """One step of making a big array's elements: BATCH of them from the `offset`-th, held (so none runs
+    and ends the array before the last is made); after the last, released as its %N cap (or none) says
+    unless it waits, and what it waits on settled again (a dependency may have ended meanwhile: see
+    settle_step). A no-op for an array that ended or is being cancelled: the rest are never made."""
+    job = row(conn, "job_for_update", job_id=job_id)
+    if job is None or job["state"] not in ACTIVE_JOB or job["reason"] is not None:
+        return
+    indices = _array_indices(json.loads(row(conn, "get_job", job_id=job_id)["spec"])["array"])
+    made = indices[offset:offset + BATCH]
+    if not made or row(conn, "array_element_made", job_id=job_id, index=made[0]) is not None:
+        return  # a step that ran already
+    conn.execute(QUERIES["insert_tasks"], {"job_id": job_id, "indices": json.dumps(made), "now": now,
+                                           "priority": job["priority"], "offset": offset, "released": 0})
+    if offset + len(made) < len(indices):
+        _follow(conn, now, ("insert", job_id, offset + len(made)))
+    elif job["state"] != "waiting":
+        _follow(conn, now, ("release", job_id, job["max_running"] or -1))
+    else:
+        for dep in rows(conn, "job_dependencies_of", job_id=job_id):
+            if dep["state"] not in ACTIVE_JOB:
+                _follow(conn, now, ("settle", dep["job"], job_id - 1))
+
+
+def elements_made(conn, job: dict) -> bool:
+    """Whether every element of an array has its first task (insert_step made the last); True for no array."""
+    if job["array_size"] is None:
+        return True
+    last = int(re.split(r"[,-]", json.loads(job["spec"])["array"])[-1])  # its text is ascending ranges: "0-9,12"
+    return row(conn, "array_element_made", job_id=job["id"], index=last) is not None
+
+
+@functools.lru_cache(maxsize=8)
+def _array_indices(text: str) -> list[int]:
+    return array_indices(text)
+
+
 #: The cascade steps by kind (cascades.Step), each idempotent.
-STEPS = {"end": end_step, "settle": settle_step, "release": release_step}
+STEPS = {"end": end_step, "settle": settle_step, "release": release_step, "insert": insert_step}
 
 
 def run_step(conn, now: float, step: cascades.Step) -> None:

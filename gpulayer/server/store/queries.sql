@@ -23,11 +23,15 @@ RETURNING id;
 
 -- name: insert_tasks --
 -- A submitted job's tasks in one statement, one per index of the JSON list :indices (its
--- replicas or ranks, or an array's elements); the first :released are queued, the rest held
--- (a waiting job releases none; an array with a %N cap releases N).
+-- replicas or ranks, or an array's elements, from the :offset-th); the first :released are queued,
+-- the rest held (a waiting job releases none; an array with a %N cap releases N).
 INSERT INTO tasks (job_id, "index", attempt, state, priority, created_at, held)
-SELECT :job_id, e.value, 1, 'queued', :priority, :now, e.key >= :released
+SELECT :job_id, e.value, 1, 'queued', :priority, :now, e.key + :offset >= :released
 FROM json_each(:indices) e;
+
+-- name: array_element_made --
+-- Has the array's element :index its first task yet (a big array's are made BATCH a write, in order)?
+SELECT 1 AS found FROM tasks INDEXED BY tasks_job WHERE job_id = :job_id AND attempt = 1 AND "index" = :index;
 
 -- name: release_held_tasks --
 -- Release up to :n held tasks of a job (-1: all), lowest index first: they join task_queue, aging
@@ -64,12 +68,19 @@ RETURNING id, max_running;
 -- mark_job_ending). `settle`: a job that ended while jobs that wait on it are still waiting (their
 -- other dependencies may simply not have ended: settling them again changes nothing). `release`: a
 -- released job with held tasks that its %N cap (or none) lets go, `arg` how many (NULL: all).
+-- `insert`: an array whose elements are not all made yet, `arg` how many are.
 SELECT 'end' AS kind, id AS job_id, 0 AS arg FROM jobs
 WHERE state IN ('queued', 'running', 'waiting') AND reason IS NOT NULL
 UNION
 SELECT 'settle', d.after_job_id, 0 FROM jobs j
 JOIN job_dependencies d ON d.job_id = j.id JOIN jobs a ON a.id = d.after_job_id
 WHERE j.state = 'waiting' AND j.reason IS NULL AND a.finished_at IS NOT NULL
+UNION
+SELECT 'insert', id, arg FROM (
+    SELECT j.id, (SELECT count(*) FROM tasks t INDEXED BY tasks_job WHERE t.job_id = j.id AND t.attempt = 1) AS arg,
+           j.array_size FROM jobs j
+    WHERE j.state IN ('queued', 'running', 'waiting') AND j.reason IS NULL AND j.array_size IS NOT NULL)
+WHERE arg < array_size
 UNION
 SELECT 'release', id, arg FROM (
     SELECT j.id, CASE WHEN j.max_running IS NOT NULL THEN j.max_running - (
