@@ -13,6 +13,7 @@ Records hold process start times, so a reused pid is never mistaken for them.
 import json
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -20,13 +21,20 @@ from .process import live_group_members
 
 #: SIGTERM first; SIGKILL what is left after this many seconds.
 LEFTOVER_GRACE_S = 2.0
+#: How long the watchdog waits, once its pipe closed, for the agent's process to be gone.
+WATCH_EXIT_S = 30.0
+#: What an agent's process writes to its watchdog before a clean end.
+WATCH_DONE = b"done"
 
 
-def start_time(pid: int, proc_root: str = "/proc") -> int | None:
-    """The process's start time (clock ticks since boot), None when there is no such process."""
+def start_time(pid: int, proc_root: str = "/proc", *, live: bool = False) -> int | None:
+    """The process's start time (clock ticks since boot), None when there is no such process
+    (with ``live``, also when it is a zombie: it has died, its parent has not reaped it yet)."""
     try:
         with open(f"{proc_root}/{pid}/stat") as handle:
             fields = handle.read().rsplit(")", 1)[1].split()
+        if live and fields[0] in ("Z", "X"):
+            return None
         return int(fields[19])
     except (OSError, IndexError, ValueError):
         return None
@@ -59,7 +67,7 @@ class RunningTasks:
             except (OSError, ValueError, KeyError, TypeError):
                 path.unlink(missing_ok=True)
                 continue
-            if start_time(agent) is not None and start_time(agent) == record.get("agent_start"):
+            if start_time(agent, live=True) is not None and start_time(agent) == record.get("agent_start"):
                 continue  # its agent runs: another agent on this state dir
             if _group_is_the_recorded_one(pgid, record.get("start")):
                 _kill_group(pgid, grace_s)
@@ -91,3 +99,24 @@ def _kill_group(pgid: int, grace_s: float) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def watch(state_dir: Path, agent_pid: int, pipe=None) -> list[tuple[str, int]]:
+    """The task watchdog of an agent that runs in a CLI's thread (`submit --target local`): wait for the
+    end of ``pipe`` (only the agent's process holds its other end, so it ends when that process dies,
+    SIGKILL included), then for that process to be gone, then kill the task groups it left. A pipe
+    that said WATCH_DONE first ends it with nothing killed."""
+    pipe = sys.stdin.buffer if pipe is None else pipe
+    told = b""
+    while chunk := pipe.read(4096):
+        told += chunk[:16]
+    if told.startswith(WATCH_DONE):  # a clean end: the worker stopped its tasks itself
+        return []
+    deadline = time.monotonic() + WATCH_EXIT_S
+    while start_time(agent_pid, live=True) is not None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return RunningTasks(state_dir).reap()
+
+
+if __name__ == "__main__":  # python -m agent.leftovers STATE_DIR AGENT_PID (the watchdog)
+    watch(Path(sys.argv[1]), int(sys.argv[2]))

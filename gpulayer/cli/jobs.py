@@ -205,7 +205,10 @@ def _interrupted(job: Job, cancel: bool, stop_wait_s: float = 0.0) -> int:
         job.cancel()
         if stop_wait_s:
             job.wait(timeout=stop_wait_s)
-        typer.echo(f"job {job.id} cancelled", err=True)
+        try:
+            typer.echo(f"job {job.id} cancelled", err=True)
+        except OSError:  # SIGHUP: the terminal is gone
+            pass
     else:
         try:
             state = job.info()["state"]  # the copy the wait fetched last may be a second old
@@ -229,7 +232,20 @@ def tell_waiting(message: str) -> None:
 
 
 def _submit_local(spec: dict, home: Path, as_json: bool) -> int:
-    """Submit `spec` to an in-process control plane, stream its logs, return its exit code."""
+    """Submit `spec` to an in-process control plane, stream its logs, return its exit code.
+
+    Ctrl-C, SIGTERM and SIGHUP (a closed terminal) cancel the job and stop the control plane and
+    worker (exit 130, 143, 129): the job cannot outlive the command.
+    """
+    from gpulayer.cli.local import signals_interrupt
+    with signals_interrupt() as received:
+        try:
+            return _run_local(spec, home, as_json, received)
+        except KeyboardInterrupt:  # before the job was made: the control plane and worker stopped
+            return 128 + received[0] if received else 130
+
+
+def _run_local(spec: dict, home: Path, as_json: bool, received: list[int]) -> int:
     from gpulayer.cli.local import WORKER_STOP_S, local_control_plane, quiet_logs, unmet
     quiet_logs()
     with local_control_plane(home) as (client, _tokens, worker):
@@ -239,13 +255,14 @@ def _submit_local(spec: dict, home: Path, as_json: bool) -> int:
             raise fail(f"{reason}: a `--target local` job runs on this machine alone (send it to a control "
                        "plane with such workers: --url, GPULAYER_URL)", 2)
         job = client.submit(spec)
-        if not as_json:
-            print(job.id, flush=True)
         try:
+            if not as_json:
+                print(job.id, flush=True)
             follow_logs(job, as_json=as_json)
         except KeyboardInterrupt:
             # The control plane and worker end with this command: the job cannot outlive it.
-            return _interrupted(job, True, WORKER_STOP_S)
+            code = _interrupted(job, True, WORKER_STOP_S)
+            return 128 + received[0] if received else code
         if spec.get("outputs"):
             # Like `gpulayer job outputs --dest .`: the outputs land where the command was typed.
             for path in job.download_outputs(Path.cwd()):

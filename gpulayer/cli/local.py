@@ -24,6 +24,7 @@ from gpulayer.client.errors import ClientError
 LOCAL_TOKENS = "local-tokens.json"  # tokens of a home initialised by `up` or a local run (0600)
 WORKER_STOP_S = 30.0
 LOCAL_WORKER_WAIT_S = 30.0  # for the local worker to register, before its resources are known
+WATCHDOG_STOP_S = 5.0
 LOCAL_RUN = "a `--target local` run"  # what a local run's lock file says it is
 
 
@@ -107,12 +108,82 @@ def local_control_plane(home: Path) -> Iterator[tuple[Client, dict, dict | None]
         try:
             settings = dict(url=plane.url, join_token=tokens["join_token"], name=f"local-{socket.gethostname()}",
                             parallel=os.cpu_count() or 1, state_dir=home / "local-worker")
-            with worker_thread(settings) as thread, Client(plane.url, tokens["client_token"]) as client:
-                yield client, tokens, _online_worker(client, settings["name"], thread)
+            with Client(plane.url, tokens["client_token"]) as client:
+                end_earlier_runs(client, plane.deps.scheduler)
+                with _task_watchdog(settings["state_dir"]), worker_thread(settings) as thread:
+                    yield client, tokens, _online_worker(client, settings["name"], thread)
         finally:
             plane.stop()
     finally:
         lock.release()
+
+
+@contextmanager
+def signals_interrupt() -> Iterator[list[int]]:
+    """SIGTERM and SIGHUP raise KeyboardInterrupt in the main thread, as Ctrl-C does, for the block;
+    yields the list the signal's number is put in (empty for a Ctrl-C)."""
+    import signal
+    received: list[int] = []
+
+    def interrupt(signum, _frame):
+        if not received:
+            received.append(signum)
+            raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield received
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def end_earlier_runs(client: Client, scheduler) -> list[int]:
+    """End what an earlier local run on this home left active (it was killed: SIGKILL, a crash); the job ids.
+
+    Its jobs are cancelled (events: job cancelled), then its worker, which died with it, is deregistered
+    (its tasks lost, event worker_gone), so this run's worker is not told its name is online already.
+    The home's lock is held: no other run can be using them. The tasks' processes are the worker's
+    leftovers (agent/leftovers.py), killed by the task watchdog or this run's worker at its start.
+    """
+    ended = []
+    for state in ("running", "queued", "waiting"):
+        for job in client.jobs(state=state, limit=1000):
+            if scheduler.cancel(job["id"]):
+                ended.append(job["id"])
+    for worker in client.workers():
+        if worker["state"] != "gone":
+            scheduler.deregister(worker["id"])
+    if ended:
+        print(f"gpulayer: ended {len(ended)} job(s) an earlier `--target local` run on this home left "
+              f"running (it was killed): {', '.join(map(str, ended))}", file=sys.stderr)
+    return ended
+
+
+@contextmanager
+def _task_watchdog(state_dir: Path) -> Iterator[None]:
+    """A child process that kills this run's task process groups once this process dies, however it
+    dies (SIGKILL included): it waits for the end of a pipe that only this process holds.
+
+    In its own session, so the SIGHUP of a closed terminal and a Ctrl-C reach it no more than the
+    tasks (which lead their own sessions).
+    """
+    import subprocess
+    from agent.leftovers import WATCH_DONE
+    watchdog = subprocess.Popen([sys.executable, "-m", "agent.leftovers", str(state_dir), str(os.getpid())],
+                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True)
+    try:
+        yield
+    finally:
+        try:
+            watchdog.stdin.write(WATCH_DONE)  # the worker stopped its tasks: nothing to kill
+            watchdog.stdin.close()
+        except OSError:
+            pass
+        try:
+            watchdog.wait(WATCHDOG_STOP_S)
+        except subprocess.TimeoutExpired:
+            watchdog.kill()
 
 
 def _online_worker(client: Client, name: str, thread: threading.Thread) -> dict | None:

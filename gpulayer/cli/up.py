@@ -82,11 +82,11 @@ def run_up(home: Path, host: str, port: int, parallel: int | None, worker: bool 
     Raises ClientError when the port is taken, HomeInUse when a control plane runs on `home` already.
     """
     from gpulayer.server.homelock import HomeLock
+    check_port_free(host, port)  # before the home is made: a taken port changes nothing
     home.mkdir(parents=True, exist_ok=True, mode=0o700)
     # The home's lock before anything is written there: a second `up` must not reissue the
     # certificates, extend the leases or point client.json at itself (HomeInUse names the first).
     with HomeLock(home, "gpulayer up" if worker else "gpulayer up --no-worker") as lock:
-        check_port_free(host, port)
         return _serve_up(home, host, port, parallel, worker, lock, settings)
 
 

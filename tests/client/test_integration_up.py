@@ -239,3 +239,27 @@ def test_join_and_worker_start_keep_their_state_in_gpulayer_home_apart_from_ups_
         codes = [stop_process(p) for p in joined]
         codes.append(stop_process(up))
         assert codes[-1] == 0, (tmp_path / "up.log").read_text()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGKILL], ids=lambda s: s.name)
+def test_a_local_job_dies_with_its_command_and_the_next_run_ends_what_was_left(tmp_path, sig):
+    """Issue 22 item 13: SIGTERM, SIGHUP (a closed terminal) or SIGKILL of `submit --target local` ends the
+    task's processes (its child too, which no signal of the CLI reaches), and the next local run shows the
+    job ended and is not told that its worker's name is online already."""
+    from gpulayer.testing import pid_alive
+    home, pid_file = tmp_path / "home", tmp_path / "sleep.pid"
+    run = subprocess.Popen([*CLI, "submit", "--", "sh", "-c", f"sleep 300 & echo $! > {pid_file}; echo up; wait"],
+                           env=clean_env(GPULAYER_HOME=str(home)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+    job_id = run.stdout.readline().strip()
+    assert run.stdout.readline() == "up\n", run.stderr.read() if run.poll() is not None else ""
+    sleeper = int(pid_file.read_text())
+    run.send_signal(sig)
+    assert run.wait(60) == (128 + sig if sig != signal.SIGKILL else -sig), run.stderr.read()
+    wait_for(lambda: not pid_alive(sleeper), 30, "the task's child to be gone")
+    after = gl("submit", "--", "echo", "next", home=home, timeout=60)
+    assert after.returncode == 0 and after.stdout.splitlines()[1:] == ["next"], after.stderr
+    assert "online already" not in after.stderr
+    assert ("earlier `--target local` run" in after.stderr) == (sig == signal.SIGKILL), after.stderr
+    jobs = {str(j["id"]): j["state"] for j in json.loads(gl("job", "list", "--json", home=home).stdout)}
+    assert jobs[job_id] == "cancelled" and list(jobs.values()).count("succeeded") == 1, jobs
