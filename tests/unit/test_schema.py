@@ -10,11 +10,12 @@ import pytest
 
 from gpulayer.server.store import db
 from gpulayer.server.errors import ConfigError
-from gpulayer.server.store.queries import QUERIES
+from gpulayer.server.store.queries import OWNERS, QUERIES, load_folder
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "gpulayer"
 STORE = PACKAGE / "server" / "store"
+QUERY_FILES = sorted((STORE / "queries").glob("*.sql"))
 MIGRATIONS = STORE / "migrations"
 # The schema as it stood at version 1, frozen, once a migration exists: migrations replay from it.
 BASELINE = MIGRATIONS / "baseline_0001.sql"
@@ -169,13 +170,47 @@ def test_named_query_prepares_against_schema(built, name):
 def test_every_named_query_is_used():
     source = "\n".join(p.read_text() for p in PACKAGE.rglob("*.py"))
     unused = [n for n in QUERIES if not re.search(rf"""["']{n}["']""", source)]
-    assert unused == [], f"named queries no code calls (delete them from queries.sql): {unused}"
+    assert unused == [], f"named queries no code calls (delete them from store/queries/*.sql): {unused}"
+
+
+def test_every_query_lives_with_a_module_that_calls_it():
+    """store/queries/<owner>.sql: the module <owner>.py (or the package <owner>/) calls each of its blocks."""
+    modules: dict[str, list[Path]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        modules.setdefault(path.stem, []).append(path)
+        modules.setdefault(path.parent.name, []).append(path)
+    misplaced = {}
+    for name, owner in OWNERS.items():
+        callers = [p for p in modules.get(owner, []) if re.search(rf"""["']{name}["']""", p.read_text())]
+        if not callers:
+            misplaced[name] = f"{owner}.sql"
+    assert misplaced == {}, f"blocks in the file of a module that does not call them: {misplaced}"
+
+
+def test_query_files_stay_readable():
+    """No query file grows past ~600 lines (the one file of 1,700 lines was where parallel changes undid each other)."""
+    long = {p.name: n for p in QUERY_FILES if (n := len(p.read_text().splitlines())) > 600}
+    assert QUERY_FILES and long == {}
+
+
+def test_a_name_in_two_files_fails_the_load(tmp_path):
+    (tmp_path / "jobs.sql").write_text("-- name: get_job --\nSELECT 1;\n")
+    (tmp_path / "workers.sql").write_text("-- name: get_worker --\nSELECT 2;\n\n-- name: get_job --\nSELECT 3;\n")
+    with pytest.raises(ValueError, match="'get_job' in jobs.sql and workers.sql"):
+        load_folder(tmp_path)
+    (tmp_path / "workers.sql").write_text("-- name: get_worker --\nSELECT 2;\n\n-- name: get_worker --\nSELECT 3;\n")
+    with pytest.raises(ValueError, match="workers.sql: duplicate query name 'get_worker'"):
+        load_folder(tmp_path)
+    (tmp_path / "workers.sql").write_text("-- name: get_worker --\nSELECT 2;\n")
+    assert load_folder(tmp_path) == ({"get_job": "SELECT 1;", "get_worker": "SELECT 2;"},
+                                     {"get_job": "jobs", "get_worker": "workers"})
 
 
 def test_query_files_hold_only_named_blocks():
-    text = (STORE / "queries.sql").read_text()
-    first = text.index("-- name:")
-    assert all(line.startswith("--") or not line.strip() for line in text[:first].splitlines())
+    for path in QUERY_FILES:
+        text = path.read_text()
+        first = text.index("-- name:")
+        assert all(line.startswith("--") or not line.strip() for line in text[:first].splitlines()), path.name
     for name, sql in QUERIES.items():
         body = "\n".join(line for line in sql.splitlines() if not line.startswith("--")).strip()
         assert body.endswith(";") and body.count(";") == 1, f"{name}: one statement per block"

@@ -1,8 +1,26 @@
-"""Named SQL blocks, read once from the .sql files beside this module.
+"""Named SQL blocks, read once from the .sql files of this folder.
 
 A block starts with a line `-- name: <name> --`; the comment lines right after
-it describe the query; everything up to the next name line is the SQL.
-Python code calls `QUERIES["acquire_task"]`, never writes SQL inline.
+it describe the query; everything up to the next name line is the SQL, one
+statement. Python code calls `QUERIES["acquire_task"]`, never writes SQL inline.
+
+Where a block lives: in `<owner>.sql`, the owner being the module that calls it,
+by its file name (scheduler/placement.py: placement.sql; security/auth.py:
+auth.sql; a package whose one caller is its loop, provisioning/: provisioning.sql).
+A block that several modules call lives with the one whose job it is
+(job_for_update and attempt_tasks with outcomes, gpus_in_use with placement).
+tests/unit/test_schema.py checks that the owner calls every block of its file.
+A module that moves keeps its file; one that is renamed renames it.
+
+Names are one namespace across the files: a name a second block takes, in the
+same file or another, fails the load.
+
+Every file keeps the same conventions: :now is always a parameter, never the
+wall clock, so tests pin time; active task states are 'assigned' and
+'running'; a parameter that joins a view (`f.worker_id = CAST(:worker_id AS
+INTEGER)`) is CAST, since SQLite 3.54 prepares a join whose key is a bare
+parameter again on every run (one job's fit on one worker: ~170 us instead of
+~13 us) and an expression it does not.
 """
 from __future__ import annotations
 
@@ -10,6 +28,7 @@ import re
 from pathlib import Path
 
 _NAME = re.compile(r"^-- name: ([a-z_][a-z0-9_]*) --\s*$", re.MULTILINE)
+FOLDER = Path(__file__).resolve().parent
 
 
 def parse_blocks(text: str) -> dict[str, str]:
@@ -28,7 +47,27 @@ def load(path: Path) -> dict[str, str]:
     return parse_blocks(path.read_text(encoding="utf-8"))
 
 
-QUERIES: dict[str, str] = load(Path(__file__).with_name("queries.sql"))
+def load_folder(folder: Path = FOLDER) -> tuple[dict[str, str], dict[str, str]]:
+    """({name: sql}, {name: owner}) of every .sql file of `folder`, the owner being the file's name without .sql.
+
+    Raises ValueError on a name two blocks take, naming the file(s).
+    """
+    blocks: dict[str, str] = {}
+    owner: dict[str, str] = {}
+    for path in sorted(folder.glob("*.sql")):
+        try:
+            found = load(path)
+        except ValueError as e:
+            raise ValueError(f"{path.name}: {e}") from None
+        for name, sql in found.items():
+            if name in blocks:
+                raise ValueError(f"duplicate query name {name!r} in {owner[name]}.sql and {path.name}")
+            blocks[name] = sql
+            owner[name] = path.stem
+    return blocks, owner
+
+
+QUERIES, OWNERS = load_folder()
 
 
 def rows(conn, query: str, /, **params) -> list[dict]:

@@ -1,0 +1,218 @@
+-- The queries of scheduler/placement.py: acquisition, gang placement, GPU indices, assignments.
+
+-- name: assigned_task_for_worker --
+-- acquire is idempotent until start: the assigned tasks not started yet (oldest first, at
+-- most :limit) are handed out again.
+-- (The redundant IN term lets SQLite use the partial index tasks_worker_active;
+-- without it this scans every task the worker ever ran: 7 ms at 100k tasks.)
+SELECT id FROM tasks
+WHERE worker_id = :worker_id AND state IN ('assigned', 'running') AND state = 'assigned'
+  AND cancel_requested = 0
+ORDER BY id LIMIT :limit;
+
+-- name: worker_free --
+-- What an online worker has free now (worker_load), with what acquisition hands on.
+SELECT l.worker_id AS id, l.gpus, l.free_slots, w.advertise_address
+FROM worker_load l JOIN workers w ON w.id = l.worker_id
+WHERE l.worker_id = CAST(:worker_id AS INTEGER) AND l.state = 'online';
+
+-- name: acquire_task --
+-- Atomic acquisition: the best queued task of a job that the worker fits now
+-- (job_worker_fit.fits_now: labels, accelerator, size, secrets, free room, no other replica
+-- of the job on it) and that its project's GPU quota and its user's running-jobs limit admit.
+-- Best: priority, then fair share (the project's decayed usage over its share, then the
+-- user's usage within the project), then first come. Read by group, not by task: the fit of
+-- each shape with queued tasks (shape_worker_fit.fits_now), then its groups of queued work
+-- (queue_groups: shape, project, user), judged once each against the quota (`nominal +
+-- borrow`, and borrowed GPUs only while no other project with unused nominal quota waits
+-- for this worker), then each admitted group's best task of a job the worker holds none of
+-- (job_worker_fit.holds_task; an array's elements may share a worker), then the best of
+-- those; so queued tasks the worker cannot take cost nothing. The user's limit is judged on
+-- that best task (a task of a job already running adds no job, except an array's: each
+-- active element counts as a job, as Slurm's MaxJobs counts array tasks). Held tasks (a waiting
+-- job's, an array's past its %N cap) are not in task_queue: the cap holds because a capped
+-- array has at most N tasks released at once. Room held on the worker for a waiting gang
+-- (gang_reservations, while its preemption victims stop) is not taken: only what is beyond it.
+-- Priority is the task's with its age boost (task_queue.aged: upkeep's age_queued_tasks), read in
+-- the order of task_queue_shape, so aging costs the claim nothing.
+-- Gang (multi-node) jobs are placed by gang_workers / assign_task instead. job_quota_reason
+-- words what holds a job back here.
+UPDATE tasks
+SET state = 'assigned', worker_id = :worker_id, assigned_at = :now, lease_expires_at = :lease_expires_at,
+    address = :address
+WHERE id = (
+    WITH cand AS MATERIALIZED (
+        SELECT g.shape_id, g.project_id, g.user_id, s.gpus, p.gpu_quota AS nominal, p.gpu_borrow AS borrow,
+               coalesce(p.weight, nullif(p.gpu_quota, 0), 1) AS share, u.max_running_jobs,
+               CASE WHEN p.gpu_quota IS NULL THEN 0 ELSE (  -- the project's GPUs in use (project_load)
+                   SELECT coalesce(sum(j.gpus), 0) FROM jobs j
+                   -- (the redundant IN term seeks tasks_job_active by state, not a running array's every task)
+                   JOIN tasks t ON t.job_id = j.id AND t.state IN ('queued', 'assigned', 'running')
+                                   AND t.state IN ('assigned', 'running')
+                   WHERE j.project_id = g.project_id AND j.state = 'running') END AS in_use
+        FROM shapes s INDEXED BY shapes_queued
+        JOIN shape_worker_fit f ON f.shape_id = s.id AND f.worker_id = CAST(:worker_id AS INTEGER)
+        CROSS JOIN queue_groups g ON g.shape_id = s.id
+        JOIN projects p ON p.id = g.project_id
+        LEFT JOIN users u ON u.id = g.user_id
+        WHERE s.queued > 0 AND s.gang = 0 AND f.fits_now
+          -- room held on this worker for a waiting gang (gang_reservations): only what is beyond it
+          AND (NOT EXISTS (SELECT 1 FROM gang_reservations r
+                           WHERE r.worker_id = CAST(:worker_id AS INTEGER) AND r.expires_at > :now)
+               OR (SELECT l.free_slots - count(*) >= 1 AND l.free_gpus - total(r.gpus) >= s.gpus
+                          AND l.free_cpus - total(r.cpus) >= s.cpus
+                          AND l.free_memory_mb - total(r.memory_mb) >= s.memory_mb
+                   FROM gang_reservations r, worker_load l
+                   WHERE r.worker_id = CAST(:worker_id AS INTEGER) AND r.expires_at > :now
+                     AND l.worker_id = CAST(:worker_id AS INTEGER)))
+    ),
+    admitted AS (
+        SELECT c.* FROM cand c
+        WHERE c.nominal IS NULL OR c.gpus = 0
+           OR c.in_use + c.gpus <= c.nominal
+           OR (c.in_use + c.gpus <= c.nominal + c.borrow
+               AND NOT EXISTS (SELECT 1 FROM cand o
+                               WHERE o.project_id <> c.project_id AND o.gpus > 0 AND o.nominal IS NOT NULL
+                                 AND o.in_use + o.gpus <= o.nominal))
+    )
+    SELECT head.task_id
+    FROM admitted a
+    JOIN task_queue head ON head.task_id = (
+        SELECT h.task_id FROM task_queue h
+        WHERE h.shape_id = a.shape_id AND h.project_id = a.project_id AND h.user_id = a.user_id
+          AND (NOT EXISTS (SELECT 1 FROM tasks o  -- +o.job_id: by the worker's few tasks, not the job's (an array's many)
+                           WHERE o.worker_id = CAST(:worker_id AS INTEGER) AND +o.job_id = h.job_id
+                             AND o.state IN ('assigned', 'running'))
+               OR (SELECT x.array_size FROM jobs x WHERE x.id = h.job_id) IS NOT NULL)
+        ORDER BY h.priority + h.aged DESC, h.task_id
+        LIMIT 1)
+    WHERE a.max_running_jobs IS NULL
+       OR (SELECT r.state = 'running' AND r.array_size IS NULL FROM jobs r WHERE r.id = head.job_id)
+       OR (SELECT total(CASE WHEN r.array_size IS NULL THEN 1 ELSE (  -- an array: its active elements
+           SELECT count(*) FROM tasks t WHERE t.job_id = r.id AND t.state IN ('queued', 'assigned', 'running')
+                                          AND t.state IN ('assigned', 'running')) END)
+        FROM jobs r WHERE r.user_id = a.user_id AND r.state = 'running') < a.max_running_jobs
+    ORDER BY head.priority + head.aged DESC,
+             (SELECT coalesce(sum(fs.usage * pow(0.5, (:now - fs.updated_at) / st.fairshare_half_life_s)
+                                  + fs.running), 0)
+              FROM fairshare fs, scheduler_settings st WHERE fs.project_id = a.project_id) / a.share,
+             (SELECT fs.usage * pow(0.5, (:now - fs.updated_at) / st.fairshare_half_life_s) + fs.running
+              FROM fairshare fs, scheduler_settings st WHERE fs.project_id = a.project_id AND fs.user_id = a.user_id),
+             head.task_id
+    LIMIT 1
+)
+RETURNING id, job_id, "index", attempt, (SELECT gpus FROM jobs WHERE jobs.id = tasks.job_id) AS gpus,
+          (SELECT array_size FROM jobs WHERE jobs.id = tasks.job_id) AS array_size;
+
+-- name: gpus_in_use --
+-- Device indices held by the worker's active tasks, and those out of service (unhealthy).
+SELECT g.value AS i FROM tasks u, json_each(u.gpu_indices) g
+WHERE u.worker_id = :worker_id AND u.state IN ('assigned', 'running')
+UNION ALL
+SELECT "index" FROM worker_gpus WHERE worker_id = :worker_id AND healthy = 0;
+
+-- name: worker_mig_indices --
+-- A worker's MIG instances (a task of more than one GPU is given none: shape_worker_fit).
+SELECT "index" AS i FROM worker_gpus WHERE worker_id = :worker_id AND uuid GLOB 'MIG-*';
+
+-- name: task_model_indices --
+-- For a task whose job asks for a `gpu_model` that the worker meets by its GPUs (not by a
+-- worker label; shape_worker_fit), the worker's indices of that model; no row otherwise.
+SELECT m.key AS i FROM tasks t JOIN jobs j ON j.id = t.job_id JOIN workers w ON w.id = :worker_id,
+     json_each(w.gpu_models) m
+WHERE t.id = :task_id AND json_extract(j.labels, '$.gpu_model') IS NOT NULL
+  AND json_extract(j.labels, '$.gpu_model') IS NOT json_extract(w.labels, '$.gpu_model')
+  AND m.value = json_extract(j.labels, '$.gpu_model');
+
+-- name: set_gpu_indices --
+-- Reserve device indices for an assigned task.
+UPDATE tasks SET gpu_indices = :gpu_indices WHERE id = :task_id AND state = 'assigned' RETURNING id;
+
+-- name: any_queued_gang --
+-- Is any multi-node job waiting? (Gang placement is skipped when none is.)
+SELECT 1 AS found FROM jobs INDEXED BY jobs_queued_gangs WHERE state = 'queued' AND gang = 1 LIMIT 1;
+
+-- name: next_gang_job --
+-- The best queued multi-node jobs that the polling worker fits now (one rank of)
+-- (several, so that a gang too wide for the fleet does not block the ones behind it), whose
+-- project's GPU quota holds every rank (`nominal + borrow`; borrowed GPUs only while no other
+-- project waits within its nominal quota, judged over all queued work, not this worker's) and
+-- whose user is below the running-jobs limit; best as in acquire_task (priority with its age boost:
+-- its queued ranks' task_queue.aged; the project's fair share, first come).
+SELECT j.id, j.attempt, j.width
+FROM jobs j INDEXED BY jobs_queued_gangs
+JOIN job_worker_fit f ON f.job_id = j.id AND f.worker_id = CAST(:worker_id AS INTEGER)
+JOIN projects p ON p.id = j.project_id
+LEFT JOIN users u ON u.id = j.user_id
+WHERE j.state = 'queued' AND j.gang = 1 AND f.fits_now
+  AND (p.gpu_quota IS NULL OR j.gpus = 0
+       OR (SELECT q.gpus_in_use FROM project_quota_use q WHERE q.project_id = j.project_id) + j.gpus * j.width
+          <= p.gpu_quota
+       OR ((SELECT q.gpus_in_use FROM project_quota_use q WHERE q.project_id = j.project_id) + j.gpus * j.width
+           <= p.gpu_quota + p.gpu_borrow
+           AND NOT EXISTS (SELECT 1 FROM queue_groups g
+                           JOIN shapes s ON s.id = g.shape_id AND s.gpus > 0
+                           JOIN project_quota_use o ON o.project_id = g.project_id
+                           WHERE g.project_id <> j.project_id AND o.nominal IS NOT NULL
+                             AND o.gpus_in_use + s.gpus <= o.nominal)))
+  AND (u.max_running_jobs IS NULL
+       OR (SELECT total(CASE WHEN r.array_size IS NULL THEN 1 ELSE (  -- an array: its active elements
+           SELECT count(*) FROM tasks t WHERE t.job_id = r.id AND t.state IN ('queued', 'assigned', 'running')
+                                          AND t.state IN ('assigned', 'running')) END)
+        FROM jobs r WHERE r.user_id = j.user_id AND r.state = 'running') < u.max_running_jobs)
+ORDER BY j.priority + (SELECT coalesce(max(q.aged), 0) FROM tasks t JOIN task_queue q ON q.task_id = t.id
+                       WHERE t.job_id = j.id AND t.state IN ('queued', 'assigned', 'running')
+                         AND t.state = 'queued') DESC,
+         (SELECT coalesce(sum(fs.usage * pow(0.5, (:now - fs.updated_at) / st.fairshare_half_life_s)
+                              + fs.running), 0)
+          FROM fairshare fs, scheduler_settings st WHERE fs.project_id = j.project_id)
+         / coalesce(p.weight, nullif(p.gpu_quota, 0), 1),
+         j.id
+LIMIT :limit;
+
+-- name: gang_workers --
+-- Distinct workers that fit one rank of :job_id now and hold no room for another waiting gang
+-- (gang_reservations: another gang skips such a worker whole, while single tasks may take
+-- what is beyond the room held); the polling worker first, then those holding room for this
+-- job, then those left with the fewest free GPUs.
+SELECT f.worker_id
+FROM job_worker_fit f
+WHERE f.job_id = CAST(:job_id AS INTEGER) AND f.fits_now
+  AND NOT EXISTS (SELECT 1 FROM gang_reservations r
+                  WHERE r.worker_id = f.worker_id AND r.job_id <> f.job_id AND r.expires_at > :now)
+ORDER BY f.worker_id = :worker_id DESC,
+         EXISTS (SELECT 1 FROM gang_reservations r WHERE r.worker_id = f.worker_id AND r.job_id = f.job_id) DESC,
+         f.spare_gpus, f.worker_id
+LIMIT :width;
+
+-- name: assign_task --
+-- Give one queued task (a gang rank) to a given worker.
+UPDATE tasks
+SET state = 'assigned', worker_id = :worker_id, assigned_at = :now, lease_expires_at = :lease_expires_at,
+    address = (SELECT advertise_address FROM workers WHERE id = :worker_id)
+WHERE id = :task_id AND state = 'queued'
+RETURNING id, job_id, "index", attempt, (SELECT gpus FROM jobs WHERE jobs.id = tasks.job_id) AS gpus;
+
+-- name: queued_tasks_of_attempt --
+-- The ranks of one gang attempt still waiting, in rank order.
+SELECT id, "index" FROM tasks
+WHERE job_id = :job_id AND attempt = :attempt AND state = 'queued'
+ORDER BY "index";
+
+-- name: mark_job_running --
+-- A job leaves the queue when its first task is assigned.
+UPDATE jobs SET state = 'running' WHERE id = :job_id AND state = 'queued';
+
+-- name: assignment --
+-- Everything a worker needs to run a task.
+SELECT t.id AS task_id, t.job_id, t.attempt, t."index", t.gpu_indices, j.spec, j.width, j.gang, j.array_size
+FROM tasks t JOIN jobs j ON j.id = t.job_id
+WHERE t.id = :task_id;
+
+-- name: task_was_preempted --
+-- Was this task stopped for a preemption before (its next run gets GPULAYER_PREEMPTED=1)?
+SELECT 1 AS found FROM preemptions WHERE task_id = :task_id AND done_at IS NOT NULL LIMIT 1;
+
+-- name: task_log_base --
+-- The number a task's next log line gets (its Assignment's log_base): after those already stored.
+SELECT coalesce(max(n) + 1, 0) AS n FROM logs WHERE task_id = :task_id;
