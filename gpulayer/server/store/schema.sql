@@ -6,7 +6,16 @@
 -- 3.40 appears in a view. `PRAGMA user_version` below is the schema version;
 -- gpulayer/server/store/migrations/NNNN_*.sql bring an older file up to it.
 
+-- Sections, in this order: tokens and teams; workers; jobs and tasks; the queue (shapes,
+-- task_queue); events and logs; artifacts, rendezvous, secrets, provisioning; views for ops;
+-- fit (which workers a shape and a job fit); quotas, fair share, the usage ledger, preemption,
+-- quotas' use now.
+
 PRAGMA user_version = 10;
+
+-- ---------------------------------------------------------------------------------------
+-- Tokens and teams: tokens, users, projects, memberships.
+-- ---------------------------------------------------------------------------------------
 
 -- Join and client tokens. `server init` writes the hashes of its two tokens to
 -- server-credentials.json; tokens minted later (`gpulayer token create`) live
@@ -68,6 +77,10 @@ CREATE INDEX memberships_project ON memberships (project_id, user_id);
 
 INSERT INTO users (id, name, admin, created_at) VALUES (1, 'admin', 1, (julianday('now') - 2440587.5) * 86400.0);
 INSERT INTO projects (id, name, created_at) VALUES (1, 'default', (julianday('now') - 2440587.5) * 86400.0);
+
+-- ---------------------------------------------------------------------------------------
+-- Workers: registrations, cordons, per-GPU health.
+-- ---------------------------------------------------------------------------------------
 
 -- One row per worker registration. A worker keeps its row (and session
 -- token) across leases it loses; it gets a new row when it registers again.
@@ -138,6 +151,10 @@ CREATE TABLE worker_gpus (
 ) STRICT;
 -- worker_load counts the unhealthy GPUs of each worker.
 CREATE INDEX worker_gpus_unhealthy ON worker_gpus (worker_id) WHERE healthy = 0;
+
+-- ---------------------------------------------------------------------------------------
+-- Jobs and tasks: jobs, tasks, job_dependencies.
+-- ---------------------------------------------------------------------------------------
 
 -- What users submitted. `spec` is the JobSpec as stored (normalised);
 -- the requirement columns are copies of it that placement reads. A job array
@@ -270,6 +287,10 @@ CREATE TABLE job_dependencies (
 -- The jobs waiting on a job that just ended.
 CREATE INDEX job_dependencies_after ON job_dependencies (after_job_id);
 
+-- ---------------------------------------------------------------------------------------
+-- The queue: shapes (autoclusters) and task_queue, kept by triggers as tasks queue and leave.
+-- ---------------------------------------------------------------------------------------
+
 -- Queued work grouped by what it asks of a worker (HTCondor's autoclusters), so that
 -- acquire judges the few shapes a worker fits instead of every queued task. One row per
 -- distinct requirement, made when the first job asking for it is submitted (trigger
@@ -343,6 +364,10 @@ CREATE TRIGGER task_queue_count_out AFTER DELETE ON task_queue BEGIN
     UPDATE shapes SET queued = queued - 1 WHERE id = old.shape_id;
 END;
 
+-- ---------------------------------------------------------------------------------------
+-- Events and logs.
+-- ---------------------------------------------------------------------------------------
+
 -- Append-only log of every state change, written in the same transaction as
 -- the change, so the two never disagree.
 CREATE TABLE events (
@@ -371,6 +396,10 @@ CREATE TABLE logs (
     UNIQUE (task_id, n)
 ) STRICT;
 CREATE INDEX logs_job ON logs (job_id, seq);
+
+-- ---------------------------------------------------------------------------------------
+-- Artifacts, rendezvous, secrets, provisioning.
+-- ---------------------------------------------------------------------------------------
 
 -- Content-addressed blobs under $GPULAYER_HOME/artifacts; the bytes live in
 -- files, this table says what is there.
@@ -431,7 +460,9 @@ CREATE TABLE provision_requests (
 CREATE UNIQUE INDEX provision_requests_open ON provision_requests (provisioner, profile)
     WHERE state IN ('requested', 'pending');
 
--- Views for the questions ops ask.
+-- ---------------------------------------------------------------------------------------
+-- Views for the questions ops ask: endpoints, job_summary, worker_load.
+-- ---------------------------------------------------------------------------------------
 
 -- Which replicas serve where.
 CREATE VIEW endpoints AS
@@ -468,6 +499,11 @@ FROM workers w
 LEFT JOIN tasks t ON t.worker_id = w.id AND t.state IN ('assigned', 'running')
 LEFT JOIN jobs j ON j.id = t.job_id
 GROUP BY w.id;
+
+-- ---------------------------------------------------------------------------------------
+-- Fit: which workers a shape and a job fit, and why not (job_shape, shape_worker_fit,
+-- job_worker_fit).
+-- ---------------------------------------------------------------------------------------
 
 -- The shape of each job (shapes: the requirement its placement reads).
 CREATE VIEW job_shape AS
@@ -588,8 +624,8 @@ FROM (
 ) p;
 
 -- ---------------------------------------------------------------------------------------
--- Part B of issue 15 (quotas, borrowing, fair share, priority classes, preemption, the
--- usage ledger). docs/teams.md explains the rules these tables serve.
+-- Quotas, borrowing, fair share, priority classes (issue 15, part B; docs/teams.md explains
+-- the rules): queue_groups, scheduler_settings, fairshare.
 -- ---------------------------------------------------------------------------------------
 
 -- Queued work by shape, project and user: acquire judges a project's GPU quota and a user's
@@ -640,6 +676,10 @@ CREATE TABLE fairshare (
     running     REAL NOT NULL DEFAULT 0 CHECK (running >= 0),
     PRIMARY KEY (project_id, user_id)
 ) STRICT;
+
+-- ---------------------------------------------------------------------------------------
+-- The usage ledger: usage, written as each run ends.
+-- ---------------------------------------------------------------------------------------
 
 -- The usage ledger (accounting, like Slurm's sacct): one row per task run, written in the
 -- transaction that ends the run (finish, loss, preemption, a gang sent back to the queue).
@@ -698,6 +738,10 @@ WHEN old.state = 'running' AND new.finished_at IS NOT NULL AND old.started_at IS
         updated_at = max(updated_at, excluded.updated_at);
 END;
 
+-- ---------------------------------------------------------------------------------------
+-- Preemption: preemptions, gang_reservations.
+-- ---------------------------------------------------------------------------------------
+
 -- Preemptions: a row per victim, written when the scheduler asks its worker to stop it to
 -- make room for `for_task_id`; `done_at` once it stopped and went back to the queue. A
 -- request older than the task's latest assignment is void (the task was placed again).
@@ -742,6 +786,10 @@ CREATE TRIGGER jobs_gang_reservations_end AFTER UPDATE OF state ON jobs
 WHEN old.state = 'queued' AND new.state <> 'queued' AND new.gang = 1 BEGIN
     DELETE FROM gang_reservations WHERE job_id = new.id;
 END;
+
+-- ---------------------------------------------------------------------------------------
+-- Quotas' use now: project_load, project_quota_use.
+-- ---------------------------------------------------------------------------------------
 
 -- GPUs each project's active tasks hold now, and its running jobs.
 CREATE VIEW project_load AS
