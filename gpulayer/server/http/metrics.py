@@ -103,7 +103,7 @@ class MetricsResource:
 
 
 class ReplicationCollector:
-    """Replication's state at scrape time (server/replication.py): lag, position, the child's state."""
+    """Replication's state at scrape time (server/replication/supervisor.py): lag, position, the child's state."""
 
     def __init__(self, status):
         self.status = status

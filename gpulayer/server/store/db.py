@@ -150,7 +150,7 @@ class Store:
         self.write_timeout_s = write_timeout_s
         make_private(self.path, create=True)
         self._writer = connect(self.path, synchronous=synchronous)
-        if not autocheckpoint:  # Litestream replicates the WAL and owns its checkpoints (server/replication.py)
+        if not autocheckpoint:  # Litestream replicates the WAL and owns its checkpoints (server/replication/)
             self._writer.execute("PRAGMA wal_autocheckpoint=0")
         ensure_schema(self._writer)
         self._queue: queue.SimpleQueue[_Op | None] = queue.SimpleQueue()
