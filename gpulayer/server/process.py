@@ -193,7 +193,7 @@ class ControlPlane:
         marker = restored_marker(layout)
         if marker is not None:
             online = self.deps.store.read(reconcile.online_workers)
-            restored = reconcile.Restored.after_restore(marker, now, self.config.heartbeat_interval_s,
+            restored = reconcile.Restored.after_restore(marker, self.clock, self.config.heartbeat_interval_s,
                                                         self.config.lease_ttl_s, online)
             self.deps.scheduler.restored = restored
             if "first_started_at" not in marker:
@@ -201,8 +201,8 @@ class ControlPlane:
             if restored is not None:
                 log.info("restored_home from=%s watermark=%s awaiting_workers=%d pause_max_s=%g rules_s=%g",
                          marker.get("from"), marker.get("max_task_id"), len(restored.awaiting),
-                         max(0.0, restored.pause_until - time.monotonic()),
-                         max(0.0, restored.ends_at - time.monotonic()))
+                         max(0.0, restored.pause_until - restored.started_at),
+                         max(0.0, restored.ends_at - restored.started_at))
 
     def stop(self) -> None:
         """Stop accepting, finish in-flight requests, flush every acknowledged write, close."""

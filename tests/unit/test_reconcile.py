@@ -1,8 +1,6 @@
 """Reconciliation of heartbeats with a state file that may be behind the workers (scheduler/reconcile.py)."""
 from __future__ import annotations
 
-import time
-
 import pytest
 from helpers import add_worker, job, state_of
 
@@ -16,9 +14,9 @@ def entry(task_id: int, **echo) -> dict:
 
 def restored(sched, *, watermark: int, pause_s: float = 0.0, hold_s: float = 60.0, awaiting=(),
              rules_s: float = 600.0) -> Restored:
-    mono = time.monotonic()
-    sched.restored = Restored(watermark=watermark, started_at=sched.clock(), pause_until=mono + pause_s,
-                              hold_s=hold_s, awaiting=set(awaiting), ends_at=mono + rules_s)
+    now = sched.clock()
+    sched.restored = Restored(watermark=watermark, started_at=now, pause_until=now + pause_s, hold_s=hold_s,
+                              awaiting=set(awaiting), ends_at=now + rules_s, clock=sched.clock)
     return sched.restored
 
 
@@ -59,7 +57,7 @@ def test_after_a_restore_a_queued_task_the_worker_runs_is_adopted(sched):
     assert ("task_assigned", {"attempt": 1, "reason": "reconciled"}) in kinds(sched, job_id)
 
 
-def test_a_task_made_after_the_restore_is_not_adopted_and_holds_placement_while_reported(sched):
+def test_a_task_made_after_the_restore_is_not_adopted_and_holds_placement_while_reported(sched, clock):
     w, other = add_worker(sched, "w"), add_worker(sched, "other")
     job_id = sched.submit(job())
     task_id = state_of(sched, job_id)["tasks"][0]["task_id"]
@@ -69,7 +67,7 @@ def test_a_task_made_after_the_restore_is_not_adopted_and_holds_placement_while_
     assert task_row(sched, task_id)["state"] == "queued"
     assert sched.acquire(other) is None  # w still runs its copy: nobody gets anything meanwhile
     sched.heartbeat(w, [])               # w stopped it
-    time.sleep(0.35)
+    clock.advance(0.35)
     assert not held.paused()
     assert sched.acquire(other)["task_id"] == task_id
 
@@ -134,38 +132,46 @@ def test_nothing_is_assigned_until_every_worker_online_in_the_restored_state_rep
     assert sched.acquire(early) is None
 
 
-def test_the_pause_for_a_worker_that_never_reports_ends_with_its_lease(sched):
+def test_the_pause_for_a_worker_that_never_reports_ends_with_its_lease(sched, clock):
     w, silent = add_worker(sched, "w"), add_worker(sched, "silent")
     sched.submit(job())
     held = restored(sched, watermark=0, pause_s=0.3, awaiting={w, silent})
     sched.heartbeat(w, [])
     assert sched.acquire(w) is None
-    time.sleep(0.35)
+    clock.advance(0.35)
     assert not held.paused() and sched.acquire(w) is not None
 
 
-def test_the_first_start_waits_at_most_one_lease_ttl_and_the_rules_end_two_ttls_after_it():
+def test_the_first_start_waits_at_most_one_lease_ttl_and_the_rules_end_two_ttls_after_it(clock):
     marker = {"max_task_id": 7}
-    first = Restored.after_restore(marker, 1000.0, heartbeat_interval_s=2, lease_ttl_s=20, online_workers={1, 2})
-    assert first.awaiting == {1, 2} and first.watermark == 7
-    assert 19 < first.pause_until - time.monotonic() <= 20
-    assert 39 < first.ends_at - time.monotonic() <= 40
-    again = Restored.after_restore({**marker, "first_started_at": 1000.0}, 1030.0, heartbeat_interval_s=2,
+    started = clock.now
+    first = Restored.after_restore(marker, clock, heartbeat_interval_s=2, lease_ttl_s=20, online_workers={1, 2})
+    assert first.awaiting == {1, 2} and first.watermark == 7 and first.started_at == started
+    assert (first.pause_until, first.ends_at) == (started + 20, started + 40)
+    clock.advance(19.9)
+    assert first.paused() and first.describe()["pause_ends_in_s"] == 0.1
+    clock.advance(0.2)
+    assert not first.paused() and first.active()   # workers still awaited: the pause ended all the same
+    clock.advance(20)
+    assert not first.active()
+    clock.now = started + 30
+    again = Restored.after_restore({**marker, "first_started_at": started}, clock, heartbeat_interval_s=2,
                                    lease_ttl_s=20, online_workers={1, 2})
     assert again.awaiting == set() and not again.paused()   # a restart has no pause
-    assert 9 < again.ends_at - time.monotonic() <= 10         # only what is left of the rules' time
-    assert Restored.after_restore({**marker, "first_started_at": 1000.0}, 1041.0, heartbeat_interval_s=2,
+    assert again.ends_at == started + 40                      # only what is left of the rules' time
+    clock.now = started + 41
+    assert Restored.after_restore({**marker, "first_started_at": started}, clock, heartbeat_interval_s=2,
                                   lease_ttl_s=20, online_workers={1}) is None
 
 
-def test_once_the_rules_time_is_over_a_report_neither_adopts_nor_holds(sched):
+def test_once_the_rules_time_is_over_a_report_neither_adopts_nor_holds(sched, clock):
     w, other = add_worker(sched, "w"), add_worker(sched, "other")
     job_id = sched.submit(job())
     task_id = state_of(sched, job_id)["tasks"][0]["task_id"]
     held = restored(sched, watermark=task_id - 1, rules_s=0.3)  # a reused id: held while reported...
     assert sched.heartbeat(w, [entry(task_id)])["cancel_task_ids"] == [task_id]
     assert held.paused()
-    time.sleep(0.35)
+    clock.advance(0.35)
     assert sched.heartbeat(w, [entry(task_id)])["cancel_task_ids"] == [task_id]  # ...but not past the cap
     assert not held.paused() and not held.active()
     assert sched.acquire(other)["task_id"] == task_id
@@ -212,11 +218,11 @@ def test_health_shows_the_pause_the_workers_it_awaits_and_the_held_tasks(sched):
     sched.heartbeat(early, [])
     shown = health()["reconcile"]
     assert shown["paused"] and shown["awaiting_workers"] == [late] and shown["held_task_ids"] == []
-    assert 59 < shown["pause_ends_in_s"] <= 60 and shown["watermark_task_id"] == 5
+    assert shown["pause_ends_in_s"] == 60 and shown["watermark_task_id"] == 5   # the clock is pinned
     sched.heartbeat(late, [entry(999)])   # a task of the lost window this state never heard of: held
     shown = health()["reconcile"]
     assert shown["paused"] and shown["awaiting_workers"] == [] and shown["held_task_ids"] == [999]
     held.held.clear()
     assert health()["reconcile"]["paused"] is False
-    held.ends_at = time.monotonic() - 1   # the rules' time is over: health says nothing of them
+    held.ends_at = sched.clock() - 1   # the rules' time is over: health says nothing of them
     assert "reconcile" not in health()

@@ -41,6 +41,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpulayer.server.scheduler import events, outcomes, preemption
@@ -52,39 +53,43 @@ RULES_TTLS = 2        # lease TTLs after the first start that the rules apply: t
 
 @dataclass
 class Restored:
-    """What a restored control plane knows of its restore; `held` and `awaiting` are shared (locked)."""
+    """What a restored control plane knows of its restore; `held` and `awaiting` are shared (locked).
+
+    Every time is the clock's (the scheduler's, injected: tests pin it), in seconds.
+    """
 
     watermark: int          # the restored file's newest task id: ids above it were made after the restore
-    started_at: float       # this process's start (the clock's time): running tasks started before it are checked
-    pause_until: float      # time.monotonic() past which the pause ends, even with workers still awaited
+    started_at: float       # this process's start: running tasks started before it are checked
+    pause_until: float      # past this the pause ends, even with workers still awaited
     hold_s: float           # how long a report holds a queued task out of placement
     awaiting: set[int] = field(default_factory=set)   # workers online in the restored state, not heard from yet
-    ends_at: float = float("inf")   # time.monotonic() past which none of the rules apply
-    held: dict[int, float] = field(default_factory=dict)
+    ends_at: float = float("inf")   # past this none of the rules apply
+    held: dict[int, float] = field(default_factory=dict)   # task id -> when a worker last reported it
     lock: threading.Lock = field(default_factory=threading.Lock)
+    clock: Callable[[], float] = time.time
 
     @classmethod
-    def after_restore(cls, marker: dict, now: float, heartbeat_interval_s: float, lease_ttl_s: float,
-                      online_workers: set[int]) -> "Restored | None":
-        """The rules for a plane started at `now` (the clock's time); None once their time is over.
+    def after_restore(cls, marker: dict, clock: Callable[[], float], heartbeat_interval_s: float,
+                      lease_ttl_s: float, online_workers: set[int]) -> "Restored | None":
+        """The rules for a plane started now (`clock()`); None once their time is over.
 
         On the first start (no `first_started_at` in the marker) assignment
         waits for `online_workers`, at most one lease TTL; a later start of the
         same home has no pause, and only what is left of the rules' time.
         """
-        mono = time.monotonic()
+        now = clock()
         first = marker.get("first_started_at")
         left = RULES_TTLS * lease_ttl_s - (now - float(first) if first is not None else 0.0)
         if left <= 0:
             return None
         return cls(watermark=int(marker.get("max_task_id") or 0), started_at=now,
-                   pause_until=mono + (lease_ttl_s if first is None else 0.0),
+                   pause_until=now + (lease_ttl_s if first is None else 0.0),
                    hold_s=HOLD_INTERVALS * heartbeat_interval_s,
-                   awaiting=set(online_workers) if first is None else set(), ends_at=mono + left)
+                   awaiting=set(online_workers) if first is None else set(), ends_at=now + left, clock=clock)
 
     def active(self) -> bool:
         """True while the rules apply."""
-        return time.monotonic() < self.ends_at
+        return self.clock() < self.ends_at
 
     def seen(self, worker_id: int) -> None:
         """The worker's heartbeat was reconciled: the pause no longer waits for it."""
@@ -93,7 +98,7 @@ class Restored:
 
     def hold(self, task_id: int) -> None:
         with self.lock:
-            self.held[task_id] = time.monotonic()
+            self.held[task_id] = self.clock()
 
     def paused(self) -> bool:
         """True while nothing may be assigned: workers still awaited (rule 5), or a queued task some worker runs.
@@ -101,28 +106,27 @@ class Restored:
         Both end when the rules' time is over, however often workers report (a task that will not stop
         cannot hold the cluster's assignment for longer).
         """
-        mono = time.monotonic()
-        if mono >= self.ends_at:
+        now = self.clock()
+        if now >= self.ends_at:
             return False
         with self.lock:
-            if self.awaiting and mono < self.pause_until:
+            if self.awaiting and now < self.pause_until:
                 return True
             for task_id, at in list(self.held.items()):
-                if mono - at > self.hold_s:
+                if now - at > self.hold_s:
                     del self.held[task_id]
             return bool(self.held)
 
-
     def describe(self) -> dict:
         """For /v1/health: whether assignment is paused, which workers it awaits, which tasks are held."""
-        mono = time.monotonic()
+        now = self.clock()
         paused = self.paused()
         with self.lock:
-            awaiting = sorted(self.awaiting) if mono < self.pause_until else []
+            awaiting = sorted(self.awaiting) if now < self.pause_until else []
             held = sorted(self.held)
         return {"paused": paused, "awaiting_workers": awaiting, "held_task_ids": held,
-                "pause_ends_in_s": round(max(0.0, min(self.pause_until, self.ends_at) - mono), 2) if awaiting else 0.0,
-                "rules_end_in_s": round(max(0.0, self.ends_at - mono), 2), "watermark_task_id": self.watermark}
+                "pause_ends_in_s": round(max(0.0, min(self.pause_until, self.ends_at) - now), 2) if awaiting else 0.0,
+                "rules_end_in_s": round(max(0.0, self.ends_at - now), 2), "watermark_task_id": self.watermark}
 
 
 def online_workers(conn) -> set[int]:
