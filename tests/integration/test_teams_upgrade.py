@@ -6,8 +6,8 @@ import json
 import time
 
 from gpulayer.server.config import HomeLayout
-from gpulayer.server.scheduler.secrets import SecretBox
 from gpulayer.server.scheduler.spec import validate_job
+from gpulayer.server.security.secretbox import SecretBox
 from gpulayer.server.store import db
 from gpulayer.testing import ControlPlaneProcess
 

@@ -20,6 +20,7 @@ from gpulayer.server.scheduler.artifacts import ArtifactStore
 from gpulayer.server.scheduler.follow import LogFollowers
 from gpulayer.server.scheduler.spec import validate_job
 from gpulayer.server.security.auth import Authenticator, Principal, new_jti, new_token
+from gpulayer.server.security.secretbox import SecretBox
 from gpulayer.server.store.db import Store
 from gpulayer.server.store.queries import QUERIES
 
@@ -47,7 +48,7 @@ class Scheduler:
             auth.on_invalidate(self._rights_changed)
         if artifacts is not None:
             self.artifacts = artifacts
-        self.secret_box = secrets.SecretBox(config.layout)
+        self.secret_box = SecretBox(config.layout)
         self.log_followers = LogFollowers(store, config.max_parked_log_polls)
         self._wake = threading.Condition()
         self._generation = 0

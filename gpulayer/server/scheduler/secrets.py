@@ -1,39 +1,20 @@
-"""Secrets for jobs: encrypted at rest with a key kept beside the server secret.
+"""Secrets for jobs: set, deleted, listed, and given to a task's environment.
 
-The key (Fernet: AES-128-CBC with HMAC-SHA256) lives in $GPULAYER_HOME/secrets.key
-(0600), never in the state file, so a copy of the state file reveals nothing.
-A value leaves the control plane only inside an assignment, to a worker whose
-join token carries the secret's labels.
+Values are stored sealed (security/secretbox.py: encrypted with a key that is
+never in the state file). A value leaves the control plane only inside an
+assignment, to a worker whose join token carries the secret's labels.
 """
 from __future__ import annotations
 
 import json
 
-from cryptography.fernet import Fernet
-
-from gpulayer.server.scheduler import events
-from gpulayer.server.security.auth import write_private
-from gpulayer.server.config import HomeLayout
 from gpulayer.server.errors import InvalidRequest, NotFound
+from gpulayer.server.scheduler import events
 from gpulayer.server.scheduler.spec import ENV_NAME, labels as check_labels
+from gpulayer.server.security.secretbox import SecretBox
 from gpulayer.server.store.queries import row, rows
 
 MAX_SECRET_BYTES = 64 * 1024
-
-
-class SecretBox:
-    """Encrypts and decrypts secret values with the home's key (made on first use)."""
-
-    def __init__(self, layout: HomeLayout):
-        if not layout.secrets_key.exists():
-            write_private(layout.secrets_key, Fernet.generate_key().decode() + "\n")
-        self._fernet = Fernet(layout.secrets_key.read_text().strip().encode())
-
-    def seal(self, value: str) -> bytes:
-        return self._fernet.encrypt(value.encode("utf-8"))
-
-    def open(self, ciphertext: bytes) -> str:
-        return self._fernet.decrypt(ciphertext).decode("utf-8")
 
 
 def check(name: str, value, labels) -> tuple[str, dict]:

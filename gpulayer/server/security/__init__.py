@@ -1,1 +1,1 @@
-"""Tokens and certificates."""
+"""Tokens, certificates, and the key that seals secrets at rest."""
