@@ -196,7 +196,7 @@ class RowIdConverter(falcon.routing.IntConverter):
 
 def create_app(deps: Deps) -> falcon.App:
     """The WSGI app over injected dependencies."""
-    metrics = Metrics(deps.store)
+    metrics = Metrics(deps.scheduler)
     if deps.replication is not None:
         metrics.registry.register(ReplicationCollector(deps.replication))
     deps.scheduler.observe_acquire = metrics.acquire.observe

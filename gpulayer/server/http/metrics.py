@@ -1,72 +1,60 @@
 """GET /metrics: Prometheus text format, every metric named gpulayer_*.
 
-State gauges (jobs, workers, queue depth, artifact bytes) are read from the
-state file at scrape time, so they always match what SQL says; latencies are
-histograms observed by a middleware.
+State gauges (jobs, workers, queue depth, artifact bytes) are the scheduler's
+counts (`Scheduler.gauges()`), read from the state file at scrape time, so they
+always match what SQL says; latencies are histograms observed by a middleware.
 """
 from __future__ import annotations
 
-import json
 import time
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from gpulayer.server.store.queries import rows
-
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
 class StateCollector:
-    """Reads the state file on each scrape."""
+    """Asks the scheduler for the state file's counts on each scrape."""
 
-    def __init__(self, store):
-        self.store = store
+    def __init__(self, scheduler):
+        self.scheduler = scheduler
 
     def collect(self):
-        snap = self.store.read(_snapshot)
+        snap = self.scheduler.gauges()
         jobs = GaugeMetricFamily("gpulayer_jobs", "Jobs by state.", labels=["state"])
-        for r in snap["jobs"]:
-            jobs.add_metric([r["state"]], r["n"])
+        for state, n in snap["jobs"].items():
+            jobs.add_metric([state], n)
         yield jobs
         workers = GaugeMetricFamily("gpulayer_workers", "Workers by state.", labels=["state"])
-        for r in snap["workers"]:
-            workers.add_metric([r["state"]], r["n"])
+        for state, n in snap["workers"].items():
+            workers.add_metric([state], n)
         yield workers
         cordoned = GaugeMetricFamily("gpulayer_workers_cordoned", "Workers out of service, by cordon state.",
                                      labels=["state"])
-        counts = {r["state"]: r["n"] for r in snap["cordoned"]}
         for state in ("cordoned", "draining", "drained"):
-            cordoned.add_metric([state], counts.get(state, 0))
+            cordoned.add_metric([state], snap["cordoned"].get(state, 0))
         yield cordoned
         yield GaugeMetricFamily("gpulayer_gpus_unhealthy", "GPUs their agents reported unhealthy (not reset since).",
-                                value=snap["gpus_unhealthy"][0]["n"])
+                                value=snap["gpus_unhealthy"])
         queue = GaugeMetricFamily("gpulayer_queue_depth", "Queued tasks by the labels their job asks for.",
                                   labels=["labels"])
-        for r in snap["queue"]:
-            labels = json.loads(r["labels"])
-            queue.add_metric([",".join(f"{k}={v}" for k, v in sorted(labels.items()))], r["n"])
+        for labels, n in snap["queue"]:
+            queue.add_metric([",".join(f"{k}={v}" for k, v in sorted(labels.items()))], n)
         yield queue
         yield CounterMetricFamily("gpulayer_leases_expired", "Tasks lost to an expired lease.",
-                                  value=snap["leases"][0]["n"])
+                                  value=snap["leases_expired"])
         yield GaugeMetricFamily("gpulayer_artifact_store_bytes", "Bytes in the artifact store.",
-                                value=snap["artifacts"][0]["bytes"])
-        yield GaugeMetricFamily("gpulayer_artifacts", "Artifacts in the store.", value=snap["artifacts"][0]["n"])
-
-
-def _snapshot(conn) -> dict:
-    return {"jobs": rows(conn, "metrics_jobs_by_state"), "workers": rows(conn, "metrics_workers_by_state"),
-            "queue": rows(conn, "metrics_queue_by_labels"), "leases": rows(conn, "metrics_leases_expired"),
-            "artifacts": rows(conn, "metrics_artifact_bytes"), "cordoned": rows(conn, "metrics_workers_cordoned"),
-            "gpus_unhealthy": rows(conn, "metrics_gpus_unhealthy")}
+                                value=snap["artifact_bytes"])
+        yield GaugeMetricFamily("gpulayer_artifacts", "Artifacts in the store.", value=snap["artifacts"])
 
 
 class Metrics:
     """The registry, the latency histograms and the middleware that fills them."""
 
-    def __init__(self, store):
+    def __init__(self, scheduler):
         self.registry = CollectorRegistry()
-        self.registry.register(StateCollector(store))
+        self.registry.register(StateCollector(scheduler))
         self.requests = Histogram("gpulayer_request_seconds", "Time to answer a /v1 request.",
                                   ["method", "route", "status"], buckets=BUCKETS, registry=self.registry)
         self.acquire = Histogram("gpulayer_acquire_seconds", "Time of one acquire transaction (no long-poll wait).",

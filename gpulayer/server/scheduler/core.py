@@ -13,9 +13,9 @@ from typing import BinaryIO, Callable
 
 from gpulayer.server.config import MAX_ACQUIRE_WAIT_S, ControlPlaneConfig
 from gpulayer.server.errors import NotFound
-from gpulayer.server.scheduler import (access, aging, cascades, cordons, gpu_health, jobs, leases, ledger,
-                                       lifecycle, outcomes, placement, preemption, reconcile, secrets, teams, tokens,
-                                       workers)
+from gpulayer.server.scheduler import (access, aging, cascades, cordons, gauges, gpu_health, jobs, leases,
+                                       ledger, lifecycle, outcomes, placement, preemption, reconcile, secrets, teams,
+                                       tokens, workers)
 from gpulayer.server.scheduler.artifacts import ArtifactStore
 from gpulayer.server.scheduler.follow import LogFollowers
 from gpulayer.server.scheduler.spec import validate_job
@@ -84,6 +84,10 @@ class Scheduler:
         """How many acquire calls wait on the wake-up now (a wake() or submit reaches each of them)."""
         with self._wake:
             return self._waiting
+
+    def gauges(self) -> dict:
+        """The state file's counts that /metrics reports, read now (scheduler/gauges.py, `snapshot`)."""
+        return self.store.read(gauges.snapshot)
 
     @cached_property
     def auth(self) -> Authenticator:

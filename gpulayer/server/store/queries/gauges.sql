@@ -1,4 +1,4 @@
--- The queries of http/metrics.py: the counts /metrics reports.
+-- The queries of scheduler/gauges.py: the counts /metrics reports (http/metrics.py renders them).
 
 -- name: metrics_jobs_by_state --
 -- gpulayer_jobs{state}.
@@ -30,5 +30,3 @@ WHERE w.state <> 'gone' GROUP BY c.state;
 -- gpulayer_gpus_unhealthy: unhealthy GPUs of the workers not gone.
 SELECT count(*) AS n FROM worker_gpus g JOIN workers w ON w.id = g.worker_id
 WHERE g.healthy = 0 AND w.state <> 'gone';
-
--- Teams (issue 15): users, projects, memberships, ownership (scheduler/teams.py).
