@@ -5,7 +5,7 @@
     python scripts/chaos.py --workers 50 --seconds 20 --processes 2 --submitters 5   # what CI runs
 
 A real `gpulayer server start` process (plain HTTP on 127.0.0.1). Simulated
-workers (scripts/faultlib.SimWorker: register, heartbeat, acquire, start,
+workers (tests/faultlib.SimWorker: register, heartbeat, acquire, start,
 finish over plain HTTP, no task processes) run as threads in --processes
 processes; --kill-rate of the tasks they take end with their worker "SIGKILLed":
 it stops heartbeating and never finishes, and a fresh worker registers in its
@@ -14,7 +14,7 @@ on --cancel-rate of their submits.
 
 Once a second during the run the live state file is sampled for a task held by
 a worker that is not online. At the end the load stops, the leases of every
-silent worker expire, and scripts/invariants.sql plus the event-log replay
+silent worker expire, and tests/invariants.sql plus the event-log replay
 (faultlib.check_state) must hold: at most one running attempt of a task at a
 time, every acknowledged job present and ended or still queued/running with a
 task that can move, no lease outliving its worker. Prints throughput and
@@ -33,7 +33,7 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))   # faultlib, beside the tests
 import apsw  # noqa: E402
 import requests  # noqa: E402
 

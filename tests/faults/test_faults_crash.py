@@ -3,7 +3,7 @@
 A real `gpulayer server start` process; submitters in this process (threads)
 and in two child processes; three simulated workers acquiring, starting and
 finishing tasks through the crashes. After each restart, and at the end, the
-state file is checked with SQL and the event log (scripts/invariants.sql).
+state file is checked with SQL and the event log (tests/invariants.sql).
 """
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def test_sigkill_during_a_submit_storm_loses_no_acknowledged_job(tmp_path):
     children = [subprocess.Popen([sys.executable, "-c",
                                   "import sys, faultlib; faultlib.storm_main(*sys.argv[1:3], float(sys.argv[3]), 3, sys.argv[4])",
                                   srv.url, srv.tokens["client_token"], str(storm_s), str(out)],
-                                 env=clean_env(PYTHONPATH=f"{faultlib.REPO / 'scripts'}:{faultlib.REPO}"))
+                                 env=clean_env(PYTHONPATH=f"{faultlib.REPO / 'tests'}:{faultlib.REPO}"))
                 for out in outs]
     try:
         for t in submitters:

