@@ -3,15 +3,14 @@
 import http.client
 import socket
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import Callable, Protocol
 
 from .backoff import next_restart_delay
 from .events import log_event
+from .logship import LogShipper
+from .process import TaskProcess
 from .rendezvous import free_port
-from .supervision import Limits, Stop, TaskResult, result_of, supervise
-
-if TYPE_CHECKING:
-    from .tasks import TaskRunner  # type-only: tasks imports this module
+from .supervision import Limits, Stop, TaskHandle, TaskResult, result_of, supervise
 
 #: Until the replica answers, probes start 20 ms apart and back off to 250 ms:
 #: a server that binds in 100 ms is reported then, not a whole interval later.
@@ -109,7 +108,40 @@ def should_restart(policy: str, exit_code: int, health_failed: bool) -> bool:
     return policy == "always" or health_failed or exit_code != 0
 
 
-def run_service(runner: "TaskRunner", extra_env: dict[str, str]) -> "TaskResult":
+class ReplicaContext(Protocol):
+    """What a service replica needs of its worker's settings (tasks.TaskContext is one)."""
+
+    @property
+    def advertise_address(self) -> str: ...
+
+    @property
+    def kill_grace_s(self) -> float: ...
+
+
+class ReplicaRunner(Protocol):
+    """What a service replica needs of the runner of its task (tasks.TaskRunner is one, and calls
+    run_service with itself): this module imports nothing of tasks.py."""
+
+    @property
+    def assignment(self) -> dict: ...
+
+    @property
+    def handle(self) -> TaskHandle: ...
+
+    @property
+    def ctx(self) -> ReplicaContext: ...
+
+    @property
+    def shipper(self) -> LogShipper: ...
+
+    def spawn(self, extra: dict[str, str]) -> TaskProcess | TaskResult:
+        """Start the command with `extra` in its environment; a failed result when it cannot start."""
+
+    def exit_code(self, proc: TaskProcess) -> int:
+        """The ended process's exit code."""
+
+
+def run_service(runner: ReplicaRunner, extra_env: dict[str, str]) -> TaskResult:
     """Run a service replica until it ends for good, is cancelled or times out."""
     service = runner.assignment["service"] or {}
     handle = runner.handle
