@@ -251,7 +251,7 @@ class Client:
 
     def has_artifact(self, digest: str) -> bool:
         """HEAD /v1/artifacts/{digest}: True when the server holds it."""
-        return self.request("HEAD", f"/artifacts/{digest}", ok=(200, 404)).status_code == 200
+        return transfers.has_artifact(self, digest)
 
     # Tokens and secrets
 

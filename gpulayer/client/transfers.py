@@ -19,13 +19,11 @@ from gpulayer.client.errors import BadInput, ClientError
 
 
 class Client(Protocol):
-    """What transfers need of a client (gpulayer.client.api.Client, which imports this module)."""
+    """What transfers need of a client: its HTTP request, nothing more (gpulayer.client.api.Client, which
+    imports this module; transfers never call back into the rest of it)."""
 
     def request(self, method: str, path: str, **kwargs: Any) -> Any: ...
 
-    def has_artifact(self, digest: str) -> bool: ...
-
-    def upload(self, path: Path, progress: bool | None = None) -> str: ...
 
 CHUNK = 1024 * 1024
 PROGRESS_MIN_BYTES = 4 * 1024 * 1024
@@ -83,12 +81,17 @@ class _ProgressReader:
         return data
 
 
+def has_artifact(client: Client, digest: str) -> bool:
+    """HEAD /v1/artifacts/{digest}: True when the server holds it."""
+    return client.request("HEAD", f"/artifacts/{digest}", ok=(200, 404)).status_code == 200
+
+
 def upload_file(client: Client, path: Path, progress: bool | None = None) -> str:
     """Upload `path` unless the server already has its digest; return the digest."""
     if not path.is_file():
         raise ClientError(f"cannot upload {path}: not a readable file")
     digest = file_digest(path)
-    if client.has_artifact(digest):
+    if has_artifact(client, digest):
         return digest
     size = path.stat().st_size
     bar = Progress(f"upload {path.name}", size, progress)
@@ -179,7 +182,7 @@ def prepare_spec(client: Client, spec: dict) -> dict:
         spec["inputs"] = upload_inputs(client, spec["inputs"])
     service = spec.get("service")
     if service and service.get("weights") and not _is_digest(service["weights"]):
-        spec["service"] = {**service, "weights": client.upload(Path(service["weights"]))}
+        spec["service"] = {**service, "weights": upload_file(client, Path(service["weights"]))}
     return spec
 
 
@@ -191,7 +194,7 @@ def upload_source(client: Client, directory: Path) -> str:
     with tempfile.TemporaryDirectory(prefix="gpulayer-bundle-") as tmp:
         archive = Path(tmp) / "source.tar.gz"
         bundle.pack(directory, archive)
-        return client.upload(archive)
+        return upload_file(client, archive)
 
 
 def upload_inputs(client: Client, inputs: dict[str, str]) -> dict[str, str]:
@@ -205,9 +208,9 @@ def upload_inputs(client: Client, inputs: dict[str, str]) -> dict[str, str]:
         remote = remote_path(key) if key == value else key
         if local.is_dir():
             for file in sorted(p for p in local.rglob("*") if p.is_file()):
-                out[f"{remote.rstrip('/')}/{file.relative_to(local).as_posix()}"] = client.upload(file)
+                out[f"{remote.rstrip('/')}/{file.relative_to(local).as_posix()}"] = upload_file(client, file)
         elif local.is_file():
-            out[remote] = client.upload(local)
+            out[remote] = upload_file(client, local)
         else:
             raise ClientError(f"input {value!r} is neither a digest nor a local file or folder")
     return out

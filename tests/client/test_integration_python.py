@@ -42,6 +42,26 @@ def test_wait_timeout_and_cancel(client):
     assert job.events()
 
 
+def test_transfers_need_nothing_of_a_client_but_its_request(client, tmp_path):
+    """client/transfers.py never calls back into the rest of the Client: a spec's local source, input and
+    weights go up through its request alone."""
+    from types import SimpleNamespace
+
+    from gpulayer.client import transfers
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "run.sh").write_text("echo hi\n")
+    (tmp_path / "in.txt").write_text("data")
+    (tmp_path / "w.bin").write_bytes(b"weights")
+    only_request = SimpleNamespace(request=client.request)
+    spec = transfers.prepare_spec(only_request, {
+        "command": ["true"], "source": str(tmp_path / "src"), "inputs": {"in.txt": str(tmp_path / "in.txt")},
+        "service": {"weights": str(tmp_path / "w.bin")}})
+    assert transfers.has_artifact(only_request, spec["source"])
+    assert spec["inputs"]["in.txt"] == transfers.file_digest(tmp_path / "in.txt")
+    assert spec["service"]["weights"] == transfers.file_digest(tmp_path / "w.bin")
+    assert client.has_artifact(spec["inputs"]["in.txt"]) and client.has_artifact(spec["service"]["weights"])
+
+
 def test_upload_is_by_digest_and_skipped_when_present(client, tmp_path):
     (tmp_path / "x.bin").write_bytes(b"\0" * 1000)
     digest = client.upload(tmp_path / "x.bin")
