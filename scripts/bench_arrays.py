@@ -10,7 +10,7 @@
    --backlog plain queued tasks behind them; then of an array's elements (one %16-capped
    array of --held elements, each finished before the next acquire), with the same backlog
    and --waiting dependent jobs besides (their tasks held, outside task_queue).
-4. read: what `GET /v1/jobs/{id}` renders (jobs.render), in-process, for an array of --held
+4. read: what `GET /v1/jobs/{id}` renders (views.render), in-process, for an array of --held
    elements half of them ended (a quarter failed, a quarter cancelled) and the rest queued;
    beside it the render of a one-task job on the same state file.
 
@@ -126,7 +126,7 @@ def acquire_times(backlog: int, held: int, waiting: int, n: int) -> dict:
 
 
 def read_times(elements: int, n: int) -> dict:
-    from gpulayer.server.scheduler import jobs
+    from gpulayer.server.scheduler import jobs, views
     from gpulayer.server.scheduler.spec import validate_job
     from gpulayer.server.store import db
 
@@ -149,7 +149,7 @@ def read_times(elements: int, n: int) -> dict:
     for _ in range(n):
         for job_id, out in spent.items():
             t0 = time.perf_counter()
-            jobs.render(conn, job_id)
+            views.render(conn, job_id)
             out.append(time.perf_counter() - t0)
     conn.close()
     store.close()

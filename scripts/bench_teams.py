@@ -31,16 +31,20 @@ from benchlib import PROTOCOL_HEADER, table  # noqa: E402
 CALLS = ("submit", "get_job", "logs", "list_100")
 
 
-def _bypass(teams, jobs):
+def _bypass(teams, jobs, views):
     """No-op stand-ins for what teams adds to these calls; returns a function that puts them back."""
-    saved = {name: getattr(teams, name) for name in ("check_job", "annotate", "submit")}
-    teams.check_job = lambda conn, principal, job_id, need: None
-    teams.annotate = lambda conn, rendered, principal=None: rendered
+    saved = [(module, name, getattr(module, name))
+             for module, name in ((teams, "check_job"), (teams, "submit"), (views, "annotate"), (views, "job"))]
+    render = views.render
+    teams.check_job = lambda conn, principal, job_id, need: {"id": job_id, "owner": None, "project": None,
+                                                             "level": "manage"}
     teams.submit = lambda conn, principal, project, spec, now: jobs.submit(conn, spec, now)
+    views.annotate = lambda conn, rendered, principal=None: rendered
+    views.job = lambda conn, principal, job_id, index=None: render(conn, job_id, index)
 
     def restore():
-        for name, fn in saved.items():
-            setattr(teams, name, fn)
+        for module, name, fn in saved:
+            setattr(module, name, fn)
     return restore
 
 
@@ -49,7 +53,7 @@ def run(jobs_per_round: int, rounds: int) -> dict:
 
     from gpulayer.server.config import ControlPlaneConfig
     from gpulayer.server.http.app import create_app, new_deps
-    from gpulayer.server.scheduler import jobs, teams
+    from gpulayer.server.scheduler import jobs, teams, views
     from gpulayer.server.security.auth import init_home
 
     home = Path(tempfile.mkdtemp(prefix="bench-teams-")) / "home"
@@ -69,7 +73,7 @@ def run(jobs_per_round: int, rounds: int) -> dict:
     try:
         for r in range(rounds):
             mode = "teams" if r % 2 == 0 else "bypassed"
-            restore = _bypass(teams, jobs) if mode == "bypassed" else (lambda: None)
+            restore = _bypass(teams, jobs, views) if mode == "bypassed" else (lambda: None)
             try:
                 spec = {"command": ["true"], "labels": {"pool": "nowhere"}}  # queued for good: no such worker
                 ids = [timed(mode, "submit", "POST", "/v1/jobs", json=spec).json["id"] for _ in range(jobs_per_round)]
@@ -111,7 +115,7 @@ def owner_listing(total: int, mine_every: int = 4000, calls: int = 5) -> list[di
             times = []
             for _ in range(calls):
                 start = time.perf_counter()
-                conn.execute(QUERIES[query], {"state": None, "before": None, "owner_id": owner, "project_id": None,
+                conn.execute(QUERIES[query], {"state": None, "name": None, "since": None, "before": None, "owner_id": owner, "project_id": None,
                                               "viewer_id": viewer, "limit": 100}).fetchall()
                 times.append(time.perf_counter() - start)
             row[f"{query}_p50_ms"] = round(statistics.median(times) * 1e3, 2)

@@ -4,7 +4,7 @@
 A running service replica with restarts > 0 gets its last restart line
 (`restart 4: exited with code 1; next run in 8 s`) in the Job it is read in:
 query `task_restart_message`, which walks the replica's log lines back from the
-newest, among its last 200 only. This measures `jobs.render` of one service job
+newest, among its last 200 only. This measures `views.render` of one service job
 (one replica, on a real state file through Store.read) whose replica has
 --lines log lines, in the same run:
 
@@ -30,7 +30,7 @@ import benchlib  # noqa: E402
 
 import apsw  # noqa: E402
 from gpulayer.server.config import ControlPlaneConfig  # noqa: E402
-from gpulayer.server.scheduler import jobs  # noqa: E402
+from gpulayer.server.scheduler import views  # noqa: E402
 from gpulayer.server.scheduler.core import Scheduler  # noqa: E402
 from gpulayer.server.security.auth import Principal  # noqa: E402
 from gpulayer.server.store.db import Store  # noqa: E402
@@ -74,11 +74,11 @@ def measure(lines: int, reps: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         sched, found = build(Path(tmp), lines)
         times: dict[str, list[float]] = {v: [] for v in found}
-        messages = {v: sched.store.read(jobs.render, j)["tasks"][0]["restart_message"] for v, j in found.items()}
+        messages = {v: sched.store.read(views.render, j)["tasks"][0]["restart_message"] for v, j in found.items()}
         for _ in range(reps):
             for variant, job_id in found.items():
                 started = time.perf_counter()
-                sched.store.read(jobs.render, job_id)
+                sched.store.read(views.render, job_id)
                 times[variant].append(time.perf_counter() - started)
         sched.store.close()
     base = benchlib.median(times["no_restarts"])
@@ -96,7 +96,7 @@ def main() -> None:
     results = [measure(int(n), args.reps) for n in args.lines.split(",")]
     rows = [{"lines": r["lines"], "variant": v, "p50_ms": s["p50_ms"], "p99_ms": s["p99_ms"], "ratio": s["ratio"]}
             for r in results for v, s in r["variants"].items()]
-    text = f"{benchlib.machine_line()}\njobs.render of a running service job, {args.reps} reads each\n" + \
+    text = f"{benchlib.machine_line()}\nviews.render of a running service job, {args.reps} reads each\n" + \
         benchlib.table(rows)
     benchlib.emit({"machine": benchlib.machine(), "reps": args.reps, "results": results}, args.json, text)
 

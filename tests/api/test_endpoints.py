@@ -106,8 +106,9 @@ def test_worker_cycle(api, client_h, worker, deps, clock):
     more = api.simulate_get(f"/v1/jobs/{job_id}/logs", headers=client_h, params={"after": logs["lines"][0]["seq"],
                                                                                "limit": 1}).json
     assert [x["text"] for x in more["lines"]] == ["line 1"]
+    assert logs["ended"] is True and more["ended"] is False  # the job has ended; a line follows that page
     assert api.simulate_get(f"/v1/jobs/{job_id}/logs", headers=client_h,
-                            params={"after": logs["next"]}).json == {"lines": [], "next": logs["next"]}
+                            params={"after": logs["next"]}).json == {"lines": [], "next": logs["next"], "ended": True}
     evs = api.simulate_get(f"/v1/jobs/{job_id}/events", headers=client_h).json["events"]
     assert [e["kind"] for e in evs] == ["job_submitted", "task_assigned", "task_started", "task_finished",
                                         "job_finished"]
@@ -443,7 +444,7 @@ def test_a_log_long_poll_ends_with_the_job(api, deps, client_h, running):
                       json={"exit_code": 0, "outcome": "succeeded"})
     follower.join(10)
     assert not follower.is_alive(), "the parked follower was not answered at the finish"
-    assert answer["page"] == {"lines": [], "next": after} and answer["waited_s"] < 5, answer
+    assert answer["page"] == {"lines": [], "next": after, "ended": True} and answer["waited_s"] < 5, answer
     began = time.monotonic()
     page = api.simulate_get(f"/v1/jobs/{job_id}/logs", headers=client_h, params={"after": after, "wait_s": 20}).json
     assert page["lines"] == [] and time.monotonic() - began < 1, "an ended job's long-poll answers at once"

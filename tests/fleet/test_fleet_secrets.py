@@ -76,7 +76,7 @@ def test_secret_reaches_only_labelled_workers_and_never_shows(fleet):
 
 
 def test_a_job_whose_secret_was_deleted_waits_until_it_is_set_again(store, sched):
-    from gpulayer.server.scheduler import jobs
+    from gpulayer.server.scheduler import views
     from gpulayer.server.scheduler import secrets
     from gpulayer.server.http import wire
     from gpulayer.server.security.auth import Principal
@@ -88,7 +88,7 @@ def test_a_job_whose_secret_was_deleted_waits_until_it_is_set_again(store, sched
     worker = sched.register(body=body, token=Principal(kind="join", jti="server-join"), session_hash="h",
                             peer_address="127.0.0.1")["worker_id"]
     assert sched.acquire(worker) is None
-    assert store.read(jobs.render, job_id)["waiting_reason"] == "secret GONE_SOON is not set"
+    assert store.read(views.render, job_id)["waiting_reason"] == "secret GONE_SOON is not set"
     store.write(secrets.put, sched.secret_box, "GONE_SOON", "v2", {}, sched.clock())
     task = sched.acquire(worker)
     assert task["job_id"] == job_id and task["env"]["GONE_SOON"] == "v2"

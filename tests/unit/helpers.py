@@ -19,5 +19,5 @@ def job(command=("true",), **spec):
 
 
 def state_of(sched, job_id):
-    from gpulayer.server.scheduler import jobs
-    return sched.store.read(jobs.render, job_id)
+    from gpulayer.server.scheduler import views
+    return sched.store.read(views.render, job_id)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from gpulayer.server.errors import InvalidRequest, NotFound
-from gpulayer.server.scheduler import jobs
+from gpulayer.server.scheduler import jobs, views
 from gpulayer.server.scheduler.spec import MAX_ARRAY, array_indices, array_text, validate_job
 from helpers import add_worker, job, state_of
 
@@ -102,7 +102,7 @@ def test_failed_elements_fail_the_array_with_counts_and_indices(sched):
     assert view["array"]["counts"] == {"succeeded": 3, "failed": 2}
     assert view["array"]["failed_indices"] == [1, 4]
     assert [t["index"] for t in view["tasks"]] == [1, 4]  # an array lists its active and failed tasks only
-    assert [t["index"] for t in sched.store.read(jobs.render, job_id, 4)["tasks"]] == [4]
+    assert [t["index"] for t in sched.store.read(views.render, job_id, 4)["tasks"]] == [4]
 
 
 def test_each_element_retries_alone(sched):
@@ -116,7 +116,7 @@ def test_each_element_retries_alone(sched):
     assert run(sched, w) is None
     view = state_of(sched, job_id)
     assert view["state"] == "succeeded" and view["attempt"] == 1
-    attempts = [(t["index"], t["attempt"], t["state"]) for t in sched.store.read(jobs.render, job_id, 0)["tasks"]]
+    attempts = [(t["index"], t["attempt"], t["state"]) for t in sched.store.read(views.render, job_id, 0)["tasks"]]
     assert attempts == [(0, 2, "succeeded"), (0, 1, "failed")]
 
 
@@ -211,7 +211,7 @@ def test_failed_dependency_cancels_down_the_chain(sched):
         assert [t["reason"] for t in view["tasks"]] == ["dependency_failed"]  # its task says so too
     assert state_of(sched, on_failure)["state"] == "queued"
     assert state_of(sched, anyway)["state"] == "queued"
-    kinds = [e["kind"] for e in sched.store.read(jobs.events_of, chain[1])]
+    kinds = [e["kind"] for e in sched.store.read(views.events_of, chain[1])]
     assert "dependency_failed" in kinds and "job_finished" in kinds
 
 
@@ -318,6 +318,6 @@ def test_cancelled_elements_are_named_apart_from_failed_ones(sched):
     assert sched.cancel(job_id) is True           # the rest, held or queued, are cancelled
     view = state_of(sched, job_id)
     assert view["array"]["counts"] == {"failed": 1, "cancelled": 2999}
-    assert len(view["array"]["failed_indices"]) == jobs.ARRAY_FAILED_SHOWN
+    assert len(view["array"]["failed_indices"]) == views.ARRAY_FAILED_SHOWN
     assert view["array"]["failed_indices"][:2] == [0, 1]
-    assert view["array"]["cancelled_indices"] == list(range(1, jobs.ARRAY_FAILED_SHOWN))
+    assert view["array"]["cancelled_indices"] == list(range(1, views.ARRAY_FAILED_SHOWN))

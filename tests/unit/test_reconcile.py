@@ -25,8 +25,8 @@ def task_row(sched, task_id: int) -> dict:
 
 
 def kinds(sched, job_id: int) -> list[tuple[str, dict]]:
-    from gpulayer.server.scheduler import jobs
-    return [(e["kind"], e["data"]) for e in sched.store.read(jobs.events_of, job_id)]
+    from gpulayer.server.scheduler import views
+    return [(e["kind"], e["data"]) for e in sched.store.read(views.events_of, job_id)]
 
 
 def test_a_reported_task_assigned_to_its_worker_is_marked_running_after_a_restore(sched):

@@ -180,6 +180,11 @@ RESPONSES: dict[tuple[str, str], tuple[str, dict]] = {
     ("/v1/jobs/{job_id}", "get"): ("200", JOB),
     ("/v1/jobs", "get"): ("200", {"type": "object", "required": ["jobs"],
                                   "properties": {"jobs": {"type": "array", "items": JOB}}}),
+    ("/v1/jobs/{job_id}/logs", "get"): ("200", {"type": "object", "required": ["lines", "next"], "properties": {
+        "lines": {"type": "array", "items": {"type": "object", "required": ["seq", "task_id", "stream", "text"]}},
+        "ended": {"type": "boolean", "description": "true once the job (with `index`, that element) has ended "
+                                                    "and no line follows these: a follower stops"},
+        "retry_after_s": {"type": "number", "description": "too many followers wait: ask again after this long"}}}),
     ("/v1/health", "get"): ("200", {"type": "object", "required": ["ok", "protocol"]}),
     ("/v1/tokens", "post"): ("201", {"type": "object", "required": ["token", "jti", "name", "kind"]}),
     ("/v1/whoami", "get"): ("200", {"type": "object", "required": ["user", "admin", "projects"], "properties": {
@@ -228,6 +233,10 @@ RESPONSES: dict[tuple[str, str], tuple[str, dict]] = {
 }
 QUERY_PARAMS: dict[tuple[str, str], list[tuple[str, dict]]] = {
     ("/v1/jobs", "get"): [("state", {"type": "string"}),
+                          ("name", {"type": "string", "maxLength": 256,
+                                    "description": "only jobs named like this glob (`*`, `?`, `[...]`, `[!...]`)"}),
+                          ("since", {"type": "number", "minimum": 0,
+                                     "description": "only jobs created at or after this time (Unix seconds)"}),
                           ("all", {"type": "boolean", "description": "every job the caller may see, not only its own"}),
                           ("user", {"type": "string", "description": "that user's jobs (those the caller may see)"}),
                           ("project", {"type": "string", "description": "that project's jobs (those the caller may see)"})],
@@ -241,7 +250,7 @@ QUERY_PARAMS: dict[tuple[str, str], list[tuple[str, dict]]] = {
                                                       "description": "that array element's outputs alone"})],
     ("/v1/jobs/{job_id}/logs", "get"): [("index", {"type": "integer", "minimum": 0,
                                                    "description": "that array element's lines alone"}),
-                                        ("wait_s", {"type": "number", "minimum": 0, "maximum": 1})],
+                                        ("wait_s", {"type": "number", "minimum": 0, "maximum": 30})],
     ("/v1/workers", "get"): [("all", {"type": "boolean"})],
     ("/v1/usage", "get"): [("by", {"type": "string", "description": "user, project, job-name or label:KEY"}),
                            ("since", {"type": "string", "description": "30d, 12h, 90m or seconds (default 30d)"})],

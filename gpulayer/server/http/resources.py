@@ -14,11 +14,13 @@ from gpulayer.server.config import PROTOCOL
 from gpulayer.server.errors import InvalidRequest, NotFound
 from gpulayer.server.http import paging, wire
 from gpulayer.server.provisioning import loop as provisioner
-from gpulayer.server.scheduler import jobs, secrets, teams, tokens, workers
+from gpulayer.server.scheduler import secrets, teams, tokens, views, workers
 from gpulayer.server.scheduler.artifacts import check_digest
 
 LOG_RETRY_AFTER_S = 1.0
 MAX_INDEX = 1 << 62   # `index` (an array's element, a replica, a rank) in a job's URLs and its cancel
+MAX_NAME_GLOB = 256   # `GET /v1/jobs?name=`
+MAX_TIME = 1e11       # `GET /v1/jobs?since=` (Unix seconds)
 
 
 class Resource:
@@ -147,14 +149,9 @@ class WorkerTask(WorkerResource):
 
 # -- clients -----------------------------------------------------------------
 
-# What a caller must be allowed to do with a job (teams.LEVELS) for each route under /v1/jobs/{id}.
-JOB_ACCESS = {"cancel": "manage", "logs": "read", "endpoints": "read", "outputs": "read", "events": "see"}
-
-
-def _job_access(req, resp, resource, params):
-    """Before any /v1/jobs/{id} responder: 404 unless the caller may see the job, 403 short of the route's level;
-    the job's owner, project and the caller's level kept for _job_owner."""
-    need = JOB_ACCESS.get(req.path.rsplit("/", 1)[-1], "see")
+def _job_access(req, resp, resource, params, need: str):
+    """Before a /v1/jobs/{id} action: 404 unless the caller may see the job, 403 short of `need` (teams.LEVELS);
+    the job's owner, project and the caller's level kept in req.context.job_meta."""
     req.context.job_meta = resource.store.read(teams.check_job, req.context.principal, params["job_id"], need)
 
 
@@ -172,15 +169,6 @@ def _still_allowed(req, resource, job_id: int, need: str):
     return check
 
 
-def _job_owner(req, resp, resource, params=None):
-    """After a /v1/jobs/{id} responder that renders the job: its owner and project, redacted where only seen."""
-    media, meta = resp.media, getattr(req.context, "job_meta", None)
-    if isinstance(media, dict) and "spec" in media and meta is not None and media.get("id") == meta["id"]:
-        teams.apply_meta(media, meta)
-        if (media.get("after") or media.get("preemptions")) and not req.context.principal.admin:
-            resource.store.read(teams.hide_unseen, req.context.principal, [media])
-
-
 class Jobs(Resource):
     def on_post(self, req, resp):
         body = wire.read_json(req)
@@ -188,58 +176,65 @@ class Jobs(Resource):
         job_id = self.sched.submit(body, req.context.principal, project)
         resp.status = falcon.HTTP_201
         resp.location = f"/v1/jobs/{job_id}"
-        resp.media = self.store.read(teams.render, req.context.principal, job_id)
+        resp.media = self.store.read(views.rendered_for, req.context.principal, job_id)
 
     def on_get(self, req, resp):
-        state = req.get_param("state")
+        state, name = req.get_param("state"), req.get_param("name")
         if state is not None and state not in JOB_STATES:
             raise InvalidRequest(f"state: must be one of {', '.join(JOB_STATES)}")
+        if name is not None and not 0 < len(name) <= MAX_NAME_GLOB:
+            raise InvalidRequest(f"name: must be a glob of 1-{MAX_NAME_GLOB} characters (sweep-*)")
+        filters = {"state": state, "name": name, "since": wire.query_float(req, "since", None, 0.0, MAX_TIME),
+                   "user": req.get_param("user"), "project": req.get_param("project"),
+                   "all": req.get_param_as_bool("all", default=False)}
         limit, before = paging.params(req, "/v1/jobs")
-        scope = self.store.read(teams.list_scope, req.context.principal, user=req.get_param("user"),
-                                project=req.get_param("project"),
-                                everything=req.get_param_as_bool("all", default=False))
-        found, more = self.store.read(teams.listing_page, req.context.principal, state, limit, before, scope)
+        found, more = self.store.read(views.listing, req.context.principal, filters, limit, before)
         resp.media = paging.answer("jobs", found, more, "id")
 
 
-@falcon.before(_job_access)
-@falcon.after(_job_owner)
 class Job(Resource):
-    def on_get(self, req, resp, job_id):
-        resp.media = self.store.read(jobs.render, job_id, wire.query_int(req, "index", None, 0, MAX_INDEX))
+    """/v1/jobs/{id} and its actions: each checks the caller's right to the job first (404, 403), then reads."""
 
+    def on_get(self, req, resp, job_id):
+        try:
+            index = wire.query_int(req, "index", None, 0, MAX_INDEX)
+        except InvalidRequest:  # a job the caller may not see is 404, whatever its query (ids do not leak)
+            self.store.read(teams.check_job, req.context.principal, job_id, "see")
+            raise
+        resp.media = self.store.read(views.job, req.context.principal, job_id, index)  # one read: check, render
+
+    @falcon.before(_job_access, "manage")
     def on_post_cancel(self, req, resp, job_id):
         index = wire.cancel_index(wire.read_json(req, allow_empty=True))
         self.sched.cancel(job_id, index)
-        resp.media = self.store.read(jobs.render, job_id, index)
+        resp.media = self.store.read(views.job, req.context.principal, job_id, index)
 
+    @falcon.before(_job_access, "read")
     def on_get_logs(self, req, resp, job_id):
         limit, after = paging.params(req, "/v1/jobs/{job_id}/logs")
         wait_s = wire.query_float(req, "wait_s", 0.0, 0.0, 30.0)
         index = wire.query_int(req, "index", None, 0, MAX_INDEX)
-        self.store.read(jobs.render, job_id, index)  # 404 for no such job (or element)
-        lines, waited = self.sched.wait_for_logs(job_id, after, limit, wait_s, index,
-                                                 _still_allowed(req, self, job_id, "read"))
-        resp.media = {"lines": lines, "next": lines[-1]["seq"] if lines else after}
+        lines, ended, waited = self.sched.wait_for_logs(job_id, after, limit, wait_s, index,  # 404: no element
+                                                        _still_allowed(req, self, job_id, "read"))
+        resp.media = {"lines": lines, "next": lines[-1]["seq"] if lines else after, "ended": ended}
         if not waited:  # too many followers parked: this one polls again after a pause
             resp.media["retry_after_s"] = LOG_RETRY_AFTER_S
 
+    @falcon.before(_job_access, "see")
     def on_get_events(self, req, resp, job_id):
         limit, after = paging.params(req, "/v1/jobs/{job_id}/events")
-        found, more = self.store.read(teams.events_page, req.context.principal, job_id, after, limit)
-        if req.context.job_meta["level"] == "see":
-            found = teams.redact_events(found)
+        found, more = self.store.read(views.events_seen, req.context.principal, job_id, after, limit,
+                                      req.context.job_meta["level"])
         resp.media = paging.answer("events", found, more, "seq")
 
+    @falcon.before(_job_access, "read")
     def on_get_endpoints(self, req, resp, job_id):
-        resp.media = self.store.read(jobs.endpoints, job_id)
+        resp.media = self.store.read(views.endpoints, job_id)
 
+    @falcon.before(_job_access, "read")
     def on_get_outputs(self, req, resp, job_id):
         index = wire.query_int(req, "index", None, 0, MAX_INDEX)
-        job = self.store.read(jobs.render, job_id, index)
-        resp.media = {"outputs": self.store.read(jobs.outputs, job_id, index)}
-        if index is None and job["array"] is not None:  # elements that write the same path keep their own file
-            resp.media["elements"] = self.store.read(jobs.element_outputs, job_id)
+        resp.media = self.store.read(views.outputs, job_id, index)  # 404 for no such element
 
 
 class Workers(Resource):

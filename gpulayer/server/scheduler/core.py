@@ -180,9 +180,10 @@ class Scheduler:
         return self.log_followers.parked
 
     def wait_for_logs(self, job_id: int, after: int, limit: int, wait_s: float, index: int | None = None,
-                      check: Callable[[], object] | None = None) -> tuple[list[dict], bool]:
-        """Log lines after `after` (of element `index` alone, if given), long-polled up to wait_s; False when
-        too many wait already (LogFollowers.wait: `check` raises once the caller may no longer read them)."""
+                      check: Callable[[], object] | None = None) -> tuple[list[dict], bool, bool]:
+        """Log lines after `after` (of element `index` alone, if given), long-polled up to wait_s; whether the
+        job (element) had ended with them its last; False when too many wait already (LogFollowers.wait:
+        `check` raises once the caller may no longer read them; NotFound for no such job or element)."""
         return self.log_followers.wait(job_id, after, limit, wait_s, index, check)
 
     def set_secret(self, name: str, value, labels, project_id: int = teams.DEFAULT_PROJECT_ID) -> dict:

@@ -5,7 +5,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from gpulayer.server.scheduler.jobs import job_ended, log_lines
+from gpulayer.server.scheduler.views import log_page
 from gpulayer.server.store.db import Store
 
 RECHECK_S = 1.0  # a follower looks again at least this often, even if no wake-up reached it
@@ -32,31 +32,32 @@ class LogFollowers:
             self._cond.notify_all()
 
     def wait(self, job_id: int, after: int, limit: int, wait_s: float, index: int | None = None,
-             check: Callable[[], object] | None = None) -> tuple[list[dict], bool]:
-        """Log lines after `after` (of the element, replica or rank `index` alone, if given) and whether the
-        call could wait.
+             check: Callable[[], object] | None = None) -> tuple[list[dict], bool, bool]:
+        """Log lines after `after` (of the element, replica or rank `index` alone, if given), whether the job
+        (element) had ended with them its last (views.log_page), and whether the call could wait.
 
         With wait_s, long-polls until some arrive or the job has ended. Each
         waiting call holds a server thread, so at most `max_parked` wait at
         once; past that the lines so far come back at once, with False.
         `check` runs after each wait, before lines are read again, and raises
         once the caller may no longer read them (its user removed, its token
-        revoked: auth.invalidate() wakes every follower for that).
+        revoked: auth.invalidate() wakes every follower for that). Raises
+        NotFound when there is no such job (or element).
         """
         deadline = time.monotonic() + wait_s
         parked = False
         try:
             while True:
-                lines = self.store.read(log_lines, job_id, after, limit, index)
+                # Lines and whether the job had ended in one snapshot: a job's last line comes before
+                # its finish, and a follower must not wait out its whole wait_s for lines that will never come.
+                lines, ended = self.store.read(log_page, job_id, after, limit, index)
                 remaining = deadline - time.monotonic()
-                # A job's last line comes before its finish: a follower that saw it still running
-                # must not then wait out its whole wait_s for lines that will never come.
-                if lines or remaining <= 0 or self.store.read(job_ended, job_id, index):
-                    return lines, True
+                if lines or remaining <= 0 or ended:
+                    return lines, ended, True
                 if not parked:
                     parked = self._parked.acquire(blocking=False)
                     if not parked:
-                        return lines, False
+                        return lines, ended, False
                 with self._cond:
                     self._waiting += 1
                     try:

@@ -11,7 +11,8 @@ submitted it) and its project. What a caller may do with a job is one of three l
           every other member of the project
 
 Anyone else gets 404 for the job, as if it did not exist, so ids do not leak. Every
-function here takes a read or write connection; the callers choose the transaction.
+function here takes a read or write connection; the callers choose the transaction. How a job reads,
+and what of it a caller who may only see it gets, is views.py's.
 """
 from __future__ import annotations
 
@@ -51,13 +52,13 @@ def job_meta(conn, principal, job_id: int) -> dict:
     """The job's `owner` and `project` (names) and what `principal` may do with it (`level`: manage, read or
     see); NotFound when nothing (or there is no such job)."""
     found = row(conn, "job_owners", ids=json.dumps([job_id]), user_id=principal.user_id)
-    level = _level(principal, found)
-    if found is None or level is None:
+    allowed = level(principal, found)
+    if found is None or allowed is None:
         raise NotFound(f"no job {job_id}")
-    return {"id": job_id, "owner": found["owner"], "project": found["project"], "level": level}
+    return {"id": job_id, "owner": found["owner"], "project": found["project"], "level": allowed}
 
 
-def _level(principal, found: dict | None) -> str | None:
+def level(principal, found: dict | None) -> str | None:
     """What the caller may do with a job, from its job_owners row; None: it may not know the job exists."""
     if found is None:
         return None
@@ -79,124 +80,10 @@ def check_job(conn, principal, job_id: int, need: str) -> dict:
     return meta
 
 
-def apply_meta(job: dict, meta: dict) -> dict:
-    """A rendered job with job_meta's owner and project, redacted when the caller may only see it."""
-    job["owner"], job["project"] = meta["owner"], meta["project"]
-    return redact(job) if meta["level"] == "see" else job
-
-
-def render(conn, principal, job_id: int) -> dict:
-    """jobs.render with its owner and project, as `principal` may see it (one read)."""
-    return annotate(conn, [jobs.render(conn, job_id)], principal)[0]
-
-
-def listing_page(conn, principal, *args) -> tuple[list[dict], bool]:
-    """jobs.listing_page(*args) with each job's owner and project, as `principal` may see them (one read)."""
-    found, more = jobs.listing_page(conn, *args)
-    return annotate(conn, found, principal), more
-
-
-def annotate(conn, rendered: list[dict], principal=None) -> list[dict]:
-    """Add `owner` and `project` (names) to rendered jobs; hide what `principal` may only see (redact)."""
-    if not rendered:
-        return rendered
-    names = {r["id"]: r for r in rows(conn, "job_owners", ids=json.dumps([j["id"] for j in rendered]),
-                                      user_id=getattr(principal, "user_id", None))}
-    for job in rendered:
-        found = names.get(job["id"])
-        job["owner"], job["project"] = (found["owner"], found["project"]) if found else (None, None)
-        if principal is not None and _level(principal, found) == "see":
-            redact(job)
-    return hide_unseen(conn, principal, rendered) if principal is not None else rendered
-
-
-def hide_unseen(conn, principal, rendered: list[dict]) -> list[dict]:
-    """What rendered jobs say of other jobs the caller may not see (as for GET /v1/jobs/{id}), made null: in
-    `after`, such a job's name and state (its id and the condition stay: they are the viewed job's own spec);
-    in `preemptions`, the job and task a run was stopped for (another project's, say)."""
-    ids = sorted({dep["job"] for job in rendered for dep in job.get("after") or []}
-                 | {p["for_job_id"] for job in rendered for p in job.get("preemptions") or []})
-    if not ids or principal.admin:
-        return rendered
-    unseen = _unseen(conn, principal, ids)
-    for job in rendered:
-        for dep in job.get("after") or []:
-            if dep["job"] in unseen:
-                dep["name"] = dep["state"] = None
-        for pre in job.get("preemptions") or []:
-            if pre["for_job_id"] in unseen:
-                pre["for_job_id"] = pre["for_task_id"] = None
-    return rendered
-
-
-def events_page(conn, principal, job_id: int, after: int, limit: int) -> tuple[list[dict], bool]:
-    """jobs.events_page, with what names a job the caller may not see made null (hide_unseen_events)."""
-    found, more = jobs.events_page(conn, job_id, after, limit)
-    return hide_unseen_events(conn, principal, found), more
-
-
-def hide_unseen_events(conn, principal, found: list[dict]) -> list[dict]:
-    """A job's events as the caller may see them: the job and task a preemption was for (for_job_id,
-    for_task_id: task_preempt_requested, task_preempted) and the final state of a dependency
-    (dependency_failed) become null when the caller may not see that other job (hide_unseen's rule)."""
-    ids = sorted({e["data"][key] for e in found for key in ("for_job_id", "after")
-                  if isinstance(e["data"].get(key), int)})
-    if not ids or principal.admin:
-        return found
-    unseen = _unseen(conn, principal, ids)
-    for event in found:
-        data = event["data"]
-        if data.get("for_job_id") in unseen:
-            data["for_job_id"] = data["for_task_id"] = None
-        if event["kind"] == "dependency_failed" and data.get("after") in unseen:
-            data["state"] = None
-    return found
-
-
-def _unseen(conn, principal, ids: list[int]) -> set[int]:
+def unseen(conn, principal, ids: list[int]) -> set[int]:
     """Those of the jobs `ids` that `principal` may not see (a job that does not exist among them)."""
     found = {r["id"]: r for r in rows(conn, "job_owners", ids=json.dumps(ids), user_id=principal.user_id)}
-    return {job_id for job_id in ids if _level(principal, found.get(job_id)) is None}
-
-
-HIDDEN_SPEC = ("env", "command", "files", "outputs", "source", "inputs")  # what a `see` view leaves out
-HIDDEN_TASK = ("endpoint", "address", "restart_message")                  # blanked (None) per task
-
-
-def redact(job: dict) -> dict:
-    """What a project member who may only see a job gets: no env, command, code or data digests (source,
-    inputs, service weights; artifacts are fetched by digest), outputs, endpoints or log line."""
-    spec = job.get("spec")
-    if isinstance(spec, dict):
-        job["spec"] = {k: v for k, v in spec.items() if k not in HIDDEN_SPEC}
-        if isinstance(spec.get("service"), dict):
-            job["spec"]["service"] = {k: v for k, v in spec["service"].items() if k != "weights"}
-    for task in job.get("tasks") or []:
-        task["outputs"] = {}
-        task.update({k: None for k in HIDDEN_TASK if k in task})
-    job["redacted"] = True
-    return job
-
-
-def redact_events(found: list[dict]) -> list[dict]:
-    """A job's events as one who may only see the job gets them: no endpoint (task_reported) or address."""
-    for event in found:
-        event["data"] = {k: v for k, v in event["data"].items() if k not in HIDDEN_TASK}
-    return found
-
-
-def list_scope(conn, principal, *, user: str | None, project: str | None, everything: bool) -> dict:
-    """list_jobs' filters: your own jobs by default; `user`, `project`, or `everything` you may see."""
-    scope: dict = {"owner_id": None, "project_id": None, "viewer_id": None if principal.admin else principal.user_id}
-    if user is not None:
-        found = row(conn, "user_by_name", name=user)
-        scope["owner_id"] = found["id"] if found else -1   # no such user: no jobs (names do not leak)
-    if project is not None:
-        found = row(conn, "project_by_name", name=project)
-        scope["project_id"] = found["id"] if found else -1
-    if user is None and project is None and not everything:
-        scope["owner_id"] = principal.user_id
-    return scope
+    return {job_id for job_id in ids if level(principal, found.get(job_id)) is None}
 
 
 def submit_project(conn, principal, project: str | None) -> int:
@@ -256,8 +143,8 @@ def _check_dependencies(conn, principal, spec: dict) -> None:
     ids = [dep["job"] for dep in spec.get("after") or []]
     if not ids or principal.admin:
         return
-    unseen = _unseen(conn, principal, ids)
-    hidden = next((job_id for job_id in ids if job_id in unseen), None)
+    hidden_ids = unseen(conn, principal, ids)
+    hidden = next((job_id for job_id in ids if job_id in hidden_ids), None)
     if hidden is not None:
         raise jobs.no_dependency(hidden)
 
