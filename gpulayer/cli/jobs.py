@@ -193,7 +193,7 @@ def _print_submitted(job: Job, as_json: bool) -> None:
 
 def _ended(job: Job, as_json: bool) -> int:
     """The exit status of a job that ended (with --json, the Job as it ended is printed, one line)."""
-    info = job.info()
+    info = job.data if job.finished() else job.info()  # following or waiting left the job as it ended
     if as_json:
         print_json(info, compact=True)
     return exit_code_of(info)
@@ -276,7 +276,7 @@ def follow_logs(job: Job, index: Optional[int] = None, as_json: bool = False) ->
 
     What the job waits for goes to stderr while it has not started (tell_waiting).
     """
-    prefixes = _task_prefixes(job.info()) if index is None else {}
+    prefixes = _task_prefixes(job.data) if index is None else {}  # the job as submitted or just read
     for line in job.logs(follow=True, on_waiting=tell_waiting, index=index):
         if as_json:
             print_json(line, compact=True)
@@ -424,7 +424,7 @@ def job_logs(ctx: typer.Context, job_id: JobArg,
         if index is not None:  # that element's latest task's exit status
             task = (job.element(index).get("tasks") or [{}])[0]
             raise typer.Exit(exit_code_of({"state": task.get("state"), "exit_code": task.get("exit_code")}))
-        raise typer.Exit(exit_code_of(job.info()))
+        raise typer.Exit(exit_code_of(job.data if job.finished() else job.info()))
 
 
 StatesOpt = Annotated[Optional[list[str]], typer.Option("--state", metavar="STATE", callback=selection.check_states, help=f"Only jobs in this state (repeatable): {', '.join(JOB_STATES)}.")]
@@ -460,17 +460,19 @@ def job_cancel(ctx: typer.Context,
     if not job_ids and not (name or state or since or user):
         raise typer.BadParameter("give the jobs to cancel: ids, or --name/--state/--since/--user", param_hint="JOB")
     client = client_of(ctx)
+    listed: dict[int, dict] = {}
     if not job_ids:
         states = [s for s in state or selection.UNFINISHED if s in selection.UNFINISHED]
         chosen = selection.select_jobs(client, states, name, selection.parse_since(since), CANCEL_MAX,
                                        user=user) if states else []
-        job_ids = [j["id"] for j in chosen]
+        listed = {j["id"]: j for j in chosen}
+        job_ids = list(listed)
         if not job_ids and not as_json:
             typer.echo("no unfinished job matches", err=True)
     answers, failed = [], 0
     for job_id in job_ids:
         try:
-            answers.append(_cancel_one(client, job_id, quiet=as_json))
+            answers.append(_cancel_one(client, job_id, quiet=as_json, known=listed.get(job_id)))
         except ApiError as exc:
             failed += 1
             typer.echo(f"Error: {exc.message} ({exc.code})", err=True)
@@ -494,9 +496,10 @@ def _cancel_element(client, job_id: int, index: int, as_json: bool) -> int:
     return 0
 
 
-def _cancel_one(client, job_id: int, quiet: bool) -> dict:
-    """Cancel one job unless it has finished; say which (unless quiet); the Job."""
-    job = client.get_job(job_id)
+def _cancel_one(client, job_id: int, quiet: bool, known: Optional[dict] = None) -> dict:
+    """Cancel one job unless it has finished; say which (unless quiet); the Job. `known`: the job as just
+    listed (not read again: its cancel answers how it stands)."""
+    job = Job(client, known) if known is not None else client.get_job(job_id)
     if job.finished():
         info = job.data
     else:

@@ -47,8 +47,10 @@ def select_jobs(client: Client, states: list[str], name: Optional[str], since: O
     """Jobs newest first in any of `states` (all when empty), named like the glob `name`, created at
     or after `since`; at most `limit`. `scope` (all, user, project: whose jobs) goes to the server as is.
 
-    The server filters by one state; the name and age are matched here, a page
-    of jobs at a time, until `limit` match or the jobs are older than `since`.
+    The server filters by state, name and age, so only matching jobs are paged
+    in; they are matched here again, for a server from before the name and age
+    filters (which sends every job, a page at a time, until `limit` match or
+    the jobs are older than `since`).
     """
     found: list[dict] = []
     for state in states or [None]:
@@ -59,18 +61,21 @@ def select_jobs(client: Client, states: list[str], name: Optional[str], since: O
 
 def _matching(client: Client, state: Optional[str], name: Optional[str], since: Optional[float],
               limit: int, scope: dict) -> list[dict]:
-    filtered = name is not None or since is not None
     found: list[dict] = []
     before = None
+    size = min(limit, PAGE)
     while len(found) < limit:
-        size = PAGE if filtered else min(limit, PAGE)
-        page = client.jobs(state=state, limit=size, before=before, **{k: v for k, v in scope.items() if v})
+        asked = size
+        page = client.jobs(state=state, limit=asked, before=before, name=name, since=since,
+                           **{k: v for k, v in scope.items() if v})
         for job in page:
             if since is not None and (job.get("created_at") or 0) < since:
                 return found
             if name is None or fnmatch.fnmatchcase(job.get("name") or "", name):
                 found.append(job)
-        if len(page) < size:
+            else:  # a server from before the name filter: most jobs do not match, ask for whole pages
+                size = PAGE
+        if len(page) < asked:
             break
         before = page[-1]["id"]
     return found

@@ -199,10 +199,18 @@ class Client:
         return self.listed(f"/jobs/{_job_id(job_id)}/events", "events", {"limit": EVENTS_PAGE})
 
     def jobs(self, state: str | None = None, limit: int = 100, before: int | None = None, *,
-             all: bool = False, user: str | None = None, project: str | None = None) -> list[dict]:  # noqa: A002
+             all: bool = False, user: str | None = None, project: str | None = None,  # noqa: A002
+             name: str | None = None, since: float | None = None) -> list[dict]:
         """Jobs newest first, as dicts: your own, or `all` you may see, or those of `user` / `project`;
-        filter by `state`."""
+        filter by `state`, `name` (a glob: `sweep-*`) and `since` (created at or after, Unix seconds).
+
+        A server from before the `name` and `since` filters ignores them: check the jobs if it matters.
+        """
         params: dict[str, object] = {"limit": limit}
+        if name is not None:
+            params["name"] = name
+        if since is not None:
+            params["since"] = since
         if all:
             params["all"] = "true"
         if user:
@@ -440,9 +448,17 @@ class Job:
                 time.sleep(min(float(page["retry_after_s"]), LOG_WAIT_S))
             yield from page["lines"]
             after = _next_after(page, after)
-            # Checked after every page, not only empty ones: the line that ends a job
-            # would otherwise be followed by a long-poll that nothing wakes.
-            if self.info()["state"] in FINISHED_STATES or (index is not None and self._element_ended(index)):
+            if "ended" in page:  # the server says when the job (element) has ended and no line will come
+                if page["ended"]:
+                    if index is None:
+                        self.info()  # `data` is the job as it ended, as wait() leaves it
+                    return
+                if page["lines"]:
+                    continue  # lines arrive: the job runs, there is nothing to tell of what it waits for
+                self.info()  # a quiet page: what the job waits for now, for `on_waiting`
+            # A server from before `ended`: the job is read after every page, not only empty ones:
+            # the line that ends a job would otherwise be followed by a long-poll that nothing wakes.
+            elif self.info()["state"] in FINISHED_STATES or (index is not None and self._element_ended(index)):
                 yield from self.logs(after=after, index=index)
                 return
             notice.update(self.data)
