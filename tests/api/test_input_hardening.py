@@ -136,8 +136,9 @@ def test_trailing_newline_is_refused_by_patterns(api, deps, client_h, tokens):
 def test_no_validating_pattern_tolerates_a_newline():
     from agent import cache
     from gpulayer.server.provisioning import loop as provisioner
+    from gpulayer.server import validators
     from gpulayer.server.scheduler import spec
-    for pattern, good in ((spec.DIGEST, "sha256:" + "0" * 64), (spec.LABEL_KEY, "gpu"), (spec.ENV_NAME, "A"),
+    for pattern, good in ((validators.DIGEST, "sha256:" + "0" * 64), (validators.LABEL_KEY, "gpu"), (spec.ENV_NAME, "A"),
                           (provisioner._NAME, "p1"), (cache._DIGEST, "sha256:" + "0" * 64)):
         assert pattern.match(good) and not pattern.match(good + "\n"), pattern.pattern
 

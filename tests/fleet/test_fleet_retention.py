@@ -14,7 +14,7 @@ from gpulayer.testing import run_cli
 from gpulayer.server.scheduler import retention
 
 from gpulayer.server.http import wire
-from gpulayer.server.scheduler.artifacts import ArtifactStore
+from gpulayer.server.store.artifacts import ArtifactStore
 from gpulayer.server.security.auth import Principal
 from gpulayer.server.store.queries import row
 

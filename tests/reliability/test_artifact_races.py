@@ -92,7 +92,7 @@ def test_concurrent_puts_and_sweeps_never_leave_a_row_without_its_file(app, cloc
 
 
 def test_partial_uploads_older_than_a_day_are_swept(config):
-    from gpulayer.server.scheduler.artifacts import ArtifactStore
+    from gpulayer.server.store.artifacts import ArtifactStore
     store = ArtifactStore(config.layout.artifacts)
     old, fresh = store.root / "tmp" / "tmpold", store.root / "tmp" / "tmpfresh"
     old.write_bytes(b"half an upload")

@@ -16,7 +16,7 @@ from gpulayer.server.config import PROTOCOL, ControlPlaneConfig
 from gpulayer.server.errors import Forbidden, GpulayerError, ProtocolMismatch, Unauthorized
 from gpulayer.server.http import bodies, resources, wire
 from gpulayer.server.http.metrics import Metrics, MetricsResource, ReplicationCollector
-from gpulayer.server.scheduler.artifacts import ArtifactStore
+from gpulayer.server.store.artifacts import ArtifactStore
 from gpulayer.server.scheduler import events
 from gpulayer.server.scheduler.core import Scheduler
 from gpulayer.server.security import auth

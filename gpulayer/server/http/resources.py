@@ -15,7 +15,7 @@ from gpulayer.server.errors import InvalidRequest, NotFound
 from gpulayer.server.http import paging, wire
 from gpulayer.server.provisioning import loop as provisioner
 from gpulayer.server.scheduler import secrets, teams, tokens, views, workers
-from gpulayer.server.scheduler.artifacts import check_digest
+from gpulayer.server.validators import check_digest
 
 LOG_RETRY_AFTER_S = 1.0
 MAX_INDEX = 1 << 62   # `index` (an array's element, a replica, a rank) in a job's URLs and its cancel

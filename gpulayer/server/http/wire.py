@@ -9,8 +9,8 @@ import re
 
 from gpulayer.server.config import MAX_JSON_BODY
 from gpulayer.server.errors import BodyTooLarge, InvalidJSON, InvalidRequest
-from gpulayer.server.scheduler.spec import digest, integer, labels, mapping, number, relative_path, string
 from gpulayer.server.scheduler.teams import ROLES, VISIBILITIES, check_name
+from gpulayer.server.validators import digest, integer, labels, mapping, number, relative_path, string
 
 OUTCOMES = ("succeeded", "failed", "cancelled", "timed_out")
 STREAMS = ("stdout", "stderr", "system")

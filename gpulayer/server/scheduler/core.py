@@ -16,11 +16,11 @@ from gpulayer.server.errors import NotFound
 from gpulayer.server.scheduler import (access, aging, cascades, cordons, gauges, gpu_health, jobs, leases,
                                        ledger, lifecycle, outcomes, placement, preemption, reconcile, secrets, teams,
                                        tokens, workers)
-from gpulayer.server.scheduler.artifacts import ArtifactStore
 from gpulayer.server.scheduler.follow import LogFollowers
 from gpulayer.server.scheduler.spec import validate_job
 from gpulayer.server.security.auth import Authenticator, Principal, new_jti, new_token
 from gpulayer.server.security.secretbox import SecretBox
+from gpulayer.server.store.artifacts import ArtifactStore
 from gpulayer.server.store.db import Store
 from gpulayer.server.store.queries import QUERIES
 

@@ -15,8 +15,8 @@ import json
 import re
 
 from gpulayer.server.errors import InvalidRequest
-from gpulayer.server.scheduler.spec import label_key
 from gpulayer.server.store.queries import QUERIES, rows
+from gpulayer.server.validators import label_key
 
 USAGE_BY = ("user", "project", "job-name")  # and label:KEY
 RUNNING_REFRESH_S = 5.0  # upkeep rewrites fair share's running part this often

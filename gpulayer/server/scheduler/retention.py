@@ -71,7 +71,7 @@ def run_gc(home, *, dry_run: bool = False, retention_s: float | None = None, now
     import time
     from pathlib import Path
 
-    from gpulayer.server.scheduler.artifacts import ArtifactStore
+    from gpulayer.server.store.artifacts import ArtifactStore
     from gpulayer.server.config import ControlPlaneConfig
     from gpulayer.server.store.db import Store
 

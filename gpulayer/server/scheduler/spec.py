@@ -1,24 +1,20 @@
 """JobSpec validation: every field checked, normalised with its default, or refused by name."""
 from __future__ import annotations
 
-import math
 import re
 from typing import Any
 
 from gpulayer.protocol import MAX_ARRAY, MAX_ARRAY_INDEX, array_ranges, array_text
 from gpulayer.server.config import PRIORITY_CLASSES, SERVICE_MAX_ATTEMPTS
 from gpulayer.server.errors import InvalidRequest
+from gpulayer.server.validators import digest, fail as _fail, integer, labels, mapping, number, relative_path, string
 
-# Validating patterns are used with .fullmatch() (and end in \Z, so that even a .match() is as strict):
-# `$` also matches before a trailing newline, so "admin\n" would pass (docs/security.md, issue 22 item 8).
-DIGEST = re.compile(r"sha256:[0-9a-f]{64}\Z")
-LABEL_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-/]{0,62}\Z")
+# Used with .fullmatch() and ending in \Z, as validators.py's patterns (docs/security.md, issue 22 item 8).
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}\Z")
 RETRY_REASONS = ("worker_lost", "worker_revoked", "failed", "timed_out", "start_timeout")
 
 MAX_ARGS = 4096
 MAX_ARG_BYTES = 128 * 1024
-MAX_STR = 64 * 1024
 MAX_WIDTH = 1024          # replicas or nodes
 MAX_GPUS = 1024
 MAX_PATHS = 10_000
@@ -33,92 +29,11 @@ HEALTH_FIELDS = {"http_path", "interval_s", "failures"}
 RETRY_FIELDS = {"max_attempts", "retry_on"}
 
 
-def _fail(field: str, why: str) -> InvalidRequest:
-    return InvalidRequest(f"{field}: {why}")
-
-
-def integer(value: Any, field: str, lo: int, hi: int) -> int:
-    """`value` as an int in [lo, hi] (not a bool); raises InvalidRequest naming `field`."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _fail(field, f"must be an integer, not {type(value).__name__}")
-    if not lo <= value <= hi:
-        raise _fail(field, f"must be between {lo} and {hi}, not {value}")
-    return value
-
-
-def number(value: Any, field: str, lo: float, hi: float, *, allow_none: bool = False) -> float | None:
-    """`value` as a finite number in [lo, hi]; raises InvalidRequest naming `field`."""
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise _fail(field, "must be a finite number")
-    if not lo <= value <= hi:
-        raise _fail(field, f"must be between {lo:g} and {hi:g}, not {value:g}")
-    return value
-
-
-def string(value: Any, field: str, *, limit: int = MAX_STR, allow_none: bool = False) -> str | None:
-    """`value` as a str of at most `limit` UTF-8 bytes, without NUL; raises InvalidRequest naming `field`."""
-    if value is None and allow_none:
-        return None
-    if not isinstance(value, str):
-        raise _fail(field, f"must be a string, not {type(value).__name__}")
-    if len(value.encode("utf-8", "surrogatepass")) > limit:
-        raise _fail(field, f"is longer than {limit} bytes")
-    if "\x00" in value:
-        raise _fail(field, "must not contain NUL characters")
-    return value
-
-
-def mapping(value: Any, field: str) -> dict:
-    """`value` if it is a JSON object; raises InvalidRequest naming `field`."""
-    if not isinstance(value, dict):
-        raise _fail(field, f"must be an object, not {type(value).__name__}")
-    return value
-
-
 def _known(obj: dict, allowed: set[str], field: str) -> None:
     unknown = sorted(set(obj) - allowed)
     if unknown:
         where = f"{field}." if field else ""
         raise InvalidRequest(f"unknown field {where}{unknown[0]} (known: {', '.join(sorted(allowed))})")
-
-
-def digest(value: Any, field: str, *, allow_none: bool = True) -> str | None:
-    """A `sha256:<64 lowercase hex>` digest, or None where allowed."""
-    if value is None and allow_none:
-        return None
-    if not isinstance(value, str) or not DIGEST.fullmatch(value):
-        raise _fail(field, "must be a digest written sha256:<64 lowercase hex digits>")
-    return value
-
-
-def relative_path(value: Any, field: str) -> str:
-    """A relative path inside the task directory: no absolute path, no `..`."""
-    path = string(value, field, limit=1024)
-    parts = path.replace("\\", "/").split("/")
-    if not path or path.startswith("/") or ".." in parts or "\x00" in path:
-        raise _fail(field, f"{path!r} must be a relative path inside the task directory (no leading / and no ..)")
-    return path
-
-
-def labels(value: Any, field: str = "labels") -> dict[str, str]:
-    """{key: value} strings; keys start alphanumeric, then [A-Za-z0-9_.-/], at most 63 characters."""
-    obj = mapping(value, field)
-    if len(obj) > 64:
-        raise _fail(field, "at most 64 labels")
-    for key, val in obj.items():
-        label_key(key, field)
-        string(val, f"{field}.{key}", limit=256)
-    return dict(obj)
-
-
-def label_key(key: Any, field: str) -> str:
-    """A label key: 1-63 of [A-Za-z0-9_.-/], starting with a letter or digit; raises InvalidRequest naming
-    `field`."""
-    if not isinstance(key, str) or not LABEL_KEY.fullmatch(key):
-        raise _fail(field, f"label key {key!r} must be 1-63 of [A-Za-z0-9_.-/], starting with a letter or digit")
-    return key
 
 
 def _command(value: Any) -> list[str]:

@@ -6,7 +6,8 @@ Memory use does not grow with an artifact's size.
 
 A digest's lock is held while its file is renamed into place and its row
 recorded, and while the sweep re-checks that the row is gone and unlinks the
-file: a PUT racing the sweep never leaves a row without its file.
+file: a PUT racing the sweep never leaves a row without its file. The row
+itself is the scheduler's (scheduler/access.py): this module holds no SQL.
 """
 from __future__ import annotations
 
@@ -21,19 +22,12 @@ from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
 
 from gpulayer.server.errors import BodyTooLarge, DigestMismatch, InvalidRequest
-from gpulayer.server.scheduler.spec import DIGEST
+from gpulayer.server.validators import check_digest
 
 CHUNK = 1024 * 1024
 MAX_ARTIFACT_BYTES = 1 << 40
 TMP_MAX_AGE_S = 86400.0  # a partial upload this old has no request left writing it (killed mid-upload)
 LOCK_STRIPES = 64
-
-
-def check_digest(digest: str) -> str:
-    """Refuse anything but `sha256:<64 lowercase hex>` (no path characters reach the filesystem)."""
-    if not isinstance(digest, str) or not DIGEST.fullmatch(digest):
-        raise InvalidRequest("artifact digest must be written sha256:<64 lowercase hex digits>", code="invalid_digest")
-    return digest
 
 
 class ArtifactStore:
