@@ -96,6 +96,18 @@ RULES = {
         _sources("gpulayer/server/store"),
         ["gpulayer.server.scheduler", "gpulayer.server.http", "gpulayer.server.provisioning",
          "gpulayer.server.process", "gpulayer.client", "gpulayer.cli", "falcon", "cheroot"], False),
+    "validators import nothing of the server but its errors": (
+        [ROOT / "gpulayer/server/validators.py"], ["gpulayer.server", "gpulayer.client", "gpulayer.cli"], False),
+    "security imports nothing above the store": (
+        _sources("gpulayer/server/security"),
+        ["gpulayer.server.scheduler", "gpulayer.server.http", "gpulayer.server.provisioning",
+         "gpulayer.server.process", "gpulayer.server.replication", "falcon", "cheroot"], False),
+    "replication imports nothing of the scheduler, HTTP or the process": (
+        _sources("gpulayer/server/replication"),
+        ["gpulayer.server.scheduler", "gpulayer.server.http", "gpulayer.server.provisioning",
+         "gpulayer.server.process", "falcon", "cheroot"], False),
+    "metrics renders what the scheduler counts, and runs no query": (
+        [ROOT / "gpulayer/server/http/metrics.py"], ["gpulayer.server.store"], False),
     "scheduler imports nothing of HTTP": (
         _sources("gpulayer/server/scheduler"),
         ["gpulayer.server.http", "gpulayer.server.process", "gpulayer.server.provisioning", "gpulayer.client",
@@ -109,7 +121,8 @@ RULES = {
 #: What a rule lets through of what it forbids: the protocol (gpulayer/protocol/) is the one piece of gpulayer the
 #: agent shares, and it imports nothing of gpulayer but itself.
 ALLOWED = {"agent imports nothing of gpulayer but its protocol": ["gpulayer.protocol"],
-           "protocol imports nothing of gpulayer but itself": ["gpulayer.protocol"]}
+           "protocol imports nothing of gpulayer but itself": ["gpulayer.protocol"],
+           "validators import nothing of the server but its errors": ["gpulayer.server.errors"]}
 
 
 @pytest.mark.parametrize("rule", RULES)
