@@ -10,9 +10,10 @@ import json
 
 from gpulayer.server.errors import InvalidRequest, NotFound
 from gpulayer.server.scheduler import events
-from gpulayer.server.scheduler.spec import ENV_NAME, labels as check_labels
+from gpulayer.server.scheduler.spec import ENV_NAME
 from gpulayer.server.security.secretbox import SecretBox
 from gpulayer.server.store.queries import row, rows
+from gpulayer.server.validators import labels as check_labels
 
 MAX_SECRET_BYTES = 64 * 1024
 
