@@ -1,1 +1,1 @@
-"""The control plane: store, scheduler, HTTP front end, security, provisioning."""
+"""The control plane: store, scheduler, HTTP front end, security, replication, provisioning; the field validators."""

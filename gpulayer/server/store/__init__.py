@@ -1,1 +1,1 @@
-"""The state file: apsw connections, schema, migrations, named queries, the one writer."""
+"""The state file: apsw connections, schema, migrations, named queries, the one writer; the artifact file store."""

@@ -1,4 +1,4 @@
--- The queries of server/replication.py: what a restored state file holds.
+-- The queries of server/replication/ (restore.py): what a restored state file holds.
 
 -- name: restored_summary --
 -- What a restored state file holds: its jobs, its newest task id (the reconciliation
