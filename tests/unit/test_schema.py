@@ -307,3 +307,34 @@ def test_secret_of_another_project_does_not_fit(built):
     found = {r["job_id"]: r["missing_secret"] for r in conn.execute("SELECT job_id, missing_secret FROM job_worker_fit")}
     assert found == {1: "HF", 2: None}
     assert conn.execute("SELECT count(*) AS n FROM shapes").fetchall()[0]["n"] == 2
+
+
+def test_admission_views(built):
+    """queue_group_quota and user_running_jobs, the admission acquire_task reads: GPUs left of the nominal quota
+    after one more task, and running jobs counted as the limit counts them (a running array: its active elements)."""
+    conn, _ = built
+    q = conn.execute
+    q("UPDATE projects SET gpu_quota = 4, gpu_borrow = 2 WHERE id = 1")
+    q("INSERT INTO projects (id, name, created_at) VALUES (2, 'free', 1)")
+    q("UPDATE users SET max_running_jobs = 3 WHERE id = 1")
+    q("INSERT INTO users (id, name, created_at) VALUES (2, 'bob', 1)")
+    q("INSERT INTO workers (id, name, gpus, cpus, memory_mb, slots, registered_at, last_seen_at, lease_expires_at) "
+      "VALUES (1, 'w', 8, 8, 16000, 8, 1, 1, 1e12)")
+    # running: a 2-GPU job, and an array of three elements two of which are active
+    q("INSERT INTO jobs (id, spec, gpus, state, created_at) VALUES (1, '{}', 2, 'running', 1)")
+    q("INSERT INTO tasks (job_id, state, worker_id, lease_expires_at, created_at) VALUES (1, 'running', 1, 1e12, 1)")
+    q("INSERT INTO jobs (id, spec, state, array_size, created_at) VALUES (2, '{}', 'running', 3, 1)")
+    for index, state in enumerate(("running", "assigned", "succeeded")):
+        q("INSERT INTO tasks (job_id, \"index\", state, worker_id, lease_expires_at, created_at, finished_at) "
+          "VALUES (2, ?, ?, 1, 1e12, 1, ?)", (index, state, 2 if state == "succeeded" else None))
+    # queued: a 1-GPU and a 3-GPU job in project 1, a CPU job in project 1, a 1-GPU job in project 2 (no quota)
+    for job_id, gpus, project_id, user_id in ((3, 1, 1, 1), (4, 3, 1, 1), (5, 0, 1, 2), (6, 1, 2, 2)):
+        q("INSERT INTO jobs (id, spec, gpus, project_id, user_id, created_at) VALUES (?, '{}', ?, ?, ?, 1)",
+          (job_id, gpus, project_id, user_id))
+        q("INSERT INTO tasks (job_id, state, created_at) VALUES (?, 'queued', 1)", (job_id,))
+    groups = {(r["gpus"], r["project_id"], r["user_id"]): (r["nominal_left"], r["borrow"], r["share"])
+              for r in q("SELECT * FROM queue_group_quota").fetchall()}
+    assert groups == {(1, 1, 1): (1, 2, 4), (3, 1, 1): (-1, 2, 4), (0, 1, 2): (None, 2, 4), (1, 2, 2): (None, 0, 1)}
+    users = {r["name"]: (r["max_running_jobs"], r["running_jobs"], r["at_limit"])
+             for r in q("SELECT * FROM user_running_jobs").fetchall()}
+    assert users == {"admin": (3, 3.0, 1), "bob": (None, 0.0, 0)}

@@ -40,6 +40,7 @@ def acquire_many(conn, worker_id: int, now: float, lease_ttl_s: float, max_tasks
     limit = max(1, min(max_tasks, MAX_TASKS_PER_ACQUIRE))
     taken = [r["id"] for r in rows(conn, "assigned_task_for_worker", worker_id=worker_id, limit=limit)]
     lease = now + lease_ttl_s
+    # One claim a task: each changes the room, quota use, running jobs and replicas the next is judged by.
     while len(taken) < limit:
         task_id = _take_one(conn, worker_id, now, lease)
         if task_id is None:

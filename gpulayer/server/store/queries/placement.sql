@@ -17,46 +17,32 @@ FROM worker_load l JOIN workers w ON w.id = l.worker_id
 WHERE l.worker_id = CAST(:worker_id AS INTEGER) AND l.state = 'online';
 
 -- name: acquire_task --
--- Atomic acquisition: the best queued task of a job that the worker fits now
--- (job_worker_fit.fits_now: labels, accelerator, size, secrets, free room, no other replica
--- of the job on it) and that its project's GPU quota and its user's running-jobs limit admit.
--- Best: priority, then fair share (the project's decayed usage over its share, then the
--- user's usage within the project), then first come. Read by group, not by task: the fit of
--- each shape with queued tasks (shape_worker_fit.fits_now), then its groups of queued work
--- (queue_groups: shape, project, user), judged once each against the quota (`nominal +
--- borrow`, and borrowed GPUs only while no other project with unused nominal quota waits
--- for this worker), then each admitted group's best task of a job the worker holds none of
--- (job_worker_fit.holds_task; an array's elements may share a worker), then the best of
--- those; so queued tasks the worker cannot take cost nothing. The user's limit is judged on
--- that best task (a task of a job already running adds no job, except an array's: each
--- active element counts as a job, as Slurm's MaxJobs counts array tasks). Held tasks (a waiting
--- job's, an array's past its %N cap) are not in task_queue: the cap holds because a capped
--- array has at most N tasks released at once. Room held on the worker for a waiting gang
--- (gang_reservations, while its preemption victims stop) is not taken: only what is beyond it.
--- Priority is the task's with its age boost (task_queue.aged: upkeep's age_queued_tasks), read in
--- the order of task_queue_shape, so aging costs the claim nothing.
--- Gang (multi-node) jobs are placed by gang_workers / assign_task instead. job_quota_reason
--- words what holds a job back here.
+-- Claim the best queued task that the worker may take now, and nothing else: what fits it and
+-- what its room holds (shape_worker_fit.fits_now), what admission allows (queue_group_quota,
+-- user_running_jobs) and the order are read from views, group by group of queued work
+-- (queue_groups: shape, project, user), never task by task, so queued tasks the worker cannot
+-- take cost nothing. One task a claim: placement.acquire_many claims again for `max_tasks`, as
+-- each claim changes the room, the quota use and the running jobs that the next is judged by.
+-- A group is admitted within its project's nominal quota, or borrowing up to `borrow` beyond it
+-- while no other project's group the worker could take is within its own; the room held on the
+-- worker for a waiting gang (gang_reservations, while its preemption victims stop) is not taken,
+-- only what is beyond it. Each group offers its best task of a job the worker holds none of
+-- (an array's elements may share a worker), in task_queue_shape's order: priority with its age
+-- boost (upkeep's age_queued_tasks), first come. A task that adds a job (not a running job's
+-- queued replica; an array's element does) waits while its user is at the running-jobs limit.
+-- Best: priority, then fair share (the project's decayed usage over its share, then the user's
+-- within the project), then first come. Held tasks (a waiting job's, an array's past its %N
+-- cap) are not in task_queue. Gang (multi-node) jobs are placed by gang_workers / assign_task;
+-- job_quota_reason says what of admission holds a job back.
 UPDATE tasks
 SET state = 'assigned', worker_id = :worker_id, assigned_at = :now, lease_expires_at = :lease_expires_at,
     address = :address
 WHERE id = (
-    WITH cand AS MATERIALIZED (
-        SELECT g.shape_id, g.project_id, g.user_id, s.gpus, p.gpu_quota AS nominal, p.gpu_borrow AS borrow,
-               coalesce(p.weight, nullif(p.gpu_quota, 0), 1) AS share, u.max_running_jobs,
-               CASE WHEN p.gpu_quota IS NULL THEN 0 ELSE (  -- the project's GPUs in use (project_load)
-                   SELECT coalesce(sum(j.gpus), 0) FROM jobs j
-                   -- (the redundant IN term seeks tasks_job_active by state, not a running array's every task)
-                   JOIN tasks t ON t.job_id = j.id AND t.state IN ('queued', 'assigned', 'running')
-                                   AND t.state IN ('assigned', 'running')
-                   WHERE j.project_id = g.project_id AND j.state = 'running') END AS in_use
-        FROM shapes s INDEXED BY shapes_queued
+    WITH fit AS MATERIALIZED (  -- the groups of queued work the worker could take a task of now
+        SELECT q.* FROM shapes s INDEXED BY shapes_queued
         JOIN shape_worker_fit f ON f.shape_id = s.id AND f.worker_id = CAST(:worker_id AS INTEGER)
-        CROSS JOIN queue_groups g ON g.shape_id = s.id
-        JOIN projects p ON p.id = g.project_id
-        LEFT JOIN users u ON u.id = g.user_id
+        CROSS JOIN queue_group_quota q ON q.shape_id = s.id
         WHERE s.queued > 0 AND s.gang = 0 AND f.fits_now
-          -- room held on this worker for a waiting gang (gang_reservations): only what is beyond it
           AND (NOT EXISTS (SELECT 1 FROM gang_reservations r
                            WHERE r.worker_id = CAST(:worker_id AS INTEGER) AND r.expires_at > :now)
                OR (SELECT l.free_slots - count(*) >= 1 AND l.free_gpus - total(r.gpus) >= s.gpus
@@ -65,40 +51,29 @@ WHERE id = (
                    FROM gang_reservations r, worker_load l
                    WHERE r.worker_id = CAST(:worker_id AS INTEGER) AND r.expires_at > :now
                      AND l.worker_id = CAST(:worker_id AS INTEGER)))
-    ),
-    admitted AS (
-        SELECT c.* FROM cand c
-        WHERE c.nominal IS NULL OR c.gpus = 0
-           OR c.in_use + c.gpus <= c.nominal
-           OR (c.in_use + c.gpus <= c.nominal + c.borrow
-               AND NOT EXISTS (SELECT 1 FROM cand o
-                               WHERE o.project_id <> c.project_id AND o.gpus > 0 AND o.nominal IS NOT NULL
-                                 AND o.in_use + o.gpus <= o.nominal))
     )
-    SELECT head.task_id
-    FROM admitted a
-    JOIN task_queue head ON head.task_id = (
-        SELECT h.task_id FROM task_queue h
-        WHERE h.shape_id = a.shape_id AND h.project_id = a.project_id AND h.user_id = a.user_id
+    SELECT h.task_id FROM fit g
+    JOIN task_queue h ON h.task_id = (
+        SELECT b.task_id FROM task_queue b
+        WHERE b.shape_id = g.shape_id AND b.project_id = g.project_id AND b.user_id = g.user_id
           AND (NOT EXISTS (SELECT 1 FROM tasks o  -- +o.job_id: by the worker's few tasks, not the job's (an array's many)
-                           WHERE o.worker_id = CAST(:worker_id AS INTEGER) AND +o.job_id = h.job_id
+                           WHERE o.worker_id = CAST(:worker_id AS INTEGER) AND +o.job_id = b.job_id
                              AND o.state IN ('assigned', 'running'))
-               OR (SELECT x.array_size FROM jobs x WHERE x.id = h.job_id) IS NOT NULL)
-        ORDER BY h.priority + h.aged DESC, h.task_id
+               OR (SELECT x.array_size FROM jobs x WHERE x.id = b.job_id) IS NOT NULL)
+        ORDER BY b.priority + b.aged DESC, b.task_id
         LIMIT 1)
-    WHERE a.max_running_jobs IS NULL
-       OR (SELECT r.state = 'running' AND r.array_size IS NULL FROM jobs r WHERE r.id = head.job_id)
-       OR (SELECT total(CASE WHEN r.array_size IS NULL THEN 1 ELSE (  -- an array: its active elements
-           SELECT count(*) FROM tasks t WHERE t.job_id = r.id AND t.state IN ('queued', 'assigned', 'running')
-                                          AND t.state IN ('assigned', 'running')) END)
-        FROM jobs r WHERE r.user_id = a.user_id AND r.state = 'running') < a.max_running_jobs
-    ORDER BY head.priority + head.aged DESC,
+    WHERE (g.nominal_left IS NULL OR g.nominal_left >= 0
+           OR (g.nominal_left + g.borrow >= 0
+               AND NOT EXISTS (SELECT 1 FROM fit o WHERE o.project_id <> g.project_id AND o.nominal_left >= 0)))
+      AND ((SELECT j.state = 'running' AND j.array_size IS NULL FROM jobs j WHERE j.id = h.job_id)
+           OR NOT coalesce((SELECT u.at_limit FROM user_running_jobs u WHERE u.user_id = g.user_id), 0))
+    ORDER BY h.priority + h.aged DESC,
              (SELECT coalesce(sum(fs.usage * pow(0.5, (:now - fs.updated_at) / st.fairshare_half_life_s)
                                   + fs.running), 0)
-              FROM fairshare fs, scheduler_settings st WHERE fs.project_id = a.project_id) / a.share,
+              FROM fairshare fs, scheduler_settings st WHERE fs.project_id = g.project_id) / g.share,
              (SELECT fs.usage * pow(0.5, (:now - fs.updated_at) / st.fairshare_half_life_s) + fs.running
-              FROM fairshare fs, scheduler_settings st WHERE fs.project_id = a.project_id AND fs.user_id = a.user_id),
-             head.task_id
+              FROM fairshare fs, scheduler_settings st WHERE fs.project_id = g.project_id AND fs.user_id = g.user_id),
+             h.task_id
     LIMIT 1
 )
 RETURNING id, job_id, "index", attempt, (SELECT gpus FROM jobs WHERE jobs.id = tasks.job_id) AS gpus,
@@ -143,7 +118,6 @@ SELECT j.id, j.attempt, j.width
 FROM jobs j INDEXED BY jobs_queued_gangs
 JOIN job_worker_fit f ON f.job_id = j.id AND f.worker_id = CAST(:worker_id AS INTEGER)
 JOIN projects p ON p.id = j.project_id
-LEFT JOIN users u ON u.id = j.user_id
 WHERE j.state = 'queued' AND j.gang = 1 AND f.fits_now
   AND (p.gpu_quota IS NULL OR j.gpus = 0
        OR (SELECT q.gpus_in_use FROM project_quota_use q WHERE q.project_id = j.project_id) + j.gpus * j.width
@@ -155,11 +129,7 @@ WHERE j.state = 'queued' AND j.gang = 1 AND f.fits_now
                            JOIN project_quota_use o ON o.project_id = g.project_id
                            WHERE g.project_id <> j.project_id AND o.nominal IS NOT NULL
                              AND o.gpus_in_use + s.gpus <= o.nominal)))
-  AND (u.max_running_jobs IS NULL
-       OR (SELECT total(CASE WHEN r.array_size IS NULL THEN 1 ELSE (  -- an array: its active elements
-           SELECT count(*) FROM tasks t WHERE t.job_id = r.id AND t.state IN ('queued', 'assigned', 'running')
-                                          AND t.state IN ('assigned', 'running')) END)
-        FROM jobs r WHERE r.user_id = j.user_id AND r.state = 'running') < u.max_running_jobs)
+  AND NOT coalesce((SELECT u.at_limit FROM user_running_jobs u WHERE u.user_id = j.user_id), 0)
 ORDER BY j.priority + (SELECT coalesce(max(q.aged), 0) FROM tasks t JOIN task_queue q ON q.task_id = t.id
                        WHERE t.job_id = j.id AND t.state IN ('queued', 'assigned', 'running')
                          AND t.state = 'queued') DESC,

@@ -18,16 +18,11 @@ JOIN task_queue h ON h.task_id = (
     ORDER BY x.priority + x.aged DESC, x.task_id LIMIT 1)
 JOIN jobs j ON j.id = h.job_id
 JOIN project_quota_use q ON q.project_id = g.project_id
-LEFT JOIN users u ON u.id = g.user_id
 WHERE (q.nominal IS NULL OR s.gpus = 0
        OR q.gpus_in_use + s.gpus * CASE WHEN s.gang = 1 THEN j.width ELSE 1 END <= q.nominal + q.borrow)
   AND (s.gang = 0 OR NOT EXISTS (SELECT 1 FROM gang_reservations r
                                  WHERE r.job_id = h.job_id AND r.expires_at > :now))
-  AND (u.max_running_jobs IS NULL
-       OR (SELECT total(CASE WHEN r.array_size IS NULL THEN 1 ELSE (  -- an array: its active elements
-           SELECT count(*) FROM tasks t WHERE t.job_id = r.id AND t.state IN ('queued', 'assigned', 'running')
-                                          AND t.state IN ('assigned', 'running')) END)
-        FROM jobs r WHERE r.user_id = g.user_id AND r.state = 'running') < u.max_running_jobs)
+  AND NOT coalesce((SELECT u.at_limit FROM user_running_jobs u WHERE u.user_id = g.user_id), 0)
   AND NOT EXISTS (SELECT 1 FROM preemptions pe JOIN tasks v ON v.id = pe.task_id
                   WHERE pe.for_task_id = h.task_id AND pe.done_at IS NULL AND v.state IN ('assigned', 'running'))
 ORDER BY h.priority + h.aged DESC, h.task_id
