@@ -8,7 +8,7 @@
 -- Every query here stays readable by the stock sqlite3 3.40 CLI.
 
 -- name: queued_jobs --
--- Jobs with queued tasks, best first, and the first reason each waits (labels, accelerator, size, secrets, cordons, free GPUs, free slots).
+-- Jobs with queued tasks, best first, and the first thing each waits for, as a word (no_worker, labels, accelerator, size, secret, cordoned, unhealthy, gpus_busy, busy, gang_busy; empty: a worker fits now).
 WITH waiting AS (
     SELECT j.id AS job_id, j.name, j.state, j.priority, j.labels, j.accelerator,
            j.gpus, j.cpus, j.memory_mb, j.width, j.gang,
@@ -43,23 +43,23 @@ fits AS (
     LEFT JOIN pairs p ON p.job_id = q.job_id
     GROUP BY q.job_id
 )
-SELECT q.job_id, q.name, q.state, q.priority, q.queued_tasks, q.width, q.gpus, q.accelerator,
+SELECT q.job_id, q.name, q.state, q.priority, q.queued_tasks, q.width, q.gpus, q.cpus, q.memory_mb, q.accelerator,
        q.labels, q.queued_since, f.fit_now AS workers_that_fit_now,
+       -- a word, not a sentence: the CLI's `job status` says it in words (scheduler/waiting.py)
        CASE
-           WHEN f.online = 0 THEN 'no online worker'
-           WHEN f.with_labels = 0 THEN 'no online worker has the labels ' || q.labels
-           WHEN f.with_accelerator = 0 THEN 'no online worker with its labels has the accelerator ' || q.accelerator
-           WHEN f.big_enough = 0 THEN printf('no online worker with its labels is big enough for %d GPUs, %g CPUs, %d MB per task',
-                                             q.gpus, q.cpus, q.memory_mb)
-           WHEN f.fits = 0 THEN 'no online worker that fits may receive its secret ' || f.missing_secret
-           WHEN f.fits_open = 0 THEN 'only cordoned workers fit it (gpulayer worker uncordon)'
-           WHEN f.fits_healthy = 0 THEN 'only workers with unhealthy GPUs would fit it (gpulayer worker list; gpu-reset)'
-           WHEN f.gpus_free = 0 THEN printf('no online worker that fits has %d free GPUs', q.gpus)
-           WHEN f.fit_now = 0 THEN 'no free slot (or CPUs, memory) on the workers that fit'
-           WHEN q.gang AND f.fit_now < q.width THEN printf('gang of %d needs %d workers free at once; %d are',
-                                                           q.width, q.width, f.fit_now)
-           ELSE 'a worker fits now: waiting for the scheduler'
-       END AS waits_because
+           WHEN f.online = 0 THEN 'no_worker'                  -- no online worker
+           WHEN f.with_labels = 0 THEN 'labels'                -- none has the labels
+           WHEN f.with_accelerator = 0 THEN 'accelerator'      -- none with the labels has the accelerator
+           WHEN f.big_enough = 0 THEN 'size'                   -- none with them is big enough (gpus, cpus, memory_mb)
+           WHEN f.fits = 0 THEN 'secret'                       -- none that fits may receive missing_secret
+           WHEN f.fits_open = 0 THEN 'cordoned'                -- only cordoned workers fit it (gpulayer worker uncordon)
+           WHEN f.fits_healthy = 0 THEN 'unhealthy'            -- only workers with unhealthy GPUs would fit it
+           WHEN f.gpus_free = 0 THEN 'gpus_busy'               -- none that fits has `gpus` free GPUs
+           WHEN f.fit_now = 0 THEN 'busy'                      -- no free slot (or CPUs, memory) on those that fit
+           WHEN q.gang AND f.fit_now < q.width THEN 'gang_busy'  -- fewer than `width` workers fit it now
+       END AS waits_for,
+       CASE WHEN f.online > 0 AND f.with_labels > 0 AND f.with_accelerator > 0 AND f.big_enough > 0 AND f.fits = 0
+            THEN f.missing_secret END AS missing_secret
 FROM waiting q
 JOIN fits f ON f.job_id = q.job_id
 ORDER BY q.priority DESC, q.job_id;

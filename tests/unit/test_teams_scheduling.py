@@ -101,7 +101,7 @@ def test_a_borrower_is_told_it_waits_for_a_lender(sched, ml):
     borrower = submit(sched, ml["bob"], "ml", gpus=1)
     submit(sched, ml["ann"], "cv", gpus=1)
     assert state_of(sched, borrower)["waiting_reason"] == (
-        "project ml may borrow beyond its quota (1 GPUs) only what no other project waits for within its own")
+        "project ml may borrow beyond its quota (1 GPU) only what no other project waits for within its own")
 
 
 def test_a_gang_borrows_only_while_no_lender_waits(sched, ml):
@@ -123,7 +123,7 @@ def test_max_running_jobs_per_user(sched, ml):
     second = submit(sched, carl, "ml")
     assert take(sched, w)["job_id"] == first
     assert take(sched, w) is None
-    assert state_of(sched, second)["waiting_reason"] == "user carl at 1 running jobs"
+    assert state_of(sched, second)["waiting_reason"] == "user carl at 1 running job"
     other = submit(sched, ml["bob"], "ml")
     assert take(sched, w)["job_id"] == other
 
@@ -144,8 +144,8 @@ def test_each_running_array_element_counts_against_the_users_limit(sched, ml):
     first, second = take(sched, w), take(sched, w)
     assert first["job_id"] == second["job_id"] == array
     assert take(sched, w) is None
-    reason = sched.store.read(lambda c: row(c, "job_quota_reason", job_id=array))
-    assert reason["reason"] == "user carl at 2 running jobs"
+    facts = sched.store.read(lambda c: row(c, "job_quota_reason", job_id=array))
+    assert (facts["why"], facts["user"], facts["max_running_jobs"]) == ("user_limit", "carl", 2)
     plain = submit(sched, carl, "ml")
     assert take(sched, w) is None and state_of(sched, plain)["waiting_reason"] == "user carl at 2 running jobs"
     gang = submit(sched, carl, "ml", nodes=2)   # the gang placement judges the limit the same way

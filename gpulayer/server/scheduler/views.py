@@ -126,8 +126,8 @@ def waiting_reason(conn, found: dict, tasks: list[dict] | None = None) -> str | 
     facts = row(conn, "job_waiting_reason", job_id=found["id"])
     if facts and facts["why"]:
         return waiting.unplaced(facts)
-    quota = row(conn, "job_quota_reason", job_id=found["id"])  # a project's quota, a user's limit
-    return (quota and quota["reason"]) or (waiting.busy(facts) if facts and facts["busy"] else None)
+    held = waiting.held_back(row(conn, "job_quota_reason", job_id=found["id"]))  # a project's quota, a user's limit
+    return held or (waiting.busy(facts) if facts and facts["busy"] else None)
 
 
 def _dependencies_reason(conn, found: dict) -> str:

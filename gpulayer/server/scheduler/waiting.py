@@ -1,4 +1,4 @@
-"""Why a queued job is not placed, in words, from the facts `job_waiting_reason` returns.
+"""Why a queued job is not placed, in words, from the facts `job_waiting_reason` and `job_quota_reason` return.
 
 SQL answers the question (the first thing no online worker has, how many fit);
 this module writes the sentence: only what the job asked for is named ("1 GPU",
@@ -52,9 +52,11 @@ def unplaced(facts: dict) -> str | None:
             return f"secret {facts['detail']} is not set"
         return f"no online worker that fits joined with a token carrying the labels {facts['secret_labels']} of secret {facts['detail']}"
     if why == "cordoned":
-        return f"only cordoned workers fit it: {facts['detail']}"
+        return f"only cordoned workers fit it: {cordoned(facts['workers'])}"
     if why == "unhealthy":
-        return f"only workers with unhealthy GPUs would fit: {facts['detail']}"
+        gpus = ", ".join(f"{w['name']} (" + ", ".join(f"GPU {g['index']}: {g['reason']}" for g in w["gpus"]) + ")"
+                         for w in json.loads(facts["workers"]))
+        return f"only workers with unhealthy GPUs would fit: {gpus}"
     if why == "too_few":
         return _too_few(facts)
     return None
@@ -66,7 +68,12 @@ def _too_few(facts: dict) -> str:
     if not facts["cordoned"]:
         return f"{needs}, but only {facts['fit']} online fit it"
     verb = "is" if facts["cordoned"] == 1 else "are"
-    return f"{needs}, but of the {facts['fit']} online that fit it, {facts['cordoned']} {verb} cordoned: {facts['detail']}"
+    return f"{needs}, but of the {facts['fit']} online that fit it, {facts['cordoned']} {verb} cordoned: {cordoned(facts['workers'])}"
+
+
+def cordoned(workers: str) -> str:
+    """"a (cordoned: maintenance), b (draining: ...)" of a JSON list of {name, cordon, reason}."""
+    return ", ".join(f"{w['name']} ({w['cordon']}: {w['reason']})" for w in json.loads(workers))
 
 
 def busy(job: dict) -> str:
@@ -75,3 +82,16 @@ def busy(job: dict) -> str:
     workers = f"{job['width']} workers" if job["gang"] else "one worker"
     room = f"a free slot and {size} free" if size else "a free slot"
     return f"waiting for capacity: the online workers that fit are busy (it needs {workers} with {room} at once)"
+
+
+def held_back(facts: dict | None) -> str | None:
+    """The sentence for a job_quota_reason row (its project's quota, borrowing, its user's limit); None for none."""
+    why = facts and facts["why"]
+    if why == "quota":
+        return f"project {facts['project']} at its quota ({facts['in_use']} + {facts['borrowed']} GPUs in use)"
+    if why == "borrowing":
+        return (f"project {facts['project']} may borrow beyond its quota ({plural(facts['nominal'], 'GPU')}) "
+                "only what no other project waits for within its own")
+    if why == "user_limit":
+        return f"user {facts['user']} at {plural(facts['max_running_jobs'], 'running job')}"
+    return None

@@ -125,13 +125,14 @@ WHERE t.job_id = :job_id AND t.attempt = j.attempt ORDER BY t."index";
 -- name: job_waiting_reason --
 -- Why a queued job (or a running service's queued replica) is not placed, read from
 -- job_worker_fit, the view acquire and gang placement read, as facts that
--- scheduler/jobs.py puts in words. `why`: the first thing no online worker has
+-- scheduler/waiting.py puts in words. `why`: the first thing no online worker has
 -- ('no_worker', 'labels', 'gpu_model', 'whole_gpus': more than one GPU where only MIG
 -- instances make up the count, 'size', 'secret': `detail` names it, `secret_labels` are its
 -- labels when it is set), or that only cordoned workers ('cordoned') or workers with too few
--- healthy GPUs ('unhealthy') would fit it, `detail` naming them; or, for a gang (`--nodes`)
+-- healthy GPUs ('unhealthy') would fit it, `workers` naming them (a JSON list: name, cordon and
+-- reason; or name and its unhealthy `gpus`, index and reason); or, for a gang (`--nodes`)
 -- or a service's replicas (one per worker), that fewer online workers than its width fit it
--- ('too_few': `fit` of them, `cordoned` of those cordoned, named in `detail`). Else `busy`
+-- ('too_few': `fit` of them, `cordoned` of those cordoned, in `workers`). Else `busy`
 -- is 1 when fewer online workers fit it now than it needs at once (one, or a gang's width);
 -- `why` NULL and `busy` 0 when an acquire would place it now. With the job's size and labels.
 WITH j AS (SELECT * FROM jobs WHERE id = CAST(:job_id AS INTEGER) AND state IN ('queued', 'running')),
@@ -160,19 +161,21 @@ v AS (SELECT CASE
     WHEN (j.gang = 1 OR j.array_size IS NULL) AND (SELECT count(*) FROM uncordoned) < j.width THEN 'too_few'
     END AS why FROM j)
 SELECT v.why, j.labels, j.accelerator, j.gpus, j.cpus, j.memory_mb, j.width, j.gang,
+       CASE WHEN v.why = 'secret' THEN (SELECT min(missing_secret) FROM sized) END AS detail,
        CASE v.why
-           WHEN 'secret' THEN (SELECT min(missing_secret) FROM sized)
-           WHEN 'cordoned' THEN (SELECT group_concat(name || ' (' || cordon || ': ' || cordon_reason || ')', ', ')
-                                 FROM usable)
+           WHEN 'cordoned' THEN (SELECT json_group_array(json_object('name', name, 'cordon', cordon,
+                                                                     'reason', cordon_reason)) FROM usable)
            WHEN 'unhealthy' THEN (
-               SELECT group_concat(h.name || ' (' || (
-                          SELECT group_concat('GPU ' || b."index" || ': ' || b.reason, ', ')
+               SELECT json_group_array(json_object('name', h.name, 'gpus', json((
+                          SELECT json_group_array(json_object('index', b."index", 'reason', b.reason))
                           FROM (SELECT g."index", g.reason FROM worker_gpus g
-                                WHERE g.worker_id = h.worker_id AND g.healthy = 0 ORDER BY g."index") b) || ')', ', ')
-               FROM uncordoned h)
-           WHEN 'too_few' THEN (SELECT group_concat(x.name || ' (' || x.cordon || ': ' || x.cordon_reason || ')', ', ')
+                                WHERE g.worker_id = h.worker_id AND g.healthy = 0 ORDER BY g."index") b))))
+               FROM uncordoned h
+               WHERE EXISTS (SELECT 1 FROM worker_gpus g WHERE g.worker_id = h.worker_id AND g.healthy = 0))
+           WHEN 'too_few' THEN (SELECT json_group_array(json_object('name', x.name, 'cordon', x.cordon,
+                                                                    'reason', x.cordon_reason))
                                 FROM (SELECT * FROM usable WHERE cordon IS NOT NULL ORDER BY name) x)
-       END AS detail,
+       END AS workers,
        (SELECT sc.labels FROM secrets sc
         WHERE v.why = 'secret' AND sc.project_id = j.project_id AND sc.name = (SELECT min(missing_secret) FROM sized))
            AS secret_labels,
@@ -191,33 +194,29 @@ WHERE task_id = :task_id AND stream = 'system' AND text GLOB 'restart [0-9]*'
 ORDER BY n DESC LIMIT 1;
 
 -- name: job_quota_reason --
--- What of acquire's admission holds a queued job back (acquire_task, next_gang_job): its
--- project's GPU quota, borrowing while another project waits within its nominal quota, or its
--- user's running-jobs limit (a running job's queued replica adds no job; an array's element
--- does, as in acquire_task); NULL when none does.
+-- What of acquire's admission holds a queued job back (acquire_task, next_gang_job), as facts
+-- that scheduler/waiting.py puts in words. `why`: 'quota' (its project's GPUs in use and its
+-- task, or a gang's ranks, pass `nominal + borrow`: `in_use` of the nominal quota and
+-- `borrowed` beyond it), 'borrowing' (it would borrow while another project waits within its
+-- nominal quota), 'user_limit' (its user is at the running-jobs limit: user_running_jobs; a
+-- running job's queued replica adds no job, an array's element does); NULL when none does.
 WITH j AS (SELECT * FROM jobs WHERE id = CAST(:job_id AS INTEGER) AND state IN ('queued', 'running')),
 q AS (SELECT q.* FROM project_quota_use q JOIN j ON q.project_id = j.project_id),
 need AS (SELECT j.gpus * CASE WHEN j.gang = 1 THEN j.width ELSE 1 END AS gpus FROM j)
 SELECT CASE
-    WHEN q.nominal IS NOT NULL AND j.gpus > 0 AND q.gpus_in_use + need.gpus > q.nominal + q.borrow
-        THEN printf('project %s at its quota (%d + %d GPUs in use)', q.name, min(q.gpus_in_use, q.nominal), q.borrowed)
+    WHEN q.nominal IS NOT NULL AND j.gpus > 0 AND q.gpus_in_use + need.gpus > q.nominal + q.borrow THEN 'quota'
     WHEN q.nominal IS NOT NULL AND j.gpus > 0 AND q.gpus_in_use + need.gpus > q.nominal
          AND EXISTS (SELECT 1 FROM project_quota_use o
                      JOIN queue_groups g ON g.project_id = o.project_id
                      JOIN shapes s ON s.id = g.shape_id
                      WHERE o.project_id <> q.project_id AND o.nominal IS NOT NULL AND s.gpus > 0
-                       AND o.gpus_in_use + s.gpus <= o.nominal)
-        THEN printf('project %s may borrow beyond its quota (%d GPUs) only what no other project waits for within its own',
-                    q.name, q.nominal)
-    WHEN u.max_running_jobs IS NOT NULL AND (j.state = 'queued' OR j.array_size IS NOT NULL)
-         AND (SELECT total(CASE WHEN r.array_size IS NULL THEN 1 ELSE (  -- an array: its active elements
-           SELECT count(*) FROM tasks t WHERE t.job_id = r.id AND t.state IN ('queued', 'assigned', 'running')
-                                          AND t.state IN ('assigned', 'running')) END)
-        FROM jobs r WHERE r.user_id = j.user_id AND r.state = 'running') >= u.max_running_jobs
-        THEN printf('user %s at %d running jobs', u.name, u.max_running_jobs)
-END AS reason
+                       AND o.gpus_in_use + s.gpus <= o.nominal) THEN 'borrowing'
+    WHEN (j.state = 'queued' OR j.array_size IS NOT NULL) AND u.at_limit THEN 'user_limit'
+END AS why,
+       q.name AS project, q.nominal, min(q.gpus_in_use, q.nominal) AS in_use, q.borrowed,
+       u.name AS user, u.max_running_jobs
 FROM j, q, need
-LEFT JOIN users u ON u.id = j.user_id;
+LEFT JOIN user_running_jobs u ON u.user_id = j.user_id;
 
 -- name: job_preemptions --
 -- A job's tasks preempted (or being preempted), oldest first: `job status` shows them; the latest :limit.
