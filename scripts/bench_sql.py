@@ -30,11 +30,19 @@ COMMIT), median and p99, and the same without the COMMIT (placement.acquire alon
 (100 polls/s in all), median and p99; `aging`: ms per upkeep transaction of aging
 (aging.age, AGING_BATCH rows raised a step) once the whole backlog is due a step, median and
 max, and ms of a round with nothing due.
+--compare REV times the named query acquire_task as git revision REV wrote it against this
+tree's (and nothing else), alternating one claim of each, each claim rolled back, on one state
+file per case: the template (--finished + --queued, no team settings), a backlog of a user at a
+running-jobs limit of 0, and teams (three projects with GPU quotas and borrowing, users with
+running-jobs limits, running work and fair-share usage). Both must claim the same task; the
+median microseconds of each and their ratio (this tree / REV) are reported.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -50,6 +58,7 @@ from gpulayer.server.store import db
 
 from gpulayer.server.scheduler import aging, leases, placement  # noqa: E402
 from gpulayer.server.scheduler.spec import validate_job  # noqa: E402
+from gpulayer.server.store.queries import QUERIES, parse_blocks  # noqa: E402
 
 LEASE_TTL = 20.0
 MINIMAL = ("UPDATE t SET state='assigned' WHERE id = (SELECT id FROM t WHERE state='queued' ORDER BY id LIMIT 1) "
@@ -243,7 +252,6 @@ def build_backlog(path: Path, backlog: int, fitting: int, blocked: str = "gpus")
     is CPU tasks of the same shape owned by a user at a running-jobs limit of 0 (fits, not admitted)."""
     conn = db.connect(path)
     db.ensure_schema(conn)
-    json = __import__("json")
     spec = json.dumps(validate_job({"command": ["true"]}))
     big = json.dumps(validate_job({"command": ["true"], "gpus": 8}))
     now = time.time()
@@ -373,6 +381,99 @@ def backlog_check(args, workdir: Path) -> list[dict]:
     return out
 
 
+
+def build_teams(path: Path, queued: int) -> None:
+    """8 workers of 8 GPUs; three projects with a GPU quota of 8 and 8 to borrow, three users with a running-jobs
+    limit of 40; 30 running 1-GPU jobs (some borrowed), `queued` queued 1-GPU jobs spread over the projects and
+    users, and fair-share usage for each."""
+    conn = db.connect(path)
+    db.ensure_schema(conn)
+    spec = json.dumps(validate_job({"command": ["true"], "gpus": 1}))
+    now = time.time()
+    with conn:
+        conn.executemany(
+            "INSERT INTO workers (id, name, state, cpus, gpus, memory_mb, slots, registered_at, last_seen_at, "
+            "lease_expires_at, session_hash) VALUES (?, ?, 'online', 64, 8, 1048576, 8, ?, ?, ?, ?)",
+            [(i + 1, f"w{i}", now, now, now + 1e9, f"h{i}") for i in range(8)])
+        conn.execute("UPDATE projects SET gpu_quota = 8, gpu_borrow = 8 WHERE id = 1")
+        conn.executemany("INSERT INTO projects (id, name, gpu_quota, gpu_borrow, created_at) VALUES (?, ?, 8, 8, ?)",
+                         [(2, "ml", now), (3, "cv", now)])
+        conn.execute("UPDATE users SET max_running_jobs = 40 WHERE id = 1")
+        conn.executemany("INSERT INTO users (id, name, max_running_jobs, created_at) VALUES (?, ?, 40, ?)",
+                         [(2, "ann", now), (3, "bob", now)])
+        running = 30
+        conn.executemany(
+            "INSERT INTO jobs (id, state, spec, gpus, created_at, project_id, user_id) VALUES (?, ?, ?, 1, ?, ?, ?)",
+            [(i + 1, "running" if i < running else "queued", spec, now, 1 + i % 3, 1 + (i // 3) % 3)
+             for i in range(running + queued)])
+        conn.executemany(
+            "INSERT INTO tasks (id, job_id, state, worker_id, lease_expires_at, gpu_indices, created_at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [(i + 1, i + 1, "running" if i < running else "queued", 2 + i % 7 if i < running else None,
+              now + 1e9 if i < running else None, json.dumps([i // 7]) if i < running else "[]", now)
+             for i in range(running + queued)])
+        conn.executemany("INSERT INTO fairshare (project_id, user_id, usage, updated_at, running) VALUES (?, ?, ?, ?, ?)",
+                         [(p, u, 1000.0 * p * u, now - 600, 10.0 * u) for p in (1, 2, 3) for u in (1, 2, 3)])
+    conn.execute("ANALYZE")
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+
+
+def query_at(rev: str, name: str) -> str:
+    """The named query `name` as git revision `rev` wrote it (store/queries/*.sql, or the older store/queries.sql)."""
+    root = Path(__file__).resolve().parents[1]
+    listed = subprocess.run(["git", "-C", str(root), "ls-tree", "-r", "--name-only", rev, "gpulayer/server/store/"],
+                            capture_output=True, text=True, check=True).stdout.split()
+    for path in listed:
+        if path.endswith(".sql") and "/migrations/" not in path and not path.endswith("schema.sql"):
+            text = subprocess.run(["git", "-C", str(root), "show", f"{rev}:{path}"], capture_output=True, text=True,
+                                  check=True).stdout
+            found = parse_blocks(text)
+            if name in found:
+                return found[name]
+    raise SystemExit(f"{rev} has no query named {name}")
+
+
+def compare_claims(path: Path, old: str, new: str, rounds: int) -> dict:
+    """Microseconds per acquire_task of each text, alternating (which goes first alternates too), each claim
+    rolled back; raises when the two claim different tasks."""
+    conn = db.connect(path, synchronous="normal")
+    spent: dict[str, list[float]] = {"old": [], "new": []}
+    clock = time.perf_counter
+    try:
+        for i in range(rounds):
+            params = {"worker_id": 1, "now": time.time(), "lease_expires_at": time.time() + LEASE_TTL, "address": None}
+            claimed = {}
+            for label in (("old", "new") if i % 2 == 0 else ("new", "old")):
+                conn.execute("BEGIN IMMEDIATE")
+                t0 = clock()
+                got = conn.execute(old if label == "old" else new, params).fetchall()
+                spent[label].append(clock() - t0)
+                conn.execute("ROLLBACK")
+                claimed[label] = got[0]["id"] if got else None
+            if claimed["old"] != claimed["new"] or claimed["new"] is None:
+                raise RuntimeError(f"round {i}: the revision claims {claimed['old']}, this tree {claimed['new']}")
+    finally:
+        conn.close()
+    old_us, new_us = (benchlib.median(spent[k]) * 1e6 for k in ("old", "new"))
+    return {"rev_us_p50": round(old_us, 1), "tree_us_p50": round(new_us, 1), "ratio": round(new_us / old_us, 3),
+            "rev_us_p90": round(benchlib.percentile(spent["old"], 90) * 1e6, 1),
+            "tree_us_p90": round(benchlib.percentile(spent["new"], 90) * 1e6, 1), "rounds": rounds}
+
+
+def compare_check(args, workdir: Path) -> list[dict]:
+    old, new = query_at(args.compare, "acquire_task"), QUERIES["acquire_task"]
+    cases = [(f"{args.finished:,} finished + {args.queued:,} queued", lambda p: build_template(p, args.finished, args.queued, 8)),
+             ("10,000 queued of a user at a limit of 0, 400 behind", lambda p: build_backlog(p, 10_000, 400, "user")),
+             (f"teams: quotas, borrowing, limits, fair share; {args.queued:,} queued", lambda p: build_teams(p, args.queued))]
+    out = []
+    for i, (label, build) in enumerate(cases):
+        path = workdir / f"compare{i}.db"
+        build(path)
+        out.append({"state": label, **compare_claims(path, old, new, args.compare_rounds)})
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--finished", type=int, default=100_000, help="finished tasks in the table (default 100000)")
@@ -391,11 +492,28 @@ def main(argv=None) -> int:
     p.add_argument("--backlog-blocked", choices=["gpus", "user"], default="gpus",
                    help="why worker 1 cannot take the backlog: it asks for 8 GPUs (no worker fits it), or it "
                         "fits but its user is at a running-jobs limit of 0 (teams: judged per group)")
+    p.add_argument("--compare", metavar="REV", default=None,
+                   help="time acquire_task as git revision REV wrote it against this tree's, alternating (and nothing else)")
+    p.add_argument("--compare-rounds", type=int, default=2000, help="claims of each per state file with --compare")
     p.add_argument("--dir", type=Path, default=None, help="where the files go (default: a temp dir)")
     p.add_argument("--json", action="store_true", help="print JSON")
     args = p.parse_args(argv)
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-sql-", dir=args.dir))
+    if args.compare is not None:
+        try:
+            result = {"machine": benchlib.machine(), "args": {k: (str(v) if isinstance(v, Path) else v)
+                                                              for k, v in vars(args).items()},
+                      "compare": compare_check(args, workdir)}
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        benchlib.emit(result, args.json, "\n".join([
+            benchlib.machine_line(result["machine"]),
+            f"acquire_task at {args.compare} (rev) against this tree's, alternating, each claim rolled back; "
+            "tree/rev ratio of the medians",
+            benchlib.table(result["compare"], ["state", "rev_us_p50", "tree_us_p50", "ratio", "rev_us_p90",
+                                               "tree_us_p90", "rounds"])]))
+        return 0
     if args.backlog is not None:
         try:
             result = {"machine": benchlib.machine(), "args": {k: (str(v) if isinstance(v, Path) else v)
