@@ -22,8 +22,11 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from gpulayer.client import specs
+from gpulayer.protocol.fields import names
+from gpulayer.protocol.jobspec import ServiceSpec
 
-SERVICE_SETTINGS = ("replicas", "port", "restart", "max_restarts", "health_path", "weights")
+#: `service()`'s settings: the service block's fields (gpulayer/protocol/jobspec.py), `health` as its `http_path`.
+SERVICE_SETTINGS = tuple("health_path" if name == "health" else name for name in names(ServiceSpec))
 
 
 def read_job_file(path: str | Path) -> dict:

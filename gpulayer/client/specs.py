@@ -12,17 +12,15 @@ import shlex
 from typing import Any, Iterable
 
 from gpulayer.protocol import array_ranges
+from gpulayer.protocol.fields import members, wire_fields
+from gpulayer.protocol.jobspec import AFTER_CONDITIONS, RESTART_POLICIES, JobSpec
 
-JOB_SETTINGS = (
-    "name", "env", "accelerator", "gpus", "cpus", "memory_mb", "labels", "retry", "retry_on",
-    "timeout_seconds", "silence_timeout_seconds", "source", "inputs", "outputs", "nodes",
-    "priority", "secrets", "array", "max_running", "after", "preemptible",
-)
+#: The JobSpec's fields (gpulayer/protocol/jobspec.py) but `command` (the first argument) and `service`
+#: (`service()`), and `retry_on`: `retry`'s, on its own.
+JOB_SETTINGS = (*(f.name for f in wire_fields(JobSpec) if f.name not in ("command", "service")), "retry_on")
 #: Settings whose type is checked here, so that a job file's `gpus = "two"` is refused by --dry-run too
-#: (the server checks their bounds, and every other field).
-WHOLE_SETTINGS = ("gpus", "memory_mb", "nodes", "max_running")
-AFTER_CONDITIONS = ("ok", "notok", "any")
-RESTART_POLICIES = ("always", "on_failure")
+#: (the server checks their bounds, and every other field): the integer ones.
+WHOLE_SETTINGS = tuple(f.name for f in wire_fields(JobSpec) if set(members(f.type)) <= {int, type(None)})
 
 
 def job(command: str | Iterable[str], **settings: Any) -> dict:

@@ -8,14 +8,13 @@ import math
 import re
 from typing import Any
 
+from gpulayer.protocol.jobspec import DIGEST_PATTERN, LABEL_KEY_PATTERN, MAX_STR
 from gpulayer.server.errors import InvalidRequest
 
 # Validating patterns are used with .fullmatch() (and end in \Z, so that even a .match() is as strict):
 # `$` also matches before a trailing newline, so "admin\n" would pass (docs/security.md, issue 22 item 8).
-DIGEST = re.compile(r"sha256:[0-9a-f]{64}\Z")
-LABEL_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-/]{0,62}\Z")
-
-MAX_STR = 64 * 1024
+DIGEST = re.compile(DIGEST_PATTERN)
+LABEL_KEY = re.compile(LABEL_KEY_PATTERN)
 
 
 def fail(field: str, why: str) -> InvalidRequest:

@@ -8,6 +8,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from gpulayer.protocol.assignment import Assignment
+from gpulayer.protocol.fields import json_schema
+from gpulayer.protocol.jobspec import JobSpec
 from gpulayer.server.config import PROTOCOL
 from gpulayer.server.http import paging
 
@@ -19,50 +22,11 @@ DIGEST = {"type": "string", "pattern": "^sha256:[0-9a-f]{64}$"}
 NUM = {"type": "number", "minimum": 0}
 INT = {"type": "integer", "minimum": 0}
 
-JOB_SPEC: dict[str, Any] = {
-    "type": "object", "required": ["command"], "additionalProperties": False,
-    "properties": {
-        "command": {"type": "array", "minItems": 1, "items": {"type": "string"}},
-        "name": {"type": ["string", "null"]}, "env": STR_MAP, "labels": STR_MAP,
-        "accelerator": {"enum": ["cuda", None]}, "gpus": INT, "cpus": NUM, "memory_mb": INT,
-        "retry": {"type": "object", "properties": {"max_attempts": {"type": "integer", "minimum": 1},
-                                                   "retry_on": {"type": "array", "items": {"type": "string"}}}},
-        "timeout_seconds": {"type": ["number", "null"]}, "silence_timeout_seconds": {"type": ["number", "null"]},
-        "source": {"type": ["string", "null"]}, "inputs": STR_MAP,
-        "outputs": {"type": "array", "items": {"type": "string"}},
-        "nodes": {"type": "integer", "minimum": 1},
-        "priority": {"type": ["integer", "string"], "description": "a number, or a priority class of the server "
-                                                                  "(low, normal, high by default); at most the "
-                                                                  "project's max_priority unless an admin submits "
-                                                                  "(403 priority_above_ceiling)"},
-        "preemptible": {"type": "boolean", "description": "may be stopped (SIGTERM, a grace, SIGKILL) and "
-                                                         "requeued, same attempt, for higher-priority work"},
-        "secrets": {"type": "array", "items": {"type": "string"}},
-        "service": {"type": ["object", "null"]},
-        "array": {"type": ["string", "array", "null"], "items": INT,
-                  "description": "a job array, one task per index: \"0-999\", \"1,5,9-12\", \"0-15:4\", "
-                                 "\"0-999%16\" (with its cap), or a list of indices; at most 100,000"},
-        "max_running": {"type": ["integer", "null"], "minimum": 1,
-                        "description": "an array's cap on elements running at once"},
-        "after": {"type": "array", "maxItems": 100, "description": "run after these jobs end",
-                  "items": {"oneOf": [{"type": "integer", "minimum": 1},
-                                      {"type": "string", "pattern": "^[0-9]+(:(ok|notok|any))?$"},
-                                      {"type": "object", "required": ["job"], "additionalProperties": False,
-                                       "properties": {"job": {"type": "integer", "minimum": 1},
-                                                      "condition": {"enum": ["ok", "notok", "any"]}}}]}},
-    },
-}
+JOB_SPEC: dict[str, Any] = json_schema(JobSpec)  # the declaration's (gpulayer/protocol/jobspec.py)
 # acquire, and finish with `next`: `task` as in protocol v1; `more` only when the request named max_tasks
 MAX_TASKS = {"type": "integer", "minimum": 1, "maximum": 1024,
              "description": "assignments one answer may carry (capped by the worker's free slots and 16)"}
-ASSIGNMENT = {"type": "object", "required": ["task_id", "job_id", "attempt", "command", "env", "gpus"], "properties": {
-    "task_id": {"type": "integer"}, "job_id": {"type": "integer"}, "attempt": {"type": "integer", "minimum": 1},
-    "index": INT, "command": {"type": "array", "items": {"type": "string"}}, "env": STR_MAP,
-    "source": {"type": ["string", "null"]}, "inputs": STR_MAP, "outputs": {"type": "array", "items": {"type": "string"}},
-    "gpus": {"type": "array", "items": INT}, "cpus": NUM, "memory_mb": INT, "service": {"type": ["object", "null"]},
-    "rank": INT, "world_size": {"type": "integer", "minimum": 1},
-    "timeout_seconds": {"type": ["number", "null"]}, "silence_timeout_seconds": {"type": ["number", "null"]},
-    "array_index": {"type": ["integer", "null"], "minimum": 0}, "array_size": {"type": ["integer", "null"]}}}
+ASSIGNMENT = json_schema(Assignment, closed=False)  # the declaration's (gpulayer/protocol/assignment.py)
 ASSIGNMENTS = {"task": {"oneOf": [ASSIGNMENT, {"type": "null"}]}, "more": {"type": "array", "items": ASSIGNMENT}}
 JOB = {"type": "object", "required": ["id", "state", "created_at", "spec", "tasks"], "properties": {
     "id": {"type": "integer"}, "name": {"type": ["string", "null"]}, "state": {"type": "string"},

@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import json
 
+from gpulayer.protocol.assignment import Assignment
+from gpulayer.protocol.fields import from_wire, to_wire
+from gpulayer.protocol.jobspec import ServiceSpec
 from gpulayer.server.scheduler import events
 from gpulayer.server.store.queries import row, rows
 
@@ -109,27 +112,27 @@ def _assign_gang(conn, gang: dict, workers: list[int], queued: list[dict], now: 
 
 
 def assignment(conn, task_id: int, secret_env=None) -> dict:
-    """The Assignment a worker receives for `task_id` (docs/protocol.md).
+    """The Assignment a worker receives for `task_id` (docs/protocol.md), as its JSON object.
 
     `secret_env(names) -> {name: value}` resolves the job's secrets into its environment.
     """
     found = row(conn, "assignment", task_id=task_id)
     spec = json.loads(found["spec"])
     gang = bool(found["gang"])
-    return {
-        "task_id": found["task_id"], "job_id": found["job_id"], "attempt": found["attempt"],
-        "index": found["index"], "command": spec["command"],
-        "env": {**spec["env"], **(secret_env(spec["secrets"]) if secret_env and spec["secrets"] else {}),
-                **({"GPULAYER_PREEMPTED": "1"} if row(conn, "task_was_preempted", task_id=task_id) else {})},
-        "source": spec["source"], "inputs": spec["inputs"], "outputs": spec["outputs"],
-        "gpus": json.loads(found["gpu_indices"]), "cpus": spec["cpus"], "memory_mb": spec["memory_mb"],
-        "service": spec["service"],
-        "rank": found["index"] if gang else 0, "world_size": found["width"] if gang else 1,
-        "timeout_seconds": spec["timeout_seconds"], "silence_timeout_seconds": spec["silence_timeout_seconds"],
+    return to_wire(Assignment(
+        task_id=found["task_id"], job_id=found["job_id"], attempt=found["attempt"],
+        index=found["index"], command=spec["command"],
+        env={**spec["env"], **(secret_env(spec["secrets"]) if secret_env and spec["secrets"] else {}),
+             **({"GPULAYER_PREEMPTED": "1"} if row(conn, "task_was_preempted", task_id=task_id) else {})},
+        source=spec["source"], inputs=spec["inputs"], outputs=spec["outputs"],
+        gpus=json.loads(found["gpu_indices"]), cpus=spec["cpus"], memory_mb=spec["memory_mb"],
+        service=None if spec["service"] is None else from_wire(ServiceSpec, spec["service"]),
+        rank=found["index"] if gang else 0, world_size=found["width"] if gang else 1,
+        timeout_seconds=spec["timeout_seconds"], silence_timeout_seconds=spec["silence_timeout_seconds"],
         # An array's element: its index (also `index`) and the array's element count; null otherwise.
-        "array_index": found["index"] if found["array_size"] is not None else None,
-        "array_size": found["array_size"],
+        array_index=found["index"] if found["array_size"] is not None else None,
+        array_size=found["array_size"],
         # The number of the task's next log line: a task run again (after a preemption, a gang sent back
         # to the queue) numbers its lines after those stored, which (task_id, n) would otherwise drop.
-        "log_base": row(conn, "task_log_base", task_id=task_id)["n"],
-    }
+        log_base=row(conn, "task_log_base", task_id=task_id)["n"],
+    ))

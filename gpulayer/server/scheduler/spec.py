@@ -1,32 +1,31 @@
-"""JobSpec validation: every field checked, normalised with its default, or refused by name."""
+"""JobSpec validation: every field checked, normalised with its default, or refused by name.
+
+The fields, their types, defaults and bounds are gpulayer/protocol/jobspec.py's declaration: a field
+whose type says all (a bool, a bounded number, a string, a choice) needs nothing here.
+"""
 from __future__ import annotations
 
 import re
-from typing import Any
+import typing
+from typing import Any, Literal
 
 from gpulayer.protocol import MAX_ARRAY, MAX_ARRAY_INDEX, array_ranges, array_text
+from gpulayer.protocol.fields import WireField, field_of, members, names, wire_fields
+from gpulayer.protocol.jobspec import (
+    AFTER_CONDITIONS, ENV_NAME_PATTERN, MAX_AFTER, MAX_ARG_BYTES, MAX_ARGS, MAX_PATHS, MAX_STR, RETRY_REASONS, After,
+    HealthSpec, JobSpec, RetrySpec, ServiceSpec,
+)
 from gpulayer.server.config import PRIORITY_CLASSES, SERVICE_MAX_ATTEMPTS
 from gpulayer.server.errors import InvalidRequest
 from gpulayer.server.validators import digest, fail as _fail, integer, labels, mapping, number, relative_path, string
 
-# Used with .fullmatch() and ending in \Z, as validators.py's patterns (docs/security.md, issue 22 item 8).
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}\Z")
-RETRY_REASONS = ("worker_lost", "worker_revoked", "failed", "timed_out", "start_timeout")
+ENV_NAME = re.compile(ENV_NAME_PATTERN)
 
-MAX_ARGS = 4096
-MAX_ARG_BYTES = 128 * 1024
-MAX_WIDTH = 1024          # replicas or nodes
-MAX_GPUS = 1024
-MAX_PATHS = 10_000
-MAX_AFTER = 100           # dependencies of one job
-AFTER_CONDITIONS = ("ok", "notok", "any")
-
-JOB_FIELDS = {"command", "name", "env", "accelerator", "gpus", "cpus", "memory_mb", "labels", "retry",
-              "timeout_seconds", "silence_timeout_seconds", "source", "inputs", "outputs", "nodes",
-              "service", "priority", "secrets", "array", "max_running", "after", "preemptible"}
-SERVICE_FIELDS = {"replicas", "port", "restart", "max_restarts", "health", "weights"}
-HEALTH_FIELDS = {"http_path", "interval_s", "failures"}
-RETRY_FIELDS = {"max_attempts", "retry_on"}
+JOB_FIELDS = set(names(JobSpec))
+SERVICE_FIELDS = set(names(ServiceSpec))
+HEALTH_FIELDS = set(names(HealthSpec))
+RETRY_FIELDS = set(names(RetrySpec))
+AFTER_FIELDS = set(names(After))
 
 
 def _known(obj: dict, allowed: set[str], field: str) -> None:
@@ -75,12 +74,16 @@ def _outputs(value: Any) -> list[str]:
 def _retry(value: Any, is_service: bool) -> dict:
     obj = mapping({} if value is None else value, "retry")
     _known(obj, RETRY_FIELDS, "retry")
-    default = SERVICE_MAX_ATTEMPTS if is_service else 1
-    attempts = integer(obj.get("max_attempts", default), "retry.max_attempts", 1, 1000)
-    retry_on = obj.get("retry_on", ["worker_lost"])
-    if not isinstance(retry_on, list) or any(r not in RETRY_REASONS for r in retry_on):
+    declared = field_of(RetrySpec, "max_attempts")
+    default = SERVICE_MAX_ATTEMPTS if is_service else declared.default
+    attempts = _checked(declared, obj.get("max_attempts", default), "retry.max_attempts")
+    return _fields(obj, RetrySpec, "retry.", {"retry_on": _retry_on}, {"max_attempts": attempts})
+
+
+def _retry_on(value: Any) -> list[str]:
+    if not isinstance(value, list) or any(r not in RETRY_REASONS for r in value):
         raise _fail("retry.retry_on", f"must be a list drawn from {', '.join(RETRY_REASONS)}")
-    return {"max_attempts": attempts, "retry_on": list(dict.fromkeys(retry_on))}
+    return list(dict.fromkeys(value))
 
 
 def _health(value: Any) -> dict | None:
@@ -88,12 +91,14 @@ def _health(value: Any) -> dict | None:
         return None
     obj = mapping(value, "service.health")
     _known(obj, HEALTH_FIELDS, "service.health")
-    path = string(obj.get("http_path"), "service.health.http_path", limit=2048)
+    return _fields(obj, HealthSpec, "service.health.", {"http_path": _http_path})
+
+
+def _http_path(value: Any) -> str:
+    path = _checked(field_of(HealthSpec, "http_path"), value, "service.health.http_path")
     if not path.startswith("/"):
         raise _fail("service.health.http_path", "must start with /")
-    return {"http_path": path,
-            "interval_s": number(obj.get("interval_s", 10), "service.health.interval_s", 0.1, 3600),
-            "failures": integer(obj.get("failures", 3), "service.health.failures", 1, 100)}
+    return path
 
 
 def _service(value: Any) -> dict | None:
@@ -101,19 +106,8 @@ def _service(value: Any) -> dict | None:
         return None
     obj = mapping(value, "service")
     _known(obj, SERVICE_FIELDS, "service")
-    restart = obj.get("restart", "always")
-    if restart not in ("always", "on_failure"):
-        raise _fail("service.restart", "must be 'always' or 'on_failure'")
-    port = obj.get("port", True)
-    if not isinstance(port, bool):
-        raise _fail("service.port", "must be true or false")
-    max_restarts = obj.get("max_restarts")
-    return {"replicas": integer(obj.get("replicas", 1), "service.replicas", 1, MAX_WIDTH),
-            "port": port,
-            "restart": restart,
-            "max_restarts": None if max_restarts is None else integer(max_restarts, "service.max_restarts", 0, 1_000_000),
-            "health": _health(obj.get("health")),
-            "weights": digest(obj.get("weights"), "service.weights")}
+    return _fields(obj, ServiceSpec, "service.", {"health": _health,
+                                                  "weights": lambda given: digest(given, "service.weights")})
 
 
 def _secret_names(value: Any) -> list[str]:
@@ -151,8 +145,8 @@ def array_indices(value: Any) -> list[int]:
 
 def _array(spec: dict) -> tuple[str | None, int | None]:
     """The array (normalised to ranges) and its running cap, from `array` ("0-999%16") and `max_running`."""
-    value, cap = spec.get("array"), spec.get("max_running")
-    cap = None if cap is None else integer(cap, "max_running", 1, MAX_ARRAY)
+    value = spec.get("array")
+    cap = _job_field(spec, "max_running")
     if value is None:
         if cap is not None:
             raise _fail("max_running", "caps an array's running elements: give `array` too")
@@ -188,11 +182,11 @@ def _after(value: Any) -> list[dict]:
                 raise _fail(field, f"{entry!r} is not a job id, ID:ok, ID:notok or ID:any")
             job_id, condition = _whole(job), condition or "ok"
         elif isinstance(entry, dict):
-            _known(entry, {"job", "condition"}, field)
+            _known(entry, AFTER_FIELDS, field)
             job_id, condition = entry.get("job"), entry.get("condition", "ok")
         else:
             job_id, condition = entry, "ok"
-        job_id = integer(job_id, f"{field}.job" if isinstance(entry, dict) else field, 1, 1 << 62)
+        job_id = _checked(field_of(After, "job"), job_id, f"{field}.job" if isinstance(entry, dict) else field)
         if condition not in AFTER_CONDITIONS:
             raise _fail(field, f"the condition is one of {', '.join(AFTER_CONDITIONS)}, not {condition!r}")
         if found.get(job_id, condition) != condition:
@@ -209,13 +203,63 @@ def _priority(value: Any, classes: dict[str, int] | None) -> int:
             known = ", ".join(f"{name}={number}" for name, number in sorted(classes.items(), key=lambda c: c[1]))
             raise _fail("priority", f"{value!r} is no priority class of this server (known: {known}) nor a number")
         return classes[value]
-    return integer(value, "priority", -1_000_000, 1_000_000)
+    return _checked(field_of(JobSpec, "priority"), value, "priority")
 
 
 def _flag(value: Any, field: str) -> bool:
     if not isinstance(value, bool):
         raise _fail(field, "must be true or false")
     return value
+
+
+def _given(obj: dict, declared: WireField) -> Any:
+    """The field's value in `obj`, or its declared default (None for a required one)."""
+    return obj.get(declared.name, None if declared.required else declared.default)
+
+
+def _checked(declared: WireField, value: Any, field: str) -> Any:
+    """`value` checked against what the declaration says: null where allowed, a bool, an integer or a number
+    within its bounds, a string within its bytes, or one of its choices. Raises InvalidRequest naming `field`."""
+    kinds, d = members(declared.type), declared.declared
+    if value is None and type(None) in kinds:
+        return None
+    if bool in kinds:
+        return _flag(value, field)
+    if (int in kinds or float in kinds) and (d.minimum is None or d.maximum is None):
+        raise TypeError(f"{field}: a number is declared with its minimum and maximum")
+    if int in kinds:
+        return integer(value, field, int(d.minimum), int(d.maximum))
+    if float in kinds:
+        return number(value, field, d.minimum, d.maximum)
+    if str in kinds:
+        return string(value, field, limit=d.max_bytes or MAX_STR)
+    choices = [c for kind in kinds if typing.get_origin(kind) is Literal for c in typing.get_args(kind)]
+    if not choices:
+        raise TypeError(f"{field}: its type ({declared.type}) needs a check of its own in spec.py")
+    if value not in choices:
+        named = [repr(c) for c in choices] + (["null"] if type(None) in kinds else [])
+        raise _fail(field, f"must be {' or '.join(named)}")
+    return value
+
+
+def _job_field(spec: dict, name: str) -> Any:
+    """The JobSpec's field `name` from `spec` (else its default), checked as its declaration says."""
+    declared = field_of(JobSpec, name)
+    return _checked(declared, _given(spec, declared), name)
+
+
+def _fields(obj: dict, cls: type, prefix: str, checks: dict, done: dict | None = None) -> dict:
+    """Every field of `cls` from `obj`, in declaration order: a value `done` already checked, else its
+    function in `checks` applied to the given value, else `_checked` (`prefix` names it: "service.")."""
+    out = {}
+    for declared in wire_fields(cls):
+        if done and declared.name in done:
+            out[declared.name] = done[declared.name]
+        elif declared.name in checks:
+            out[declared.name] = checks[declared.name](_given(obj, declared))
+        else:
+            out[declared.name] = _checked(declared, _given(obj, declared), prefix + declared.name)
+    return out
 
 
 def validate_job(raw: Any, priority_classes: dict[str, int] | None = None) -> dict:
@@ -226,42 +270,22 @@ def validate_job(raw: Any, priority_classes: dict[str, int] | None = None) -> di
     spec = mapping(raw, "job")
     _known(spec, JOB_FIELDS, "")
     service = _service(spec.get("service"))
-    accelerator = spec.get("accelerator")
-    if accelerator not in (None, "cuda"):
-        raise _fail("accelerator", "must be 'cuda' or null")
-    gpus = spec.get("gpus")
-    gpus = (1 if accelerator == "cuda" else 0) if gpus is None else integer(gpus, "gpus", 0, MAX_GPUS)
-    nodes = integer(spec.get("nodes", 1), "nodes", 1, MAX_WIDTH)
+    accelerator = _job_field(spec, "accelerator")
+    gpus = _job_field(spec, "gpus")
+    gpus = (1 if accelerator == "cuda" else 0) if gpus is None else gpus
+    nodes = _job_field(spec, "nodes")
     if service and nodes > 1:
         raise _fail("nodes", "a service runs replicas; multi-node (nodes > 1) is for jobs")
     array, max_running = _array(spec)
     if array is not None and (service or nodes > 1):
         raise _fail("array", "an array's elements are single tasks: not with `service` or `nodes` > 1")
-    return {
-        "command": _command(spec.get("command")),
-        "name": string(spec.get("name"), "name", limit=256, allow_none=True),
-        "env": _env(spec.get("env", {})),
-        "accelerator": accelerator,
-        "gpus": gpus,
-        "cpus": number(spec.get("cpus", 0), "cpus", 0, 1_000_000),
-        "memory_mb": integer(spec.get("memory_mb", 0), "memory_mb", 0, 1 << 40),
-        "labels": labels(spec.get("labels", {})),
-        "retry": _retry(spec.get("retry"), service is not None),
-        "timeout_seconds": number(spec.get("timeout_seconds"), "timeout_seconds", 0.001, 10**9, allow_none=True),
-        "silence_timeout_seconds": number(spec.get("silence_timeout_seconds"), "silence_timeout_seconds",
-                                           0.001, 10**9, allow_none=True),
-        "source": digest(spec.get("source"), "source"),
-        "inputs": _paths_map(spec.get("inputs", {}), "inputs"),
-        "outputs": _outputs(spec.get("outputs", [])),
-        "nodes": nodes,
-        "service": service,
-        "priority": _priority(spec.get("priority", 0), priority_classes),
-        "preemptible": _flag(spec.get("preemptible", False), "preemptible"),
-        "secrets": _secret_names(spec.get("secrets", [])),
-        "array": array,
-        "max_running": max_running,
-        "after": _after(spec.get("after", [])),
-    }
+    done = {"service": service, "accelerator": accelerator, "gpus": gpus, "nodes": nodes, "array": array,
+            "max_running": max_running}
+    return _fields(spec, JobSpec, "", {
+        "command": _command, "env": _env, "labels": labels, "retry": lambda given: _retry(given, service is not None),
+        "source": lambda given: digest(given, "source"), "inputs": lambda given: _paths_map(given, "inputs"),
+        "outputs": _outputs, "priority": lambda given: _priority(given, priority_classes),
+        "secrets": _secret_names, "after": _after}, done)
 
 
 def referenced_digests(spec: dict) -> set[str]:

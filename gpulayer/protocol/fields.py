@@ -1,0 +1,221 @@
+"""Declared wire fields: one dataclass field per field on the wire, with its default, bounds and help.
+
+A wire object (the JobSpec, the Assignment) is a dataclass whose fields are made
+by `declare()`. What each layer needs is read from that one declaration: the
+server's validation (types, bounds, defaults, the names it knows), the OpenAPI
+schema (`json_schema`), the field tables of docs/protocol.md (`markdown_table`,
+written by scripts/gen_docs.py) and a typed object from a JSON answer
+(`from_wire`). docs/architecture.md, "Adding a field".
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any, Literal, Union
+
+
+@dataclass(frozen=True)
+class Declared:
+    """What a field's type does not say: its help, bounds and how the docs show its default."""
+
+    help: str
+    required: bool = False            # no default: a reader refuses an object without it
+    always: bool = False              # has a default for readers, yet a writer always sends it (OpenAPI `required`)
+    minimum: float | None = None      # numbers (and the integer members of a union)
+    maximum: float | None = None
+    min_items: int | None = None      # lists
+    max_items: int | None = None
+    max_bytes: int | None = None      # strings: UTF-8 bytes
+    pattern: str | None = None        # strings: a regex the whole value matches
+    shows: str | None = None          # the docs' default, where the value alone does not say it
+    schema: dict | None = None        # OpenAPI keys the type cannot say, laid over the generated ones
+
+
+def declare(default: Any = dataclasses.MISSING, *, help: str, **bounds: Any) -> Any:
+    """A dataclass field with its `Declared` metadata; a list or dict default is copied for each object.
+
+    No default: the field is required.
+    """
+    meta = {"declared": Declared(help=help, required=default is dataclasses.MISSING, **bounds)}
+    if isinstance(default, (list, dict)):
+        return dataclasses.field(default_factory=lambda: default.copy(), metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class WireField:
+    """One declared field as read: its name, type (resolved), default (a fresh copy) and declaration."""
+
+    name: str
+    type: Any
+    default: Any
+    declared: Declared
+
+    @property
+    def required(self) -> bool:
+        return self.declared.required
+
+
+_FIELDS: dict[type, tuple[WireField, ...]] = {}
+_BY_NAME: dict[type, dict[str, WireField]] = {}
+
+
+def wire_fields(cls: type) -> tuple[WireField, ...]:
+    """The declared fields of `cls`, in declaration order (the wire's order)."""
+    found = _FIELDS.get(cls)
+    if found is None:
+        hints = typing.get_type_hints(cls)
+        found = _FIELDS[cls] = tuple(
+            WireField(f.name, hints[f.name], _default(f), f.metadata["declared"]) for f in dataclasses.fields(cls))
+    return found
+
+
+def field_of(cls: type, name: str) -> WireField:
+    """The declared field `name` of `cls`; KeyError when there is none."""
+    by_name = _BY_NAME.get(cls)
+    if by_name is None:
+        by_name = _BY_NAME[cls] = {f.name: f for f in wire_fields(cls)}
+    return by_name[name]
+
+
+def names(cls: type) -> tuple[str, ...]:
+    """The field names of `cls` on the wire, in order."""
+    return tuple(f.name for f in wire_fields(cls))
+
+
+def _default(f: dataclasses.Field) -> Any:
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default
+
+
+def members(tp: Any) -> tuple[Any, ...]:
+    """The members of a union (`int | None`), or the type alone."""
+    if typing.get_origin(tp) in (Union, types.UnionType):
+        return typing.get_args(tp)
+    return (tp,)
+
+
+def nested(tp: Any) -> type | None:
+    """The declared dataclass a field holds (`ServiceSpec | None` -> ServiceSpec), else None."""
+    found = [m for m in members(tp) if dataclasses.is_dataclass(m)]
+    return found[0] if len(found) == 1 else None  # type: ignore[return-value]
+
+
+def from_wire(cls: type, obj: Any) -> Any:
+    """A `cls` from a JSON object: unknown keys (a newer peer's) are left out, missing optional ones default.
+
+    Declared dataclasses inside (a service block) are built too. Raises TypeError for an object
+    that is no dict or lacks a required field; the values' types are not checked (the peer's are).
+    """
+    if not isinstance(obj, dict):
+        raise TypeError(f"{cls.__name__} is a JSON object, not {type(obj).__name__}")
+    given: dict[str, Any] = {}
+    for f in wire_fields(cls):
+        if f.name not in obj:
+            continue
+        value, inner = obj[f.name], nested(f.type)
+        given[f.name] = from_wire(inner, value) if inner is not None and value is not None else value
+    missing = [f.name for f in wire_fields(cls) if f.required and f.name not in given]
+    if missing:
+        raise TypeError(f"{cls.__name__} lacks {', '.join(missing)}")
+    return cls(**given)
+
+
+def to_wire(obj: Any) -> dict:
+    """A declared dataclass as its JSON object, field by field (nested ones too)."""
+    out: dict[str, Any] = {}
+    for f in wire_fields(type(obj)):
+        value = getattr(obj, f.name)
+        out[f.name] = to_wire(value) if dataclasses.is_dataclass(value) else value
+    return out
+
+
+# -- OpenAPI -----------------------------------------------------------------
+
+_JSON_TYPES: dict[Any, str] = {str: "string", int: "integer", float: "number", bool: "boolean", type(None): "null"}
+
+
+def json_schema(cls: type, *, closed: bool = True) -> dict:
+    """The OpenAPI (JSON Schema) object for a declared dataclass; `closed`: unknown fields refused (a request's
+    rule; an answer may carry fields a newer server adds)."""
+    props = {f.name: field_schema(f) for f in wire_fields(cls)}
+    required = [f.name for f in wire_fields(cls) if f.required or f.declared.always]
+    return {"type": "object", **({"required": required} if required else {}),
+            **({"additionalProperties": False} if closed else {}), "properties": props}
+
+
+def field_schema(f: WireField) -> dict:
+    """One field's schema: its type's, its bounds, its help as the description."""
+    d = f.declared
+    schema = _type_schema(f.type)
+    bounds = {"minimum": d.minimum, "maximum": d.maximum, "minItems": d.min_items, "maxItems": d.max_items,
+              "pattern": None if d.pattern is None else "^" + d.pattern.removesuffix(r"\Z") + "$"}
+    schema.update({k: v for k, v in bounds.items() if v is not None})
+    schema.update(d.schema or {})
+    if d.help:
+        schema["description"] = d.help
+    return schema
+
+
+def _type_schema(tp: Any) -> dict:
+    found = members(tp)
+    if len(found) > 1:
+        parts = [_type_schema(m) for m in found]
+        if all(set(p) <= {"type", "items"} for p in parts):  # simple types: one `type` list
+            merged: dict = {"type": [p["type"] for p in parts]}
+            for p in parts:
+                merged.update({"items": p["items"]} if "items" in p else {})
+            return merged
+        if all("enum" in p or p == {"type": "null"} for p in parts):
+            return {"enum": [v for p in parts for v in p.get("enum", [None])]}
+        return {"oneOf": parts}
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return {"enum": list(typing.get_args(tp))}
+    if origin is list:
+        return {"type": "array", "items": _type_schema(typing.get_args(tp)[0])}
+    if origin is dict:
+        return {"type": "object", "additionalProperties": _type_schema(typing.get_args(tp)[1])}
+    if dataclasses.is_dataclass(tp):
+        return json_schema(tp)  # type: ignore[arg-type]
+    return {"type": _JSON_TYPES[tp]}
+
+
+# -- docs --------------------------------------------------------------------
+
+def default_text(f: WireField) -> str:
+    """How docs/protocol.md shows a field's default."""
+    if f.declared.shows is not None:
+        return f.declared.shows
+    if f.required:
+        return "required"
+    return json.dumps(f.default)
+
+
+def markdown_table(cls: type) -> str:
+    """The `| field | default | meaning |` table of docs/protocol.md for a declared dataclass."""
+    rows = ["| field | default | meaning |", "|---|---|---|"]
+    for f in wire_fields(cls):
+        meaning, inner = f.declared.help, nested(f.type)
+        if inner is not None and f.declared.shows is None:  # what `shows` says of it is enough
+            meaning = f"{meaning}: {brief(inner)}"
+        rows.append(f"| `{f.name}` | {default_text(f)} | {meaning} |")
+    return "\n".join(rows) + "\n"
+
+
+def brief(cls: type) -> str:
+    """A nested object in one line, each field with its default: {`replicas` 1, `health` null or {...}}."""
+    parts = []
+    for f in wire_fields(cls):
+        inner = nested(f.type)
+        if f.required:
+            parts.append(f"`{f.name}`")
+        elif inner is not None:
+            parts.append(f"`{f.name}` {default_text(f)} or {brief(inner)}")
+        else:
+            parts.append(f"`{f.name}` {default_text(f)}")
+    return "{" + ", ".join(parts) + "}"

@@ -1,0 +1,137 @@
+"""The JobSpec, declared once: every field a job takes, its type, default, bounds and help.
+
+The server validates a submitted job against this declaration
+(gpulayer/server/scheduler/spec.py), the OpenAPI document's JobSpec is
+generated from it (gpulayer/server/http/openapi.py), and so is the JobSpec
+table of docs/protocol.md (scripts/gen_docs.py; a test fails when they drift).
+The client's `gl.job()` settings are its field names. A field's rules that a
+type and bounds cannot say (a relative path, an array's ranges) stay in spec.py.
+"""
+from __future__ import annotations
+
+import typing
+from dataclasses import dataclass
+from typing import Literal
+
+from gpulayer.protocol import MAX_ARRAY, MAX_ARRAY_INDEX
+from gpulayer.protocol.fields import declare, json_schema, names
+
+# Validating patterns are used with .fullmatch() (and end in \Z, so that even a .match() is as strict):
+# `$` also matches before a trailing newline, so "admin\n" would pass (docs/security.md, issue 22 item 8).
+DIGEST_PATTERN = r"sha256:[0-9a-f]{64}\Z"
+LABEL_KEY_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.\-/]{0,62}\Z"
+ENV_NAME_PATTERN = r"[A-Za-z_][A-Za-z0-9_]{0,255}\Z"
+
+MAX_ARGS = 4096
+MAX_ARG_BYTES = 128 * 1024
+MAX_STR = 64 * 1024
+MAX_WIDTH = 1024          # replicas or nodes
+MAX_GPUS = 1024
+MAX_PATHS = 10_000
+MAX_AFTER = 100           # dependencies of one job
+MAX_PRIORITY = 1_000_000  # priorities go from -MAX_PRIORITY to MAX_PRIORITY
+
+RetryReason = Literal["worker_lost", "worker_revoked", "failed", "timed_out", "start_timeout"]
+AfterCondition = Literal["ok", "notok", "any"]
+RestartPolicy = Literal["always", "on_failure"]
+RETRY_REASONS: tuple[str, ...] = typing.get_args(RetryReason)
+AFTER_CONDITIONS: tuple[str, ...] = typing.get_args(AfterCondition)
+RESTART_POLICIES: tuple[str, ...] = typing.get_args(RestartPolicy)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RetrySpec:
+    """`retry`: how often a task is tried, and after which endings."""
+
+    max_attempts: int = declare(1, minimum=1, maximum=1000, shows="1 (10 for services)",
+                                help="runs of a task at most, the first included")
+    retry_on: list[RetryReason] = declare(["worker_lost"], help="the endings that run it again")
+
+
+@dataclass(frozen=True, kw_only=True)
+class HealthSpec:
+    """`service.health`: an HTTP check of a service's replicas."""
+
+    http_path: str = declare(max_bytes=2048, help="the path asked for (GET), starting with /")
+    interval_s: float = declare(10, minimum=0.1, maximum=3600, help="seconds between checks")
+    failures: int = declare(3, minimum=1, maximum=100, help="failed checks in a row that restart the replica")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServiceSpec:
+    """`service`: a long-running job, its replicas restarted by policy."""
+
+    replicas: int = declare(1, minimum=1, maximum=MAX_WIDTH, help="copies run at once, each its own task")
+    port: bool = declare(True, help="the worker picks a free port and sets $PORT")
+    restart: RestartPolicy = declare("always", help="when a replica that ended is started again")
+    max_restarts: int | None = declare(None, minimum=0, maximum=1_000_000,
+                                       help="restarts of a replica at most (null: no limit)")
+    health: HealthSpec | None = declare(None, help="an HTTP health check (null: none)")
+    weights: str | None = declare(None, pattern=DIGEST_PATTERN,
+                                  help="an artifact digest linked into the working dir ($GPULAYER_WEIGHTS)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class After:
+    """One dependency of `after`, written as an object."""
+
+    job: int = declare(minimum=1, maximum=1 << 62, help="a job id")
+    condition: AfterCondition = declare("ok", help="how that job must end: ok (succeeded), notok, any")
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobSpec:
+    """A job as POST /v1/jobs takes it (docs/protocol.md, `JobSpec`); unknown fields are refused."""
+
+    command: list[str] = declare(min_items=1, max_items=MAX_ARGS, help="argv list of strings, non-empty")
+    name: str | None = declare(None, max_bytes=256, help="a label for people")
+    env: dict[str, str] = declare({}, help="{str: str}: the task's environment variables")
+    accelerator: Literal["cuda"] | None = declare(
+        None, help='"cuda" or null; "cuda" with no `gpus` means `gpus: 1`')
+    gpus: int | None = declare(None, minimum=0, maximum=MAX_GPUS, shows="0", help="GPUs per task")
+    cpus: float = declare(0, minimum=0, maximum=1_000_000, help="CPUs per task")
+    memory_mb: int = declare(0, minimum=0, maximum=1 << 40, help="memory per task, in MB")
+    labels: dict[str, str] = declare({}, help="must all be on the worker")
+    retry: RetrySpec | None = declare(
+        None, shows='{`max_attempts`: 1 (10 for services), `retry_on`: ["worker_lost"]}',
+        help="reasons: `worker_lost`, `worker_revoked`, `failed`, `timed_out`, `start_timeout`; a task whose "
+             "worker stopped it (a `cancelled` finish nobody asked for) ends `lost` with reason "
+             "`worker_stopped`, judged as `worker_lost`")
+    timeout_seconds: float | None = declare(None, minimum=0.001, maximum=10**9,
+                                            help="seconds a run may take before it is stopped (`timed_out`)")
+    silence_timeout_seconds: float | None = declare(
+        None, minimum=0.001, maximum=10**9, help="seconds a run may go without output before it is stopped "
+                                                 "(`timed_out`)")
+    source: str | None = declare(None, pattern=DIGEST_PATTERN, help="`sha256:<hex>` of a tar.gz")
+    inputs: dict[str, str] = declare({}, help="{relative path: digest}")
+    outputs: list[str] = declare([], max_items=MAX_PATHS, help="relative paths")
+    nodes: int = declare(1, minimum=1, maximum=MAX_WIDTH, help="multi-node ranks, each on its own worker")
+    service: ServiceSpec | None = declare(None, help="a long-running service")
+    priority: int | str = declare(
+        0, minimum=-MAX_PRIORITY, maximum=MAX_PRIORITY,
+        help="higher first, then fair share (docs/teams.md), then first come first served; a number, or the name "
+             "of one of the server's priority classes (`low` -10, `normal` 0, `high` 10 by default), stored as its "
+             "number; at most the project's `max_priority` unless an admin submits (403 priority_above_ceiling)")
+    preemptible: bool = declare(
+        False, help="may be stopped (SIGTERM, the server's preempt grace, SIGKILL) for waiting work of a higher "
+                    "priority, and requeued with the same attempt; its next run sees `GPULAYER_PREEMPTED=1`")
+    secrets: list[str] = declare([], help="names of secrets to pass as environment variables")
+    array: str | list[int] | None = declare(
+        None, schema={"items": {"type": "integer", "minimum": 0, "maximum": MAX_ARRAY_INDEX}},
+        help='a job array: one task per index, as `sbatch --array` writes them: `"0-999"`, `"1,5,9-12"`, '
+             '`"0-15:4"` (a step), or a list of indices; `"0-999%16"` also sets `max_running`. Indices 0 to '
+             f'{MAX_ARRAY_INDEX:,}, at most {MAX_ARRAY:,} elements, each once; not with `service` or `nodes` > 1. '
+             'Stored as ranges (`"0-999"`)')
+    max_running: int | None = declare(None, minimum=1, maximum=MAX_ARRAY,
+                                      help="an array's cap on elements running at once (its `%N`)")
+    after: list[int | str | After] = declare(
+        [], max_items=MAX_AFTER,
+        schema={"items": {"oneOf": [{"type": "integer", "minimum": 1},
+                                    {"type": "string", "pattern": "^[0-9]+(:(ok|notok|any))?$"},
+                                    json_schema(After)]}},
+        help='dependencies: each a job id (it must succeed), `"ID:ok"`, `"ID:notok"`, `"ID:any"`, or '
+             f'`{{"job": ID, "condition": "ok"}}`; at most {MAX_AFTER}, each job once, every one an existing job '
+             '(`400 unknown_job` otherwise). Stored as `[{"job", "condition"}]`')
+
+
+JOB_FIELDS = frozenset(names(JobSpec))

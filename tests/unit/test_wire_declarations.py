@@ -1,0 +1,95 @@
+"""The JobSpec and the Assignment are declared once (gpulayer/protocol/): validation, OpenAPI, docs and the
+agent's typed Assignment all read that declaration, and a test fails when one drifts from it."""
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpulayer.protocol.assignment import Assignment, assignments
+from gpulayer.protocol.fields import json_schema, members, names, to_wire, wire_fields
+from gpulayer.protocol.jobspec import JobSpec, ServiceSpec
+from gpulayer.server.errors import InvalidRequest
+from gpulayer.server.http.app import ROUTES
+from gpulayer.server.http.openapi import document
+from gpulayer.server.scheduler.spec import JOB_FIELDS, validate_job
+
+ROOT = Path(__file__).resolve().parents[2]
+GEN_DOCS = ROOT / "scripts" / "gen_docs.py"
+
+
+def _gen_docs():
+    spec = importlib.util.spec_from_file_location("gen_docs", GEN_DOCS)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_docs_tables_are_the_declarations():
+    done = subprocess.run([sys.executable, str(GEN_DOCS), "--check"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, f"{done.stderr.strip()} (python scripts/gen_docs.py rewrites them)"
+
+
+def test_the_check_names_a_table_that_drifted_and_the_script():
+    gen = _gen_docs()
+    text = (ROOT / "docs" / "protocol.md").read_text()
+    drifted = text.replace("| `nodes` | 1 |", "| `nodes` | 2 |")
+    assert drifted != text
+    fixed, changed = gen.generated(drifted)
+    assert changed == ["JobSpec"] and fixed == text
+
+
+def test_openapi_jobspec_and_assignment_come_from_the_declarations():
+    doc = document(ROUTES)
+    body = doc["paths"]["/v1/jobs"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert {k: v for k, v in body["properties"].items() if k != "project"} == json_schema(JobSpec)["properties"]
+    assert body["required"] == ["command"] and body["additionalProperties"] is False
+    answer = doc["paths"]["/v1/worker/acquire"]["post"]["responses"]["200"]["content"]["application/json"]["schema"]
+    assert answer["properties"]["more"]["items"] == json_schema(Assignment, closed=False)
+    assert answer["properties"]["more"]["items"]["required"] == ["task_id", "job_id", "attempt", "command", "env", "gpus"]
+    assert body["properties"]["gpus"]["maximum"] == 1024 and body["properties"]["cpus"]["description"]
+
+
+def test_the_server_knows_the_declared_fields_and_fills_the_declared_defaults():
+    assert JOB_FIELDS == set(names(JobSpec))
+    spec = validate_job({"command": ["true"]})
+    assert list(spec) == list(names(JobSpec))  # the stored spec's order is the declaration's
+    plain = [f for f in wire_fields(JobSpec) if not f.required and f.declared.shows is None]
+    assert {f.name: spec[f.name] for f in plain} == {f.name: f.default for f in plain}
+
+
+@pytest.mark.parametrize("name", [f.name for f in wire_fields(JobSpec)
+                                  if set(members(f.type)) & {int, float} and f.declared.maximum is not None])
+def test_the_server_enforces_each_declared_bound(name):
+    declared = next(f for f in wire_fields(JobSpec) if f.name == name)
+    context = {"array": "0-9"} if name == "max_running" else {}
+    for edge in (declared.declared.minimum, declared.declared.maximum):
+        assert validate_job({"command": ["true"], **context, name: edge})[name] == edge
+    for beyond in (declared.declared.minimum - 1, declared.declared.maximum + 1):
+        with pytest.raises(InvalidRequest, match=f"^{name}: must be between"):
+            validate_job({"command": ["true"], **context, name: beyond})
+
+
+def test_an_assignment_from_a_newer_or_older_server():
+    newer = {"task_id": 1, "job_id": 2, "attempt": 3, "command": ["x"], "env": {}, "gpus": [0], "shiny": True,
+             "service": {"replicas": 2, "health": {"http_path": "/h", "later": 1}, "weights": None}}
+    got = Assignment.from_wire(newer)
+    assert (got.task_id, got.attempt, got.gpus, got.log_base, got.array_size) == (1, 3, [0], 0, None)
+    assert isinstance(got.service, ServiceSpec) and got.service.replicas == 2 and got.service.restart == "always"
+    assert got.service.health.http_path == "/h" and got.service.health.interval_s == 10
+    older = Assignment.from_wire({"task_id": 1, "job_id": 2, "command": ["x"]})  # what the agent always had to have
+    assert (older.attempt, older.index, older.env, older.gpus, older.world_size) == (1, 0, {}, [], 1)
+    assert list(to_wire(older)) == list(names(Assignment))
+    with pytest.raises(TypeError, match="lacks command"):
+        Assignment.from_wire({"task_id": 1, "job_id": 2})
+
+
+def test_an_answer_carries_task_then_more():
+    task = {"task_id": 1, "job_id": 2, "command": ["x"]}
+    assert [a.task_id for a in assignments({"task": task, "more": [dict(task, task_id=5)]})] == [1, 5]
+    assert assignments({"task": task})[0].task_id == 1  # an older server sends no `more`
+    assert assignments({"task": None}) == []
+
