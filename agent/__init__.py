@@ -2,7 +2,8 @@
 
 Runs on a GPU host, dials out to the control plane over HTTPS and runs the
 tasks it is given (docs/protocol.md, docs/workers.md). It imports nothing of
-the control plane: only the standard library, ``requests`` and ``pynvml``.
+the control plane: only the standard library, ``requests``, ``pynvml`` and
+``gpulayer.protocol`` (the typed Assignment it is handed).
 """
 
 __version__ = "0.1.0"

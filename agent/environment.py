@@ -3,6 +3,8 @@
 import os
 from typing import Mapping
 
+from gpulayer.protocol.assignment import Assignment
+
 #: A variable whose upper-cased name contains one of these never reaches a task
 #: from the worker's environment (the job's own env and secrets still do).
 CREDENTIAL_MARKERS = (
@@ -55,7 +57,7 @@ def cuda_visible_devices(gpus: list[int], device_ids: list[str]) -> str:
 
 def task_environment(
     base: Mapping[str, str],
-    assignment: Mapping,
+    assignment: Assignment,
     workdir: str,
     device_ids: list[str],
     python: str | None = None,
@@ -73,20 +75,21 @@ def task_environment(
         bin_dir = os.path.dirname(os.path.abspath(python))
         env["PATH"] = bin_dir + os.pathsep + env.get("PATH", os.defpath)
     env.setdefault("PYTHONUNBUFFERED", "1")
-    env.update({str(k): str(v) for k, v in (assignment.get("env") or {}).items()})
+    env.update({str(k): str(v) for k, v in assignment.env.items()})
     env.update(
         {
-            "GPULAYER_JOB_ID": str(assignment["job_id"]),
-            "GPULAYER_TASK_ID": str(assignment["task_id"]),
-            "GPULAYER_ATTEMPT": str(assignment.get("attempt", 1)),
-            "GPULAYER_TASK_INDEX": str(assignment.get("index", 0)),
+            "GPULAYER_JOB_ID": str(assignment.job_id),
+            "GPULAYER_TASK_ID": str(assignment.task_id),
+            "GPULAYER_ATTEMPT": str(assignment.attempt),
+            "GPULAYER_TASK_INDEX": str(assignment.index),
             "GPULAYER_OUTPUT_DIR": workdir,
-            "CUDA_VISIBLE_DEVICES": cuda_visible_devices(list(assignment.get("gpus") or []), device_ids),
+            "CUDA_VISIBLE_DEVICES": cuda_visible_devices(list(assignment.gpus), device_ids),
         }
     )
-    if assignment.get("array_size") is not None:  # an element of a job array (older servers send neither)
-        env["GPULAYER_ARRAY_INDEX"] = str(assignment.get("array_index", assignment.get("index", 0)))
-        env["GPULAYER_ARRAY_SIZE"] = str(assignment["array_size"])
+    if assignment.array_size is not None:  # an element of a job array (older servers send neither)
+        index = assignment.index if assignment.array_index is None else assignment.array_index
+        env["GPULAYER_ARRAY_INDEX"] = str(index)
+        env["GPULAYER_ARRAY_SIZE"] = str(assignment.array_size)
     env.update(extra or {})
     return env
 

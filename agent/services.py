@@ -5,6 +5,10 @@ import socket
 import time
 from typing import Callable, Protocol
 
+from gpulayer.protocol.assignment import Assignment
+from gpulayer.protocol.fields import field_of
+from gpulayer.protocol.jobspec import HealthSpec, ServiceSpec
+
 from .backoff import next_restart_delay
 from .events import log_event
 from .logship import LogShipper
@@ -17,6 +21,8 @@ from .supervision import Limits, Stop, TaskHandle, TaskResult, result_of, superv
 PROBE_FIRST_S = 0.02
 PROBE_EVERY_S = 0.25
 HEALTH_TIMEOUT_S = 5.0
+#: Once a replica without a health check answers, its port is probed this often (a check's default interval).
+UNCHECKED_INTERVAL_S = float(field_of(HealthSpec, "interval_s").default)
 
 
 def tcp_accepts(host: str, port: int, timeout_s: float = 0.5) -> bool:
@@ -47,28 +53,33 @@ class EndpointProbe:
     ``failures`` consecutive health checks failed.
     """
 
-    def __init__(self, handle, port: int, advertise: str, health: dict | None, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, handle, port: int, advertise: str, health: HealthSpec | None,
+                 clock: Callable[[], float] = time.monotonic):
         self.handle = handle
         self.port = port
         self.advertise = advertise
-        self.health = health or None
+        self.health = health
         self.clock = clock
         self.ready = False
         self.failures = 0
         self.next_at = clock()
         self.probe_wait_s = PROBE_FIRST_S
 
+    def _interval_s(self) -> float:
+        """Seconds between health checks (a replica without a check: between TCP probes once ready)."""
+        return float(self.health.interval_s if self.health else UNCHECKED_INTERVAL_S)
+
     def _hosts(self) -> list[str]:
         return ["127.0.0.1"] if self.advertise in ("127.0.0.1", "localhost") else ["127.0.0.1", self.advertise]
 
     def _check(self) -> tuple[bool, str]:
-        path = (self.health or {}).get("http_path")
+        path = self.health.http_path if self.health else None
         for host in self._hosts():
             if not path:
                 if tcp_accepts(host, self.port):
                     return True, "accepts TCP"
                 continue
-            timeout = min(HEALTH_TIMEOUT_S, max(1.0, float(self.health.get("interval_s") or 10)))
+            timeout = min(HEALTH_TIMEOUT_S, max(1.0, self._interval_s()))
             status = http_status(host, self.port, path, timeout)
             last = f"GET {path}: {status}"
             if isinstance(status, int):  # the service answered: that is its health, whatever the host
@@ -87,17 +98,17 @@ class EndpointProbe:
             if ok:
                 self.ready = True
                 self.handle.endpoint = f"{self.advertise}:{self.port}"
-                self.next_at = now + float((self.health or {}).get("interval_s") or 10)
+                self.next_at = now + self._interval_s()
                 log_event("service_endpoint", task_id=self.handle.task_id, endpoint=self.handle.endpoint)
             return None
         return self._health_result(ok, detail, now)
 
     def _health_result(self, ok: bool, detail: str, now: float) -> str | None:
-        if not self.health or not self.health.get("http_path"):
+        if not self.health or not self.health.http_path:
             return None
-        self.next_at = now + float(self.health.get("interval_s") or 10)
+        self.next_at = now + self._interval_s()
         self.failures = 0 if ok else self.failures + 1
-        limit = int(self.health.get("failures") or 3)
+        limit = self.health.failures
         if self.failures >= limit:
             return f"health check failed {self.failures} times in a row ({detail})"
         return None
@@ -123,7 +134,7 @@ class ReplicaRunner(Protocol):
     run_service with itself): this module imports nothing of tasks.py."""
 
     @property
-    def assignment(self) -> dict: ...
+    def assignment(self) -> Assignment: ...
 
     @property
     def handle(self) -> TaskHandle: ...
@@ -141,20 +152,19 @@ class ReplicaRunner(Protocol):
         """The ended process's exit code."""
 
 
-def run_service(runner: ReplicaRunner, extra_env: dict[str, str]) -> TaskResult:
+def run_service(runner: ReplicaRunner, service: ServiceSpec, extra_env: dict[str, str]) -> TaskResult:
     """Run a service replica until it ends for good, is cancelled or times out."""
-    service = runner.assignment["service"] or {}
     handle = runner.handle
-    limits = Limits(runner.assignment.get("timeout_seconds"), runner.assignment.get("silence_timeout_seconds"), time.monotonic())
+    limits = Limits(runner.assignment.timeout_seconds, runner.assignment.silence_timeout_seconds, time.monotonic())
     delay: float | None = None
     while True:
-        port = free_port() if service.get("port", True) else None
+        port = free_port() if service.port else None
         env = dict(extra_env, **({"PORT": str(port)} if port else {}))
         handle.state, handle.endpoint = "running", None
         proc = runner.spawn(env)
         if isinstance(proc, TaskResult):
             return proc
-        probe = EndpointProbe(handle, port, runner.ctx.advertise_address, service.get("health")) if port else None
+        probe = EndpointProbe(handle, port, runner.ctx.advertise_address, service.health) if port else None
         run_limits = Limits(limits.timeout_s, limits.silence_s, limits.since)
         stop = supervise(proc, handle, run_limits, runner.shipper.system, runner.ctx.kill_grace_s, probe.tick if probe else None)
         proc.finish_readers()
@@ -178,15 +188,15 @@ def run_service(runner: ReplicaRunner, extra_env: dict[str, str]) -> TaskResult:
             return result_of(waited, exit_code)
 
 
-def _ended_for_good(service: dict, restarts: int, exit_code: int, stop: Stop | None, why: str, system_line) -> "TaskResult | None":
+def _ended_for_good(service: ServiceSpec, restarts: int, exit_code: int, stop: Stop | None, why: str, system_line) -> "TaskResult | None":
     """The replica's final result when it must not restart, else None."""
 
     health_failed = stop is not None
     outcome = "succeeded" if exit_code == 0 and not health_failed else "failed"
-    if not should_restart(service.get("restart", "always"), exit_code, health_failed):
-        system_line(f"service ended: {why} (restart policy {service.get('restart')})")
+    if not should_restart(service.restart, exit_code, health_failed):
+        system_line(f"service ended: {why} (restart policy {service.restart})")
         return TaskResult(exit_code, outcome, why)
-    max_restarts = service.get("max_restarts")
+    max_restarts = service.max_restarts
     if max_restarts is not None and restarts >= int(max_restarts):
         system_line(f"service ended: {why}; its {max_restarts} restarts are used up")
         return TaskResult(exit_code, outcome, f"{why}; restarts used up ({max_restarts})")

@@ -5,6 +5,7 @@ wrong ends as a finish with a reason (or, when the control plane says the
 task is no longer ours, as no finish at all).
 """
 
+import logging
 import os
 import select
 import shutil
@@ -15,6 +16,8 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
+
+from gpulayer.protocol.assignment import Assignment, assignments
 
 from .bundle import empty_dir, place_file, unpack_bundle
 from .cache import ArtifactCache
@@ -60,7 +63,7 @@ class TaskContext:
     #: Whether a finish should ask for the freed slot's next task (``next``), and who launches it.
     want_next: Callable[[], bool] = lambda: False
     #: Called with each assignment and when the request that brought it was sent (monotonic).
-    hand_over: Callable[[dict, float], None] | None = None
+    hand_over: Callable[[Assignment, float], None] | None = None
     #: How many assignments a finish with ``next`` may bring back (``max_tasks``): the worker's free slots.
     next_max: Callable[[], int] = lambda: 1
     #: The caps on what one task's bundle and inputs write (each task gets a fresh copy).
@@ -70,30 +73,30 @@ class TaskContext:
 class TaskRunner:
     """Runs one assignment to its finish."""
 
-    def __init__(self, assignment: dict, ctx: TaskContext, handle: TaskHandle):
+    def __init__(self, assignment: Assignment, ctx: TaskContext, handle: TaskHandle):
         self.assignment = assignment
         self.ctx = ctx
         self.handle = handle
-        self.task_id = int(assignment["task_id"])
-        self.workdir = ctx.tasks_dir / f"{self.task_id}-{assignment.get('attempt', 1)}"
+        self.task_id = assignment.task_id
+        self.workdir = ctx.tasks_dir / f"{self.task_id}-{assignment.attempt}"
         self.weights: str | None = None
         self.started = False
         self.pid_reported = False
         #: The pid of a process that ended before its start was sent: the finish carries the start.
         self.start_pid: int | None = None
         self.assigned = True
-        self.shipper = LogShipper(self._send_logs, first_n=int(assignment.get("log_base") or 0))
+        self.shipper = LogShipper(self._send_logs, first_n=assignment.log_base)
 
     def _send_logs(self, lines: list[dict]) -> None:
         self.ctx.transport.request("POST", f"/worker/tasks/{self.task_id}/logs", {"lines": lines})
 
     def run(self) -> None:
         """The whole lifecycle; never raises."""
-        log_event("task_assigned", task_id=self.task_id, job_id=self.assignment.get("job_id"), attempt=self.assignment.get("attempt"))
+        log_event("task_assigned", task_id=self.task_id, job_id=self.assignment.job_id, attempt=self.assignment.attempt)
         self.shipper.start()
         try:
             result = self._execute()
-            if self.start_pid is not None and self.assignment.get("outputs"):  # uploads take a while: start first
+            if self.start_pid is not None and self.assignment.outputs:  # uploads take a while: start first
                 pid, self.start_pid = self.start_pid, None
                 self._report_start(pid)
             outputs = self._outputs() if result is not None and result.exit_code is not None else {}
@@ -123,7 +126,7 @@ class TaskRunner:
                 return None
             return TaskResult(None, "cancelled", f"cancelled before start: {self.handle.cancel_reason}")
         extra: dict[str, str] = {}
-        if int(self.assignment.get("world_size") or 1) > 1:
+        if self.assignment.world_size > 1:
             if not self._send_start(None):
                 return None
             try:
@@ -138,8 +141,8 @@ class TaskRunner:
             if answer is None:
                 return TaskResult(None, "cancelled", f"cancelled during rendezvous: {self.handle.cancel_reason}")
             extra = distributed_env(answer)
-        if self.assignment.get("service"):
-            return run_service(self, extra)
+        if self.assignment.service is not None:
+            return run_service(self, self.assignment.service, extra)
         return self._run_once(extra)
 
     def _prepare_dir(self) -> None:
@@ -155,16 +158,16 @@ class TaskRunner:
         except UnpackLimit:
             empty_dir(self.workdir)
             raise
-        weights = ((self.assignment.get("service") or {}).get("weights")) or None
+        weights = self.assignment.service.weights if self.assignment.service else None
         if weights:
             self.weights = self._link_weights(self.ctx.cache.get(weights))
 
     def _place_artifacts(self, budget: UnpackBudget) -> None:
-        source = self.assignment.get("source")
+        source = self.assignment.source
         if source:
             count = unpack_bundle(self.ctx.cache.get(source, budget.max_bytes), self.workdir, budget)
             self.shipper.system(f"source bundle {source} unpacked: {count} entries")
-        for relative, digest in sorted((self.assignment.get("inputs") or {}).items()):
+        for relative, digest in sorted(self.assignment.inputs.items()):
             place_file(self.ctx.cache.get(digest, budget.max_bytes), self.workdir, relative, "input", budget)
 
     def _link_weights(self, cached: Path) -> str:
@@ -202,7 +205,7 @@ class TaskRunner:
         ``quick_exit_s``: wait that long for the process to end before sending the start; one that ended
         by then sends none (its finish carries it, ``start_pid``).
         """
-        argv = task_argv(list(self.assignment["command"]), self.ctx.python, self.weights)
+        argv = task_argv(list(self.assignment.command), self.ctx.python, self.weights)
         try:
             proc = TaskProcess(argv, self.environment(extra), str(self.workdir), self.shipper.add)
         except OSError as exc:
@@ -267,13 +270,13 @@ class TaskRunner:
         proc = self.spawn(extra, quick_exit_s=0.0 if self.started else QUICK_EXIT_S)
         if isinstance(proc, TaskResult):
             return proc
-        limits = Limits(self.assignment.get("timeout_seconds"), self.assignment.get("silence_timeout_seconds"), proc.started)
+        limits = Limits(self.assignment.timeout_seconds, self.assignment.silence_timeout_seconds, proc.started)
         stop = supervise(proc, self.handle, limits, self.shipper.system, self.ctx.kill_grace_s)
         proc.finish_readers()
         return result_of(stop, self.exit_code(proc))
 
     def _outputs(self) -> dict[str, str]:
-        files, problems = collect_outputs(self.workdir, list(self.assignment.get("outputs") or []))
+        files, problems = collect_outputs(self.workdir, list(self.assignment.outputs))
         for problem in problems:
             self.shipper.system(problem)
         if not files or not self.assigned:
@@ -323,12 +326,21 @@ class TaskRunner:
             self.ctx.fatal.append(exc)
             return
         accepted = bool(answer.get("accepted"))
-        if answer.get("task") and self.ctx.hand_over is not None:
-            for task in [answer["task"], *(answer.get("more") or [])]:  # an older server sends no `more`
+        if self.ctx.hand_over is not None:
+            for task in acquired(answer):
                 self.ctx.hand_over(task, asked)
         log_event("task_finished", task_id=self.task_id, outcome=body["outcome"], exit_code=body["exit_code"], accepted=accepted)
         if not accepted:
             log_event("task_result_late", task_id=self.task_id, outcome=body["outcome"])
+
+
+def acquired(answer: dict) -> list[Assignment]:
+    """The assignments an acquire or a finish answer carries; none (and a log line) when one is unreadable."""
+    try:
+        return assignments(answer)
+    except TypeError as exc:
+        log_event("assignment_unreadable", level=logging.WARNING, error=str(exc))
+        return []
 
 
 def _ended_within(proc: TaskProcess, seconds: float) -> bool:

@@ -19,6 +19,8 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpulayer.protocol.assignment import Assignment
+
 from . import __version__
 from .addresses import local_address_towards
 from .backoff import retry_delay
@@ -35,7 +37,7 @@ from .leftovers import RunningTasks
 from .process import KILL_GRACE_S
 from .rendezvous import RENDEZVOUS_TIMEOUT_S
 from .supervision import TaskHandle
-from .tasks import SHUTDOWN_REPORT_S, TaskContext, TaskRunner
+from .tasks import SHUTDOWN_REPORT_S, TaskContext, TaskRunner, acquired
 from .tls import resolve_verify
 from .transport import Transport, check_url
 
@@ -420,7 +422,7 @@ class Worker:
                 log_event("acquire_rejected", error=str(exc))
                 self.stopping.wait(self.interval_s)
                 continue
-            tasks = [answer["task"], *(answer.get("more") or [])] if answer.get("task") else []
+            tasks = acquired(answer)
             self._take(tasks, time.monotonic() - asked, asked)
 
     def _free_slots(self) -> int:
@@ -428,7 +430,7 @@ class Worker:
         with self.lock:
             return max(0, max(1, int(self.config.parallel)) - len(self.handles))
 
-    def _take(self, tasks: list[dict], elapsed_s: float, asked: float | None = None) -> None:
+    def _take(self, tasks: list[Assignment], elapsed_s: float, asked: float | None = None) -> None:
         """Launch the acquired assignments (a repeat of one already running is not launched again)."""
         if self.stopping.is_set():
             return
@@ -441,18 +443,18 @@ class Worker:
         for handle in [self._launch(task, asked) for task in tasks]:
             handle.start_sent.wait(max(0.0, deadline - time.monotonic()))
 
-    def _handed_over(self, task: dict, asked: float | None = None) -> None:
+    def _handed_over(self, task: Assignment, asked: float | None = None) -> None:
         """The next task a finish brought back: launch it (a stopping worker leaves it; deregister requeues it)."""
         if not self.stopping.is_set():
             self._launch(task, asked)
 
-    def _launch(self, task: dict, asked: float | None = None) -> TaskHandle:
+    def _launch(self, task: Assignment, asked: float | None = None) -> TaskHandle:
         """Start the task's runner once, whoever asks first (acquire loop or a finish).
 
         ``asked``: when the request that brought the assignment was sent; one sent before the task's runner
         ended was answered before its finish (a short task's start rides on it), so it is not run again.
         """
-        task_id = int(task["task_id"])
+        task_id = task.task_id
         with self.lock:
             known = self.handles.get(task_id)
             if known is not None:
@@ -464,8 +466,7 @@ class Worker:
                 return stale
             handle = TaskHandle(task_id)
             handle.on_change = self.beat_now.set
-            echo = {"job_id": task.get("job_id"), "attempt": task.get("attempt"), "gpus": task.get("gpus")}
-            handle.assignment = {key: value for key, value in echo.items() if value is not None}
+            handle.assignment = {"job_id": task.job_id, "attempt": task.attempt, "gpus": task.gpus}
             runner = TaskRunner(task, self.ctx, handle)
             thread = threading.Thread(target=self._run_task, args=(runner,), name=f"task-{task_id}", daemon=True)
             self.handles[task_id] = handle

@@ -11,15 +11,19 @@ See docs/python.md.
 """
 from __future__ import annotations
 
-from gpulayer.client.api import (
-    FINISHED_STATES, Client, Job, connect, resolve_settings, server_configured,
-)
-from gpulayer.client.errors import (
-    ApiError, BadInput, ClientError, Conflict, ConnectionFailed, Forbidden, InvalidRequest, NotFound,
-    ProtocolMismatch, Unauthorized, WaitTimeout,
-)
-from gpulayer.client.jobfile import job_from_file
-from gpulayer.client.specs import job, service
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gpulayer.client.api import (
+        FINISHED_STATES, Client, Job, connect, resolve_settings, server_configured,
+    )
+    from gpulayer.client.errors import (
+        ApiError, BadInput, ClientError, Conflict, ConnectionFailed, Forbidden, InvalidRequest, NotFound,
+        ProtocolMismatch, Unauthorized, WaitTimeout,
+    )
+    from gpulayer.client.jobfile import job_from_file
+    from gpulayer.client.specs import job, service
 
 __version__ = "0.1.0"
 
@@ -29,3 +33,24 @@ __all__ = [
     "WaitTimeout", "connect", "job", "job_from_file", "resolve_settings", "server_configured", "service",
     "__version__",
 ]
+
+# The client's names load on first use, so that `import gpulayer.protocol` (the agent's one import of
+# gpulayer) loads the protocol alone, not the client and requests.
+_CLIENT_NAMES = {
+    "gpulayer.client.api": ("FINISHED_STATES", "Client", "Job", "connect", "resolve_settings", "server_configured"),
+    "gpulayer.client.errors": ("ApiError", "BadInput", "ClientError", "Conflict", "ConnectionFailed", "Forbidden",
+                               "InvalidRequest", "NotFound", "ProtocolMismatch", "Unauthorized", "WaitTimeout"),
+    "gpulayer.client.jobfile": ("job_from_file",),
+    "gpulayer.client.specs": ("job", "service"),
+}
+_HOME = {name: module for module, names in _CLIENT_NAMES.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "client":  # `gl.client.Settings`: the subpackage, as an eager import made it an attribute
+        return importlib.import_module("gpulayer.client")
+    if name not in _HOME:
+        raise AttributeError(f"module 'gpulayer' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_HOME[name]), name)
+    globals()[name] = value
+    return value

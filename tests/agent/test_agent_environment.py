@@ -3,8 +3,15 @@
 import os
 
 from agent.environment import cuda_visible_devices, filtered_environ, is_credential, task_argv, task_environment
+from gpulayer.protocol.assignment import Assignment
 
-ASSIGNMENT = {"task_id": 7, "job_id": 3, "attempt": 2, "index": 0, "gpus": [1, 0], "env": {"MY_API_TOKEN": "from-job"}}
+BASE = {"task_id": 7, "job_id": 3, "attempt": 2, "index": 0, "command": ["true"], "gpus": [1, 0],
+        "env": {"MY_API_TOKEN": "from-job"}}
+ASSIGNMENT = Assignment.from_wire(BASE)
+
+
+def assignment(**fields) -> Assignment:
+    return Assignment.from_wire({**BASE, **fields})
 
 
 def test_credential_like_names_are_removed():
@@ -22,7 +29,7 @@ def test_credential_like_names_are_removed():
 def test_job_env_and_secrets_pass_and_agent_values_win():
     env = task_environment(
         {"PATH": "/usr/bin", "CUDA_VISIBLE_DEVICES": "0,1,2,3"},
-        dict(ASSIGNMENT, env={"MY_API_TOKEN": "from-job", "CUDA_VISIBLE_DEVICES": "9", "GPULAYER_TASK_ID": "x"}),
+        assignment(env={"MY_API_TOKEN": "from-job", "CUDA_VISIBLE_DEVICES": "9", "GPULAYER_TASK_ID": "x"}),
         "/w/7-2",
         ["0", "1"],
         extra={"PORT": "4242"},
@@ -35,7 +42,7 @@ def test_job_env_and_secrets_pass_and_agent_values_win():
 
 
 def test_no_gpus_hides_every_device():
-    env = task_environment({"CUDA_VISIBLE_DEVICES": "0"}, dict(ASSIGNMENT, gpus=[]), "/w", ["0"])
+    env = task_environment({"CUDA_VISIBLE_DEVICES": "0"}, assignment(gpus=[]), "/w", ["0"])
     assert env["CUDA_VISIBLE_DEVICES"] == ""
 
 
@@ -57,8 +64,8 @@ def test_weights_placeholder():
 
 
 def test_array_element_sees_its_index_and_the_array_size():
-    env = task_environment({}, dict(ASSIGNMENT, index=41, array_index=41, array_size=1000), "/w", [])
+    env = task_environment({}, assignment(index=41, array_index=41, array_size=1000), "/w", [])
     assert (env["GPULAYER_ARRAY_INDEX"], env["GPULAYER_ARRAY_SIZE"], env["GPULAYER_TASK_INDEX"]) == ("41", "1000", "41")
-    plain = task_environment({}, dict(ASSIGNMENT, array_index=None, array_size=None), "/w", [])
+    plain = task_environment({}, assignment(array_index=None, array_size=None), "/w", [])
     older = task_environment({}, ASSIGNMENT, "/w", [])  # an older server sends neither field
     assert not {"GPULAYER_ARRAY_INDEX", "GPULAYER_ARRAY_SIZE"} & (set(plain) | set(older))

@@ -7,6 +7,9 @@ import pytest
 
 from agent.services import EndpointProbe
 from agent.supervision import TaskHandle
+from gpulayer.protocol.jobspec import HealthSpec
+
+HEALTH = HealthSpec(http_path="/healthz", interval_s=10, failures=3)
 
 
 class Clock:
@@ -41,7 +44,7 @@ def server():
 def test_health_checks_every_interval_and_restart_after_failures_in_a_row(server):
     clock, handle, changes = Clock(), TaskHandle(1), []
     handle.on_change = lambda: changes.append(handle.endpoint)
-    probe = EndpointProbe(handle, server["port"], "10.1.2.3", {"http_path": "/healthz", "interval_s": 10, "failures": 3},
+    probe = EndpointProbe(handle, server["port"], "10.1.2.3", HEALTH,
                           clock=clock)
     assert probe.tick() is None and handle.endpoint == f"10.1.2.3:{server['port']}" and changes == [handle.endpoint]
     clock.now += 9.9
@@ -66,7 +69,7 @@ def test_health_checks_every_interval_and_restart_after_failures_in_a_row(server
 def test_endpoint_waits_for_a_2xx_health_answer(server):
     clock, handle = Clock(), TaskHandle(2)
     server["status"] = 503
-    probe = EndpointProbe(handle, server["port"], "127.0.0.1", {"http_path": "/healthz", "interval_s": 10, "failures": 3},
+    probe = EndpointProbe(handle, server["port"], "127.0.0.1", HEALTH,
                           clock=clock)
     assert probe.tick() is None and handle.endpoint is None
     waits = []

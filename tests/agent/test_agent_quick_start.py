@@ -12,6 +12,7 @@ import pytest
 from conftest import RunningWorker
 
 from agent.worker import WorkerConfig
+from gpulayer.protocol.assignment import Assignment
 from gpulayer.testing import ControlPlaneProcess, wait_for
 
 pytestmark = pytest.mark.timeout(120)
@@ -99,9 +100,9 @@ def test_an_assignment_asked_for_before_its_task_ended_is_not_launched(launch_on
     """Only an answer to a request sent after the runner ended may bring the task back (a requeue)."""
     worker = launch_only_worker
     worker.ended[7] = 10.0  # task 7's runner ended at 10 s
-    stale = worker._launch({"task_id": 7}, 9.0)
+    stale = worker._launch(Assignment(task_id=7, job_id=107, command=["true"]), 9.0)
     assert stale.start_sent.is_set() and 7 not in worker.handles  # the acquire loop does not wait on it
-    worker._launch({"task_id": 8}, 9.0)
-    worker._launch({"task_id": 7}, 11.0)
+    worker._launch(Assignment(task_id=8, job_id=108, command=["true"]), 9.0)
+    worker._launch(Assignment(task_id=7, job_id=107, command=["true"]), 11.0)
     worker.join_launched()
     assert sorted(worker.launched) == [7, 8]

@@ -14,6 +14,8 @@ import time
 from agent.worker import WorkerConfig, run_worker
 from fake_control_plane import SESSION, assignment
 
+from gpulayer.protocol.assignment import Assignment
+
 PY = sys.executable
 
 
@@ -232,8 +234,9 @@ def test_rank_dropped_quietly_when_its_gang_is_replaced_during_rendezvous(plane,
 def test_launch_is_once_per_task_whoever_asks(launch_only_worker):
     """The acquire loop and a finish's hand-over may bring the same assignment: one runner only."""
     worker = launch_only_worker
-    first = worker._launch({"task_id": 7})
-    assert worker._launch({"task_id": 7}) is first
+    task = Assignment(task_id=7, job_id=107, command=["true"])
+    first = worker._launch(task)
+    assert worker._launch(task) is first
     worker.join_launched()
     assert worker.launched == [7]
 

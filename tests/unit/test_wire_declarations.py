@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.tasks import acquired
 from gpulayer.protocol.assignment import Assignment, assignments
 from gpulayer.protocol.fields import json_schema, members, names, to_wire, wire_fields
 from gpulayer.protocol.jobspec import JobSpec, ServiceSpec
@@ -93,3 +94,8 @@ def test_an_answer_carries_task_then_more():
     assert assignments({"task": task})[0].task_id == 1  # an older server sends no `more`
     assert assignments({"task": None}) == []
 
+
+def test_the_agent_logs_an_unreadable_assignment_and_runs_nothing(caplog):
+    with caplog.at_level("INFO", logger="gpulayer.agent"):
+        assert acquired({"task": {"task_id": 1}}) == []
+    assert any(r.getMessage().startswith("assignment_unreadable error=") for r in caplog.records)
