@@ -12,7 +12,7 @@ import shlex
 from typing import Any, Iterable
 
 from gpulayer.protocol import array_ranges
-from gpulayer.protocol.fields import members, wire_fields
+from gpulayer.protocol.fields import wire_fields
 from gpulayer.protocol.jobspec import AFTER_CONDITIONS, RESTART_POLICIES, JobSpec
 
 #: The JobSpec's fields (gpulayer/protocol/jobspec.py) but `command` (the first argument) and `service`
@@ -20,7 +20,7 @@ from gpulayer.protocol.jobspec import AFTER_CONDITIONS, RESTART_POLICIES, JobSpe
 JOB_SETTINGS = (*(f.name for f in wire_fields(JobSpec) if f.name not in ("command", "service")), "retry_on")
 #: Settings whose type is checked here, so that a job file's `gpus = "two"` is refused by --dry-run too
 #: (the server checks their bounds, and every other field): the integer ones.
-WHOLE_SETTINGS = tuple(f.name for f in wire_fields(JobSpec) if set(members(f.type)) <= {int, type(None)})
+WHOLE_SETTINGS = tuple(f.name for f in wire_fields(JobSpec) if set(f.kinds) <= {int, type(None)})
 
 
 def job(command: str | Iterable[str], **settings: Any) -> dict:

@@ -47,16 +47,17 @@ def declare(default: Any = dataclasses.MISSING, *, help: str, **bounds: Any) -> 
 
 @dataclass(frozen=True)
 class WireField:
-    """One declared field as read: its name, type (resolved), default (a fresh copy) and declaration."""
+    """One declared field as read: its name, type (resolved), default (shared: never change it) and
+    declaration; `kinds`, the members of its type (`int | None`: int, NoneType); `inner`, the declared
+    dataclass it holds, if any; `required`: it has no default."""
 
     name: str
     type: Any
     default: Any
     declared: Declared
-
-    @property
-    def required(self) -> bool:
-        return self.declared.required
+    kinds: tuple[Any, ...]
+    inner: type | None
+    required: bool
 
 
 _FIELDS: dict[type, tuple[WireField, ...]] = {}
@@ -69,7 +70,8 @@ def wire_fields(cls: type) -> tuple[WireField, ...]:
     if found is None:
         hints = typing.get_type_hints(cls)
         found = _FIELDS[cls] = tuple(
-            WireField(f.name, hints[f.name], _default(f), f.metadata["declared"]) for f in dataclasses.fields(cls))
+            WireField(f.name, hints[f.name], _default(f), f.metadata["declared"], members(hints[f.name]),
+                      nested(hints[f.name]), f.metadata["declared"].required) for f in dataclasses.fields(cls))
     return found
 
 
@@ -117,8 +119,8 @@ def from_wire(cls: type, obj: Any) -> Any:
     for f in wire_fields(cls):
         if f.name not in obj:
             continue
-        value, inner = obj[f.name], nested(f.type)
-        given[f.name] = from_wire(inner, value) if inner is not None and value is not None else value
+        value = obj[f.name]
+        given[f.name] = from_wire(f.inner, value) if f.inner is not None and value is not None else value
     missing = [f.name for f in wire_fields(cls) if f.required and f.name not in given]
     if missing:
         raise TypeError(f"{cls.__name__} lacks {', '.join(missing)}")
@@ -130,7 +132,7 @@ def to_wire(obj: Any) -> dict:
     out: dict[str, Any] = {}
     for f in wire_fields(type(obj)):
         value = getattr(obj, f.name)
-        out[f.name] = to_wire(value) if dataclasses.is_dataclass(value) else value
+        out[f.name] = to_wire(value) if f.inner is not None and value is not None else value
     return out
 
 
@@ -200,9 +202,9 @@ def markdown_table(cls: type) -> str:
     """The `| field | default | meaning |` table of docs/protocol.md for a declared dataclass."""
     rows = ["| field | default | meaning |", "|---|---|---|"]
     for f in wire_fields(cls):
-        meaning, inner = f.declared.help, nested(f.type)
-        if inner is not None and f.declared.shows is None:  # what `shows` says of it is enough
-            meaning = f"{meaning}: {brief(inner)}"
+        meaning = f.declared.help
+        if f.inner is not None and f.declared.shows is None:  # what `shows` says of it is enough
+            meaning = f"{meaning}: {brief(f.inner)}"
         rows.append(f"| `{f.name}` | {default_text(f)} | {meaning} |")
     return "\n".join(rows) + "\n"
 
@@ -211,11 +213,10 @@ def brief(cls: type) -> str:
     """A nested object in one line, each field with its default: {`replicas` 1, `health` null or {...}}."""
     parts = []
     for f in wire_fields(cls):
-        inner = nested(f.type)
         if f.required:
             parts.append(f"`{f.name}`")
-        elif inner is not None:
-            parts.append(f"`{f.name}` {default_text(f)} or {brief(inner)}")
+        elif f.inner is not None:
+            parts.append(f"`{f.name}` {default_text(f)} or {brief(f.inner)}")
         else:
             parts.append(f"`{f.name}` {default_text(f)}")
     return "{" + ", ".join(parts) + "}"

@@ -11,7 +11,7 @@ import pytest
 
 from agent.tasks import acquired
 from gpulayer.protocol.assignment import Assignment, assignments
-from gpulayer.protocol.fields import json_schema, members, names, to_wire, wire_fields
+from gpulayer.protocol.fields import json_schema, names, to_wire, wire_fields
 from gpulayer.protocol.jobspec import JobSpec, ServiceSpec
 from gpulayer.server.errors import InvalidRequest
 from gpulayer.server.http.app import ROUTES
@@ -63,7 +63,7 @@ def test_the_server_knows_the_declared_fields_and_fills_the_declared_defaults():
 
 
 @pytest.mark.parametrize("name", [f.name for f in wire_fields(JobSpec)
-                                  if set(members(f.type)) & {int, float} and f.declared.maximum is not None])
+                                  if set(f.kinds) & {int, float} and f.declared.maximum is not None])
 def test_the_server_enforces_each_declared_bound(name):
     declared = next(f for f in wire_fields(JobSpec) if f.name == name)
     context = {"array": "0-9"} if name == "max_running" else {}

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import re
 import typing
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 from gpulayer.protocol import MAX_ARRAY, MAX_ARRAY_INDEX, array_ranges, array_text
-from gpulayer.protocol.fields import WireField, field_of, members, names, wire_fields
+from gpulayer.protocol.fields import WireField, field_of, names, wire_fields
 from gpulayer.protocol.jobspec import (
     AFTER_CONDITIONS, ENV_NAME_PATTERN, MAX_AFTER, MAX_ARG_BYTES, MAX_ARGS, MAX_PATHS, MAX_STR, RETRY_REASONS, After,
     HealthSpec, JobSpec, RetrySpec, ServiceSpec,
@@ -220,26 +220,44 @@ def _given(obj: dict, declared: WireField) -> Any:
 def _checked(declared: WireField, value: Any, field: str) -> Any:
     """`value` checked against what the declaration says: null where allowed, a bool, an integer or a number
     within its bounds, a string within its bytes, or one of its choices. Raises InvalidRequest naming `field`."""
-    kinds, d = members(declared.type), declared.declared
-    if value is None and type(None) in kinds:
+    check = _CHECKS.get(id(declared))
+    if check is None:
+        check = _CHECKS[id(declared)] = _check_of(declared)
+    if value is None and type(None) in declared.kinds:
         return None
+    return check(value, field)
+
+
+#: The check of each declared field (by the id of its WireField, which gpulayer.protocol.fields keeps).
+_CHECKS: dict[int, Callable[[Any, str], Any]] = {}
+
+
+def _check_of(declared: WireField) -> Callable[[Any, str], Any]:
+    """The function that checks a value of `declared` (not null), made once from its type and bounds."""
+    kinds, d = declared.kinds, declared.declared
     if bool in kinds:
-        return _flag(value, field)
+        return _flag
     if (int in kinds or float in kinds) and (d.minimum is None or d.maximum is None):
-        raise TypeError(f"{field}: a number is declared with its minimum and maximum")
+        raise TypeError(f"{declared.name}: a number is declared with its minimum and maximum")
     if int in kinds:
-        return integer(value, field, int(d.minimum), int(d.maximum))
+        lo, hi = int(d.minimum), int(d.maximum)  # type: ignore[arg-type]
+        return lambda value, field: integer(value, field, lo, hi)
     if float in kinds:
-        return number(value, field, d.minimum, d.maximum)
+        low, high = float(d.minimum), float(d.maximum)  # type: ignore[arg-type]
+        return lambda value, field: number(value, field, low, high)
     if str in kinds:
-        return string(value, field, limit=d.max_bytes or MAX_STR)
+        limit = d.max_bytes or MAX_STR
+        return lambda value, field: string(value, field, limit=limit)
     choices = [c for kind in kinds if typing.get_origin(kind) is Literal for c in typing.get_args(kind)]
     if not choices:
-        raise TypeError(f"{field}: its type ({declared.type}) needs a check of its own in spec.py")
-    if value not in choices:
-        named = [repr(c) for c in choices] + (["null"] if type(None) in kinds else [])
-        raise _fail(field, f"must be {' or '.join(named)}")
-    return value
+        raise TypeError(f"{declared.name}: its type ({declared.type}) needs a check of its own in spec.py")
+    named = " or ".join([repr(c) for c in choices] + (["null"] if type(None) in kinds else []))
+
+    def choice(value: Any, field: str) -> Any:
+        if value not in choices:
+            raise _fail(field, f"must be {named}")
+        return value
+    return choice
 
 
 def _job_field(spec: dict, name: str) -> Any:
@@ -251,14 +269,15 @@ def _job_field(spec: dict, name: str) -> Any:
 def _fields(obj: dict, cls: type, prefix: str, checks: dict, done: dict | None = None) -> dict:
     """Every field of `cls` from `obj`, in declaration order: a value `done` already checked, else its
     function in `checks` applied to the given value, else `_checked` (`prefix` names it: "service.")."""
-    out = {}
+    out, done = {}, done or {}
     for declared in wire_fields(cls):
-        if done and declared.name in done:
-            out[declared.name] = done[declared.name]
-        elif declared.name in checks:
-            out[declared.name] = checks[declared.name](_given(obj, declared))
+        name = declared.name
+        if name in done:
+            out[name] = done[name]
+        elif name in checks:
+            out[name] = checks[name](_given(obj, declared))
         else:
-            out[declared.name] = _checked(declared, _given(obj, declared), prefix + declared.name)
+            out[name] = _checked(declared, _given(obj, declared), prefix + name)
     return out
 
 
