@@ -3,6 +3,7 @@ agent's typed Assignment all read that declaration, and a test fails when one dr
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from agent.tasks import acquired
+from gpulayer.client.specs import JOB_SETTINGS
 from gpulayer.protocol.assignment import Assignment, assignments
 from gpulayer.protocol.fields import json_schema, names, to_wire, wire_fields
 from gpulayer.protocol.jobspec import JobSpec, ServiceSpec
@@ -41,6 +43,15 @@ def test_the_check_names_a_table_that_drifted_and_the_script():
     assert drifted != text
     fixed, changed = gen.generated(drifted)
     assert changed == ["JobSpec"] and fixed == text
+
+
+def test_every_gl_job_setting_has_a_row_in_the_python_docs():
+    """gl.job() takes every JobSpec field (client/specs.py): its docs/python.md table must say each."""
+    text = (ROOT / "docs" / "python.md").read_text()
+    table = text[text.index("| setting | meaning |"):]
+    table = table[:table.index("\n\n")]
+    documented = {name for row in table.splitlines()[2:] for name in re.findall(r"`(\w+)`", row.split("|")[1])}
+    assert sorted(set(JOB_SETTINGS) - documented) == []
 
 
 def test_openapi_jobspec_and_assignment_come_from_the_declarations():
