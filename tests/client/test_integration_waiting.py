@@ -7,10 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-import pty
 import queue
-import select
-import signal
 import subprocess
 import threading
 import time
@@ -20,6 +17,7 @@ import pytest
 import gpulayer as gl
 from gpulayer.client.errors import WaitTimeout
 from gpulayer.testing import CLI, clean_env, wait_for
+from terminal import Terminal
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -33,58 +31,6 @@ def _ok(result, code=0):
 
 def _state(cluster, job_id):
     return cluster.job(job_id)["state"]
-
-
-class Terminal:
-    """The CLI run in a pseudo-terminal: output read as it comes, ^C typed."""
-
-    def __init__(self, args, env, cwd):
-        self.pid, self.fd = pty.fork()
-        if self.pid == 0:  # the child: the CLI, with the terminal as its controlling one
-            # As a shell would: ^C's SIGINT at its default (a pytest-xdist worker ignores SIGINT, and an
-            # ignored signal stays ignored across exec).
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
-            os.chdir(cwd)
-            os.execve(CLI[0], [*CLI, *args], clean_env(**env))
-        self.output = ""
-
-    def read_until(self, text, timeout=60):
-        deadline = time.monotonic() + timeout
-        while text not in self.output:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"no {text!r} in the output after {timeout} s:\n{self.output}")
-            if select.select([self.fd], [], [], 0.2)[0]:
-                try:
-                    self.output += os.read(self.fd, 4096).decode(errors="replace")
-                except OSError:  # the CLI exited and the terminal closed
-                    break
-        return self.output
-
-    def interrupt(self):
-        os.write(self.fd, b"\x03")
-
-    def exit_code(self, timeout=60):
-        deadline = time.monotonic() + timeout
-        while True:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid:
-                self._drain()
-                os.close(self.fd)
-                return os.waitstatus_to_exitcode(status)
-            if time.monotonic() > deadline:
-                os.kill(self.pid, 9)
-                raise AssertionError(f"the CLI did not exit:\n{self.output}")
-            self._drain()
-
-    def _drain(self):
-        while select.select([self.fd], [], [], 0.1)[0]:
-            try:
-                chunk = os.read(self.fd, 4096)
-            except OSError:
-                return
-            if not chunk:
-                return
-            self.output += chunk.decode(errors="replace")
 
 
 def _first_id(terminal):
@@ -177,7 +123,7 @@ def _told(proc, start: str, most: int = 20, timeout: float = 90.0) -> str:
 
 
 def test_ctrl_c_leaves_the_job_running_and_says_how_to_cancel_it(cluster):
-    terminal = Terminal(["submit", "--wait", "--", "sleep", "120"], cluster.cli_env(), cluster.root)
+    terminal = Terminal([*CLI, "submit", "--wait", "--", "sleep", "120"], clean_env(**cluster.cli_env()), cluster.root)
     job_id = _first_id(terminal)
     cluster.wait_job(job_id, ("running",), 60)
     terminal.interrupt()
@@ -189,8 +135,8 @@ def test_ctrl_c_leaves_the_job_running_and_says_how_to_cancel_it(cluster):
 
 
 def test_ctrl_c_with_cancel_on_interrupt_cancels(cluster):
-    terminal = Terminal(["submit", "--wait", "--cancel-on-interrupt", "--", "sleep", "120"], cluster.cli_env(),
-                        cluster.root)
+    terminal = Terminal([*CLI, "submit", "--wait", "--cancel-on-interrupt", "--", "sleep", "120"],
+                        clean_env(**cluster.cli_env()), cluster.root)
     job_id = _first_id(terminal)
     cluster.wait_job(job_id, ("running",), 60)
     terminal.interrupt()
@@ -201,8 +147,8 @@ def test_ctrl_c_with_cancel_on_interrupt_cancels(cluster):
 
 def test_ctrl_c_on_a_local_job_cancels_it(tmp_path):
     home = tmp_path / "home"
-    terminal = Terminal(["submit", "--", "sh", "-c", "echo started; sleep 120"], {"GPULAYER_HOME": str(home)},
-                        tmp_path)
+    terminal = Terminal([*CLI, "submit", "--", "sh", "-c", "echo started; sleep 120"],
+                        clean_env(GPULAYER_HOME=str(home)), tmp_path)
     job_id = _first_id(terminal)
     terminal.read_until("started")
     terminal.interrupt()
