@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from gpulayer.cli.common import fail, home_of, parse_pairs, plural, print_json
+from gpulayer.cli.common import fail, global_options, home_of, parse_pairs, plural, print_json
 from gpulayer.protocol import (
     DEFAULT_PORT, HEARTBEAT_INTERVAL_S, JOB_RETENTION_S, LEASE_TTL_S, LOG_RETENTION_S, MAX_OUTPUT_BYTES,
     FAIRSHARE_HALF_LIFE_S, MAX_QUEUED_ELEMENTS, PREEMPT_GRACE_S, PRIORITY_CLASSES,
@@ -208,6 +208,7 @@ def server_certs(ctx: typer.Context, home: Home = None,
             ipaddress.ip_address(address.strip("[]"))
         except ValueError:
             raise typer.BadParameter(f"{address!r} is not an IP address", param_hint="--ip") from None
+    from gpulayer.server.config import HomeLayout
     from gpulayer.server.security.certs import ensure_tls
     where = home_of(ctx, home)
     where.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -218,7 +219,11 @@ def server_certs(ctx: typer.Context, home: Home = None,
     typer.echo(f"CA:          {tls['ca']}  ({tls['fingerprint']}, for --ca-file or join --ca-fingerprint)")
     typer.echo(f"certificate: {tls['cert']}")
     typer.echo(f"key:         {tls['key']}")
-    typer.echo(f"gpulayer server start --host 0.0.0.0 --tls-cert {tls['cert']} --tls-key {tls['key']}", err=True)
+    # What to run next, on stderr: `server init` first on a home that has no tokens yet (start refuses it).
+    at = f" --home {where}" if home or global_options(ctx).home else ""
+    if not HomeLayout(where).credentials.exists():
+        typer.echo(f"gpulayer server init{at}", err=True)
+    typer.echo(f"gpulayer server start{at} --host 0.0.0.0 --tls-cert {tls['cert']} --tls-key {tls['key']}", err=True)
 
 
 @server_app.command("rotate-join-token")

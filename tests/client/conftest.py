@@ -28,3 +28,16 @@ def cluster(tmp_path_factory):
     finally:
         codes = plane.close()
         assert set(codes.values()) <= {0}, f"unclean stops {codes}:\n{plane.logs()}"
+
+
+@pytest.fixture(scope="session")
+def gpulayer_path(tmp_path_factory):
+    """A PATH whose `gpulayer` is this checkout's CLI under this interpreter (for shell lines run as written)."""
+    import os
+    import stat
+    import sys
+    bin_dir = tmp_path_factory.mktemp("bin")
+    shim = bin_dir / "gpulayer"
+    shim.write_text(f"#!/bin/sh\nexec {sys.executable} -m gpulayer.cli \"$@\"\n")
+    shim.chmod(shim.stat().st_mode | stat.S_IXUSR)
+    return f"{bin_dir}{os.pathsep}{os.environ['PATH']}"

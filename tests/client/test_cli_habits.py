@@ -111,6 +111,19 @@ def test_server_certs_makes_what_server_start_needs(tmp_path):
     assert run("server", "certs", "--home", str(home), "--ip", "not-an-ip").exit_code == 2
 
 
+def test_server_certs_says_what_to_run_next(tmp_path):
+    """On stderr: `server init` while the home has no tokens (start refuses such a home), then `server start`;
+    each with the --home given (docs/cli.md's certs block runs them in tests/client/test_docs_examples.py)."""
+    home = tmp_path / "home"
+    first = run("server", "certs", "--home", str(home))
+    assert first.exit_code == 0, first.output
+    init, start = first.stderr.splitlines()
+    assert init == f"gpulayer server init --home {home}"
+    assert start.startswith(f"gpulayer server start --home {home} --host 0.0.0.0 --tls-cert {home}/tls/server.pem ")
+    assert run("server", "init", "--home", str(home)).exit_code == 0
+    assert run("server", "certs", "--home", str(home)).stderr.splitlines() == [start]
+
+
 def test_up_on_a_taken_port_says_so_and_touches_nothing(tmp_path):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -6,11 +6,8 @@ real control plane and worker, so that the job ids it names (1, 2, 4) are the on
 """
 from __future__ import annotations
 
-import os
 import re
-import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -37,18 +34,14 @@ def plane(tmp_path):
         yield plane
 
 
-def test_readme_quick_start_runs_as_written(plane, tmp_path):
-    here, bin_dir = tmp_path / "project", tmp_path / "bin"
+def test_readme_quick_start_runs_as_written(plane, tmp_path, gpulayer_path):
+    here = tmp_path / "project"
     here.mkdir()
-    bin_dir.mkdir()
     for name, text in FILES.items():
         (here / name).write_text(text)
-    shim = bin_dir / "gpulayer"
-    shim.write_text(f"#!/bin/sh\nexec {sys.executable} -m gpulayer.cli \"$@\"\n")
-    shim.chmod(shim.stat().st_mode | stat.S_IXUSR)
     block = _quick_start()
     assert "--after 4" in block and block.count("--source .") == 3
-    env = clean_env(**plane.cli_env(), PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    env = clean_env(**plane.cli_env(), PATH=gpulayer_path)
     done = subprocess.run(["sh", "-ec", block], cwd=here, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, f"{done.stdout}\n{done.stderr}\n{plane.logs()}"
     assert (here / "out" / "model.txt").read_text() == "trained"  # `job outputs 2 --dest .`
