@@ -1,8 +1,10 @@
 """What both sides of the wire agree on: the protocol version and the defaults named once.
 
-Imports nothing of gpulayer, so the client, the CLI, the control plane and
-`gpulayer.testing` can all take their defaults from here (protocol-v1.md,
-"Defaults").
+Imports nothing of gpulayer, so the client, the CLI, the control plane,
+`gpulayer.testing` and the agent can all take their defaults from here
+(protocol-v1.md, "Defaults"). Beside it, the wire objects declared once:
+jobspec.py (the JobSpec), assignment.py (the Assignment), and fields.py, which
+reads a declaration (docs/architecture.md, "Adding a field").
 """
 from __future__ import annotations
 
