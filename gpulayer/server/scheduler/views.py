@@ -69,13 +69,14 @@ def _render(conn, found: dict, index: int | None = None) -> dict:
     elif index is None:
         tasks = rows(conn, "job_tasks", job_id=found["id"])
     shown = [_task_view(conn, t) for t in tasks or []]
+    after = rows(conn, "job_dependencies_of", job_id=found["id"])
     return {"id": found["id"], "name": found["name"], "state": found["state"], "kind": found["kind"],
             "attempt": found["attempt"], "created_at": found["created_at"], "finished_at": found["finished_at"],
             "exit_code": found["exit_code"], "reason": found["reason"],
-            "waiting_reason": waiting_reason(conn, found, shown),
+            "waiting_reason": waiting_reason(conn, found, shown, after),
             "spec": json.loads(found["spec"]), "tasks": shown,
             "array": array,
-            "after": rows(conn, "job_dependencies_of", job_id=found["id"])}
+            "after": after}
 
 
 def _task_view(conn, task: dict) -> dict:
@@ -105,19 +106,20 @@ def _array_view(conn, found: dict) -> tuple[dict, bool]:
     return view, bool(unsuccessful) or any(r["replaced"] for r in counted)
 
 
-def waiting_reason(conn, found: dict, tasks: list[dict] | None = None) -> str | None:
+def waiting_reason(conn, found: dict, tasks: list[dict] | None = None, after: list[dict] | None = None) -> str | None:
     """Why a queued job (the row `found`) is not placed: what no online worker has (labels, size, secrets'
     labels), else that the workers that fit are busy; None when a worker could take it now.
 
     A running job with a task in the queue is told the same way, for that task:
     a service's replica back in the queue (`tasks`, the rendered tasks), an
     array's element released but not placed (one held by the array's %N cap
-    waits for nothing to be told).
+    waits for nothing to be told). `after`: its job_dependencies_of rows, when read already.
     """
     if found["state"] in outcomes.ACTIVE_JOB and found["reason"] is not None:
         return f"being cancelled ({found['reason']}): its tasks end in batches"  # outcomes.end_step
     if found["state"] == "waiting":
-        return _dependencies_reason(conn, found)
+        return _dependencies_reason(after if after is not None else
+                                    rows(conn, "job_dependencies_of", job_id=found["id"]))
     if found["state"] == "running":
         if not _task_in_queue(conn, found, tasks or []):
             return None
@@ -130,11 +132,11 @@ def waiting_reason(conn, found: dict, tasks: list[dict] | None = None) -> str | 
     return held or (waiting.busy(facts) if facts and facts["busy"] else None)
 
 
-def _dependencies_reason(conn, found: dict) -> str:
-    """What a waiting job waits for: "for job 41 to succeed", "for job 41 to succeed and job 42 to end"."""
+def _dependencies_reason(after: list[dict]) -> str:
+    """What a waiting job waits for (`after`: its job_dependencies_of rows): "for job 41 to succeed", "for job
+    41 to succeed and job 42 to end"."""
     verbs = {"ok": "succeed", "notok": "fail", "any": "end"}
-    open_ = [f"job {d['job']} to {verbs[d['condition']]}" for d in rows(conn, "job_dependencies_of", job_id=found["id"])
-             if d["state"] in outcomes.ACTIVE_JOB]
+    open_ = [f"job {d['job']} to {verbs[d['condition']]}" for d in after if d["state"] in outcomes.ACTIVE_JOB]
     return "for " + " and ".join(open_) if open_ else "for its dependencies"
 
 
