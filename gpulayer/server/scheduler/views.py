@@ -196,8 +196,38 @@ def listing_page(conn, state: str | None, limit: int, before: int | None, scope:
 
 
 def glob_pattern(name: str) -> str:
-    """A shell glob (`sweep-*`, `run-?`, `[ab]*`, `[!x]*`: fnmatch's) as SQLite's GLOB writes it (`[^x]`)."""
-    return name.replace("[!", "[^")
+    """A shell glob as fnmatch reads it (`sweep-*`, `run-?`, `[ab]*`, `[!x]*`), written for SQLite's GLOB so
+    that both match the same names: `[!` negates in fnmatch, `[^` in GLOB; a set that starts with `^` is
+    literal in fnmatch (so the `^` moves to its end); a `[` that no `]` closes is literal in fnmatch (`[[]`).
+    (A reversed range, `[z-a]`, matches nothing in fnmatch and its first end in GLOB.)"""
+    out, i = [], 0
+    while i < len(name):
+        end = _set_end(name, i) if name[i] == "[" else -1
+        if name[i] != "[":
+            out.append(name[i])
+        elif end < 0:
+            out.append("[[]")
+        else:
+            members = name[i + 1:end]
+            if members.startswith("!"):
+                members = "^" + members[1:]
+            elif members.startswith("^"):
+                members = members.lstrip("^") + "^" if members.lstrip("^") else ""
+            out.append(f"[{members}]" if members else "^")
+            i = end
+        i += 1
+    return "".join(out)
+
+
+def _set_end(name: str, start: int) -> int:
+    """Where the set opened at `start` closes, as fnmatch reads it (a `]` right after `[` or `[!` is a
+    member); -1 when nothing closes it."""
+    i = start + 1
+    if i < len(name) and name[i] == "!":
+        i += 1
+    if i < len(name) and name[i] == "]":
+        i += 1
+    return name.find("]", i)
 
 
 # -- logs, outputs, events, endpoints ----------------------------------------------
