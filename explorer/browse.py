@@ -91,8 +91,9 @@ def parse_browse(relation: Relation, params: Mapping[str, str], max_rows: int) -
     sort_asc, sort_desc = params.get("_sort"), params.get("_sort_desc")
     if sort_asc and sort_desc:
         raise BadRequest("give _sort or _sort_desc, not both")
-    if sort_asc or sort_desc:
-        column = relation.column(sort_asc or sort_desc)
+    sort_by = sort_asc or sort_desc
+    if sort_by:
+        column = relation.column(sort_by)
         if column.hidden:
             raise BadRequest(f"column {relation.name}.{column.name} is hidden and cannot be sorted on")
         browse.sort, browse.desc = column.name, bool(sort_desc)
@@ -129,7 +130,7 @@ def select_page(relation: Relation, browse: Browse) -> tuple[str, dict[str, Any]
         selected.append(f"rowid AS {ROWID}")
         order = "rowid" if sort is None else f"{sort}{' DESC' if browse.desc else ''}, rowid"
         if browse.next:
-            where.append(_after(sort, browse, params))
+            where.append(_after(sort, browse.next, browse.desc, params))
         tail = f"ORDER BY {order} LIMIT :_limit"
     else:
         params["_offset"] = _offset(browse.next)
@@ -141,18 +142,18 @@ def select_page(relation: Relation, browse: Browse) -> tuple[str, dict[str, Any]
     return f"{sql} {tail}", params
 
 
-def _after(sort: str | None, browse: Browse, params: dict[str, Any]) -> str:
+def _after(sort: str | None, token: str, desc: bool, params: dict[str, Any]) -> str:
     """The keyset condition for rows after the `_next` token (NULLs sort first)."""
     try:
         if sort is None:
-            params["_r"] = int(browse.next)
+            params["_r"] = int(token)
             return "rowid > :_r"
-        value, params["_r"] = json.loads(browse.next)
+        value, params["_r"] = json.loads(token)
         int(params["_r"])
     except (ValueError, TypeError):
-        raise BadRequest(f"_next {browse.next!r} is not a key this page gave out") from None
+        raise BadRequest(f"_next {token!r} is not a key this page gave out") from None
     params["_v"] = value
-    if browse.desc:
+    if desc:
         if value is None:
             return f"({sort} IS NULL AND rowid > :_r)"
         return f"({sort} < :_v OR {sort} IS NULL OR ({sort} = :_v AND rowid > :_r))"

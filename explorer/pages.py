@@ -210,13 +210,13 @@ class QueryPage:
                     started = time.monotonic()
                     result = session.query(sql, values)
                     elapsed = time.monotonic() - started
+                    if fmt in DATA_FORMATS:  # (sql is never empty there)
+                        send_data(resp, fmt, result.columns, result.rows, truncated=result.truncated)
+                        return
             except QueryError as e:
                 if fmt in DATA_FORMATS:
                     raise
                 error = e
-        if fmt in DATA_FORMATS:
-            send_data(resp, fmt, result.columns, result.rows, truncated=result.truncated)
-            return
         self.ctx.html(resp, "query.html", falcon.HTTP_400 if error else falcon.HTTP_200,
                       title="SQL", sql=sql, params=typed, result=result, error=error, elapsed=elapsed,
                       max_rows=self.ctx.db.max_rows, action=self.ctx.links("/-/query"), query=None,

@@ -152,7 +152,7 @@ class ChildProcess:
         self._log: IO[str] | None = None
 
     def _spawn(self, argv: list[str], env: dict, cwd: Path, mode: str = "w") -> None:
-        if self.running:
+        if self.proc is not None and self.proc.poll() is None:
             raise RuntimeError(f"{self.label} is already running (pid {self.proc.pid})")
         self._log = open(self.log_path, mode)
         self.proc = subprocess.Popen(argv, env=env, stdout=self._log, stderr=subprocess.STDOUT, cwd=cwd)
@@ -161,13 +161,19 @@ class ChildProcess:
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
 
+    def _started(self) -> subprocess.Popen:
+        """The process; raises RuntimeError when it was never started."""
+        if self.proc is None:
+            raise RuntimeError(f"{self.label} was never started")
+        return self.proc
+
     @property
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
     def wait(self, timeout: float | None = None) -> int:
         """Its exit status; raises subprocess.TimeoutExpired after `timeout` s."""
-        return self.proc.wait(timeout)
+        return self._started().wait(timeout)
 
     def stop(self, timeout: float = 20.0) -> int | None:
         """SIGTERM and wait (see stop_process); the exit status, None if it never started."""
@@ -189,11 +195,11 @@ class ChildProcess:
 
     def pause(self) -> None:
         """SIGSTOP: the process (not its children in sessions of their own) stops answering."""
-        os.kill(self.proc.pid, signal.SIGSTOP)
+        os.kill(self._started().pid, signal.SIGSTOP)
 
     def resume(self) -> None:
         """SIGCONT after pause()."""
-        os.kill(self.proc.pid, signal.SIGCONT)
+        os.kill(self._started().pid, signal.SIGCONT)
 
     def log(self, chars: int | None = None) -> str:
         """Its output so far (the last `chars` characters)."""
@@ -313,7 +319,8 @@ class ControlPlaneProcess(ChildProcess):
             raise ProcessExited(f"gpulayer server init exited with {done.returncode}:\n{done.stderr}")
         tokens = json.loads(done.stdout)
         self.client_token, self.join_token = tokens["client_token"], tokens["join_token"]
-        if self.tls and not self.ca_file.exists():
+        ca_file = self.ca_file  # None over plain HTTP
+        if ca_file is not None and not ca_file.exists():
             from gpulayer.server.security.certs import make_ca, make_server_cert
             ca, ca_key = make_ca(self.root / "tls")
             make_server_cert(self.root / "tls", ca, ca_key, ["localhost"], [self.host])

@@ -175,9 +175,11 @@ def _task_watchdog(state_dir: Path) -> Iterator[None]:
     try:
         yield
     finally:
+        pipe = watchdog.stdin  # a pipe: stdin=PIPE
         try:
-            watchdog.stdin.write(WATCH_DONE)  # the worker stopped its tasks: nothing to kill
-            watchdog.stdin.close()
+            if pipe is not None:
+                pipe.write(WATCH_DONE)  # the worker stopped its tasks: nothing to kill
+                pipe.close()
         except OSError:
             pass
         try:
@@ -211,7 +213,8 @@ def unmet(spec: dict, worker: dict) -> str | None:
     for noun, want, have in asked:
         if have is not None and want > have:
             return f"this machine has {_count(have, noun)}; the job asks for {_count(want, noun)}"
-    labels = spec.get("labels") if isinstance(spec.get("labels"), dict) else {}
+    asked_labels = spec.get("labels")
+    labels = asked_labels if isinstance(asked_labels, dict) else {}
     for key, value in sorted(labels.items()):
         if key == "gpu_model" and value in (res.get("gpu_models") or []):
             continue

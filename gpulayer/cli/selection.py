@@ -53,7 +53,8 @@ def select_jobs(client: Client, states: list[str], name: Optional[str], since: O
     the jobs are older than `since`).
     """
     found: list[dict] = []
-    for state in states or [None]:
+    every: list[Optional[str]] = [None]  # no state filter
+    for state in states or every:
         found.extend(_matching(client, state, name, since, limit, scope))
     found.sort(key=lambda j: j["id"], reverse=True)
     return found[:limit]

@@ -149,7 +149,7 @@ def _after(entry: Any) -> Any:
         job, condition = entry
         if condition not in AFTER_CONDITIONS:
             raise ValueError(f"after: the condition is one of {', '.join(AFTER_CONDITIONS)}, not {condition!r}")
-        return {"job": int(getattr(job, "id", job)), "condition": condition}
+        return {"job": int(job.id if hasattr(job, "id") else job), "condition": condition}
     if hasattr(entry, "id"):
         return int(entry.id)
     return entry

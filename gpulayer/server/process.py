@@ -107,8 +107,8 @@ class ControlPlane:
         check_config(config)
         self.config = config
         self.clock = clock
-        self.deps: Deps | None = None
-        self.http: HTTPServer | GranianServer | None = None
+        self._deps: Deps | None = None   # both set by start()
+        self._http: HTTPServer | GranianServer | None = None
         self._stop = threading.Event()
         self._upkeep: threading.Thread | None = None
         self.provisioners = provisioner.load(config.layout.provisioners)
@@ -117,6 +117,20 @@ class ControlPlane:
         self.fenced = threading.Event()   # another control plane took the replica's lease: stop serving
         self.lock = lock or HomeLock(config.layout.home, "gpulayer server start")
         self._own_lock = lock is None
+
+    @property
+    def deps(self) -> Deps:
+        """The store, scheduler and the rest a started plane serves with; raises RuntimeError before start()."""
+        if self._deps is None:
+            raise RuntimeError("the control plane is not started")
+        return self._deps
+
+    @property
+    def http(self) -> HTTPServer | GranianServer:
+        """The HTTP front end a started plane listens with; raises RuntimeError before start()."""
+        if self._http is None:
+            raise RuntimeError("the control plane is not started")
+        return self._http
 
     @property
     def url(self) -> str:
@@ -147,7 +161,7 @@ class ControlPlane:
     def _start(self) -> None:
         raise_fd_limit()
         ca = self.config.layout.tls / "ca.pem"
-        self.deps = new_deps(self.config, clock=self.clock, ca_file=ca if self.config.tls_cert and ca.exists() else None)
+        self._deps = new_deps(self.config, clock=self.clock, ca_file=ca if self.config.tls_cert and ca.exists() else None)
         self.deps.provisioners = self.provisioners
         self._start_replication()
         swept = self.deps.artifacts.sweep_tmp()  # partial uploads of a server killed mid-upload
@@ -159,10 +173,10 @@ class ControlPlane:
         if self.config.http == "granian":
             from gpulayer.server.http.granian_server import GranianServer  # an optional package
             front_end = GranianServer
-        self.http = front_end(app, self.config.host, self.config.port,
-                              certfile=str(self.config.tls_cert) if self.config.tls_cert else None,
-                              keyfile=str(self.config.tls_key) if self.config.tls_key else None,
-                              threads=self.config.threads)
+        self._http = front_end(app, self.config.host, self.config.port,
+                               certfile=str(self.config.tls_cert) if self.config.tls_cert else None,
+                               keyfile=str(self.config.tls_key) if self.config.tls_key else None,
+                               threads=self.config.threads)
         self.http.start()
         self._upkeep = threading.Thread(target=self._run_upkeep, name="gpulayer-upkeep", daemon=True)
         self._upkeep.start()
@@ -207,17 +221,17 @@ class ControlPlane:
     def stop(self) -> None:
         """Stop accepting, finish in-flight requests, flush every acknowledged write, close."""
         self._stop.set()
-        if self.deps is not None:
-            self.deps.scheduler.stop_waiting()  # else parked acquires hold shutdown up to their wait_s
-        if self.http is not None:
-            self.http.stop()
+        if self._deps is not None:
+            self._deps.scheduler.stop_waiting()  # else parked acquires hold shutdown up to their wait_s
+        if self._http is not None:
+            self._http.stop()
         if self._upkeep is not None:
             self._upkeep.join(timeout=10)
         if self.provisioning is not None:
             self.provisioning.stop()
-        if self.deps is not None:
-            self.deps.scheduler.wake()
-            self.deps.store.close()
+        if self._deps is not None:
+            self._deps.scheduler.wake()
+            self._deps.store.close()
         if self.replicator is not None:  # after the last commit: Litestream syncs it before it exits
             self.replicator.stop()
         self._release_lock()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any
+from typing import Any, Literal, overload
 
 from gpulayer.protocol.jobspec import DIGEST_PATTERN, LABEL_KEY_PATTERN, MAX_STR
 from gpulayer.server.errors import InvalidRequest
@@ -31,6 +31,10 @@ def integer(value: Any, field: str, lo: int, hi: int) -> int:
     return value
 
 
+@overload
+def number(value: Any, field: str, lo: float, hi: float, *, allow_none: Literal[False] = False) -> float: ...
+@overload
+def number(value: Any, field: str, lo: float, hi: float, *, allow_none: bool) -> float | None: ...
 def number(value: Any, field: str, lo: float, hi: float, *, allow_none: bool = False) -> float | None:
     """`value` as a finite number in [lo, hi]; raises InvalidRequest naming `field`."""
     if value is None and allow_none:
@@ -42,6 +46,10 @@ def number(value: Any, field: str, lo: float, hi: float, *, allow_none: bool = F
     return value
 
 
+@overload
+def string(value: Any, field: str, *, limit: int = MAX_STR, allow_none: Literal[False] = False) -> str: ...
+@overload
+def string(value: Any, field: str, *, limit: int = MAX_STR, allow_none: bool) -> str | None: ...
 def string(value: Any, field: str, *, limit: int = MAX_STR, allow_none: bool = False) -> str | None:
     """`value` as a str of at most `limit` UTF-8 bytes, without NUL; raises InvalidRequest naming `field`."""
     if value is None and allow_none:
@@ -63,6 +71,10 @@ def mapping(value: Any, field: str) -> dict:
 
 
 
+@overload
+def digest(value: Any, field: str, *, allow_none: Literal[False]) -> str: ...
+@overload
+def digest(value: Any, field: str, *, allow_none: bool = True) -> str | None: ...
 def digest(value: Any, field: str, *, allow_none: bool = True) -> str | None:
     """A `sha256:<64 lowercase hex>` digest, or None where allowed."""
     if value is None and allow_none:

@@ -10,7 +10,7 @@ import pytest
 
 from gpulayer.server.store import db
 from gpulayer.server.errors import ConfigError
-from gpulayer.server.store.queries import OWNERS, QUERIES, load_folder
+from gpulayer.server.store.queries import OWNERS, QUERIES, NoRow, load_folder, one, row
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "gpulayer"
@@ -165,6 +165,15 @@ def _explain(conn, name: str, sql: str):
 def test_named_query_prepares_against_schema(built, name):
     conn, _ = built
     _explain(conn, name, QUERIES[name])
+
+
+def test_one_returns_the_row_and_names_the_query_that_returned_none(built):
+    """one() is row() for a query that always answers; no row back is a bug, raised naming the query."""
+    conn, _ = built
+    assert one(conn, "metrics_gpus_unhealthy") == {"n": 0}
+    assert row(conn, "get_job", job_id=1) is None
+    with pytest.raises(NoRow, match="'get_job' returned no row"):
+        one(conn, "get_job", job_id=1)
 
 
 def test_every_named_query_is_used():

@@ -259,7 +259,7 @@ class _Connection(cheroot_server.HTTPConnection):
     too when that is small (bodies.BUFFERED_BODY_BYTES); a larger one streams under a `bodies.Pace`."""
 
     RequestHandlerClass = _Request
-    handshaken = False
+    handshaken: bool | None = False    # None while the TLS handshake waits for more bytes
     refusal = ""                       # why the request's framing is refused
     head_started: float | None = None  # monotonic time of the current head's first step
     pace: bodies.Pace | None = None     # the minimum rate of a body a worker thread is reading

@@ -29,6 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import apsw
+
 from gpulayer.server.config import ControlPlaneConfig
 from gpulayer.server.errors import ConfigError
 from gpulayer.server.provisioning.slurm import ENDED, Slurm, SlurmError
@@ -36,7 +38,7 @@ from gpulayer.server.scheduler import events, tokens, workers
 from gpulayer.server.scheduler.core import Scheduler
 from gpulayer.server.security import auth
 from gpulayer.server.store.db import Store
-from gpulayer.server.store.queries import row, rows
+from gpulayer.server.store.queries import one, row, rows
 
 log = logging.getLogger("gpulayer.server.provisioning.loop")
 
@@ -231,7 +233,7 @@ def describe(provisioners: list[Provisioner]) -> list[dict]:
                           for f in p.profiles]} for p in provisioners]
 
 
-def requests_listing(conn, limit: int = 100, before: int | None = None) -> list[dict]:
+def requests_listing(conn: apsw.Connection, limit: int = 100, before: int | None = None) -> list[dict]:
     """Recent provision requests, newest first: before the id `before` (None: the newest), at most `limit`."""
     return rows(conn, "list_provision_requests", limit=limit, before=before)
 
@@ -287,9 +289,9 @@ def batch_script(prov: Provisioner, profile: Profile, request_id: int, token: st
 
 # -- transactions --------------------------------------------------------------
 
-def open_request(conn, *, prov: Provisioner, profile: Profile, token_hash: str, jti: str, now: float) -> dict:
+def open_request(conn: apsw.Connection, *, prov: Provisioner, profile: Profile, token_hash: str, jti: str, now: float) -> dict:
     """Record the decision and mint its join token in one transaction; {id, name}."""
-    request_id = row(conn, "insert_provision_request", provisioner=prov.name, profile=profile.name,
+    request_id = one(conn, "insert_provision_request", provisioner=prov.name, profile=profile.name,
                      token_jti=jti, now=now)["id"]
     name = worker_name(prov, profile, request_id)
     tokens.insert(conn, jti=jti, kind="join", name=name, labels=profile.labels, token_hash=token_hash,
@@ -299,12 +301,12 @@ def open_request(conn, *, prov: Provisioner, profile: Profile, token_hash: str, 
     return {"id": request_id, "name": name}
 
 
-def submitted(conn, request_id: int, slurm_job_id: str, now: float) -> None:
+def submitted(conn: apsw.Connection, request_id: int, slurm_job_id: str, now: float) -> None:
     if row(conn, "provision_submitted", id=request_id, slurm_job_id=slurm_job_id, now=now):
         events.record(conn, now, "provision_submitted", request_id=request_id, slurm_job_id=slurm_job_id)
 
 
-def end(conn, request_id: int, state: str, error: str, now: float) -> dict | None:
+def end(conn: apsw.Connection, request_id: int, state: str, error: str, now: float) -> dict | None:
     """Close an open request as cancelled or failed and revoke its token; None when it was not open."""
     ended = row(conn, "provision_end", id=request_id, state=state, error=error[-ERROR_CHARS:], now=now)
     if ended is None:
@@ -316,7 +318,7 @@ def end(conn, request_id: int, state: str, error: str, now: float) -> dict | Non
     return ended
 
 
-def attach(conn, now: float) -> list[dict]:
+def attach(conn: apsw.Connection, now: float) -> list[dict]:
     attached = rows(conn, "provision_attach", now=now)
     for a in attached:
         events.record(conn, now, "provision_attached", worker_id=a["worker_id"], request_id=a["id"],
@@ -446,7 +448,7 @@ class Provisioning:
             self._cancel(req, f"its worker did not attach within provision_timeout_s ({timeout:g} s); "
                               f"Slurm job {req['slurm_job_id']} was {state or 'in an unknown state'}")
 
-    def _wants_worker(self, prov: Provisioner, profile: Profile, covered: list[dict]) -> bool:
+    def _wants_worker(self, prov: Provisioner, profile: Profile, covered: list[dict | None]) -> bool:
         last = self.store.read(row, "last_provision_request", provisioner=prov.name, profile=profile.name)
         if last is not None:
             if last["state"] in ("requested", "pending"):

@@ -13,6 +13,7 @@ import os
 import secrets
 import socket
 from pathlib import Path
+from typing import TypeGuard
 
 from gpulayer.server.config import HomeLayout
 from gpulayer.server.errors import ConfigError
@@ -53,7 +54,7 @@ def read_lease(directory: Path) -> dict | None:
     return lease
 
 
-def lease_is_live(lease: dict | None, now: float) -> bool:
+def lease_is_live(lease: dict | None, now: float) -> TypeGuard[dict]:
     """True while the lease's writer may still be writing (renewed within FENCE_TTL_S, not released)."""
     if lease is None or lease.get("released"):
         return False

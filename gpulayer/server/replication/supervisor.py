@@ -289,13 +289,15 @@ class Replicator:
         is reported degraded with the lag unknown (`measured_s_ago` says how old).
         """
         measured, at = self._status, self._status_at
-        age = time.monotonic() - at if measured is not None else None
+        age: float | None = None
         if measured is None:
             measured = {"lag_seconds": None, "local_txid": 0, "replicated_txid": None, "degraded": True,
                         "error": "the replica's lag has not been measured yet"}
-        elif age > STATUS_STALE_S:
-            measured = {**measured, "lag_seconds": None, "degraded": True,
-                        "error": f"the replica's lag has not been measured for {age:.0f} s (the replica may hang)"}
+        else:
+            age = time.monotonic() - at
+            if age > STATUS_STALE_S:
+                measured = {**measured, "lag_seconds": None, "degraded": True,
+                            "error": f"the replica's lag has not been measured for {age:.0f} s (the replica may hang)"}
         child = self._child
         return {"state": self.state, "replica": self.replica.url, "interval_s": self.interval_s,
                 "pid": child.pid if child is not None else None, "lag_seconds": measured["lag_seconds"],

@@ -7,11 +7,13 @@ uploads only the outputs of a task it runs, up to `max_output_bytes`.
 """
 from __future__ import annotations
 
+import apsw
+
 from gpulayer.server.errors import BodyTooLarge, Forbidden, NotFound
 from gpulayer.server.store.queries import row
 
 
-def check_read(conn, principal, digest: str) -> None:
+def check_read(conn: apsw.Connection, principal, digest: str) -> None:
     """Raises Forbidden when a worker's active tasks do not name `digest`, or when no job a non-admin user
     may read names it (NotFound when it is not stored at all)."""
     if principal.kind == "worker" and \
@@ -25,7 +27,7 @@ def check_read(conn, principal, digest: str) -> None:
                         "(only admins download any artifact)")
 
 
-def check_probe(conn, principal, digest: str) -> None:
+def check_probe(conn: apsw.Connection, principal, digest: str) -> None:
     """May the caller learn whether `digest` exists? Raises Forbidden if not.
 
     A worker asks before uploading an output (dedup): existence of a digest it
@@ -35,7 +37,7 @@ def check_probe(conn, principal, digest: str) -> None:
         check_read(conn, principal, digest)
 
 
-def check_upload(conn, principal, length: int | None, limit: int) -> None:
+def check_upload(conn: apsw.Connection, principal, length: int | None, limit: int) -> None:
     """Raises Forbidden when a worker holds no active task that declares outputs, BodyTooLarge past `limit`."""
     if principal.kind != "worker":
         return
@@ -45,7 +47,7 @@ def check_upload(conn, principal, length: int | None, limit: int) -> None:
         raise BodyTooLarge(f"an output of {length} bytes is over the limit of {limit} (--max-output-mb)")
 
 
-def record(conn, digest: str, size: int, now: float) -> None:
+def record(conn: apsw.Connection, digest: str, size: int, now: float) -> None:
     """An artifact arrived (or was used again): its row, for the retention sweep."""
     row(conn, "record_artifact", digest=digest, size=size, now=now)
 

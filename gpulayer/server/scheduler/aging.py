@@ -13,6 +13,8 @@ batches (AGING_BATCH rows a transaction), each task at most AGING_MAX times.
 """
 from __future__ import annotations
 
+import apsw
+
 from gpulayer.server.store.queries import rows
 
 AGING_STEP_S = 3600.0  # one step of boost per hour waited
@@ -20,6 +22,6 @@ AGING_MAX = 10         # at most +10: normal work that waited reaches the `high`
 AGING_BATCH = 250      # rows raised per transaction (a few ms of the writer: docs/benchmarks.md)
 
 
-def age(conn, now: float, limit: int = AGING_BATCH) -> int:
+def age(conn: apsw.Connection, now: float, limit: int = AGING_BATCH) -> int:
     """Raise the age boost of up to `limit` queued tasks due another step; how many were raised."""
     return len(rows(conn, "age_queued_tasks", now=now, step_s=AGING_STEP_S, max_aged=AGING_MAX, limit=limit))

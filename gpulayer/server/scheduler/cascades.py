@@ -33,6 +33,8 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Callable, Iterable, Iterator
 
+import apsw
+
 from gpulayer.server.errors import GpulayerError
 
 log = logging.getLogger("gpulayer.server.scheduler.cascades")
@@ -164,7 +166,7 @@ class Cascades:
 
     def _run(self, step: Step) -> bool:
         """One step in a write of its own; its follow-ups queued. False (the step kept) when the write failed."""
-        def write(conn):
+        def write(conn: apsw.Connection):
             with collecting() as noted:
                 self._run_step(conn, self.clock(), step)
             return noted

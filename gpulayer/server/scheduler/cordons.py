@@ -10,6 +10,8 @@ whole) and its worker is told to stop them through `cancel_task_ids`.
 """
 from __future__ import annotations
 
+import apsw
+
 from gpulayer.server.errors import Conflict, NotFound
 from gpulayer.server.scheduler import events, leases, ledger
 from gpulayer.server.store.queries import row, rows
@@ -19,7 +21,7 @@ from gpulayer.server.store.queries import row, rows
 DRAIN_STOPPED = "worker_drained"
 
 
-def resolve(conn, ref: str) -> dict:
+def resolve(conn: apsw.Connection, ref: str) -> dict:
     """The worker an operator names by id or name: the live one (not gone) of that name.
 
     Raises NotFound for none, Conflict when a name is shared by several live workers.
@@ -39,7 +41,7 @@ def resolve(conn, ref: str) -> dict:
     raise NotFound(f"no worker {ref!r} (give its id or name, as `gpulayer worker list` shows)")
 
 
-def cordon(conn, ref: str, reason: str, now: float, *, drain: bool = False, timeout_s: float | None = None) -> dict:
+def cordon(conn: apsw.Connection, ref: str, reason: str, now: float, *, drain: bool = False, timeout_s: float | None = None) -> dict:
     """Cordon (or drain) the worker `ref`; returns the worker's cordon as stored.
 
     Raises NotFound / Conflict (resolve), and Conflict for a worker that is gone.
@@ -61,7 +63,7 @@ def cordon(conn, ref: str, reason: str, now: float, *, drain: bool = False, time
     return describe(conn, worker)
 
 
-def uncordon(conn, ref: str, now: float) -> dict:
+def uncordon(conn: apsw.Connection, ref: str, now: float) -> dict:
     """Put the worker `ref` back into service (a no-op when it is not cordoned)."""
     worker = resolve(conn, ref)
     removed = row(conn, "uncordon_worker", worker_id=worker["id"])
@@ -71,7 +73,7 @@ def uncordon(conn, ref: str, now: float) -> dict:
     return describe(conn, worker)
 
 
-def describe(conn, worker: dict) -> dict:
+def describe(conn: apsw.Connection, worker: dict) -> dict:
     """`{id, name, state, cordon, cordon_reason, drain_deadline}` of one worker now."""
     found = row(conn, "worker_cordon", worker_id=worker["id"])
     return {"id": worker["id"], "name": worker["name"], "state": worker["state"],
@@ -79,7 +81,7 @@ def describe(conn, worker: dict) -> dict:
             "cordoned_at": found["since"] if found else None, "drain_deadline": found["deadline"] if found else None}
 
 
-def advance_drains(conn, now: float, only: int | None = None) -> int:
+def advance_drains(conn: apsw.Connection, now: float, only: int | None = None) -> int:
     """Upkeep: draining workers that hold no task, or whose deadline passed, become drained; how many.
 
     At the deadline, its tasks go back to the queue (requeue_at_deadline); the
@@ -98,7 +100,7 @@ def advance_drains(conn, now: float, only: int | None = None) -> int:
     return drained
 
 
-def requeue_at_deadline(conn, worker_id: int, now: float) -> None:
+def requeue_at_deadline(conn: apsw.Connection, worker_id: int, now: float) -> None:
     """A drain's deadline passed: the worker's tasks go back to the queue, same attempt, as a
     preemption's do (a run that started is written to the usage ledger as `requeued`); a gang's
     ranks go back whole (their other workers are told to stop theirs). What is already being

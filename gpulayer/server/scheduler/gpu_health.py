@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import json
 
+import apsw
+
 from gpulayer.server.errors import Conflict, NotFound
 from gpulayer.server.scheduler import events
 from gpulayer.server.store.queries import row, rows
 
 
-def report(conn, worker_id: int, gpus: list[dict] | None, now: float) -> list[int]:
+def report(conn: apsw.Connection, worker_id: int, gpus: list[dict] | None, now: float) -> list[int]:
     """Store what the agent reports; returns the indices whose reset it has yet to hear (to tell it).
 
     A report of an index the worker did not register is ignored. A reset stays
@@ -61,7 +63,7 @@ def report(conn, worker_id: int, gpus: list[dict] | None, now: float) -> list[in
     return resets
 
 
-def _lose_tasks(conn, worker_id: int, failed: list[tuple], now: float) -> None:
+def _lose_tasks(conn: apsw.Connection, worker_id: int, failed: list[tuple], now: float) -> None:
     """The tasks on GPUs that just failed: their worker is asked to stop them (gpu_tasks_stop).
 
     They keep every GPU index they hold, the healthy ones too, until the worker
@@ -77,7 +79,7 @@ def _lose_tasks(conn, worker_id: int, failed: list[tuple], now: float) -> None:
                       worker_id=worker_id, reason="gpu_unhealthy")
 
 
-def reset(conn, worker: dict, index: int, now: float) -> dict:
+def reset(conn: apsw.Connection, worker: dict, index: int, now: float) -> dict:
     """`gpulayer worker gpu-reset`: mark GPU `index` of `worker` (cordons.resolve) healthy again.
 
     Returns the worker's GPUs. Raises NotFound for no such GPU, Conflict for a worker that is gone.
@@ -92,7 +94,7 @@ def reset(conn, worker: dict, index: int, now: float) -> dict:
     return {"worker_id": worker["id"], "name": worker["name"], "gpus": listing(conn, worker["id"])}
 
 
-def listing(conn, worker_id: int) -> list[dict]:
+def listing(conn: apsw.Connection, worker_id: int) -> list[dict]:
     """The worker's GPUs: `[{index, uuid, healthy, reason, changed_at}]`."""
     return [{"index": g["index"], "uuid": g["uuid"], "healthy": bool(g["healthy"]), "reason": g["reason"],
              "changed_at": g["changed_at"]} for g in rows(conn, "worker_gpus_of", worker_id=worker_id)]

@@ -1,13 +1,15 @@
 """Leases are timestamps: heartbeats move them on, upkeep expires them."""
 from __future__ import annotations
 
+import apsw
+
 from gpulayer.server.scheduler import events
 
 from gpulayer.server.scheduler import gpu_health, ledger, outcomes, preemption, reconcile
 from gpulayer.server.store.queries import QUERIES, row, rows
 
 
-def heartbeat(conn, worker_id: int, reported: list[dict], now: float, lease_ttl_s: float,
+def heartbeat(conn: apsw.Connection, worker_id: int, reported: list[dict], now: float, lease_ttl_s: float,
               gpus: list[dict] | None = None, restored: reconcile.Restored | None = None) -> dict:
     """Renew the worker's leases; answer which of its tasks to kill and whether it was revoked.
 
@@ -44,7 +46,7 @@ def heartbeat(conn, worker_id: int, reported: list[dict], now: float, lease_ttl_
     return answer
 
 
-def expire(conn, now: float, start_timeout_s: float) -> dict:
+def expire(conn: apsw.Connection, now: float, start_timeout_s: float) -> dict:
     """Upkeep's one transaction: expired leases, silent workers, stale gangs; how many of each.
 
     Tasks whose lease passed are lost (and retried or ended), their workers go
@@ -67,7 +69,7 @@ def expire(conn, now: float, start_timeout_s: float) -> dict:
             "gangs_released": release_stale_gangs(conn, now, start_timeout_s)}
 
 
-def release_stale_gangs(conn, now: float, start_timeout_s: float) -> int:
+def release_stale_gangs(conn: apsw.Connection, now: float, start_timeout_s: float) -> int:
     """Gangs with a rank not started in time go back to the queue whole; returns how many."""
     stale = rows(conn, "stale_gang_tasks", deadline=now - start_timeout_s)
     for gang in stale:
@@ -75,7 +77,7 @@ def release_stale_gangs(conn, now: float, start_timeout_s: float) -> int:
     return len(stale)
 
 
-def release_gang(conn, now: float, job_id: int, attempt: int, reason: str,
+def release_gang(conn: apsw.Connection, now: float, job_id: int, attempt: int, reason: str,
                  ranks: list[dict] | None = None) -> None:
     """A gang's attempt goes back to the queue whole, same attempt (`ranks`: its attempt_tasks, when read
     already): runs that started are written to the ledger as requeued, workers told to stop theirs."""
@@ -88,7 +90,7 @@ def release_gang(conn, now: float, job_id: int, attempt: int, reason: str,
                   workers=[r["worker_id"] for r in released])
 
 
-def finish_leftovers(conn, worker_id: int, reason: str, now: float) -> int:
+def finish_leftovers(conn: apsw.Connection, worker_id: int, reason: str, now: float) -> int:
     """A worker leaves (deregister, revoke): what it held is lost, for the retry policy to judge
     (a preemption's victim goes back to the queue, same attempt: preemption.requeue_lost)."""
     preemption.requeue_lost(conn, now, worker_id)
@@ -101,7 +103,7 @@ def finish_leftovers(conn, worker_id: int, reason: str, now: float) -> int:
     return len(held)
 
 
-def grace_after_restart(conn, now: float, lease_ttl_s: float) -> dict:
+def grace_after_restart(conn: apsw.Connection, now: float, lease_ttl_s: float) -> dict:
     """At start-up: no lease expires within one TTL of now, because the server, not the workers, was away.
 
     Without this, a control plane down for longer than the TTL (an upgrade, a

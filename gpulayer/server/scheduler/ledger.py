@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 import re
 
+import apsw
+
 from gpulayer.server.errors import InvalidRequest
 from gpulayer.server.store.queries import QUERIES, rows
 from gpulayer.server.validators import label_key
@@ -25,7 +27,7 @@ _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw]?)\Z")
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
-def record(conn, now: float, task_ids: list[int], outcome: str, preempted_by: int | None = None) -> int:
+def record(conn: apsw.Connection, now: float, task_ids: list[int], outcome: str, preempted_by: int | None = None) -> int:
     """Write the ledger rows of these tasks' runs, ending now, and charge fair share; how many rows.
 
     For runs that go back to the queue (`outcome` preempted or requeued): call it in
@@ -40,7 +42,7 @@ def record(conn, now: float, task_ids: list[int], outcome: str, preempted_by: in
     return len(charged)
 
 
-def refresh_running(conn, now: float) -> None:
+def refresh_running(conn: apsw.Connection, now: float) -> None:
     """Rewrite fair share's running part: each (project, user)'s usage so far of the runs still going."""
     conn.execute(QUERIES["clear_fairshare_running"])
     conn.execute(QUERIES["set_fairshare_running"], {"now": now})
@@ -56,7 +58,7 @@ def parse_duration(value: str | float | int | None, field: str, default: float) 
     return float(found.group(1)) * _UNITS[found.group(2)]
 
 
-def report(conn, by: str, since_s: float, now: float, *, user_id: int | None = None,
+def report(conn: apsw.Connection, by: str, since_s: float, now: float, *, user_id: int | None = None,
            project_ids: list[int] | None = None, offset: int = 0, limit: int = -1) -> dict:
     """GPU-hours, CPU-hours, runs and jobs per key over the runs that ended in the last `since_s` seconds.
 
@@ -78,7 +80,7 @@ def report(conn, by: str, since_s: float, now: float, *, user_id: int | None = N
                      for r in found]}
 
 
-def report_for(conn, principal, by: str, since_s: float, now: float, **page) -> dict:
+def report_for(conn: apsw.Connection, principal, by: str, since_s: float, now: float, **page) -> dict:
     """`report` as `principal` may see it: an admin everything; a user their own runs and those of the
     projects they manage."""
     if principal.admin:

@@ -3,25 +3,27 @@ from __future__ import annotations
 
 import json
 
+import apsw
+
 from gpulayer.server.scheduler import events
 
 from gpulayer.server.scheduler import outcomes, preemption
 from gpulayer.server.errors import TaskNotAssigned
-from gpulayer.server.store.queries import QUERIES, row, rows
+from gpulayer.server.store.queries import QUERIES, one, row, rows
 
 # outcome reported by the worker → (task state, reason)
 OUTCOMES = {"succeeded": ("succeeded", None), "failed": ("failed", "failed"),
             "timed_out": ("failed", "timed_out"), "cancelled": ("cancelled", "cancelled")}
 
 
-def _owned(conn, worker_id: int, task_id: int, *, active: bool = True) -> dict:
+def _owned(conn: apsw.Connection, worker_id: int, task_id: int, *, active: bool = True) -> dict:
     task = row(conn, "task_owned", task_id=task_id, worker_id=worker_id)
     if task is None or (active and task["state"] not in ("assigned", "running")):
         raise TaskNotAssigned(f"task {task_id} is not assigned to this worker (it was cancelled, lost or never yours)")
     return task
 
 
-def start(conn, worker_id: int, task_id: int, pid: int | None, now: float) -> None:
+def start(conn: apsw.Connection, worker_id: int, task_id: int, pid: int | None, now: float) -> None:
     """The worker started the task. Starting twice is harmless; anything else is 409 task_not_assigned."""
     started = row(conn, "start_task", task_id=task_id, worker_id=worker_id, pid=pid, now=now)
     if started is not None:
@@ -35,7 +37,7 @@ def start(conn, worker_id: int, task_id: int, pid: int | None, now: float) -> No
         row(conn, "set_task_pid", task_id=task_id, pid=pid)
 
 
-def append_logs(conn, worker_id: int, task_id: int, lines: list[dict]) -> int:
+def append_logs(conn: apsw.Connection, worker_id: int, task_id: int, lines: list[dict]) -> int:
     """Store log lines once each (by their `n`); returns how many were new."""
     task = _owned(conn, worker_id, task_id, active=False)
     before = conn.total_changes()
@@ -45,10 +47,10 @@ def append_logs(conn, worker_id: int, task_id: int, lines: list[dict]) -> int:
     return conn.total_changes() - before
 
 
-def rendezvous(conn, worker_id: int, task_id: int, address: str, port: int, now: float) -> dict:
+def rendezvous(conn: apsw.Connection, worker_id: int, task_id: int, address: str, port: int, now: float) -> dict:
     """Record where this rank listens; once every rank has arrived, everyone's place."""
     task = _owned(conn, worker_id, task_id)
-    job = row(conn, "job_for_update", job_id=task["job_id"])
+    job = one(conn, "job_for_update", job_id=task["job_id"])
     if task["attempt"] != job["attempt"]:
         raise TaskNotAssigned(f"task {task_id} belongs to a replaced attempt")
     conn.execute(QUERIES["rendezvous_arrive"], {"job_id": task["job_id"], "attempt": task["attempt"],
@@ -63,7 +65,7 @@ def rendezvous(conn, worker_id: int, task_id: int, address: str, port: int, now:
             "peers": [f"{p['address']}:{p['port']}" for p in peers]}
 
 
-def finish(conn, worker_id: int, task_id: int, exit_code: int | None, outcome: str, outputs: dict,
+def finish(conn: apsw.Connection, worker_id: int, task_id: int, exit_code: int | None, outcome: str, outputs: dict,
            reason: str | None, now: float, *, lines=(), pid: int | None = None) -> bool:
     """Record a task's result; False (and only an event) when the task was lost or cancelled meanwhile.
 

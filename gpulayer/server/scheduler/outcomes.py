@@ -28,10 +28,12 @@ import functools
 import json
 import re
 
+import apsw
+
 from gpulayer.protocol import array_text
 from gpulayer.server.scheduler import cascades, events
 from gpulayer.server.scheduler.spec import array_indices
-from gpulayer.server.store.queries import QUERIES, row, rows
+from gpulayer.server.store.queries import QUERIES, one, row, rows
 
 ACTIVE = ("queued", "assigned", "running")
 ACTIVE_JOB = ("queued", "running", "waiting")
@@ -44,7 +46,7 @@ BATCH = 250     # task rows one step ends or releases
 FANOUT = 100    # waiting jobs one step settles
 
 
-def settle(conn, now: float, job_id: int, attempt: int, task: dict) -> str | None:
+def settle(conn: apsw.Connection, now: float, job_id: int, attempt: int, task: dict) -> str | None:
     """Decide the job's fate after `task` (its row, already ended) ended; returns the job's new state, if any.
 
     `task` holds at least state, reason and exit_code.
@@ -72,7 +74,7 @@ def settle(conn, now: float, job_id: int, attempt: int, task: dict) -> str | Non
     return finish(conn, now, job_id, FINAL_JOB_STATE.get(task["state"], "failed"), task.get("exit_code"), reason)
 
 
-def _replace_replica(conn, now: float, job: dict, task: dict) -> bool:
+def _replace_replica(conn: apsw.Connection, now: float, job: dict, task: dict) -> bool:
     """Queue a new task for a service replica lost with its worker; the other replicas keep running.
 
     A service's replicas are independent servers, so losing one machine must
@@ -85,14 +87,14 @@ def _replace_replica(conn, now: float, job: dict, task: dict) -> bool:
     index = next((t["index"] for t in tasks if t["id"] == task["id"]), None)
     if index is None or sum(t["index"] == index for t in tasks) >= job["max_attempts"]:
         return False
-    new = row(conn, "insert_task", job_id=job["id"], index=index, attempt=job["attempt"],
+    new = one(conn, "insert_task", job_id=job["id"], index=index, attempt=job["attempt"],
               priority=job["priority"], now=now)
     events.record(conn, now, "replica_replaced", job_id=job["id"], task_id=task["id"], new_task_id=new["id"],
                   index=index, reason=task.get("reason"))
     return True
 
 
-def _succeeded(conn, now: float, job: dict) -> str | None:
+def _succeeded(conn: apsw.Connection, now: float, job: dict) -> str | None:
     siblings = rows(conn, "attempt_tasks", job_id=job["id"], attempt=job["attempt"])
     if job["kind"] == "service":
         # One replica ended for good with a clean exit: the service ends with it.
@@ -105,19 +107,19 @@ def _succeeded(conn, now: float, job: dict) -> str | None:
     return None
 
 
-def _stop_siblings(conn, now: float, job_id: int, attempt: int, reason: str) -> None:
+def _stop_siblings(conn: apsw.Connection, now: float, job_id: int, attempt: int, reason: str) -> None:
     for stopped in rows(conn, "stop_attempt_tasks", job_id=job_id, attempt=attempt, state="cancelled",
                         reason=reason, now=now):
         events.record(conn, now, "task_stopped", job_id=job_id, task_id=stopped["id"], reason=reason)
 
 
-def retry(conn, now: float, job: dict, reason: str) -> int:
+def retry(conn: apsw.Connection, now: float, job: dict, reason: str) -> int:
     """Replace the job's current attempt by a new one, queued; returns the new attempt number."""
     for old in rows(conn, "detach_running_tasks", job_id=job["id"], attempt=job["attempt"], state="cancelled",
                     reason="attempt_replaced", now=now):
         events.record(conn, now, "task_stopped", job_id=job["id"], task_id=old["id"], worker_id=old["worker_id"],
                       reason="attempt_replaced")
-    new = row(conn, "next_attempt", job_id=job["id"])
+    new = one(conn, "next_attempt", job_id=job["id"])
     for index in range(new["width"]):
         row(conn, "insert_task", job_id=job["id"], index=index, attempt=new["attempt"],
             priority=new["priority"], now=now)
@@ -125,7 +127,7 @@ def retry(conn, now: float, job: dict, reason: str) -> int:
     return new["attempt"]
 
 
-def finish(conn, now: float, job_id: int, state: str, exit_code: int | None, reason: str | None) -> str | None:
+def finish(conn: apsw.Connection, now: float, job_id: int, state: str, exit_code: int | None, reason: str | None) -> str | None:
     """End the job once, and settle the jobs that wait on it; returns its final state, or None when it had
     ended already."""
     if row(conn, "finish_job", job_id=job_id, state=state, exit_code=exit_code, reason=reason, now=now) is None:
@@ -137,15 +139,15 @@ def finish(conn, now: float, job_id: int, state: str, exit_code: int | None, rea
 
 # -- arrays ------------------------------------------------------------------
 
-def settle_element(conn, now: float, job: dict, task: dict, *, freed: bool) -> str | None:
+def settle_element(conn: apsw.Connection, now: float, job: dict, task: dict, *, freed: bool) -> str | None:
     """An array element's task ended (`freed`: it was released, so the next held one may go): retry that
     element alone, or release the next and end the array once no element is left to run."""
     if task["state"] not in ("succeeded", "cancelled"):
         reason = task.get("reason") or task["state"]
-        element = row(conn, "task_element", task_id=task["id"])
+        element = one(conn, "task_element", task_id=task["id"])
         if (RETRY_AS.get(reason, reason) in json.loads(job["retry_on"])
                 and element["attempt"] < job["max_attempts"]):
-            new = row(conn, "insert_task", job_id=job["id"], index=element["index"], attempt=element["attempt"] + 1,
+            new = one(conn, "insert_task", job_id=job["id"], index=element["index"], attempt=element["attempt"] + 1,
                       priority=job["priority"], now=now)
             events.record(conn, now, "element_retried", job_id=job["id"], task_id=task["id"], new_task_id=new["id"],
                           index=element["index"], attempt=element["attempt"] + 1, reason=reason)
@@ -171,14 +173,14 @@ def dependency_met(condition: str, state: str) -> bool:
     return (state == "succeeded") == (condition == "ok")
 
 
-def cancel(conn, now: float, job_id: int, reason: str) -> None:
+def cancel(conn: apsw.Connection, now: float, job_id: int, reason: str) -> None:
     """Start cancelling an active job for `reason` (cancelled, dependency_failed) and run its first
     end_step now: a job of up to BATCH tasks (any job but a big array) ends in this transaction."""
     row(conn, "mark_job_ending", job_id=job_id, reason=reason)
     end_step(conn, now, job_id)
 
 
-def cancel_dependent(conn, now: float, job_id: int, after_job_id: int, state: str | None = None, *,
+def cancel_dependent(conn: apsw.Connection, now: float, job_id: int, after_job_id: int, state: str | None = None, *,
                      first_step: bool = False) -> None:
     """Cancel a job that can never run, its dependency `after_job_id` having ended (in `state`) against
     its condition: reason dependency_failed, in end_steps of their own (`first_step`: the first now)."""
@@ -190,7 +192,7 @@ def cancel_dependent(conn, now: float, job_id: int, after_job_id: int, state: st
     _follow(conn, now, ("end", job_id, 0))
 
 
-def end_step(conn, now: float, job_id: int, _arg: int = 0) -> None:
+def end_step(conn: apsw.Connection, now: float, job_id: int, _arg: int = 0) -> None:
     """One step of a cancel: up to BATCH of the job's tasks not yet running end (an array's in one
     `elements_cancelled` event, not one per element); after the last, its running tasks are asked to
     stop and the job ends `cancelled`, which settles what waits on it. A no-op for a job not being
@@ -219,7 +221,7 @@ def end_step(conn, now: float, job_id: int, _arg: int = 0) -> None:
     finish(conn, now, job_id, "cancelled", None, reason)
 
 
-def settle_step(conn, now: float, job_id: int, cursor: int = 0) -> None:
+def settle_step(conn: apsw.Connection, now: float, job_id: int, cursor: int = 0) -> None:
     """One step of settling the jobs waiting on `job_id`, which has ended: up to FANOUT of them (after
     job `cursor`) are released when their last dependency ended, or set to be cancelled when this one
     ended against their condition; each goes on in steps of its own (down a chain, one link a step)."""
@@ -231,7 +233,7 @@ def settle_step(conn, now: float, job_id: int, cursor: int = 0) -> None:
         if not dependency_met(dependent["condition"], job["state"]):
             cancel_dependent(conn, now, dependent["job_id"], job_id, job["state"])
             continue
-        if not elements_made(conn, row(conn, "get_job", job_id=dependent["job_id"])):
+        if not elements_made(conn, one(conn, "get_job", job_id=dependent["job_id"])):
             continue  # its last insert_step settles this again
         released = row(conn, "release_job", job_id=dependent["job_id"])
         if released is None:
@@ -242,7 +244,7 @@ def settle_step(conn, now: float, job_id: int, cursor: int = 0) -> None:
         _follow(conn, now, ("settle", job_id, found[-1]["job_id"]))
 
 
-def release_step(conn, now: float, job_id: int, count: int = -1) -> None:
+def release_step(conn: apsw.Connection, now: float, job_id: int, count: int = -1) -> None:
     """One step of releasing a job's held tasks into task_queue: up to BATCH of the `count` left
     (-1: all of them), lowest index first; the rest in steps of their own."""
     n = BATCH if count < 0 else min(count, BATCH)
@@ -251,7 +253,7 @@ def release_step(conn, now: float, job_id: int, count: int = -1) -> None:
         _follow(conn, now, ("release", job_id, -1 if count < 0 else count - n))
 
 
-def insert_step(conn, now: float, job_id: int, offset: int = 0) -> None:
+def insert_step(conn: apsw.Connection, now: float, job_id: int, offset: int = 0) -> None:
     """One step of making a big array's elements: BATCH of them from the `offset`-th, held (so none runs
     and ends the array before the last is made); after the last, released as its %N cap (or none) says
     unless it waits, and what it waits on settled again (a dependency may have ended meanwhile: see
@@ -259,7 +261,7 @@ def insert_step(conn, now: float, job_id: int, offset: int = 0) -> None:
     job = row(conn, "job_for_update", job_id=job_id)
     if job is None or job["state"] not in ACTIVE_JOB or job["reason"] is not None:
         return
-    indices = _array_indices(json.loads(row(conn, "get_job", job_id=job_id)["spec"])["array"])
+    indices = _array_indices(json.loads(one(conn, "get_job", job_id=job_id)["spec"])["array"])
     made = indices[offset:offset + BATCH]
     if not made or row(conn, "array_element_made", job_id=job_id, index=made[0]) is not None:
         return  # a step that ran already
@@ -275,7 +277,7 @@ def insert_step(conn, now: float, job_id: int, offset: int = 0) -> None:
                 _follow(conn, now, ("settle", dep["job"], job_id - 1))
 
 
-def elements_made(conn, job: dict) -> bool:
+def elements_made(conn: apsw.Connection, job: dict) -> bool:
     """Whether every element of an array has its first task (insert_step made the last); True for no array."""
     if job["array_size"] is None:
         return True
@@ -292,13 +294,13 @@ def _array_indices(text: str) -> list[int]:
 STEPS = {"end": end_step, "settle": settle_step, "release": release_step, "insert": insert_step}
 
 
-def run_step(conn, now: float, step: cascades.Step) -> None:
+def run_step(conn: apsw.Connection, now: float, step: cascades.Step) -> None:
     """Run one cascade step (cascades.Cascades calls this, in a write of its own)."""
     kind, job_id, arg = step
     STEPS[kind](conn, now, job_id, arg)
 
 
-def _follow(conn, now: float, step: cascades.Step) -> None:
+def _follow(conn: apsw.Connection, now: float, step: cascades.Step) -> None:
     """Ask for `step` in a write of its own; with nothing to collect it, run it and all that follows now,
     in this transaction (a loop, not recursion: a chain may be thousands of jobs long)."""
     if cascades.follow(step):

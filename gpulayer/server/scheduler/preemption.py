@@ -27,9 +27,11 @@ from __future__ import annotations
 import json
 from itertools import groupby
 
+import apsw
+
 from gpulayer.protocol import LEASE_TTL_S
 from gpulayer.server.scheduler import events, ledger
-from gpulayer.server.store.queries import QUERIES, row, rows
+from gpulayer.server.store.queries import QUERIES, one, row, rows
 
 PLANS = 16  # waiting tasks whose victims are searched for per upkeep round
 CANDIDATES = 256  # waiting tasks read per round: those with nothing to take, or no worker they fit, cost no plan
@@ -37,7 +39,7 @@ WORKERS_TRIED = 64  # workers a waiting task's plan is tried on, those with the 
 ACTIVE = ("assigned", "running")
 
 
-def preempt(conn, now: float, lease_ttl_s: float = LEASE_TTL_S) -> list[int]:
+def preempt(conn: apsw.Connection, now: float, lease_ttl_s: float = LEASE_TTL_S) -> list[int]:
     """Upkeep's preemption round: ask workers to stop victims for waiting tasks; the victims' task ids.
 
     Cheap when there is nothing to take: no running preemptible job and no project
@@ -46,7 +48,7 @@ def preempt(conn, now: float, lease_ttl_s: float = LEASE_TTL_S) -> list[int]:
     """
     asked: list[int] = []
     conn.execute(QUERIES["expire_gang_reservations"], {"now": now})
-    possible = row(conn, "preemption_possible")
+    possible = one(conn, "preemption_possible")
     floor, borrowers = possible["floor"], {int(k): v for k, v in json.loads(possible["borrowers"]).items()}
     if floor is None and not borrowers:
         return asked
@@ -81,7 +83,7 @@ def preempt(conn, now: float, lease_ttl_s: float = LEASE_TTL_S) -> list[int]:
 class _Round:
     """What one preemption round reads once: victims per priority, the workers each shape fits."""
 
-    def __init__(self, conn, now: float) -> None:
+    def __init__(self, conn: apsw.Connection, now: float) -> None:
         self.conn = conn
         self.now = now
         # worker -> room held there for waiting gangs (gang_reservations): no other task's
@@ -250,7 +252,7 @@ def _fits(free: dict, want: dict) -> bool:
             and free["memory_mb"] >= want["memory_mb"])
 
 
-def _ask(conn, now: float, want: dict, plan: list[dict]) -> list[int]:
+def _ask(conn: apsw.Connection, now: float, want: dict, plan: list[dict]) -> list[int]:
     """Mark the victims (a gang's every active rank with its victim) to be stopped; their task ids."""
     asked: list[int] = []
     for victim in plan:
@@ -272,7 +274,7 @@ def _ask(conn, now: float, want: dict, plan: list[dict]) -> list[int]:
     return asked
 
 
-def requeue_lost(conn, now: float, worker_id: int | None = None) -> int:
+def requeue_lost(conn: apsw.Connection, now: float, worker_id: int | None = None) -> int:
     """Victims whose worker is lost during their grace go back to the queue, same attempt; how many.
 
     Called before a lost worker's tasks are settled lost: those of `worker_id`
@@ -283,7 +285,7 @@ def requeue_lost(conn, now: float, worker_id: int | None = None) -> int:
     return sum(requeue(conn, task["worker_id"], task, now, worker_lost=True) for task in found)
 
 
-def requeue(conn, worker_id: int, task: dict, now: float, *, worker_lost: bool = False) -> bool:
+def requeue(conn: apsw.Connection, worker_id: int, task: dict, now: float, *, worker_lost: bool = False) -> bool:
     """A task stopped for a preemption: back to the queue, same attempt; False when that does not apply.
 
     `task` is the task's row as its worker holds it (task_owned). Applies only
@@ -309,7 +311,7 @@ def requeue(conn, worker_id: int, task: dict, now: float, *, worker_lost: bool =
     return True
 
 
-def heartbeat_fields(conn, worker_id: int) -> dict:
+def heartbeat_fields(conn: apsw.Connection, worker_id: int) -> dict:
     """What a heartbeat answer adds for preemptions: the tasks to stop as preempted, and their grace."""
     found = rows(conn, "worker_preempting", worker_id=worker_id)
     if not found:

@@ -44,6 +44,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import apsw
+
 from gpulayer.server.scheduler import events, outcomes, preemption
 from gpulayer.server.store.queries import row, rows
 
@@ -129,12 +131,12 @@ class Restored:
                 "rules_end_in_s": round(max(0.0, self.ends_at - now), 2), "watermark_task_id": self.watermark}
 
 
-def online_workers(conn) -> set[int]:
+def online_workers(conn: apsw.Connection) -> set[int]:
     """The workers the (restored) state has online: rule 5's pause waits for them."""
     return {r["id"] for r in rows(conn, "reconcile_online_workers")}
 
 
-def reported(conn, worker_id: int, tasks: list[dict], now: float, lease: float, restored: Restored | None) -> None:
+def reported(conn: apsw.Connection, worker_id: int, tasks: list[dict], now: float, lease: float, restored: Restored | None) -> None:
     """Apply the rules to one heartbeat's `tasks`, before its answer is made (adopted tasks are not cancelled)."""
     if restored is None or not restored.active():
         return
@@ -154,7 +156,7 @@ def reported(conn, worker_id: int, tasks: list[dict], now: float, lease: float, 
             _foreign(conn, worker_id, task, now, lease, restored)
 
 
-def _foreign(conn, worker_id: int, task: dict, now: float, lease: float, restored: Restored) -> None:
+def _foreign(conn: apsw.Connection, worker_id: int, task: dict, now: float, lease: float, restored: Restored) -> None:
     """A reported task this worker does not hold: adopted (rule 2), else held while queued (rule 3)."""
     found = row(conn, "reconcile_task", task_id=task["task_id"])
     if found is not None and found["state"] != "queued":
@@ -166,7 +168,7 @@ def _foreign(conn, worker_id: int, task: dict, now: float, lease: float, restore
     restored.hold(task["task_id"])
 
 
-def adopt_for_call(conn, worker_id: int, task_id: int, now: float, lease: float, restored: Restored,
+def adopt_for_call(conn: apsw.Connection, worker_id: int, task_id: int, now: float, lease: float, restored: Restored,
                    *, ending: bool) -> None:
     """Rule 2 for a start or finish that reaches a restored plane before the worker's first heartbeat.
 
@@ -182,7 +184,7 @@ def adopt_for_call(conn, worker_id: int, task_id: int, now: float, lease: float,
         _adopt(conn, worker_id, {"task_id": task_id}, found, now, lease, restored, ending=ending)
 
 
-def _adopt(conn, worker_id: int, task: dict, found: dict, now: float, lease: float, restored: Restored,
+def _adopt(conn: apsw.Connection, worker_id: int, task: dict, found: dict, now: float, lease: float, restored: Restored,
            *, ending: bool) -> bool:
     same = (found["id"] <= restored.watermark and not found["gang"] and found["attempt"] == found["job_attempt"]
             and found["job_state"] in ("queued", "running")
@@ -212,7 +214,7 @@ def _adopt(conn, worker_id: int, task: dict, found: dict, now: float, lease: flo
     return True
 
 
-def _unreported(conn, worker_id: int, reported_ids: set[int], now: float, restored: Restored) -> None:
+def _unreported(conn: apsw.Connection, worker_id: int, reported_ids: set[int], now: float, restored: Restored) -> None:
     """Rule 4: tasks running here since before the restore that the worker no longer runs are lost."""
     for task in rows(conn, "worker_running_since", worker_id=worker_id, before=restored.started_at):
         if task["id"] in reported_ids:

@@ -13,6 +13,8 @@ import json
 import logging
 import re
 
+import apsw
+
 from gpulayer.server.scheduler import events
 from gpulayer.server.errors import ConfigError
 from gpulayer.server.store.queries import row, rows
@@ -35,12 +37,12 @@ def parse_duration(text: str) -> float:
     return seconds
 
 
-def candidates(conn, cutoff: float) -> list[dict]:
+def candidates(conn: apsw.Connection, cutoff: float) -> list[dict]:
     """What a sweep with this cutoff would remove."""
     return rows(conn, "unreferenced_artifacts", cutoff=cutoff)
 
 
-def _forget(conn, cutoff: float, now: float) -> list[dict]:
+def _forget(conn: apsw.Connection, cutoff: float, now: float) -> list[dict]:
     removed = []
     for artifact in rows(conn, "unreferenced_artifacts", cutoff=cutoff):
         if row(conn, "delete_artifact", digest=artifact["digest"]) is not None:
@@ -151,13 +153,13 @@ class _Round:
                   lambda worker: self.write("workers", "prune_worker", worker_id=worker["id"], cutoff=cutoff))
 
 
-def _forget_tasks(conn, job_id: int, cutoff: float, n: int) -> list[dict]:
+def _forget_tasks(conn: apsw.Connection, job_id: int, cutoff: float, n: int) -> list[dict]:
     """Up to n tasks of one pruned job, with their preemptions (the usage ledger keeps who preempted whom)."""
     rows(conn, "prune_job_preemptions", job_id=job_id, cutoff=cutoff, n=n)  # of the same n tasks, first
     return rows(conn, "prune_job_tasks", job_id=job_id, cutoff=cutoff, n=n)
 
 
-def _forget_job(conn, job_id: int, cutoff: float) -> list[dict]:
+def _forget_job(conn: apsw.Connection, job_id: int, cutoff: float) -> list[dict]:
     """The row of a pruned job whose lines, events, tasks and dependencies went in batches, with its
     rendezvous (a few rows a rank); nothing while any of those is left."""
     rows(conn, "prune_job_rendezvous", job_id=job_id, cutoff=cutoff)

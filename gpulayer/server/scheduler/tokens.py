@@ -4,12 +4,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import apsw
+
 from gpulayer.server.errors import NotFound
 from gpulayer.server.scheduler import events
 from gpulayer.server.store.queries import row, rows
 
 
-def insert(conn, *, jti: str, kind: str, name: str, labels: dict, token_hash: str, expires_at: float | None,
+def insert(conn: apsw.Connection, *, jti: str, kind: str, name: str, labels: dict, token_hash: str, expires_at: float | None,
            source: str, now: float, user: str | None = None) -> None:
     """Store a new token's hash (the token itself is shown once, by the caller); a client token's `user`."""
     user_id = None
@@ -25,13 +27,13 @@ def insert(conn, *, jti: str, kind: str, name: str, labels: dict, token_hash: st
                   **data)
 
 
-def listing(conn, user_id: int | None = None, after: int = 0, limit: int = -1) -> list[dict]:
+def listing(conn: apsw.Connection, user_id: int | None = None, after: int = 0, limit: int = -1) -> list[dict]:
     """Minted tokens (`user_id`: that user's client tokens alone), without secret or hash, in the order they were
     minted: after the position `after` (each token's `n`), at most `limit` (-1: all)."""
     return [{**t, "labels": json.loads(t["labels"])}
             for t in rows(conn, "list_tokens", user_id=user_id, after=after, limit=limit)]
 
 
-def get(conn, jti: str) -> dict | None:
+def get(conn: apsw.Connection, jti: str) -> dict | None:
     found = row(conn, "get_token", jti=jti)
     return {**found, "labels": json.loads(found["labels"])} if found else None

@@ -3,16 +3,18 @@ from __future__ import annotations
 
 import json
 
+import apsw
+
 from gpulayer.server.scheduler import events
 
 from gpulayer.server.scheduler import gpu_health, leases
 from gpulayer.server.config import PROTOCOL
 from gpulayer.server.errors import Forbidden
 from gpulayer.server.security.auth import SERVER_JOIN_JTI
-from gpulayer.server.store.queries import row, rows
+from gpulayer.server.store.queries import one, row, rows
 
 
-def register(conn, *, body: dict, token, session_hash: str, peer_address: str | None, now: float,
+def register(conn: apsw.Connection, *, body: dict, token, session_hash: str, peer_address: str | None, now: float,
              lease_ttl_s: float) -> dict:
     """Insert a worker row for a valid join token; returns {worker_id, advertise_address}.
 
@@ -33,7 +35,7 @@ def register(conn, *, body: dict, token, session_hash: str, peer_address: str | 
     res = body["resources"]
     advertise = body.get("advertise_address") or peer_address
     namesake = row(conn, "online_worker_named", name=name)
-    worker_id = row(conn, "register_worker", name=name, labels=json.dumps(labels),
+    worker_id = one(conn, "register_worker", name=name, labels=json.dumps(labels),
                     token_labels=json.dumps(token_labels), cpus=res["cpus"], gpus=res["gpus"],
                     memory_mb=res["memory_mb"], gpu_models=json.dumps(res["gpu_models"]), slots=body["slots"],
                     advertise_address=advertise, version=body["version"], protocol=PROTOCOL,
@@ -57,7 +59,7 @@ def register(conn, *, body: dict, token, session_hash: str, peer_address: str | 
     return answer
 
 
-def needs_upgrade(conn, *, name: str, version: str | None, protocol: str, token_jti: str | None, now: float) -> None:
+def needs_upgrade(conn: apsw.Connection, *, name: str, version: str | None, protocol: str, token_jti: str | None, now: float) -> None:
     """List a worker refused for another protocol until it registers again (or the server restarts)."""
     row(conn, "clear_needs_upgrade", name=name, reason="superseded")
     row(conn, "mark_needs_upgrade", name=name, version=version, protocol=_int_or_none(protocol),
@@ -65,7 +67,7 @@ def needs_upgrade(conn, *, name: str, version: str | None, protocol: str, token_
     events.record(conn, now, "worker_needs_upgrade", name=name, version=version, protocol=protocol)
 
 
-def forget_needs_upgrade(conn, reason: str) -> None:
+def forget_needs_upgrade(conn: apsw.Connection, reason: str) -> None:
     """Clear the whole needs_upgrade list (the server restarted: refused workers will say so again)."""
     row(conn, "clear_needs_upgrade", name=None, reason=reason)
 
@@ -77,7 +79,7 @@ def _int_or_none(value) -> int | None:
         return None
 
 
-def depart(conn, worker_id: int, reason: str, now: float) -> int:
+def depart(conn: apsw.Connection, worker_id: int, reason: str, now: float) -> int:
     """The worker is gone for good (deregistered or revoked); returns how many tasks it left."""
     if row(conn, "worker_gone", worker_id=worker_id, reason=reason) is None:
         return 0
@@ -92,7 +94,7 @@ def depart(conn, worker_id: int, reason: str, now: float) -> int:
     return left
 
 
-def revoke_token(conn, jti: str, now: float) -> dict | None:
+def revoke_token(conn: apsw.Connection, jti: str, now: float) -> dict | None:
     """Revoke a minted token and cut off every worker that joined with it."""
     revoked = row(conn, "revoke_token", jti=jti, now=now)
     if revoked is None:
@@ -104,7 +106,7 @@ def revoke_token(conn, jti: str, now: float) -> dict | None:
     return {"jti": jti, "workers": workers}
 
 
-def listing(conn, include_gone: bool = False, after: int = 0, limit: int = -1) -> list[dict]:
+def listing(conn: apsw.Connection, include_gone: bool = False, after: int = 0, limit: int = -1) -> list[dict]:
     """Workers with their resources and what is free on them, by id: after `after`, at most `limit` (-1: all)."""
     out = []
     for w in rows(conn, "list_workers", include_gone=int(include_gone), after=after, limit=limit):

@@ -72,7 +72,8 @@ class ArtifactStore:
             raise BodyTooLarge(f"artifact of {length} bytes is over the limit of {self.max_bytes}")
         hasher = hashlib.sha256()
         size = 0
-        fd, tmp = tempfile.mkstemp(dir=self.root / "tmp")
+        fd, tmp_path = tempfile.mkstemp(dir=self.root / "tmp")
+        tmp: str | None = tmp_path  # None once it is in place
         try:
             with os.fdopen(fd, "wb") as out:
                 while chunk := stream.read(CHUNK):
@@ -90,7 +91,7 @@ class ArtifactStore:
                 raise DigestMismatch(f"the bytes hash to {actual}, not {digest}; nothing was stored")
             target.parent.mkdir(parents=True, exist_ok=True)
             with self.locked(digest):
-                os.replace(tmp, target)
+                os.replace(tmp_path, target)
                 tmp = None
                 if record is not None:
                     record(digest, size)

@@ -25,7 +25,11 @@ parameter again on every run (one job's fit on one worker: ~170 us instead of
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
+
+import apsw
 
 _NAME = re.compile(r"^-- name: ([a-z_][a-z0-9_]*) --\s*$", re.MULTILINE)
 FOLDER = Path(__file__).resolve().parent
@@ -70,15 +74,20 @@ def load_folder(folder: Path = FOLDER) -> tuple[dict[str, str], dict[str, str]]:
 QUERIES, OWNERS = load_folder()
 
 
-def rows(conn, query: str, /, **params) -> list[dict]:
+def rows(conn: apsw.Connection, query: str, /, **params) -> list[dict]:
     """Run the named query; every row as a dict."""
-    return conn.execute(QUERIES[query], params).fetchall()
+    return _fetch(conn, query, params)
+
+
+def _fetch(conn: apsw.Connection, query: str, params: dict) -> list[dict]:
+    # store/db.py's connections all carry the row tracer that makes each row a dict; apsw's stubs type a tuple.
+    return cast("list[dict]", conn.execute(QUERIES[query], params).fetchall())
 
 
 PAGE_BYTES = 4 << 20  # a page of a list route holds at most about this much text (its first row whatever its size)
 
 
-def page(conn, query: str, limit: int, /, budget: int = PAGE_BYTES, **params) -> tuple[list[dict], bool]:
+def page(conn: apsw.Connection, query: str, limit: int, /, budget: int = PAGE_BYTES, **params) -> tuple[list[dict], bool]:
     """Up to `limit` rows of the named query (which takes `:limit`: it is sent `limit` + 1) until their text and
     bytes reach `budget` (at least one row); and whether more rows follow.
 
@@ -89,7 +98,7 @@ def page(conn, query: str, limit: int, /, budget: int = PAGE_BYTES, **params) ->
     size = 0
     cursor = conn.execute(QUERIES[query], {**params, "limit": limit + 1})
     try:
-        for item in cursor:
+        for item in cast("Iterator[dict]", cursor):  # rows are dicts: the row tracer (see _fetch)
             if len(found) == limit or size >= budget:
                 return found, True
             found.append(item)
@@ -99,7 +108,23 @@ def page(conn, query: str, limit: int, /, budget: int = PAGE_BYTES, **params) ->
         cursor.close()  # the statement's rest is never stepped through
 
 
-def row(conn, query: str, /, **params) -> dict | None:
-    """Run the named query; its first row, or None."""
-    found = conn.execute(QUERIES[query], params).fetchall()
+def row(conn: apsw.Connection, query: str, /, **params) -> dict | None:
+    """Run the named query; its first row, or None (where no row is a case the caller answers)."""
+    found = _fetch(conn, query, params)
     return found[0] if found else None
+
+
+class NoRow(LookupError):
+    """A query that always returns a row returned none: a bug or a broken state file, answered as a 500."""
+
+
+def one(conn: apsw.Connection, query: str, /, **params) -> dict:
+    """Run the named query, which returns a row whenever its caller runs it (an aggregate, an INSERT ... RETURNING,
+    a row the same transaction holds); its first row.
+
+    Raises NoRow naming the query when none comes back.
+    """
+    found = _fetch(conn, query, params)
+    if not found:
+        raise NoRow(f"query {query!r} returned no row")
+    return found[0]
