@@ -11,6 +11,8 @@ import time
 from functools import cached_property
 from typing import BinaryIO, Callable
 
+import apsw
+
 from gpulayer.server.config import MAX_ACQUIRE_WAIT_S, ControlPlaneConfig
 from gpulayer.server.errors import NotFound
 from gpulayer.server.scheduler import (access, aging, cascades, cordons, gauges, gpu_health, jobs, leases,
@@ -298,7 +300,7 @@ class Scheduler:
         return self._write(self._gpu_reset, ref, index, self.clock(), wake=True)
 
     @staticmethod
-    def _gpu_reset(conn, ref: str, index: int, now: float) -> dict:
+    def _gpu_reset(conn: apsw.Connection, ref: str, index: int, now: float) -> dict:
         return gpu_health.reset(conn, cordons.resolve(conn, ref), index, now)
 
     def acquire(self, worker_id: int, wait_s: float = 0.0) -> dict | None:
@@ -345,12 +347,12 @@ class Scheduler:
             if parked:
                 self._parked.release()
 
-    def _acquire_once(self, conn, worker_id: int, now: float, max_tasks: int = 1) -> list[dict]:
+    def _acquire_once(self, conn: apsw.Connection, worker_id: int, now: float, max_tasks: int = 1) -> list[dict]:
         """One acquire transaction: the Assignments, built in the same transaction (maybe none)."""
         taken = placement.acquire_many(conn, worker_id, now, self.config.lease_ttl_s, max_tasks)
         return [self._assignment(conn, task_id) for task_id in taken]
 
-    def _assignment(self, conn, task_id: int) -> dict:
+    def _assignment(self, conn: apsw.Connection, task_id: int) -> dict:
         return placement.assignment(conn, task_id, lambda names: secrets.env_for(conn, self.secret_box, names,
                                                                                  secrets.task_project(conn, task_id)))
 
@@ -363,7 +365,7 @@ class Scheduler:
         if restored is None:
             return fn
 
-        def adopting(conn, worker_id: int, task_id: int, *args, **kwargs):
+        def adopting(conn: apsw.Connection, worker_id: int, task_id: int, *args, **kwargs):
             now = self.clock()
             reconcile.adopt_for_call(conn, worker_id, task_id, now, now + self.config.lease_ttl_s, restored,
                                      ending=fn is lifecycle.finish)
@@ -400,7 +402,7 @@ class Scheduler:
         """
         return self._write(self._restarted, self.clock())
 
-    def _restarted(self, conn, now: float) -> dict:
+    def _restarted(self, conn: apsw.Connection, now: float) -> dict:
         workers.forget_needs_upgrade(conn, "server_restarted")
         conn.execute(QUERIES["set_scheduler_settings"], {"half_life_s": self.config.fairshare_half_life_s,
                                                          "preempt_grace_s": self.config.preempt_grace_s})

@@ -3,13 +3,15 @@ from __future__ import annotations
 
 import json
 
+import apsw
+
 from gpulayer.server.scheduler import events, outcomes
 from gpulayer.server.errors import InvalidRequest, NotFound, TooManyQueued
 from gpulayer.server.scheduler.spec import array_indices, referenced_digests
-from gpulayer.server.store.queries import QUERIES, row, rows
+from gpulayer.server.store.queries import QUERIES, one, row, rows
 
 
-def submit(conn, spec: dict, now: float, user_id: int = 1, project_id: int = 1) -> int:
+def submit(conn: apsw.Connection, spec: dict, now: float, user_id: int = 1, project_id: int = 1) -> int:
     """Insert a validated (normalised) spec and its first attempt's tasks, owned by `user_id` in `project_id`
     (teams.submit_owner); returns the job id."""
     missing = [name for name in spec["secrets"]
@@ -28,7 +30,7 @@ def submit(conn, spec: dict, now: float, user_id: int = 1, project_id: int = 1) 
     width = service["replicas"] if service else spec["nodes"]
     indices = elements(spec)
     cap = spec.get("max_running")
-    job_id = row(conn, "insert_job", name=spec["name"], spec=json.dumps(spec), kind="service" if service else "batch",
+    job_id = one(conn, "insert_job", name=spec["name"], spec=json.dumps(spec), kind="service" if service else "batch",
                  priority=spec["priority"], labels=json.dumps(spec["labels"]), secrets=json.dumps(spec["secrets"]),
                  accelerator=spec["accelerator"],
                  gpus=spec["gpus"], cpus=spec["cpus"], memory_mb=spec["memory_mb"], width=width,
@@ -62,10 +64,10 @@ def elements(spec: dict) -> list[int]:
     return list(range(spec["service"]["replicas"] if spec["service"] else spec["nodes"]))
 
 
-def check_queued_elements(conn, user: str, user_id: int, adding: int, cap: int) -> None:
+def check_queued_elements(conn: apsw.Connection, user: str, user_id: int, adding: int, cap: int) -> None:
     """TooManyQueued when the user's tasks not yet ended (queued, held, running; of jobs not being
     cancelled) and the `adding` of a new job would pass `cap` (counted up to just past the cap)."""
-    found = row(conn, "user_queued_elements", user_id=user_id, limit=cap + 1)["n"]
+    found = one(conn, "user_queued_elements", user_id=user_id, limit=cap + 1)["n"]
     if found + adding > cap:
         shown = f"{found:,}" if found <= cap else f"more than {cap:,}"
         raise TooManyQueued(f"user {user} has {shown} tasks (array elements) not yet ended; this job's "
@@ -74,7 +76,7 @@ def check_queued_elements(conn, user: str, user_id: int, adding: int, cap: int) 
                             limit=cap, queued=found, adding=adding)
 
 
-def _dependency(conn, job_id: int) -> str:
+def _dependency(conn: apsw.Connection, job_id: int) -> str:
     """The state of a job named in `after`; InvalidRequest when there is none (so no cycle can be made)."""
     found = row(conn, "get_job", job_id=job_id)
     if found is None:
@@ -87,7 +89,7 @@ def no_dependency(job_id: int) -> InvalidRequest:
     return InvalidRequest(f"after: no job {job_id} (a job runs after jobs that exist)", code="unknown_job")
 
 
-def cancel(conn, job_id: int, now: float) -> bool:
+def cancel(conn: apsw.Connection, job_id: int, now: float) -> bool:
     """Cancel a job: queued tasks end now, running ones through their worker's heartbeat; a big array's
     in bounded steps (outcomes.end_step), the job ending `cancelled` after its last.
 
@@ -102,7 +104,7 @@ def cancel(conn, job_id: int, now: float) -> bool:
     return True
 
 
-def cancel_element(conn, job_id: int, index: int, now: float) -> bool:
+def cancel_element(conn: apsw.Connection, job_id: int, index: int, now: float) -> bool:
     """Cancel one element of an array: queued (held or not) or assigned, it ends now; running, through its
     worker's heartbeat. False when the element (or the array) had already ended. Raises NotFound, or
     InvalidRequest for a job that is no array."""

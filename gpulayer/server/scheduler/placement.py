@@ -16,23 +16,25 @@ from __future__ import annotations
 
 import json
 
+import apsw
+
 from gpulayer.protocol.assignment import Assignment
 from gpulayer.protocol.fields import from_wire, to_wire
 from gpulayer.protocol.jobspec import ServiceSpec
 from gpulayer.server.scheduler import events
-from gpulayer.server.store.queries import row, rows
+from gpulayer.server.store.queries import one, row, rows
 
 GANG_CANDIDATES = 8  # queued gangs looked at per acquire: one too wide for the fleet must not block the rest
 MAX_TASKS_PER_ACQUIRE = 16  # assignments one acquire (or finish with `next`) may hand out
 
 
-def acquire(conn, worker_id: int, now: float, lease_ttl_s: float) -> int | None:
+def acquire(conn: apsw.Connection, worker_id: int, now: float, lease_ttl_s: float) -> int | None:
     """The task id this worker should run next, or None. Idempotent until start."""
     taken = acquire_many(conn, worker_id, now, lease_ttl_s, 1)
     return taken[0] if taken else None
 
 
-def acquire_many(conn, worker_id: int, now: float, lease_ttl_s: float, max_tasks: int) -> list[int]:
+def acquire_many(conn: apsw.Connection, worker_id: int, now: float, lease_ttl_s: float, max_tasks: int) -> list[int]:
     """Up to `max_tasks` task ids (at most MAX_TASKS_PER_ACQUIRE) for this worker, in one transaction.
 
     Idempotent until start: the tasks assigned to it and not started yet come
@@ -52,7 +54,7 @@ def acquire_many(conn, worker_id: int, now: float, lease_ttl_s: float, max_tasks
     return taken
 
 
-def _take_one(conn, worker_id: int, now: float, lease: float) -> int | None:
+def _take_one(conn: apsw.Connection, worker_id: int, now: float, lease: float) -> int | None:
     """Assign one more queued task (a gang rank or a single task) to the worker, if it has room; its id."""
     free = row(conn, "worker_free", worker_id=worker_id)
     if free is None or free["free_slots"] <= 0:
@@ -74,7 +76,7 @@ def _take_one(conn, worker_id: int, now: float, lease: float) -> int | None:
     return taken["id"]
 
 
-def _reserve_gpus(conn, task: dict, worker_id: int, worker_gpus: int) -> None:
+def _reserve_gpus(conn: apsw.Connection, task: dict, worker_id: int, worker_gpus: int) -> None:
     """Give an assigned task the lowest device indices no other active task on its worker holds
     (for more than one GPU, whole GPUs only: shape_worker_fit counted no MIG instance for it; for
     a `gpu_model` the worker meets by its GPUs, those of that model only, as shape_worker_fit counted)."""
@@ -90,7 +92,7 @@ def _reserve_gpus(conn, task: dict, worker_id: int, worker_gpus: int) -> None:
     row(conn, "set_gpu_indices", task_id=task["id"], gpu_indices=json.dumps(free))
 
 
-def _place_gang(conn, worker_id: int, now: float, lease: float) -> int | None:
+def _place_gang(conn: apsw.Connection, worker_id: int, now: float, lease: float) -> int | None:
     for gang in rows(conn, "next_gang_job", worker_id=worker_id, limit=GANG_CANDIDATES, now=now):
         workers = [r["worker_id"] for r in rows(conn, "gang_workers", job_id=gang["id"], worker_id=worker_id,
                                                    width=gang["width"], now=now)]
@@ -100,10 +102,10 @@ def _place_gang(conn, worker_id: int, now: float, lease: float) -> int | None:
     return None
 
 
-def _assign_gang(conn, gang: dict, workers: list[int], queued: list[dict], now: float, lease: float) -> int:
+def _assign_gang(conn: apsw.Connection, gang: dict, workers: list[int], queued: list[dict], now: float, lease: float) -> int:
     for task, target in zip(queued, workers):
-        taken = row(conn, "assign_task", task_id=task["id"], worker_id=target, now=now, lease_expires_at=lease)
-        _reserve_gpus(conn, taken, target, row(conn, "worker_free", worker_id=target)["gpus"])
+        taken = one(conn, "assign_task", task_id=task["id"], worker_id=target, now=now, lease_expires_at=lease)
+        _reserve_gpus(conn, taken, target, one(conn, "worker_free", worker_id=target)["gpus"])
         events.record(conn, now, "task_assigned", job_id=gang["id"], task_id=task["id"], worker_id=target,
                       attempt=gang["attempt"], rank=task["index"])
     row(conn, "mark_job_running", job_id=gang["id"])
@@ -111,12 +113,12 @@ def _assign_gang(conn, gang: dict, workers: list[int], queued: list[dict], now: 
     return queued[0]["id"]
 
 
-def assignment(conn, task_id: int, secret_env=None) -> dict:
+def assignment(conn: apsw.Connection, task_id: int, secret_env=None) -> dict:
     """The Assignment a worker receives for `task_id` (docs/protocol.md), as its JSON object.
 
     `secret_env(names) -> {name: value}` resolves the job's secrets into its environment.
     """
-    found = row(conn, "assignment", task_id=task_id)
+    found = one(conn, "assignment", task_id=task_id)
     spec = json.loads(found["spec"])
     gang = bool(found["gang"])
     return to_wire(Assignment(
@@ -134,5 +136,5 @@ def assignment(conn, task_id: int, secret_env=None) -> dict:
         array_size=found["array_size"],
         # The number of the task's next log line: a task run again (after a preemption, a gang sent back
         # to the queue) numbers its lines after those stored, which (task_id, n) would otherwise drop.
-        log_base=row(conn, "task_log_base", task_id=task_id)["n"],
+        log_base=one(conn, "task_log_base", task_id=task_id)["n"],
     ))

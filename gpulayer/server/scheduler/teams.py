@@ -19,9 +19,11 @@ from __future__ import annotations
 import json
 import re
 
+import apsw
+
 from gpulayer.server.errors import Conflict, Forbidden, InvalidRequest, NotFound
 from gpulayer.server.scheduler import events, jobs
-from gpulayer.server.store.queries import row, rows
+from gpulayer.server.store.queries import one, row, rows
 
 ADMIN_USER_ID = 1
 DEFAULT_PROJECT_ID = 1
@@ -48,7 +50,7 @@ def require_admin(principal, what: str) -> None:
 
 # -- jobs: ownership ----------------------------------------------------------
 
-def job_meta(conn, principal, job_id: int) -> dict:
+def job_meta(conn: apsw.Connection, principal, job_id: int) -> dict:
     """The job's `owner` and `project` (names) and what `principal` may do with it (`level`: manage, read or
     see); NotFound when nothing (or there is no such job)."""
     found = row(conn, "job_owners", ids=json.dumps([job_id]), user_id=principal.user_id)
@@ -69,7 +71,7 @@ def level(principal, found: dict | None) -> str | None:
     return None
 
 
-def check_job(conn, principal, job_id: int, need: str) -> dict:
+def check_job(conn: apsw.Connection, principal, job_id: int, need: str) -> dict:
     """job_meta, when the caller's level on the job is at least `need`: Forbidden when it only sees the job,
     NotFound when not even that."""
     meta = job_meta(conn, principal, job_id)
@@ -80,13 +82,13 @@ def check_job(conn, principal, job_id: int, need: str) -> dict:
     return meta
 
 
-def unseen(conn, principal, ids: list[int]) -> set[int]:
+def unseen(conn: apsw.Connection, principal, ids: list[int]) -> set[int]:
     """Those of the jobs `ids` that `principal` may not see (a job that does not exist among them)."""
     found = {r["id"]: r for r in rows(conn, "job_owners", ids=json.dumps(ids), user_id=principal.user_id)}
     return {job_id for job_id in ids if level(principal, found.get(job_id)) is None}
 
 
-def submit_project(conn, principal, project: str | None) -> int:
+def submit_project(conn: apsw.Connection, principal, project: str | None) -> int:
     """The project a job is submitted to: the one named, else the user's only project, else `default`.
 
     Members may submit to their projects only (admins anywhere): Forbidden otherwise.
@@ -115,7 +117,7 @@ def submit_project(conn, principal, project: str | None) -> int:
                          "name one with --project", code="project_required")
 
 
-def submit(conn, principal, project: str | None, spec: dict, now: float) -> int:
+def submit(conn: apsw.Connection, principal, project: str | None, spec: dict, now: float) -> int:
     """jobs.submit, owned by the caller in the project it may submit to, at a priority it may ask for."""
     project_id = submit_project(conn, principal, project)
     check_priority(conn, principal, project_id, spec["priority"])
@@ -123,7 +125,7 @@ def submit(conn, principal, project: str | None, spec: dict, now: float) -> int:
     return jobs.submit(conn, spec, now, principal.user_id or ADMIN_USER_ID, project_id)
 
 
-def check_priority(conn, principal, project_id: int, priority: int) -> None:
+def check_priority(conn: apsw.Connection, principal, project_id: int, priority: int) -> None:
     """A job's priority is at most its project's ceiling (max_priority), as Slurm lets users only lower
     theirs (--nice): Forbidden above it. Admins are not bound; managers are, and may raise the ceiling."""
     if principal.admin:
@@ -137,7 +139,7 @@ def check_priority(conn, principal, project_id: int, priority: int) -> None:
                         max_priority=found["max_priority"])
 
 
-def _check_dependencies(conn, principal, spec: dict) -> None:
+def _check_dependencies(conn: apsw.Connection, principal, spec: dict) -> None:
     """Every job in `after` is one the caller may see (as for GET /v1/jobs/{id}): any other is answered as a
     job that does not exist, so `after` tells neither which ids exist nor how another's job ends."""
     ids = [dep["job"] for dep in spec.get("after") or []]
@@ -151,7 +153,7 @@ def _check_dependencies(conn, principal, spec: dict) -> None:
 
 # -- secrets: per project -------------------------------------------------------
 
-def secret_project(conn, principal, project: str | None, manage: bool) -> int:
+def secret_project(conn: apsw.Connection, principal, project: str | None, manage: bool) -> int:
     """The project whose secrets the caller reads (any member) or sets (`manage`: managers, admins).
 
     No project named: the caller's only project, else `default`. NotFound for a project the caller is not in.
@@ -180,21 +182,21 @@ def _user_view(found: dict) -> dict:
             "created_at": found["created_at"], "projects": json.loads(found["projects"])}
 
 
-def _user(conn, name: str) -> dict:
+def _user(conn: apsw.Connection, name: str) -> dict:
     found = row(conn, "user_by_name", name=name)
     if found is None or found["removed_at"] is not None:
         raise NotFound(f"no user {name!r}")
     return found
 
 
-def _project(conn, name: str) -> dict:
+def _project(conn: apsw.Connection, name: str) -> dict:
     found = row(conn, "project_by_name", name=name)
     if found is None:
         raise NotFound(f"no project {name!r}")
     return found
 
 
-def add_user(conn, name: str, admin: bool, projects: list[tuple[str, str]], max_running_jobs: int | None,
+def add_user(conn: apsw.Connection, name: str, admin: bool, projects: list[tuple[str, str]], max_running_jobs: int | None,
              now: float, reclaim: bool = False) -> int:
     """A new user in `projects` [(name, role)]; returns its id. With no project named, the user joins
     `default` as a member. Conflict when the name is taken, and when a removed user had it, unless `reclaim`:
@@ -217,7 +219,7 @@ def add_user(conn, name: str, admin: bool, projects: list[tuple[str, str]], max_
     return user_id
 
 
-def set_user(conn, name: str, changes: dict, now: float) -> None:
+def set_user(conn: apsw.Connection, name: str, changes: dict, now: float) -> None:
     """Change `admin` and/or `max_running_jobs` (null clears it)."""
     found = _user(conn, name)
     if found["id"] == ADMIN_USER_ID and changes.get("admin") is False:
@@ -227,7 +229,7 @@ def set_user(conn, name: str, changes: dict, now: float) -> None:
     events.record(conn, now, "user_changed", user=name, **changes)
 
 
-def remove_user(conn, name: str, now: float) -> list[str]:
+def remove_user(conn: apsw.Connection, name: str, now: float) -> list[str]:
     """Mark a user removed, out of every project, its client tokens revoked (its jobs stay its own); the jtis."""
     found = _user(conn, name)
     if found["id"] == ADMIN_USER_ID:
@@ -240,16 +242,16 @@ def remove_user(conn, name: str, now: float) -> list[str]:
     return revoked
 
 
-def list_users(conn, after: str = "", limit: int = -1) -> list[dict]:
+def list_users(conn: apsw.Connection, after: str = "", limit: int = -1) -> list[dict]:
     """Users by name: after `after`, at most `limit` (-1: all)."""
     return [_user_view(u) for u in rows(conn, "list_users", after=after, limit=limit)]
 
 
-def get_user(conn, name: str) -> dict:
+def get_user(conn: apsw.Connection, name: str) -> dict:
     return next(u for u in list_users(conn) if u["name"] == _user(conn, name)["name"])
 
 
-def whoami(conn, principal) -> dict:
+def whoami(conn: apsw.Connection, principal) -> dict:
     """The caller: its user, whether an admin, its projects and roles, and its token."""
     found = row(conn, "user_by_id", user_id=principal.user_id)
     return {"user": principal.user, "admin": principal.admin,
@@ -268,7 +270,7 @@ def _project_view(found: dict) -> dict:
             "members": json.loads(found["members"])}
 
 
-def add_project(conn, body: dict, now: float) -> None:
+def add_project(conn: apsw.Connection, body: dict, now: float) -> None:
     if row(conn, "project_by_name", name=body["name"]) is not None:
         raise Conflict(f"there is already a project named {body['name']!r}", code="project_exists")
     row(conn, "insert_project", name=body["name"], visibility=body.get("visibility") or "private",
@@ -277,7 +279,7 @@ def add_project(conn, body: dict, now: float) -> None:
     events.record(conn, now, "project_added", **body)
 
 
-def may_change_project(conn, principal, name: str, changes: dict) -> None:
+def may_change_project(conn: apsw.Connection, principal, name: str, changes: dict) -> None:
     """Admins change any of a project's settings; its managers only its priority ceiling (max_priority, their
     lever on what their members may ask for). Forbidden otherwise; NotFound for a project the caller is not in."""
     if principal.admin:
@@ -292,7 +294,7 @@ def may_change_project(conn, principal, name: str, changes: dict) -> None:
         raise Forbidden(f"only the managers of project {name} and admins may set its max_priority")
 
 
-def set_project(conn, name: str, changes: dict, now: float) -> None:
+def set_project(conn: apsw.Connection, name: str, changes: dict, now: float) -> None:
     found = _project(conn, name)
     row(conn, "update_project", project_id=found["id"], visibility=changes.get("visibility"),
         max_priority=changes.get("max_priority"),
@@ -301,12 +303,12 @@ def set_project(conn, name: str, changes: dict, now: float) -> None:
     events.record(conn, now, "project_changed", project=name, **changes)
 
 
-def remove_project(conn, name: str, now: float) -> None:
+def remove_project(conn: apsw.Connection, name: str, now: float) -> None:
     """Remove a project with no job left to end: its memberships and secrets go too."""
     found = _project(conn, name)
     if found["id"] == DEFAULT_PROJECT_ID:
         raise InvalidRequest("the project default cannot be removed", code="default_project")
-    active = row(conn, "project_active_jobs", project_id=found["id"])["n"]
+    active = one(conn, "project_active_jobs", project_id=found["id"])["n"]
     if active:
         raise Conflict(f"project {name} has {active} job(s) not ended yet: cancel them or wait", code="project_busy")
     row(conn, "delete_project_memberships", project_id=found["id"])
@@ -315,20 +317,20 @@ def remove_project(conn, name: str, now: float) -> None:
     events.record(conn, now, "project_removed", project=name)
 
 
-def list_projects(conn, principal, after: str = "", limit: int = -1) -> list[dict]:
+def list_projects(conn: apsw.Connection, principal, after: str = "", limit: int = -1) -> list[dict]:
     """Every project for an admin; the caller's own otherwise; by name, after `after`, at most `limit` (-1: all)."""
     return [_project_view(p) for p in rows(conn, "list_projects", user_id=None if principal.admin else principal.user_id,
                                            after=after, limit=limit)]
 
 
-def get_project(conn, principal, name: str) -> dict:
+def get_project(conn: apsw.Connection, principal, name: str) -> dict:
     found = next((p for p in list_projects(conn, principal) if p["name"] == name), None)
     if found is None:
         raise NotFound(f"no project {name!r}")
     return found
 
 
-def _may_manage_members(conn, principal, project: dict) -> None:
+def _may_manage_members(conn: apsw.Connection, principal, project: dict) -> None:
     if principal.admin:
         return
     role = row(conn, "membership_role", user_id=principal.user_id, project_id=project["id"])
@@ -338,14 +340,14 @@ def _may_manage_members(conn, principal, project: dict) -> None:
         raise Forbidden(f"only the managers of project {project['name']} and admins may change its members")
 
 
-def put_member(conn, principal, project: str, user: str, role: str, now: float) -> None:
+def put_member(conn: apsw.Connection, principal, project: str, user: str, role: str, now: float) -> None:
     found = _project(conn, project)
     _may_manage_members(conn, principal, found)
     row(conn, "put_membership", user_id=_user(conn, user)["id"], project_id=found["id"], role=role)
     events.record(conn, now, "member_set", project=project, user=user, role=role)
 
 
-def remove_member(conn, principal, project: str, user: str, now: float) -> None:
+def remove_member(conn: apsw.Connection, principal, project: str, user: str, now: float) -> None:
     found = _project(conn, project)
     _may_manage_members(conn, principal, found)
     if row(conn, "delete_membership", user_id=_user(conn, user)["id"], project_id=found["id"]) is None:

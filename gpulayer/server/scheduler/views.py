@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 
+import apsw
+
 from gpulayer.server.errors import NotFound
 from gpulayer.server.scheduler import outcomes, teams, waiting
 from gpulayer.server.store.queries import PAGE_BYTES, page, row, rows
@@ -23,7 +25,7 @@ HIDDEN_TASK = ("endpoint", "address", "restart_message")                  # blan
 
 # -- one job -------------------------------------------------------------------
 
-def job(conn, principal, job_id: int, index: int | None = None) -> dict:
+def job(conn: apsw.Connection, principal, job_id: int, index: int | None = None) -> dict:
     """`GET /v1/jobs/{id}` (and cancel's answer): the job as `principal` may see it, in the caller's one read.
 
     Raises NotFound when the caller may not see it (or there is none), or it has no element `index`."""
@@ -31,7 +33,7 @@ def job(conn, principal, job_id: int, index: int | None = None) -> dict:
     return hide_unseen(conn, principal, [apply_meta(render(conn, job_id, index), meta)])[0]
 
 
-def render(conn, job_id: int, index: int | None = None) -> dict:
+def render(conn: apsw.Connection, job_id: int, index: int | None = None) -> dict:
     """The Job as the API returns it, before ownership (NotFound when there is none); `index`: only that
     element's (replica's, rank's) tasks."""
     found = row(conn, "get_job", job_id=job_id)
@@ -42,7 +44,7 @@ def render(conn, job_id: int, index: int | None = None) -> dict:
             "preemptions": rows(conn, "job_preemptions", job_id=job_id, limit=PREEMPTIONS_SHOWN)}
 
 
-def rendered_for(conn, principal, job_id: int) -> dict:
+def rendered_for(conn: apsw.Connection, principal, job_id: int) -> dict:
     """render with its owner and project, as `principal` may see it (submit's answer)."""
     return annotate(conn, [render(conn, job_id)], principal)[0]
 
@@ -51,7 +53,7 @@ def _no_element(found: dict, index: int) -> NotFound:
     return NotFound(f"job {found['id']} has no {'element' if found['array_size'] else 'task with index'} {index}")
 
 
-def _element_tasks(conn, found: dict, index: int) -> list[dict]:
+def _element_tasks(conn: apsw.Connection, found: dict, index: int) -> list[dict]:
     """The tasks of element (replica, rank) `index` of the job row `found`, newest attempt first; NotFound
     when it has none."""
     tasks = rows(conn, "element_tasks", job_id=found["id"], index=index)
@@ -60,7 +62,7 @@ def _element_tasks(conn, found: dict, index: int) -> list[dict]:
     return tasks
 
 
-def _render(conn, found: dict, index: int | None = None) -> dict:
+def _render(conn: apsw.Connection, found: dict, index: int | None = None) -> dict:
     tasks = _element_tasks(conn, found, index) if index is not None else None
     array, ended = _array_view(conn, found) if found["array_size"] is not None else (None, False)
     if index is None and array is not None:  # an array lists what runs and what failed; `array` counts them all
@@ -79,7 +81,7 @@ def _render(conn, found: dict, index: int | None = None) -> dict:
             "after": after}
 
 
-def _task_view(conn, task: dict) -> dict:
+def _task_view(conn: apsw.Connection, task: dict) -> dict:
     task = dict(task)
     task["outputs"] = json.loads(task["outputs"])
     task["index"] = task.pop("index")
@@ -89,7 +91,7 @@ def _task_view(conn, task: dict) -> dict:
     return task
 
 
-def _array_view(conn, found: dict) -> tuple[dict, bool]:
+def _array_view(conn: apsw.Connection, found: dict) -> tuple[dict, bool]:
     """An array's progress: its elements counted by the state of their latest task, when the first
     started, and those that did not succeed (the cancelled ones among them named apart); and whether
     any of its tasks ended without success (a retried one included)."""
@@ -106,7 +108,7 @@ def _array_view(conn, found: dict) -> tuple[dict, bool]:
     return view, bool(unsuccessful) or any(r["replaced"] for r in counted)
 
 
-def waiting_reason(conn, found: dict, tasks: list[dict] | None = None, after: list[dict] | None = None) -> str | None:
+def waiting_reason(conn: apsw.Connection, found: dict, tasks: list[dict] | None = None, after: list[dict] | None = None) -> str | None:
     """Why a queued job (the row `found`) is not placed: what no online worker has (labels, size, secrets'
     labels), else that the workers that fit are busy; None when a worker could take it now.
 
@@ -140,7 +142,7 @@ def _dependencies_reason(after: list[dict]) -> str:
     return "for " + " and ".join(open_) if open_ else "for its dependencies"
 
 
-def _task_in_queue(conn, found: dict, tasks: list[dict]) -> bool:
+def _task_in_queue(conn: apsw.Connection, found: dict, tasks: list[dict]) -> bool:
     """Whether a running job has a task in the queue: an array's released element, a service's replica."""
     if found["array_size"] is not None:  # its view lists no queued element: asked of the state file
         return row(conn, "array_element_released", job_id=found["id"]) is not None
@@ -150,7 +152,7 @@ def _task_in_queue(conn, found: dict, tasks: list[dict]) -> bool:
 
 # -- a page of jobs --------------------------------------------------------------
 
-def listing(conn, principal, filters: dict, limit: int, before: int | None) -> tuple[list[dict], bool]:
+def listing(conn: apsw.Connection, principal, filters: dict, limit: int, before: int | None) -> tuple[list[dict], bool]:
     """`GET /v1/jobs`: a page of jobs newest first as `principal` may see them, and whether older ones follow,
     in one read. `filters`: `state`, `name` (a glob), `since` (created at or after, Unix seconds) and whose jobs
     (`user`, `project`, `all`: list_scope)."""
@@ -161,7 +163,7 @@ def listing(conn, principal, filters: dict, limit: int, before: int | None) -> t
     return annotate(conn, found, principal), more
 
 
-def list_scope(conn, principal, *, user: str | None, project: str | None, everything: bool) -> dict:
+def list_scope(conn: apsw.Connection, principal, *, user: str | None, project: str | None, everything: bool) -> dict:
     """list_jobs' filters: your own jobs by default; `user`, `project`, or `everything` you may see."""
     scope: dict = {"owner_id": None, "project_id": None, "viewer_id": None if principal.admin else principal.user_id}
     if user is not None:
@@ -175,7 +177,7 @@ def list_scope(conn, principal, *, user: str | None, project: str | None, everyt
     return scope
 
 
-def listing_page(conn, state: str | None, limit: int, before: int | None, scope: dict | None = None,
+def listing_page(conn: apsw.Connection, state: str | None, limit: int, before: int | None, scope: dict | None = None,
                  budget: int = PAGE_BYTES, *, name: str | None = None,
                  since: float | None = None) -> tuple[list[dict], bool]:
     """A page of jobs newest first (at most `limit`, rendered until their JSON reaches `budget`), and whether
@@ -232,7 +234,7 @@ def _set_end(name: str, start: int) -> int:
 
 # -- logs, outputs, events, endpoints ----------------------------------------------
 
-def log_page(conn, job_id: int, after: int, limit: int, index: int | None = None) -> tuple[list[dict], bool]:
+def log_page(conn: apsw.Connection, job_id: int, after: int, limit: int, index: int | None = None) -> tuple[list[dict], bool]:
     """Log lines of a job after sequence number `after` (`index`: of that element, replica or rank alone), at
     most `limit` and about PAGE_BYTES of text; and whether the job (that element) had ended with this page
     its last: no more lines will come. One snapshot, so no line is written between the two.
@@ -251,7 +253,7 @@ def log_page(conn, job_id: int, after: int, limit: int, index: int | None = None
     return lines, ended and not more
 
 
-def outputs(conn, job_id: int, index: int | None = None) -> dict:
+def outputs(conn: apsw.Connection, job_id: int, index: int | None = None) -> dict:
     """`GET /v1/jobs/{id}/outputs`: {path: digest} collected by the job's succeeded tasks (latest attempt wins)
     in `outputs`; `index`: of that element (replica, rank) alone; an array's, without `index`, also each
     element's own in `elements`. Raises NotFound when there is no such job (or element)."""
@@ -279,7 +281,7 @@ def _element_outputs(tasks: list[dict]) -> dict[str, dict[str, str]]:
     return found
 
 
-def endpoints(conn, job_id: int) -> dict:
+def endpoints(conn: apsw.Connection, job_id: int) -> dict:
     """The current attempt's replica endpoints; ready when every replica has one.
 
     Only a running service serves: once the job has ended (cancelled, a replica
@@ -296,7 +298,7 @@ def endpoints(conn, job_id: int) -> dict:
     return {"endpoints": serving, "ready": bool(replicas) and len(serving) == len(replicas)}
 
 
-def events_page(conn, job_id: int, after: int, limit: int, budget: int = PAGE_BYTES) -> tuple[list[dict], bool]:
+def events_page(conn: apsw.Connection, job_id: int, after: int, limit: int, budget: int = PAGE_BYTES) -> tuple[list[dict], bool]:
     """A job's events after the sequence number `after`, oldest first: at most `limit` (-1: all) and about
     `budget` bytes, and whether more follow. Raises NotFound when there is no such job."""
     if row(conn, "get_job", job_id=job_id) is None:
@@ -308,12 +310,12 @@ def events_page(conn, job_id: int, after: int, limit: int, budget: int = PAGE_BY
     return [{**e, "data": json.loads(e["data"])} for e in found], more
 
 
-def events_of(conn, job_id: int) -> list[dict]:
+def events_of(conn: apsw.Connection, job_id: int) -> list[dict]:
     """Every event of a job, oldest first (NotFound when there is no such job)."""
     return events_page(conn, job_id, 0, -1)[0]
 
 
-def events_seen(conn, principal, job_id: int, after: int, limit: int, level: str) -> tuple[list[dict], bool]:
+def events_seen(conn: apsw.Connection, principal, job_id: int, after: int, limit: int, level: str) -> tuple[list[dict], bool]:
     """`GET /v1/jobs/{id}/events`: events_page as `principal` may see it, its `level` on the job
     (teams.job_meta): what names a job it may not see made null (hide_unseen_events), and with `see`
     no endpoint or address (redact_events)."""
@@ -330,7 +332,7 @@ def apply_meta(rendered: dict, meta: dict) -> dict:
     return redact(rendered) if meta["level"] == "see" else rendered
 
 
-def annotate(conn, rendered: list[dict], principal=None) -> list[dict]:
+def annotate(conn: apsw.Connection, rendered: list[dict], principal=None) -> list[dict]:
     """Add `owner` and `project` (names) to rendered jobs; hide what `principal` may only see (redact)."""
     if not rendered:
         return rendered
@@ -344,7 +346,7 @@ def annotate(conn, rendered: list[dict], principal=None) -> list[dict]:
     return hide_unseen(conn, principal, rendered) if principal is not None else rendered
 
 
-def hide_unseen(conn, principal, rendered: list[dict]) -> list[dict]:
+def hide_unseen(conn: apsw.Connection, principal, rendered: list[dict]) -> list[dict]:
     """What rendered jobs say of other jobs the caller may not see (as for GET /v1/jobs/{id}), made null: in
     `after`, such a job's name and state (its id and the condition stay: they are the viewed job's own spec);
     in `preemptions`, the job and task a run was stopped for (another project's, say)."""
@@ -363,7 +365,7 @@ def hide_unseen(conn, principal, rendered: list[dict]) -> list[dict]:
     return rendered
 
 
-def hide_unseen_events(conn, principal, found: list[dict]) -> list[dict]:
+def hide_unseen_events(conn: apsw.Connection, principal, found: list[dict]) -> list[dict]:
     """A job's events as the caller may see them: the job and task a preemption was for (for_job_id,
     for_task_id: task_preempt_requested, task_preempted) and the final state of a dependency
     (dependency_failed) become null when the caller may not see that other job (hide_unseen's rule)."""

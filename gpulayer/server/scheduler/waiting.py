@@ -86,7 +86,9 @@ def busy(job: dict) -> str:
 
 def held_back(facts: dict | None) -> str | None:
     """The sentence for a job_quota_reason row (its project's quota, borrowing, its user's limit); None for none."""
-    why = facts and facts["why"]
+    if facts is None:
+        return None
+    why = facts["why"]
     if why == "quota":
         return f"project {facts['project']} at its quota ({facts['in_use']} + {facts['borrowed']} GPUs in use)"
     if why == "borrowing":
