@@ -11,7 +11,7 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Callable
+from typing import IO, Callable
 
 #: SIGTERM first, then SIGKILL after this many seconds.
 KILL_GRACE_S = 5.0
@@ -70,14 +70,16 @@ class TaskProcess:
             start_new_session=True,
         )
         self.pid = self.popen.pid
+        pipes = [(stream, pipe) for stream, pipe in (("stdout", self.popen.stdout), ("stderr", self.popen.stderr))
+                 if pipe is not None]  # both: stdout=PIPE, stderr=PIPE
         # One thread reads both pipes: a thread per pipe was a measurable part of a short task's cost.
-        self._readers = [threading.Thread(target=self._read, daemon=True, name=f"output-{self.pid}")]
+        self._readers = [threading.Thread(target=self._read, args=(pipes,), daemon=True, name=f"output-{self.pid}")]
         for reader in self._readers:
             reader.start()
 
-    def _read(self) -> None:
+    def _read(self, streams: list[tuple[str, IO[bytes]]]) -> None:
         """Read stdout and stderr until both close, passing on whole lines (at most MAX_LINE_BYTES each)."""
-        pipes = {self.popen.stdout.fileno(): ("stdout", self.popen.stdout), self.popen.stderr.fileno(): ("stderr", self.popen.stderr)}
+        pipes = {pipe.fileno(): (stream, pipe) for stream, pipe in streams}
         pending = {fd: b"" for fd in pipes}
         with selectors.PollSelector() as selector:  # no epoll descriptor to create per task
             for fd in pipes:

@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -138,6 +139,17 @@ def _interpreter(python: str | None) -> str | None:
     return os.path.abspath(os.path.expanduser(python))
 
 
+@dataclass(frozen=True)
+class Session:
+    """What a worker has once the control plane registered it: the heartbeat, the acquire loop and the
+    task runners work with it."""
+
+    transport: Transport          # carries the session token (registering again sets the new one)
+    inventory: Inventory          # what it offered when it registered, offered again by a rejoin
+    ctx: TaskContext              # what every task runner shares
+    new_transport: Callable[[], Transport]  # another connection to the same control plane (a rejoin's)
+
+
 class Worker:
     """One registered worker session and its tasks."""
 
@@ -157,33 +169,38 @@ class Worker:
         self.lock = threading.Lock()
         self.idle_since = time.monotonic()
         self.fatal: list[AgentError] = []
-        self.transport: Transport | None = None
-        self.ctx: TaskContext | None = None
         self.interval_s = 2.0
         self.rejoin_lock = threading.Lock()
         self.rejoined_at = 0.0
-        self.inventory: Inventory | None = None
-        self.nvml: Nvml | None = None
-        self.gpu_health: GpuHealth | None = None
+        self.gpu_health: GpuHealth | None = None  # where NVML answers and the worker has GPUs
+        self._session: Session | None = None
+        self._opened = contextlib.ExitStack()  # what close() releases: the HTTP session, the GPU watch, NVML
+
+    @property
+    def session(self) -> Session:
+        """The registered worker's session; raises RuntimeError before it registered."""
+        if self._session is None:
+            raise RuntimeError("the worker has not registered yet")
+        return self._session
 
     # -- setup -------------------------------------------------------------
     def run(self) -> int:
         """Register, serve until stopped, shut down; returns the exit code."""
         config = self.config
         base_url = check_url(config.url, config.insecure)
-        self.unpack_caps = UnpackBudget.from_environment()  # a malformed cap stops the worker before it registers
+        unpack_caps = UnpackBudget.from_environment()  # a malformed cap stops the worker before it registers
         state_dir = Path(os.path.expanduser(config.state_dir))
         state_dir.mkdir(parents=True, exist_ok=True)
         verify = resolve_verify(base_url, config.ca_file, config.ca_fingerprint, str(state_dir))
         self._kill_leftovers(state_dir)
-        self.transport = Transport(base_url, verify)
-        self.new_transport = lambda: Transport(base_url, verify)
+        transport = Transport(base_url, verify)
+        self._opened.callback(transport.close)
         inventory = self._inventory()
-        self.inventory = inventory
-        answer = self._register(inventory)
+        answer = self._register(transport, inventory)
         if answer is None:
             return 0
-        self.ctx = self._task_context(answer, inventory, state_dir)
+        ctx = self._task_context(transport, answer, inventory, state_dir, unpack_caps)
+        self._session = Session(transport, inventory, ctx, new_transport=lambda: Transport(base_url, verify))
         threads = [
             threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True),
             threading.Thread(target=self._acquire_loop, name="acquire", daemon=True),
@@ -202,8 +219,9 @@ class Worker:
         config = self.config
         if config.gpu_probe is not None:
             return detect(probe=config.gpu_probe, cpus=config.cpus, gpus=config.gpus, ram_mb=config.ram_mb)
-        self.nvml = Nvml.open() if config.gpus != 0 else None
-        nvml = self.nvml
+        nvml = Nvml.open() if config.gpus != 0 else None
+        if nvml is not None:
+            self._opened.callback(nvml.close)
         inventory = detect(probe=nvml.devices if nvml else lambda: [], cpus=config.cpus, gpus=config.gpus,
                            ram_mb=config.ram_mb)
         if nvml is not None and config.gpus is not None:  # detect left NVML's devices out: map them here
@@ -211,6 +229,7 @@ class Worker:
         if nvml is not None and inventory.nvml_devices:
             self.gpu_health = GpuHealth(nvml, inventory.nvml_devices, on_change=self.beat_now.set)
             self.gpu_health.start()
+            self._opened.callback(self.gpu_health.stop)  # before NVML closes
         return inventory
 
     def _kill_leftovers(self, state_dir: Path) -> None:
@@ -220,8 +239,9 @@ class Worker:
             if not self.config.keep_task_dirs:
                 shutil.rmtree(state_dir / "tasks" / name, ignore_errors=True)
 
-    def _register(self, inventory: Inventory, transport: Transport | None = None) -> dict | None:
-        """POST register, retried while unreachable; None if stopped before it answered."""
+    def _register(self, transport: Transport, inventory: Inventory, joiner: Transport | None = None) -> dict | None:
+        """POST register (through `joiner` where given), retried while unreachable; `transport` then carries the
+        session token. None if stopped before it answered."""
         config = self.config
         body = {
             "name": config.name or socket.gethostname(),
@@ -235,12 +255,12 @@ class Worker:
         advertise = config.advertise_address or local_address_towards(config.url)
         if advertise:  # else the control plane takes the address it sees
             body["advertise_address"] = advertise
-        transport = transport or self.transport
-        transport.set_token(config.join_token)
+        via = joiner or transport
+        via.set_token(config.join_token)
         failures = 0
         while not self.stop_event.is_set():
             try:
-                answer = transport.request("POST", "/workers/register", body)
+                answer = via.request("POST", "/workers/register", body)
                 break
             except Unreachable as exc:
                 failures += 1
@@ -256,7 +276,7 @@ class Worker:
                 raise AgentError(f"the control plane refused to register this worker: {exc.code}: {exc.message}") from None
         else:
             return None
-        self.transport.set_token(answer["session_token"])
+        transport.set_token(answer["session_token"])
         self.interval_s = float(answer.get("heartbeat_interval_s") or 2.0)
         log_event("worker_registered", worker_id=answer.get("worker_id"), name=answer.get("name") or body["name"],
                   labels=answer.get("labels", body["labels"]), slots=body["slots"],
@@ -265,16 +285,17 @@ class Worker:
             log_event("register_warning", level=logging.WARNING, message=warning)
         return answer
 
-    def _task_context(self, answer: dict, inventory: Inventory, state_dir: Path) -> TaskContext:
+    def _task_context(self, transport: Transport, answer: dict, inventory: Inventory, state_dir: Path,
+                      unpack_caps: UnpackBudget) -> TaskContext:
         config = self.config
         cache = ArtifactCache(
             config.artifact_cache or default_cache_dir(),
             config.artifact_cache_bytes if config.artifact_cache_bytes is not None else default_cache_bytes(),
-            self.transport.download_artifact,
+            transport.download_artifact,
         )
         advertise = answer.get("advertise_address") or config.advertise_address or socket.gethostname()
         return TaskContext(
-            transport=self.transport,
+            transport=transport,
             cache=cache,
             tasks_dir=state_dir / "tasks",
             advertise_address=advertise,
@@ -289,7 +310,7 @@ class Worker:
             want_next=lambda: not self.stopping.is_set(),
             hand_over=self._handed_over,
             next_max=lambda: self._free_slots() + 1,  # the finishing task still holds its slot here
-            unpack_caps=self.unpack_caps,
+            unpack_caps=unpack_caps,
         )
 
     # -- the three loops ---------------------------------------------------
@@ -311,17 +332,18 @@ class Worker:
         return bool(limit) and limit > 0 and not busy and time.monotonic() - self.idle_since >= limit
 
     def _heartbeat_loop(self) -> None:
+        transport = self.session.transport
         failures = 0
         while not self.heartbeat_stop.is_set():
             with self.lock:
                 entries = [handle.heartbeat_entry() for handle in self.handles.values()]
-            sent_with = self.transport.headers.get("Authorization")
+            sent_with = transport.headers.get("Authorization")
             body: dict = {"tasks": entries}
             if self.gpu_health is not None:
                 self.gpu_health.check()
                 body["gpus"] = self.gpu_health.report()
             try:
-                answer = self.transport.request("POST", "/worker/heartbeat", body)
+                answer = transport.request("POST", "/worker/heartbeat", body)
                 failures = 0
                 if self.gpu_health is not None:  # the resets it echoed were heard (before this answer's own)
                     self.gpu_health.echoed(body["gpus"])
@@ -356,16 +378,17 @@ class Worker:
         reports them (the control plane adopts those it has queued). False when
         the join token is refused too, or when this session was just made.
         """
+        session = self.session
         with self.rejoin_lock:
-            if self.transport.headers.get("Authorization") != refused:
+            if session.transport.headers.get("Authorization") != refused:
                 return True  # registered again meanwhile
             if not self.config.join_token or time.monotonic() - self.rejoined_at < REJOIN_MIN_S:
                 return False
             self.rejoined_at = time.monotonic()
             log_event("worker_rejoining", reason="the control plane does not know this session (401)")
-            joiner = self.new_transport()  # tasks keep sending with the session token meanwhile
+            joiner = session.new_transport()  # tasks keep sending with the session token meanwhile
             try:
-                return self._register(self.inventory, joiner) is not None
+                return self._register(session.transport, session.inventory, joiner) is not None
             except AgentError as exc:
                 log_event("worker_rejoin_refused", error=str(exc))
                 return False
@@ -392,6 +415,7 @@ class Worker:
             self._fail(Revoked("the control plane revoked this worker"))
 
     def _acquire_loop(self) -> None:
+        transport = self.session.transport
         failures = 0
         while not self.stopping.is_set():
             free = self._free_slots()
@@ -402,9 +426,9 @@ class Worker:
             asked = time.monotonic()
             try:
                 # max_tasks: every free slot's assignment in one round trip (an older server sends one)
-                answer = self.transport.request("POST", "/worker/acquire",
-                                                {"wait_s": self.config.acquire_wait_s, "max_tasks": free},
-                                                timeout=self.config.acquire_wait_s + 15)
+                answer = transport.request("POST", "/worker/acquire",
+                                           {"wait_s": self.config.acquire_wait_s, "max_tasks": free},
+                                           timeout=self.config.acquire_wait_s + 15)
                 failures = 0
             except Unreachable:
                 failures += 1
@@ -467,7 +491,7 @@ class Worker:
             handle = TaskHandle(task_id)
             handle.on_change = self.beat_now.set
             handle.assignment = {"job_id": task.job_id, "attempt": task.attempt, "gpus": task.gpus}
-            runner = TaskRunner(task, self.ctx, handle)
+            runner = TaskRunner(task, self.session.ctx, handle)
             thread = threading.Thread(target=self._run_task, args=(runner,), name=f"task-{task_id}", daemon=True)
             self.handles[task_id] = handle
             self.threads[task_id] = thread
@@ -503,7 +527,7 @@ class Worker:
         self._drain()
         revoked = any(isinstance(err, Revoked) for err in self.fatal)
         reason = "the worker was revoked" if revoked else "the worker is stopping"
-        self.transport.give_up_at = time.monotonic() + SHUTDOWN_REPORT_S
+        self.session.transport.give_up_at = time.monotonic() + SHUTDOWN_REPORT_S
         with self.lock:
             handles = list(self.handles.values())
             threads = list(self.threads.values())
@@ -544,17 +568,11 @@ class Worker:
 
     def _deregister(self, timeout: float) -> None:
         try:
-            self.transport.request("POST", "/worker/deregister", {}, timeout=timeout)
+            self.session.transport.request("POST", "/worker/deregister", {}, timeout=timeout)
             log_event("worker_deregistered")
         except (Unreachable, Rejected) as exc:
             log_event("deregister_failed", error=str(exc))
 
     def close(self) -> None:
         """Release the HTTP session, the GPU watch and NVML (safe to call twice)."""
-        if self.transport is not None:
-            self.transport.close()
-        if self.gpu_health is not None:
-            self.gpu_health.stop()
-        if self.nvml is not None:
-            self.nvml.close()
-            self.nvml = None
+        self._opened.close()

@@ -76,7 +76,8 @@ def launch_only_worker(monkeypatch):
     monkeypatch.setattr(module, "TaskRunner", Runner)
     worker = module.Worker.__new__(module.Worker)
     worker.lock, worker.handles, worker.threads, worker.ended = threading.Lock(), {}, {}, {}
-    worker.ctx, worker.beat_now = None, threading.Event()
+    worker._session = module.Session(transport=None, inventory=None, ctx=None, new_transport=None)  # stub runners
+    worker.beat_now = threading.Event()
     worker.launched = []
     worker._run_task = lambda runner: worker.launched.append(runner.task_id)
 
