@@ -9,9 +9,12 @@ import json
 import os
 import sys
 import tarfile
+import threading
 import time
 
-from agent.worker import WorkerConfig, run_worker
+import pytest
+
+from agent.worker import Worker, WorkerConfig, run_worker
 from fake_control_plane import SESSION, assignment
 
 from gpulayer.protocol.assignment import Assignment
@@ -229,6 +232,15 @@ def test_rank_dropped_quietly_when_its_gang_is_replaced_during_rendezvous(plane,
     assert "task_dropped task_id=30" in caplog.text and "task_agent_error" not in caplog.text, caplog.text
     assert 30 not in plane.finishes and plane.log_texts(30, "stdout") == []
 
+
+
+def test_a_worker_has_a_session_only_once_registered(worker_config):
+    """What registering makes (transport, inventory, task context) is one Session; before it, none."""
+    worker = Worker(worker_config(), threading.Event())
+    with pytest.raises(RuntimeError, match="not registered"):
+        worker.session
+    worker.close()
+    worker.close()  # nothing opened yet, and twice is harmless
 
 
 def test_launch_is_once_per_task_whoever_asks(launch_only_worker):
