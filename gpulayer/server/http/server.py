@@ -420,7 +420,7 @@ class _Server(wsgi.Server):
     max_pending_heads = MAX_PENDING_HEADS
     max_streams = 1  # requests reading a streamed body at once: bodies.streamed_cap(threads)
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.pending_heads: set[_Connection] = set()
         self._streams = 0

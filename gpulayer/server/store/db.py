@@ -112,11 +112,11 @@ def ensure_schema(conn: apsw.Connection) -> int:
 class _Op:
     __slots__ = ("fn", "args", "kwargs", "done", "result", "error", "claimed", "abandoned", "ctx")
 
-    def __init__(self, fn, args, kwargs):
+    def __init__(self, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]):
         self.fn, self.args, self.kwargs = fn, args, kwargs
         self.ctx = contextvars.copy_context()   # the caller's (events.ACTOR): fn runs in it on the writer
         self.done = threading.Event()
-        self.result = None
+        self.result: Any = None
         self.error: BaseException | None = None
         self.claimed = self.abandoned = False   # the writer took it / its caller gave up first
 
