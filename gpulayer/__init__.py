@@ -15,14 +15,14 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from gpulayer.client.api import (
-        FINISHED_STATES, Client, Job, connect, resolve_settings, server_configured,
-    )
+    from gpulayer.client.api import Client, connect
     from gpulayer.client.errors import (
         ApiError, BadInput, ClientError, Conflict, ConnectionFailed, Forbidden, InvalidRequest, NotFound,
         ProtocolMismatch, Unauthorized, WaitTimeout,
     )
     from gpulayer.client.jobfile import job_from_file
+    from gpulayer.client.jobs import FINISHED_STATES, Job
+    from gpulayer.client.settings import resolve_settings, server_configured
     from gpulayer.client.specs import job, service
 
 __version__ = "0.1.0"
@@ -37,10 +37,12 @@ __all__ = [
 # The client's names load on first use, so that `import gpulayer.protocol` (the agent's one import of
 # gpulayer) loads the protocol alone, not the client and requests.
 _CLIENT_NAMES = {
-    "gpulayer.client.api": ("FINISHED_STATES", "Client", "Job", "connect", "resolve_settings", "server_configured"),
+    "gpulayer.client.api": ("Client", "connect"),
     "gpulayer.client.errors": ("ApiError", "BadInput", "ClientError", "Conflict", "ConnectionFailed", "Forbidden",
                                "InvalidRequest", "NotFound", "ProtocolMismatch", "Unauthorized", "WaitTimeout"),
     "gpulayer.client.jobfile": ("job_from_file",),
+    "gpulayer.client.jobs": ("FINISHED_STATES", "Job"),
+    "gpulayer.client.settings": ("resolve_settings", "server_configured"),
     "gpulayer.client.specs": ("job", "service"),
 }
 _HOME = {name: module for module, names in _CLIENT_NAMES.items() for name in names}

@@ -11,7 +11,8 @@ from typing import Any, Optional
 
 import typer
 
-from gpulayer.client.api import Client, connect, server_configured
+from gpulayer.client.api import Client, connect
+from gpulayer.client.settings import server_configured
 from gpulayer.protocol import default_home
 
 DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}

@@ -9,7 +9,8 @@ from typing import Optional
 import typer
 
 from gpulayer.cli.common import fmt_time, parse_duration, style
-from gpulayer.client.api import FINISHED_STATES, Client
+from gpulayer.client.api import Client
+from gpulayer.client.jobs import FINISHED_STATES
 from gpulayer.protocol import JOB_STATES
 
 PAGE = 1000  # GET /v1/jobs answers at most this many at once

@@ -5,7 +5,7 @@ import pytest
 import requests
 
 import gpulayer as gl
-from gpulayer.client.api import resolve_settings
+from gpulayer.client.settings import resolve_settings
 from gpulayer.client.errors import error_from_response
 
 

@@ -1,0 +1,202 @@
+"""A submitted job, followed from the client: its state, logs, waits, endpoints and outputs (`Job`)."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Iterator, Protocol
+
+from gpulayer.client import transfers
+from gpulayer.client.errors import ClientError, WaitTimeout
+from gpulayer.client.waiting import OnWaiting, WaitingNotice
+
+FINISHED_STATES = frozenset({"succeeded", "failed", "cancelled", "lost"})
+LOG_WAIT_S = 10.0
+QUEUED_POLL_S = 1.0  # a queued job's logs are polled this often, so a waiting reason is told in time
+
+
+class JobClient(Protocol):
+    """What a Job needs of its client (gpulayer.client.api.Client, which imports this module)."""
+
+    timeout: float
+
+    def request(self, method: str, path: str, **kwargs: Any) -> Any: ...
+
+    def call(self, method: str, path: str, **kwargs: Any) -> Any: ...
+
+    def get_job_events(self, job_id: int | str) -> list[dict]: ...
+
+
+class Job:
+    """A submitted job. `info()` fetches it anew; `data` is the last copy fetched."""
+
+    def __init__(self, client: JobClient, data: dict):
+        self.client = client
+        self.data = data
+        self.id = int(data["id"])
+
+    def __repr__(self) -> str:
+        return f"Job(id={self.id}, state={self.data.get('state')!r})"
+
+    def info(self) -> dict:
+        """The Job as the server has it now (see docs/protocol.md, `Job`)."""
+        self.data = self.client.call("GET", f"/jobs/{self.id}")
+        return self.data
+
+    def status(self) -> str:
+        """The job's state as a plain string: "queued", "running", "succeeded", ..."""
+        return self.info()["state"]
+
+    @property
+    def exit_code(self) -> int | None:
+        """The exit code of the last copy fetched (None until the job finished)."""
+        return self.data.get("exit_code")
+
+    def finished(self) -> bool:
+        """True once the last copy fetched is in a final state."""
+        return self.data.get("state") in FINISHED_STATES
+
+    def wait(self, timeout: float | None = None, on_waiting: OnWaiting | None = None) -> str:
+        """Block until the job finishes; return its final state.
+
+        Raises WaitTimeout after `timeout` seconds (None waits for ever). Once the
+        job has waited about 3 s without starting, `on_waiting(message)` is called
+        with what it waits for ("no online worker has ...", a replica's restart),
+        and again whenever that changes; by default the message is logged (INFO,
+        logger `gpulayer`).
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = 0.05
+        notice = WaitingNotice(on_waiting)
+        while self.info()["state"] not in FINISHED_STATES:
+            notice.update(self.data)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(f"job {self.id} is still {self.data['state']} after {timeout:g} s")
+            pause = delay if deadline is None else min(delay, max(0.0, deadline - time.monotonic()))
+            time.sleep(pause)
+            delay = min(delay * 1.5, 1.0)
+        return self.data["state"]
+
+    def logs(self, follow: bool = False, after: int | None = None, on_waiting: OnWaiting | None = None,
+             index: int | None = None):
+        """Log lines as dicts (`seq`, `task_id`, `stream`, `at`, `text`).
+
+        Returns a list of the lines so far; with follow=True an iterator that
+        yields lines as they arrive and ends when the job has finished, telling
+        `on_waiting` what the job waits for as `wait()` does. `index`: the lines
+        of that element of an array (or replica, or rank) alone; followed, they
+        end when that element has ended.
+        """
+        if follow:
+            return self._follow(after, WaitingNotice(on_waiting), index)
+        lines: list[dict] = []
+        while True:
+            page = self._log_page(after, wait_s=None, index=index)
+            if not page["lines"]:
+                return lines
+            lines.extend(page["lines"])
+            after = _next_after(page, after)
+
+    def _log_page(self, after: int | None, wait_s: float | None, index: int | None = None) -> dict:
+        params: dict = {"limit": 1000}
+        if after is not None:
+            params["after"] = after
+        if index is not None:
+            params["index"] = index
+        if wait_s:
+            params["wait_s"] = wait_s
+        timeout = self.client.timeout + (wait_s or 0)
+        return self.client.call("GET", f"/jobs/{self.id}/logs", params=params, timeout=timeout)
+
+    def _follow(self, after: int | None, notice: WaitingNotice, index: int | None = None) -> Iterator[dict]:
+        while True:
+            queued = self.data.get("state") in ("queued", "waiting")
+            page = self._log_page(after, wait_s=QUEUED_POLL_S if queued else LOG_WAIT_S, index=index)
+            if not page["lines"] and page.get("retry_after_s"):  # the server had too many followers parked
+                time.sleep(min(float(page["retry_after_s"]), LOG_WAIT_S))
+            yield from page["lines"]
+            after = _next_after(page, after)
+            if "ended" in page:  # the server says when the job (element) has ended and no line will come
+                if page["ended"]:
+                    if index is None:
+                        self.info()  # `data` is the job as it ended, as wait() leaves it
+                    return
+                if page["lines"]:
+                    continue  # lines arrive: the job runs, there is nothing to tell of what it waits for
+                self.info()  # a quiet page: what the job waits for now, for `on_waiting`
+            # A server from before `ended`: the job is read after every page, not only empty ones:
+            # the line that ends a job would otherwise be followed by a long-poll that nothing wakes.
+            elif self.info()["state"] in FINISHED_STATES or (index is not None and self._element_ended(index)):
+                yield from self.logs(after=after, index=index)
+                return
+            notice.update(self.data)
+
+    def cancel(self, index: int | None = None) -> dict:
+        """Cancel the job (every task, every replica, every element of an array), or with `index` one element
+        of an array; returns the Job (with `index`, its tasks are that element's)."""
+        body = None if index is None else {"index": index}
+        answer = self.client.call("POST", f"/jobs/{self.id}/cancel", json=body)
+        if index is None:
+            self.data = answer
+        return answer
+
+    def element(self, index: int) -> dict:
+        """The Job with only the tasks of element `index` of an array (or of that replica or rank)."""
+        return self.client.call("GET", f"/jobs/{self.id}", params={"index": index})
+
+    def _element_ended(self, index: int) -> bool:
+        tasks = self.element(index)["tasks"]
+        return bool(tasks) and tasks[0].get("finished_at") is not None
+
+    def events(self) -> list[dict]:
+        """Every event of the job, oldest first (its pages joined)."""
+        return self.client.get_job_events(self.id)
+
+    def endpoints(self, wait: float | None = None, on_waiting: OnWaiting | None = None) -> list[str]:
+        """A service's endpoints ["host:port", ...].
+
+        wait=None answers at once with what is known. wait=S waits up to S
+        seconds until every replica has one, telling `on_waiting` what it waits
+        for as `wait()` does (a replica not placed, one restarting); raises
+        WaitTimeout after that, and ClientError when the job ends first.
+        """
+        if wait is None:
+            return list(self.client.call("GET", f"/jobs/{self.id}/endpoints").get("endpoints") or [])
+        deadline = time.monotonic() + wait
+        notice = WaitingNotice(on_waiting)
+        while True:
+            # The state first: a finished service's tasks keep their last endpoints.
+            if self.info()["state"] in FINISHED_STATES:
+                raise ClientError(f"job {self.id} ended ({self.data['state']}) before every replica had an endpoint")
+            answer = self.client.call("GET", f"/jobs/{self.id}/endpoints")
+            if answer.get("ready") and answer.get("endpoints"):
+                return list(answer["endpoints"])
+            notice.update(self.data)
+            if time.monotonic() >= deadline:
+                have = len(answer.get("endpoints") or [])
+                raise WaitTimeout(f"job {self.id}: not every replica had an endpoint after {wait:g} s ({have} ready)")
+            time.sleep(0.2)
+
+    def outputs(self, index: int | None = None) -> dict[str, str]:
+        """{relative path: digest} of the outputs the finished tasks uploaded (`index`: that element's alone)."""
+        params = None if index is None else {"index": index}
+        return self.client.call("GET", f"/jobs/{self.id}/outputs", params=params)["outputs"]
+
+    def download_outputs(self, dest: str | Path, progress: bool | None = None, index: int | None = None) -> list[Path]:
+        """Download every output (`index`: of that element alone) into `dest` at its relative path; return the
+        files written. An array's outputs, without `index`, land in one folder per element: `dest/<index>/<path>`
+        (elements that write the same path keep their own file)."""
+        params = None if index is None else {"index": index}
+        answer = self.client.call("GET", f"/jobs/{self.id}/outputs", params=params)
+        if index is None and answer.get("elements") is not None:
+            return [path for element, found in sorted(answer["elements"].items(), key=lambda item: int(item[0]))
+                    for path in transfers.download_outputs(self.client, found, Path(dest) / str(int(element)), progress)]
+        return transfers.download_outputs(self.client, answer["outputs"], Path(dest), progress)
+
+
+def _next_after(page: dict, after: int | None) -> int | None:
+    if page.get("next") is not None:
+        return page["next"]
+    if page["lines"]:
+        return page["lines"][-1]["seq"]
+    return after
+
