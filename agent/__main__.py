@@ -46,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--max-idle", type=float, default=0, help="exit after this many idle seconds; 0 disables")
     add("--drain-timeout", type=_seconds, default=0.0, help="on SIGTERM, take no new task and let running ones finish for up to S seconds before stopping them (default 0)")
     add("--state-dir", default=os.environ.get("GPULAYER_WORKER_STATE_DIR", "~/.gpulayer/worker"), help="task working dirs and the pinned CA (env GPULAYER_WORKER_STATE_DIR)")
+    add("--sandbox", choices=("auto", "bwrap", "none"), default=os.environ.get("GPULAYER_WORKER_SANDBOX", "auto"), help="auto: each task in a bubblewrap sandbox where bwrap works; bwrap: or refuse to start; none: unconfined (env GPULAYER_WORKER_SANDBOX)")
+    add("--run-as", default=os.environ.get("GPULAYER_WORKER_RUN_AS"), help="user a root agent's sandboxed tasks run as (default gpulayer-task, else nobody; env GPULAYER_WORKER_RUN_AS)")
+    add("--allow-root-tasks", action="store_true", help="let a job that asks (run_as_root) run as root when the agent is root")
     add("--insecure", action="store_true", help="allow plain http:// to a non-loopback host")
     add("--version", action="version", version=f"gpulayer-agent {__version__} (protocol 1)")
     return parser
@@ -69,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
         url=args.url, join_token=token, name=args.name, labels=dict(args.label), python=args.python,
         advertise_address=args.advertise_address, parallel=args.parallel, cpus=args.cpus, gpus=args.gpus,
         ram_mb=args.ram_mb, max_idle_s=args.max_idle, drain_timeout_s=args.drain_timeout, state_dir=args.state_dir, ca_file=args.ca_file,
-        ca_fingerprint=args.ca_fingerprint, insecure=args.insecure,
+        ca_fingerprint=args.ca_fingerprint, insecure=args.insecure, sandbox=args.sandbox, run_as=args.run_as,
+        allow_root_tasks=args.allow_root_tasks, hidden_paths=[args.token_file] if args.token_file else [],
     )
     return run_worker(config)
 

@@ -30,6 +30,7 @@ from .logship import LogShipper
 from .outputs import collect_outputs, open_regular, upload_outputs
 from .process import KILL_GRACE_S, TaskProcess, exit_code_of
 from .rendezvous import RENDEZVOUS_TIMEOUT_S, distributed_env, free_port, rendezvous
+from .sandbox import Sandbox, gpu_nodes, startable
 from .services import run_service
 from .supervision import Limits, TaskHandle, TaskResult, result_of, supervise
 from .transport import Transport
@@ -68,6 +69,10 @@ class TaskContext:
     next_max: Callable[[], int] = lambda: 1
     #: The caps on what one task's bundle and inputs write (each task gets a fresh copy).
     unpack_caps: UnpackBudget = field(default_factory=UnpackBudget)
+    #: How tasks are isolated (agent/sandbox.py; mode none: as the agent, unconfined).
+    sandbox: Sandbox = field(default_factory=Sandbox)
+    #: Each GPU index's /dev/nvidia<N> number, for the sandbox's device nodes.
+    gpu_minors: list[int] = field(default_factory=list)
 
 
 class TaskRunner:
@@ -118,6 +123,7 @@ class TaskRunner:
         self._prepare_dir()
         try:
             self._materialize()
+            self._isolate()
         except TaskSetupError as exc:
             self.shipper.system(f"setup failed: {exc}")
             return TaskResult(None, "failed", str(exc)) if self._send_start(None) else None
@@ -207,7 +213,8 @@ class TaskRunner:
         """
         argv = task_argv(list(self.assignment.command), self.ctx.python, self.weights)
         try:
-            proc = TaskProcess(argv, self.environment(extra), str(self.workdir), self.shipper.add)
+            proc = TaskProcess(self._launch(argv, env := self.environment(extra)), env, str(self.workdir),
+                               self.shipper.add)
         except OSError as exc:
             code = 127 if isinstance(exc, FileNotFoundError) else 126
             self.shipper.system(f"cannot start {argv[0]!r}: {exc.strerror or exc}")
@@ -224,6 +231,23 @@ class TaskRunner:
             else:
                 self._report_start(proc.pid)
         return proc
+
+    def _isolate(self) -> None:
+        """Hand the working dir to the task's user; TaskSetupError for a job this worker cannot isolate as asked."""
+        if self.assignment.network == "none" and self.ctx.sandbox.mode == "none":
+            raise TaskSetupError("network none needs a sandbox, and this worker runs tasks without one (--sandbox)")
+        self.ctx.sandbox.give(self.workdir, self.assignment.run_as_root)
+
+    def _launch(self, argv: list[str], env: dict[str, str]) -> list[str]:
+        """``argv`` in the worker's sandbox (raises what exec would for a command that cannot start)."""
+        sandbox = self.ctx.sandbox
+        if sandbox.mode == "none":
+            return argv
+        startable(argv, env, str(self.workdir))
+        minors = self.ctx.gpu_minors
+        nodes = gpu_nodes([minors[i] if 0 <= i < len(minors) else i for i in self.assignment.gpus])
+        return sandbox.wrap(argv, str(self.workdir), gpu_nodes=nodes, network=self.assignment.network != "none",
+                            root_asked=self.assignment.run_as_root)
 
     def _report_start(self, pid: int) -> None:
         """POST start with the pid once; if the control plane does not answer, a thread retries it.

@@ -37,6 +37,8 @@ from .nvml import Nvml
 from .leftovers import RunningTasks
 from .process import KILL_GRACE_S
 from .rendezvous import RENDEZVOUS_TIMEOUT_S
+from .sandbox import Sandbox, gpu_minors
+from .sandbox import resolve as resolve_sandbox
 from .supervision import TaskHandle
 from .tasks import SHUTDOWN_REPORT_S, TaskContext, TaskRunner, acquired
 from .tls import resolve_verify
@@ -77,6 +79,12 @@ class WorkerConfig:
     rendezvous_timeout_s: float = RENDEZVOUS_TIMEOUT_S
     keep_task_dirs: bool = False
     gpu_probe: GpuProbe | None = None  # tests: devices without NVML (no health watch)
+    #: --sandbox auto|bwrap|none, --run-as USER, --allow-root-tasks (agent/sandbox.py).
+    sandbox: str = "auto"
+    run_as: str | None = None
+    allow_root_tasks: bool = False
+    #: More paths tasks must not see (the CLI's home, the token file), beside the state dir and $GPULAYER_HOME.
+    hidden_paths: list[str] = field(default_factory=list)
 
 
 def run_worker(config: WorkerConfig, stop_event: threading.Event | None = None) -> int:
@@ -193,6 +201,7 @@ class Worker:
         state_dir.mkdir(parents=True, exist_ok=True)
         verify = resolve_verify(base_url, config.ca_file, config.ca_fingerprint, str(state_dir))
         self._kill_leftovers(state_dir)
+        self.sandbox = self._sandbox(state_dir)
         transport = Transport(base_url, verify)
         self._opened.callback(transport.close)
         inventory = self._inventory()
@@ -231,6 +240,19 @@ class Worker:
             self.gpu_health.start()
             self._opened.callback(self.gpu_health.stop)  # before NVML closes
         return inventory
+
+    def _sandbox(self, state_dir: Path) -> Sandbox:
+        """The sandbox tasks run in (SandboxError when --sandbox bwrap cannot work here)."""
+        config = self.config
+        home = os.environ.get("GPULAYER_HOME")
+        hidden = [str(state_dir), os.path.expanduser("~/.gpulayer"), *([home] if home else []),
+                  config.artifact_cache or default_cache_dir(), *config.hidden_paths]
+        interpreters = [sys.base_prefix, sys.prefix]
+        if config.python:
+            interpreters.append(os.path.dirname(os.path.dirname(_interpreter(config.python) or "")))
+        return resolve_sandbox(config.sandbox, run_as=config.run_as, allow_root_tasks=config.allow_root_tasks,
+                               hidden=[os.path.abspath(os.path.expanduser(str(p))) for p in hidden],
+                               shown=[os.path.abspath(p) for p in interpreters if p])
 
     def _kill_leftovers(self, state_dir: Path) -> None:
         """Kill the tasks a killed agent on this state dir left running (the control plane lost them)."""
@@ -311,6 +333,8 @@ class Worker:
             hand_over=self._handed_over,
             next_max=lambda: self._free_slots() + 1,  # the finishing task still holds its slot here
             unpack_caps=unpack_caps,
+            sandbox=self.sandbox,
+            gpu_minors=gpu_minors(inventory.device_ids, inventory.nvml_devices),
         )
 
     # -- the three loops ---------------------------------------------------

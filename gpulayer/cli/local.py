@@ -107,7 +107,7 @@ def local_control_plane(home: Path) -> Iterator[tuple[Client, dict, dict | None]
         plane.start()
         try:
             settings = dict(url=plane.url, join_token=tokens["join_token"], name=f"local-{socket.gethostname()}",
-                            parallel=os.cpu_count() or 1, state_dir=home / "local-worker")
+                            parallel=os.cpu_count() or 1, state_dir=home / "local-worker", hidden_paths=[str(home)])
             with Client(plane.url, tokens["client_token"]) as client:
                 end_earlier_runs(client, plane.deps.scheduler)
                 with _task_watchdog(settings["state_dir"]), worker_thread(settings) as thread:

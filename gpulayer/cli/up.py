@@ -110,7 +110,7 @@ def _serve_up(home: Path, host: str, port: int, parallel: int | None, worker: bo
         # The worker dials 127.0.0.1 but is reached, like the control plane, at the join line's address.
         settings = dict(url=local_url, join_token=tokens["join_token"], ca_file=str(tls["ca"]),
                         advertise_address=address, name=socket.gethostname(), parallel=parallel or os.cpu_count() or 1,
-                        state_dir=home / "worker")
+                        state_dir=home / "worker", hidden_paths=[str(home)])
         with worker_thread(settings) if worker else nullcontext() as thread:
             _announce(local_url, _url(address, bound), tokens["join_token"], tls["fingerprint"], home, worker)
             _wait_for_stop(thread, plane.fenced)

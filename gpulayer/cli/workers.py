@@ -26,6 +26,9 @@ DrainTimeout = Annotated[float, typer.Option("--drain-timeout", help="On SIGTERM
 StateDir = Annotated[Optional[Path], typer.Option("--state-dir", envvar="GPULAYER_WORKER_STATE_DIR", show_envvar=True, help="Task working directories, running tasks' records and the pinned CA (default: $GPULAYER_HOME/workers/NAME, one per worker name).")]
 Insecure = Annotated[bool, typer.Option("--insecure", help="Allow plain HTTP to a non-loopback control plane.")]
 JoinToken = Annotated[Optional[str], typer.Option("--token", envvar="GPULAYER_JOIN_TOKEN", show_envvar=True, help="Join token glj_...; prefer --token-file or the environment variable, which keep it out of process listings.")]
+SandboxMode = Annotated[str, typer.Option("--sandbox", envvar="GPULAYER_WORKER_SANDBOX", show_envvar=True, help="auto: each task in a bubblewrap sandbox where bwrap works, else unsandboxed with a warning; bwrap: sandbox or refuse to start; none: tasks run as the agent, unconfined (docs/security.md).")]
+RunAs = Annotated[Optional[str], typer.Option("--run-as", envvar="GPULAYER_WORKER_RUN_AS", show_envvar=True, help="The user a root agent's sandboxed tasks run as (default: gpulayer-task, created if missing, else nobody).")]
+AllowRootTasks = Annotated[bool, typer.Option("--allow-root-tasks", help="Let a job that asks (run_as_root) run as root when the agent runs as root.")]
 TokenFile = Annotated[Optional[str], typer.Option("--token-file", envvar="GPULAYER_JOIN_TOKEN_FILE", show_envvar=True, help="File holding the join token (wins over --token and GPULAYER_JOIN_TOKEN).")]
 
 
@@ -71,12 +74,22 @@ def _worker_settings(name, label, python, advertise_address, parallel, cpus, gpu
                 drain_timeout_s=drain_timeout)
 
 
+def _isolation_settings(ctx: typer.Context, sandbox: str, run_as: Optional[str], allow_root_tasks: bool,
+                        token_file: Optional[str]) -> dict:
+    """--sandbox, --run-as and --allow-root-tasks, and what tasks must not see: this CLI's home, the token file."""
+    if sandbox not in ("auto", "bwrap", "none"):
+        raise typer.BadParameter(f"expected auto, bwrap or none, got {sandbox!r}", param_hint="--sandbox")
+    hidden = [str(home_of(ctx)), *([token_file] if token_file else [])]
+    return dict(sandbox=sandbox, run_as=run_as, allow_root_tasks=allow_root_tasks, hidden_paths=hidden)
+
+
 @worker_app.command("start")
 def worker_start(ctx: typer.Context, name: Name = None, label: Labels = None, python: Python = None,
                  advertise_address: Advertise = None, parallel: Parallel = 1, cpus: Cpus = None,
                  gpus: Gpus = None, ram_mb: RamMb = None, max_idle: MaxIdle = 0.0,
                  state_dir: StateDir = None, insecure: Insecure = False, token: JoinToken = None,
-                 token_file: TokenFile = None, drain_timeout: DrainTimeout = 0.0) -> None:
+                 token_file: TokenFile = None, drain_timeout: DrainTimeout = 0.0, sandbox: SandboxMode = "auto",
+                 run_as: RunAs = None, allow_root_tasks: AllowRootTasks = False) -> None:
     """Run a worker agent against the control plane of --url (GPULAYER_URL) until stopped.
 
     \b
@@ -86,7 +99,8 @@ def worker_start(ctx: typer.Context, name: Name = None, label: Labels = None, py
     opts = global_options(ctx)
     settings = _worker_settings(name, label, python, advertise_address, parallel, cpus, gpus, ram_mb,
                                 max_idle, state_dir or default_state_dir(ctx, name), insecure, drain_timeout)
-    settings.update(url=opts.url, join_token=token, token_file=token_file, ca_file=opts.ca_file)
+    settings.update(url=opts.url, join_token=token, token_file=token_file, ca_file=opts.ca_file,
+                    **_isolation_settings(ctx, sandbox, run_as, allow_root_tasks, token_file))
     raise typer.Exit(_run(settings, opts.token))
 
 
@@ -98,7 +112,8 @@ def join(ctx: typer.Context,
          name: Name = None, label: Labels = None, python: Python = None,
          advertise_address: Advertise = None, parallel: Parallel = 1, cpus: Cpus = None,
          gpus: Gpus = None, ram_mb: RamMb = None, max_idle: MaxIdle = 0.0,
-         state_dir: StateDir = None, insecure: Insecure = False, drain_timeout: DrainTimeout = 0.0) -> None:
+         state_dir: StateDir = None, insecure: Insecure = False, drain_timeout: DrainTimeout = 0.0,
+         sandbox: SandboxMode = "auto", run_as: RunAs = None, allow_root_tasks: AllowRootTasks = False) -> None:
     """Join this machine to a control plane as a worker (the line `gpulayer up` prints).
 
     \b
@@ -112,7 +127,7 @@ def join(ctx: typer.Context,
     settings = _worker_settings(name, label, python, advertise_address, parallel, cpus, gpus, ram_mb,
                                 max_idle, state_dir or default_state_dir(ctx, name), insecure, drain_timeout)
     settings.update(url=url.rstrip("/"), join_token=token, token_file=token_file, ca_file=ca_file or global_options(ctx).ca_file,
-                    ca_fingerprint=ca_fingerprint)
+                    ca_fingerprint=ca_fingerprint, **_isolation_settings(ctx, sandbox, run_as, allow_root_tasks, token_file))
     raise typer.Exit(_run(settings, global_options(ctx).token))
 
 

@@ -48,6 +48,10 @@ class Assignment:
                            "numbered again from 0 would not be stored over (added with preemption: an older server "
                            "sends none, and the agent starts at 0)")
 
+    network: str = declare("shared", help='the job\'s `network`: `"shared"` or `"none"` (added with sandboxes: an '
+                                           'older server sends none)')
+    run_as_root: bool = declare(False, help="the job's `run_as_root` (added with sandboxes)")
+
     @classmethod
     def from_wire(cls, obj: object) -> Assignment:
         """An Assignment from its JSON object; TypeError when it is none or lacks a required field."""

@@ -124,6 +124,12 @@ class JobSpec:
              'Stored as ranges (`"0-999"`)')
     max_running: int | None = declare(None, minimum=1, maximum=MAX_ARRAY,
                                       help="an array's cap on elements running at once (its `%N`)")
+    network: Literal["shared", "none"] = declare(
+        "shared", help='`"shared"`: the task uses the worker\'s network; `"none"`: only a loopback of its own '
+                       '(on a worker whose tasks run in a sandbox, `--sandbox`; elsewhere it is refused at the task)')
+    run_as_root: bool = declare(
+        False, help="run as root where the agent runs as root and allows it (`worker start --allow-root-tasks`); "
+                    "otherwise the task runs as the worker's `--run-as` user")
     after: list[int | str | After] = declare(
         [], max_items=MAX_AFTER,
         schema={"items": {"oneOf": [{"type": "integer", "minimum": 1},

@@ -137,4 +137,5 @@ def assignment(conn: apsw.Connection, task_id: int, secret_env=None) -> dict:
         # The number of the task's next log line: a task run again (after a preemption, a gang sent back
         # to the queue) numbers its lines after those stored, which (task_id, n) would otherwise drop.
         log_base=one(conn, "task_log_base", task_id=task_id)["n"],
+        network=spec.get("network") or "shared", run_as_root=bool(spec.get("run_as_root")),
     ))

@@ -1,0 +1,315 @@
+"""Each task in a bubblewrap sandbox: its own PID and IPC namespaces, a read-only system, an unprivileged uid.
+
+``worker start --sandbox auto|bwrap|none`` picks it once, at start (`resolve`).
+A sandboxed task's argv becomes::
+
+    env --ignore-signal=TERM,INT,HUP bwrap [mounts] --unshare-pid --unshare-ipc --die-with-parent
+        -- [setpriv --reuid U --regid G --clear-groups] env --default-signal=TERM,INT,HUP -- COMMAND
+
+The outer ``env`` makes ``bwrap`` (the leader of the task's process group)
+ignore the SIGTERM of a group kill: bwrap would otherwise die of it at once,
+and with it (``--die-with-parent``) the whole sandbox, without the grace a
+task gets to save its work. The inner ``env`` gives the command back the
+default handling. The command's exit status comes back through bwrap (a death
+by signal N as 128 + N), and SIGKILL of the group, or of the agent, ends the
+PID namespace and so every process in it.
+
+What the task sees: ``/`` read-only, a fresh ``/dev`` (plus the device nodes
+of the GPUs it was given), ``/proc`` of its own namespace, its own ``/tmp``
+and ``/dev/shm``, its working directory writable; the agent's state dir, the
+control plane's home and the join token file are hidden by empty mounts. When
+the agent runs as root, the task runs as ``--run-as`` (default the
+``gpulayer-task`` user, created if missing, else ``nobody``); a directory on the
+way to what it needs that this user could not traverse (``/root``) is hidden
+too, and the interpreters a task may run (``--python``, the agent's own) bound
+back read-only.
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import pwd
+import shutil
+import stat
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import AgentError
+from .events import log_event
+
+MODES = ("auto", "bwrap", "none")
+#: The user a root agent's tasks run as by default (created when missing; else NOBODY).
+TASK_USER = "gpulayer-task"
+NOBODY = "nobody"
+#: Signals whose handling the sandbox's leader ignores and the command gets back as default.
+PASSED_SIGNALS = "TERM,INT,HUP"
+#: Device nodes every GPU task gets (where they exist), beside /dev/nvidia<N> of its own GPUs.
+GPU_CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset",
+                     "/dev/nvidia-caps")
+#: Seconds the start-up check of bwrap may take.
+PROBE_TIMEOUT_S = 10.0
+
+
+class SandboxError(AgentError):
+    """``--sandbox bwrap`` (or ``--run-as``) that cannot work here, said in one line."""
+
+    exit_code = 2
+
+
+@dataclass(frozen=True)
+class TaskUser:
+    """Who a task runs as: a uid/gid to drop to (a root agent), or None (the agent's own)."""
+
+    name: str
+    uid: int
+    gid: int
+
+
+@dataclass
+class Sandbox:
+    """How this worker isolates its tasks (``mode`` "bwrap" or "none")."""
+
+    mode: str = "none"
+    bwrap: str | None = None
+    env: str = "env"
+    setpriv: str | None = None
+    user: TaskUser | None = None
+    allow_root_tasks: bool = False
+    #: Directories and files a task must not see.
+    hidden: list[str] = field(default_factory=list)
+    #: Read-only paths bound back under a hidden directory (interpreters).
+    shown: list[str] = field(default_factory=list)
+    warning: str | None = None
+    #: Why tasks' memory and CPUs are not capped (None: capped).
+    limits: str | None = "cgroup limits not enforced"
+
+    def isolation(self) -> dict:
+        """What the worker reports of its isolation (inventory ``isolation``)."""
+        report: dict = {"sandbox": self.mode, "user": self.user.name if self.user else None,
+                        "root_tasks": self.allow_root_tasks, "limits": self.limits}
+        if self.warning:
+            report["warning"] = self.warning
+        return report
+
+    def summary(self) -> str:
+        """One line for people: ``bwrap as gpulayer-task``, ``none (...)``."""
+        if self.mode == "none":
+            return "none" + (f" ({self.warning})" if self.warning else "")
+        return "bwrap" + (f" as {self.user.name}" if self.user else "")
+
+    def drops_to(self, root_asked: bool) -> TaskUser | None:
+        """The user a task runs as; None for the agent's own (root only when allowed and asked)."""
+        if self.mode == "none" or (root_asked and self.allow_root_tasks):
+            return None
+        return self.user
+
+    def wrap(self, argv: list[str], workdir: str, *, gpu_nodes: list[str], network: bool = True,
+             root_asked: bool = False) -> list[str]:
+        """The argv that runs ``argv`` in this sandbox (``argv`` itself with mode none)."""
+        if self.mode == "none" or self.bwrap is None:
+            return argv
+        user = self.drops_to(root_asked)
+        mounts = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+                  "--perms", "1777", "--tmpfs", "/tmp", "--perms", "1777", "--tmpfs", "/dev/shm"]
+        blocked = untraversable([workdir, *self.shown], user) if user else []
+        for path in blocked:
+            mounts += ["--perms", "0755", "--tmpfs", path]
+        for path in self.shown:
+            if any(_under(path, top) for top in blocked):
+                mounts += ["--ro-bind-try", path, path]
+        for path in self.hidden:
+            if os.path.isdir(path):
+                mounts += ["--perms", "0755", "--tmpfs", path]
+            elif os.path.exists(path):
+                mounts += ["--ro-bind", "/dev/null", path]
+        mounts += ["--bind", workdir, workdir]
+        for node in gpu_nodes:
+            mounts += ["--dev-bind-try", node, node]
+        # No --new-session: the command must stay in the process group the agent signals.
+        namespaces = ["--unshare-pid", "--unshare-ipc", "--die-with-parent"]
+        if not network:
+            namespaces.append("--unshare-net")
+        drop = ([self.setpriv or "setpriv", f"--reuid={user.uid}", f"--regid={user.gid}", "--clear-groups"]
+                if user else [])
+        return [self.env, f"--ignore-signal={PASSED_SIGNALS}", self.bwrap, *mounts, *namespaces, "--chdir", workdir,
+                "--", *drop, self.env, f"--default-signal={PASSED_SIGNALS}", "--", *argv]
+
+    def give(self, workdir: Path, root_asked: bool = False) -> None:
+        """Make the working dir (and what is in it) the task user's, so that it can write there."""
+        user = self.drops_to(root_asked)
+        if user is None:
+            return
+        os.chown(workdir, user.uid, user.gid)
+        for top, dirs, files in os.walk(workdir):
+            for name in dirs + files:
+                if top == str(workdir) and name == ".gpulayer-weights":
+                    continue  # a hard link of the cached artifact: its owner is the cache's
+                os.lchown(os.path.join(top, name), user.uid, user.gid)
+
+
+def _under(path: str, top: str) -> bool:
+    return path == top or path.startswith(top.rstrip("/") + "/")
+
+
+def traversable(path: str, user: TaskUser) -> bool:
+    """Whether ``user`` may pass through directory ``path`` (its x bit for that user)."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return True
+    if info.st_uid == user.uid:
+        return bool(info.st_mode & stat.S_IXUSR)
+    if info.st_gid == user.gid:
+        return bool(info.st_mode & stat.S_IXGRP)
+    return bool(info.st_mode & stat.S_IXOTH)
+
+
+def untraversable(paths: list[str], user: TaskUser) -> list[str]:
+    """The highest directories above ``paths`` that ``user`` cannot pass through (each once, parents first)."""
+    found: list[str] = []
+    for path in paths:
+        parts = Path(path).parts
+        for depth in range(2, len(parts)):
+            ancestor = os.path.join(*parts[:depth])
+            if any(_under(ancestor, top) for top in found):
+                break
+            if not traversable(ancestor, user):
+                found.append(ancestor)
+                break
+    return sorted(found, key=lambda p: (p.count("/"), p))
+
+
+def gpu_nodes(minors: list[int], dev: str = "/dev") -> list[str]:
+    """The device nodes a task given the GPUs of these minor numbers needs; [] for a task without GPUs."""
+    if not minors:
+        return []
+    nodes = [f"{dev}/nvidia{minor}" for minor in sorted(set(minors))]
+    return nodes + [node.replace("/dev", dev, 1) for node in GPU_CONTROL_NODES]
+
+
+def task_user(name: str | None) -> TaskUser | None:
+    """The user a root agent's tasks run as; None when the agent is not root (tasks run as it).
+
+    No name: ``gpulayer-task``, created (a system user without a home or shell) when missing, else ``nobody``.
+    Raises SandboxError for a named user that does not exist or is root.
+    """
+    if os.geteuid() != 0:
+        return None
+    if name:
+        try:
+            entry = pwd.getpwnam(name)
+        except KeyError:
+            raise SandboxError(f"--run-as {name}: no such user") from None
+        if entry.pw_uid == 0:
+            raise SandboxError(f"--run-as {name}: that is root; use --allow-root-tasks for jobs that ask for root")
+        return TaskUser(name, entry.pw_uid, entry.pw_gid)
+    for candidate in (TASK_USER, NOBODY):
+        try:
+            entry = pwd.getpwnam(candidate)
+            return TaskUser(candidate, entry.pw_uid, entry.pw_gid)
+        except KeyError:
+            if candidate == TASK_USER and _create_user(TASK_USER):
+                return task_user(TASK_USER)
+    raise SandboxError("no user to run tasks as: create one, or pass --run-as USER")
+
+
+def _create_user(name: str) -> bool:
+    useradd = shutil.which("useradd")
+    if useradd is None:
+        return False
+    done = subprocess.run([useradd, "--system", "--user-group", "--no-create-home", "--home-dir", "/nonexistent",
+                           "--shell", "/usr/sbin/nologin", name], capture_output=True, text=True)
+    if done.returncode == 0:
+        log_event("task_user_created", user=name)
+    return done.returncode == 0 or _exists(name)
+
+
+def _exists(name: str) -> bool:
+    try:
+        pwd.getpwnam(name)
+        grp.getgrnam(name)
+        return True
+    except KeyError:
+        return False
+
+
+def cgroup_limits(root: str = "/sys/fs/cgroup") -> str:
+    """Why tasks' memory and CPUs are not capped here (caps need a delegated cgroup v2 subtree)."""
+    if not os.path.exists(os.path.join(root, "cgroup.controllers")):
+        return f"cgroup limits not enforced: no cgroup v2 hierarchy at {root}"
+    return "cgroup limits not enforced: not implemented yet"
+
+
+def probe(bwrap: str, env: str) -> str | None:
+    """Run ``true`` in a sandbox like a task's; None when it works, else bwrap's complaint."""
+    argv = [env, f"--ignore-signal={PASSED_SIGNALS}", bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+            "--unshare-pid", "--unshare-ipc", "--die-with-parent", "--", "true"]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return str(exc)
+    if done.returncode != 0:
+        return (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
+    return None
+
+
+def resolve(mode: str, *, run_as: str | None = None, allow_root_tasks: bool = False, hidden: list[str] | None = None,
+            shown: list[str] | None = None) -> Sandbox:
+    """The sandbox of ``--sandbox MODE``; SandboxError when ``bwrap`` was asked for and cannot work.
+
+    ``auto`` without a working bwrap gives mode none with a ``warning`` (logged, and in the inventory).
+    """
+    if mode not in MODES:
+        raise SandboxError(f"--sandbox {mode}: expected one of {', '.join(MODES)}")
+    if mode == "none":
+        return Sandbox(mode="none", allow_root_tasks=allow_root_tasks)
+    if not sys.platform.startswith("linux"):
+        problem: str | None = "bubblewrap sandboxes need Linux"
+    else:
+        bwrap, env = shutil.which("bwrap"), shutil.which("env")
+        if bwrap is None or env is None:
+            problem = "bwrap is not installed (Debian package bubblewrap)" if bwrap is None else "no env command"
+        else:
+            problem = probe(bwrap, env)
+    if problem is not None:
+        if mode == "bwrap":
+            raise SandboxError(f"--sandbox bwrap: {problem}")
+        warning = f"tasks are not sandboxed: {problem}"
+        log_event("sandbox_unavailable", level=30, warning=warning)
+        return Sandbox(mode="none", allow_root_tasks=allow_root_tasks, warning=warning)
+    user = task_user(run_as)
+    setpriv = shutil.which("setpriv")
+    if user is not None and setpriv is None:
+        raise SandboxError("no setpriv command (Debian package util-linux): a root agent's tasks cannot drop root")
+    sandbox = Sandbox(mode="bwrap", bwrap=bwrap, env=env or "env", setpriv=setpriv, user=user,
+                      allow_root_tasks=allow_root_tasks, hidden=sorted(set(hidden or [])),
+                      shown=sorted(set(shown or [])), limits=cgroup_limits())
+    log_event("sandbox", mode=sandbox.mode, user=user.name if user else None, root_tasks=allow_root_tasks,
+              limits=sandbox.limits)
+    return sandbox
+
+
+def gpu_minors(device_ids: list[str], devices: dict) -> list[int]:
+    """Each GPU index's ``/dev/nvidia<N>`` number: its NVML device's GPU (a MIG instance's parent), else its
+    CUDA id when that is a number, else the index itself."""
+    minors = []
+    for index, cuda_id in enumerate(device_ids):
+        device = devices.get(index)
+        minors.append(device.gpu if device is not None else int(cuda_id) if cuda_id.isdigit() else index)
+    return minors
+
+
+def startable(argv: list[str], env: dict[str, str], cwd: str) -> None:
+    """Raise what exec would (FileNotFoundError, PermissionError) for a command that cannot start.
+
+    In a sandbox the agent starts bwrap, not the command: this keeps "cannot start 'x'" (127, 126) as it was.
+    """
+    name = argv[0]
+    path = os.path.join(cwd, name) if os.sep in name else shutil.which(name, path=env.get("PATH", os.defpath))
+    if path is None or not os.path.exists(path):
+        raise FileNotFoundError(2, "No such file or directory", name)
+    if os.path.isdir(path) or not os.access(path, os.X_OK):
+        raise PermissionError(13, "Permission denied", name)
