@@ -6,6 +6,7 @@ import sys
 
 from . import __version__
 from .hardening import JOIN_TOKEN_VAR, TokenFileError, read_token_file
+from .sandbox import DEFAULT_MODE as DEFAULT_SANDBOX
 from .worker import WorkerConfig, run_worker
 
 
@@ -46,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--max-idle", type=float, default=0, help="exit after this many idle seconds; 0 disables")
     add("--drain-timeout", type=_seconds, default=0.0, help="on SIGTERM, take no new task and let running ones finish for up to S seconds before stopping them (default 0)")
     add("--state-dir", default=os.environ.get("GPULAYER_WORKER_STATE_DIR", "~/.gpulayer/worker"), help="task working dirs and the pinned CA (env GPULAYER_WORKER_STATE_DIR)")
-    add("--sandbox", choices=("auto", "bwrap", "none"), default=os.environ.get("GPULAYER_WORKER_SANDBOX", "auto"), help="auto: each task in a bubblewrap sandbox where bwrap works; bwrap: or refuse to start; none: unconfined (env GPULAYER_WORKER_SANDBOX)")
+    add("--sandbox", choices=("auto", "bwrap", "none"), default=os.environ.get("GPULAYER_WORKER_SANDBOX", DEFAULT_SANDBOX), help=f"auto: each task in a bubblewrap sandbox where bwrap works, else unsandboxed with a warning; bwrap: or refuse to start; none: unconfined (default {DEFAULT_SANDBOX}; env GPULAYER_WORKER_SANDBOX)")
     add("--run-as", default=os.environ.get("GPULAYER_WORKER_RUN_AS"), help="user a root agent's sandboxed tasks run as (default gpulayer-task, else nobody; env GPULAYER_WORKER_RUN_AS)")
     add("--allow-root-tasks", action="store_true", help="let a job that asks (run_as_root) run as root when the agent is root")
     add("--insecure", action="store_true", help="allow plain http:// to a non-loopback host")

@@ -41,6 +41,9 @@ from .errors import AgentError
 from .events import log_event
 
 MODES = ("auto", "bwrap", "none")
+#: What a worker runs with unless told (--sandbox). Still none: many tests pass files through the host's /tmp
+#: and read their tasks' host pids, which a sandbox hides by design; auto once they say --sandbox none.
+DEFAULT_MODE = "none"
 #: The user a root agent's tasks run as by default (created when missing; else NOBODY).
 TASK_USER = "gpulayer-task"
 NOBODY = "nobody"
@@ -118,14 +121,14 @@ class Sandbox:
         for path in blocked:
             mounts += ["--perms", "0755", "--tmpfs", path]
         for path in self.shown:
-            if any(_under(path, top) for top in blocked):
-                mounts += ["--ro-bind-try", path, path]
+            if any(_under(path, top) for top in blocked) and os.path.isdir(path):
+                mounts += [*_mount_point(path), "--ro-bind", path, path]
         for path in self.hidden:
             if os.path.isdir(path):
                 mounts += ["--perms", "0755", "--tmpfs", path]
             elif os.path.exists(path):
                 mounts += ["--ro-bind", "/dev/null", path]
-        mounts += ["--bind", workdir, workdir]
+        mounts += [*_mount_point(workdir), "--bind", workdir, workdir]
         for node in gpu_nodes:
             mounts += ["--dev-bind-try", node, node]
         # No --new-session: the command must stay in the process group the agent signals.
@@ -148,6 +151,15 @@ class Sandbox:
                 if top == str(workdir) and name == ".gpulayer-weights":
                     continue  # a hard link of the cached artifact: its owner is the cache's
                 os.lchown(os.path.join(top, name), user.uid, user.gid)
+
+
+def _mount_point(path: str) -> list[str]:
+    """bwrap arguments that make ``path``'s parents where bwrap would make them (in a tmpfs) passable (0755)."""
+    args: list[str] = []
+    parts = Path(path).parts
+    for depth in range(2, len(parts)):
+        args += ["--perms", "0755", "--dir", os.path.join(*parts[:depth])]
+    return args
 
 
 def _under(path: str, top: str) -> bool:

@@ -37,6 +37,7 @@ from .nvml import Nvml
 from .leftovers import RunningTasks
 from .process import KILL_GRACE_S
 from .rendezvous import RENDEZVOUS_TIMEOUT_S
+from .sandbox import DEFAULT_MODE as DEFAULT_SANDBOX
 from .sandbox import Sandbox, gpu_minors
 from .sandbox import resolve as resolve_sandbox
 from .supervision import TaskHandle
@@ -80,7 +81,7 @@ class WorkerConfig:
     keep_task_dirs: bool = False
     gpu_probe: GpuProbe | None = None  # tests: devices without NVML (no health watch)
     #: --sandbox auto|bwrap|none, --run-as USER, --allow-root-tasks (agent/sandbox.py).
-    sandbox: str = "auto"
+    sandbox: str = DEFAULT_SANDBOX
     run_as: str | None = None
     allow_root_tasks: bool = False
     #: More paths tasks must not see (the CLI's home, the token file), beside the state dir and $GPULAYER_HOME.
@@ -181,6 +182,7 @@ class Worker:
         self.rejoin_lock = threading.Lock()
         self.rejoined_at = 0.0
         self.gpu_health: GpuHealth | None = None  # where NVML answers and the worker has GPUs
+        self.sandbox = Sandbox()  # resolved at run(), before register
         self._session: Session | None = None
         self._opened = contextlib.ExitStack()  # what close() releases: the HTTP session, the GPU watch, NVML
 
@@ -271,6 +273,7 @@ class Worker:
             "resources": inventory.resources(),
             "version": __version__,
             "slots": max(1, int(config.parallel)),
+            "isolation": self.sandbox.isolation(),
         }
         if self.gpu_health is not None:  # so that no task is placed on a GPU already broken
             body["gpus"] = self.gpu_health.report()

@@ -44,7 +44,7 @@ class Context:
     def __post_init__(self) -> None:
         # Globals, not render arguments: imported macros see them too.
         self.env.globals.update(links=self.links, cell=self.cell, labels_of=render.labels_of,
-                                gpu_models=render.gpu_models, auth_enabled=self.auth_enabled, canned=CANNED)
+                                gpu_models=render.gpu_models, isolation=render.isolation, auth_enabled=self.auth_enabled, canned=CANNED)
 
     def html(self, resp: falcon.Response, template: str, status: str = falcon.HTTP_200, **data: Any) -> None:
         resp.status = status

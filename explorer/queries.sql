@@ -190,8 +190,9 @@ ORDER BY seq;
 
 -- name: page_workers --
 -- Attached workers (online, offline, needs_upgrade) with what they have, use and have free,
--- whether an operator cordoned them, and their GPUs' health as their agents report it.
-SELECT l.worker_id, l.name, l.state, l.labels, w.advertise_address, w.version,
+-- whether an operator cordoned them, their GPUs' health as their agents report it, and how they
+-- isolate their tasks (`isolation`, the agent's JSON: sandbox, user, warning).
+SELECT l.worker_id, l.name, l.state, l.labels, w.advertise_address, w.version, w.isolation,
        l.slots, l.active_tasks, l.free_slots,
        l.gpus, l.gpus - l.free_gpus - l.unhealthy_gpus AS used_gpus, l.free_gpus, w.gpu_models,
        l.cpus, l.cpus - l.free_cpus AS used_cpus, l.free_cpus,

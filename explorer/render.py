@@ -101,6 +101,19 @@ def labels_of(text: Any) -> list[str]:
     return [f"{k}={v}" for k, v in sorted(labels.items())] if isinstance(labels, dict) else []
 
 
+def isolation(text: Any) -> str:
+    """A worker's JSON `isolation` for people: 'bwrap as gpulayer-task', 'none: tasks are not sandboxed: ...',
+    '' when its agent did not say (an older one)."""
+    try:
+        found = json.loads(text)
+    except (TypeError, ValueError):
+        return ""
+    if not isinstance(found, dict) or not found.get("sandbox"):
+        return ""
+    said = str(found["sandbox"]) + (f" as {found['user']}" if found.get("user") else "")
+    return said + (f": {found['warning']}" if found.get("warning") else "")
+
+
 def gpu_models(text: Any) -> str:
     """A JSON list of GPU models as '8× H100', '' when there is none."""
     try:

@@ -75,9 +75,11 @@ def check_port_free(host: str, port: int) -> None:
                               "(stop it, or pass --port)") from None
 
 
-def run_up(home: Path, host: str, port: int, parallel: int | None, worker: bool = True, **settings) -> int:
+def run_up(home: Path, host: str, port: int, parallel: int | None, worker: bool = True,
+           worker_settings: dict | None = None, **settings) -> int:
     """Serve a control plane over TLS, with a local worker unless `worker` is False, until stopped; return 0.
 
+    `worker_settings`: more WorkerConfig fields for the local worker (sandbox, run_as, allow_root_tasks).
     `settings`: more ControlPlaneConfig fields (log_retention_s, job_retention_s).
     Raises ClientError when the port is taken, HomeInUse when a control plane runs on `home` already.
     """
@@ -87,10 +89,11 @@ def run_up(home: Path, host: str, port: int, parallel: int | None, worker: bool 
     # The home's lock before anything is written there: a second `up` must not reissue the
     # certificates, extend the leases or point client.json at itself (HomeInUse names the first).
     with HomeLock(home, "gpulayer up" if worker else "gpulayer up --no-worker") as lock:
-        return _serve_up(home, host, port, parallel, worker, lock, settings)
+        return _serve_up(home, host, port, parallel, worker, lock, settings, worker_settings or {})
 
 
-def _serve_up(home: Path, host: str, port: int, parallel: int | None, worker: bool, lock, settings: dict) -> int:
+def _serve_up(home: Path, host: str, port: int, parallel: int | None, worker: bool, lock, settings: dict,
+              worker_settings: dict) -> int:
     """run_up once the home's lock is held."""
     from gpulayer.server.security.certs import ensure_tls
     from gpulayer.server.config import ControlPlaneConfig
@@ -110,7 +113,7 @@ def _serve_up(home: Path, host: str, port: int, parallel: int | None, worker: bo
         # The worker dials 127.0.0.1 but is reached, like the control plane, at the join line's address.
         settings = dict(url=local_url, join_token=tokens["join_token"], ca_file=str(tls["ca"]),
                         advertise_address=address, name=socket.gethostname(), parallel=parallel or os.cpu_count() or 1,
-                        state_dir=home / "worker", hidden_paths=[str(home)])
+                        state_dir=home / "worker", hidden_paths=[str(home)], **worker_settings)
         with worker_thread(settings) if worker else nullcontext() as thread:
             _announce(local_url, _url(address, bound), tokens["join_token"], tls["fingerprint"], home, worker)
             _wait_for_stop(thread, plane.fenced)

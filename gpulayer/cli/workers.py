@@ -26,7 +26,7 @@ DrainTimeout = Annotated[float, typer.Option("--drain-timeout", help="On SIGTERM
 StateDir = Annotated[Optional[Path], typer.Option("--state-dir", envvar="GPULAYER_WORKER_STATE_DIR", show_envvar=True, help="Task working directories, running tasks' records and the pinned CA (default: $GPULAYER_HOME/workers/NAME, one per worker name).")]
 Insecure = Annotated[bool, typer.Option("--insecure", help="Allow plain HTTP to a non-loopback control plane.")]
 JoinToken = Annotated[Optional[str], typer.Option("--token", envvar="GPULAYER_JOIN_TOKEN", show_envvar=True, help="Join token glj_...; prefer --token-file or the environment variable, which keep it out of process listings.")]
-SandboxMode = Annotated[str, typer.Option("--sandbox", envvar="GPULAYER_WORKER_SANDBOX", show_envvar=True, help="auto: each task in a bubblewrap sandbox where bwrap works, else unsandboxed with a warning; bwrap: sandbox or refuse to start; none: tasks run as the agent, unconfined (docs/security.md).")]
+SandboxMode = Annotated[str, typer.Option("--sandbox", envvar="GPULAYER_WORKER_SANDBOX", show_envvar=True, help="auto: each task in a bubblewrap sandbox where bwrap works, else unsandboxed with a warning; bwrap: sandbox or refuse to start; none (the default for now): tasks run as the agent, unconfined (docs/security.md).")]
 RunAs = Annotated[Optional[str], typer.Option("--run-as", envvar="GPULAYER_WORKER_RUN_AS", show_envvar=True, help="The user a root agent's sandboxed tasks run as (default: gpulayer-task, created if missing, else nobody).")]
 AllowRootTasks = Annotated[bool, typer.Option("--allow-root-tasks", help="Let a job that asks (run_as_root) run as root when the agent runs as root.")]
 TokenFile = Annotated[Optional[str], typer.Option("--token-file", envvar="GPULAYER_JOIN_TOKEN_FILE", show_envvar=True, help="File holding the join token (wins over --token and GPULAYER_JOIN_TOKEN).")]
@@ -74,13 +74,18 @@ def _worker_settings(name, label, python, advertise_address, parallel, cpus, gpu
                 drain_timeout_s=drain_timeout)
 
 
-def _isolation_settings(ctx: typer.Context, sandbox: str, run_as: Optional[str], allow_root_tasks: bool,
-                        token_file: Optional[str]) -> dict:
-    """--sandbox, --run-as and --allow-root-tasks, and what tasks must not see: this CLI's home, the token file."""
+def sandbox_settings(sandbox: str, run_as: Optional[str], allow_root_tasks: bool) -> dict:
+    """--sandbox, --run-as and --allow-root-tasks as WorkerConfig fields (a bad --sandbox is a usage error)."""
     if sandbox not in ("auto", "bwrap", "none"):
         raise typer.BadParameter(f"expected auto, bwrap or none, got {sandbox!r}", param_hint="--sandbox")
+    return dict(sandbox=sandbox, run_as=run_as, allow_root_tasks=allow_root_tasks)
+
+
+def _isolation_settings(ctx: typer.Context, sandbox: str, run_as: Optional[str], allow_root_tasks: bool,
+                        token_file: Optional[str]) -> dict:
+    """sandbox_settings, and what tasks must not see: this CLI's home, the token file."""
     hidden = [str(home_of(ctx)), *([token_file] if token_file else [])]
-    return dict(sandbox=sandbox, run_as=run_as, allow_root_tasks=allow_root_tasks, hidden_paths=hidden)
+    return dict(sandbox_settings(sandbox, run_as, allow_root_tasks), hidden_paths=hidden)
 
 
 @worker_app.command("start")
@@ -88,7 +93,7 @@ def worker_start(ctx: typer.Context, name: Name = None, label: Labels = None, py
                  advertise_address: Advertise = None, parallel: Parallel = 1, cpus: Cpus = None,
                  gpus: Gpus = None, ram_mb: RamMb = None, max_idle: MaxIdle = 0.0,
                  state_dir: StateDir = None, insecure: Insecure = False, token: JoinToken = None,
-                 token_file: TokenFile = None, drain_timeout: DrainTimeout = 0.0, sandbox: SandboxMode = "auto",
+                 token_file: TokenFile = None, drain_timeout: DrainTimeout = 0.0, sandbox: SandboxMode = "none",
                  run_as: RunAs = None, allow_root_tasks: AllowRootTasks = False) -> None:
     """Run a worker agent against the control plane of --url (GPULAYER_URL) until stopped.
 
@@ -113,7 +118,7 @@ def join(ctx: typer.Context,
          advertise_address: Advertise = None, parallel: Parallel = 1, cpus: Cpus = None,
          gpus: Gpus = None, ram_mb: RamMb = None, max_idle: MaxIdle = 0.0,
          state_dir: StateDir = None, insecure: Insecure = False, drain_timeout: DrainTimeout = 0.0,
-         sandbox: SandboxMode = "auto", run_as: RunAs = None, allow_root_tasks: AllowRootTasks = False) -> None:
+         sandbox: SandboxMode = "none", run_as: RunAs = None, allow_root_tasks: AllowRootTasks = False) -> None:
     """Join this machine to a control plane as a worker (the line `gpulayer up` prints).
 
     \b
@@ -150,10 +155,21 @@ def worker_list(ctx: typer.Context,
         labels = ",".join(f"{k}={v}" for k, v in sorted((w.get("labels") or {}).items()))
         rows.append([w["id"], w.get("name"), _state(w), _slots(w),
                      res.get("cpus"), _gpus(w), res.get("memory_mb"),
-                     labels, w.get("advertise_address"), fmt_time(w.get("last_seen_at")), w.get("cordon_reason")])
-    print_table(rows, ["ID", "NAME", "STATE", "SLOTS", "CPUS", "GPUS", "MEM_MB", "LABELS", "ADDRESS", "LAST_SEEN",
-                       "REASON"])
+                     labels, isolation_of(w), w.get("advertise_address"), fmt_time(w.get("last_seen_at")),
+                     w.get("cordon_reason")])
+    print_table(rows, ["ID", "NAME", "STATE", "SLOTS", "CPUS", "GPUS", "MEM_MB", "LABELS", "ISOLATION", "ADDRESS",
+                       "LAST_SEEN", "REASON"])
     _print_provisioning(client_of(ctx))
+
+
+def isolation_of(worker: dict) -> str:
+    """How a worker isolates its tasks, in a word or two: `bwrap`, `bwrap:gpulayer-task`, `none`, `none!` (it
+    wanted a sandbox and could not have one: its `isolation.warning` says why), `?` (an older agent)."""
+    found = worker.get("isolation") or {}
+    if not found.get("sandbox"):
+        return "?"
+    user = f":{found['user']}" if found.get("user") else ""
+    return f"{found['sandbox']}{user}{'!' if found.get('warning') else ''}"
 
 
 def _slots(worker: dict) -> str:

@@ -53,6 +53,8 @@ def run_job(cluster: Cluster, labels: dict, command: list[str], **spec) -> tuple
 
 
 def start(cluster: Cluster, name: str, *args: str, env: dict | None = None, **options):
+    """Worker ``name`` (its label pool=NAME), sandboxed (--sandbox auto) unless ``args`` say otherwise."""
+    args = args if "--sandbox" in args else ("--sandbox", "auto", *args)
     return cluster.start_worker(name, labels={"pool": name}, args=list(args), env=env or {}, **options)
 
 
@@ -72,6 +74,9 @@ def test_the_attack_reads_nothing_and_stops_nothing(cluster, tmp_path):
     assert "READ " not in text and "STATE " not in text and "ENVIRON " not in text and "STOPPED" not in text, text
     if os.geteuid() == 0:
         assert "uid=0" not in text, "a root agent's task ran as root"
+    isolation = cluster.online_worker("attacked")["isolation"]
+    assert isolation["sandbox"] == "bwrap" and "warning" not in isolation, isolation
+    assert isolation["user"] == ("gpulayer-task" if os.geteuid() == 0 else None) or isolation["user"] == "nobody"
     # The agent was not stopped: it runs the next job.
     again, _ = run_job(cluster, {"pool": "attacked"}, ["true"])
     assert again["state"] == "succeeded" and pid_alive(worker.pid)
@@ -172,7 +177,38 @@ def test_auto_without_bwrap_falls_back_with_a_warning_and_bwrap_refuses_to_start
     done, text = run_job(cluster, {"pool": "no-bwrap"}, ["sh", "-c", "echo uid=$(id -u)"])
     assert done["state"] == "succeeded" and f"uid={os.geteuid()}" in text, text
     assert "tasks are not sandboxed: bwrap is not installed" in Path(worker.log_path).read_text()
+    said = cluster.online_worker("no-bwrap")["isolation"]
+    assert said["sandbox"] == "none" and "bwrap is not installed" in said["warning"], said
+    listing = cluster.cli("worker", "list")
+    assert listing.returncode == 0, listing
+    rows = {line.split()[1]: line for line in listing.stdout.splitlines()[1:] if line.strip()}
+    assert " none! " in rows["no-bwrap"] and " bwrap" in rows["attacked"], listing.stdout
 
     strict = start(cluster, "strict", "--sandbox", "bwrap", env=path, wait=False)
     assert strict.wait(60) == 2
     assert "--sandbox bwrap: bwrap is not installed" in Path(strict.log_path).read_text()
+
+
+def _gpu_here() -> bool:
+    from agent.nvml import Nvml
+    nvml = Nvml.open()
+    if nvml is None:
+        return False
+    try:
+        return bool(nvml.devices())
+    finally:
+        nvml.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu_here(), reason="no NVIDIA GPU here (NVML): device binding not run")
+def test_a_gpu_task_gets_the_device_nodes_of_its_gpus_only(cluster):
+    start(cluster, "gpus", "--sandbox", "bwrap", gpus=None)
+    listed = "ls /dev | grep '^nvidia[0-9]*$'; nvidia-smi -L | grep -c '^GPU'"
+    done, text = run_job(cluster, {"pool": "gpus"}, ["sh", "-c", listed], gpus=1)
+    assert done["state"] == "succeeded", text
+    lines = [line.strip() for line in text.splitlines()[:-1]]
+    nodes = [line for line in lines if line.startswith("nvidia")]
+    assert len(nodes) == 1 and lines[-1] == "1", text
+    done, text = run_job(cluster, {"pool": "gpus"}, ["sh", "-c", "ls /dev | grep -c '^nvidia' || true"], gpus=0)
+    assert done["state"] == "succeeded" and text.splitlines()[0].strip() == "0", text

@@ -95,7 +95,10 @@ REQUEST_BODIES = {
         "advertise_address": {"type": ["string", "null"]}, "slots": {"type": "integer", "minimum": 1},
         "resources": {"type": "object", "properties": {"cpus": NUM, "gpus": INT, "memory_mb": INT,
                                                        "gpu_models": {"type": "array", "items": {"type": "string"}}}},
-        "gpus": GPU_HEALTH}},
+        "gpus": GPU_HEALTH,
+        "isolation": {"type": "object", "properties": {"sandbox": {"type": "string"}, "user": {"type": ["string", "null"]},
+                                                       "root_tasks": {"type": "boolean"}, "limits": {"type": "string"},
+                                                       "warning": {"type": "string"}}}}},
     ("/v1/worker/heartbeat", "post"): {"type": "object", "properties": {"tasks": {"type": "array", "items": {
         "type": "object", "required": ["task_id"], "properties": {
             "task_id": {"type": "integer"}, "state": {"type": "string"},

@@ -92,7 +92,30 @@ def register(body: dict) -> dict:
         "version": string(body.get("version", "unknown"), "version", limit=64),
         "slots": integer(body.get("slots", 1), "slots", 1, 1024),
         "gpus": gpu_health(body),
+        "isolation": isolation(body.get("isolation")),
     }
+
+
+#: What a worker may say of its isolation (agent/sandbox.py, Sandbox.isolation), each a short string or a bool.
+ISOLATION_KEYS = {"sandbox": str, "user": str, "root_tasks": bool, "limits": str, "warning": str}
+
+
+def isolation(value) -> dict:
+    """The register call's `isolation` (optional: {} when absent); 400 for anything but its known keys."""
+    if value is None:
+        return {}
+    found = mapping(value, "isolation")
+    out = {}
+    for key, item in found.items():
+        kind = ISOLATION_KEYS.get(key)
+        if kind is None:
+            raise InvalidRequest(f"isolation.{key}: unknown; expected {', '.join(ISOLATION_KEYS)}")
+        if item is None:
+            continue
+        if not isinstance(item, kind) or (isinstance(item, str) and len(item) > 512):
+            raise InvalidRequest(f"isolation.{key}: must be {'a string of at most 512 characters' if kind is str else 'true or false'}")
+        out[key] = item
+    return out
 
 
 def heartbeat(body: dict) -> list[dict]:

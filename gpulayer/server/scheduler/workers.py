@@ -39,7 +39,8 @@ def register(conn: apsw.Connection, *, body: dict, token, session_hash: str, pee
                     token_labels=json.dumps(token_labels), cpus=res["cpus"], gpus=res["gpus"],
                     memory_mb=res["memory_mb"], gpu_models=json.dumps(res["gpu_models"]), slots=body["slots"],
                     advertise_address=advertise, version=body["version"], protocol=PROTOCOL,
-                    session_hash=session_hash, token_jti=token.jti, now=now, lease_expires_at=now + lease_ttl_s)["id"]
+                    session_hash=session_hash, token_jti=token.jti, now=now, lease_expires_at=now + lease_ttl_s,
+                    isolation=json.dumps(body.get("isolation") or {}))["id"]
     row(conn, "clear_needs_upgrade", name=name, reason="upgraded")
     gpu_health.report(conn, worker_id, body.get("gpus"), now)  # before its first acquire can reserve a broken one
     events.record(conn, now, "worker_registered", worker_id=worker_id, name=name, labels=labels,
@@ -119,5 +120,6 @@ def listing(conn: apsw.Connection, include_gone: bool = False, after: int = 0, l
             "slots": w["slots"], "active_tasks": w["active_tasks"], "advertise_address": w["advertise_address"],
             "last_seen_at": w["last_seen_at"], "version": w["version"], "gone_reason": w["gone_reason"],
             "cordon": w["cordon"], "cordon_reason": w["cordon_reason"], "cordoned_at": w["cordoned_at"],
-            "drain_deadline": w["drain_deadline"], "gpus": json.loads(w["gpu_health"])})
+            "drain_deadline": w["drain_deadline"], "gpus": json.loads(w["gpu_health"]),
+            "isolation": json.loads(w["isolation"])})
     return out

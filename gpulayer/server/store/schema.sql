@@ -11,7 +11,7 @@
 -- fit (which workers a shape and a job fit); quotas, fair share, the usage ledger, preemption,
 -- quotas' use now and as admission reads them.
 
-PRAGMA user_version = 11;
+PRAGMA user_version = 12;
 
 -- ---------------------------------------------------------------------------------------
 -- Tokens and teams: tokens, users, projects, memberships.
@@ -109,6 +109,7 @@ CREATE TABLE workers (
     last_seen_at       REAL NOT NULL,
     lease_expires_at   REAL,
     gone_reason        TEXT,
+    isolation          TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(isolation)),
     CHECK (state <> 'gone' OR gone_reason IS NOT NULL)
 ) STRICT;
 CREATE INDEX workers_online_lease ON workers (lease_expires_at) WHERE state = 'online';

@@ -1,0 +1,144 @@
+"""agent/sandbox.py: the bwrap argv a task gets, who it runs as, and a real bwrap running it.
+
+The end-to-end attack against real workers is tests/integration/test_sandbox.py.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.errors import AgentError
+from agent.nvml import Device
+from agent.process import TaskProcess, exit_code_of
+from agent.sandbox import (Sandbox, SandboxError, TaskUser, gpu_minors, gpu_nodes, resolve, startable,
+                           untraversable)
+
+needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+NOBODY = TaskUser("nobody", 65534, 65534)
+
+
+def boxed(tmp_path, **kw) -> Sandbox:
+    return Sandbox(mode="bwrap", bwrap="/usr/bin/bwrap", env="/usr/bin/env", setpriv="/usr/bin/setpriv", **kw)
+
+
+def test_none_leaves_the_command_alone(tmp_path):
+    assert Sandbox().wrap(["true"], str(tmp_path), gpu_nodes=[]) == ["true"]
+
+
+def test_the_argv_hides_shows_binds_and_drops_in_that_order(tmp_path):
+    work = tmp_path / "state" / "tasks" / "1-1"
+    work.mkdir(parents=True)
+    sandbox = boxed(tmp_path, user=NOBODY, hidden=[str(tmp_path / "state")], shown=[sys.prefix])
+    argv = sandbox.wrap(["python", "x.py"], str(work), gpu_nodes=["/dev/nvidia1"], network=False)
+    assert argv[:3] == ["/usr/bin/env", "--ignore-signal=TERM,INT,HUP", "/usr/bin/bwrap"]
+    assert argv[-4:] == ["--default-signal=TERM,INT,HUP", "--", "python", "x.py"]
+    assert argv[argv.index("--") + 1:argv.index("--") + 5] == ["/usr/bin/setpriv", "--reuid=65534", "--regid=65534",
+                                                               "--clear-groups"]
+    hide, bind = argv.index(str(tmp_path / "state")), argv.index("--bind")
+    assert hide < bind and argv[bind + 1] == str(work)  # the working dir is bound after its parent is hidden
+    assert "--unshare-net" in argv and "--unshare-pid" in argv and "--die-with-parent" in argv
+    assert "--new-session" not in argv  # the command stays in the process group the agent signals
+    assert argv[argv.index("--dev-bind-try") + 1] == "/dev/nvidia1"
+
+
+def test_root_asked_and_allowed_keeps_the_agents_user(tmp_path):
+    sandbox = boxed(tmp_path, user=NOBODY, allow_root_tasks=True)
+    assert "/usr/bin/setpriv" not in sandbox.wrap(["id"], str(tmp_path), gpu_nodes=[], root_asked=True)
+    assert sandbox.drops_to(False) == NOBODY
+    assert boxed(tmp_path, user=NOBODY).drops_to(True) == NOBODY  # asked, not allowed
+
+
+def test_untraversable_finds_the_highest_closed_parent():
+    top = Path(tempfile.mkdtemp(prefix="gpulayer-sandbox-"))  # in /tmp itself: pytest's tmp_path is under a 0700 dir
+    try:
+        top.chmod(0o755)
+        closed = top / "closed"
+        (closed / "inner" / "work").mkdir(parents=True)
+        closed.chmod(0o700)
+        (closed / "inner").chmod(0o700)
+        assert untraversable([str(closed / "inner" / "work"), str(top)], NOBODY) == [str(closed)]
+    finally:
+        shutil.rmtree(top)
+
+
+def test_gpu_nodes_and_minors():
+    assert gpu_nodes([]) == []
+    nodes = gpu_nodes([3, 1, 3])
+    assert nodes[:2] == ["/dev/nvidia1", "/dev/nvidia3"] and "/dev/nvidiactl" in nodes
+    mig = Device(gpu=2, uuid="MIG-a", name="1g.10gb", mig=True)
+    assert gpu_minors(["MIG-a", "1", "GPU-x"], {0: mig}) == [2, 1, 2]
+
+
+def test_startable_says_what_exec_would(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        startable(["no-such-command-xyz"], {"PATH": "/usr/bin"}, str(tmp_path))
+    (tmp_path / "script").write_text("#!/bin/sh\n")
+    with pytest.raises(PermissionError):
+        startable(["./script"], {}, str(tmp_path))
+    startable(["sh"], {"PATH": "/usr/bin:/bin"}, str(tmp_path))
+
+
+def test_bad_mode_and_bad_user_are_one_line_errors(monkeypatch):
+    with pytest.raises(SandboxError, match="--sandbox box: expected one of auto, bwrap, none"):
+        resolve("box")
+    assert issubclass(SandboxError, AgentError) and SandboxError.exit_code == 2
+    if os.geteuid() == 0:
+        with pytest.raises(SandboxError, match="--run-as no-such-user-xyz: no such user"):
+            resolve("bwrap", run_as="no-such-user-xyz")
+        with pytest.raises(SandboxError, match="that is root"):
+            resolve("bwrap", run_as="root")
+
+
+def test_auto_without_bwrap_is_none_with_a_warning(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    sandbox = resolve("auto")
+    assert sandbox.mode == "none" and "bwrap is not installed" in sandbox.isolation()["warning"]
+    assert sandbox.summary().startswith("none (tasks are not sandboxed")
+    with pytest.raises(SandboxError, match="--sandbox bwrap: bwrap is not installed"):
+        resolve("bwrap")
+
+
+@needs_bwrap
+def test_a_sandboxed_task_gets_its_sigterm_and_grace_and_its_exit_code(tmp_path):
+    sandbox = resolve("bwrap", shown=[sys.base_prefix, sys.prefix])
+    sandbox.give(tmp_path)
+    lines: list[tuple[str, str]] = []
+    trap = "trap 'echo got-term; exit 3' TERM; echo ready; sleep 600 & wait"
+    proc = TaskProcess(sandbox.wrap(["sh", "-c", trap], str(tmp_path), gpu_nodes=[]), {"PATH": "/usr/bin:/bin"},
+                       str(tmp_path), lambda stream, text: lines.append((stream, text)))
+    deadline = time.monotonic() + 20
+    while ("stdout", "ready") not in lines and time.monotonic() < deadline:
+        time.sleep(0.02)
+    proc.kill_group(grace_s=10)
+    proc.finish_readers()
+    assert ("stdout", "got-term") in lines and exit_code_of(proc.poll()) == 3
+    assert not proc.group_alive()
+
+    proc = TaskProcess(sandbox.wrap(["sh", "-c", "kill -KILL $$"], str(tmp_path), gpu_nodes=[]),
+                       {"PATH": "/usr/bin:/bin"}, str(tmp_path), lambda *_: None)
+    assert exit_code_of(proc.popen.wait()) == 128 + signal.SIGKILL
+
+
+@needs_bwrap
+def test_a_root_agents_task_runs_as_the_task_user_and_owns_its_working_dir(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("the agent is not root here: tasks run as its user")
+    sandbox = resolve("bwrap", run_as="nobody", shown=[sys.base_prefix, sys.prefix])
+    work = tmp_path / "work"
+    (work / "in").mkdir(parents=True)
+    (work / "in" / "data.txt").write_text("x")
+    sandbox.give(work)
+    done = subprocess.run(sandbox.wrap(["sh", "-c", "id -u; echo y >> in/data.txt; ls /root | wc -l"], str(work),
+                                       gpu_nodes=[]), capture_output=True, text=True, cwd=work)
+    assert done.returncode == 0, done.stderr
+    uid, entries = done.stdout.split()
+    assert uid == "65534" and (work / "in" / "data.txt").read_text() == "xy\n"
+    assert int(entries) <= 1  # /root is an empty mount, but for the interpreter bound back (.pyenv here)
