@@ -278,18 +278,20 @@ def resolve(mode: str, *, run_as: str | None = None, allow_root_tasks: bool = Fa
         raise SandboxError(f"--sandbox {mode}: expected one of {', '.join(MODES)}")
     if mode == "none":
         return Sandbox(mode="none", allow_root_tasks=allow_root_tasks)
+    bwrap, env = shutil.which("bwrap"), shutil.which("env")
+    problem: str | None
     if not sys.platform.startswith("linux"):
-        problem: str | None = "bubblewrap sandboxes need Linux"
+        problem = "bubblewrap sandboxes need Linux"
+    elif bwrap is None:
+        problem = "bwrap is not installed (Debian package bubblewrap)"
+    elif env is None:
+        problem = "no env command"
     else:
-        bwrap, env = shutil.which("bwrap"), shutil.which("env")
-        if bwrap is None or env is None:
-            problem = "bwrap is not installed (Debian package bubblewrap)" if bwrap is None else "no env command"
-        else:
-            problem = probe(bwrap, env)
-    if problem is not None:
+        problem = probe(bwrap, env)
+    if problem is not None or bwrap is None:
         if mode == "bwrap":
             raise SandboxError(f"--sandbox bwrap: {problem}")
-        warning = f"tasks are not sandboxed: {problem}"
+        warning = f"tasks are not sandboxed: {problem or 'no bwrap'}"
         log_event("sandbox_unavailable", level=30, warning=warning)
         return Sandbox(mode="none", allow_root_tasks=allow_root_tasks, warning=warning)
     user = task_user(run_as)
