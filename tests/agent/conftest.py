@@ -67,7 +67,7 @@ def start_worker(worker_config):
 def launch_only_worker(monkeypatch):
     """A Worker with only its launch bookkeeping (no control plane): runners are stubs, and each launched
     runner's task id lands in ``worker.launched`` instead of running."""
-    import agent.worker as module
+    import agent.session as module
 
     class Runner:
         def __init__(self, task, ctx, handle):

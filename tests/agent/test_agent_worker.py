@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-from agent.worker import Worker, WorkerConfig, run_worker
+from agent.session import Worker
+from agent.worker import WorkerConfig, run_worker
 from fake_control_plane import SESSION, assignment
 
 from gpulayer.protocol.assignment import Assignment
