@@ -291,3 +291,17 @@ def test_queued_jobs_says_when_only_unhealthy_gpus_would_fit(state, client: falc
     body = client.simulate_get("/-/queries/queued_jobs.json").json
     reasons = {row[0]: row[body["columns"].index("waits_for")] for row in body["rows"]}
     assert reasons[6] == "unhealthy" and reasons[7] is None
+
+
+def test_workers_page_shows_each_workers_isolation(state, client: falcon.testing.TestClient) -> None:
+    import apsw
+    db = apsw.Connection(str(state))
+    db.execute("UPDATE workers SET isolation = ? WHERE name = 'gpu-a'",
+               ('{"sandbox": "bwrap", "user": "gpulayer-task", "root_tasks": false}',))
+    db.execute("UPDATE workers SET isolation = ? WHERE name = 'cpu-b'",
+               ('{"sandbox": "none", "warning": "tasks are not sandboxed: bwrap is not installed <here>"}',))
+    db.close()
+    page = client.simulate_get("/-/workers").text
+    assert "<td>bwrap as gpulayer-task</td>" in page
+    assert "<td>none: tasks are not sandboxed: bwrap is not installed &lt;here&gt;</td>" in page
+    assert "<th>isolation</th>" in page

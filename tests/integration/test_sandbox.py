@@ -212,3 +212,9 @@ def test_a_gpu_task_gets_the_device_nodes_of_its_gpus_only(cluster):
     assert len(nodes) == 1 and lines[-1] == "1", text
     done, text = run_job(cluster, {"pool": "gpus"}, ["sh", "-c", "ls /dev | grep -c '^nvidia' || true"], gpus=0)
     assert done["state"] == "succeeded" and text.splitlines()[0].strip() == "0", text
+
+
+def test_a_bad_sandbox_option_is_a_usage_error_that_starts_nothing(cluster):
+    for args in (["worker", "start", "--sandbox", "box"], ["up", "--sandbox", "box"]):
+        done = cluster.cli(*args)
+        assert done.returncode == 2 and "--sandbox" in done.stderr and "Traceback" not in done.stderr, done
