@@ -15,6 +15,8 @@ from typing import IO, Callable
 
 #: SIGTERM first, then SIGKILL after this many seconds.
 KILL_GRACE_S = 5.0
+#: How long a sandboxed task's namespace may take to end after bwrap, its leader, exited.
+SANDBOX_SETTLE_S = 1.0
 #: Longest line sent as one log line; longer lines are split.
 MAX_LINE_BYTES = 64 * 1024
 #: Bytes read from a task's pipe at a time.
@@ -56,8 +58,10 @@ def live_group_members(pgid: int, proc_root: str = "/proc") -> list[int] | None:
 class TaskProcess:
     """A running command whose stdout/stderr lines go to ``on_line(stream, text)``."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], cwd: str, on_line: LineSink):
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: str, on_line: LineSink, *, sandboxed: bool = False):
         self._on_line = on_line
+        #: The leader is bwrap (agent/sandbox.py), which may exit while its PID namespace is still ending.
+        self.sandboxed = sandboxed
         self.last_output = time.monotonic()
         self.started = self.last_output
         self.popen = subprocess.Popen(
@@ -129,7 +133,18 @@ class TaskProcess:
         except PermissionError:
             return True
         members = live_group_members(self.pid)
+        if members and self.sandboxed and self.popen.returncode is not None:
+            members = self._namespace_ended(members)
         return True if members is None else bool(members)
+
+    def _namespace_ended(self, members: list[int]) -> list[int] | None:
+        """The group's members once a sandbox's namespace had up to SANDBOX_SETTLE_S to end (bwrap exits on
+        its command's exit status, while the namespace's init is still ending and taking the rest with it)."""
+        deadline = time.monotonic() + SANDBOX_SETTLE_S
+        while members and time.monotonic() < deadline:
+            time.sleep(0.005)
+            members = live_group_members(self.pid) or []
+        return members
 
     def kill_group(self, grace_s: float = KILL_GRACE_S) -> None:
         """SIGTERM the whole group, wait up to ``grace_s``, then SIGKILL what is left."""

@@ -214,7 +214,7 @@ class TaskRunner:
         argv = task_argv(list(self.assignment.command), self.ctx.python, self.weights)
         try:
             proc = TaskProcess(self._launch(argv, env := self.environment(extra)), env, str(self.workdir),
-                               self.shipper.add)
+                               self.shipper.add, sandboxed=self.ctx.sandbox.mode != "none")
         except OSError as exc:
             code = 127 if isinstance(exc, FileNotFoundError) else 126
             self.shipper.system(f"cannot start {argv[0]!r}: {exc.strerror or exc}")

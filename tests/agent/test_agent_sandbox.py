@@ -142,3 +142,18 @@ def test_a_root_agents_task_runs_as_the_task_user_and_owns_its_working_dir(tmp_p
     uid, entries = done.stdout.split()
     assert uid == "65534" and (work / "in" / "data.txt").read_text() == "xy\n"
     assert int(entries) <= 1  # /root is an empty mount, but for the interpreter bound back (.pyenv here)
+
+
+@needs_bwrap
+def test_a_sandboxed_command_that_ended_leaves_nothing_to_kill(tmp_path):
+    """bwrap exits on its command's status while the namespace's init is still ending: not a leftover."""
+    from agent.supervision import Limits, TaskHandle, supervise
+    sandbox = resolve("bwrap", shown=[sys.base_prefix, sys.prefix])
+    sandbox.give(tmp_path)
+    system: list[str] = []
+    for task_id in range(30):
+        proc = TaskProcess(sandbox.wrap(["sh", "-c", "echo hi | cat"], str(tmp_path), gpu_nodes=[]),
+                           {"PATH": "/usr/bin:/bin"}, str(tmp_path), lambda *_: None, sandboxed=True)
+        assert supervise(proc, TaskHandle(task_id), Limits(None, None, proc.started), system.append, 1.0) is None
+        assert exit_code_of(proc.popen.wait()) == 0
+    assert system == []
