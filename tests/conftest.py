@@ -8,6 +8,9 @@ from gpulayer.server.config import ControlPlaneConfig
 from gpulayer.server.store.db import Store
 from gpulayer.server.scheduler.core import Scheduler
 
+# The slow tier: marks `slow` every test that starts a process, and fails any other test that starts one.
+pytest_plugins = ["tiers"]
+
 
 class Clock:
     """A clock tests move by hand."""

@@ -96,6 +96,7 @@ def test_a_cell_with_a_line_break_stays_on_its_row(capsys):
     assert capsys.readouterr().out.splitlines() == ["ID  COMMAND", "1   sh -c 'echo a echo b'", "2   x"]
 
 
+@pytest.mark.slow  # `server certs` lists this machine's addresses with `ip`, in-process through the CliRunner
 def test_server_certs_makes_what_server_start_needs(tmp_path):
     home = tmp_path / "home"
     result = run("server", "certs", "--home", str(home), "--host", "cp.example.net", "--ip", "10.1.2.3", "--json")
