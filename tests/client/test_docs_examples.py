@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -57,6 +58,7 @@ SYNOPSIS = "a synopsis, not an example: test_synopses_name_real_options checks i
 RUN = {
     "README.md > Quick start #1": "test_readme_install_and_test_commands_name_what_exists",
     "README.md > Quick start #2": "test_readme_install_and_test_commands_name_what_exists",
+    "README.md > Developing #1": "test_readme_fast_loop_commands_name_what_exists",
     "README.md > Quick start #3": "test_readme_quickstart.py::test_readme_quick_start_runs_as_written",
     "README.md > Quick start #4": "test_join_lines_run_against_a_real_control_plane",
     "README.md > From Python #1": "test_readme_python_snippet_runs_as_written",
@@ -246,6 +248,21 @@ def test_readme_install_and_test_commands_name_what_exists():
     for word in test.split():
         assert os.access(ROOT / word, os.X_OK), f"{word} is not an executable of the repository"
     assert f"exec {test.strip()}" in (ROOT / ".ci" / "run").read_text()  # CI runs the same command
+
+
+def test_readme_fast_loop_commands_name_what_exists():
+    """Not run (minutes of tests; tests/unit/test_tiers.py checks what `-m "not slow"` selects): each line
+    is scripts/test with a marker expression of registered markers, and paths that exist."""
+    registered = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["markers"]
+    markers = {line.partition(":")[0] for line in registered}
+    for line in block("README.md > Developing #1").splitlines():
+        words = shlex.split(line.partition("#")[0])
+        assert words[0] == "scripts/test" and os.access(ROOT / words[0], os.X_OK), line
+        if words[1] == "-m":
+            assert set(re.findall(r"\w+", words[2])) - {"not", "and", "or"} <= markers, line
+            words = words[2:]
+        for path in words[1:]:
+            assert (ROOT / path.partition("::")[0]).exists(), f"{path} does not exist ({line})"
 
 
 def test_join_lines_run_against_a_real_control_plane(plane, gpulayer_path, tmp_path):
