@@ -112,6 +112,7 @@ def test_server_certs_makes_what_server_start_needs(tmp_path):
     assert run("server", "certs", "--home", str(home), "--ip", "not-an-ip").exit_code == 2
 
 
+@pytest.mark.slow  # `server certs` lists this machine's addresses with `ip`, in-process through the CliRunner
 def test_server_certs_says_what_to_run_next(tmp_path):
     """On stderr: `server init` while the home has no tokens (start refuses such a home), then `server start`;
     each with the --home given (docs/cli.md's certs block runs them in tests/client/test_docs_examples.py)."""
