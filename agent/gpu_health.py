@@ -14,6 +14,8 @@ an Xid names. Every NVML call is in agent/nvml.py.
 import threading
 from typing import Callable
 
+from gpulayer.protocol import plural
+
 from .events import log_event
 from .nvml import APPLICATION_XIDS, Device, Nvml, Xid
 
@@ -92,7 +94,7 @@ class GpuHealth:
             if reason is None:
                 count, base = self.nvml.ecc_uncorrected(gpu), self.ecc_baseline.get(gpu)
                 if count is not None and base is not None and count > base:
-                    reason = f"{count - base} uncorrectable ECC error(s)"
+                    reason = plural(count - base, "uncorrectable ECC error")
             if reason is not None:
                 self._fail([i for i, d in self.devices.items() if d.gpu == gpu], reason)
 

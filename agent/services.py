@@ -5,6 +5,7 @@ import socket
 import time
 from typing import Callable, Protocol
 
+from gpulayer.protocol import plural
 from gpulayer.protocol.assignment import Assignment
 from gpulayer.protocol.fields import field_of
 from gpulayer.protocol.jobspec import HealthSpec, ServiceSpec
@@ -110,7 +111,7 @@ class EndpointProbe:
         self.failures = 0 if ok else self.failures + 1
         limit = self.health.failures
         if self.failures >= limit:
-            return f"health check failed {self.failures} times in a row ({detail})"
+            return f"health check failed {plural(self.failures, 'time')} in a row ({detail})"
         return None
 
 
@@ -198,7 +199,7 @@ def _ended_for_good(service: ServiceSpec, restarts: int, exit_code: int, stop: S
         return TaskResult(exit_code, outcome, why)
     max_restarts = service.max_restarts
     if max_restarts is not None and restarts >= int(max_restarts):
-        system_line(f"service ended: {why}; its {max_restarts} restarts are used up")
+        system_line(f"service ended: {why}; it restarted {plural(int(max_restarts), 'time')}, its max_restarts")
         return TaskResult(exit_code, outcome, f"{why}; restarts used up ({max_restarts})")
     return None
 

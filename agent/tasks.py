@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from gpulayer.protocol import plural
 from gpulayer.protocol.assignment import Assignment, assignments
 
 from .bundle import empty_dir, place_file, unpack_bundle
@@ -172,7 +173,7 @@ class TaskRunner:
         source = self.assignment.source
         if source:
             count = unpack_bundle(self.ctx.cache.get(source, budget.max_bytes), self.workdir, budget)
-            self.shipper.system(f"source bundle {source} unpacked: {count} entries")
+            self.shipper.system(f"source bundle {source} unpacked: {plural(count, 'entry', 'entries')}")
         for relative, digest in sorted(self.assignment.inputs.items()):
             place_file(self.ctx.cache.get(digest, budget.max_bytes), self.workdir, relative, "input", budget)
 
@@ -306,7 +307,7 @@ class TaskRunner:
         if not files or not self.assigned:
             return {}
         recorded = upload_outputs(files, self._upload, self.shipper.system)
-        self.shipper.system(f"{len(recorded)} output files uploaded")
+        self.shipper.system(f"{plural(len(recorded), 'output file')} uploaded")
         return recorded
 
     def _upload(self, digest: str, path: str) -> bool:

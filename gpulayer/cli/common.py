@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,8 +13,7 @@ import typer
 from gpulayer.client.api import Client, connect
 from gpulayer.client.settings import server_configured
 from gpulayer.protocol import default_home
-
-DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+from gpulayer.protocol import parse_duration as duration_seconds
 
 @dataclass
 class GlobalOptions:
@@ -66,15 +64,24 @@ def parse_pairs(values: Optional[list[str]], option: str) -> dict[str, str]:
     return pairs
 
 
-def parse_duration(text: Optional[str], option: str) -> Optional[float]:
-    """'90', '45s', '30m', '12h', '365d', '2w' → seconds; None stays None."""
+def parse_duration(text: Optional[str], option: str, positive: bool = False) -> Optional[float]:
+    """A duration option in seconds (gpulayer.protocol.parse_duration: '90', '30m', '12h', '1:00:00',
+    '2-00:00:00'); None stays None. A usage error naming the option and the forms otherwise, and for 0
+    when `positive`."""
     if text is None:
         return None
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", text)
-    if not match:
-        raise typer.BadParameter(f"expected a duration such as 3600, 30m, 12h or 365d, got {text!r}",
-                                 param_hint=option)
-    return float(match.group(1)) * DURATION_UNITS[match.group(2) or "s"]
+    try:
+        seconds = duration_seconds(text)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint=option) from None
+    if positive and seconds <= 0:
+        raise typer.BadParameter(f"{text!r}: must be more than 0 seconds", param_hint=option)
+    return seconds
+
+
+def duration_option(option: str, positive: bool = False):
+    """A typer callback that turns the text of a duration option into seconds (parse_duration)."""
+    return lambda value: parse_duration(value, option, positive)
 
 
 def print_json(data: Any, compact: bool = False) -> None:
@@ -118,11 +125,6 @@ def exit_code_of(job: dict) -> int:
     if isinstance(code, int) and code != 0:
         return code if 0 < code < 256 else 1
     return 1
-
-
-def plural(count: int, noun: str, nouns: Optional[str] = None) -> str:
-    """`1 GPU`, `2 GPUs`, `1 output file`: the count and the noun in the number it takes."""
-    return f"{count} {noun if count == 1 else (nouns or noun + 's')}"
 
 
 def colour_on(err: bool = False) -> bool:

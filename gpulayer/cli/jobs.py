@@ -14,12 +14,12 @@ import typer
 
 from gpulayer.cli import selection
 from gpulayer.cli.common import (
-    client_of, colour_on, exit_code_of, fail, fmt_time, global_options, home_of, parse_pairs, print_json,
-    plural, print_log_line, print_table, style,
+    client_of, colour_on, exit_code_of, fail, fmt_time, global_options, home_of, parse_duration, parse_pairs,
+    print_json, print_log_line, print_table, style,
 )
 from gpulayer.client.errors import ApiError, ClientError
-from gpulayer.protocol import JOB_STATES, array_text
-from gpulayer.client.api import Job, server_configured
+from gpulayer.protocol import JOB_STATES, array_text, plural
+from gpulayer.client.api import FINISHED_STATES, Job, server_configured
 from gpulayer.client.jobfile import read_job_file, spec_from_fields
 from gpulayer.client.transfers import check_local_paths
 
@@ -73,8 +73,8 @@ def submit(
     output: Annotated[Optional[list[str]], _opt("--output", help="Relative path collected after the run (repeatable).")] = None,
     retry: Annotated[Optional[int], _opt("--retry", help="Max attempts.", min=1)] = None,
     retry_on: Annotated[Optional[list[str]], _opt("--retry-on", help="Reason to retry on: worker_lost, worker_revoked, failed, timed_out, start_timeout (repeatable).")] = None,
-    timeout: Annotated[Optional[float], _opt("--timeout", help="End the task after S seconds.", min=0)] = None,
-    silence_timeout: Annotated[Optional[float], _opt("--silence-timeout", help="End the task after S seconds without output.", min=0)] = None,
+    timeout: Annotated[Optional[str], _opt("--timeout", metavar="DURATION", help="End the task after this long: seconds, 30m, 12h, 2d, or Slurm's 1:00:00, 2-00:00:00.")] = None,
+    silence_timeout: Annotated[Optional[str], _opt("--silence-timeout", metavar="DURATION", help="End the task after this long without output (as --timeout).")] = None,
     priority: Annotated[Optional[str], _opt("--priority", help="Higher runs first: a number, or a class of the server (low=-10, normal=0, high=10 by default).")] = None,
     preemptible: Annotated[bool, _opt("--preemptible", help="May be stopped (SIGTERM, a grace, SIGKILL) and requeued, same attempt, for higher-priority work; $GPULAYER_PREEMPTED=1 in the next run.")] = False,
     nodes: Annotated[Optional[int], _opt("--nodes", help="Multi-node: ranks, each on its own worker.", min=1)] = None,
@@ -111,7 +111,8 @@ def submit(
     settings = dict(
         name=name, env=parse_pairs(env, "--env") or None, accelerator=accelerator, gpus=gpus,
         cpus=cpus, memory_mb=memory_mb, labels=_labels_option(label, gpu_model), retry=retry,
-        retry_on=retry_on or None, timeout_seconds=timeout, silence_timeout_seconds=silence_timeout,
+        retry_on=retry_on or None, timeout_seconds=parse_duration(timeout, "--timeout", positive=True),
+        silence_timeout_seconds=parse_duration(silence_timeout, "--silence-timeout", positive=True),
         source=str(source) if source else None, inputs=list(input_) if input_ else None,
         outputs=output or None, nodes=nodes, priority=_priority_option(priority), secrets=secret or None,
         array=array, after=_after_option(after, after_array), preemptible=True if preemptible else None,
@@ -200,11 +201,48 @@ def _print_submitted(job: Job, as_json: bool) -> None:
 
 
 def _ended(job: Job, as_json: bool) -> int:
-    """The exit status of a job that ended (with --json, the Job as it ended is printed, one line)."""
+    """The exit status of a job that ended, after a line on stderr saying why when it did not succeed
+    (tell_ended; with --json, the Job as it ended is printed, one line)."""
     info = job.data if job.finished() else job.info()  # following or waiting left the job as it ended
+    tell_ended(info)
     if as_json:
         print_json(info, compact=True)
     return exit_code_of(info)
+
+
+def tell_ended(info: dict, index: Optional[int] = None) -> None:
+    """Why a job (or its element `index`: `info` is then that element's latest task) that did not succeed
+    ended, one line on stderr: `job 7 failed: exit code 3`, `job 7 cancelled: its dependency job 5 failed
+    (dependency_failed)`, `job 7 lost (worker_lost)`: what it asked for, then the reason's code in parentheses
+    (a reason in words, as an agent writes them, after the exit code)."""
+    state = info.get("state")
+    if state not in FINISHED_STATES or state == "succeeded":
+        return
+    reason, code = info.get("reason"), info.get("exit_code")
+    what = f"job {info['id']}" if index is None else f"job {info['job_id']} element {index}"
+    told = [_unmet_dependency(info.get("after") or [])] if reason == "dependency_failed" else []
+    if code not in (None, 0) and f"exit code {code}" not in (reason or ""):
+        told.append(f"exit code {code}")
+    if reason and reason != state and not re.fullmatch(r"[a-z_]+", reason):  # the agent's words ("exit code 3")
+        told.append(reason)
+    code_word = f" ({reason})" if reason and reason != state and re.fullmatch(r"[a-z_]+", reason) else ""
+    line = f"{what} {state}" + (f": {', '.join(told)}" if told else "") + code_word
+    typer.echo(style(line, "red", err=True), err=True)
+
+
+def _unmet_dependency(after: list[dict]) -> str:
+    """Which of a job's dependencies ended against its condition, in words; one the caller may not see
+    (its state rendered null: teams.hide_unseen) is named as hidden, its state untold."""
+    for dep in after:
+        state, condition = dep.get("state"), dep.get("condition") or "ok"
+        if state in FINISHED_STATES and (condition == "ok") != (state == "succeeded") and condition != "any":
+            asked = "" if condition == "ok" else f", and it runs after {dep['job']}:{condition}"
+            return f"its dependency job {dep['job']} {state}{asked}"
+    hidden = next((dep for dep in after if dep.get("state") is None), None)
+    if hidden is not None:
+        return (f"its dependency job {hidden['job']} (hidden: you may not see it) did not end as "
+                f"{hidden['job']}:{hidden.get('condition') or 'ok'} asks")
+    return "a dependency did not end as it asks"
 
 
 def _interrupted(job: Job, cancel: bool, stop_wait_s: float = 0.0) -> int:
@@ -431,8 +469,11 @@ def job_logs(ctx: typer.Context, job_id: JobArg,
     if follow:
         if index is not None:  # that element's latest task's exit status
             task = (job.element(index).get("tasks") or [{}])[0]
+            tell_ended({**task, "job_id": job.id}, index)
             raise typer.Exit(exit_code_of({"state": task.get("state"), "exit_code": task.get("exit_code")}))
-        raise typer.Exit(exit_code_of(job.data if job.finished() else job.info()))
+        info = job.data if job.finished() else job.info()
+        tell_ended(info)
+        raise typer.Exit(exit_code_of(info))
 
 
 StatesOpt = Annotated[Optional[list[str]], typer.Option("--state", metavar="STATE", callback=selection.check_states, help=f"Only jobs in this state (repeatable): {', '.join(JOB_STATES)}.")]
@@ -467,11 +508,12 @@ def job_cancel(ctx: typer.Context,
         raise typer.BadParameter("give job ids, or --name/--state/--since/--user, not both", param_hint="JOB")
     if not job_ids and not (name or state or since or user):
         raise typer.BadParameter("give the jobs to cancel: ids, or --name/--state/--since/--user", param_hint="JOB")
+    since_ts = selection.parse_since(since)
     client = client_of(ctx)
     listed: dict[int, dict] = {}
     if not job_ids:
         states = [s for s in state or selection.UNFINISHED if s in selection.UNFINISHED]
-        chosen = selection.select_jobs(client, states, name, selection.parse_since(since), CANCEL_MAX,
+        chosen = selection.select_jobs(client, states, name, since_ts, CANCEL_MAX,
                                        user=user) if states else []
         listed = {j["id"]: j for j in chosen}
         job_ids = list(listed)
@@ -538,8 +580,8 @@ def job_list(ctx: typer.Context, state: StatesOpt = None, name: NameOpt = None, 
     """
     if watch and as_json:
         raise typer.BadParameter("--watch draws a table: leave out --json", param_hint="--watch")
+    since_ts = selection.parse_since(since)  # a bad --since is bad input before anything is asked
     client = client_of(ctx)
-    since_ts = selection.parse_since(since)
     scope = {"all": all_, "user": user, "project": project}
     if not watch:
         _print_jobs(selection.select_jobs(client, state or [], name, since_ts, limit, **scope), as_json,

@@ -20,6 +20,7 @@ from typing import Iterator
 
 from gpulayer.client.api import Client
 from gpulayer.client.errors import ClientError
+from gpulayer.protocol import plural
 
 LOCAL_TOKENS = "local-tokens.json"  # tokens of a home initialised by `up` or a local run (0600)
 WORKER_STOP_S = 30.0
@@ -155,7 +156,7 @@ def end_earlier_runs(client: Client, scheduler) -> list[int]:
         if worker["state"] != "gone":
             scheduler.deregister(worker["id"])
     if ended:
-        print(f"gpulayer: ended {len(ended)} job(s) an earlier `--target local` run on this home left "
+        print(f"gpulayer: ended {plural(len(ended), 'job')} an earlier `--target local` run on this home left "
               f"running (it was killed): {', '.join(map(str, ended))}", file=sys.stderr)
     return ended
 
@@ -211,8 +212,9 @@ def unmet(spec: dict, worker: dict) -> str | None:
     except (TypeError, ValueError):
         return None
     for noun, want, have in asked:
+        nouns = noun if noun.startswith("MB") else None
         if have is not None and want > have:
-            return f"this machine has {_count(have, noun)}; the job asks for {_count(want, noun)}"
+            return f"this machine has {plural(have, noun, nouns)}; the job asks for {plural(want, noun, nouns)}"
     asked_labels = spec.get("labels")
     labels = asked_labels if isinstance(asked_labels, dict) else {}
     for key, value in sorted(labels.items()):
@@ -222,12 +224,6 @@ def unmet(spec: dict, worker: dict) -> str | None:
             has = f"no GPU of model {value}" if key == "gpu_model" else f"no label {key}={value}"
             return f"this machine's worker has {has}; the job asks for it"
     return None
-
-
-def _count(number: float, noun: str) -> str:
-    text = f"{number:.12g}" if isinstance(number, float) else str(number)
-    plural = number != 1 and noun in ("GPU", "CPU", "node")
-    return f"{text} {noun}s" if plural else f"{text} {noun}"
 
 
 def _in_use(home: Path, holder: dict) -> str:

@@ -38,9 +38,8 @@ def parse_since(text: Optional[str]) -> Optional[float]:
         pass
     try:
         return time.time() - (parse_duration(text, "--since") or 0)
-    except typer.BadParameter:
-        raise typer.BadParameter(f"expected a duration such as 2h or 3d, or a date such as 2026-12-01, got {text!r}",
-                                 param_hint="--since") from None
+    except typer.BadParameter as exc:
+        raise typer.BadParameter(f"{exc.message}; or a date such as 2026-12-01", param_hint="--since") from None
 
 
 def select_jobs(client: Client, states: list[str], name: Optional[str], since: Optional[float],

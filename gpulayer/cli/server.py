@@ -8,11 +8,11 @@ from typing import Annotated, Optional
 
 import typer
 
-from gpulayer.cli.common import fail, global_options, home_of, parse_pairs, plural, print_json
+from gpulayer.cli.common import duration_option, fail, global_options, home_of, parse_pairs, print_json
 from gpulayer.cli.workers import AllowRootTasks, RunAs, SandboxMode, sandbox_settings
 from gpulayer.protocol import (
     DEFAULT_PORT, HEARTBEAT_INTERVAL_S, JOB_RETENTION_S, LEASE_TTL_S, LOG_RETENTION_S, MAX_OUTPUT_BYTES,
-    FAIRSHARE_HALF_LIFE_S, MAX_QUEUED_ELEMENTS, PREEMPT_GRACE_S, PRIORITY_CLASSES,
+    FAIRSHARE_HALF_LIFE_S, MAX_QUEUED_ELEMENTS, PREEMPT_GRACE_S, PRIORITY_CLASSES, plural,
 )
 
 server_app = typer.Typer(help="Initialise, run and back up a control plane.", no_args_is_help=True)
@@ -22,23 +22,13 @@ Home = Annotated[Optional[Path], typer.Option("--home", envvar="GPULAYER_HOME", 
                                               help="The control plane's home directory (default ~/.gpulayer).")]
 
 
-def _seconds(value: Optional[str]) -> Optional[float]:
-    """A duration option (`30d`, `12h`, `90s`) in seconds; a usage error otherwise."""
-    if value is None:
-        return None
-    from gpulayer.server.errors import ConfigError
-    from gpulayer.server.scheduler.retention import parse_duration
-    try:
-        return parse_duration(value)
-    except ConfigError as exc:
-        raise typer.BadParameter(exc.message) from None
-
-
+# Every duration option takes what gpulayer.protocol.parse_duration reads (90, 30m, 12h, 1:00:00, 2-00:00:00);
+# its callback turns the text into seconds, so the command receives a float.
 LogRetention = Annotated[Optional[str], typer.Option(
-    "--log-retention", callback=_seconds, metavar="DURATION",
+    "--log-retention", callback=duration_option("--log-retention", positive=True), metavar="DURATION",
     help=f"Prune the log lines of jobs that ended this long ago (30d, 12h, 90s; default {LOG_RETENTION_S // 86400:g}d).")]
 JobRetention = Annotated[Optional[str], typer.Option(
-    "--job-retention", callback=_seconds, metavar="DURATION",
+    "--job-retention", callback=duration_option("--job-retention", positive=True), metavar="DURATION",
     help=f"Prune ended jobs (tasks, events, logs), loose events and departed workers this old "
          f"(default {JOB_RETENTION_S // 86400:g}d).")]
 
@@ -59,17 +49,17 @@ class FrontEnd(str, Enum):
     granian = "granian"
 
 
-HeartbeatInterval = Annotated[float, typer.Option("--heartbeat-interval", help="Seconds between worker heartbeats.", min=0.01)]
-LeaseTTL = Annotated[float, typer.Option("--lease-ttl", help="Seconds without a heartbeat before a worker's tasks are lost.", min=0.01)]
+HeartbeatInterval = Annotated[str, typer.Option("--heartbeat-interval", callback=duration_option("--heartbeat-interval", positive=True), metavar="DURATION", help="Time between worker heartbeats (seconds, or 2s, 1m, ...).")]
+LeaseTTL = Annotated[str, typer.Option("--lease-ttl", callback=duration_option("--lease-ttl", positive=True), metavar="DURATION", help="Time without a heartbeat before a worker's tasks are lost (seconds, or 20s, 1m, ...).")]
 SynchronousOpt = Annotated[Synchronous, typer.Option("--synchronous", help="SQLite synchronous: normal (fast) or full (survives power loss).")]
 MaxOutputMB = Annotated[int, typer.Option("--max-output-mb", help="Largest task output a worker may upload, in MiB.", min=1)]
 Replicate = Annotated[Optional[str], typer.Option(
     "--replicate", metavar="URL",
     help="Stream the state file to this replica with Litestream: a directory (a mounted disk, NFS) or a "
          "Litestream URL (s3://, sftp://). docs/operations.md, \"Losing the control plane's machine\".")]
-ReplicateInterval = Annotated[float, typer.Option(
-    "--replicate-interval", help="Seconds between Litestream's syncs to the replica (what a loss can cost).",
-    min=0.05, max=3600)]
+ReplicateInterval = Annotated[str, typer.Option(
+    "--replicate-interval", callback=duration_option("--replicate-interval", positive=True), metavar="DURATION",
+    help="Time between Litestream's syncs to the replica (what a loss can cost): 0.05 to 3600 seconds, or 1m, ...")]
 
 
 @server_app.command("init")
@@ -103,21 +93,21 @@ def server_start(
     tls_key: Annotated[Optional[Path], typer.Option("--tls-key", help="PEM private key for HTTPS.")] = None,
     allow_insecure_remote: Annotated[bool, typer.Option("--allow-insecure-remote", help="Allow plain HTTP on a non-loopback address (behind a TLS proxy you control).")] = False,
     home: Home = None,
-    heartbeat_interval: HeartbeatInterval = HEARTBEAT_INTERVAL_S,
-    lease_ttl: LeaseTTL = LEASE_TTL_S,
+    heartbeat_interval: HeartbeatInterval = f"{HEARTBEAT_INTERVAL_S:g}",
+    lease_ttl: LeaseTTL = f"{LEASE_TTL_S:g}",
     synchronous: SynchronousOpt = Synchronous.normal,
     max_output_mb: MaxOutputMB = MAX_OUTPUT_BYTES // 1024 ** 2,
     log_retention: LogRetention = None,
     job_retention: JobRetention = None,
     http: Annotated[FrontEnd, typer.Option("--http", help="The HTTP front end: cheroot, or granian (needs the granian package; docs/benchmarks.md, \"Front ends\").")] = FrontEnd.cheroot,
     replicate: Replicate = None,
-    replicate_interval: ReplicateInterval = 1.0,
+    replicate_interval: ReplicateInterval = "1",
     fairshare_half_life: Annotated[Optional[str], typer.Option(
-        "--fairshare-half-life", callback=_seconds, metavar="DURATION",
+        "--fairshare-half-life", callback=duration_option("--fairshare-half-life", positive=True), metavar="DURATION",
         help="Fair share forgets half of a project's past usage in this long (default 7d; docs/teams.md).")] = None,
-    preempt_grace: Annotated[float, typer.Option(
-        "--preempt-grace", min=0,
-        help="Seconds a preempted task has between SIGTERM and SIGKILL.")] = PREEMPT_GRACE_S,
+    preempt_grace: Annotated[str, typer.Option(
+        "--preempt-grace", callback=duration_option("--preempt-grace"), metavar="DURATION",
+        help="Time a preempted task has between SIGTERM and SIGKILL (seconds, or 30s, 2m, ...).")] = f"{PREEMPT_GRACE_S:g}",
     max_queued_elements: Annotated[int, typer.Option(
         "--max-queued-elements", min=0, metavar="N",
         help="A user's tasks (array elements) not yet ended, at most: a submit past it is refused (429 "
@@ -138,8 +128,8 @@ def server_start(
     from gpulayer.server.process import run_server
     config = ControlPlaneConfig(home=home_of(ctx, home), host=host, port=port, tls_cert=tls_cert,
                                 tls_key=tls_key, allow_insecure_remote=allow_insecure_remote, http=http.value,
-                                replicate=replicate, replicate_interval_s=replicate_interval,
-                                preempt_grace_s=preempt_grace, max_queued_elements=max_queued_elements,
+                                replicate=replicate, replicate_interval_s=float(replicate_interval),
+                                preempt_grace_s=float(preempt_grace), max_queued_elements=max_queued_elements,
                                 priority_classes={**PRIORITY_CLASSES, **_priority_classes(priority_class)},
                                 fairshare_half_life_s=float(fairshare_half_life) if fairshare_half_life else FAIRSHARE_HALF_LIFE_S,
                                 **_plane_settings(heartbeat_interval, lease_ttl, synchronous, max_output_mb,
@@ -161,7 +151,7 @@ def _priority_classes(values: Optional[list[str]]) -> dict[str, int]:
 def _plane_settings(heartbeat_interval, lease_ttl, synchronous, max_output_mb, log_retention,
                     job_retention) -> dict:
     """The ControlPlaneConfig fields that `server start` and `up` both take."""
-    return dict(heartbeat_interval_s=heartbeat_interval, lease_ttl_s=lease_ttl, synchronous=synchronous.value,
+    return dict(heartbeat_interval_s=float(heartbeat_interval), lease_ttl_s=float(lease_ttl), synchronous=synchronous.value,
                 max_output_bytes=max_output_mb * 1024 ** 2, **_retention(log_retention, job_retention))
 
 
@@ -177,7 +167,7 @@ def server_prune(ctx: typer.Context, home: Home = None,
       gpulayer server prune --dry-run --job-retention 7d
     """
     from gpulayer.server.scheduler.retention import run_prune
-    # The options' callback (_seconds) has turned their text into seconds.
+    # The options' callback (duration_option) has turned their text into seconds.
     result = run_prune(home_of(ctx, home), dry_run=dry_run, log_retention_s=log_retention,  # type: ignore[arg-type]
                        job_retention_s=job_retention)  # type: ignore[arg-type]
     if as_json:
@@ -260,8 +250,8 @@ def server_restore(
     if as_json:
         print_json(result)
         return
-    typer.echo(f"restored {result['home']} from {result['from']}: {result['jobs']} job(s), "
-               f"last event at {result['last_event_at']}, {len(result['files'])} home file(s)")
+    typer.echo(f"restored {result['home']} from {result['from']}: {plural(result['jobs'], 'job')}, "
+               f"last event at {result['last_event_at']}, {plural(len(result['files']), 'home file')}")
     if result["timestamp"]:  # an older state: its history must not go into the replica that has the newer one
         typer.echo(f"start it with: gpulayer server start --home {result['home']} --replicate NEW_DIR "
                    f"(replicate to a new directory: {result['from']} holds a later history, and keeps its lease)",
@@ -291,11 +281,11 @@ def up(ctx: typer.Context, home: Home = None,
        host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "0.0.0.0",
        port: Annotated[int, typer.Option("--port", help="Port to listen on.", min=0, max=65535)] = DEFAULT_PORT,
        parallel: Annotated[Optional[int], typer.Option("--parallel", help="Tasks the local worker runs at once (default: CPU count).", min=1)] = None,
-       heartbeat_interval: HeartbeatInterval = HEARTBEAT_INTERVAL_S, lease_ttl: LeaseTTL = LEASE_TTL_S,
+       heartbeat_interval: HeartbeatInterval = f"{HEARTBEAT_INTERVAL_S:g}", lease_ttl: LeaseTTL = f"{LEASE_TTL_S:g}",
        synchronous: SynchronousOpt = Synchronous.normal, max_output_mb: MaxOutputMB = MAX_OUTPUT_BYTES // 1024 ** 2,
        log_retention: LogRetention = None, job_retention: JobRetention = None,
        no_worker: Annotated[bool, typer.Option("--no-worker", help="Run no worker here: a control-plane-only host.")] = False,
-       replicate: Replicate = None, replicate_interval: ReplicateInterval = 1.0,
+       replicate: Replicate = None, replicate_interval: ReplicateInterval = "1",
        sandbox: SandboxMode = "none", run_as: RunAs = None, allow_root_tasks: AllowRootTasks = False) -> None:
     """Start a control plane over TLS and a local worker; print the line that joins other machines.
 
@@ -308,7 +298,7 @@ def up(ctx: typer.Context, home: Home = None,
     isolation = sandbox_settings(sandbox, run_as, allow_root_tasks)
     raise typer.Exit(run_up(home_of(ctx, home), host, port, parallel, not no_worker, worker_settings=isolation,
                             replicate=replicate,
-                            replicate_interval_s=replicate_interval, **_plane_settings(heartbeat_interval, lease_ttl, synchronous, max_output_mb,
+                            replicate_interval_s=float(replicate_interval), **_plane_settings(heartbeat_interval, lease_ttl, synchronous, max_output_mb,
                                               log_retention, job_retention)))
 
 

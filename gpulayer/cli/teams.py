@@ -6,6 +6,7 @@ from typing import Annotated, Optional
 import typer
 
 from gpulayer.cli.common import client_of, fail, fmt_time, print_json, print_table
+from gpulayer.protocol import plural
 
 user_app = typer.Typer(help="Users: who holds client tokens (admins add and remove them).", no_args_is_help=True)
 project_app = typer.Typer(help="Projects: groups of users that share GPUs, with quotas.", no_args_is_help=True)
@@ -115,7 +116,7 @@ def user_remove(ctx: typer.Context, name: Annotated[str, typer.Argument(help="Th
       gpulayer user remove bob
     """
     answer = client_of(ctx).remove_user(name)
-    typer.echo(f"user {name} removed ({len(answer.get('tokens_revoked') or [])} token(s) revoked)", err=True)
+    typer.echo(f"user {name} removed ({plural(len(answer.get('tokens_revoked') or []), 'token')} revoked)", err=True)
 
 
 def _settings(gpus: Optional[int], no_quota: bool, borrow: Optional[int], weight: Optional[float],

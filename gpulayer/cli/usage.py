@@ -5,13 +5,13 @@ from typing import Annotated
 
 import typer
 
-from gpulayer.cli.common import client_of, fmt_time, print_json, print_table
+from gpulayer.cli.common import client_of, fmt_time, parse_duration, print_json, print_table
 
 
 def usage(
     ctx: typer.Context,
     by: Annotated[str, typer.Option("--by", help="Sum per user, project, job-name or label:KEY.")] = "user",
-    since: Annotated[str, typer.Option("--since", help="Runs that ended within this long: 30d, 12h, 90m or seconds.")] = "30d",
+    since: Annotated[str, typer.Option("--since", metavar="DURATION", help="Runs that ended within this long: 30d, 12h, 90m, seconds, or Slurm's 1:00:00, 2-00:00:00.")] = "30d",
     as_json: Annotated[bool, typer.Option("--json", help="Print the answer as JSON.")] = False,
 ) -> None:
     """GPU-hours, CPU-hours, runs and jobs from the usage ledger (an admin sees everyone's; a user their
@@ -23,6 +23,7 @@ def usage(
       gpulayer usage --by project --since 7d
       gpulayer usage --by label:team --json
     """
+    parse_duration(since, "--since")  # a bad one is refused here, naming the option, as every duration is
     answer = client_of(ctx).usage(by=by, since=since)
     if as_json:
         print_json(answer)

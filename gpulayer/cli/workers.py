@@ -21,8 +21,8 @@ Parallel = Annotated[int, typer.Option("--parallel", help="Tasks run at the same
 Cpus = Annotated[Optional[float], typer.Option("--cpus", help="CPUs to advertise (default: detected).", min=0)]
 Gpus = Annotated[Optional[int], typer.Option("--gpus", help="GPUs to advertise (default: detected; 0 means none).", min=0)]
 RamMb = Annotated[Optional[int], typer.Option("--ram-mb", help="Memory to advertise, MB (default: detected).", min=0)]
-MaxIdle = Annotated[float, typer.Option("--max-idle", help="Exit after S idle seconds; 0 never.", min=0)]
-DrainTimeout = Annotated[float, typer.Option("--drain-timeout", help="On SIGTERM (or Ctrl-C), take no new task and let running ones finish for up to S seconds before stopping them; a second signal stops at once.", min=0)]
+MaxIdle = Annotated[str, typer.Option("--max-idle", metavar="DURATION", help="Exit after this long idle (seconds, or 30m, 2h, ...); 0 never.")]
+DrainTimeout = Annotated[str, typer.Option("--drain-timeout", metavar="DURATION", help="On SIGTERM (or Ctrl-C), take no new task and let running ones finish for up to this long (seconds, or 10m, ...) before stopping them; a second signal stops at once.")]
 StateDir = Annotated[Optional[Path], typer.Option("--state-dir", envvar="GPULAYER_WORKER_STATE_DIR", show_envvar=True, help="Task working directories, running tasks' records and the pinned CA (default: $GPULAYER_HOME/workers/NAME, one per worker name).")]
 Insecure = Annotated[bool, typer.Option("--insecure", help="Allow plain HTTP to a non-loopback control plane.")]
 JoinToken = Annotated[Optional[str], typer.Option("--token", envvar="GPULAYER_JOIN_TOKEN", show_envvar=True, help="Join token glj_...; prefer --token-file or the environment variable, which keep it out of process listings.")]
@@ -67,11 +67,11 @@ def default_state_dir(ctx: typer.Context, name: Optional[str]) -> Path:
 
 
 def _worker_settings(name, label, python, advertise_address, parallel, cpus, gpus, ram_mb,
-                     max_idle, state_dir, insecure, drain_timeout=0.0) -> dict:
+                     max_idle, state_dir, insecure, drain_timeout="0") -> dict:
     return dict(name=name, labels=parse_pairs(label, "--label"), python=python,
                 advertise_address=advertise_address, parallel=parallel, cpus=cpus, gpus=gpus,
-                ram_mb=ram_mb, max_idle_s=max_idle, state_dir=state_dir, insecure=insecure,
-                drain_timeout_s=drain_timeout)
+                ram_mb=ram_mb, max_idle_s=parse_duration(max_idle, "--max-idle"), state_dir=state_dir,
+                insecure=insecure, drain_timeout_s=parse_duration(drain_timeout, "--drain-timeout"))
 
 
 def sandbox_settings(sandbox: str, run_as: Optional[str], allow_root_tasks: bool) -> dict:
@@ -91,9 +91,9 @@ def _isolation_settings(ctx: typer.Context, sandbox: str, run_as: Optional[str],
 @worker_app.command("start")
 def worker_start(ctx: typer.Context, name: Name = None, label: Labels = None, python: Python = None,
                  advertise_address: Advertise = None, parallel: Parallel = 1, cpus: Cpus = None,
-                 gpus: Gpus = None, ram_mb: RamMb = None, max_idle: MaxIdle = 0.0,
+                 gpus: Gpus = None, ram_mb: RamMb = None, max_idle: MaxIdle = "0",
                  state_dir: StateDir = None, insecure: Insecure = False, token: JoinToken = None,
-                 token_file: TokenFile = None, drain_timeout: DrainTimeout = 0.0, sandbox: SandboxMode = "none",
+                 token_file: TokenFile = None, drain_timeout: DrainTimeout = "0", sandbox: SandboxMode = "none",
                  run_as: RunAs = None, allow_root_tasks: AllowRootTasks = False) -> None:
     """Run a worker agent against the control plane of --url (GPULAYER_URL) until stopped.
 
@@ -116,8 +116,8 @@ def join(ctx: typer.Context,
          ca_fingerprint: Annotated[Optional[str], typer.Option("--ca-fingerprint", envvar="GPULAYER_CA_FINGERPRINT", show_envvar=True, help="sha256:HEX of the control plane's CA, pinned on first contact.")] = None,
          name: Name = None, label: Labels = None, python: Python = None,
          advertise_address: Advertise = None, parallel: Parallel = 1, cpus: Cpus = None,
-         gpus: Gpus = None, ram_mb: RamMb = None, max_idle: MaxIdle = 0.0,
-         state_dir: StateDir = None, insecure: Insecure = False, drain_timeout: DrainTimeout = 0.0,
+         gpus: Gpus = None, ram_mb: RamMb = None, max_idle: MaxIdle = "0",
+         state_dir: StateDir = None, insecure: Insecure = False, drain_timeout: DrainTimeout = "0",
          sandbox: SandboxMode = "none", run_as: RunAs = None, allow_root_tasks: AllowRootTasks = False) -> None:
     """Join this machine to a control plane as a worker (the line `gpulayer up` prints).
 
@@ -209,7 +209,7 @@ def worker_cordon(ctx: typer.Context, worker: WorkerRef, reason: Reason) -> None
 
 @worker_app.command("drain")
 def worker_drain(ctx: typer.Context, worker: WorkerRef, reason: Reason,
-                 timeout: Annotated[Optional[str], typer.Option("--timeout", help="After this long (90, 30m, 2h), stop what still runs and put it back in the queue, same attempt (no retry used up); default: wait for it to end.")] = None) -> None:
+                 timeout: Annotated[Optional[str], typer.Option("--timeout", metavar="DURATION", help="After this long (90, 30m, 2h, 1:30:00), stop what still runs and put it back in the queue, same attempt (no retry used up); default: wait for it to end.")] = None) -> None:
     """Cordon a worker; it shows `drained` once its tasks have ended (or at --timeout, when they are stopped).
 
     \b

@@ -5,6 +5,9 @@ files stay home); elsewhere every file under DIR except `.git` folders. The
 same files with the same contents give the same bytes, hence the same digest,
 so an unchanged source is never uploaded twice: names are sorted, times,
 owners and the gzip header are zeroed, and modes are reduced to 0644/0755.
+
+A folder or file that cannot be read (its permissions) is refused, naming it
+(BadInput): the job would otherwise run without it, told nothing.
 """
 from __future__ import annotations
 
@@ -15,20 +18,34 @@ import subprocess
 import tarfile
 from pathlib import Path
 
-from gpulayer.client.errors import ClientError
+from gpulayer.client.errors import BadInput, ClientError
 
 
 def list_files(directory: Path) -> list[str]:
-    """Relative POSIX paths to pack, sorted: git-tracked files when DIR is in a checkout."""
+    """Relative POSIX paths to pack, sorted: git-tracked files when DIR is in a checkout.
+
+    Raises BadInput naming a folder under DIR that cannot be read (or a tracked file that cannot be reached).
+    """
     directory = Path(directory)
     tracked = _git_tracked(directory)
-    names = tracked if tracked is not None else _walk(directory)
+    names = tracked if tracked is not None else walk_files(directory, "--source", skip=(".git",), links=True)
     return sorted(n for n in names if _packable(directory / n))
 
 
 def _packable(path: Path) -> bool:
-    """A symlink, or a file that still exists (git lists deleted and submodule entries too)."""
-    return path.is_symlink() or (path.exists() and not path.is_dir())
+    """A symlink, or a file that still exists (git lists deleted and submodule entries too); BadInput for one
+    that cannot be reached (a folder on its way that may not be searched)."""
+    try:
+        return stat.S_ISLNK(path.lstat().st_mode) or not path.is_dir()
+    except FileNotFoundError:
+        return False
+    except OSError as exc:  # a folder on its way that may not be searched
+        raise unreadable("--source", path, exc) from None
+
+
+def unreadable(option: str, path: Path | str, exc: OSError) -> BadInput:
+    """The refusal of a path under `option` that cannot be read: it names the path and why."""
+    return BadInput(f"{option}: cannot read {exc.filename or path}: {exc.strerror or exc} (nothing was sent)")
 
 
 def _git_tracked(directory: Path) -> list[str] | None:
@@ -45,14 +62,24 @@ def _git_tracked(directory: Path) -> list[str] | None:
     return [name for name in listed.stdout.decode("utf-8", "surrogateescape").split("\0") if name]
 
 
-def _walk(directory: Path) -> list[str]:
+def walk_files(directory: Path, option: str, skip: tuple[str, ...] = (), links: bool = False) -> list[str]:
+    """The files under `directory`, as relative POSIX paths (symlinked folders not followed; with `links`,
+    listed themselves, as symlinks to pack); folders named in `skip` left out.
+
+    Raises BadInput (unreadable, naming `option`) for a folder that cannot be listed: os.walk would leave
+    it out, and so would pathlib's rglob, without a word.
+    """
+    def refuse(exc: OSError) -> None:
+        raise unreadable(option, exc.filename or directory, exc)
+
     names: list[str] = []
-    for root, dirs, files in os.walk(directory):
-        dirs[:] = [d for d in dirs if d != ".git" and not os.path.islink(os.path.join(root, d))]
+    for root, dirs, files in os.walk(directory, onerror=refuse):
+        symlinked = [d for d in dirs if os.path.islink(os.path.join(root, d))]
+        dirs[:] = [d for d in dirs if d not in skip and d not in symlinked]
         rel_root = Path(root).relative_to(directory)
         names.extend((rel_root / f).as_posix() for f in files)
-        names.extend((rel_root / d).as_posix() for d in os.listdir(root)
-                     if os.path.islink(os.path.join(root, d)) and os.path.isdir(os.path.join(root, d)))
+        if links:
+            names.extend((rel_root / d).as_posix() for d in symlinked)
     return names
 
 
@@ -75,7 +102,8 @@ def _member(directory: Path, name: str) -> tuple[tarfile.TarInfo, Path | None]:
 def pack(directory: Path | str, dest: Path | str) -> list[str]:
     """Write the tar.gz of `directory` to `dest`; return the packed names.
 
-    Raises ClientError when DIR is not a folder or holds a special file.
+    Raises ClientError when DIR is not a folder or holds a special file, BadInput naming a folder or
+    file under it that cannot be read.
     """
     directory, dest = Path(directory), Path(dest)
     if not directory.is_dir():
@@ -88,7 +116,11 @@ def pack(directory: Path | str, dest: Path | str) -> list[str]:
             info, path = _member(directory, name)
             if path is None:
                 tar.addfile(info)
-            else:
-                with open(path, "rb") as fh:
-                    tar.addfile(info, fh)
+                continue
+            try:
+                fh = open(path, "rb")
+            except OSError as exc:
+                raise unreadable("--source", path, exc) from None
+            with fh:
+                tar.addfile(info, fh)
     return names

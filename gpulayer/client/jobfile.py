@@ -60,7 +60,7 @@ def spec_from_fields(fields: dict, command: Optional[str | Iterable[str]] = None
     settings.update(_given(service_overrides))
     unknown = sorted(set(settings) - set(SERVICE_SETTINGS))
     if unknown:
-        raise TypeError(f"unknown service setting(s): {', '.join(unknown)}; known: {', '.join(SERVICE_SETTINGS)}")
+        raise TypeError(f"unknown service setting: {', '.join(unknown)}; known: {', '.join(SERVICE_SETTINGS)}")
     return specs.service(argv, **settings, **fields)
 
 

@@ -11,7 +11,7 @@ import re
 import shlex
 from typing import Any, Iterable
 
-from gpulayer.protocol import array_ranges
+from gpulayer.protocol import array_ranges, parse_duration
 from gpulayer.protocol.fields import wire_fields
 from gpulayer.protocol.jobspec import AFTER_CONDITIONS, RESTART_POLICIES, JobSpec
 
@@ -21,15 +21,18 @@ JOB_SETTINGS = (*(f.name for f in wire_fields(JobSpec) if f.name not in ("comman
 #: Settings whose type is checked here, so that a job file's `gpus = "two"` is refused by --dry-run too
 #: (the server checks their bounds, and every other field): the integer ones.
 WHOLE_SETTINGS = tuple(f.name for f in wire_fields(JobSpec) if set(f.kinds) <= {int, type(None)})
+#: Settings that take a duration: seconds, or text as every duration option reads it ("1h", "1:00:00").
+DURATION_SETTINGS = ("timeout_seconds", "silence_timeout_seconds")
 
 
 def job(command: str | Iterable[str], **settings: Any) -> dict:
     """A JobSpec dict for `command` (an argv list; a string is split like a shell would).
 
     Settings: name, env, accelerator, gpus, cpus, memory_mb, labels, retry (int
-    = max attempts, or a dict), retry_on (list of reasons), timeout_seconds,
-    silence_timeout_seconds, source (digest or directory), inputs (dict path ->
-    digest or local path, or a list of local paths), outputs, nodes, priority
+    = max attempts, or a dict), retry_on (list of reasons), timeout_seconds and
+    silence_timeout_seconds (seconds, or text: "30m", "12h", "1:00:00",
+    "2-00:00:00"), source (digest or directory), inputs (dict path -> digest or
+    local path, or a list of local paths), outputs, nodes, priority
     (a number, or a class of the server such as "low", "normal", "high"),
     preemptible (True: may be stopped and requeued for higher-priority work),
     secrets; array ("0-999%16", "1,5,9-12", or indices such as range(1000)),
@@ -40,7 +43,7 @@ def job(command: str | Iterable[str], **settings: Any) -> dict:
     """
     unknown = sorted(set(settings) - set(JOB_SETTINGS))
     if unknown:
-        raise TypeError(f"unknown job setting(s): {', '.join(unknown)}; known: {', '.join(JOB_SETTINGS)}")
+        raise TypeError(f"unknown job setting: {', '.join(unknown)}; known: {', '.join(JOB_SETTINGS)}")
     spec: dict[str, Any] = {"command": _argv(command)}
     retry = _retry(settings.pop("retry", None), settings.pop("retry_on", None))
     if retry is not None:
@@ -105,6 +108,11 @@ def _normalise(key: str, value: Any) -> Any:
         raise ValueError(f"{key} is a whole number (0 or more), not {value!r}")
     if key == "cpus" and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
         raise ValueError(f"cpus is a number (0 or more), not {value!r}")
+    if key in DURATION_SETTINGS:
+        try:
+            return parse_duration(value) if isinstance(value, str) else value  # a number: the server checks it
+        except ValueError as exc:
+            raise ValueError(f"{key}: {exc}") from None
     if key == "preemptible" and not isinstance(value, bool):
         raise ValueError(f"preemptible is true or false, not {value!r}")
     if key in ("env", "labels"):

@@ -15,6 +15,7 @@ import time
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO, Protocol
 
+from gpulayer.client.bundle import pack, unreadable, walk_files
 from gpulayer.client.errors import BadInput, ClientError
 
 
@@ -171,35 +172,42 @@ def check_local_paths(spec: dict) -> None:
 def prepare_spec(client: Client, spec: dict) -> dict:
     """A copy of `spec` with local paths in source, inputs and weights uploaded as digests.
 
-    Raises BadInput (check_local_paths) before any upload when a local path is missing.
+    Raises BadInput before anything is uploaded when a local path is missing (check_local_paths), or
+    when a folder or file under the source, an input or the weights cannot be read: the source is packed
+    and every input file opened first, then they are uploaded.
     """
     check_local_paths(spec)
     spec = dict(spec)
     source = spec.get("source")
-    if source and not _is_digest(source):
-        spec["source"] = upload_source(client, Path(source))
-    if spec.get("inputs"):
-        spec["inputs"] = upload_inputs(client, spec["inputs"])
     service = spec.get("service")
-    if service and service.get("weights") and not _is_digest(service["weights"]):
-        spec["service"] = {**service, "weights": upload_file(client, Path(service["weights"]))}
+    weights = service.get("weights") if service else None
+    with tempfile.TemporaryDirectory(prefix="gpulayer-bundle-") as tmp:
+        archive = None
+        if source and not _is_digest(source):
+            archive = Path(tmp) / "source.tar.gz"
+            pack(Path(source), archive)
+        inputs = input_files(spec["inputs"]) if spec.get("inputs") else None
+        if weights and not _is_digest(weights):
+            _check_readable("--weights", Path(weights))
+        # Everything local was read: now upload.
+        if archive is not None:
+            spec["source"] = upload_file(client, archive)
+        if inputs is not None:
+            spec["inputs"] = {remote: value if isinstance(value, str) else upload_file(client, value)
+                              for remote, value in inputs.items()}
+        if weights and not _is_digest(weights):
+            spec["service"] = {**service, "weights": upload_file(client, Path(weights))}
     return spec
 
 
-def upload_source(client: Client, directory: Path) -> str:
-    """Pack a directory with `gpulayer.client.bundle` and upload the tar.gz; return its digest."""
-    from gpulayer.client import bundle
-    if not directory.is_dir():
-        raise ClientError(f"--source {directory}: not a directory")
-    with tempfile.TemporaryDirectory(prefix="gpulayer-bundle-") as tmp:
-        archive = Path(tmp) / "source.tar.gz"
-        bundle.pack(directory, archive)
-        return upload_file(client, archive)
+def input_files(inputs: dict[str, str]) -> dict[str, str | Path]:
+    """{remote path: digest or local path} as {remote path: digest, or a local file}: a folder becomes
+    its files, each under the folder's remote path (symlinked folders not followed).
 
-
-def upload_inputs(client: Client, inputs: dict[str, str]) -> dict[str, str]:
-    """Map {remote path: digest or local path} to {remote path: digest}; folders go file by file."""
-    out: dict[str, str] = {}
+    Raises BadInput naming a folder or file that cannot be read, ClientError for what is neither a
+    digest nor a local file or folder.
+    """
+    out: dict[str, str | Path] = {}
     for key, value in inputs.items():
         if _is_digest(value):
             out[key] = value
@@ -207,13 +215,27 @@ def upload_inputs(client: Client, inputs: dict[str, str]) -> dict[str, str]:
         local = Path(value)
         remote = remote_path(key) if key == value else key
         if local.is_dir():
-            for file in sorted(p for p in local.rglob("*") if p.is_file()):
-                out[f"{remote.rstrip('/')}/{file.relative_to(local).as_posix()}"] = upload_file(client, file)
+            for name in sorted(walk_files(local, "--input")):
+                try:
+                    regular = (local / name).is_file()  # a broken symlink, a FIFO: left out, as before
+                except OSError as exc:                  # a symlink into a folder that may not be searched
+                    raise unreadable("--input", local / name, exc) from None
+                if regular:
+                    out[f"{remote.rstrip('/')}/{name}"] = _check_readable("--input", local / name)
         elif local.is_file():
-            out[remote] = upload_file(client, local)
+            out[remote] = _check_readable("--input", local)
         else:
             raise ClientError(f"input {value!r} is neither a digest nor a local file or folder")
     return out
+
+
+def _check_readable(option: str, path: Path) -> Path:
+    """`path`, once opened for reading (BadInput naming it when it cannot be)."""
+    try:
+        with open(path, "rb"):
+            return path
+    except OSError as exc:
+        raise unreadable(option, path, exc) from None
 
 
 def _is_digest(value: str) -> bool:

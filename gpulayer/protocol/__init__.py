@@ -40,6 +40,14 @@ MAX_ARRAY_INDEX = 9_999_999
 # ASCII digits only (\d and str.isdigit take "٣" and "²"), and few enough that int() takes them
 ARRAY_RANGE = re.compile(r"([0-9]{1,19})(?:-([0-9]{1,19})(?::([0-9]{1,19}))?)?\Z")
 JOB_STATES = ("queued", "running", "succeeded", "failed", "cancelled", "lost", "waiting")  # what GET /v1/jobs?state= takes
+#: What every duration option and field takes (parse_duration), as its errors say.
+DURATION_FORMS = ("seconds (90), 45s, 30m, 12h, 365d, 2w, or Slurm's MM:SS, HH:MM:SS, D-HH, D-HH:MM, "
+                  "D-HH:MM:SS (a plain number is seconds, not Slurm's minutes)")
+_DURATION_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_DURATION_NUMBER = re.compile(r"([0-9]{1,12}(?:\.[0-9]{1,9})?)\s*([smhdw]?)")
+# Slurm's --time forms: MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS (a bare MM is our seconds, above).
+_DURATION_SLURM = re.compile(r"(?:([0-9]{1,6})-([0-9]{1,2})(?::([0-9]{1,2})(?::([0-9]{1,2}))?)?"
+                             r"|(?:([0-9]{1,9}):)?([0-9]{1,9}):([0-9]{1,2}))")
 
 
 def default_home() -> Path:
@@ -79,3 +87,36 @@ def array_ranges(text: str) -> list[int]:
             raise ValueError(f"at most {MAX_ARRAY} elements")
         found.extend(range(first, last + 1, step))
     return found
+
+
+def parse_duration(text: str | float | int) -> float:
+    """Seconds in a duration as every option and field takes it: a number of seconds (90, 1.5), a
+    number with a unit (45s, 30m, 12h, 365d, 2w) or Slurm's MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
+
+    Raises ValueError naming the accepted forms (DURATION_FORMS); the caller names its option or field,
+    and checks its own bounds (0 is a duration).
+    """
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        if text >= 0 and text != float("inf"):
+            return float(text)
+        raise ValueError(f"{text!r} is not a duration: write it as {DURATION_FORMS}")
+    found = _DURATION_NUMBER.fullmatch(str(text).strip())
+    if found:
+        return float(found[1]) * _DURATION_UNITS[found[2]]
+    slurm = _DURATION_SLURM.fullmatch(str(text).strip())
+    if slurm:
+        days, day_hours, day_minutes, day_seconds, hours, minutes, seconds = (int(g or 0) for g in slurm.groups())
+        if slurm[1] is not None:  # D-HH[:MM[:SS]]
+            hours, minutes, seconds = day_hours, day_minutes, day_seconds
+            if hours < 24 and minutes < 60 and seconds < 60:
+                return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
+        elif seconds < 60 and (slurm[5] is None or minutes < 60):  # [HH:]MM:SS
+            return float((hours * 60 + minutes) * 60 + seconds)
+    raise ValueError(f"{str(text)!r} is not a duration: write it as {DURATION_FORMS}")
+
+
+def plural(count: float, noun: str, nouns: str | None = None) -> str:
+    """The count and the noun in the number it takes: "1 GPU", "2 GPUs", "0.5 CPUs", "1 job", "3 entries"
+    (`nouns`: a plural that is not noun + "s")."""
+    number = f"{int(count)}" if float(count).is_integer() else f"{count:g}"
+    return f"{number} {noun if count == 1 else (nouns or noun + 's')}"

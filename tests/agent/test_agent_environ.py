@@ -7,7 +7,6 @@ capability bounding set (setpriv), as an unprivileged user would: still uid 0, b
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 
@@ -15,20 +14,13 @@ import pytest
 
 from agent.__main__ import main as agent_main
 from gpulayer.testing import ControlPlaneProcess, run_cli, wait_for
+from unprivileged import unprivileged_prefix
 
 pytestmark = pytest.mark.timeout(90)
 
 SECRET_ENV = {"AWS_SECRET_ACCESS_KEY": "s-agent-secret-456", "MY_API_KEY": "k-agent-key-123"}
 #: The attack: print the agent's (the task's parent's) environment block and memory map.
 READ_PARENT = ["sh", "-c", "tr '\\0' '\\n' < /proc/$PPID/environ; head -c 200 /proc/$PPID/mem; echo read-done"]
-
-
-def unprivileged_prefix() -> list[str]:
-    if os.geteuid() != 0:
-        return []
-    if not shutil.which("setpriv"):
-        pytest.skip("as root this needs setpriv to drop capabilities")
-    return ["setpriv", "--bounding-set", "-all", "--inh-caps", "-all", "--"]
 
 
 @pytest.fixture

@@ -163,7 +163,7 @@ def test_event_wait_through_nvml_for_mig(fake):
 
 
 @pytest.mark.parametrize("change, reason", [
-    ({"ecc_uncorrected": 3}, "3 uncorrectable ECC error(s)"),
+    ({"ecc_uncorrected": 3}, "3 uncorrectable ECC errors"),
     ({"remap_failed": True}, "row remapping failed (remapped-row failure)"),
     ({"remap_pending": True}, "row remap pending (needs a GPU reset)"),
     ({"retire_pending": True, "remap_failed": None}, "memory pages pending retirement (needs a GPU reset)"),
@@ -189,7 +189,7 @@ def test_periodic_checks(fake, change, reason):
 
 
 @pytest.mark.parametrize("before, reason", [
-    ({"ecc_uncorrected": 2}, "2 uncorrectable ECC error(s)"),
+    ({"ecc_uncorrected": 2}, "2 uncorrectable ECC errors"),
     ({"remap_pending": True}, "row remap pending (needs a GPU reset)"),
 ])
 def test_a_fault_from_before_the_agent_started_still_counts(fake, before, reason):

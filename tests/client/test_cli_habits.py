@@ -79,7 +79,7 @@ def test_a_bogus_state_is_a_usage_error():
 @pytest.mark.parametrize("args,words", [
     (["job", "cancel"], "give the jobs to cancel"),
     (["job", "cancel", "3", "--name", "x*"], "not both"),
-    (["job", "list", "--since", "yesterday-ish"], "expected a duration"),
+    (["job", "list", "--since", "yesterday-ish"], "is not a duration"),
     (["job", "list", "--watch", "--json"], "leave out --json"),
     (["submit", "--target", "local", "--no-cancel-on-interrupt", "--", "true"], "needs a control plane"),
     (["--token", "glj_abc", "job", "list"], "join token"),

@@ -87,7 +87,7 @@ def test_submit_dry_run_prints_the_spec_from_file_and_options(tmp_path):
 
 
 @pytest.mark.parametrize("text,words", [
-    ('command = ["x"]\ngpu = 1\n', "unknown job setting(s): gpu"),
+    ('command = ["x"]\ngpu = 1\n', "unknown job setting: gpu"),
     ('gpus = 1\n', "a job needs a command"),
     ('command = ["x"\n', "is not valid TOML"),
     ('command = ["x"]\nretry = 0\n', "retry is a number of attempts"),

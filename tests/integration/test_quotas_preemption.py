@@ -90,7 +90,7 @@ def test_borrowed_gpus_are_reclaimed_when_the_lender_submits(cluster):
     ml = [submit_as(cluster, tokens["ml"], "ml", {"command": ["sleep", "120"], "gpus": 1}) for _ in range(2)]
     third = submit_as(cluster, tokens["ml"], "ml", {"command": ["sleep", "120"], "gpus": 1})
     wait_for(lambda: all(cluster.job(j)["state"] == "running" for j in ml), 30, "ml to run on both GPUs")
-    assert cluster.job(third)["waiting_reason"] == "project ml at its quota (1 + 1 GPUs in use)"
+    assert cluster.job(third)["waiting_reason"] == "project ml at its quota (2 GPUs in use, 1 borrowed)"
     cv = submit_as(cluster, tokens["cv"], "cv", {"command": ["sleep", "120"], "gpus": 1})
     wait_for(lambda: cluster.job(cv)["state"] == "running", 30, "cv to get its GPU back")
     requeued = [j for j in ml if cluster.job(j)["state"] == "queued"]

@@ -165,6 +165,21 @@ def test_drain_timeout_zero_requeues_assigned_same_attempt(sched):
     assert listed(sched, w)["cordon"] == "drained"
 
 
+def test_a_name_means_its_online_worker_not_an_offline_namesake(sched, clock, config):
+    """Issue 22 item 23: a machine that rejoined after a crash left its old registration offline under the
+    same name; `worker cordon NAME` answered `2 live workers are named ...` (409) as if both were live."""
+    old = add_worker(sched, "w1")
+    clock.advance(config.lease_ttl_s + 1)
+    sched.expire()                              # the crashed agent's lease ran out: offline
+    assert listed(sched, old)["state"] == "offline"
+    new = add_worker(sched, "w1")               # the machine rejoins under its name
+    assert sched.cordon("w1", "bad fan")["id"] == new
+    assert listed(sched, new)["cordon"] == "cordoned" and listed(sched, old)["cordon"] is None
+    assert sched.uncordon("w1")["id"] == new
+    sched.deregister(new)                       # no online one left: the newest registration not gone
+    assert sched.cordon("w1", "rma")["id"] == old
+
+
 def test_names_ids_and_refusals(sched):
     add_worker(sched, "dup")
     add_worker(sched, "dup")

@@ -66,7 +66,7 @@ def test_a_project_at_its_quota_waits_and_says_so(sched, ml):
     ids = [submit(sched, ml["bob"], "ml", gpus=1) for _ in range(3)]
     assert take(sched, w) and take(sched, w)
     assert take(sched, w) is None  # 2 GPUs in use: the third would pass ml's quota of 2
-    assert state_of(sched, ids[2])["waiting_reason"] == "project ml at its quota (2 + 0 GPUs in use)"
+    assert state_of(sched, ids[2])["waiting_reason"] == "project ml at its quota (2 GPUs in use)"
     # another project is not held back by ml's quota
     other = submit(sched, ml["ann"], "cv", gpus=1)
     assert take(sched, w)["job_id"] == other
@@ -78,7 +78,7 @@ def test_borrowing_up_to_nominal_plus_borrow_while_nobody_waits(sched, ml):
     ids = [submit(sched, ml["bob"], "ml", gpus=1) for _ in range(4)]
     assert [take(sched, w)["job_id"] for _ in range(3)] == ids[:3]
     assert take(sched, w) is None
-    assert state_of(sched, ids[3])["waiting_reason"] == "project ml at its quota (1 + 2 GPUs in use)"
+    assert state_of(sched, ids[3])["waiting_reason"] == "project ml at its quota (3 GPUs in use, 2 borrowed)"
 
 
 def test_borrowed_gpus_go_to_a_project_within_its_quota_first(sched, ml):

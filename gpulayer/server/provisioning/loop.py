@@ -273,7 +273,7 @@ def batch_script(prov: Provisioner, profile: Profile, request_id: int, token: st
     worker += ["worker", "start", "--name", name]
     for key, value in sorted(profile.labels.items()):
         worker += ["--label", f"{key}={value}"]
-    worker += ["--parallel", str(profile.parallel), "--max-idle", f"{prov.max_idle_s:g}"]
+    worker += ["--parallel", str(profile.parallel), "--max-idle", f"{prov.max_idle_s:.3f}".rstrip("0").rstrip(".")]  # never 1e+06
     return "\n".join([
         "#!/bin/bash",
         f"# GPUlayer provision request {request_id}: provisioner {prov.name}, profile {profile.name}.",

@@ -22,22 +22,25 @@ DRAIN_STOPPED = "worker_drained"
 
 
 def resolve(conn: apsw.Connection, ref: str) -> dict:
-    """The worker an operator names by id or name: the live one (not gone) of that name.
+    """The worker an operator names by id or name: the online one of that name, else its newest
+    registration not gone (an offline one, whose cordon its next registration carries), else the newest.
 
-    Raises NotFound for none, Conflict when a name is shared by several live workers.
+    A machine that rejoins after a crash leaves its old registration offline under the same name: that
+    one is no live worker, so the name still means the online one. Raises NotFound for none, Conflict
+    when several online workers share the name.
     """
-    found = rows(conn, "workers_named", ref=ref)
+    found = rows(conn, "workers_named", ref=ref)  # gone ones last, newest first
     if ref.isdigit():
         by_id = [w for w in found if str(w["id"]) == ref]
         if by_id:
             return by_id[0]
     named = [w for w in found if w["name"] == ref]
-    live = [w for w in named if w["state"] != "gone"]
-    if len(live) > 1:
-        raise Conflict(f"{len(live)} live workers are named {ref!r} (ids "
-                       f"{', '.join(str(w['id']) for w in live)}): name one by its id", code="ambiguous_worker")
-    if live or named:
-        return (live or named)[0]
+    online = [w for w in named if w["state"] == "online"]
+    if len(online) > 1:
+        raise Conflict(f"{len(online)} online workers are named {ref!r} (ids "
+                       f"{', '.join(str(w['id']) for w in online)}): name one by its id", code="ambiguous_worker")
+    if online or named:
+        return (online or named)[0]
     raise NotFound(f"no worker {ref!r} (give its id or name, as `gpulayer worker list` shows)")
 
 

@@ -12,10 +12,10 @@ requeued. A task that never started ran nothing and is charged nothing.
 from __future__ import annotations
 
 import json
-import re
 
 import apsw
 
+from gpulayer.protocol import parse_duration as duration_seconds
 from gpulayer.server.errors import InvalidRequest
 from gpulayer.server.store.queries import QUERIES, rows
 from gpulayer.server.validators import label_key
@@ -23,8 +23,6 @@ from gpulayer.server.validators import label_key
 USAGE_BY = ("user", "project", "job-name")  # and label:KEY
 RUNNING_REFRESH_S = 5.0  # upkeep rewrites fair share's running part this often
 DEFAULT_SINCE_S = 30 * 86400.0
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw]?)\Z")
-_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
 def record(conn: apsw.Connection, now: float, task_ids: list[int], outcome: str, preempted_by: int | None = None) -> int:
@@ -49,13 +47,14 @@ def refresh_running(conn: apsw.Connection, now: float) -> None:
 
 
 def parse_duration(value: str | float | int | None, field: str, default: float) -> float:
-    """Seconds from `30d`, `12h`, `90m`, `45s`, `2w` or a plain number of seconds; raises InvalidRequest."""
+    """Seconds in a duration as every option takes it (gpulayer.protocol.parse_duration: 30d, 12h, 90m,
+    seconds, Slurm's 1:00:00 or 2-00:00:00); `default` for none. Raises InvalidRequest naming `field`."""
     if value is None or value == "":
         return default
-    found = _DURATION.fullmatch(str(value).strip())
-    if not found:
-        raise InvalidRequest(f"{field}: {value!r} is not a duration (such as 30d, 12h, 90m or seconds)")
-    return float(found.group(1)) * _UNITS[found.group(2)]
+    try:
+        return duration_seconds(value)
+    except ValueError as exc:
+        raise InvalidRequest(f"{field}: {exc}") from None
 
 
 def report(conn: apsw.Connection, by: str, since_s: float, now: float, *, user_id: int | None = None,

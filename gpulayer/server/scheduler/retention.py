@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 
 import apsw
 
@@ -24,17 +23,6 @@ log = logging.getLogger("gpulayer.server.scheduler.retention")
 PRUNE_BATCH = 200            # log lines or events per write
 PRUNE_JOBS = 50              # jobs (or workers) looked at per read
 PRUNE_ROUND_WRITES = 400     # writes per upkeep round at most; a backlog goes on in the next round
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*")
-
-
-def parse_duration(text: str) -> float:
-    """Seconds in `30d`, `12h`, `15m`, `90s`, `2w` or a bare number of seconds; ConfigError otherwise."""
-    found = _DURATION.fullmatch(str(text))
-    seconds = float(found.group(1)) * _UNITS[found.group(2) or "s"] if found else 0
-    if seconds <= 0:
-        raise ConfigError(f"{text!r} is not a duration: write it like 30d, 12h, 15m or 90s (more than zero)")
-    return seconds
 
 
 def candidates(conn: apsw.Connection, cutoff: float) -> list[dict]:

@@ -21,6 +21,7 @@ import re
 
 import apsw
 
+from gpulayer.protocol import plural
 from gpulayer.server.errors import Conflict, Forbidden, InvalidRequest, NotFound
 from gpulayer.server.scheduler import events, jobs
 from gpulayer.server.store.queries import one, row, rows
@@ -310,7 +311,8 @@ def remove_project(conn: apsw.Connection, name: str, now: float) -> None:
         raise InvalidRequest("the project default cannot be removed", code="default_project")
     active = one(conn, "project_active_jobs", project_id=found["id"])["n"]
     if active:
-        raise Conflict(f"project {name} has {active} job(s) not ended yet: cancel them or wait", code="project_busy")
+        raise Conflict(f"project {name} has {plural(active, 'job')} not ended yet: cancel them or wait",
+                       code="project_busy")
     row(conn, "delete_project_memberships", project_id=found["id"])
     row(conn, "delete_project_secrets", project_id=found["id"])
     row(conn, "delete_project", project_id=found["id"])

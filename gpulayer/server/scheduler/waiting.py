@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import json
 
-
-def plural(count: float, noun: str) -> str:
-    """ "1 GPU", "2 GPUs", "0.5 CPUs"."""
-    return f"{count:g} {noun}" + ("" if count == 1 else "s")
+from gpulayer.protocol import plural
 
 
 def size_asked(job: dict) -> str:
@@ -90,7 +87,8 @@ def held_back(facts: dict | None) -> str | None:
         return None
     why = facts["why"]
     if why == "quota":
-        return f"project {facts['project']} at its quota ({facts['in_use']} + {facts['borrowed']} GPUs in use)"
+        borrowed = f", {facts['borrowed']} borrowed" if facts["borrowed"] else ""
+        return f"project {facts['project']} at its quota ({plural(facts['in_use'] + facts['borrowed'], 'GPU')} in use{borrowed})"
     if why == "borrowing":
         return (f"project {facts['project']} may borrow beyond its quota ({plural(facts['nominal'], 'GPU')}) "
                 "only what no other project waits for within its own")
