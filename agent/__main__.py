@@ -4,6 +4,8 @@ import argparse
 import os
 import sys
 
+from gpulayer.protocol import parse_duration
+
 from . import __version__
 from .hardening import JOIN_TOKEN_VAR, TokenFileError, read_token_file
 from .sandbox import DEFAULT_MODE as DEFAULT_SANDBOX
@@ -18,13 +20,11 @@ def _label(text: str) -> tuple[str, str]:
 
 
 def _seconds(text: str) -> float:
+    """A duration as every option reads it (gpulayer.protocol.parse_duration: 90, 30m, 1:00:00)."""
     try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got {text!r}")
-    return value
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,8 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--cpus", type=float, default=None, help="advertised CPUs (default: detected)")
     add("--gpus", type=int, default=None, help="advertised GPUs; 0 means none (default: detected)")
     add("--ram-mb", type=int, default=None, help="advertised memory in MB (default: detected)")
-    add("--max-idle", type=float, default=0, help="exit after this many idle seconds; 0 disables")
-    add("--drain-timeout", type=_seconds, default=0.0, help="on SIGTERM, take no new task and let running ones finish for up to S seconds before stopping them (default 0)")
+    add("--max-idle", type=_seconds, default=0.0, help="exit after this long idle (seconds, 30m, 1:00:00, ...); 0 disables")
+    add("--drain-timeout", type=_seconds, default=0.0, help="on SIGTERM, take no new task and let running ones finish for up to this long (seconds, 10m, ...) before stopping them (default 0)")
     add("--state-dir", default=os.environ.get("GPULAYER_WORKER_STATE_DIR", "~/.gpulayer/worker"), help="task working dirs and the pinned CA (env GPULAYER_WORKER_STATE_DIR)")
     add("--sandbox", choices=("auto", "bwrap", "none"), default=os.environ.get("GPULAYER_WORKER_SANDBOX", DEFAULT_SANDBOX), help=f"auto: each task in a bubblewrap sandbox where bwrap works, else unsandboxed with a warning; bwrap: or refuse to start; none: unconfined (default {DEFAULT_SANDBOX}; env GPULAYER_WORKER_SANDBOX)")
     add("--run-as", default=os.environ.get("GPULAYER_WORKER_RUN_AS"), help="user a root agent's sandboxed tasks run as (default gpulayer-task, else nobody; env GPULAYER_WORKER_RUN_AS)")

@@ -220,13 +220,13 @@ def tell_ended(info: dict, index: Optional[int] = None) -> None:
         return
     reason, code = info.get("reason"), info.get("exit_code")
     what = f"job {info['id']}" if index is None else f"job {info['job_id']} element {index}"
+    coded = reason != state and re.fullmatch(r"[a-z_]+", reason or "") is not None  # worker_lost
     told = [_unmet_dependency(info.get("after") or [])] if reason == "dependency_failed" else []
     if code not in (None, 0) and f"exit code {code}" not in (reason or ""):
         told.append(f"exit code {code}")
-    if reason and reason != state and not re.fullmatch(r"[a-z_]+", reason):  # the agent's words ("exit code 3")
+    if reason and reason != state and not coded:  # the agent's words ("timeout: ran longer than ...")
         told.append(reason)
-    code_word = f" ({reason})" if reason and reason != state and re.fullmatch(r"[a-z_]+", reason) else ""
-    line = f"{what} {state}" + (f": {', '.join(told)}" if told else "") + code_word
+    line = f"{what} {state}" + (f": {', '.join(told)}" if told else "") + (f" ({reason})" if coded else "")
     typer.echo(style(line, "red", err=True), err=True)
 
 

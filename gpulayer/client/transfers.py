@@ -179,8 +179,8 @@ def prepare_spec(client: Client, spec: dict) -> dict:
     check_local_paths(spec)
     spec = dict(spec)
     source = spec.get("source")
-    service = spec.get("service")
-    weights = service.get("weights") if service else None
+    service = spec.get("service") or {}
+    weights = service.get("weights")
     with tempfile.TemporaryDirectory(prefix="gpulayer-bundle-") as tmp:
         archive = None
         if source and not _is_digest(source):
