@@ -162,7 +162,7 @@ def test_outputs_written_by_the_task_user_are_collected(cluster):
     start(cluster, "outputs")
     done, text = run_job(cluster, {"pool": "outputs"}, ["sh", "-c", "mkdir -p out && id -u > out/uid.txt"],
                          outputs=["out/uid.txt"])
-    assert done["state"] == "succeeded" and "1 output files uploaded" in text, text
+    assert done["state"] == "succeeded" and "1 output file" in text, text
 
 
 def test_auto_without_bwrap_falls_back_with_a_warning_and_bwrap_refuses_to_start(cluster, tmp_path):
