@@ -2,7 +2,8 @@
 
     app       the typer app, global options, `main()` (the console script)
     common    global options, parsing and output helpers
-    jobs      submit, job ...            workers   worker ..., join
+    submit    submit                     jobs      job ...
+    following a job waited on, its logs      workers   worker ..., join
     fleet     token ..., secret ...      server    server ..., up, explore, artifacts gc
     up        `gpulayer up`              local     `submit --target local`
 

@@ -27,6 +27,7 @@ from gpulayer.cli import fleet as cli_fleet
 from gpulayer.cli import jobs as cli_jobs
 from gpulayer.cli import server as cli_server
 from gpulayer.cli import sql as cli_sql
+from gpulayer.cli import submit as cli_submit
 from gpulayer.cli import teams as cli_teams
 from gpulayer.cli import usage as cli_usage
 from gpulayer.cli import workers as cli_workers
@@ -179,7 +180,7 @@ def root(
 
 
 _LOOSE = {"allow_interspersed_args": False}
-app.command("submit", context_settings=_LOOSE)(cli_jobs.submit)
+app.command("submit", context_settings=_LOOSE)(cli_submit.submit)
 app.add_typer(cli_jobs.job_app, name="job")
 app.add_typer(cli_workers.worker_app, name="worker")
 app.command("join")(cli_workers.join)

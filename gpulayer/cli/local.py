@@ -1,4 +1,4 @@
-"""An in-process control plane, for `gpulayer submit --target local` (cli/jobs.py) and the local history.
+"""An in-process control plane, for `gpulayer submit --target local` (cli/submit.py) and the local history.
 
 The control plane runs in this process on 127.0.0.1 (a free port, plain HTTP,
 the state file in $GPULAYER_HOME) and a worker agent runs in a thread against

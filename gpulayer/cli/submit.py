@@ -1,0 +1,276 @@
+"""`gpulayer submit`: a JobSpec from options, a job file and a command, sent to a control plane or run here
+(`--target local`), then waited on or followed."""
+from __future__ import annotations
+
+import re
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from gpulayer.cli.common import (
+    client_of, exit_code_of, fail, global_options, home_of, parse_duration, parse_pairs,
+    print_json,
+)
+from gpulayer.cli.following import follow_logs, tell_ended, tell_waiting
+from gpulayer.client.errors import ClientError
+from gpulayer.client.jobs import Job
+from gpulayer.client.settings import server_configured
+from gpulayer.client.jobfile import read_job_file, spec_from_fields
+from gpulayer.client.transfers import check_local_paths
+
+ENDPOINT_WAIT_S = 365 * 86400.0  # `submit --service` waits until the service is up or ends
+
+
+class Target(str, Enum):
+    local = "local"
+    remote = "remote"
+
+
+class Restart(str, Enum):
+    always = "always"
+    on_failure = "on_failure"
+
+
+class Network(str, Enum):
+    shared = "shared"
+    none = "none"
+
+
+def _opt(*names: str, help: str, **kw):
+    return typer.Option(*names, help=help, **kw)
+
+
+def _labels_option(label: Optional[list[str]], gpu_model: Optional[str]) -> Optional[dict]:
+    """--label pairs, plus gpu_model=MODEL for --gpu-model (which a worker's GPU models meet too)."""
+    labels = parse_pairs(label, "--label")
+    if gpu_model:
+        labels["gpu_model"] = gpu_model
+    return labels or None
+
+
+def submit(
+    ctx: typer.Context,
+    command: Annotated[Optional[list[str]], typer.Argument(help="The command, after `--`.", metavar="CMD", show_default=False)] = None,
+    target: Annotated[Optional[Target], _opt("--target", help="local: run here with no server; remote: send to the control plane. Default: remote when a server is configured.")] = None,
+    name: Annotated[Optional[str], _opt("--name", help="A label for people.")] = None,
+    accelerator: Annotated[Optional[str], _opt("--accelerator", help="'cuda' (alone: one GPU).")] = None,
+    gpus: Annotated[Optional[int], _opt("--gpus", help="GPUs per task.", min=0)] = None,
+    cpus: Annotated[Optional[float], _opt("--cpus", help="CPUs per task.", min=0)] = None,
+    memory_mb: Annotated[Optional[int], _opt("--memory-mb", help="Memory per task, MB.", min=0)] = None,
+    label: Annotated[Optional[list[str]], _opt("--label", help="k=v a worker must carry (repeatable).")] = None,
+    gpu_model: Annotated[Optional[str], _opt("--gpu-model", help="Only GPUs of this model, or MIG profile (1g.10gb): the label gpu_model=MODEL.")] = None,
+    env: Annotated[Optional[list[str]], _opt("--env", help="K=V for the task's environment (repeatable).")] = None,
+    source: Annotated[Optional[Path], _opt("--source", help="Directory packed (git-tracked files only in a checkout) and unpacked as the working directory.")] = None,
+    input_: Annotated[Optional[list[str]], _opt("--input", help="Local file or folder uploaded and placed at the same relative path (repeatable).")] = None,
+    output: Annotated[Optional[list[str]], _opt("--output", help="Relative path collected after the run (repeatable).")] = None,
+    retry: Annotated[Optional[int], _opt("--retry", help="Max attempts.", min=1)] = None,
+    retry_on: Annotated[Optional[list[str]], _opt("--retry-on", help="Reason to retry on: worker_lost, worker_revoked, failed, timed_out, start_timeout (repeatable).")] = None,
+    timeout: Annotated[Optional[str], _opt("--timeout", metavar="DURATION", help="End the task after this long: seconds, 30m, 12h, 2d, or Slurm's 1:00:00, 2-00:00:00.")] = None,
+    silence_timeout: Annotated[Optional[str], _opt("--silence-timeout", metavar="DURATION", help="End the task after this long without output (as --timeout).")] = None,
+    priority: Annotated[Optional[str], _opt("--priority", help="Higher runs first: a number, or a class of the server (low=-10, normal=0, high=10 by default).")] = None,
+    preemptible: Annotated[bool, _opt("--preemptible", help="May be stopped (SIGTERM, a grace, SIGKILL) and requeued, same attempt, for higher-priority work; $GPULAYER_PREEMPTED=1 in the next run.")] = False,
+    nodes: Annotated[Optional[int], _opt("--nodes", help="Multi-node: ranks, each on its own worker.", min=1)] = None,
+    secret: Annotated[Optional[list[str]], _opt("--secret", help="Secret passed as an environment variable (repeatable).")] = None,
+    service: Annotated[bool, _opt("--service", help="A long-running service.")] = False,
+    replicas: Annotated[Optional[int], _opt("--replicas", help="Service replicas, each on its own worker (default 1).", min=1)] = None,
+    no_port: Annotated[bool, _opt("--no-port", help="Do not pick a $PORT for the service.")] = False,
+    restart: Annotated[Optional[Restart], _opt("--restart", help="When to restart a service replica (default always).")] = None,
+    max_restarts: Annotated[Optional[int], _opt("--max-restarts", help="Restarts per replica (default: no limit).", min=0)] = None,
+    health_path: Annotated[Optional[str], _opt("--health-path", help="HTTP path that must answer 2xx.")] = None,
+    weights: Annotated[Optional[str], _opt("--weights", help="Artifact digest or local file passed to the service.")] = None,
+    array: Annotated[Optional[str], _opt("--array", metavar="INDICES", help="A job array, one task per index, like sbatch --array: 0-999, 1,5,9-12, 0-15:4; %N caps how many run at once (0-999%16). Each task sees $GPULAYER_ARRAY_INDEX and $GPULAYER_ARRAY_SIZE.")] = None,
+    after: Annotated[Optional[list[str]], _opt("--after", metavar="JOB[:ok|notok|any]", help="Run after that job ends: ok (the default) once it succeeded, notok once it did not, any however (repeatable). Cancelled (dependency_failed) when it cannot be met.")] = None,
+    after_array: Annotated[Optional[list[int]], _opt("--after-array", metavar="JOB", help="Run after every element of array JOB succeeded (repeatable).")] = None,
+    network: Annotated[Optional[Network], _opt("--network", help="shared (the default): the worker's network; none: a loopback of the task's own (needs a sandboxed worker).")] = None,
+    run_as_root: Annotated[bool, _opt("--run-as-root", help="Run as root where the worker runs as root and allows it (worker start --allow-root-tasks).")] = False,
+    project: Annotated[Optional[str], _opt("--project", help="The project it counts against (default: your only project, else default).")] = None,
+    wait: Annotated[bool, _opt("--wait", help="Wait and exit with the job's exit code.")] = False,
+    follow: Annotated[bool, _opt("--follow", help="Stream the logs, then exit with the job's exit code.")] = False,
+    as_json: Annotated[bool, _opt("--json", help="Print the Job as JSON instead of its id.")] = False,
+    file: Annotated[Optional[Path], _opt("--file", "-f", help="A TOML file of JobSpec fields, as gl.job() takes them (options and a command after `--` override it).", exists=True, dir_okay=False)] = None,
+    dry_run: Annotated[bool, _opt("--dry-run", help="Print the JobSpec that would be sent, and send nothing.")] = False,
+    cancel_on_interrupt: Annotated[Optional[bool], _opt("--cancel-on-interrupt/--no-cancel-on-interrupt", help="Ctrl-C during --wait/--follow cancels the job (default: yes with --target local, no against a server).", show_default=False)] = None,
+) -> None:
+    """Submit a job (or a service): prints the job id on the first line of stdout.
+
+    \b
+    Examples:
+      gpulayer submit --gpus 1 --wait -- python train.py
+      gpulayer submit -f job.toml --dry-run
+      gpulayer submit --array 0-999%16 -- python sweep.py
+      gpulayer submit --after 41 -- python evaluate.py
+    """
+    settings = dict(
+        name=name, env=parse_pairs(env, "--env") or None, accelerator=accelerator, gpus=gpus,
+        cpus=cpus, memory_mb=memory_mb, labels=_labels_option(label, gpu_model), retry=retry,
+        retry_on=retry_on or None, timeout_seconds=parse_duration(timeout, "--timeout", positive=True),
+        silence_timeout_seconds=parse_duration(silence_timeout, "--silence-timeout", positive=True),
+        source=str(source) if source else None, inputs=list(input_) if input_ else None,
+        outputs=output or None, nodes=nodes, priority=_priority_option(priority), secrets=secret or None,
+        array=array, after=_after_option(after, after_array), preemptible=True if preemptible else None,
+        network=network.value if network else None, run_as_root=True if run_as_root else None,
+    )
+    service_settings = dict(replicas=replicas, port=False if no_port else None,
+                            restart=restart.value if restart else None, max_restarts=max_restarts,
+                            health_path=health_path, weights=weights)
+    spec = _build_spec(command, file, service, settings, service_settings)
+    check_local_paths(spec)  # a missing --source or --input is bad input, dry run or not
+    if dry_run:
+        print_json(spec)
+        return
+    opts = global_options(ctx)
+    remote = target == Target.remote or (target is None and server_configured(opts.url, opts.home))
+    if not remote:
+        if spec.get("service"):
+            raise fail("--service needs a control plane: run `gpulayer up`, or pass --url / GPULAYER_URL", 2)
+        if cancel_on_interrupt is False:
+            raise fail("--no-cancel-on-interrupt needs a control plane: a --target local job ends with the command", 2)
+        raise typer.Exit(_submit_local(spec, home_of(ctx), as_json))
+    for array_id in after_array or []:  # --after-array names an array: say so before anything is sent
+        if client_of(ctx).get_job(array_id).data.get("array") is None:
+            raise fail(f"--after-array: job {array_id} is no array (use --after {array_id})", 2)
+    raise typer.Exit(_submit_remote(ctx, spec, wait, follow, as_json, bool(cancel_on_interrupt), project))
+
+
+def _after_option(after: Optional[list[str]], after_array: Optional[list[int]]) -> Optional[list[str]]:
+    """--after JOB[:ok|notok|any] and --after-array JOB as the JobSpec's `after` (None: neither given).
+
+    An array succeeds when every element did, so --after-array JOB is JOB:ok, named for Slurm users.
+    """
+    found = []
+    for value in after or []:
+        job, _, condition = value.partition(":")
+        if not re.fullmatch(r"[0-9]{1,19}", job.strip()) or condition not in ("", "ok", "notok", "any"):
+            raise typer.BadParameter(f"expected JOB, JOB:ok, JOB:notok or JOB:any, got {value!r}", param_hint="--after")
+        found.append(f"{int(job)}:{condition or 'ok'}")
+    found.extend(f"{job}:ok" for job in after_array or [])
+    return found or None
+
+
+def _build_spec(command, file: Optional[Path], service: bool, settings: dict, service_settings: dict) -> dict:
+    """The JobSpec of `submit`: the job file's fields (if any), then the options given, then the command."""
+    if not command and not file:
+        raise typer.BadParameter("give the command after `--`, e.g. gpulayer submit -- echo hello",
+                                 param_hint="CMD")
+    try:
+        fields = read_job_file(file) if file else {}
+        return spec_from_fields(fields, command, service, settings, service_settings)
+    except (TypeError, ValueError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="--file" if file else None) from None
+
+
+def _submit_remote(ctx, spec, wait, follow, as_json, cancel_on_interrupt: bool, project: Optional[str] = None) -> int:
+    client = client_of(ctx)
+    job = client.submit(spec, project) if project else client.submit(spec)
+    waits = (follow or wait) and not spec.get("service")
+    if not (as_json and waits):  # with --json, --wait and --follow print the Job as it ended, last
+        _print_submitted(job, as_json)
+    try:
+        if spec.get("service"):
+            for endpoint in job.endpoints(wait=ENDPOINT_WAIT_S, on_waiting=tell_waiting):
+                if as_json:
+                    print_json({"endpoint": endpoint}, compact=True)
+                else:
+                    typer.echo(endpoint)
+            return 0
+        if follow:
+            follow_logs(job, as_json=as_json)
+        elif wait:
+            job.wait(on_waiting=tell_waiting)
+        else:
+            return 0
+    except KeyboardInterrupt:
+        return _interrupted(job, cancel_on_interrupt)
+    return _ended(job, as_json)
+
+
+def _print_submitted(job: Job, as_json: bool) -> None:
+    """The job just submitted: its id alone, or with --json the Job as one line."""
+    if as_json:
+        print_json(job.data, compact=True)
+    else:
+        typer.echo(job.id)
+
+
+def _ended(job: Job, as_json: bool) -> int:
+    """The exit status of a job that ended, after a line on stderr saying why when it did not succeed
+    (tell_ended; with --json, the Job as it ended is printed, one line)."""
+    info = job.data if job.finished() else job.info()  # following or waiting left the job as it ended
+    tell_ended(info)
+    if as_json:
+        print_json(info, compact=True)
+    return exit_code_of(info)
+
+
+def _interrupted(job: Job, cancel: bool, stop_wait_s: float = 0.0) -> int:
+    """Ctrl-C while waiting on `job`: cancel it or say how to; the exit status (130)."""
+    if cancel:
+        job.cancel()
+        if stop_wait_s:
+            job.wait(timeout=stop_wait_s)
+        try:
+            typer.echo(f"job {job.id} cancelled", err=True)
+        except OSError:  # SIGHUP: the terminal is gone
+            pass
+    else:
+        try:
+            state = job.info()["state"]  # the copy the wait fetched last may be a second old
+        except ClientError:
+            state = job.data.get("state") or "queued"
+        if job.finished():
+            typer.echo(f"job {job.id} {state}", err=True)
+        else:
+            typer.echo(f"job {job.id} is still {state}: gpulayer job cancel {job.id}", err=True)
+    return 130
+
+
+def _submit_local(spec: dict, home: Path, as_json: bool) -> int:
+    """Submit `spec` to an in-process control plane, stream its logs, return its exit code.
+
+    Ctrl-C, SIGTERM and SIGHUP (a closed terminal) cancel the job and stop the control plane and
+    worker (exit 130, 143, 129): the job cannot outlive the command.
+    """
+    from gpulayer.cli.local import signals_interrupt
+    with signals_interrupt() as received:
+        try:
+            return _run_local(spec, home, as_json, received)
+        except KeyboardInterrupt:  # before the job was made: the control plane and worker stopped
+            return 128 + received[0] if received else 130
+
+
+def _run_local(spec: dict, home: Path, as_json: bool, received: list[int]) -> int:
+    from gpulayer.cli.local import WORKER_STOP_S, local_control_plane, quiet_logs, unmet
+    quiet_logs()
+    with local_control_plane(home) as (client, _tokens, worker):
+        # This machine is a local run's only worker: what it can never meet is refused, not waited for.
+        reason = unmet(spec, worker) if worker is not None else None
+        if reason:
+            raise fail(f"{reason}: a `--target local` job runs on this machine alone (send it to a control "
+                       "plane with such workers: --url, GPULAYER_URL)", 2)
+        job = client.submit(spec)
+        try:
+            if not as_json:
+                print(job.id, flush=True)
+            follow_logs(job, as_json=as_json)
+        except KeyboardInterrupt:
+            # The control plane and worker end with this command: the job cannot outlive it.
+            code = _interrupted(job, True, WORKER_STOP_S)
+            return 128 + received[0] if received else code
+        if spec.get("outputs"):
+            # Like `gpulayer job outputs --dest .`: the outputs land where the command was typed.
+            for path in job.download_outputs(Path.cwd()):
+                print(f"gpulayer: output {path}", file=sys.stderr)
+        return _ended(job, as_json)
+
+
+def _priority_option(value: Optional[str]) -> int | str | None:
+    """--priority: a number, or the name of one of the server's priority classes (it checks the name)."""
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        return value
