@@ -49,7 +49,7 @@ class Terminal:
         while True:
             pid, status = os.waitpid(self.pid, os.WNOHANG)
             if pid:
-                self._drain()
+                self._drain(to_the_end=True)
                 os.close(self.fd)
                 return os.waitstatus_to_exitcode(status)
             if time.monotonic() > deadline:
@@ -57,8 +57,20 @@ class Terminal:
                 raise AssertionError(f"the command did not exit:\n{self.output}")
             self._drain()
 
-    def _drain(self):
-        while select.select([self.fd], [], [], 0.1)[0]:
+    def _drain(self, to_the_end=False):
+        """Read what is there; `to_the_end` (the command exited): until the terminal reports it closed.
+
+        A command's last words can reach the terminal's master side a while after it exited (the
+        kernel moves them on in its own time, later on a loaded machine), so once it exited, reading
+        goes on until the end of the output (EIO, or an empty read) or 3 s without a byte (a child
+        left running may hold the terminal open), not just until 0.1 s passed without any.
+        """
+        quiet_until = time.monotonic() + (3 if to_the_end else 0)
+        while True:
+            if not select.select([self.fd], [], [], 0.1)[0]:
+                if time.monotonic() >= quiet_until:
+                    return
+                continue
             try:
                 chunk = os.read(self.fd, 4096)
             except OSError:
@@ -66,3 +78,4 @@ class Terminal:
             if not chunk:
                 return
             self.output += chunk.decode(errors="replace")
+            quiet_until = time.monotonic() + (3 if to_the_end else 0)

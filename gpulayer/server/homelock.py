@@ -69,8 +69,10 @@ class HomeLock:
             return
         self.record.update(fields)
         data = (json.dumps(self.record, sort_keys=True) + "\n").encode()
-        os.ftruncate(self.fd, 0)
+        # Written over the old record, then cut to length: the record only grows (fields are added), so a
+        # reader never meets the empty file that truncating first would show it.
         os.pwrite(self.fd, data, 0)
+        os.ftruncate(self.fd, len(data))
 
     def release(self) -> None:
         """Empty the lock file (no stale pid to read) and drop the lock."""

@@ -33,7 +33,11 @@ def _up(home: Path, log: Path, *extra: str) -> subprocess.Popen:
 
 
 def _holder(home: Path) -> dict:
-    return json.loads((home / "control-plane.lock").read_text())
+    """The lock file's record; {} in the instant the holder rewrites it."""
+    try:
+        return json.loads((home / "control-plane.lock").read_text())
+    except ValueError:
+        return {}
 
 
 def _files(home: Path) -> dict:
@@ -54,7 +58,9 @@ def _refused(home: Path, argv: list[str], pid: int) -> str:
 def test_a_second_control_plane_on_a_home_served_by_server_start_exits_at_once(tmp_path, second):
     with ControlPlaneProcess(tmp_path / "first") as first:
         home = first.home
-        assert _holder(home)["pid"] == first.pid and _holder(home)["url"] == first.url
+        # The URL is noted once the server listens, which may be just after the health check answered.
+        holder = wait_for(lambda: (h := _holder(home)).get("url") and h, 10, "the holder's URL in the lock file")
+        assert holder["pid"] == first.pid and holder["url"] == first.url
         before = _files(home)
         message = _refused(home, SECOND_AS[second], first.pid)
         assert "is in use by gpulayer server start" in message and first.url in message
