@@ -76,6 +76,14 @@ def test_a_failed_job_says_its_exit_code_and_a_good_one_says_nothing(plane):
     assert json.loads(good.stdout)["state"] == "succeeded"
 
 
+def test_job_logs_follow_of_an_element_says_why_that_element_ended(plane):
+    job = plane.submit({"command": ["sh", "-c", '[ "$GPULAYER_ARRAY_INDEX" = 1 ] && exit 3; exit 0'], "array": "0-1"})
+    failed = plane.cli("job", "logs", "-f", str(job), "--index", "1", timeout=60)
+    assert failed.returncode == 3 and failed.stderr.endswith(f"job {job} element 1 failed: exit code 3\n"), failed
+    good = plane.cli("job", "logs", "-f", str(job), "--index", "0", timeout=60)
+    assert good.returncode == 0 and "element" not in good.stderr, good
+
+
 def test_a_hidden_dependency_is_named_as_hidden(plane):
     """carl may read job B (its project shows members' jobs) but not B's dependency A, in bob's own
     project: the line names A as hidden and tells nothing of how it ended (issue 22 item 7)."""
