@@ -501,12 +501,7 @@ def main(argv=None) -> int:
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-sql-", dir=args.dir))
     if args.compare is not None:
-        try:
-            result = {"machine": benchlib.machine(), "args": {k: (str(v) if isinstance(v, Path) else v)
-                                                              for k, v in vars(args).items()},
-                      "compare": compare_check(args, workdir)}
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
+        result = _measured(args, workdir, "compare", compare_check)
         benchlib.emit(result, args.json, "\n".join([
             benchlib.machine_line(result["machine"]),
             f"acquire_task at {args.compare} (rev) against this tree's, alternating, each claim rolled back; "
@@ -515,12 +510,7 @@ def main(argv=None) -> int:
                                                "tree_us_p90", "rounds"])]))
         return 0
     if args.backlog is not None:
-        try:
-            result = {"machine": benchlib.machine(), "args": {k: (str(v) if isinstance(v, Path) else v)
-                                                              for k, v in vars(args).items()},
-                      "backlog": backlog_check(args, workdir)}
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
+        result = _measured(args, workdir, "backlog", backlog_check)
         benchlib.emit(result, args.json, "\n".join([
             benchlib.machine_line(result["machine"]),
             ("queued 8-GPU tasks no worker fits" if args.backlog_blocked == "gpus" else
@@ -536,8 +526,7 @@ def main(argv=None) -> int:
     try:
         template = workdir / "template.db"
         build_template(template, args.finished, args.queued, 8)
-        result = {"machine": benchlib.machine(), "args": {k: (str(v) if isinstance(v, Path) else v)
-                                                          for k, v in vars(args).items()},
+        result = {"machine": benchlib.machine(), "args": _args_of(args),
                   "throughput": throughput(args, template, workdir)}
         if not args.skip_index_check:
             result["index_check"] = index_check(args, workdir)
@@ -553,6 +542,19 @@ def main(argv=None) -> int:
                  benchlib.table(result["index_check"], ["variant", "median_per_s", "ms_per_acquire"])]
     benchlib.emit(result, args.json, "\n".join(text))
     return 0
+
+
+def _args_of(args: argparse.Namespace) -> dict:
+    """The run's arguments as JSON can hold them."""
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+
+
+def _measured(args: argparse.Namespace, workdir: Path, key: str, check) -> dict:
+    """{machine, args, key: check(args, workdir)}, the work dir removed whatever happens."""
+    try:
+        return {"machine": benchlib.machine(), "args": _args_of(args), key: check(args, workdir)}
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 if __name__ == "__main__":
