@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib  # noqa: E402
 
 from gpulayer.server.scheduler import leases, placement  # noqa: E402
+from gpulayer.protocol.fields import to_wire  # noqa: E402
 from gpulayer.server.scheduler.spec import validate_job  # noqa: E402
 from gpulayer.server.store import db  # noqa: E402
 
@@ -58,7 +59,7 @@ def build(path: Path, workers: int, queued: int) -> None:
     conn = db.connect(path)
     db.ensure_schema(conn)
     now = time.time()
-    spec = json.dumps(validate_job({"command": ["true"], "gpus": 1}))
+    spec = json.dumps(to_wire(validate_job({"command": ["true"], "gpus": 1})))
     with conn:
         conn.executemany(
             "INSERT INTO workers (id, name, state, cpus, gpus, memory_mb, slots, registered_at, last_seen_at, "

@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib  # noqa: E402
 
 from gpulayer.server.scheduler import ledger, preemption  # noqa: E402
+from gpulayer.protocol.fields import to_wire  # noqa: E402
 from gpulayer.server.scheduler.spec import validate_job  # noqa: E402
 from gpulayer.server.store import db  # noqa: E402
 
@@ -42,9 +43,9 @@ def build(path: Path, workers: int, case: str) -> None:
     conn = db.connect(path)
     db.ensure_schema(conn)
     now = time.time()
-    running = json.dumps(validate_job({"command": ["true"], "gpus": 1, "preemptible": case in ("unfit", "fit")}))
+    running = json.dumps(to_wire(validate_job({"command": ["true"], "gpus": 1, "preemptible": case in ("unfit", "fit")})))
     labels = {"zone": "nowhere"} if case == "unfit" else {}
-    waiting = json.dumps(validate_job({"command": ["true"], "gpus": 1, "labels": labels}))
+    waiting = json.dumps(to_wire(validate_job({"command": ["true"], "gpus": 1, "labels": labels})))
     with conn:
         conn.execute("INSERT INTO projects (id, name, gpu_quota, created_at) VALUES (2, 'ml', ?, ?)",
                      (100 if case not in ("idle", "refresh") else None, now))

@@ -57,6 +57,7 @@ import benchlib  # noqa: E402
 from gpulayer.server.store import db
 
 from gpulayer.server.scheduler import aging, leases, placement  # noqa: E402
+from gpulayer.protocol.fields import to_wire  # noqa: E402
 from gpulayer.server.scheduler.spec import validate_job  # noqa: E402
 from gpulayer.server.store.queries import QUERIES, parse_blocks  # noqa: E402
 
@@ -252,8 +253,8 @@ def build_backlog(path: Path, backlog: int, fitting: int, blocked: str = "gpus")
     is CPU tasks of the same shape owned by a user at a running-jobs limit of 0 (fits, not admitted)."""
     conn = db.connect(path)
     db.ensure_schema(conn)
-    spec = json.dumps(validate_job({"command": ["true"]}))
-    big = json.dumps(validate_job({"command": ["true"], "gpus": 8}))
+    spec = json.dumps(to_wire(validate_job({"command": ["true"]})))
+    big = json.dumps(to_wire(validate_job({"command": ["true"], "gpus": 8})))
     now = time.time()
     with conn:
         _insert_workers(conn, BACKLOG_WORKERS, slots=1, now=now)
@@ -388,7 +389,7 @@ def build_teams(path: Path, queued: int) -> None:
     users, and fair-share usage for each."""
     conn = db.connect(path)
     db.ensure_schema(conn)
-    spec = json.dumps(validate_job({"command": ["true"], "gpus": 1}))
+    spec = json.dumps(to_wire(validate_job({"command": ["true"], "gpus": 1})))
     now = time.time()
     with conn:
         conn.executemany(

@@ -49,7 +49,8 @@ def declare(default: Any = dataclasses.MISSING, *, help: str, **bounds: Any) -> 
 class WireField:
     """One declared field as read: its name, type (resolved), default (shared: never change it) and
     declaration; `kinds`, the members of its type (`int | None`: int, NoneType); `inner`, the declared
-    dataclass it holds, if any; `required`: it has no default."""
+    dataclass it holds, if any; `listed`, the one a list of it may hold (`after`: After); `required`: it has
+    no default."""
 
     name: str
     type: Any
@@ -58,6 +59,7 @@ class WireField:
     kinds: tuple[Any, ...]
     inner: type | None
     required: bool
+    listed: type | None = None
 
 
 _FIELDS: dict[type, tuple[WireField, ...]] = {}
@@ -71,7 +73,8 @@ def wire_fields(cls: type) -> tuple[WireField, ...]:
         hints = typing.get_type_hints(cls)
         found = _FIELDS[cls] = tuple(
             WireField(f.name, hints[f.name], _default(f), f.metadata["declared"], members(hints[f.name]),
-                      nested(hints[f.name]), f.metadata["declared"].required) for f in dataclasses.fields(cls))
+                      nested(hints[f.name]), f.metadata["declared"].required, _listed(hints[f.name]))
+            for f in dataclasses.fields(cls))
     return found
 
 
@@ -107,6 +110,12 @@ def nested(tp: Any) -> type | None:
     return found[0] if len(found) == 1 else None  # type: ignore[return-value]
 
 
+def _listed(tp: Any) -> type | None:
+    """The declared dataclass a list field's items may be (`list[int | str | After]` -> After), else None."""
+    found = [nested(typing.get_args(m)[0]) for m in members(tp) if typing.get_origin(m) is list]
+    return found[0] if len(found) == 1 else None
+
+
 def from_wire(cls: type, obj: Any) -> Any:
     """A `cls` from a JSON object: unknown keys (a newer peer's) are left out, missing optional ones default.
 
@@ -128,11 +137,15 @@ def from_wire(cls: type, obj: Any) -> Any:
 
 
 def to_wire(obj: Any) -> dict:
-    """A declared dataclass as its JSON object, field by field (nested ones too)."""
+    """A declared dataclass as its JSON object, field by field (nested ones too, and those in a list: `after`)."""
     out: dict[str, Any] = {}
     for f in wire_fields(type(obj)):
         value = getattr(obj, f.name)
-        out[f.name] = to_wire(value) if f.inner is not None and value is not None else value
+        if f.inner is not None and value is not None:
+            value = to_wire(value)
+        elif f.listed is not None and isinstance(value, list):
+            value = [to_wire(v) if isinstance(v, f.listed) else v for v in value]
+        out[f.name] = value
     return out
 
 

@@ -6,6 +6,7 @@ import json
 import time
 
 from gpulayer.server.config import HomeLayout
+from gpulayer.protocol.fields import to_wire
 from gpulayer.server.scheduler.spec import validate_job
 from gpulayer.server.security.secretbox import SecretBox
 from gpulayer.server.store import db
@@ -30,13 +31,13 @@ def _version_3_home(plane: ControlPlaneProcess) -> None:
     waiting = validate_job({"command": ["sh", "-c", "echo secret=$HF"], "name": "queued", "secrets": ["HF"]})
     now = time.time()
     conn.execute("INSERT INTO jobs (id, name, state, spec, created_at, finished_at, exit_code) "
-                 "VALUES (1, 'old', 'succeeded', ?, ?, ?, 0)", (json.dumps(done), now - 60, now - 50))
+                 "VALUES (1, 'old', 'succeeded', ?, ?, ?, 0)", (json.dumps(to_wire(done)), now - 60, now - 50))
     conn.execute("INSERT INTO tasks (id, job_id, state, created_at, started_at, finished_at, exit_code, outcome) "
                  "VALUES (1, 1, 'succeeded', ?, ?, ?, 0, 'succeeded')", (now - 60, now - 55, now - 50))
     conn.execute("INSERT INTO logs (job_id, task_id, n, stream, at, text) VALUES (1, 1, 0, 'stdout', ?, 'old')",
                  (now - 55,))
     conn.execute("INSERT INTO jobs (id, name, state, spec, secrets, created_at) VALUES (2, 'queued', 'queued', ?, "
-                 "'[\"HF\"]', ?)", (json.dumps(waiting), now - 10))
+                 "'[\"HF\"]', ?)", (json.dumps(to_wire(waiting)), now - 10))
     conn.execute("INSERT INTO tasks (id, job_id, state, created_at) VALUES (2, 2, 'queued', ?)", (now - 10,))
     conn.execute("INSERT INTO events (at, kind, job_id, data) VALUES (?, 'job_submitted', 2, '{}')", (now - 10,))
     conn.close()

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from agent.bundle import unpack_bundle
 from agent.errors import TaskSetupError
 from gpulayer.server.errors import InvalidRequest
+from gpulayer.protocol.fields import to_wire
 from gpulayer.server.scheduler.spec import JOB_FIELDS, validate_job
 
 # -- validate_job ----------------------------------------------------------------
@@ -68,7 +69,7 @@ def test_validate_job_raises_only_invalid_request_and_accepted_specs_round_trip(
     except InvalidRequest as exc:
         assert exc.status == 400 and str(exc)
         return
-    again = validate_job(json.loads(json.dumps(normalised, allow_nan=False)))
+    again = validate_job(json.loads(json.dumps(to_wire(normalised), allow_nan=False)))
     assert again == normalised
 
 

@@ -1,8 +1,12 @@
 """Job arrays and dependencies (issue 16), transaction by transaction on a real state file."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
+from gpulayer.protocol.fields import to_wire
+from gpulayer.protocol.jobspec import After
 from gpulayer.server.errors import InvalidRequest, NotFound
 from gpulayer.server.scheduler import jobs, views
 from gpulayer.server.scheduler.spec import MAX_ARRAY, array_indices, array_text, validate_job
@@ -58,11 +62,12 @@ def test_bad_array_or_after_refused_by_field(spec, message):
 
 def test_array_spec_is_normalised():
     spec = validate_job(job(array="0-999%16", after=[3, "4:notok", {"job": 5, "condition": "any"}]))
-    assert (spec["array"], spec["max_running"]) == ("0-999", 16)
-    assert spec["after"] == [{"job": 3, "condition": "ok"}, {"job": 4, "condition": "notok"},
-                             {"job": 5, "condition": "any"}]
+    assert (spec.array, spec.max_running) == ("0-999", 16)
+    assert spec.after == [After(job=3, condition="ok"), After(job=4, condition="notok"), After(job=5, condition="any")]
+    assert to_wire(spec)["after"] == [{"job": 3, "condition": "ok"}, {"job": 4, "condition": "notok"},
+                                      {"job": 5, "condition": "any"}]
     plain = validate_job(job())
-    assert (plain["array"], plain["max_running"], plain["after"]) == (None, None, [])
+    assert (plain.array, plain.max_running, plain.after) == (None, None, [])
 
 
 # -- arrays -------------------------------------------------------------------
@@ -261,7 +266,7 @@ def _chain(sched, n: int) -> tuple[int, int]:
     def chain(conn, n):
         last = head
         for _ in range(n):
-            last = jobs.submit(conn, {**spec, "after": [{"job": last, "condition": "ok"}]}, 1.0)
+            last = jobs.submit(conn, dataclasses.replace(spec, after=[After(job=last)]), 1.0)
         return last
 
     return head, sched.store.write(chain, n)

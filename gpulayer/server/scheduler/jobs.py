@@ -2,19 +2,37 @@
 from __future__ import annotations
 
 import json
+import re
+from typing import Any
 
 import apsw
 
+from gpulayer.protocol.fields import names, to_wire
+from gpulayer.protocol.jobspec import JobSpec
 from gpulayer.server.scheduler import events, outcomes
 from gpulayer.server.errors import InvalidRequest, NotFound, TooManyQueued
-from gpulayer.server.scheduler.spec import array_indices, referenced_digests
+from gpulayer.server.scheduler.spec import ValidSpec, array_indices, referenced_digests
 from gpulayer.server.store.queries import QUERIES, one, row, rows
 
+#: The JobSpec fields with a column of their own name in `jobs`: the fields `insert_job` takes as
+#: parameters (:gpus), each written from the spec's attribute by `_column` (docs/architecture.md,
+#: "Adding a field": a column is added to schema.sql, a migration and that query, and to nothing here).
+COLUMN_FIELDS = tuple(name for name in names(JobSpec) if name in set(re.findall(r":(\w+)", QUERIES["insert_job"])))
 
-def submit(conn: apsw.Connection, spec: dict, now: float, user_id: int = 1, project_id: int = 1) -> int:
-    """Insert a validated (normalised) spec and its first attempt's tasks, owned by `user_id` in `project_id`
-    (teams.submit_owner); returns the job id."""
-    missing = [name for name in spec["secrets"]
+
+def _column(value: Any) -> Any:
+    """A field's value as its column holds it: a bool as 0 or 1, a list or an object as JSON, else itself."""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, (list, dict)):
+        return json.dumps(value)
+    return value
+
+
+def submit(conn: apsw.Connection, spec: ValidSpec, now: float, user_id: int = 1, project_id: int = 1) -> int:
+    """Insert a validated spec (spec.validate_job) and its first attempt's tasks, owned by `user_id` in
+    `project_id` (teams.submit_owner); returns the job id."""
+    missing = [name for name in spec.secrets
                if row(conn, "get_secret", project_id=project_id, name=name) is None]
     if missing:
         raise InvalidRequest(f"secrets: no secret named {missing[0]!r} in the job's project "
@@ -24,44 +42,39 @@ def submit(conn: apsw.Connection, spec: dict, now: float, user_id: int = 1, proj
         if row(conn, "touch_artifact", digest=digest, now=now) is None:
             raise InvalidRequest(f"artifact {digest} is not stored on the control plane: upload it first "
                                  "(PUT /v1/artifacts/{digest})", code="unknown_artifact")
-    after = [(dep, _dependency(conn, dep["job"])) for dep in spec.get("after") or []]
+    after = [(dep, _dependency(conn, dep.job)) for dep in spec.after]
     waiting = any(state in outcomes.ACTIVE_JOB for _, state in after)
-    service = spec["service"]
-    width = service["replicas"] if service else spec["nodes"]
+    width = spec.service.replicas if spec.service else spec.nodes
     indices = elements(spec)
-    cap = spec.get("max_running")
-    job_id = one(conn, "insert_job", name=spec["name"], spec=json.dumps(spec), kind="service" if service else "batch",
-                 priority=spec["priority"], labels=json.dumps(spec["labels"]), secrets=json.dumps(spec["secrets"]),
-                 accelerator=spec["accelerator"],
-                 gpus=spec["gpus"], cpus=spec["cpus"], memory_mb=spec["memory_mb"], width=width,
-                 gang=int(spec["nodes"] > 1), max_attempts=spec["retry"]["max_attempts"],
-                 retry_on=json.dumps(spec["retry"]["retry_on"]), now=now, state="waiting" if waiting else "queued",
-                 array_size=len(indices) if spec.get("array") else None, max_running=cap,
-                 user_id=user_id, project_id=project_id, preemptible=int(spec["preemptible"]))["id"]
+    job_id = one(conn, "insert_job", **{name: _column(getattr(spec, name)) for name in COLUMN_FIELDS},
+                 spec=json.dumps(to_wire(spec)), kind="service" if spec.service else "batch", width=width,
+                 gang=int(spec.nodes > 1), max_attempts=spec.retry.max_attempts,
+                 retry_on=json.dumps(spec.retry.retry_on), now=now, state="waiting" if waiting else "queued",
+                 array_size=len(indices) if spec.array else None, user_id=user_id, project_id=project_id)["id"]
     if len(indices) <= outcomes.BATCH:  # one statement for every task; held ones stay out of task_queue
         conn.execute(QUERIES["insert_tasks"], {"job_id": job_id, "indices": json.dumps(indices), "now": now,
-                                               "priority": spec["priority"], "offset": 0,
-                                               "released": 0 if waiting else (cap or len(indices))})
+                                               "priority": spec.priority, "offset": 0,
+                                               "released": 0 if waiting else (spec.max_running or len(indices))})
     else:  # a big array: BATCH elements a write, all held until the last is in (outcomes.insert_step)
         outcomes.insert_step(conn, now, job_id, 0)
     for dep, _ in after:
-        row(conn, "insert_dependency", job_id=job_id, after_job_id=dep["job"], condition=dep["condition"])
-    extra: dict = {"array_size": len(indices)} if spec.get("array") else {}
+        row(conn, "insert_dependency", job_id=job_id, after_job_id=dep.job, condition=dep.condition)
+    extra: dict = {"array_size": len(indices)} if spec.array else {}
     if waiting:
-        extra["waiting_for"] = [dep["job"] for dep, state in after if state in outcomes.ACTIVE_JOB]
-    events.record(conn, now, "job_submitted", job_id=job_id, name=spec["name"], width=width, **extra)
+        extra["waiting_for"] = [dep.job for dep, state in after if state in outcomes.ACTIVE_JOB]
+    events.record(conn, now, "job_submitted", job_id=job_id, name=spec.name, width=width, **extra)
     failed = next(((dep, state) for dep, state in after
-                   if state not in outcomes.ACTIVE_JOB and not outcomes.dependency_met(dep["condition"], state)), None)
+                   if state not in outcomes.ACTIVE_JOB and not outcomes.dependency_met(dep.condition, state)), None)
     if failed is not None:  # it can never run: cancelled at once, as if that dependency had just ended
-        outcomes.cancel_dependent(conn, now, job_id, failed[0]["job"], failed[1], first_step=True)
+        outcomes.cancel_dependent(conn, now, job_id, failed[0].job, failed[1], first_step=True)
     return job_id
 
 
-def elements(spec: dict) -> list[int]:
+def elements(spec: ValidSpec) -> list[int]:
     """The indices of a validated spec's tasks: an array's elements, else its replicas or ranks."""
-    if spec.get("array"):
-        return array_indices(spec["array"])
-    return list(range(spec["service"]["replicas"] if spec["service"] else spec["nodes"]))
+    if spec.array:
+        return array_indices(spec.array)
+    return list(range(spec.service.replicas if spec.service else spec.nodes))
 
 
 def check_queued_elements(conn: apsw.Connection, user: str, user_id: int, adding: int, cap: int) -> None:

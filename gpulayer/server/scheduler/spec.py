@@ -1,19 +1,22 @@
 """JobSpec validation: every field checked, normalised with its default, or refused by name.
 
 The fields, their types, defaults and bounds are gpulayer/protocol/jobspec.py's declaration: a field
-whose type says all (a bool, a bounded number, a string, a choice) needs nothing here.
+whose type says all (a bool, a bounded number, a string, a choice) needs nothing here. What comes out
+is a `ValidSpec`: a JobSpec, typed, which jobs.submit writes as columns and JSON (`to_wire`).
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 import typing
+from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
 from gpulayer.protocol import MAX_ARRAY, MAX_ARRAY_INDEX, array_ranges, array_text
 from gpulayer.protocol.fields import WireField, field_of, names, wire_fields
 from gpulayer.protocol.jobspec import (
     AFTER_CONDITIONS, ENV_NAME_PATTERN, MAX_AFTER, MAX_ARG_BYTES, MAX_ARGS, MAX_PATHS, MAX_STR, RETRY_REASONS, After,
-    HealthSpec, JobSpec, RetrySpec, ServiceSpec,
+    AfterCondition, HealthSpec, JobSpec, RetrySpec, ServiceSpec,
 )
 from gpulayer.server.config import PRIORITY_CLASSES, SERVICE_MAX_ATTEMPTS
 from gpulayer.server.errors import InvalidRequest
@@ -26,6 +29,25 @@ SERVICE_FIELDS = set(names(ServiceSpec))
 HEALTH_FIELDS = set(names(HealthSpec))
 RETRY_FIELDS = set(names(RetrySpec))
 AFTER_FIELDS = set(names(After))
+
+
+def _narrowed(name: str) -> Any:
+    """JobSpec's field `name` again, with its declaration (so `to_wire` and the wire's order keep it), but no
+    default: a ValidSpec is made with every field."""
+    return dataclasses.field(metadata=JobSpec.__dataclass_fields__[name].metadata)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ValidSpec(JobSpec):
+    """A JobSpec as `validate_job` made it: every field checked and defaulted, and those a client may write in
+    more than one way in the one form they are stored in (docs/protocol.md: "Stored as ...")."""
+
+    gpus: int = _narrowed("gpus")                # null: 1 with accelerator "cuda", else 0
+    retry: RetrySpec = _narrowed("retry")        # null: the default, 10 attempts for a service
+    priority: int = _narrowed("priority")        # a class's name: its number
+    array: str | None = _narrowed("array")       # ranges ("0-999"), its %N moved to max_running
+    # each dependency an After, each job once (read only: a list of a narrower type, which mypy refuses)
+    after: list[After] = _narrowed("after")  # type: ignore[assignment]
 
 
 def _known(obj: dict, allowed: set[str], field: str) -> None:
@@ -71,13 +93,13 @@ def _outputs(value: Any) -> list[str]:
     return [relative_path(p, f"outputs[{i}]") for i, p in enumerate(value)]
 
 
-def _retry(value: Any, is_service: bool) -> dict:
+def _retry(value: Any, is_service: bool) -> RetrySpec:
     obj = mapping({} if value is None else value, "retry")
     _known(obj, RETRY_FIELDS, "retry")
     declared = field_of(RetrySpec, "max_attempts")
     default = SERVICE_MAX_ATTEMPTS if is_service else declared.default
     attempts = _checked(declared, obj.get("max_attempts", default), "retry.max_attempts")
-    return _fields(obj, RetrySpec, "retry.", {"retry_on": _retry_on}, {"max_attempts": attempts})
+    return RetrySpec(**_fields(obj, RetrySpec, "retry.", {"retry_on": _retry_on}, {"max_attempts": attempts}))
 
 
 def _retry_on(value: Any) -> list[str]:
@@ -86,12 +108,12 @@ def _retry_on(value: Any) -> list[str]:
     return list(dict.fromkeys(value))
 
 
-def _health(value: Any) -> dict | None:
+def _health(value: Any) -> HealthSpec | None:
     if value is None:
         return None
     obj = mapping(value, "service.health")
     _known(obj, HEALTH_FIELDS, "service.health")
-    return _fields(obj, HealthSpec, "service.health.", {"http_path": _http_path})
+    return HealthSpec(**_fields(obj, HealthSpec, "service.health.", {"http_path": _http_path}))
 
 
 def _http_path(value: Any) -> str:
@@ -101,13 +123,13 @@ def _http_path(value: Any) -> str:
     return path
 
 
-def _service(value: Any) -> dict | None:
+def _service(value: Any) -> ServiceSpec | None:
     if value is None:
         return None
     obj = mapping(value, "service")
     _known(obj, SERVICE_FIELDS, "service")
-    return _fields(obj, ServiceSpec, "service.", {"health": _health,
-                                                  "weights": lambda given: digest(given, "service.weights")})
+    return ServiceSpec(**_fields(obj, ServiceSpec, "service.", {
+        "health": _health, "weights": lambda given: digest(given, "service.weights")}))
 
 
 def _secret_names(value: Any) -> list[str]:
@@ -167,13 +189,13 @@ def _whole(text: str) -> int | None:
     return int(text) if text.isascii() and text.isdigit() and len(text) <= 19 else None
 
 
-def _after(value: Any) -> list[dict]:
+def _after(value: Any) -> list[After]:
     """Dependencies: each an id (ends ok), "ID[:ok|notok|any]" or {"job": ID, "condition": ...}."""
     if not isinstance(value, list):
         raise _fail("after", "must be a list of job ids, \"ID:ok|notok|any\" strings or {job, condition} objects")
     if len(value) > MAX_AFTER:
         raise _fail("after", f"at most {MAX_AFTER} dependencies")
-    found: dict[int, str] = {}
+    found: dict[int, AfterCondition] = {}
     for i, entry in enumerate(value):
         field = f"after[{i}]"
         if isinstance(entry, str):
@@ -191,8 +213,8 @@ def _after(value: Any) -> list[dict]:
             raise _fail(field, f"the condition is one of {', '.join(AFTER_CONDITIONS)}, not {condition!r}")
         if found.get(job_id, condition) != condition:
             raise _fail(field, f"job {job_id} is named twice with different conditions")
-        found[job_id] = condition
-    return [{"job": job_id, "condition": condition} for job_id, condition in found.items()]
+        found[job_id] = typing.cast(AfterCondition, condition)
+    return [After(job=job_id, condition=condition) for job_id, condition in found.items()]
 
 
 def _priority(value: Any, classes: dict[str, int] | None) -> int:
@@ -281,8 +303,9 @@ def _fields(obj: dict, cls: type, prefix: str, checks: dict, done: dict | None =
     return out
 
 
-def validate_job(raw: Any, priority_classes: dict[str, int] | None = None) -> dict:
-    """The normalised JobSpec; raises InvalidRequest naming the first bad field.
+def validate_job(raw: Any, priority_classes: dict[str, int] | None = None) -> ValidSpec:
+    """The JobSpec `raw` (a JSON object) says, checked and normalised; raises InvalidRequest naming the first
+    bad field.
 
     `priority` may name one of `priority_classes` (the server's; default low, normal, high).
     """
@@ -300,19 +323,18 @@ def validate_job(raw: Any, priority_classes: dict[str, int] | None = None) -> di
         raise _fail("array", "an array's elements are single tasks: not with `service` or `nodes` > 1")
     done = {"service": service, "accelerator": accelerator, "gpus": gpus, "nodes": nodes, "array": array,
             "max_running": max_running}
-    return _fields(spec, JobSpec, "", {
+    return ValidSpec(**_fields(spec, JobSpec, "", {
         "command": _command, "env": _env, "labels": labels, "retry": lambda given: _retry(given, service is not None),
         "source": lambda given: digest(given, "source"), "inputs": lambda given: _paths_map(given, "inputs"),
         "outputs": _outputs, "priority": lambda given: _priority(given, priority_classes),
-        "secrets": _secret_names, "after": _after}, done)
+        "secrets": _secret_names, "after": _after}, done))
 
 
-def referenced_digests(spec: dict) -> set[str]:
-    """Every artifact a (normalised) spec names: source, inputs, service weights."""
-    found = set(spec.get("inputs", {}).values())
-    if spec.get("source"):
-        found.add(spec["source"])
-    weights = (spec.get("service") or {}).get("weights")
-    if weights:
-        found.add(weights)
+def referenced_digests(spec: JobSpec) -> set[str]:
+    """Every artifact a (validated) spec names: source, inputs, service weights."""
+    found = set(spec.inputs.values())
+    if spec.source:
+        found.add(spec.source)
+    if spec.service is not None and spec.service.weights:
+        found.add(spec.service.weights)
     return found

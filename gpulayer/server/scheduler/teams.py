@@ -24,6 +24,7 @@ import apsw
 from gpulayer.protocol import plural
 from gpulayer.server.errors import Conflict, Forbidden, InvalidRequest, NotFound
 from gpulayer.server.scheduler import events, jobs
+from gpulayer.server.scheduler.spec import ValidSpec
 from gpulayer.server.store.queries import one, row, rows
 
 ADMIN_USER_ID = 1
@@ -118,10 +119,10 @@ def submit_project(conn: apsw.Connection, principal, project: str | None) -> int
                          "name one with --project", code="project_required")
 
 
-def submit(conn: apsw.Connection, principal, project: str | None, spec: dict, now: float) -> int:
+def submit(conn: apsw.Connection, principal, project: str | None, spec: ValidSpec, now: float) -> int:
     """jobs.submit, owned by the caller in the project it may submit to, at a priority it may ask for."""
     project_id = submit_project(conn, principal, project)
-    check_priority(conn, principal, project_id, spec["priority"])
+    check_priority(conn, principal, project_id, spec.priority)
     _check_dependencies(conn, principal, spec)
     return jobs.submit(conn, spec, now, principal.user_id or ADMIN_USER_ID, project_id)
 
@@ -140,10 +141,10 @@ def check_priority(conn: apsw.Connection, principal, project_id: int, priority: 
                         max_priority=found["max_priority"])
 
 
-def _check_dependencies(conn: apsw.Connection, principal, spec: dict) -> None:
+def _check_dependencies(conn: apsw.Connection, principal, spec: ValidSpec) -> None:
     """Every job in `after` is one the caller may see (as for GET /v1/jobs/{id}): any other is answered as a
     job that does not exist, so `after` tells neither which ids exist nor how another's job ends."""
-    ids = [dep["job"] for dep in spec.get("after") or []]
+    ids = [dep.job for dep in spec.after]
     if not ids or principal.admin:
         return
     hidden_ids = unseen(conn, principal, ids)
