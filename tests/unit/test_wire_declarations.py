@@ -3,6 +3,7 @@ agent's typed Assignment all read that declaration, and a test fails when one dr
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import subprocess
 import sys
@@ -18,7 +19,9 @@ from gpulayer.protocol.jobspec import JobSpec, ServiceSpec
 from gpulayer.server.errors import InvalidRequest
 from gpulayer.server.http.app import ROUTES
 from gpulayer.server.http.openapi import document
+from gpulayer.server.scheduler import placement
 from gpulayer.server.scheduler.spec import JOB_FIELDS, validate_job
+from helpers import add_worker
 
 ROOT = Path(__file__).resolve().parents[2]
 GEN_DOCS = ROOT / "scripts" / "gen_docs.py"
@@ -111,3 +114,26 @@ def test_the_agent_logs_an_unreadable_assignment_and_runs_nothing(caplog):
     with caplog.at_level("INFO", logger="gpulayer.agent"):
         assert acquired({"task": {"task_id": 1}}) == []
     assert any(r.getMessage().startswith("assignment_unreadable error=") for r in caplog.records)
+
+
+def test_an_assignment_carries_the_fields_it_shares_with_the_jobspec_from_the_stored_spec(sched):
+    """placement.assignment copies every Assignment field named as a JobSpec field (but env and gpus, which it
+    makes) from the stored spec, and one a spec stored before the field was declared lacks as its default."""
+    shared = {f.name for f in placement.JOB_OWN_FIELDS}
+    assert shared == set(names(Assignment)) & set(names(JobSpec)) - {"env", "gpus"}
+    given = {"command": ["run", "it"], "outputs": ["out/"], "cpus": 1.5, "memory_mb": 64, "timeout_seconds": 9.5,
+             "silence_timeout_seconds": 3, "network": "none", "run_as_root": True,
+             "service": {"port": False, "health": {"http_path": "/h", "failures": 2}}}
+    assert {"source", "inputs"} | set(given) >= shared  # source and inputs: digests, which need stored artifacts
+    worker = add_worker(sched, cpus=8)
+    job_id = sched.submit(given)
+    stored = to_wire(validate_job(given))
+    got = sched.acquire(worker)
+    assert got is not None and got["job_id"] == job_id
+    assert {name: got[name] for name in shared} == {name: stored[name] for name in shared}
+    assert got["service"]["health"] == {"http_path": "/h", "interval_s": 10, "failures": 2}
+
+    older = {k: v for k, v in stored.items() if k not in ("network", "run_as_root", "service")}
+    sched.store.write(lambda conn: conn.execute("UPDATE jobs SET spec = ? WHERE id = ?", (json.dumps(older), job_id)))
+    again = sched.store.read(placement.assignment, got["task_id"])
+    assert (again["network"], again["run_as_root"], again["service"]) == ("shared", False, None)

@@ -19,8 +19,8 @@ import json
 import apsw
 
 from gpulayer.protocol.assignment import Assignment
-from gpulayer.protocol.fields import from_wire, to_wire
-from gpulayer.protocol.jobspec import ServiceSpec
+from gpulayer.protocol.fields import from_wire, to_wire, wire_fields
+from gpulayer.protocol.jobspec import JOB_FIELDS
 from gpulayer.server.scheduler import events
 from gpulayer.server.store.queries import one, row, rows
 
@@ -122,20 +122,32 @@ def assignment(conn: apsw.Connection, task_id: int, secret_env=None) -> dict:
     spec = json.loads(found["spec"])
     gang = bool(found["gang"])
     return to_wire(Assignment(
-        task_id=found["task_id"], job_id=found["job_id"], attempt=found["attempt"],
-        index=found["index"], command=spec["command"],
+        **_job_fields(spec), task_id=found["task_id"], job_id=found["job_id"], attempt=found["attempt"],
+        index=found["index"],
         env={**spec["env"], **(secret_env(spec["secrets"]) if secret_env and spec["secrets"] else {}),
              **({"GPULAYER_PREEMPTED": "1"} if row(conn, "task_was_preempted", task_id=task_id) else {})},
-        source=spec["source"], inputs=spec["inputs"], outputs=spec["outputs"],
-        gpus=json.loads(found["gpu_indices"]), cpus=spec["cpus"], memory_mb=spec["memory_mb"],
-        service=None if spec["service"] is None else from_wire(ServiceSpec, spec["service"]),
+        gpus=json.loads(found["gpu_indices"]),
         rank=found["index"] if gang else 0, world_size=found["width"] if gang else 1,
-        timeout_seconds=spec["timeout_seconds"], silence_timeout_seconds=spec["silence_timeout_seconds"],
         # An array's element: its index (also `index`) and the array's element count; null otherwise.
         array_index=found["index"] if found["array_size"] is not None else None,
         array_size=found["array_size"],
         # The number of the task's next log line: a task run again (after a preemption, a gang sent back
         # to the queue) numbers its lines after those stored, which (task_id, n) would otherwise drop.
         log_base=one(conn, "task_log_base", task_id=task_id)["n"],
-        network=spec.get("network") or "shared", run_as_root=bool(spec.get("run_as_root")),
     ))
+
+
+#: The Assignment's fields that are the job's own, under the JobSpec's name (command, source, cpus, service,
+#: network, ...): copied from the stored spec. `env` (with the job's secrets) and `gpus` (the devices
+#: reserved, not the job's count) are made by `assignment()`. docs/architecture.md, "Adding a field".
+JOB_OWN_FIELDS = tuple(f for f in wire_fields(Assignment) if f.name in JOB_FIELDS and f.name not in ("env", "gpus"))
+
+
+def _job_fields(spec: dict) -> dict:
+    """The JOB_OWN_FIELDS of a stored spec: a declared object (`service`) as one; a field the spec lacks
+    (stored before the field was declared) as the Assignment's default."""
+    out = {}
+    for f in JOB_OWN_FIELDS:
+        value = spec.get(f.name, f.default)
+        out[f.name] = from_wire(f.inner, value) if f.inner is not None and value is not None else value
+    return out
