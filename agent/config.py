@@ -51,6 +51,8 @@ class WorkerConfig:
     sandbox: str = DEFAULT_SANDBOX
     run_as: str | None = None
     allow_root_tasks: bool = False
+    #: --sandbox-bind HOST[:TASK][:ro], repeatable: host paths bound into every sandboxed task.
+    sandbox_binds: list[str] = field(default_factory=list)
     #: More paths tasks must not see (the CLI's home, the token file), beside the state dir and $GPULAYER_HOME.
     hidden_paths: list[str] = field(default_factory=list)
 
@@ -77,4 +79,4 @@ def task_sandbox(config: WorkerConfig, state_dir: Path) -> Sandbox:
         interpreters.append(os.path.dirname(os.path.dirname(interpreter(config.python) or "")))
     return resolve_sandbox(config.sandbox, run_as=config.run_as, allow_root_tasks=config.allow_root_tasks,
                            hidden=[os.path.abspath(os.path.expanduser(str(p))) for p in hidden],
-                           shown=[os.path.abspath(p) for p in interpreters if p])
+                           shown=[os.path.abspath(p) for p in interpreters if p], binds=config.sandbox_binds)

@@ -22,7 +22,8 @@ the agent runs as root, the task runs as ``--run-as`` (default the
 ``gpulayer-task`` user, created if missing, else ``nobody``); a directory on the
 way to what it needs that this user could not traverse (``/root``) is hidden
 too, and the interpreters a task may run (``--python``, the agent's own) bound
-back read-only.
+back read-only. ``--sandbox-bind HOST[:TASK][:ro]`` (repeatable) binds more of
+the host in, at TASK (default the same path): the fleet's /data or /scratch.
 """
 
 from __future__ import annotations
@@ -41,9 +42,9 @@ from .errors import AgentError
 from .events import log_event
 
 MODES = ("auto", "bwrap", "none")
-#: What a worker runs with unless told (--sandbox). Still none: many tests pass files through the host's /tmp
-#: and read their tasks' host pids, which a sandbox hides by design; auto once they say --sandbox none.
-DEFAULT_MODE = "none"
+#: What a worker runs with unless told (--sandbox): a sandbox for every task where bwrap works (the CLI's
+#: worker start, join and up say the same literal; tests/agent/test_agent_sandbox.py checks they agree).
+DEFAULT_MODE = "auto"
 #: The user a root agent's tasks run as by default (created when missing; else NOBODY).
 TASK_USER = "gpulayer-task"
 NOBODY = "nobody"
@@ -85,6 +86,8 @@ class Sandbox:
     hidden: list[str] = field(default_factory=list)
     #: Read-only paths bound back under a hidden directory (interpreters).
     shown: list[str] = field(default_factory=list)
+    #: --sandbox-bind: (host path, path in the task, read-only), bound in every task.
+    binds: list[tuple[str, str, bool]] = field(default_factory=list)
     warning: str | None = None
     #: Why tasks' memory and CPUs are not capped (None: capped).
     limits: str | None = "cgroup limits not enforced"
@@ -117,7 +120,8 @@ class Sandbox:
         user = self.drops_to(root_asked)
         mounts = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
                   "--perms", "1777", "--tmpfs", "/tmp", "--perms", "1777", "--tmpfs", "/dev/shm"]
-        blocked = untraversable([workdir, *self.shown], user) if user else []
+        targets = [task for _host, task, _ro in self.binds]
+        blocked = untraversable([workdir, *self.shown, *targets], user) if user else []
         for path in blocked:
             mounts += ["--perms", "0755", "--tmpfs", path]
         for path in self.shown:
@@ -128,6 +132,8 @@ class Sandbox:
                 mounts += ["--perms", "0755", "--tmpfs", path]
             elif os.path.exists(path):
                 mounts += ["--ro-bind", "/dev/null", path]
+        for host, task, read_only in self.binds:
+            mounts += [*_mount_point(task), "--ro-bind" if read_only else "--bind", host, task]
         mounts += [*_mount_point(workdir), "--bind", workdir, workdir]
         for node in gpu_nodes:
             mounts += ["--dev-bind-try", node, node]
@@ -151,6 +157,21 @@ class Sandbox:
                 if top == str(workdir) and name == ".gpulayer-weights":
                     continue  # a hard link of the cached artifact: its owner is the cache's
                 os.lchown(os.path.join(top, name), user.uid, user.gid)
+
+
+def parse_bind(spec: str) -> tuple[str, str, bool]:
+    """``HOST[:TASK][:ro]`` as (host, task, read_only): absolute paths, the host one existing; else SandboxError."""
+    parts = spec.split(":")
+    read_only = len(parts) > 1 and parts[-1] in ("ro", "rw")
+    mode = parts.pop() if read_only else "rw"
+    if not 1 <= len(parts) <= 2 or not all(parts):
+        raise SandboxError(f"--sandbox-bind {spec}: expected HOST[:TASK][:ro]")
+    host, task = parts[0], parts[-1]
+    if not (os.path.isabs(host) and os.path.isabs(task)):
+        raise SandboxError(f"--sandbox-bind {spec}: paths must be absolute")
+    if not os.path.exists(host):
+        raise SandboxError(f"--sandbox-bind {spec}: no such path {host}")
+    return os.path.normpath(host), os.path.normpath(task), mode == "ro"
 
 
 def _mount_point(path: str) -> list[str]:
@@ -269,13 +290,15 @@ def probe(bwrap: str, env: str) -> str | None:
 
 
 def resolve(mode: str, *, run_as: str | None = None, allow_root_tasks: bool = False, hidden: list[str] | None = None,
-            shown: list[str] | None = None) -> Sandbox:
-    """The sandbox of ``--sandbox MODE``; SandboxError when ``bwrap`` was asked for and cannot work.
+            shown: list[str] | None = None, binds: list[str] | None = None) -> Sandbox:
+    """The sandbox of ``--sandbox MODE``; SandboxError when ``bwrap`` was asked for and cannot work, or a bind is bad.
 
     ``auto`` without a working bwrap gives mode none with a ``warning`` (logged, and in the inventory).
+    Without a sandbox tasks see the host as it is: binds are checked, not made.
     """
     if mode not in MODES:
         raise SandboxError(f"--sandbox {mode}: expected one of {', '.join(MODES)}")
+    bound = [parse_bind(spec) for spec in binds or []]
     if mode == "none":
         return Sandbox(mode="none", allow_root_tasks=allow_root_tasks)
     bwrap, env = shutil.which("bwrap"), shutil.which("env")
@@ -300,7 +323,7 @@ def resolve(mode: str, *, run_as: str | None = None, allow_root_tasks: bool = Fa
         raise SandboxError("no setpriv command (Debian package util-linux): a root agent's tasks cannot drop root")
     sandbox = Sandbox(mode="bwrap", bwrap=bwrap, env=env or "env", setpriv=setpriv, user=user,
                       allow_root_tasks=allow_root_tasks, hidden=sorted(set(hidden or [])),
-                      shown=sorted(set(shown or [])), limits=cgroup_limits())
+                      shown=sorted(set(shown or [])), binds=bound, limits=cgroup_limits())
     log_event("sandbox", mode=sandbox.mode, user=user.name if user else None, root_tasks=allow_root_tasks,
               limits=sandbox.limits)
     return sandbox

@@ -26,7 +26,10 @@ DrainTimeout = Annotated[str, typer.Option("--drain-timeout", metavar="DURATION"
 StateDir = Annotated[Optional[Path], typer.Option("--state-dir", envvar="GPULAYER_WORKER_STATE_DIR", show_envvar=True, help="Task working directories, running tasks' records and the pinned CA (default: $GPULAYER_HOME/workers/NAME, one per worker name).")]
 Insecure = Annotated[bool, typer.Option("--insecure", help="Allow plain HTTP to a non-loopback control plane.")]
 JoinToken = Annotated[Optional[str], typer.Option("--token", envvar="GPULAYER_JOIN_TOKEN", show_envvar=True, help="Join token glj_...; prefer --token-file or the environment variable, which keep it out of process listings.")]
-SandboxMode = Annotated[str, typer.Option("--sandbox", envvar="GPULAYER_WORKER_SANDBOX", show_envvar=True, help="auto: each task in a bubblewrap sandbox where bwrap works, else unsandboxed with a warning; bwrap: sandbox or refuse to start; none (the default for now): tasks run as the agent, unconfined (docs/security.md).")]
+SandboxMode = Annotated[str, typer.Option("--sandbox", envvar="GPULAYER_WORKER_SANDBOX", show_envvar=True, help="auto: each task in a bubblewrap sandbox where bwrap works, else unsandboxed with a warning; bwrap: sandbox or refuse to start; none: tasks run as the agent, unconfined (docs/security.md). Default: auto.")]
+SandboxBind = Annotated[Optional[list[str]], typer.Option("--sandbox-bind", envvar="GPULAYER_WORKER_SANDBOX_BIND", show_envvar=True, metavar="HOST[:TASK][:ro]", help="Bind a host path into every sandboxed task, at TASK (default the same path), read-only with :ro; repeatable (/data:/data:ro, /scratch).")]
+#: --sandbox unless told: agent/sandbox.DEFAULT_MODE (not imported: the CLI loads the agent lazily).
+SANDBOX_DEFAULT = "auto"
 RunAs = Annotated[Optional[str], typer.Option("--run-as", envvar="GPULAYER_WORKER_RUN_AS", show_envvar=True, help="The user a root agent's sandboxed tasks run as (default: gpulayer-task, created if missing, else nobody).")]
 AllowRootTasks = Annotated[bool, typer.Option("--allow-root-tasks", help="Let a job that asks (run_as_root) run as root when the agent runs as root.")]
 TokenFile = Annotated[Optional[str], typer.Option("--token-file", envvar="GPULAYER_JOIN_TOKEN_FILE", show_envvar=True, help="File holding the join token (wins over --token and GPULAYER_JOIN_TOKEN).")]
@@ -82,10 +85,16 @@ def sandbox_settings(sandbox: str, run_as: Optional[str], allow_root_tasks: bool
 
 
 def _isolation_settings(ctx: typer.Context, sandbox: str, run_as: Optional[str], allow_root_tasks: bool,
-                        token_file: Optional[str]) -> dict:
-    """sandbox_settings, and what tasks must not see: this CLI's home, the token file."""
+                        token_file: Optional[str], binds: Optional[list[str]]) -> dict:
+    """sandbox_settings, the --sandbox-bind list, and what tasks must not see: this CLI's home, the token file."""
+    from agent.sandbox import SandboxError, parse_bind
+    for spec in binds or []:
+        try:
+            parse_bind(spec)
+        except SandboxError as exc:
+            raise typer.BadParameter(str(exc).removeprefix(f"--sandbox-bind {spec}: "), param_hint="--sandbox-bind") from None
     hidden = [str(home_of(ctx)), *([token_file] if token_file else [])]
-    return dict(sandbox_settings(sandbox, run_as, allow_root_tasks), hidden_paths=hidden)
+    return dict(sandbox_settings(sandbox, run_as, allow_root_tasks), hidden_paths=hidden, sandbox_binds=binds or [])
 
 
 @worker_app.command("start")
@@ -93,8 +102,8 @@ def worker_start(ctx: typer.Context, name: Name = None, label: Labels = None, py
                  advertise_address: Advertise = None, parallel: Parallel = 1, cpus: Cpus = None,
                  gpus: Gpus = None, ram_mb: RamMb = None, max_idle: MaxIdle = "0",
                  state_dir: StateDir = None, insecure: Insecure = False, token: JoinToken = None,
-                 token_file: TokenFile = None, drain_timeout: DrainTimeout = "0", sandbox: SandboxMode = "none",
-                 run_as: RunAs = None, allow_root_tasks: AllowRootTasks = False) -> None:
+                 token_file: TokenFile = None, drain_timeout: DrainTimeout = "0", sandbox: SandboxMode = SANDBOX_DEFAULT,
+                 run_as: RunAs = None, allow_root_tasks: AllowRootTasks = False, sandbox_bind: SandboxBind = None) -> None:
     """Run a worker agent against the control plane of --url (GPULAYER_URL) until stopped.
 
     \b
@@ -105,7 +114,7 @@ def worker_start(ctx: typer.Context, name: Name = None, label: Labels = None, py
     settings = _worker_settings(name, label, python, advertise_address, parallel, cpus, gpus, ram_mb,
                                 max_idle, state_dir or default_state_dir(ctx, name), insecure, drain_timeout)
     settings.update(url=opts.url, join_token=token, token_file=token_file, ca_file=opts.ca_file,
-                    **_isolation_settings(ctx, sandbox, run_as, allow_root_tasks, token_file))
+                    **_isolation_settings(ctx, sandbox, run_as, allow_root_tasks, token_file, sandbox_bind))
     raise typer.Exit(_run(settings, opts.token))
 
 
@@ -118,7 +127,8 @@ def join(ctx: typer.Context,
          advertise_address: Advertise = None, parallel: Parallel = 1, cpus: Cpus = None,
          gpus: Gpus = None, ram_mb: RamMb = None, max_idle: MaxIdle = "0",
          state_dir: StateDir = None, insecure: Insecure = False, drain_timeout: DrainTimeout = "0",
-         sandbox: SandboxMode = "none", run_as: RunAs = None, allow_root_tasks: AllowRootTasks = False) -> None:
+         sandbox: SandboxMode = SANDBOX_DEFAULT, run_as: RunAs = None, allow_root_tasks: AllowRootTasks = False,
+         sandbox_bind: SandboxBind = None) -> None:
     """Join this machine to a control plane as a worker (the line `gpulayer up` prints).
 
     \b
@@ -132,7 +142,7 @@ def join(ctx: typer.Context,
     settings = _worker_settings(name, label, python, advertise_address, parallel, cpus, gpus, ram_mb,
                                 max_idle, state_dir or default_state_dir(ctx, name), insecure, drain_timeout)
     settings.update(url=url.rstrip("/"), join_token=token, token_file=token_file, ca_file=ca_file or global_options(ctx).ca_file,
-                    ca_fingerprint=ca_fingerprint, **_isolation_settings(ctx, sandbox, run_as, allow_root_tasks, token_file))
+                    ca_fingerprint=ca_fingerprint, **_isolation_settings(ctx, sandbox, run_as, allow_root_tasks, token_file, sandbox_bind))
     raise typer.Exit(_run(settings, global_options(ctx).token))
 
 

@@ -13,13 +13,15 @@ from __future__ import annotations
 import hashlib
 import itertools
 import sys
+import uuid
+from pathlib import Path
 
 import pytest
 from conftest import RunningWorker
 from fake_control_plane import JOIN, FakeControlPlane, assignment
 
 from agent.worker import WorkerConfig
-from gpulayer.testing import ControlPlaneProcess, pid_alive, wait_for
+from gpulayer.testing import ControlPlaneProcess, host_pids, pid_alive, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -206,18 +208,18 @@ def test_inputs_in_outputs_uploaded(side, agent):
     assert side.artifact(done["outputs"]["out/result.txt"]) == b"CONTRACT INPUT"
 
 
-def test_heartbeat_driven_cancel_kills_the_process(side, agent, tmp_path):
-    pid_file = tmp_path / "child.pid"
-    code = (f"import os, pathlib, time; pathlib.Path({str(pid_file)!r}).write_text(str(os.getpid()));"
-            " print('ready', flush=True); time.sleep(600)")
+def test_heartbeat_driven_cancel_kills_the_process(side, agent):
+    marker = f"contract-cancel-{uuid.uuid4().hex}"  # its pids are found from outside: a sandboxed task has its own
+    code = f"import time; print('ready', flush=True); time.sleep(600)  # {marker}"
     job = side.submit([PY, "-c", code], labels=agent.labels)
     agent()
     wait_for(lambda: "ready" in side.log_texts(job, "stdout"), WAIT_S, "the task to print ready")
     wait_for(lambda: side.running(job), WAIT_S, "the task to be running")
+    pids = host_pids(marker)
+    assert pids, "the task's processes, seen from the host"
     side.cancel(job)
     assert side.finish(job)["outcome"] == "cancelled"
-    pid = int(pid_file.read_text())
-    wait_for(lambda: not pid_alive(pid), WAIT_S, f"the cancelled task's process {pid} to end")
+    wait_for(lambda: not any(pid_alive(pid) for pid in pids), WAIT_S, f"the cancelled task's processes {pids} to end")
 
 
 def test_stop_cancels_the_running_task(side, agent):
@@ -247,23 +249,24 @@ def test_register_retries_until_the_plane_is_reachable(side, agent, caplog):
     assert side.finish(job)["outcome"] == "succeeded"
 
 
-def test_outage_mid_task_keeps_the_task_and_loses_no_line(side, agent, tmp_path, caplog):
+def test_outage_mid_task_keeps_the_task_and_loses_no_line(side, agent, caplog):
     caplog.set_level("INFO", logger="gpulayer.agent")
-    gate, ended = tmp_path / "gate", tmp_path / "ended"
-    code = (f"import os, pathlib, time\nprint('before', flush=True)\n"
-            f"while not os.path.exists({str(gate)!r}): time.sleep(0.02)\n"
-            f"for i in range(30): print(i, flush=True)\n"
-            f"pathlib.Path({str(ended)!r}).write_text('')")
+    # The gate and the end mark are in the task's working dir: what a sandboxed task shares with the host.
+    code = ("import os, pathlib, time\nprint('before', os.getcwd(), flush=True)\n"
+            "while not os.path.exists('gate'): time.sleep(0.02)\n"
+            "for i in range(30): print(i, flush=True)\n"
+            "pathlib.Path('ended').write_text('')")
     job = side.submit([PY, "-c", code], labels=agent.labels)
-    agent()
-    wait_for(lambda: "before" in side.log_texts(job, "stdout"), WAIT_S, "the task to print before")
+    agent(keep_task_dirs=True)
+    first = wait_for(lambda: side.log_texts(job, "stdout"), WAIT_S, "the task to print before")
+    workdir = Path(first[0].removeprefix("before "))
     side.go_down()
     try:
-        gate.write_text("")
-        wait_for(ended.exists, WAIT_S, "the task to end while the plane is down")
+        (workdir / "gate").write_text("")
+        wait_for((workdir / "ended").exists, WAIT_S, "the task to end while the plane is down")
         wait_for(lambda: agent_events(caplog, "control_plane_unreachable", "/finish"), WAIT_S,
                  "the agent's finish to find the plane down", details=lambda: caplog.text[-2000:])
     finally:
         side.come_up()
     assert side.finish(job) == {"outcome": "succeeded", "exit_code": 0, "outputs": {}}
-    assert side.log_texts(job, "stdout") == ["before", *map(str, range(30))]
+    assert side.log_texts(job, "stdout") == [f"before {workdir}", *map(str, range(30))]

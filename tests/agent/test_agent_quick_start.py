@@ -27,12 +27,20 @@ def real_plane(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def worker(real_plane, tmp_path_factory):
+def shared(tmp_path_factory):
+    """A host dir every task sees (--sandbox-bind), writable by the user a root agent's tasks run as."""
+    path = tmp_path_factory.mktemp("shared")
+    path.chmod(0o1777)
+    return path
+
+
+@pytest.fixture(scope="module")
+def worker(real_plane, tmp_path_factory, shared):
     state = tmp_path_factory.mktemp("worker")
     running = RunningWorker(WorkerConfig(url=real_plane.url, join_token=real_plane.join_token, name="quick",
                                          state_dir=str(state / "state"), artifact_cache=str(state / "cache"),
                                          kill_grace_s=1.0, acquire_wait_s=0.5, gpu_probe=list, cpus=2,
-                                         ram_mb=1024))
+                                         ram_mb=1024, sandbox_binds=[str(shared)]))
     wait_for(lambda: real_plane.online_worker("quick") is not None, 20, "the worker to register")
     yield running
     assert running.stop() == 0
@@ -84,10 +92,11 @@ def test_a_quick_task_with_outputs_sends_its_start_before_the_uploads(real_plane
     assert list(real_plane.get_json(f"/v1/jobs/{job['id']}/outputs")["outputs"]) == ["out/a.txt"]
 
 
-def test_quick_tasks_in_a_row_each_run_once(real_plane, worker, tmp_path):
+def test_quick_tasks_in_a_row_each_run_once(real_plane, worker, shared):
     """Stale assignments (an acquire answered before a finish that carried the start) are not run again."""
-    marks = tmp_path / "runs"
-    marks.mkdir()
+    marks = shared / "runs"
+    marks.mkdir(mode=0o777)
+    marks.chmod(0o1777)
     ids = [real_plane.submit({"command": ["sh", "-c", f'echo x >> "{marks}/$GPULAYER_TASK_ID"']})
            for _ in range(20)]
     for job_id in ids:

@@ -18,7 +18,7 @@ import pytest
 from agent.errors import AgentError
 from agent.nvml import Device
 from agent.process import TaskProcess, exit_code_of
-from agent.sandbox import (Sandbox, SandboxError, TaskUser, gpu_minors, gpu_nodes, resolve, startable,
+from agent.sandbox import (Sandbox, SandboxError, TaskUser, gpu_minors, gpu_nodes, parse_bind, resolve, startable,
                            untraversable)
 
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
@@ -157,3 +157,44 @@ def test_a_sandboxed_command_that_ended_leaves_nothing_to_kill(tmp_path):
         assert supervise(proc, TaskHandle(task_id), Limits(None, None, proc.started), system.append, 1.0) is None
         assert exit_code_of(proc.popen.wait()) == 0
     assert system == []
+
+
+def test_bind_specs_parse_or_say_what_is_wrong(tmp_path):
+    assert parse_bind(str(tmp_path)) == (str(tmp_path), str(tmp_path), False)
+    assert parse_bind(f"{tmp_path}:/data:ro") == (str(tmp_path), "/data", True)
+    assert parse_bind(f"{tmp_path}/:{tmp_path}:rw") == (str(tmp_path), str(tmp_path), False)
+    for spec, said in ((f"{tmp_path}/missing", "no such path"), ("data", "must be absolute"),
+                       (f"{tmp_path}:data", "must be absolute"), (f"{tmp_path}:/a:/b", "expected HOST"),
+                       (":/a", "expected HOST")):
+        with pytest.raises(SandboxError, match=f"--sandbox-bind .*{said}"):
+            parse_bind(spec)
+    with pytest.raises(SandboxError, match="no such path"):
+        resolve("none", binds=[f"{tmp_path}/missing"])  # checked even where no sandbox makes it
+
+
+def test_the_cli_default_is_the_agents():
+    from agent.sandbox import DEFAULT_MODE
+    from gpulayer.cli.workers import SANDBOX_DEFAULT
+    assert SANDBOX_DEFAULT == DEFAULT_MODE == "auto"
+
+
+@needs_bwrap
+def test_a_bound_dir_is_seen_read_write_or_read_only_and_nothing_else_of_the_hosts_tmp(tmp_path):
+    shared, ro = tmp_path / "shared", tmp_path / "ro"
+    for path in (shared, ro):
+        path.mkdir()
+        path.chmod(0o1777)
+    (ro / "in.txt").write_text("read me")
+    (tmp_path / "secret").write_text("not bound")
+    work = tmp_path / "work"
+    work.mkdir()
+    sandbox = resolve("bwrap", shown=[sys.base_prefix, sys.prefix],
+                      binds=[str(shared), f"{ro}:/tmp/data:ro"])
+    sandbox.give(work)
+    script = (f"echo out > {shared}/out.txt; cat /tmp/data/in.txt; echo; "
+              f"touch /tmp/data/x 2>/dev/null || echo read-only; cat {tmp_path}/secret 2>/dev/null || echo hidden")
+    done = subprocess.run(sandbox.wrap(["sh", "-c", script], str(work), gpu_nodes=[]), capture_output=True,
+                          text=True, cwd=work)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:3] == ["read me", "read-only", "hidden"]
+    assert (shared / "out.txt").read_text() == "out\n" and not (ro / "x").exists()

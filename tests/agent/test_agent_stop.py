@@ -80,11 +80,12 @@ def test_a_service_replica_of_a_stopped_worker_is_placed_again(plane):
     plane.request("POST", f"/v1/jobs/{job_id}/cancel")
 
 
-def test_drain_timeout_lets_running_tasks_finish_and_takes_no_new_one(plane, tmp_path):
-    go = tmp_path / "go"
+def test_drain_timeout_lets_running_tasks_finish_and_takes_no_new_one(plane):
     worker = plane.start_worker("draining", args=["--drain-timeout", "60"])
-    running = plane.submit({"command": ["sh", "-c", FIRST_ATTEMPT_WAITS], "env": {"GO": str(go)}})
+    # GO in the task's working dir (relative): the one place a sandboxed task shares with the host.
+    running = plane.submit({"command": ["sh", "-c", FIRST_ATTEMPT_WAITS], "env": {"GO": "go"}})
     wait_for(lambda: running_on(plane, running, "draining"), 30, "the task running")
+    go = next((worker.state_dir / "tasks").iterdir()) / "go"  # its only task's working dir
     waiting = plane.submit({"command": ["echo", "should not run here"]})
 
     worker.proc.send_signal(signal.SIGTERM)

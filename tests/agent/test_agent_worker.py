@@ -11,6 +11,7 @@ import sys
 import tarfile
 import threading
 import time
+import uuid
 
 import pytest
 
@@ -19,6 +20,7 @@ from agent.worker import WorkerConfig, run_worker
 from fake_control_plane import SESSION, assignment
 
 from gpulayer.protocol.assignment import Assignment
+from gpulayer.testing import host_pids, pid_alive
 
 PY = sys.executable
 
@@ -87,19 +89,20 @@ def test_job_with_source_input_and_outputs(plane, start_worker, monkeypatch):
     assert reg["slots"] == 1 and reg["version"] and reg["resources"]["gpus"] == 0 and reg["name"] == "w1"
 
 
-def test_cancel_from_heartbeat_kills_the_group(plane, start_worker, tmp_path):
-    marker = tmp_path / "grandchild.pid"
-    code = (f"import subprocess, sys, time, pathlib; c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']);"
-            f" pathlib.Path({str(marker)!r}).write_text(str(c.pid)); print('ready', flush=True); time.sleep(600)")
+def test_cancel_from_heartbeat_kills_the_group(plane, start_worker):
+    marker = f"grandchild-{uuid.uuid4().hex}"  # found from outside: a sandboxed task has a PID namespace of its own
+    code = (f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)  # {marker}']);"
+            " print('ready', flush=True); time.sleep(600)")
     plane.submit(assignment(2, [PY, "-c", code]))
     start_worker()
     wait_for(lambda: "ready" in plane.log_texts(2))
     wait_for(lambda: any(e["task_id"] == 2 for hb in plane.heartbeats for e in hb["tasks"]))
+    wait_for(lambda: host_pids(marker))
+    group = host_pids(marker)  # the task (its code names the marker) and the grandchild
     plane.cancel.add(2)
     finish = plane.wait_finish(2)
     assert finish["outcome"] == "cancelled"
-    grandchild = int(marker.read_text())
-    wait_for(lambda: not os.path.exists(f"/proc/{grandchild}") or open(f"/proc/{grandchild}/stat").read().split(")")[-1].split()[0] == "Z")
+    wait_for(lambda: not any(pid_alive(pid) for pid in group))
 
 
 def test_timeout_and_failure_outcomes(plane, start_worker):

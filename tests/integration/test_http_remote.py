@@ -27,12 +27,14 @@ import sqlite3
 import sys
 import tarfile
 import time
+import uuid
+from pathlib import Path
 
 import pytest
 from integration_cluster import Cluster
 from netns import VethNamespace, veth_namespace
 
-from gpulayer.testing import pid_alive, wait_for
+from gpulayer.testing import host_pids, pid_alive, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -117,21 +119,22 @@ def test_an_input_goes_in_and_the_output_comes_back_identical(remote):
     assert (dest / "out" / "y.bin").read_bytes() == payload[::-1]
 
 
-def test_cancel_kills_the_process_group_grandchild_included(remote, tmp_path):
-    pidfile = tmp_path / "grandchild.pid"
-    job_id = submit(remote, command=["sh", "-c", 'sleep 300 & echo $! > "$PIDFILE"; sleep 300'],
-                    env={"PIDFILE": str(pidfile)})
-    grandchild = None
+def test_cancel_kills_the_process_group_grandchild_included(remote):
+    marker = f"grandchild-{uuid.uuid4().hex}"  # found from outside: a sandboxed task has a PID namespace of its own
+    job_id = submit(remote, command=["sh", "-c", f'sh -c "sleep 300; : {marker}" & sleep 300; : {marker}'])
+    group: list[int] = []
     try:
-        grandchild = wait_for(lambda: pidfile.exists() and pidfile.read_text().strip()
-                              and int(pidfile.read_text()), 20, "the grandchild's pid")
-        assert pid_alive(grandchild)
+        grandchild = f"sh\0-c\0sleep 300; : {marker}\0".encode()
+        wait_for(lambda: any(Path(f"/proc/{pid}/cmdline").read_bytes() == grandchild for pid in host_pids(marker)),
+                 20, "the grandchild running")
+        group = host_pids(marker)  # the task's shell, its grandchild shell (and the sandbox's bwrap)
         ok(remote.cli("job", "cancel", str(job_id)))
         assert remote.wait_job(job_id, timeout=15)["state"] == "cancelled"
-        wait_for(lambda: not pid_alive(grandchild), 10, f"the grandchild (pid {grandchild}) to be killed")
+        wait_for(lambda: not any(pid_alive(pid) for pid in group), 10, f"the task's processes {group} to be killed")
     finally:
-        if grandchild and pid_alive(grandchild):
-            os.kill(grandchild, signal.SIGKILL)
+        for pid in group:
+            if pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 # -- a worker lost ------------------------------------------------------------------------

@@ -53,8 +53,7 @@ def run_job(cluster: Cluster, labels: dict, command: list[str], **spec) -> tuple
 
 
 def start(cluster: Cluster, name: str, *args: str, env: dict | None = None, **options):
-    """Worker ``name`` (its label pool=NAME), sandboxed (--sandbox auto) unless ``args`` say otherwise."""
-    args = args if "--sandbox" in args else ("--sandbox", "auto", *args)
+    """Worker ``name`` (its label pool=NAME), sandboxed by default (auto) unless ``args`` say otherwise."""
     return cluster.start_worker(name, labels={"pool": name}, args=list(args), env=env or {}, **options)
 
 
@@ -214,7 +213,21 @@ def test_a_gpu_task_gets_the_device_nodes_of_its_gpus_only(cluster):
     assert done["state"] == "succeeded" and text.splitlines()[0].strip() == "0", text
 
 
-def test_a_bad_sandbox_option_is_a_usage_error_that_starts_nothing(cluster):
-    for args in (["worker", "start", "--sandbox", "box"], ["up", "--sandbox", "box"]):
+def test_a_bad_sandbox_option_is_a_usage_error_that_starts_nothing(cluster, tmp_path):
+    for args in (["worker", "start", "--sandbox", "box"], ["up", "--sandbox", "box"],
+                 ["worker", "start", "--sandbox-bind", "relative/path"],
+                 ["worker", "start", "--sandbox-bind", f"{tmp_path}/missing:/data"]):
         done = cluster.cli(*args)
         assert done.returncode == 2 and "--sandbox" in done.stderr and "Traceback" not in done.stderr, done
+
+
+def test_a_sandbox_bind_shows_a_host_dir_to_every_task(cluster, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    data.chmod(0o1777)
+    (data / "in.txt").write_text("shared input")
+    start(cluster, "bound", "--sandbox-bind", f"{data}:/tmp/data:ro", "--sandbox-bind", str(data))
+    done, text = run_job(cluster, {"pool": "bound"},
+                         ["sh", "-c", f"cat /tmp/data/in.txt; echo; echo out > {data}/out.txt"])
+    assert done["state"] == "succeeded" and text.splitlines()[0] == "shared input", text
+    assert (data / "out.txt").read_text() == "out\n"

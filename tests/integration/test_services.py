@@ -1,7 +1,10 @@
 """Services end to end: a real HTTP service on two real workers behind a real control plane.
 
 The service is a small script (below): it listens on $PORT and answers
-/healthz (200, or 500 after /sick), /pid, and /exit (exits 0).
+/healthz (200, or 500 after /sick), /pid, and /exit (exits 0). It is passed
+whole (python -c), so a sandboxed task needs no file of the host. Its /pid is
+its pid in its own PID namespace when sandboxed: the tests find a replica's
+host pids from outside instead (`replica`), by the script's marker and $PORT.
 """
 from __future__ import annotations
 
@@ -9,15 +12,18 @@ import os
 import signal
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import requests
 
-from gpulayer.testing import pid_alive, wait_for
+from gpulayer.testing import host_pids, pid_alive, wait_for
 
-SERVICE = textwrap.dedent("""
+MARKER = "gpulayer-test-service"
+SERVICE = textwrap.dedent(f"""
+    # {MARKER}
     import http.server, os, sys, threading
-    state = {"sick": False}
+    state = {{"sick": False}}
     class H(http.server.BaseHTTPRequestHandler):
         def log_message(self, *a):
             pass
@@ -37,10 +43,21 @@ SERVICE = textwrap.dedent("""
 
 
 @pytest.fixture(scope="module")
-def service_cmd(tmp_path_factory):
-    script = tmp_path_factory.mktemp("svc") / "svc.py"
-    script.write_text(SERVICE)
-    return [sys.executable, str(script)]
+def service_cmd():
+    return [sys.executable, "-c", SERVICE]
+
+
+def replica(endpoint: str) -> list[int]:
+    """The host pids of the replica serving `endpoint` (with a sandbox, its bwrap's too)."""
+    return host_pids(MARKER, env=f"PORT={endpoint.rsplit(':', 1)[1]}")
+
+
+def server_pid(endpoint: str) -> int:
+    """The host pid of the replica's Python server itself."""
+    found = [pid for pid in replica(endpoint)
+             if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0] == sys.executable.encode()]
+    assert len(found) == 1, (endpoint, found)
+    return found[0]
 
 
 def get(endpoint: str, path: str = "/pid", timeout: float = 2.0) -> requests.Response:
@@ -60,20 +77,20 @@ def test_cli_service_two_replicas_restart_and_cancel(cluster, service_cmd):
     tasks = cluster.current_tasks(job_id)
     assert len({t["worker_id"] for t in tasks}) == 2  # one replica per worker
     assert endpoints == [t["endpoint"] for t in tasks]
-    pids = [int(get(e).text) for e in endpoints]
+    pids = [server_pid(e) for e in endpoints]
 
     # Kill replica 0's process: the worker restarts it on a new port and reports the new endpoint.
     os.kill(pids[0], signal.SIGKILL)
     fresh = wait_for(lambda: (lambda e: e[0] and e[0] != endpoints[0] and e)(endpoints_of(cluster, job_id)),
                      15, "replica 0 to come back on a new endpoint")
     assert fresh[1] == endpoints[1]
-    assert int(get(fresh[0]).text) != pids[0]
+    assert server_pid(fresh[0]) != pids[0]
     assert cluster.current_tasks(job_id)[0]["restarts"] == 1
     assert "restart 1" in cluster.log_text(job_id)
     status = cluster.cli("job", "status", str(job_id)).stdout
     assert f"endpoint={fresh[0]}" in status and f"endpoint={fresh[1]}" in status
 
-    pids = [int(get(e).text) for e in fresh]
+    pids = [pid for e in fresh for pid in replica(e)]
     r = cluster.cli("job", "cancel", str(job_id))
     assert r.returncode == 0 and "cancelled" in r.stdout
     wait_for(lambda: not any(pid_alive(p) for p in pids), 10, "both replicas' processes to be gone")
@@ -93,9 +110,10 @@ def test_python_client_endpoints_and_health_check_restart(cluster, service_cmd):
         endpoints = job.endpoints(wait=15)
         assert len(endpoints) == 2
         assert all(get(e, "/healthz").status_code == 200 for e in endpoints)
-        before = int(get(endpoints[1]).text)
+        before = replica(endpoints[1])
+        assert before, endpoints[1]
         get(endpoints[1], "/sick")  # /healthz now answers 500: the worker restarts the replica
-        wait_for(lambda: not pid_alive(before), 10, "the sick replica to be stopped")
+        wait_for(lambda: not any(pid_alive(p) for p in before), 10, "the sick replica to be stopped")
         fresh = wait_for(lambda: (lambda e: e[1] != endpoints[1] and len(e) == 2 and e)(job.endpoints(wait=15)),
                          15, "replica 1 to report a new endpoint")
         assert fresh[0] == endpoints[0]
@@ -122,7 +140,7 @@ def test_on_failure_clean_exit_ends_the_service_succeeded(cluster, service_cmd):
                     timeout=30)
     assert r.returncode == 0, r.stderr
     job_id, endpoints = int(r.stdout.split()[0]), r.stdout.split()[1:]
-    pids = [int(get(e).text) for e in endpoints]
+    pids = [pid for e in endpoints for pid in replica(e)]
     get(endpoints[0], "/exit")
     wait_for(lambda: cluster.job(job_id)["state"] != "running", 10, "the service to end")
     info = cluster.job(job_id)
