@@ -87,6 +87,14 @@ def worker_thread(settings: dict) -> Iterator[threading.Thread]:
         thread.join(WORKER_STOP_S)
 
 
+def _local_sandbox() -> str | None:
+    """$GPULAYER_WORKER_SANDBOX for the local worker (None: the agent's default, auto); ClientError when bad."""
+    mode = os.environ.get("GPULAYER_WORKER_SANDBOX") or None
+    if mode not in (None, "auto", "bwrap", "none"):
+        raise ClientError(f"GPULAYER_WORKER_SANDBOX={mode}: expected auto, bwrap or none")
+    return mode
+
+
 @contextmanager
 def local_control_plane(home: Path) -> Iterator[tuple[Client, dict, dict | None]]:
     """A control plane on 127.0.0.1:0 (plain HTTP) and a local worker, for one block.
@@ -108,7 +116,8 @@ def local_control_plane(home: Path) -> Iterator[tuple[Client, dict, dict | None]
         plane.start()
         try:
             settings = dict(url=plane.url, join_token=tokens["join_token"], name=f"local-{socket.gethostname()}",
-                            parallel=os.cpu_count() or 1, state_dir=home / "local-worker", hidden_paths=[str(home)])
+                            parallel=os.cpu_count() or 1, state_dir=home / "local-worker", hidden_paths=[str(home)],
+                            sandbox=_local_sandbox())
             with Client(plane.url, tokens["client_token"]) as client:
                 end_earlier_runs(client, plane.deps.scheduler)
                 with _task_watchdog(settings["state_dir"]), worker_thread(settings) as thread:

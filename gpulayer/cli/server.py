@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from gpulayer.cli.common import duration_option, fail, global_options, home_of, parse_pairs, print_json
-from gpulayer.cli.workers import SANDBOX_DEFAULT, AllowRootTasks, RunAs, SandboxMode, sandbox_settings
+from gpulayer.cli.workers import SANDBOX_DEFAULT, AllowRootTasks, RunAs, SandboxBind, SandboxMode, sandbox_settings
 from gpulayer.protocol import (
     DEFAULT_PORT, HEARTBEAT_INTERVAL_S, JOB_RETENTION_S, LEASE_TTL_S, LOG_RETENTION_S, MAX_OUTPUT_BYTES,
     FAIRSHARE_HALF_LIFE_S, MAX_QUEUED_ELEMENTS, PREEMPT_GRACE_S, PRIORITY_CLASSES, plural,
@@ -286,7 +286,8 @@ def up(ctx: typer.Context, home: Home = None,
        log_retention: LogRetention = None, job_retention: JobRetention = None,
        no_worker: Annotated[bool, typer.Option("--no-worker", help="Run no worker here: a control-plane-only host.")] = False,
        replicate: Replicate = None, replicate_interval: ReplicateInterval = "1",
-       sandbox: SandboxMode = SANDBOX_DEFAULT, run_as: RunAs = None, allow_root_tasks: AllowRootTasks = False) -> None:
+       sandbox: SandboxMode = SANDBOX_DEFAULT, run_as: RunAs = None, allow_root_tasks: AllowRootTasks = False,
+       sandbox_bind: SandboxBind = None) -> None:
     """Start a control plane over TLS and a local worker; print the line that joins other machines.
 
     \b
@@ -295,7 +296,7 @@ def up(ctx: typer.Context, home: Home = None,
       gpulayer up --no-worker --port 8470
     """
     from gpulayer.cli.up import run_up
-    isolation = sandbox_settings(sandbox, run_as, allow_root_tasks)
+    isolation = sandbox_settings(sandbox, run_as, allow_root_tasks, sandbox_bind)
     raise typer.Exit(run_up(home_of(ctx, home), host, port, parallel, not no_worker, worker_settings=isolation,
                             replicate=replicate,
                             replicate_interval_s=float(replicate_interval), **_plane_settings(heartbeat_interval, lease_ttl, synchronous, max_output_mb,

@@ -77,24 +77,27 @@ def _worker_settings(name, label, python, advertise_address, parallel, cpus, gpu
                 insecure=insecure, drain_timeout_s=parse_duration(drain_timeout, "--drain-timeout"))
 
 
-def sandbox_settings(sandbox: str, run_as: Optional[str], allow_root_tasks: bool) -> dict:
-    """--sandbox, --run-as and --allow-root-tasks as WorkerConfig fields (a bad --sandbox is a usage error)."""
+def sandbox_settings(sandbox: str, run_as: Optional[str], allow_root_tasks: bool,
+                     binds: Optional[list[str]] = None) -> dict:
+    """--sandbox, --run-as, --allow-root-tasks and --sandbox-bind as WorkerConfig fields (a bad --sandbox or
+    --sandbox-bind is a usage error)."""
+    from agent.sandbox import SandboxError, parse_bind
     if sandbox not in ("auto", "bwrap", "none"):
         raise typer.BadParameter(f"expected auto, bwrap or none, got {sandbox!r}", param_hint="--sandbox")
-    return dict(sandbox=sandbox, run_as=run_as, allow_root_tasks=allow_root_tasks)
-
-
-def _isolation_settings(ctx: typer.Context, sandbox: str, run_as: Optional[str], allow_root_tasks: bool,
-                        token_file: Optional[str], binds: Optional[list[str]]) -> dict:
-    """sandbox_settings, the --sandbox-bind list, and what tasks must not see: this CLI's home, the token file."""
-    from agent.sandbox import SandboxError, parse_bind
     for spec in binds or []:
         try:
             parse_bind(spec)
         except SandboxError as exc:
-            raise typer.BadParameter(str(exc).removeprefix(f"--sandbox-bind {spec}: "), param_hint="--sandbox-bind") from None
+            raise typer.BadParameter(str(exc).removeprefix(f"--sandbox-bind {spec}: "),
+                                     param_hint="--sandbox-bind") from None
+    return dict(sandbox=sandbox, run_as=run_as, allow_root_tasks=allow_root_tasks, sandbox_binds=binds or [])
+
+
+def _isolation_settings(ctx: typer.Context, sandbox: str, run_as: Optional[str], allow_root_tasks: bool,
+                        token_file: Optional[str], binds: Optional[list[str]]) -> dict:
+    """sandbox_settings, and what tasks must not see: this CLI's home, the token file."""
     hidden = [str(home_of(ctx)), *([token_file] if token_file else [])]
-    return dict(sandbox_settings(sandbox, run_as, allow_root_tasks), hidden_paths=hidden, sandbox_binds=binds or [])
+    return dict(sandbox_settings(sandbox, run_as, allow_root_tasks, binds), hidden_paths=hidden)
 
 
 @worker_app.command("start")
