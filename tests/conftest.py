@@ -1,5 +1,16 @@
-"""Shared fixtures: a real state file in a temporary home, a pinned clock."""
+"""Shared fixtures: a real state file in a temporary home, a pinned clock.
+
+Three things keep the fast loop fast (docs/architecture.md, "Tests"); none changes what a test exercises:
+- A test's state file starts as a copy of one made once per session (schema.sql run once, not per test).
+- A Store opens READERS_IN_TESTS readers, not the server's 16: each connection parses the whole schema when
+  it opens (about 2 ms), and a test's requests use one or two of them.
+- typer builds the click tree of the gpulayer app once per process, not at every CliRunner.invoke and
+  main() call (about 50 ms each): the memo below.
+"""
 from __future__ import annotations
+
+import shutil
+import weakref
 
 import pytest
 
@@ -10,6 +21,34 @@ from gpulayer.server.scheduler.core import Scheduler
 
 # The slow tier: marks `slow` every test that starts a process, and fails any other test that starts one.
 pytest_plugins = ["tiers"]
+
+READERS_IN_TESTS = 4
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    import gpulayer.server.store.db as db
+    db.READERS = READERS_IN_TESTS
+    _memoize_typer_commands()
+
+
+def _memoize_typer_commands() -> None:
+    """typer.main.get_command, once per Typer app: it walks every command's signature (inspect, type hints)
+    to build the same click group each time; a click command keeps no state between invocations."""
+    import typer.main
+    import typer.testing
+
+    build = typer.main.get_command
+    if getattr(build, "memoized", False):
+        return
+    built: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def get_command(typer_instance):
+        command = built.get(typer_instance)
+        if command is None:
+            command = built[typer_instance] = build(typer_instance)
+        return command
+    get_command.memoized = True
+    typer.main.get_command = typer.testing._get_command = get_command
 
 
 class Clock:
@@ -39,9 +78,22 @@ def clock():
     return Clock()
 
 
+@pytest.fixture(scope="session")
+def state_template(tmp_path_factory):
+    """An empty state file at the current schema, made once per session (tests copy it: `config`)."""
+    path = tmp_path_factory.mktemp("state-template") / "state.db"
+    Store(path, readers=0).close()
+    return path
+
+
 @pytest.fixture
-def config(home):
-    return ControlPlaneConfig(home=home, heartbeat_interval_s=0.5, lease_ttl_s=3.0)
+def config(home, state_template):
+    settings = ControlPlaneConfig(home=home, heartbeat_interval_s=0.5, lease_ttl_s=3.0)
+    state = settings.layout.state
+    if not state.exists():  # as a new Store would make it, the schema run once for the session
+        shutil.copyfile(state_template, state)
+        state.chmod(0o600)
+    return settings
 
 
 @pytest.fixture

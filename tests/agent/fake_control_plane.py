@@ -48,7 +48,7 @@ class FakeControlPlane:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
 
     def start(self):
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()  # shutdown() waits out one poll
         return self
 
     def stop(self):

@@ -34,7 +34,7 @@ def server():
             pass
 
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True).start()  # shutdown() waits out one poll
     state["port"] = srv.server_address[1]
     yield state
     srv.shutdown()

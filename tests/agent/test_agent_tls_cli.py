@@ -39,7 +39,7 @@ def ca_server():
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()  # shutdown() waits out one poll
     der = ssl.PEM_cert_to_DER_cert(pem[: pem.index("-----END CERTIFICATE-----") + 25])
     yield f"http://127.0.0.1:{server.server_address[1]}", hashlib.sha256(der).hexdigest(), pem
     server.shutdown()

@@ -140,7 +140,7 @@ def domain_error(exc: BaseException) -> GpulayerError | None:
 class Store:
     """One state file: a writer thread that owns the write connection, a bounded pool of readers."""
 
-    def __init__(self, path: Path | str, *, synchronous: str = "normal", readers: int = READERS,
+    def __init__(self, path: Path | str, *, synchronous: str = "normal", readers: int | None = None,
                  write_timeout_s: float = WRITE_TIMEOUT_S, autocheckpoint: bool = True):
         if synchronous not in SYNCHRONOUS:
             raise ConfigError(f"synchronous must be one of {sorted(SYNCHRONOUS)}, not {synchronous!r}")
@@ -156,7 +156,9 @@ class Store:
         self._queue: queue.SimpleQueue[_Op | None] = queue.SimpleQueue()
         self._lock = threading.Lock()        # closing vs queueing; claiming vs abandoning an op
         # Every reader is opened now: a request never opens a file after its write committed.
-        self._readers = [connect(self.path, synchronous=synchronous, query_only=True) for _ in range(readers)]
+        # READERS is read here, not bound as a default: the unit tests open fewer (tests/conftest.py).
+        self._readers = [connect(self.path, synchronous=synchronous, query_only=True)
+                         for _ in range(READERS if readers is None else readers)]
         self._pool: queue.LifoQueue[apsw.Connection] = queue.LifoQueue()
         for conn in self._readers:
             self._pool.put(conn)
