@@ -22,6 +22,7 @@ from . import __version__
 from .addresses import local_address_towards
 from .backoff import retry_delay
 from .cache import ArtifactCache, default_cache_bytes, default_cache_dir
+from .images import ImageCache
 from .caps import UnpackBudget
 from .config import WorkerConfig, interpreter, task_sandbox
 from .environment import filtered_environ
@@ -219,6 +220,7 @@ class Worker:
             unpack_caps=unpack_caps,
             sandbox=self.sandbox,
             gpu_minors=gpu_minors(inventory.device_ids, inventory.nvml_devices),
+            images=ImageCache(cache),
         )
 
     # -- the three loops ---------------------------------------------------

@@ -20,12 +20,15 @@ from typing import Callable
 from gpulayer.protocol import plural
 from gpulayer.protocol.assignment import Assignment, assignments
 
+from . import cdi
 from .bundle import empty_dir, place_file, unpack_bundle
 from .cache import ArtifactCache
 from .caps import UnpackBudget, UnpackLimit
 from .environment import task_argv, task_environment
 from .errors import AgentError, Rejected, TaskSetupError, Unreachable
 from .events import log_event
+from .imagerun import TASK_DIR, image_argv, image_environment, startable_in, wrap_image
+from .images import ImageCache, Prepared
 from .leftovers import RunningTasks
 from .logship import LogShipper
 from .outputs import collect_outputs, open_regular, upload_outputs
@@ -74,6 +77,8 @@ class TaskContext:
     sandbox: Sandbox = field(default_factory=Sandbox)
     #: Each GPU index's /dev/nvidia<N> number, for the sandbox's device nodes.
     gpu_minors: list[int] = field(default_factory=list)
+    #: The unpacked OCI images of image jobs (agent/images.py); None: made from the cache on first use.
+    images: ImageCache | None = None
 
 
 class TaskRunner:
@@ -86,6 +91,10 @@ class TaskRunner:
         self.task_id = assignment.task_id
         self.workdir = ctx.tasks_dir / f"{self.task_id}-{assignment.attempt}"
         self.weights: str | None = None
+        #: The image an image job runs in, once fetched and unpacked (held until the task ends).
+        self.image: Prepared | None = None
+        #: An image job's GPU driver files: bwrap mounts and the environment that finds them (agent/cdi.py).
+        self.driver: tuple[list[str], dict[str, str]] | None = None
         self.started = False
         self.pid_reported = False
         #: The pid of a process that ended before its start was sent: the finish carries the start.
@@ -117,6 +126,8 @@ class TaskRunner:
         finally:
             if self.ctx.running is not None:
                 self.ctx.running.remove(self.workdir.name)
+            if self.image is not None and self.ctx.images is not None:
+                self.ctx.images.release(self.image.manifest)
         self._report(result, outputs)
         self.handle.start_sent.set()
 
@@ -159,6 +170,8 @@ class TaskRunner:
 
     def _materialize(self) -> None:
         """Fetch and place the source bundle, the inputs and the weights (weights are linked, not capped)."""
+        if self.assignment.image is not None:
+            self._prepare_image()
         budget = self.ctx.unpack_caps.fresh()
         try:
             self._place_artifacts(budget)
@@ -168,6 +181,24 @@ class TaskRunner:
         weights = self.assignment.service.weights if self.assignment.service else None
         if weights:
             self.weights = self._link_weights(self.ctx.cache.get(weights))
+
+    def _prepare_image(self) -> None:
+        """Fetch and unpack (or find in the cache) the job's image: TaskSetupError with the reason."""
+        if self.ctx.sandbox.mode == "none":
+            raise TaskSetupError("an image job needs a sandbox, and this worker runs tasks without one (--sandbox)")
+        if self.ctx.images is None:
+            self.ctx.images = ImageCache(self.ctx.cache)
+        assert self.assignment.image is not None
+        self.image = self.ctx.images.prepare(self.assignment.image, self.shipper.system)
+        if self.assignment.gpus:
+            try:
+                self.driver = cdi.driver_mounts(cdi.load([str(n) for n in self._gpu_numbers()]))
+            except (cdi.CdiError, OSError) as exc:
+                raise TaskSetupError(f"the GPU driver's files for the image: {exc}") from None
+
+    def _gpu_numbers(self) -> list[int]:
+        minors = self.ctx.gpu_minors
+        return [minors[i] if 0 <= i < len(minors) else i for i in self.assignment.gpus]
 
     def _place_artifacts(self, budget: UnpackBudget) -> None:
         source = self.assignment.source
@@ -200,6 +231,11 @@ class TaskRunner:
     def environment(self, extra: dict[str, str]) -> dict[str, str]:
         """The task's environment with ``extra`` (PORT, MASTER_*) on top."""
         extra = dict(extra)
+        if self.image is not None:
+            if self.weights:
+                extra["GPULAYER_WEIGHTS"] = f"{TASK_DIR}/.gpulayer-weights"
+            return task_environment(image_environment(self.image.config), self.assignment, TASK_DIR,
+                                    self.ctx.device_ids, None, extra)
         if self.weights:
             extra["GPULAYER_WEIGHTS"] = self.weights
         return task_environment(
@@ -212,10 +248,16 @@ class TaskRunner:
         ``quick_exit_s``: wait that long for the process to end before sending the start; one that ended
         by then sends none (its finish carries it, ``start_pid``).
         """
-        argv = task_argv(list(self.assignment.command), self.ctx.python, self.weights)
+        if self.image is not None:
+            weights = f"{TASK_DIR}/.gpulayer-weights" if self.weights else None
+            argv = image_argv(self.image.config, task_argv(list(self.assignment.command), None, weights))
+        else:
+            argv = task_argv(list(self.assignment.command), self.ctx.python, self.weights)
         try:
-            proc = TaskProcess(self._launch(argv, env := self.environment(extra)), env, str(self.workdir),
-                               self.shipper.add, sandboxed=self.ctx.sandbox.mode != "none")
+            env = self.environment(extra)
+            launch, popen_env = self._launch_image(self.image, argv, env) if self.image else (self._launch(argv, env), env)
+            proc = TaskProcess(launch, popen_env, str(self.workdir), self.shipper.add,
+                               sandboxed=self.ctx.sandbox.mode != "none")
         except OSError as exc:
             code = 127 if isinstance(exc, FileNotFoundError) else 126
             self.shipper.system(f"cannot start {argv[0]!r}: {exc.strerror or exc}")
@@ -249,6 +291,22 @@ class TaskRunner:
         nodes = gpu_nodes([minors[i] if 0 <= i < len(minors) else i for i in self.assignment.gpus])
         return sandbox.wrap(argv, str(self.workdir), gpu_nodes=nodes, network=self.assignment.network != "none",
                             root_asked=self.assignment.run_as_root)
+
+    def _launch_image(self, image: Prepared, argv: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+        """``argv`` in the sandbox with the image as its root, and the environment bwrap starts with (raises what
+        exec would for a command the image lacks)."""
+        workdir = image.config.workdir
+        cwd = workdir if workdir and not (self.assignment.source or self.assignment.inputs) else TASK_DIR
+        startable_in(image, argv, env, cwd)
+        driver, driver_env = self.driver or ([], {})
+        if self.driver is not None:
+            env = {**driver_env, **env}
+            env["LD_LIBRARY_PATH"] = ":".join(filter(None, [env.get("LD_LIBRARY_PATH"), f"{cdi.DRIVER_DIR}/lib"]))
+            env["PATH"] = f"{env.get('PATH', '')}:{cdi.DRIVER_DIR}/bin"
+        return wrap_image(self.ctx.sandbox, image, argv, env, str(self.workdir), cwd,
+                          gpu_nodes=gpu_nodes(self._gpu_numbers()),
+                          driver=driver, network=self.assignment.network != "none",
+                          root_asked=self.assignment.run_as_root)
 
     def _report_start(self, pid: int) -> None:
         """POST start with the pid once; if the control plane does not answer, a thread retries it.

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpulayer.protocol.fields import declare, from_wire
-from gpulayer.protocol.jobspec import MAX_PATHS, ServiceSpec
+from gpulayer.protocol.jobspec import MAX_PATHS, ImageSpec, ServiceSpec
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,6 +51,7 @@ class Assignment:
     network: str = declare("shared", help='the job\'s `network`: `"shared"` or `"none"` (added with sandboxes: an '
                                            'older server sends none)')
     run_as_root: bool = declare(False, help="the job's `run_as_root` (added with sandboxes)")
+    image: ImageSpec | None = declare(None, help="the job's `image`, or null (added with images)")
 
     @classmethod
     def from_wire(cls, obj: object) -> Assignment:

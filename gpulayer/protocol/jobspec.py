@@ -30,6 +30,7 @@ MAX_GPUS = 1024
 MAX_PATHS = 10_000
 MAX_AFTER = 100           # dependencies of one job
 MAX_PRIORITY = 1_000_000  # priorities go from -MAX_PRIORITY to MAX_PRIORITY
+MAX_IMAGE_BLOBS = 256     # an image's config and layers
 
 RetryReason = Literal["worker_lost", "worker_revoked", "failed", "timed_out", "start_timeout"]
 AfterCondition = Literal["ok", "notok", "any"]
@@ -69,6 +70,26 @@ class ServiceSpec:
     health: HealthSpec | None = declare(None, help="an HTTP health check (null: none)")
     weights: str | None = declare(None, pattern=DIGEST_PATTERN,
                                   help="an artifact digest linked into the working dir ($GPULAYER_WEIGHTS)")
+
+
+#: The OCI media types an image job may use (the client checks them at submit, the worker again).
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
+OCI_LAYERS = ("application/vnd.oci.image.layer.v1.tar", "application/vnd.oci.image.layer.v1.tar+gzip")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImageSpec:
+    """`image`: the OCI image a task runs in (docs/workers.md, "Images")."""
+
+    manifest: str | None = declare(None, pattern=DIGEST_PATTERN,
+                                   help="the artifact digest of the image's OCI manifest (also its OCI digest)")
+    blobs: list[str] = declare([], max_items=MAX_IMAGE_BLOBS,
+                               help="the artifact digests of its config and layers, as its manifest names them")
+    ref: str | None = declare(None, max_bytes=256,
+                              help="a name for people (`gpulayer image list`); alone, without `manifest`: an image "
+                                   "the worker already has in its cache by that name or digest")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -130,6 +151,9 @@ class JobSpec:
     run_as_root: bool = declare(
         False, help="run as root where the agent runs as root and allows it (`worker start --allow-root-tasks`); "
                     "otherwise the task runs as the worker's `--run-as` user")
+    image: ImageSpec | None = declare(
+        None, help="an OCI image to run the command in (`gpulayer submit --image`): its blobs are artifacts; needs a "
+                   "worker whose tasks run in a sandbox (`--sandbox`), elsewhere the task fails saying so")
     after: list[int | str | After] = declare(
         [], max_items=MAX_AFTER,
         schema={"items": {"oneOf": [{"type": "integer", "minimum": 1},

@@ -15,8 +15,8 @@ from typing import Any, Callable, Literal
 from gpulayer.protocol import MAX_ARRAY, MAX_ARRAY_INDEX, array_ranges, array_text
 from gpulayer.protocol.fields import WireField, field_of, names, wire_fields
 from gpulayer.protocol.jobspec import (
-    AFTER_CONDITIONS, ENV_NAME_PATTERN, MAX_AFTER, MAX_ARG_BYTES, MAX_ARGS, MAX_PATHS, MAX_STR, RETRY_REASONS, After,
-    AfterCondition, HealthSpec, JobSpec, RetrySpec, ServiceSpec,
+    AFTER_CONDITIONS, ENV_NAME_PATTERN, MAX_AFTER, MAX_ARG_BYTES, MAX_ARGS, MAX_IMAGE_BLOBS, MAX_PATHS, MAX_STR,
+    RETRY_REASONS, After, AfterCondition, HealthSpec, ImageSpec, JobSpec, RetrySpec, ServiceSpec,
 )
 from gpulayer.server.config import PRIORITY_CLASSES, SERVICE_MAX_ATTEMPTS
 from gpulayer.server.errors import InvalidRequest
@@ -29,6 +29,7 @@ SERVICE_FIELDS = set(names(ServiceSpec))
 HEALTH_FIELDS = set(names(HealthSpec))
 RETRY_FIELDS = set(names(RetrySpec))
 AFTER_FIELDS = set(names(After))
+IMAGE_FIELDS = set(names(ImageSpec))
 
 
 def _narrowed(name: str) -> Any:
@@ -130,6 +131,25 @@ def _service(value: Any) -> ServiceSpec | None:
     _known(obj, SERVICE_FIELDS, "service")
     return ServiceSpec(**_fields(obj, ServiceSpec, "service.", {
         "health": _health, "weights": lambda given: digest(given, "service.weights")}))
+
+
+def _image(value: Any) -> ImageSpec | None:
+    """`image`: a manifest digest with its blobs' digests, and/or a name the worker has cached (`ref`)."""
+    if value is None:
+        return None
+    obj = mapping(value, "image")
+    _known(obj, IMAGE_FIELDS, "image")
+    blobs = obj.get("blobs", [])
+    if not isinstance(blobs, list) or len(blobs) > MAX_IMAGE_BLOBS:
+        raise _fail("image.blobs", f"must be a list of at most {MAX_IMAGE_BLOBS} artifact digests")
+    out = _fields(obj, ImageSpec, "image.", {
+        "manifest": lambda given: digest(given, "image.manifest"),
+        "blobs": lambda given: [digest(d, f"image.blobs[{i}]", allow_none=False) for i, d in enumerate(blobs)]})
+    if out["manifest"] is None and out["ref"] is None:
+        raise _fail("image", "needs a `manifest` digest (its blobs uploaded) or a `ref` the worker has cached")
+    if out["manifest"] is None and out["blobs"]:
+        raise _fail("image.blobs", "names the blobs of a `manifest`: give it")
+    return ImageSpec(**out)
 
 
 def _secret_names(value: Any) -> list[str]:
@@ -327,14 +347,18 @@ def validate_job(raw: Any, priority_classes: dict[str, int] | None = None) -> Va
         "command": _command, "env": _env, "labels": labels, "retry": lambda given: _retry(given, service is not None),
         "source": lambda given: digest(given, "source"), "inputs": lambda given: _paths_map(given, "inputs"),
         "outputs": _outputs, "priority": lambda given: _priority(given, priority_classes),
-        "secrets": _secret_names, "after": _after}, done))
+        "secrets": _secret_names, "after": _after, "image": _image}, done))
 
 
 def referenced_digests(spec: JobSpec) -> set[str]:
-    """Every artifact a (validated) spec names: source, inputs, service weights."""
+    """Every artifact a (validated) spec names: source, inputs, service weights, an image's manifest and blobs."""
     found = set(spec.inputs.values())
     if spec.source:
         found.add(spec.source)
     if spec.service is not None and spec.service.weights:
         found.add(spec.service.weights)
+    if spec.image is not None:
+        found.update(spec.image.blobs)
+        if spec.image.manifest:
+            found.add(spec.image.manifest)
     return found

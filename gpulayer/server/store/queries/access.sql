@@ -1,17 +1,19 @@
 -- The queries of scheduler/access.py: who may read, probe and upload artifacts; the artifact row.
 
 -- name: artifact_allowed_for_worker --
--- A worker may read the artifacts its active tasks name (source, inputs, weights).
+-- A worker may read the artifacts its active tasks name (source, inputs, weights, an image's manifest and blobs).
 SELECT 1 AS ok FROM tasks t JOIN jobs j ON j.id = t.job_id
 WHERE t.worker_id = :worker_id AND t.state IN ('assigned', 'running')
   AND (json_extract(j.spec, '$.source') = :digest
        OR json_extract(j.spec, '$.service.weights') = :digest
-       OR EXISTS (SELECT 1 FROM json_each(j.spec, '$.inputs') i WHERE i.value = :digest))
+       OR json_extract(j.spec, '$.image.manifest') = :digest
+       OR EXISTS (SELECT 1 FROM json_each(j.spec, '$.inputs') i WHERE i.value = :digest)
+       OR EXISTS (SELECT 1 FROM json_each(j.spec, '$.image.blobs') b WHERE b.value = :digest))
 LIMIT 1;
 
 -- name: artifact_allowed_for_user --
 -- A non-admin client downloads only what a job it may read names (source, inputs, weights,
--- an output): its own jobs, its managed projects' and, in projects of visibility `project`,
+-- an image's manifest and blobs, an output): its own jobs, its managed projects' and, in projects of visibility `project`,
 -- its projects' jobs: the `read` level of teams._level, written again here.
 WITH readable(id) AS (
     SELECT id FROM jobs WHERE user_id = :user_id
@@ -22,7 +24,9 @@ WITH readable(id) AS (
 SELECT 1 AS ok FROM readable r JOIN jobs j ON j.id = r.id
 WHERE json_extract(j.spec, '$.source') = :digest
    OR json_extract(j.spec, '$.service.weights') = :digest
+   OR json_extract(j.spec, '$.image.manifest') = :digest
    OR EXISTS (SELECT 1 FROM json_each(j.spec, '$.inputs') i WHERE i.value = :digest)
+   OR EXISTS (SELECT 1 FROM json_each(j.spec, '$.image.blobs') b WHERE b.value = :digest)
    OR EXISTS (SELECT 1 FROM tasks t, json_each(t.outputs) o WHERE t.job_id = j.id AND o.value = :digest)
 LIMIT 1;
 

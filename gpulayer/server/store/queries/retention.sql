@@ -2,7 +2,7 @@
 
 -- name: unreferenced_artifacts --
 -- Artifacts older than the retention cutoff that no queued, running or retained
--- (finished after the cutoff) job names: as source, input, service weights or output.
+-- (finished after the cutoff) job names: as source, input, service weights, image blob or output.
 WITH live AS (
     SELECT id, spec FROM jobs WHERE state IN ('waiting', 'queued', 'running') OR finished_at >= :cutoff
 ),
@@ -10,6 +10,8 @@ refs(digest) AS (
     SELECT json_extract(spec, '$.source') FROM live
     UNION SELECT json_extract(spec, '$.service.weights') FROM live
     UNION SELECT i.value FROM live, json_each(live.spec, '$.inputs') i
+    UNION SELECT json_extract(spec, '$.image.manifest') FROM live
+    UNION SELECT b.value FROM live, json_each(live.spec, '$.image.blobs') b
     UNION SELECT o.value FROM tasks t JOIN live ON live.id = t.job_id, json_each(t.outputs) o
 )
 SELECT digest, size FROM artifacts
