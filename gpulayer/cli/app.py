@@ -24,6 +24,7 @@ except ImportError:  # pragma: no cover - older typer
     from click import exceptions as click_exceptions  # type: ignore[no-redef]
 
 from gpulayer.cli import fleet as cli_fleet
+from gpulayer.cli import images as cli_images
 from gpulayer.cli import jobs as cli_jobs
 from gpulayer.cli import server as cli_server
 from gpulayer.cli import sql as cli_sql
@@ -195,6 +196,7 @@ app.command("up")(cli_server.up)
 app.command("explore")(cli_server.explore)
 app.command("sql")(cli_sql.sql)
 app.add_typer(cli_server.artifacts_app, name="artifacts")
+app.add_typer(cli_images.image_app, name="image")
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -84,6 +84,7 @@ def submit(
     array: Annotated[Optional[str], _opt("--array", metavar="INDICES", help="A job array, one task per index, like sbatch --array: 0-999, 1,5,9-12, 0-15:4; %N caps how many run at once (0-999%16). Each task sees $GPULAYER_ARRAY_INDEX and $GPULAYER_ARRAY_SIZE.")] = None,
     after: Annotated[Optional[list[str]], _opt("--after", metavar="JOB[:ok|notok|any]", help="Run after that job ends: ok (the default) once it succeeded, notok once it did not, any however (repeatable). Cancelled (dependency_failed) when it cannot be met.")] = None,
     after_array: Annotated[Optional[list[int]], _opt("--after-array", metavar="JOB", help="Run after every element of array JOB succeeded (repeatable).")] = None,
+    image: Annotated[Optional[str], _opt("--image", metavar="IMAGE", help="Run in this OCI image: an oci-archive tar or OCI layout dir here (its layers uploaded once, by digest), or a name a worker has cached (gpulayer image list). Needs sandboxed workers.")] = None,
     network: Annotated[Optional[Network], _opt("--network", help="shared (the default): the worker's network; none: a loopback of the task's own (needs a sandboxed worker).")] = None,
     run_as_root: Annotated[bool, _opt("--run-as-root", help="Run as root where the worker runs as root and allows it (worker start --allow-root-tasks).")] = False,
     project: Annotated[Optional[str], _opt("--project", help="The project it counts against (default: your only project, else default).")] = None,
@@ -112,6 +113,7 @@ def submit(
         outputs=output or None, nodes=nodes, priority=_priority_option(priority), secrets=secret or None,
         array=array, after=_after_option(after, after_array), preemptible=True if preemptible else None,
         network=network.value if network else None, run_as_root=True if run_as_root else None,
+        image=image,
     )
     service_settings = dict(replicas=replicas, port=False if no_port else None,
                             restart=restart.value if restart else None, max_restarts=max_restarts,

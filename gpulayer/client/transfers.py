@@ -17,6 +17,7 @@ from typing import Any, BinaryIO, Protocol
 
 from gpulayer.client.bundle import pack, unreadable, walk_files
 from gpulayer.client.errors import BadInput, ClientError
+from gpulayer.client.images import looks_like_path, prepare_image
 
 
 class Client(Protocol):
@@ -167,10 +168,13 @@ def check_local_paths(spec: dict) -> None:
     for value in (spec.get("inputs") or {}).values():
         check("--input", value)
     check("--weights", (spec.get("service") or {}).get("weights"))
+    image = spec.get("image")
+    if isinstance(image, str) and looks_like_path(image):
+        check("--image", image)
 
 
 def prepare_spec(client: Client, spec: dict) -> dict:
-    """A copy of `spec` with local paths in source, inputs and weights uploaded as digests.
+    """A copy of `spec` with local paths in source, inputs, weights and image uploaded as digests.
 
     Raises BadInput before anything is uploaded when a local path is missing (check_local_paths), or
     when a folder or file under the source, an input or the weights cannot be read: the source is packed
@@ -189,6 +193,8 @@ def prepare_spec(client: Client, spec: dict) -> dict:
         inputs = input_files(spec["inputs"]) if spec.get("inputs") else None
         if weights and not _is_digest(weights):
             _check_readable("--weights", Path(weights))
+        if isinstance(spec.get("image"), str):  # read and checked whole, then its missing blobs uploaded
+            spec["image"] = prepare_image(client, spec["image"], upload_file, has_artifact)
         # Everything local was read: now upload.
         if archive is not None:
             spec["source"] = upload_file(client, archive)
