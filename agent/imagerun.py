@@ -29,6 +29,7 @@ from pathlib import Path
 
 from .images import DEFAULT_PATH, ImageConfig, Prepared
 from .sandbox import PASSED_SIGNALS, Sandbox
+from .sandbox import _mount_point as mount_point
 
 #: Where the task dir appears inside an image.
 TASK_DIR = "/gpulayer/task"
@@ -143,6 +144,8 @@ def wrap_image(sandbox: Sandbox, prepared: Prepared, argv: list[str], env: dict[
     for folder in (HELPERS, f"{HELPERS}/bin", f"{HELPERS}/lib", "/gpulayer"):
         mounts += ["--perms", "0755", "--dir", folder]
     mounts += ["--bind", workdir, TASK_DIR]
+    for host, task, read_only in sandbox.binds:  # --sandbox-bind: under one of the image's folders, it must exist
+        mounts += [*mount_point(task), "--ro-bind" if read_only else "--bind", host, task]
     drop: list[str] = []
     if user is not None:
         more, prefix = helper(sandbox.setpriv or shutil.which("setpriv") or "/usr/bin/setpriv")

@@ -36,8 +36,8 @@ def spec_of(layout: Path, ref: str | None = "test") -> ImageSpec:
                      blobs=[manifest["config"]["digest"], *(layer["digest"] for layer in manifest["layers"])])
 
 
-def run_in(prepared, command, tmp_path, env=None, cwd=None):
-    sandbox = resolve("bwrap")
+def run_in(prepared, command, tmp_path, env=None, cwd=None, binds=None):
+    sandbox = resolve("bwrap", binds=binds)
     workdir = tmp_path / "task"
     workdir.mkdir(exist_ok=True)
     sandbox.give(workdir)
@@ -84,8 +84,13 @@ def test_a_command_the_image_lacks_is_127_and_the_task_dir_is_writable(tmp_path)
     prepared = ImageCache(layout_cache(layout, tmp_path / "cache")).prepare(spec_of(layout), lambda _: None)
     with pytest.raises(FileNotFoundError):
         startable_in(prepared, ["python3"], image_environment(prepared.config), TASK_DIR)
-    done = run_in(prepared, ["sh", "-c", "echo out > result.txt; pwd; cat /etc/marker"], tmp_path)
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "shard").write_text("a fleet's dataset\n")
+    done = run_in(prepared, ["sh", "-c", "echo out > result.txt; pwd; cat /etc/marker /data/shard"], tmp_path,
+                  binds=[f"{data}:/data:ro"])  # --sandbox-bind reaches image tasks too
     assert done.returncode == 0 and done.stdout.splitlines()[0] == TASK_DIR, done
+    assert "a fleet's dataset" in done.stdout, done
     assert (tmp_path / "task" / "result.txt").read_text() == "out\n"
 
 
