@@ -30,7 +30,7 @@ def cluster(tmp_path_factory):
     c = Cluster(tmp_path_factory.mktemp("images")).start_server()
     try:
         for name in ("img1", "img2"):
-            c.start_worker(name, labels=POOL, parallel=2, args=["--sandbox", "bwrap"])
+            c.start_worker(name, labels={**POOL, "host": name}, parallel=2, args=["--sandbox", "bwrap"])
         c.start_worker("open", labels={"pool": "open"}, args=["--sandbox", "none"])
         yield c
     finally:
@@ -101,13 +101,10 @@ def test_a_second_submit_of_the_same_image_uploads_no_blob(cluster, tmp_path):
 
 
 def test_a_cached_image_runs_by_its_name_and_an_unknown_name_fails_with_the_reason(cluster, image):
-    submit(cluster, "--image", str(image), "--wait", "--", "true")  # on some worker of the pool
-    ran = []
-    for name in ("img1", "img2"):  # each worker by its own label: the one that has it runs it by name
-        job_id = cluster.submit({"command": ["cat /etc/marker"], "image": {"ref": "test"},
-                                 "labels": {**POOL}})
-        ran.append(finished(cluster, job_id))
-    assert any(done["state"] == "succeeded" and "hello from the image" in text for done, text in ran), ran
+    submit(cluster, "--label", "host=img1", "--image", str(image), "--wait", "--", "true")
+    job_id, _ = submit(cluster, "--label", "host=img1", "--image", "test", "--", "cat /etc/marker")
+    done, text = finished(cluster, job_id)
+    assert done["state"] == "succeeded" and "hello from the image" in text, text
     job_id = cluster.submit({"command": ["true"], "image": {"ref": "no-such-image"}, "labels": POOL})
     done, text = finished(cluster, job_id)
     assert done["state"] == "failed" and "no image 'no-such-image'" in text, text
