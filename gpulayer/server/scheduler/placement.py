@@ -3,10 +3,11 @@
 Which worker a job fits is one view, `job_worker_fit` (schema.sql): labels,
 accelerator, size, secrets, free room now, read through each job's shape
 (`shape_worker_fit`). Single tasks are taken with one `UPDATE ... RETURNING`
-(acquire_task) that looks at queued shapes, not queued tasks (`task_queue`, kept
-by triggers), inside the write transaction, so nothing can change in between,
-and what the worker cannot take costs nothing; GPU device indices are then
-reserved from those its other tasks do not hold. Waiting reasons read the same
+that looks at queued shapes, not queued tasks (`task_queue`, kept by
+triggers), inside the write transaction, so nothing can change in between, and
+what the worker cannot take costs nothing: acquire_one for one task,
+acquire_task for several at once (the same tasks as one-task claims in a row);
+GPU device indices are then reserved from those its other tasks do not hold. Waiting reasons read the same
 view, so what a job says it waits for is what acquire does. A multi-node job is placed all at once: when N
 distinct online workers have room, every rank is assigned in the same
 transaction (the other workers receive theirs on their next acquire), or none
@@ -45,35 +46,54 @@ def acquire_many(conn: apsw.Connection, worker_id: int, now: float, lease_ttl_s:
     limit = max(1, min(max_tasks, MAX_TASKS_PER_ACQUIRE))
     taken = [r["id"] for r in rows(conn, "assigned_task_for_worker", worker_id=worker_id, limit=limit)]
     lease = now + lease_ttl_s
-    # One claim a task: each changes the room, quota use, running jobs and replicas the next is judged by.
     while len(taken) < limit:
-        task_id = _take_one(conn, worker_id, now, lease)
-        if task_id is None:
+        claimed, more = _claim(conn, worker_id, now, lease, limit - len(taken))
+        taken += claimed
+        if not more:
             break
-        taken.append(task_id)
     return taken
 
 
-def _take_one(conn: apsw.Connection, worker_id: int, now: float, lease: float) -> int | None:
-    """Assign one more queued task (a gang rank or a single task) to the worker, if it has room; its id."""
+def _claim(conn: apsw.Connection, worker_id: int, now: float, lease: float, most: int) -> tuple[list[int], bool]:
+    """Assign up to `most` more queued tasks (a gang's ranks, or single tasks) to the worker, if it has room.
+
+    Their ids, in claim order, and whether another claim may find more. acquire_task takes in one
+    statement what as many one-task claims (acquire_one) would, or the first of them, stopping where a
+    claim before could change what the next is judged by in a way its running sums do not foresee
+    (placement.sql says where); so fewer than `most` may mean more wait, and the caller claims again.
+    While a gang waits, one task a claim: after any claim the gang may be the better choice.
+    """
     free = row(conn, "worker_free", worker_id=worker_id)
     if free is None or free["free_slots"] <= 0:
-        return None
+        return [], False
     if row(conn, "any_queued_gang") is not None:
         gang_task = _place_gang(conn, worker_id, now, lease)
         if gang_task is not None:
-            return gang_task
-    taken = row(conn, "acquire_task", worker_id=worker_id, now=now, lease_expires_at=lease,
-                address=free["advertise_address"])
-    if taken is None:
-        return None
-    _reserve_gpus(conn, taken, worker_id, free["gpus"])
-    row(conn, "mark_job_running", job_id=taken["job_id"])
-    # An array's element counts its own attempts: `element` (its index) tells readers of the log so.
-    element = {"element": taken["index"]} if taken["array_size"] is not None else {}
-    events.record(conn, now, "task_assigned", job_id=taken["job_id"], task_id=taken["id"], worker_id=worker_id,
-                  attempt=taken["attempt"], **element)
-    return taken["id"]
+            return [gang_task], True
+        most = 1
+    if most == 1:  # the one-task claim: the same choice, cheaper than ranking and summing (docs/benchmarks.md)
+        claimed = rows(conn, "acquire_one", worker_id=worker_id, now=now, lease_expires_at=lease,
+                       address=free["advertise_address"])
+    else:
+        claimed = sorted(rows(conn, "acquire_task", worker_id=worker_id, now=now, lease_expires_at=lease,
+                              address=free["advertise_address"], max=most), key=_claim_order)
+    for task in claimed:
+        _reserve_gpus(conn, task, worker_id, free["gpus"])
+        # An array's element counts its own attempts: `element` (its index) tells readers of the log so.
+        element = {"element": task["index"]} if task["array_size"] is not None else {}
+        events.record(conn, now, "task_assigned", job_id=task["job_id"], task_id=task["id"], worker_id=worker_id,
+                      attempt=task["attempt"], **element)
+    if claimed:
+        row(conn, "mark_jobs_running", job_ids=json.dumps(sorted({t["job_id"] for t in claimed})))
+    # Fewer than asked: the claim may have stopped where a claim before could change the next one's judging.
+    return [t["id"] for t in claimed], bool(claimed)
+
+
+def _claim_order(task: dict) -> tuple:
+    """acquire_task's order: priority with its age, highest first; the project's, then the user's fair-share
+    usage, lowest first (no usage row first, as SQL orders NULL); first come."""
+    user = task["user_usage"]
+    return (-task["rank_priority"], task["project_usage"], user is not None, user or 0.0, task["id"])
 
 
 def _reserve_gpus(conn: apsw.Connection, task: dict, worker_id: int, worker_gpus: int) -> None:

@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""Acquire with max_tasks 1 and 8: microseconds per call and per task taken, and claim statements per call.
+
+One worker (64 CPUs, no GPUs, 16 slots) acquires from a state file of --queued queued 1-CPU tasks (each its
+own job), behind --unfittable queued tasks that ask for 8 GPUs (no worker has a GPU; they must cost
+nothing). Each call is `placement.acquire_many` inside BEGIN IMMEDIATE ... ROLLBACK, so every call sees
+the same state; calls of each max_tasks alternate. --tree PATH imports gpulayer from PATH instead of
+this checkout (a worktree of another revision: the before of a before/after), so that both run the
+same bench on the same machine back to back.
+
+    python scripts/bench_claim.py --unfittable 0,100000 --json
+    python scripts/bench_claim.py --tree /tmp/before --unfittable 0,100000 --json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def build(path: Path, queued: int, unfittable: int) -> None:
+    from gpulayer.server.scheduler.spec import validate_job
+    from gpulayer.server.store import db
+    conn = db.connect(path)
+    db.ensure_schema(conn)
+    small = json.dumps(validate_job({"command": ["true"], "cpus": 1}))
+    big = json.dumps(validate_job({"command": ["true"], "gpus": 8}))
+    now = time.time()
+    with conn:
+        conn.execute("INSERT INTO workers (name, state, cpus, gpus, memory_mb, slots, registered_at, last_seen_at, "
+                     "lease_expires_at, session_hash) VALUES ('w', 'online', 64, 0, 1048576, 16, ?, ?, ?, 'h')",
+                     (now, now, now + 1e9))
+        conn.executemany("INSERT INTO jobs (id, state, spec, gpus, cpus, created_at) VALUES (?, 'queued', ?, ?, ?, ?)",
+                         [(i + 1, big if i < unfittable else small, 8 if i < unfittable else 0,
+                           0 if i < unfittable else 1, now) for i in range(unfittable + queued)])
+        conn.executemany("INSERT INTO tasks (id, job_id, state, created_at) VALUES (?, ?, 'queued', ?)",
+                         [(i + 1, i + 1, now) for i in range(unfittable + queued)])
+    conn.execute("ANALYZE")
+    conn.close()
+
+
+def measure(path: Path, calls: int, sizes: list[int]) -> dict:
+    from gpulayer.server.scheduler import placement
+    from gpulayer.server.store import db
+    from gpulayer.server.store.queries import QUERIES
+    claims = {QUERIES[name].strip() for name in ("acquire_task", "acquire_one") if name in QUERIES}
+    conn = db.connect(path, synchronous="normal")
+    statements: list[str] = []
+    spent: dict[int, list[float]] = {m: [] for m in sizes}
+    taken: dict[int, int] = {}
+    counted: dict[int, int] = {}
+    clock = time.perf_counter
+    for i in range(calls):
+        for m in sizes if i % 2 == 0 else sizes[::-1]:
+            conn.execute("BEGIN IMMEDIATE")
+            t0 = clock()
+            got = placement.acquire_many(conn, 1, time.time(), 60.0, m)
+            spent[m].append(clock() - t0)
+            conn.execute("ROLLBACK")
+            taken[m] = len(got)
+    for m in sizes:  # the statements of one more call of each, untimed (a trace slows every statement)
+        conn.execute("BEGIN IMMEDIATE")
+        conn.exec_trace = lambda cursor, sql, bindings: statements.append(sql) or True
+        placement.acquire_many(conn, 1, time.time(), 60.0, m)
+        conn.exec_trace = None
+        conn.execute("ROLLBACK")
+        counted[m] = sum(1 for s in statements if s.strip() in claims)
+        statements.clear()
+    conn.close()
+    return {f"max_tasks={m}": {"us_p50": round(statistics.median(spent[m]) * 1e6, 1),
+                               "us_per_task_p50": round(statistics.median(spent[m]) * 1e6 / max(taken[m], 1), 1),
+                               "tasks": taken[m], "claim_statements": counted[m]} for m in sizes}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tree", type=Path, default=Path(__file__).resolve().parents[1], help="the checkout to import")
+    p.add_argument("--queued", type=int, default=2_000, help="queued tasks the worker can take (default 2000)")
+    p.add_argument("--unfittable", type=lambda v: [int(x) for x in v.split(",")], default=[0, 100_000])
+    p.add_argument("--calls", type=int, default=500, help="calls of each max_tasks per state (default 500)")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    sys.path.insert(0, str(args.tree.resolve()))
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in args.unfittable:
+            path = Path(tmp) / f"claim{n}.db"
+            build(path, args.queued, n)
+            out.append({"unfittable": n, **measure(path, args.calls, [1, 8])})
+    print(json.dumps(out, indent=1) if args.json else "\n".join(str(o) for o in out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,158 @@
+"""acquire_task claims up to max_tasks tasks in one statement (issue 23): exactly the tasks, in the order,
+that as many one-task claims in a row took before, against a real state file: quotas and borrowing,
+running-jobs limits, fair share, priorities, replicas, arrays and their %N caps, mixed sizes."""
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from gpulayer.server.scheduler import placement, teams
+from gpulayer.server.security.auth import Principal
+from gpulayer.server.store.queries import QUERIES, row, rows
+from helpers import add_worker, job
+
+LEASE = 3.0
+
+
+def _project(sched, name, **settings):
+    sched.change_teams(teams.add_project, {"name": name, "max_priority": 10, **settings})
+
+
+def _user(sched, name, *projects, max_running_jobs=None) -> Principal:
+    user_id = sched.change_teams(teams.add_user, name, False, [(p, "member") for p in projects], max_running_jobs)
+    return Principal(kind="client", jti=f"jti-{name}", name=name, user_id=user_id, user=name, admin=False)
+
+
+def _reference(conn, worker_id: int, now: float, most: int) -> list[int]:
+    """The claims as they were: one task a statement (acquire_one, the gang-free path of the old acquire_many)."""
+    taken: list[int] = []
+    while len(taken) < most:
+        free = row(conn, "worker_free", worker_id=worker_id)
+        if free is None or free["free_slots"] <= 0:
+            break
+        got = rows(conn, "acquire_one", worker_id=worker_id, now=now, lease_expires_at=now + LEASE, address=None)
+        if not got:
+            break
+        placement._reserve_gpus(conn, got[0], worker_id, free["gpus"])
+        row(conn, "mark_job_running", job_id=got[0]["job_id"])
+        taken.append(got[0]["id"])
+    return taken
+
+
+def _both(sched, worker_id: int, most: int) -> tuple[list[int], list[int], int, dict]:
+    """(the reference's claims, rolled back; acquire_many's, kept; claim statements run; GPU indices)."""
+    claims = {QUERIES["acquire_task"].strip(), QUERIES["acquire_one"].strip()}
+
+    def run(conn):
+        conn.execute("SAVEPOINT reference")
+        old = _reference(conn, worker_id, sched.clock(), most)
+        conn.execute("ROLLBACK TO reference")
+        conn.execute("RELEASE reference")
+        statements = []
+        conn.exec_trace = lambda cursor, sql, bindings: statements.append(sql) or True
+        try:
+            new = placement.acquire_many(conn, worker_id, sched.clock(), LEASE, most)
+        finally:
+            conn.exec_trace = None
+        gpus = {r["id"]: json.loads(r["gpu_indices"]) for r in conn.execute(
+            "SELECT id, gpu_indices FROM tasks WHERE worker_id = ? AND state = 'assigned'", (worker_id,)).fetchall()}
+        return old, new, sum(1 for s in statements if s.strip() in claims), gpus
+    return sched.store.write(run)
+
+
+def _scenario(sched, rng: random.Random) -> list[int]:
+    """Projects with quotas and borrowing, users with limits, fair-share usage, queued work of mixed sizes,
+    priorities, replicas and arrays, some of it running already; the workers, the first one polling."""
+    _project(sched, "ml", gpus=rng.choice([None, 2, 4]), borrow=rng.choice([0, 2]))
+    _project(sched, "cv", gpus=rng.choice([None, 1, 3]), borrow=rng.choice([0, 1]), weight=rng.choice([None, 2.0]))
+    people = [_user(sched, "bob", "ml", max_running_jobs=rng.choice([None, 2, 4])),
+              _user(sched, "ann", "cv", max_running_jobs=rng.choice([None, 3])),
+              _user(sched, "cat", "ml", "cv")]
+    workers = [add_worker(sched, f"w{i}", gpus=rng.choice([0, 2, 4, 8]), cpus=rng.choice([4, 16]),
+                          memory_mb=rng.choice([8000, 64000]), slots=rng.choice([2, 4, 8, 16])) for i in range(3)]
+    for _ in range(rng.randint(4, 14)):
+        who = rng.choice(people)
+        proj = rng.choice(["ml", "cv"]) if who.name == "cat" else ("ml" if who.name == "bob" else "cv")
+        spec = {"gpus": rng.choice([0, 0, 1, 1, 2, 4]), "cpus": rng.choice([1, 2, 4]),
+                "memory_mb": rng.choice([500, 4000, 20000]), "priority": rng.choice([0, 0, 5])}
+        shape = rng.random()
+        if shape < 0.3:
+            size = rng.randint(2, 6)
+            spec["array"] = f"0-{size - 1}" + (f"%{rng.randint(1, 3)}" if rng.random() < 0.5 else "")
+        elif shape < 0.5:
+            spec["service"] = {"replicas": rng.randint(2, 3)}
+        sched.submit(job(**spec), who, proj)
+    for w in workers[1:]:  # others' running work: quotas, limits and fair share in use
+        for a in sched.acquire_many(w, 0, rng.randint(0, 3)):
+            sched.start(w, a["task_id"], 100)
+    sched.store.write(lambda c: c.executemany(
+        "INSERT OR REPLACE INTO fairshare (project_id, user_id, usage, updated_at, running) "
+        "SELECT p.id, u.id, ?, ?, ? FROM projects p, users u WHERE p.name = ? AND u.name = ?",
+        [(rng.choice([0.0, 100.0, 5000.0]), sched.clock() - 60, rng.choice([0.0, 10.0]), p, u)
+         for p in ("ml", "cv") for u in ("bob", "ann", "cat")]))
+    return workers
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_several_claimed_at_once_are_what_one_at_a_time_took(sched, seed):
+    rng = random.Random(seed)
+    workers = _scenario(sched, rng)
+    most = rng.choice([1, 2, 4, 8, 16])
+    old, new, statements, _ = _both(sched, workers[0], most)
+    assert new == old, f"seed {seed}: one at a time took {old}, one statement {new}"
+    assert statements <= max(1, len(new) + 1)
+    free = sched.store.read(lambda c: c.execute(
+        "SELECT free_slots, free_gpus, free_cpus, free_memory_mb FROM worker_load WHERE worker_id = ?",
+        (workers[0],)).fetchone())
+    assert min(free.values()) >= 0, free  # never over-committed
+
+
+def test_one_statement_claims_several(sched):
+    """Eight 1-GPU tasks on an 8-GPU worker: one acquire_task statement claims them all, each its own GPU."""
+    w = add_worker(sched, "big", gpus=8, cpus=64, memory_mb=256000, slots=16)
+    ids = [sched.submit(job(gpus=1, cpus=1)) for _ in range(10)]
+    old, new, statements, gpus = _both(sched, w, 8)
+    assert new == old and len(new) == 8 and statements == 1
+    assert sorted(i for t in new for i in gpus[t]) == list(range(8))
+    states = sched.store.read(lambda c: [r["state"] for r in c.execute("SELECT state FROM jobs ORDER BY id")])
+    assert states == ["running"] * 8 + ["queued"] * 2 and len(ids) == 10
+
+
+def test_mixed_sizes_never_over_commit(sched):
+    """4 GPUs free: a 1-GPU, a 2-GPU, a 4-GPU (no longer fits once those two are claimed) and 1-GPU tasks, in that
+    order. The running sums stop at the 4-GPU task; the next claim takes the 1-GPU task behind it."""
+    w = add_worker(sched, "w", gpus=4, cpus=64, memory_mb=256000, slots=16)
+    for gpus in (1, 2, 4, 1, 1):
+        sched.submit(job(gpus=gpus))
+    old, new, statements, gpus = _both(sched, w, 8)
+    assert new == old and len(new) == 3 and statements == 3  # [1, 2], then [1], then none
+    assert sorted(i for t in new for i in gpus[t]) == [0, 1, 2, 3]
+
+
+def test_quota_across_several_in_one_claim(sched):
+    """Project ml may hold 3 GPUs (no borrowing): one claim of eight takes three of its 1-GPU tasks, and cv's
+    (no quota) beside them, never a fourth of ml's."""
+    _project(sched, "ml", gpus=3)
+    _project(sched, "cv")
+    bob, ann = _user(sched, "bob", "ml"), _user(sched, "ann", "cv")
+    w = add_worker(sched, "w", gpus=8, cpus=64, memory_mb=256000, slots=16)
+    for _ in range(5):
+        sched.submit(job(gpus=1), bob, "ml")
+        sched.submit(job(gpus=1), ann, "cv")
+    old, new, _, _ = _both(sched, w, 8)
+    assert new == old and len(new) == 8
+    projects = sched.store.read(lambda c: [r["project_id"] for r in c.execute(
+        "SELECT j.project_id FROM tasks t JOIN jobs j ON j.id = t.job_id WHERE t.id IN (SELECT value FROM json_each(?))",
+        (json.dumps(new),))])
+    ml = sched.store.read(lambda c: c.execute("SELECT id FROM projects WHERE name = 'ml'").fetchone()["id"])
+    assert projects.count(ml) == 3
+
+
+def test_array_cap_holds_in_one_claim(sched):
+    """An array capped at %3 gives at most three elements to one claim of eight."""
+    w = add_worker(sched, "w", cpus=64, memory_mb=256000, slots=16)
+    sched.submit(job(array="0-9%3"))
+    old, new, statements, _ = _both(sched, w, 8)
+    assert new == old and len(new) == 3 and statements <= 2
