@@ -23,12 +23,16 @@ from pathlib import Path
 
 
 def build(path: Path, queued: int, unfittable: int) -> None:
+    from gpulayer.protocol.fields import to_wire
     from gpulayer.server.scheduler.spec import validate_job
     from gpulayer.server.store import db
+
+    def stored(raw: dict) -> str:  # validate_job returns a ValidSpec now, a dict before issue 23's typed submit
+        spec = validate_job(raw)
+        return json.dumps(spec if isinstance(spec, dict) else to_wire(spec))
     conn = db.connect(path)
     db.ensure_schema(conn)
-    small = json.dumps(validate_job({"command": ["true"], "cpus": 1}))
-    big = json.dumps(validate_job({"command": ["true"], "gpus": 8}))
+    small, big = stored({"command": ["true"], "cpus": 1}), stored({"command": ["true"], "gpus": 8})
     now = time.time()
     with conn:
         conn.execute("INSERT INTO workers (name, state, cpus, gpus, memory_mb, slots, registered_at, last_seen_at, "

@@ -71,7 +71,7 @@ def build_template(path: Path, finished: int, queued: int, workers: int) -> None
     """A state file with `finished` done jobs/tasks, `queued` queued ones, online workers; plus table t."""
     conn = db.connect(path)
     db.ensure_schema(conn)
-    spec = __import__("json").dumps(validate_job({"command": ["true"]}))
+    spec = json.dumps(to_wire(validate_job({"command": ["true"]})))
     now = time.time()
     with conn:
         _insert_workers(conn, workers, slots=4, now=now)
