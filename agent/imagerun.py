@@ -28,7 +28,7 @@ import subprocess
 from pathlib import Path
 
 from .images import DEFAULT_PATH, ImageConfig, Prepared
-from .sandbox import PASSED_SIGNALS, Sandbox
+from .sandbox import PASSED_SIGNALS, Sandbox, loader_variables
 from .sandbox import _mount_point as mount_point
 
 #: Where the task dir appears inside an image.
@@ -159,9 +159,8 @@ def wrap_image(sandbox: Sandbox, prepared: Prepared, argv: list[str], env: dict[
     namespaces = ["--unshare-pid", "--unshare-ipc", "--die-with-parent"]
     if not network:
         namespaces.append("--unshare-net")
-    loader = {name: value for name, value in env.items() if name.startswith("LD_")}
-    outer = {name: value for name, value in env.items() if name not in loader}
+    outer, loader = loader_variables(env)
     wrapped = [sandbox.env, f"--ignore-signal={PASSED_SIGNALS}", sandbox.bwrap, *mounts, *namespaces,
                "--chdir", cwd, "--", *drop, *run_env, f"--default-signal={PASSED_SIGNALS}",
-               "--", *[f"{name}={value}" for name, value in sorted(loader.items())], *argv]
+               "--", *loader, *argv]
     return wrapped, outer

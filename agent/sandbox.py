@@ -159,6 +159,15 @@ class Sandbox:
                 os.lchown(os.path.join(top, name), user.uid, user.gid)
 
 
+def loader_variables(env: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+    """The environment to start bwrap with, without the dynamic loader's variables (``LD_PRELOAD``,
+    ``LD_LIBRARY_PATH``, ``LD_AUDIT``, every ``LD_*``), and those as ``NAME=VALUE`` arguments for the inner
+    ``env``: the job's ``LD_PRELOAD=./evil.so`` would otherwise be loaded by the outer ``env`` and ``bwrap``
+    (root, outside the sandbox, in the task's directory) before the sandbox exists."""
+    outer = {name: value for name, value in env.items() if not name.startswith("LD_")}
+    return outer, [f"{name}={value}" for name, value in sorted(env.items()) if name.startswith("LD_")]
+
+
 def parse_bind(spec: str) -> tuple[str, str, bool]:
     """``HOST[:TASK][:ro]`` as (host, task, read_only): absolute paths, the host one existing; else SandboxError."""
     parts = spec.split(":")

@@ -34,7 +34,7 @@ from .logship import LogShipper
 from .outputs import collect_outputs, open_regular, upload_outputs
 from .process import KILL_GRACE_S, TaskProcess, exit_code_of
 from .rendezvous import RENDEZVOUS_TIMEOUT_S, distributed_env, free_port, rendezvous
-from .sandbox import Sandbox, gpu_nodes, startable
+from .sandbox import Sandbox, gpu_nodes, loader_variables, startable
 from .services import run_service
 from .supervision import Limits, TaskHandle, TaskResult, result_of, supervise
 from .transport import Transport
@@ -255,7 +255,7 @@ class TaskRunner:
             argv = task_argv(list(self.assignment.command), self.ctx.python, self.weights)
         try:
             env = self.environment(extra)
-            launch, popen_env = self._launch_image(self.image, argv, env) if self.image else (self._launch(argv, env), env)
+            launch, popen_env = self._launch_image(self.image, argv, env) if self.image else self._launch(argv, env)
             proc = TaskProcess(launch, popen_env, str(self.workdir), self.shipper.add,
                                sandboxed=self.ctx.sandbox.mode != "none")
         except OSError as exc:
@@ -281,16 +281,17 @@ class TaskRunner:
             raise TaskSetupError("network none needs a sandbox, and this worker runs tasks without one (--sandbox)")
         self.ctx.sandbox.give(self.workdir, self.assignment.run_as_root)
 
-    def _launch(self, argv: list[str], env: dict[str, str]) -> list[str]:
-        """``argv`` in the worker's sandbox (raises what exec would for a command that cannot start)."""
+    def _launch(self, argv: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+        """``argv`` in the worker's sandbox, and the environment to start it with: the job's ``LD_*`` set inside,
+        by the inner ``env`` (raises what exec would for a command that cannot start)."""
         sandbox = self.ctx.sandbox
         if sandbox.mode == "none":
-            return argv
+            return argv, env
         startable(argv, env, str(self.workdir))
-        minors = self.ctx.gpu_minors
-        nodes = gpu_nodes([minors[i] if 0 <= i < len(minors) else i for i in self.assignment.gpus])
-        return sandbox.wrap(argv, str(self.workdir), gpu_nodes=nodes, network=self.assignment.network != "none",
-                            root_asked=self.assignment.run_as_root)
+        outer, loader = loader_variables(env)
+        wrapped = sandbox.wrap([*loader, *argv], str(self.workdir), gpu_nodes=gpu_nodes(self._gpu_numbers()),
+                               network=self.assignment.network != "none", root_asked=self.assignment.run_as_root)
+        return wrapped, outer
 
     def _launch_image(self, image: Prepared, argv: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
         """``argv`` in the sandbox with the image as its root, and the environment bwrap starts with (raises what

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tarfile
 from pathlib import Path
@@ -195,3 +196,25 @@ def test_a_layer_that_would_write_outside_fails_the_task_with_the_reason(cluster
     for name in ("img1", "img2"):
         images = cluster.root / f"{name}-cache" / "images"
         assert not [p for p in images.iterdir() if p.name.startswith(".")] if images.exists() else True
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler to build the preloaded library")
+@pytest.mark.parametrize("in_image", [False, True], ids=["plain-sandbox", "image"])
+def test_a_jobs_ld_preload_is_loaded_inside_the_sandbox_only(cluster, image, tmp_path, in_image):
+    """The job's LD_PRELOAD=./evil.so (shipped in its bundle) must not reach the root `env`/`bwrap` that start
+    the sandbox: there it would run as root, outside. Its constructor writes a file where only the host sees."""
+    marker = tmp_path / "preloaded-outside"
+    source = tmp_path / "src"
+    source.mkdir()
+    code = tmp_path / "evil.c"
+    code.write_text('#include <stdio.h>\n#include <unistd.h>\n__attribute__((constructor)) static void hit(void) {'
+                    f' FILE *f = fopen("{marker}", "a"); if (f) {{ fprintf(f, "uid=%d\\n", getuid()); fclose(f); }} }}\n')
+    built = subprocess.run(["cc", "-shared", "-fPIC", "-o", str(source / "evil.so"), str(code)],
+                           capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr
+    args = ["--image", str(image)] if in_image else []
+    job_id, _ = submit(cluster, *args, "--source", str(source), "--env", "LD_PRELOAD=./evil.so", "--wait", "--",
+                       *(["echo ran"] if in_image else ["sh", "-c", "echo ran"]))
+    done, text = finished(cluster, job_id)
+    assert "ran" in text, text
+    assert not marker.exists(), f"the job's library ran outside the sandbox: {marker.read_text()}"
