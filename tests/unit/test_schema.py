@@ -239,10 +239,12 @@ def test_one_statement_is_judged_by_sqlite_not_by_semicolons():
     assert not _one_statement("SELECT 'no end'")
 
 
-def test_acquisition_reads_shapes_not_tasks(built):
-    """acquire_task walks the queued shapes (partial index) and each one's queue, never all queued tasks."""
+@pytest.mark.parametrize("claim", ["acquire_one", "acquire_task"])
+def test_acquisition_reads_shapes_not_tasks(built, claim):
+    """The claims (one task, several) walk the queued shapes (partial index) and each one's queue, never all
+    queued tasks."""
     conn, _ = built
-    sql = QUERIES["acquire_task"]
+    sql = QUERIES[claim]
     params = {p: None for p in PARAM.findall(sql)}
     plan = " | ".join(r["detail"] for r in conn.execute("EXPLAIN QUERY PLAN " + sql, params).fetchall())
     assert "shapes_queued" in plan and "task_queue_shape" in plan and "tasks_queued" not in plan, plan
