@@ -137,17 +137,18 @@ def pid_alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def host_pids(marker: str, *, env: str | None = None) -> list[int]:
-    """Live processes (host pids) whose command line holds `marker` and, with `env` ("KEY=VALUE"), whose
-    environment holds that item. A sandboxed task sees the pids of its own PID namespace (os.getpid()
-    is 2 there): this finds its processes from outside, as the agent's group kill must end them."""
+def host_pids(marker: str, *, env: str | Sequence[str] = ()) -> list[int]:
+    """Live processes (host pids) whose command line holds `marker` and whose environment holds each of
+    `env` ("KEY=VALUE"). A sandboxed task sees the pids of its own PID namespace (os.getpid() is 2
+    there): this finds its processes from outside, as the agent's group kill must end them."""
+    wanted = [item.encode() for item in ([env] if isinstance(env, str) else env)]
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
             argv = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            if marker not in argv or (env and env.encode() not in (entry / "environ").read_bytes().split(b"\0")):
+            if marker not in argv or (wanted and not set(wanted) <= set((entry / "environ").read_bytes().split(b"\0"))):
                 continue
         except OSError:
             continue

@@ -43,8 +43,7 @@ HEARTBEAT_S = 0.5
 #: In every worker's environment; none of the first two may reach a task.
 WORKER_ENV = {"MY_API_KEY": "k-123", "AWS_SECRET_ACCESS_KEY": "s-456", "MY_PLAIN_SETTING": "visible"}
 #: Attempt 1 writes its pid and sleeps (until killed); a later attempt says where it ran and ends.
-FIRST_ATTEMPT_HANGS = ('echo $$ > "$PIDDIR/$GPULAYER_JOB_ID-$GPULAYER_ATTEMPT.pid"; '
-                       'if [ "$GPULAYER_ATTEMPT" = 1 ]; then exec sleep 300; fi; '
+FIRST_ATTEMPT_HANGS = ('if [ "$GPULAYER_ATTEMPT" = 1 ]; then exec sleep 300; fi; '
                        'echo "attempt $GPULAYER_ATTEMPT done"')
 
 
@@ -82,11 +81,16 @@ def running_task(cluster: Cluster, job_id: int, worker_id: int | None = None) ->
                  and worker_id in (None, t["worker_id"])), None)
 
 
-def kill_pidfiles(folder) -> None:
-    """SIGKILL what the pid files in `folder` name (copies orphaned by a killed worker)."""
-    for path in folder.glob("*.pid"):
-        pid = int(path.read_text() or 0)
-        if pid and pid_alive(pid):
+def first_copy(job_id: int) -> list[int]:
+    """The host pids of the job's first attempt (its shell, then sleep; with a sandbox, bwrap's too): a
+    sandboxed task's own pids are its PID namespace's, so they are found from outside, by its environment."""
+    return host_pids("sleep 300", env=[f"GPULAYER_JOB_ID={job_id}", "GPULAYER_ATTEMPT=1"])
+
+
+def kill_copies(job_ids) -> None:
+    """SIGKILL what is left of these jobs' first attempts (copies orphaned by a killed worker)."""
+    for job_id in job_ids:
+        for pid in first_copy(job_id):
             os.kill(pid, signal.SIGKILL)
 
 
@@ -139,16 +143,18 @@ def test_cancel_kills_the_process_group_grandchild_included(remote):
 
 # -- a worker lost ------------------------------------------------------------------------
 
-def test_a_sigkilled_workers_task_is_lost_then_retried_only_when_its_policy_allows(remote, tmp_path):
+def test_a_sigkilled_workers_task_is_lost_then_retried_only_when_its_policy_allows(remote):
     pool = {"pool": "sigkill"}
     remote.start_worker("doomed", parallel=2, labels=pool, wait=False)
     doomed_id = remote.wait_online("doomed")
-    common = dict(command=["sh", "-c", FIRST_ATTEMPT_HANGS], labels=pool, env={"PIDDIR": str(tmp_path)})
+    common = dict(command=["sh", "-c", FIRST_ATTEMPT_HANGS], labels=pool)
     retried = submit(remote, **common, retry={"max_attempts": 2})
     once = submit(remote, **common)
     try:
         first = wait_for(lambda: running_task(remote, retried, doomed_id), 20, "the retried job running")
         wait_for(lambda: running_task(remote, once, doomed_id), 20, "the other job running")
+        copies = wait_for(lambda: (found := first_copy(retried) + first_copy(once)) and found, 10, "the copies' pids")
+        sandboxed = remote.online_worker("doomed")["isolation"]["sandbox"] == "bwrap"
         remote.start_worker("spare", labels=pool, wait=False)  # online within the TTL
         remote.workers.pop("doomed").kill()
         killed_at = time.monotonic()
@@ -167,43 +173,45 @@ def test_a_sigkilled_workers_task_is_lost_then_retried_only_when_its_policy_allo
         assert tasks[2]["state"] == "succeeded" and tasks[2]["worker_id"] == spare_id
         assert "attempt 2 done" in remote.log_text(retried)
 
-        # The killed agent could not stop its copies; the next agent on its --state-dir does.
-        copies = [int((tmp_path / f"{job}-1.pid").read_text()) for job in (retried, once)]
-        assert all(pid_alive(pid) for pid in copies)
+        # The killed agent could not stop its copies. A sandbox dies with its agent (bwrap --die-with-parent);
+        # without one, the next agent on its --state-dir kills them.
+        if sandboxed:
+            wait_for(lambda: not any(pid_alive(pid) for pid in copies), 10, "the sandboxes to die with their agent")
+        else:
+            assert all(pid_alive(pid) for pid in copies)
         remote.start_worker("doomed", parallel=2, labels=pool, wait=False)
         assert remote.wait_online("doomed") != doomed_id, "a restarted agent registers anew"
         wait_for(lambda: not any(pid_alive(pid) for pid in copies), 10, "the restarted agent to kill the copies")
-        assert "leftover_task_killed" in (remote.root / "doomed.log").read_text()
+        assert sandboxed or "leftover_task_killed" in (remote.root / "doomed.log").read_text()
     finally:
-        kill_pidfiles(tmp_path)
+        kill_copies([retried, once])
         for name in ("spare", "doomed"):
             if name in remote.workers:
                 assert remote.workers.pop(name).stop() == 0, remote.logs()
 
 
-def test_a_worker_back_after_the_ttl_kills_its_copy_and_its_late_finish_is_only_an_event(remote, tmp_path):
+def test_a_worker_back_after_the_ttl_kills_its_copy_and_its_late_finish_is_only_an_event(remote):
     pool = {"pool": "sigstop"}
     remote.start_worker("sleeper", labels=pool, wait=False)
     sleeper_id = remote.wait_online("sleeper")
-    job_id = submit(remote, command=["sh", "-c", FIRST_ATTEMPT_HANGS], labels=pool, env={"PIDDIR": str(tmp_path)},
-                    retry={"max_attempts": 2})
+    job_id = submit(remote, command=["sh", "-c", FIRST_ATTEMPT_HANGS], labels=pool, retry={"max_attempts": 2})
     sleeper = remote.workers["sleeper"]
     try:
         first = wait_for(lambda: running_task(remote, job_id, sleeper_id), 20, "the task running on the sleeper")
-        copy = int((tmp_path / f"{job_id}-1.pid").read_text())
+        copy = wait_for(lambda: first_copy(job_id), 10, "the copy's pids")
         remote.start_worker("understudy", labels=pool, wait=False)
         sleeper.pause()  # SIGSTOP, the agent only: its task runs on, in a session of its own
         try:
             done = remote.wait_job(job_id, timeout=20)
             assert done["state"] == "succeeded", (done, remote.logs())
-            assert pid_alive(copy), "the stopped worker's copy should still run: nobody could tell it yet"
+            assert all(pid_alive(pid) for pid in copy), "the stopped worker's copy should still run: nobody could tell it yet"
         finally:
             sleeper.resume()
         late = wait_for(lambda: [e for e in remote.events(job_id) if e["kind"] == "late_finish"], 15,
                         f"the sleeper's late finish\n{remote.logs()}")
         assert len(late) == 1 and late[0]["task_id"] == first["task_id"] and late[0]["worker_id"] == sleeper_id
         assert late[0]["data"]["outcome"] == "cancelled", "the heartbeat should have told it to kill its copy"
-        wait_for(lambda: not pid_alive(copy), 10, "the sleeper's copy to be killed")
+        wait_for(lambda: not any(pid_alive(pid) for pid in copy), 10, "the sleeper's copy to be killed")
 
         after = remote.job(job_id)
         assert after["state"] == "succeeded" and after["exit_code"] == 0
@@ -218,7 +226,7 @@ def test_a_worker_back_after_the_ttl_kills_its_copy_and_its_late_finish_is_only_
         assert [r[0] for r in rows].count("task_lost") == 1 and [r[0] for r in rows].count("job_retried") == 1
         assert "task_cancel_requested" in (remote.root / "sleeper.log").read_text()
     finally:
-        kill_pidfiles(tmp_path)
+        kill_copies([job_id])
         for name in ("sleeper", "understudy"):
             if name in remote.workers:
                 assert remote.workers.pop(name).stop() == 0, remote.logs()
@@ -234,10 +242,10 @@ def test_worker_credentials_never_reach_a_task(remote):
     assert env["GPULAYER_JOB_ID"] == result.stdout.split()[0] and env["GPULAYER_ATTEMPT"] == "1"
 
 
-def test_two_gpu_tasks_get_different_devices_and_a_third_waits(remote, tmp_path):
-    go = tmp_path / "go"
-    hold = ["sh", "-c", 'echo "cvd=$CUDA_VISIBLE_DEVICES"; while [ ! -e "$GO" ]; do sleep 0.05; done']
-    jobs = [submit(remote, command=hold, gpus=1, env={"GO": str(go)}) for _ in range(3)]
+def test_two_gpu_tasks_get_different_devices_and_a_third_waits(remote):
+    # Each waits for `go` in its working dir (what a sandboxed task shares with the host).
+    hold = ["sh", "-c", 'echo "cvd=$CUDA_VISIBLE_DEVICES"; while [ ! -e go ]; do sleep 0.05; done']
+    jobs = [submit(remote, command=hold, gpus=1) for _ in range(3)]
     try:
         wait_for(lambda: sum(bool(running_task(remote, j)) for j in jobs) >= 2, 20, "two GPU jobs running")
         time.sleep(2 * HEARTBEAT_S)  # the third had its chance to be placed
@@ -249,7 +257,14 @@ def test_two_gpu_tasks_get_different_devices_and_a_third_waits(remote, tmp_path)
         assert sorted(d.split("cvd=")[1].split()[0] for d in devices) == ["0", "1"], devices
         assert remote.job(waiting)["tasks"][0]["worker_id"] is None
     finally:
-        go.touch()
+        def released() -> bool:
+            for workdir in (remote.state_dir("gpu") / "tasks").glob("*"):
+                try:
+                    (workdir / "go").touch()
+                except OSError:
+                    pass  # a task's dir removed as it ended
+            return all(remote.job(j)["state"] not in ("queued", "running") for j in jobs)
+        wait_for(released, 30, "the three jobs to end once let go")
     for j in jobs:
         assert remote.wait_job(j, timeout=20)["state"] == "succeeded"
     assert remote.log_text(waiting).split("cvd=")[1].split()[0] in ("0", "1")
