@@ -246,17 +246,20 @@ def test_a_local_job_dies_with_its_command_and_the_next_run_ends_what_was_left(t
     """Issue 22 item 13: SIGTERM, SIGHUP (a closed terminal) or SIGKILL of `submit --target local` ends the
     task's processes (its child too, which no signal of the CLI reaches), and the next local run shows the
     job ended and is not told that its worker's name is online already."""
-    from gpulayer.testing import pid_alive
-    home, pid_file = tmp_path / "home", tmp_path / "sleep.pid"
-    run = subprocess.Popen([*CLI, "submit", "--", "sh", "-c", f"sleep 300 & echo $! > {pid_file}; echo up; wait"],
+    import uuid
+
+    from gpulayer.testing import host_pids, pid_alive
+    home, marker = tmp_path / "home", f"local-child-{uuid.uuid4().hex}"  # a sandboxed task's pids: from outside
+    run = subprocess.Popen([*CLI, "submit", "--", "sh", "-c", f'sh -c "sleep 300; : {marker}" & echo up; wait'],
                            env=clean_env(GPULAYER_HOME=str(home)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            text=True)
     job_id = run.stdout.readline().strip()
     assert run.stdout.readline() == "up\n", run.stderr.read() if run.poll() is not None else ""
-    sleeper = int(pid_file.read_text())
+    task = host_pids(marker)  # the task's shell and its child (and the sandbox's bwrap)
+    assert task
     run.send_signal(sig)
     assert run.wait(60) == (128 + sig if sig != signal.SIGKILL else -sig), run.stderr.read()
-    wait_for(lambda: not pid_alive(sleeper), 30, "the task's child to be gone")
+    wait_for(lambda: not any(pid_alive(pid) for pid in task), 30, "the task's child to be gone")
     after = gl("submit", "--", "echo", "next", home=home, timeout=60)
     assert after.returncode == 0 and after.stdout.splitlines()[1:] == ["next"], after.stderr
     assert "online already" not in after.stderr
