@@ -281,6 +281,22 @@ class ImageCache:
         self._lock = threading.Lock()
         self._locks: dict[str, threading.Lock] = {}
         self._in_use: dict[str, int] = {}
+        self.sweep_leftovers()
+
+    def sweep_leftovers(self) -> list[str]:
+        """Remove the build and eviction folders an agent killed mid-way left (``.build-<hex>-<pid>-...``,
+        ``.gone-...``) whose agent is gone; returns their names."""
+        removed = []
+        for entry in self.root.iterdir() if self.root.is_dir() else []:
+            if not entry.name.startswith((".build-", ".gone-")):
+                continue
+            if entry.name.startswith(".build-"):
+                pid = entry.name.split("-")[2]
+                if pid.isdigit() and (int(pid) == os.getpid() or os.path.exists(f"/proc/{pid}")):
+                    continue  # an agent still running (maybe another one sharing the cache) is building it
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry.name)
+        return removed
 
     def prepare(self, spec: ImageSpec, say: Callable[[str], None]) -> Prepared:
         """The unpacked image of ``spec`` (fetched and unpacked when this worker lacks it), held until
@@ -334,26 +350,27 @@ class ImageCache:
         if self.umoci is None:
             raise ImageError("this worker cannot unpack images: umoci is not installed (Debian package umoci)")
         started = time.monotonic()
-        parsed = parse_manifest(self._blob(manifest, MAX_JSON_BYTES).read_bytes())
-        named = set(spec.blobs)
-        for digest in [parsed.config, *(layer.digest for layer in parsed.layers)]:
-            if digest not in named:
-                raise ImageError(f"the manifest names blob {digest}, which the job's image does not list")
-        config_path = self._blob(parsed.config, MAX_JSON_BYTES)
-        config = parse_config(config_path.read_bytes())
         build = self.root / f".build-{digest_hex(manifest)}-{os.getpid()}-{threading.get_ident()}"
         shutil.rmtree(build, ignore_errors=True)
+        blobs = build / "layout" / "blobs" / "sha256"
+        blobs.mkdir(parents=True)
+
+        def fetched(digest: str, max_bytes: int) -> Path:
+            # Linked into the build at once: the cache may evict it as the next blob arrives (an image larger
+            # than the cache's limit), and a link keeps its bytes until the build is removed.
+            return _link(self._blob(digest, max_bytes), blobs / digest_hex(digest))
         try:
-            blobs = build / "layout" / "blobs" / "sha256"
-            blobs.mkdir(parents=True)
-            _link(self._blob(manifest, MAX_JSON_BYTES), blobs / digest_hex(manifest))
-            _link(config_path, blobs / digest_hex(parsed.config))
+            manifest_path = fetched(manifest, MAX_JSON_BYTES)
+            parsed = parse_manifest(manifest_path.read_bytes())
+            named = set(spec.blobs)
+            for digest in [parsed.config, *(layer.digest for layer in parsed.layers)]:
+                if digest not in named:
+                    raise ImageError(f"the manifest names blob {digest}, which the job's image does not list")
+            config = parse_config(fetched(parsed.config, MAX_JSON_BYTES).read_bytes())
             for layer in parsed.layers:
-                path = self._blob(layer.digest, layer.size)
-                check_layer(path, self.cache.max_bytes)
-                _link(path, blobs / digest_hex(layer.digest))
+                check_layer(fetched(layer.digest, layer.size), self.cache.max_bytes)
             (build / "layout" / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
-            size = len(self._blob(manifest, MAX_JSON_BYTES).read_bytes())
+            size = manifest_path.stat().st_size
             (build / "layout" / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [
                 {"mediaType": MANIFEST_TYPE, "digest": manifest, "size": size,
                  "annotations": {"org.opencontainers.image.ref.name": "task"}}]}))
@@ -407,8 +424,11 @@ class ImageCache:
         return removed
 
 
-def _link(source: Path, target: Path) -> None:
-    try:
-        os.link(source, target)
-    except OSError:
-        shutil.copyfile(source, target)
+def _link(source: Path, target: Path) -> Path:
+    """``target``, a hard link of ``source`` (a copy across file systems)."""
+    if not target.exists():
+        try:
+            os.link(source, target)
+        except OSError:
+            shutil.copyfile(source, target)
+    return target

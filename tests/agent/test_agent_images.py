@@ -107,6 +107,30 @@ def test_a_lying_blob_fails_with_the_reason_and_keeps_nothing(tmp_path):
     assert list_images(tmp_path / "cache") == []
 
 
+@needs_umoci
+def test_images_are_evicted_least_recently_used_under_the_cache_limit_but_not_while_in_use(tmp_path):
+    first, second = build_layout(tmp_path / "one", marker="one"), build_layout(tmp_path / "two", marker="two")
+    blobs = {**{p.name: p for p in (first / "blobs" / "sha256").iterdir()},
+             **{p.name: p for p in (second / "blobs" / "sha256").iterdir()}}
+
+    def fetch(digest, out):
+        out.write(blobs[digest[7:]].read_bytes())
+    cache = ArtifactCache(tmp_path / "cache", 1 << 30, fetch)
+    images = ImageCache(cache)
+    held = images.prepare(spec_of(first), lambda _: None)
+    cache.max_bytes = 5_000_000  # two unpacked busyboxes (2 MB each) and their layers (1.1 MB each) do not fit
+    images.prepare(spec_of(second), lambda _: None)
+    assert len(list_images(tmp_path / "cache")) == 2  # the first is held by a task
+    images.release(held.manifest)
+    assert images.evict() == [held.manifest]
+    assert [image["ref"] for image in list_images(tmp_path / "cache")] == ["test"] and not held.rootfs.exists()
+    # A build folder an agent killed mid-way left is swept by the next one; a running agent's is kept.
+    (images.root / ".build-abc-999999999-1").mkdir()
+    (images.root / f".build-abc-{os.getpid()}-1").mkdir()
+    assert ImageCache(cache).sweep_leftovers() == [] and not (images.root / ".build-abc-999999999-1").exists()
+    assert (images.root / f".build-abc-{os.getpid()}-1").exists()
+
+
 @pytest.mark.parametrize("members, reason", [
     ([(member("../escape"), b"x")], "'..'"),
     ([(member("/etc/passwd"), b"x")], "absolute path"),

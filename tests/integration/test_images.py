@@ -218,3 +218,17 @@ def test_a_jobs_ld_preload_is_loaded_inside_the_sandbox_only(cluster, image, tmp
     done, text = finished(cluster, job_id)
     assert "ran" in text, text
     assert not marker.exists(), f"the job's library ran outside the sandbox: {marker.read_text()}"
+
+
+def test_cancel_gives_an_image_task_its_sigterm_and_a_missing_command_is_127(cluster, image):
+    trap = "trap 'echo got-term; exit 3' TERM; echo ready; sleep 1000 & wait"
+    job_id, _ = submit(cluster, "--label", "host=img1", "--image", str(image), "--", trap)
+    wait_for(lambda: "ready" in cluster.log_text(job_id), 60, "the trapping task to run")
+    cluster.request("POST", f"/v1/jobs/{job_id}/cancel")
+    assert cluster.wait_job(job_id, timeout=60)["state"] == "cancelled"
+    text = wait_for(lambda: "finished:" in (t := cluster.log_text(job_id)) and t, 30, "the cancelled task's finish")
+    assert "got-term" in text and "exit code 3" in text, text
+    job_id = cluster.submit({"command": ["python3", "-c", "1"], "image": {"ref": "test"},
+                             "labels": {"host": "img1"}})
+    done, text = finished(cluster, job_id)
+    assert done["state"] == "failed" and "exit code 127" in text, text  # the image's sh -c says it is not found
