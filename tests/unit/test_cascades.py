@@ -14,10 +14,21 @@ from gpulayer.server.scheduler.spec import validate_job
 
 from helpers import add_worker, job, state_of
 
-SIZE = 20_000
+# The steps here are a tenth of the server's (outcomes.BATCH task rows, outcomes.FANOUT jobs), and so are
+# the arrays (20,000 elements at the server's sizes): each test takes as many steps of each kind as at full
+# size, for a tenth of the rows written (the fast loop: docs/architecture.md, "Tests").
+BATCH, FANOUT, PRUNE_BATCH = outcomes.BATCH // 10, outcomes.FANOUT // 10, retention.PRUNE_BATCH // 10
+SIZE = 80 * BATCH
 # One step ends or releases at most BATCH task rows; each such row changes a few more (task_queue, the
 # shapes and queue_groups counters, the usage ledger) and the step writes a few events.
-MOST_CHANGES_PER_WRITE = 6 * outcomes.BATCH + 2 * outcomes.FANOUT
+MOST_CHANGES_PER_WRITE = 6 * BATCH + 2 * FANOUT
+
+
+@pytest.fixture(autouse=True)
+def smaller_steps(monkeypatch):
+    monkeypatch.setattr(outcomes, "BATCH", BATCH)
+    monkeypatch.setattr(outcomes, "FANOUT", FANOUT)
+    monkeypatch.setattr(retention, "PRUNE_BATCH", PRUNE_BATCH)
 
 
 @pytest.fixture
