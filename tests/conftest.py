@@ -78,6 +78,12 @@ def clock():
     return Clock()
 
 
+@pytest.fixture(scope="module")
+def module_clock():
+    """A Clock for a module's shared fixtures (tests/api/test_auth_matrix.py)."""
+    return Clock()
+
+
 @pytest.fixture(scope="session")
 def state_template(tmp_path_factory):
     """An empty state file at the current schema, made once per session (tests copy it: `config`)."""

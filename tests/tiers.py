@@ -11,6 +11,11 @@ marker of PROCESS_MARKERS (a browser, Slurm, network namespaces) is slow too, an
 (SEARCHES: hypothesis's `given`, which schemathesis's cases go through too), hundreds of examples each. The
 marker's `why` says how a test gets there: `python -m pytest --collect-only -q -m slow --why-slow`.
 
+By hand, one rule: a test that holds real sockets to a server's deadlines (a stalled handshake, a slowloris
+head, a 50 MB transfer over TLS) waits seconds of wall clock by design, so it is integration-like though it
+starts no process. It carries `@WALL_CLOCK` (below), whose `why` says so; nothing else is marked by hand
+but a test reaching a process by a way the marking cannot see.
+
 The guard, in every run (the fast loop and CI alike). While a test that is not `slow` sets up or runs, starting
 a process from its thread, or from a thread started since its setup began, fails it with "... starts a process
 (COMMAND) but is not marked slow ...". A test that reaches a process by a way the marking cannot see (a typer
@@ -47,6 +52,9 @@ STARTERS["posix"] = STARTERS["os"]
 SEARCHES: dict[str, frozenset[str]] = {"hypothesis": frozenset({"given"}), "hypothesis.core": frozenset({"given"})}
 #: Markers whose tests start processes whatever their code says.
 PROCESS_MARKERS = ("browser", "slurm", "netns")
+
+#: The one hand mark (see above): real sockets held to their deadlines, seconds of wall clock each.
+WALL_CLOCK = pytest.mark.slow(why="real sockets held to a server's deadlines: seconds of wall clock by design")
 
 #: The product's packages: followed from a test only through functions and constructors (Reach._followed).
 PRODUCT = ("gpulayer", "agent", "explorer")

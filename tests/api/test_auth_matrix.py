@@ -44,6 +44,40 @@ def concrete(template: str, task_id: int, job_id: int) -> str:
 @pytest.fixture
 def callers(api, deps, tokens, client_h, worker, clock):
     """Headers for every kind of caller, plus a held task and a job."""
+    return _callers(api, deps, tokens, client_h, worker, clock)
+
+
+@pytest.fixture(scope="module")
+def refused_callers(tmp_path_factory, state_template, module_clock):
+    """`callers` on one app for the module, for the tests whose every request is refused before any handler
+    runs (another protocol: 426), so no test sees another's writes; the fast loop built it per test."""
+    import json
+    import shutil
+
+    import falcon.testing
+
+    from gpulayer.server.config import ControlPlaneConfig
+    from gpulayer.server.http.app import create_app, new_deps
+    from gpulayer.server.security.auth import init_home
+    home = tmp_path_factory.mktemp("auth-matrix") / "home"
+    tokens = init_home(home)
+    config = ControlPlaneConfig(home=home, heartbeat_interval_s=0.5, lease_ttl_s=3.0)
+    shutil.copyfile(state_template, config.layout.state)
+    clock = module_clock
+    deps = new_deps(config, clock=clock)
+    api = falcon.testing.TestClient(create_app(deps))
+
+    def worker(name):
+        r = api.simulate_post("/v1/workers/register", headers=bearer(tokens["join_token"]), json={
+            "name": name, "labels": {}, "version": "t", "slots": 1,
+            "resources": {"cpus": 8, "gpus": 0, "memory_mb": 1000, "gpu_models": []}})
+        assert r.status_code == 200, r.text
+        return r.json["worker_id"], bearer(r.json["session_token"])
+    yield api, _callers(api, deps, tokens, bearer(tokens["client_token"]), worker, clock)
+    deps.store.close()
+
+
+def _callers(api, deps, tokens, client_h, worker, clock) -> dict:
     assert api.simulate_put(f"/v1/artifacts/{DIGEST}", headers=client_h, body=b"artifact").status_code == 201
     job_id = api.simulate_post("/v1/jobs", headers=client_h,
                                json={"command": ["x"], "inputs": {"in.bin": DIGEST},
@@ -153,7 +187,8 @@ def test_worker_a_cannot_touch_worker_b_task(api, client_h, worker, deps):
 # -- the protocol header -------------------------------------------------------
 
 @pytest.mark.parametrize("template, method", list(operations()))
-def test_other_protocol_is_426(api, callers, template, method):
+def test_other_protocol_is_426(refused_callers, template, method):
+    api, callers = refused_callers
     path = concrete(template, callers["task_id"], callers["job_id"])
     caller = "worker" if "worker" in family(template) and template.startswith("/v1/worker") else "client"
     if template == "/v1/workers/register":

@@ -14,6 +14,7 @@ import requests
 
 from gpulayer.server.security import certs
 from gpulayer.server.http.server import HTTPServer
+from tiers import WALL_CLOCK
 
 MB = 1024 * 1024
 CHUNK = bytes(range(256)) * 4096  # 1 MiB
@@ -106,6 +107,7 @@ def test_tls_refuses_a_client_that_does_not_trust_the_ca(serve):
         requests.get(f"https://localhost:{srv.port}/hello", timeout=2)
 
 
+@WALL_CLOCK
 def test_50mb_up_and_down_over_tls(serve, tls_files):
     srv = serve()
     n = 50
@@ -121,6 +123,7 @@ def test_50mb_up_and_down_over_tls(serve, tls_files):
     assert (got, h.hexdigest()) == (n * MB, hashlib.sha256(upload).hexdigest())
 
 
+@WALL_CLOCK
 def test_silent_tls_clients_do_not_stall_others(serve, tls_files, loud):
     srv = serve(threads=1, request_timeout_s=5)
     silent = [socket.create_connection(("127.0.0.1", srv.port)) for _ in range(5)]
@@ -135,6 +138,7 @@ def test_silent_tls_clients_do_not_stall_others(serve, tls_files, loud):
     assert loud() == []
 
 
+@WALL_CLOCK
 def test_client_stalled_mid_handshake_is_dropped_after_the_timeout(serve, tls_files, loud):
     srv = serve(threads=2, request_timeout_s=0.5)
     stalled = socket.create_connection(("127.0.0.1", srv.port))
@@ -169,6 +173,7 @@ def test_plain_http_on_the_tls_port_is_refused_and_the_server_lives(serve, tls_f
     assert loud() == []
 
 
+@WALL_CLOCK
 def test_headers_then_stall_is_timed_out_and_others_are_served(serve, tls_files):
     srv = serve(threads=2, request_timeout_s=0.5)
     ctx = ssl.create_default_context(cafile=tls_files["ca"])
@@ -189,6 +194,7 @@ def test_oversized_headers_are_refused(serve):
     assert requests.get(f"http://127.0.0.1:{srv.port}/hello", timeout=2).status_code == 200
 
 
+@WALL_CLOCK
 def test_stop_lets_an_inflight_request_finish_then_refuses(tls_files):
     srv = HTTPServer(app, "127.0.0.1", 0, certfile=tls_files["cert"], keyfile=tls_files["key"])
     srv.start()
@@ -264,6 +270,7 @@ def _trickle(clients) -> int:
     return closed
 
 
+@WALL_CLOCK
 @pytest.mark.parametrize("tls", [False, True])
 def test_slowloris_heads_hold_no_thread_and_end_at_the_deadline(serve, tls_files, tls):
     srv = serve(tls=tls, threads=4, request_timeout_s=5, head_timeout_s=1.5)
