@@ -74,6 +74,10 @@ class Worker:
         self.idle_since = time.monotonic()
         self.fatal: list[AgentError] = []
         self.interval_s = 2.0
+        # The control plane renews the leases on any worker request (`requests_renew_lease`): an idle worker
+        # whose acquire is parked, or that was answered within the interval, skips its heartbeat.
+        self.requests_renew = False
+        self.acquiring = False  # an acquire is in flight (parked on the server)
         self.rejoin_lock = threading.Lock()
         self.rejoined_at = 0.0
         self.gpu_health: GpuHealth | None = None  # where NVML answers and the worker has GPUs
@@ -185,6 +189,7 @@ class Worker:
             return None
         transport.set_token(answer["session_token"])
         self.interval_s = float(answer.get("heartbeat_interval_s") or 2.0)
+        self.requests_renew = answer.get("requests_renew_lease") is True
         log_event("worker_registered", worker_id=answer.get("worker_id"), name=answer.get("name") or body["name"],
                   labels=answer.get("labels", body["labels"]), slots=body["slots"],
                   advertise_address=answer.get("advertise_address"), heartbeat_interval_s=self.interval_s)
@@ -244,6 +249,7 @@ class Worker:
     def _heartbeat_loop(self) -> None:
         transport = self.session.transport
         failures = 0
+        urgent = True  # the first beat, and one a changed endpoint or a refused request asked for
         while not self.heartbeat_stop.is_set():
             with self.lock:
                 entries = [handle.heartbeat_entry() for handle in self.handles.values()]
@@ -252,6 +258,9 @@ class Worker:
             if self.gpu_health is not None:
                 self.gpu_health.check()
                 body["gpus"] = self.gpu_health.report()
+            if not urgent and not failures and self._beat_needless(body):
+                urgent = self._heartbeat_pause(self.interval_s)
+                continue
             try:
                 answer = transport.request("POST", "/worker/heartbeat", body)
                 failures = 0
@@ -262,7 +271,7 @@ class Worker:
                 failures += 1
                 if failures == 1 or failures % 10 == 0:
                     log_event("heartbeat_failed", failures=failures, error=str(exc))
-                self._heartbeat_pause(min(self.interval_s, retry_delay(failures)))
+                urgent = self._heartbeat_pause(min(self.interval_s, retry_delay(failures)))
                 continue
             except Unauthorized:
                 if self._rejoin(sent_with):
@@ -272,12 +281,29 @@ class Worker:
                 self._fail(exc)
             except Rejected as exc:
                 log_event("heartbeat_rejected", error=str(exc))
-            self._heartbeat_pause(self.interval_s)
+            urgent = self._heartbeat_pause(self.interval_s)
 
-    def _heartbeat_pause(self, seconds: float) -> None:
-        """Wait until the next heartbeat is due, or until a task's endpoint changed (or stop)."""
+    def _heartbeat_pause(self, seconds: float) -> bool:
+        """Wait until the next heartbeat is due, or until a task's endpoint changed (or stop); True for the latter."""
         if self.beat_now.wait(seconds):
             self.beat_now.clear()
+            return True
+        return False
+
+    def _beat_needless(self, body: dict) -> bool:
+        """True when this heartbeat would tell nothing and renew nothing another request did not.
+
+        Only when the control plane said any request renews the leases; only while
+        the worker runs no task (a heartbeat answer is how cancels and preemptions reach
+        it within an interval) and its GPUs report healthy with no reset to echo (a
+        reset is told in heartbeat answers); and only while its acquire is parked
+        there (renewed at every flush) or another request was answered within the interval.
+        """
+        if not self.requests_renew or body["tasks"]:
+            return False
+        if any(not g.get("healthy", True) or g.get("reset_applied") for g in body.get("gpus") or []):
+            return False
+        return self.acquiring or time.monotonic() - self.session.transport.answered_at < self.interval_s
 
     def _rejoin(self, refused: str | None) -> bool:
         """Register again after a heartbeat's 401 (which a revoked worker never gets: it hears `revoked`).
@@ -306,6 +332,12 @@ class Worker:
                 joiner.close()
 
     def _on_heartbeat(self, answer: dict) -> None:
+        interval = answer.get("heartbeat_interval_s")
+        if isinstance(interval, (int, float)) and not isinstance(interval, bool) and 0 < interval != self.interval_s:
+            log_event("heartbeat_interval_changed", before=self.interval_s, after=float(interval))
+            self.interval_s = float(interval)
+        if "requests_renew_lease" in answer:
+            self.requests_renew = answer["requests_renew_lease"] is True
         preempted = {int(t) for t in answer.get("preempted_task_ids") or []}
         grace_s = answer.get("preempt_grace_s")
         for task_id in answer.get("cancel_task_ids") or []:
@@ -334,11 +366,15 @@ class Worker:
                 self.slot_freed.clear()
                 continue
             asked = time.monotonic()
+            self.acquiring = True
             try:
                 # max_tasks: every free slot's assignment in one round trip (an older server sends one)
-                answer = transport.request("POST", "/worker/acquire",
-                                           {"wait_s": self.config.acquire_wait_s, "max_tasks": free},
-                                           timeout=self.config.acquire_wait_s + 15)
+                try:
+                    answer = transport.request("POST", "/worker/acquire",
+                                               {"wait_s": self.config.acquire_wait_s, "max_tasks": free},
+                                               timeout=self.config.acquire_wait_s + 15)
+                finally:
+                    self.acquiring = False
                 failures = 0
             except Unreachable:
                 failures += 1

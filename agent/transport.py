@@ -93,6 +93,7 @@ class Transport:
         self.pool = ConnectionPool(base_url, verify)
         self.headers = {PROTOCOL_HEADER: str(PROTOCOL), "User-Agent": f"gpulayer-agent/{__version__}"}
         self.give_up_at: float | None = None
+        self.answered_at = 0.0  # time.monotonic() of the last 2xx answer (a heartbeat may be skipped after one)
 
     def set_token(self, token: str) -> None:
         """Use ``token`` as the bearer token from now on."""
@@ -140,6 +141,7 @@ class Transport:
         connection, response = self._exchange(method, path, body, headers or {}, timeout or self.timeout)
         status = response.status
         if 200 <= status < 300:
+            self.answered_at = time.monotonic()
             return connection, response
         data = self._read(connection, response, method, path)
         if status >= 500 or status in (408, 429):

@@ -266,6 +266,8 @@ def run_heartbeats(args, tls: bool) -> dict:
             tasks = []
             if i < args.hb_busy:
                 hdr = _worker_headers(token)
+                # a heartbeat first: on a loaded machine this setup outlasts a lease registered at the start
+                s.post(srv.url + "/v1/worker/heartbeat", json={"tasks": []}, headers=hdr, timeout=30).raise_for_status()
                 task = s.post(srv.url + "/v1/worker/acquire", json={}, headers=hdr, timeout=30).json()["task"]
                 s.post(f"{srv.url}/v1/worker/tasks/{task['task_id']}/start", json={}, headers=hdr,
                        timeout=30).raise_for_status()

@@ -43,6 +43,7 @@ class FakeControlPlane:
         self.deregistered = False
         self.missing_header = []
         self.acquires = []  # each acquire's body
+        self.heartbeat_terms = {}  # added to register and heartbeat answers (a newer server's fields)
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -84,12 +85,14 @@ class FakeControlPlane:
                 return 401, {"error": {"code": "unauthorized", "message": "bad token"}}
             self.registrations.append(body)
             return 200, {"worker_id": 1, "session_token": SESSION, "heartbeat_interval_s": self.heartbeat_interval_s,
-                         "lease_ttl_s": 5, "advertise_address": body.get("advertise_address") or "127.0.0.1"}
+                         "lease_ttl_s": 5, "advertise_address": body.get("advertise_address") or "127.0.0.1",
+                         **self.heartbeat_terms}
         if token != SESSION:
             return 401, {"error": {"code": "unauthorized", "message": "bad token"}}
         if path == "/v1/worker/heartbeat":
             self.heartbeats.append(body)
-            return 200, {"cancel_task_ids": sorted(self.cancel), "revoked": self.revoked, "lease_expires_at": time.time() + 5}
+            return 200, {"cancel_task_ids": sorted(self.cancel), "revoked": self.revoked, "lease_expires_at": time.time() + 5,
+                         **self.heartbeat_terms}
         if path == "/v1/worker/acquire":
             self.acquires.append(body)
             return 200, self._answer(self._acquire(float(body.get("wait_s") or 0), body.get("max_tasks") or 1),

@@ -182,7 +182,10 @@ RESPONSES: dict[tuple[str, str], tuple[str, dict]] = {
                        "description": "GPU indices an operator reset: forget their faults (sent only when some)"},
         "preempted_task_ids": {"type": "array", "items": {"type": "integer"},
                                "description": "of cancel_task_ids, those stopped for a preemption (sent only when some)"},
-        "preempt_grace_s": {"type": "number", "description": "their SIGTERM-to-SIGKILL grace"}}}),
+        "preempt_grace_s": {"type": "number", "description": "their SIGTERM-to-SIGKILL grace"},
+        "heartbeat_interval_s": {"type": "number", "description": "the interval the server wants from the next beat"},
+        "requests_renew_lease": {"type": "boolean",
+                                 "description": "any successful worker request renews the leases (docs/protocol.md)"}}}),
     ("/v1/usage", "get"): ("200", {"type": "object", "required": ["by", "since", "until", "rows"], "properties": {
         "by": {"type": "string"}, "since": {"type": "number"}, "until": {"type": "number"},
         "rows": {"type": "array", "items": {"type": "object", "required": ["key", "gpu_hours", "cpu_hours", "runs",

@@ -78,8 +78,7 @@ class Register(Resource):
         resp.media = {"worker_id": result["worker_id"], "session_token": result["session_token"],
                       "name": result["name"],
                       "labels": result["labels"], "advertise_address": result["advertise_address"],
-                      "heartbeat_interval_s": self.deps.config.heartbeat_interval_s,
-                      "lease_ttl_s": self.deps.config.lease_ttl_s}
+                      "lease_ttl_s": self.deps.config.lease_ttl_s, **self.sched.heartbeat_terms()}
         if result.get("warnings"):
             resp.media["warnings"] = result["warnings"]
 
@@ -97,7 +96,10 @@ class Heartbeat(WorkerResource):
     def on_post(self, req, resp):
         body = wire.read_json(req, allow_empty=True)
         reported = wire.heartbeat(body)
-        resp.media = self.sched.heartbeat(self.worker_id(req), reported, wire.gpu_health(body))
+        answer = self.sched.heartbeat(self.worker_id(req), reported, wire.gpu_health(body))
+        if answer["lease_expires_at"] is not None:  # the interval wanted, and that any request renews
+            answer.update(self.sched.heartbeat_terms())
+        resp.media = answer
 
 
 class Acquire(WorkerResource):

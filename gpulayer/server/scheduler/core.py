@@ -16,8 +16,8 @@ import apsw
 from gpulayer.server.config import MAX_ACQUIRE_WAIT_S, ControlPlaneConfig
 from gpulayer.server.errors import NotFound
 from gpulayer.server.scheduler import (access, aging, cascades, cordons, gauges, gpu_health, jobs, leases,
-                                       ledger, lifecycle, outcomes, placement, preemption, reconcile, secrets, teams,
-                                       tokens, workers)
+                                       ledger, lifecycle, outcomes, placement, preemption, reconcile, renewals,
+                                       secrets, teams, tokens, workers)
 from gpulayer.server.scheduler.follow import LogFollowers
 from gpulayer.server.scheduler.spec import validate_job
 from gpulayer.server.security.auth import Authenticator, Principal, new_jti, new_token
@@ -65,6 +65,8 @@ class Scheduler:
         self._cascades_recovered = False
         self._submit_locks: dict[int, threading.Lock] = {}
         self._submit_locks_guard = threading.Lock()
+        # Lease renewals not yet in SQL: heartbeats that change nothing and other worker requests (renewals.py).
+        self.renewals = renewals.Renewals()
 
     # -- wake-up -------------------------------------------------------------
 
@@ -271,11 +273,33 @@ class Scheduler:
         self._write(workers.needs_upgrade, now=self.clock(), **kwargs)
 
     def heartbeat(self, worker_id: int, reported: list[dict], gpus: list[dict] | None = None) -> dict:
-        answer = self._write(leases.heartbeat, worker_id, reported, self.clock(), self.config.lease_ttl_s, gpus, inline=0,
-                             restored=self.restored)
-        if answer.get("reset_gpus"):
-            self.wake()
+        """Renew the worker's leases and answer what to cancel (leases.heartbeat).
+
+        One that changes nothing is answered from a read transaction and its renewal noted in memory
+        (leases.unchanged, renewals.py); anything else, and all of them while a restore's rules apply,
+        takes the write path.
+        """
+        now = self.clock()
+        answer = None
+        if self.restored is None or not self.restored.active():
+            answer = self.store.read(leases.unchanged, worker_id, reported, now, self.config.lease_ttl_s, gpus)
+        if answer is not None:
+            self.renewals.note(worker_id, now)
+        else:
+            answer = self._write(leases.heartbeat, worker_id, reported, now, self.config.lease_ttl_s, gpus, inline=0,
+                                 restored=self.restored)
+            if answer.get("reset_gpus"):
+                self.wake()
         return answer
+
+    def heartbeat_terms(self) -> dict:
+        """What register and heartbeat answers tell an agent of its heartbeats (docs/protocol.md): the interval
+        wanted, and that any successful worker request renews its leases (so an idle one may skip a beat)."""
+        return {"heartbeat_interval_s": self.config.heartbeat_interval_s, "requests_renew_lease": True}
+
+    def seen(self, worker_id: int) -> None:
+        """A worker request other than a heartbeat: it renews the worker's leases as one would (renewals.py)."""
+        self.renewals.note(worker_id, self.clock())
 
     # -- taking workers and GPUs out of service -------------------------------
 
@@ -317,6 +341,7 @@ class Scheduler:
         """
         deadline = time.monotonic() + min(max(wait_s, 0.0), MAX_ACQUIRE_WAIT_S)
         parked = False
+        self.seen(worker_id)
         try:
             while True:
                 seen = self._generation
@@ -334,7 +359,7 @@ class Scheduler:
                     parked = self._parked.acquire(blocking=False)
                     if not parked:
                         return []  # too many parked already: the worker polls again later
-                with self._wake:
+                with self._wake, self.renewals.parked(worker_id):
                     if self._generation == seen and not self._closing:
                         self._waiting += 1
                         try:
@@ -344,6 +369,7 @@ class Scheduler:
                 if check is not None:
                     check()
         finally:
+            self.seen(worker_id)
             if parked:
                 self._parked.release()
 
@@ -357,6 +383,7 @@ class Scheduler:
                                                                                  secrets.task_project(conn, task_id)))
 
     def start(self, worker_id: int, task_id: int, pid: int | None) -> None:
+        self.seen(worker_id)
         self._write(self._adopting(lifecycle.start), worker_id, task_id, pid, self.clock())
 
     def _adopting(self, fn):
@@ -373,16 +400,19 @@ class Scheduler:
         return adopting
 
     def logs(self, worker_id: int, task_id: int, lines: list[dict]) -> int:
+        self.seen(worker_id)
         accepted = self._write(lifecycle.append_logs, worker_id, task_id, lines)
         self.log_followers.written()
         return accepted
 
     def rendezvous(self, worker_id: int, task_id: int, address: str, port: int) -> dict:
+        self.seen(worker_id)
         return self._write(lifecycle.rendezvous, worker_id, task_id, address, port, self.clock())
 
     def finish(self, worker_id: int, task_id: int, *, exit_code, outcome, outputs, reason, lines=(),
                pid=None) -> bool:
         """Record a result (with the task's last log lines, and its start when `pid`) in one transaction."""
+        self.seen(worker_id)
         accepted = self._write(self._adopting(lifecycle.finish), worker_id, task_id, exit_code, outcome, outputs,
                                reason, self.clock(), lines=lines, pid=pid, wake=True)
         self.log_followers.written()  # the job may have ended: its log followers stop waiting
@@ -427,6 +457,10 @@ class Scheduler:
         """Upkeep's preemption round, one transaction (preemption.preempt): the task ids asked to stop."""
         return self._write(preemption.preempt, self.clock(), self.config.lease_ttl_s)
 
+    def _expire(self, conn: apsw.Connection, now: float, written: dict[int, float]) -> dict:
+        written.update(self.renewals.pending(self.clock()))  # on the writer: every note made before it
+        return leases.expire(conn, now, self.config.start_timeout_s, written, self.config.lease_ttl_s)
+
     def usage(self, principal: Principal | None, by: str = "user", since: str | float | None = None,
               offset: int = 0, limit: int = -1) -> dict:
         """The usage ledger summed per `by` over `since` (ledger.report_for; none: the last 30 days); a page of
@@ -439,8 +473,13 @@ class Scheduler:
                                limit=limit)
 
     def expire(self) -> dict:
-        """Expire leases and release gangs not started in time (run by upkeep), in one transaction."""
-        result = self._write(leases.expire, self.clock(), self.config.start_timeout_s)
+        """Expire leases and release gangs not started in time (run by upkeep), in one transaction.
+
+        It writes the renewals noted in memory first (renewals.py): each upkeep tick is their flush.
+        """
+        written: dict[int, float] = {}
+        result = self._write(self._expire, self.clock(), written)
+        self.renewals.flushed(written)
         if any(result.values()):
             self.wake()
             self.log_followers.written()  # a lost task may have ended its job

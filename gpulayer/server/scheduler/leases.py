@@ -5,7 +5,7 @@ import apsw
 
 from gpulayer.server.scheduler import events
 
-from gpulayer.server.scheduler import gpu_health, ledger, outcomes, preemption, reconcile
+from gpulayer.server.scheduler import gpu_health, ledger, outcomes, preemption, reconcile, renewals
 from gpulayer.server.store.queries import QUERIES, row, rows
 
 
@@ -46,14 +46,59 @@ def heartbeat(conn: apsw.Connection, worker_id: int, reported: list[dict], now: 
     return answer
 
 
-def expire(conn: apsw.Connection, now: float, start_timeout_s: float) -> dict:
+def unchanged(conn: apsw.Connection, worker_id: int, reported: list[dict], now: float, lease_ttl_s: float,
+              gpus: list[dict] | None = None) -> dict | None:
+    """A heartbeat's answer from a read transaction, when `heartbeat` would change nothing but the leases.
+
+    None (take the write path) unless the worker is online, holds every task it
+    reports with the same endpoint and restarts, and its GPU report changes no
+    stored health (no new fault, no new UUID, no reset pending). The caller notes
+    the renewal (renewals.Renewals.note); the answer is `heartbeat`'s, cancels and
+    preemptions included, read in the same snapshot.
+    """
+    worker = row(conn, "worker_state", worker_id=worker_id)
+    if worker is None or worker["state"] != "online" or not _same_gpus(conn, worker_id, gpus):
+        return None
+    active = {t["id"]: t for t in rows(conn, "heartbeat_view", worker_id=worker_id)}
+    for task in reported:
+        held = active.get(task["task_id"])
+        if held is None:
+            return None  # a task this worker does not hold: the write path answers it (and reconciles it)
+        if held["state"] == "running" and (held["endpoint"] != task.get("endpoint")
+                                           or held["restarts"] != (task.get("restarts") or 0)):
+            return None
+    cancel = sorted(task_id for task_id, held in active.items() if held["cancel_requested"])
+    answer = {"cancel_task_ids": cancel, "revoked": False, "lease_expires_at": now + lease_ttl_s}
+    if cancel:
+        answer.update(preemption.heartbeat_fields(conn, worker_id))
+    return answer
+
+
+def _same_gpus(conn: apsw.Connection, worker_id: int, gpus: list[dict] | None) -> bool:
+    """True when gpu_health.report would store nothing and tell no reset."""
+    known = {g["index"]: g for g in rows(conn, "worker_gpus_of", worker_id=worker_id)}
+    if any(g["reset_pending"] for g in known.values()):
+        return False
+    for gpu in gpus or []:
+        before = known.get(gpu["index"])
+        if before is None or (before["healthy"] and not gpu["healthy"]) or (gpu["uuid"] and before["uuid"] != gpu["uuid"]):
+            return False
+    return True
+
+
+def expire(conn: apsw.Connection, now: float, start_timeout_s: float, renewed: dict[int, float] | None = None,
+           lease_ttl_s: float = 0.0) -> dict:
     """Upkeep's one transaction: expired leases, silent workers, stale gangs; how many of each.
+
+    The renewals noted in memory (`renewed`: renewals.Renewals.pending) are written first, in the
+    same transaction, so no lease is judged on a value one flush behind its worker's last request.
 
     Tasks whose lease passed are lost (and retried or ended), their workers go
     offline, and gangs with a rank not started within `start_timeout_s` go back
     to the queue whole. A preemption's victim among them goes back to the queue
     as preempted, same attempt (preemption.requeue_lost): it was being stopped anyway.
     """
+    renewals.flush(conn, renewed or {}, lease_ttl_s)
     preemption.requeue_lost(conn, now)
     lost = rows(conn, "expire_task_leases", now=now)
     for task in lost:

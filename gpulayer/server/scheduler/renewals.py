@@ -1,0 +1,91 @@
+"""Lease renewals kept in memory and written to SQL in one statement per flush (heartbeats off the write path).
+
+A heartbeat that changes nothing, and any other request of a worker (acquire,
+start, logs, finish, rendezvous), notes "worker W seen at T" here instead of
+writing. Upkeep's transaction (leases.expire, each upkeep tick: at most one
+second) writes every note first, in one statement for the workers and one for
+their tasks, and only then judges leases: nothing is judged lost on a stale
+SQL value. So a lease in SQL is at most one flush interval (plus the writer's
+queue) behind the newest request of its worker. A worker whose acquire is
+parked (long poll) counts as seen at every flush while it waits.
+
+A note is forgotten only once the transaction that wrote it has committed
+(`flushed`): a failed flush is written again at the next one. A control plane
+killed with notes unwritten loses them; its restart gives every lease one TTL
+from the start (leases.grace_after_restart), which covers them.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from collections import Counter
+from contextlib import contextmanager
+from typing import Iterator
+
+import apsw
+
+from gpulayer.server.scheduler import events
+from gpulayer.server.store.queries import QUERIES, rows
+
+
+class Renewals:
+    """`worker id -> when last seen` not yet in SQL, and the workers whose acquire is parked now."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seen: dict[int, float] = {}
+        self._parked: Counter[int] = Counter()
+
+    def note(self, worker_id: int, at: float) -> None:
+        """The worker made a request at `at` (the scheduler's clock)."""
+        with self._lock:
+            if at > self._seen.get(worker_id, 0.0):
+                self._seen[worker_id] = at
+
+    @contextmanager
+    def parked(self, worker_id: int) -> Iterator[None]:
+        """While the worker's acquire waits: it is seen at every flush."""
+        with self._lock:
+            self._parked[worker_id] += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._parked[worker_id] -= 1
+                if self._parked[worker_id] <= 0:
+                    del self._parked[worker_id]
+
+    def pending(self, now: float) -> dict[int, float]:
+        """What a flush at `now` writes: the notes, and the parked workers as seen now."""
+        with self._lock:
+            found = dict(self._seen)
+            for worker_id in self._parked:
+                found[worker_id] = max(found.get(worker_id, 0.0), now)
+            return found
+
+    def flushed(self, written: dict[int, float]) -> None:
+        """Those notes are in SQL (their transaction committed): forget each not renewed since."""
+        with self._lock:
+            for worker_id, at in written.items():
+                if self._seen.get(worker_id) == at:
+                    del self._seen[worker_id]
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._seen)
+
+
+def flush(conn: apsw.Connection, renewals: dict[int, float], lease_ttl_s: float) -> int:
+    """Write the renewals (`pending`) in the writer's transaction; how many workers they name.
+
+    A worker that went offline and made a request since comes back online
+    (`worker_online`, as a heartbeat would bring it back).
+    """
+    if not renewals:
+        return 0
+    params = {"renewals": json.dumps({str(w): at for w, at in renewals.items()}), "lease_ttl_s": lease_ttl_s}
+    for back in rows(conn, "flush_offline_renewals", **params):
+        events.record(conn, renewals[back["id"]], "worker_online", worker_id=back["id"])
+    conn.execute(QUERIES["flush_worker_renewals"], params)
+    conn.execute(QUERIES["flush_task_renewals"], params)
+    return len(renewals)
