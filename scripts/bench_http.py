@@ -273,7 +273,7 @@ def run_heartbeats(args, tls: bool) -> dict:
                        timeout=30).raise_for_status()
                 tasks = [task["task_id"]]
             creds.append((token, tasks))
-        # One untimed heartbeat from each busy worker (8 at a time) just before the load: a task
+        # One untimed heartbeat from each worker (8 at a time) just before the load: a task
         # is lost when its worker's lease lapses, and a busy worker's last word was its
         # registration, seconds ago while the others registered (this ramp lost all 200 busy
         # tasks at a 6 s TTL, on the old code and the new).
@@ -286,8 +286,10 @@ def run_heartbeats(args, tls: bool) -> dict:
                     timeout=30).raise_for_status()
             return time.time()
 
+        # Every worker says a word before the load, in the order the load visits them, so it measures a fleet that
+        # heartbeats, not 2,000 workers coming back online after the setup outlasted their leases.
         with ThreadPoolExecutor(8) as pool:
-            heard = list(pool.map(warm, creds[:args.hb_busy]))
+            heard = list(pool.map(warm, creds))
         creds = [(token, tasks, heard[i] if i < len(heard) else None) for i, (token, tasks) in enumerate(creds)]
         share = [creds[p::args.procs] for p in range(args.procs)]
         start_at = time.time() + 0.5 + 0.05 * args.threads
