@@ -328,6 +328,8 @@ def _job_id(job_id: int | str) -> int:
 def _reason(exc: Exception) -> str:
     """The innermost readable reason of a requests exception (no URL noise)."""
     text = str(exc)
+    if "BadStatusLine('\\x15\\x03" in text:  # a TLS alert record: plain HTTP to a TLS port (granian)
+        return "it answers in TLS: use an https:// URL"
     for marker in ("Connection refused", "Name or service not known", "certificate verify failed",
                    "No route to host", "timed out", "Temporary failure in name resolution"):
         if marker in text:

@@ -80,5 +80,15 @@ def error_from_response(response: requests.Response) -> ApiError:
         body, code, message = {}, "http_error", ""
     if not message:
         message = f"the server answered HTTP {response.status_code} {response.reason or ''}".strip()
+        said = _plain_text(response)
+        if said:  # a front end's own words (cheroot: "This port speaks HTTPS; use an https:// URL.")
+            message = f"{message}: {said}"
     cls = _BY_STATUS.get(response.status_code, ApiError)
     return cls(message, code=code, status=response.status_code, body=body)
+
+
+def _plain_text(response: requests.Response) -> str:
+    """A short text/plain answer's first line, or ""."""
+    if not response.headers.get("Content-Type", "").startswith("text/plain") or len(response.content) > 512:
+        return ""
+    return response.text.strip().splitlines()[0] if response.text.strip() else ""

@@ -229,15 +229,23 @@ def test_out_of_descriptors_a_503_without_spinning_then_recovery(tmp_path):
         assert "Failed to accept" not in plane.logs(200_000)
 
 
-def test_plain_http_on_the_tls_port_is_closed_at_once(tmp_path):
-    with ControlPlaneProcess(tmp_path, tls=True, args=GRANIAN) as plane:
+@pytest.mark.parametrize("front_end", ["granian", "cheroot"])
+def test_plain_http_on_the_tls_port_is_refused_and_the_cli_says_https(tmp_path, front_end):
+    with ControlPlaneProcess(tmp_path, tls=True, args=["--http", front_end]) as plane:
         began = time.monotonic()
         with socket.create_connection(("127.0.0.1", plane.port), timeout=5) as sock:
             sock.sendall(b"GET /v1/health HTTP/1.1\r\nHost: localhost\r\n\r\n")
             answer = b""
-            while chunk := sock.recv(4096):
-                answer += chunk
-        # rustls answers a TLS alert record (no readable 400, unlike cheroot), then closes.
-        assert answer == b"" or answer.startswith(b"\x15\x03"), answer
+            try:
+                while chunk := sock.recv(4096):
+                    answer += chunk
+            except ConnectionResetError:
+                pass
+        # cheroot: a readable 400; granian (rustls): a TLS alert record, read by gpulayer's client as
+        # "use https://" (gpulayer/client/api.py); either closes at once.
+        readable = b"HTTP/1.1 400" if front_end == "cheroot" else b"\x15\x03"
+        assert answer == b"" or answer.startswith(readable), answer
         assert time.monotonic() - began < 2
+        rc, _out, err = plane.cli("job", "list", GPULAYER_URL=plane.url.replace("https://", "http://"))
+        assert rc != 0 and "https://" in err and "Traceback" not in err, err
         assert requests.get(plane.url + "/v1/health", verify=plane.verify, timeout=5).status_code == 200

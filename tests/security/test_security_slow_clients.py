@@ -3,13 +3,12 @@
 More connections than the server has threads (320): slowloris request heads
 (a header line every so often), partial TLS ClientHellos, parked log
 long-polls, and request bodies trickled a byte at a time (issue 22 item 1:
-on both front ends, plain and TLS). Meanwhile a real worker heartbeats at a 3 s lease TTL while it
+on both front ends, plain and TLS; issue 25: every test here runs on both). Meanwhile a real worker heartbeats at a 3 s lease TTL while it
 runs a task: the task must finish on its first attempt, never be lost, and
 /v1/health must answer throughout. Loopback only; every loop is bounded.
 """
 from __future__ import annotations
 
-import importlib.util
 import socket
 import ssl
 import time
@@ -69,8 +68,9 @@ def _connect(plane, first: bytes) -> list:
     return clients
 
 
-def test_slowloris_heads_do_not_cost_heartbeats(tmp_path):
-    with _plane(tmp_path) as plane:
+@pytest.mark.parametrize("front_end", ["granian", "cheroot"])
+def test_slowloris_heads_do_not_cost_heartbeats(tmp_path, front_end):
+    with _plane(tmp_path, args=["--http", front_end]) as plane:
         job_id = _running_job(plane)
         clients = _connect(plane, b"GET /v1/jobs HTTP/1.1\r\nHost: x\r\n")
         try:
@@ -81,8 +81,9 @@ def test_slowloris_heads_do_not_cost_heartbeats(tmp_path):
         _not_lost(plane, job_id)
 
 
-def test_partial_client_hellos_do_not_cost_heartbeats(tmp_path):
-    with _plane(tmp_path, tls=True) as plane:
+@pytest.mark.parametrize("front_end", ["granian", "cheroot"])
+def test_partial_client_hellos_do_not_cost_heartbeats(tmp_path, front_end):
+    with _plane(tmp_path, tls=True, args=["--http", front_end]) as plane:
         job_id = _running_job(plane)
         clients = _connect(plane, b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03")  # a ClientHello's start
         try:
@@ -93,8 +94,9 @@ def test_partial_client_hellos_do_not_cost_heartbeats(tmp_path):
         _not_lost(plane, job_id)
 
 
-def test_parked_log_followers_do_not_cost_heartbeats(tmp_path):
-    with _plane(tmp_path) as plane:
+@pytest.mark.parametrize("front_end", ["granian", "cheroot"])
+def test_parked_log_followers_do_not_cost_heartbeats(tmp_path, front_end):
+    with _plane(tmp_path, args=["--http", front_end]) as plane:
         job_id = _running_job(plane)
         after = 10 ** 9  # past every line: each follower parks
         request = (f"GET /v1/jobs/{job_id}/logs?wait_s=30&after={after} HTTP/1.1\r\nHost: x\r\n"
@@ -115,10 +117,8 @@ def test_parked_log_followers_do_not_cost_heartbeats(tmp_path):
 FRONT_ENDS = [
     pytest.param("cheroot", False, id="cheroot-plain"),
     pytest.param("cheroot", True, id="cheroot-tls"),
-    pytest.param("granian", False, id="granian-plain",
-                 marks=pytest.mark.skipif(importlib.util.find_spec("granian") is None, reason="no granian")),
-    pytest.param("granian", True, id="granian-tls",
-                 marks=pytest.mark.skipif(importlib.util.find_spec("granian") is None, reason="no granian")),
+    pytest.param("granian", False, id="granian-plain"),
+    pytest.param("granian", True, id="granian-tls"),
 ]
 LARGE = 10 * 1024 * 1024  # streamed, not buffered: these take a thread each, up to a quarter of them
 

@@ -15,7 +15,9 @@ policy, as cheroot's server.py applies it):
   `bodies.streamed_cap(threads)` requests do that at once (503 past it).
 
 A 408 or 400 answer carries `Connection: close`, and dropping the body's
-awaitable makes granian close the connection at once.
+awaitable makes granian close the connection at once. A file answered whole
+(an artifact) goes out through granian's `response_file`, read from disk as
+the socket drains: its stream transport would queue it all in memory.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
+import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -46,8 +49,21 @@ class Bridge:
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="gpulayer-granian")
         self.max_streams = bodies.streamed_cap(threads)
         self.streams = 0  # touched only on the loop's thread
+        self.active: set[str] = set()  # the clients with a request here (changed on the loop's thread)
+
+    def busy(self, client: str) -> bool:
+        """Whether the connection from `client` ("host:port") has a request here (any thread may ask)."""
+        return client in self.active
 
     async def __call__(self, scope, proto) -> None:
+        client = scope.client
+        self.active.add(client)
+        try:
+            await self._request(scope, proto)
+        finally:
+            self.active.discard(client)
+
+    async def _request(self, scope, proto) -> None:
         headers = scope.headers.items()
         refused = bodies.framing_error(headers)
         if refused is not None:
@@ -94,6 +110,10 @@ class Bridge:
                 response_headers = [*response_headers, _CLOSE]
             if isinstance(result, list):
                 proto.response_bytes(status, response_headers, b"".join(result))
+                return
+            path = _whole_file(result)
+            if path is not None:  # granian reads it as the socket drains: memory stays flat
+                proto.response_file(status, response_headers, path)
                 return
             transport = proto.response_stream(status, response_headers)
             for chunk in result:
@@ -182,6 +202,26 @@ async def _next(chunks) -> bytes | None:
 
 def _refuse(proto, status: int, code: str, message: str, extra: list | None = None) -> None:
     proto.response_bytes(status, [_JSON, _CLOSE, *(extra or [])], bodies.error_body(code, message))
+
+
+def _whole_file(result) -> str | None:
+    """The path of a file response sent whole (an artifact): granian streams it from disk.
+
+    granian's stream transport queues every chunk it is given without waiting for the
+    socket, so a file sent through it would sit in memory when the client reads slower
+    than the disk; `response_file` reads it only as fast as the socket takes it. An
+    artifact's bytes never change under its name (content-addressed).
+    """
+    if not isinstance(result, _FileWrapper):
+        return None
+    fh = result.fh
+    name = getattr(fh, "name", None)
+    if not isinstance(name, str) or not os.path.isabs(name):
+        return None
+    try:
+        return name if fh.tell() == 0 and os.path.isfile(name) else None
+    except (OSError, ValueError):
+        return None
 
 
 class _FileWrapper:

@@ -1,4 +1,4 @@
-"""Serve a WSGI app with granian (Rust: hyper and tokio) inside this process, over HTTP or TLS.
+"""Serve a WSGI app with granian (Rust: hyper and tokio) inside this process, over HTTP or TLS: the default.
 
 granian's public entry point (`granian.Granian`) runs the app in worker
 processes it spawns, or in worker threads only on a free-threaded Python. The
@@ -12,19 +12,26 @@ to stop it. That is granian's internal API, so the version is pinned
 not granian's WSGI worker, because there a request takes a Python thread as
 soon as its head is in and a slow body then holds it with no deadline.
 
-What granian does and cheroot did here (server.py):
+What granian does and cheroot (`--http cheroot`, server.py) does too:
 
 - request heads: hyper's `header_read_timeout` closes a connection whose head
   is not complete `head_timeout_s` after it started, for ever idle keep-alive
   connections too; heads are read by tokio, never by a Python thread;
+- connections: `max_connections` (16 per thread) at once. A connection that
+  sends nothing never reaches granian (TCP_DEFER_ACCEPT), and at the bound
+  the stalled ones (half-sent heads: a 408; stalled handshakes, idle
+  keep-alive) are closed for the ones waiting (granian_guard.py), where
+  cheroot refuses heads past `MAX_PENDING_HEADS`;
 - request bodies: framing is checked, a small body is awaited on the loop
   before a thread takes the request, a large one streams at a minimum rate,
   a bounded share of the threads at once (granian_bridge.py, bodies.py);
 - requests run on a pool of `threads` Python threads: a parked long-poll
   holds one, as with cheroot; `backpressure` bounds the requests (and
   connections) in progress at once, past which accept waits;
-- TLS: certificate and key files, TLS 1.2 at least; plain HTTP on the TLS
-  port gets a TLS alert and a close at once (rustls; no readable 400);
+- TLS: certificate and key files, TLS 1.2 at least; a handshake must end
+  within 10 s (granian's TLS listener; not `head_timeout_s`); plain HTTP on
+  the TLS port gets a TLS alert and a close at once (rustls; cheroot sends a
+  readable 400), which gpulayer's client reads as "use an https:// URL";
 - out of file descriptors: granian logs each failed accept and retries it
   every 0.5 s (no spin). A filter on that log line (`_AcceptFailures`) takes
   the waiting connections with a spare descriptor and answers 503 (plain
@@ -50,6 +57,7 @@ from granian._loops import loops
 from granian.http import HTTP1Settings
 
 from gpulayer.server.http.granian_bridge import Bridge
+from gpulayer.server.http.granian_guard import Reaper, defer_accept
 from gpulayer.server.http.server import _OVERLOADED  # the same 503 as cheroot's
 
 log = logging.getLogger("gpulayer.server.http.granian")
@@ -58,6 +66,7 @@ LISTEN_BACKLOG = 1024
 HEAD_TIMEOUT_S = 10.0
 # Tokio threads that read, parse and write; Python runs only the app.
 RUNTIME_THREADS = 1
+MIN_HEAD_BUFFER = 8192  # hyper's minimum read buffer
 # In-progress requests and connections past the Python threads (an idle keep-alive connection holds none).
 BACKPRESSURE_PER_THREAD = 16
 # Connections refused with 503 per failed accept (granian retries every 0.5 s).
@@ -72,8 +81,8 @@ class GranianServer:
 
     `threads` bounds the requests running in Python at once (a long-poll holds
     one); `head_timeout_s` bounds a request head from when the connection is
-    ready for one; a head over `max_header_bytes` is answered 431 (one over
-    half of it may be). Raises
+    ready for one; a head over `max_header_bytes` (16 KiB at least) is
+    answered 431 (one over half of it may be). Raises
     ValueError for a lone certfile or keyfile.
     """
 
@@ -89,6 +98,7 @@ class GranianServer:
         head_timeout_s: float = HEAD_TIMEOUT_S,
         max_header_bytes: int = 64 * 1024,
         runtime_threads: int = RUNTIME_THREADS,
+        max_connections: int | None = None,
     ):
         if (certfile is None) != (keyfile is None):
             raise ValueError("TLS needs both certfile and keyfile")
@@ -97,12 +107,14 @@ class GranianServer:
         # granian's TLS settings: enabled, cert, key, key password, minimum protocol, client CA, CRLs, verify.
         self._tls: tuple[Any, ...] = (certfile is not None, certfile, keyfile, None, "tls1.2", None, [], False)
         self._threads = threads
+        self._max_connections = max_connections or threads * BACKPRESSURE_PER_THREAD
         self._head_timeout_s = head_timeout_s
         self._runtime_threads = runtime_threads
         # hyper answers 431 to a head still partial once its read buffer reaches this (granian's default:
-        # 408 KiB); it checks before each read, and a read may bring as much again: half the cap.
+        # 408 KiB); it checks before each read, and a read may bring as much again: half the cap. hyper
+        # aborts the process on a buffer under 8 KiB: a cap under 16 KiB is 16 KiB.
         self._http1 = HTTP1Settings(header_read_timeout=int(head_timeout_s * 1000),
-                                    max_buffer_size=max_header_bytes // 2)
+                                    max_buffer_size=max(MIN_HEAD_BUFFER, max_header_bytes // 2))
         self._signal: WorkerSignal | None = None
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
@@ -111,6 +123,8 @@ class GranianServer:
         self._spare_fd: int | None = None
         self._accept_filter = _AcceptFailures(self)
         self._fd_warned_at = 0.0
+        self._bridge: Bridge | None = None
+        self._reaper: Reaper | None = None
 
     @property
     def port(self) -> int:
@@ -131,6 +145,7 @@ class GranianServer:
         self._listener = socket.socket(fileno=socket.dup(holder.get_fd()))
         self._listener.setblocking(False)
         self._bound_port = self._listener.getsockname()[1]
+        defer_accept(self._listener, self._head_timeout_s)
         self._spare_fd = os.open(os.devnull, os.O_RDONLY)
         logging.getLogger(_ACCEPT_LOGGER).addFilter(self._accept_filter)
         self._signal = WorkerSignal()  # granian calls back once the worker has stopped and its requests finished
@@ -140,13 +155,15 @@ class GranianServer:
                                         daemon=True)
         self._thread.start()
         ready.wait(10)
+        self._reaper = Reaper(self._listener, self._bound_port, self.scheme == "https", self._busy)
+        self._reaper.start()
         log.info("http_listening scheme=%s port=%d server=granian", self.scheme, self.port)
 
     def _serve(self, holder, ready: threading.Event) -> None:
         loop = loops.get("asyncio")
         asyncio.set_event_loop(loop)
-        backpressure = self._threads * BACKPRESSURE_PER_THREAD
-        bridge = Bridge(self._app, loop, self._threads, self._head_timeout_s)
+        backpressure = self._max_connections
+        bridge = self._bridge = Bridge(self._app, loop, self._threads, self._head_timeout_s)
         # granian's own stub lags its worker's signature (the IPC handle, the metrics pair): Any.
         worker_cls: Any = RSGIWorker
         worker = worker_cls(1, (None, holder), None, self._runtime_threads, 512, 1, 30, backpressure, "1",
@@ -164,6 +181,9 @@ class GranianServer:
             loop.close()
             self._stopped.set()
 
+    def _busy(self, client: str) -> bool:
+        return self._bridge is not None and self._bridge.busy(client)
+
     def stop(self, timeout: float = 5.0) -> None:
         """Stop accepting; return once requests in progress have finished, or after `timeout` seconds.
 
@@ -171,6 +191,9 @@ class GranianServer:
 
         Safe to call twice or before start().
         """
+        if self._reaper is not None:
+            self._reaper.stop()
+            self._reaper = None
         if self._signal is not None:
             self._signal.set()
             self._signal = None
