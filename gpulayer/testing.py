@@ -46,8 +46,9 @@ import requests
 
 #: The `gpulayer` command line for a child process: this interpreter, so the child runs this gpulayer.
 CLI = [sys.executable, "-m", "gpulayer.cli"]
-#: `server start --http` for every ControlPlaneProcess whose args name none ("granian": run a suite under
-#: granian); read at each start, in this process (children never see GPULAYER_* variables).
+#: `server start --http` for every ControlPlaneProcess whose args name none (granian serves by default;
+#: "cheroot" runs a suite under cheroot); read at each start, in this process (children never see
+#: GPULAYER_* variables).
 TEST_HTTP_VARIABLE = "GPULAYER_TEST_HTTP"
 #: The job states that do not change any more.
 FINAL_STATES = ("succeeded", "failed", "cancelled", "lost")
@@ -280,8 +281,8 @@ class ControlPlaneProcess(ChildProcess):
     kept across restarts. `tls`: a CA and a certificate for `host` (gpulayer.server.security.certs);
     `ca_file` and `verify` then name the CA. A plain-HTTP `host` off loopback gets
     --allow-insecure-remote. `args` go after the others (`--synchronous full`);
-    `env` adds to the server's environment. GPULAYER_TEST_HTTP=granian in this
-    process's environment adds `--http granian` where `args` name no front end.
+    `env` adds to the server's environment. GPULAYER_TEST_HTTP=cheroot in this
+    process's environment adds `--http cheroot` where `args` name no front end.
     Use as a context manager, or start() and close().
     """
 

@@ -345,8 +345,8 @@ def main(argv=None) -> int:
                    help="finish asks for the next task (`next: true`, as the agent does): 2 requests per cycle")
     p.add_argument("--max-tasks", type=int, default=1,
                    help="slots per simulated worker, and assignments asked for at once (`max_tasks`; default 1)")
-    p.add_argument("--http", default="cheroot", choices=["cheroot", "granian"],
-                   help="the server's front end (`server start --http`; default cheroot)")
+    p.add_argument("--http", default="granian", choices=["granian", "cheroot"],
+                   help="the server's front end (`server start --http`; default granian, the server's own)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
 

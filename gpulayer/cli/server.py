@@ -45,9 +45,11 @@ class Synchronous(str, Enum):
 
 
 class FrontEnd(str, Enum):
-    cheroot = "cheroot"
     granian = "granian"
+    cheroot = "cheroot"
 
+
+FrontEndOpt = Annotated[FrontEnd, typer.Option("--http", help="The HTTP front end: granian (compiled, the default), or cheroot (pure Python; docs/benchmarks.md, \"Front ends\").")]
 
 HeartbeatInterval = Annotated[str, typer.Option("--heartbeat-interval", callback=duration_option("--heartbeat-interval", positive=True), metavar="DURATION", help="Time between worker heartbeats (seconds, or 2s, 1m, ...).")]
 LeaseTTL = Annotated[str, typer.Option("--lease-ttl", callback=duration_option("--lease-ttl", positive=True), metavar="DURATION", help="Time without a heartbeat before a worker's tasks are lost (seconds, or 20s, 1m, ...).")]
@@ -99,7 +101,7 @@ def server_start(
     max_output_mb: MaxOutputMB = MAX_OUTPUT_BYTES // 1024 ** 2,
     log_retention: LogRetention = None,
     job_retention: JobRetention = None,
-    http: Annotated[FrontEnd, typer.Option("--http", help="The HTTP front end: cheroot, or granian (needs the granian package; docs/benchmarks.md, \"Front ends\").")] = FrontEnd.cheroot,
+    http: FrontEndOpt = FrontEnd.granian,
     replicate: Replicate = None,
     replicate_interval: ReplicateInterval = "1",
     fairshare_half_life: Annotated[Optional[str], typer.Option(
@@ -287,7 +289,7 @@ def up(ctx: typer.Context, home: Home = None,
        no_worker: Annotated[bool, typer.Option("--no-worker", help="Run no worker here: a control-plane-only host.")] = False,
        replicate: Replicate = None, replicate_interval: ReplicateInterval = "1",
        sandbox: SandboxMode = SANDBOX_DEFAULT, run_as: RunAs = None, allow_root_tasks: AllowRootTasks = False,
-       sandbox_bind: SandboxBind = None) -> None:
+       sandbox_bind: SandboxBind = None, http: FrontEndOpt = FrontEnd.granian) -> None:
     """Start a control plane over TLS and a local worker; print the line that joins other machines.
 
     \b
@@ -298,7 +300,7 @@ def up(ctx: typer.Context, home: Home = None,
     from gpulayer.cli.up import run_up
     isolation = sandbox_settings(sandbox, run_as, allow_root_tasks, sandbox_bind)
     raise typer.Exit(run_up(home_of(ctx, home), host, port, parallel, not no_worker, worker_settings=isolation,
-                            replicate=replicate,
+                            replicate=replicate, http=http.value,
                             replicate_interval_s=float(replicate_interval), **_plane_settings(heartbeat_interval, lease_ttl, synchronous, max_output_mb,
                                               log_retention, job_retention)))
 

@@ -67,7 +67,7 @@ class ControlPlaneConfig:
     lease_ttl_s: float = LEASE_TTL_S
     synchronous: str = "normal"
     threads: int = 320           # requests served at once; a parked long-poll holds one
-    http: str = "cheroot"        # the front end serving /v1: "cheroot" or "granian" (docs/benchmarks.md)
+    http: str = "granian"        # the front end serving /v1: "granian", or "cheroot" (docs/benchmarks.md)
     max_parked_acquires: int = 256
     # Log long-polls parked at once; past it they answer at once (`retry_after_s`). With the
     # acquires' cap this leaves threads free for heartbeats whatever clients do.

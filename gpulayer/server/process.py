@@ -67,9 +67,10 @@ def check_config(config: ControlPlaneConfig) -> None:
     if config.synchronous not in ("normal", "full"):
         raise ConfigError("--synchronous must be normal or full")
     if config.http not in ("cheroot", "granian"):
-        raise ConfigError("--http must be cheroot or granian")
+        raise ConfigError("--http must be granian or cheroot")
     if config.http == "granian" and importlib.util.find_spec("granian") is None:
-        raise ConfigError("--http granian needs the granian package: pip install 'granian>=2.8,<2.9'")
+        raise ConfigError("the granian front end (the default) needs the granian package: "
+                          "pip install 'granian>=2.8,<2.9', or serve with --http cheroot")
     if config.replicate is not None:
         check_directory(Replica.parse(config.replicate))
         require_binary()
@@ -171,7 +172,7 @@ class ControlPlane:
         app = with_explorer(create_app(self.deps), self.deps, secure_cookies=bool(self.config.tls_cert))
         front_end: type[HTTPServer] | type[GranianServer] = HTTPServer
         if self.config.http == "granian":
-            from gpulayer.server.http.granian_server import GranianServer  # an optional package
+            from gpulayer.server.http.granian_server import GranianServer  # absent: --http cheroot serves
             front_end = GranianServer
         self._http = front_end(app, self.config.host, self.config.port,
                                certfile=str(self.config.tls_cert) if self.config.tls_cert else None,

@@ -95,23 +95,23 @@ RULES = {
     "store imports nothing above it": (
         _sources("gpulayer/server/store"),
         ["gpulayer.server.scheduler", "gpulayer.server.http", "gpulayer.server.provisioning",
-         "gpulayer.server.process", "gpulayer.client", "gpulayer.cli", "falcon", "cheroot"], False),
+         "gpulayer.server.process", "gpulayer.client", "gpulayer.cli", "falcon", "cheroot", "granian"], False),
     "validators import nothing of the server but its errors": (
         [ROOT / "gpulayer/server/validators.py"], ["gpulayer.server", "gpulayer.client", "gpulayer.cli"], False),
     "security imports nothing above the store": (
         _sources("gpulayer/server/security"),
         ["gpulayer.server.scheduler", "gpulayer.server.http", "gpulayer.server.provisioning",
-         "gpulayer.server.process", "gpulayer.server.replication", "falcon", "cheroot"], False),
+         "gpulayer.server.process", "gpulayer.server.replication", "falcon", "cheroot", "granian"], False),
     "replication imports nothing of the scheduler, HTTP or the process": (
         _sources("gpulayer/server/replication"),
         ["gpulayer.server.scheduler", "gpulayer.server.http", "gpulayer.server.provisioning",
-         "gpulayer.server.process", "falcon", "cheroot"], False),
+         "gpulayer.server.process", "falcon", "cheroot", "granian"], False),
     "metrics renders what the scheduler counts, and runs no query": (
         [ROOT / "gpulayer/server/http/metrics.py"], ["gpulayer.server.store"], False),
     "scheduler imports nothing of HTTP": (
         _sources("gpulayer/server/scheduler"),
         ["gpulayer.server.http", "gpulayer.server.process", "gpulayer.server.provisioning", "gpulayer.client",
-         "gpulayer.cli", "falcon", "cheroot", "waitress", "requests"], False),
+         "gpulayer.cli", "falcon", "cheroot", "granian", "waitress", "requests"], False),
     "provisioning does not reach into HTTP": (
         _sources("gpulayer/server/provisioning"), ["gpulayer.server.http", "gpulayer.cli", "falcon"], False),
     "the server imports nothing of the client or the CLI": (
