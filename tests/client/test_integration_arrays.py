@@ -87,15 +87,17 @@ def test_ten_thousand_elements_one_request_capped_and_cancelled(cluster):
 
 
 def test_dependency_chain_waits_then_cascades(cluster):
-    go = cluster.root / "go-cascade"  # the head fails once the test has looked at the waiting jobs
-    head = _job_id(_ok(cluster.cli("submit", "--", "sh", "-c", f"while [ ! -e {go} ]; do sleep 0.1; done; exit 4")))
+    # The head fails once the test has looked at the waiting jobs: `go` appears in its working dir (what a
+    # sandboxed task shares with the host).
+    head = _job_id(_ok(cluster.cli("submit", "--", "sh", "-c", "while [ ! -e go ]; do sleep 0.1; done; exit 4")))
     second = _job_id(_ok(cluster.cli("submit", "--after", str(head), "--", "true")))
     third = _job_id(_ok(cluster.cli("submit", "--after", f"{second}:ok", "--", "true")))
     rescue = _job_id(_ok(cluster.cli("submit", "--after", f"{head}:notok", "--", "echo", "rescued")))
     status = _ok(cluster.cli("job", "status", str(second))).stdout
     assert "state=waiting" in status and f"waiting: for job {head} to succeed" in status
     assert _status(cluster, third)["waiting_reason"] == f"for job {second} to succeed"
-    go.touch()
+    task = wait_for(lambda: [t for t in cluster.job(head)["tasks"] if t["state"] == "running"], 30, "the head running")[0]
+    (cluster.workers["w1"].state_dir / "tasks" / f"{task['task_id']}-{task['attempt']}" / "go").touch()
     assert _ok(cluster.cli("job", "logs", str(rescue), "--follow")).stdout.splitlines() == ["rescued"]
     for job_id in (second, third):
         found = _status(cluster, job_id)
