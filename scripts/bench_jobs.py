@@ -137,15 +137,24 @@ def latency(args) -> dict:
 def idle_cpu(args) -> dict:
     with benchlib.Server() as srv:
         stop_ev = threading.Event()
-        stats = {"acquires": 0, "immediate": 0, "heartbeats": 0, "errors": 0}
+        stats = {"acquires": 0, "immediate": 0, "heartbeats": 0, "skipped": 0, "errors": 0}
         lock = threading.Lock()
         s0 = benchlib.session()
-        tokens = [benchlib.register_worker(s0, srv.url, srv.tokens["join_token"], f"idle-{i}")["session_token"]
-                  for i in range(args.idle_workers)]
+        answers = [benchlib.register_worker(s0, srv.url, srv.tokens["join_token"], f"idle-{i}")
+                   for i in range(args.idle_workers)]
+        tokens = [a["session_token"] for a in answers]
+        # As the agent: a server that renews leases on any request lets an idle worker whose acquire is
+        # parked skip its heartbeats (docs/protocol.md, `requests_renew_lease`); --idle-old-agent beats anyway.
+        may_skip = answers[0].get("requests_renew_lease") is True and not args.idle_old_agent
+        parked: set[str] = set()
 
         def heartbeats(token):
             s, hdr = benchlib.session(), {**H, "Authorization": f"Bearer {token}"}
             while not stop_ev.wait(2.0):
+                if may_skip and token in parked:
+                    with lock:
+                        stats["skipped"] += 1
+                    continue
                 try:
                     s.post(srv.url + "/v1/worker/heartbeat", json={"tasks": []}, headers=hdr, timeout=30)
                     with lock:
@@ -159,8 +168,11 @@ def idle_cpu(args) -> dict:
             while not stop_ev.is_set():
                 t0 = time.monotonic()
                 try:
+                    parked.add(token)
                     s.post(srv.url + "/v1/worker/acquire", json={"wait_s": 20}, headers=hdr, timeout=40)
+                    parked.discard(token)
                 except Exception:  # noqa: BLE001
+                    parked.discard(token)
                     with lock:
                         stats["errors"] += 1
                     stop_ev.wait(2.0)
@@ -200,6 +212,8 @@ def main(argv=None) -> int:
     p.add_argument("--latency-gap", type=float, default=0.2)
     p.add_argument("--idle-workers", type=int, default=100)
     p.add_argument("--idle-seconds", type=float, default=30.0)
+    p.add_argument("--idle-old-agent", action="store_true",
+                   help="idle workers heartbeat every 2 s even when the server says any request renews the lease")
     p.add_argument("--only", choices=["throughput", "latency", "idle"], default=None)
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)

@@ -147,3 +147,17 @@ def test_a_kill_loses_the_notes_and_the_restart_grace_covers_them(sched, clock):
     sched.heartbeat(w, [{"task_id": task_id, **RUNNING}])
     clock.advance(2.9)
     assert sched.expire()["tasks_lost"] == 0
+
+
+def test_a_parked_acquire_keeps_its_worker_seen_and_a_dead_one_is_lost_after_it(sched, clock):
+    import threading
+    import time
+    w = add_worker(sched)
+    done = threading.Event()
+    threading.Thread(target=lambda: (sched.acquire(w, wait_s=0.8), done.set()), daemon=True).start()
+    time.sleep(0.2)  # parked now (nothing queued)
+    clock.advance(10)  # far past the 3 s TTL while it waits: each flush counts it as seen
+    assert sched.expire() == {"tasks_lost": 0, "workers_offline": 0, "gangs_released": 0}
+    assert done.wait(10)
+    clock.advance(3.1)  # no request since the acquire answered
+    assert sched.expire()["workers_offline"] == 1
