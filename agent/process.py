@@ -58,10 +58,14 @@ def live_group_members(pgid: int, proc_root: str = "/proc") -> list[int] | None:
 class TaskProcess:
     """A running command whose stdout/stderr lines go to ``on_line(stream, text)``."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], cwd: str, on_line: LineSink, *, sandboxed: bool = False):
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: str, on_line: LineSink, *, sandboxed: bool = False,
+                 entered: bool = False):
         self._on_line = on_line
         #: The leader is bwrap (agent/sandbox.py), which may exit while its PID namespace is still ending.
         self.sandboxed = sandboxed
+        #: The leader is nsenter into a job's shared sandbox (agent/shared.py): it waits for the command and
+        #: exits as it did (or dies of its signal), so a SIGTERM spares it and goes to the rest of the group.
+        self.entered = entered
         self.last_output = time.monotonic()
         self.started = self.last_output
         self.popen = subprocess.Popen(
@@ -161,11 +165,23 @@ class TaskProcess:
         self.popen.wait()
 
     def _signal(self, signum: int) -> bool:
+        if self.entered and signum != signal.SIGKILL:
+            return self._signal_spared(signum)
         try:
             os.killpg(self.pid, signum)
             return True
         except ProcessLookupError:
             return False
+
+    def _signal_spared(self, signum: int) -> bool:
+        """``signum`` to every live process of the group but its leader (nsenter); False when none is left."""
+        members = [pid for pid in live_group_members(self.pid) or [] if pid != self.pid]
+        for pid in members:
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
+        return bool(members) or self.popen.poll() is None
 
     def finish_readers(self, timeout_s: float = 2.0) -> None:
         """Wait for the output readers to drain (a process that left the group may keep a pipe open)."""

@@ -80,6 +80,8 @@ class Sandbox:
     bwrap: str | None = None
     env: str = "env"
     setpriv: str | None = None
+    #: nsenter (util-linux), for the elements of one job to share one sandbox (shares()); None: each its own.
+    nsenter: str | None = None
     user: TaskUser | None = None
     allow_root_tasks: bool = False
     #: Directories and files a task must not see.
@@ -118,6 +120,11 @@ class Sandbox:
         if self.mode == "none" or self.bwrap is None:
             return argv
         user = self.drops_to(root_asked)
+        return [self.env, f"--ignore-signal={PASSED_SIGNALS}", *self._bwrap(workdir, user, gpu_nodes, network),
+                "--", *self._drop(user), self.env, f"--default-signal={PASSED_SIGNALS}", "--", *argv]
+
+    def _bwrap(self, workdir: str, user: TaskUser | None, gpu_nodes: list[str], network: bool) -> list[str]:
+        """bwrap and its mounts and namespaces, ``workdir`` the one host directory bound writable."""
         mounts = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
                   "--perms", "1777", "--tmpfs", "/tmp", "--perms", "1777", "--tmpfs", "/dev/shm"]
         targets = [task for _host, task, _ro in self.binds]
@@ -141,10 +148,36 @@ class Sandbox:
         namespaces = ["--unshare-pid", "--unshare-ipc", "--die-with-parent"]
         if not network:
             namespaces.append("--unshare-net")
-        drop = ([self.setpriv or "setpriv", f"--reuid={user.uid}", f"--regid={user.gid}", "--clear-groups"]
+        return [str(self.bwrap), *mounts, *namespaces, "--chdir", workdir]
+
+    def _drop(self, user: TaskUser | None, *extra: str) -> list[str]:
+        return ([self.setpriv or "setpriv", f"--reuid={user.uid}", f"--regid={user.gid}", "--clear-groups", *extra]
                 if user else [])
-        return [self.env, f"--ignore-signal={PASSED_SIGNALS}", self.bwrap, *mounts, *namespaces, "--chdir", workdir,
-                "--", *drop, self.env, f"--default-signal={PASSED_SIGNALS}", "--", *argv]
+
+    # -- one sandbox shared by the elements of one job (agent/shared.py) ----
+    def shares(self, root_asked: bool) -> bool:
+        """Whether elements of one job may share one sandbox here: a root agent dropping them to its task user,
+        with nsenter to enter it (a non-root agent's sandbox is in a user namespace: each its own bwrap)."""
+        return self.mode == "bwrap" and self.nsenter is not None and self.drops_to(root_asked) is not None
+
+    def holder_argv(self, job_dir: str, *, network: bool, info_fd: int) -> list[str]:
+        """The argv of a job's shared sandbox: ``job_dir`` bound, its init's host pid written to ``info_fd``
+        (bwrap's JSON), ``ready`` printed once its mounts are made, then it sleeps as the task user."""
+        user = self.drops_to(False)
+        return [*self._bwrap(job_dir, user, [], network), "--info-fd", str(info_fd), "--",
+                *self._drop(user), "sh", "-c", "echo ready && exec sleep infinity"]
+
+    def enter_argv(self, holder_pid: int, argv: list[str], workdir: str, *, network: bool,
+                   loader: list[str] | None = None) -> list[str]:
+        """The argv that runs ``argv`` inside the shared sandbox whose init is ``holder_pid``: nsenter (as the
+        agent) joins its mount, PID and IPC namespaces (and network, when unshared) and roots at its root;
+        setpriv drops to the task user with no new privileges, as bwrap's command has; ``env`` changes to
+        ``workdir`` as seen inside (nsenter's own --wd would open it outside, leaving the task a directory
+        above its root) and sets the job's ``LD_*`` (``loader``) there, never for the root nsenter."""
+        user = self.drops_to(False)
+        spaces = ["-m", "-p", "-i", *([] if network else ["-n"])]
+        return [str(self.nsenter), "-t", str(holder_pid), *spaces, "-r", "--", *self._drop(user, "--no-new-privs"),
+                self.env, f"--chdir={workdir}", *(loader or []), "--", *argv]
 
     def give(self, workdir: Path, root_asked: bool = False) -> None:
         """Make the working dir (and what is in it) the task user's, so that it can write there."""
@@ -330,7 +363,8 @@ def resolve(mode: str, *, run_as: str | None = None, allow_root_tasks: bool = Fa
     setpriv = shutil.which("setpriv")
     if user is not None and setpriv is None:
         raise SandboxError("no setpriv command (Debian package util-linux): a root agent's tasks cannot drop root")
-    sandbox = Sandbox(mode="bwrap", bwrap=bwrap, env=env or "env", setpriv=setpriv, user=user,
+    sandbox = Sandbox(mode="bwrap", bwrap=bwrap, env=env or "env", setpriv=setpriv, nsenter=shutil.which("nsenter"),
+                      user=user,
                       allow_root_tasks=allow_root_tasks, hidden=sorted(set(hidden or [])),
                       shown=sorted(set(shown or [])), binds=bound, limits=cgroup_limits())
     log_event("sandbox", mode=sandbox.mode, user=user.name if user else None, root_tasks=allow_root_tasks,

@@ -33,6 +33,7 @@ from .inventory import Inventory, detect, nvml_devices
 from .leftovers import RunningTasks
 from .nvml import Nvml
 from .sandbox import Sandbox, gpu_minors
+from .shared import SharedSandboxes
 from .supervision import TaskHandle
 from .tasks import SHUTDOWN_REPORT_S, TaskContext, TaskRunner, acquired
 from .tls import resolve_verify
@@ -206,6 +207,11 @@ class Worker:
             transport.download_artifact,
         )
         advertise = answer.get("advertise_address") or config.advertise_address or socket.gethostname()
+        shared = None
+        if self.sandbox.shares(False):  # an array's elements share their job's sandbox (agent/shared.py)
+            shared = SharedSandboxes(self.sandbox, state_dir / "tasks", RunningTasks(state_dir),
+                                     keep_dirs=config.keep_task_dirs)
+            self._opened.callback(shared.close)
         return TaskContext(
             transport=transport,
             cache=cache,
@@ -226,6 +232,7 @@ class Worker:
             sandbox=self.sandbox,
             gpu_minors=gpu_minors(inventory.device_ids, inventory.nvml_devices),
             images=ImageCache(cache),
+            shared=shared,
         )
 
     # -- the three loops ---------------------------------------------------

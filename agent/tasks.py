@@ -36,6 +36,7 @@ from .process import KILL_GRACE_S, TaskProcess, exit_code_of
 from .rendezvous import RENDEZVOUS_TIMEOUT_S, distributed_env, free_port, rendezvous
 from .sandbox import Sandbox, gpu_nodes, loader_variables, startable
 from .services import run_service
+from .shared import Holder, SharedSandboxes
 from .supervision import Limits, TaskHandle, TaskResult, result_of, supervise
 from .transport import Transport
 
@@ -79,6 +80,8 @@ class TaskContext:
     gpu_minors: list[int] = field(default_factory=list)
     #: The unpacked OCI images of image jobs (agent/images.py); None: made from the cache on first use.
     images: ImageCache | None = None
+    #: One sandbox per job for its array elements (agent/shared.py); None: each task its own bwrap.
+    shared: SharedSandboxes | None = None
 
 
 class TaskRunner:
@@ -89,7 +92,11 @@ class TaskRunner:
         self.ctx = ctx
         self.handle = handle
         self.task_id = assignment.task_id
-        self.workdir = ctx.tasks_dir / f"{self.task_id}-{assignment.attempt}"
+        #: The job's shared sandbox, for an element that runs in one (agent/shared.py).
+        self.holder: Holder | None = None
+        self.shares = ctx.shared is not None and _shareable(assignment, ctx.sandbox)
+        parent = ctx.tasks_dir / f"job-{assignment.job_id}{'' if assignment.network != 'none' else '-netless'}"
+        self.workdir = (parent if self.shares else ctx.tasks_dir) / f"{self.task_id}-{assignment.attempt}"
         self.weights: str | None = None
         #: The image an image job runs in, once fetched and unpacked (held until the task ends).
         self.image: Prepared | None = None
@@ -128,7 +135,11 @@ class TaskRunner:
                 self.ctx.running.remove(self.workdir.name)
             if self.image is not None and self.ctx.images is not None:
                 self.ctx.images.release(self.image.manifest)
-        self._report(result, outputs)
+        try:
+            self._report(result, outputs)
+        finally:
+            if self.holder is not None and self.ctx.shared is not None:
+                self.ctx.shared.release(self.holder)
         self.handle.start_sent.set()
 
     def _execute(self) -> TaskResult | None:
@@ -164,6 +175,8 @@ class TaskRunner:
         return self._run_once(extra)
 
     def _prepare_dir(self) -> None:
+        if self.shares and self.ctx.shared is not None:  # the job's directory stays while this element holds it
+            self.holder = self.ctx.shared.hold(self.assignment.job_id, self.assignment.network != "none")
         if self.workdir.exists():
             shutil.rmtree(self.workdir)
         self.workdir.mkdir(parents=True)
@@ -257,7 +270,8 @@ class TaskRunner:
             env = self.environment(extra)
             launch, popen_env = self._launch_image(self.image, argv, env) if self.image else self._launch(argv, env)
             proc = TaskProcess(launch, popen_env, str(self.workdir), self.shipper.add,
-                               sandboxed=self.ctx.sandbox.mode != "none")
+                               sandboxed=self.ctx.sandbox.mode != "none" and self.holder is None,
+                               entered=self.holder is not None)
         except OSError as exc:
             code = 127 if isinstance(exc, FileNotFoundError) else 126
             self.shipper.system(f"cannot start {argv[0]!r}: {exc.strerror or exc}")
@@ -289,6 +303,13 @@ class TaskRunner:
             return argv, env
         startable(argv, env, str(self.workdir))
         outer, loader = loader_variables(env)
+        if self.holder is not None and self.ctx.shared is not None:  # into the job's sandbox: two execs, no bwrap
+            try:
+                pid = self.ctx.shared.started(self.holder)
+            except TaskSetupError as exc:
+                raise OSError(str(exc)) from None
+            return sandbox.enter_argv(pid, argv, str(self.workdir), network=self.assignment.network != "none",
+                                      loader=loader), outer
         wrapped = sandbox.wrap([*loader, *argv], str(self.workdir), gpu_nodes=gpu_nodes(self._gpu_numbers()),
                                network=self.assignment.network != "none", root_asked=self.assignment.run_as_root)
         return wrapped, outer
@@ -416,6 +437,13 @@ class TaskRunner:
         log_event("task_finished", task_id=self.task_id, outcome=body["outcome"], exit_code=body["exit_code"], accepted=accepted)
         if not accepted:
             log_event("task_result_late", task_id=self.task_id, outcome=body["outcome"])
+
+
+def _shareable(task: Assignment, sandbox: Sandbox) -> bool:
+    """Whether an assignment runs in its job's shared sandbox: an array element of a plain command (no image,
+    GPUs, service or gang) on a worker whose sandbox shares (Sandbox.shares: a root agent, nsenter)."""
+    return (task.array_index is not None and task.image is None and not task.gpus and task.service is None
+            and task.world_size == 1 and sandbox.shares(task.run_as_root))
 
 
 def acquired(answer: dict) -> list[Assignment]:

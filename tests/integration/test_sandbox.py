@@ -34,9 +34,9 @@ echo attack-done
 """
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    c = Cluster(tmp_path_factory.mktemp("sandbox")).start_server()
+def module_cluster(tmp_path_factory, name: str):
+    """A control plane for a module's workers (test_shared_sandbox.py's too), its workers stopped at the end."""
+    c = Cluster(tmp_path_factory.mktemp(name)).start_server()
     try:
         yield c
     finally:
@@ -44,6 +44,11 @@ def cluster(tmp_path_factory):
             if worker.running:
                 worker.stop()
         c.close()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    yield from module_cluster(tmp_path_factory, "sandbox")
 
 
 def run_job(cluster: Cluster, labels: dict, command: list[str], **spec) -> tuple[dict, str]:
