@@ -4,8 +4,9 @@ import threading
 
 import pytest
 
+from agenthelpers import RunningWorker
 from fake_control_plane import JOIN, FakeControlPlane
-from agent.worker import WorkerConfig, run_worker
+from agent.worker import WorkerConfig
 
 
 @pytest.fixture
@@ -13,28 +14,6 @@ def plane():
     fake = FakeControlPlane().start()
     yield fake
     fake.stop()
-
-
-class RunningWorker:
-    """run_worker in a thread; ``stop()`` sets its stop event and returns the exit code."""
-
-    def __init__(self, config):
-        self.stop_event = threading.Event()
-        self.code = None
-        self.thread = threading.Thread(target=self._run, args=(config,), daemon=True)
-        self.thread.start()
-
-    def _run(self, config):
-        self.code = run_worker(config, self.stop_event)
-
-    def stop(self, timeout=30):
-        self.stop_event.set()
-        return self.wait(timeout)
-
-    def wait(self, timeout=30):
-        self.thread.join(timeout)
-        assert not self.thread.is_alive(), "the worker did not stop"
-        return self.code
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import RunningWorker
+from agenthelpers import RunningWorker
 from fake_control_plane import JOIN, FakeControlPlane, assignment
 
 from agent.worker import WorkerConfig

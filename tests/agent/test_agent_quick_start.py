@@ -9,7 +9,7 @@ import re
 import sys
 
 import pytest
-from conftest import RunningWorker
+from agenthelpers import RunningWorker
 
 from agent.worker import WorkerConfig
 from gpulayer.protocol.assignment import Assignment

@@ -11,7 +11,7 @@ import pytest
 from apihelpers import bearer
 from gpulayer.server.store.queries import QUERIES
 
-RENDER_ONLY = {QUERIES["job_preemptions"], QUERIES["job_dependencies_of"], QUERIES["job_waiting_reason"]}
+RENDER_ONLY = {QUERIES["job_preemptions"], QUERIES["job_dependencies_of"], QUERIES["job_waiting_fit"]}
 
 
 @pytest.fixture

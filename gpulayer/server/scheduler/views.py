@@ -127,7 +127,7 @@ def waiting_reason(conn: apsw.Connection, found: dict, tasks: list[dict] | None 
             return None
     elif found["state"] != "queued":
         return None
-    facts = row(conn, "job_waiting_reason", job_id=found["id"])
+    facts = waiting.facts(conn, found["id"])
     if facts and facts["why"]:
         return waiting.unplaced(facts)
     held = waiting.held_back(row(conn, "job_quota_reason", job_id=found["id"]))  # a project's quota, a user's limit

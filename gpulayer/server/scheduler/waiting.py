@@ -1,15 +1,92 @@
-"""Why a queued job is not placed, in words, from the facts `job_waiting_reason` and `job_quota_reason` return.
+"""Why a queued job is not placed, in words: the facts (`facts`, from each online worker's fit,
+read once by `job_waiting_fit`; `job_quota_reason`'s row) and their sentences.
 
-SQL answers the question (the first thing no online worker has, how many fit);
-this module writes the sentence: only what the job asked for is named ("1 GPU",
-never "0 CPUs, 0 MB"), counts agree with their nouns, and "with its labels" is
-said only of a job that has labels.
+SQL reads the fit of each online worker (job_worker_fit, the one definition of
+fit); `facts` answers the question from those rows (the first thing no online
+worker has, how many fit); the rest writes the sentence: only what the job asked
+for is named ("1 GPU", never "0 CPUs, 0 MB"), counts agree with their nouns, and
+"with its labels" is said only of a job that has labels.
 """
 from __future__ import annotations
 
 import json
 
+import apsw
+
 from gpulayer.protocol import plural
+from gpulayer.server.store.queries import row, rows
+
+
+def facts(conn: apsw.Connection, job_id: int) -> dict | None:
+    """Why job `job_id` (queued, or running with a task in the queue) is not placed, as facts; None when it is
+    neither. `why`: the first thing no online worker has ('no_worker', 'labels', 'gpu_model', 'whole_gpus':
+    more than one GPU where only MIG instances make up the count, 'size', 'secret': `detail` names it,
+    `secret_labels` are its labels when it is set), or that only cordoned workers ('cordoned') or workers with
+    too few healthy GPUs ('unhealthy') would fit it, `workers` naming them (name, cordon and reason; or name
+    and its unhealthy `gpus`, index and reason); or, for a gang (`--nodes`) or a service's replicas (one per
+    worker), that fewer online workers than its width fit it ('too_few': `fit` of them, `cordoned` of those
+    cordoned, in `workers`). Else `busy` is true when fewer online workers fit it now than it needs at once
+    (one, or a gang's width); `why` None and `busy` false when an acquire would place it now. With the job's
+    size and labels (job_waiting_fit's columns)."""
+    found = rows(conn, "job_waiting_fit", job_id=job_id)
+    if not found:
+        return None
+    job = {k: found[0][k] for k in ("labels", "accelerator", "gpus", "cpus", "memory_mb", "width", "gang",
+                                   "array_size", "project_id")}
+    online = [f for f in found if f["worker_id"] is not None]
+    sized = [f for f in online if f["has_labels"] and f["has_accelerator"] and f["big_enough"]]
+    usable = [f for f in sized if f["missing_secret"] is None]
+    uncordoned = [f for f in usable if f["cordon"] is None]
+    why = _why(job, online, sized, usable, uncordoned)
+    out = dict(job, why=why, detail=None, workers=None, secret_labels=None, fit=len(usable),
+               cordoned=sum(f["cordon"] is not None for f in usable),
+               busy=sum(bool(f["fits_now"]) for f in online) < (job["width"] if job["gang"] == 1 else 1))
+    if why == "secret":
+        out["detail"] = min(f["missing_secret"] for f in sized)
+        secret = row(conn, "job_waiting_secret", project_id=job["project_id"], name=out["detail"])
+        out["secret_labels"] = secret["labels"] if secret else None
+    elif why == "cordoned":
+        out["workers"] = [{"name": f["name"], "cordon": f["cordon"], "reason": f["cordon_reason"]} for f in usable]
+    elif why == "unhealthy":
+        out["workers"] = _unhealthy(conn, [f for f in uncordoned if f["unhealthy_gpus"]])
+    elif why == "too_few":
+        out["workers"] = [{"name": f["name"], "cordon": f["cordon"], "reason": f["cordon_reason"]}
+                          for f in sorted(usable, key=lambda f: f["name"]) if f["cordon"] is not None]
+    return out
+
+
+def _why(job: dict, online: list[dict], sized: list[dict], usable: list[dict], uncordoned: list[dict]) -> str | None:
+    """`facts`' `why`: the first check the job's online workers fail, in this order; None when none."""
+    if not online:
+        return "no_worker"
+    if not any(f["has_labels"] for f in online):
+        return "labels"
+    if not sized:
+        if job["gpus"] > 0 and json.loads(job["labels"] or "{}").get("gpu_model") is not None:
+            return "gpu_model"
+        if job["gpus"] > 1 and any(  # shape_worker_fit.big_enough, counting MIG instances as GPUs
+                f["has_labels"] and f["has_accelerator"] and job["gpus"] <= f["worker_gpus"]
+                and job["cpus"] <= f["worker_cpus"] and job["memory_mb"] <= f["worker_memory_mb"] for f in online):
+            return "whole_gpus"
+        return "size"
+    if not usable:
+        return "secret"
+    if not uncordoned:  # shape_worker_fit.schedulable
+        return "cordoned"
+    if not any(f["worker_gpus"] - f["unhealthy_gpus"] >= job["gpus"] for f in uncordoned):
+        return "unhealthy"
+    # even idle, too few: a gang's ranks, or a service's replicas (job_worker_fit.holds_task)
+    if (job["gang"] == 1 or job["array_size"] is None) and len(uncordoned) < job["width"]:
+        return "too_few"
+    return None
+
+
+def _unhealthy(conn: apsw.Connection, workers: list[dict]) -> list[dict]:
+    """[{name, gpus: [{index, reason}]}] of `workers` (fit rows), their GPUs out of service by index."""
+    gpus: dict[int, list[dict]] = {f["worker_id"]: [] for f in workers}
+    for g in rows(conn, "job_waiting_unhealthy", workers=json.dumps(list(gpus))):
+        gpus[g["worker_id"]].append({"index": g["index"], "reason": g["reason"]})
+    return [{"name": f["name"], "gpus": gpus[f["worker_id"]]} for f in workers]
 
 
 def size_asked(job: dict) -> str:
@@ -26,7 +103,7 @@ def size_asked(job: dict) -> str:
 
 
 def unplaced(facts: dict) -> str | None:
-    """The sentence for `facts` (a job_waiting_reason row with a `why`), None when nothing is missing."""
+    """The sentence for `facts` (of `facts`, with a `why`), None when nothing is missing."""
     why, job = facts["why"], facts
     labels = job["labels"] or "{}"
     none = "no online worker with its labels" if json.loads(labels) else "no online worker"
@@ -52,7 +129,7 @@ def unplaced(facts: dict) -> str | None:
         return f"only cordoned workers fit it: {cordoned(facts['workers'])}"
     if why == "unhealthy":
         gpus = ", ".join(f"{w['name']} (" + ", ".join(f"GPU {g['index']}: {g['reason']}" for g in w["gpus"]) + ")"
-                         for w in json.loads(facts["workers"]))
+                         for w in facts["workers"])
         return f"only workers with unhealthy GPUs would fit: {gpus}"
     if why == "too_few":
         return _too_few(facts)
@@ -68,13 +145,13 @@ def _too_few(facts: dict) -> str:
     return f"{needs}, but of the {facts['fit']} online that fit it, {facts['cordoned']} {verb} cordoned: {cordoned(facts['workers'])}"
 
 
-def cordoned(workers: str) -> str:
-    """"a (cordoned: maintenance), b (draining: ...)" of a JSON list of {name, cordon, reason}."""
-    return ", ".join(f"{w['name']} ({w['cordon']}: {w['reason']})" for w in json.loads(workers))
+def cordoned(workers: list[dict]) -> str:
+    """"a (cordoned: maintenance), b (draining: ...)" of a list of {name, cordon, reason}."""
+    return ", ".join(f"{w['name']} ({w['cordon']}: {w['reason']})" for w in workers)
 
 
 def busy(job: dict) -> str:
-    """The reason of a job (a job_waiting_reason row) that fits workers that are all busy now."""
+    """The reason of a job (its `facts`) that fits workers that are all busy now."""
     size = size_asked(job)
     workers = f"{job['width']} workers" if job["gang"] else "one worker"
     room = f"a free slot and {size} free" if size else "a free slot"
