@@ -98,7 +98,7 @@ def expire(conn: apsw.Connection, now: float, start_timeout_s: float, renewed: d
     to the queue whole. A preemption's victim among them goes back to the queue
     as preempted, same attempt (preemption.requeue_lost): it was being stopped anyway.
     """
-    renewals.flush(conn, renewed or {}, lease_ttl_s)
+    renewals.flush(conn, renewed or {}, lease_ttl_s, now)
     preemption.requeue_lost(conn, now)
     lost = rows(conn, "expire_task_leases", now=now)
     for task in lost:

@@ -75,17 +75,17 @@ class Renewals:
             return len(self._seen)
 
 
-def flush(conn: apsw.Connection, renewals: dict[int, float], lease_ttl_s: float) -> int:
-    """Write the renewals (`pending`) in the writer's transaction; how many workers they name.
+def flush(conn: apsw.Connection, renewals: dict[int, float], lease_ttl_s: float, now: float) -> int:
+    """Write the renewals (`pending`) in the writer's transaction at `now`; how many workers they name.
 
     A worker that went offline and made a request since comes back online
-    (`worker_online`, as a heartbeat would bring it back).
+    (`worker_online` at `now`, as a heartbeat would bring it back).
     """
     if not renewals:
         return 0
     params = {"renewals": json.dumps({str(w): at for w, at in renewals.items()}), "lease_ttl_s": lease_ttl_s}
     for back in rows(conn, "flush_offline_renewals", **params):
-        events.record(conn, renewals[back["id"]], "worker_online", worker_id=back["id"])
+        events.record(conn, max(now, renewals[back["id"]]), "worker_online", worker_id=back["id"])
     conn.execute(QUERIES["flush_worker_renewals"], params)
     conn.execute(QUERIES["flush_task_renewals"], params)
     return len(renewals)
