@@ -112,3 +112,16 @@ def test_network_none_elements_have_a_loopback_only(cluster):
                      network="none")
     text = element_log(cluster, done["id"], 1)
     assert done["state"] == "succeeded" and [line.strip() for line in text.splitlines()[:-1]] == ["lo"], text
+
+
+def test_a_killed_agent_takes_its_jobs_sandbox_and_elements_with_it(cluster):
+    worker = start(cluster, "killed", parallel=2)
+    job = cluster.submit({"command": ["sh", "-c", "echo ready; exec sleep 5555.5"], "labels": {"pool": "killed"},
+                          "array": "0-1"})
+    wait_for(lambda: all("ready" in element_log(cluster, job, i) for i in (0, 1)), 30, "both elements to run")
+    holder = f"{worker.state_dir}/tasks/job-{job} "  # in the holder's bwrap argv (--bind DIR DIR)
+    assert len(processes_running("sleep 5555.5")) >= 2 and processes_running(holder)  # nsenter and sleep each
+    worker.kill()  # SIGKILL: no shutdown of its own
+    assert wait_for(lambda: not processes_running("sleep 5555.5") and not processes_running(holder), 15,
+                    "the elements and the job's sandbox to be gone")
+    cluster.request("POST", f"/v1/jobs/{job}/cancel")
