@@ -282,7 +282,10 @@ class Scheduler:
         now = self.clock()
         answer = None
         if self.restored is None or not self.restored.active():
-            answer = self.store.read(leases.unchanged, worker_id, reported, now, self.config.lease_ttl_s, gpus)
+            answer = self.store.read_statement(leases.unchanged, worker_id, reported, now, self.config.lease_ttl_s,
+                                               gpus)
+            if answer is not None and answer["cancel_task_ids"]:  # with the preemption fields, in one snapshot
+                answer = self.store.read(leases.unchanged, worker_id, reported, now, self.config.lease_ttl_s, gpus)
         if answer is not None:
             self.renewals.note(worker_id, now)
         else:

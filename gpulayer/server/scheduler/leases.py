@@ -1,6 +1,8 @@
 """Leases are timestamps: heartbeats move them on, upkeep expires them."""
 from __future__ import annotations
 
+import json
+
 import apsw
 
 from gpulayer.server.scheduler import events
@@ -48,40 +50,42 @@ def heartbeat(conn: apsw.Connection, worker_id: int, reported: list[dict], now: 
 
 def unchanged(conn: apsw.Connection, worker_id: int, reported: list[dict], now: float, lease_ttl_s: float,
               gpus: list[dict] | None = None) -> dict | None:
-    """A heartbeat's answer from a read transaction, when `heartbeat` would change nothing but the leases.
+    """A heartbeat's answer from a read, when `heartbeat` would change nothing but the leases.
 
     None (take the write path) unless the worker is online, holds every task it
     reports with the same endpoint and restarts, and its GPU report changes no
     stored health (no new fault, no new UUID, no reset pending). The caller notes
-    the renewal (renewals.Renewals.note); the answer is `heartbeat`'s, cancels and
-    preemptions included, read in the same snapshot.
+    the renewal (renewals.Renewals.note). One statement reads it all (a snapshot of
+    its own: Store.read_statement); when some task is to be cancelled, the caller
+    reads again in a transaction, where the preemption fields are added from the
+    same snapshot (as `heartbeat` answers them).
     """
-    worker = row(conn, "worker_state", worker_id=worker_id)
-    if worker is None or worker["state"] != "online" or not _same_gpus(conn, worker_id, gpus):
+    view = row(conn, "heartbeat_view", worker_id=worker_id)
+    if view is None or view["state"] != "online" or not _same_gpus(json.loads(view["gpus"]), gpus):
         return None
-    active = {t["id"]: t for t in rows(conn, "heartbeat_view", worker_id=worker_id)}
+    active = {t[0]: t for t in json.loads(view["tasks"])}   # id, state, cancel_requested, endpoint, restarts
     for task in reported:
         held = active.get(task["task_id"])
         if held is None:
             return None  # a task this worker does not hold: the write path answers it (and reconciles it)
-        if held["state"] == "running" and (held["endpoint"] != task.get("endpoint")
-                                           or held["restarts"] != (task.get("restarts") or 0)):
+        if held[1] == "running" and (held[3] != task.get("endpoint") or held[4] != (task.get("restarts") or 0)):
             return None
-    cancel = sorted(task_id for task_id, held in active.items() if held["cancel_requested"])
+    cancel = sorted(task_id for task_id, held in active.items() if held[2])
     answer = {"cancel_task_ids": cancel, "revoked": False, "lease_expires_at": now + lease_ttl_s}
-    if cancel:
+    if cancel and not conn.getautocommit():
         answer.update(preemption.heartbeat_fields(conn, worker_id))
     return answer
 
 
-def _same_gpus(conn: apsw.Connection, worker_id: int, gpus: list[dict] | None) -> bool:
-    """True when gpu_health.report would store nothing and tell no reset."""
-    known = {g["index"]: g for g in rows(conn, "worker_gpus_of", worker_id=worker_id)}
-    if any(g["reset_pending"] for g in known.values()):
+def _same_gpus(stored: list[list], gpus: list[dict] | None) -> bool:
+    """True when gpu_health.report would store nothing and tell no reset (`stored`: index, uuid, healthy,
+    reset_pending of each GPU the worker has stored)."""
+    known = {g[0]: g for g in stored}
+    if any(g[3] for g in known.values()):
         return False
     for gpu in gpus or []:
         before = known.get(gpu["index"])
-        if before is None or (before["healthy"] and not gpu["healthy"]) or (gpu["uuid"] and before["uuid"] != gpu["uuid"]):
+        if before is None or (before[2] and not gpu["healthy"]) or (gpu["uuid"] and before[1] != gpu["uuid"]):
             return False
     return True
 

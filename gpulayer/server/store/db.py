@@ -212,6 +212,18 @@ class Store:
         finally:
             self._pool.put(conn)
 
+    def read_statement(self, fn: Callable[..., Any], *args, **kwargs) -> Any:
+        """fn(conn, *args, **kwargs) on a pooled connection outside a transaction: for a function that runs
+        one statement (its own consistent snapshot), it saves the BEGIN and COMMIT of `read`."""
+        try:
+            conn = self._pool.get(timeout=self.write_timeout_s)
+        except queue.Empty:
+            raise Unavailable(f"all {len(self._readers)} readers of the state file stayed busy: retry") from None
+        try:
+            return fn(conn, *args, **kwargs)
+        finally:
+            self._pool.put(conn)
+
     def read(self, fn: Callable[..., Any], *args, **kwargs) -> Any:
         """fn(conn, *args, **kwargs) inside one read transaction."""
         with self.reading() as conn:

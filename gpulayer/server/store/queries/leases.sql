@@ -87,9 +87,14 @@ WHERE state = 'online' AND coalesce(lease_expires_at, 0) < :until
 RETURNING id;
 
 -- name: heartbeat_view --
--- A heartbeat's read: what the worker holds, as a write would compare it with what it reports.
-SELECT id, state, cancel_requested, endpoint, restarts FROM tasks
-WHERE worker_id = :worker_id AND state IN ('assigned', 'running');
+-- A heartbeat's read, one statement (one snapshot): the worker's state, its GPUs as stored, and what it
+-- holds, as a write would compare them with what it reports.
+SELECT w.state,
+       (SELECT json_group_array(json_array(g."index", g.uuid, g.healthy, g.reset_pending))
+        FROM worker_gpus g WHERE g.worker_id = w.id) AS gpus,
+       (SELECT json_group_array(json_array(t.id, t.state, t.cancel_requested, t.endpoint, t.restarts))
+        FROM tasks t WHERE t.worker_id = w.id AND t.state IN ('assigned', 'running')) AS tasks
+FROM workers w WHERE w.id = :worker_id;
 
 -- name: flush_worker_renewals --
 -- Renewals noted in memory (renewals.py), in one statement: :renewals is {"worker id": seen at}.
