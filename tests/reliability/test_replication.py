@@ -66,10 +66,12 @@ def restore(source: Path, home: Path, *extra: str):
 def test_workers_carry_on_with_a_control_plane_restored_from_its_replica(tmp_path):
     replica, marks = tmp_path / "replica", tmp_path / "marks"
     marks.mkdir()
+    marks.chmod(0o1777)  # the tasks note their runs here: bound into each sandbox, writable by the task user
+    shared = ["--sandbox-bind", str(marks)]
     old = replicated_plane(tmp_path / "old", replica).start()
     try:
-        old.start_worker("w1", parallel=2, labels={"pool": "a"})
-        old.start_worker("w2", parallel=1, labels={"pool": "b"})
+        old.start_worker("w1", parallel=2, labels={"pool": "a"}, args=shared)
+        old.start_worker("w2", parallel=1, labels={"pool": "b"}, args=shared)
         long_job = old.submit({"command": script(marks / "A", 20), "labels": {"pool": "a"}})
         ends_in_window = old.submit({"command": script(marks / "E", 6), "labels": {"pool": "a"},
                                      "retry": {"max_attempts": 3}})
@@ -81,7 +83,7 @@ def test_workers_carry_on_with_a_control_plane_restored_from_its_replica(tmp_pat
         litestream = replication(old)["pid"]
         os.kill(litestream, signal.SIGSTOP)  # from here on nothing reaches the replica: the lost window
         in_window = old.submit({"command": script(marks / "B", 60), "labels": {"pool": "b"}})
-        old.start_worker("w3", parallel=1, labels={"pool": "c"})
+        old.start_worker("w3", parallel=1, labels={"pool": "c"}, args=shared)
         wait_for(lambda: all(task_state(old, j) == "running" for j in (behind, unplaced, in_window)), 60,
                  "D, H and B to run in the lost window",
                  details=lambda: f"{[old.job(j) for j in (behind, unplaced, in_window)]}\n{old.logs()}")
