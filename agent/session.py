@@ -304,7 +304,8 @@ class Worker:
         the worker runs no task (a heartbeat answer is how cancels and preemptions reach
         it within an interval) and its GPUs report healthy with no reset to echo (a
         reset is told in heartbeat answers); and only while its acquire is parked
-        there (renewed at every flush) or another request was answered within the interval.
+        there (asked to park at most one interval: `_acquire_wait_s`, renewed when it
+        arrives and when it answers) or another request was answered within the interval.
         """
         if not self.requests_renew or body["tasks"]:
             return False
@@ -377,9 +378,9 @@ class Worker:
             try:
                 # max_tasks: every free slot's assignment in one round trip (an older server sends one)
                 try:
-                    answer = transport.request("POST", "/worker/acquire",
-                                               {"wait_s": self.config.acquire_wait_s, "max_tasks": free},
-                                               timeout=self.config.acquire_wait_s + 15)
+                    wait_s = self._acquire_wait_s()
+                    answer = transport.request("POST", "/worker/acquire", {"wait_s": wait_s, "max_tasks": free},
+                                               timeout=wait_s + 15)
                 finally:
                     self.acquiring = False
                 failures = 0
@@ -400,19 +401,30 @@ class Worker:
                 self.stopping.wait(self.interval_s)
                 continue
             tasks = acquired(answer)
-            self._take(tasks, time.monotonic() - asked, asked)
+            self._take(tasks, time.monotonic() - asked, asked, wait_s)
+
+    def _acquire_wait_s(self) -> float:
+        """How long to ask the server to park an acquire: `acquire_wait_s`, or one heartbeat interval where
+        the server renews leases on any request (this worker then skips its beats while parked, and a
+        parked acquire renews only when it arrives and answers: a worker killed while parked is lost one
+        TTL after its last acquire, not after the park's deadline)."""
+        if self.requests_renew:
+            return min(self.config.acquire_wait_s, self.interval_s)
+        return self.config.acquire_wait_s
 
     def _free_slots(self) -> int:
         """How many more tasks this worker may run now (``--parallel`` less those it holds)."""
         with self.lock:
             return max(0, max(1, int(self.config.parallel)) - len(self.handles))
 
-    def _take(self, tasks: list[Assignment], elapsed_s: float, asked: float | None = None) -> None:
+    def _take(self, tasks: list[Assignment], elapsed_s: float, asked: float | None = None,
+              wait_s: float | None = None) -> None:
         """Launch the acquired assignments (a repeat of one already running is not launched again)."""
         if self.stopping.is_set():
             return
         if not tasks:
-            if elapsed_s < self.config.acquire_wait_s / 2:  # the server did not park us: poll gently
+            parked_for = self.config.acquire_wait_s if wait_s is None else wait_s
+            if elapsed_s < parked_for / 2:  # the server did not park us: poll gently
                 self.stopping.wait(self.interval_s)
             return
         # acquire repeats an assignment until its start: wait (a little) for the starts before asking again

@@ -149,15 +149,24 @@ def test_a_kill_loses_the_notes_and_the_restart_grace_covers_them(sched, clock):
     assert sched.expire()["tasks_lost"] == 0
 
 
-def test_a_parked_acquire_keeps_its_worker_seen_and_a_dead_one_is_lost_after_it(sched, clock):
+def test_a_parked_acquire_renews_when_it_arrives_and_answers_not_while_it_waits(sched, clock):
+    """The server cannot tell a parked worker from one killed while parked: the wait renews nothing (an
+    agent that skips its beats parks for at most one interval), so a dead worker is lost one TTL after
+    its last request, not after its acquire's deadline."""
     import threading
     import time
     w = add_worker(sched)
+    clock.advance(2.0)
     done = threading.Event()
     threading.Thread(target=lambda: (sched.acquire(w, wait_s=0.8), done.set()), daemon=True).start()
-    time.sleep(0.2)  # parked now (nothing queued)
-    clock.advance(10)  # far past the 3 s TTL while it waits: each flush counts it as seen
+    time.sleep(0.2)  # parked now (nothing queued); its arrival was noted
+    clock.advance(2.9)  # within the 3 s TTL of the arrival
     assert sched.expire() == {"tasks_lost": 0, "workers_offline": 0, "gangs_released": 0}
-    assert done.wait(10)
+    clock.advance(0.2)  # past it, still parked: the wait renewed nothing
+    assert sched.expire()["workers_offline"] == 1
+    assert done.wait(10)  # its answer is a request: the worker comes back at the next flush
+    sched.expire()
+    assert sched.store.read(lambda c: c.execute("SELECT state FROM workers WHERE id = ?", (w,)).fetchall()) \
+        == [{"state": "online"}]
     clock.advance(3.1)  # no request since the acquire answered
     assert sched.expire()["workers_offline"] == 1

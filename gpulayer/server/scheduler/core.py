@@ -362,7 +362,7 @@ class Scheduler:
                     parked = self._parked.acquire(blocking=False)
                     if not parked:
                         return []  # too many parked already: the worker polls again later
-                with self._wake, self.renewals.parked(worker_id):
+                with self._wake:
                     if self._generation == seen and not self._closing:
                         self._waiting += 1
                         try:
@@ -461,7 +461,7 @@ class Scheduler:
         return self._write(preemption.preempt, self.clock(), self.config.lease_ttl_s)
 
     def _expire(self, conn: apsw.Connection, now: float, written: dict[int, float]) -> dict:
-        written.update(self.renewals.pending(self.clock()))  # on the writer: every note made before it
+        written.update(self.renewals.pending())  # on the writer: every note made before it
         return leases.expire(conn, now, self.config.start_timeout_s, written, self.config.lease_ttl_s)
 
     def usage(self, principal: Principal | None, by: str = "user", since: str | float | None = None,

@@ -6,8 +6,13 @@ writing. Upkeep's transaction (leases.expire, each upkeep tick: at most one
 second) writes every note first, in one statement for the workers and one for
 their tasks, and only then judges leases: nothing is judged lost on a stale
 SQL value. So a lease in SQL is at most one flush interval (plus the writer's
-queue) behind the newest request of its worker. A worker whose acquire is
-parked (long poll) counts as seen at every flush while it waits.
+queue) behind the newest request of its worker. A parked acquire (long poll)
+counts as seen when it arrives and when it answers, never while it waits: the
+server cannot tell a parked worker from one killed while parked, so renewing
+during the wait kept a dead worker online until its acquire's deadline (20 s
+past its TTL). An agent that skips its heartbeats while idle asks to park for
+at most one heartbeat interval instead (agent/session.py), so an idle worker
+makes one request per interval and is lost one TTL after its last one.
 
 A note is forgotten only once the transaction that wrote it has committed
 (`flushed`): a failed flush is written again at the next one. A control plane
@@ -18,9 +23,6 @@ from __future__ import annotations
 
 import json
 import threading
-from collections import Counter
-from contextlib import contextmanager
-from typing import Iterator
 
 import apsw
 
@@ -29,12 +31,11 @@ from gpulayer.server.store.queries import QUERIES, rows
 
 
 class Renewals:
-    """`worker id -> when last seen` not yet in SQL, and the workers whose acquire is parked now."""
+    """`worker id -> when last seen` not yet in SQL."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._seen: dict[int, float] = {}
-        self._parked: Counter[int] = Counter()
 
     def note(self, worker_id: int, at: float) -> None:
         """The worker made a request at `at` (the scheduler's clock)."""
@@ -42,26 +43,10 @@ class Renewals:
             if at > self._seen.get(worker_id, 0.0):
                 self._seen[worker_id] = at
 
-    @contextmanager
-    def parked(self, worker_id: int) -> Iterator[None]:
-        """While the worker's acquire waits: it is seen at every flush."""
+    def pending(self) -> dict[int, float]:
+        """What a flush writes: the notes made so far."""
         with self._lock:
-            self._parked[worker_id] += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._parked[worker_id] -= 1
-                if self._parked[worker_id] <= 0:
-                    del self._parked[worker_id]
-
-    def pending(self, now: float) -> dict[int, float]:
-        """What a flush at `now` writes: the notes, and the parked workers as seen now."""
-        with self._lock:
-            found = dict(self._seen)
-            for worker_id in self._parked:
-                found[worker_id] = max(found.get(worker_id, 0.0), now)
-            return found
+            return dict(self._seen)
 
     def flushed(self, written: dict[int, float]) -> None:
         """Those notes are in SQL (their transaction committed): forget each not renewed since."""
