@@ -1,14 +1,15 @@
-"""A command run in a pseudo-terminal (the `pty` module), as a person at a terminal runs it.
+"""A command run in a pseudo-terminal, as a person at a terminal runs it.
 
 Its output is read as it comes; ^C typed there sends SIGINT as a terminal would, and what is typed
 reaches a prompt (a hidden one too: getpass reads the terminal, not stdin).
 """
 from __future__ import annotations
 
+import fcntl
 import os
-import pty
 import select
 import signal
+import termios
 import time
 
 
@@ -16,13 +17,28 @@ class Terminal:
     """`argv` run with the terminal as its controlling one, in `cwd`, with exactly `env`."""
 
     def __init__(self, argv, env, cwd):
-        self.pid, self.fd = pty.fork()
+        # pty.fork() as it is, except that this side keeps the terminal's slave end open too: once the
+        # command exits, Linux may answer a read of the master side with EIO while the command's last
+        # words are still on their way through the terminal (they were lost under load: "job 3 is still
+        # running" missing after ^C). With the slave end held here no EIO comes; the end of the output is
+        # a quiet spell after the exit (_drain).
+        self.fd, self._slave = os.openpty()
+        self.pid = os.fork()
         if self.pid == 0:  # the child
-            # As a shell would: ^C's SIGINT at its default (a pytest-xdist worker ignores SIGINT, and an
-            # ignored signal stays ignored across exec).
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
-            os.chdir(cwd)
-            os.execve(argv[0], list(argv), env)
+            try:
+                os.close(self.fd)
+                os.setsid()
+                fcntl.ioctl(self._slave, termios.TIOCSCTTY, 0)
+                for std in (0, 1, 2):
+                    os.dup2(self._slave, std)
+                os.close(self._slave)
+                # As a shell would: ^C's SIGINT at its default (a pytest-xdist worker ignores SIGINT, and an
+                # ignored signal stays ignored across exec).
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                os.chdir(cwd)
+                os.execve(argv[0], list(argv), env)
+            finally:
+                os._exit(127)
         self.output = ""
 
     def read_until(self, text, timeout=60):
@@ -51,6 +67,7 @@ class Terminal:
             if pid:
                 self._drain(to_the_end=True)
                 os.close(self.fd)
+                os.close(self._slave)
                 return os.waitstatus_to_exitcode(status)
             if time.monotonic() > deadline:
                 os.kill(self.pid, 9)
@@ -58,14 +75,14 @@ class Terminal:
             self._drain()
 
     def _drain(self, to_the_end=False):
-        """Read what is there; `to_the_end` (the command exited): until the terminal reports it closed.
+        """Read what is there; `to_the_end` (the command exited): until 1 s passes without a byte.
 
         A command's last words can reach the terminal's master side a while after it exited (the
-        kernel moves them on in its own time, later on a loaded machine), so once it exited, reading
-        goes on until the end of the output (EIO, or an empty read) or 3 s without a byte (a child
-        left running may hold the terminal open), not just until 0.1 s passed without any.
+        kernel moves them on in its own time, later on a loaded machine); this side holds the slave end
+        open, so no EIO ends the output early, and a quiet second after the exit does.
         """
-        quiet_until = time.monotonic() + (3 if to_the_end else 0)
+        quiet_s = 1.0 if to_the_end else 0.0
+        quiet_until = time.monotonic() + quiet_s
         while True:
             if not select.select([self.fd], [], [], 0.1)[0]:
                 if time.monotonic() >= quiet_until:
@@ -78,4 +95,4 @@ class Terminal:
             if not chunk:
                 return
             self.output += chunk.decode(errors="replace")
-            quiet_until = time.monotonic() + (3 if to_the_end else 0)
+            quiet_until = time.monotonic() + quiet_s

@@ -96,8 +96,15 @@ def test_dependency_chain_waits_then_cascades(cluster):
     status = _ok(cluster.cli("job", "status", str(second))).stdout
     assert "state=waiting" in status and f"waiting: for job {head} to succeed" in status
     assert _status(cluster, third)["waiting_reason"] == f"for job {second} to succeed"
-    task = wait_for(lambda: [t for t in cluster.job(head)["tasks"] if t["state"] == "running"], 30, "the head running")[0]
-    (cluster.workers["w1"].state_dir / "tasks" / f"{task['task_id']}-{task['attempt']}" / "go").touch()
+
+    def let_the_head_go() -> bool:  # its running attempt's working dir, once there (a lost attempt is run again)
+        for task in (t for t in cluster.job(head)["tasks"] if t["state"] == "running"):
+            workdir = cluster.workers["w1"].state_dir / "tasks" / f"{task['task_id']}-{task['attempt']}"
+            if workdir.is_dir():
+                (workdir / "go").touch()
+                return True
+        return False
+    wait_for(let_the_head_go, 30, "the head running", details=lambda: f"{cluster.job(head)}\n{cluster.logs()}")
     assert _ok(cluster.cli("job", "logs", str(rescue), "--follow")).stdout.splitlines() == ["rescued"]
     for job_id in (second, third):
         found = _status(cluster, job_id)
