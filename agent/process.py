@@ -11,7 +11,10 @@ import signal
 import subprocess
 import threading
 import time
-from typing import IO, Callable
+from typing import IO, TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from .launcher import Launched
 
 #: SIGTERM first, then SIGKILL after this many seconds.
 KILL_GRACE_S = 5.0
@@ -59,7 +62,7 @@ class TaskProcess:
     """A running command whose stdout/stderr lines go to ``on_line(stream, text)``."""
 
     def __init__(self, argv: list[str], env: dict[str, str], cwd: str, on_line: LineSink, *, sandboxed: bool = False,
-                 entered: bool = False):
+                 entered: bool = False, started: "subprocess.Popen | Launched | None" = None):
         self._on_line = on_line
         #: The leader is bwrap (agent/sandbox.py), which may exit while its PID namespace is still ending.
         self.sandboxed = sandboxed
@@ -68,7 +71,8 @@ class TaskProcess:
         self.entered = entered
         self.last_output = time.monotonic()
         self.started = self.last_output
-        self.popen = subprocess.Popen(
+        #: ``started``: a process the job's launcher started already (agent/launcher.py), the leader of its group.
+        self.popen = started if started is not None else subprocess.Popen(
             argv,
             env=env,
             cwd=cwd,

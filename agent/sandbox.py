@@ -160,12 +160,17 @@ class Sandbox:
         with nsenter to enter it (a non-root agent's sandbox is in a user namespace: each its own bwrap)."""
         return self.mode == "bwrap" and self.nsenter is not None and self.drops_to(root_asked) is not None
 
-    def holder_argv(self, job_dir: str, *, network: bool, info_fd: int) -> list[str]:
+    def holder_argv(self, job_dir: str, *, network: bool, info_fd: int, launcher: list[str] | None = None) -> list[str]:
         """The argv of a job's shared sandbox: ``job_dir`` bound, its init's host pid written to ``info_fd``
-        (bwrap's JSON), ``ready`` printed once its mounts are made, then it sleeps as the task user."""
+        (bwrap's JSON), ``ready`` printed once its mounts are made, then, as the task user, the job's launcher
+        (``launcher``: an interpreter and agent/launcher_inside.py's source; agent/launcher.py) on its stdin while
+        it runs, and a sleep once it ended (or without one), so that later elements can still enter."""
         user = self.drops_to(False)
+        script = "echo ready && exec sleep infinity"
+        if launcher is not None:
+            script = 'echo ready; "$0" -I -S -c "$1" gpulayer-launcher; exec sleep infinity </dev/null'
         return [*self._bwrap(job_dir, user, [], network), "--info-fd", str(info_fd), "--",
-                *self._drop(user), "sh", "-c", "echo ready && exec sleep infinity"]
+                *self._drop(user), "sh", "-c", script, *(launcher or [])]
 
     def enter_argv(self, holder_pid: int, argv: list[str], workdir: str, *, network: bool,
                    loader: list[str] | None = None) -> list[str]:

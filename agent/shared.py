@@ -24,15 +24,19 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from .errors import TaskSetupError
 from .events import log_event
+from .launcher import SOURCE, Launched, Launcher, pid_namespace
 from .leftovers import RunningTasks
 from .sandbox import Sandbox
 
@@ -52,6 +56,8 @@ class Holder:
     last_used: float = field(default_factory=time.monotonic)
     proc: subprocess.Popen | None = None
     pid: int | None = None  # the host pid of the sandbox's init, which nsenter joins
+    #: The holder's command, which forks each element itself (agent/launcher.py); None: elements use nsenter.
+    launcher: Launcher | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -59,8 +65,10 @@ class SharedSandboxes:
     """The holders of one worker, by (job, network)."""
 
     def __init__(self, sandbox: Sandbox, tasks_dir: Path, running: RunningTasks | None, *,
-                 keep_dirs: bool = False, linger_s: float = LINGER_S):
+                 keep_dirs: bool = False, linger_s: float = LINGER_S, launcher: str | None = sys.executable):
         self.sandbox, self.tasks_dir, self.running = sandbox, tasks_dir, running
+        #: The interpreter that runs each job's launcher inside its sandbox; None: elements enter by nsenter.
+        self.python = launcher
         self.keep_dirs, self.linger_s = keep_dirs, linger_s
         self.holders: dict[tuple[int, bool], Holder] = {}
         self.lock = threading.Lock()
@@ -100,16 +108,23 @@ class SharedSandboxes:
             if holder.proc is not None:  # it ended (killed from outside): start another
                 self._end(holder)
             read, write = os.pipe()
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) if self.python else (None, None)
             try:
-                argv = self.sandbox.holder_argv(str(holder.job_dir), network=holder.key[1], info_fd=write)
+                argv = self.sandbox.holder_argv(str(holder.job_dir), network=holder.key[1], info_fd=write,
+                                                launcher=[self.python, SOURCE] if self.python else None)
+                # Its stdin is the launcher's socket; the root parts see PATH only, never the job's environment.
                 proc = subprocess.Popen(argv, env={"PATH": os.environ.get("PATH", os.defpath)}, pass_fds=[write],
-                                        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                        start_new_session=True)
+                                        stdin=theirs.fileno() if theirs else subprocess.DEVNULL,
+                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
             except OSError as exc:
                 os.close(read)
+                if ours is not None:
+                    ours.close()
                 raise TaskSetupError(f"the job's shared sandbox did not start: {exc}") from None
             finally:
                 os.close(write)
+                if theirs is not None:
+                    theirs.close()
             holder.proc = proc
             try:
                 holder.pid = _child_pid(read, proc)
@@ -118,7 +133,17 @@ class SharedSandboxes:
             if self.running is not None:
                 self.running.add(holder.job_dir.name, proc.pid)
             log_event("shared_sandbox_started", job_id=holder.key[0], pid=holder.pid)
+            if ours is not None:
+                holder.launcher = Launcher(ours, holder.key[0], pid_namespace(holder.pid))
+                holder.launcher.wait_ready()
             return holder.pid
+
+    def launch(self, holder: Holder, argv: list[str], env: dict[str, str], cwd: str,
+               system: Callable[[str], None]) -> Launched | None:
+        """The element started by the job's launcher; None when it has none (enter by nsenter). Raises OSError
+        as exec would."""
+        launcher = holder.launcher
+        return launcher.spawn(argv, env, cwd, system) if launcher is not None else None
 
     def _reap_loop(self) -> None:
         while not self.closed.wait(min(1.0, self.linger_s)):
@@ -132,6 +157,7 @@ class SharedSandboxes:
     def _end(self, holder: Holder) -> None:
         """Kill the holder's sandbox (and with it whatever still runs in it); remove its directory."""
         proc, holder.proc, holder.pid = holder.proc, None, None
+        launcher, holder.launcher = holder.launcher, None
         if proc is not None:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -141,6 +167,8 @@ class SharedSandboxes:
             if proc.stdout is not None:
                 proc.stdout.close()
             log_event("shared_sandbox_ended", job_id=holder.key[0])
+        if launcher is not None:
+            launcher.close()
         if self.running is not None:
             self.running.remove(holder.job_dir.name)
         if not self.keep_dirs and holder.users == 0:

@@ -29,6 +29,7 @@ from .errors import AgentError, Rejected, TaskSetupError, Unreachable
 from .events import log_event
 from .imagerun import TASK_DIR, image_argv, image_environment, startable_in, wrap_image
 from .images import ImageCache, Prepared
+from .launcher import Launched
 from .leftovers import RunningTasks
 from .logship import LogShipper
 from .outputs import collect_outputs, open_regular, upload_outputs
@@ -94,6 +95,8 @@ class TaskRunner:
         self.task_id = assignment.task_id
         #: The job's shared sandbox, for an element that runs in one (agent/shared.py).
         self.holder: Holder | None = None
+        #: An element the job's launcher started (agent/launcher.py), until spawn() takes it.
+        self.launched: Launched | None = None
         self.shares = ctx.shared is not None and _shareable(assignment, ctx.sandbox)
         parent = ctx.tasks_dir / f"job-{assignment.job_id}{'' if assignment.network != 'none' else '-netless'}"
         self.workdir = (parent if self.shares else ctx.tasks_dir) / f"{self.task_id}-{assignment.attempt}"
@@ -269,9 +272,10 @@ class TaskRunner:
         try:
             env = self.environment(extra)
             launch, popen_env = self._launch_image(self.image, argv, env) if self.image else self._launch(argv, env)
+            launched, self.launched = self.launched, None
             proc = TaskProcess(launch, popen_env, str(self.workdir), self.shipper.add,
                                sandboxed=self.ctx.sandbox.mode != "none" and self.holder is None,
-                               entered=self.holder is not None)
+                               entered=self.holder is not None and launched is None, started=launched)
         except OSError as exc:
             code = 127 if isinstance(exc, FileNotFoundError) else 126
             self.shipper.system(f"cannot start {argv[0]!r}: {exc.strerror or exc}")
@@ -308,6 +312,9 @@ class TaskRunner:
                 pid = self.ctx.shared.started(self.holder)
             except TaskSetupError as exc:
                 raise OSError(str(exc)) from None
+            self.launched = self.ctx.shared.launch(self.holder, argv, env, str(self.workdir), self.shipper.system)
+            if self.launched is not None:  # forked inside by the job's launcher, already running
+                return argv, env
             return sandbox.enter_argv(pid, argv, str(self.workdir), network=self.assignment.network != "none",
                                       loader=loader), outer
         wrapped = sandbox.wrap([*loader, *argv], str(self.workdir), gpu_nodes=gpu_nodes(self._gpu_numbers()),
