@@ -24,8 +24,10 @@ def format_event(event: str, /, **fields: object) -> str:
 
 
 def log_event(event: str, /, level: int = logging.INFO, **fields: object) -> None:
-    """Log one structured event line at ``level``."""
-    LOGGER.log(level, format_event(event, **fields))
+    """Log one structured event line at ``level`` (formatted only when that level is logged: a task's events are
+    on the per-task hot path)."""
+    if LOGGER.isEnabledFor(level):
+        LOGGER.log(level, format_event(event, **fields))
 
 
 def configure_logging(level: int = logging.INFO) -> None:

@@ -171,8 +171,12 @@ class Launcher:
             data, ancillary, _flags, _addr = self.sock.recvmsg(MAX_MESSAGE, socket.CMSG_SPACE(4))
         except BlockingIOError:
             return False
-        fds = [fd for level, kind, payload in ancillary if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
-               for fd in array.array("i", payload[:len(payload) - len(payload) % 4])]
+        fds = [
+            fd
+            for level, kind, payload in ancillary
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
+            for fd in array.array("i", payload[: len(payload) - len(payload) % 4])
+        ]
         if not data:
             for fd in fds:
                 os.close(fd)

@@ -41,7 +41,7 @@ def receive(sock: socket.socket) -> tuple[dict | None, list[int]]:
     fds: list[int] = []
     for level, kind, payload in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds.extend(array.array("i", payload[:len(payload) - len(payload) % 4]))
+            fds.extend(array.array("i", payload[: len(payload) - len(payload) % 4]))
     if not data:
         return None, fds
     try:
@@ -88,8 +88,15 @@ class Launcher:
 
     def start(self, ident: int, message: dict, fds: list[int]) -> None:
         try:
-            proc = subprocess.Popen(message["argv"], env=message["env"], cwd=message["cwd"], stdin=subprocess.DEVNULL,
-                                    stdout=fds[0], stderr=fds[1], start_new_session=True)
+            proc = subprocess.Popen(
+                message["argv"],
+                env=message["env"],
+                cwd=message["cwd"],
+                stdin=subprocess.DEVNULL,
+                stdout=fds[0],
+                stderr=fds[1],
+                start_new_session=True,
+            )
         except OSError as exc:
             send(self.sock, {"id": ident, "errno": exc.errno or 0, "error": exc.strerror or str(exc)})
             return

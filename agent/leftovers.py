@@ -45,14 +45,28 @@ class RunningTasks:
 
     def __init__(self, state_dir: Path):
         self.dir = Path(state_dir) / "running"
+        #: (pid, start time) of the agent that made self.dir, once: a task's record is on its launch's path.
+        self._agent: tuple[int, int | None] | None = None
 
     def add(self, name: str, pgid: int) -> None:
-        """Record that task ``name`` runs as process group ``pgid`` of this agent."""
-        self.dir.mkdir(parents=True, exist_ok=True)
-        record = {"pgid": pgid, "start": start_time(pgid), "agent": os.getpid(), "agent_start": start_time(os.getpid())}
-        tmp = self.dir / f".{name}.tmp"
-        tmp.write_text(json.dumps(record))
-        tmp.replace(self.dir / f"{name}.json")
+        """Record that task ``name`` runs as process group ``pgid`` of this agent (written whole, then renamed:
+        a reaper never reads half a record)."""
+        if self._agent is None or self._agent[0] != os.getpid():
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self._agent = (os.getpid(), start_time(os.getpid()))
+        record = f'{{"pgid": {int(pgid)}, "start": {json.dumps(start_time(pgid))}, "agent": {self._agent[0]}, ' \
+                 f'"agent_start": {json.dumps(self._agent[1])}}}'
+        tmp = os.path.join(self.dir, f".{name}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        except FileNotFoundError:  # the directory went away meanwhile
+            self.dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, record.encode())
+        finally:
+            os.close(fd)
+        os.replace(tmp, os.path.join(self.dir, f"{name}.json"))
 
     def remove(self, name: str) -> None:
         (self.dir / f"{name}.json").unlink(missing_ok=True)
