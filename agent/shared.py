@@ -4,10 +4,12 @@ Making and ending a mount namespace is most of what a bwrap launch costs (about 
 machine under load, docs/benchmarks.md "Issue 25"), and a job array of short elements pays it per element.
 The elements of one job belong to one owner, so a worker gives them one sandbox: a *holder*, a bwrap of the
 same mounts as a task's but binding the job's directory (``tasks/job-<id>/``, under which each element has its
-own working directory), that sleeps as the task user. Each element is then started by the agent as before,
-as its own process group that the agent signals and reaps, through ``nsenter`` into the holder's mount, PID
-and IPC (and, for ``network: none``, network) namespaces and ``setpriv`` down to the task user with no new
-privileges: the same view, user and capabilities as a bwrap'd task, at the cost of two execs.
+own working directory), whose command, as the task user, is the job's launcher (agent/launcher.py): it forks
+each element itself, as its own process group that the agent signals, and tells the agent its pid and exit
+status. Without a launcher (it ended, or did not start in time), an element is started by the agent as before,
+through ``nsenter`` into the holder's mount, PID and IPC (and, for ``network: none``, network) namespaces and
+``setpriv`` down to the task user with no new privileges: the same view, user and capabilities as a bwrap'd
+task, at the cost of two execs (the holder then sleeps).
 
 What elements of one job share: the PID namespace (they see, and may signal, each other), ``/tmp``,
 ``/dev/shm`` and IPC, and the job's directory (each writes its own working dir). Nothing of another job's or
