@@ -18,11 +18,13 @@ import array
 import itertools
 import json
 import os
+import select
 import selectors
 import signal
 import socket
 import subprocess
 import threading
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -31,6 +33,10 @@ from .events import log_event
 #: Seconds the job's first element waits for the launcher to be ready (a Python start-up, once per job); elements
 #: that come before it are entered by nsenter.
 READY_TIMEOUT_S = 2.0
+#: Seconds the launcher may take to answer a request, or to report an element that exited, before it is killed.
+ANSWER_TIMEOUT_S = 5.0
+#: Seconds between looks at an element's pidfd while its exit is waited for.
+WAIT_STEP_S = 0.5
 #: Largest message to the launcher (argv and environment); a bigger element is entered by nsenter.
 MAX_MESSAGE = 1 << 20
 #: The program, passed to ``python -I -S -c``.
@@ -61,10 +67,13 @@ def pid_namespace(pid: int) -> int | None:
 class Launched:
     """An element the launcher started, read as the subprocess.Popen that TaskProcess and supervise use."""
 
-    def __init__(self, ident: int, argv: list[str], stdout: int, stderr: int, system: Callable[[str], None]):
-        self.ident, self.args, self.system = ident, argv, system
+    def __init__(self, ident: int, argv: list[str], stdout: int, stderr: int, launcher: Launcher, system: Callable[[str], None]):
+        #: The element's pidfd (from the launcher): its exit is seen even when the launcher does not say it.
+        self.pidfd: int | None = None
+        self.ident, self.args, self.launcher, self.system = ident, argv, launcher, system
         self.stdout, self.stderr = open(stdout, "rb", buffering=0), open(stderr, "rb", buffering=0)
         self.pid = 0
+        self.exited_at: float | None = None
         self.returncode: int | None = None
         self.error: OSError | None = None
         self.answered = threading.Event()
@@ -74,10 +83,27 @@ class Launched:
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        if not self.ended.wait(timeout):
-            raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+        """The returncode the launcher reported; a launcher that has not ANSWER_TIMEOUT_S after the element's
+        exit (stopped by an element of the job, say) is killed, and the element reads as killed."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.ended.wait(WAIT_STEP_S if deadline is None else max(0.0, min(WAIT_STEP_S, deadline - time.monotonic()))):
+            if self.pidfd is not None and select.select([self.pidfd], [], [], 0)[0]:
+                self.exited_at = self.exited_at or time.monotonic()
+                if time.monotonic() - self.exited_at > ANSWER_TIMEOUT_S:
+                    self.launcher.kill("it did not report an element's exit")
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
         assert self.returncode is not None
+        self._close_pidfd()
         return self.returncode
+
+    def _close_pidfd(self) -> None:
+        pidfd, self.pidfd = self.pidfd, None
+        if pidfd is not None:
+            os.close(pidfd)
+
+    def __del__(self) -> None:
+        self._close_pidfd()
 
     def close_pipes(self) -> None:
         self.stdout.close()
@@ -114,7 +140,7 @@ class Launcher:
             return None
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
-        element = Launched(next(self.ids), argv, out_r, err_r, system)
+        element = Launched(next(self.ids), argv, out_r, err_r, self, system)
         message = json.dumps({"op": "run", "id": element.ident, "argv": argv, "env": env, "cwd": cwd}).encode()
         try:
             with self.lock:
@@ -131,8 +157,12 @@ class Launcher:
         finally:
             os.close(out_w)
             os.close(err_w)
-        element.answered.wait()
-        if element.error is not None:
+        if not element.answered.wait(ANSWER_TIMEOUT_S):
+            self.kill("it did not answer a request")
+            element.answered.wait(ANSWER_TIMEOUT_S)
+        if element.error is not None or not element.answered.is_set():
+            element.close_pipes()
+            raise element.error or OSError(5, "the job's launcher did not answer")
             element.close_pipes()
             raise element.error
         return element
@@ -186,9 +216,11 @@ class Launcher:
             self._ready(fds)
             return True
         pid = host_pid(fds[0]) if fds else None
+        element = self.elements.get(int(message["id"]))
+        if element is not None and "started" in message and pid is not None and element.pidfd is None:
+            element.pidfd = fds.pop(0)
         for fd in fds:
             os.close(fd)
-        element = self.elements.get(int(message["id"]))
         if element is None:
             return True
         if "started" in message:
@@ -237,6 +269,17 @@ class Launcher:
             element.returncode = -signal.SIGKILL
             element.ended.set()
         self.ready.set()
+
+    def kill(self, why: str) -> None:
+        """End a launcher that stopped answering (its elements are then killed, and later ones use nsenter)."""
+        log_event("launcher_killed", job_id=self.job_id, reason=why)
+        with self.lock:
+            self.alive = False
+            if self.pidfd is not None:
+                try:
+                    signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
     def close(self) -> None:
         """Stop listening (the holder is ending: the launcher and its elements go with its namespace)."""

@@ -99,3 +99,13 @@ def test_a_killed_launcher_fails_its_elements_and_later_ones_still_run(cluster):
     later = element_log(cluster, job, 2)
     assert "later" in later and "gpulayer-launcher" not in later, later  # entered by nsenter
     assert wait_for(lambda: not processes_running("sleep 3636.5"), 10, "the elements' groups to be gone")
+
+
+def test_a_launcher_stopped_by_an_element_is_killed_and_the_job_goes_on(cluster):
+    cluster.start_worker("stopped", labels={"pool": "stopped"}, parallel=1)
+    command = 'if [ "$GPULAYER_ARRAY_INDEX" = 0 ]; then kill -STOP $PPID; fi; echo "ran $GPULAYER_ARRAY_INDEX"'
+    job = cluster.submit({"command": ["sh", "-c", command], "labels": {"pool": "stopped"}, "array": "0-1"})
+    done = cluster.wait_job(job, timeout=90)
+    assert done["array"]["counts"] == {"failed": 1, "succeeded": 1} and done["array"]["failed_indices"] == [0], done
+    assert "the job's launcher ended" in element_log(cluster, job, 0), element_log(cluster, job, 0)
+    assert "ran 1" in element_log(cluster, job, 1), element_log(cluster, job, 1)
