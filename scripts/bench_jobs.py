@@ -11,9 +11,11 @@ latency:    with the worker idle (long-polling acquire), --latency-jobs jobs one
             after another: time from just before POST /v1/jobs to the task's
             started_at (the task_started event's time, same clock).
 idle:       a fresh server, --idle-workers simulated workers (plain requests) that
-            behave like the agent: heartbeat every 2 s and long-poll acquire
-            (wait_s 20; answered at once past max_parked_acquires, then poll again
-            after 2 s). The server's CPU (utime+stime from /proc) over --idle-seconds.
+            behave like the agent: long-poll acquire for at most one heartbeat
+            interval and skip the heartbeats while parked (the server says any
+            request renews: `requests_renew_lease`); --idle-old-agent: heartbeat
+            every 2 s and park 20 s. Answered at once past max_parked_acquires,
+            they poll again after 2 s. The server's CPU (utime+stime from /proc) over --idle-seconds.
 """
 from __future__ import annotations
 
@@ -146,6 +148,9 @@ def idle_cpu(args) -> dict:
         # As the agent: a server that renews leases on any request lets an idle worker whose acquire is
         # parked skip its heartbeats (docs/protocol.md, `requests_renew_lease`); --idle-old-agent beats anyway.
         may_skip = answers[0].get("requests_renew_lease") is True and not args.idle_old_agent
+        # Such an agent parks for at most one heartbeat interval (agent/session.py `_acquire_wait_s`): the wait
+        # renews nothing, so its acquire is its one request per interval. An old agent parks 20 s.
+        wait_s = min(20.0, float(answers[0].get("heartbeat_interval_s") or 2.0)) if may_skip else 20.0
         parked: set[str] = set()
 
         def heartbeats(token):
@@ -169,7 +174,7 @@ def idle_cpu(args) -> dict:
                 t0 = time.monotonic()
                 try:
                     parked.add(token)
-                    s.post(srv.url + "/v1/worker/acquire", json={"wait_s": 20}, headers=hdr, timeout=40)
+                    s.post(srv.url + "/v1/worker/acquire", json={"wait_s": wait_s}, headers=hdr, timeout=40)
                     parked.discard(token)
                 except Exception:  # noqa: BLE001
                     parked.discard(token)
@@ -179,7 +184,7 @@ def idle_cpu(args) -> dict:
                     continue
                 with lock:
                     stats["acquires"] += 1
-                if time.monotonic() - t0 < 10:  # not parked: poll gently, like the agent
+                if time.monotonic() - t0 < wait_s / 2:  # not parked: poll gently, like the agent
                     with lock:
                         stats["immediate"] += 1
                     stop_ev.wait(2.0)

@@ -37,6 +37,9 @@ BUCKETS = [
     ("socket and ssl", re.compile(r"\((socket|ssl|selectors)\.py")),
 ]
 OTHER = "other (stdlib, logging, interpreter)"
+# The one writer thread (store/db.py): its loop, and its group runner where BEGIN, SAVEPOINTs and COMMIT run.
+WRITER = "Store._run (gpulayer/server/store/db.py"
+WRITER_GROUP = "Store._run_group (gpulayer/server/store/db.py"
 # Innermost frames that mean the thread was blocked, not running.
 WAITS = re.compile(r"^(Condition\.wait|Event\.wait|Queue\.get|Thread\.join|_wait_for_tstate_lock|"
                    r"\w*Selector\.select|select|sleep|poll|accept|_ThreadsafeSelector\.select) \(")
@@ -52,6 +55,7 @@ def bucket(stack: list[str]) -> str:
 
 def summarise(path: Path) -> dict:
     counts: Counter[str] = Counter()
+    writer: Counter[str] = Counter()
     total = waiting = 0
     for line in path.read_text(errors="replace").splitlines():
         stack, _, n = line.rpartition(" ")
@@ -63,7 +67,12 @@ def summarise(path: Path) -> dict:
             continue
         counts[bucket(frames[1:] if frames and frames[0].startswith("process ") else frames)] += int(n)
         total += int(n)
+        if any(f.startswith(WRITER) for f in frames):
+            inner = frames[-1]
+            writer["its transactions (scheduler code and SQL)" if not inner.startswith(("Store._run", "Queue"))
+                   else "BEGIN, SAVEPOINT, COMMIT, its queue" ] += int(n)
     return {"file": str(path), "samples": total, "waiting_samples": waiting,
+            "writer_thread": {"samples": sum(writer.values()), **writer},
             "buckets": [{"bucket": k, "samples": v, "share": round(v / total, 3) if total else 0.0}
                         for k, v in counts.most_common()]}
 
@@ -72,6 +81,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("files", nargs="+", type=Path, help="py-spy raw (collapsed) stack files")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--seconds", type=float, default=0.0,
+                   help="the profile's length: with --rate, the writer thread's busy fraction is printed")
+    p.add_argument("--rate", type=float, default=200.0, help="py-spy's samples a second (bench_http.py: 200)")
     args = p.parse_args(argv)
     results = []
     for f in args.files:
@@ -86,6 +98,10 @@ def main(argv=None) -> int:
         print(f"{r['file']}: {r['samples']} busy samples ({r['waiting_samples']} waiting, left out)")
         for b in r["buckets"]:
             print(f"  {100 * b['share']:5.1f}%  {b['bucket']}")
+        w = r["writer_thread"]
+        busy = f", busy {w['samples'] / (args.rate * args.seconds):.0%} of the time" if args.seconds else ""
+        print(f"  writer thread: {w['samples']} samples ({w['samples'] / max(1, r['samples']):.0%} of the busy)"
+              f"{busy}; " + ", ".join(f"{k}: {v}" for k, v in w.items() if k != "samples"))
     return 0
 
 

@@ -12,7 +12,7 @@ from gpulayer.cli.common import duration_option, fail, global_options, home_of, 
 from gpulayer.cli.workers import SANDBOX_DEFAULT, AllowRootTasks, RunAs, SandboxBind, SandboxMode, sandbox_settings
 from gpulayer.protocol import (
     DEFAULT_PORT, HEARTBEAT_INTERVAL_S, JOB_RETENTION_S, LEASE_TTL_S, LOG_RETENTION_S, MAX_OUTPUT_BYTES,
-    FAIRSHARE_HALF_LIFE_S, MAX_QUEUED_ELEMENTS, PREEMPT_GRACE_S, PRIORITY_CLASSES, plural,
+    FAIRSHARE_HALF_LIFE_S, MAX_HEARTBEATS_PER_S, MAX_QUEUED_ELEMENTS, PREEMPT_GRACE_S, PRIORITY_CLASSES, plural,
 )
 
 server_app = typer.Typer(help="Initialise, run and back up a control plane.", no_args_is_help=True)
@@ -117,6 +117,10 @@ def server_start(
     priority_class: Annotated[Optional[list[str]], typer.Option(
         "--priority-class", metavar="NAME=N",
         help="A named priority `--priority` accepts, besides low=-10, normal=0, high=10 (repeatable).")] = None,
+    max_heartbeats_per_s: Annotated[float, typer.Option(
+        "--max-heartbeats-per-s", min=0, metavar="N",
+        help="Heartbeats a second the whole fleet aims under: past it the interval asked of workers (and their "
+             "lease TTL) grows with the fleet, never below --heartbeat-interval; 0: never.")] = MAX_HEARTBEATS_PER_S,
 ) -> None:
     """Run the control plane in the foreground until SIGTERM or Ctrl-C.
 
@@ -132,6 +136,7 @@ def server_start(
                                 tls_key=tls_key, allow_insecure_remote=allow_insecure_remote, http=http.value,
                                 replicate=replicate, replicate_interval_s=float(replicate_interval),
                                 preempt_grace_s=float(preempt_grace), max_queued_elements=max_queued_elements,
+                                max_heartbeats_per_s=max_heartbeats_per_s,
                                 priority_classes={**PRIORITY_CLASSES, **_priority_classes(priority_class)},
                                 fairshare_half_life_s=float(fairshare_half_life) if fairshare_half_life else FAIRSHARE_HALF_LIFE_S,
                                 **_plane_settings(heartbeat_interval, lease_ttl, synchronous, max_output_mb,

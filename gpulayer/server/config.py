@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpulayer.protocol import (  # noqa: F401  (re-exported: the settings below default to them)
-    PROTOCOL, HEARTBEAT_INTERVAL_S, LEASE_TTL_S, DEFAULT_PORT, MAX_JSON_BODY, MAX_ACQUIRE_WAIT_S,
+    PROTOCOL, HEARTBEAT_INTERVAL_S, LEASE_TTL_S, MAX_HEARTBEATS_PER_S, HEARTBEAT_JITTER, DEFAULT_PORT, MAX_JSON_BODY, MAX_ACQUIRE_WAIT_S,
     START_TIMEOUT_S, RENDEZVOUS_TIMEOUT_S, ARTIFACT_RETENTION_S, ARTIFACT_SWEEP_INTERVAL_S,
     LOG_RETENTION_S, JOB_RETENTION_S, PRUNE_INTERVAL_S, SERVICE_MAX_ATTEMPTS, MAX_OUTPUT_BYTES,
     FAIRSHARE_HALF_LIFE_S, PREEMPT_GRACE_S, PRIORITY_CLASSES, MAX_QUEUED_ELEMENTS,
@@ -65,6 +65,9 @@ class ControlPlaneConfig:
     allow_insecure_remote: bool = False
     heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S
     lease_ttl_s: float = LEASE_TTL_S
+    # `--max-heartbeats-per-s`: past it the interval (and the TTL) grow with the fleet; 0: never (cadence.py).
+    max_heartbeats_per_s: float = MAX_HEARTBEATS_PER_S
+    heartbeat_jitter: float = HEARTBEAT_JITTER  # each answer's interval is 1 to 1 + this times the fleet's
     synchronous: str = "normal"
     threads: int = 320           # requests served at once; a parked long-poll holds one
     http: str = "granian"        # the front end serving /v1: "granian", or "cheroot" (docs/benchmarks.md)

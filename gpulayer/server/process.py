@@ -62,6 +62,8 @@ def check_config(config: ControlPlaneConfig) -> None:
                           "give --tls-cert and --tls-key, or --allow-insecure-remote behind a TLS proxy you control")
     if config.heartbeat_interval_s <= 0 or config.lease_ttl_s <= config.heartbeat_interval_s:
         raise ConfigError("--lease-ttl must be longer than --heartbeat-interval, and both positive")
+    if config.max_heartbeats_per_s < 0 or not 0 <= config.heartbeat_jitter <= 1:
+        raise ConfigError("--max-heartbeats-per-s must be 0 or more, and the heartbeat jitter from 0 to 1")
     if min(config.log_retention_s, config.job_retention_s, config.prune_interval_s) <= 0:
         raise ConfigError("--log-retention and --job-retention must be longer than zero")
     if config.synchronous not in ("normal", "full"):

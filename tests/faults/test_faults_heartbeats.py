@@ -137,7 +137,8 @@ def test_the_lease_in_sql_is_within_one_flush_of_the_heartbeat_and_a_cancel_arri
             time.sleep(0.13)
         # Upkeep flushes every min(interval, 1 s); its transaction may wait for the writer under load.
         assert worst <= INTERVAL + 1.0, worst
-        assert answered["heartbeat_interval_s"] == INTERVAL and answered["requests_renew_lease"] is True
+        assert INTERVAL <= answered["heartbeat_interval_s"] <= INTERVAL * 1.2  # jittered up to 20%
+        assert answered["requests_renew_lease"] is True
         job = read(srv, "SELECT job_id FROM tasks WHERE id = ?", agents[1].task_id)[0]["job_id"]
         asked = time.monotonic()
         requests.post(f"{srv.url}/v1/jobs/{job}/cancel", headers={"Authorization": f"Bearer {srv.tokens['client_token']}"},

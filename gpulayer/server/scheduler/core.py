@@ -18,6 +18,7 @@ from gpulayer.server.errors import NotFound
 from gpulayer.server.scheduler import (access, aging, cascades, cordons, gauges, gpu_health, jobs, leases,
                                        ledger, lifecycle, outcomes, placement, preemption, reconcile, renewals,
                                        secrets, teams, tokens, workers)
+from gpulayer.server.scheduler import cadence
 from gpulayer.server.scheduler.follow import LogFollowers
 from gpulayer.server.scheduler.spec import validate_job
 from gpulayer.server.security.auth import Authenticator, Principal, new_jti, new_token
@@ -67,6 +68,9 @@ class Scheduler:
         self._submit_locks_guard = threading.Lock()
         # Lease renewals not yet in SQL: heartbeats that change nothing and other worker requests (renewals.py).
         self.renewals = renewals.Renewals()
+        # The heartbeat interval asked for and the lease TTL given, scaled with the online fleet (cadence.py).
+        self.cadence = cadence.Cadence(config.heartbeat_interval_s, config.lease_ttl_s, config.max_heartbeats_per_s,
+                                       config.heartbeat_jitter, clock)
 
     # -- wake-up -------------------------------------------------------------
 
@@ -258,7 +262,7 @@ class Scheduler:
     # -- workers -------------------------------------------------------------
 
     def register(self, **kwargs) -> dict:
-        return self._write(workers.register, now=self.clock(), lease_ttl_s=self.config.lease_ttl_s, wake=True,
+        return self._write(workers.register, now=self.clock(), lease_ttl_s=self.lease_ttl_s(), wake=True,
                            **kwargs)
 
     def join(self, *, body: dict, token: Principal, peer_address: str | None) -> dict:
@@ -282,14 +286,14 @@ class Scheduler:
         now = self.clock()
         answer = None
         if self.restored is None or not self.restored.active():
-            answer = self.store.read_statement(leases.unchanged, worker_id, reported, now, self.config.lease_ttl_s,
+            answer = self.store.read_statement(leases.unchanged, worker_id, reported, now, self.lease_ttl_s(),
                                                gpus)
             if answer is not None and answer["cancel_task_ids"]:  # with the preemption fields, in one snapshot
-                answer = self.store.read(leases.unchanged, worker_id, reported, now, self.config.lease_ttl_s, gpus)
+                answer = self.store.read(leases.unchanged, worker_id, reported, now, self.lease_ttl_s(), gpus)
         if answer is not None:
             self.renewals.note(worker_id, now)
         else:
-            answer = self._write(leases.heartbeat, worker_id, reported, now, self.config.lease_ttl_s, gpus, inline=0,
+            answer = self._write(leases.heartbeat, worker_id, reported, now, self.lease_ttl_s(), gpus, inline=0,
                                  restored=self.restored)
             if answer.get("reset_gpus"):
                 self.wake()
@@ -298,7 +302,11 @@ class Scheduler:
     def heartbeat_terms(self) -> dict:
         """What register and heartbeat answers tell an agent of its heartbeats (docs/protocol.md): the interval
         wanted, and that any successful worker request renews its leases (so an idle one may skip a beat)."""
-        return {"heartbeat_interval_s": self.config.heartbeat_interval_s, "requests_renew_lease": True}
+        return {"heartbeat_interval_s": self.cadence.interval_s(), "requests_renew_lease": True}
+
+    def lease_ttl_s(self) -> float:
+        """The TTL a renewal gives now: the configured one scaled with the fleet (cadence.py)."""
+        return self.cadence.lease_ttl_s()
 
     def seen(self, worker_id: int) -> None:
         """A worker request other than a heartbeat: it renews the worker's leases as one would (renewals.py)."""
@@ -378,7 +386,7 @@ class Scheduler:
 
     def _acquire_once(self, conn: apsw.Connection, worker_id: int, now: float, max_tasks: int = 1) -> list[dict]:
         """One acquire transaction: the Assignments, built in the same transaction (maybe none)."""
-        taken = placement.acquire_many(conn, worker_id, now, self.config.lease_ttl_s, max_tasks)
+        taken = placement.acquire_many(conn, worker_id, now, self.lease_ttl_s(), max_tasks)
         return [self._assignment(conn, task_id) for task_id in taken]
 
     def _assignment(self, conn: apsw.Connection, task_id: int) -> dict:
@@ -397,7 +405,7 @@ class Scheduler:
 
         def adopting(conn: apsw.Connection, worker_id: int, task_id: int, *args, **kwargs):
             now = self.clock()
-            reconcile.adopt_for_call(conn, worker_id, task_id, now, now + self.config.lease_ttl_s, restored,
+            reconcile.adopt_for_call(conn, worker_id, task_id, now, now + self.lease_ttl_s(), restored,
                                      ending=fn is lifecycle.finish)
             return fn(conn, worker_id, task_id, *args, **kwargs)
         return adopting
@@ -436,10 +444,12 @@ class Scheduler:
         return self._write(self._restarted, self.clock())
 
     def _restarted(self, conn: apsw.Connection, now: float) -> dict:
+        # The fleet's interval before the first answer, held one TTL: the process before may have told it.
+        self.cadence.fleet(cadence.online_workers(conn), hold=True)
         workers.forget_needs_upgrade(conn, "server_restarted")
         conn.execute(QUERIES["set_scheduler_settings"], {"half_life_s": self.config.fairshare_half_life_s,
                                                          "preempt_grace_s": self.config.preempt_grace_s})
-        return leases.grace_after_restart(conn, now, self.config.lease_ttl_s)
+        return leases.grace_after_restart(conn, now, self.lease_ttl_s())
 
     def refresh_fairshare(self) -> None:
         """Upkeep: fair share's running part rewritten (ledger.refresh_running), one transaction."""
@@ -458,11 +468,13 @@ class Scheduler:
 
     def preempt(self) -> list[int]:
         """Upkeep's preemption round, one transaction (preemption.preempt): the task ids asked to stop."""
-        return self._write(preemption.preempt, self.clock(), self.config.lease_ttl_s)
+        return self._write(preemption.preempt, self.clock(), self.lease_ttl_s())
 
     def _expire(self, conn: apsw.Connection, now: float, written: dict[int, float]) -> dict:
         written.update(self.renewals.pending())  # on the writer: every note made before it
-        return leases.expire(conn, now, self.config.start_timeout_s, written, self.config.lease_ttl_s)
+        result = leases.expire(conn, now, self.config.start_timeout_s, written, self.lease_ttl_s())
+        self.cadence.fleet(cadence.online_workers(conn))
+        return result
 
     def usage(self, principal: Principal | None, by: str = "user", since: str | float | None = None,
               offset: int = 0, limit: int = -1) -> dict:
