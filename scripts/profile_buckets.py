@@ -41,8 +41,11 @@ OTHER = "other (stdlib, logging, interpreter)"
 WRITER = "Store._run (gpulayer/server/store/db.py"
 WRITER_GROUP = "Store._run_group (gpulayer/server/store/db.py"
 # Innermost frames that mean the thread was blocked, not running.
+# An idle thread of a concurrent.futures pool waits in C (SimpleQueue.get, GIL released) under `_worker`'s
+# `work_queue.get` line, which py-spy's idle filter misses: counted as waiting too.
 WAITS = re.compile(r"^(Condition\.wait|Event\.wait|Queue\.get|Thread\.join|_wait_for_tstate_lock|"
-                   r"\w*Selector\.select|select|sleep|poll|accept|_ThreadsafeSelector\.select) \(")
+                   r"\w*Selector\.select|select|sleep|poll|accept|_ThreadsafeSelector\.select) \(|"
+                   r"^_worker \(concurrent/futures/thread\.py:81\)$")
 
 
 def bucket(stack: list[str]) -> str:
