@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from gpulayer.server.scheduler.core import Scheduler
-from gpulayer.server.scheduler.cadence import Cadence, fleet_scale, jitter_cap
+from gpulayer.server.scheduler.cadence import Cadence, fleet_scale, jitter_cap, spread_of
 
 from helpers import add_worker, job
 
@@ -33,17 +33,20 @@ def test_the_jitter_never_makes_an_interval_longer_than_a_third_of_the_ttl():
     assert jitter_cap(2.0, 20.0, 0.0) == 0.0
 
 
-def test_the_interval_is_jittered_upwards_only_and_the_ttl_scales_with_it():
-    low, high = Cadence(2.0, 20.0, 500, 0.2, rng=lambda: 0.0), Cadence(2.0, 20.0, 500, 0.2, rng=lambda: 0.999)
-    for c in (low, high):
-        c.fleet(3000)
-    assert low.interval_s() == 6.0 and 6.0 < high.interval_s() <= 7.2
-    assert low.lease_ttl_s() == high.lease_ttl_s() == 60.0
-    assert low.lease_ttl_s() >= 3 * high.interval_s() * 2  # the TTL held stays many intervals long
+def test_each_worker_has_its_own_jitter_upwards_only_and_the_ttl_scales_with_the_fleet():
+    c = Cadence(2.0, 20.0, 500, 0.2)
+    c.fleet(3000)
+    told = [c.interval_s(w) for w in range(1, 1001)]
+    assert c.interval_s() == 6.0  # no worker: no jitter
+    assert all(6.0 <= t <= 7.2 for t in told)
+    assert told == [c.interval_s(w) for w in range(1, 1001)]  # the same in every answer: no log line per beat
+    assert len(set(told)) > 900 and 6.5 < sum(told) / len(told) < 6.7  # spread evenly: no lockstep
+    assert [spread_of(w) < 0.5 for w in range(1, 9)].count(True) in range(2, 7)
+    assert c.lease_ttl_s() == 60.0 >= 3 * max(told) * 2  # the TTL held stays many intervals long
 
 
 def test_a_shrinking_fleet_keeps_the_longer_ttl_for_one_longer_ttl(clock):
-    c = Cadence(2.0, 20.0, 500, 0.2, clock=clock, rng=lambda: 0.0)
+    c = Cadence(2.0, 20.0, 500, 0.2, clock=clock)
     c.fleet(4000)
     assert (c.interval_s(), c.lease_ttl_s()) == (8.0, 80.0)
     c.fleet(500)  # the fleet shrank: the interval asked for falls at once, the TTL given does not
@@ -57,7 +60,7 @@ def test_a_shrinking_fleet_keeps_the_longer_ttl_for_one_longer_ttl(clock):
 
 
 def test_at_start_up_the_fleet_scale_is_held_one_ttl(clock):
-    c = Cadence(2.0, 20.0, 500, 0.2, clock=clock, rng=lambda: 0.0)
+    c = Cadence(2.0, 20.0, 500, 0.2, clock=clock)
     c.fleet(2000, hold=True)
     c.fleet(0)  # the first upkeep finds fewer online: the TTL of the process before still holds
     assert c.lease_ttl_s() == 40.0

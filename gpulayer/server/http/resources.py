@@ -78,7 +78,7 @@ class Register(Resource):
         resp.media = {"worker_id": result["worker_id"], "session_token": result["session_token"],
                       "name": result["name"],
                       "labels": result["labels"], "advertise_address": result["advertise_address"],
-                      "lease_ttl_s": self.deps.config.lease_ttl_s, **self.sched.heartbeat_terms()}
+                      "lease_ttl_s": self.deps.config.lease_ttl_s, **self.sched.heartbeat_terms(result["worker_id"])}
         if result.get("warnings"):
             resp.media["warnings"] = result["warnings"]
 
@@ -98,7 +98,7 @@ class Heartbeat(WorkerResource):
         reported = wire.heartbeat(body)
         answer = self.sched.heartbeat(self.worker_id(req), reported, wire.gpu_health(body))
         if answer["lease_expires_at"] is not None:  # the interval wanted, and that any request renews
-            answer.update(self.sched.heartbeat_terms())
+            answer.update(self.sched.heartbeat_terms(self.worker_id(req)))
         resp.media = answer
 
 

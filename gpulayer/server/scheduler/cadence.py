@@ -9,10 +9,12 @@ always the configured TTL/interval ratio times its interval (10 by default:
 the base interval and holds the scaled TTL: longer, never shorter, than it
 needs.
 
-Each answer's interval is lengthened by a random fraction of at most `jitter`
-(so a restarted fleet does not beat in lockstep, and the mean rate stays under
-the target), capped so that the longest interval told stays within a third of
-the TTL (a tight `--lease-ttl 6 --heartbeat-interval 2` gets no jitter).
+Each worker's interval is lengthened by a fraction of at most `jitter`, its
+own (spread from its id, the same in every answer while the fleet's scale
+holds: the agent logs each change of interval), so a restarted fleet does not
+beat in lockstep and the mean rate stays under the target; capped so that the
+longest interval told stays within a third of the TTL (a tight `--lease-ttl 6
+--heartbeat-interval 2` gets no jitter).
 
 Transitions: a growing fleet lengthens the TTL at once and the interval at each
 worker's next answer. A shrinking fleet shortens the interval at once, but the
@@ -23,7 +25,6 @@ no lease is judged on a TTL shorter than its worker was promised.
 
 from __future__ import annotations
 
-import random
 import threading
 from collections.abc import Callable
 
@@ -58,12 +59,10 @@ class Cadence:
         max_per_s: float = MAX_HEARTBEATS_PER_S,
         jitter: float = HEARTBEAT_JITTER,
         clock: Callable[[], float] | None = None,
-        rng: Callable[[], float] = random.random,
     ) -> None:
         self.base_interval_s, self.base_ttl_s, self.max_per_s = base_interval_s, lease_ttl_s, max_per_s
         self.jitter = jitter_cap(base_interval_s, lease_ttl_s, jitter)
         self._clock = clock or (lambda: 0.0)
-        self._rng = rng
         self._lock = threading.Lock()
         self._scale = 1.0
         self._held, self._held_until = 1.0, 0.0
@@ -93,9 +92,16 @@ class Cadence:
             held = self._held if self._clock() < self._held_until else 1.0
             return self.base_ttl_s * max(self._scale, held)
 
-    def interval_s(self) -> float:
-        """The interval one answer asks for: the fleet's, lengthened by a random fraction up to the jitter."""
-        return round(self.base_interval_s * self._scale * (1.0 + self.jitter * self._rng()), 3)
+    def interval_s(self, worker_id: int | None = None) -> float:
+        """The interval asked of `worker_id`: the fleet's, lengthened by its own fraction of the jitter
+        (none without an id)."""
+        spread = 0.0 if worker_id is None else spread_of(worker_id)
+        return round(self.base_interval_s * self._scale * (1.0 + self.jitter * spread), 3)
+
+
+def spread_of(worker_id: int) -> float:
+    """A fraction in [0, 1) of the worker's own, evenly spread over consecutive ids (Knuth's multiplicative hash)."""
+    return ((worker_id * 2654435761) % 2**32) / 2**32
 
 
 def online_workers(conn: apsw.Connection) -> int:

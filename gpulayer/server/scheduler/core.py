@@ -299,10 +299,10 @@ class Scheduler:
                 self.wake()
         return answer
 
-    def heartbeat_terms(self) -> dict:
+    def heartbeat_terms(self, worker_id: int | None = None) -> dict:
         """What register and heartbeat answers tell an agent of its heartbeats (docs/protocol.md): the interval
         wanted, and that any successful worker request renews its leases (so an idle one may skip a beat)."""
-        return {"heartbeat_interval_s": self.cadence.interval_s(), "requests_renew_lease": True}
+        return {"heartbeat_interval_s": self.cadence.interval_s(worker_id), "requests_renew_lease": True}
 
     def lease_ttl_s(self) -> float:
         """The TTL a renewal gives now: the configured one scaled with the fleet (cadence.py)."""
