@@ -26,7 +26,3 @@ FROM json_each(:renewals) AS r
 WHERE workers.id = CAST(r.key AS INTEGER) AND workers.state = 'offline'
   AND r.value > coalesce(workers.lease_expires_at, 0)
 RETURNING workers.id;
-
--- name: online_workers_count --
--- The fleet the heartbeat interval is scaled for (scheduler/cadence.py), read once per upkeep tick.
-SELECT count(*) AS n FROM workers WHERE state = 'online';
