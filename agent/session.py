@@ -24,6 +24,7 @@ from .backoff import retry_delay
 from .cache import ArtifactCache, default_cache_bytes, default_cache_dir
 from .images import ImageCache
 from .caps import UnpackBudget
+from .chunks import Chunks, leased_ahead
 from .config import WorkerConfig, interpreter, task_sandbox
 from .environment import filtered_environ
 from .errors import AgentError, Forbidden, Rejected, Revoked, Unauthorized, Unreachable
@@ -84,6 +85,9 @@ class Worker:
         self.gpu_health: GpuHealth | None = None  # where NVML answers and the worker has GPUs
         self.sandbox = Sandbox()  # resolved at run(), before register
         self._session: Session | None = None
+        #: Elements leased ahead and finishes sent in batches (agent/chunks.py), once registered.
+        self.chunks: Chunks | None = None
+        self.start_lock = threading.Lock()  # one thread at a time starts queued elements
         self._opened = contextlib.ExitStack()  # what close() releases: the HTTP session, the GPU watch, NVML
 
     @property
@@ -112,6 +116,10 @@ class Worker:
             return 0
         ctx = self._task_context(transport, answer, inventory, state_dir, unpack_caps)
         self._session = Session(transport, inventory, ctx, new_transport=lambda: Transport(base_url, verify))
+        self.chunks = Chunks(transport, slots=int(config.parallel), free_slots=self._free_slots,
+                             want_next=lambda: not self.stopping.is_set(), running_ids=self._running_ids,
+                             hand_over=self._handed_over, queued_more=self._start_queued, fatal=self._fail)
+        ctx.finish_later = self.chunks.finish
         threads = [
             threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True),
             threading.Thread(target=self._acquire_loop, name="acquire", daemon=True),
@@ -352,6 +360,8 @@ class Worker:
             with self.lock:
                 handle = self.handles.get(int(task_id))
             if handle is not None and not handle.cancelled:
+                if self.chunks is not None and handle.assignment:  # its job's elements queued here go back
+                    self.chunks.give_back(handle.assignment["job_id"])
                 if int(task_id) in preempted:  # stopped to make room: its grace is the control plane's
                     log_event("task_preempted", task_id=task_id, grace_s=grace_s)
                     handle.cancel("preempted to make room for higher-priority work",
@@ -367,9 +377,11 @@ class Worker:
     def _acquire_loop(self) -> None:
         transport = self.session.transport
         failures = 0
+        chunks = self.chunks
         while not self.stopping.is_set():
+            self._start_queued()
             free = self._free_slots()
-            if not free:
+            if not free or (chunks is not None and chunks.queued()):
                 self.slot_freed.wait(0.5)
                 self.slot_freed.clear()
                 continue
@@ -379,8 +391,10 @@ class Worker:
                 # max_tasks: every free slot's assignment in one round trip (an older server sends one)
                 try:
                     wait_s = self._acquire_wait_s()
-                    answer = transport.request("POST", "/worker/acquire", {"wait_s": wait_s, "max_tasks": free},
-                                               timeout=wait_s + 15)
+                    body: dict = {"wait_s": wait_s, "max_tasks": free}
+                    if chunks is not None:  # elements leased ahead welcome (an older server ignores it)
+                        body.update(prefetch=True, held=chunks.held())
+                    answer = transport.request("POST", "/worker/acquire", body, timeout=wait_s + 15)
                 finally:
                     self.acquiring = False
                 failures = 0
@@ -401,6 +415,11 @@ class Worker:
                 self.stopping.wait(self.interval_s)
                 continue
             tasks = acquired(answer)
+            ahead = leased_ahead(answer)
+            if chunks is not None and ahead:
+                chunks.add(ahead, stopping=self.stopping.is_set())
+                if not tasks:
+                    continue
             self._take(tasks, time.monotonic() - asked, asked, wait_s)
 
     def _acquire_wait_s(self) -> float:
@@ -416,6 +435,21 @@ class Worker:
         """How many more tasks this worker may run now (``--parallel`` less those it holds)."""
         with self.lock:
             return max(0, max(1, int(self.config.parallel)) - len(self.handles))
+
+    def _running_ids(self) -> list[int]:
+        with self.lock:
+            return list(self.handles)
+
+    def _start_queued(self) -> None:
+        """Start elements leased ahead while slots are free: no round trip between one's end and the next."""
+        if self.chunks is None:
+            return
+        with self.start_lock:
+            while not self.stopping.is_set() and self._free_slots() > 0:
+                task = self.chunks.take()
+                if task is None:
+                    return
+                self._launch(task)
 
     def _take(self, tasks: list[Assignment], elapsed_s: float, asked: float | None = None,
               wait_s: float | None = None) -> None:
@@ -478,6 +512,7 @@ class Worker:
                 if not self.handles:
                     self.idle_since = time.monotonic()
             self.slot_freed.set()
+            self._start_queued()
 
     def _fail(self, error: AgentError) -> None:
         if not self.fatal:
@@ -489,6 +524,8 @@ class Worker:
         """Drain, then stop and report every task, stop the heartbeat, deregister."""
         self.stopping.set()
         self.slot_freed.set()
+        if self.chunks is not None:  # what is leased ahead and not started goes back to the queue at once
+            self.chunks.give_back()
         self._drain()
         revoked = any(isinstance(err, Revoked) for err in self.fatal)
         reason = "the worker was revoked" if revoked else "the worker is stopping"
@@ -503,6 +540,9 @@ class Worker:
         for thread in threads:
             while thread.is_alive() and not self.hurry.is_set() and time.monotonic() < deadline:
                 thread.join(0.1)
+        if self.chunks is not None:  # the finishes still waiting to be sent, before the session ends
+            self.chunks.flush(2 if self.hurry.is_set() else max(0.1, deadline - time.monotonic()))
+            self.chunks.close()
         self.heartbeat_stop.set()
         self.beat_now.set()
         if not self.hurry.is_set():

@@ -83,6 +83,8 @@ class TaskContext:
     images: ImageCache | None = None
     #: One sandbox per job for its array elements (agent/shared.py); None: each task its own bwrap.
     shared: SharedSandboxes | None = None
+    #: Where finishes go to be sent in batches (agent/chunks.py: finish-many); None: each sent alone, here.
+    finish_later: Callable[[dict], None] | None = None
 
 
 class TaskRunner:
@@ -111,6 +113,7 @@ class TaskRunner:
         self.start_pid: int | None = None
         self.assigned = True
         self.shipper = LogShipper(self._send_logs, first_n=assignment.log_base)
+        self.run_s: float | None = None
 
     def _send_logs(self, lines: list[dict]) -> None:
         self.ctx.transport.request("POST", f"/worker/tasks/{self.task_id}/logs", {"lines": lines})
@@ -119,8 +122,10 @@ class TaskRunner:
         """The whole lifecycle; never raises."""
         log_event("task_assigned", task_id=self.task_id, job_id=self.assignment.job_id, attempt=self.assignment.attempt)
         self.shipper.start()
+        began = time.monotonic()
         try:
             result = self._execute()
+            self.run_s = time.monotonic() - began  # what one element costs here: the pace of leasing ahead
             if self.start_pid is not None and self.assignment.outputs:  # uploads take a while: start first
                 pid, self.start_pid = self.start_pid, None
                 self._report_start(pid)
@@ -415,7 +420,7 @@ class TaskRunner:
         summary = f"finished: {result.outcome}" + (f" (exit code {result.exit_code})" if result.exit_code is not None else "")
         summary += f": {result.reason}" if result.reason and result.outcome != "succeeded" else ""
         tail = self.shipper.close_keeping_tail(self.ctx.transport.give_up_at, last_line=summary)
-        body = {"exit_code": result.exit_code, "outcome": result.outcome, "outputs": outputs, "lines": tail,
+        body: dict = {"exit_code": result.exit_code, "outcome": result.outcome, "outputs": outputs, "lines": tail,
                 "next": self.ctx.hand_over is not None and self.ctx.want_next()}
         if body["next"]:
             body["max_tasks"] = max(1, self.ctx.next_max())
@@ -423,7 +428,15 @@ class TaskRunner:
             body["reason"] = result.reason
         if self.start_pid is not None:  # its start was never sent: this finish is also the start
             body["pid"] = self.start_pid
-        self._send_finish(body)
+        if self.ctx.finish_later is not None:  # sent with others (agent/chunks.py), fenced by its attempt
+            del body["next"]
+            body.pop("max_tasks", None)
+            body.update(task_id=self.task_id, attempt=self.assignment.attempt)
+            if self.run_s is not None:
+                body["run_s"] = round(self.run_s, 6)
+            self.ctx.finish_later(body)
+        else:
+            self._send_finish(body)
         if not self.ctx.keep_task_dirs:
             shutil.rmtree(self.workdir, ignore_errors=True)
 

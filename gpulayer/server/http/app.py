@@ -159,6 +159,7 @@ ROUTES = [
     ("/v1/worker/tasks/{task_id:int}/logs", resources.WorkerTask, "logs"),
     ("/v1/worker/tasks/{task_id:int}/rendezvous", resources.WorkerTask, "rendezvous"),
     ("/v1/worker/tasks/{task_id:int}/finish", resources.WorkerTask, "finish"),
+    ("/v1/worker/finish-many", resources.FinishMany, None),
     ("/v1/jobs", resources.Jobs, None),
     ("/v1/jobs/{job_id:int}", resources.Job, None),
     ("/v1/jobs/{job_id:int}/cancel", resources.Job, "cancel"),

@@ -106,8 +106,12 @@ class Acquire(WorkerResource):
     def on_post(self, req, resp):
         body = wire.read_json(req, allow_empty=True)
         wait_s, max_tasks = wire.wait_seconds(body), wire.max_tasks(body)
+        prefetch, held = wire.lease_ahead(body)
+        ahead: list[dict] | None = [] if prefetch else None
         resp.media = assignments(self.sched.acquire_many(self.worker_id(req), wait_s, max_tasks or 1,
-                                                         req.context.recheck), max_tasks)
+                                                         req.context.recheck, ahead, held), max_tasks)
+        if ahead is not None:  # elements leased ahead, to start as slots free (docs/protocol.md)
+            resp.media["ahead"] = ahead
 
 
 def assignments(found: list[dict], max_tasks: int | None) -> dict:
@@ -146,6 +150,23 @@ class WorkerTask(WorkerResource):
         answer = {"accepted": self.sched.finish(self.worker_id(req), task_id, **body)}
         if want_next:  # the freed slot's next task(s) in the same round trip, as acquire with wait_s 0
             answer.update(assignments(self.sched.acquire_many(self.worker_id(req), 0, max_tasks or 1), max_tasks))
+        resp.media = answer
+
+
+class FinishMany(WorkerResource):
+    """POST /v1/worker/finish-many: several finishes in one transaction, each fenced by its attempt."""
+
+    def on_post(self, req, resp):
+        body = wire.finish_many(wire.read_json(req, limit=16 * 1024 * 1024))
+        max_tasks = body["max_tasks"]
+        ahead: list[dict] | None = [] if body["prefetch"] else None
+        done = self.sched.finish_many(self.worker_id(req), body["finishes"], next_tasks=body["next"],
+                                      max_tasks=max_tasks or 1, ahead=ahead, held=body["held"],
+                                      release=body["release"])
+        answer = {"results": done["results"], **assignments(done["found"], 0),
+                  "dropped": done["dropped"]}
+        if ahead is not None:
+            answer["ahead"] = ahead
         resp.media = answer
 
 

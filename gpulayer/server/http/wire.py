@@ -210,6 +210,52 @@ def finish(body: dict) -> dict:
             "pid": None if body.get("pid") is None else integer(body["pid"], "pid", 1, 1 << 31)}
 
 
+def lease_ahead(body: dict) -> tuple[bool, list[int]]:
+    """`prefetch` (the agent takes elements leased ahead) and `held` (those it holds) of acquire and finish-many."""
+    return _flag(body.get("prefetch", False), "prefetch"), task_ids(body, "held")
+
+
+def task_ids(body: dict, field: str, limit: int = 1024) -> list[int]:
+    """A list of at most `limit` distinct task ids (`held`, `release`); [] when absent."""
+    value = body.get(field)
+    if value is None:
+        return []
+    if not isinstance(value, list) or len(value) > limit:
+        raise InvalidRequest(f"{field}: must be a list of at most {limit} task ids")
+    ids = [integer(v, f"{field}[{i}]", 1, 1 << 62) for i, v in enumerate(value)]
+    if len(set(ids)) != len(ids):
+        raise InvalidRequest(f"{field}: each task id at most once")
+    return ids
+
+
+def finish_many(body: dict, limit: int = 1024) -> dict:
+    """POST /v1/worker/finish-many: `finishes` (each a finish's fields with its `task_id` and `attempt`, and
+    optionally `run_s`, how long its process ran), `next`, `max_tasks`, `prefetch`, `held`, `release`."""
+    unknown = set(body) - {"finishes", "next", "max_tasks", "prefetch", "held", "release"}
+    if unknown:
+        raise InvalidRequest(f"unknown field {sorted(unknown)[0]}")
+    items = body.get("finishes", [])
+    if not isinstance(items, list) or len(items) > limit:
+        raise InvalidRequest(f"finishes: must be a list of at most {limit} finishes")
+    finishes = []
+    for i, item in enumerate(items):
+        item = mapping(item, f"finishes[{i}]")
+        try:
+            one = finish({k: v for k, v in item.items() if k not in ("next", "max_tasks")})
+        except InvalidRequest as exc:
+            raise InvalidRequest(f"finishes[{i}].{exc.message}") from None
+        del one["next"], one["max_tasks"]
+        one["task_id"] = integer(item.get("task_id"), f"finishes[{i}].task_id", 1, 1 << 62)
+        one["attempt"] = integer(item.get("attempt"), f"finishes[{i}].attempt", 1, 1 << 31)
+        one["run_s"] = None if item.get("run_s") is None else number(item["run_s"], f"finishes[{i}].run_s", 0, 1e9)
+        finishes.append(one)
+    if len({f["task_id"] for f in finishes}) != len(finishes):
+        raise InvalidRequest("finishes: each task at most once")
+    prefetch, held = lease_ahead(body)
+    return {"finishes": finishes, "next": _flag(body.get("next", False), "next"), "max_tasks": max_tasks(body),
+            "prefetch": prefetch, "held": held, "release": task_ids(body, "release")}
+
+
 def _flag(value, field: str) -> bool:
     if not isinstance(value, bool):
         raise InvalidRequest(f"{field}: must be true or false")

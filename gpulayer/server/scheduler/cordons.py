@@ -13,7 +13,7 @@ from __future__ import annotations
 import apsw
 
 from gpulayer.server.errors import Conflict, NotFound
-from gpulayer.server.scheduler import events, leases, ledger
+from gpulayer.server.scheduler import chunks, events, leases, ledger
 from gpulayer.server.store.queries import row, rows
 
 #: Reason of the tasks a drain's deadline stops: requeued with it, or, for a task already being
@@ -61,6 +61,7 @@ def cordon(conn: apsw.Connection, ref: str, reason: str, now: float, *, drain: b
     row(conn, "cordon_worker", worker_id=worker["id"], state=state, reason=reason, now=now, deadline=deadline)
     events.record(conn, now, "worker_draining" if state == "draining" else "worker_cordoned",
                   worker_id=worker["id"], name=worker["name"], reason=reason, deadline=deadline)
+    chunks.requeue(conn, worker["id"], now, "worker_" + state)  # leased ahead, never started: no new work there
     if state == "draining":
         advance_drains(conn, now, only=worker["id"])
     return describe(conn, worker)

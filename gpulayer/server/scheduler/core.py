@@ -9,13 +9,13 @@ import logging
 import threading
 import time
 from functools import cached_property
-from typing import BinaryIO, Callable
+from typing import BinaryIO, Callable, Sequence
 
 import apsw
 
 from gpulayer.server.config import MAX_ACQUIRE_WAIT_S, ControlPlaneConfig
 from gpulayer.server.errors import NotFound
-from gpulayer.server.scheduler import (access, aging, cascades, cordons, gauges, gpu_health, jobs, leases,
+from gpulayer.server.scheduler import (access, aging, cascades, chunks, cordons, gauges, gpu_health, jobs, leases,
                                        ledger, lifecycle, outcomes, placement, preemption, reconcile, renewals,
                                        secrets, teams, tokens, workers)
 from gpulayer.server.scheduler import cadence
@@ -71,6 +71,8 @@ class Scheduler:
         # The heartbeat interval asked for and the lease TTL given, scaled with the online fleet (cadence.py).
         self.cadence = cadence.Cadence(config.heartbeat_interval_s, config.lease_ttl_s, config.max_heartbeats_per_s,
                                        config.heartbeat_jitter, clock)
+        # Each array job's recent element run time, for how many elements to lease ahead (chunks.py).
+        self.pace = chunks.Pace()
 
     # -- wake-up -------------------------------------------------------------
 
@@ -344,11 +346,14 @@ class Scheduler:
         return found[0] if found else None
 
     def acquire_many(self, worker_id: int, wait_s: float = 0.0, max_tasks: int = 1,
-                     check: Callable[[], object] | None = None) -> list[dict]:
+                     check: Callable[[], object] | None = None, ahead: list[dict] | None = None,
+                     held: Sequence[int] = ()) -> list[dict]:
         """Up to max_tasks Assignments (placement.acquire_many), or [] after waiting up to wait_s for one.
 
         `check` runs after each wake-up and raises (Unauthorized) once the worker's session ended: a parked
-        acquire of a deregistered or revoked worker ends at once, not at its deadline.
+        acquire of a deregistered or revoked worker ends at once, not at its deadline. `ahead` (a list, for
+        an agent that takes them: `prefetch`) receives the Assignments of the elements leased ahead to the
+        worker (chunks.lease_ahead) that it does not say it holds (`held`); some there end the wait too.
         """
         deadline = time.monotonic() + min(max(wait_s, 0.0), MAX_ACQUIRE_WAIT_S)
         parked = False
@@ -359,9 +364,9 @@ class Scheduler:
                 if self.restored is not None and self.restored.paused():
                     return []  # reconciling after a restore (reconcile.py): the worker asks again later
                 began = time.perf_counter()
-                found = self._write(self._acquire_once, worker_id, self.clock(), max_tasks)
+                found = self._write(self._acquire_once, worker_id, self.clock(), max_tasks, ahead, held)
                 self.observe_acquire(time.perf_counter() - began)
-                if found:
+                if found or ahead:
                     return found
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or self._closing:
@@ -384,9 +389,17 @@ class Scheduler:
             if parked:
                 self._parked.release()
 
-    def _acquire_once(self, conn: apsw.Connection, worker_id: int, now: float, max_tasks: int = 1) -> list[dict]:
-        """One acquire transaction: the Assignments, built in the same transaction (maybe none)."""
-        taken = placement.acquire_many(conn, worker_id, now, self.lease_ttl_s(), max_tasks)
+    def _acquire_once(self, conn: apsw.Connection, worker_id: int, now: float, max_tasks: int = 1,
+                      ahead: list[dict] | None = None, held: Sequence[int] = ()) -> list[dict]:
+        """One acquire transaction: the Assignments, built in the same transaction (maybe none); with `ahead`,
+        the elements leased ahead too (chunks.lease_ahead, and those held ahead the agent does not name)."""
+        taken = placement.acquire_many(conn, worker_id, now, self.lease_ttl_s(), max_tasks) if max_tasks else []
+        if ahead is not None:
+            ahead.clear()  # a write retried starts again
+            leased = set(chunks.lease_ahead(conn, worker_id, now, self.lease_ttl_s(), self.pace))
+            known = set(held)
+            ahead += [self._assignment(conn, task_id) for task_id in chunks.held_ahead(conn, worker_id)
+                      if task_id in leased or task_id not in known]
         return [self._assignment(conn, task_id) for task_id in taken]
 
     def _assignment(self, conn: apsw.Connection, task_id: int) -> dict:
@@ -428,6 +441,31 @@ class Scheduler:
                                reason, self.clock(), lines=lines, pid=pid, wake=True)
         self.log_followers.written()  # the job may have ended: its log followers stop waiting
         return accepted
+
+    def finish_many(self, worker_id: int, finishes: list[dict], *, next_tasks: bool = False, max_tasks: int = 1,
+                    ahead: list[dict] | None = None, held: Sequence[int] = (), release: Sequence[int] = ()) -> dict:
+        """Several finishes in one transaction, each fenced by its attempt (chunks.finish_many): `results`.
+
+        Then, in the same transaction: the elements leased ahead the agent gives back (`release`) go back
+        to the queue, same attempt; `dropped` names those of `held` it must not start; with `next_tasks`,
+        up to `max_tasks` Assignments to start now (`found`, as acquire with wait_s 0), and with `ahead`
+        (a list) the elements leased ahead, as acquire_many gives them.
+        """
+        self.seen(worker_id)
+        result = self._write(self._finish_many, worker_id, finishes, self.clock(), next_tasks, max_tasks, ahead, held,
+                             release, wake=True)
+        self.log_followers.written()  # jobs may have ended: their log followers stop waiting
+        return result
+
+    def _finish_many(self, conn: apsw.Connection, worker_id: int, finishes: list[dict], now: float, next_tasks: bool,
+                     max_tasks: int, ahead: list[dict] | None, held: Sequence[int], release: Sequence[int]) -> dict:
+        results = chunks.finish_many(conn, worker_id, finishes, now, self.pace, self._adopting(lifecycle.finish))
+        if release:
+            chunks.requeue(conn, worker_id, now, "given_back", list(release))
+        gone = chunks.dropped(conn, worker_id, list(held))
+        found = self._acquire_once(conn, worker_id, now, max_tasks if next_tasks else 0, ahead,
+                                   [t for t in held if t not in set(gone)])
+        return {"results": results, "found": found, "dropped": gone}
 
     def deregister(self, worker_id: int) -> int:
         left = self._write(workers.depart, worker_id, "deregistered", self.clock(), wake=True)

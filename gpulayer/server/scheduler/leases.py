@@ -7,7 +7,7 @@ import apsw
 
 from gpulayer.server.scheduler import events
 
-from gpulayer.server.scheduler import gpu_health, ledger, outcomes, preemption, reconcile, renewals
+from gpulayer.server.scheduler import chunks, gpu_health, ledger, outcomes, preemption, reconcile, renewals
 from gpulayer.server.store.queries import QUERIES, row, rows
 
 
@@ -97,12 +97,14 @@ def expire(conn: apsw.Connection, now: float, start_timeout_s: float, renewed: d
     The renewals noted in memory (`renewed`: renewals.Renewals.pending) are written first, in the
     same transaction, so no lease is judged on a value one flush behind its worker's last request.
 
-    Tasks whose lease passed are lost (and retried or ended), their workers go
+    Elements leased ahead whose lease passed go back to the queue, same attempt (chunks.requeue_expired);
+    tasks whose lease passed are lost (and retried or ended), their workers go
     offline, and gangs with a rank not started within `start_timeout_s` go back
     to the queue whole. A preemption's victim among them goes back to the queue
     as preempted, same attempt (preemption.requeue_lost): it was being stopped anyway.
     """
     renewals.flush(conn, renewed or {}, lease_ttl_s, now)
+    chunks.requeue_expired(conn, now)  # never started there: back to the queue, same attempt
     preemption.requeue_lost(conn, now)
     lost = rows(conn, "expire_task_leases", now=now)
     for task in lost:
@@ -141,7 +143,9 @@ def release_gang(conn: apsw.Connection, now: float, job_id: int, attempt: int, r
 
 def finish_leftovers(conn: apsw.Connection, worker_id: int, reason: str, now: float) -> int:
     """A worker leaves (deregister, revoke): what it held is lost, for the retry policy to judge
-    (a preemption's victim goes back to the queue, same attempt: preemption.requeue_lost)."""
+    (a preemption's victim goes back to the queue, same attempt: preemption.requeue_lost; an element
+    leased ahead, never started there, too: chunks.requeue)."""
+    chunks.requeue(conn, worker_id, now, reason)
     preemption.requeue_lost(conn, now, worker_id)
     held = rows(conn, "worker_tasks_lost", worker_id=worker_id, reason=reason, now=now)
     for task in held:

@@ -11,7 +11,7 @@
 -- fit (which workers a shape and a job fit); quotas, fair share, the usage ledger, preemption,
 -- quotas' use now and as admission reads them.
 
-PRAGMA user_version = 12;
+PRAGMA user_version = 13;
 
 -- ---------------------------------------------------------------------------------------
 -- Tokens and teams: tokens, users, projects, memberships.
@@ -248,12 +248,15 @@ CREATE TABLE tasks (
     started_at        REAL,
     finished_at       REAL,
     held              INTEGER NOT NULL DEFAULT 0 CHECK (held IN (0, 1))
-    , queued_at REAL,
+    , queued_at REAL, ahead INTEGER NOT NULL DEFAULT 0 CHECK (ahead IN (0, 1)),
     CHECK ((state IN ('assigned', 'running')) = (worker_id IS NOT NULL AND lease_expires_at IS NOT NULL)
            OR state NOT IN ('queued', 'assigned', 'running')),
     CHECK (state <> 'queued' OR worker_id IS NULL),
     CHECK ((state IN ('succeeded', 'failed', 'cancelled', 'lost')) = (finished_at IS NOT NULL))
 ) STRICT;
+-- `ahead`: an array element leased ahead (docs/protocol.md "Elements leased ahead"), assigned to a
+-- worker that has not started it; it holds none of the worker's room (worker_load) and goes back to
+-- the queue, same attempt, when the worker is lost, leaves, is cordoned or gives it back.
 -- Acquisition scans only queued tasks, best first: without this partial index
 -- it reads every task ever run.
 CREATE INDEX tasks_queued ON tasks (priority DESC, id) WHERE state = 'queued';
@@ -357,6 +360,10 @@ WHEN old.state = 'queued' AND old.held = 0 AND NOT (new.state = 'queued' AND new
 END;
 CREATE TRIGGER tasks_queued_delete AFTER DELETE ON tasks WHEN old.state = 'queued' AND old.held = 0 BEGIN
     DELETE FROM task_queue WHERE task_id = old.id;
+END;
+-- An element leased ahead that leaves `assigned` (started, ended, back in the queue) holds nothing ahead any more.
+CREATE TRIGGER tasks_ahead_cleared AFTER UPDATE OF state ON tasks WHEN new.ahead = 1 AND new.state <> 'assigned' BEGIN
+    UPDATE tasks SET ahead = 0 WHERE id = new.id;
 END;
 CREATE TRIGGER task_queue_count_in AFTER INSERT ON task_queue BEGIN
     UPDATE shapes SET queued = queued + 1 WHERE id = new.shape_id;
@@ -497,7 +504,7 @@ SELECT w.id AS worker_id, w.name, w.state, w.labels, w.slots, w.gpus, w.cpus, w.
        w.last_seen_at, w.lease_expires_at,
        (SELECT count(*) FROM worker_gpus g WHERE g.worker_id = w.id AND g.healthy = 0) AS unhealthy_gpus
 FROM workers w
-LEFT JOIN tasks t ON t.worker_id = w.id AND t.state IN ('assigned', 'running')
+LEFT JOIN tasks t ON t.worker_id = w.id AND t.state IN ('assigned', 'running') AND t.ahead = 0
 LEFT JOIN jobs j ON j.id = t.job_id
 GROUP BY w.id;
 

@@ -1,8 +1,8 @@
 -- The queries of scheduler/lifecycle.py: start, logs, rendezvous, finish of a task.
 
 -- name: start_task --
--- The worker started the task's process: ownership-checked.
-UPDATE tasks SET state = 'running', started_at = :now, pid = :pid
+-- The worker started the task's process: ownership-checked (one leased ahead now holds its room).
+UPDATE tasks SET state = 'running', started_at = :now, pid = :pid, ahead = 0
 WHERE id = :task_id AND worker_id = :worker_id AND state = 'assigned' AND cancel_requested = 0
 RETURNING job_id, attempt;
 

@@ -2,12 +2,13 @@
 
 -- name: assigned_task_for_worker --
 -- acquire is idempotent until start: the assigned tasks not started yet (oldest first, at
--- most :limit) are handed out again.
+-- most :limit) are handed out again; not those leased ahead (scheduler/chunks.py), which the
+-- worker starts when it has room.
 -- (The redundant IN term lets SQLite use the partial index tasks_worker_active;
 -- without it this scans every task the worker ever ran: 7 ms at 100k tasks.)
 SELECT id FROM tasks
 WHERE worker_id = :worker_id AND state IN ('assigned', 'running') AND state = 'assigned'
-  AND cancel_requested = 0
+  AND cancel_requested = 0 AND ahead = 0
 ORDER BY id LIMIT :limit;
 
 -- name: worker_free --
