@@ -28,6 +28,11 @@ MAX_TASKS = {"type": "integer", "minimum": 1, "maximum": 1024,
              "description": "assignments one answer may carry (capped by the worker's free slots and 16)"}
 ASSIGNMENT = json_schema(Assignment, closed=False)  # the declaration's (gpulayer/protocol/assignment.py)
 ASSIGNMENTS = {"task": {"oneOf": [ASSIGNMENT, {"type": "null"}]}, "more": {"type": "array", "items": ASSIGNMENT}}
+# acquire and finish-many: elements leased ahead (docs/protocol.md "Elements leased ahead")
+LEASE_AHEAD = {"prefetch": {"type": "boolean", "description": "the worker takes elements leased ahead (`ahead`)"},
+               "held": {"type": "array", "maxItems": 1024, "items": {"type": "integer"},
+                        "description": "task ids the worker holds (queued, running, finishes not yet answered)"}}
+AHEAD = {"ahead": {"type": "array", "items": ASSIGNMENT, "description": "elements leased ahead (with prefetch)"}}
 JOB = {"type": "object", "required": ["id", "state", "created_at", "spec", "tasks"], "properties": {
     "id": {"type": "integer"}, "name": {"type": ["string", "null"]}, "state": {"type": "string"},
     "created_at": {"type": "number"}, "spec": {"type": "object"}, "tasks": {"type": "array"},
@@ -111,7 +116,19 @@ REQUEST_BODIES = {
         "reason": REASON, "timeout_s": {"type": ["number", "null"], "minimum": 0}}},
     ("/v1/worker/acquire", "post"): {"type": "object", "properties": {"wait_s": {"type": "number", "minimum": 0,
                                                                                 "maximum": 1},
-                                                                     "max_tasks": MAX_TASKS}},
+                                                                     "max_tasks": MAX_TASKS, **LEASE_AHEAD}},
+    ("/v1/worker/finish-many", "post"): {"type": "object", "additionalProperties": False, "properties": {
+        "finishes": {"type": "array", "maxItems": 1024, "items": {
+            "type": "object", "required": ["task_id", "attempt", "outcome"], "properties": {
+                "task_id": {"type": "integer", "minimum": 1}, "attempt": {"type": "integer", "minimum": 1},
+                "exit_code": {"type": ["integer", "null"]},
+                "outcome": {"enum": ["succeeded", "failed", "cancelled", "timed_out"]},
+                "outputs": STR_MAP, "reason": {"type": ["string", "null"]}, "pid": {"type": "integer", "minimum": 1},
+                "run_s": {"type": "number", "minimum": 0, "description": "seconds the task took on the worker"},
+                "lines": {"type": "array", "items": {"type": "object"}}}}},
+        "next": {"type": "boolean"}, "max_tasks": MAX_TASKS, **LEASE_AHEAD,
+        "release": {"type": "array", "maxItems": 1024, "items": {"type": "integer"},
+                    "description": "elements leased ahead the worker gives back (requeued, same attempt)"}}},
     ("/v1/worker/tasks/{task_id}/start", "post"): {"type": "object", "properties": {"pid": INT}},
     ("/v1/worker/tasks/{task_id}/logs", "post"): {"type": "object", "required": ["lines"], "properties": {
         "lines": {"type": "array", "items": {"type": "object", "required": ["text"], "properties": {
@@ -171,7 +188,13 @@ RESPONSES: dict[tuple[str, str], tuple[str, dict]] = {
     ("/v1/projects/{name}", "patch"): ("200", PROJECT),
     ("/v1/projects/{name}/members/{user}", "put"): ("200", PROJECT),
     ("/v1/artifacts/{digest}", "put"): ("201", {"type": "object", "required": ["digest", "size"]}),
-    ("/v1/worker/acquire", "post"): ("200", {"type": "object", "required": ["task"], "properties": ASSIGNMENTS}),
+    ("/v1/worker/acquire", "post"): ("200", {"type": "object", "required": ["task"],
+                                            "properties": {**ASSIGNMENTS, **AHEAD}}),
+    ("/v1/worker/finish-many", "post"): ("200", {"type": "object", "required": ["results", "task", "more", "dropped"],
+                                                "properties": {
+        "results": {"type": "array", "items": {"type": "object", "required": ["task_id", "accepted"], "properties": {
+            "task_id": {"type": "integer"}, "accepted": {"type": "boolean"}, "error": {"type": "object"}}}},
+        "dropped": {"type": "array", "items": {"type": "integer"}}, **ASSIGNMENTS, **AHEAD}}),
     ("/v1/worker/tasks/{task_id}/finish", "post"): ("200", {"type": "object", "required": ["accepted"], "properties": {
         "accepted": {"type": "boolean"}, **ASSIGNMENTS}}),
     ("/v1/worker/heartbeat", "post"): ("200", {"type": "object", "required": ["cancel_task_ids", "revoked"],
