@@ -45,6 +45,9 @@ class Chunks:
         self.cond = threading.Condition()
         self.queue: deque[Assignment] = deque()
         self.pending: list[tuple[dict, float]] = []  # (finish body with task_id and attempt, when added)
+        #: The heartbeat entries of the tasks whose finish is not answered yet: reported as held until it is
+        #: (a control plane restored from a replica loses what a worker stops reporting).
+        self.reporting: dict[int, dict] = {}
         self.in_flight: set[int] = set()
         self.release: list[int] = []
         self.supported = True  # finish-many; False after a 404: finishes go alone
@@ -99,11 +102,19 @@ class Chunks:
         return sorted(ids)[:MAX_BATCH]
 
     # -- finishes ------------------------------------------------------------
-    def finish(self, body: dict) -> None:
-        """Send this finish (with ``task_id`` and ``attempt``) soon, with others."""
+    def finish(self, body: dict, entry: dict | None = None) -> None:
+        """Send this finish (with ``task_id`` and ``attempt``) soon, with others; until it is answered, the
+        heartbeat reports the task as ``entry`` (its TaskHandle's)."""
         with self.cond:
             self.pending.append((body, time.monotonic()))
+            if entry is not None:
+                self.reporting[body["task_id"]] = entry
             self.cond.notify_all()
+
+    def heartbeat_entries(self) -> list[dict]:
+        """The tasks that ended here and whose finish is not answered yet, as heartbeat entries."""
+        with self.cond:
+            return list(self.reporting.values())
 
     def flush(self, timeout: float) -> bool:
         """Wait until every finish was sent and answered (True), or `timeout` passed."""
@@ -153,6 +164,8 @@ class Chunks:
                     self._send_alone(batch)
             finally:
                 with self.cond:
+                    for task_id in self.in_flight:
+                        self.reporting.pop(task_id, None)
                     self.in_flight = set()
                     self.cond.notify_all()
 

@@ -268,6 +268,9 @@ class Worker:
         while not self.heartbeat_stop.is_set():
             with self.lock:
                 entries = [handle.heartbeat_entry() for handle in self.handles.values()]
+            if self.chunks is not None:  # ended, finish not answered yet: still held here
+                known = {e["task_id"] for e in entries}
+                entries += [e for e in self.chunks.heartbeat_entries() if e["task_id"] not in known]
             sent_with = transport.headers.get("Authorization")
             body: dict = {"tasks": entries}
             if self.gpu_health is not None:

@@ -84,7 +84,7 @@ class TaskContext:
     #: One sandbox per job for its array elements (agent/shared.py); None: each task its own bwrap.
     shared: SharedSandboxes | None = None
     #: Where finishes go to be sent in batches (agent/chunks.py: finish-many); None: each sent alone, here.
-    finish_later: Callable[[dict], None] | None = None
+    finish_later: Callable[[dict, dict], None] | None = None
 
 
 class TaskRunner:
@@ -434,7 +434,7 @@ class TaskRunner:
             body.update(task_id=self.task_id, attempt=self.assignment.attempt)
             if self.run_s is not None:
                 body["run_s"] = round(self.run_s, 6)
-            self.ctx.finish_later(body)
+            self.ctx.finish_later(body, self.handle.heartbeat_entry())
         else:
             self._send_finish(body)
         if not self.ctx.keep_task_dirs:
