@@ -256,7 +256,8 @@ CREATE TABLE tasks (
 ) STRICT;
 -- `ahead`: an array element leased ahead (docs/protocol.md "Elements leased ahead"), assigned to a
 -- worker that has not started it; it holds none of the worker's room (worker_load) and goes back to
--- the queue, same attempt, when the worker is lost, leaves, is cordoned or gives it back.
+-- the queue, same attempt, when the worker is lost, leaves, is cordoned or gives it back. Starting it and
+-- every requeue clear it; an ended row may keep it (nothing reads it there).
 -- Acquisition scans only queued tasks, best first: without this partial index
 -- it reads every task ever run.
 CREATE INDEX tasks_queued ON tasks (priority DESC, id) WHERE state = 'queued';
@@ -360,10 +361,6 @@ WHEN old.state = 'queued' AND old.held = 0 AND NOT (new.state = 'queued' AND new
 END;
 CREATE TRIGGER tasks_queued_delete AFTER DELETE ON tasks WHEN old.state = 'queued' AND old.held = 0 BEGIN
     DELETE FROM task_queue WHERE task_id = old.id;
-END;
--- An element leased ahead that leaves `assigned` (started, ended, back in the queue) holds nothing ahead any more.
-CREATE TRIGGER tasks_ahead_cleared AFTER UPDATE OF state ON tasks WHEN new.ahead = 1 AND new.state <> 'assigned' BEGIN
-    UPDATE tasks SET ahead = 0 WHERE id = new.id;
 END;
 CREATE TRIGGER task_queue_count_in AFTER INSERT ON task_queue BEGIN
     UPDATE shapes SET queued = queued + 1 WHERE id = new.shape_id;

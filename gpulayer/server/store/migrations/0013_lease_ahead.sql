@@ -19,7 +19,3 @@ LEFT JOIN tasks t ON t.worker_id = w.id AND t.state IN ('assigned', 'running') A
 LEFT JOIN jobs j ON j.id = t.job_id
 GROUP BY w.id;
 
--- An element leased ahead that leaves `assigned` (started, ended, back in the queue) holds nothing ahead any more.
-CREATE TRIGGER tasks_ahead_cleared AFTER UPDATE OF state ON tasks WHEN new.ahead = 1 AND new.state <> 'assigned' BEGIN
-    UPDATE tasks SET ahead = 0 WHERE id = new.id;
-END;

@@ -45,7 +45,7 @@ ORDER BY t.id;
 -- A task a drain's deadline stopped goes back to the queue, same attempt, holding nothing
 -- (an operator's maintenance uses up no attempt); its worker is told to stop it.
 UPDATE tasks
-SET state = 'queued', worker_id = NULL, gpu_indices = '[]', lease_expires_at = NULL, assigned_at = NULL,
+SET state = 'queued', worker_id = NULL, gpu_indices = '[]', lease_expires_at = NULL, assigned_at = NULL, ahead = 0,
     started_at = NULL, pid = NULL, address = NULL, endpoint = NULL, reason = 'worker_drained'
 WHERE id = :task_id AND worker_id = :worker_id AND state IN ('assigned', 'running') AND cancel_requested = 0
 RETURNING id, job_id;

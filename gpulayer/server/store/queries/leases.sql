@@ -50,7 +50,7 @@ WHERE t.state = 'assigned' AND j.gang = 1 AND t.assigned_at < :deadline;
 -- name: release_attempt --
 -- Put every active rank of a gang attempt back in the queue, holding nothing.
 UPDATE tasks
-SET state = 'queued', worker_id = NULL, gpu_indices = '[]', lease_expires_at = NULL, assigned_at = NULL,
+SET state = 'queued', worker_id = NULL, gpu_indices = '[]', lease_expires_at = NULL, assigned_at = NULL, ahead = 0,
     started_at = NULL, pid = NULL, address = NULL, endpoint = NULL
 WHERE job_id = :job_id AND attempt = :attempt AND state IN ('assigned', 'running')
 RETURNING id, worker_id;

@@ -118,7 +118,7 @@ ORDER BY pe.id DESC LIMIT 1;
 -- name: requeue_preempted --
 -- A preempted task that stopped goes back to the queue, same attempt, holding nothing.
 UPDATE tasks
-SET state = 'queued', worker_id = NULL, gpu_indices = '[]', lease_expires_at = NULL, assigned_at = NULL,
+SET state = 'queued', worker_id = NULL, gpu_indices = '[]', lease_expires_at = NULL, assigned_at = NULL, ahead = 0,
     started_at = NULL, pid = NULL, address = NULL, endpoint = NULL, cancel_requested = 0, reason = 'preempted'
 WHERE id = :task_id AND worker_id = :worker_id AND state IN ('assigned', 'running')
 RETURNING id, job_id, attempt;

@@ -56,7 +56,7 @@ UPDATE tokens SET revoked_at = :now WHERE jti = :jti AND revoked_at IS NULL RETU
 -- assigned never ran there and go back to the queue, same attempt (not for gangs,
 -- which are placed whole).
 UPDATE tasks
-SET state = 'queued', worker_id = NULL, gpu_indices = '[]', lease_expires_at = NULL, assigned_at = NULL,
+SET state = 'queued', worker_id = NULL, gpu_indices = '[]', lease_expires_at = NULL, assigned_at = NULL, ahead = 0,
     address = NULL
 WHERE worker_id = :worker_id AND state = 'assigned'
   AND job_id IN (SELECT id FROM jobs WHERE gang = 0)
