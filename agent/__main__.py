@@ -51,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--run-as", default=os.environ.get("GPULAYER_WORKER_RUN_AS"), help="user a root agent's sandboxed tasks run as (default gpulayer-task, else nobody; env GPULAYER_WORKER_RUN_AS)")
     add("--sandbox-bind", action="append", default=[], metavar="HOST[:TASK][:ro]", help="bind a host path into every sandboxed task (repeatable): /data:/data:ro, /scratch")
     add("--allow-root-tasks", action="store_true", help="let a job that asks (run_as_root) run as root when the agent is root")
+    add("--no-exec", action="store_true", default=os.environ.get("GPULAYER_WORKER_NO_EXEC") == "1", help="run no command for the relay: refuse gpulayer exec (and later shell, ssh) into this worker's tasks (env GPULAYER_WORKER_NO_EXEC=1)")
     add("--insecure", action="store_true", help="allow plain http:// to a non-loopback host")
     add("--version", action="version", version=f"gpulayer-agent {__version__} (protocol 1)")
     return parser
@@ -76,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         ram_mb=args.ram_mb, max_idle_s=args.max_idle, drain_timeout_s=args.drain_timeout, state_dir=args.state_dir, ca_file=args.ca_file,
         ca_fingerprint=args.ca_fingerprint, insecure=args.insecure, sandbox=args.sandbox, run_as=args.run_as,
         allow_root_tasks=args.allow_root_tasks, sandbox_binds=args.sandbox_bind, hidden_paths=[args.token_file] if args.token_file else [],
+        no_exec=args.no_exec,
     )
     return run_worker(config)
 

@@ -35,6 +35,8 @@ from .leftovers import RunningTasks
 from .nvml import Nvml
 from .sandbox import Sandbox, gpu_minors
 from .shared import SharedSandboxes
+from . import relay_exec
+from .relay import Relay
 from .supervision import TaskHandle
 from .tasks import SHUTDOWN_REPORT_S, TaskContext, TaskRunner, acquired
 from .tls import resolve_verify
@@ -88,6 +90,7 @@ class Worker:
         #: Elements leased ahead and finishes sent in batches (agent/chunks.py), once registered.
         self.chunks: Chunks | None = None
         self.start_lock = threading.Lock()  # one thread at a time starts queued elements
+        self.relay: Relay | None = None  # the relay link, once run() made it (agent/relay.py)
         self._opened = contextlib.ExitStack()  # what close() releases: the HTTP session, the GPU watch, NVML
 
     @property
@@ -110,6 +113,7 @@ class Worker:
         self.sandbox = task_sandbox(self.config, state_dir)
         transport = Transport(base_url, verify)
         self._opened.callback(transport.close)
+        self.relay = self._relay(base_url, verify, transport)
         inventory = self._inventory()
         answer = self._register(transport, inventory)
         if answer is None:
@@ -131,6 +135,21 @@ class Worker:
         if self.fatal:
             raise self.fatal[0]
         return code
+
+    def _relay(self, base_url: str, verify: bool | str, transport: Transport) -> Relay | None:
+        """The relay link (agent/relay.py), opened when the control plane asks; None under GPULAYER_AGENT_RELAY=off
+        (an agent as before the relay: tests of older agents)."""
+        if os.environ.get("GPULAYER_AGENT_RELAY") == "off":
+            return None
+        token = lambda: (transport.headers.get("Authorization") or "").removeprefix("Bearer ")  # noqa: E731
+        return Relay(base_url, verify, token, {"exec": self._exec}, self.stop_event, no_exec=self.config.no_exec)
+
+    def _exec(self, stream, fields: dict) -> None:
+        relay_exec.serve(stream, fields, self._handle_of)
+
+    def _handle_of(self, task_id: int) -> TaskHandle | None:
+        with self.lock:
+            return self.handles.get(task_id)
 
     def _inventory(self) -> Inventory:
         """Detect what this worker offers, and where NVML answers, start watching its GPUs' health
@@ -170,6 +189,8 @@ class Worker:
             "slots": max(1, int(config.parallel)),
             "isolation": self.sandbox.isolation(),
         }
+        if self.relay is not None:  # additive: an older control plane ignores it
+            body["relay"] = self.relay.register_field()
         if self.gpu_health is not None:  # so that no task is placed on a GPU already broken
             body["gpus"] = self.gpu_health.report()
         advertise = config.advertise_address or local_address_towards(config.url)
@@ -376,6 +397,8 @@ class Worker:
             self.gpu_health.reset([int(i) for i in answer["reset_gpus"]])
         if answer.get("revoked"):
             self._fail(Revoked("the control plane revoked this worker"))
+        if answer.get("relay") is True and self.relay is not None:
+            self.relay.want()
 
     def _acquire_loop(self) -> None:
         transport = self.session.transport
@@ -417,6 +440,8 @@ class Worker:
                 log_event("acquire_rejected", error=str(exc))
                 self.stopping.wait(self.interval_s)
                 continue
+            if answer.get("relay") is True and self.relay is not None:  # answered early: a client waits for the link
+                self.relay.want()
             tasks = acquired(answer)
             ahead = leased_ahead(answer)
             if chunks is not None and ahead:
@@ -494,6 +519,7 @@ class Worker:
             handle.on_change = self.beat_now.set
             handle.assignment = {"job_id": task.job_id, "attempt": task.attempt, "gpus": task.gpus}
             runner = TaskRunner(task, self.session.ctx, handle)
+            handle.runner = runner
             thread = threading.Thread(target=self._run_task, args=(runner,), name=f"task-{task_id}", daemon=True)
             self.handles[task_id] = handle
             self.threads[task_id] = thread

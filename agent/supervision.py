@@ -4,11 +4,24 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable, Protocol
 
 from .process import TaskProcess
 
 POLL_S = 0.05
+
+
+class TaskRunnerView(Protocol):
+    """What exec reads of a task's runner (agent/tasks.py TaskRunner): its place, environment and sandbox."""
+
+    task_id: int
+    workdir: Any
+    image: Any
+    holder: Any
+    ctx: Any
+    assignment: Any
+
+    def environment(self, extra: dict[str, str]) -> dict[str, str]: ...
 
 
 class TaskHandle:
@@ -32,6 +45,9 @@ class TaskHandle:
         self.start_sent = threading.Event()
         #: The Assignment's job_id, attempt and gpus, echoed in heartbeats (a restored control plane checks them).
         self.assignment: dict = {}
+        #: The task's runner and its process while it runs: where `gpulayer exec` enters (agent/relay_exec.py).
+        self.runner: TaskRunnerView | None = None
+        self.process: TaskProcess | None = None
 
     @property
     def endpoint(self) -> str | None:
@@ -129,6 +145,7 @@ def supervise(
     Returns None when the process ended by itself (left-over group members are
     killed too), else why the agent ended it.
     """
+    handle.process = proc
     while True:
         if proc.poll() is not None:
             if proc.group_alive():

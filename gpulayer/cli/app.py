@@ -23,6 +23,7 @@ try:  # typer >= 0.20 vendors click
 except ImportError:  # pragma: no cover - older typer
     from click import exceptions as click_exceptions  # type: ignore[no-redef]
 
+from gpulayer.cli import access as cli_access
 from gpulayer.cli import fleet as cli_fleet
 from gpulayer.cli import images as cli_images
 from gpulayer.cli import jobs as cli_jobs
@@ -183,6 +184,7 @@ def root(
 _LOOSE = {"allow_interspersed_args": False}
 app.command("submit", context_settings=_LOOSE)(cli_submit.submit)
 app.add_typer(cli_jobs.job_app, name="job")
+app.command("exec")(cli_access.exec_command)
 app.add_typer(cli_workers.worker_app, name="worker")
 app.command("join")(cli_workers.join)
 app.add_typer(cli_fleet.token_app, name="token")

@@ -30,6 +30,7 @@ SandboxMode = Annotated[str, typer.Option("--sandbox", envvar="GPULAYER_WORKER_S
 SandboxBind = Annotated[Optional[list[str]], typer.Option("--sandbox-bind", envvar="GPULAYER_WORKER_SANDBOX_BIND", show_envvar=True, metavar="HOST[:TASK][:ro]", help="Bind a host path into every sandboxed task, at TASK (default the same path), read-only with :ro; repeatable (/data:/data:ro, /scratch).")]
 #: --sandbox unless told: agent/sandbox.DEFAULT_MODE (not imported: the CLI loads the agent lazily).
 SANDBOX_DEFAULT = "auto"
+NoExec = Annotated[bool, typer.Option("--no-exec", envvar="GPULAYER_WORKER_NO_EXEC", show_envvar=True, help="Run no command for the relay: refuse `gpulayer exec` (and later shell and SSH) into this worker's tasks; port-forward and ingress still work (docs/security.md).")]
 RunAs = Annotated[Optional[str], typer.Option("--run-as", envvar="GPULAYER_WORKER_RUN_AS", show_envvar=True, help="The user a root agent's sandboxed tasks run as (default: gpulayer-task, created if missing, else nobody).")]
 AllowRootTasks = Annotated[bool, typer.Option("--allow-root-tasks", help="Let a job that asks (run_as_root) run as root when the agent runs as root.")]
 TokenFile = Annotated[Optional[str], typer.Option("--token-file", envvar="GPULAYER_JOIN_TOKEN_FILE", show_envvar=True, help="File holding the join token (wins over --token and GPULAYER_JOIN_TOKEN).")]
@@ -106,7 +107,8 @@ def worker_start(ctx: typer.Context, name: Name = None, label: Labels = None, py
                  gpus: Gpus = None, ram_mb: RamMb = None, max_idle: MaxIdle = "0",
                  state_dir: StateDir = None, insecure: Insecure = False, token: JoinToken = None,
                  token_file: TokenFile = None, drain_timeout: DrainTimeout = "0", sandbox: SandboxMode = SANDBOX_DEFAULT,
-                 run_as: RunAs = None, allow_root_tasks: AllowRootTasks = False, sandbox_bind: SandboxBind = None) -> None:
+                 run_as: RunAs = None, allow_root_tasks: AllowRootTasks = False, sandbox_bind: SandboxBind = None,
+                 no_exec: NoExec = False) -> None:
     """Run a worker agent against the control plane of --url (GPULAYER_URL) until stopped.
 
     \b
@@ -117,7 +119,7 @@ def worker_start(ctx: typer.Context, name: Name = None, label: Labels = None, py
     settings = _worker_settings(name, label, python, advertise_address, parallel, cpus, gpus, ram_mb,
                                 max_idle, state_dir or default_state_dir(ctx, name), insecure, drain_timeout)
     settings.update(url=opts.url, join_token=token, token_file=token_file, ca_file=opts.ca_file,
-                    **_isolation_settings(ctx, sandbox, run_as, allow_root_tasks, token_file, sandbox_bind))
+                    no_exec=no_exec, **_isolation_settings(ctx, sandbox, run_as, allow_root_tasks, token_file, sandbox_bind))
     raise typer.Exit(_run(settings, opts.token))
 
 
@@ -131,7 +133,7 @@ def join(ctx: typer.Context,
          gpus: Gpus = None, ram_mb: RamMb = None, max_idle: MaxIdle = "0",
          state_dir: StateDir = None, insecure: Insecure = False, drain_timeout: DrainTimeout = "0",
          sandbox: SandboxMode = SANDBOX_DEFAULT, run_as: RunAs = None, allow_root_tasks: AllowRootTasks = False,
-         sandbox_bind: SandboxBind = None) -> None:
+         sandbox_bind: SandboxBind = None, no_exec: NoExec = False) -> None:
     """Join this machine to a control plane as a worker (the line `gpulayer up` prints).
 
     \b
@@ -145,7 +147,7 @@ def join(ctx: typer.Context,
     settings = _worker_settings(name, label, python, advertise_address, parallel, cpus, gpus, ram_mb,
                                 max_idle, state_dir or default_state_dir(ctx, name), insecure, drain_timeout)
     settings.update(url=url.rstrip("/"), join_token=token, token_file=token_file, ca_file=ca_file or global_options(ctx).ca_file,
-                    ca_fingerprint=ca_fingerprint, **_isolation_settings(ctx, sandbox, run_as, allow_root_tasks, token_file, sandbox_bind))
+                    ca_fingerprint=ca_fingerprint, no_exec=no_exec, **_isolation_settings(ctx, sandbox, run_as, allow_root_tasks, token_file, sandbox_bind))
     raise typer.Exit(_run(settings, global_options(ctx).token))
 
 

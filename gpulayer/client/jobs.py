@@ -1,6 +1,7 @@
 """A submitted job, followed from the client: its state, logs, waits, endpoints and outputs (`Job`)."""
 from __future__ import annotations
 
+import subprocess
 import time
 from pathlib import Path
 from typing import Any, Iterator, Protocol
@@ -138,6 +139,20 @@ class Job:
         if index is None:
             self.data = answer
         return answer
+
+    def exec(self, argv: list[str], *, index: int | None = None, input: bytes | None = None,
+             check: bool = False) -> subprocess.CompletedProcess:
+        """Run `argv` in the job's running task (element, replica or rank `index`; default its first running
+        one), in the task's environment, cwd, user and sandbox, through the control plane's relay; its exit
+        code and captured stdout and stderr (bytes), as subprocess.run(capture_output=True) gives them.
+
+        `input`: bytes for its stdin (default: none, EOF at once). `check`: raise CalledProcessError on a
+        non-zero exit. Raises ApiError (Forbidden: not your job; Conflict: nothing runs, or the worker
+        refuses exec) or ConnectionFailed (the relay or the worker went away mid-stream).
+        """
+        from gpulayer.client import relay
+        return relay.exec_capture(self.client, self.id, list(argv), index=index, input=input,  # type: ignore[arg-type]
+                                  check=check)
 
     def element(self, index: int) -> dict:
         """The Job with only the tasks of element `index` of an array (or of that replica or rank)."""

@@ -92,6 +92,12 @@ class ControlPlaneConfig:
     # Continuous replication (`--replicate`, server/replication/): a directory or a Litestream URL, or None.
     replicate: str | None = None
     replicate_interval_s: float = 1.0
+    # The relay (issue 26, gpulayer/server/relay/): streams open at once per user and per job, the seconds
+    # a stream may carry nothing before it is closed, and how long a stream waits for its agent's link.
+    relay_max_streams_per_user: int = 16
+    relay_max_streams_per_job: int = 32
+    relay_idle_timeout_s: float = 3600.0
+    relay_connect_timeout_s: float = 10.0
 
     @property
     def layout(self) -> HomeLayout:

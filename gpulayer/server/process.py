@@ -31,6 +31,8 @@ from gpulayer.server.config import ControlPlaneConfig
 from gpulayer.server.errors import ConfigError
 from gpulayer.server.homelock import HomeLock
 from gpulayer.server.http.server import HTTPServer
+from gpulayer.server.relay.hub import Hub, Settings as RelaySettings
+from gpulayer.server.scheduler import sessions
 from gpulayer.server.store.queries import QUERIES
 
 if TYPE_CHECKING:
@@ -112,6 +114,7 @@ class ControlPlane:
         self.clock = clock
         self._deps: Deps | None = None   # both set by start()
         self._http: HTTPServer | GranianServer | None = None
+        self.relay: Hub | None = None  # the relay's WebSocket handler, under granian (gpulayer/server/relay/)
         self._stop = threading.Event()
         self._upkeep: threading.Thread | None = None
         self.provisioners = provisioner.load(config.layout.provisioners)
@@ -172,14 +175,16 @@ class ControlPlane:
             log.info("artifact_tmp_swept count=%d", swept)
         self.deps.scheduler.restarted()
         app = with_explorer(create_app(self.deps), self.deps, secure_cookies=bool(self.config.tls_cert))
-        front_end: type[HTTPServer] | type[GranianServer] = HTTPServer
+        certfile = str(self.config.tls_cert) if self.config.tls_cert else None
+        keyfile = str(self.config.tls_key) if self.config.tls_key else None
         if self.config.http == "granian":
             from gpulayer.server.http.granian_server import GranianServer  # absent: --http cheroot serves
-            front_end = GranianServer
-        self._http = front_end(app, self.config.host, self.config.port,
-                               certfile=str(self.config.tls_cert) if self.config.tls_cert else None,
-                               keyfile=str(self.config.tls_key) if self.config.tls_key else None,
-                               threads=self.config.threads)
+            self.relay = relay_hub(self.deps)
+            self._http = GranianServer(app, self.config.host, self.config.port, certfile=certfile, keyfile=keyfile,
+                                       threads=self.config.threads, websocket=self.relay)
+        else:  # cheroot serves no WebSocket: the relay's routes answer 501 (http/relay_routes.py)
+            self._http = HTTPServer(app, self.config.host, self.config.port, certfile=certfile, keyfile=keyfile,
+                                    threads=self.config.threads)
         self.http.start()
         self._upkeep = threading.Thread(target=self._run_upkeep, name="gpulayer-upkeep", daemon=True)
         self._upkeep.start()
@@ -228,6 +233,8 @@ class ControlPlane:
             self._deps.scheduler.stop_waiting()  # else parked acquires hold shutdown up to their wait_s
         if self._http is not None:
             self._http.stop()
+        if self.relay is not None:
+            self.relay.close()
         if self._upkeep is not None:
             self._upkeep.join(timeout=10)
         if self.provisioning is not None:
@@ -281,6 +288,17 @@ class ControlPlane:
 
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+
+
+def relay_hub(deps: Deps) -> Hub:
+    """The relay over this plane's scheduler (the streams a stopped plane left open closed in its rows first)."""
+    closed = deps.store.write(sessions.restarted, deps.clock())
+    if closed:
+        log.info("relay_sessions_closed_at_start count=%d", closed)
+    config = deps.config
+    return Hub(deps.scheduler, deps.auth, deps.clock,
+               RelaySettings(config.relay_max_streams_per_user, config.relay_max_streams_per_job,
+                             config.relay_idle_timeout_s, config.relay_connect_timeout_s))
 
 
 def configure_logging() -> None:

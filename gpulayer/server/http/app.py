@@ -14,7 +14,7 @@ import falcon
 from gpulayer.protocol import PROTOCOL_HEADER
 from gpulayer.server.config import PROTOCOL, ControlPlaneConfig
 from gpulayer.server.errors import Forbidden, GpulayerError, ProtocolMismatch, Unauthorized
-from gpulayer.server.http import bodies, resources, wire
+from gpulayer.server.http import bodies, relay_routes, resources, wire
 from gpulayer.server.http.metrics import Metrics, MetricsResource, ReplicationCollector
 from gpulayer.server.store.artifacts import ArtifactStore
 from gpulayer.server.scheduler import events
@@ -155,6 +155,7 @@ ROUTES = [
     ("/v1/worker/heartbeat", resources.Heartbeat, None),
     ("/v1/worker/acquire", resources.Acquire, None),
     ("/v1/worker/deregister", resources.Deregister, None),
+    ("/v1/worker/relay", relay_routes.AgentRelay, None),
     ("/v1/worker/tasks/{task_id:int}/start", resources.WorkerTask, "start"),
     ("/v1/worker/tasks/{task_id:int}/logs", resources.WorkerTask, "logs"),
     ("/v1/worker/tasks/{task_id:int}/rendezvous", resources.WorkerTask, "rendezvous"),
@@ -162,6 +163,7 @@ ROUTES = [
     ("/v1/worker/finish-many", resources.FinishMany, None),
     ("/v1/jobs", resources.Jobs, None),
     ("/v1/jobs/{job_id:int}", resources.Job, None),
+    ("/v1/jobs/{job_id:int}/relay", relay_routes.JobRelay, None),
     ("/v1/jobs/{job_id:int}/cancel", resources.Job, "cancel"),
     ("/v1/jobs/{job_id:int}/logs", resources.Job, "logs"),
     ("/v1/jobs/{job_id:int}/events", resources.Job, "events"),

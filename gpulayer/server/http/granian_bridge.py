@@ -29,6 +29,7 @@ import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from gpulayer.server.http import bodies
@@ -43,8 +44,10 @@ _CLOSE = ("connection", "close")
 class Bridge:
     """The RSGI callable granian calls on its loop for each request; `close()` stops the pool."""
 
-    def __init__(self, app, loop: asyncio.AbstractEventLoop, threads: int, head_timeout_s: float):
+    def __init__(self, app, loop: asyncio.AbstractEventLoop, threads: int, head_timeout_s: float,
+                 websocket: Callable[[Any, Any], Awaitable[None]] | None = None):
         self.app, self.loop = app, loop
+        self.websocket = websocket  # the relay (gpulayer/server/relay/hub.py): WebSockets never reach the app
         self.head_timeout_s = head_timeout_s
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="gpulayer-granian")
         self.max_streams = bodies.streamed_cap(threads)
@@ -56,6 +59,10 @@ class Bridge:
         return client in self.active
 
     async def __call__(self, scope, proto) -> None:
+        if scope.proto == "ws":
+            if self.websocket is None:
+                return proto.close(404)
+            return await self.websocket(scope, proto)
         client = scope.client
         self.active.add(client)
         try:

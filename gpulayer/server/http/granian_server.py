@@ -99,10 +99,12 @@ class GranianServer:
         max_header_bytes: int = 64 * 1024,
         runtime_threads: int = RUNTIME_THREADS,
         max_connections: int | None = None,
+        websocket=None,
     ):
         if (certfile is None) != (keyfile is None):
             raise ValueError("TLS needs both certfile and keyfile")
         self._app = app
+        self._websocket = websocket  # an RSGI WebSocket handler (the relay), or None: WebSockets are refused
         self._host, self._port = host, port
         # granian's TLS settings: enabled, cert, key, key password, minimum protocol, client CA, CRLs, verify.
         self._tls: tuple[Any, ...] = (certfile is not None, certfile, keyfile, None, "tls1.2", None, [], False)
@@ -163,11 +165,11 @@ class GranianServer:
         loop = loops.get("asyncio")
         asyncio.set_event_loop(loop)
         backpressure = self._max_connections
-        bridge = self._bridge = Bridge(self._app, loop, self._threads, self._head_timeout_s)
+        bridge = self._bridge = Bridge(self._app, loop, self._threads, self._head_timeout_s, self._websocket)
         # granian's own stub lags its worker's signature (the IPC handle, the metrics pair): Any.
         worker_cls: Any = RSGIWorker
         worker = worker_cls(1, (None, holder), None, self._runtime_threads, 512, 1, 30, backpressure, "1",
-                            self._http1, None, False, None, *self._tls, (None, None))
+                            self._http1, None, self._websocket is not None, None, *self._tls, (None, None))
         scheduler = _new_cbscheduler(loop, _future_watcher_wrapper(bridge), impl_asyncio=True)
         done = asyncio.Event()
         assert self._signal is not None

@@ -55,6 +55,7 @@ class Metrics:
     def __init__(self, scheduler):
         self.registry = CollectorRegistry()
         self.registry.register(StateCollector(scheduler))
+        self.registry.register(RelayCollector(scheduler.relay))
         self.requests = Histogram("gpulayer_request_seconds", "Time to answer a /v1 request.",
                                   ["method", "route", "status"], buckets=BUCKETS, registry=self.registry)
         self.acquire = Histogram("gpulayer_acquire_seconds", "Time of one acquire transaction (no long-poll wait).",
@@ -115,3 +116,30 @@ class ReplicationCollector:
         yield state
         yield CounterMetricFamily("gpulayer_replication_restarts", "Times the Litestream child was restarted.",
                                   value=status["restarts"])
+
+
+class RelayCollector:
+    """The relay's counters at scrape time (scheduler/sessions.py `Wants.stats`, kept by server/relay/)."""
+
+    def __init__(self, relay):
+        self.relay = relay
+
+    def collect(self):
+        stats = self.relay.stats()
+        open_ = GaugeMetricFamily("gpulayer_relay_streams", "Streams open through the relay, by kind.",
+                                  labels=["kind"])
+        for kind, n in stats["open"].items():
+            open_.add_metric([kind], n)
+        yield open_
+        for key, direction in (("bytes_in", "towards the task"), ("bytes_out", "from the task")):
+            family = CounterMetricFamily(f"gpulayer_relay_{key}", f"Bytes through the relay {direction}, by kind.",
+                                         labels=["kind"])
+            for kind, n in stats[key].items():
+                family.add_metric([kind], n)
+            yield family
+        refused = CounterMetricFamily("gpulayer_relay_refused", "Streams the relay refused, by error code.",
+                                      labels=["code"])
+        for code, n in stats["refused"].items():
+            refused.add_metric([code], n)
+        yield refused
+        yield GaugeMetricFamily("gpulayer_relay_links", "Agents connected to the relay now.", value=stats["links"])

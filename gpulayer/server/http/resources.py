@@ -99,6 +99,8 @@ class Heartbeat(WorkerResource):
         answer = self.sched.heartbeat(self.worker_id(req), reported, wire.gpu_health(body))
         if answer["lease_expires_at"] is not None:  # the interval wanted, and that any request renews
             answer.update(self.sched.heartbeat_terms(self.worker_id(req)))
+        if self.sched.relay.wanted(self.worker_id(req)):  # a client waits for this worker's relay link
+            answer["relay"] = True
         resp.media = answer
 
 
@@ -112,6 +114,8 @@ class Acquire(WorkerResource):
                                                          req.context.recheck, ahead, held), max_tasks)
         if ahead is not None:  # elements leased ahead, to start as slots free (docs/protocol.md)
             resp.media["ahead"] = ahead
+        if self.sched.relay.wanted(self.worker_id(req)):  # answered early for it: connect the relay link now
+            resp.media["relay"] = True
 
 
 def assignments(found: list[dict], max_tasks: int | None) -> dict:

@@ -9,6 +9,7 @@ import re
 
 from gpulayer.server.config import MAX_JSON_BODY
 from gpulayer.server.errors import BodyTooLarge, InvalidJSON, InvalidRequest
+from gpulayer.server.scheduler import sessions
 from gpulayer.server.scheduler.teams import ROLES, VISIBILITIES, check_name
 from gpulayer.server.validators import digest, integer, labels, mapping, number, relative_path, string
 
@@ -93,6 +94,7 @@ def register(body: dict) -> dict:
         "slots": integer(body.get("slots", 1), "slots", 1, 1024),
         "gpus": gpu_health(body),
         "isolation": isolation(body.get("isolation")),
+        "relay": sessions.relay_field(body.get("relay")),
     }
 
 

@@ -17,7 +17,7 @@ from gpulayer.server.config import MAX_ACQUIRE_WAIT_S, ControlPlaneConfig
 from gpulayer.server.errors import NotFound
 from gpulayer.server.scheduler import (access, aging, cascades, chunks, cordons, gauges, gpu_health, jobs, leases,
                                        ledger, lifecycle, outcomes, placement, preemption, reconcile, renewals,
-                                       secrets, teams, tokens, workers)
+                                       secrets, sessions, teams, tokens, workers)
 from gpulayer.server.scheduler import cadence
 from gpulayer.server.scheduler.follow import LogFollowers
 from gpulayer.server.scheduler.spec import validate_job
@@ -73,6 +73,8 @@ class Scheduler:
                                        config.heartbeat_jitter, clock)
         # Each array job's recent element run time, for how many elements to lease ahead (chunks.py).
         self.pace = chunks.Pace()
+        # Workers whose relay link a client waits for (sessions.py): told `relay: true`.
+        self.relay = sessions.Wants(self.wake)
 
     # -- wake-up -------------------------------------------------------------
 
@@ -384,6 +386,8 @@ class Scheduler:
                             self._waiting -= 1
                 if check is not None:
                     check()
+                if self.relay.wanted(worker_id):
+                    return []  # the relay waits for this worker's link: answer now (`relay: true`)
         finally:
             self.seen(worker_id)
             if parked:

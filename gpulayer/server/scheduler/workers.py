@@ -40,7 +40,8 @@ def register(conn: apsw.Connection, *, body: dict, token, session_hash: str, pee
                     memory_mb=res["memory_mb"], gpu_models=json.dumps(res["gpu_models"]), slots=body["slots"],
                     advertise_address=advertise, version=body["version"], protocol=PROTOCOL,
                     session_hash=session_hash, token_jti=token.jti, now=now, lease_expires_at=now + lease_ttl_s,
-                    isolation=json.dumps(body.get("isolation") or {}))["id"]
+                    isolation=json.dumps(body.get("isolation") or {}),
+                    relay=json.dumps(body.get("relay") or {}))["id"]
     row(conn, "clear_needs_upgrade", name=name, reason="upgraded")
     gpu_health.report(conn, worker_id, body.get("gpus"), now)  # before its first acquire can reserve a broken one
     events.record(conn, now, "worker_registered", worker_id=worker_id, name=name, labels=labels,

@@ -110,6 +110,7 @@ CREATE TABLE workers (
     lease_expires_at   REAL,
     gone_reason        TEXT,
     isolation          TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(isolation)),
+    relay              TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(relay)),  -- register's `relay`: {"version", "kinds"}; '{}': an agent without the relay
     CHECK (state <> 'gone' OR gone_reason IS NOT NULL)
 ) STRICT;
 CREATE INDEX workers_online_lease ON workers (lease_expires_at) WHERE state = 'online';
@@ -387,6 +388,28 @@ CREATE TABLE events (
 ) STRICT;
 CREATE INDEX events_job ON events (job_id, seq) WHERE job_id IS NOT NULL;
 CREATE INDEX events_kind_at ON events (kind, at);
+
+-- Streams through the relay (issue 26: `gpulayer exec`, later shells, port-forwards): one row per
+-- stream, written when it opens and when it closes (never per byte: the bytes go through the relay's
+-- asyncio loop, not the writer), each time with a `session_opened` / `session_closed` event.
+CREATE TABLE sessions (
+    id         INTEGER PRIMARY KEY,
+    worker_id  INTEGER NOT NULL,
+    job_id     INTEGER NOT NULL,
+    task_id    INTEGER NOT NULL,
+    user       TEXT NOT NULL,                     -- the caller's actor: user:alice
+    kind       TEXT NOT NULL,                     -- exec (later shell, ssh, port-forward)
+    detail     TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(detail)),  -- the kind's fields: exec's argv
+    opened_at  REAL NOT NULL,
+    closed_at  REAL,
+    bytes_in   INTEGER NOT NULL DEFAULT 0 CHECK (bytes_in >= 0),   -- from the client towards the task
+    bytes_out  INTEGER NOT NULL DEFAULT 0 CHECK (bytes_out >= 0),  -- from the task towards the client
+    exit_code  INTEGER,
+    end_reason TEXT,
+    CHECK ((closed_at IS NULL) = (end_reason IS NULL))
+) STRICT;
+CREATE INDEX sessions_job ON sessions (job_id, id);
+CREATE INDEX sessions_open ON sessions (worker_id) WHERE closed_at IS NULL;
 
 -- Task output, one row per line. (task_id, n) is the agent's line number, so
 -- a batch sent twice is stored once.

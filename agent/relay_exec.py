@@ -1,0 +1,165 @@
+"""`exec` streams: a command run in a running task's place, its stdio through the relay (`gpulayer exec`).
+
+The command gets the task's environment (GPULAYER_*, the job's env, CUDA_VISIBLE_DEVICES), its working
+directory, and its user and sandbox: in a bubblewrap sandbox it enters the task's namespaces with nsenter
+and drops to the task user with setpriv, as agent/shared.py starts an array's elements in their job's
+sandbox (`Sandbox.enter_argv`); without a sandbox (`--sandbox none`) it runs as the agent, as the task does.
+It leads its own process group, which a SIGNAL frame signals and a CLOSE from the client (or a lost link)
+kills. stdout is DATA, stderr is EXT_DATA channel 2; DATA towards it is stdin, EOF closes stdin; the stream
+ends with CLOSE `exit_code` (128+N for a death by signal N), or `error` when it could not start.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+from collections.abc import Callable
+
+from gpulayer.protocol.relay import CLOSE, DATA, EOF, EXT_DATA, SIGNAL, SIGNALS, STDERR, Frame
+from gpulayer.protocol.streams import Stream
+
+from .events import log_event
+from .process import READ_BYTES, exit_code_of
+from .sandbox import loader_variables
+from .supervision import TaskHandle
+
+
+class ExecRefused(Exception):
+    """The command cannot run in this task (the message says why)."""
+
+
+def command_in(handle: TaskHandle, argv: list[str]) -> tuple[list[str], dict[str, str], str]:
+    """The argv, environment and cwd that run `argv` in the task's place; ExecRefused when it cannot."""
+    runner, process = handle.runner, handle.process
+    if runner is None or process is None or process.poll() is not None:
+        raise ExecRefused(f"task {handle.task_id} is not running on this worker now")
+    if runner.image is not None:
+        raise ExecRefused("exec into an image job's task is not supported yet")
+    env = runner.environment({})
+    workdir = str(runner.workdir)
+    sandbox = runner.ctx.sandbox
+    if sandbox.mode == "none":
+        return argv, env, workdir
+    if sandbox.nsenter is None:
+        raise ExecRefused("this worker has no nsenter (Debian package util-linux): exec cannot enter the task's "
+                          "sandbox")
+    outer, loader = loader_variables(env)
+    network = runner.assignment.network != "none"
+    pid = runner.holder.pid if runner.holder is not None else _sandbox_pid(process.pid)
+    if pid is None:
+        raise ExecRefused(f"task {handle.task_id}'s sandbox is not there (it is ending)")
+    if _namespace(pid, "user") != _namespace(os.getpid(), "user"):  # a non-root agent's bwrap: its user namespace
+        spaces = ["-U", "--preserve-credentials", "-m", "-p", "-i", *([] if network else ["-n"])]
+        return [sandbox.nsenter, "-t", str(pid), *spaces, "-r", "--", sandbox.env, f"--chdir={workdir}", *loader,
+                "--", *argv], outer, "/"
+    return sandbox.enter_argv(pid, argv, workdir, network=network, loader=loader), outer, "/"
+
+
+def _sandbox_pid(bwrap_pid: int) -> int | None:
+    """The pid of the sandbox's init: bwrap's child (bwrap itself stays outside the namespaces)."""
+    try:
+        with open(f"/proc/{bwrap_pid}/task/{bwrap_pid}/children") as handle:
+            children = handle.read().split()
+    except OSError:
+        return None
+    return int(children[0]) if children else None
+
+
+def _namespace(pid: int, name: str) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/{name}")
+    except OSError:
+        return None
+
+
+def serve(stream: Stream, fields: dict, find: Callable[[int], TaskHandle | None]) -> None:
+    """Run an OPEN `exec` stream to its end (on its own thread)."""
+    argv, task_id = fields.get("argv"), fields.get("task_id")
+    handle = find(task_id) if isinstance(task_id, int) else None
+    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+        return stream.close({"error": "exec: argv must be a non-empty list of strings"})
+    if handle is None:
+        return stream.close({"error": f"task {task_id} is not running on this worker"})
+    try:
+        launch, env, cwd = command_in(handle, argv)
+        proc = subprocess.Popen(launch, env=env, cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True)
+    except ExecRefused as exc:
+        return stream.close({"error": str(exc)})
+    except OSError as exc:  # unsandboxed: the command itself could not start
+        code = 127 if isinstance(exc, FileNotFoundError) else 126
+        stream.write(f"gpulayer exec: cannot run {argv[0]!r}: {exc.strerror or exc}\n".encode(), STDERR)
+        return stream.close({"exit_code": code, "reason": f"cannot run {argv[0]!r}"})
+    log_event("exec_started", task_id=task_id, pid=proc.pid, session_id=fields.get("session_id"))
+    pumps = [threading.Thread(target=_pump, args=(pipe, stream, channel), daemon=True, name=f"exec-out-{proc.pid}")
+             for pipe, channel in ((proc.stdout, 1), (proc.stderr, STDERR))]
+    for pump in pumps:
+        pump.start()
+    feeder = threading.Thread(target=_feed, args=(stream, proc), daemon=True, name=f"exec-in-{proc.pid}")
+    feeder.start()
+    code = exit_code_of(proc.wait())
+    for pump in pumps:
+        pump.join(5.0)  # a grandchild that keeps the pipes open does not hold the answer for ever
+    _kill(proc, signal.SIGKILL)  # what the command left in its group
+    log_event("exec_finished", task_id=task_id, pid=proc.pid, exit_code=code, session_id=fields.get("session_id"))
+    stream.close({"exit_code": code})
+    stream.inbox.put(Frame(stream.id, CLOSE, {"reason": "the command ended"}))  # ends the feeder
+    for pipe in (proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()
+
+
+def _pump(pipe, stream: Stream, channel: int) -> None:
+    """The command's stdout or stderr into the stream, as fast as its credit allows."""
+    fd = pipe.fileno()
+    while True:
+        try:
+            chunk = os.read(fd, READ_BYTES)
+        except OSError:
+            return
+        if not chunk or not stream.write(chunk, channel):
+            return
+
+
+def _feed(stream: Stream, proc: subprocess.Popen) -> None:
+    """The stream's frames into the command: DATA to stdin, EOF closes it, SIGNAL signals its group, CLOSE kills."""
+    stdin = proc.stdin
+    assert stdin is not None
+    while True:
+        frame = stream.recv()
+        if frame is None:
+            continue
+        if frame.type in (DATA, EXT_DATA):
+            try:
+                stdin.write(frame.data)
+                stdin.flush()
+            except (OSError, ValueError):  # the command closed its stdin or ended: the bytes go nowhere
+                pass
+            stream.consumed(len(frame.data))
+        elif frame.type == EOF:
+            _close(stdin)
+        elif frame.type == SIGNAL:
+            name = frame.fields.get("signal")
+            if name in SIGNALS:
+                _kill(proc, getattr(signal, f"SIG{name}"))
+        elif frame.type == CLOSE:
+            if proc.poll() is None:
+                log_event("exec_killed", pid=proc.pid, reason=frame.fields.get("error") or frame.fields.get("reason"))
+                _kill(proc, signal.SIGKILL)
+            _close(stdin)
+            return
+
+
+def _close(stdin) -> None:
+    try:
+        stdin.close()
+    except OSError:
+        pass
+
+
+def _kill(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -1,0 +1,182 @@
+"""The relay's frames: what the agent, the control plane and the client put in each WebSocket message.
+
+Each binary WebSocket message is one frame (docs/protocol.md, "The relay"):
+
+    stream_id  u32, big-endian   which stream of the connection (1 .. 2**32-1; 0 is never used)
+    type       u8                OPEN, DATA, WINDOW, EOF, CLOSE, EXT_DATA, SIGNAL, RESIZE
+    payload    the rest          per type, below
+
+- OPEN: JSON object: `kind` ("exec"), `job_id`, `task_id`, and the kind's own fields (exec: `argv`).
+- DATA: bytes of the stream's main channel (exec: stdin towards the command, stdout back).
+- EXT_DATA: one byte naming a channel (2: stderr), then bytes; counted against the same window as DATA.
+- WINDOW: u32, bytes of credit granted: the receiver read that many more and the sender may send them.
+- EOF: empty: no more DATA this way (a half-close: stdin's end).
+- CLOSE: JSON object: `exit_code` (int) and/or `error` (text), `reason` (text); the stream is gone.
+- SIGNAL: JSON object `{"signal": "INT"}` (exec, later the shell): a signal for the remote command.
+- RESIZE: reserved for the shell's window size (`{"rows", "cols"}`).
+
+Flow control: after OPEN each side may send `INITIAL_WINDOW` bytes of DATA and EXT_DATA, and more only as the
+other grants them with WINDOW. Imports nothing of gpulayer: the agent, the client and the control plane share it.
+"""
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+
+OPEN, DATA, WINDOW, EOF, CLOSE, EXT_DATA, SIGNAL, RESIZE = 1, 2, 3, 4, 5, 6, 7, 8
+TYPE_NAMES = {OPEN: "OPEN", DATA: "DATA", WINDOW: "WINDOW", EOF: "EOF", CLOSE: "CLOSE", EXT_DATA: "EXT_DATA",
+              SIGNAL: "SIGNAL", RESIZE: "RESIZE"}
+JSON_TYPES = frozenset({OPEN, CLOSE, SIGNAL, RESIZE})
+
+HEADER = struct.Struct(">IB")
+U32 = struct.Struct(">I")
+MAX_STREAM_ID = 2**32 - 1
+#: Bytes each side may send on a new stream before the other grants more (WINDOW).
+INITIAL_WINDOW = 256 * 1024
+#: The most payload one DATA frame carries (a sender splits larger writes).
+MAX_DATA = 64 * 1024
+#: The largest frame anyone accepts: a DATA frame's payload plus its header, or a JSON object.
+MAX_FRAME = MAX_DATA + 64
+STDERR = 2
+#: Stream kinds this protocol names; which of them an agent serves it says at register (`relay.kinds`).
+KINDS = ("exec",)
+#: Kinds that run a command in the task, which `--no-exec` refuses.
+COMMAND_KINDS = frozenset({"exec", "shell", "ssh"})
+#: Signals a SIGNAL frame may name.
+SIGNALS = ("INT", "TERM", "HUP", "QUIT", "KILL", "TSTP", "CONT", "WINCH", "USR1", "USR2")
+#: WebSocket close codes the relay uses besides 1000 (normal).
+WS_POLICY = 1008     # a malformed frame, credit overrun or a refusal after accept
+WS_GOING_AWAY = 1001  # the control plane is stopping, or the other end went away
+
+
+class FrameError(ValueError):
+    """A frame that breaks the format: the connection that sent it is closed with WS_POLICY."""
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One decoded frame; `payload` is bytes (DATA, EXT_DATA), an int (WINDOW), a dict (JSON types) or b"" (EOF)."""
+
+    stream_id: int
+    type: int
+    payload: bytes | int | dict
+
+    @property
+    def data(self) -> bytes:
+        """The bytes of a DATA or EXT_DATA frame (EXT_DATA without its channel byte)."""
+        assert isinstance(self.payload, bytes)
+        return self.payload[1:] if self.type == EXT_DATA else self.payload
+
+    @property
+    def channel(self) -> int:
+        """1 for DATA, the channel byte of EXT_DATA (2: stderr)."""
+        assert isinstance(self.payload, bytes)
+        return self.payload[0] if self.type == EXT_DATA else 1
+
+    @property
+    def fields(self) -> dict:
+        """The JSON object of an OPEN, CLOSE, SIGNAL or RESIZE frame."""
+        assert isinstance(self.payload, dict)
+        return self.payload
+
+    @property
+    def credit(self) -> int:
+        """Bytes granted by a WINDOW frame."""
+        assert isinstance(self.payload, int)
+        return self.payload
+
+    def cost(self) -> int:
+        """Bytes of window this frame uses up (DATA and EXT_DATA count; nothing else does)."""
+        return len(self.data) if self.type in (DATA, EXT_DATA) else 0
+
+
+def encode(stream_id: int, type_: int, payload: bytes | int | dict = b"") -> bytes:
+    """One frame's bytes; ValueError for a stream id or type out of range."""
+    if not 0 < stream_id <= MAX_STREAM_ID:
+        raise ValueError(f"stream id {stream_id}: must be 1 to {MAX_STREAM_ID}")
+    if type_ not in TYPE_NAMES:
+        raise ValueError(f"frame type {type_}: unknown")
+    if type_ in JSON_TYPES:
+        body = json.dumps(payload, separators=(",", ":")).encode()
+    elif type_ == WINDOW:
+        assert isinstance(payload, int)
+        body = U32.pack(payload)
+    else:
+        assert isinstance(payload, bytes)
+        body = payload
+    return HEADER.pack(stream_id, type_) + body
+
+
+def data(stream_id: int, chunk: bytes, channel: int = 1) -> bytes:
+    """A DATA frame (channel 1) or an EXT_DATA frame of `channel`."""
+    if channel == 1:
+        return HEADER.pack(stream_id, DATA) + chunk
+    return HEADER.pack(stream_id, EXT_DATA) + bytes((channel,)) + chunk
+
+
+def decode(message: bytes | bytearray | memoryview | str) -> Frame:
+    """The frame in one WebSocket message; FrameError for a text message, a short or oversized one, an unknown
+    type, stream id 0, a bad WINDOW or a JSON payload that is not an object."""
+    if isinstance(message, str):
+        raise FrameError("the relay takes binary messages only, not text")
+    raw = bytes(message)
+    if len(raw) < HEADER.size:
+        raise FrameError(f"a frame of {len(raw)} bytes is shorter than its {HEADER.size}-byte header")
+    if len(raw) > MAX_FRAME:
+        raise FrameError(f"a frame of {len(raw)} bytes is over the limit of {MAX_FRAME}")
+    stream_id, type_ = HEADER.unpack_from(raw)
+    body = raw[HEADER.size:]
+    if stream_id == 0:
+        raise FrameError("stream id 0 is not a stream")
+    if type_ not in TYPE_NAMES:
+        raise FrameError(f"frame type {type_} is unknown")
+    if type_ in JSON_TYPES:
+        try:
+            fields = json.loads(body)
+        except ValueError:
+            raise FrameError(f"{TYPE_NAMES[type_]}: the payload is not JSON") from None
+        if not isinstance(fields, dict):
+            raise FrameError(f"{TYPE_NAMES[type_]}: the payload must be a JSON object")
+        return Frame(stream_id, type_, fields)
+    if type_ == WINDOW:
+        if len(body) != U32.size:
+            raise FrameError(f"WINDOW: the payload must be {U32.size} bytes, not {len(body)}")
+        credit = U32.unpack(body)[0]
+        if credit == 0:
+            raise FrameError("WINDOW: a grant of 0 bytes")
+        return Frame(stream_id, type_, credit)
+    if type_ == EXT_DATA and not body:
+        raise FrameError("EXT_DATA: the payload needs its channel byte")
+    if type_ == EOF and body:
+        raise FrameError("EOF: carries no payload")
+    if len(body) - (type_ == EXT_DATA) > MAX_DATA:
+        raise FrameError(f"{TYPE_NAMES[type_]}: over {MAX_DATA} bytes")
+    return Frame(stream_id, type_, body)
+
+
+class Credit:
+    """What a sender may still send on one stream (`left`), and a check of what the other side sends it.
+
+    Not thread-safe by itself: one side's sender holds it under its own lock (agent, client), or on one
+    asyncio loop (control plane).
+    """
+
+    def __init__(self, window: int = INITIAL_WINDOW):
+        self.left = window
+
+    def take(self, size: int) -> None:
+        """Spend `size` bytes; FrameError when they were not granted."""
+        if size > self.left:
+            raise FrameError(f"{size} bytes sent with {self.left} bytes of credit left")
+        self.left -= size
+
+    def grant(self, size: int) -> None:
+        self.left += size
+        if self.left > MAX_STREAM_ID:
+            raise FrameError("WINDOW: credit over 2**32 - 1 bytes")
+
+
+__all__ = ["Frame", "FrameError", "Credit", "encode", "decode", "data", "OPEN", "DATA", "WINDOW", "EOF", "CLOSE",
+           "EXT_DATA", "SIGNAL", "RESIZE", "INITIAL_WINDOW", "MAX_DATA", "MAX_FRAME", "STDERR", "KINDS",
+           "COMMAND_KINDS", "SIGNALS"]

@@ -1,0 +1,245 @@
+"""A relay WebSocket seen from threads (the agent's link, the client's streams): frames in, credit kept.
+
+`Link` wraps a connected `websockets.sync` connection: `run()` reads frames (in the caller's thread, or
+`start()` one) and hands them to their `Stream`; `send()` may be called from any thread. A `Stream` writes
+within the credit its receiver granted (waiting for WINDOW when it runs out), and hands what it reads to
+`recv()`; whoever reads calls `consumed(n)` once it has used `n` bytes, which grants them back. When the
+connection ends, every stream ends with a CLOSE whose `error` says so. Imports nothing of gpulayer but the
+frame codec, so the agent and the client share it.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+
+from gpulayer.protocol import relay as frames
+from gpulayer.protocol.relay import CLOSE, DATA, EOF, EXT_DATA, OPEN, SIGNAL, WINDOW, Credit, Frame, FrameError
+
+log = logging.getLogger("gpulayer.relay")
+
+#: Grant credit back once this many bytes were consumed (fewer, larger WINDOW frames).
+GRANT_EVERY = frames.INITIAL_WINDOW // 4
+
+
+class LinkLost(ConnectionError):
+    """The WebSocket under a link failed or closed."""
+
+
+class Stream:
+    """One stream of a Link: write within credit, read frames, half-close, close."""
+
+    def __init__(self, link: Link, stream_id: int):
+        self.link, self.id = link, stream_id
+        self.out = Credit()
+        self.inbound = Credit()
+        self.cond = threading.Condition()
+        self.inbox: queue.SimpleQueue[Frame] = queue.SimpleQueue()
+        self.ended: dict | None = None   # the CLOSE fields once the stream is over (either way)
+        self._unacked = 0
+
+    def write(self, data: bytes, channel: int = 1) -> bool:
+        """Send `data` as DATA (channel 1) or EXT_DATA frames, waiting for credit; False once the stream ended."""
+        view = memoryview(data)
+        while view:
+            with self.cond:
+                while self.out.left <= 0 and self.ended is None:
+                    self.cond.wait()
+                if self.ended is not None:
+                    return False
+                size = min(self.out.left, frames.MAX_DATA, len(view))
+                self.out.take(size)
+            chunk, view = bytes(view[:size]), view[size:]
+            if not self._send(frames.data(self.id, chunk, channel)):
+                return False
+        return True
+
+    def eof(self) -> None:
+        """No more DATA from this end (stdin's end)."""
+        self._send(frames.encode(self.id, EOF))
+
+    def signal(self, name: str) -> None:
+        self._send(frames.encode(self.id, SIGNAL, {"signal": name}))
+
+    def close(self, fields: dict) -> None:
+        """End the stream from this end, telling the other (`exit_code`, `error`, `reason`)."""
+        if self._ended(fields):
+            self._send(frames.encode(self.id, CLOSE, fields))
+
+    def recv(self, timeout: float | None = None) -> Frame | None:
+        """The next frame the other end sent (DATA, EXT_DATA, EOF, SIGNAL, CLOSE); None after `timeout`."""
+        try:
+            return self.inbox.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def consumed(self, size: int) -> None:
+        """`size` bytes read were used: grant them back (in batches)."""
+        self._unacked += size
+        if self._unacked >= GRANT_EVERY and self.ended is None:
+            granted, self._unacked = self._unacked, 0
+            self._send(frames.encode(self.id, WINDOW, granted))
+
+    def _send(self, frame: bytes) -> bool:
+        try:
+            self.link.send(frame)
+            return True
+        except LinkLost:
+            return False
+
+    def _ended(self, fields: dict) -> bool:
+        """Mark the stream over; False when it was already."""
+        with self.cond:
+            if self.ended is not None:
+                return False
+            self.ended = fields
+            self.cond.notify_all()
+        self.link.forget(self.id)
+        return True
+
+    def _granted(self, size: int) -> None:
+        with self.cond:
+            self.out.grant(size)
+            self.cond.notify_all()
+
+    def _arrived(self, frame: Frame) -> None:
+        if frame.type in (DATA, EXT_DATA):
+            self.inbound.take(frame.cost())
+            self.inbound.grant(frame.cost())  # the reader grants it back; this checks only the sender's overrun
+        if frame.type == CLOSE:
+            self._ended(frame.fields)
+        self.inbox.put(frame)
+
+
+class Link:
+    """A relay WebSocket used from threads. `on_open(stream, fields)`: an OPEN from the other end (the agent's)."""
+
+    def __init__(self, ws, on_open: Callable[[Stream, dict], None] | None = None, *, first_stream: int = 1):
+        self.ws = ws
+        self.on_open = on_open
+        self.streams: dict[int, Stream] = {}
+        self.lock = threading.Lock()
+        self._send_lock = threading.Lock()
+        self._next = first_stream
+        self.closed = threading.Event()
+        self.error: str | None = None
+
+    def start(self) -> threading.Thread:
+        thread = threading.Thread(target=self.run, name="relay-link", daemon=True)
+        thread.start()
+        return thread
+
+    def send(self, frame: bytes) -> None:
+        """Send one frame; LinkLost when the connection is gone."""
+        if self.closed.is_set():
+            raise LinkLost(self.error or "the relay connection is closed")
+        try:
+            with self._send_lock:
+                self.ws.send(frame)
+        except Exception as exc:
+            raise LinkLost(f"the relay connection failed: {exc}") from None
+
+    def open(self, fields: dict) -> Stream:
+        """A new stream of ours, announced with OPEN `fields`; LinkLost when the connection is gone."""
+        with self.lock:
+            stream = Stream(self, self._next)
+            self._next += 2
+            self.streams[stream.id] = stream
+        self.send(frames.encode(stream.id, OPEN, fields))
+        return stream
+
+    def forget(self, stream_id: int) -> None:
+        with self.lock:
+            self.streams.pop(stream_id, None)
+
+    def active(self) -> int:
+        """Streams open now."""
+        with self.lock:
+            return len(self.streams)
+
+    def run(self) -> None:
+        """Read frames until the connection ends; then every stream ends with an `error`."""
+        error = "the relay connection closed"
+        try:
+            while True:
+                try:
+                    raw = self.ws.recv()
+                except Exception as exc:
+                    error = _closed_reason(exc)
+                    return
+                self._dispatch(frames.decode(raw))
+        except FrameError as exc:
+            error = f"the other end broke the relay protocol: {exc}"
+            log.warning("relay_protocol_error error=%s", exc)
+            try:
+                self.ws.close(frames.WS_POLICY, str(exc)[:120])
+            except Exception:
+                pass
+        finally:
+            self.error = error
+            self.closed.set()
+            with self.lock:
+                left = list(self.streams.values())
+            for stream in left:
+                lost = Frame(stream.id, CLOSE, {"error": error})
+                stream._arrived(lost)
+
+    def _dispatch(self, frame: Frame) -> None:
+        with self.lock:
+            stream = self.streams.get(frame.stream_id)
+            if frame.type == OPEN and stream is None and self.on_open is not None:
+                stream = self.streams[frame.stream_id] = Stream(self, frame.stream_id)
+                opened = True
+            else:
+                opened = False
+        if opened:
+            assert self.on_open is not None and stream is not None
+            self.on_open(stream, frame.fields)
+        elif stream is None:
+            return  # a stream that ended here meanwhile
+        elif frame.type == OPEN:
+            raise FrameError(f"OPEN on stream {frame.stream_id}, which is open already")
+        elif frame.type == WINDOW:
+            stream._granted(frame.credit)
+        else:
+            stream._arrived(frame)
+
+    def close(self) -> None:
+        try:
+            self.ws.close()
+        except Exception:
+            pass
+
+
+def _closed_reason(exc: Exception) -> str:
+    rcvd = getattr(exc, "rcvd", None)
+    reason = getattr(rcvd, "reason", "") if rcvd is not None else ""
+    if reason:
+        return f"the relay connection closed: {reason}"
+    return "the relay connection was lost" + (f" ({type(exc).__name__})" if not type(exc).__name__.startswith(
+        "ConnectionClosed") else "")
+
+
+def connect(url: str, token: str, verify: bool | str, *, timeout: float = 10.0):
+    """A `websockets.sync` connection to a relay route (`https://...` becomes `wss://...`), with the token and
+    the protocol header; the CA file `verify` names (or the system's for True). Raises what websockets does."""
+    import ssl
+
+    from websockets.sync.client import connect as ws_connect
+
+    from gpulayer.protocol import PROTOCOL, PROTOCOL_HEADER
+    context = None
+    if url.startswith("https://"):
+        context = ssl.create_default_context(cafile=verify if isinstance(verify, str) else None)
+        if verify is False:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+    ws_url = "ws" + url[len("http"):]
+    return ws_connect(ws_url, ssl=context, open_timeout=timeout, close_timeout=2, compression=None,
+                      max_size=frames.MAX_FRAME, max_queue=64,
+                      additional_headers={"Authorization": f"Bearer {token}", PROTOCOL_HEADER: str(PROTOCOL),
+                                          "User-Agent": "gpulayer-relay/1"})
+
+
+__all__ = ["Link", "Stream", "LinkLost", "connect"]

@@ -1,0 +1,6 @@
+"""The relay: byte streams between clients and the agents that dial out, on the control plane's own port.
+
+`hub.Hub` is the RSGI WebSocket handler granian_bridge.Bridge hands `scope.proto == "ws"` to: agents' links
+(`GET /v1/worker/relay`) and clients' streams (`GET /v1/jobs/{id}/relay`), forwarded on granian's asyncio
+loop; `conn.Conn` is one accepted WebSocket. docs/architecture.md, "The relay", says how it fits together.
+"""

@@ -1,0 +1,78 @@
+"""One accepted relay WebSocket on granian's asyncio loop: frames in through a callback, frames out through a queue.
+
+Each connection writes from its own task, so a peer that reads slowly holds back only its own queue, never
+the loop nor another connection. The queue stays bounded because every DATA frame in it was sent within the
+credit its receiver granted (gpulayer/protocol/relay.py): the relay never grants credit of its own.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from gpulayer.protocol.relay import WS_GOING_AWAY
+
+log = logging.getLogger("gpulayer.server.relay")
+
+#: Seconds a closing connection's queue may take to drain before it is dropped.
+DRAIN_S = 5.0
+
+
+class Conn:
+    """An accepted WebSocket (granian's RSGIWebsocketTransport): `send()` queues a frame, `close()` ends it."""
+
+    def __init__(self, transport, label: str):
+        self.transport = transport
+        self.label = label
+        self.outbox: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self.closing: str | None = None
+        self.close_code = 1000
+        self._writer: asyncio.Future | None = None
+
+    def send(self, frame: bytes) -> None:
+        """Queue one frame (nothing once closing)."""
+        if self.closing is None:
+            self.outbox.put_nowait(frame)
+
+    def close(self, code: int, why: str) -> None:
+        """End the connection once what is queued went out (the first reason is kept)."""
+        if self.closing is None:
+            self.closing, self.close_code = why, code
+            self.outbox.put_nowait(None)
+
+    async def pump(self, on_frame: Callable[[bytes | str], None]) -> None:
+        """Read frames into `on_frame` (which may call close()) until either side closes; then drain the queue."""
+        self._writer = asyncio.ensure_future(self._write())
+        try:
+            while self.closing is None:
+                receiving = asyncio.ensure_future(self.transport.receive())
+                done, _ = await asyncio.wait({receiving, self._writer}, return_when=asyncio.FIRST_COMPLETED)
+                if receiving not in done:  # the writer ended: closed here, or the peer stopped reading
+                    receiving.cancel()
+                    break
+                message = receiving.result()
+                if int(message.kind) == 0:  # close
+                    break
+                on_frame(message.data)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # granian's ProtocolClosed and the like: the peer is gone
+            log.debug("relay_conn_lost conn=%s error=%r", self.label, exc)
+        finally:
+            self.close(WS_GOING_AWAY if self.closing is None else self.close_code, self.closing or "closed by the peer")
+            try:
+                await asyncio.wait_for(asyncio.shield(self._writer), DRAIN_S)
+            except (asyncio.TimeoutError, Exception):
+                self._writer.cancel()
+
+    async def _write(self) -> None:
+        try:
+            while True:
+                frame = await self.outbox.get()
+                if frame is None:
+                    return
+                await self.transport.send_bytes(frame)
+        except Exception as exc:  # the peer went away while frames were going out
+            log.debug("relay_conn_write_failed conn=%s error=%r", self.label, exc)
+            if self.closing is None:
+                self.closing, self.close_code = "the connection failed", WS_GOING_AWAY

@@ -1,0 +1,445 @@
+"""The relay's hub: agents' links and clients' streams, matched and forwarded on granian's asyncio loop.
+
+An agent's link (`GET /v1/worker/relay`, its session token) carries any number of streams; a client's
+WebSocket (`GET /v1/jobs/{id}/relay`, a client token) carries the streams it OPENs on that job. For each
+stream the hub checks policy before anything reaches the agent (`sessions.target`: the job's owner, its
+project's managers, admins; a running task on an online worker whose agent serves the kind), the caps (open
+streams per user and per job), writes the session's row, asks the worker's agent to connect when it has no
+link yet (`relay: true` in its heartbeat and parked acquire answers) and waits `connect_timeout_s` for it,
+then forwards frames both ways rewriting stream ids. It never buffers past the windows: credit is end to
+end (a WINDOW is forwarded, never granted here) and a sender past its credit loses its connection.
+
+Everything here runs on the loop; what reads or writes the state file (auth, policy, sessions rows) runs on
+a small pool of threads, never on the loop, and only when a stream opens or closes.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from urllib.parse import parse_qs
+
+from gpulayer.protocol import PROTOCOL, PROTOCOL_HEADER
+from gpulayer.protocol.relay import (CLOSE, DATA, EOF, EXT_DATA, KINDS, OPEN, RESIZE, SIGNAL, U32, WINDOW, WS_GOING_AWAY,
+                                     WS_POLICY, Credit, FrameError, decode, encode)
+from gpulayer.server.errors import Forbidden, GpulayerError, InvalidRequest
+from gpulayer.server.relay.conn import Conn
+from gpulayer.server.scheduler import events, sessions
+
+log = logging.getLogger("gpulayer.server.relay")
+
+JOB_PATH = re.compile(r"/v1/jobs/([0-9]{1,18})/relay")
+AGENT_PATH = "/v1/worker/relay"
+MAX_ARGV_BYTES = 64 * 1024
+OPEN_TIMEOUT_S = 10.0   # a client's first OPEN, after the handshake
+
+
+class TooManyStreams(GpulayerError):
+    code = "too_many_streams"
+    status = 429
+
+
+class RelayTimeout(GpulayerError):
+    code = "relay_timeout"
+    status = 504
+
+
+@dataclass
+class Settings:
+    """The relay's caps and deadlines (ControlPlaneConfig's relay_* settings)."""
+
+    max_streams_per_user: int = 16
+    max_streams_per_job: int = 32
+    idle_timeout_s: float = 3600.0
+    connect_timeout_s: float = 10.0
+
+
+@dataclass
+class Route:
+    """One stream: the client's end, the agent's end once its link is there, and the credit each way."""
+
+    client: ClientConn
+    client_sid: int
+    kind: str
+    user: str
+    job_id: int
+    agent: AgentLink | None = None
+    agent_sid: int = 0
+    session_id: int | None = None
+    pending: list[bytes] = field(default_factory=list)  # the client's frames before the agent's end exists
+    up: Credit = field(default_factory=Credit)     # what the client may still send towards the task
+    down: Credit = field(default_factory=Credit)   # what the agent may still send towards the client
+    bytes_in: int = 0
+    bytes_out: int = 0
+    active_at: float = field(default_factory=time.monotonic)
+    ended: bool = False
+
+
+class ClientConn(Conn):
+    def __init__(self, transport, principal, job_id: int, index: int | None, kind: str):
+        super().__init__(transport, f"client {principal.actor} job {job_id}")
+        self.principal, self.job_id, self.index, self.kind = principal, job_id, index, kind
+        self.routes: dict[int, Route] = {}
+
+
+class AgentLink(Conn):
+    def __init__(self, transport, worker_id: int):
+        super().__init__(transport, f"worker {worker_id}")
+        self.worker_id = worker_id
+        self.routes: dict[int, Route] = {}
+        self._next = 0
+
+    def next_sid(self) -> int:
+        self._next += 1
+        return self._next
+
+
+def _raw(message: bytes | str) -> bytes:
+    """A message decode() accepted (so bytes) as bytes."""
+    return message if isinstance(message, bytes) else bytes(message, "latin-1")
+
+
+def _rewrite(raw: bytes, stream_id: int) -> bytes:
+    return U32.pack(stream_id) + raw[4:]
+
+
+class Hub:
+    """The RSGI WebSocket handler (`await hub(scope, proto)`), bound to the scheduler and its authenticator."""
+
+    def __init__(self, scheduler, auth, clock=time.time, settings: Settings | None = None):
+        self.scheduler, self.auth, self.clock = scheduler, auth, clock
+        self.settings = settings or Settings()
+        self.state: sessions.Wants = scheduler.relay
+        self.links: dict[int, AgentLink] = {}
+        self.waiting: dict[int, list[asyncio.Future]] = {}
+        self.by_user: Counter[str] = Counter()
+        self.by_job: Counter[int] = Counter()
+        self.pool = ThreadPoolExecutor(4, thread_name_prefix="gpulayer-relay")
+        self._sweeper: asyncio.Future | None = None
+
+    async def __call__(self, scope, proto) -> None:
+        if self._sweeper is None:
+            self._sweeper = asyncio.ensure_future(self._sweep())
+        path = scope.path.rstrip("/")
+        sent = scope.headers.get(PROTOCOL_HEADER.lower())
+        if sent is not None and sent != str(PROTOCOL):
+            return self._refuse_handshake(proto, 426, "protocol_mismatch")
+        if path == AGENT_PATH:
+            return await self._agent(scope, proto)
+        match = JOB_PATH.fullmatch(path)
+        if match is None:
+            return self._refuse_handshake(proto, 404, "not_found")
+        return await self._client(scope, proto, int(match[1]))
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- off the loop ----------------------------------------------------------------------------
+
+    async def _run(self, actor: str, fn, *args):
+        """fn(*args) on the relay's pool, its events recorded as `actor`'s."""
+        def call():
+            events.ACTOR.set(actor)
+            return fn(*args)
+        return await asyncio.get_running_loop().run_in_executor(self.pool, call)
+
+    async def _principal(self, scope):
+        header = scope.headers.get("authorization") or ""
+        scheme, _, token = header.partition(" ")
+        return await self._run("system", self.auth.authenticate, token.strip() if scheme.lower() == "bearer" else None,
+                               self.clock())
+
+    def _refuse_handshake(self, proto, status: int, code: str) -> None:
+        self.state.refused[code] += 1
+        log.info("relay_refused code=%s status=%d", code, status)
+        proto.close(status)
+
+    # -- agents ----------------------------------------------------------------------------------
+
+    async def _agent(self, scope, proto) -> None:
+        try:
+            principal = await self._principal(scope)
+        except GpulayerError as exc:
+            return self._refuse_handshake(proto, exc.status, exc.code)
+        if principal.kind != "worker":
+            return self._refuse_handshake(proto, 403, "forbidden")
+        if principal.worker_state == "gone":
+            return self._refuse_handshake(proto, 401, "unauthorized")
+        worker_id = principal.worker_id
+        link = AgentLink(await proto.accept(), worker_id)
+        old = self.links.get(worker_id)
+        if old is not None:
+            self._drop_link(old, "the worker's agent connected a new link")
+        self.links[worker_id] = link
+        self.state.links = len(self.links)
+        log.info("relay_link_opened worker_id=%d", worker_id)
+        for waiter in self.waiting.pop(worker_id, []):
+            if not waiter.done():
+                waiter.set_result(link)
+        try:
+            await link.pump(lambda raw: self._from_agent(link, raw))
+        finally:
+            self._drop_link(link, f"worker {worker_id}'s agent link closed ({link.closing or 'lost'})")
+            proto.close(link.close_code)
+
+    def _drop_link(self, link: AgentLink, why: str) -> None:
+        if self.links.get(link.worker_id) is link:
+            del self.links[link.worker_id]
+            self.state.links = len(self.links)
+            log.info("relay_link_closed worker_id=%d reason=%s", link.worker_id, why)
+        link.close(WS_GOING_AWAY, why)
+        for route in list(link.routes.values()):
+            self._end(route, why, error=why, tell_agent=False)
+
+    def _from_agent(self, link: AgentLink, raw: bytes | str) -> None:
+        try:
+            frame = decode(raw)
+            route = link.routes.get(frame.stream_id)
+            if route is None:
+                if frame.type == OPEN:  # agents open no stream (yet): say so on that stream
+                    link.send(encode(frame.stream_id, CLOSE, {"error": "the control plane opens streams, not agents"}))
+                return  # a frame of a stream that ended meanwhile
+            if frame.type in (DATA, EXT_DATA):
+                size = frame.cost()
+                route.down.take(size)
+                route.bytes_out += size
+                self.state.bytes_out[route.kind] += size
+                route.active_at = time.monotonic()
+            elif frame.type == WINDOW:
+                route.up.grant(frame.credit)
+            elif frame.type == OPEN:
+                raise FrameError(f"OPEN on stream {frame.stream_id}, which is open already")
+            if frame.type == CLOSE:
+                fields = frame.fields
+                code = fields.get("exit_code")
+                self._end(route, str(fields.get("reason") or fields.get("error") or "ended on the worker"),
+                          exit_code=code if isinstance(code, int) and not isinstance(code, bool) else None,
+                          error=fields.get("error") if isinstance(fields.get("error"), str) else None,
+                          tell_agent=False, closing=_rewrite(_raw(raw), route.client_sid))
+                return
+            route.client.send(_rewrite(_raw(raw), route.client_sid))
+        except FrameError as exc:
+            log.warning("relay_link_protocol_error worker_id=%d error=%s", link.worker_id, exc)
+            self._drop_link(link, f"worker {link.worker_id}'s agent broke the relay protocol: {exc}")
+            link.close(WS_POLICY, str(exc))
+
+    async def _link_for(self, route: Route, to: sessions.Target) -> AgentLink:
+        """The worker's link, asking its agent to connect when there is none; RelayTimeout past the deadline."""
+        link = self.links.get(to.worker_id)
+        if link is not None and link.closing is None:
+            return link
+        waiter = asyncio.get_running_loop().create_future()
+        self.waiting.setdefault(to.worker_id, []).append(waiter)
+        await self._run("system", self.state.want, to.worker_id)
+        try:
+            return await asyncio.wait_for(waiter, self.settings.connect_timeout_s)
+        except asyncio.TimeoutError:
+            raise RelayTimeout(f"worker {to.worker_name}'s agent did not connect to the relay within "
+                               f"{self.settings.connect_timeout_s:g} s (agent version {to.version}): it may be "
+                               "overloaded, or cut off from the control plane") from None
+        finally:
+            self.state.done(to.worker_id)
+            left = [w for w in self.waiting.get(to.worker_id, []) if w is not waiter]
+            if left:
+                self.waiting[to.worker_id] = left
+            else:
+                self.waiting.pop(to.worker_id, None)
+
+    # -- clients ---------------------------------------------------------------------------------
+
+    async def _client(self, scope, proto, job_id: int) -> None:
+        try:
+            principal = await self._principal(scope)
+            if principal.kind != "client":
+                raise Forbidden(f"a {principal.kind} token cannot open a relay stream")
+            index, kind = _query(scope.query_string)
+        except GpulayerError as exc:
+            return self._refuse_handshake(proto, exc.status, exc.code)
+        conn = ClientConn(await proto.accept(), principal, job_id, index, kind)
+        try:
+            await conn.pump(lambda raw: self._from_client(conn, raw))
+        finally:
+            for route in list(conn.routes.values()):
+                self._end(route, "the client went away", tell_client=False)
+            proto.close(conn.close_code)
+
+    def _from_client(self, conn: ClientConn, raw: bytes | str) -> None:
+        try:
+            frame = decode(raw)
+            sid = frame.stream_id
+            route = conn.routes.get(sid)
+            if frame.type == OPEN:
+                if route is not None:
+                    raise FrameError(f"OPEN on stream {sid}, which is open already")
+                self._open(conn, sid, frame.fields)
+                return
+            if route is None:
+                return  # a frame of a stream that ended meanwhile
+            if frame.type in (DATA, EXT_DATA):
+                size = frame.cost()
+                route.up.take(size)
+                route.bytes_in += size
+                self.state.bytes_in[route.kind] += size
+                route.active_at = time.monotonic()
+            elif frame.type == WINDOW:
+                route.down.grant(frame.credit)
+            elif frame.type not in (EOF, SIGNAL, RESIZE, CLOSE):
+                return
+            if route.agent is None:
+                route.pending.append(_raw(raw))  # bounded: within the initial window, plus a few control frames
+                if len(route.pending) > 4096:
+                    raise FrameError("too many frames before the stream opened")
+            else:
+                route.agent.send(_rewrite(_raw(raw), route.agent_sid))
+            if frame.type == CLOSE:
+                self._end(route, "closed by the client", tell_client=False, tell_agent=False)
+        except FrameError as exc:
+            log.info("relay_client_protocol_error client=%s error=%s", conn.label, exc)
+            for route in list(conn.routes.values()):
+                self._end(route, f"the client broke the relay protocol: {exc}", error=str(exc), tell_client=False)
+            conn.close(WS_POLICY, str(exc))
+
+    def _open(self, conn: ClientConn, sid: int, fields: dict) -> None:
+        kind = fields.get("kind") or conn.kind
+        user = conn.principal.actor
+        route = Route(conn, sid, kind if isinstance(kind, str) else "?", user, conn.job_id)
+        conn.routes[sid] = route
+        self.by_user[user] += 1
+        self.by_job[conn.job_id] += 1
+        asyncio.ensure_future(self._connect(route, fields))
+
+    async def _connect(self, route: Route, fields: dict) -> None:
+        """Check, record and hand the stream to the agent; a refusal is a CLOSE with the error."""
+        conn = route.client
+        try:
+            detail = _detail(route.kind, fields)
+            if self.by_user[route.user] > self.settings.max_streams_per_user:
+                raise TooManyStreams(f"{route.user} has {self.settings.max_streams_per_user} relay streams open "
+                                     "already (the control plane's --relay-max-streams-per-user)")
+            if self.by_job[route.job_id] > self.settings.max_streams_per_job:
+                raise TooManyStreams(f"job {route.job_id} has {self.settings.max_streams_per_job} relay streams "
+                                     "open already (the control plane's --relay-max-streams-per-job)")
+            to = await self._run(route.user, self.scheduler.store.read, sessions.target, conn.principal,
+                                 route.job_id, conn.index, route.kind)
+            route.session_id = await self._run(route.user, self.scheduler.store.write, sessions.opened, to,
+                                               route.user, route.kind, detail, self.clock())
+            if route.ended:
+                return self._record_close(route, "closed by the client", None)
+            link = await self._link_for(route, to)
+        except GpulayerError as exc:
+            self.state.refused[exc.code] += 1
+            log.info("relay_refused code=%s job_id=%d user=%s message=%s", exc.code, route.job_id, route.user,
+                     exc.message)
+            return self._end(route, exc.message, error=exc.message, status=exc.status, code=exc.code)
+        except Exception:
+            log.exception("relay_open_failed job_id=%d", route.job_id)
+            return self._end(route, "the control plane hit an unexpected error; see its log",
+                             error="the control plane hit an unexpected error; see its log", status=500,
+                             code="internal_error")
+        if route.ended:
+            return
+        route.agent, route.agent_sid = link, link.next_sid()
+        link.routes[route.agent_sid] = route
+        self.state.open[route.kind] += 1
+        log.info("relay_stream_opened session_id=%s job_id=%d task_id=%d worker_id=%d kind=%s user=%s",
+                 route.session_id, to.job_id, to.task_id, to.worker_id, route.kind, route.user)
+        link.send(encode(route.agent_sid, OPEN, {"kind": route.kind, "job_id": to.job_id, "task_id": to.task_id,
+                                                 "index": to.index, "session_id": route.session_id, **detail}))
+        for raw in route.pending:
+            link.send(_rewrite(raw, route.agent_sid))
+        route.pending.clear()
+
+    # -- endings ---------------------------------------------------------------------------------
+
+    def _end(self, route: Route, reason: str, *, exit_code: int | None = None, error: str | None = None,
+             tell_client: bool = True, tell_agent: bool = True, status: int | None = None, code: str | None = None,
+             closing: bytes | None = None) -> None:
+        """The stream is over: both ends told (CLOSE), its counts dropped, its row closed."""
+        if route.ended:
+            return
+        route.ended = True
+        conn = route.client
+        if conn.routes.get(route.client_sid) is route:
+            del conn.routes[route.client_sid]
+        self.by_user[route.user] -= 1
+        if self.by_user[route.user] <= 0:
+            del self.by_user[route.user]
+        self.by_job[route.job_id] -= 1
+        if self.by_job[route.job_id] <= 0:
+            del self.by_job[route.job_id]
+        if route.agent is not None:
+            self.state.open[route.kind] -= 1
+            route.agent.routes.pop(route.agent_sid, None)
+            if tell_agent:
+                route.agent.send(encode(route.agent_sid, CLOSE, {"reason": reason}))
+        if tell_client:
+            if closing is not None:
+                conn.send(closing)
+            else:
+                fields: dict = {"reason": reason}
+                if error is not None:
+                    fields["error"] = error
+                    fields["code"], fields["status"] = code or "relay_closed", status or 502
+                conn.send(encode(route.client_sid, CLOSE, fields))
+        if route.session_id is not None:
+            self._record_close(route, reason, exit_code)
+
+    def _record_close(self, route: Route, reason: str, exit_code: int | None) -> None:
+        session_id, route.session_id = route.session_id, None
+        log.info("relay_stream_closed session_id=%s job_id=%d bytes_in=%d bytes_out=%d exit_code=%s reason=%s",
+                 session_id, route.job_id, route.bytes_in, route.bytes_out, exit_code, reason)
+        future = asyncio.ensure_future(self._run(route.user, self.scheduler.store.write, sessions.closed, session_id,
+                                                 route.bytes_in, route.bytes_out, exit_code, reason[:1000],
+                                                 self.clock()))
+        future.add_done_callback(_logged)
+
+    async def _sweep(self) -> None:
+        """Every few seconds: end the streams idle past `idle_timeout_s`."""
+        idle = self.settings.idle_timeout_s
+        while True:
+            await asyncio.sleep(max(0.2, min(idle / 4, 5.0)))
+            now = time.monotonic()
+            for link in list(self.links.values()):
+                for route in list(link.routes.values()):
+                    if now - route.active_at >= idle:
+                        why = f"idle for {idle:g} s (the control plane's --relay-idle-timeout)"
+                        self._end(route, why, error=why, status=408, code="idle_timeout")
+
+
+def _logged(future: asyncio.Future) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        log.error("relay_session_write_failed error=%r", future.exception())
+
+
+def _query(query_string: str) -> tuple[int | None, str]:
+    """`index` and `kind` of a client's relay URL; InvalidRequest (400) for a bad one."""
+    found = parse_qs(query_string or "", keep_blank_values=True)
+    kind = (found.get("kind") or ["exec"])[-1]
+    if kind not in KINDS:
+        raise InvalidRequest(f"kind: unknown; expected {', '.join(KINDS)}", field="kind")
+    given = found.get("index")
+    if not given:
+        return None, kind
+    raw = given[-1]
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 9:
+        raise InvalidRequest("index: must be a whole number from 0", field="index")
+    return int(raw), kind
+
+
+def _detail(kind: str, fields: dict) -> dict:
+    """What a kind's OPEN carries besides kind, job and task (recorded as the session's `detail`)."""
+    if kind not in KINDS:
+        raise InvalidRequest(f"kind: unknown; expected {', '.join(KINDS)}", field="kind")
+    argv = fields.get("argv")
+    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) and "\0" not in a for a in argv):
+        raise InvalidRequest("argv: must be a non-empty list of strings (the command and its arguments)", field="argv")
+    if sum(len(a.encode("utf-8", "surrogatepass")) + 1 for a in argv) > MAX_ARGV_BYTES:
+        raise InvalidRequest(f"argv: over {MAX_ARGV_BYTES} bytes", field="argv")
+    return {"argv": argv}
+
+
+__all__ = ["Hub", "Settings", "TooManyStreams", "RelayTimeout"]
