@@ -20,7 +20,7 @@ from gpulayer.protocol.relay import CLOSE, DATA, EOF, EXT_DATA, SIGNAL, SIGNALS,
 from gpulayer.protocol.streams import Stream
 
 from .events import log_event
-from .process import READ_BYTES, exit_code_of
+from .process import READ_BYTES, exit_code_of, live_group_members
 from .sandbox import loader_variables
 from .supervision import TaskHandle
 
@@ -96,7 +96,8 @@ def serve(stream: Stream, fields: dict, find: Callable[[int], TaskHandle | None]
              for pipe, channel in ((proc.stdout, 1), (proc.stderr, STDERR))]
     for pump in pumps:
         pump.start()
-    feeder = threading.Thread(target=_feed, args=(stream, proc), daemon=True, name=f"exec-in-{proc.pid}")
+    entered = launch is not argv  # nsenter leads the group: a signal spares it (it exits as its child does)
+    feeder = threading.Thread(target=_feed, args=(stream, proc, entered), daemon=True, name=f"exec-in-{proc.pid}")
     feeder.start()
     code = exit_code_of(proc.wait())
     for pump in pumps:
@@ -122,7 +123,7 @@ def _pump(pipe, stream: Stream, channel: int) -> None:
             return
 
 
-def _feed(stream: Stream, proc: subprocess.Popen) -> None:
+def _feed(stream: Stream, proc: subprocess.Popen, entered: bool) -> None:
     """The stream's frames into the command: DATA to stdin, EOF closes it, SIGNAL signals its group, CLOSE kills."""
     stdin = proc.stdin
     assert stdin is not None
@@ -142,7 +143,7 @@ def _feed(stream: Stream, proc: subprocess.Popen) -> None:
         elif frame.type == SIGNAL:
             name = frame.fields.get("signal")
             if name in SIGNALS:
-                _kill(proc, getattr(signal, f"SIG{name}"))
+                _kill(proc, getattr(signal, f"SIG{name}"), spare_leader=entered)
         elif frame.type == CLOSE:
             if proc.poll() is None:
                 log_event("exec_killed", pid=proc.pid, reason=frame.fields.get("error") or frame.fields.get("reason"))
@@ -158,7 +159,16 @@ def _close(stdin) -> None:
         pass
 
 
-def _kill(proc: subprocess.Popen, sig: int) -> None:
+def _kill(proc: subprocess.Popen, sig: int, spare_leader: bool = False) -> None:
+    """`sig` to the command's process group; `spare_leader`: to all of it but nsenter, which leads it."""
+    if spare_leader:
+        for pid in live_group_members(proc.pid) or []:
+            if pid != proc.pid:
+                try:
+                    os.kill(pid, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        return
     try:
         os.killpg(proc.pid, sig)
     except (ProcessLookupError, PermissionError):

@@ -121,6 +121,15 @@ def server_start(
         "--max-heartbeats-per-s", min=0, metavar="N",
         help="Heartbeats a second the whole fleet aims under: past it the interval asked of workers (and their "
              "lease TTL) grows with the fleet, never below --heartbeat-interval; 0: never.")] = MAX_HEARTBEATS_PER_S,
+    relay_max_streams_per_user: Annotated[int, typer.Option(
+        "--relay-max-streams-per-user", min=1, metavar="N",
+        help="Relay streams (gpulayer exec) one user may have open at once (docs/access.md).")] = 16,
+    relay_max_streams_per_job: Annotated[int, typer.Option(
+        "--relay-max-streams-per-job", min=1, metavar="N",
+        help="Relay streams open at once into one job's tasks.")] = 32,
+    relay_idle_timeout: Annotated[str, typer.Option(
+        "--relay-idle-timeout", callback=duration_option("--relay-idle-timeout", positive=True), metavar="DURATION",
+        help="A relay stream that carries nothing either way this long is closed (seconds, 30m, 1h, ...).")] = "3600",
 ) -> None:
     """Run the control plane in the foreground until SIGTERM or Ctrl-C.
 
@@ -139,6 +148,9 @@ def server_start(
                                 max_heartbeats_per_s=max_heartbeats_per_s,
                                 priority_classes={**PRIORITY_CLASSES, **_priority_classes(priority_class)},
                                 fairshare_half_life_s=float(fairshare_half_life) if fairshare_half_life else FAIRSHARE_HALF_LIFE_S,
+                                relay_max_streams_per_user=relay_max_streams_per_user,
+                                relay_max_streams_per_job=relay_max_streams_per_job,
+                                relay_idle_timeout_s=float(relay_idle_timeout),
                                 **_plane_settings(heartbeat_interval, lease_ttl, synchronous, max_output_mb,
                                                   log_retention, job_retention))
     raise typer.Exit(run_server(config) or 0)

@@ -239,7 +239,7 @@ def connect(url: str, token: str, verify: bool | str, *, timeout: float = 10.0):
     return ws_connect(ws_url, ssl=context, open_timeout=timeout, close_timeout=2, compression=None,
                       max_size=frames.MAX_FRAME, max_queue=64,
                       additional_headers={"Authorization": f"Bearer {token}", PROTOCOL_HEADER: str(PROTOCOL),
-                                          "User-Agent": "gpulayer-relay/1"})
+                                          "User-Agent": "gpulayer-relay/1"}).__enter__()  # closed by Link.close
 
 
 __all__ = ["Link", "Stream", "LinkLost", "connect"]

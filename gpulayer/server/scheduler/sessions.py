@@ -61,7 +61,7 @@ def target(conn: apsw.Connection, principal, job_id: int, index: int | None, kin
         raise Conflict(f"worker {name}, where job {job_id}'s task runs, is {found['worker_state']}: "
                        "its agent cannot be reached now", code="not_running")
     if kind not in kinds:
-        if not kinds:
+        if not relay:
             raise RelayUnavailable(f"worker {name}'s agent does not support the relay (version "
                                    f"{found['version'] or 'unknown'}): upgrade it (pip install -U gpulayer)")
         if kind in COMMAND_KINDS and relay.get("no_exec"):
