@@ -110,7 +110,7 @@ CREATE TABLE workers (
     lease_expires_at   REAL,
     gone_reason        TEXT,
     isolation          TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(isolation)),
-    relay              TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(relay)),  -- register's `relay`: {"version", "kinds"}; '{}': an agent without the relay
+    relay              TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(relay)),
     CHECK (state <> 'gone' OR gone_reason IS NOT NULL)
 ) STRICT;
 CREATE INDEX workers_online_lease ON workers (lease_expires_at) WHERE state = 'online';

@@ -1,0 +1,70 @@
+"""The relay's frame codec and credit (gpulayer/protocol/relay.py): what decodes, what is refused, never a crash."""
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpulayer.protocol import relay
+from gpulayer.protocol.relay import (CLOSE, DATA, EOF, EXT_DATA, INITIAL_WINDOW, MAX_DATA, OPEN, SIGNAL, WINDOW, Credit,
+                                     FrameError, decode, encode)
+
+
+def test_each_type_round_trips():
+    assert decode(encode(7, OPEN, {"kind": "exec", "argv": ["ls"]})).fields == {"kind": "exec", "argv": ["ls"]}
+    frame = decode(relay.data(3, b"hello"))
+    assert (frame.stream_id, frame.type, frame.data, frame.channel, frame.cost()) == (3, DATA, b"hello", 1, 5)
+    frame = decode(relay.data(3, b"oops", relay.STDERR))
+    assert (frame.type, frame.data, frame.channel, frame.cost()) == (EXT_DATA, b"oops", 2, 4)
+    assert decode(encode(1, WINDOW, 65536)).credit == 65536
+    assert decode(encode(1, EOF)).payload == b""
+    assert decode(encode(2**32 - 1, CLOSE, {"exit_code": 3})).fields["exit_code"] == 3
+    assert decode(encode(1, SIGNAL, {"signal": "INT"})).cost() == 0
+
+
+@pytest.mark.parametrize("message, words", [
+    ("text", "binary"),
+    (b"\x00\x00\x01", "shorter"),
+    (struct.pack(">IB", 0, DATA), "stream id 0"),
+    (struct.pack(">IB", 1, 99), "unknown"),
+    (struct.pack(">IB", 1, OPEN) + b"{nope", "not JSON"),
+    (struct.pack(">IB", 1, OPEN) + b"[1]", "JSON object"),
+    (struct.pack(">IB", 1, WINDOW) + b"\x00\x01", "4 bytes"),
+    (struct.pack(">IB", 1, WINDOW) + b"\x00\x00\x00\x00", "0 bytes"),
+    (struct.pack(">IB", 1, EXT_DATA), "channel"),
+    (struct.pack(">IB", 1, EOF) + b"x", "no payload"),
+    (struct.pack(">IB", 1, DATA) + b"x" * (MAX_DATA + 1), "over"),
+    (struct.pack(">IB", 1, CLOSE) + json.dumps({"a": "x" * 70000}).encode(), "over the limit"),
+])
+def test_malformed_frames_are_refused_by_name(message, words):
+    with pytest.raises(FrameError, match=words):
+        decode(message)
+
+
+@given(st.binary(max_size=200))
+def test_any_bytes_decode_or_raise_frame_error(message):
+    try:
+        decode(message)
+    except FrameError:
+        pass
+
+
+def test_encode_refuses_a_stream_id_or_type_out_of_range():
+    with pytest.raises(ValueError):
+        encode(0, DATA, b"")
+    with pytest.raises(ValueError):
+        encode(1, 42, b"")
+
+
+def test_credit_is_spent_and_granted_and_an_overrun_is_refused():
+    credit = Credit()
+    credit.take(INITIAL_WINDOW)
+    with pytest.raises(FrameError, match="credit"):
+        credit.take(1)
+    credit.grant(10)
+    credit.take(10)
+    with pytest.raises(FrameError):
+        credit.grant(2**32)
