@@ -7,6 +7,7 @@ same TLS trust as every other request (the CA file or the pinned CA). It stays w
 worker holds no extra connection. Each stream the control plane OPENs goes to the handler of its kind
 (`handlers`: exec today, agent/relay_exec.py), on its own thread.
 """
+
 from __future__ import annotations
 
 import threading
@@ -29,9 +30,17 @@ Handler = Callable[[Stream, dict], None]
 class Relay:
     """The relay link of one worker; `want()` (a heartbeat or acquire answer's `relay: true`) opens it."""
 
-    def __init__(self, base_url: str, verify: bool | str, token: Callable[[], str | None],
-                 handlers: dict[str, Handler], stop: threading.Event, *, no_exec: bool = False,
-                 idle_s: float = IDLE_S):
+    def __init__(
+        self,
+        base_url: str,
+        verify: bool | str,
+        token: Callable[[], str | None],
+        handlers: dict[str, Handler],
+        stop: threading.Event,
+        *,
+        no_exec: bool = False,
+        idle_s: float = IDLE_S,
+    ):
         self.url = base_url + "/v1/worker/relay"
         self.verify, self.token, self.stop = verify, token, stop
         self.no_exec = no_exec
@@ -94,12 +103,10 @@ class Relay:
         with self.lock:
             self.keep_until = max(self.keep_until, time.monotonic() + self.idle_s)
         if handler is None:
-            why = ("this worker was started with --no-exec" if self.no_exec and kind in COMMAND_KINDS
-                   else f"this agent serves no {kind!r} streams")
+            why = "this worker was started with --no-exec" if self.no_exec and kind in COMMAND_KINDS else f"this agent serves no {kind!r} streams"
             stream.close({"error": why})
             return
-        threading.Thread(target=self._serve, args=(handler, stream, fields), name=f"relay-{kind}-{stream.id}",
-                         daemon=True).start()
+        threading.Thread(target=self._serve, args=(handler, stream, fields), name=f"relay-{kind}-{stream.id}", daemon=True).start()
 
     def _serve(self, handler: Handler, stream: Stream, fields: dict) -> None:
         try:

@@ -8,6 +8,7 @@ It leads its own process group, which a SIGNAL frame signals and a CLOSE from th
 kills. stdout is DATA, stderr is EXT_DATA channel 2; DATA towards it is stdin, EOF closes stdin; the stream
 ends with CLOSE `exit_code` (128+N for a death by signal N), or `error` when it could not start.
 """
+
 from __future__ import annotations
 
 import os
@@ -42,8 +43,7 @@ def command_in(handle: TaskHandle, argv: list[str]) -> tuple[list[str], dict[str
     if sandbox.mode == "none":
         return argv, env, workdir
     if sandbox.nsenter is None:
-        raise ExecRefused("this worker has no nsenter (Debian package util-linux): exec cannot enter the task's "
-                          "sandbox")
+        raise ExecRefused("this worker has no nsenter (Debian package util-linux): exec cannot enter the task's sandbox")
     outer, loader = loader_variables(env)
     network = runner.assignment.network != "none"
     pid = runner.holder.pid if runner.holder is not None else _sandbox_pid(process.pid)
@@ -51,8 +51,7 @@ def command_in(handle: TaskHandle, argv: list[str]) -> tuple[list[str], dict[str
         raise ExecRefused(f"task {handle.task_id}'s sandbox is not there (it is ending)")
     if _namespace(pid, "user") != _namespace(os.getpid(), "user"):  # a non-root agent's bwrap: its user namespace
         spaces = ["-U", "--preserve-credentials", "-m", "-p", "-i", *([] if network else ["-n"])]
-        return [sandbox.nsenter, "-t", str(pid), *spaces, "-r", "--", sandbox.env, f"--chdir={workdir}", *loader,
-                "--", *argv], outer, "/"
+        return [sandbox.nsenter, "-t", str(pid), *spaces, "-r", "--", sandbox.env, f"--chdir={workdir}", *loader, "--", *argv], outer, "/"
     return sandbox.enter_argv(pid, argv, workdir, network=network, loader=loader), outer, "/"
 
 
@@ -83,8 +82,9 @@ def serve(stream: Stream, fields: dict, find: Callable[[int], TaskHandle | None]
         return stream.close({"error": f"task {task_id} is not running on this worker"})
     try:
         launch, env, cwd = command_in(handle, argv)
-        proc = subprocess.Popen(launch, env=env, cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, start_new_session=True)
+        proc = subprocess.Popen(
+            launch, env=env, cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+        )
     except ExecRefused as exc:
         return stream.close({"error": str(exc)})
     except OSError as exc:  # unsandboxed: the command itself could not start
@@ -92,8 +92,10 @@ def serve(stream: Stream, fields: dict, find: Callable[[int], TaskHandle | None]
         stream.write(f"gpulayer exec: cannot run {argv[0]!r}: {exc.strerror or exc}\n".encode(), STDERR)
         return stream.close({"exit_code": code, "reason": f"cannot run {argv[0]!r}"})
     log_event("exec_started", task_id=task_id, pid=proc.pid, session_id=fields.get("session_id"))
-    pumps = [threading.Thread(target=_pump, args=(pipe, stream, channel), daemon=True, name=f"exec-out-{proc.pid}")
-             for pipe, channel in ((proc.stdout, 1), (proc.stderr, STDERR))]
+    pumps = [
+        threading.Thread(target=_pump, args=(pipe, stream, channel), daemon=True, name=f"exec-out-{proc.pid}")
+        for pipe, channel in ((proc.stdout, 1), (proc.stderr, STDERR))
+    ]
     for pump in pumps:
         pump.start()
     entered = launch is not argv  # nsenter leads the group: a signal spares it (it exits as its child does)

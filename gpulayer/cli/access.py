@@ -2,6 +2,7 @@
 
 Later parts add shell, ssh-config and port-forward here.
 """
+
 from __future__ import annotations
 
 import signal
@@ -17,13 +18,18 @@ from gpulayer.client.errors import ClientError
 RELAY_FAILED = 255
 
 
-def exec_command(ctx: typer.Context,
-                 job_id: Annotated[int, typer.Argument(help="The job.", metavar="JOB", show_default=False)],
-                 command: Annotated[Optional[list[str]], typer.Argument(
-                     help="The command and its arguments, after --.", metavar="-- CMD...", show_default=False)] = None,
-                 index: Annotated[Optional[int], typer.Option("--index", min=0, metavar="I", help="The array element to enter (default: the job's first running task).")] = None,
-                 replica: Annotated[Optional[int], typer.Option("--replica", min=0, metavar="R", help="The service replica to enter.")] = None,
-                 rank: Annotated[Optional[int], typer.Option("--rank", min=0, metavar="R", help="The multi-node rank to enter.")] = None) -> None:
+def exec_command(
+    ctx: typer.Context,
+    job_id: Annotated[int, typer.Argument(help="The job.", metavar="JOB", show_default=False)],
+    command: Annotated[
+        Optional[list[str]], typer.Argument(help="The command and its arguments, after --.", metavar="-- CMD...", show_default=False)
+    ] = None,
+    index: Annotated[
+        Optional[int], typer.Option("--index", min=0, metavar="I", help="The array element to enter (default: the job's first running task).")
+    ] = None,
+    replica: Annotated[Optional[int], typer.Option("--replica", min=0, metavar="R", help="The service replica to enter.")] = None,
+    rank: Annotated[Optional[int], typer.Option("--rank", min=0, metavar="R", help="The multi-node rank to enter.")] = None,
+) -> None:
     """Run a command in a running job's task: its cwd, environment, GPUs, user and sandbox.
 
     stdin, stdout and stderr are streamed through the control plane (the worker may sit behind NAT); the
@@ -36,14 +42,11 @@ def exec_command(ctx: typer.Context,
       echo hi | gpulayer exec 12 -- cat
       gpulayer exec 12 --index 3 -- ls -la
     """
-    chosen = [(flag, value) for flag, value in (("--index", index), ("--replica", replica), ("--rank", rank))
-              if value is not None]
+    chosen = [(flag, value) for flag, value in (("--index", index), ("--replica", replica), ("--rank", rank)) if value is not None]
     if len(chosen) > 1:
-        raise typer.BadParameter("give one of --index, --replica and --rank (they name the same task index)",
-                                 param_hint=chosen[1][0])
+        raise typer.BadParameter("give one of --index, --replica and --rank (they name the same task index)", param_hint=chosen[1][0])
     if not command:
-        raise typer.BadParameter("give the command to run after --: gpulayer exec JOB -- CMD...",
-                                 param_hint="CMD")
+        raise typer.BadParameter("give the command to run after --: gpulayer exec JOB -- CMD...", param_hint="CMD")
     client = client_of(ctx)
     if not hasattr(client, "session"):
         raise fail("exec needs a control plane (GPULAYER_URL): a local run (--target local) has no relay", 2)
@@ -69,15 +72,25 @@ def _run(client, job_id: int, command: list[str], index: int | None) -> int:
         streams[0].signal("INT")
 
     previous = signal.signal(signal.SIGINT, on_sigint)
+
     def to(pipe):
         def write(chunk: bytes) -> None:
             pipe.write(chunk)
             pipe.flush()
+
         return write
 
     try:
-        return run_exec(client, job_id, command, index=index, stdin=sys.stdin.buffer, on_stdout=to(sys.stdout.buffer),
-                        on_stderr=to(sys.stderr.buffer), on_open=on_open)
+        return run_exec(
+            client,
+            job_id,
+            command,
+            index=index,
+            stdin=sys.stdin.buffer,
+            on_stdout=to(sys.stdout.buffer),
+            on_stderr=to(sys.stderr.buffer),
+            on_open=on_open,
+        )
     except ClientError as exc:
         sys.stderr.write(f"Error: {exc.message}\n")
         return RELAY_FAILED

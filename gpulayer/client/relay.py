@@ -7,6 +7,7 @@ control of gpulayer/protocol/relay.py, until a CLOSE brings the exit code. A ref
 `status`: 404 no such job for you, 403 not yours, 409 not running or the relay unavailable there, 429 caps,
 504 the agent did not connect).
 """
+
 from __future__ import annotations
 
 import json
@@ -60,10 +61,11 @@ def _handshake_error(exc: Exception, url: str) -> Exception:
     except (ValueError, KeyError, TypeError):
         pass
     if not message:
-        message = {401: "the control plane refused the token (missing, unknown, revoked or expired)",
-                   403: "this token cannot open a relay stream (a client token can)",
-                   426: "the control plane speaks another protocol version: upgrade the older side"}.get(
-            status, f"the control plane refused the relay connection (HTTP {status})")
+        message = {
+            401: "the control plane refused the token (missing, unknown, revoked or expired)",
+            403: "this token cannot open a relay stream (a client token can)",
+            426: "the control plane speaks another protocol version: upgrade the older side",
+        }.get(status, f"the control plane refused the relay connection (HTTP {status})")
     return _BY_STATUS.get(status, ApiError)(message, code=code, status=status, body=body)
 
 
@@ -76,9 +78,17 @@ def closed_error(fields: dict) -> ApiError | ConnectionFailed:
     return ConnectionFailed(f"the exec stream ended: {message}")
 
 
-def run_exec(client: RelayClient, job_id: int, argv: list[str], *, index: int | None = None,
-             stdin: IO[bytes] | bytes | None = None, on_stdout: Callable[[bytes], None],
-             on_stderr: Callable[[bytes], None], on_open: Callable[[Stream], None] | None = None) -> int:
+def run_exec(
+    client: RelayClient,
+    job_id: int,
+    argv: list[str],
+    *,
+    index: int | None = None,
+    stdin: IO[bytes] | bytes | None = None,
+    on_stdout: Callable[[bytes], None],
+    on_stderr: Callable[[bytes], None],
+    on_open: Callable[[Stream], None] | None = None,
+) -> int:
     """Run `argv` in the job's task and return its exit code; output goes to the callbacks as it comes.
 
     Raises ApiError (a refusal) or ConnectionFailed (the relay, the control plane or the agent went away).
@@ -126,8 +136,9 @@ def _feed(stream: Stream, stdin: IO[bytes] | bytes | None) -> None:
         stream.eof()
 
 
-def exec_capture(client: RelayClient, job_id: int, argv: list[str], *, index: int | None = None,
-                 input: bytes | None = None, check: bool = False) -> subprocess.CompletedProcess:
+def exec_capture(
+    client: RelayClient, job_id: int, argv: list[str], *, index: int | None = None, input: bytes | None = None, check: bool = False
+) -> subprocess.CompletedProcess:
     """`Job.exec`: run `argv` in the task, its output captured (subprocess.CompletedProcess)."""
     out: list[bytes] = []
     err: list[bytes] = []

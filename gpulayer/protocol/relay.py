@@ -18,6 +18,7 @@ Each binary WebSocket message is one frame (docs/protocol.md, "The relay"):
 Flow control: after OPEN each side may send `INITIAL_WINDOW` bytes of DATA and EXT_DATA, and more only as the
 other grants them with WINDOW. Imports nothing of gpulayer: the agent, the client and the control plane share it.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,7 @@ import struct
 from dataclasses import dataclass
 
 OPEN, DATA, WINDOW, EOF, CLOSE, EXT_DATA, SIGNAL, RESIZE = 1, 2, 3, 4, 5, 6, 7, 8
-TYPE_NAMES = {OPEN: "OPEN", DATA: "DATA", WINDOW: "WINDOW", EOF: "EOF", CLOSE: "CLOSE", EXT_DATA: "EXT_DATA",
-              SIGNAL: "SIGNAL", RESIZE: "RESIZE"}
+TYPE_NAMES = {OPEN: "OPEN", DATA: "DATA", WINDOW: "WINDOW", EOF: "EOF", CLOSE: "CLOSE", EXT_DATA: "EXT_DATA", SIGNAL: "SIGNAL", RESIZE: "RESIZE"}
 JSON_TYPES = frozenset({OPEN, CLOSE, SIGNAL, RESIZE})
 
 HEADER = struct.Struct(">IB")
@@ -46,7 +46,7 @@ COMMAND_KINDS = frozenset({"exec", "shell", "ssh"})
 #: Signals a SIGNAL frame may name.
 SIGNALS = ("INT", "TERM", "HUP", "QUIT", "KILL", "TSTP", "CONT", "WINCH", "USR1", "USR2")
 #: WebSocket close codes the relay uses besides 1000 (normal).
-WS_POLICY = 1008     # a malformed frame, credit overrun or a refusal after accept
+WS_POLICY = 1008  # a malformed frame, credit overrun or a refusal after accept
 WS_GOING_AWAY = 1001  # the control plane is stopping, or the other end went away
 
 
@@ -126,7 +126,7 @@ def decode(message: bytes | bytearray | memoryview | str) -> Frame:
     if len(raw) > MAX_FRAME:
         raise FrameError(f"a frame of {len(raw)} bytes is over the limit of {MAX_FRAME}")
     stream_id, type_ = HEADER.unpack_from(raw)
-    body = raw[HEADER.size:]
+    body = raw[HEADER.size :]
     if stream_id == 0:
         raise FrameError("stream id 0 is not a stream")
     if type_ not in TYPE_NAMES:
@@ -177,6 +177,26 @@ class Credit:
             raise FrameError("WINDOW: credit over 2**32 - 1 bytes")
 
 
-__all__ = ["Frame", "FrameError", "Credit", "encode", "decode", "data", "OPEN", "DATA", "WINDOW", "EOF", "CLOSE",
-           "EXT_DATA", "SIGNAL", "RESIZE", "INITIAL_WINDOW", "MAX_DATA", "MAX_FRAME", "STDERR", "KINDS",
-           "COMMAND_KINDS", "SIGNALS"]
+__all__ = [
+    "Frame",
+    "FrameError",
+    "Credit",
+    "encode",
+    "decode",
+    "data",
+    "OPEN",
+    "DATA",
+    "WINDOW",
+    "EOF",
+    "CLOSE",
+    "EXT_DATA",
+    "SIGNAL",
+    "RESIZE",
+    "INITIAL_WINDOW",
+    "MAX_DATA",
+    "MAX_FRAME",
+    "STDERR",
+    "KINDS",
+    "COMMAND_KINDS",
+    "SIGNALS",
+]

@@ -7,6 +7,7 @@ within the credit its receiver granted (waiting for WINDOW when it runs out), an
 connection ends, every stream ends with a CLOSE whose `error` says so. Imports nothing of gpulayer but the
 frame codec, so the agent and the client share it.
 """
+
 from __future__ import annotations
 
 import logging
@@ -36,7 +37,7 @@ class Stream:
         self.inbound = Credit()
         self.cond = threading.Condition()
         self.inbox: queue.SimpleQueue[Frame] = queue.SimpleQueue()
-        self.ended: dict | None = None   # the CLOSE fields once the stream is over (either way)
+        self.ended: dict | None = None  # the CLOSE fields once the stream is over (either way)
         self._unacked = 0
 
     def write(self, data: bytes, channel: int = 1) -> bool:
@@ -217,8 +218,7 @@ def _closed_reason(exc: Exception) -> str:
     reason = getattr(rcvd, "reason", "") if rcvd is not None else ""
     if reason:
         return f"the relay connection closed: {reason}"
-    return "the relay connection was lost" + (f" ({type(exc).__name__})" if not type(exc).__name__.startswith(
-        "ConnectionClosed") else "")
+    return "the relay connection was lost" + (f" ({type(exc).__name__})" if not type(exc).__name__.startswith("ConnectionClosed") else "")
 
 
 def connect(url: str, token: str, verify: bool | str, *, timeout: float = 10.0):
@@ -229,17 +229,24 @@ def connect(url: str, token: str, verify: bool | str, *, timeout: float = 10.0):
     from websockets.sync.client import connect as ws_connect
 
     from gpulayer.protocol import PROTOCOL, PROTOCOL_HEADER
+
     context = None
     if url.startswith("https://"):
         context = ssl.create_default_context(cafile=verify if isinstance(verify, str) else None)
         if verify is False:
             context.check_hostname = False
             context.verify_mode = ssl.CERT_NONE
-    ws_url = "ws" + url[len("http"):]
-    return ws_connect(ws_url, ssl=context, open_timeout=timeout, close_timeout=2, compression=None,
-                      max_size=frames.MAX_FRAME, max_queue=64,
-                      additional_headers={"Authorization": f"Bearer {token}", PROTOCOL_HEADER: str(PROTOCOL),
-                                          "User-Agent": "gpulayer-relay/1"}).__enter__()  # closed by Link.close
+    ws_url = "ws" + url[len("http") :]
+    return ws_connect(
+        ws_url,
+        ssl=context,
+        open_timeout=timeout,
+        close_timeout=2,
+        compression=None,
+        max_size=frames.MAX_FRAME,
+        max_queue=64,
+        additional_headers={"Authorization": f"Bearer {token}", PROTOCOL_HEADER: str(PROTOCOL), "User-Agent": "gpulayer-relay/1"},
+    ).__enter__()  # closed by Link.close
 
 
 __all__ = ["Link", "Stream", "LinkLost", "connect"]

@@ -6,6 +6,7 @@ task's environment, policy (teams' `manage`), caps, `--no-exec`, an agent from b
 and the control plane killed mid-stream, sessions rows and events, heartbeats answered during a big
 stream, and malformed frames.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,8 +36,9 @@ BIG = 50 * 1000 * 1000
 
 @pytest.fixture(scope="module")
 def plane(tmp_path_factory):
-    with ControlPlaneProcess(tmp_path_factory.mktemp("relay"), tls=True, heartbeat_interval=0.5, lease_ttl=5,
-                             args=["--relay-max-streams-per-job", "3"]) as plane:
+    with ControlPlaneProcess(
+        tmp_path_factory.mktemp("relay"), tls=True, heartbeat_interval=0.5, lease_ttl=5, args=["--relay-max-streams-per-job", "3"]
+    ) as plane:
         plane.start_worker("w1", parallel=4)
         yield plane
 
@@ -44,16 +46,28 @@ def plane(tmp_path_factory):
 @pytest.fixture(scope="module")
 def job(plane):
     """A job that runs for the module: it writes where it runs, as whom, and its job id, then sleeps."""
-    job_id = plane.submit({"command": ["sh", "-c", "echo place=$(pwd) user=$(id -un) job=$GPULAYER_JOB_ID; "
-                                                   "exec sleep 600"], "name": "target"})
+    job_id = plane.submit({"command": ["sh", "-c", "echo place=$(pwd) user=$(id -un) job=$GPULAYER_JOB_ID; exec sleep 600"], "name": "target"})
     wait_for(lambda: plane.job(job_id)["state"] == "running", 30, "the target job to run")
-    wait_for(lambda: any("place=" in line["text"] for line in plane.get_json(f"/v1/jobs/{job_id}/logs")["lines"]),
-             30, "the target job's first line")
+    wait_for(lambda: any("place=" in line["text"] for line in plane.get_json(f"/v1/jobs/{job_id}/logs")["lines"]), 30, "the target job's first line")
     return job_id
 
 
 def _client(plane, token=None):
     return connect(url=plane.url, token=token or plane.client_token, ca_file=plane.ca_file and str(plane.ca_file))
+
+
+def _exec_ready(plane, job_id: int, script: str) -> subprocess.Popen:
+    """`gpulayer exec JOB -- sh -c SCRIPT` as a child, once SCRIPT printed its first line (`ready`)."""
+    proc = subprocess.Popen(
+        [*CLI, "exec", str(job_id), "--", "sh", "-c", script],
+        env=clean_env(**plane.cli_env()),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    return proc
 
 
 def _rss_kb(pid: int) -> int:
@@ -86,12 +100,7 @@ def test_cli_pipes_stdin_and_exits_with_the_commands_code(plane, job):
 
 
 def test_ctrl_c_signals_the_remote_command(plane, job):
-    proc = subprocess.Popen([*CLI, "exec", str(job), "--", "sh", "-c",
-                             "trap 'echo got-int; exit 42' INT; echo ready; while :; do sleep 0.1; done"],
-                            env=clean_env(**plane.cli_env()), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    assert proc.stdout.readline().strip() == "ready"
+    proc = _exec_ready(plane, job, "trap 'echo got-int; exit 42' INT; echo ready; while :; do sleep 0.1; done")
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 42 and "got-int" in out, (out, err)
@@ -121,8 +130,7 @@ def test_50_mb_through_flow_control_with_the_servers_memory_flat(plane, job):
     watcher = threading.Thread(target=watch)
     watcher.start()
     try:
-        code = run_exec(client, job, ["head", "-c", str(BIG), "/dev/zero"], on_stdout=slow_reader,
-                        on_stderr=lambda b: None)
+        code = run_exec(client, job, ["head", "-c", str(BIG), "/dev/zero"], on_stdout=slow_reader, on_stderr=lambda b: None)
     finally:
         stop.set()
         watcher.join()
@@ -135,25 +143,28 @@ def test_50_mb_through_flow_control_with_the_servers_memory_flat(plane, job):
 
 
 def test_heartbeats_are_answered_during_a_big_stream(plane, job):
-    worker = requests.post(plane.url + "/v1/workers/register", verify=plane.verify, timeout=10,
-                           json={"name": "beater", "labels": {}, "resources": {"cpus": 1, "gpus": 0, "memory_mb": 64},
-                                 "version": "test", "slots": 1},
-                           headers={**plane.headers(plane.join_token), PROTOCOL_HEADER: str(PROTOCOL)}).json()
+    worker = requests.post(
+        plane.url + "/v1/workers/register",
+        verify=plane.verify,
+        timeout=10,
+        json={"name": "beater", "labels": {}, "resources": {"cpus": 1, "gpus": 0, "memory_mb": 64}, "version": "test", "slots": 1},
+        headers={**plane.headers(plane.join_token), PROTOCOL_HEADER: str(PROTOCOL)},
+    ).json()
     headers = {"Authorization": f"Bearer {worker['session_token']}", PROTOCOL_HEADER: str(PROTOCOL)}
     answers: list[int] = []
     stop = threading.Event()
 
     def beat() -> None:
         while not stop.is_set():
-            answers.append(requests.post(plane.url + "/v1/worker/heartbeat", json={"tasks": []}, headers=headers,
-                                         verify=plane.verify, timeout=30).status_code)
+            answers.append(
+                requests.post(plane.url + "/v1/worker/heartbeat", json={"tasks": []}, headers=headers, verify=plane.verify, timeout=30).status_code
+            )
             stop.wait(0.05)
 
     beater = threading.Thread(target=beat)
     beater.start()
     try:
-        code = run_exec(_client(plane), job, ["head", "-c", str(BIG // 2), "/dev/zero"], on_stdout=lambda b: None,
-                        on_stderr=lambda b: None)
+        code = run_exec(_client(plane), job, ["head", "-c", str(BIG // 2), "/dev/zero"], on_stdout=lambda b: None, on_stderr=lambda b: None)
     finally:
         stop.set()
         beater.join()
@@ -165,12 +176,12 @@ def test_heartbeats_are_answered_during_a_big_stream(plane, job):
 def test_sessions_rows_and_events(plane, job):
     client = _client(plane)
     assert client.get_job(job).exec(["sh", "-c", "cat; exit 5"], input=b"abc").stdout == b"abc"
-    rows = plane.sql("SELECT user, kind, detail, bytes_in, bytes_out, exit_code, end_reason, closed_at IS NOT NULL "
-                     "FROM sessions WHERE detail LIKE '%exit 5%'")
+    rows = plane.sql(
+        "SELECT user, kind, detail, bytes_in, bytes_out, exit_code, end_reason, closed_at IS NOT NULL FROM sessions WHERE detail LIKE '%exit 5%'"
+    )
     assert len(rows) == 1
     user, kind, detail, bytes_in, bytes_out, code, reason, closed = rows[0]
-    assert (user, kind, json.loads(detail)["argv"][0], bytes_in, bytes_out, code, closed) == \
-        ("user:admin", "exec", "sh", 3, 3, 5, 1), rows
+    assert (user, kind, json.loads(detail)["argv"][0], bytes_in, bytes_out, code, closed) == ("user:admin", "exec", "sh", 3, 3, 5, 1), rows
     assert reason
     kinds = [e["kind"] for e in plane.events(job)]
     assert "session_opened" in kinds and "session_closed" in kinds
@@ -212,7 +223,7 @@ def test_caps_and_bad_requests(plane, job):
     client = _client(plane)
     held = [open_exec(client, job, ["sleep", "60"]) for _ in range(3)]  # the job's cap: 3 open at once
     try:
-        for link, stream in held:
+        for _link, stream in held:
             assert stream.recv(timeout=0.5) is None  # running: nothing came back yet
         with pytest.raises(ApiError) as capped:
             run_exec(client, job, ["true"], on_stdout=print, on_stderr=print)
@@ -231,8 +242,7 @@ def test_caps_and_bad_requests(plane, job):
     plain = requests.get(plane.url + f"/v1/jobs/{job}/relay", headers=plane.headers(), verify=plane.verify, timeout=10)
     assert plain.status_code == 400 and plain.json()["error"]["code"] == "websocket_required"
     with pytest.raises(ApiError) as unauthorized:
-        run_exec(connect(url=plane.url, token="glc_nope", ca_file=str(plane.ca_file)), job, ["true"],
-                 on_stdout=print, on_stderr=print)
+        run_exec(connect(url=plane.url, token="glc_nope", ca_file=str(plane.ca_file)), job, ["true"], on_stdout=print, on_stderr=print)
     assert unauthorized.value.status == 401
 
 
@@ -258,11 +268,13 @@ def test_malformed_frames_close_the_link_not_the_server(plane, job):
 
 
 def test_no_exec_workers_and_agents_without_the_relay_are_refused_at_once(plane):
-    for name, options, words in (("noexec", {"args": ["--no-exec"]}, "--no-exec"),
-                                 ("oldagent", {"env": {"GPULAYER_AGENT_RELAY": "off"}}, "does not support the relay")):
+    for name, options, words in (
+        ("noexec", {"args": ["--no-exec"]}, "--no-exec"),
+        ("oldagent", {"env": {"GPULAYER_AGENT_RELAY": "off"}}, "does not support the relay"),
+    ):
         plane.start_worker(name, labels={"only": name}, **options)
         job_id = plane.submit({"command": ["sleep", "600"], "labels": {"only": name}})
-        wait_for(lambda: plane.job(job_id)["tasks"][0]["state"] == "running", 30, f"the job on {name} to run")
+        wait_for(lambda job_id=job_id: plane.job(job_id)["tasks"][0]["state"] == "running", 30, f"the job on {name} to run")
         with pytest.raises(ApiError) as refused:
             run_exec(_client(plane), job_id, ["true"], on_stdout=print, on_stderr=print)
         assert refused.value.status == 409 and refused.value.code == "relay_unavailable"
@@ -275,10 +287,7 @@ def test_agent_killed_mid_stream_ends_the_exec_with_an_error(tmp_path):
         worker = plane.start_worker("victim")
         job_id = plane.submit({"command": ["sleep", "600"]})
         wait_for(lambda: plane.job(job_id)["tasks"][0]["state"] == "running", 30, "the job to run")
-        proc = subprocess.Popen([*CLI, "exec", str(job_id), "--", "sh", "-c", "echo ready; sleep 600"],
-                                env=clean_env(**plane.cli_env()), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        proc = _exec_ready(plane, job_id, "echo ready; sleep 600")
         worker.kill()
         out, err = proc.communicate(timeout=60)
         assert proc.returncode == 255 and "agent" in err, err
@@ -292,10 +301,7 @@ def test_control_plane_killed_mid_stream_ends_the_exec_and_leaves_the_job(tmp_pa
         plane.start_worker("w")
         job_id = plane.submit({"command": ["sleep", "600"]})
         wait_for(lambda: plane.job(job_id)["tasks"][0]["state"] == "running", 30, "the job to run")
-        proc = subprocess.Popen([*CLI, "exec", str(job_id), "--", "sh", "-c", "echo ready; sleep 600"],
-                                env=clean_env(**plane.cli_env()), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        proc = _exec_ready(plane, job_id, "echo ready; sleep 600")
         assert plane.pid is not None
         os.kill(plane.pid, signal.SIGKILL)
         out, err = proc.communicate(timeout=60)

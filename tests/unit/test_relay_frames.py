@@ -1,4 +1,5 @@
 """The relay's frame codec and credit (gpulayer/protocol/relay.py): what decodes, what is refused, never a crash."""
+
 from __future__ import annotations
 
 import json
@@ -9,8 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpulayer.protocol import relay
-from gpulayer.protocol.relay import (CLOSE, DATA, EOF, EXT_DATA, INITIAL_WINDOW, MAX_DATA, OPEN, SIGNAL, WINDOW, Credit,
-                                     FrameError, decode, encode)
+from gpulayer.protocol.relay import CLOSE, DATA, EOF, EXT_DATA, INITIAL_WINDOW, MAX_DATA, OPEN, SIGNAL, WINDOW, Credit, FrameError, decode, encode
 
 
 def test_each_type_round_trips():
@@ -25,20 +25,23 @@ def test_each_type_round_trips():
     assert decode(encode(1, SIGNAL, {"signal": "INT"})).cost() == 0
 
 
-@pytest.mark.parametrize("message, words", [
-    ("text", "binary"),
-    (b"\x00\x00\x01", "shorter"),
-    (struct.pack(">IB", 0, DATA), "stream id 0"),
-    (struct.pack(">IB", 1, 99), "unknown"),
-    (struct.pack(">IB", 1, OPEN) + b"{nope", "not JSON"),
-    (struct.pack(">IB", 1, OPEN) + b"[1]", "JSON object"),
-    (struct.pack(">IB", 1, WINDOW) + b"\x00\x01", "4 bytes"),
-    (struct.pack(">IB", 1, WINDOW) + b"\x00\x00\x00\x00", "0 bytes"),
-    (struct.pack(">IB", 1, EXT_DATA), "channel"),
-    (struct.pack(">IB", 1, EOF) + b"x", "no payload"),
-    (struct.pack(">IB", 1, DATA) + b"x" * (MAX_DATA + 1), "over"),
-    (struct.pack(">IB", 1, CLOSE) + json.dumps({"a": "x" * 70000}).encode(), "over the limit"),
-])
+@pytest.mark.parametrize(
+    "message, words",
+    [
+        ("text", "binary"),
+        (b"\x00\x00\x01", "shorter"),
+        (struct.pack(">IB", 0, DATA), "stream id 0"),
+        (struct.pack(">IB", 1, 99), "unknown"),
+        (struct.pack(">IB", 1, OPEN) + b"{nope", "not JSON"),
+        (struct.pack(">IB", 1, OPEN) + b"[1]", "JSON object"),
+        (struct.pack(">IB", 1, WINDOW) + b"\x00\x01", "4 bytes"),
+        (struct.pack(">IB", 1, WINDOW) + b"\x00\x00\x00\x00", "0 bytes"),
+        (struct.pack(">IB", 1, EXT_DATA), "channel"),
+        (struct.pack(">IB", 1, EOF) + b"x", "no payload"),
+        (struct.pack(">IB", 1, DATA) + b"x" * (MAX_DATA + 1), "over"),
+        (struct.pack(">IB", 1, CLOSE) + json.dumps({"a": "x" * 70000}).encode(), "over the limit"),
+    ],
+)
 def test_malformed_frames_are_refused_by_name(message, words):
     with pytest.raises(FrameError, match=words):
         decode(message)

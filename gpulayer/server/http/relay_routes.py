@@ -1,6 +1,7 @@
 """The relay's routes as plain HTTP sees them: a WebSocket upgrade never gets here under granian (the relay,
 gpulayer/server/relay/hub.py, takes it in granian_bridge.Bridge), so what does is a GET without one (400), or
 any request under `--http cheroot`, which serves no WebSocket (501)."""
+
 from __future__ import annotations
 
 from gpulayer.server.errors import GpulayerError
@@ -22,10 +23,12 @@ class _RelayRoute:
 
     def on_get(self, req, resp, **params):
         if self.deps.config.http != "granian":
-            raise RelayUnavailable(f"this control plane serves HTTP with {self.deps.config.http}, which carries no "
-                                   "WebSocket: the relay (exec) needs the default front end (server start "
-                                   "--http granian)")
-        raise WebSocketRequired(f"{req.path} is a WebSocket (Upgrade: websocket): docs/protocol.md, \"The relay\"")
+            raise RelayUnavailable(
+                f"this control plane serves HTTP with {self.deps.config.http}, which carries no "
+                "WebSocket: the relay (exec) needs the default front end (server start "
+                "--http granian)"
+            )
+        raise WebSocketRequired(f'{req.path} is a WebSocket (Upgrade: websocket): docs/protocol.md, "The relay"')
 
 
 class AgentRelay(_RelayRoute):

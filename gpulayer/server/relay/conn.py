@@ -4,6 +4,7 @@ Each connection writes from its own task, so a peer that reads slowly holds back
 the loop nor another connection. The queue stays bounded because every DATA frame in it was sent within the
 credit its receiver granted (gpulayer/protocol/relay.py): the relay never grants credit of its own.
 """
+
 from __future__ import annotations
 
 import asyncio

@@ -12,6 +12,7 @@ end (a WINDOW is forwarded, never granted here) and a sender past its credit los
 Everything here runs on the loop; what reads or writes the state file (auth, policy, sessions rows) runs on
 a small pool of threads, never on the loop, and only when a stream opens or closes.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -24,8 +25,24 @@ from dataclasses import dataclass, field
 from urllib.parse import parse_qs
 
 from gpulayer.protocol import PROTOCOL, PROTOCOL_HEADER
-from gpulayer.protocol.relay import (CLOSE, DATA, EOF, EXT_DATA, KINDS, OPEN, RESIZE, SIGNAL, U32, WINDOW, WS_GOING_AWAY,
-                                     WS_POLICY, Credit, FrameError, decode, encode)
+from gpulayer.protocol.relay import (
+    CLOSE,
+    DATA,
+    EOF,
+    EXT_DATA,
+    KINDS,
+    OPEN,
+    RESIZE,
+    SIGNAL,
+    U32,
+    WINDOW,
+    WS_GOING_AWAY,
+    WS_POLICY,
+    Credit,
+    FrameError,
+    decode,
+    encode,
+)
 from gpulayer.server.errors import Forbidden, GpulayerError, InvalidRequest
 from gpulayer.server.relay.conn import Conn
 from gpulayer.server.scheduler import events, sessions
@@ -35,7 +52,7 @@ log = logging.getLogger("gpulayer.server.relay")
 JOB_PATH = re.compile(r"/v1/jobs/([0-9]{1,18})/relay")
 AGENT_PATH = "/v1/worker/relay"
 MAX_ARGV_BYTES = 64 * 1024
-OPEN_TIMEOUT_S = 10.0   # a client's first OPEN, after the handshake
+OPEN_TIMEOUT_S = 10.0  # a client's first OPEN, after the handshake
 
 
 class TooManyStreams(GpulayerError):
@@ -71,8 +88,8 @@ class Route:
     agent_sid: int = 0
     session_id: int | None = None
     pending: list[bytes] = field(default_factory=list)  # the client's frames before the agent's end exists
-    up: Credit = field(default_factory=Credit)     # what the client may still send towards the task
-    down: Credit = field(default_factory=Credit)   # what the agent may still send towards the client
+    up: Credit = field(default_factory=Credit)  # what the client may still send towards the task
+    down: Credit = field(default_factory=Credit)  # what the agent may still send towards the client
     bytes_in: int = 0
     bytes_out: int = 0
     active_at: float = field(default_factory=time.monotonic)
@@ -142,16 +159,17 @@ class Hub:
 
     async def _run(self, actor: str, fn, *args):
         """fn(*args) on the relay's pool, its events recorded as `actor`'s."""
+
         def call():
             events.ACTOR.set(actor)
             return fn(*args)
+
         return await asyncio.get_running_loop().run_in_executor(self.pool, call)
 
     async def _principal(self, scope):
         header = scope.headers.get("authorization") or ""
         scheme, _, token = header.partition(" ")
-        return await self._run("system", self.auth.authenticate, token.strip() if scheme.lower() == "bearer" else None,
-                               self.clock())
+        return await self._run("system", self.auth.authenticate, token.strip() if scheme.lower() == "bearer" else None, self.clock())
 
     def _refuse_handshake(self, proto, status: int, code: str) -> None:
         self.state.refused[code] += 1
@@ -216,10 +234,14 @@ class Hub:
             if frame.type == CLOSE:
                 fields = frame.fields
                 code = fields.get("exit_code")
-                self._end(route, str(fields.get("reason") or fields.get("error") or "ended on the worker"),
-                          exit_code=code if isinstance(code, int) and not isinstance(code, bool) else None,
-                          error=fields.get("error") if isinstance(fields.get("error"), str) else None,
-                          tell_agent=False, closing=_rewrite(_raw(raw), route.client_sid))
+                self._end(
+                    route,
+                    str(fields.get("reason") or fields.get("error") or "ended on the worker"),
+                    exit_code=code if isinstance(code, int) and not isinstance(code, bool) else None,
+                    error=fields.get("error") if isinstance(fields.get("error"), str) else None,
+                    tell_agent=False,
+                    closing=_rewrite(_raw(raw), route.client_sid),
+                )
                 return
             route.client.send(_rewrite(_raw(raw), route.client_sid))
         except FrameError as exc:
@@ -238,9 +260,11 @@ class Hub:
         try:
             return await asyncio.wait_for(waiter, self.settings.connect_timeout_s)
         except asyncio.TimeoutError:
-            raise RelayTimeout(f"worker {to.worker_name}'s agent did not connect to the relay within "
-                               f"{self.settings.connect_timeout_s:g} s (agent version {to.version}): it may be "
-                               "overloaded, or cut off from the control plane") from None
+            raise RelayTimeout(
+                f"worker {to.worker_name}'s agent did not connect to the relay within "
+                f"{self.settings.connect_timeout_s:g} s (agent version {to.version}): it may be "
+                "overloaded, or cut off from the control plane"
+            ) from None
         finally:
             self.state.done(to.worker_id)
             left = [w for w in self.waiting.get(to.worker_id, []) if w is not waiter]
@@ -318,46 +342,75 @@ class Hub:
         try:
             detail = _detail(route.kind, fields)
             if self.by_user[route.user] > self.settings.max_streams_per_user:
-                raise TooManyStreams(f"{route.user} has {self.settings.max_streams_per_user} relay streams open "
-                                     "already (the control plane's --relay-max-streams-per-user)")
+                raise TooManyStreams(
+                    f"{route.user} has {self.settings.max_streams_per_user} relay streams open "
+                    "already (the control plane's --relay-max-streams-per-user)"
+                )
             if self.by_job[route.job_id] > self.settings.max_streams_per_job:
-                raise TooManyStreams(f"job {route.job_id} has {self.settings.max_streams_per_job} relay streams "
-                                     "open already (the control plane's --relay-max-streams-per-job)")
-            to = await self._run(route.user, self.scheduler.store.read, sessions.target, conn.principal,
-                                 route.job_id, conn.index, route.kind)
-            route.session_id = await self._run(route.user, self.scheduler.store.write, sessions.opened, to,
-                                               route.user, route.kind, detail, self.clock())
+                raise TooManyStreams(
+                    f"job {route.job_id} has {self.settings.max_streams_per_job} relay streams "
+                    "open already (the control plane's --relay-max-streams-per-job)"
+                )
+            to = await self._run(route.user, self.scheduler.store.read, sessions.target, conn.principal, route.job_id, conn.index, route.kind)
+            route.session_id = await self._run(
+                route.user, self.scheduler.store.write, sessions.opened, to, route.user, route.kind, detail, self.clock()
+            )
             if route.ended:
                 return self._record_close(route, "closed by the client", None)
             link = await self._link_for(route, to)
         except GpulayerError as exc:
             self.state.refused[exc.code] += 1
-            log.info("relay_refused code=%s job_id=%d user=%s message=%s", exc.code, route.job_id, route.user,
-                     exc.message)
+            log.info("relay_refused code=%s job_id=%d user=%s message=%s", exc.code, route.job_id, route.user, exc.message)
             return self._end(route, exc.message, error=exc.message, status=exc.status, code=exc.code)
         except Exception:
             log.exception("relay_open_failed job_id=%d", route.job_id)
-            return self._end(route, "the control plane hit an unexpected error; see its log",
-                             error="the control plane hit an unexpected error; see its log", status=500,
-                             code="internal_error")
+            return self._end(
+                route,
+                "the control plane hit an unexpected error; see its log",
+                error="the control plane hit an unexpected error; see its log",
+                status=500,
+                code="internal_error",
+            )
         if route.ended:
             return
         route.agent, route.agent_sid = link, link.next_sid()
         link.routes[route.agent_sid] = route
         self.state.open[route.kind] += 1
-        log.info("relay_stream_opened session_id=%s job_id=%d task_id=%d worker_id=%d kind=%s user=%s",
-                 route.session_id, to.job_id, to.task_id, to.worker_id, route.kind, route.user)
-        link.send(encode(route.agent_sid, OPEN, {"kind": route.kind, "job_id": to.job_id, "task_id": to.task_id,
-                                                 "index": to.index, "session_id": route.session_id, **detail}))
+        log.info(
+            "relay_stream_opened session_id=%s job_id=%d task_id=%d worker_id=%d kind=%s user=%s",
+            route.session_id,
+            to.job_id,
+            to.task_id,
+            to.worker_id,
+            route.kind,
+            route.user,
+        )
+        link.send(
+            encode(
+                route.agent_sid,
+                OPEN,
+                {"kind": route.kind, "job_id": to.job_id, "task_id": to.task_id, "index": to.index, "session_id": route.session_id, **detail},
+            )
+        )
         for raw in route.pending:
             link.send(_rewrite(raw, route.agent_sid))
         route.pending.clear()
 
     # -- endings ---------------------------------------------------------------------------------
 
-    def _end(self, route: Route, reason: str, *, exit_code: int | None = None, error: str | None = None,
-             tell_client: bool = True, tell_agent: bool = True, status: int | None = None, code: str | None = None,
-             closing: bytes | None = None) -> None:
+    def _end(
+        self,
+        route: Route,
+        reason: str,
+        *,
+        exit_code: int | None = None,
+        error: str | None = None,
+        tell_client: bool = True,
+        tell_agent: bool = True,
+        status: int | None = None,
+        code: str | None = None,
+        closing: bytes | None = None,
+    ) -> None:
         """The stream is over: both ends told (CLOSE), its counts dropped, its row closed."""
         if route.ended:
             return
@@ -390,11 +443,28 @@ class Hub:
 
     def _record_close(self, route: Route, reason: str, exit_code: int | None) -> None:
         session_id, route.session_id = route.session_id, None
-        log.info("relay_stream_closed session_id=%s job_id=%d bytes_in=%d bytes_out=%d exit_code=%s reason=%s",
-                 session_id, route.job_id, route.bytes_in, route.bytes_out, exit_code, reason)
-        future = asyncio.ensure_future(self._run(route.user, self.scheduler.store.write, sessions.closed, session_id,
-                                                 route.bytes_in, route.bytes_out, exit_code, reason[:1000],
-                                                 self.clock()))
+        log.info(
+            "relay_stream_closed session_id=%s job_id=%d bytes_in=%d bytes_out=%d exit_code=%s reason=%s",
+            session_id,
+            route.job_id,
+            route.bytes_in,
+            route.bytes_out,
+            exit_code,
+            reason,
+        )
+        future = asyncio.ensure_future(
+            self._run(
+                route.user,
+                self.scheduler.store.write,
+                sessions.closed,
+                session_id,
+                route.bytes_in,
+                route.bytes_out,
+                exit_code,
+                reason[:1000],
+                self.clock(),
+            )
+        )
         future.add_done_callback(_logged)
 
     async def _sweep(self) -> None:

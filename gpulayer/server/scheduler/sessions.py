@@ -5,6 +5,7 @@ The bytes never come here: the relay (server/relay/) forwards them on the front 
 comes here is one read when a stream is asked for (`target`: the caller's right to the job and the task it
 runs in) and two writes per stream (`opened`, `closed`), each with its job event.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,7 +31,7 @@ class Target:
     index: int
     worker_id: int
     worker_name: str
-    kinds: tuple[str, ...]   # empty: the agent predates the relay
+    kinds: tuple[str, ...]  # empty: the agent predates the relay
     no_exec: bool
     version: str
 
@@ -52,56 +53,87 @@ def target(conn: apsw.Connection, principal, job_id: int, index: int | None, kin
     if found is None:
         states = row(conn, "job_task_states", job_id=job_id, index=index) or {}
         what = f"job {job_id}" + (f" has no element {index} running" if index is not None else " has no task running")
-        raise Conflict(f"{what} (job {states.get('job_state')}, tasks: {states.get('task_states') or 'none'}): "
-                       "exec reaches a running task only", code="not_running")
+        raise Conflict(
+            f"{what} (job {states.get('job_state')}, tasks: {states.get('task_states') or 'none'}): exec reaches a running task only",
+            code="not_running",
+        )
     relay = json.loads(found["relay"] or "{}")
     kinds = tuple(k for k in relay.get("kinds") or () if isinstance(k, str))
     name = found["worker_name"]
     if found["worker_state"] != "online":
-        raise Conflict(f"worker {name}, where job {job_id}'s task runs, is {found['worker_state']}: "
-                       "its agent cannot be reached now", code="not_running")
+        raise Conflict(
+            f"worker {name}, where job {job_id}'s task runs, is {found['worker_state']}: its agent cannot be reached now", code="not_running"
+        )
     if kind not in kinds:
         if not relay:
-            raise RelayUnavailable(f"worker {name}'s agent does not support the relay (version "
-                                   f"{found['version'] or 'unknown'}): upgrade it (pip install -U gpulayer)")
+            raise RelayUnavailable(
+                f"worker {name}'s agent does not support the relay (version {found['version'] or 'unknown'}): upgrade it (pip install -U gpulayer)"
+            )
         if kind in COMMAND_KINDS and relay.get("no_exec"):
-            raise RelayUnavailable(f"worker {name} was started with --no-exec: it runs no command for the relay "
-                                   f"({kind})")
-        raise RelayUnavailable(f"worker {name}'s agent does not serve {kind} streams (it serves "
-                               f"{', '.join(kinds)})")
-    return Target(job_id, found["task_id"], found["index"], found["worker_id"], name, kinds,
-                  bool(relay.get("no_exec")), found["version"] or "unknown")
+            raise RelayUnavailable(f"worker {name} was started with --no-exec: it runs no command for the relay ({kind})")
+        raise RelayUnavailable(f"worker {name}'s agent does not serve {kind} streams (it serves {', '.join(kinds)})")
+    return Target(
+        job_id, found["task_id"], found["index"], found["worker_id"], name, kinds, bool(relay.get("no_exec")), found["version"] or "unknown"
+    )
 
 
 def opened(conn: apsw.Connection, to: Target, user: str, kind: str, detail: dict, now: float) -> int:
     """A stream opened: its sessions row and a `session_opened` event; its id."""
-    session_id = one(conn, "insert_session", worker_id=to.worker_id, job_id=to.job_id, task_id=to.task_id,
-                     user=user, kind=kind, detail=json.dumps(detail), now=now)["id"]
-    events.record(conn, now, "session_opened", job_id=to.job_id, task_id=to.task_id, worker_id=to.worker_id,
-                  session_id=session_id, stream=kind, user=user, **detail)
+    session_id = one(
+        conn, "insert_session", worker_id=to.worker_id, job_id=to.job_id, task_id=to.task_id, user=user, kind=kind, detail=json.dumps(detail), now=now
+    )["id"]
+    events.record(
+        conn,
+        now,
+        "session_opened",
+        job_id=to.job_id,
+        task_id=to.task_id,
+        worker_id=to.worker_id,
+        session_id=session_id,
+        stream=kind,
+        user=user,
+        **detail,
+    )
     return session_id
 
 
-def closed(conn: apsw.Connection, session_id: int, bytes_in: int, bytes_out: int, exit_code: int | None,
-           reason: str, now: float) -> None:
+def closed(conn: apsw.Connection, session_id: int, bytes_in: int, bytes_out: int, exit_code: int | None, reason: str, now: float) -> None:
     """A stream ended: its row closed and a `session_closed` event (nothing when it was closed already)."""
-    found = row(conn, "close_session", id=session_id, bytes_in=bytes_in, bytes_out=bytes_out, exit_code=exit_code,
-                reason=reason, now=now)
+    found = row(conn, "close_session", id=session_id, bytes_in=bytes_in, bytes_out=bytes_out, exit_code=exit_code, reason=reason, now=now)
     if found is not None:
-        events.record(conn, now, "session_closed", job_id=found["job_id"], task_id=found["task_id"],
-                      worker_id=found["worker_id"], session_id=session_id, stream=found["kind"], bytes_in=bytes_in,
-                      bytes_out=bytes_out, exit_code=exit_code, reason=reason,
-                      seconds=round(now - found["opened_at"], 3))
+        _closed_event(
+            conn,
+            now,
+            found,
+            session_id,
+            bytes_in=bytes_in,
+            bytes_out=bytes_out,
+            exit_code=exit_code,
+            reason=reason,
+            seconds=round(now - found["opened_at"], 3),
+        )
 
 
 def restarted(conn: apsw.Connection, now: float) -> int:
     """At start: close the rows a stopped control plane left open (their streams ended with it); how many."""
     ended = rows(conn, "close_open_sessions", now=now)
     for found in ended:
-        events.record(conn, now, "session_closed", job_id=found["job_id"], task_id=found["task_id"],
-                      worker_id=found["worker_id"], session_id=found["id"], stream=found["kind"],
-                      reason="the control plane stopped")
+        _closed_event(conn, now, found, found["id"], reason="the control plane stopped")
     return len(ended)
+
+
+def _closed_event(conn: apsw.Connection, now: float, found: dict, session_id: int, **data) -> None:
+    events.record(
+        conn,
+        now,
+        "session_closed",
+        job_id=found["job_id"],
+        task_id=found["task_id"],
+        worker_id=found["worker_id"],
+        session_id=session_id,
+        stream=found["kind"],
+        **data,
+    )
 
 
 def relay_field(value) -> dict:
@@ -110,8 +142,11 @@ def relay_field(value) -> dict:
         return {}
     kinds = [k for k in value.get("kinds") or () if k in KINDS] if isinstance(value.get("kinds"), list) else []
     version = value.get("version")
-    return {"version": version if isinstance(version, int) and not isinstance(version, bool) else 1,
-            "kinds": kinds, "no_exec": value.get("no_exec") is True}
+    return {
+        "version": version if isinstance(version, int) and not isinstance(version, bool) else 1,
+        "kinds": kinds,
+        "no_exec": value.get("no_exec") is True,
+    }
 
 
 class Wants:
@@ -131,8 +166,13 @@ class Wants:
 
     def stats(self) -> dict:
         """A copy of the counters (any thread)."""
-        return {"open": dict(self.open), "bytes_in": dict(self.bytes_in), "bytes_out": dict(self.bytes_out),
-                "refused": dict(self.refused), "links": self.links}
+        return {
+            "open": dict(self.open),
+            "bytes_in": dict(self.bytes_in),
+            "bytes_out": dict(self.bytes_out),
+            "refused": dict(self.refused),
+            "links": self.links,
+        }
 
     def want(self, worker_id: int) -> None:
         """One more waiter for `worker_id`'s link; parked acquires wake up to answer it now."""
