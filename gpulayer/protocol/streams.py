@@ -77,10 +77,13 @@ class Stream:
 
     def consumed(self, size: int) -> None:
         """`size` bytes read were used: grant them back (in batches)."""
-        self._unacked += size
-        if self._unacked >= GRANT_EVERY and self.ended is None:
+        with self.cond:
+            self._unacked += size
+            if self._unacked < GRANT_EVERY or self.ended is not None:
+                return
             granted, self._unacked = self._unacked, 0
-            self._send(frames.encode(self.id, WINDOW, granted))
+            self.inbound.grant(granted)
+        self._send(frames.encode(self.id, WINDOW, granted))
 
     def _send(self, frame: bytes) -> bool:
         try:
@@ -106,8 +109,8 @@ class Stream:
 
     def _arrived(self, frame: Frame) -> None:
         if frame.type in (DATA, EXT_DATA):
-            self.inbound.take(frame.cost())
-            self.inbound.grant(frame.cost())  # the reader grants it back; this checks only the sender's overrun
+            with self.cond:
+                self.inbound.take(frame.cost())  # FrameError past what this end granted: the link closes
         if frame.type == CLOSE:
             self._ended(frame.fields)
         self.inbox.put(frame)

@@ -231,6 +231,8 @@ class ControlPlane:
         self._stop.set()
         if self._deps is not None:
             self._deps.scheduler.stop_waiting()  # else parked acquires hold shutdown up to their wait_s
+        if self.relay is not None:
+            self.relay.stop()  # its WebSockets would hold granian's stop
         if self._http is not None:
             self._http.stop()
         if self.relay is not None:

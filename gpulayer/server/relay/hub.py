@@ -137,9 +137,12 @@ class Hub:
         self.by_job: Counter[int] = Counter()
         self.pool = ThreadPoolExecutor(4, thread_name_prefix="gpulayer-relay")
         self._sweeper: asyncio.Future | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.clients: set[ClientConn] = set()
 
     async def __call__(self, scope, proto) -> None:
         if self._sweeper is None:
+            self.loop = asyncio.get_running_loop()
             self._sweeper = asyncio.ensure_future(self._sweep())
         path = scope.path.rstrip("/")
         sent = scope.headers.get(PROTOCOL_HEADER.lower())
@@ -151,6 +154,19 @@ class Hub:
         if match is None:
             return self._refuse_handshake(proto, 404, "not_found")
         return await self._client(scope, proto, int(match[1]))
+
+    def stop(self) -> None:
+        """The control plane stops (any thread): every link and client connection is closed (1001) now, so that
+        granian's stop does not wait for them; their streams end with an `error`."""
+        if self.loop is not None and not self.loop.is_closed():
+            try:
+                self.loop.call_soon_threadsafe(self._close_all)
+            except RuntimeError:  # the loop closed meanwhile
+                pass
+
+    def _close_all(self) -> None:
+        for conn in [*self.links.values(), *self.clients]:
+            conn.close(WS_GOING_AWAY, "the control plane is stopping")
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
@@ -257,12 +273,14 @@ class Hub:
         waiter = asyncio.get_running_loop().create_future()
         self.waiting.setdefault(to.worker_id, []).append(waiter)
         await self._run("system", self.state.want, to.worker_id)
+        # A busy worker (no parked acquire) hears it in its next heartbeat answer: one interval and more.
+        deadline = max(self.settings.connect_timeout_s, 1.5 * self.scheduler.config.heartbeat_interval_s + 2)
         try:
-            return await asyncio.wait_for(waiter, self.settings.connect_timeout_s)
+            return await asyncio.wait_for(waiter, deadline)
         except asyncio.TimeoutError:
             raise RelayTimeout(
                 f"worker {to.worker_name}'s agent did not connect to the relay within "
-                f"{self.settings.connect_timeout_s:g} s (agent version {to.version}): it may be "
+                f"{deadline:g} s (agent version {to.version}): it may be "
                 "overloaded, or cut off from the control plane"
             ) from None
         finally:
@@ -284,9 +302,11 @@ class Hub:
         except GpulayerError as exc:
             return self._refuse_handshake(proto, exc.status, exc.code)
         conn = ClientConn(await proto.accept(), principal, job_id, index, kind)
+        self.clients.add(conn)
         try:
             await conn.pump(lambda raw: self._from_client(conn, raw))
         finally:
+            self.clients.discard(conn)
             for route in list(conn.routes.values()):
                 self._end(route, "the client went away", tell_client=False)
             proto.close(conn.close_code)
