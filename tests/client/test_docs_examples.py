@@ -89,6 +89,10 @@ NOT_RUN = {
     "docs/cli.md > gpulayer server restore #1": SYNOPSIS,
     "docs/cli.md > gpulayer sql #1": SYNOPSIS,
     "docs/cli.md > gpulayer image list #1": SYNOPSIS,
+    "docs/cli.md > gpulayer exec #1": SYNOPSIS,
+    "docs/cli.md > gpulayer exec #2": (
+        "examples against a running job of a real control plane: tests/integration/test_relay_exec.py runs "
+        "the same (exit codes, stdin piped to cat, --index)"),
 }
 
 
