@@ -274,7 +274,7 @@ class Hub:
         self.waiting.setdefault(to.worker_id, []).append(waiter)
         await self._run("system", self.state.want, to.worker_id)
         # A busy worker (no parked acquire) hears it in its next heartbeat answer: one interval and more.
-        deadline = max(self.settings.connect_timeout_s, 1.5 * self.scheduler.config.heartbeat_interval_s + 2)
+        deadline = max(self.settings.connect_timeout_s, 1.5 * self.scheduler.cadence.interval_s(to.worker_id) + 2)
         try:
             return await asyncio.wait_for(waiter, deadline)
         except asyncio.TimeoutError:
