@@ -224,7 +224,7 @@ def _closed_reason(exc: Exception) -> str:
     return "the relay connection was lost" + (f" ({type(exc).__name__})" if not type(exc).__name__.startswith("ConnectionClosed") else "")
 
 
-def connect(url: str, token: str, verify: bool | str, *, timeout: float = 10.0):
+def connect(url: str, token: str, verify: bool | str, *, timeout: float = 30.0):
     """A `websockets.sync` connection to a relay route (`https://...` becomes `wss://...`), with the token and
     the protocol header; the CA file `verify` names (or the system's for True). Raises what websockets does."""
     import ssl
