@@ -1,4 +1,4 @@
--- Version 13: the relay (issue 26). `workers.relay`: what the agent said of the relay when it registered
+-- Version 14: the relay (issue 26). `workers.relay`: what the agent said of the relay when it registered
 -- ({"version", "kinds"}; '{}' for an older agent); `sessions`: one row per stream through the relay.
 ALTER TABLE workers ADD COLUMN relay TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(relay));
 
