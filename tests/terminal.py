@@ -9,6 +9,7 @@ import fcntl
 import os
 import select
 import signal
+import struct
 import termios
 import time
 
@@ -60,12 +61,21 @@ class Terminal:
     def interrupt(self):
         os.write(self.fd, b"\x03")
 
+    def resize(self, rows, cols):
+        """Resize the window, as a terminal emulator does: the command gets SIGWINCH."""
+        fcntl.ioctl(self.fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+    def settings(self):
+        """The terminal's settings (termios.tcgetattr: modes, speeds, control characters) as the command left them."""
+        return termios.tcgetattr(self._slave)
+
     def exit_code(self, timeout=60):
         deadline = time.monotonic() + timeout
         while True:
             pid, status = os.waitpid(self.pid, os.WNOHANG)
             if pid:
                 self._drain(to_the_end=True)
+                self.left = termios.tcgetattr(self._slave)  # the settings the command left the terminal in
                 os.close(self.fd)
                 os.close(self._slave)
                 return os.waitstatus_to_exitcode(status)

@@ -1,4 +1,4 @@
-"""Getting into a running job through the control plane's relay: `gpulayer exec` (docs/access.md).
+"""Getting into a running job through the control plane's relay: `gpulayer exec`, `gpulayer shell` (docs/access.md).
 
 Later parts add shell, ssh-config and port-forward here.
 """
@@ -17,18 +17,32 @@ from gpulayer.client.errors import ClientError
 #: The exit status of `gpulayer exec` when the relay itself failed (as ssh's 255): never the command's.
 RELAY_FAILED = 255
 
+#: What every command into a job's task takes: the job, and one of --index, --replica, --rank (task_index()).
+JobArg = Annotated[int, typer.Argument(help="The job.", metavar="JOB", show_default=False)]
+IndexOpt = Annotated[
+    Optional[int], typer.Option("--index", min=0, metavar="I", help="The array element to enter (default: the job's first running task).")
+]
+ReplicaOpt = Annotated[Optional[int], typer.Option("--replica", min=0, metavar="R", help="The service replica to enter.")]
+RankOpt = Annotated[Optional[int], typer.Option("--rank", min=0, metavar="R", help="The multi-node rank to enter.")]
+
+
+def task_index(index: int | None, replica: int | None, rank: int | None) -> int | None:
+    """The task index the options name (they name the same thing); a usage error for more than one."""
+    chosen = [(flag, value) for flag, value in (("--index", index), ("--replica", replica), ("--rank", rank)) if value is not None]
+    if len(chosen) > 1:
+        raise typer.BadParameter("give one of --index, --replica and --rank (they name the same task index)", param_hint=chosen[1][0])
+    return chosen[0][1] if chosen else None
+
 
 def exec_command(
     ctx: typer.Context,
-    job_id: Annotated[int, typer.Argument(help="The job.", metavar="JOB", show_default=False)],
+    job_id: JobArg,
     command: Annotated[
         Optional[list[str]], typer.Argument(help="The command and its arguments, after --.", metavar="-- CMD...", show_default=False)
     ] = None,
-    index: Annotated[
-        Optional[int], typer.Option("--index", min=0, metavar="I", help="The array element to enter (default: the job's first running task).")
-    ] = None,
-    replica: Annotated[Optional[int], typer.Option("--replica", min=0, metavar="R", help="The service replica to enter.")] = None,
-    rank: Annotated[Optional[int], typer.Option("--rank", min=0, metavar="R", help="The multi-node rank to enter.")] = None,
+    index: IndexOpt = None,
+    replica: ReplicaOpt = None,
+    rank: RankOpt = None,
 ) -> None:
     """Run a command in a running job's task: its cwd, environment, GPUs, user and sandbox.
 
@@ -42,15 +56,13 @@ def exec_command(
       echo hi | gpulayer exec 12 -- cat
       gpulayer exec 12 --index 3 -- ls -la
     """
-    chosen = [(flag, value) for flag, value in (("--index", index), ("--replica", replica), ("--rank", rank)) if value is not None]
-    if len(chosen) > 1:
-        raise typer.BadParameter("give one of --index, --replica and --rank (they name the same task index)", param_hint=chosen[1][0])
+    task = task_index(index, replica, rank)
     if not command:
         raise typer.BadParameter("give the command to run after --: gpulayer exec JOB -- CMD...", param_hint="CMD")
     client = client_of(ctx)
     if not hasattr(client, "session"):
         raise fail("exec needs a control plane (GPULAYER_URL): a local run (--target local) has no relay", 2)
-    raise typer.Exit(_run(client, job_id, command, chosen[0][1] if chosen else None))
+    raise typer.Exit(_run(client, job_id, command, task))
 
 
 def _run(client, job_id: int, command: list[str], index: int | None) -> int:
@@ -99,3 +111,49 @@ def _run(client, job_id: int, command: list[str], index: int | None) -> int:
         return 130
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def shell_command(
+    ctx: typer.Context,
+    job_id: JobArg,
+    command: Annotated[
+        Optional[list[str]],
+        typer.Argument(help="A command to run on the terminal instead of the task's shell, after --.", metavar="[-- CMD...]", show_default=False),
+    ] = None,
+    index: IndexOpt = None,
+    replica: ReplicaOpt = None,
+    rank: RankOpt = None,
+) -> None:
+    """An interactive shell in a running job's task: a terminal in its cwd, environment, user and sandbox.
+
+    The local terminal goes to raw mode, so every key reaches the remote terminal: Ctrl-C and Ctrl-Z
+    signal the remote foreground job, Ctrl-D ends the shell; the window's size follows resizes, and TERM
+    is passed (tmux, screen). The exit status is the remote shell's, 255 when the relay failed. stdin must
+    be a terminal: without one, use gpulayer exec JOB -- CMD.
+
+    \b
+    Examples:
+      gpulayer shell 12
+      gpulayer shell 12 --index 3
+      gpulayer shell 12 -- htop
+    """
+    task = task_index(index, replica, rank)
+    if not sys.stdin.isatty():
+        raise fail("gpulayer shell needs a terminal on stdin (it puts it in raw mode); to run a command without one: gpulayer exec JOB -- CMD", 2)
+    client = client_of(ctx)
+    if not hasattr(client, "session"):
+        raise fail("shell needs a control plane (GPULAYER_URL): a local run (--target local) has no relay", 2)
+    from gpulayer.client.relay_shell import Hangup, run_shell
+
+    try:
+        code = run_shell(client, job_id, command or None, task)
+    except ClientError as exc:
+        sys.stderr.write(f"Error: {exc.message}\n")
+        code = RELAY_FAILED
+    except Hangup as exc:
+        sys.stderr.write(f"Error: {signal.Signals(exc.signum).name}: the shell's stream was closed\n")
+        code = 128 + exc.signum
+    except KeyboardInterrupt:
+        sys.stderr.write("Error: interrupted\n")
+        code = 130
+    raise typer.Exit(code)

@@ -185,6 +185,7 @@ _LOOSE = {"allow_interspersed_args": False}
 app.command("submit", context_settings=_LOOSE)(cli_submit.submit)
 app.add_typer(cli_jobs.job_app, name="job")
 app.command("exec")(cli_access.exec_command)
+app.command("shell")(cli_access.shell_command)
 app.add_typer(cli_workers.worker_app, name="worker")
 app.command("join")(cli_workers.join)
 app.add_typer(cli_fleet.token_app, name="token")

@@ -33,7 +33,12 @@ class RelayClient(Protocol):
 
 def open_exec(client: RelayClient, job_id: int, argv: list[str], index: int | None = None) -> tuple[Link, Stream]:
     """A connected link and its exec stream running `argv`; ConnectionFailed, or ApiError at the handshake."""
-    query = {"kind": "exec", **({"index": str(index)} if index is not None else {})}
+    return open_stream(client, job_id, {"kind": "exec", "argv": list(argv)}, index)
+
+
+def open_stream(client: RelayClient, job_id: int, fields: dict, index: int | None = None) -> tuple[Link, Stream]:
+    """A connected link and one stream on it, opened with `fields` (its `kind` and the kind's own)."""
+    query = {"kind": fields["kind"], **({"index": str(index)} if index is not None else {})}
     url = f"{client.url}/v1/jobs/{int(job_id)}/relay?{urlencode(query)}"
     token = (client.session.headers.get("Authorization") or "").removeprefix("Bearer ")
     try:
@@ -43,7 +48,7 @@ def open_exec(client: RelayClient, job_id: int, argv: list[str], index: int | No
     link = Link(ws)
     link.start()
     try:
-        stream = link.open({"kind": "exec", "argv": list(argv)})
+        stream = link.open(fields)
     except LinkLost as exc:
         raise ConnectionFailed(f"the relay connection to {client.url} failed: {exc}") from None
     return link, stream
@@ -149,4 +154,4 @@ def exec_capture(
     return done
 
 
-__all__ = ["run_exec", "exec_capture", "open_exec", "closed_error"]
+__all__ = ["run_exec", "exec_capture", "open_exec", "open_stream", "closed_error"]

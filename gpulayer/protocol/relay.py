@@ -13,7 +13,11 @@ Each binary WebSocket message is one frame (docs/protocol.md, "The relay"):
 - EOF: empty: no more DATA this way (a half-close: stdin's end).
 - CLOSE: JSON object: `exit_code` (int) and/or `error` (text), `reason` (text); the stream is gone.
 - SIGNAL: JSON object `{"signal": "INT"}` (exec, later the shell): a signal for the remote command.
-- RESIZE: reserved for the shell's window size (`{"rows", "cols"}`).
+- RESIZE: JSON object `{"rows", "cols"}`: the shell's new window size (the client's SIGWINCH).
+
+The shell's OPEN also carries `rows`, `cols` (the window at the start), `term` (the client's TERM) and,
+optionally, `argv` (a command instead of the task's shell); its DATA is what is typed and what the remote
+terminal shows.
 
 Flow control: after OPEN each side may send `INITIAL_WINDOW` bytes of DATA and EXT_DATA, and more only as the
 other grants them with WINDOW. Imports nothing of gpulayer: the agent, the client and the control plane share it.
@@ -40,7 +44,7 @@ MAX_DATA = 64 * 1024
 MAX_FRAME = MAX_DATA + 64
 STDERR = 2
 #: Stream kinds this protocol names; which of them an agent serves it says at register (`relay.kinds`).
-KINDS = ("exec",)
+KINDS = ("exec", "shell")
 #: Kinds that run a command in the task, which `--no-exec` refuses.
 COMMAND_KINDS = frozenset({"exec", "shell", "ssh"})
 #: Signals a SIGNAL frame may name.

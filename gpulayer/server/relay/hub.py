@@ -524,12 +524,36 @@ def _detail(kind: str, fields: dict) -> dict:
     """What a kind's OPEN carries besides kind, job and task (recorded as the session's `detail`)."""
     if kind not in KINDS:
         raise InvalidRequest(f"kind: unknown; expected {', '.join(KINDS)}", field="kind")
+    if kind == "shell":
+        return _shell_detail(fields)
     argv = fields.get("argv")
     if not isinstance(argv, list) or not argv or not all(isinstance(a, str) and "\0" not in a for a in argv):
         raise InvalidRequest("argv: must be a non-empty list of strings (the command and its arguments)", field="argv")
     if sum(len(a.encode("utf-8", "surrogatepass")) + 1 for a in argv) > MAX_ARGV_BYTES:
         raise InvalidRequest(f"argv: over {MAX_ARGV_BYTES} bytes", field="argv")
     return {"argv": argv}
+
+
+TERM = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
+
+
+def _shell_detail(fields: dict) -> dict:
+    """A shell's OPEN: `rows` and `cols` (1 to 65535), `term` (a terminal type's name), `argv` when a command
+    replaces the task's shell (checked as exec's)."""
+    detail: dict = {}
+    for name in ("rows", "cols"):
+        value = fields.get(name)
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 < value < 65536:
+            raise InvalidRequest(f"{name}: must be a whole number from 1 to 65535 (the terminal's size)", field=name)
+        detail[name] = value
+    term = fields.get("term")
+    if term is not None:
+        if not isinstance(term, str) or not TERM.fullmatch(term):
+            raise InvalidRequest("term: must be a terminal type's name (letters, digits, . _ + -; at most 64)", field="term")
+        detail["term"] = term
+    if fields.get("argv") is not None:
+        detail["argv"] = _detail("exec", fields)["argv"]
+    return detail
 
 
 __all__ = ["Hub", "Settings", "TooManyStreams", "RelayTimeout"]
