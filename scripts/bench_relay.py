@@ -9,10 +9,15 @@ Starts a real control plane (granian, TLS on 127.0.0.1) and one real worker (its
   back), against the same `cat` as a local child process fed and drained the same way (same-run
   baseline); `--runs` times, medians, and the ratio;
 - keystrokes: one exec stream of `cat`; 1 byte written, its echo awaited, `--keys` times: p50 / p99;
-- the control plane's RSS (VmRSS) before and after.
+- the control plane's RSS (VmRSS) before and after;
+- shell keystrokes (`--shell-keys`): one `gpulayer shell` stream (the task's bash on its PTY, 50 x 1000 so
+  that no line wraps); one key typed, bash's echo awaited, p50 / p99; first alone, then (`--idle-workers N`)
+  with N more simulated workers registered and heartbeating at the control plane's interval from a process
+  of their own (issue 26's row: 1,000 idle workers, p50 <= 5 ms, p99 <= 30 ms), in the same run.
 
     python scripts/bench_relay.py                   # 256 MiB, 3 runs, 500 keystrokes
     python scripts/bench_relay.py --mib 64 --runs 1 --json
+    python scripts/bench_relay.py --only shell --idle-workers 1000 --shell-keys 1000
 """
 
 from __future__ import annotations
@@ -30,8 +35,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+import benchlib  # noqa: E402
 from gpulayer.client.api import connect  # noqa: E402
 from gpulayer.client.relay import open_exec, run_exec  # noqa: E402
+from gpulayer.client.relay_shell import open_shell  # noqa: E402
 from gpulayer.protocol.relay import DATA  # noqa: E402
 from gpulayer.testing import ControlPlaneProcess, wait_for  # noqa: E402
 
@@ -116,13 +124,152 @@ def keystrokes(client, job_id: int, count: int) -> list[float]:
     return times
 
 
+def _quiet(stream, quiet_s: float) -> bytes:
+    """What the stream shows until it falls quiet for `quiet_s`."""
+    shown = b""
+    while True:
+        frame = stream.recv(timeout=quiet_s)
+        if frame is None:
+            return shown
+        assert frame.type == DATA, frame
+        shown += frame.data
+        stream.consumed(len(frame.data))
+
+
+def shell_keystrokes(client, job_id: int, count: int) -> list[float]:
+    """Keys typed into the task's bash through a shell stream, each until its echo came back (seconds)."""
+    link, stream = open_shell(client, job_id, ["bash", "--norc", "--noprofile", "-i"], term="dumb", size=(50, 1000))
+    times = []
+    try:
+        assert _quiet(stream, 1.0), "no prompt"
+        for i in range(count):
+            if i and i % 100 == 0:  # ^U: the line starts again
+                stream.write(b"\x15")
+                _quiet(stream, 0.2)
+            began = time.perf_counter()
+            stream.write(b"x")
+            shown = b""
+            while b"x" not in shown:
+                frame = stream.recv(timeout=30)
+                assert frame is not None and frame.type == DATA, frame
+                shown += frame.data
+                stream.consumed(len(frame.data))
+            times.append(time.perf_counter() - began)
+        stream.write(b"\x15exit\n")
+    finally:
+        link.close()
+    return times
+
+
+def idle_workers(url: str, verify, join_token: str, count: int, interval_s: float, ready, stop, out) -> None:
+    """`count` simulated idle workers (a process of their own): registered, then each heartbeating once every
+    `interval_s` (spread evenly), until `stop`; their heartbeats' count, p50/p99 and errors into `out`."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    threads = 8
+    shares = [list(range(t, count, threads)) for t in range(threads)]
+    tokens: list[str] = [""] * count
+
+    def register(t: int) -> None:
+        s = benchlib.LeanSession(url, verify)
+        for i in shares[t]:
+            tokens[i] = benchlib.register_worker(s, url, join_token, f"idle-{i}")["session_token"]
+
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(register, range(threads)))
+    ready.set()
+    lat: list[float] = []
+    errors: list[str] = []
+
+    def beat(t: int) -> None:
+        s = benchlib.LeanSession(url, verify)
+        mine = shares[t]
+        gap = interval_s / max(1, len(mine))
+        next_at = time.monotonic()
+        while not stop.is_set():
+            for i in mine:
+                next_at += gap
+                began = time.perf_counter()
+                try:
+                    r = s.post(
+                        url + "/v1/worker/heartbeat",
+                        json={"tasks": []},
+                        headers={**benchlib.PROTOCOL_HEADER, "Authorization": f"Bearer {tokens[i]}"},
+                        timeout=30,
+                    )
+                    r.raise_for_status()
+                except Exception as exc:  # noqa: BLE001
+                    errors.append(repr(exc))
+                lat.append(time.perf_counter() - began)
+                pause = next_at - time.monotonic()
+                if pause > 0:
+                    stop.wait(pause)
+                if stop.is_set():
+                    return
+
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(beat, range(threads)))
+    out.put({"heartbeats": len(lat), "heartbeat": benchlib.summary_ms(lat), "errors": len(errors), "first_errors": errors[:3]})
+
+
+def percentiles_ms(times: list[float]) -> dict:
+    keys = sorted(times)
+    return {
+        "p50_ms": round(keys[len(keys) // 2] * 1000, 2),
+        "p99_ms": round(keys[min(len(keys) - 1, int(len(keys) * 0.99))] * 1000, 2),
+        "n": len(keys),
+    }
+
+
+def shell_bench(args) -> dict:
+    """Shell keystroke echo alone, then with --idle-workers heartbeating, in one run of one control plane."""
+    import multiprocessing as mp
+
+    interval = 2.0
+    with ControlPlaneProcess(tls=True, heartbeat_interval=interval, lease_ttl=30) as plane:
+        plane.start_worker("w1")
+        job_id = plane.submit({"command": ["sleep", "3600"], "name": "bench-shell"})
+        wait_for(lambda: plane.job(job_id)["tasks"][0]["state"] == "running", 60, "the job to run")
+        client = connect(url=plane.url, token=plane.client_token, ca_file=str(plane.ca_file))
+        client.get_job(job_id).exec(["true"])  # the agent's link is up
+        result: dict = {"idle_workers": args.idle_workers, "heartbeat_interval_s": interval}
+        result["alone"] = percentiles_ms(shell_keystrokes(client, job_id, args.shell_keys))
+        if args.idle_workers:
+            ctx = mp.get_context("spawn")
+            ready, stop, out = ctx.Event(), ctx.Event(), ctx.Queue()
+            loader = ctx.Process(
+                target=idle_workers, args=(plane.url, str(plane.ca_file), plane.join_token, args.idle_workers, interval, ready, stop, out)
+            )
+            loader.start()
+            assert ready.wait(600), "the idle workers did not register"
+            time.sleep(2 * interval)  # every one of them beating
+            load = os.getloadavg()
+            result["loaded"] = percentiles_ms(shell_keystrokes(client, job_id, args.shell_keys))
+            stop.set()
+            result["idle_load"] = out.get(timeout=120)
+            loader.join(30)
+            result["load_during"] = load
+        plane.cli("job", "cancel", str(job_id))
+    return result
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, default=256)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--keys", type=int, default=500)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--only", choices=["all", "exec", "shell"], default="all")
+    parser.add_argument("--shell-keys", type=int, default=500)
+    parser.add_argument("--idle-workers", type=int, default=0)
     args = parser.parse_args()
+    if args.only == "shell":
+        shell = shell_bench(args)
+        shell.update(
+            at=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), load=os.getloadavg(), cpus=os.cpu_count(), python=platform.python_version()
+        )
+        print(json.dumps(shell) if args.json else json.dumps(shell, indent=2))
+        return 0
     size = args.mib * 1024 * 1024
     with ControlPlaneProcess(tls=True) as plane:
         plane.start_worker("w1")
@@ -159,6 +306,8 @@ def main() -> int:
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
     }
+    if args.only == "all":
+        result["shell"] = shell_bench(args)
     if args.json:
         print(json.dumps(result))
     else:

@@ -1,6 +1,6 @@
 """Getting into a running job through the control plane's relay: `gpulayer exec`, `gpulayer shell` (docs/access.md).
 
-Later parts add shell, ssh-config and port-forward here.
+Later parts add ssh-config and port-forward here.
 """
 
 from __future__ import annotations

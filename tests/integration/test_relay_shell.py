@@ -10,6 +10,9 @@ they were. Refusals: stdin not a terminal, another user's job, a --no-exec worke
 from __future__ import annotations
 
 import json
+import shlex
+import shutil
+import subprocess
 
 import pytest
 
@@ -78,6 +81,26 @@ def test_a_command_on_the_terminal_in_the_tasks_place(plane, job):
     assert terminal.exit_code() == 3, terminal.output
     assert first.strip() in terminal.output
     assert "term=tmux-256color" in terminal.output and "on-a-tty" in terminal.output
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="no tmux")
+def test_under_tmux(plane, job, tmp_path):
+    """In a tmux pane: its TERM and its size reach the remote terminal, and the status comes back."""
+    socket = str(tmp_path / "tmux")
+    shell = shlex.join([*CLI, "shell", str(job), "--", "sh", "-c", "echo size=$(stty size) term=$TERM; exit 4"])
+    env = clean_env(**plane.cli_env())
+    env.pop("TMUX", None)
+    tmux = ["tmux", "-S", socket, "-f", "/dev/null"]
+    subprocess.run([*tmux, "new-session", "-d", "-x", "100", "-y", "30", f"{shell}; echo exit=$?; sleep 600"], env=env, check=True, timeout=30)
+    try:
+        pane = lambda: subprocess.run([*tmux, "capture-pane", "-p", "-J"], env=env, capture_output=True, text=True, timeout=30).stdout  # noqa: E731
+        wait_for(lambda: "exit=" in pane(), 90, "the shell in tmux to end")
+        text = pane()
+        term = subprocess.run([*tmux, "show-options", "-gv", "default-terminal"], env=env, capture_output=True, text=True, timeout=30).stdout.strip()
+        rows = subprocess.run([*tmux, "display-message", "-p", "#{pane_height} #{pane_width}"], env=env, capture_output=True, text=True, timeout=30)
+        assert f"size={rows.stdout.strip()} term={term}" in text and "exit=4" in text, text
+    finally:
+        subprocess.run([*tmux, "kill-server"], env=env, timeout=30)
 
 
 def test_refusals(plane, job):
