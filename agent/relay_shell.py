@@ -36,7 +36,7 @@ from gpulayer.protocol.streams import Stream
 
 from .events import log_event
 from .process import READ_BYTES, exit_code_of
-from .relay_exec import ExecRefused, command_in
+from .relay_exec import ExecRefused, _sandbox_pid, command_in
 from .supervision import TaskHandle
 
 #: The command without one given: the task's bash when it has one, else sh (both interactive on a terminal).
@@ -45,7 +45,9 @@ TERM = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
 #: Seconds the output may still come after the command ended (what it wrote last), and a hung-up session gets.
 DRAIN_S = 0.3
 HANGUP_S = 2.0
-TIOCGSID = getattr(termios, "TIOCGSID", 0x5429)  # Linux's; Python's termios leaves it out
+TIOCGSID = getattr(termios, "TIOCGSID", 0x5429)  # Linux's; Python's termios leaves these out
+TIOCSPTLCK = 0x40045431  # unlockpt()
+TIOCGPTPEER = 0x5441  # the slave end of a master, opened without a path (Linux 4.13)
 
 
 def serve(stream: Stream, fields: dict, find: Callable[[int], TaskHandle | None]) -> None:
@@ -68,7 +70,7 @@ def serve(stream: Stream, fields: dict, find: Callable[[int], TaskHandle | None]
         return stream.close({"error": str(exc)})
     term = fields.get("term")
     env = {**env, "TERM": term if isinstance(term, str) and TERM.fullmatch(term) else "xterm-256color"}
-    master, slave = os.openpty()
+    master, slave = _terminal(handle)
     try:
         _winsize(master, fields)
         # Outside a sandbox setsid is the started process itself (not a group leader, so it needs no fork);
@@ -94,6 +96,33 @@ def serve(stream: Stream, fields: dict, find: Callable[[int], TaskHandle | None]
     stream.inbox.put(Frame(stream.id, CLOSE, {"reason": "the command ended"}))  # ends the feeder
     feeder.join(HANGUP_S + 1)
     os.close(master)  # hangs the terminal up for what still holds it
+
+
+def _terminal(handle: TaskHandle) -> tuple[int, int]:
+    """A new pseudo-terminal's master and slave: from the task's sandbox's own /dev/pts where it has one (so
+    that `tty` and ttyname() name it there, owned by the task user, as sshd does), else the agent's."""
+    runner, process = handle.runner, handle.process
+    sandbox = runner.ctx.sandbox if runner is not None else None
+    if sandbox is None or sandbox.mode == "none" or process is None:
+        return os.openpty()
+    pid = runner.holder.pid if runner.holder is not None else _sandbox_pid(process.pid)  # type: ignore[union-attr]
+    try:
+        master = os.open(f"/proc/{pid}/root/dev/pts/ptmx", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        return os.openpty()
+    try:
+        fcntl.ioctl(master, TIOCSPTLCK, struct.pack("i", 0))
+        slave = fcntl.ioctl(master, TIOCGPTPEER, os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        os.close(master)
+        return os.openpty()
+    user = sandbox.drops_to(False)
+    if user is not None:
+        try:
+            os.fchown(slave, user.uid, user.gid)
+        except OSError:
+            pass
+    return master, slave
 
 
 def _winsize(master: int, fields: dict) -> None:

@@ -76,11 +76,12 @@ def test_typed_commands_resizes_ctrl_c_ctrl_z_and_the_exit_status(plane, job):
 def test_a_command_on_the_terminal_in_the_tasks_place(plane, job):
     first = next(line["text"] for line in plane.get_json(f"/v1/jobs/{job}/logs")["lines"] if "place=" in line["text"])
     terminal = _shell(
-        plane, job, "--", "sh", "-c", "echo place=$(pwd) user=$(id -un); echo term=$TERM; test -t 0 && echo on-a-tty; exit 3", TERM="tmux-256color"
+        plane, job, "--", "sh", "-c", "echo place=$(pwd) user=$(id -un); echo term=$TERM; echo tty=$(tty); exit 3", TERM="tmux-256color"
     )
     assert terminal.exit_code() == 3, terminal.output
     assert first.strip() in terminal.output
-    assert "term=tmux-256color" in terminal.output and "on-a-tty" in terminal.output
+    assert "term=tmux-256color" in terminal.output
+    assert "tty=/dev/pts/" in terminal.output  # the sandbox's own /dev/pts, where it has one: ttyname() works
 
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="no tmux")
