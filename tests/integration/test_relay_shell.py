@@ -16,6 +16,9 @@ import subprocess
 
 import pytest
 
+from gpulayer.client.errors import ApiError
+from gpulayer.client.relay import closed_error, open_stream
+from gpulayer.protocol.relay import CLOSE
 from gpulayer.testing import CLI, ControlPlaneProcess, clean_env, wait_for
 from terminal import Terminal
 
@@ -109,6 +112,16 @@ def test_refusals(plane, job):
     assert rc == 2 and "terminal" in err and "gpulayer exec" in err
     rc, _, err = plane.cli("shell", str(job), "--index", "0", "--rank", "0")
     assert rc == 2 and "--rank" in err
+    client = plane.client()
+    for fields, name in (({"rows": 0, "cols": 80}, "rows"), ({"rows": 24}, "cols"), ({"rows": 24, "cols": 80, "term": "x;rm -rf"}, "term")):
+        link, stream = open_stream(client, job, {"kind": "shell", **fields})
+        try:
+            frame = stream.recv(timeout=60)
+        finally:
+            link.close()
+        assert frame is not None and frame.type == CLOSE, frame
+        refused = closed_error(frame.fields)
+        assert isinstance(refused, ApiError) and (refused.status, refused.code) == (400, "invalid_field") and name in refused.message, frame.fields
     rc, out, err = plane.cli("user", "add", "shellpeer", "--json")
     assert rc == 0, err
     terminal = _shell(plane, job, GPULAYER_TOKEN=json.loads(out)["token"])
