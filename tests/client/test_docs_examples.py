@@ -93,6 +93,10 @@ NOT_RUN = {
     "docs/cli.md > gpulayer exec #2": (
         "examples against a running job of a real control plane: tests/integration/test_relay_exec.py runs "
         "the same (exit codes, stdin piped to cat, --index)"),
+    "docs/cli.md > gpulayer shell #1": SYNOPSIS,
+    "docs/cli.md > gpulayer shell #2": (
+        "an interactive session against a running job of a real control plane: tests/integration/test_relay_shell.py "
+        "drives the same in a pseudo-terminal (typed commands, ^C, ^Z, exit 7, a command instead of the shell)"),
 }
 
 
