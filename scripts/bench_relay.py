@@ -226,8 +226,8 @@ def shell_bench(args) -> dict:
     import multiprocessing as mp
 
     interval = 2.0
-    with ControlPlaneProcess(tls=True, heartbeat_interval=interval, lease_ttl=30) as plane:
-        plane.start_worker("w1")
+    with ControlPlaneProcess(tls=True, heartbeat_interval=interval, lease_ttl=30).start(timeout=180) as plane:  # a loaded machine
+        plane.start_worker("w1", timeout=120)
         job_id = plane.submit({"command": ["sleep", "3600"], "name": "bench-shell"})
         wait_for(lambda: plane.job(job_id)["tasks"][0]["state"] == "running", 60, "the job to run")
         client = connect(url=plane.url, token=plane.client_token, ca_file=str(plane.ca_file))
