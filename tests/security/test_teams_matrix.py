@@ -40,6 +40,10 @@ MATRIX = [
     ("post", "/v1/worker/heartbeat", "/v1/worker/heartbeat", {}, ALL(403)),
     ("post", "/v1/worker/acquire", "/v1/worker/acquire", {}, ALL(403)),
     ("post", "/v1/worker/deregister", "/v1/worker/deregister", {}, ALL(403)),
+    ("post", "/v1/worker/finish-many", "/v1/worker/finish-many", {}, ALL(403)),
+    ("get", "/v1/worker/relay", "/v1/worker/relay", None, ALL(403)),
+    # Without a WebSocket upgrade: the relay's policy is checked on the WebSocket (test_relay_exec.py)
+    ("get", "/v1/jobs/{job_id:int}/relay", "/v1/jobs/{job}/relay", None, ALL(400)),
     ("post", "/v1/worker/tasks/{task_id:int}/start", "/v1/worker/tasks/1/start", {}, ALL(403)),
     ("post", "/v1/worker/tasks/{task_id:int}/logs", "/v1/worker/tasks/1/logs", {}, ALL(403)),
     ("post", "/v1/worker/tasks/{task_id:int}/rendezvous", "/v1/worker/tasks/1/rendezvous", {}, ALL(403)),
