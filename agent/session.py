@@ -35,7 +35,7 @@ from .leftovers import RunningTasks
 from .nvml import Nvml
 from .sandbox import Sandbox, gpu_minors
 from .shared import SharedSandboxes
-from . import relay_exec, relay_shell
+from . import relay_exec, relay_shell, relay_tcp
 from .relay import Relay
 from .supervision import TaskHandle
 from .tasks import SHUTDOWN_REPORT_S, TaskContext, TaskRunner, acquired
@@ -142,13 +142,16 @@ class Worker:
         if os.environ.get("GPULAYER_AGENT_RELAY") == "off":
             return None
         token = lambda: (transport.headers.get("Authorization") or "").removeprefix("Bearer ")  # noqa: E731
-        return Relay(base_url, verify, token, {"exec": self._exec, "shell": self._shell}, self.stop_event, no_exec=self.config.no_exec)
+        return Relay(base_url, verify, token, {"exec": self._exec, "shell": self._shell, "tcp": self._tcp}, self.stop_event, no_exec=self.config.no_exec)
 
     def _exec(self, stream, fields: dict) -> None:
         relay_exec.serve(stream, fields, self._handle_of)
 
     def _shell(self, stream, fields: dict) -> None:
         relay_shell.serve(stream, fields, self._handle_of)
+
+    def _tcp(self, stream, fields: dict) -> None:
+        relay_tcp.serve(stream, fields, self._handle_of)
 
     def _handle_of(self, task_id: int) -> TaskHandle | None:
         with self.lock:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import socket
 import subprocess
 from dataclasses import dataclass
 
@@ -121,3 +122,53 @@ class BridgedNamespaces:
         for name in self.names:
             _quiet("ip", "netns", "del", name)
         _quiet("ip", "link", "del", self.bridge)
+
+
+#: A NAT box's inbound rules, inside the namespace: its own loopback and the answers to connections it
+#: opened pass; every NEW connection from outside is dropped (no RST, as NAT gives none: a connect times out).
+NAT_RULES = (
+    ("-A", "INPUT", "-i", "lo", "-j", "ACCEPT"),
+    ("-A", "INPUT", "-m", "conntrack", "--ctstate", "NEW", "-j", "DROP"),
+)
+
+
+class NatNamespace(VethNamespace):
+    """A VethNamespace behind a NAT box: what runs in it dials out (to `host_ip`), nothing reaches it.
+
+    Start the worker in it (`plane.start_worker(name, prefix=netns_exec(net.name))`) with the control plane on
+    `host_ip` (`ControlPlaneProcess(root, host=net.host_ip, tls=True)`): the worker joins and works, and a
+    service its task runs on 0.0.0.0 cannot be reached at `ns_ip` (`reachable()` says so).
+    """
+
+    def create(self) -> "NatNamespace":
+        super().create()
+        for tool in ("iptables", "ip6tables"):
+            for rule in NAT_RULES:
+                sh(*netns_exec(self.name), tool, *rule)
+        return self
+
+    def reachable(self, port: int, timeout: float = 2.0) -> bool:
+        """Whether a connect from the host to `ns_ip`:`port` gets through (behind the NAT it never does)."""
+        try:
+            socket.create_connection((self.ns_ip, port), timeout).close()
+            return True
+        except OSError:
+            return False
+
+
+def nat_namespace(label: str = "nat"):
+    """A pytest fixture's body (`yield from nat_namespace("fw")`): a NatNamespace with names and a /30 of its
+    own (`label`, up to 4 letters, tells fixtures of one run apart), deleted after; pytest.skip when this host
+    cannot make one (not root, no `ip` or `iptables`)."""
+    import pytest
+    if shutil.which("iptables") is None or shutil.which("ip6tables") is None:
+        pytest.skip("needs iptables and ip6tables to put a namespace behind a NAT")
+    tag = f"{label[:4]}{os.getpid() % 100000}"
+    subnet = f"10.{random.randrange(214, 250)}.{random.randrange(0, 256)}.{4 * random.randrange(0, 64)}"
+    base = subnet.rsplit(".", 1)
+    host_ip, ns_ip = f"{base[0]}.{int(base[1]) + 1}", f"{base[0]}.{int(base[1]) + 2}"
+    net = veth_namespace(NatNamespace(f"gl{tag}", f"gl{tag}h", f"gl{tag}n", host_ip, ns_ip, prefix=30))
+    try:
+        yield net
+    finally:
+        net.delete()

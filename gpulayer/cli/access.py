@@ -1,12 +1,14 @@
-"""Getting into a running job through the control plane's relay: `gpulayer exec`, `gpulayer shell` (docs/access.md).
+"""Getting into a running job through the control plane's relay: `gpulayer exec`, `gpulayer shell`, `gpulayer
+port-forward` (docs/access.md).
 
-Later parts add ssh-config and port-forward here.
+Later parts add ssh-config here.
 """
 
 from __future__ import annotations
 
 import signal
 import sys
+import threading
 from typing import Annotated, Optional
 
 import typer
@@ -157,3 +159,71 @@ def shell_command(
         sys.stderr.write("Error: interrupted\n")
         code = 130
     raise typer.Exit(code)
+
+
+# -- port-forward --------------------------------------------------------------------------------
+
+
+def port_forward_command(
+    ctx: typer.Context,
+    job_id: JobArg,
+    ports: Annotated[
+        str,
+        typer.Argument(
+            help="REMOTE, or LOCAL:REMOTE: the port in the task, and the local one (LOCAL empty or 0: a free one, printed).",
+            metavar="[LOCAL:]REMOTE",
+            show_default=False,
+        ),
+    ],
+    index: IndexOpt = None,
+    replica: ReplicaOpt = None,
+    rank: RankOpt = None,
+    address: Annotated[str, typer.Option("--address", metavar="ADDR", help="The local address to listen on.")] = "127.0.0.1",
+) -> None:
+    """Forward local TCP connections to a port in a running job's task, through the control plane.
+
+    kubectl's semantics: `8888` listens on local port 8888 and reaches 8888 in the task; `9000:8888` listens
+    on 9000; `:8888` (or `0:8888`) picks a free local port and prints it. Each connection is its own stream
+    (many at once, half-closes kept); the worker may sit behind NAT. It runs until Ctrl-C; when the task's
+    agent reconnects, open connections end with an error and new ones work once it is back.
+
+    \b
+    Examples:
+      gpulayer port-forward 12 8888
+      gpulayer port-forward 12 :8888 --replica 1
+      gpulayer port-forward 12 9000:8888 --address 0.0.0.0
+    """
+    from gpulayer.client.forward import PortForward, parse_ports
+
+    try:
+        local, remote = parse_ports(ports)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="[LOCAL:]REMOTE") from None
+    chosen = task_index(index, replica, rank)
+    client = client_of(ctx)
+    if not hasattr(client, "session"):
+        raise fail("port-forward needs a control plane (GPULAYER_URL): a local run (--target local) has no relay", 2)
+
+    def report(text: str) -> None:
+        sys.stderr.write(f"Error: {text}\n")
+        sys.stderr.flush()
+
+    forward = PortForward(client, job_id, remote, local, address=address, index=chosen, on_event=report)
+    try:
+        client.get_job(job_id)  # a job that is not there (or not yours) fails now, not at the first connection
+        forward.start()
+    except ClientError as exc:
+        raise fail(exc.message) from None
+    except OSError as exc:
+        raise fail(f"cannot listen on {address}:{local}: {exc.strerror or exc}") from None
+    print(f"Forwarding from {address}:{forward.local_port} -> {remote}", flush=True)
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    try:
+        while not stop.wait(1.0):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        forward.close()

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from urllib.parse import parse_qs
 
 from gpulayer.protocol import PROTOCOL, PROTOCOL_HEADER
+from gpulayer.protocol.forward import DEFAULT_HOST, tcp_target
 from gpulayer.protocol.relay import (
     CLOSE,
     DATA,
@@ -526,6 +527,12 @@ def _detail(kind: str, fields: dict) -> dict:
         raise InvalidRequest(f"kind: unknown; expected {', '.join(KINDS)}", field="kind")
     if kind == "shell":
         return _shell_detail(fields)
+    if kind == "tcp":  # a port in the task's network view (gpulayer/protocol/forward.py)
+        try:
+            host, port = tcp_target(fields)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc), field="host" if str(exc).startswith("host") else "port") from None
+        return {"port": port, **({"host": host} if host != DEFAULT_HOST else {})}
     argv = fields.get("argv")
     if not isinstance(argv, list) or not argv or not all(isinstance(a, str) and "\0" not in a for a in argv):
         raise InvalidRequest("argv: must be a non-empty list of strings (the command and its arguments)", field="argv")

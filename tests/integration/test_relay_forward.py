@@ -1,0 +1,274 @@
+"""`gpulayer port-forward` and the agent's `tcp` streams, end to end through a worker behind a NAT (issue 26).
+
+The worker runs in a network namespace whose iptables drop every NEW inbound connection (tests/netns.py's
+NatNamespace): it dials out to the control plane, and nothing reaches it. Its task serves HTTP, an echo and
+a byte counter on 0.0.0.0; a direct connect to them fails, and through the relay: the HTTP answer, a transfer
+both ways checksummed, 20 connections at once, a half-close, a port nothing listens on, a `network: none`
+task (its own namespace, entered with setns), bad OPENs refused, and (on loopback) the CLI surviving its
+agent's death and restart, then Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+
+import pytest
+import requests
+
+from gpulayer.client.api import connect
+from gpulayer.client.forward import PortForward
+from gpulayer.protocol.relay import CLOSE
+from gpulayer.protocol.streams import Link
+from gpulayer.protocol.streams import connect as ws_connect
+from gpulayer.testing import CLI, ControlPlaneProcess, clean_env, wait_for
+
+from netns import nat_namespace, netns_exec
+
+pytest.importorskip("granian")
+pytest.importorskip("websockets")
+pytestmark = [pytest.mark.timeout(300), pytest.mark.netns]
+
+HTTP, ECHO, COUNT = 18801, 18802, 18803
+#: Bytes each way of the checksummed transfer (GPULAYER_TEST_FORWARD_MIB; the bench moves 1 GiB).
+TRANSFER = int(os.environ.get("GPULAYER_TEST_FORWARD_MIB", "256")) * 1024 * 1024
+
+TASK = r"""
+import hashlib, http.server, socket, socketserver, sys, threading
+
+class Echo(socketserver.BaseRequestHandler):
+    def handle(self):
+        while chunk := self.request.recv(65536):
+            self.request.sendall(chunk)
+        self.request.shutdown(socket.SHUT_WR)
+
+class Count(socketserver.BaseRequestHandler):
+    def handle(self):
+        digest, size = hashlib.sha256(), 0
+        while chunk := self.request.recv(65536):
+            digest.update(chunk)
+            size += len(chunk)
+        self.request.sendall(f"{size} {digest.hexdigest()}\n".encode())
+
+class Hello(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = b"hello from the task\n"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+class Server(socketserver.ThreadingTCPServer):
+    daemon_threads = allow_reuse_address = True
+
+for port, handler in ((18801, Hello), (18802, Echo), (18803, Count)):
+    threading.Thread(target=Server((sys.argv[1], port), handler).serve_forever, daemon=True).start()
+print("listening", flush=True)
+threading.Event().wait()
+"""
+
+
+@pytest.fixture(scope="module")
+def nat():
+    yield from nat_namespace("fw")
+
+
+@pytest.fixture(scope="module")
+def plane(nat, tmp_path_factory):
+    with ControlPlaneProcess(
+        tmp_path_factory.mktemp("forward"),
+        host=nat.host_ip,
+        tls=True,
+        heartbeat_interval=0.5,
+        lease_ttl=5,
+        args=["--relay-max-streams-per-user", "64"],
+    ) as plane:
+        plane.start_worker("behind-nat", parallel=4, prefix=netns_exec(nat.name), timeout=120)
+        yield plane
+
+
+def _serve(plane, **spec) -> int:
+    """A job running TASK (HTTP, echo and count servers), once it listens."""
+    job_id = plane.submit({"command": [sys.executable, "-c", TASK, spec.pop("host", "0.0.0.0")], **spec})
+    wait_for(lambda: any("listening" in line["text"] for line in plane.get_json(f"/v1/jobs/{job_id}/logs")["lines"]), 120, "the task's servers")
+    return job_id
+
+
+@pytest.fixture(scope="module")
+def served(plane) -> int:
+    return _serve(plane, name="served")
+
+
+@pytest.fixture(scope="module")
+def job(plane, served):
+    return connect(url=plane.url, token=plane.client_token, ca_file=str(plane.ca_file)).get_job(served)
+
+
+def _echo(port: int, payload: bytes) -> bytes:
+    """`payload` through the echo server, written and read at once; what came back."""
+    with socket.create_connection(("127.0.0.1", port), 30) as conn:
+        sender = threading.Thread(target=lambda: (conn.sendall(payload), conn.shutdown(socket.SHUT_WR)))
+        sender.start()
+        back = bytearray()
+        while chunk := conn.recv(1 << 16):
+            back += chunk
+        sender.join()
+    return bytes(back)
+
+
+def test_behind_the_nat_only_the_relay_reaches_the_task(plane, nat, served, job):
+    assert not nat.reachable(HTTP), "the NAT namespace let a connection in"
+    with job.port_forward(HTTP) as forward:
+        answer = requests.get(f"http://127.0.0.1:{forward.local_port}/", timeout=30)
+        assert (answer.status_code, answer.text) == (200, "hello from the task\n")
+        again = requests.get(f"http://127.0.0.1:{forward.local_port}/again", timeout=30)
+        assert again.status_code == 200
+    wait_for(lambda: len(plane.sql("SELECT 1 FROM sessions WHERE kind = 'tcp' AND closed_at IS NOT NULL")) >= 2, 30, "the sessions rows")
+    rows = plane.sql("SELECT detail, job_id FROM sessions WHERE kind = 'tcp'")
+    assert {detail for detail, _ in rows} == {'{"port":18801}'} or {detail for detail, _ in rows} == {'{"port": 18801}'}, rows
+    assert {job_id for _, job_id in rows} == {served}
+
+
+def test_a_big_transfer_both_ways_is_checksummed(job):
+    block = os.urandom(4 * 1024 * 1024)
+    want = hashlib.sha256()
+    for _ in range(TRANSFER // len(block)):
+        want.update(block)
+    with job.port_forward(ECHO) as forward, socket.create_connection(("127.0.0.1", forward.local_port), 30) as conn:
+
+        def send() -> None:
+            for _ in range(TRANSFER // len(block)):
+                conn.sendall(block)
+            conn.shutdown(socket.SHUT_WR)
+
+        sender = threading.Thread(target=send)
+        sender.start()
+        got, size = hashlib.sha256(), 0
+        while chunk := conn.recv(1 << 20):
+            got.update(chunk)
+            size += len(chunk)
+        sender.join()
+    assert (size, got.hexdigest()) == (TRANSFER, want.hexdigest())
+
+
+def test_twenty_connections_at_once(job):
+    payloads = [os.urandom(1024 * 1024 + i) for i in range(20)]
+    results: dict[int, bytes] = {}
+    start = threading.Barrier(20)
+    with job.port_forward(ECHO) as forward:
+
+        def one(i: int) -> None:
+            start.wait(30)
+            results[i] = _echo(forward.local_port, payloads[i])
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(20)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+    assert sorted(results) == list(range(20))
+    assert all(results[i] == payloads[i] for i in range(20))
+
+
+def test_half_close_the_server_still_answers(job):
+    payload = os.urandom(300_000)
+    with job.port_forward(COUNT) as forward, socket.create_connection(("127.0.0.1", forward.local_port), 30) as conn:
+        conn.sendall(payload)
+        conn.shutdown(socket.SHUT_WR)  # the client is done writing; the server answers after that
+        answer = b""
+        while chunk := conn.recv(4096):
+            answer += chunk
+    assert answer.decode() == f"{len(payload)} {hashlib.sha256(payload).hexdigest()}\n"
+
+
+def test_a_port_nothing_listens_on_ends_the_connection_with_a_clear_error(plane, served):
+    heard: list[str] = []
+    client = connect(url=plane.url, token=plane.client_token, ca_file=str(plane.ca_file))
+    with PortForward(client, served, 18809, on_event=heard.append) as forward:
+        with socket.create_connection(("127.0.0.1", forward.local_port), 30) as conn:
+            assert conn.recv(10) == b""
+        wait_for(lambda: heard, 30, "the connection's error")
+    task_id = plane.job(served)["tasks"][0]["task_id"]
+    assert heard == [f"connection 1: nothing listens on port 18809 in task {task_id}"]
+
+
+def test_a_task_with_a_network_of_its_own(plane):
+    job_id = _serve(plane, name="netless", network="none", host="127.0.0.1")
+    client = connect(url=plane.url, token=plane.client_token, ca_file=str(plane.ca_file))
+    try:
+        with client.get_job(job_id).port_forward(HTTP) as forward:
+            answer = requests.get(f"http://127.0.0.1:{forward.local_port}/", timeout=30)
+            assert answer.text == "hello from the task\n"
+    finally:
+        plane.cli("job", "cancel", str(job_id))
+
+
+def test_bad_opens_are_refused_with_a_400(plane, served):
+    ws = ws_connect(f"{plane.url}/v1/jobs/{served}/relay?kind=tcp", plane.client_token, str(plane.ca_file))
+    link = Link(ws)
+    link.start()
+    try:
+        for fields, words in (
+            ({"port": 0}, "port"),
+            ({"port": "80"}, "port"),
+            ({"port": 18801, "host": "10.0.0.1"}, "loopback"),
+            ({"port": 18801, "host": "example.com"}, "loopback"),
+        ):
+            stream = link.open({"kind": "tcp", **fields})
+            frame = stream.recv(30)
+            assert frame is not None and frame.type == CLOSE, frame
+            assert frame.fields.get("status") == 400 and words in frame.fields["error"], frame.fields
+    finally:
+        link.close()
+
+
+def test_cli_usage_errors(plane, served):
+    rc, _, err = plane.cli("port-forward", str(served), "1:2:3")
+    assert rc == 2 and "LOCAL" in err, err
+    rc, _, err = plane.cli("port-forward", "999999", "80")
+    assert rc == 1 and "999999" in err, err
+
+
+def test_cli_survives_the_agent_restarting_and_ctrl_c_ends_it(tmp_path):
+    with ControlPlaneProcess(tmp_path, tls=True, heartbeat_interval=0.5, lease_ttl=3) as plane:
+        plane.start_worker("victim", timeout=120)
+        job_id = _serve(plane, retry={"max_attempts": 3})
+        proc = subprocess.Popen(
+            [*CLI, "port-forward", str(job_id), f":{ECHO}"],
+            env=clean_env(**plane.cli_env()),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            assert line.startswith("Forwarding from 127.0.0.1:") and line.endswith(f" -> {ECHO}\n"), line
+            port = int(line.split(":")[1].split()[0])
+            assert _echo(port, b"before") == b"before"
+            held = socket.create_connection(("127.0.0.1", port), 30)
+            held.sendall(b"x")
+            assert held.recv(1) == b"x"
+
+            plane.workers["victim"].kill()  # the agent dies, and its task with it
+            held.settimeout(60)
+            assert held.recv(10) == b"", "the open connection ends"
+            held.close()
+            plane.start_worker("victim", args=["--no-exec"], timeout=120)  # back, and tcp is no command kind
+            wait_for(lambda: plane.job(job_id)["tasks"][-1]["state"] == "running", 120, "the task's next attempt")
+            wait_for(lambda: sum("listening" in line["text"] for line in plane.get_json(f"/v1/jobs/{job_id}/logs")["lines"]) >= 2, 120, "its servers")
+            assert _echo(port, b"after" * 1000) == b"after" * 1000  # the same listener, a new agent link
+        finally:
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+        assert "Error: connection 2:" in err and "agent" in err, err
