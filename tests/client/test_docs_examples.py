@@ -78,6 +78,12 @@ RUN = {
 }
 NOT_RUN = {
     "docs/cli.md > gpulayer submit #1": SYNOPSIS,
+    "docs/cli.md > gpulayer exec #1": SYNOPSIS,
+    "docs/cli.md > gpulayer exec #2": "needs a running job: tests/integration/test_relay_exec.py runs exec end to end",
+    "docs/cli.md > gpulayer port-forward #1": SYNOPSIS,
+    "docs/cli.md > gpulayer port-forward #2": (
+        "needs a running job whose task listens: tests/integration/test_relay_forward.py runs port-forward "
+        "through a worker behind a NAT"),
     "docs/cli.md > gpulayer job status #1": (
         "an output sample of a 3,000-element array caught part-way (3 failed at given indices, 16 running, "
         "172 held): not made for real; test_array_status_sample_is_what_job_status_prints renders a Job "
