@@ -54,7 +54,7 @@ def target(conn: apsw.Connection, principal, job_id: int, index: int | None, kin
         states = row(conn, "job_task_states", job_id=job_id, index=index) or {}
         what = f"job {job_id}" + (f" has no element {index} running" if index is not None else " has no task running")
         raise Conflict(
-            f"{what} (job {states.get('job_state')}, tasks: {states.get('task_states') or 'none'}): exec reaches a running task only",
+            f"{what} (job {states.get('job_state')}, tasks: {states.get('task_states') or 'none'}): the relay reaches a running task only",
             code="not_running",
         )
     relay = json.loads(found["relay"] or "{}")
