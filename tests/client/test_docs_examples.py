@@ -78,8 +78,6 @@ RUN = {
 }
 NOT_RUN = {
     "docs/cli.md > gpulayer submit #1": SYNOPSIS,
-    "docs/cli.md > gpulayer exec #1": SYNOPSIS,
-    "docs/cli.md > gpulayer exec #2": "needs a running job: tests/integration/test_relay_exec.py runs exec end to end",
     "docs/cli.md > gpulayer port-forward #1": SYNOPSIS,
     "docs/cli.md > gpulayer port-forward #2": (
         "needs a running job whose task listens: tests/integration/test_relay_forward.py runs port-forward "
