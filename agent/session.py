@@ -142,7 +142,8 @@ class Worker:
         if os.environ.get("GPULAYER_AGENT_RELAY") == "off":
             return None
         token = lambda: (transport.headers.get("Authorization") or "").removeprefix("Bearer ")  # noqa: E731
-        return Relay(base_url, verify, token, {"exec": self._exec, "shell": self._shell, "tcp": self._tcp}, self.stop_event, no_exec=self.config.no_exec)
+        handlers = {"exec": self._exec, "shell": self._shell, "tcp": self._tcp}
+        return Relay(base_url, verify, token, handlers, self.stop_event, no_exec=self.config.no_exec)
 
     def _exec(self, stream, fields: dict) -> None:
         relay_exec.serve(stream, fields, self._handle_of)
