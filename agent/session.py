@@ -36,7 +36,7 @@ from .nvml import Nvml
 from .sandbox import Sandbox, gpu_minors
 from .shared import SharedSandboxes
 from . import relay_exec, relay_shell, relay_tcp
-from .relay import Relay
+from .relay import Handler, Relay
 from .supervision import TaskHandle
 from .tasks import SHUTDOWN_REPORT_S, TaskContext, TaskRunner, acquired
 from .tls import resolve_verify
@@ -142,7 +142,7 @@ class Worker:
         if os.environ.get("GPULAYER_AGENT_RELAY") == "off":
             return None
         token = lambda: (transport.headers.get("Authorization") or "").removeprefix("Bearer ")  # noqa: E731
-        handlers = {"exec": self._exec, "shell": self._shell, "tcp": self._tcp}
+        handlers: dict[str, Handler] = {"exec": self._exec, "shell": self._shell, "tcp": self._tcp}
         return Relay(base_url, verify, token, handlers, self.stop_event, no_exec=self.config.no_exec)
 
     def _exec(self, stream, fields: dict) -> None:
