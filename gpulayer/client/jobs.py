@@ -154,14 +154,14 @@ class Job:
         return relay.exec_capture(self.client, self.id, list(argv), index=index, input=input,  # type: ignore[arg-type]
                                   check=check)
 
-    def port_forward(self, remote: int, local: int = 0, *, index: int | None = None, address: str = "127.0.0.1"):
+    def port_forward(self, remote: int, local: int = 0, *, index: int | None = None, address: str = "127.0.0.1", on_event=None):
         """A PortForward (gpulayer/client/forward.py): connections to `address`:`local` (0: a free port, its
         `local_port`) reach port `remote` in the job's running task (element, replica or rank `index`), through
         the control plane's relay. A context manager: listening inside the with block, closed after it.
         Raises ApiError or ConnectionFailed when the relay refuses or cannot be reached, OSError when the
-        local port cannot be bound."""
+        local port cannot be bound; `on_event(text)` hears why a connection ended with an error."""
         from gpulayer.client.forward import PortForward
-        return PortForward(self.client, self.id, remote, local, address=address, index=index)  # type: ignore[arg-type]
+        return PortForward(self.client, self.id, remote, local, address=address, index=index, on_event=on_event)  # type: ignore[arg-type]
 
     def element(self, index: int) -> dict:
         """The Job with only the tasks of element `index` of an array (or of that replica or rank)."""

@@ -126,8 +126,12 @@ def _echo(port: int, payload: bytes) -> bytes:
 
 def test_behind_the_nat_only_the_relay_reaches_the_task(plane, nat, served, job):
     assert not nat.reachable(HTTP), "the NAT namespace let a connection in"
-    with job.port_forward(HTTP) as forward:
-        answer = requests.get(f"http://127.0.0.1:{forward.local_port}/", timeout=30)
+    heard: list[str] = []
+    with job.port_forward(HTTP, on_event=heard.append) as forward:
+        try:
+            answer = requests.get(f"http://127.0.0.1:{forward.local_port}/", timeout=30)
+        except requests.ConnectionError as exc:
+            raise AssertionError(f"the forwarded connection failed: {heard}") from exc
         assert (answer.status_code, answer.text) == (200, "hello from the task\n")
         again = requests.get(f"http://127.0.0.1:{forward.local_port}/again", timeout=30)
         assert again.status_code == 200
