@@ -35,7 +35,7 @@ from .leftovers import RunningTasks
 from .nvml import Nvml
 from .sandbox import Sandbox, gpu_minors
 from .shared import SharedSandboxes
-from . import relay_exec, relay_shell, relay_tcp
+from . import relay_exec, relay_shell, relay_ssh, relay_tcp
 from .relay import Handler, Relay
 from .supervision import TaskHandle
 from .tasks import SHUTDOWN_REPORT_S, TaskContext, TaskRunner, acquired
@@ -143,6 +143,8 @@ class Worker:
             return None
         token = lambda: (transport.headers.get("Authorization") or "").removeprefix("Bearer ")  # noqa: E731
         handlers: dict[str, Handler] = {"exec": self._exec, "shell": self._shell, "tcp": self._tcp}
+        if relay_ssh.available():  # asyncssh (a base dependency) is importable: ssh streams
+            handlers["ssh"] = self._ssh
         return Relay(base_url, verify, token, handlers, self.stop_event, no_exec=self.config.no_exec)
 
     def _exec(self, stream, fields: dict) -> None:
@@ -153,6 +155,9 @@ class Worker:
 
     def _tcp(self, stream, fields: dict) -> None:
         relay_tcp.serve(stream, fields, self._handle_of)
+
+    def _ssh(self, stream, fields: dict) -> None:
+        relay_ssh.serve(stream, fields, self._handle_of)
 
     def _handle_of(self, task_id: int) -> TaskHandle | None:
         with self.lock:

@@ -1,7 +1,7 @@
 """Getting into a running job through the control plane's relay: `gpulayer exec`, `gpulayer shell`, `gpulayer
 port-forward` (docs/access.md).
 
-Later parts add ssh-config here.
+ssh-config and ssh-proxy are at the end.
 """
 
 from __future__ import annotations
@@ -9,11 +9,12 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from gpulayer.cli.common import client_of, fail
+from gpulayer.cli.common import client_of, fail, global_options, home_of
 from gpulayer.client.errors import ClientError
 
 #: The exit status of `gpulayer exec` when the relay itself failed (as ssh's 255): never the command's.
@@ -227,3 +228,70 @@ def port_forward_command(
     finally:
         signal.signal(signal.SIGTERM, previous)
         forward.close()
+
+
+# -- ssh (docs/access.md, "SSH") -----------------------------------------------------------------
+
+
+def ssh_config_command(
+    ctx: typer.Context,
+    known_hosts: Annotated[
+        Optional[Path],
+        typer.Option("--known-hosts", metavar="FILE", help="Where to write the known_hosts file the block names (default: HOME/ssh/known_hosts)."),
+    ] = None,
+) -> None:
+    """Print an OpenSSH config block for `ssh gpulayer-JOB` (and scp, rsync -e ssh, ssh -L, VS Code Remote-SSH).
+
+    Writes a known_hosts file that trusts the control plane's SSH host CA for gpulayer-* names (so no host
+    key prompt, and no StrictHostKeyChecking=no) and prints a `Host gpulayer-*` block whose ProxyCommand
+    is `gpulayer ssh-proxy`: add it to ~/.ssh/config. `gpulayer-JOB` is the job's first running task,
+    `gpulayer-JOB-INDEX` its array element, service replica or multi-node rank INDEX.
+
+    \b
+    Examples:
+      gpulayer ssh-config >> ~/.ssh/config
+      ssh gpulayer-12 nvidia-smi
+      scp model.pt gpulayer-12:
+      rsync -a data/ gpulayer-12-3:data/
+      ssh -L 8888:localhost:8888 gpulayer-12
+    """
+    from gpulayer.client.ssh import config_block, host_ca, write_known_hosts
+
+    client = client_of(ctx)
+    if not hasattr(client, "session"):
+        raise fail("ssh-config needs a control plane (GPULAYER_URL): a local run (--target local) has no relay", 2)
+    try:
+        ca_public = host_ca(client)
+    except ClientError as exc:
+        raise fail(exc.message, 1) from None
+    path = (known_hosts or home_of(ctx) / "ssh" / "known_hosts").expanduser().absolute()
+    write_known_hosts(path, ca_public)
+    verify = client.session.verify
+    home = global_options(ctx).home
+    typer.echo(config_block(path, client.url, verify if isinstance(verify, str) else None, str(home) if home else None), nl=False)
+
+
+def ssh_proxy_command(
+    ctx: typer.Context,
+    host: Annotated[str, typer.Argument(help="The task's SSH name: gpulayer-JOB or gpulayer-JOB-INDEX.", metavar="HOST", show_default=False)],
+) -> None:
+    """The ProxyCommand of `gpulayer ssh-config`'s block: an `ssh` relay stream on stdin and stdout.
+
+    Not run by hand: OpenSSH starts it (ProxyCommand ... %n). Exit status 255 with `Error: ...` when the
+    relay refused or failed, as ssh's own.
+    """
+    from gpulayer.client.ssh import parse_host, run_proxy
+
+    try:
+        parse_host(host)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="HOST") from None
+    client = client_of(ctx)
+    if not hasattr(client, "session"):
+        raise fail("ssh-proxy needs a control plane (GPULAYER_URL): a local run (--target local) has no relay", 2)
+    try:
+        code = run_proxy(client, host)
+    except ClientError as exc:
+        sys.stderr.write(f"Error: gpulayer-ssh-proxy: {exc.message}\n")
+        code = RELAY_FAILED
+    raise typer.Exit(code)

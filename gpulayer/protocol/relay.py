@@ -44,7 +44,7 @@ MAX_DATA = 64 * 1024
 MAX_FRAME = MAX_DATA + 64
 STDERR = 2
 #: Stream kinds this protocol names; which of them an agent serves it says at register (`relay.kinds`).
-KINDS = ("exec", "shell", "tcp")
+KINDS = ("exec", "shell", "tcp", "ssh")
 #: Kinds that run a command in the task, which `--no-exec` refuses.
 COMMAND_KINDS = frozenset({"exec", "shell", "ssh"})
 #: Signals a SIGNAL frame may name.

@@ -11,7 +11,7 @@ from gpulayer.server.http.app import ROUTES
 from gpulayer.server.http.openapi import METHODS
 
 CALLERS = ("none", "join", "worker", "client", "revoked", "expired")
-PUBLIC = {"/v1/health", "/v1/ca.pem"}
+PUBLIC = {"/v1/health", "/v1/ca.pem", "/v1/ssh-host-ca.pub"}
 DIGEST = "sha256:" + hashlib.sha256(b"artifact").hexdigest()
 
 

@@ -68,6 +68,14 @@ def test_ca_pem(api, deps, tmp_path):
     assert r.status_code == 200 and r.text.startswith("-----BEGIN CERTIFICATE")
 
 
+def test_ssh_host_ca_pub(api, deps):
+    """The SSH host CA's public key: made once in the home, the same on every call, no token needed."""
+    first = api.simulate_get("/v1/ssh-host-ca.pub")
+    assert first.status_code == 200 and first.text.startswith("ssh-ed25519 ") and first.text.endswith(" gpulayer-ssh-host-ca\n")
+    assert api.simulate_get("/v1/ssh-host-ca.pub").text == first.text
+    assert (deps.config.home / "ssh_host_ca").stat().st_mode & 0o077 == 0  # the private key: the owner's only
+
+
 def test_worker_cycle(api, client_h, worker, deps, clock):
     wid, wh = worker(name="gpu1", gpus=2, labels={"zone": "a"})
     assert api.simulate_post("/v1/worker/acquire", headers=wh, json={}).json == {"task": None}

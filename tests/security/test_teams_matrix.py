@@ -36,6 +36,7 @@ READ = codes(200, 200, 403, 404, 404)
 MATRIX = [
     ("get", "/v1/health", "/v1/health", None, ALL(200)),
     ("get", "/v1/ca.pem", "/v1/ca.pem", None, ALL(404)),   # plain HTTP: no CA of its own
+    ("get", "/v1/ssh-host-ca.pub", "/v1/ssh-host-ca.pub", None, ALL(200)),   # a public key, as ca.pem
     ("post", "/v1/workers/register", "/v1/workers/register", {"name": "x"}, ALL(403)),
     ("post", "/v1/worker/heartbeat", "/v1/worker/heartbeat", {}, ALL(403)),
     ("post", "/v1/worker/acquire", "/v1/worker/acquire", {}, ALL(403)),

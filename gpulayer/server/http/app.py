@@ -151,6 +151,7 @@ def _unexpected(req, resp, ex, params):
 ROUTES = [
     ("/v1/health", resources.Health, None),
     ("/v1/ca.pem", resources.CACert, None),
+    ("/v1/ssh-host-ca.pub", resources.SshHostCA, None),
     ("/v1/workers/register", resources.Register, None),
     ("/v1/worker/heartbeat", resources.Heartbeat, None),
     ("/v1/worker/acquire", resources.Acquire, None),

@@ -67,6 +67,18 @@ class CACert(Resource):
         resp.text = self.deps.ca_file.read_text()
 
 
+class SshHostCA(Resource):
+    """The public key of the control plane's SSH host CA (public), for `gpulayer ssh-config`'s known_hosts."""
+
+    auth = ()
+
+    def on_get(self, req, resp):
+        from gpulayer.server.relay import sshca
+
+        resp.content_type = "text/plain"
+        resp.text = sshca.for_home(self.deps.config.home).public_line() + "\n"
+
+
 # -- workers -----------------------------------------------------------------
 
 class Register(Resource):

@@ -45,6 +45,7 @@ from gpulayer.protocol.relay import (
     encode,
 )
 from gpulayer.server.errors import Forbidden, GpulayerError, InvalidRequest
+from gpulayer.server.relay import sshca
 from gpulayer.server.relay.conn import Conn
 from gpulayer.server.scheduler import events, sessions
 
@@ -410,12 +411,27 @@ class Hub:
             encode(
                 route.agent_sid,
                 OPEN,
-                {"kind": route.kind, "job_id": to.job_id, "task_id": to.task_id, "index": to.index, "session_id": route.session_id, **detail},
+                {
+                    "kind": route.kind,
+                    "job_id": to.job_id,
+                    "task_id": to.task_id,
+                    "index": to.index,
+                    "session_id": route.session_id,
+                    **detail,
+                    **self._secret(route.kind, to),
+                },
             )
         )
         for raw in route.pending:
             link.send(_rewrite(raw, route.agent_sid))
         route.pending.clear()
+
+    def _secret(self, kind: str, to: sessions.Target) -> dict:
+        """What an OPEN carries that the session's row must not: an `ssh` stream's host key and certificate."""
+        if kind != "ssh":
+            return {}
+        key, cert = sshca.for_home(self.scheduler.config.home).issue(sshca.principals(to.job_id, to.index))
+        return {"host_key": key, "host_cert": cert}
 
     # -- endings ---------------------------------------------------------------------------------
 
@@ -533,6 +549,8 @@ def _detail(kind: str, fields: dict) -> dict:
         except ValueError as exc:
             raise InvalidRequest(str(exc), field="host" if str(exc).startswith("host") else "port") from None
         return {"port": port, **({"host": host} if host != DEFAULT_HOST else {})}
+    if kind == "ssh":
+        return {}  # the SSH protocol runs end to end inside the stream; its host key goes in _secret, unrecorded
     argv = fields.get("argv")
     if not isinstance(argv, list) or not argv or not all(isinstance(a, str) and "\0" not in a for a in argv):
         raise InvalidRequest("argv: must be a non-empty list of strings (the command and its arguments)", field="argv")

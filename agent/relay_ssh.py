@@ -1,0 +1,150 @@
+"""`ssh` streams: one SSH connection per stream, served inside the task (`gpulayer ssh-proxy`, plain OpenSSH).
+
+The agent starts agent/ssh_server.py in the task's place as `exec` starts a command (relay_exec.command_in:
+the task's cwd, environment, user, sandbox and network namespace), under its own interpreter, with fd 0 one
+end of a socket pair. On the other end it writes the header (the stream's host key and certificate from
+the OPEN) and then copies bytes both ways between the socket and the stream: the SSH protocol itself is
+end to end between the user's `ssh` and that server. The stream ends (CLOSE `exit_code` 0) when the server
+exits: the client closed the connection, or the stream was closed and the socket with it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+
+from gpulayer.protocol.relay import CLOSE, DATA, EOF, EXT_DATA, Frame
+from gpulayer.protocol.streams import Stream
+
+from .events import log_event
+from .relay_exec import ExecRefused, command_in
+from .supervision import TaskHandle
+
+READ_BYTES = 64 * 1024
+#: Seconds the server may take to end after its stream closed, before it is killed.
+END_S = 5.0
+#: The package root that holds `agent/`, put on the server's sys.path (it imports nothing else of ours).
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def available() -> bool:
+    """Whether this agent can serve `ssh` streams (asyncssh is installed: the base install's dependency)."""
+    try:
+        import asyncssh  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def server_argv() -> list[str]:
+    boot = f"import sys; sys.path.insert(0, {ROOT!r}); from agent.ssh_server import main; main()"
+    return [sys.executable, "-c", boot]
+
+
+def serve(stream: Stream, fields: dict, find: Callable[[int], TaskHandle | None]) -> None:
+    """Run an OPEN `ssh` stream to its end (on its own thread)."""
+    task_id, key, cert = fields.get("task_id"), fields.get("host_key"), fields.get("host_cert")
+    handle = find(task_id) if isinstance(task_id, int) else None
+    if not isinstance(key, str) or not isinstance(cert, str):
+        return stream.close({"error": "ssh: the OPEN carries no host key and certificate (the control plane is older than this agent)"})
+    if handle is None:
+        return stream.close({"error": f"task {task_id} is not running on this worker"})
+    ours, theirs = socket.socketpair()
+    try:
+        launch, env, cwd = command_in(handle, server_argv())
+        proc = subprocess.Popen(
+            launch, env=env, cwd=cwd, stdin=theirs.fileno(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+        )
+    except (ExecRefused, OSError) as exc:
+        ours.close()
+        return stream.close({"error": str(exc) if isinstance(exc, ExecRefused) else f"ssh: cannot start the task's SSH server: {exc}"})
+    finally:
+        theirs.close()
+    log_event("ssh_started", task_id=task_id, pid=proc.pid, session_id=fields.get("session_id"))
+    header = json.dumps({"host_key": key, "host_cert": cert}).encode()
+    errors: list[bytes] = []
+    threads = [
+        threading.Thread(target=_up, args=(ours, stream), daemon=True, name=f"ssh-out-{proc.pid}"),
+        threading.Thread(target=_down, args=(stream, ours, proc), daemon=True, name=f"ssh-in-{proc.pid}"),
+        threading.Thread(target=_stderr, args=(proc, errors), daemon=True, name=f"ssh-err-{proc.pid}"),
+    ]
+    try:
+        ours.sendall(struct.pack(">I", len(header)) + header)
+    except OSError:
+        pass
+    for thread in threads:
+        thread.start()
+    code = proc.wait()
+    threads[0].join(END_S)
+    threads[2].join(1.0)
+    why = b"".join(errors).decode(errors="replace").strip()[-500:]
+    log_event("ssh_finished", task_id=task_id, pid=proc.pid, exit_code=code, session_id=fields.get("session_id"), stderr=why or None)
+    if code != 0 and why:
+        stream.close({"error": f"the task's SSH server failed: {why}"})
+    else:
+        stream.close({"exit_code": 0, "reason": "the ssh connection ended"})
+    stream.inbox.put(Frame(stream.id, CLOSE, {"reason": "the ssh server ended"}))  # ends _down
+    ours.close()
+
+
+def _up(sock: socket.socket, stream: Stream) -> None:
+    """What the server sends into the stream, within its credit."""
+    while True:
+        try:
+            chunk = sock.recv(READ_BYTES)
+        except OSError:
+            return
+        if not chunk:
+            return
+        if not stream.write(chunk):
+            return
+
+
+def _down(stream: Stream, sock: socket.socket, proc: subprocess.Popen) -> None:
+    """The stream's frames into the server: DATA to its socket, EOF half-closes it, CLOSE ends it."""
+    while True:
+        frame = stream.recv()
+        if frame is None:
+            continue
+        if frame.type in (DATA, EXT_DATA):
+            try:
+                sock.sendall(frame.data)
+            except OSError:
+                pass
+            stream.consumed(len(frame.data))
+        elif frame.type == EOF:
+            _shutdown(sock, socket.SHUT_WR)
+        elif frame.type == CLOSE:
+            _shutdown(sock, socket.SHUT_RDWR)  # the server sees its connection lost, hangs up its sessions, exits
+            if proc.poll() is None:
+                threading.Timer(END_S, _kill, args=(proc,)).start()
+            return
+
+
+def _stderr(proc: subprocess.Popen, errors: list[bytes]) -> None:
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        errors.append(line)
+        del errors[:-20]
+
+
+def _shutdown(sock: socket.socket, how: int) -> None:
+    try:
+        sock.shutdown(how)
+    except OSError:
+        pass
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
