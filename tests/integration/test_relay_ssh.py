@@ -147,7 +147,7 @@ def test_rsync_over_ssh(plane, job, config, tmp_path):
     assert (back / "a.txt").read_text() == "a" * 1000
 
 
-def test_ssh_L_reaches_a_loopback_port_in_the_task(plane, job, config):
+def test_ssh_L_reaches_a_loopback_port_in_the_task(plane, job, config, tmp_path):
     job_id, port = job
     local = _free_port()
     tunnel = subprocess.Popen(
@@ -169,27 +169,28 @@ def test_ssh_L_reaches_a_loopback_port_in_the_task(plane, job, config):
         tunnel.terminate()
         tunnel.wait(30)
     elsewhere = _free_port()
-    refused = subprocess.Popen(  # not loopback in the task: refused by the server
-        ["ssh", "-F", str(config), "-N", "-L", f"127.0.0.1:{elsewhere}:192.0.2.1:80", f"gpulayer-{job_id}"],
-        env=clean_env(**plane.cli_env()),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    try:
+    log = tmp_path / "refused.err"
+    with open(log, "wb") as errors:  # not loopback in the task: the server refuses the channel, and says why
+        refused = subprocess.Popen(
+            ["ssh", "-F", str(config), "-N", "-L", f"127.0.0.1:{elsewhere}:192.0.2.1:80", f"gpulayer-{job_id}"],
+            env=clean_env(**plane.cli_env()),
+            stdout=subprocess.DEVNULL,
+            stderr=errors,
+        )
+        try:
 
-        def answered():
-            try:
-                return requests.get(f"http://127.0.0.1:{elsewhere}/", timeout=5)
-            except requests.ConnectionError:
-                return "closed"
-            except requests.RequestException:
-                return None
+            def said_why() -> bool:
+                try:
+                    requests.get(f"http://127.0.0.1:{elsewhere}/", timeout=5)
+                except requests.RequestException:
+                    pass
+                return b"loopback" in log.read_bytes()
 
-        wait_for(lambda: answered() == "closed" and refused.poll() is None, 60, "the tunnel up and the far end refused")
-    finally:
-        refused.terminate()
-        _, err = refused.communicate(timeout=30)
-    assert b"loopback" in err, err
+            wait_for(said_why, 90, "the forward to a non-loopback address refused")
+            assert b"administratively prohibited" in log.read_bytes()
+        finally:
+            refused.terminate()
+            refused.wait(30)
 
 
 def test_host_keys_are_checked_not_skipped(plane, job, config, tmp_path):
