@@ -10,6 +10,7 @@ exits: the client closed the connection, or the stream was closed and the socket
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -36,11 +37,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def available() -> bool:
     """Whether this agent can serve `ssh` streams (asyncssh is installed: the base install's dependency)."""
-    try:
-        import asyncssh  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return importlib.util.find_spec("asyncssh") is not None  # not imported here: the task's server imports it
 
 
 def server_argv() -> list[str]:

@@ -15,6 +15,9 @@ import threading
 import time
 from pathlib import Path
 
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
+
 FILE = "ssh_host_ca"
 #: Seconds a stream's host certificate is valid: it is checked once, at the SSH handshake, which follows at once.
 VALID_S = 600
@@ -33,24 +36,33 @@ def principals(job_id: int, index: int | None) -> list[str]:
 
 
 class HostCA:
-    """The CA key of one control plane's home."""
+    """The CA key of one control plane's home (cryptography's, no asyncssh on the control plane)."""
 
-    def __init__(self, key):
+    def __init__(self, key: ed25519.Ed25519PrivateKey):
         self.key = key
 
     def public_line(self) -> str:
         """The CA's public key as a known_hosts / authorized_keys line: `ssh-ed25519 AAAA... gpulayer-ssh-host-ca`."""
-        algorithm, blob = self.key.export_public_key("openssh").decode().split()[:2]
-        return f"{algorithm} {blob} {COMMENT}"
+        public = self.key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+        return f"{public.decode()} {COMMENT}"
 
     def issue(self, names: list[str], *, now: float | None = None) -> tuple[str, str]:
         """A new host key and its certificate for `names`: (OpenSSH private key text, certificate line)."""
-        import asyncssh
-
         now = time.time() if now is None else now
-        host = asyncssh.generate_private_key("ssh-ed25519")
-        cert = self.key.generate_host_certificate(host, names[0], principals=names, valid_after=int(now) - 60, valid_before=int(now) + VALID_S)
-        return host.export_private_key("openssh").decode(), cert.export_certificate("openssh").decode()
+        host = ed25519.Ed25519PrivateKey.generate()
+        cert = (
+            serialization.SSHCertificateBuilder()
+            .public_key(host.public_key())
+            .serial(int.from_bytes(os.urandom(8), "big"))
+            .type(serialization.SSHCertificateType.HOST)
+            .key_id(names[0].encode())
+            .valid_principals([name.encode() for name in names])
+            .valid_after(int(now) - 60)
+            .valid_before(int(now) + VALID_S)
+            .sign(self.key)
+        )
+        private = host.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption())
+        return private.decode(), cert.public_bytes().decode()
 
 
 def for_home(home: Path | str) -> HostCA:
@@ -63,18 +75,16 @@ def for_home(home: Path | str) -> HostCA:
         return found
 
 
-def _load_or_make(path: Path):
-    import asyncssh
-
+def _load_or_make(path: Path) -> ed25519.Ed25519PrivateKey:
     try:
-        return asyncssh.read_private_key(str(path))
+        return _read(path)
     except FileNotFoundError:
         pass
-    key = asyncssh.generate_private_key("ssh-ed25519", comment=COMMENT)
+    key = ed25519.Ed25519PrivateKey.generate()
     tmp = path.with_name(f".{FILE}.{os.getpid()}.{threading.get_ident()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as handle:
-        handle.write(key.export_private_key("openssh"))
+        handle.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()))
         handle.flush()
         os.fsync(handle.fileno())
     try:
@@ -83,4 +93,11 @@ def _load_or_make(path: Path):
         pass
     finally:
         os.unlink(tmp)
-    return asyncssh.read_private_key(str(path))
+    return _read(path)
+
+
+def _read(path: Path) -> ed25519.Ed25519PrivateKey:
+    key = serialization.load_ssh_private_key(path.read_bytes(), password=None)
+    if not isinstance(key, ed25519.Ed25519PrivateKey):
+        raise ValueError(f"{path}: not an ed25519 key (delete it to make a new SSH host CA)")
+    return key
