@@ -82,6 +82,11 @@ NOT_RUN = {
     "docs/cli.md > gpulayer port-forward #2": (
         "needs a running job whose task listens: tests/integration/test_relay_forward.py runs port-forward "
         "through a worker behind a NAT"),
+    "docs/cli.md > gpulayer ssh-config #1": SYNOPSIS,
+    "docs/cli.md > gpulayer ssh-config #2": (
+        "ssh and scp against a running job of a real control plane with the printed block: "
+        "tests/integration/test_relay_ssh.py runs the same (commands, exit codes, scp, rsync, ssh -L)"),
+    "docs/cli.md > gpulayer ssh-proxy #1": SYNOPSIS,
     "docs/cli.md > gpulayer job status #1": (
         "an output sample of a 3,000-element array caught part-way (3 failed at given indices, 16 running, "
         "172 held): not made for real; test_array_status_sample_is_what_job_status_prints renders a Job "
