@@ -128,21 +128,12 @@ def test_rsync_over_ssh(plane, job, config, tmp_path):
     (src / "sub").mkdir(parents=True)
     (src / "a.txt").write_text("a" * 1000)
     (src / "sub" / "b.bin").write_bytes(os.urandom(200_000))
-    done = subprocess.run(
-        ["rsync", "-a", "-e", f"ssh -F {config}", f"{src}/", f"gpulayer-{job_id}:tree/"],
-        env=clean_env(**plane.cli_env()),
-        capture_output=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
     back = tmp_path / "back"
-    done = subprocess.run(
-        ["rsync", "-a", "-e", f"ssh -F {config}", f"gpulayer-{job_id}:tree/", f"{back}/"],
-        env=clean_env(**plane.cli_env()),
-        capture_output=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
+    for source, target in ((f"{src}/", f"gpulayer-{job_id}:tree/"), (f"gpulayer-{job_id}:tree/", f"{back}/")):
+        done = subprocess.run(
+            ["rsync", "-a", "-e", f"ssh -F {config}", source, target], env=clean_env(**plane.cli_env()), capture_output=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr
     assert _digest(back / "sub" / "b.bin") == _digest(src / "sub" / "b.bin")
     assert (back / "a.txt").read_text() == "a" * 1000
 
