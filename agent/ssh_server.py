@@ -99,6 +99,18 @@ async def _pump(reader: asyncio.StreamReader, write, drain) -> None:
         await drain()
 
 
+async def _drained(reader: asyncio.StreamReader, limit: float) -> None:
+    """Wait until nothing more comes from the PTY for a moment (at most `limit` seconds)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit
+    quiet = 0
+    while loop.time() < deadline and quiet < 3:
+        before = getattr(reader, "_buffer", b"")
+        size = len(before)
+        await asyncio.sleep(0.02)
+        quiet = quiet + 1 if size == 0 and len(getattr(reader, "_buffer", b"")) == 0 else 0
+
+
 def _signal_of(name: str) -> int | None:
     sig = getattr(signal, f"SIG{name}", None)
     return int(sig) if sig is not None else None
@@ -165,7 +177,8 @@ async def run_session(process: asyncssh.SSHServerProcess, sessions: Sessions) ->
             proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=slave, stdout=slave, stderr=slave, env=env, start_new_session=True, preexec_fn=_own_tty
             )
-            os.close(slave)
+            # The slave stays open here until the output is drained: Linux may answer a master's read with EIO
+            # once the last slave fd closes, before the command's last words were read (they would be lost).
             out = asyncio.StreamReader(limit=READ_BYTES)
             await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(out), os.fdopen(master, "rb", buffering=0, closefd=False))
             wtransport, wprotocol = await loop.connect_write_pipe(asyncio.Protocol, os.fdopen(os.dup(master), "wb", buffering=0))
@@ -189,6 +202,9 @@ async def run_session(process: asyncssh.SSHServerProcess, sessions: Sessions) ->
         return
     try:
         code = await proc.wait()
+        if master is not None:
+            await _drained(out, DRAIN_S)
+            os.close(slave)  # the PTY ends (EIO to the pump) once what the command wrote was read
         await asyncio.wait(tasks, timeout=DRAIN_S)
     finally:
         sessions.groups.discard(proc.pid)
