@@ -286,6 +286,9 @@ def _operation(path: str, method: str, auth: tuple) -> dict:
     elif path == "/v1/ca.pem":
         op["responses"]["200"] = {"description": "the CA certificate",
                                   "content": {"application/x-pem-file": {"schema": {"type": "string"}}}}
+    elif path == "/v1/ssh-host-ca.pub":
+        op["responses"]["200"] = {"description": "the SSH host CA's public key, one known_hosts line",
+                                  "content": {"text/plain": {"schema": {"type": "string"}}}}
     else:
         op["responses"][status] = {"description": "ok", "content": {"application/json": {"schema": schema}}}
     if auth:
