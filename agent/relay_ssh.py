@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 from gpulayer.protocol.relay import CLOSE, DATA, EOF, EXT_DATA, Frame
 from gpulayer.protocol.streams import Stream
@@ -31,8 +32,10 @@ from .supervision import TaskHandle
 READ_BYTES = 64 * 1024
 #: Seconds the server may take to end after its stream closed, before it is killed.
 END_S = 5.0
-#: The package root that holds `agent/`, put on the server's sys.path (it imports nothing else of ours).
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: The server's source, run with `python -c` as the launcher's is (agent/launcher.py): the agent's own
+#: install may not be visible in the task's place (the sandbox's fresh /tmp, hidden homes), and the server
+#: imports nothing of ours, only asyncssh and the standard library.
+SOURCE = (Path(__file__).parent / "ssh_server.py").read_text()
 
 
 def available() -> bool:
@@ -41,8 +44,7 @@ def available() -> bool:
 
 
 def server_argv() -> list[str]:
-    boot = f"import sys; sys.path.insert(0, {ROOT!r}); from agent.ssh_server import main; main()"
-    return [sys.executable, "-c", boot]
+    return [sys.executable, "-c", SOURCE]
 
 
 def serve(stream: Stream, fields: dict, find: Callable[[int], TaskHandle | None]) -> None:

@@ -279,6 +279,10 @@ def ssh_proxy_command(
 
     Not run by hand: OpenSSH starts it (ProxyCommand ... %n). Exit status 255 with `Error: ...` when the
     relay refused or failed, as ssh's own.
+
+    \b
+    Examples:
+      ssh -o ProxyCommand="gpulayer ssh-proxy %n" gpulayer-12
     """
     from gpulayer.client.ssh import parse_host, run_proxy
 
