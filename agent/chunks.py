@@ -33,7 +33,7 @@ class Chunks:
     def __init__(self, transport: Transport, *, slots: int, free_slots: Callable[[], int],
                  want_next: Callable[[], bool], running_ids: Callable[[], list[int]],
                  hand_over: Callable[[Assignment, float], None], queued_more: Callable[[], None],
-                 fatal: Callable[[AgentError], None]):
+                 fatal: Callable[[AgentError], None], answered_ids: Callable[[set[int]], None] = lambda ids: None):
         self.transport = transport
         self.slots = max(1, slots)
         self.free_slots = free_slots
@@ -42,6 +42,8 @@ class Chunks:
         self.hand_over = hand_over
         self.queued_more = queued_more  # called when elements were queued: start them if slots are free
         self.fatal = fatal
+        #: Called (outside this queue's lock) with the tasks whose finishes were just answered or given up.
+        self.answered_ids = answered_ids
         self.cond = threading.Condition()
         self.queue: deque[Assignment] = deque()
         self.pending: list[tuple[dict, float]] = []  # (finish body with task_id and attempt, when added)
@@ -164,10 +166,12 @@ class Chunks:
                     self._send_alone(batch)
             finally:
                 with self.cond:
-                    for task_id in self.in_flight:
+                    done, self.in_flight = self.in_flight, set()
+                    for task_id in done:
                         self.reporting.pop(task_id, None)
-                    self.in_flight = set()
                     self.cond.notify_all()
+                if done:
+                    self.answered_ids(done)
 
     def _send(self, batch: list[dict], release: list[int]) -> None:
         free = max(0, self.free_slots() - self.queued())

@@ -74,6 +74,9 @@ class Worker:
         #: When each recent task's runner ended (monotonic): an answer to a request sent before that
         #: carries a stale assignment of it (made before its finish), not one to run again.
         self.ended: dict[int, float] = {}
+        #: Tasks whose runner ended and whose finish waits in `chunks` unanswered: the control plane still
+        #: sees them assigned, so an acquire answered meanwhile may carry them again (stale, whenever asked).
+        self.unanswered: set[int] = set()
         self.lock = threading.Lock()
         self.idle_since = time.monotonic()
         self.fatal: list[AgentError] = []
@@ -122,8 +125,9 @@ class Worker:
         self._session = Session(transport, inventory, ctx, new_transport=lambda: Transport(base_url, verify))
         self.chunks = Chunks(transport, slots=int(config.parallel), free_slots=self._free_slots,
                              want_next=lambda: not self.stopping.is_set(), running_ids=self._running_ids,
-                             hand_over=self._handed_over, queued_more=self._start_queued, fatal=self._fail)
-        ctx.finish_later = self.chunks.finish
+                             hand_over=self._handed_over, queued_more=self._start_queued, fatal=self._fail,
+                             answered_ids=self._finishes_answered)
+        ctx.finish_later = self._finish_later
         threads = [
             threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True),
             threading.Thread(target=self._acquire_loop, name="acquire", daemon=True),
@@ -471,6 +475,22 @@ class Worker:
             return min(self.config.acquire_wait_s, self.interval_s)
         return self.config.acquire_wait_s
 
+    def _finish_later(self, body: dict, entry: dict | None = None) -> None:
+        """A runner's finish, sent in a batch by `chunks`; its task counts as ended only once it is answered."""
+        assert self.chunks is not None
+        with self.lock:
+            self.unanswered.add(body["task_id"])
+        self.chunks.finish(body, entry)
+
+    def _finishes_answered(self, task_ids: set[int]) -> None:
+        """`chunks` sent these finishes (answered, or given up): a request sent from now on sees them applied."""
+        now = time.monotonic()
+        with self.lock:
+            for task_id in task_ids:
+                self.unanswered.discard(task_id)
+                self.ended.pop(task_id, None)
+                self.ended[task_id] = now
+
     def _free_slots(self) -> int:
         """How many more tasks this worker may run now (``--parallel`` less those it holds)."""
         with self.lock:
@@ -522,7 +542,7 @@ class Worker:
             known = self.handles.get(task_id)
             if known is not None:
                 return known
-            if asked is not None and self.ended.get(task_id, asked) > asked:
+            if asked is not None and (task_id in self.unanswered or self.ended.get(task_id, asked) > asked):
                 log_event("task_assignment_stale", task_id=task_id)
                 stale = TaskHandle(task_id)
                 stale.start_sent.set()

@@ -54,7 +54,7 @@ def launch_only_worker(monkeypatch):
 
     monkeypatch.setattr(module, "TaskRunner", Runner)
     worker = module.Worker.__new__(module.Worker)
-    worker.lock, worker.handles, worker.threads, worker.ended = threading.Lock(), {}, {}, {}
+    worker.lock, worker.handles, worker.threads, worker.ended, worker.unanswered = threading.Lock(), {}, {}, {}, set()
     worker._session = module.Session(transport=None, inventory=None, ctx=None, new_transport=None)  # stub runners
     worker.beat_now = threading.Event()
     worker.launched = []

@@ -35,7 +35,19 @@ def shared(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def worker(real_plane, tmp_path_factory, shared):
+def quick_window():
+    """QUICK_EXIT_S widened for this file (the worker runs in this process): `true` in a fresh bwrap takes
+    longer than 30 ms on a loaded 2-core machine, and these tests check what a quick exit does, not how
+    quick the sandbox is. The longer task below sleeps past it."""
+    import agent.tasks as tasks
+
+    before, tasks.QUICK_EXIT_S = tasks.QUICK_EXIT_S, 0.5
+    yield
+    tasks.QUICK_EXIT_S = before
+
+
+@pytest.fixture(scope="module")
+def worker(real_plane, tmp_path_factory, shared, quick_window):
     state = tmp_path_factory.mktemp("worker")
     running = RunningWorker(WorkerConfig(url=real_plane.url, join_token=real_plane.join_token, name="quick",
                                          state_dir=str(state / "state"), artifact_cache=str(state / "cache"),
@@ -115,3 +127,18 @@ def test_an_assignment_asked_for_before_its_task_ended_is_not_launched(launch_on
     worker._launch(Assignment(task_id=7, job_id=107, command=["true"]), 11.0)
     worker.join_launched()
     assert sorted(worker.launched) == [7, 8]
+
+
+def test_an_assignment_of_a_task_whose_finish_waits_unanswered_is_not_launched(launch_only_worker):
+    """A finish waiting in the batch (agent/chunks.py) leaves the task assigned on the server: an acquire
+    answered meanwhile carries it again, however late that acquire was sent."""
+    worker = launch_only_worker
+    worker.ended[9] = 10.0
+    worker.unanswered.add(9)
+    stale = worker._launch(Assignment(task_id=9, job_id=109, command=["true"]), 11.0)
+    assert stale.start_sent.is_set() and 9 not in worker.handles
+    worker._finishes_answered({9})
+    assert 9 not in worker.unanswered and worker.ended[9] > 11.0
+    worker._launch(Assignment(task_id=9, job_id=109, command=["true"]), worker.ended[9] + 1)
+    worker.join_launched()
+    assert worker.launched == [9]
