@@ -98,6 +98,17 @@ class ControlPlaneConfig:
     relay_max_streams_per_job: int = 32
     relay_idle_timeout_s: float = 3600.0
     relay_connect_timeout_s: float = 10.0
+    # Notifications (issue 28, gpulayer/server/notify/, docs/notifications.md): webhooks to private addresses
+    # (`--allow-private-webhooks`), tries at once, each try's timeout, the first retry's wait (doubling) and
+    # how long an event is retried; the SMTP server mail goes through and its From; an alert query's limit.
+    allow_private_webhooks: bool = False
+    webhook_concurrency: int = 16
+    webhook_timeout_s: float = 10.0
+    webhook_retry_base_s: float = 5.0
+    webhook_retry_for_s: float = 86400.0
+    smtp_url: str | None = None
+    smtp_from: str = "gpulayer@localhost"
+    alert_time_limit_s: float = 2.0
 
     @property
     def layout(self) -> HomeLayout:

@@ -31,6 +31,7 @@ from gpulayer.server.config import ControlPlaneConfig
 from gpulayer.server.errors import ConfigError
 from gpulayer.server.homelock import HomeLock
 from gpulayer.server.http.server import HTTPServer
+from gpulayer.server.notify.outbox import Notifier
 from gpulayer.server.relay.hub import Hub, Settings as RelaySettings
 from gpulayer.server.scheduler import sessions
 from gpulayer.server.store.queries import QUERIES
@@ -117,6 +118,7 @@ class ControlPlane:
         self.relay: Hub | None = None  # the relay's WebSocket handler, under granian (gpulayer/server/relay/)
         self._stop = threading.Event()
         self._upkeep: threading.Thread | None = None
+        self.notifier: Notifier | None = None   # webhooks, mail and alerts (gpulayer/server/notify/)
         self.provisioners = provisioner.load(config.layout.provisioners)
         self.provisioning: provisioner.Provisioning | None = None
         self.replicator: Replicator | None = None
@@ -188,6 +190,8 @@ class ControlPlane:
         self.http.start()
         self._upkeep = threading.Thread(target=self._run_upkeep, name="gpulayer-upkeep", daemon=True)
         self._upkeep.start()
+        self.notifier = Notifier(self.deps.store, self.config, self.deps.scheduler.secret_box, self.clock)
+        self.notifier.start()
         if self.provisioners:
             wiring = provisioner.ProvisioningDeps(config=self.config, store=self.deps.store,
                                                   scheduler=self.deps.scheduler, auth=self.deps.auth, clock=self.clock)
@@ -239,6 +243,8 @@ class ControlPlane:
             self.relay.close()
         if self._upkeep is not None:
             self._upkeep.join(timeout=10)
+        if self.notifier is not None:
+            self.notifier.stop()
         if self.provisioning is not None:
             self.provisioning.stop()
         if self._deps is not None:

@@ -14,7 +14,7 @@ import falcon
 from gpulayer.protocol import PROTOCOL_HEADER
 from gpulayer.server.config import PROTOCOL, ControlPlaneConfig
 from gpulayer.server.errors import Forbidden, GpulayerError, ProtocolMismatch, Unauthorized
-from gpulayer.server.http import bodies, relay_routes, resources, wire
+from gpulayer.server.http import bodies, notify_routes, relay_routes, resources, wire
 from gpulayer.server.http.metrics import Metrics, MetricsResource, ReplicationCollector
 from gpulayer.server.store.artifacts import ArtifactStore
 from gpulayer.server.scheduler import events
@@ -188,6 +188,11 @@ ROUTES = [
     ("/v1/secrets", resources.Secrets, None),
     ("/v1/secrets/{name}", resources.Secret, None),
     ("/v1/artifacts/{digest}", resources.Artifact, None),
+    ("/v1/webhooks", notify_routes.Webhooks, None),
+    ("/v1/webhooks/{webhook_id:int}", notify_routes.Webhook, None),
+    ("/v1/webhooks/{webhook_id:int}/test", notify_routes.Webhook, "test"),
+    ("/v1/alerts", notify_routes.Alerts, None),
+    ("/v1/alerts/{name}", notify_routes.Alert, None),
 ]
 
 

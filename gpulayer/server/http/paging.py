@@ -42,6 +42,8 @@ ROUTES = {
     "/v1/secrets": Paging(1000, 1000, text=True),
     "/v1/users": Paging(1000, 1000, text=True),
     "/v1/projects": Paging(1000, 1000, text=True),
+    "/v1/webhooks": Paging(1000, 1000),
+    "/v1/alerts": Paging(1000, 1000),
     "/v1/usage": Paging(1000, 1000),                  # `after`: how many rows came before (the rows are sums)
 }
 

@@ -1,0 +1,148 @@
+-- Notifications (gpulayer/server/notify/, docs/notifications.md): webhooks, their deliveries, alerts.
+
+-- name: insert_webhook --
+-- A webhook or mailbox; its cursor starts at :cursor (events after it are its to deliver).
+INSERT INTO webhooks (url, email, events, format, scope, project_id, job_id, alert_id, user_id, secret, cursor,
+                      created_at)
+VALUES (:url, :email, :events, :format, :scope, :project_id, :job_id, :alert_id, :user_id, :secret, :cursor, :now)
+RETURNING id;
+
+-- name: last_event_seq --
+-- The newest event's seq (0 for none): a new webhook delivers what comes after it.
+SELECT coalesce(max(seq), 0) AS seq FROM events;
+
+-- name: job_first_event --
+-- Where a job-scoped webhook starts: just before the job's first event (its submit), so one added right
+-- after submit (`submit --mail-type`) misses nothing.
+SELECT coalesce(min(seq) - 1, (SELECT coalesce(max(seq), 0) FROM events)) AS seq FROM events WHERE job_id = :job_id;
+
+-- name: webhook_by_id --
+-- One webhook with its project's and job's names, for its owner or an admin.
+SELECT w.id, w.url, w.email, w.events, w.format, w.scope, w.job_id, p.name AS project, u.name AS owner,
+       w.user_id, w.alert_id, w.cursor, w.created_at, w.secret
+FROM webhooks w LEFT JOIN projects p ON p.id = w.project_id LEFT JOIN users u ON u.id = w.user_id
+WHERE w.id = :id;
+
+-- name: list_webhooks --
+-- Webhooks by id after :after: all of them (:user_id NULL, an admin) or one user's; with their last
+-- delivery's status and the count of deliveries still retrying.
+SELECT w.id, w.url, w.email, w.events, w.format, w.scope, w.job_id, p.name AS project, u.name AS owner,
+       w.alert_id, w.cursor, w.created_at,
+       (SELECT count(*) FROM webhook_deliveries d WHERE d.webhook_id = w.id AND d.status = 'retrying') AS retrying,
+       (SELECT count(*) FROM webhook_deliveries d WHERE d.webhook_id = w.id AND d.status = 'failed') AS failed,
+       (SELECT count(*) FROM webhook_deliveries d WHERE d.webhook_id = w.id AND d.status = 'delivered') AS delivered
+FROM webhooks w LEFT JOIN projects p ON p.id = w.project_id LEFT JOIN users u ON u.id = w.user_id
+WHERE w.id > :after AND (:user_id IS NULL OR w.user_id = :user_id)
+ORDER BY w.id LIMIT :limit;
+
+-- name: delete_webhook --
+-- Remove a webhook and what its deliveries left.
+DELETE FROM webhooks WHERE id = :id RETURNING id;
+
+-- name: delete_webhook_deliveries --
+DELETE FROM webhook_deliveries WHERE webhook_id = :id;
+
+-- name: webhook_alerts --
+-- The alerts that deliver to a webhook (it cannot be removed while one does).
+SELECT name FROM alerts WHERE webhook_id = :id ORDER BY name;
+
+-- name: due_webhooks --
+-- The webhooks with events after their cursor (up to :upto), with their pending delivery if one is retrying.
+SELECT w.id, w.url, w.email, w.events, w.format, w.scope, w.project_id, w.job_id, w.alert_id, w.user_id,
+       w.secret, w.cursor, d.event_seq AS retry_seq, d.attempts, d.first_try_at, d.next_try_at
+FROM webhooks w
+LEFT JOIN webhook_deliveries d ON d.webhook_id = w.id AND d.status = 'retrying'
+WHERE w.cursor < :upto;
+
+-- name: webhook_events --
+-- A webhook's next events after its cursor, up to :upto: the kinds it wants within its scope, and the
+-- alert_fired events of the alerts that name it. With each: its job's name, project and owner, and
+-- whether a task_started is its job's first.
+SELECT e.seq, e.at, e.kind, e.job_id, e.task_id, e.worker_id, e.data, e.actor, j.name AS job_name,
+       p.name AS project, u.name AS owner, j.state AS job_state, wk.name AS worker,
+       (e.kind = 'task_started' AND NOT EXISTS (
+           SELECT 1 FROM events f WHERE f.job_id = e.job_id AND f.kind = 'task_started' AND f.seq < e.seq))
+           AS first_start
+FROM events e
+LEFT JOIN jobs j ON j.id = e.job_id
+LEFT JOIN projects p ON p.id = j.project_id
+LEFT JOIN users u ON u.id = j.user_id
+LEFT JOIN workers wk ON wk.id = e.worker_id
+WHERE e.seq > :cursor AND e.seq <= :upto
+  AND ((e.kind = 'alert_fired' AND json_extract(e.data, '$.webhook_id') = :webhook_id)
+       OR (e.kind <> 'alert_fired' AND e.kind IN (SELECT value FROM json_each(:kinds))
+           AND CASE :scope WHEN 'all' THEN 1
+                           WHEN 'job' THEN e.job_id = :job_id
+                           WHEN 'project' THEN j.project_id = :project_id
+                           WHEN 'user' THEN j.user_id = :user_id
+                           ELSE 0 END))
+ORDER BY e.seq LIMIT :limit;
+
+-- name: job_events_for_webhook --
+-- As webhook_events for a job-scoped webhook, through the job's index.
+SELECT e.seq, e.at, e.kind, e.job_id, e.task_id, e.worker_id, e.data, e.actor, j.name AS job_name,
+       p.name AS project, u.name AS owner, j.state AS job_state, wk.name AS worker,
+       (e.kind = 'task_started' AND NOT EXISTS (
+           SELECT 1 FROM events f WHERE f.job_id = e.job_id AND f.kind = 'task_started' AND f.seq < e.seq))
+           AS first_start
+FROM events e
+LEFT JOIN jobs j ON j.id = e.job_id
+LEFT JOIN projects p ON p.id = j.project_id
+LEFT JOIN users u ON u.id = j.user_id
+LEFT JOIN workers wk ON wk.id = e.worker_id
+WHERE e.job_id = :job_id AND e.seq > :cursor AND e.seq <= :upto
+  AND e.kind IN (SELECT value FROM json_each(:kinds))
+ORDER BY e.seq LIMIT :limit;
+
+-- name: advance_webhook --
+-- The webhook handled every event up to :seq (never moves back).
+UPDATE webhooks SET cursor = max(cursor, :seq) WHERE id = :id;
+
+-- name: delivery_done --
+-- A delivery's outcome: delivered (2xx) or failed (given up), with its try count and last error.
+INSERT INTO webhook_deliveries (webhook_id, event_seq, event, status, attempts, first_try_at, last_try_at,
+                                next_try_at, http_status, last_error)
+SELECT :id, :seq, :event, :status, :attempts, :first_try_at, :now, :next_try_at, :http_status, :error
+WHERE EXISTS (SELECT 1 FROM webhooks WHERE id = :id)
+ON CONFLICT (webhook_id, event_seq) DO UPDATE SET
+    status = excluded.status, attempts = excluded.attempts, last_try_at = excluded.last_try_at,
+    next_try_at = excluded.next_try_at, http_status = excluded.http_status, last_error = excluded.last_error;
+
+-- name: prune_deliveries --
+-- Delivered and failed rows older than :before, a bounded batch.
+DELETE FROM webhook_deliveries WHERE rowid IN (
+    SELECT rowid FROM webhook_deliveries WHERE status <> 'retrying' AND last_try_at < :before LIMIT 10000);
+
+-- name: insert_alert --
+INSERT INTO alerts (name, sql, every_s, webhook_id, user_id, next_run_at, created_at)
+VALUES (:name, :sql, :every_s, :webhook_id, :user_id, :now, :now)
+RETURNING id;
+
+-- name: alert_by_name --
+SELECT id, name, webhook_id FROM alerts WHERE name = :name;
+
+-- name: alert_email_webhook --
+-- The mailbox an alert added with --email made (removed with it).
+UPDATE webhooks SET alert_id = :alert_id WHERE id = :id;
+
+-- name: delete_alert --
+DELETE FROM alerts WHERE id = :id;
+
+-- name: delete_alert_webhooks --
+-- The mailboxes of an alert (`alert add --email`), and their deliveries.
+DELETE FROM webhooks WHERE scope = 'alert' AND alert_id = :alert_id RETURNING id;
+
+-- name: list_alerts --
+SELECT a.id, a.name, a.sql, a.every_s, a.webhook_id, w.url, w.email, u.name AS owner, a.next_run_at,
+       a.last_run_at, a.last_error, a.fired, a.created_at
+FROM alerts a LEFT JOIN webhooks w ON w.id = a.webhook_id LEFT JOIN users u ON u.id = a.user_id
+WHERE a.id > :after ORDER BY a.id LIMIT :limit;
+
+-- name: due_alerts --
+SELECT id, name, sql, every_s, webhook_id, seen FROM alerts WHERE next_run_at <= :now ORDER BY next_run_at;
+
+-- name: alert_ran --
+-- An alert's run: the rows it saw now, when it runs next, and its error (NULL when it ran).
+UPDATE alerts SET seen = :seen, next_run_at = :next_run_at, last_run_at = :now, last_error = :error,
+                  fired = fired + :fired
+WHERE id = :id RETURNING id;

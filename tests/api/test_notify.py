@@ -1,0 +1,257 @@
+"""Webhooks and alerts through the real app and a real state file (issue 28, docs/notifications.md).
+
+Deliveries go to a real HTTP receiver on loopback (a thread of this process), driven by the outbox's own
+ticks (`Notifier.tick`) on the pinned clock, so backoff is stepped, never slept through.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from standardwebhooks.webhooks import Webhook as Verifier
+
+from apihelpers import bearer
+from gpulayer.server.notify import signing
+from gpulayer.server.notify.outbox import Notifier
+from gpulayer.testing import wait_for
+
+
+class Receiver:
+    """A loopback HTTP server that keeps what it is sent; `fail` > 0 answers 500 that many times."""
+
+    def __init__(self):
+        self.got: list[tuple[dict, bytes]] = []
+        self.fail = 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                if outer.fail > 0:
+                    outer.fail -= 1
+                    self.send_response(500)
+                else:
+                    outer.got.append(({k.lower(): v for k, v in self.headers.items()}, body))
+                    self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def types(self) -> list[str]:
+        return [json.loads(body)["type"] for _, body in self.got]
+
+
+@pytest.fixture
+def receiver():
+    r = Receiver()
+    yield r
+    r.server.shutdown()
+
+
+@pytest.fixture
+def private_ok(config):
+    config.allow_private_webhooks = True
+    config.webhook_retry_base_s = 1.0
+    return config
+
+
+@pytest.fixture
+def notifier(deps):
+    n = Notifier(deps.store, deps.config, deps.scheduler.secret_box, deps.clock)
+    yield n
+    n.pool.shutdown(wait=True)
+
+
+def deliver(notifier, until, clock=None, step: float = 0.0):
+    """Tick the outbox (moving the pinned clock by `step` each time) until `until()` holds."""
+    def tick():
+        if clock is not None and step:
+            clock.advance(step)
+        notifier.tick()
+        notifier.settle(30)
+        return until()
+    wait_for(tick, timeout=30, interval=0.02)
+    notifier.flush(notifier.clock())
+
+
+def user(api, client_h, name, projects=()):
+    made = api.simulate_post("/v1/users", headers=client_h, json={
+        "name": name, "projects": [{"project": p, "role": r} for p, r in projects]})
+    assert made.status_code == 201, made.text
+    return bearer(made.json["token"])
+
+
+def submit(api, headers, **extra):
+    r = api.simulate_post("/v1/jobs", headers=headers, json={"command": ["true"], **extra})
+    assert r.status_code == 201, r.text
+    return r.json["id"]
+
+
+BAD = [
+    ({"url": "ftp://93.184.215.14/x", "events": ["job.failed"]}, "url"),
+    ({"url": "http://", "events": ["job.failed"]}, "url"),
+    ({"url": "https://93.184.215.14/x", "events": ["job.exploded"]}, "events"),
+    ({"url": "https://93.184.215.14/x", "events": []}, "events"),
+    ({"url": "https://93.184.215.14/x", "events": ["job.failed"], "format": "teams"}, "format"),
+    ({"url": "https://93.184.215.14/x", "events": ["job.failed"], "project": "default", "job": 1}, "job"),
+    ({"url": "https://93.184.215.14/x", "events": ["job.failed"], "color": 1}, "color"),
+    ({"email": "someone@example.org", "events": ["job.failed"]}, "email"),   # no --smtp-url
+    ({"url": "http://127.0.0.1:9/x", "events": ["job.failed"]}, "url"),       # loopback without the flag
+    ({"url": "http://10.1.2.3/x", "events": ["job.failed"]}, "url"),
+    ({"url": "http://169.254.169.254/latest", "events": ["job.failed"]}, "url"),
+    ({"url": "http://[::1]/x", "events": ["job.failed"]}, "url"),
+]
+
+
+@pytest.mark.parametrize("body,field", BAD)
+def test_bad_webhooks_are_refused_and_change_nothing(api, client_h, body, field):
+    r = api.simulate_post("/v1/webhooks", headers=client_h, json=body)
+    assert r.status_code == 400, r.text
+    assert r.json["error"]["code"] in ("invalid_field", "private_target")
+    assert field in r.json["error"]["message"]
+    assert api.simulate_get("/v1/webhooks", headers=client_h).json["webhooks"] == []
+
+
+def test_signed_deliveries_in_order_with_stable_ids_across_retries(api, client_h, private_ok, receiver,
+                                                                    notifier, clock):
+    added = api.simulate_post("/v1/webhooks", headers=client_h, json={
+        "url": receiver.url, "events": ["job.submitted", "job.cancelled", "job.succeeded"]})
+    assert added.status_code == 201, added.text
+    secret = added.json["secret"]
+    assert secret.startswith("whsec_") and added.json["scope"] == "all"
+    assert "secret" not in api.simulate_get(f"/v1/webhooks/{added.json['id']}", headers=client_h).json
+    receiver.fail = 3   # the first three tries fail: retried after 1, 2, 4 s of the pinned clock
+    job = submit(api, client_h)
+    assert api.simulate_post(f"/v1/jobs/{job}/cancel", headers=client_h, json={}).status_code == 200
+    notifier.tick()
+    notifier.settle(30)
+    rows = deps_rows(notifier, "SELECT status, attempts, next_try_at, last_error FROM webhook_deliveries")
+    assert rows and rows[0]["status"] == "retrying" and "500" in rows[0]["last_error"]
+    deliver(notifier, lambda: len(receiver.got) == 2, clock, step=1.0)
+    assert receiver.types() == ["job.submitted", "job.cancelled"]
+    verifier = Verifier(secret)
+    for headers, body in receiver.got:
+        payload = verifier.verify(body, headers)   # raises on a bad signature
+        assert payload["data"]["job_id"] == job
+    ids = [h["webhook-id"] for h, _ in receiver.got]
+    seq = json.loads(receiver.got[0][1])["data"]["event_id"]
+    assert ids[0] == signing.message_id(added.json["id"], seq)
+    done = deps_rows(notifier, "SELECT status, attempts FROM webhook_deliveries ORDER BY event_seq")
+    assert [d["status"] for d in done] == ["delivered", "delivered"] and done[0]["attempts"] == 4
+    listed = api.simulate_get("/v1/webhooks", headers=client_h).json["webhooks"]
+    assert listed[0]["delivered"] == 2 and listed[0]["retrying"] == 0
+
+
+def deps_rows(notifier, sql):
+    return notifier.store.read(lambda conn: list(conn.execute(sql)))
+
+
+def test_a_slack_webhook_for_one_job_and_one_project(api, client_h, private_ok, receiver, notifier, clock):
+    other = user(api, client_h, "bob", [("default", "member")])
+    mine = submit(api, client_h)
+    theirs = submit(api, other)
+    hook = api.simulate_post("/v1/webhooks", headers=client_h, json={
+        "url": receiver.url, "events": ["job.cancelled"], "job": mine, "format": "slack"}).json
+    assert hook["scope"] == "job" and hook["job_id"] == mine
+    for job in (theirs, mine):
+        api.simulate_post(f"/v1/jobs/{job}/cancel", headers=client_h, json={})
+    deliver(notifier, lambda: len(receiver.got) == 1)
+    assert json.loads(receiver.got[0][1]) == {"text": f"GPUlayer job {mine} cancelled"}
+    notifier.tick()
+    assert len(receiver.got) == 1
+
+
+def test_who_may_add_webhooks_for_what(api, client_h, private_ok, receiver):
+    api.simulate_post("/v1/projects", headers=client_h, json={"name": "p1"})
+    alice = user(api, client_h, "alice", [("p1", "member")])
+    boss = user(api, client_h, "boss", [("p1", "manager")])
+    bob = user(api, client_h, "bob", [("p1", "member")])
+    job = submit(api, alice, project="p1")
+    hook = {"url": receiver.url, "events": ["job.failed"]}
+    assert api.simulate_post("/v1/webhooks", headers=bob, json={**hook, "job": job}).status_code == 403
+    assert api.simulate_post("/v1/webhooks", headers=bob, json={**hook, "job": 999}).status_code == 404
+    assert api.simulate_post("/v1/webhooks", headers=bob, json={**hook, "project": "p1"}).status_code == 403
+    assert api.simulate_post("/v1/webhooks", headers=bob, json={**hook, "project": "nope"}).status_code == 404
+    assert api.simulate_post("/v1/webhooks", headers=boss, json={**hook, "project": "p1"}).status_code == 201
+    own = api.simulate_post("/v1/webhooks", headers=alice, json={**hook, "job": job})
+    assert own.status_code == 201 and own.json["scope"] == "job"
+    mine = api.simulate_post("/v1/webhooks", headers=alice, json=hook).json
+    assert mine["scope"] == "user"     # a user's unscoped webhook: the jobs it submits
+    assert api.simulate_get(f"/v1/webhooks/{mine['id']}", headers=bob).status_code == 404
+    assert api.simulate_delete(f"/v1/webhooks/{mine['id']}", headers=bob).status_code == 404
+    assert [w["id"] for w in api.simulate_get("/v1/webhooks", headers=bob).json["webhooks"]] == []
+    assert len(api.simulate_get("/v1/webhooks", headers=client_h).json["webhooks"]) == 3
+    assert api.simulate_delete(f"/v1/webhooks/{mine['id']}", headers=alice).status_code == 200
+    assert api.simulate_get(f"/v1/webhooks/{mine['id']}", headers=alice).status_code == 404
+
+
+def test_webhook_test_sends_a_signed_message_now(api, client_h, private_ok, receiver):
+    hook = api.simulate_post("/v1/webhooks", headers=client_h, json={"url": receiver.url,
+                                                                     "events": ["job.failed"]}).json
+    r = api.simulate_post(f"/v1/webhooks/{hook['id']}/test", headers=client_h, json={})
+    assert r.status_code == 200 and r.json["ok"] and r.json["status"] == 204
+    payload = Verifier(hook["secret"]).verify(receiver.got[0][1], receiver.got[0][0])
+    assert payload["type"] == "webhook.test"
+    receiver.server.shutdown()
+    receiver.server.server_close()
+    r = api.simulate_post(f"/v1/webhooks/{hook['id']}/test", headers=client_h, json={})
+    assert r.status_code == 200 and not r.json["ok"] and r.json["error"]
+
+
+def test_an_alert_fires_once_per_new_row(api, client_h, private_ok, receiver, notifier, clock):
+    hook = api.simulate_post("/v1/webhooks", headers=client_h, json={"url": receiver.url,
+                                                                     "events": ["job.failed"]}).json
+    sql = "SELECT id, name FROM jobs WHERE state = 'queued'"
+    alert = api.simulate_post("/v1/alerts", headers=client_h, json={"name": "queued", "sql": sql, "every_s": 60,
+                                                                    "webhook": hook["id"]})
+    assert alert.status_code == 201, alert.text
+    first = submit(api, client_h, name="a")
+    deliver(notifier, lambda: len(receiver.got) == 1)
+    fired = json.loads(receiver.got[0][1])
+    assert fired["type"] == "alert.fired" and fired["data"]["rows"] == [{"id": first, "name": "a"}]
+    clock.advance(61)
+    notifier.tick()        # the same row: nothing new
+    clock.advance(61)
+    second = submit(api, client_h, name="b")
+    deliver(notifier, lambda: len(receiver.got) == 2)
+    assert json.loads(receiver.got[1][1])["data"]["rows"] == [{"id": second, "name": "b"}]
+    clock.advance(61)
+    notifier.tick()
+    notifier.settle(30)
+    notifier.tick()
+    assert len(receiver.got) == 2
+    listed = api.simulate_get("/v1/alerts", headers=client_h).json["alerts"]
+    assert listed[0]["fired"] == 2 and listed[0]["last_error"] is None
+    assert api.simulate_delete(f"/v1/webhooks/{hook['id']}", headers=client_h).status_code == 409
+    assert api.simulate_delete("/v1/alerts/queued", headers=client_h).status_code == 200
+    assert api.simulate_get("/v1/alerts", headers=client_h).json["alerts"] == []
+
+
+@pytest.mark.parametrize("sql,why", [
+    ("DELETE FROM jobs", "read-only"),
+    ("SELECT 1; DELETE FROM jobs", "one statement"),
+    ("SELECT * FROM nosuch", "no such table"),
+    ("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c", "longer than"),
+])
+def test_bad_alert_queries_are_refused(api, client_h, private_ok, sql, why):
+    private_ok.alert_time_limit_s = 0.2
+    r = api.simulate_post("/v1/alerts", headers=client_h, json={"name": "bad", "sql": sql, "every_s": 60,
+                                                                "webhook": 1})
+    assert r.status_code == 400 and why in r.json["error"]["message"], r.text
+    assert api.simulate_get("/v1/alerts", headers=client_h).json["alerts"] == []
+
+
+def test_alerts_are_for_admins(api, client_h, private_ok, receiver):
+    alice = user(api, client_h, "alice", [("default", "member")])
+    body = {"name": "x", "sql": "SELECT 1", "every_s": 60, "webhook": 1}
+    assert api.simulate_post("/v1/alerts", headers=alice, json=body).status_code == 403
+    assert api.simulate_get("/v1/alerts", headers=alice).status_code == 403
+    assert api.simulate_post("/v1/alerts", headers=client_h, json=body).status_code == 400   # no webhook 1
+    assert api.simulate_post("/v1/alerts", headers=client_h, json={**body, "every_s": 1}).status_code == 400
