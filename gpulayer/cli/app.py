@@ -27,6 +27,7 @@ from gpulayer.cli import access as cli_access
 from gpulayer.cli import fleet as cli_fleet
 from gpulayer.cli import images as cli_images
 from gpulayer.cli import jobs as cli_jobs
+from gpulayer.cli import notify as cli_notify
 from gpulayer.cli import server as cli_server
 from gpulayer.cli import sql as cli_sql
 from gpulayer.cli import submit as cli_submit
@@ -193,6 +194,8 @@ app.add_typer(cli_workers.worker_app, name="worker")
 app.command("join")(cli_workers.join)
 app.add_typer(cli_fleet.token_app, name="token")
 app.add_typer(cli_fleet.secret_app, name="secret")
+app.add_typer(cli_notify.webhook_app, name="webhook")
+app.add_typer(cli_notify.alert_app, name="alert")
 app.add_typer(cli_teams.user_app, name="user")
 app.add_typer(cli_teams.project_app, name="project")
 app.command("whoami")(cli_teams.whoami)

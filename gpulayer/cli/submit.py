@@ -88,6 +88,8 @@ def submit(
     network: Annotated[Optional[Network], _opt("--network", help="shared (the default): the worker's network; none: a loopback of the task's own (needs a sandboxed worker).")] = None,
     run_as_root: Annotated[bool, _opt("--run-as-root", help="Run as root where the worker runs as root and allows it (worker start --allow-root-tasks).")] = False,
     project: Annotated[Optional[str], _opt("--project", help="The project it counts against (default: your only project, else default).")] = None,
+    mail_type: Annotated[Optional[str], _opt("--mail-type", metavar="TYPES", help="Mail --mail-user when the job does this, as Slurm's: BEGIN, END, FAIL, REQUEUE, ALL (comma-separated). Needs a server started with --smtp-url.")] = None,
+    mail_user: Annotated[Optional[str], _opt("--mail-user", metavar="ADDR", help="Where --mail-type's mail goes.")] = None,
     wait: Annotated[bool, _opt("--wait", help="Wait and exit with the job's exit code.")] = False,
     follow: Annotated[bool, _opt("--follow", help="Stream the logs, then exit with the job's exit code.")] = False,
     as_json: Annotated[bool, _opt("--json", help="Print the Job as JSON instead of its id.")] = False,
@@ -123,8 +125,11 @@ def submit(
     if dry_run:
         print_json(spec)
         return
+    mail = _mail_option(mail_type, mail_user)
     opts = global_options(ctx)
     remote = target == Target.remote or (target is None and server_configured(opts.url, opts.home))
+    if mail and not remote:
+        raise fail("--mail-type needs a control plane (one started with --smtp-url)", 2)
     if not remote:
         if spec.get("service"):
             raise fail("--service needs a control plane: run `gpulayer up`, or pass --url / GPULAYER_URL", 2)
@@ -134,7 +139,30 @@ def submit(
     for array_id in after_array or []:  # --after-array names an array: say so before anything is sent
         if client_of(ctx).get_job(array_id).data.get("array") is None:
             raise fail(f"--after-array: job {array_id} is no array (use --after {array_id})", 2)
-    raise typer.Exit(_submit_remote(ctx, spec, wait, follow, as_json, bool(cancel_on_interrupt), project))
+    raise typer.Exit(_submit_remote(ctx, spec, wait, follow, as_json, bool(cancel_on_interrupt), project, mail))
+
+
+MAIL_TYPES = ("BEGIN", "END", "FAIL", "REQUEUE", "ALL")
+MAIL_ADDRESS = re.compile(r"[^@\s<>(),;:\"\[\]]{1,64}@[A-Za-z0-9.-]{1,253}\.[A-Za-z]{2,63}")
+
+
+def _mail_option(mail_type: Optional[str], mail_user: Optional[str]) -> Optional[dict]:
+    """--mail-type and --mail-user as a mailbox request (docs/notifications.md); a usage error otherwise."""
+    if mail_type is None and mail_user is None:
+        return None
+    if mail_type is None:
+        raise typer.BadParameter("--mail-user needs --mail-type (BEGIN, END, FAIL, REQUEUE or ALL)",
+                                 param_hint="--mail-type")
+    types = [t.strip().upper() for t in mail_type.split(",") if t.strip()]
+    unknown = [t for t in types if t not in MAIL_TYPES]
+    if not types or unknown:
+        raise typer.BadParameter(f"expected BEGIN, END, FAIL, REQUEUE or ALL (comma-separated), got "
+                                 f"{(unknown or [mail_type])[0]!r}", param_hint="--mail-type")
+    if mail_user is None:  # users carry no mail address yet: say where
+        raise typer.BadParameter("give the address: --mail-user ADDR", param_hint="--mail-user")
+    if not MAIL_ADDRESS.fullmatch(mail_user):
+        raise typer.BadParameter(f"expected one mail address, got {mail_user!r}", param_hint="--mail-user")
+    return {"email": mail_user, "mail_type": types}
 
 
 def _after_option(after: Optional[list[str]], after_array: Optional[list[int]]) -> Optional[list[str]]:
@@ -164,9 +192,16 @@ def _build_spec(command, file: Optional[Path], service: bool, settings: dict, se
         raise typer.BadParameter(str(exc), param_hint="--file" if file else None) from None
 
 
-def _submit_remote(ctx, spec, wait, follow, as_json, cancel_on_interrupt: bool, project: Optional[str] = None) -> int:
+def _submit_remote(ctx, spec, wait, follow, as_json, cancel_on_interrupt: bool, project: Optional[str] = None,
+                   mail: Optional[dict] = None) -> int:
     client = client_of(ctx)
     job = client.submit(spec, project) if project else client.submit(spec)
+    if mail:  # a mailbox for this job: it starts at the job's first event, so nothing is missed meanwhile
+        try:
+            client.add_webhook(job=job.id, **mail)
+        except ClientError as exc:
+            typer.echo(job.id)
+            raise fail(f"job {job.id} was submitted, but its mail was refused: {exc}", 1) from None
     waits = (follow or wait) and not spec.get("service")
     if not (as_json and waits):  # with --json, --wait and --follow print the Job as it ended, last
         _print_submitted(job, as_json)

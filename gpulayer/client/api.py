@@ -254,6 +254,40 @@ class Client:
         """Delete a project's secret (NotFound when there is none)."""
         self.request("DELETE", f"/secrets/{name}", params=_project(project))
 
+    # -- notifications (docs/notifications.md) ------------------------------------
+
+    def add_webhook(self, url: str | None = None, events: list[str] | None = None, *, email: str | None = None,
+                    mail_type: list[str] | None = None, project: str | None = None, job: int | None = None,
+                    format: str | None = None) -> dict:  # noqa: A002 - the wire's name
+        """Add a webhook (`url`, `events`) or a mailbox (`email`, `events` or Slurm's `mail_type`), for one job,
+        a project, or (none given) your jobs (an admin's: everything). The answer's `secret` is shown once."""
+        body = {k: v for k, v in {"url": url, "events": events, "email": email, "mail_type": mail_type,
+                                  "project": project, "job": job, "format": format}.items() if v is not None}
+        return self.call("POST", "/webhooks", json=body)
+
+    def webhooks(self) -> list[dict]:
+        """Your webhooks and mailboxes (an admin's: all), with their delivery counts."""
+        return self.listed("/webhooks", "webhooks")
+
+    def remove_webhook(self, webhook_id: int) -> None:
+        self.request("DELETE", f"/webhooks/{int(webhook_id)}")
+
+    def test_webhook(self, webhook_id: int) -> dict:
+        """Send a webhook a signed test message now: `ok`, `status`, `error`."""
+        return self.call("POST", f"/webhooks/{int(webhook_id)}/test", json={})
+
+    def add_alert(self, name: str, sql: str, every_s: float, *, webhook: int | None = None,
+                  email: str | None = None) -> dict:
+        """An alert (admins): `sql` run every `every_s`, firing to a webhook or a mail address on new rows."""
+        body = {"name": name, "sql": sql, "every_s": every_s, "webhook": webhook, "email": email}
+        return self.call("POST", "/alerts", json={k: v for k, v in body.items() if v is not None})
+
+    def alerts(self) -> list[dict]:
+        return self.listed("/alerts", "alerts")
+
+    def remove_alert(self, name: str) -> None:
+        self.request("DELETE", f"/alerts/{name}")
+
     # -- teams (docs/teams.md) --------------------------------------------------
 
     def whoami(self) -> dict:

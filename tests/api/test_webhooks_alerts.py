@@ -6,53 +6,21 @@ ticks (`Notifier.tick`) on the pinned clock, so backoff is stepped, never slept 
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
 import pytest
 from standardwebhooks.webhooks import Webhook as Verifier
 
 from apihelpers import bearer
+from receivers import Receiver
 from gpulayer.server.notify import signing
 from gpulayer.server.notify.outbox import Notifier
 from gpulayer.testing import wait_for
-
-
-class Receiver:
-    """A loopback HTTP server that keeps what it is sent; `fail` > 0 answers 500 that many times."""
-
-    def __init__(self):
-        self.got: list[tuple[dict, bytes]] = []
-        self.fail = 0
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                if outer.fail > 0:
-                    outer.fail -= 1
-                    self.send_response(500)
-                else:
-                    outer.got.append(({k.lower(): v for k, v in self.headers.items()}, body))
-                    self.send_response(204)
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def types(self) -> list[str]:
-        return [json.loads(body)["type"] for _, body in self.got]
 
 
 @pytest.fixture
 def receiver():
     r = Receiver()
     yield r
-    r.server.shutdown()
+    r.close()
 
 
 @pytest.fixture
@@ -199,8 +167,7 @@ def test_webhook_test_sends_a_signed_message_now(api, client_h, private_ok, rece
     assert r.status_code == 200 and r.json["ok"] and r.json["status"] == 204
     payload = Verifier(hook["secret"]).verify(receiver.got[0][1], receiver.got[0][0])
     assert payload["type"] == "webhook.test"
-    receiver.server.shutdown()
-    receiver.server.server_close()
+    receiver.close()
     r = api.simulate_post(f"/v1/webhooks/{hook['id']}/test", headers=client_h, json={})
     assert r.status_code == 200 and not r.json["ok"] and r.json["error"]
 

@@ -1,0 +1,125 @@
+"""Notifications end to end (issue 28): a real control plane process, a worker, the CLI, a webhook receiver
+on loopback and a real SMTP server (aiosmtpd) in this process.
+
+The receiver is down while jobs run and the control plane is SIGKILLed with deliveries still retrying:
+after the restart every event is delivered, signed, and never twice under different ids.
+"""
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import pytest
+from aiosmtpd.controller import Controller
+from standardwebhooks.webhooks import Webhook as Verifier
+
+from gpulayer.testing import ControlPlaneProcess, free_port, wait_for
+from receivers import Receiver
+
+
+class Mailbox:
+    """aiosmtpd's handler: keeps each message's envelope and text."""
+
+    def __init__(self):
+        self.messages: list[tuple[list[str], str]] = []
+
+    async def handle_DATA(self, server, session, envelope):
+        self.messages.append((list(envelope.rcpt_tos), envelope.content.decode(errors="replace")))
+        return "250 OK"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    mailbox = Mailbox()
+    smtp = Controller(mailbox, hostname="127.0.0.1", port=free_port())
+    smtp.start()
+    receiver = Receiver()
+    cp = ControlPlaneProcess(tmp_path_factory.mktemp("notify"), heartbeat_interval=0.5, lease_ttl=5, args=[
+        "--allow-private-webhooks", "--webhook-retry-base", "0.2", "--smtp-url", f"smtp://127.0.0.1:{smtp.port}",
+        "--smtp-from", "gpulayer@example.org"])
+    try:
+        cp.start()
+        cp.start_worker("w1", parallel=4)
+        yield cp, receiver, mailbox
+    finally:
+        cp.close()
+        receiver.close()
+        smtp.stop()
+
+
+def deliveries(cp, webhook_id: int) -> list[dict]:
+    with sqlite3.connect(f"file:{cp.state}?mode=ro", uri=True) as conn:
+        conn.row_factory = sqlite3.Row
+        return [dict(r) for r in conn.execute("SELECT * FROM webhook_deliveries WHERE webhook_id = ? "
+                                              "ORDER BY event_seq", (webhook_id,))]
+
+
+def test_mail_arrives_for_the_types_asked(cluster):
+    cp, _, mailbox = cluster
+    done = cp.cli("submit", "--mail-type", "END,FAIL", "--mail-user", "ana@example.org", "--name", "mailed",
+                  "--wait", "--", "sh", "-c", "exit 3")
+    assert done.returncode == 3, done.stderr
+    job = int(done.stdout.split()[0])
+    wait_for(lambda: mailbox.messages, 60, "the mail")
+    to, text = mailbox.messages[0]
+    assert to == ["ana@example.org"]
+    assert f"Subject: GPUlayer job {job} (mailed) failed (exit 3" in text and "From: gpulayer@example.org" in text
+    for bad, option in ((["--mail-type", "FOO", "--mail-user", "ana@example.org"], "--mail-type"),
+                        (["--mail-user", "ana@example.org"], "--mail-type"),
+                        (["--mail-type", "END"], "--mail-user"),
+                        (["--mail-type", "END", "--mail-user", "not an address"], "--mail-user")):
+        refused = cp.cli("submit", *bad, "--", "true")
+        assert refused.returncode == 2 and option in refused.stderr, refused.stderr
+    assert len(cp.get_json("/v1/jobs?all=true")["jobs"]) == 1   # nothing was submitted
+
+
+def test_every_event_delivered_once_per_id_across_a_down_receiver_and_a_sigkill(cluster):
+    cp, receiver, _ = cluster
+    added = cp.cli("webhook", "add", receiver.url, "--events", "job.submitted,job.succeeded,job.failed", "--json")
+    assert added.returncode == 0, added.stderr
+    hook = json.loads(added.stdout)
+    receiver.fail = 10 ** 9    # down: every try answers 500
+    jobs = [cp.submit({"command": ["true"], "name": f"j{n}"}) for n in range(5)]
+    for job in jobs:
+        cp.wait_job(job, timeout=60)
+    wait_for(lambda: any(d["attempts"] >= 2 for d in deliveries(cp, hook["id"])), 60,
+             "tries that failed and are retried")
+    assert {d["status"] for d in deliveries(cp, hook["id"])} == {"retrying"}
+    cp.kill()
+    receiver.fail = 0          # up again, and the control plane restarted
+    cp.start()
+    expected = {(job, kind) for job in jobs for kind in ("job.submitted", "job.succeeded")}
+
+    def delivered():
+        return {(json.loads(b)["data"]["job_id"], json.loads(b)["type"]) for _, b in receiver.got} >= expected
+    wait_for(delivered, 120, "every event delivered after the restart")
+    verifier = Verifier(hook["secret"])
+    ids: dict[int, set[str]] = {}
+    for headers, body in receiver.got:
+        payload = verifier.verify(body, headers)
+        ids.setdefault(payload["data"]["event_id"], set()).add(headers["webhook-id"])
+    assert all(len(found) == 1 for found in ids.values()), ids
+    order = [json.loads(b)["data"]["event_id"] for _, b in receiver.got]
+    assert order == sorted(order)   # in order per webhook (a repeat comes right after its first)
+    wait_for(lambda: [d["status"] for d in deliveries(cp, hook["id"])] == ["delivered"] * len(ids), 30,
+             "the deliveries written")
+    listed = {w["id"]: w for w in json.loads(cp.cli("webhook", "list", "--json").stdout)}
+    assert listed[hook["id"]]["delivered"] == len(ids) and listed[hook["id"]]["retrying"] == 0
+    assert cp.cli("webhook", "test", str(hook["id"])).returncode == 0
+    assert cp.cli("webhook", "remove", str(hook["id"])).returncode == 0
+
+
+def test_an_alert_mails_its_new_rows(cluster):
+    cp, _, mailbox = cluster
+    before = len(mailbox.messages)
+    added = cp.cli("alert", "add", "named", "--every", "10s", "--email", "ops@example.org",
+                   "--sql", "SELECT id, name FROM jobs WHERE name = 'alertme'")
+    assert added.returncode == 0, added.stderr
+    job = cp.submit({"command": ["true"], "name": "alertme"})
+    wait_for(lambda: len(mailbox.messages) > before, 60, "the alert's mail")
+    to, text = mailbox.messages[-1]
+    assert to == ["ops@example.org"] and "GPUlayer alert named: 1 new row(s)" in text and f'"id": {job}' in text
+    bad = cp.cli("alert", "add", "bad", "--every", "1m", "--email", "ops@example.org", "--sql", "DELETE FROM jobs")
+    assert bad.returncode != 0 and "read-only" in bad.stderr
+    assert [a["name"] for a in json.loads(cp.cli("alert", "list", "--json").stdout)] == ["named"]
+    assert cp.cli("alert", "remove", "named").returncode == 0

@@ -1,0 +1,40 @@
+"""A webhook receiver for tests: a real HTTP server on loopback (a thread of the test's process)."""
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class Receiver:
+    """A loopback HTTP server that keeps what it is sent; `fail` > 0 answers 500 that many times."""
+
+    def __init__(self):
+        self.got: list[tuple[dict, bytes]] = []
+        self.fail = 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                if outer.fail > 0:
+                    outer.fail -= 1
+                    self.send_response(500)
+                else:
+                    outer.got.append(({k.lower(): v for k, v in self.headers.items()}, body))
+                    self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def types(self) -> list[str]:
+        return [json.loads(body)["type"] for _, body in self.got]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
