@@ -27,6 +27,7 @@ HIDDEN_COLUMNS = frozenset({
     ("tokens", "token_hash"),
     ("workers", "session_hash"),
     ("secrets", "ciphertext"),
+    ("webhooks", "secret"),
 })
 
 # Pragmas that only describe the schema, whatever their argument.

@@ -1,4 +1,5 @@
 """A webhook receiver for tests: a real HTTP server on loopback (a thread of the test's process)."""
+
 from __future__ import annotations
 
 import json

@@ -1,4 +1,5 @@
 """`gpulayer webhook ...` and `gpulayer alert ...`: be told when jobs end and when a query finds something."""
+
 from __future__ import annotations
 
 from typing import Annotated, Optional
@@ -8,22 +9,26 @@ import typer
 from gpulayer.cli.common import client_of, fail, fmt_time, parse_duration, print_json, print_table
 
 webhook_app = typer.Typer(help="Signed webhooks (and mailboxes) delivered from the event log.", no_args_is_help=True)
-alert_app = typer.Typer(help="Alerts: a read-only SQL query that fires on rows it did not return before (admins).",
-                        no_args_is_help=True)
+alert_app = typer.Typer(help="Alerts: a read-only SQL query that fires on rows it did not return before (admins).", no_args_is_help=True)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 
 
 @webhook_app.command("add")
-def webhook_add(ctx: typer.Context,
-                url: Annotated[str, typer.Argument(help="Where to POST: an http(s) URL on a public address.")],
-                events: Annotated[str, typer.Option("--events", metavar="NAMES",
-                                                    help="Comma-separated event names: job.failed,job.succeeded,... "
-                                                         "(docs/notifications.md lists them).")],
-                project: Annotated[Optional[str], typer.Option("--project", help="Every job of this project (its managers, admins).")] = None,
-                job: Annotated[Optional[int], typer.Option("--job", help="One job (who may read it).", min=1)] = None,
-                format: Annotated[str, typer.Option("--format", help="standard (Standard Webhooks JSON) or slack ({\"text\"}).")] = "standard",  # noqa: A002
-                as_json: JsonOpt = False) -> None:
+def webhook_add(
+    ctx: typer.Context,
+    url: Annotated[str, typer.Argument(help="Where to POST: an http(s) URL on a public address.")],
+    events: Annotated[
+        str,
+        typer.Option(
+            "--events", metavar="NAMES", help="Comma-separated event names: job.failed,job.succeeded,... (docs/notifications.md lists them)."
+        ),
+    ],
+    project: Annotated[Optional[str], typer.Option("--project", help="Every job of this project (its managers, admins).")] = None,
+    job: Annotated[Optional[int], typer.Option("--job", help="One job (who may read it).", min=1)] = None,
+    format: Annotated[str, typer.Option("--format", help='standard (Standard Webhooks JSON) or slack ({"text"}).')] = "standard",  # noqa: A002
+    as_json: JsonOpt = False,
+) -> None:
     """Add a webhook: its signing secret is printed once, alone on the first line.
 
     \b
@@ -37,13 +42,12 @@ def webhook_add(ctx: typer.Context,
         raise fail("--project and --job: give one of them", 2)
     if format not in ("standard", "slack"):
         raise fail(f"--format: must be standard or slack, not {format!r}", 2)
-    answer = client_of(ctx).add_webhook(url, names, project=project, job=job, format=format)
+    answer = client_of(ctx).add_webhook(url, names, project=project, job_id=job, format=format)
     if as_json:
         print_json(answer)
         return
     typer.echo(answer.get("secret") or "")
-    typer.echo(f"webhook {answer['id']} added (scope {answer['scope']}); verify deliveries with the secret above, "
-               "which is not shown again", err=True)
+    typer.echo(f"webhook {answer['id']} added (scope {answer['scope']}); verify deliveries with the secret above, which is not shown again", err=True)
 
 
 @webhook_app.command("list")
@@ -58,8 +62,19 @@ def webhook_list(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     if as_json:
         print_json(found)
         return
-    rows = [[w["id"], w.get("url") or w.get("email"), ",".join(w["events"]), _scope(w), w.get("format"),
-             w.get("delivered"), w.get("retrying"), w.get("failed")] for w in found]
+    rows = [
+        [
+            w["id"],
+            w.get("url") or w.get("email"),
+            ",".join(w["events"]),
+            _scope(w),
+            w.get("format"),
+            w.get("delivered"),
+            w.get("retrying"),
+            w.get("failed"),
+        ]
+        for w in found
+    ]
     print_table(rows, ["ID", "TARGET", "EVENTS", "SCOPE", "FORMAT", "DELIVERED", "RETRYING", "FAILED"])
 
 
@@ -86,8 +101,7 @@ def webhook_remove(ctx: typer.Context, webhook_id: Annotated[int, typer.Argument
 
 
 @webhook_app.command("test")
-def webhook_test(ctx: typer.Context, webhook_id: Annotated[int, typer.Argument(help="The webhook's id.", min=1)],
-                 as_json: JsonOpt = False) -> None:
+def webhook_test(ctx: typer.Context, webhook_id: Annotated[int, typer.Argument(help="The webhook's id.", min=1)], as_json: JsonOpt = False) -> None:
     """Send a signed `webhook.test` message now; exit 1 when the receiver did not answer 2xx.
 
     \b
@@ -104,13 +118,15 @@ def webhook_test(ctx: typer.Context, webhook_id: Annotated[int, typer.Argument(h
 
 
 @alert_app.command("add")
-def alert_add(ctx: typer.Context,
-              name: Annotated[str, typer.Argument(help="A name: lower-case letters, digits, _ . -")],
-              sql: Annotated[str, typer.Option("--sql", help="One read-only SELECT over the state file (docs/sql.md).")],
-              every: Annotated[str, typer.Option("--every", metavar="DURATION", help="How often it runs: 30s, 1m, 1h (at least 10 s).")] = "1m",
-              webhook: Annotated[Optional[int], typer.Option("--webhook", help="The webhook it fires to (its id).", min=1)] = None,
-              email: Annotated[Optional[str], typer.Option("--email", metavar="ADDR", help="Or the address it mails.")] = None,
-              as_json: JsonOpt = False) -> None:
+def alert_add(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="A name: lower-case letters, digits, _ . -")],
+    sql: Annotated[str, typer.Option("--sql", help="One read-only SELECT over the state file (docs/sql.md).")],
+    every: Annotated[str, typer.Option("--every", metavar="DURATION", help="How often it runs: 30s, 1m, 1h (at least 10 s).")] = "1m",
+    webhook: Annotated[Optional[int], typer.Option("--webhook", help="The webhook it fires to (its id).", min=1)] = None,
+    email: Annotated[Optional[str], typer.Option("--email", metavar="ADDR", help="Or the address it mails.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
     """Add an alert (admins): it fires when its query returns rows it did not return last time.
 
     \b
@@ -140,8 +156,18 @@ def alert_list(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     if as_json:
         print_json(found)
         return
-    rows = [[a["name"], f"{a['every_s']:g}s", a.get("email") or f"webhook {a['webhook_id']}", a.get("fired"),
-             fmt_time(a.get("last_run_at")), a.get("last_error") or "", a["sql"][:60]] for a in found]
+    rows = [
+        [
+            a["name"],
+            f"{a['every_s']:g}s",
+            a.get("email") or f"webhook {a['webhook_id']}",
+            a.get("fired"),
+            fmt_time(a.get("last_run_at")),
+            a.get("last_error") or "",
+            a["sql"][:60],
+        ]
+        for a in found
+    ]
     print_table(rows, ["NAME", "EVERY", "TO", "FIRED", "LAST RUN", "ERROR", "SQL"])
 
 

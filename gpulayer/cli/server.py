@@ -185,7 +185,7 @@ def _smtp_url(value: Optional[str]) -> Optional[str]:
     from urllib.parse import urlsplit
     try:
         parts = urlsplit(value)
-        parts.port
+        _ = parts.port   # a bad port raises here
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--smtp-url") from None
     if parts.scheme not in ("smtp", "smtps") or not parts.hostname:

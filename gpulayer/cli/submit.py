@@ -198,7 +198,7 @@ def _submit_remote(ctx, spec, wait, follow, as_json, cancel_on_interrupt: bool, 
     job = client.submit(spec, project) if project else client.submit(spec)
     if mail:  # a mailbox for this job: it starts at the job's first event, so nothing is missed meanwhile
         try:
-            client.add_webhook(job=job.id, **mail)
+            client.add_webhook(job_id=job.id, **mail)
         except ClientError as exc:
             typer.echo(job.id)
             raise fail(f"job {job.id} was submitted, but its mail was refused: {exc}", 1) from None

@@ -257,12 +257,12 @@ class Client:
     # -- notifications (docs/notifications.md) ------------------------------------
 
     def add_webhook(self, url: str | None = None, events: list[str] | None = None, *, email: str | None = None,
-                    mail_type: list[str] | None = None, project: str | None = None, job: int | None = None,
+                    mail_type: list[str] | None = None, project: str | None = None, job_id: int | None = None,
                     format: str | None = None) -> dict:  # noqa: A002 - the wire's name
         """Add a webhook (`url`, `events`) or a mailbox (`email`, `events` or Slurm's `mail_type`), for one job,
         a project, or (none given) your jobs (an admin's: everything). The answer's `secret` is shown once."""
         body = {k: v for k, v in {"url": url, "events": events, "email": email, "mail_type": mail_type,
-                                  "project": project, "job": job, "format": format}.items() if v is not None}
+                                  "project": project, "job": job_id, "format": format}.items() if v is not None}
         return self.call("POST", "/webhooks", json=body)
 
     def webhooks(self) -> list[dict]:

@@ -39,6 +39,11 @@ def listed(api, deps, client_h, worker, clock):
         assert api.simulate_put(f"/v1/secrets/S{n}", headers=client_h, json={"value": "v"}).status_code == 200
         assert api.simulate_post("/v1/users", headers=client_h, json={"name": f"u{n}"}).status_code == 201
         assert api.simulate_post("/v1/projects", headers=client_h, json={"name": f"p{n}"}).status_code == 201
+        hook = api.simulate_post("/v1/webhooks", headers=client_h, json={"url": f"https://93.184.215.14/h{n}",
+                                                                         "events": ["job.failed"]})
+        assert hook.status_code == 201, hook.text
+        assert api.simulate_post("/v1/alerts", headers=client_h, json={
+            "name": f"a{n}", "sql": "SELECT 1", "webhook": hook.json["id"]}).status_code == 201
     task = _run(api, client_h, wh, "talker")
     lines = [{"stream": "stdout", "text": f"line {n}", "at": 1.0} for n in range(SEEDED)]
     api.simulate_post(f"/v1/worker/tasks/{task['task_id']}/logs", headers=wh, json={"lines": lines})
@@ -59,7 +64,9 @@ def listed(api, deps, client_h, worker, clock):
             "/v1/secrets": ("/v1/secrets", {}, "secrets", "name"),
             "/v1/users": ("/v1/users", {}, "users", "name"),
             "/v1/projects": ("/v1/projects", {}, "projects", "name"),
-            "/v1/usage": ("/v1/usage", {"by": "job-name"}, "rows", "key")}
+            "/v1/usage": ("/v1/usage", {"by": "job-name"}, "rows", "key"),
+            "/v1/webhooks": ("/v1/webhooks", {}, "webhooks", "id"),
+            "/v1/alerts": ("/v1/alerts", {}, "alerts", "id")}
 
 
 def _walk(api, headers, path, params, key, cursor, followed) -> list[dict]:

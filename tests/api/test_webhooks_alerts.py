@@ -3,6 +3,7 @@
 Deliveries go to a real HTTP receiver on loopback (a thread of this process), driven by the outbox's own
 ticks (`Notifier.tick`) on the pinned clock, so backoff is stepped, never slept through.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,19 +40,20 @@ def notifier(deps):
 
 def deliver(notifier, until, clock=None, step: float = 0.0):
     """Tick the outbox (moving the pinned clock by `step` each time) until `until()` holds."""
+
     def tick():
         if clock is not None and step:
             clock.advance(step)
         notifier.tick()
         notifier.settle(30)
         return until()
+
     wait_for(tick, timeout=30, interval=0.02)
     notifier.flush(notifier.clock())
 
 
 def user(api, client_h, name, projects=()):
-    made = api.simulate_post("/v1/users", headers=client_h, json={
-        "name": name, "projects": [{"project": p, "role": r} for p, r in projects]})
+    made = api.simulate_post("/v1/users", headers=client_h, json={"name": name, "projects": [{"project": p, "role": r} for p, r in projects]})
     assert made.status_code == 201, made.text
     return bearer(made.json["token"])
 
@@ -70,8 +72,8 @@ BAD = [
     ({"url": "https://93.184.215.14/x", "events": ["job.failed"], "format": "teams"}, "format"),
     ({"url": "https://93.184.215.14/x", "events": ["job.failed"], "project": "default", "job": 1}, "job"),
     ({"url": "https://93.184.215.14/x", "events": ["job.failed"], "color": 1}, "color"),
-    ({"email": "someone@example.org", "events": ["job.failed"]}, "email"),   # no --smtp-url
-    ({"url": "http://127.0.0.1:9/x", "events": ["job.failed"]}, "url"),       # loopback without the flag
+    ({"email": "someone@example.org", "events": ["job.failed"]}, "email"),  # no --smtp-url
+    ({"url": "http://127.0.0.1:9/x", "events": ["job.failed"]}, "url"),  # loopback without the flag
     ({"url": "http://10.1.2.3/x", "events": ["job.failed"]}, "url"),
     ({"url": "http://169.254.169.254/latest", "events": ["job.failed"]}, "url"),
     ({"url": "http://[::1]/x", "events": ["job.failed"]}, "url"),
@@ -87,15 +89,15 @@ def test_bad_webhooks_are_refused_and_change_nothing(api, client_h, body, field)
     assert api.simulate_get("/v1/webhooks", headers=client_h).json["webhooks"] == []
 
 
-def test_signed_deliveries_in_order_with_stable_ids_across_retries(api, client_h, private_ok, receiver,
-                                                                    notifier, clock):
-    added = api.simulate_post("/v1/webhooks", headers=client_h, json={
-        "url": receiver.url, "events": ["job.submitted", "job.cancelled", "job.succeeded"]})
+def test_signed_deliveries_in_order_with_stable_ids_across_retries(api, client_h, private_ok, receiver, notifier, clock):
+    added = api.simulate_post(
+        "/v1/webhooks", headers=client_h, json={"url": receiver.url, "events": ["job.submitted", "job.cancelled", "job.succeeded"]}
+    )
     assert added.status_code == 201, added.text
     secret = added.json["secret"]
     assert secret.startswith("whsec_") and added.json["scope"] == "all"
     assert "secret" not in api.simulate_get(f"/v1/webhooks/{added.json['id']}", headers=client_h).json
-    receiver.fail = 3   # the first three tries fail: retried after 1, 2, 4 s of the pinned clock
+    receiver.fail = 3  # the first three tries fail: retried after 1, 2, 4 s of the pinned clock
     job = submit(api, client_h)
     assert api.simulate_post(f"/v1/jobs/{job}/cancel", headers=client_h, json={}).status_code == 200
     notifier.tick()
@@ -106,7 +108,7 @@ def test_signed_deliveries_in_order_with_stable_ids_across_retries(api, client_h
     assert receiver.types() == ["job.submitted", "job.cancelled"]
     verifier = Verifier(secret)
     for headers, body in receiver.got:
-        payload = verifier.verify(body, headers)   # raises on a bad signature
+        payload = verifier.verify(body, headers)  # raises on a bad signature
         assert payload["data"]["job_id"] == job
     ids = [h["webhook-id"] for h, _ in receiver.got]
     seq = json.loads(receiver.got[0][1])["data"]["event_id"]
@@ -125,8 +127,9 @@ def test_a_slack_webhook_for_one_job_and_one_project(api, client_h, private_ok, 
     other = user(api, client_h, "bob", [("default", "member")])
     mine = submit(api, client_h)
     theirs = submit(api, other)
-    hook = api.simulate_post("/v1/webhooks", headers=client_h, json={
-        "url": receiver.url, "events": ["job.cancelled"], "job": mine, "format": "slack"}).json
+    hook = api.simulate_post(
+        "/v1/webhooks", headers=client_h, json={"url": receiver.url, "events": ["job.cancelled"], "job": mine, "format": "slack"}
+    ).json
     assert hook["scope"] == "job" and hook["job_id"] == mine
     for job in (theirs, mine):
         api.simulate_post(f"/v1/jobs/{job}/cancel", headers=client_h, json={})
@@ -151,7 +154,7 @@ def test_who_may_add_webhooks_for_what(api, client_h, private_ok, receiver):
     own = api.simulate_post("/v1/webhooks", headers=alice, json={**hook, "job": job})
     assert own.status_code == 201 and own.json["scope"] == "job"
     mine = api.simulate_post("/v1/webhooks", headers=alice, json=hook).json
-    assert mine["scope"] == "user"     # a user's unscoped webhook: the jobs it submits
+    assert mine["scope"] == "user"  # a user's unscoped webhook: the jobs it submits
     assert api.simulate_get(f"/v1/webhooks/{mine['id']}", headers=bob).status_code == 404
     assert api.simulate_delete(f"/v1/webhooks/{mine['id']}", headers=bob).status_code == 404
     assert [w["id"] for w in api.simulate_get("/v1/webhooks", headers=bob).json["webhooks"]] == []
@@ -161,8 +164,7 @@ def test_who_may_add_webhooks_for_what(api, client_h, private_ok, receiver):
 
 
 def test_webhook_test_sends_a_signed_message_now(api, client_h, private_ok, receiver):
-    hook = api.simulate_post("/v1/webhooks", headers=client_h, json={"url": receiver.url,
-                                                                     "events": ["job.failed"]}).json
+    hook = api.simulate_post("/v1/webhooks", headers=client_h, json={"url": receiver.url, "events": ["job.failed"]}).json
     r = api.simulate_post(f"/v1/webhooks/{hook['id']}/test", headers=client_h, json={})
     assert r.status_code == 200 and r.json["ok"] and r.json["status"] == 204
     payload = Verifier(hook["secret"]).verify(receiver.got[0][1], receiver.got[0][0])
@@ -173,18 +175,16 @@ def test_webhook_test_sends_a_signed_message_now(api, client_h, private_ok, rece
 
 
 def test_an_alert_fires_once_per_new_row(api, client_h, private_ok, receiver, notifier, clock):
-    hook = api.simulate_post("/v1/webhooks", headers=client_h, json={"url": receiver.url,
-                                                                     "events": ["job.failed"]}).json
+    hook = api.simulate_post("/v1/webhooks", headers=client_h, json={"url": receiver.url, "events": ["job.failed"]}).json
     sql = "SELECT id, name FROM jobs WHERE state = 'queued'"
-    alert = api.simulate_post("/v1/alerts", headers=client_h, json={"name": "queued", "sql": sql, "every_s": 60,
-                                                                    "webhook": hook["id"]})
+    alert = api.simulate_post("/v1/alerts", headers=client_h, json={"name": "queued", "sql": sql, "every_s": 60, "webhook": hook["id"]})
     assert alert.status_code == 201, alert.text
     first = submit(api, client_h, name="a")
     deliver(notifier, lambda: len(receiver.got) == 1)
     fired = json.loads(receiver.got[0][1])
     assert fired["type"] == "alert.fired" and fired["data"]["rows"] == [{"id": first, "name": "a"}]
     clock.advance(61)
-    notifier.tick()        # the same row: nothing new
+    notifier.tick()  # the same row: nothing new
     clock.advance(61)
     second = submit(api, client_h, name="b")
     deliver(notifier, lambda: len(receiver.got) == 2)
@@ -201,16 +201,18 @@ def test_an_alert_fires_once_per_new_row(api, client_h, private_ok, receiver, no
     assert api.simulate_get("/v1/alerts", headers=client_h).json["alerts"] == []
 
 
-@pytest.mark.parametrize("sql,why", [
-    ("DELETE FROM jobs", "read-only"),
-    ("SELECT 1; DELETE FROM jobs", "one statement"),
-    ("SELECT * FROM nosuch", "no such table"),
-    ("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c", "longer than"),
-])
+@pytest.mark.parametrize(
+    "sql,why",
+    [
+        ("DELETE FROM jobs", "read-only"),
+        ("SELECT 1; DELETE FROM jobs", "one statement"),
+        ("SELECT * FROM nosuch", "no such table"),
+        ("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c", "longer than"),
+    ],
+)
 def test_bad_alert_queries_are_refused(api, client_h, private_ok, sql, why):
     private_ok.alert_time_limit_s = 0.2
-    r = api.simulate_post("/v1/alerts", headers=client_h, json={"name": "bad", "sql": sql, "every_s": 60,
-                                                                "webhook": 1})
+    r = api.simulate_post("/v1/alerts", headers=client_h, json={"name": "bad", "sql": sql, "every_s": 60, "webhook": 1})
     assert r.status_code == 400 and why in r.json["error"]["message"], r.text
     assert api.simulate_get("/v1/alerts", headers=client_h).json["alerts"] == []
 
@@ -220,5 +222,5 @@ def test_alerts_are_for_admins(api, client_h, private_ok, receiver):
     body = {"name": "x", "sql": "SELECT 1", "every_s": 60, "webhook": 1}
     assert api.simulate_post("/v1/alerts", headers=alice, json=body).status_code == 403
     assert api.simulate_get("/v1/alerts", headers=alice).status_code == 403
-    assert api.simulate_post("/v1/alerts", headers=client_h, json=body).status_code == 400   # no webhook 1
+    assert api.simulate_post("/v1/alerts", headers=client_h, json=body).status_code == 400  # no webhook 1
     assert api.simulate_post("/v1/alerts", headers=client_h, json={**body, "every_s": 1}).status_code == 400

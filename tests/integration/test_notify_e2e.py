@@ -4,6 +4,7 @@ on loopback and a real SMTP server (aiosmtpd) in this process.
 The receiver is down while jobs run and the control plane is SIGKILLed with deliveries still retrying:
 after the restart every event is delivered, signed, and never twice under different ids.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,9 +35,20 @@ def cluster(tmp_path_factory):
     smtp = Controller(mailbox, hostname="127.0.0.1", port=free_port())
     smtp.start()
     receiver = Receiver()
-    cp = ControlPlaneProcess(tmp_path_factory.mktemp("notify"), heartbeat_interval=0.5, lease_ttl=5, args=[
-        "--allow-private-webhooks", "--webhook-retry-base", "0.2", "--smtp-url", f"smtp://127.0.0.1:{smtp.port}",
-        "--smtp-from", "gpulayer@example.org"])
+    cp = ControlPlaneProcess(
+        tmp_path_factory.mktemp("notify"),
+        heartbeat_interval=0.5,
+        lease_ttl=5,
+        args=[
+            "--allow-private-webhooks",
+            "--webhook-retry-base",
+            "0.2",
+            "--smtp-url",
+            f"smtp://127.0.0.1:{smtp.port}",
+            "--smtp-from",
+            "gpulayer@example.org",
+        ],
+    )
     try:
         cp.start()
         cp.start_worker("w1", parallel=4)
@@ -50,27 +62,27 @@ def cluster(tmp_path_factory):
 def deliveries(cp, webhook_id: int) -> list[dict]:
     with sqlite3.connect(f"file:{cp.state}?mode=ro", uri=True) as conn:
         conn.row_factory = sqlite3.Row
-        return [dict(r) for r in conn.execute("SELECT * FROM webhook_deliveries WHERE webhook_id = ? "
-                                              "ORDER BY event_seq", (webhook_id,))]
+        return [dict(r) for r in conn.execute("SELECT * FROM webhook_deliveries WHERE webhook_id = ? ORDER BY event_seq", (webhook_id,))]
 
 
 def test_mail_arrives_for_the_types_asked(cluster):
     cp, _, mailbox = cluster
-    done = cp.cli("submit", "--mail-type", "END,FAIL", "--mail-user", "ana@example.org", "--name", "mailed",
-                  "--wait", "--", "sh", "-c", "exit 3")
+    done = cp.cli("submit", "--mail-type", "END,FAIL", "--mail-user", "ana@example.org", "--name", "mailed", "--wait", "--", "sh", "-c", "exit 3")
     assert done.returncode == 3, done.stderr
     job = int(done.stdout.split()[0])
     wait_for(lambda: mailbox.messages, 60, "the mail")
     to, text = mailbox.messages[0]
     assert to == ["ana@example.org"]
     assert f"Subject: GPUlayer job {job} (mailed) failed (exit 3" in text and "From: gpulayer@example.org" in text
-    for bad, option in ((["--mail-type", "FOO", "--mail-user", "ana@example.org"], "--mail-type"),
-                        (["--mail-user", "ana@example.org"], "--mail-type"),
-                        (["--mail-type", "END"], "--mail-user"),
-                        (["--mail-type", "END", "--mail-user", "not an address"], "--mail-user")):
+    for bad, option in (
+        (["--mail-type", "FOO", "--mail-user", "ana@example.org"], "--mail-type"),
+        (["--mail-user", "ana@example.org"], "--mail-type"),
+        (["--mail-type", "END"], "--mail-user"),
+        (["--mail-type", "END", "--mail-user", "not an address"], "--mail-user"),
+    ):
         refused = cp.cli("submit", *bad, "--", "true")
         assert refused.returncode == 2 and option in refused.stderr, refused.stderr
-    assert len(cp.get_json("/v1/jobs?all=true")["jobs"]) == 1   # nothing was submitted
+    assert len(cp.get_json("/v1/jobs?all=true")["jobs"]) == 1  # nothing was submitted
 
 
 def test_every_event_delivered_once_per_id_across_a_down_receiver_and_a_sigkill(cluster):
@@ -78,20 +90,20 @@ def test_every_event_delivered_once_per_id_across_a_down_receiver_and_a_sigkill(
     added = cp.cli("webhook", "add", receiver.url, "--events", "job.submitted,job.succeeded,job.failed", "--json")
     assert added.returncode == 0, added.stderr
     hook = json.loads(added.stdout)
-    receiver.fail = 10 ** 9    # down: every try answers 500
+    receiver.fail = 10**9  # down: every try answers 500
     jobs = [cp.submit({"command": ["true"], "name": f"j{n}"}) for n in range(5)]
     for job in jobs:
         cp.wait_job(job, timeout=60)
-    wait_for(lambda: any(d["attempts"] >= 2 for d in deliveries(cp, hook["id"])), 60,
-             "tries that failed and are retried")
+    wait_for(lambda: any(d["attempts"] >= 2 for d in deliveries(cp, hook["id"])), 60, "tries that failed and are retried")
     assert {d["status"] for d in deliveries(cp, hook["id"])} == {"retrying"}
     cp.kill()
-    receiver.fail = 0          # up again, and the control plane restarted
+    receiver.fail = 0  # up again, and the control plane restarted
     cp.start()
     expected = {(job, kind) for job in jobs for kind in ("job.submitted", "job.succeeded")}
 
     def delivered():
         return {(json.loads(b)["data"]["job_id"], json.loads(b)["type"]) for _, b in receiver.got} >= expected
+
     wait_for(delivered, 120, "every event delivered after the restart")
     verifier = Verifier(hook["secret"])
     ids: dict[int, set[str]] = {}
@@ -100,9 +112,8 @@ def test_every_event_delivered_once_per_id_across_a_down_receiver_and_a_sigkill(
         ids.setdefault(payload["data"]["event_id"], set()).add(headers["webhook-id"])
     assert all(len(found) == 1 for found in ids.values()), ids
     order = [json.loads(b)["data"]["event_id"] for _, b in receiver.got]
-    assert order == sorted(order)   # in order per webhook (a repeat comes right after its first)
-    wait_for(lambda: [d["status"] for d in deliveries(cp, hook["id"])] == ["delivered"] * len(ids), 30,
-             "the deliveries written")
+    assert order == sorted(order)  # in order per webhook (a repeat comes right after its first)
+    wait_for(lambda: [d["status"] for d in deliveries(cp, hook["id"])] == ["delivered"] * len(ids), 30, "the deliveries written")
     listed = {w["id"]: w for w in json.loads(cp.cli("webhook", "list", "--json").stdout)}
     assert listed[hook["id"]]["delivered"] == len(ids) and listed[hook["id"]]["retrying"] == 0
     assert cp.cli("webhook", "test", str(hook["id"])).returncode == 0
@@ -112,8 +123,9 @@ def test_every_event_delivered_once_per_id_across_a_down_receiver_and_a_sigkill(
 def test_an_alert_mails_its_new_rows(cluster):
     cp, _, mailbox = cluster
     before = len(mailbox.messages)
-    added = cp.cli("alert", "add", "named", "--every", "10s", "--email", "ops@example.org",
-                   "--sql", "SELECT id, name FROM jobs WHERE name = 'alertme'")
+    added = cp.cli(
+        "alert", "add", "named", "--every", "10s", "--email", "ops@example.org", "--sql", "SELECT id, name FROM jobs WHERE name = 'alertme'"
+    )
     assert added.returncode == 0, added.stderr
     job = cp.submit({"command": ["true"], "name": "alertme"})
     wait_for(lambda: len(mailbox.messages) > before, 60, "the alert's mail")

@@ -13,6 +13,7 @@ from gpulayer.protocol.fields import json_schema
 from gpulayer.protocol.jobspec import JobSpec
 from gpulayer.server.config import PROTOCOL
 from gpulayer.server.http import paging
+from gpulayer.server.notify.names import EVENTS
 
 ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
     "type": "object", "required": ["code", "message"],
@@ -224,6 +225,44 @@ RESPONSES: dict[tuple[str, str], tuple[str, dict]] = {
         "requests": {"type": "array", "items": {"type": "object", "required": ["id", "provisioner", "profile",
                                                                                "state", "slurm_job_id", "last_error"]}}}}),
 }
+# notifications (issue 28, docs/notifications.md)
+EVENT_NAMES = {"type": "array", "minItems": 1, "items": {"enum": list(EVENTS)}, "description": "public event names"}
+WEBHOOK: dict[str, Any] = {"type": "object", "required": ["id", "events", "scope", "format"], "properties": {
+    "id": {"type": "integer"}, "url": {"type": ["string", "null"]}, "email": {"type": ["string", "null"]},
+    "events": {"type": "array", "items": {"type": "string"}}, "format": {"enum": ["standard", "slack", "email"]},
+    "scope": {"enum": ["all", "user", "project", "job", "alert"]}, "job_id": {"type": ["integer", "null"]},
+    "project": {"type": ["string", "null"]}, "owner": {"type": ["string", "null"]},
+    "cursor": {"type": "integer", "description": "the last event seq handled"}, "created_at": NUM}}
+ALERT = {"type": "object", "required": ["id", "name", "sql", "every_s", "webhook_id"], "properties": {
+    "id": {"type": "integer"}, "name": NAME, "sql": {"type": "string"}, "every_s": NUM,
+    "webhook_id": {"type": "integer"}, "fired": INT, "last_error": {"type": ["string", "null"]}}}
+REQUEST_BODIES.update({
+    ("/v1/webhooks", "post"): {"type": "object", "additionalProperties": False, "properties": {
+        "url": {"type": "string", "description": "an http(s) URL on a public address (or give `email`)"},
+        "email": {"type": "string", "description": "a mail address (needs --smtp-url)"},
+        "events": EVENT_NAMES,
+        "mail_type": {"type": "array", "items": {"enum": ["BEGIN", "END", "FAIL", "REQUEUE", "ALL"]},
+                      "description": "Slurm's names, instead of `events`"},
+        "format": {"enum": ["standard", "slack"]}, "project": NAME, "job": {"type": "integer", "minimum": 1}}},
+    ("/v1/alerts", "post"): {"type": "object", "required": ["name", "sql"], "additionalProperties": False,
+                             "properties": {
+        "name": NAME, "sql": {"type": "string", "description": "one read-only SELECT"},
+        "every_s": {"type": "number", "minimum": 10, "maximum": 604800},
+        "webhook": {"type": "integer", "minimum": 1}, "email": {"type": "string"}}},
+    ("/v1/webhooks/{webhook_id}/test", "post"): {"type": "object"},
+})
+OPTIONAL_BODIES.add(("/v1/webhooks/{webhook_id}/test", "post"))
+RESPONSES.update({
+    ("/v1/webhooks", "post"): ("201", {**WEBHOOK, "properties": {**WEBHOOK["properties"], "secret": {
+        "type": "string", "description": "the whsec_ signing secret, shown once (a url webhook's)"}}}),
+    ("/v1/webhooks", "get"): ("200", {"type": "object", "required": ["webhooks"],
+                                      "properties": {"webhooks": {"type": "array", "items": WEBHOOK}}}),
+    ("/v1/webhooks/{webhook_id}", "get"): ("200", WEBHOOK),
+    ("/v1/webhooks/{webhook_id}/test", "post"): ("200", {"type": "object", "required": ["ok", "status", "error"]}),
+    ("/v1/alerts", "post"): ("201", ALERT),
+    ("/v1/alerts", "get"): ("200", {"type": "object", "required": ["alerts"],
+                                    "properties": {"alerts": {"type": "array", "items": ALERT}}}),
+})
 QUERY_PARAMS: dict[tuple[str, str], list[tuple[str, dict]]] = {
     ("/v1/jobs", "get"): [("state", {"type": "string"}),
                           ("name", {"type": "string", "maxLength": 256,

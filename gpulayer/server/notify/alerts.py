@@ -6,6 +6,7 @@ authorizer, one statement, a time limit and a row limit). What it returned is ke
 with those rows, in the same transaction as the new `seen`, and the outbox delivers it to the alert's
 webhook or mailbox. A row that stays is not told twice; one that goes and comes back is.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -21,8 +22,8 @@ from gpulayer.server.store.db import Store
 from gpulayer.server.store.queries import row, rows
 
 log = logging.getLogger("gpulayer.server.notify")
-MAX_ROWS = 1000        # rows one run reads (past it the rest count as not returned)
-MAX_FIRED_ROWS = 100   # rows one alert_fired event carries (the count says how many were new)
+MAX_ROWS = 1000  # rows one run reads (past it the rest count as not returned)
+MAX_FIRED_ROWS = 100  # rows one alert_fired event carries (the count says how many were new)
 
 
 def digest(values) -> str:
@@ -41,14 +42,12 @@ def check_sql(db: ReadOnlyDatabase, sql: str) -> None:
     try:
         run_query(db, sql)
     except QueryTimeout as e:
-        raise InvalidRequest(f"sql: {e} (an alert's query must answer within {db.time_limit_s:g} s)",
-                             field="sql", code="query_too_slow") from None
+        raise InvalidRequest(f"sql: {e} (an alert's query must answer within {db.time_limit_s:g} s)", field="sql", code="query_too_slow") from None
     except QueryError as e:
         raise InvalidRequest(f"sql: {e}", field="sql") from None
 
 
-def ran(conn: apsw.Connection, alert: dict, now: float, columns: list[str], found: list[tuple] | None,
-        error: str | None) -> int:
+def ran(conn: apsw.Connection, alert: dict, now: float, columns: list[str], found: list[tuple] | None, error: str | None) -> int:
     """Record one run of `alert` (its rows, or the error that stopped it); returns the new rows it fired on."""
     seen = set(json.loads(alert["seen"]))
     new: list[dict] = []
@@ -57,13 +56,20 @@ def ran(conn: apsw.Connection, alert: dict, now: float, columns: list[str], foun
         now_seen = [digest(r) for r in found]
         new = [dict(zip(columns, r)) for r, d in zip(found, now_seen) if d not in seen]
         digests = json.dumps(sorted(set(now_seen)))
-    if row(conn, "alert_ran", id=alert["id"], seen=digests, next_run_at=now + alert["every_s"], now=now,
-           error=error, fired=1 if new else 0) is None:
-        return 0   # removed meanwhile
+    if row(conn, "alert_ran", id=alert["id"], seen=digests, next_run_at=now + alert["every_s"], now=now, error=error, fired=1 if new else 0) is None:
+        return 0  # removed meanwhile
     if new:
-        events.record(conn, now, "alert_fired", alert_id=alert["id"], name=alert["name"],
-                      webhook_id=alert["webhook_id"], new=len(new), columns=columns,
-                      rows=json.loads(json.dumps(new[:MAX_FIRED_ROWS], default=str)))
+        events.record(
+            conn,
+            now,
+            "alert_fired",
+            alert_id=alert["id"],
+            name=alert["name"],
+            webhook_id=alert["webhook_id"],
+            new=len(new),
+            columns=columns,
+            rows=json.loads(json.dumps(new[:MAX_FIRED_ROWS], default=str)),
+        )
     return len(new)
 
 
@@ -79,7 +85,7 @@ def run_due(store: Store, db: ReadOnlyDatabase, now: float) -> int:
         except QueryError as e:
             error = str(e)[:500]
             log.warning("alert_failed name=%s error=%r", alert["name"], error)
-        except apsw.Error as e:   # the file busy or gone for a moment: the next run tries again
+        except apsw.Error as e:  # the file busy or gone for a moment: the next run tries again
             error = f"{type(e).__name__}: {e}"[:500]
         n = store.write(ran, alert, now, columns, found, error)
         if n:

@@ -3,6 +3,7 @@
 Most kinds map to one name; `job_finished` maps by the job's end state, `task_finished` by the task's, and
 a job's first `task_started` is `job.started` to a webhook that asks for it (else `task.started`).
 """
+
 from __future__ import annotations
 
 # public name -> (internal kind, what it means); the order is the docs' (docs/notifications.md)

@@ -12,6 +12,7 @@ its cursor it wants; the cursor passes that event only in the write after the re
 after `--webhook-retry-base` × 2^(tries-1) (at most an hour). A SIGKILL between a 2xx and its write
 delivers that event again, with the same `webhook-id`.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,7 +35,7 @@ from gpulayer.server.store.queries import one, row, rows
 
 log = logging.getLogger("gpulayer.server.notify")
 TICK_S = 0.25
-BATCH = 64             # events read per webhook per look
+BATCH = 64  # events read per webhook per look
 MAX_BACKOFF_S = 3600.0
 PRUNE_EVERY_S = 600.0
 
@@ -77,8 +78,7 @@ def body_for(fmt: str, name: str, event: dict) -> bytes:
         if name == "alert.fired":
             text += "\n" + "\n".join(json.dumps(r, default=str) for r in event["data"].get("rows", [])[:20])
         return json.dumps({"text": text}).encode()
-    return json.dumps({"type": name, "timestamp": iso(event["at"]), "data": payload_data(event)},
-                      sort_keys=True, default=str).encode()
+    return json.dumps({"type": name, "timestamp": iso(event["at"]), "data": payload_data(event)}, sort_keys=True, default=str).encode()
 
 
 class Notifier:
@@ -86,8 +86,7 @@ class Notifier:
 
     def __init__(self, store: Store, config: ControlPlaneConfig, box: SecretBox, clock: Callable[[], float]):
         self.store, self.config, self.box, self.clock = store, config, box, clock
-        self.db = ReadOnlyDatabase(str(config.layout.state), time_limit_s=config.alert_time_limit_s,
-                                   max_rows=alerts.MAX_ROWS)
+        self.db = ReadOnlyDatabase(str(config.layout.state), time_limit_s=config.alert_time_limit_s, max_rows=alerts.MAX_ROWS)
         self.pool = ThreadPoolExecutor(max(1, config.webhook_concurrency), thread_name_prefix="gpulayer-webhook")
         self.inflight: set[int] = set()
         self._tries: set[Future] = set()
@@ -167,12 +166,21 @@ class Notifier:
     def _events(conn: apsw.Connection, hook: dict, upto: int) -> list[dict]:
         kinds = json.dumps(names.kinds(json.loads(hook["events"])))
         if hook["scope"] == "job":
-            found = rows(conn, "job_events_for_webhook", job_id=hook["job_id"], cursor=hook["cursor"], upto=upto,
-                         kinds=kinds, limit=BATCH)
+            found = rows(conn, "job_events_for_webhook", job_id=hook["job_id"], cursor=hook["cursor"], upto=upto, kinds=kinds, limit=BATCH)
         else:
-            found = rows(conn, "webhook_events", cursor=hook["cursor"], upto=upto, kinds=kinds, limit=BATCH,
-                         webhook_id=hook["id"], scope=hook["scope"], job_id=hook["job_id"],
-                         project_id=hook["project_id"], user_id=hook["user_id"])
+            found = rows(
+                conn,
+                "webhook_events",
+                cursor=hook["cursor"],
+                upto=upto,
+                kinds=kinds,
+                limit=BATCH,
+                webhook_id=hook["id"],
+                scope=hook["scope"],
+                job_id=hook["job_id"],
+                project_id=hook["project_id"],
+                user_id=hook["user_id"],
+            )
         for event in found:
             event["data"] = json.loads(event["data"])
         return found
@@ -180,28 +188,42 @@ class Notifier:
     def _try(self, hook: dict, name: str, event: dict, attempts: int, first: float, secret: str | None) -> None:
         """One try (a pool thread): its outcome goes to `finished`, written by the next flush."""
         msg_id = signing.message_id(hook["id"], event["seq"])
-        outcome = {"id": hook["id"], "seq": event["seq"], "event": name, "attempts": attempts + 1,
-                   "first_try_at": first, "status": None, "error": None}
+        outcome = {
+            "id": hook["id"],
+            "seq": event["seq"],
+            "event": name,
+            "attempts": attempts + 1,
+            "first_try_at": first,
+            "status": None,
+            "error": None,
+        }
         try:
             if hook["email"]:
                 if not self.config.smtp_url:
                     raise send.SendError("this control plane has no --smtp-url")
-                text = json.dumps({"type": name, "timestamp": iso(event["at"]), "data": payload_data(event)},
-                                  indent=2, sort_keys=True, default=str)
-                send.mail(self.config.smtp_url, self.config.smtp_from, hook["email"], summary(name, event),
-                          text, msg_id, timeout=self.config.webhook_timeout_s)
+                text = json.dumps({"type": name, "timestamp": iso(event["at"]), "data": payload_data(event)}, indent=2, sort_keys=True, default=str)
+                send.mail(
+                    self.config.smtp_url,
+                    self.config.smtp_from,
+                    hook["email"],
+                    summary(name, event),
+                    text,
+                    msg_id,
+                    timeout=self.config.webhook_timeout_s,
+                )
                 outcome["status"] = 250
             else:
                 body = body_for(hook["format"], name, event)
                 headers = signing.headers(secret, msg_id, int(time.time()), body) if secret else {}
-                outcome["status"] = send.post(hook["url"], body, headers, timeout=self.config.webhook_timeout_s,
-                                              allow_private=self.config.allow_private_webhooks)
+                outcome["status"] = send.post(
+                    hook["url"], body, headers, timeout=self.config.webhook_timeout_s, allow_private=self.config.allow_private_webhooks
+                )
             outcome["ok"] = True
         except send.SendError as e:
-            outcome.update(ok=False, status=e.status, error=str(e)[:send.MAX_ERROR])
+            outcome.update(ok=False, status=e.status, error=str(e)[: send.MAX_ERROR])
         except Exception as e:  # noqa: BLE001 - a try that broke is a failed try, not a dead pool thread
             log.exception("webhook_try_failed webhook=%s", hook["id"])
-            outcome.update(ok=False, error=f"{type(e).__name__}: {e}"[:send.MAX_ERROR])
+            outcome.update(ok=False, error=f"{type(e).__name__}: {e}"[: send.MAX_ERROR])
         self.finished.put(outcome)
 
     def settle(self, timeout: float | None = None) -> None:
@@ -229,8 +251,7 @@ class Notifier:
         self.delivered += sum(1 for o in done if o["ok"])
         for o in done:
             if not o["ok"]:
-                log.info("webhook_try_failed webhook=%s event=%s attempts=%d error=%r", o["id"], o["seq"],
-                         o["attempts"], o["error"])
+                log.info("webhook_try_failed webhook=%s event=%s attempts=%d error=%r", o["id"], o["seq"], o["attempts"], o["error"])
         return len(done)
 
 
@@ -248,6 +269,18 @@ def _record(conn: apsw.Connection, done: list[dict], now: float, base_s: float, 
         else:
             wait = min(MAX_BACKOFF_S, base_s * 2 ** (o["attempts"] - 1))
             status, next_try, seq = "retrying", now + wait, o["seq"] - 1
-        row(conn, "delivery_done", id=o["id"], seq=o["seq"], event=o["event"], status=status, attempts=o["attempts"],
-            first_try_at=o["first_try_at"], now=now, next_try_at=next_try, http_status=o["status"], error=o["error"])
+        row(
+            conn,
+            "delivery_done",
+            id=o["id"],
+            seq=o["seq"],
+            event=o["event"],
+            status=status,
+            attempts=o["attempts"],
+            first_try_at=o["first_try_at"],
+            now=now,
+            next_try_at=next_try,
+            http_status=o["status"],
+            error=o["error"],
+        )
         row(conn, "advance_webhook", id=o["id"], seq=seq)

@@ -6,6 +6,7 @@ the admin started the server with `--allow-private-webhooks`. The check runs whe
 again at each delivery, and the connection goes to the address that was checked (no second lookup a
 rebinding DNS could answer otherwise). Redirects are not followed: a 3xx is a failed try.
 """
+
 from __future__ import annotations
 
 import http.client
@@ -19,7 +20,7 @@ from urllib.parse import unquote, urlsplit
 from gpulayer.server.errors import InvalidRequest
 
 MAX_URL = 2048
-MAX_ERROR = 300   # characters of a failure kept in webhook_deliveries.last_error
+MAX_ERROR = 300  # characters of a failure kept in webhook_deliveries.last_error
 
 
 class SendError(Exception):
@@ -33,8 +34,7 @@ class SendError(Exception):
 def check_url(url, field: str = "url") -> tuple[str, str, int, str]:
     """(scheme, host, port, path with query) of an http(s) URL; raises InvalidRequest naming `field`."""
     if not isinstance(url, str) or not url or len(url) > MAX_URL or not url.isprintable():
-        raise InvalidRequest(f"{field}: must be an http:// or https:// URL of at most {MAX_URL} characters",
-                             field=field)
+        raise InvalidRequest(f"{field}: must be an http:// or https:// URL of at most {MAX_URL} characters", field=field)
     try:
         parts = urlsplit(url)
         port = parts.port
@@ -43,8 +43,7 @@ def check_url(url, field: str = "url") -> tuple[str, str, int, str]:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise InvalidRequest(f"{field}: must be an http:// or https:// URL with a host, not {url!r}", field=field)
     if parts.username or parts.password:
-        raise InvalidRequest(f"{field}: credentials in the URL are not accepted (the payload is signed)",
-                             field=field)
+        raise InvalidRequest(f"{field}: credentials in the URL are not accepted (the payload is signed)", field=field)
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     return parts.scheme, parts.hostname, port or (443 if parts.scheme == "https" else 80), path
 
@@ -53,8 +52,7 @@ def public_address(address: str) -> bool:
     ip = ipaddress.ip_address(address.split("%", 1)[0])
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         ip = ip.ipv4_mapped
-    return ip.is_global and not (ip.is_multicast or ip.is_reserved or ip.is_loopback or ip.is_link_local
-                                 or ip.is_private or ip.is_unspecified)
+    return ip.is_global and not (ip.is_multicast or ip.is_reserved or ip.is_loopback or ip.is_link_local or ip.is_private or ip.is_unspecified)
 
 
 def resolve(host: str, port: int, allow_private: bool, field: str = "url") -> str:
@@ -65,16 +63,20 @@ def resolve(host: str, port: int, allow_private: bool, field: str = "url") -> st
         found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError) as e:
         raise InvalidRequest(f"{field}: host {host!r} does not resolve ({e})", field=field) from None
-    addresses = [info[4][0] for info in found]
+    addresses = [str(info[4][0]) for info in found]
     if not addresses:
         raise InvalidRequest(f"{field}: host {host!r} has no address", field=field)
     if not allow_private:
         refused = [a for a in addresses if not public_address(a)]
         if refused:
-            raise InvalidRequest(f"{field}: {host} resolves to {refused[0]}, a loopback, private or link-local "
-                                 "address: webhooks go to public addresses unless the server was started with "
-                                 "--allow-private-webhooks", field=field, code="private_target")
-    return str(addresses[0])
+            raise InvalidRequest(
+                f"{field}: {host} resolves to {refused[0]}, a loopback, private or link-local "
+                "address: webhooks go to public addresses unless the server was started with "
+                "--allow-private-webhooks",
+                field=field,
+                code="private_target",
+            )
+    return addresses[0]
 
 
 class _Pinned(http.client.HTTPConnection):
@@ -107,8 +109,7 @@ def post(url: str, body: bytes, headers: dict[str, str], *, timeout: float, allo
         raise SendError(e.message) from None
     conn = (_PinnedTLS if scheme == "https" else _Pinned)(host, port, address, timeout)
     try:
-        conn.request("POST", path, body=body, headers={"Content-Type": "application/json",
-                                                       "User-Agent": "gpulayer-webhooks", **headers})
+        conn.request("POST", path, body=body, headers={"Content-Type": "application/json", "User-Agent": "gpulayer-webhooks", **headers})
         resp = conn.getresponse()
         resp.read(65536)
         if not 200 <= resp.status < 300:

@@ -5,6 +5,7 @@ logs), a project (`project`: its managers and admins; it fires for all its jobs)
 for everything (worker and GPU events included) and a user's for the jobs that user submits. Alerts are
 admins' only: their SQL reads the whole state file, as the explorer's does (docs/explorer.md).
 """
+
 from __future__ import annotations
 
 import json
@@ -38,15 +39,13 @@ def check_events(value, mail_type=None) -> list[str]:
             raise InvalidRequest("mail_type: must be a list of BEGIN, END, FAIL, REQUEUE, ALL", field="mail_type")
         unknown = [m for m in mail_type if m.upper() not in names.MAIL_TYPES]
         if unknown:
-            raise InvalidRequest(f"mail_type: unknown {unknown[0]!r}: one of BEGIN, END, FAIL, REQUEUE, ALL",
-                                 field="mail_type")
+            raise InvalidRequest(f"mail_type: unknown {unknown[0]!r}: one of BEGIN, END, FAIL, REQUEUE, ALL", field="mail_type")
         return sorted({n for m in mail_type for n in names.MAIL_TYPES[m.upper()]})
     if not isinstance(value, list) or not value or not all(isinstance(n, str) for n in value):
         raise InvalidRequest("events: must be a non-empty list of event names (job.failed, ...)", field="events")
     unknown = [n for n in value if n not in names.EVENTS]
     if unknown:
-        raise InvalidRequest(f"events: unknown event {unknown[0][:64]!r}; known: {', '.join(names.EVENTS)}",
-                             field="events")
+        raise InvalidRequest(f"events: unknown event {unknown[0][:64]!r}; known: {', '.join(names.EVENTS)}", field="events")
     return sorted(set(value))
 
 
@@ -75,11 +74,10 @@ def parse_webhook(body: dict, *, allow_private: bool, smtp: bool) -> dict:
         raise InvalidRequest("job: must be a job id", field="job")
     if project is not None:
         teams.check_name(project, "project")
-    if url is not None:   # last: the one check that asks DNS
+    if url is not None:  # last: the one check that asks DNS
         _, host, port, _ = send.check_url(url)
         send.resolve(host, port, allow_private)
-    return {"url": url, "email": email, "events": found, "format": "email" if email else fmt,
-            "project": project, "job": job}
+    return {"url": url, "email": email, "events": found, "format": "email" if email else fmt, "project": project, "job": job}
 
 
 def add_webhook(conn: apsw.Connection, principal, box: SecretBox, spec: dict, now: float) -> dict:
@@ -94,11 +92,32 @@ def add_webhook(conn: apsw.Connection, principal, box: SecretBox, spec: dict, no
     if spec["project"] is not None:
         scope, project_id = "project", _managed_project(conn, principal, spec["project"])
     secret = signing.new_secret() if spec["url"] else None
-    created = one(conn, "insert_webhook", url=spec["url"], email=spec["email"], events=json.dumps(spec["events"]),
-                  format=spec["format"], scope=scope, project_id=project_id, job_id=job_id, alert_id=None,
-                  user_id=principal.user_id, secret=box.seal(secret) if secret else None, cursor=cursor, now=now)
-    events.record(conn, now, "webhook_added", job_id=job_id, webhook_id=created["id"], scope=scope,
-                  events=spec["events"], target="email" if spec["email"] else "url")
+    created = one(
+        conn,
+        "insert_webhook",
+        url=spec["url"],
+        email=spec["email"],
+        events=json.dumps(spec["events"]),
+        format=spec["format"],
+        scope=scope,
+        project_id=project_id,
+        job_id=job_id,
+        alert_id=None,
+        user_id=principal.user_id,
+        secret=box.seal(secret) if secret else None,
+        cursor=cursor,
+        now=now,
+    )
+    events.record(
+        conn,
+        now,
+        "webhook_added",
+        job_id=job_id,
+        webhook_id=created["id"],
+        scope=scope,
+        events=spec["events"],
+        target="email" if spec["email"] else "url",
+    )
     answer = get_webhook(conn, principal, created["id"])
     if secret:
         answer["secret"] = secret
@@ -115,8 +134,7 @@ def _managed_project(conn: apsw.Connection, principal, name: str) -> int:
     if role is None:
         raise NotFound(f"no project {name!r}")
     if role["role"] != "manager":
-        raise Forbidden(f"only the managers of project {name} and admins may add webhooks for all its jobs "
-                        "(add one for a job you may read: --job)")
+        raise Forbidden(f"only the managers of project {name} and admins may add webhooks for all its jobs (add one for a job you may read: --job)")
     return found["id"]
 
 
@@ -136,16 +154,14 @@ def get_webhook(conn: apsw.Connection, principal, webhook_id: int) -> dict:
 
 def list_webhooks(conn: apsw.Connection, principal, after: int, limit: int) -> list[dict]:
     """An admin's list is every webhook; a user's, its own."""
-    return [_view(r) for r in rows(conn, "list_webhooks", after=after, limit=limit,
-                                   user_id=None if principal.admin else principal.user_id)]
+    return [_view(r) for r in rows(conn, "list_webhooks", after=after, limit=limit, user_id=None if principal.admin else principal.user_id)]
 
 
 def remove_webhook(conn: apsw.Connection, principal, webhook_id: int, now: float) -> None:
     get_webhook(conn, principal, webhook_id)
     alerts = [r["name"] for r in rows(conn, "webhook_alerts", id=webhook_id)]
     if alerts:
-        raise Conflict(f"webhook {webhook_id} delivers alert {alerts[0]!r}: remove the alert first",
-                       code="webhook_in_use")
+        raise Conflict(f"webhook {webhook_id} delivers alert {alerts[0]!r}: remove the alert first", code="webhook_in_use")
     _delete_webhook(conn, webhook_id)
     events.record(conn, now, "webhook_removed", webhook_id=webhook_id)
 
@@ -163,6 +179,7 @@ def webhook_secret(conn: apsw.Connection, principal, box: SecretBox, webhook_id:
 
 
 # -- alerts -------------------------------------------------------------------
+
 
 def parse_alert(body: dict, *, smtp: bool) -> dict:
     """An alert request checked (not its SQL: alerts.check_sql runs it). Raises InvalidRequest."""
@@ -197,12 +214,25 @@ def add_alert(conn: apsw.Connection, principal, spec: dict, now: float) -> dict:
         if row(conn, "webhook_by_id", id=webhook_id) is None:
             raise InvalidRequest(f"webhook: no webhook {webhook_id}", field="webhook")
     else:
-        webhook_id = one(conn, "insert_webhook", url=None, email=spec["email"], events=json.dumps(["alert.fired"]),
-                         format="email", scope="alert", project_id=None, job_id=None, alert_id=0,
-                         user_id=principal.user_id, secret=None, cursor=one(conn, "last_event_seq")["seq"],
-                         now=now)["id"]
-    alert = one(conn, "insert_alert", name=spec["name"], sql=spec["sql"], every_s=spec["every_s"],
-                webhook_id=webhook_id, user_id=principal.user_id, now=now)
+        webhook_id = one(
+            conn,
+            "insert_webhook",
+            url=None,
+            email=spec["email"],
+            events=json.dumps(["alert.fired"]),
+            format="email",
+            scope="alert",
+            project_id=None,
+            job_id=None,
+            alert_id=0,
+            user_id=principal.user_id,
+            secret=None,
+            cursor=one(conn, "last_event_seq")["seq"],
+            now=now,
+        )["id"]
+    alert = one(
+        conn, "insert_alert", name=spec["name"], sql=spec["sql"], every_s=spec["every_s"], webhook_id=webhook_id, user_id=principal.user_id, now=now
+    )
     if spec["email"] is not None:
         row(conn, "alert_email_webhook", alert_id=alert["id"], id=webhook_id)
     events.record(conn, now, "alert_added", alert_id=alert["id"], name=spec["name"], webhook_id=webhook_id)
