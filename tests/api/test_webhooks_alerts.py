@@ -224,3 +224,18 @@ def test_alerts_are_for_admins(api, client_h, private_ok, receiver):
     assert api.simulate_get("/v1/alerts", headers=alice).status_code == 403
     assert api.simulate_post("/v1/alerts", headers=client_h, json=body).status_code == 400  # no webhook 1
     assert api.simulate_post("/v1/alerts", headers=client_h, json={**body, "every_s": 1}).status_code == 400
+
+
+def test_the_shipped_alert_examples_are_accepted(api, client_h, private_ok, receiver):
+    """docs/sql.md's "Alerts: shipped examples" pass the alert's read-only checks as written."""
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "sql.md").read_text()
+    section = doc[doc.index("## Alerts: shipped examples") : doc.index("## Cookbook: `sqlite-utils`")]
+    queries = re.findall(r"```sql\n(.*?)```", section, re.S)
+    assert len(queries) == 3
+    hook = api.simulate_post("/v1/webhooks", headers=client_h, json={"url": receiver.url, "events": ["job.failed"]}).json
+    for n, sql in enumerate(queries):
+        r = api.simulate_post("/v1/alerts", headers=client_h, json={"name": f"ex{n}", "sql": sql, "webhook": hook["id"]})
+        assert r.status_code == 201, r.text

@@ -77,6 +77,12 @@ RUN = {
     "docs/cli.md > gpulayer server certs #2": "test_server_certs_then_start_run_as_written",
 }
 NOT_RUN = {
+    "docs/cli.md > gpulayer webhook add #1": (
+        "needs a receiver on a public address: tests/integration/test_notify_e2e.py adds one on loopback "
+        "(--allow-private-webhooks) and checks every delivery's signature"),
+    "docs/cli.md > gpulayer alert add #1": (
+        "needs a webhook: tests/integration/test_notify_e2e.py adds an alert with the CLI and reads its mail; "
+        "tests/api/test_webhooks_alerts.py fires one once per new row"),
     "docs/cli.md > gpulayer submit #1": SYNOPSIS,
     "docs/cli.md > gpulayer port-forward #1": SYNOPSIS,
     "docs/cli.md > gpulayer port-forward #2": (

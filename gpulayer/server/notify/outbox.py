@@ -90,6 +90,7 @@ class Notifier:
         self.pool = ThreadPoolExecutor(max(1, config.webhook_concurrency), thread_name_prefix="gpulayer-webhook")
         self.inflight: set[int] = set()
         self._tries: set[Future] = set()
+        self._secrets: dict[int, str] = {}
         self.finished: queue.SimpleQueue[dict] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -127,24 +128,31 @@ class Notifier:
     # -- handing out tries --------------------------------------------------------
 
     def dispatch(self, now: float) -> None:
+        """Hand each webhook that has something to deliver and nothing in flight its next try."""
         upto = self.store.read_statement(lambda conn: one(conn, "last_event_seq")["seq"])
         advances: list[tuple[int, int]] = []
         capacity = 4 * max(1, self.config.webhook_concurrency)
+        windows: dict[tuple, list[dict]] = {}  # one read per (cursor, kinds, job): webhooks share them
         for hook in self.store.read(lambda conn: rows(conn, "due_webhooks", upto=upto)):
-            if hook["id"] in self.inflight:
-                continue
-            if hook["retry_seq"] is not None and hook["next_try_at"] > now:
+            if hook["id"] in self.inflight or (hook["retry_seq"] is not None and hook["next_try_at"] > now):
                 continue
             if len(self.inflight) >= capacity:
                 break
             wanted = set(json.loads(hook["events"]))
-            found = self.store.read(self._events, hook, upto)
-            picked = None
-            for event in found:
-                name = names.public(event, wanted, bool(event["first_start"]))
-                if name is not None:
-                    picked = (name, event)
-                    break
+            key = (hook["cursor"], json.dumps(names.kinds(sorted(wanted))), hook["job_id"])
+            if key not in windows:
+                windows[key] = self.store.read(_window, *key, upto)
+            found = windows[key]
+            picked = next(
+                (
+                    (name, event)
+                    for event in found
+                    if _in_scope(hook, event)
+                    for name in [names.public(event, wanted, bool(event["first_start"]))]
+                    if name
+                ),
+                None,
+            )
             if picked is None:
                 advances.append((hook["id"], upto if len(found) < BATCH else found[-1]["seq"]))
                 continue
@@ -152,38 +160,22 @@ class Notifier:
             if event["seq"] - 1 > hook["cursor"]:
                 advances.append((hook["id"], event["seq"] - 1))
             retrying = hook["retry_seq"] == event["seq"]
-            attempts = hook["attempts"] if retrying else 0
-            first = hook["first_try_at"] if retrying else now
-            secret = self.box.open(hook["secret"]) if hook["secret"] else None
             self.inflight.add(hook["id"])
-            future = self.pool.submit(self._try, dict(hook), name, event, attempts, first, secret)
+            future = self.pool.submit(
+                self._try, dict(hook), name, event, hook["attempts"] if retrying else 0, hook["first_try_at"] if retrying else now, self._secret(hook)
+            )
             self._tries.add(future)
             future.add_done_callback(self._tries.discard)
         if advances:
             self.store.write(_advance, advances)
 
-    @staticmethod
-    def _events(conn: apsw.Connection, hook: dict, upto: int) -> list[dict]:
-        kinds = json.dumps(names.kinds(json.loads(hook["events"])))
-        if hook["scope"] == "job":
-            found = rows(conn, "job_events_for_webhook", job_id=hook["job_id"], cursor=hook["cursor"], upto=upto, kinds=kinds, limit=BATCH)
-        else:
-            found = rows(
-                conn,
-                "webhook_events",
-                cursor=hook["cursor"],
-                upto=upto,
-                kinds=kinds,
-                limit=BATCH,
-                webhook_id=hook["id"],
-                scope=hook["scope"],
-                job_id=hook["job_id"],
-                project_id=hook["project_id"],
-                user_id=hook["user_id"],
-            )
-        for event in found:
-            event["data"] = json.loads(event["data"])
-        return found
+    def _secret(self, hook: dict) -> str | None:
+        """A webhook's signing secret, opened once (it never changes)."""
+        if not hook["secret"]:
+            return None
+        if hook["id"] not in self._secrets:
+            self._secrets[hook["id"]] = self.box.open(hook["secret"])
+        return self._secrets[hook["id"]]
 
     def _try(self, hook: dict, name: str, event: dict, attempts: int, first: float, secret: str | None) -> None:
         """One try (a pool thread): its outcome goes to `finished`, written by the next flush."""
@@ -253,6 +245,26 @@ class Notifier:
             if not o["ok"]:
                 log.info("webhook_try_failed webhook=%s event=%s attempts=%d error=%r", o["id"], o["seq"], o["attempts"], o["error"])
         return len(done)
+
+
+def _window(conn: apsw.Connection, cursor: int, kinds: str, job_id: int | None, upto: int) -> list[dict]:
+    found = rows(conn, "events_after", cursor=cursor, upto=upto, kinds=kinds, job_id=job_id, limit=BATCH)
+    for event in found:
+        event["data"] = json.loads(event["data"])
+    return found
+
+
+def _in_scope(hook: dict, event: dict) -> bool:
+    """Is `event` the webhook's: an alert's for the alert that names it, else within its scope."""
+    if event["kind"] == "alert_fired":
+        return event["data"].get("webhook_id") == hook["id"]
+    scope = hook["scope"]
+    return (
+        scope == "all"
+        or (scope == "job" and event["job_id"] == hook["job_id"])
+        or (scope == "project" and event["project_id"] == hook["project_id"])
+        or (scope == "user" and event["user_id"] == hook["user_id"])
+    )
 
 
 def _advance(conn: apsw.Connection, advances: list[tuple[int, int]]) -> None:

@@ -54,12 +54,13 @@ FROM webhooks w
 LEFT JOIN webhook_deliveries d ON d.webhook_id = w.id AND d.status = 'retrying'
 WHERE w.cursor < :upto;
 
--- name: webhook_events --
--- A webhook's next events after its cursor, up to :upto: the kinds it wants within its scope, and the
--- alert_fired events of the alerts that name it. With each: its job's name, project and owner, and
--- whether a task_started is its job's first.
+-- name: events_after --
+-- The events of :kinds after :cursor up to :upto, oldest first (one job's when :job_id is given): the
+-- outbox matches each webhook's scope in memory, so one read serves every webhook at that cursor. With
+-- each: its job's name, project and owner, and whether a task_started is its job's first. A webhook's
+-- cursor passes what it does not want, so each look scans only the events since the last.
 SELECT e.seq, e.at, e.kind, e.job_id, e.task_id, e.worker_id, e.data, e.actor, j.name AS job_name,
-       p.name AS project, u.name AS owner, j.state AS job_state, wk.name AS worker,
+       j.project_id, j.user_id, p.name AS project, u.name AS owner, wk.name AS worker,
        (e.kind = 'task_started' AND NOT EXISTS (
            SELECT 1 FROM events f WHERE f.job_id = e.job_id AND f.kind = 'task_started' AND f.seq < e.seq))
            AS first_start
@@ -68,30 +69,8 @@ LEFT JOIN jobs j ON j.id = e.job_id
 LEFT JOIN projects p ON p.id = j.project_id
 LEFT JOIN users u ON u.id = j.user_id
 LEFT JOIN workers wk ON wk.id = e.worker_id
-WHERE e.seq > :cursor AND e.seq <= :upto
-  AND ((e.kind = 'alert_fired' AND json_extract(e.data, '$.webhook_id') = :webhook_id)
-       OR (e.kind <> 'alert_fired' AND e.kind IN (SELECT value FROM json_each(:kinds))
-           AND CASE :scope WHEN 'all' THEN 1
-                           WHEN 'job' THEN e.job_id = :job_id
-                           WHEN 'project' THEN j.project_id = :project_id
-                           WHEN 'user' THEN j.user_id = :user_id
-                           ELSE 0 END))
-ORDER BY e.seq LIMIT :limit;
-
--- name: job_events_for_webhook --
--- As webhook_events for a job-scoped webhook, through the job's index.
-SELECT e.seq, e.at, e.kind, e.job_id, e.task_id, e.worker_id, e.data, e.actor, j.name AS job_name,
-       p.name AS project, u.name AS owner, j.state AS job_state, wk.name AS worker,
-       (e.kind = 'task_started' AND NOT EXISTS (
-           SELECT 1 FROM events f WHERE f.job_id = e.job_id AND f.kind = 'task_started' AND f.seq < e.seq))
-           AS first_start
-FROM events e
-LEFT JOIN jobs j ON j.id = e.job_id
-LEFT JOIN projects p ON p.id = j.project_id
-LEFT JOIN users u ON u.id = j.user_id
-LEFT JOIN workers wk ON wk.id = e.worker_id
-WHERE e.job_id = :job_id AND e.seq > :cursor AND e.seq <= :upto
-  AND e.kind IN (SELECT value FROM json_each(:kinds))
+WHERE e.seq > :cursor AND e.seq <= :upto AND e.kind IN (SELECT value FROM json_each(:kinds))
+  AND (:job_id IS NULL OR e.job_id = :job_id)
 ORDER BY e.seq LIMIT :limit;
 
 -- name: advance_webhook --
