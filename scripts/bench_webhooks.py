@@ -126,7 +126,7 @@ def main(argv=None) -> int:
                 before = delivered(server.state)
                 stop = threading.Event()
                 out: list[list[float]] = []
-                t = threading.Thread(target=lambda: out.append(heartbeats(server.url, workers, args.threads, stop)))
+                t = threading.Thread(target=lambda o=out, st=stop: o.append(heartbeats(server.url, workers, args.threads, st)))
                 t.start()
                 end = time.monotonic() + args.seconds
                 submitted = 0
