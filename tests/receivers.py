@@ -8,14 +8,25 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 class Receiver:
-    """A loopback HTTP server that keeps what it is sent; `fail` > 0 answers 500 that many times."""
+    """A loopback HTTP server that keeps what it is sent; `fail` > 0 answers 500 that many times.
 
-    def __init__(self):
+    `idle_s`: HTTP/1.1 keep-alive, each connection closed by the receiver after that long idle."""
+
+    def __init__(self, idle_s: float | None = None):
         self.got: list[tuple[dict, bytes]] = []
         self.fail = 0
+        self.connections = 0
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
+            if idle_s is not None:
+                protocol_version = "HTTP/1.1"
+                timeout = idle_s
+
+            def setup(self):
+                outer.connections += 1
+                super().setup()
+
             def do_POST(self):
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 if outer.fail > 0:
@@ -24,6 +35,7 @@ class Receiver:
                 else:
                     outer.got.append(({k.lower(): v for k, v in self.headers.items()}, body))
                     self.send_response(204)
+                self.send_header("Content-Length", "0")
                 self.end_headers()
 
             def log_message(self, *args):

@@ -239,3 +239,35 @@ def test_the_shipped_alert_examples_are_accepted(api, client_h, private_ok, rece
     for n, sql in enumerate(queries):
         r = api.simulate_post("/v1/alerts", headers=client_h, json={"name": f"ex{n}", "sql": sql, "webhook": hook["id"]})
         assert r.status_code == 201, r.text
+
+
+def test_a_kept_alive_connection_is_reused_and_one_the_receiver_closed_is_replaced(api, client_h, private_ok, notifier, clock):
+    receiver = Receiver(idle_s=0.3)
+    try:
+        api.simulate_post("/v1/webhooks", headers=client_h, json={"url": receiver.url, "events": ["job.submitted"]})
+        private_ok.webhook_concurrency = 1
+        one = Notifier(notifier.store, private_ok, notifier.box, notifier.clock)  # one pool thread: one connection
+        submit(api, client_h)
+        submit(api, client_h)
+        deliver(one, lambda: len(receiver.got) == 2)
+        assert receiver.connections == 1
+        wait_for(lambda: receiver.connections == 1 and _closed_by_receiver(one), 10, interval=0.05)
+        submit(api, client_h)  # its try finds the kept connection closed: a new one at once, not a failed try
+        deliver(one, lambda: len(receiver.got) == 3)
+        assert receiver.connections == 2
+        tries = deps_rows(one, "SELECT attempts FROM webhook_deliveries")
+        assert [t["attempts"] for t in tries] == [1, 1, 1]
+        one.pool.shutdown(wait=True)
+    finally:
+        receiver.close()
+
+
+def _closed_by_receiver(notifier) -> bool:
+    """Has the receiver closed the pool thread's kept connection (idle past its timeout)?"""
+    import select
+
+    def peek():
+        kept = getattr(notifier._local, "kept", {})
+        return all(select.select([c.sock], [], [], 0)[0] for c in kept.values() if c.sock is not None) and bool(kept)
+
+    return notifier.pool.submit(peek).result()

@@ -91,6 +91,7 @@ class Notifier:
         self.inflight: set[int] = set()
         self._tries: set[Future] = set()
         self._secrets: dict[int, str] = {}
+        self._local = threading.local()
         self.finished: queue.SimpleQueue[dict] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -133,11 +134,11 @@ class Notifier:
         advances: list[tuple[int, int]] = []
         capacity = 4 * max(1, self.config.webhook_concurrency)
         windows: dict[tuple, list[dict]] = {}  # one read per (cursor, kinds, job): webhooks share them
-        for hook in self.store.read(lambda conn: rows(conn, "due_webhooks", upto=upto)):
-            if hook["id"] in self.inflight or (hook["retry_seq"] is not None and hook["next_try_at"] > now):
-                continue
-            if len(self.inflight) >= capacity:
-                break
+        room = capacity - len(self.inflight)
+        if room <= 0:
+            return
+        due = self.store.read(lambda conn: rows(conn, "due_webhooks", upto=upto, now=now, limit=room, inflight=json.dumps(sorted(self.inflight))))
+        for hook in due:
             wanted = set(json.loads(hook["events"]))
             key = (hook["cursor"], json.dumps(names.kinds(sorted(wanted))), hook["job_id"])
             if key not in windows:
@@ -208,7 +209,12 @@ class Notifier:
                 body = body_for(hook["format"], name, event)
                 headers = signing.headers(secret, msg_id, int(time.time()), body) if secret else {}
                 outcome["status"] = send.post(
-                    hook["url"], body, headers, timeout=self.config.webhook_timeout_s, allow_private=self.config.allow_private_webhooks
+                    hook["url"],
+                    body,
+                    headers,
+                    timeout=self.config.webhook_timeout_s,
+                    allow_private=self.config.allow_private_webhooks,
+                    keep=self._kept(),
                 )
             outcome["ok"] = True
         except send.SendError as e:
@@ -217,6 +223,17 @@ class Notifier:
             log.exception("webhook_try_failed webhook=%s", hook["id"])
             outcome.update(ok=False, error=f"{type(e).__name__}: {e}"[: send.MAX_ERROR])
         self.finished.put(outcome)
+
+    def _kept(self) -> dict:
+        """This pool thread's kept-alive connections (one receiver's, reused across its tries)."""
+        kept = getattr(self._local, "kept", None)
+        if kept is None:
+            kept = self._local.kept = {}
+        if len(kept) > 32:  # many receivers: keep none rather than a descriptor each
+            for conn in kept.values():
+                conn.close()
+            kept.clear()
+        return kept
 
     def settle(self, timeout: float | None = None) -> None:
         """Wait until every try handed out has finished (tests, benches), then write their outcomes."""

@@ -100,25 +100,40 @@ class _PinnedTLS(http.client.HTTPSConnection):
         self.sock = self._context.wrap_socket(sock, server_hostname=self.host)  # type: ignore[attr-defined]
 
 
-def post(url: str, body: bytes, headers: dict[str, str], *, timeout: float, allow_private: bool) -> int:
-    """POST `body`; returns the 2xx status. Raises SendError for anything else (refused, timed out, non-2xx)."""
+def post(url: str, body: bytes, headers: dict[str, str], *, timeout: float, allow_private: bool, keep: dict | None = None) -> int:
+    """POST `body`; returns the 2xx status. Raises SendError for anything else (refused, timed out, non-2xx).
+
+    `keep`: this thread's open connections by (scheme, host, port, address), reused while the receiver
+    keeps them alive (a connection it closed meanwhile is replaced at once, not counted as a failed try).
+    """
     try:
         scheme, host, port, path = check_url(url)
         address = resolve(host, port, allow_private)
     except InvalidRequest as e:
         raise SendError(e.message) from None
-    conn = (_PinnedTLS if scheme == "https" else _Pinned)(host, port, address, timeout)
-    try:
-        conn.request("POST", path, body=body, headers={"Content-Type": "application/json", "User-Agent": "gpulayer-webhooks", **headers})
-        resp = conn.getresponse()
-        resp.read(65536)
+    key = (scheme, host, port, address)
+    held = keep.pop(key, None) if keep is not None else None
+    for conn in ([held] if held is not None else []) + [None]:
+        fresh = conn is None
+        if conn is None:
+            conn = (_PinnedTLS if scheme == "https" else _Pinned)(host, port, address, timeout)
+        try:
+            conn.request("POST", path, body=body, headers={"Content-Type": "application/json", "User-Agent": "gpulayer-webhooks", **headers})
+            resp = conn.getresponse()
+            resp.read(65536)
+        except (OSError, http.client.HTTPException) as e:
+            conn.close()
+            if fresh:
+                raise SendError(f"{type(e).__name__}: {e}"[:MAX_ERROR]) from None
+            continue  # a kept connection the receiver had closed: once more on a new one
+        if keep is not None and not resp.will_close:
+            keep[key] = conn
+        else:
+            conn.close()
         if not 200 <= resp.status < 300:
             raise SendError(f"HTTP {resp.status} {resp.reason}", resp.status)
         return resp.status
-    except (OSError, http.client.HTTPException) as e:
-        raise SendError(f"{type(e).__name__}: {e}"[:MAX_ERROR]) from None
-    finally:
-        conn.close()
+    raise SendError("no connection")  # not reached: the last round opens a fresh one
 
 
 def check_smtp_url(url: str) -> tuple[str, str, int, str | None, str | None]:

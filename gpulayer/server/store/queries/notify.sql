@@ -47,12 +47,16 @@ DELETE FROM webhook_deliveries WHERE webhook_id = :id;
 SELECT name FROM alerts WHERE webhook_id = :id ORDER BY name;
 
 -- name: due_webhooks --
--- The webhooks with events after their cursor (up to :upto), with their pending delivery if one is retrying.
+-- At most :limit webhooks with events after their cursor (up to :upto), none of :inflight (a JSON list of
+-- ids with a try under way) and none waiting out a retry's backoff, furthest behind first; with the
+-- delivery being retried, if any.
 SELECT w.id, w.url, w.email, w.events, w.format, w.scope, w.project_id, w.job_id, w.alert_id, w.user_id,
        w.secret, w.cursor, d.event_seq AS retry_seq, d.attempts, d.first_try_at, d.next_try_at
 FROM webhooks w
 LEFT JOIN webhook_deliveries d ON d.webhook_id = w.id AND d.status = 'retrying'
-WHERE w.cursor < :upto;
+WHERE w.cursor < :upto AND w.id NOT IN (SELECT value FROM json_each(:inflight))
+  AND (d.next_try_at IS NULL OR d.next_try_at <= :now)
+ORDER BY w.cursor LIMIT :limit;
 
 -- name: events_after --
 -- The events of :kinds after :cursor up to :upto, oldest first (one job's when :job_id is given): the
