@@ -1,7 +1,8 @@
 """Webhook deliveries against heartbeats (issue 28): do 1,000 webhooks' deliveries move heartbeat p99?
 
 A real control plane process (`--allow-private-webhooks`), --webhooks webhooks (every event kind the
-bench makes: job.submitted) to a receiver process on loopback that answers each POST after --delay-ms,
+bench makes: job.submitted) to a receiver process on loopback (HTTP/1.1, keep-alive) that answers each
+POST after --delay-ms,
 and --workers simulated workers heartbeating from --threads callers (LeanSession, keep-alive). Rounds
 alternate two phases of --seconds each, in the same run:
 
@@ -34,11 +35,12 @@ RECEIVER = textwrap.dedent("""
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
     delay = float(sys.argv[1])
     class H(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.0"
+        protocol_version = "HTTP/1.1"
         def do_POST(self):
             self.rfile.read(int(self.headers["Content-Length"]))
             time.sleep(delay)
             self.send_response(204)
+            self.send_header("Content-Length", "0")
             self.end_headers()
         def log_message(self, *a):
             pass
