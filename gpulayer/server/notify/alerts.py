@@ -12,14 +12,17 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from typing import TYPE_CHECKING
 
 import apsw
 
-from explorer.readonly import QueryError, ReadOnlyDatabase, QueryTimeout
 from gpulayer.server.errors import InvalidRequest
 from gpulayer.server.scheduler import events
 from gpulayer.server.store.db import Store
 from gpulayer.server.store.queries import row, rows
+
+if TYPE_CHECKING:  # the explorer's package imports its pages and templates: only where a query runs
+    from explorer.readonly import ReadOnlyDatabase
 
 log = logging.getLogger("gpulayer.server.notify")
 MAX_ROWS = 1000  # rows one run reads (past it the rest count as not returned)
@@ -39,6 +42,8 @@ def run_query(db: ReadOnlyDatabase, sql: str) -> tuple[list[str], list[tuple]]:
 
 def check_sql(db: ReadOnlyDatabase, sql: str) -> None:
     """Run the query once, as the alert will: 400 for a query that writes, fails or runs past the limit."""
+    from explorer.readonly import QueryError, QueryTimeout
+
     try:
         run_query(db, sql)
     except QueryTimeout as e:
@@ -75,6 +80,8 @@ def ran(conn: apsw.Connection, alert: dict, now: float, columns: list[str], foun
 
 def run_due(store: Store, db: ReadOnlyDatabase, now: float) -> int:
     """Run every alert that is due; returns how many fired."""
+    from explorer.readonly import QueryError
+
     fired = 0
     for alert in store.read(lambda conn: rows(conn, "due_alerts", now=now)):
         columns: list[str] = []

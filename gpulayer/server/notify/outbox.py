@@ -26,7 +26,6 @@ from datetime import datetime, timezone
 
 import apsw
 
-from explorer.readonly import ReadOnlyDatabase
 from gpulayer.server.config import ControlPlaneConfig
 from gpulayer.server.notify import alerts, names, send, signing
 from gpulayer.server.security.secretbox import SecretBox
@@ -86,6 +85,8 @@ class Notifier:
 
     def __init__(self, store: Store, config: ControlPlaneConfig, box: SecretBox, clock: Callable[[], float]):
         self.store, self.config, self.box, self.clock = store, config, box, clock
+        from explorer.readonly import ReadOnlyDatabase  # at start, as the explorer's own mount
+
         self.db = ReadOnlyDatabase(str(config.layout.state), time_limit_s=config.alert_time_limit_s, max_rows=alerts.MAX_ROWS)
         self.pool = ThreadPoolExecutor(max(1, config.webhook_concurrency), thread_name_prefix="gpulayer-webhook")
         self.inflight: set[int] = set()

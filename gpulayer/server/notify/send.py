@@ -61,7 +61,7 @@ def resolve(host: str, port: int, allow_private: bool, field: str = "url") -> st
     Raises InvalidRequest (unresolvable, or a loopback/private/link-local address without the flag)."""
     try:
         found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except (OSError, UnicodeError, ValueError) as e:   # unknown, unreachable, not a host name at all
+    except (OSError, UnicodeError, ValueError) as e:  # unknown, unreachable, not a host name at all
         raise InvalidRequest(f"{field}: host {host!r} does not resolve ({e})", field=field) from None
     addresses = [str(info[4][0]) for info in found]
     if not addresses:
