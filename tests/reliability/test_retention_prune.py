@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from gpulayer.server.scheduler import retention
+from gpulayer.server.scheduler import retention, sessions
 
 from gpulayer.server.http import wire
 from gpulayer.server.security.auth import Principal
@@ -34,6 +34,14 @@ def _run(sched, worker: int, *, finish: bool) -> int:
     return job
 
 
+def _session(store, job_id: int, at: float) -> None:
+    """A closed relay session (an exec stream) into job `job_id`'s task, as the relay's hub records one."""
+    task = store.read(lambda conn: conn.execute("SELECT id, worker_id FROM tasks WHERE job_id = ?", (job_id,)).fetchall())[0]
+    to = sessions.Target(job_id, task["id"], 0, task["worker_id"], "w", ("exec",), False, "test")
+    session_id = store.write(sessions.opened, to, "user:alice", "exec", {"argv": ["true"]}, at)
+    store.write(sessions.closed, session_id, 1, 2, 0, "exited", at + 1)
+
+
 def _count(store, table: str, where: str = "1") -> int:
     return store.read(lambda conn: conn.execute(f"SELECT count(*) AS n FROM {table} WHERE {where}").fetchall())[0]["n"]
 
@@ -47,6 +55,8 @@ def test_prune_removes_what_is_past_retention_in_small_writes(store, sched, cloc
     recent = _run(sched, worker, finish=True)
     running = _run(sched, worker, finish=False)
     keep = dict(log_retention_s=7 * DAY, job_retention_s=30 * DAY)
+    _session(store, old, clock.now - 20 * DAY)  # relay sessions into the old job and the recent one
+    _session(store, recent, clock.now)
 
     writes = []
     real_write = store.write
@@ -70,7 +80,7 @@ def test_prune_removes_what_is_past_retention_in_small_writes(store, sched, cloc
     clock.advance(20 * DAY)
     dry = retention.prune(store, now=clock.now, dry_run=True, **keep)
     done = retention.prune(store, now=clock.now, **keep)
-    assert (dry["jobs"], dry["workers"]) == (done["jobs"], done["workers"]) == (1, 1)
+    assert (dry["jobs"], dry["workers"], dry["sessions"]) == (done["jobs"], done["workers"], done["sessions"]) == (1, 1, 1)
     assert dry["log_lines"] == done["log_lines"] == LINES  # the recent job's lines, ended 20 days ago
     assert _count(store, "jobs", f"id = {old}") == 0
     assert _count(store, "tasks", f"job_id = {old}") == 0 and _count(store, "events", f"job_id = {old}") == 0
@@ -80,6 +90,7 @@ def test_prune_removes_what_is_past_retention_in_small_writes(store, sched, cloc
     assert _count(store, "jobs", f"id IN ({recent}, {running})") == 2
     assert _count(store, "workers", f"id = {worker}") == 1
     assert _count(store, "events", "kind = 'state_pruned'") == 2
+    assert _count(store, "sessions", f"job_id = {old}") == 0 and _count(store, "sessions", f"job_id = {recent}") == 1
     assert store.read(lambda conn: conn.execute("PRAGMA foreign_key_check").fetchall()) == []
     assert retention.prune(store, now=clock.now, **keep)["jobs"] == 0
 

@@ -81,7 +81,8 @@ class _Round:
 
     def __init__(self, store, now: float, budget: int):
         self.store, self.now, self.budget = store, now, budget
-        self.removed = {"jobs": 0, "log_lines": 0, "events": 0, "workers": 0, "tasks": 0, "dependencies": 0}
+        self.removed = {"jobs": 0, "log_lines": 0, "events": 0, "workers": 0, "tasks": 0, "dependencies": 0,
+                        "sessions": 0}
 
     def write(self, kind: str, query, **params) -> int:
         """One write: the named query, or fn(conn, **params); the rows it removed are counted under `kind`."""
@@ -122,6 +123,7 @@ class _Round:
             # A big array's tasks and events go a batch a write too (issue 22), then the job row.
             self.job_lines(job["id"], cutoff)
             self.batches("events", "prune_job_events", job_id=job["id"], cutoff=cutoff)
+            self.batches("sessions", "prune_job_sessions", job_id=job["id"], cutoff=cutoff)
             self.batches("tasks", _forget_tasks, job_id=job["id"], cutoff=cutoff)
             self.batches("dependencies", "prune_job_dependencies", job_id=job["id"], cutoff=cutoff)
             if not self.spent:
@@ -157,7 +159,8 @@ def _forget_job(conn: apsw.Connection, job_id: int, cutoff: float) -> list[dict]
 def prune(store, *, now: float, log_retention_s: float, job_retention_s: float, dry_run: bool = False,
           budget: int = PRUNE_ROUND_WRITES) -> dict:
     """Remove (or with dry_run, count) what is past retention: log lines of jobs ended more than
-    log_retention_s ago; jobs ended more than job_retention_s ago with their tasks and events;
+    log_retention_s ago; jobs ended more than job_retention_s ago with their tasks, events and relay
+    sessions;
     events of no job and departed workers older than that. At most `budget` writes of a few
     milliseconds each; returns the counts by kind, and `done` (False: more is left for next time).
     """

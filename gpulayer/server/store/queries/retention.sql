@@ -76,10 +76,19 @@ DELETE FROM tasks WHERE id IN (
     ORDER BY id LIMIT :n)
 RETURNING id;
 
+-- name: prune_job_sessions --
+-- Retention: up to :n relay sessions (exec, shell, SSH, port-forward rows) of one pruned job.
+DELETE FROM sessions WHERE id IN (
+    SELECT id FROM sessions WHERE job_id = :job_id
+      AND EXISTS (SELECT 1 FROM jobs WHERE id = :job_id AND finished_at < :cutoff)
+    ORDER BY id LIMIT :n)
+RETURNING id;
+
 -- name: prune_job --
--- Retention: the job row itself, once it has no log lines, tasks, events or dependencies left.
+-- Retention: the job row itself, once it has no log lines, tasks, events, sessions or dependencies left.
 DELETE FROM jobs WHERE id = :job_id AND finished_at < :cutoff
   AND NOT EXISTS (SELECT 1 FROM logs WHERE job_id = :job_id)
+  AND NOT EXISTS (SELECT 1 FROM sessions WHERE job_id = :job_id)
   AND NOT EXISTS (SELECT 1 FROM tasks WHERE job_id = :job_id)
   AND NOT EXISTS (SELECT 1 FROM events WHERE job_id = :job_id)
   AND NOT EXISTS (SELECT 1 FROM job_dependencies WHERE job_id = :job_id)
@@ -121,6 +130,9 @@ SELECT
   (SELECT count(*) FROM events WHERE (job_id IS NULL AND at < :job_cutoff) OR job_id IN (
       SELECT id FROM jobs WHERE state IN ('succeeded', 'failed', 'cancelled', 'lost')
                             AND finished_at < :job_cutoff)) AS events,
+  (SELECT count(*) FROM sessions WHERE job_id IN (
+      SELECT id FROM jobs WHERE state IN ('succeeded', 'failed', 'cancelled', 'lost')
+                            AND finished_at < :job_cutoff)) AS sessions,
   (SELECT count(*) FROM workers w WHERE state = 'gone' AND last_seen_at < :job_cutoff
       AND NOT EXISTS (SELECT 1 FROM tasks t JOIN jobs j ON j.id = t.job_id
                       WHERE t.worker_id = w.id AND NOT (j.finished_at < :job_cutoff))) AS workers;
