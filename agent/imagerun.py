@@ -36,6 +36,8 @@ TASK_DIR = "/gpulayer/task"
 HELPERS = "/.gpulayer"
 _LDD_LINE = re.compile(r"(?:\S+ => )?(/\S+) \(0x[0-9a-f]+\)")
 MAX_LINK_HOPS = 40
+#: Host tools bound under /.gpulayer/bin of every image task for what enters it later (`gpulayer shell`).
+ENTER_TOOLS = ("setsid",)
 
 
 @functools.lru_cache(maxsize=8)
@@ -153,6 +155,9 @@ def wrap_image(sandbox: Sandbox, prepared: Prepared, argv: list[str], env: dict[
         drop = [*prefix, f"--reuid={user.uid}", f"--regid={user.gid}", "--clear-groups"]
     more, run_env = helper(shutil.which(sandbox.env) or sandbox.env)
     mounts += more
+    for tool in ENTER_TOOLS:  # what exec's shell runs inside (agent/relay_shell.py): setsid --ctty
+        if (found := shutil.which(tool)) is not None:
+            mounts += helper(found)[0]
     for node in gpu_nodes:
         mounts += ["--dev-bind-try", node, node]
     mounts += driver

@@ -12,6 +12,7 @@ ends with CLOSE `exit_code` (128+N for a death by signal N), or `error` when it 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -21,6 +22,7 @@ from gpulayer.protocol.relay import CLOSE, DATA, EOF, EXT_DATA, SIGNAL, SIGNALS,
 from gpulayer.protocol.streams import Stream
 
 from .events import log_event
+from .imagerun import helper
 from .process import READ_BYTES, exit_code_of, live_group_members
 from .sandbox import loader_variables
 from .supervision import TaskHandle
@@ -35,8 +37,6 @@ def command_in(handle: TaskHandle, argv: list[str]) -> tuple[list[str], dict[str
     runner, process = handle.runner, handle.process
     if runner is None or process is None or process.poll() is not None:
         raise ExecRefused(f"task {handle.task_id} is not running on this worker now")
-    if runner.image is not None:
-        raise ExecRefused("exec into an image job's task is not supported yet")
     env = runner.environment({})
     workdir = str(runner.workdir)
     sandbox = runner.ctx.sandbox
@@ -44,15 +44,31 @@ def command_in(handle: TaskHandle, argv: list[str]) -> tuple[list[str], dict[str
         return argv, env, workdir
     if sandbox.nsenter is None:
         raise ExecRefused("this worker has no nsenter (Debian package util-linux): exec cannot enter the task's sandbox")
-    outer, loader = loader_variables(env)
     network = runner.assignment.network != "none"
     pid = runner.holder.pid if runner.holder is not None else _sandbox_pid(process.pid)
     if pid is None:
         raise ExecRefused(f"task {handle.task_id}'s sandbox is not there (it is ending)")
-    if _namespace(pid, "user") != _namespace(os.getpid(), "user"):  # a non-root agent's bwrap: its user namespace
-        spaces = ["-U", "--preserve-credentials", "-m", "-p", "-i", *([] if network else ["-n"])]
+    own_userns = _namespace(pid, "user") != _namespace(os.getpid(), "user")  # a non-root agent's bwrap
+    spaces = [*(["-U", "--preserve-credentials"] if own_userns else []), "-m", "-p", "-i", *([] if network else ["-n"])]
+    if runner.image is not None:  # the image's root: its env and setpriv are the host's, under /.gpulayer
+        env, cwd = runner.image_place(env)
+        outer, loader = loader_variables(env)
+        user = None if own_userns else sandbox.drops_to(runner.assignment.run_as_root)
+        setpriv = helper(sandbox.setpriv or shutil.which("setpriv") or "/usr/bin/setpriv")[1]
+        drop = [*setpriv, f"--reuid={user.uid}", f"--regid={user.gid}", "--clear-groups", "--no-new-privs"] if user else []
+        inner_env = helper(shutil.which(sandbox.env) or sandbox.env)[1]
+        return [sandbox.nsenter, "-t", str(pid), *spaces, "-r", "--", *drop, *inner_env, f"--chdir={cwd}", *loader, "--", *argv], outer, "/"
+    outer, loader = loader_variables(env)
+    if own_userns:
         return [sandbox.nsenter, "-t", str(pid), *spaces, "-r", "--", sandbox.env, f"--chdir={workdir}", *loader, "--", *argv], outer, "/"
     return sandbox.enter_argv(pid, argv, workdir, network=network, loader=loader), outer, "/"
+
+
+def host_tool(handle: TaskHandle, path: str) -> list[str]:
+    """The argv prefix that runs host tool `path` in the task's place: `path` itself, or in an image job's task
+    the copy bound under /.gpulayer (agent/imagerun.py ENTER_TOOLS), through the host's loader."""
+    runner = handle.runner
+    return helper(path)[1] if runner is not None and runner.image is not None else [path]
 
 
 def _sandbox_pid(bwrap_pid: int) -> int | None:
@@ -104,7 +120,7 @@ def serve(stream: Stream, fields: dict, find: Callable[[int], TaskHandle | None]
     code = exit_code_of(proc.wait())
     for pump in pumps:
         pump.join(5.0)  # a grandchild that keeps the pipes open does not hold the answer for ever
-    _kill(proc, signal.SIGKILL)  # what the command left in its group
+    kill_group(proc, signal.SIGKILL)  # what the command left in its group
     log_event("exec_finished", task_id=task_id, pid=proc.pid, exit_code=code, session_id=fields.get("session_id"))
     stream.close({"exit_code": code})
     stream.inbox.put(Frame(stream.id, CLOSE, {"reason": "the command ended"}))  # ends the feeder
@@ -116,13 +132,7 @@ def serve(stream: Stream, fields: dict, find: Callable[[int], TaskHandle | None]
 def _pump(pipe, stream: Stream, channel: int) -> None:
     """The command's stdout or stderr into the stream, as fast as its credit allows."""
     fd = pipe.fileno()
-    while True:
-        try:
-            chunk = os.read(fd, READ_BYTES)
-        except OSError:
-            return
-        if not chunk or not stream.write(chunk, channel):
-            return
+    stream.pour(lambda size: os.read(fd, size), READ_BYTES, channel)
 
 
 def _feed(stream: Stream, proc: subprocess.Popen, entered: bool) -> None:
@@ -145,11 +155,11 @@ def _feed(stream: Stream, proc: subprocess.Popen, entered: bool) -> None:
         elif frame.type == SIGNAL:
             name = frame.fields.get("signal")
             if name in SIGNALS:
-                _kill(proc, getattr(signal, f"SIG{name}"), spare_leader=entered)
+                kill_group(proc, getattr(signal, f"SIG{name}"), spare_leader=entered)
         elif frame.type == CLOSE:
             if proc.poll() is None:
                 log_event("exec_killed", pid=proc.pid, reason=frame.fields.get("error") or frame.fields.get("reason"))
-                _kill(proc, signal.SIGKILL)
+                kill_group(proc, signal.SIGKILL)
             _close(stdin)
             return
 
@@ -161,7 +171,7 @@ def _close(stdin) -> None:
         pass
 
 
-def _kill(proc: subprocess.Popen, sig: int, spare_leader: bool = False) -> None:
+def kill_group(proc: subprocess.Popen, sig: int, spare_leader: bool = False) -> None:
     """`sig` to the command's process group; `spare_leader`: to all of it but nsenter, which leads it."""
     if spare_leader:
         for pid in live_group_members(proc.pid) or []:

@@ -36,7 +36,7 @@ from gpulayer.protocol.streams import Stream
 
 from .events import log_event
 from .process import READ_BYTES, exit_code_of
-from .relay_exec import ExecRefused, _sandbox_pid, command_in
+from .relay_exec import ExecRefused, _sandbox_pid, command_in, host_tool
 from .supervision import TaskHandle
 
 #: The command without one given: the task's bash when it has one, else sh (both interactive on a terminal).
@@ -63,7 +63,7 @@ def serve(stream: Stream, fields: dict, find: Callable[[int], TaskHandle | None]
     setsid = shutil.which("setsid")
     if setsid is None:
         return stream.close({"error": "this worker has no setsid (Debian package util-linux): a shell cannot have its terminal"})
-    inner = [setsid, "--ctty", "--", *argv]
+    inner = [*host_tool(handle, setsid), "--ctty", "--", *argv]
     try:
         launch, env, cwd = command_in(handle, inner)
     except ExecRefused as exc:

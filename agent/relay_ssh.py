@@ -26,7 +26,7 @@ from gpulayer.protocol.relay import CLOSE, DATA, EOF, EXT_DATA, Frame
 from gpulayer.protocol.streams import Stream
 
 from .events import log_event
-from .relay_exec import ExecRefused, command_in
+from .relay_exec import ExecRefused, command_in, kill_group
 from .supervision import TaskHandle
 
 READ_BYTES = 64 * 1024
@@ -55,6 +55,10 @@ def serve(stream: Stream, fields: dict, find: Callable[[int], TaskHandle | None]
         return stream.close({"error": "ssh: the OPEN carries no host key and certificate (the control plane is older than this agent)"})
     if handle is None:
         return stream.close({"error": f"task {task_id} is not running on this worker"})
+    if handle.runner is not None and handle.runner.image is not None:
+        return stream.close(
+            {"error": "ssh: an image job's task has the image's root, without the Python the SSH server runs on: use gpulayer shell or gpulayer exec"}
+        )
     ours, theirs = socket.socketpair()
     try:
         launch, env, cwd = command_in(handle, server_argv())
@@ -95,15 +99,7 @@ def serve(stream: Stream, fields: dict, find: Callable[[int], TaskHandle | None]
 
 def _up(sock: socket.socket, stream: Stream) -> None:
     """What the server sends into the stream, within its credit."""
-    while True:
-        try:
-            chunk = sock.recv(READ_BYTES)
-        except OSError:
-            return
-        if not chunk:
-            return
-        if not stream.write(chunk):
-            return
+    stream.pour(sock.recv, READ_BYTES)
 
 
 def _down(stream: Stream, sock: socket.socket, proc: subprocess.Popen) -> None:
@@ -143,7 +139,4 @@ def _shutdown(sock: socket.socket, how: int) -> None:
 
 def _kill(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        kill_group(proc, signal.SIGKILL)

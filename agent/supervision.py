@@ -23,6 +23,8 @@ class TaskRunnerView(Protocol):
 
     def environment(self, extra: dict[str, str]) -> dict[str, str]: ...
 
+    def image_place(self, env: dict[str, str]) -> tuple[dict[str, str], str]: ...
+
 
 class TaskHandle:
     """What the worker knows of a task while it runs; shared by its runner and the heartbeat."""

@@ -326,17 +326,24 @@ class TaskRunner:
                                network=self.assignment.network != "none", root_asked=self.assignment.run_as_root)
         return wrapped, outer
 
+    def image_place(self, env: dict[str, str]) -> tuple[dict[str, str], str]:
+        """An image job's environment (with the GPU driver's files) and working directory as its task sees them:
+        where the task starts, and where exec, shell and SSH enter it (agent/relay_exec.py)."""
+        assert self.image is not None
+        workdir = self.image.config.workdir
+        cwd = workdir if workdir and not (self.assignment.source or self.assignment.inputs) else TASK_DIR
+        if self.driver is not None:
+            env = {**self.driver[1], **env}
+            env["LD_LIBRARY_PATH"] = ":".join(filter(None, [env.get("LD_LIBRARY_PATH"), f"{cdi.DRIVER_DIR}/lib"]))
+            env["PATH"] = f"{env.get('PATH', '')}:{cdi.DRIVER_DIR}/bin"
+        return env, cwd
+
     def _launch_image(self, image: Prepared, argv: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
         """``argv`` in the sandbox with the image as its root, and the environment bwrap starts with (raises what
         exec would for a command the image lacks)."""
-        workdir = image.config.workdir
-        cwd = workdir if workdir and not (self.assignment.source or self.assignment.inputs) else TASK_DIR
+        env, cwd = self.image_place(env)
         startable_in(image, argv, env, cwd)
-        driver, driver_env = self.driver or ([], {})
-        if self.driver is not None:
-            env = {**driver_env, **env}
-            env["LD_LIBRARY_PATH"] = ":".join(filter(None, [env.get("LD_LIBRARY_PATH"), f"{cdi.DRIVER_DIR}/lib"]))
-            env["PATH"] = f"{env.get('PATH', '')}:{cdi.DRIVER_DIR}/bin"
+        driver = self.driver[0] if self.driver is not None else []
         return wrap_image(self.ctx.sandbox, image, argv, env, str(self.workdir), cwd,
                           gpu_nodes=gpu_nodes(self._gpu_numbers()),
                           driver=driver, network=self.assignment.network != "none",

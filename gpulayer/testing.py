@@ -96,6 +96,37 @@ def run_cli(*args: str, env: dict | None = None, input: str | None = None, timeo
     return CliResult(done.returncode, done.stdout, done.stderr)
 
 
+def echo_round_trip(port: int, size: int, block: bytes, host: str = "127.0.0.1", timeout: float = 30) -> float:
+    """`size` bytes (whole `block`s) written to the echo server at host:`port` and read back at once (a thread
+    writes, this one reads), then a half-close; AssertionError unless the same bytes came back (count and
+    sha256). The seconds it took (the port-forward tests and scripts/bench_forward.py)."""
+    import hashlib
+    import threading
+
+    blocks = size // len(block)
+    want = hashlib.sha256()
+    for _ in range(blocks):
+        want.update(block)
+    began = time.perf_counter()
+    with socket.create_connection((host, port), timeout) as conn:
+
+        def send() -> None:
+            for _ in range(blocks):
+                conn.sendall(block)
+            conn.shutdown(socket.SHUT_WR)
+
+        sender = threading.Thread(target=send, daemon=True)
+        sender.start()
+        got, count = hashlib.sha256(), 0
+        while chunk := conn.recv(1 << 20):
+            got.update(chunk)
+            count += len(chunk)
+        sender.join()
+    elapsed = time.perf_counter() - began
+    assert (count, got.hexdigest()) == (blocks * len(block), want.hexdigest()), f"{count} of {blocks * len(block)} bytes came back"
+    return elapsed
+
+
 def wait_for(predicate: Callable[[], object], timeout: float, what: str = "the condition", *,
              interval: float = 0.05, details: Callable[[], str] | None = None):
     """Call `predicate` until it returns something truthy, and return that.

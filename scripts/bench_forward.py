@@ -21,11 +21,8 @@ the baseline), then:
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import os
 import platform
-import socket
 import statistics
 import sys
 import threading
@@ -38,7 +35,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from gpulayer.client.api import connect  # noqa: E402
 from gpulayer.protocol import PROTOCOL, PROTOCOL_HEADER  # noqa: E402
-from gpulayer.testing import ControlPlaneProcess, wait_for  # noqa: E402
+sys.path.insert(0, str(REPO / "scripts"))
+from benchlib import cpu_seconds, print_result, rss_mib  # noqa: E402
+from gpulayer.testing import ControlPlaneProcess, echo_round_trip, wait_for  # noqa: E402
 
 PORT = 18802
 BLOCK = 4 * 1024 * 1024
@@ -62,32 +61,7 @@ server.serve_forever()
 
 def echo(port: int, size: int, block: bytes) -> float:
     """`size` bytes to the echo at 127.0.0.1:`port` and back, checksummed; seconds."""
-    want = hashlib.sha256()
-    for _ in range(size // len(block)):
-        want.update(block)
-    began = time.perf_counter()
-    with socket.create_connection(("127.0.0.1", port), 30) as conn:
-
-        def send() -> None:
-            for _ in range(size // len(block)):
-                conn.sendall(block)
-            conn.shutdown(socket.SHUT_WR)
-
-        sender = threading.Thread(target=send)
-        sender.start()
-        got, count = hashlib.sha256(), 0
-        while chunk := conn.recv(1 << 20):
-            got.update(chunk)
-            count += len(chunk)
-        sender.join()
-    elapsed = time.perf_counter() - began
-    assert (count, got.hexdigest()) == (size, want.hexdigest()), (count, size)
-    return elapsed
-
-
-def rss_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as handle:
-        return next(int(line.split()[1]) for line in handle if line.startswith("VmRSS:")) / 1024
+    return echo_round_trip(port, size, block)
 
 
 class Beater:
@@ -161,10 +135,12 @@ def main() -> int:
 
             watcher = threading.Thread(target=watch)
             watcher.start()
-            forward_s, direct_s, busy = [], [], []
+            forward_s, direct_s, busy, plane_cpu = [], [], [], []
             for _ in range(args.runs):
                 beater.mark()
+                cpu = cpu_seconds(plane.pid)
                 forward_s.append(echo(forward.local_port, size, block))
+                plane_cpu.append(cpu_seconds(plane.pid) - cpu)
                 busy += beater.mark()
                 direct_s.append(echo(PORT, size, block))
             done.set()
@@ -182,6 +158,8 @@ def main() -> int:
         "forward_mib_s": round(args.mib / forward_med, 1),
         "direct_mib_s": round(args.mib / direct_med, 1),
         "ratio": round(direct_med / forward_med, 3),
+        # the control plane's CPU seconds per forwarded run (both ways through it), less load-sensitive than time
+        "server_cpu_s": [round(c, 2) for c in plane_cpu],
         "heartbeats_idle": len(idle),
         "heartbeat_idle_p50_ms": pct(idle, 0.5),
         "heartbeat_idle_p99_ms": pct(idle, 0.99),
@@ -198,11 +176,7 @@ def main() -> int:
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
     }
-    if args.json:
-        print(json.dumps(result))
-    else:
-        for key, value in result.items():
-            print(f"{key:24} {value}")
+    print_result(result, args.json)
     return 0
 
 

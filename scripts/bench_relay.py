@@ -37,6 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 import benchlib  # noqa: E402
+from benchlib import print_result, rss_mib  # noqa: E402
 from gpulayer.client.api import connect  # noqa: E402
 from gpulayer.client.relay import open_exec, run_exec  # noqa: E402
 from gpulayer.client.relay_shell import open_shell  # noqa: E402
@@ -59,11 +60,6 @@ class Zeros:
         return self.block[:take]
 
     read = read1
-
-
-def rss_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as handle:
-        return next(int(line.split()[1]) for line in handle if line.startswith("VmRSS:")) / 1024
 
 
 def through_relay(client, job_id: int, size: int) -> float:
@@ -308,11 +304,7 @@ def main() -> int:
     }
     if args.only == "all":
         result["shell"] = shell_bench(args)
-    if args.json:
-        print(json.dumps(result))
-    else:
-        for key, value in result.items():
-            print(f"{key:24} {value}")
+    print_result(result, args.json)
     return 0
 
 

@@ -103,6 +103,21 @@ def machine_line(info: dict | None = None) -> str:
 
 # -- processes ---------------------------------------------------------------
 
+def rss_mib(pid: int) -> float:
+    """A process's resident memory (VmRSS) in MiB."""
+    with open(f"/proc/{pid}/status") as handle:
+        return next(int(line.split()[1]) for line in handle if line.startswith("VmRSS:")) / 1024
+
+
+def print_result(result: dict, as_json: bool) -> None:
+    """One JSON line, or `key  value` lines."""
+    if as_json:
+        print(json.dumps(result))
+    else:
+        for key, value in result.items():
+            print(f"{key:24} {value}")
+
+
 def cpu_seconds(pid: int) -> float:
     """utime + stime of a process (all its threads) from /proc/<pid>/stat."""
     stat = Path(f"/proc/{pid}/stat").read_text()

@@ -63,6 +63,7 @@ class SocketPipe:
     def run(self) -> str | None:
         """Copy until the stream ends (the socket's bytes on a thread, the stream's frames here), then shut the
         socket (the caller closes it); the error the stream ended with, None for a clean end."""
+        self.stream.widen()
         pump = threading.Thread(target=self._from_socket, name=f"relay-tcp-{self.stream.id}", daemon=True)
         pump.start()
         try:

@@ -38,6 +38,9 @@ U32 = struct.Struct(">I")
 MAX_STREAM_ID = 2**32 - 1
 #: Bytes each side may send on a new stream before the other grants more (WINDOW).
 INITIAL_WINDOW = 256 * 1024
+#: The window a bulk stream's receiver widens to at its start (`tcp`, SSH; one WINDOW of the difference): the
+#: protocol's 256 KiB keeps four 64 KiB frames in flight, too few to cover three hops' round trip.
+BULK_WINDOW = 4 * 1024 * 1024
 #: The most payload one DATA frame carries (a sender splits larger writes).
 MAX_DATA = 64 * 1024
 #: The largest frame anyone accepts: a DATA frame's payload plus its header, or a JSON object.
@@ -197,6 +200,7 @@ __all__ = [
     "SIGNAL",
     "RESIZE",
     "INITIAL_WINDOW",
+    "BULK_WINDOW",
     "MAX_DATA",
     "MAX_FRAME",
     "STDERR",

@@ -19,7 +19,8 @@ from integration_cluster import Cluster
 from ociimages import archive, blob, build_layout, layer_tar, member, needs_umoci, with_layer
 
 import gpulayer as gl
-from gpulayer.testing import run_cli, wait_for
+from gpulayer.testing import CLI, clean_env, run_cli, wait_for
+from terminal import Terminal
 
 pytestmark = [needs_umoci, pytest.mark.skipif(not sys.platform.startswith("linux"), reason="bubblewrap needs Linux")]
 
@@ -232,3 +233,35 @@ def test_cancel_gives_an_image_task_its_sigterm_and_a_missing_command_is_127(clu
                              "labels": {"host": "img1"}})
     done, text = finished(cluster, job_id)
     assert done["state"] == "failed" and "exit code 127" in text, text  # the image's sh -c says it is not found
+
+
+@pytest.mark.timeout(400)
+def test_exec_and_shell_enter_the_images_root_environment_and_workdir(cluster, image):
+    """`gpulayer exec` and `gpulayer shell` into an image job's task: the image's root (/etc/marker), its
+    environment and working directory as the task has them, the task's user; exit codes and stdin; SSH says
+    clearly that it needs the host's Python."""
+    job_id, _ = submit(cluster, "--label", "host=img1", "--image", str(image), "--env", "KEEP=job", "--",
+                       'echo "place=$(pwd) uid=$(id -u) keep=$KEEP"; exec sleep 600')
+    text = wait_for(lambda: "place=" in (t := cluster.log_text(job_id)) and t, 90, "the image task to run")
+    place = next(line for line in text.splitlines() if "place=" in line).split("place=", 1)[1].strip()
+    job = cluster.client().get_job(job_id)
+    done = job.exec(["sh", "-c", 'cat /etc/marker; echo "place=$(pwd) uid=$(id -u) keep=$KEEP"; echo $GREETING'])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.decode().splitlines() == ["hello from the image", f"place={place}", "from-image"], done.stdout
+    assert job.exec(["sh", "-c", "exit 3"]).returncode == 3
+    assert job.exec(["cat"], input=b"x" * 100_000).stdout == b"x" * 100_000
+    missing = job.exec(["python3", "-c", "1"])  # the host has it, the image does not
+    assert missing.returncode == 127, missing
+    terminal = Terminal([*CLI, "shell", str(job_id)], clean_env(**cluster.cli_env(TERM="xterm")), cluster.root)
+    terminal.type('cat /etc/marker; echo "in-$(pwd)-$((6*7))"\n')
+    terminal.read_until(f"in-{place.split()[0]}-42")
+    assert "hello from the image" in terminal.output
+    terminal.type("sleep 100\n")
+    terminal.interrupt()  # ^C reaches the image's sleep through the task's terminal; the shell stays
+    terminal.type("echo status-$?\n")
+    terminal.read_until("status-130")
+    terminal.type("exit 4\n")
+    assert terminal.exit_code() == 4, terminal.output
+    ssh = cluster.cli("ssh-proxy", f"gpulayer-{job_id}", input="", timeout=120)
+    assert ssh.returncode == 255 and "gpulayer shell" in ssh.stderr and "Traceback" not in ssh.stderr, ssh.stderr
+    cluster.request("POST", f"/v1/jobs/{job_id}/cancel")

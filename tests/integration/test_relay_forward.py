@@ -26,7 +26,7 @@ from gpulayer.client.forward import PortForward
 from gpulayer.protocol.relay import CLOSE
 from gpulayer.protocol.streams import Link
 from gpulayer.protocol.streams import connect as ws_connect
-from gpulayer.testing import CLI, ControlPlaneProcess, clean_env, wait_for
+from gpulayer.testing import CLI, ControlPlaneProcess, clean_env, echo_round_trip, wait_for
 
 from netns import nat_namespace, netns_exec
 
@@ -142,25 +142,8 @@ def test_behind_the_nat_only_the_relay_reaches_the_task(plane, nat, served, job)
 
 
 def test_a_big_transfer_both_ways_is_checksummed(job):
-    block = os.urandom(4 * 1024 * 1024)
-    want = hashlib.sha256()
-    for _ in range(TRANSFER // len(block)):
-        want.update(block)
-    with job.port_forward(ECHO) as forward, socket.create_connection(("127.0.0.1", forward.local_port), 30) as conn:
-
-        def send() -> None:
-            for _ in range(TRANSFER // len(block)):
-                conn.sendall(block)
-            conn.shutdown(socket.SHUT_WR)
-
-        sender = threading.Thread(target=send)
-        sender.start()
-        got, size = hashlib.sha256(), 0
-        while chunk := conn.recv(1 << 20):
-            got.update(chunk)
-            size += len(chunk)
-        sender.join()
-    assert (size, got.hexdigest()) == (TRANSFER, want.hexdigest())
+    with job.port_forward(ECHO) as forward:
+        echo_round_trip(forward.local_port, TRANSFER, os.urandom(4 * 1024 * 1024), timeout=30)
 
 
 def test_twenty_connections_at_once(job):

@@ -1,7 +1,8 @@
 """`gpulayer shell` through the relay, end to end (issue 26 part 2, docs/access.md "Shell").
 
 The CLI runs in a real pseudo-terminal driven by the test (tests/terminal.py), against a real control plane
-on granian with TLS and real agents: the task's shell (in its bubblewrap sandbox, entered with nsenter, where
+on granian with TLS and real agents (the module's behind a NAT: tests/netns.py's NatNamespace, which lets
+nothing in): the task's shell (in its bubblewrap sandbox, entered with nsenter, where
 the worker has one) answers typed commands, follows resizes, takes ^C and ^Z from the remote terminal's line
 discipline and keeps job control, exits with its own status, and the local terminal's settings come back as
 they were. Refusals: stdin not a terminal, another user's job, a --no-exec worker.
@@ -20,17 +21,23 @@ from gpulayer.client.errors import ApiError
 from gpulayer.client.relay import closed_error, open_stream
 from gpulayer.protocol.relay import CLOSE
 from gpulayer.testing import CLI, ControlPlaneProcess, clean_env, wait_for
+from netns import nat_namespace, netns_exec
 from terminal import Terminal
 
 pytest.importorskip("granian")
 pytest.importorskip("websockets")
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.netns]
 
 
 @pytest.fixture(scope="module")
-def plane(tmp_path_factory):
-    with ControlPlaneProcess(tmp_path_factory.mktemp("shell"), tls=True, heartbeat_interval=0.5, lease_ttl=10) as plane:
-        plane.start_worker("w1", parallel=4)
+def nat():
+    yield from nat_namespace("sh")
+
+
+@pytest.fixture(scope="module")
+def plane(nat, tmp_path_factory):
+    with ControlPlaneProcess(tmp_path_factory.mktemp("shell"), host=nat.host_ip, tls=True, heartbeat_interval=0.5, lease_ttl=10) as plane:
+        plane.start_worker("w1", parallel=4, prefix=netns_exec(nat.name), timeout=120)
         yield plane
 
 

@@ -1,6 +1,7 @@
 """Plain OpenSSH into a task through the relay (issue 26 part 2, docs/access.md "SSH").
 
-A real control plane on granian with TLS, a real agent (a bubblewrap sandbox where bwrap works), the real
+A real control plane on granian with TLS, a real agent (a bubblewrap sandbox where bwrap works) behind a NAT
+(tests/netns.py's NatNamespace: it dials out, nothing reaches it), the real
 `ssh`, `scp` and `rsync` of this machine with the block `gpulayer ssh-config` prints (BatchMode=yes: a
 prompt would fail the test): the task's cwd and user, exit codes, a PTY, scp both ways (checksummed, SFTP and
 legacy), rsync, `ssh -L` to an HTTP server in the task, the host key checked (a known_hosts without the CA
@@ -21,19 +22,26 @@ import requests
 
 from gpulayer.testing import ControlPlaneProcess, clean_env, wait_for
 
+from netns import nat_namespace, netns_exec
+
 pytest.importorskip("granian")
 pytest.importorskip("asyncssh")
 if shutil.which("ssh") is None or shutil.which("scp") is None:
     pytest.skip("OpenSSH's ssh and scp are not installed here", allow_module_level=True)
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.netns]
 
 MARK = "place="
 
 
 @pytest.fixture(scope="module")
-def plane(tmp_path_factory):
-    with ControlPlaneProcess(tmp_path_factory.mktemp("relay-ssh"), tls=True, heartbeat_interval=0.5, lease_ttl=5) as plane:
-        plane.start_worker("w1", parallel=4)
+def nat():
+    yield from nat_namespace("ssh")
+
+
+@pytest.fixture(scope="module")
+def plane(nat, tmp_path_factory):
+    with ControlPlaneProcess(tmp_path_factory.mktemp("relay-ssh"), host=nat.host_ip, tls=True, heartbeat_interval=0.5, lease_ttl=5) as plane:
+        plane.start_worker("w1", parallel=4, prefix=netns_exec(nat.name), timeout=120)
         yield plane
 
 

@@ -42,24 +42,36 @@ class Conn:
             self.outbox.put_nowait(None)
 
     async def pump(self, on_frame: Callable[[bytes | str], None]) -> None:
-        """Read frames into `on_frame` (which may call close()) until either side closes; then drain the queue."""
+        """Read frames into `on_frame` (which may call close()) until either side closes; then drain the queue.
+
+        One plain `await receive()` per frame (no task or wait() per frame: the bulk of a forward's frames come
+        through here); the writer's end (closed here, or the peer stopped reading) cancels the read."""
+        reader = asyncio.current_task()
         self._writer = asyncio.ensure_future(self._write())
+        stopped = finished = False
+
+        def writer_ended(_) -> None:
+            nonlocal stopped
+            if not finished and reader is not None and not reader.done():
+                stopped = True
+                reader.cancel()
+
+        self._writer.add_done_callback(writer_ended)
         try:
             while self.closing is None:
-                receiving = asyncio.ensure_future(self.transport.receive())
-                done, _ = await asyncio.wait({receiving, self._writer}, return_when=asyncio.FIRST_COMPLETED)
-                if receiving not in done:  # the writer ended: closed here, or the peer stopped reading
-                    receiving.cancel()
-                    break
-                message = receiving.result()
+                message = await self.transport.receive()
                 if int(message.kind) == 0:  # close
                     break
                 on_frame(message.data)
         except asyncio.CancelledError:
-            raise
+            if not stopped:
+                raise
+            assert reader is not None
+            reader.uncancel()
         except Exception as exc:  # granian's ProtocolClosed and the like: the peer is gone
             log.debug("relay_conn_lost conn=%s error=%r", self.label, exc)
         finally:
+            finished = True
             self.close(WS_GOING_AWAY if self.closing is None else self.close_code, self.closing or "closed by the peer")
             try:
                 await asyncio.wait_for(asyncio.shield(self._writer), DRAIN_S)

@@ -31,7 +31,9 @@ from gpulayer.protocol.relay import (
     DATA,
     EOF,
     EXT_DATA,
+    HEADER,
     KINDS,
+    MAX_FRAME,
     OPEN,
     RESIZE,
     SIGNAL,
@@ -97,6 +99,19 @@ class Route:
     active_at: float = field(default_factory=time.monotonic)
     ended: bool = False
 
+    def carried(self, size: int, counts: sessions.Wants, *, up: bool) -> None:
+        """`size` bytes of DATA crossed towards the task (`up`) or from it: spent from that way's credit
+        (FrameError past it), counted in the row's and the metrics' bytes, and the stream is active."""
+        if up:
+            self.up.take(size)
+            self.bytes_in += size
+            counts.bytes_in[self.kind] += size
+        else:
+            self.down.take(size)
+            self.bytes_out += size
+            counts.bytes_out[self.kind] += size
+        self.active_at = time.monotonic()
+
 
 class ClientConn(Conn):
     def __init__(self, transport, principal, job_id: int, index: int | None, kind: str):
@@ -123,7 +138,18 @@ def _raw(message: bytes | str) -> bytes:
 
 
 def _rewrite(raw: bytes, stream_id: int) -> bytes:
-    return U32.pack(stream_id) + raw[4:]
+    """The frame with another stream id: one copy of the payload (DATA frames are most of the bytes)."""
+    return b"".join((U32.pack(stream_id), memoryview(raw)[4:]))
+
+
+def _bulk(raw: bytes | str) -> tuple[int, int] | None:
+    """(stream id, payload size) of a well-formed DATA frame, read from its header alone (no decode, no copy of
+    the payload): the hub's path for the bulk of the bytes. None for any other frame: decode() takes it."""
+    if isinstance(raw, bytes) and HEADER.size < len(raw) <= MAX_FRAME and raw[4] == DATA:
+        stream_id = U32.unpack_from(raw)[0]
+        if stream_id:
+            return stream_id, len(raw) - HEADER.size
+    return None
 
 
 class Hub:
@@ -232,6 +258,9 @@ class Hub:
             self._end(route, why, error=why, tell_agent=False)
 
     def _from_agent(self, link: AgentLink, raw: bytes | str) -> None:
+        bulk = _bulk(raw)
+        if bulk is not None and self._bulk_forward(link.routes.get(bulk[0]), bulk[1], raw, up=False):
+            return
         try:
             frame = decode(raw)
             route = link.routes.get(frame.stream_id)
@@ -240,11 +269,7 @@ class Hub:
                     link.send(encode(frame.stream_id, CLOSE, {"error": "the control plane opens streams, not agents"}))
                 return  # a frame of a stream that ended meanwhile
             if frame.type in (DATA, EXT_DATA):
-                size = frame.cost()
-                route.down.take(size)
-                route.bytes_out += size
-                self.state.bytes_out[route.kind] += size
-                route.active_at = time.monotonic()
+                route.carried(frame.cost(), self.state, up=False)
             elif frame.type == WINDOW:
                 route.up.grant(frame.credit)
             elif frame.type == OPEN:
@@ -266,6 +291,19 @@ class Hub:
             log.warning("relay_link_protocol_error worker_id=%d error=%s", link.worker_id, exc)
             self._drop_link(link, f"worker {link.worker_id}'s agent broke the relay protocol: {exc}")
             link.close(WS_POLICY, str(exc))
+
+    def _bulk_forward(self, route: Route | None, size: int, raw: bytes | str, *, up: bool) -> bool:
+        """A DATA frame of `size` bytes on the bulk path (header read, nothing decoded): forwarded, or dropped for
+        a stream that ended meanwhile (True); False leaves it to the full path (past its credit, which is a
+        protocol error there, or a stream whose agent end is not there yet)."""
+        if route is None:
+            return True
+        peer, credit = (route.agent, route.up) if up else (route.client, route.down)
+        if peer is None or size > credit.left:
+            return False
+        route.carried(size, self.state, up=up)
+        peer.send(_rewrite(_raw(raw), route.agent_sid if up else route.client_sid))
+        return True
 
     async def _link_for(self, route: Route, to: sessions.Target) -> AgentLink:
         """The worker's link, asking its agent to connect when there is none; RelayTimeout past the deadline."""
@@ -314,6 +352,9 @@ class Hub:
             proto.close(conn.close_code)
 
     def _from_client(self, conn: ClientConn, raw: bytes | str) -> None:
+        bulk = _bulk(raw)
+        if bulk is not None and self._bulk_forward(conn.routes.get(bulk[0]), bulk[1], raw, up=True):
+            return
         try:
             frame = decode(raw)
             sid = frame.stream_id
@@ -326,11 +367,7 @@ class Hub:
             if route is None:
                 return  # a frame of a stream that ended meanwhile
             if frame.type in (DATA, EXT_DATA):
-                size = frame.cost()
-                route.up.take(size)
-                route.bytes_in += size
-                self.state.bytes_in[route.kind] += size
-                route.active_at = time.monotonic()
+                route.carried(frame.cost(), self.state, up=True)
             elif frame.type == WINDOW:
                 route.down.grant(frame.credit)
             elif frame.type not in (EOF, SIGNAL, RESIZE, CLOSE):
