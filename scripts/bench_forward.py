@@ -98,6 +98,31 @@ class Beater:
         return done
 
 
+def relay_links(plane) -> int:
+    """Agents' relay links open now (the gpulayer_relay_links gauge)."""
+    text = plane.request("GET", "/metrics").text
+    return int(float(next(line.split()[-1] for line in text.splitlines() if line.startswith("gpulayer_relay_links "))))
+
+
+def idle_cost(plane, watch_s: float) -> dict:
+    """The issue's idle-worker row: seconds until the worker holds no relay link once its streams ended, and
+    the control plane's CPU while the link sits idle (before it closes) and once it is gone, per second."""
+    began, cpu = time.perf_counter(), cpu_seconds(plane.pid)
+    linked_cpu, closed_at = None, None
+    while time.perf_counter() - began < watch_s:
+        if closed_at is None and relay_links(plane) == 0:
+            closed_at = time.perf_counter() - began
+            linked_cpu = (cpu_seconds(plane.pid) - cpu) / closed_at
+            cpu = cpu_seconds(plane.pid)
+        time.sleep(0.5)
+    after = (cpu_seconds(plane.pid) - cpu) / (watch_s - closed_at) if closed_at is not None and watch_s > closed_at else None
+    return {
+        "link_closed_after_s": None if closed_at is None else round(closed_at, 1),
+        "server_cpu_pct_link_idle": None if linked_cpu is None else round(100 * linked_cpu, 2),
+        "server_cpu_pct_no_link": None if after is None else round(100 * after, 2),
+    }
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return round(ordered[min(len(ordered) - 1, int(len(ordered) * q))] * 1000, 2)
@@ -108,6 +133,8 @@ def main() -> int:
     parser.add_argument("--mib", type=int, default=1024)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--idle-s", type=float, default=20.0)
+    parser.add_argument("--link-idle-s", type=float, default=0.0,
+                        help="after the runs, watch the agent's relay link this long (its agent closes it 60 s after the last stream)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     size = args.mib * 1024 * 1024
@@ -148,6 +175,7 @@ def main() -> int:
             rss_after = rss_mib(plane.pid)
         beater.stop.set()
         beater.thread.join()
+        idle_link = idle_cost(plane, args.link_idle_s) if args.link_idle_s > 0 else {}
         plane.cli("job", "cancel", str(job_id))
     forward_med, direct_med = statistics.median(forward_s), statistics.median(direct_s)
     result = {
@@ -170,6 +198,7 @@ def main() -> int:
         "server_rss_mib_before": round(rss_before, 1),
         "server_rss_mib_peak": round(peak[0], 1),
         "server_rss_mib_after": round(rss_after, 1),
+        **idle_link,
         "at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "load_before": load_before,
         "load_after": os.getloadavg(),

@@ -252,16 +252,15 @@ def test_exec_and_shell_enter_the_images_root_environment_and_workdir(cluster, i
     assert job.exec(["cat"], input=b"x" * 100_000).stdout == b"x" * 100_000
     missing = job.exec(["python3", "-c", "1"])  # the host has it, the image does not
     assert missing.returncode == 127, missing
-    terminal = Terminal([*CLI, "shell", str(job_id)], clean_env(**cluster.cli_env(TERM="xterm")), cluster.root)
-    terminal.type('cat /etc/marker; echo "in-$(pwd)-$((6*7))"\n')
-    terminal.read_until(f"in-{place.split()[0]}-42")
-    assert "hello from the image" in terminal.output
-    terminal.type("sleep 100\n")
-    terminal.interrupt()  # ^C reaches the image's sleep through the task's terminal; the shell stays
-    terminal.type("echo status-$?\n")
-    terminal.read_until("status-130")
-    terminal.type("exit 4\n")
+    env = clean_env(**cluster.cli_env(TERM="xterm"))
+    terminal = Terminal([*CLI, "shell", str(job_id)], env, cluster.root)  # the image's sh, interactive
+    terminal.type('cat /etc/marker; echo "in-$(pwd)-$((6*7))"; exit 4\n')  # typed ahead of busybox's prompt
     assert terminal.exit_code() == 4, terminal.output
+    assert "hello from the image" in terminal.output and f"in-{place.split()[0]}-42" in terminal.output, terminal.output
+    terminal = Terminal([*CLI, "shell", str(job_id), "--", "sh", "-c", "echo ready-$((2+3)); sleep 100"], env, cluster.root)
+    terminal.read_until("ready-5")
+    terminal.interrupt()  # ^C through the task's terminal: SIGINT for its foreground group
+    assert terminal.exit_code() == 130, terminal.output
     ssh = cluster.cli("ssh-proxy", f"gpulayer-{job_id}", input="", timeout=120)
     assert ssh.returncode == 255 and "gpulayer shell" in ssh.stderr and "Traceback" not in ssh.stderr, ssh.stderr
     cluster.request("POST", f"/v1/jobs/{job_id}/cancel")
