@@ -8,6 +8,7 @@ with the same names left, and everything they made when done.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
@@ -172,3 +173,14 @@ def nat_namespace(label: str = "nat"):
         yield net
     finally:
         net.delete()
+
+
+@contextlib.contextmanager
+def plane_behind_nat(net: NatNamespace, root, worker: str = "w1", *, parallel: int = 4, **options):
+    """A control plane (TLS, heartbeat 0.5 s, on `net.host_ip`) with one worker `worker` inside `net`, behind its
+    NAT: the relay test files' cluster. `options` go to ControlPlaneProcess (lease_ttl, args)."""
+    from gpulayer.testing import ControlPlaneProcess
+
+    with ControlPlaneProcess(root, host=net.host_ip, tls=True, heartbeat_interval=0.5, **options) as plane:
+        plane.start_worker(worker, parallel=parallel, prefix=netns_exec(net.name), timeout=120)
+        yield plane

@@ -25,10 +25,11 @@ from gpulayer.client.api import connect
 from gpulayer.client.errors import ApiError, ConnectionFailed
 from gpulayer.client.relay import open_exec, run_exec
 from gpulayer.protocol import PROTOCOL, PROTOCOL_HEADER
+from gpulayer.protocol.relay import DATA
 from gpulayer.protocol.streams import connect as ws_connect
 from gpulayer.testing import CLI, ControlPlaneProcess, clean_env, wait_for
 
-from netns import nat_namespace, netns_exec
+from netns import nat_namespace, plane_behind_nat
 
 pytest.importorskip("granian")
 pytest.importorskip("websockets")
@@ -44,15 +45,7 @@ def nat():
 
 @pytest.fixture(scope="module")
 def plane(nat, tmp_path_factory):
-    with ControlPlaneProcess(
-        tmp_path_factory.mktemp("relay"),
-        host=nat.host_ip,
-        tls=True,
-        heartbeat_interval=0.5,
-        lease_ttl=5,
-        args=["--relay-max-streams-per-job", "3"],
-    ) as plane:
-        plane.start_worker("w1", parallel=4, prefix=netns_exec(nat.name), timeout=120)
+    with plane_behind_nat(nat, tmp_path_factory.mktemp("relay"), "w1", lease_ttl=5, args=["--relay-max-streams-per-job", "3"]) as plane:
         yield plane
 
 
@@ -107,8 +100,11 @@ def test_behind_the_nat_exec_reaches_what_a_direct_connect_cannot(plane, nat, jo
     listen = "import socket, time; s = socket.create_server(('0.0.0.0', 18811)); print('ready', flush=True); time.sleep(120)"
     link, stream = open_exec(client, job, ["python3", "-c", listen])
     try:
-        frame = stream.recv(60)
-        assert frame is not None and frame.data == b"ready\n", frame
+        heard = b""
+        while b"ready\n" not in heard:  # the line may come in more than one frame
+            frame = stream.recv(60)
+            assert frame is not None and frame.type == DATA, (frame, heard)
+            heard += frame.data
         assert not nat.reachable(18811), "the NAT namespace let a connection in"
         probe = "import socket; socket.create_connection(('127.0.0.1', 18811), 10).close(); print('inside')"
         done = client.get_job(job).exec(["python3", "-c", probe])

@@ -28,7 +28,7 @@ from gpulayer.protocol.streams import Link
 from gpulayer.protocol.streams import connect as ws_connect
 from gpulayer.testing import CLI, ControlPlaneProcess, clean_env, echo_round_trip, wait_for
 
-from netns import nat_namespace, netns_exec
+from netns import nat_namespace, plane_behind_nat
 
 pytest.importorskip("granian")
 pytest.importorskip("websockets")
@@ -83,15 +83,7 @@ def nat():
 
 @pytest.fixture(scope="module")
 def plane(nat, tmp_path_factory):
-    with ControlPlaneProcess(
-        tmp_path_factory.mktemp("forward"),
-        host=nat.host_ip,
-        tls=True,
-        heartbeat_interval=0.5,
-        lease_ttl=5,
-        args=["--relay-max-streams-per-user", "64"],
-    ) as plane:
-        plane.start_worker("behind-nat", parallel=4, prefix=netns_exec(nat.name), timeout=120)
+    with plane_behind_nat(nat, tmp_path_factory.mktemp("forward"), "behind-nat", lease_ttl=5, args=["--relay-max-streams-per-user", "64"]) as plane:
         yield plane
 
 

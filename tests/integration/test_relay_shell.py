@@ -21,7 +21,7 @@ from gpulayer.client.errors import ApiError
 from gpulayer.client.relay import closed_error, open_stream
 from gpulayer.protocol.relay import CLOSE
 from gpulayer.testing import CLI, ControlPlaneProcess, clean_env, wait_for
-from netns import nat_namespace, netns_exec
+from netns import nat_namespace, plane_behind_nat
 from terminal import Terminal
 
 pytest.importorskip("granian")
@@ -36,8 +36,7 @@ def nat():
 
 @pytest.fixture(scope="module")
 def plane(nat, tmp_path_factory):
-    with ControlPlaneProcess(tmp_path_factory.mktemp("shell"), host=nat.host_ip, tls=True, heartbeat_interval=0.5, lease_ttl=10) as plane:
-        plane.start_worker("w1", parallel=4, prefix=netns_exec(nat.name), timeout=120)
+    with plane_behind_nat(nat, tmp_path_factory.mktemp("shell"), "w1", lease_ttl=10) as plane:
         yield plane
 
 

@@ -20,9 +20,9 @@ import subprocess
 import pytest
 import requests
 
-from gpulayer.testing import ControlPlaneProcess, clean_env, wait_for
+from gpulayer.testing import clean_env, wait_for
 
-from netns import nat_namespace, netns_exec
+from netns import nat_namespace, plane_behind_nat
 
 pytest.importorskip("granian")
 pytest.importorskip("asyncssh")
@@ -40,8 +40,7 @@ def nat():
 
 @pytest.fixture(scope="module")
 def plane(nat, tmp_path_factory):
-    with ControlPlaneProcess(tmp_path_factory.mktemp("relay-ssh"), host=nat.host_ip, tls=True, heartbeat_interval=0.5, lease_ttl=5) as plane:
-        plane.start_worker("w1", parallel=4, prefix=netns_exec(nat.name), timeout=120)
+    with plane_behind_nat(nat, tmp_path_factory.mktemp("relay-ssh"), "w1", lease_ttl=5) as plane:
         yield plane
 
 
