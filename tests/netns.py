@@ -181,6 +181,10 @@ def plane_behind_nat(net: NatNamespace, root, worker: str = "w1", *, parallel: i
     NAT: the relay test files' cluster. `options` go to ControlPlaneProcess (lease_ttl, args)."""
     from gpulayer.testing import ControlPlaneProcess
 
-    with ControlPlaneProcess(root, host=net.host_ip, tls=True, heartbeat_interval=0.5, **options) as plane:
+    plane = ControlPlaneProcess(root, host=net.host_ip, tls=True, heartbeat_interval=0.5, **options)
+    try:
+        plane.start(timeout=120)  # a loaded machine takes more than the default 30 s to answer /v1/health
         plane.start_worker(worker, parallel=parallel, prefix=netns_exec(net.name), timeout=120)
         yield plane
+    finally:
+        plane.close()

@@ -56,9 +56,13 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def plane(tmp_path_factory):
     # lease_ttl 60: the agent's death leaves the job running as far as the control plane knows, for the check.
-    with ControlPlaneProcess(tmp_path_factory.mktemp("kills"), tls=True, heartbeat_interval=0.5, lease_ttl=60) as plane:
+    plane = ControlPlaneProcess(tmp_path_factory.mktemp("kills"), tls=True, heartbeat_interval=0.5, lease_ttl=60)
+    try:
+        plane.start(timeout=120)  # a loaded machine takes more than the default 30 s to answer /v1/health
         plane.start_worker("victim", timeout=120)
         yield plane
+    finally:
+        plane.close()
 
 
 @pytest.fixture(scope="module")
