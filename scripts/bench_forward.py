@@ -35,6 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from gpulayer.client.api import connect  # noqa: E402
 from gpulayer.protocol import PROTOCOL, PROTOCOL_HEADER  # noqa: E402
+
 sys.path.insert(0, str(REPO / "scripts"))
 from benchlib import cpu_seconds, print_result, rss_mib  # noqa: E402
 from gpulayer.testing import ControlPlaneProcess, echo_round_trip, wait_for  # noqa: E402
@@ -133,8 +134,12 @@ def main() -> int:
     parser.add_argument("--mib", type=int, default=1024)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--idle-s", type=float, default=20.0)
-    parser.add_argument("--link-idle-s", type=float, default=0.0,
-                        help="after the runs, watch the agent's relay link this long (its agent closes it 60 s after the last stream)")
+    parser.add_argument(
+        "--link-idle-s",
+        type=float,
+        default=0.0,
+        help="after the runs, watch the agent's relay link this long (its agent closes it 60 s after the last stream)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     size = args.mib * 1024 * 1024
