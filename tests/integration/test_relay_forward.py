@@ -217,7 +217,7 @@ def test_cli_usage_errors(plane, served):
 
 
 def test_cli_survives_the_agent_restarting_and_ctrl_c_ends_it(tmp_path):
-    with ControlPlaneProcess(tmp_path, tls=True, heartbeat_interval=0.5, lease_ttl=3) as plane:
+    with ControlPlaneProcess(tmp_path, tls=True, heartbeat_interval=0.5, lease_ttl=3).start(timeout=120) as plane:
         plane.start_worker("victim", timeout=120)
         job_id = _serve(plane, retry={"max_attempts": 3})
         proc = subprocess.Popen(
