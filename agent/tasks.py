@@ -23,6 +23,7 @@ from gpulayer.protocol.assignment import Assignment, assignments
 from . import cdi
 from .bundle import empty_dir, place_file, unpack_bundle
 from .cache import ArtifactCache
+from .checkpoint import DIR_NAME as CHECKPOINT_DIR, Checkpointer, DigestMemo, Periodic
 from .caps import UnpackBudget, UnpackLimit
 from .environment import task_argv, task_environment
 from .errors import AgentError, Rejected, TaskSetupError, Unreachable
@@ -85,6 +86,8 @@ class TaskContext:
     shared: SharedSandboxes | None = None
     #: Where finishes go to be sent in batches (agent/chunks.py: finish-many); None: each sent alone, here.
     finish_later: Callable[[dict, dict], None] | None = None
+    #: Digests of checkpoint files already read (agent/checkpoint.py), shared by the worker's tasks.
+    checkpoint_digests: DigestMemo = field(default_factory=DigestMemo)
 
 
 class TaskRunner:
@@ -114,6 +117,10 @@ class TaskRunner:
         self.assigned = True
         self.shipper = LogShipper(self._send_logs, first_n=assignment.log_base)
         self.run_s: float | None = None
+        #: The task's GPULAYER_CHECKPOINT_DIR (agent/checkpoint.py), and the attempt it was restored from.
+        self.checkpoint = Checkpointer(self.workdir / CHECKPOINT_DIR, ctx.transport, ctx.cache,
+                                       ctx.checkpoint_digests, self.shipper.system)
+        self.restored_from: int | None = None
 
     def _send_logs(self, lines: list[dict]) -> None:
         self.ctx.transport.request("POST", f"/worker/tasks/{self.task_id}/logs", {"lines": lines})
@@ -130,21 +137,22 @@ class TaskRunner:
                 pid, self.start_pid = self.start_pid, None
                 self._report_start(pid)
             outputs = self._outputs() if result is not None and result.exit_code is not None else {}
+            checkpoint = self._final_checkpoint(result)
         except AgentError as exc:  # protocol mismatch or revoked mid-task: the worker stops
             self.ctx.fatal.append(exc)
-            result, outputs = TaskResult(None, "failed", str(exc)), {}
+            result, outputs, checkpoint = TaskResult(None, "failed", str(exc)), {}, None
         except Unreachable as exc:  # only when the worker gave up on the control plane
-            result, outputs = TaskResult(None, "cancelled", f"control plane unreachable: {exc}"), {}
+            result, outputs, checkpoint = TaskResult(None, "cancelled", f"control plane unreachable: {exc}"), {}, None
         except Exception as exc:
             log_event("task_agent_error", task_id=self.task_id, error=repr(exc), trace=traceback.format_exc(limit=5))
-            result, outputs = TaskResult(None, "failed", f"agent error: {type(exc).__name__}: {exc}"), {}
+            result, outputs, checkpoint = TaskResult(None, "failed", f"agent error: {type(exc).__name__}: {exc}"), {}, None
         finally:
             if self.ctx.running is not None:
                 self.ctx.running.remove(self.workdir.name)
             if self.image is not None and self.ctx.images is not None:
                 self.ctx.images.release(self.image.manifest)
         try:
-            self._report(result, outputs)
+            self._report(result, outputs, checkpoint)
         finally:
             if self.holder is not None and self.ctx.shared is not None:
                 self.ctx.shared.release(self.holder)
@@ -202,6 +210,18 @@ class TaskRunner:
         weights = self.assignment.service.weights if self.assignment.service else None
         if weights:
             self.weights = self._link_weights(self.ctx.cache.get(weights))
+        self.restored_from = self.checkpoint.prepare(self.assignment.checkpoint)
+
+    def _final_checkpoint(self, result: TaskResult | None) -> list[dict] | None:
+        """The checkpoint folder uploaded, for the finish of an attempt that ran and did not succeed."""
+        if result is None or result.outcome == "succeeded" or not self.assigned or not self.started:
+            return None
+        return self.checkpoint.final()
+
+    def _checkpoint_env(self, extra: dict[str, str], root: str) -> None:
+        extra.setdefault("GPULAYER_CHECKPOINT_DIR", f"{root}/{CHECKPOINT_DIR}")
+        if self.restored_from is not None:
+            extra.setdefault("GPULAYER_RESTORED_FROM_ATTEMPT", str(self.restored_from))
 
     def _prepare_image(self) -> None:
         """Fetch and unpack (or find in the cache) the job's image: TaskSetupError with the reason."""
@@ -252,6 +272,7 @@ class TaskRunner:
     def environment(self, extra: dict[str, str]) -> dict[str, str]:
         """The task's environment with ``extra`` (PORT, MASTER_*) on top."""
         extra = dict(extra)
+        self._checkpoint_env(extra, TASK_DIR if self.image is not None else str(self.workdir))
         if self.image is not None:
             if self.weights:
                 extra["GPULAYER_WEIGHTS"] = f"{TASK_DIR}/.gpulayer-weights"
@@ -395,7 +416,13 @@ class TaskRunner:
         if isinstance(proc, TaskResult):
             return proc
         limits = Limits(self.assignment.timeout_seconds, self.assignment.silence_timeout_seconds, proc.started)
-        stop = supervise(proc, self.handle, limits, self.shipper.system, self.ctx.kill_grace_s)
+        every = self.assignment.checkpoint_every_seconds
+        periodic = Periodic(self.checkpoint, self.task_id, self.assignment.attempt, every).start() if every else None
+        try:
+            stop = supervise(proc, self.handle, limits, self.shipper.system, self.ctx.kill_grace_s)
+        finally:
+            if periodic is not None:
+                periodic.stop()
         proc.finish_readers()
         return result_of(stop, self.exit_code(proc))
 
@@ -418,7 +445,7 @@ class TaskRunner:
             self.shipper.system(f"output {os.path.relpath(path, self.workdir)} not uploaded: {exc}")
             return False
 
-    def _report(self, result: TaskResult | None, outputs: dict[str, str]) -> None:
+    def _report(self, result: TaskResult | None, outputs: dict[str, str], checkpoint: list[dict] | None = None) -> None:
         """Send the last log lines and the finish (unless the task is no longer ours)."""
         if result is None or not self.assigned:
             self.shipper.close(time.monotonic() + 5)
@@ -435,6 +462,8 @@ class TaskRunner:
             body["reason"] = result.reason
         if self.start_pid is not None:  # its start was never sent: this finish is also the start
             body["pid"] = self.start_pid
+        if checkpoint is not None:  # recorded in the finish's transaction (an older control plane ignores it)
+            body["checkpoint"] = {"files": checkpoint}
         if self.ctx.finish_later is not None:  # sent with others (agent/chunks.py), fenced by its attempt
             del body["next"]
             body.pop("max_tasks", None)

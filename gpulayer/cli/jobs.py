@@ -280,15 +280,22 @@ def _print_jobs(jobs: list[dict], as_json: bool, owners: bool = False) -> None:
 @job_app.command("outputs")
 def job_outputs(ctx: typer.Context, job_id: JobArg,
                 dest: Annotated[Path, typer.Option("--dest", help="Directory to write the outputs into.")] = Path("."),
-                index: IndexOpt = None, as_json: JsonOpt = False) -> None:
+                index: IndexOpt = None, as_json: JsonOpt = False,
+                checkpoint: Annotated[Optional[str], typer.Option(
+                    "--checkpoint", metavar="[ATTEMPT]", is_flag=False, flag_value="latest",
+                    help="The newest checkpoint instead (of attempt ATTEMPT; docs/training.md).")] = None) -> None:
     """Download the job's outputs into --dest at their relative paths (--index N: one array element's).
 
     \b
-    Example:
+    Examples:
       gpulayer job outputs 12 --dest results/
+      gpulayer job outputs 12 --checkpoint --dest ckpt/
     """
     job = client_of(ctx).get_job(job_id)
-    written = job.download_outputs(dest, index=index)
+    if checkpoint is not None:
+        written = job.download_checkpoint(dest, attempt=_attempt_option(checkpoint), index=index)
+    else:
+        written = job.download_outputs(dest, index=index)
     if as_json:
         print_json([str(p) for p in written])
         return
@@ -298,6 +305,36 @@ def job_outputs(ctx: typer.Context, job_id: JobArg,
         typer.echo(f"job {job_id} has no outputs", err=True)
     else:
         typer.echo(f"{plural(len(written), 'output file')} written under {dest}", err=True)
+
+
+def _attempt_option(text: str) -> int | None:
+    """--checkpoint's value: `latest` (none given) or an attempt number; a usage error otherwise."""
+    if text == "latest":
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise typer.BadParameter(f"{text!r} is not an attempt number (1, 2, ...)", param_hint="--checkpoint")
+    return int(text)
+
+
+@job_app.command("checkpoints")
+def job_checkpoints(ctx: typer.Context, job_id: JobArg, index: IndexOpt = None, as_json: JsonOpt = False) -> None:
+    """The job's checkpoints, oldest first: index, attempt, time, files and bytes (docs/training.md).
+
+    \b
+    Example:
+      gpulayer job checkpoints 12 --index 3
+    """
+    found = client_of(ctx).get_job(job_id).checkpoints(index)
+    if as_json:
+        print_json(found)
+        return
+    if not found:
+        typer.echo(f"job {job_id} has no checkpoints", err=True)
+        return
+    rows = [[c["id"], c["index"], c["attempt"], c["kind"],
+             time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(c["created_at"])), c["files"], c["bytes"]]
+            for c in found]
+    print_table(rows, ["ID", "INDEX", "ATTEMPT", "KIND", "TIME", "FILES", "BYTES"])
 
 
 @job_app.command("events")

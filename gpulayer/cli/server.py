@@ -121,6 +121,10 @@ def server_start(
         "--max-heartbeats-per-s", min=0, metavar="N",
         help="Heartbeats a second the whole fleet aims under: past it the interval asked of workers (and their "
              "lease TTL) grows with the fleet, never below --heartbeat-interval; 0: never.")] = MAX_HEARTBEATS_PER_S,
+    checkpoint_keep: Annotated[int, typer.Option(
+        "--checkpoint-keep", min=1, metavar="N",
+        help="Checkpoints kept per job element or rank, newest first; older ones go, and the artifact sweep "
+             "their files (docs/training.md).")] = 3,
     relay_max_streams_per_user: Annotated[int, typer.Option(
         "--relay-max-streams-per-user", min=1, metavar="N",
         help="Relay streams (gpulayer exec) one user may have open at once (docs/access.md).")] = 16,
@@ -165,6 +169,7 @@ def server_start(
                                 replicate=replicate, replicate_interval_s=float(replicate_interval),
                                 preempt_grace_s=float(preempt_grace), max_queued_elements=max_queued_elements,
                                 max_heartbeats_per_s=max_heartbeats_per_s,
+                                checkpoint_keep=checkpoint_keep,
                                 priority_classes={**PRIORITY_CLASSES, **_priority_classes(priority_class)},
                                 fairshare_half_life_s=float(fairshare_half_life) if fairshare_half_life else FAIRSHARE_HALF_LIFE_S,
                                 relay_max_streams_per_user=relay_max_streams_per_user,

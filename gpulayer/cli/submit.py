@@ -66,6 +66,7 @@ def submit(
     source: Annotated[Optional[Path], _opt("--source", help="Directory packed (git-tracked files only in a checkout) and unpacked as the working directory.")] = None,
     input_: Annotated[Optional[list[str]], _opt("--input", help="Local file or folder uploaded and placed at the same relative path (repeatable).")] = None,
     output: Annotated[Optional[list[str]], _opt("--output", help="Relative path collected after the run (repeatable).")] = None,
+    checkpoint_every: Annotated[Optional[str], _opt("--checkpoint-every", metavar="DURATION", help="Upload $GPULAYER_CHECKPOINT_DIR this often while the task runs (as --timeout); it is also uploaded whenever an attempt ends without success, and restored into the next (docs/training.md).")] = None,
     retry: Annotated[Optional[int], _opt("--retry", help="Max attempts.", min=1)] = None,
     retry_on: Annotated[Optional[list[str]], _opt("--retry-on", help="Reason to retry on: worker_lost, worker_revoked, failed, timed_out, start_timeout (repeatable).")] = None,
     timeout: Annotated[Optional[str], _opt("--timeout", metavar="DURATION", help="End the task after this long: seconds, 30m, 12h, 2d, or Slurm's 1:00:00, 2-00:00:00.")] = None,
@@ -117,6 +118,7 @@ def submit(
         network=network.value if network else None, run_as_root=True if run_as_root else None,
         image=image,
     )
+    settings["checkpoint_every_seconds"] = parse_duration(checkpoint_every, "--checkpoint-every", positive=True)
     service_settings = dict(replicas=replicas, port=False if no_port else None,
                             restart=restart.value if restart else None, max_restarts=max_restarts,
                             health_path=health_path, weights=weights)

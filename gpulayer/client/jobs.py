@@ -26,6 +26,8 @@ class JobClient(Protocol):
 
     def get_job_events(self, job_id: int | str) -> list[dict]: ...
 
+    def listed(self, path: str, key: str, params: dict | None = None, cursor: str = "after") -> list[dict]: ...
+
 
 class Job:
     """A submitted job. `info()` fetches it anew; `data` is the last copy fetched."""
@@ -215,6 +217,35 @@ class Job:
             return [path for element, found in sorted(answer["elements"].items(), key=lambda item: int(item[0]))
                     for path in transfers.download_outputs(self.client, found, Path(dest) / str(int(element)), progress)]
         return transfers.download_outputs(self.client, answer["outputs"], Path(dest), progress)
+
+    def checkpoints(self, index: int | None = None) -> list[dict]:
+        """The job's checkpoints (`index`: one element's or rank's), oldest first: id, index, attempt, kind,
+        created_at, files and bytes (docs/training.md)."""
+        params: dict[str, int] = {"limit": 1000}
+        if index is not None:
+            params["index"] = index
+        return self.client.listed(f"/jobs/{self.id}/checkpoints", "checkpoints", params)
+
+    def download_checkpoint(self, dest: str | Path, attempt: int | None = None, index: int | None = None,
+                            progress: bool | None = None) -> list[Path]:
+        """Download the newest checkpoint (of `attempt`; of element or rank `index`) into `dest`; the files
+        written. A job with checkpoints of several elements or ranks, without `index`, gets the newest of each
+        in `dest/<index>/`. Raises ClientError when there is none."""
+        found = [c for c in self.checkpoints(index) if attempt is None or c["attempt"] == attempt]
+        if not found:
+            raise ClientError(f"job {self.id} has no checkpoint" + (f" of attempt {attempt}" if attempt else "")
+                              + (f" for index {index}" if index is not None else ""))
+        newest = {c["index"]: c for c in found}  # oldest first: the last of each index wins
+        written: list[Path] = []
+        for element, chosen in sorted(newest.items()):
+            folder = Path(dest) / str(element) if index is None and len(newest) > 1 else Path(dest)
+            one = self.client.call("GET", f"/jobs/{self.id}/checkpoints/{chosen['id']}")
+            paths = transfers.download_outputs(self.client, {f["path"]: f["digest"] for f in one["manifest"]},  # type: ignore[arg-type]
+                                               folder, progress)
+            for path, entry in zip(paths, sorted(one["manifest"], key=lambda f: f["path"])):
+                path.chmod(entry.get("mode", 0o644) & 0o777 or 0o600)
+            written += paths
+        return written
 
 
 def _next_after(page: dict, after: int | None) -> int | None:

@@ -15,6 +15,17 @@ from gpulayer.protocol.jobspec import MAX_PATHS, ImageSpec, ServiceSpec
 
 
 @dataclass(frozen=True, kw_only=True)
+class CheckpointRef:
+    """`checkpoint`: the checkpoint a task's attempt starts from (docs/training.md)."""
+
+    id: int = declare(minimum=1, help="the checkpoint's id (`gpulayer job checkpoints`)")
+    attempt: int = declare(minimum=1, help="the attempt that left it: `GPULAYER_RESTORED_FROM_ATTEMPT`")
+    files: list[dict[str, str | int]] = declare(
+        [], help="its manifest: `{path, digest, size, mode}` per file, to fetch as artifacts into the task's "
+                 "`GPULAYER_CHECKPOINT_DIR`")
+
+
+@dataclass(frozen=True, kw_only=True)
 class Assignment:
     """One task for a worker (docs/protocol.md, `Assignment`)."""
 
@@ -52,6 +63,12 @@ class Assignment:
                                            'older server sends none)')
     run_as_root: bool = declare(False, help="the job's `run_as_root` (added with sandboxes)")
     image: ImageSpec | None = declare(None, help="the job's `image`, or null (added with images)")
+    checkpoint: CheckpointRef | None = declare(
+        None, help="the newest complete checkpoint of this element or rank, restored into "
+                   "`GPULAYER_CHECKPOINT_DIR` before the task starts, or null (added with checkpoints: an older "
+                   "agent ignores it and starts empty)")
+    checkpoint_every_seconds: float | None = declare(
+        None, help="the job's `checkpoint_every_seconds` (added with checkpoints)")
 
     @classmethod
     def from_wire(cls, obj: object) -> Assignment:

@@ -126,6 +126,10 @@ class JobSpec:
     source: str | None = declare(None, pattern=DIGEST_PATTERN, help="`sha256:<hex>` of a tar.gz")
     inputs: dict[str, str] = declare({}, help="{relative path: digest}")
     outputs: list[str] = declare([], max_items=MAX_PATHS, help="relative paths")
+    checkpoint_every_seconds: float | None = declare(
+        None, minimum=1, maximum=10**9, help="upload the task's `GPULAYER_CHECKPOINT_DIR` this often while it runs "
+                                            "(`--checkpoint-every`); it is also uploaded whenever an attempt ends "
+                                            "without success (docs/training.md)")
     nodes: int = declare(1, minimum=1, maximum=MAX_WIDTH, help="multi-node ranks, each on its own worker")
     service: ServiceSpec | None = declare(None, help="a long-running service")
     priority: int | str = declare(

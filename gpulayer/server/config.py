@@ -76,6 +76,7 @@ class ControlPlaneConfig:
     # acquires' cap this leaves threads free for heartbeats whatever clients do.
     max_parked_log_polls: int = 32
     max_output_bytes: int = MAX_OUTPUT_BYTES  # one artifact a worker uploads (`--max-output-mb`)
+    checkpoint_keep: int = 3  # checkpoints kept per job element or rank (`--checkpoint-keep`, docs/training.md)
     start_timeout_s: float = START_TIMEOUT_S
     rendezvous_timeout_s: float = RENDEZVOUS_TIMEOUT_S
     artifact_retention_s: float = ARTIFACT_RETENTION_S

@@ -2,6 +2,7 @@
 values are a 400; a page holds a few MB whatever its rows' size (docs/protocol.md, "Pages")."""
 from __future__ import annotations
 
+import hashlib
 import re
 
 import pytest
@@ -9,7 +10,7 @@ import pytest
 from apihelpers import bearer
 from gpulayer.server.http import app as http_app
 from gpulayer.server.http import paging
-from gpulayer.server.scheduler import events
+from gpulayer.server.scheduler import checkpoints, events
 from gpulayer.server.store.queries import PAGE_BYTES, row
 
 SEEDED = 5
@@ -53,11 +54,22 @@ def listed(api, deps, client_h, worker, clock):
         for n in range(SEEDED):
             events.record(conn, now, "task_cancelled", job_id=job_id, task_id=task["task_id"], n=n)
             row(conn, "insert_provision_request", provisioner="slurm", profile=f"p{n}", token_jti=None, now=now)
+            checkpoints.record(conn, ckpt_worker, checkpointed["task_id"], None, steps[n], now, keep=SEEDED)
 
+    ckpt_worker, ckpt_h = worker("w-checkpoints")
+    checkpointed = _run(api, client_h, ckpt_h, "checkpointed")
+    steps = []
+    for n in range(SEEDED):
+        data = f"step {n}".encode()
+        steps.append([{"path": "step", "digest": "sha256:" + hashlib.sha256(data).hexdigest(), "size": len(data),
+                       "mode": 0o644}])
+        assert api.simulate_put(f"/v1/artifacts/{steps[-1][0]['digest']}", headers=ckpt_h, body=data).status_code == 201
     deps.store.write(seed, clock())
     return {"/v1/jobs": ("/v1/jobs", {}, "jobs", "id"),
             "/v1/jobs/{job_id}/events": (f"/v1/jobs/{job_id}/events", {}, "events", "seq"),
             "/v1/jobs/{job_id}/logs": (f"/v1/jobs/{job_id}/logs", {}, "lines", "seq"),
+            "/v1/jobs/{job_id}/checkpoints": (f"/v1/jobs/{checkpointed['job_id']}/checkpoints", {}, "checkpoints",
+                                              "id"),
             "/v1/workers": ("/v1/workers", {}, "workers", "id"),
             "/v1/provisioners": ("/v1/provisioners", {}, "requests", "id"),
             "/v1/tokens": ("/v1/tokens", {}, "tokens", "jti"),

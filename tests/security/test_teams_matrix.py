@@ -42,6 +42,7 @@ MATRIX = [
     ("post", "/v1/worker/acquire", "/v1/worker/acquire", {}, ALL(403)),
     ("post", "/v1/worker/deregister", "/v1/worker/deregister", {}, ALL(403)),
     ("post", "/v1/worker/finish-many", "/v1/worker/finish-many", {}, ALL(403)),
+    ("post", "/v1/worker/checkpoint", "/v1/worker/checkpoint", {}, ALL(403)),
     ("get", "/v1/worker/relay", "/v1/worker/relay", None, ALL(403)),
     # Without a WebSocket upgrade: the relay's policy is checked on the WebSocket (test_relay_exec.py)
     ("get", "/v1/jobs/{job_id:int}/relay", "/v1/jobs/{job}/relay", None, ALL(400)),
@@ -55,6 +56,9 @@ MATRIX = [
     ("get", "/v1/jobs/{job_id:int}/events", "/v1/jobs/{job}/events", None, SEE),
     ("get", "/v1/jobs/{job_id:int}/logs", "/v1/jobs/{job}/logs", None, READ),
     ("get", "/v1/jobs/{job_id:int}/outputs", "/v1/jobs/{job}/outputs", None, READ),
+    ("get", "/v1/jobs/{job_id:int}/checkpoints", "/v1/jobs/{job}/checkpoints", None, READ),
+    ("get", "/v1/jobs/{job_id:int}/checkpoints/{checkpoint_id:int}", "/v1/jobs/{job}/checkpoints/1", None,
+     codes(404, 404, 403, 404, 404)),   # the job has none: readers learn that, members may not read
     ("get", "/v1/jobs/{job_id:int}/endpoints", "/v1/jobs/{job}/endpoints", None, READ),
     ("post", "/v1/jobs/{job_id:int}/cancel", "/v1/jobs/{job}/cancel", {}, READ),  # manage: as READ when private
     ("get", "/v1/workers", "/v1/workers", None, ALL(200)),

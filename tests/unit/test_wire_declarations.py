@@ -122,7 +122,7 @@ def test_an_assignment_carries_the_fields_it_shares_with_the_jobspec_from_the_st
     shared = {f.name for f in placement.JOB_OWN_FIELDS}
     assert shared == set(names(Assignment)) & set(names(JobSpec)) - {"env", "gpus"}
     given = {"command": ["run", "it"], "outputs": ["out/"], "cpus": 1.5, "memory_mb": 64, "timeout_seconds": 9.5,
-             "silence_timeout_seconds": 3, "network": "none", "run_as_root": True,
+             "silence_timeout_seconds": 3, "network": "none", "run_as_root": True, "checkpoint_every_seconds": 60,
              "service": {"port": False, "health": {"http_path": "/h", "failures": 2}},
              "image": {"ref": "cached-on-the-worker"}}  # a name alone: no blobs to store
     assert {"source", "inputs"} | set(given) >= shared  # source and inputs: digests, which need stored artifacts

@@ -46,6 +46,22 @@ JOB = {"type": "object", "required": ["id", "state", "created_at", "spec", "task
     "project": {"type": ["string", "null"], "description": "the project it counts against"},
     "redacted": {"type": "boolean", "description": "true when the caller may only see that it exists: no env, "
                                                    "command or outputs"}}}
+# A checkpoint's manifest (docs/training.md): every regular file of the task's GPULAYER_CHECKPOINT_DIR.
+CHECKPOINT_FILES = {"type": "array", "maxItems": 100_000, "items": {
+    "type": "object", "additionalProperties": False, "required": ["path", "digest", "size"], "properties": {
+        "path": {"type": "string", "description": "relative to the checkpoint directory"},
+        "digest": {"type": "string", "pattern": "^sha256:[0-9a-f]{64}$"}, "size": {"type": "integer", "minimum": 0},
+        "mode": {"type": "integer", "minimum": 0, "maximum": 4095, "description": "permission bits (default 0o644)"}}}}
+CHECKPOINT_BODY = {"type": "object", "required": ["files"], "properties": {"files": CHECKPOINT_FILES},
+                   "description": "the task's checkpoint directory, uploaded: recorded with the finish (an attempt "
+                                  "that did not succeed) when every file is stored"}
+CHECKPOINT_PROPERTIES: dict = {
+    "id": {"type": "integer"}, "index": {"type": "integer"}, "task_id": {"type": "integer"},
+    "attempt": {"type": "integer"}, "worker_id": {"type": ["integer", "null"]},
+    "kind": {"enum": ["periodic", "final"]}, "created_at": {"type": "number"},
+    "files": {"type": "integer"}, "bytes": {"type": "integer"}}
+CHECKPOINT = {"type": "object", "required": ["id", "index", "task_id", "attempt", "kind", "created_at", "files",
+                                             "bytes"], "properties": CHECKPOINT_PROPERTIES}
 
 # teams (docs/teams.md)
 NAME = {"type": "string", "pattern": "^[a-z][a-z0-9_.-]{0,63}$"}
@@ -126,10 +142,16 @@ REQUEST_BODIES = {
                 "outcome": {"enum": ["succeeded", "failed", "cancelled", "timed_out"]},
                 "outputs": STR_MAP, "reason": {"type": ["string", "null"]}, "pid": {"type": "integer", "minimum": 1},
                 "run_s": {"type": "number", "minimum": 0, "description": "seconds the task took on the worker"},
+                "checkpoint": CHECKPOINT_BODY,
                 "lines": {"type": "array", "items": {"type": "object"}}}}},
         "next": {"type": "boolean"}, "max_tasks": MAX_TASKS, **LEASE_AHEAD,
         "release": {"type": "array", "maxItems": 1024, "items": {"type": "integer"},
                     "description": "elements leased ahead the worker gives back (requeued, same attempt)"}}},
+    ("/v1/worker/checkpoint", "post"): {"type": "object", "additionalProperties": False,
+                                        "required": ["task_id", "files"], "properties": {
+        "task_id": {"type": "integer", "minimum": 1},
+        "attempt": {"type": "integer", "minimum": 1, "description": "refused (409) when the task is at another"},
+        "files": CHECKPOINT_FILES}},
     ("/v1/worker/tasks/{task_id}/start", "post"): {"type": "object", "properties": {"pid": INT}},
     ("/v1/worker/tasks/{task_id}/logs", "post"): {"type": "object", "required": ["lines"], "properties": {
         "lines": {"type": "array", "items": {"type": "object", "required": ["text"], "properties": {
@@ -145,6 +167,7 @@ REQUEST_BODIES = {
         "max_tasks": MAX_TASKS,
         "pid": {"type": "integer", "minimum": 1, "description": "the task's start, never sent (its process "
                 "ended first): a task still assigned is started with this pid in the same transaction"},
+        "checkpoint": CHECKPOINT_BODY,
         "lines": {"type": "array", "items": {"type": "object", "required": ["text"], "properties": {
             "n": INT, "stream": {"enum": ["stdout", "stderr", "system"]}, "text": {"type": "string"},
             "at": NUM}}}}},
@@ -196,6 +219,13 @@ RESPONSES: dict[tuple[str, str], tuple[str, dict]] = {
         "results": {"type": "array", "items": {"type": "object", "required": ["task_id", "accepted"], "properties": {
             "task_id": {"type": "integer"}, "accepted": {"type": "boolean"}, "error": {"type": "object"}}}},
         "dropped": {"type": "array", "items": {"type": "integer"}}, **ASSIGNMENTS, **AHEAD}}),
+    ("/v1/worker/checkpoint", "post"): ("200", {"type": "object", "required": ["checkpoint_id", "attempt", "index",
+                                                                         "files", "bytes"]}),
+    ("/v1/jobs/{job_id}/checkpoints", "get"): ("200", {"type": "object", "required": ["checkpoints", "next"],
+                                                       "properties": {"checkpoints": {"type": "array",
+                                                                                      "items": CHECKPOINT}}}),
+    ("/v1/jobs/{job_id}/checkpoints/{checkpoint_id}", "get"): ("200", {**CHECKPOINT, "properties": {
+        **CHECKPOINT_PROPERTIES, "manifest": CHECKPOINT_FILES}}),
     ("/v1/worker/tasks/{task_id}/finish", "post"): ("200", {"type": "object", "required": ["accepted"], "properties": {
         "accepted": {"type": "boolean"}, **ASSIGNMENTS}}),
     ("/v1/worker/heartbeat", "post"): ("200", {"type": "object", "required": ["cancel_task_ids", "revoked"],
@@ -280,6 +310,8 @@ QUERY_PARAMS: dict[tuple[str, str], list[tuple[str, dict]]] = {
                                               "description": "only that array element's (replica's, rank's) tasks"})],
     ("/v1/jobs/{job_id}/outputs", "get"): [("index", {"type": "integer", "minimum": 0,
                                                       "description": "that array element's outputs alone"})],
+    ("/v1/jobs/{job_id}/checkpoints", "get"): [("index", {"type": "integer", "minimum": 0,
+                                                          "description": "that element's (rank's) checkpoints alone"})],
     ("/v1/jobs/{job_id}/logs", "get"): [("index", {"type": "integer", "minimum": 0,
                                                    "description": "that array element's lines alone"}),
                                         ("wait_s", {"type": "number", "minimum": 0, "maximum": 30})],

@@ -36,6 +36,7 @@ ROUTES = {
     "/v1/jobs": Paging(100, 1000, "before"),
     "/v1/jobs/{job_id}/events": Paging(1000, 10_000),
     "/v1/jobs/{job_id}/logs": Paging(1000, 10_000, followed=True),
+    "/v1/jobs/{job_id}/checkpoints": Paging(1000, 1000),
     "/v1/workers": Paging(1000, 1000),
     "/v1/provisioners": Paging(100, 1000, "before"),
     "/v1/tokens": Paging(1000, 1000),

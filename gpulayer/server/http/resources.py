@@ -14,7 +14,7 @@ from gpulayer.server.config import PROTOCOL
 from gpulayer.server.errors import InvalidRequest, NotFound
 from gpulayer.server.http import paging, wire
 from gpulayer.server.provisioning import loop as provisioner
-from gpulayer.server.scheduler import secrets, teams, tokens, views, workers
+from gpulayer.server.scheduler import checkpoints, secrets, teams, tokens, views, workers
 from gpulayer.server.validators import check_digest
 
 LOG_RETRY_AFTER_S = 1.0
@@ -186,6 +186,14 @@ class FinishMany(WorkerResource):
         resp.media = answer
 
 
+class WorkerCheckpoint(WorkerResource):
+    """POST /v1/worker/checkpoint: a periodic checkpoint of a task this worker holds, once its files are stored."""
+
+    def on_post(self, req, resp):
+        body = wire.checkpoint(wire.read_json(req, limit=16 * 1024 * 1024))
+        resp.media = self.sched.record_checkpoint(self.worker_id(req), body["task_id"], body["attempt"], body["files"])
+
+
 # -- clients -----------------------------------------------------------------
 
 def _job_access(req, resp, resource, params, need: str):
@@ -274,6 +282,22 @@ class Job(Resource):
     def on_get_outputs(self, req, resp, job_id):
         index = wire.query_int(req, "index", None, 0, MAX_INDEX)
         resp.media = self.store.read(views.outputs, job_id, index)  # 404 for no such element
+
+
+class JobCheckpoints(Resource):
+    """GET /v1/jobs/{id}/checkpoints (a page of them, oldest first) and /v1/jobs/{id}/checkpoints/{cid} (one,
+    with its files): the `read` level, as outputs."""
+
+    @falcon.before(_job_access, "read")
+    def on_get(self, req, resp, job_id):
+        limit, after = paging.params(req, "/v1/jobs/{job_id}/checkpoints")
+        index = wire.query_int(req, "index", None, 0, MAX_INDEX)
+        found, more = paging.cut(self.store.read(checkpoints.listing, job_id, index, after, limit + 1), limit)
+        resp.media = paging.answer("checkpoints", found, more, "id")
+
+    @falcon.before(_job_access, "read")
+    def on_get_one(self, req, resp, job_id, checkpoint_id):
+        resp.media = self.store.read(checkpoints.get, job_id, None, None, checkpoint_id)
 
 
 class Workers(Resource):

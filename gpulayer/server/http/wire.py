@@ -209,7 +209,43 @@ def finish(body: dict) -> dict:
             "reason": None if reason is None else string(reason, "reason", limit=2048),
             "lines": log_lines(body) if body.get("lines") is not None else [],
             "next": _flag(body.get("next", False), "next"), "max_tasks": max_tasks(body),
-            "pid": None if body.get("pid") is None else integer(body["pid"], "pid", 1, 1 << 31)}
+            "pid": None if body.get("pid") is None else integer(body["pid"], "pid", 1, 1 << 31),
+            "checkpoint": None if body.get("checkpoint") is None else checkpoint_files(
+                mapping(body["checkpoint"], "checkpoint").get("files"), "checkpoint.files")}
+
+
+MAX_CHECKPOINT_FILES = 100_000
+
+
+def checkpoint_files(value, field: str) -> list[dict]:
+    """A checkpoint's manifest: a list of {path, digest, size, mode}, each path at most once, normalised
+    (`a/./b` is `a/b`)."""
+    if not isinstance(value, list) or len(value) > MAX_CHECKPOINT_FILES:
+        raise InvalidRequest(f"{field}: must be a list of at most {MAX_CHECKPOINT_FILES} files")
+    files, seen = [], set()
+    for i, item in enumerate(value):
+        item = mapping(item, f"{field}[{i}]")
+        unknown = set(item) - {"path", "digest", "size", "mode"}
+        if unknown:
+            raise InvalidRequest(f"{field}[{i}]: unknown field {sorted(unknown)[0]}")
+        path = "/".join(p for p in relative_path(item.get("path"), f"{field}[{i}].path").split("/") if p not in ("", "."))
+        if not path or path in seen:
+            raise InvalidRequest(f"{field}[{i}].path: {path!r} is empty or named twice")
+        seen.add(path)
+        files.append({"path": path, "digest": digest(item.get("digest"), f"{field}[{i}].digest", allow_none=False),
+                      "size": integer(item.get("size"), f"{field}[{i}].size", 0, 1 << 50),
+                      "mode": integer(item.get("mode", 0o644), f"{field}[{i}].mode", 0, 0o7777)})
+    return files
+
+
+def checkpoint(body: dict) -> dict:
+    """POST /v1/worker/checkpoint: `task_id`, `attempt` (optional fence) and `files`."""
+    unknown = set(body) - {"task_id", "attempt", "files"}
+    if unknown:
+        raise InvalidRequest(f"unknown field {sorted(unknown)[0]}")
+    return {"task_id": integer(body.get("task_id"), "task_id", 1, 1 << 62),
+            "attempt": None if body.get("attempt") is None else integer(body["attempt"], "attempt", 1, 1 << 31),
+            "files": checkpoint_files(body.get("files"), "files")}
 
 
 def lease_ahead(body: dict) -> tuple[bool, list[int]]:

@@ -2,8 +2,8 @@
 
 A client uploads and probes any artifact; an admin downloads any, another user only those
 that a job it may read names (teams: the `read` level). A worker reads only what its active
-tasks name, asks whether a digest exists only while it holds a task, and
-uploads only the outputs of a task it runs, up to `max_output_bytes`.
+tasks name (their element's checkpoints included), asks whether a digest exists only while it holds a
+task, and uploads only while it holds a task (its outputs and checkpoints), up to `max_output_bytes` a file.
 """
 from __future__ import annotations
 
@@ -38,11 +38,11 @@ def check_probe(conn: apsw.Connection, principal, digest: str) -> None:
 
 
 def check_upload(conn: apsw.Connection, principal, length: int | None, limit: int) -> None:
-    """Raises Forbidden when a worker holds no active task that declares outputs, BodyTooLarge past `limit`."""
+    """Raises Forbidden when a worker holds no active task, BodyTooLarge past `limit`."""
     if principal.kind != "worker":
         return
     if row(conn, "worker_may_upload", worker_id=principal.worker_id) is None:
-        raise Forbidden("a worker uploads only the outputs of a task it runs, and its tasks declare none")
+        raise Forbidden("a worker uploads only the outputs and checkpoints of a task it runs, and it holds none")
     if length is not None and length > limit:
         raise BodyTooLarge(f"an output of {length} bytes is over the limit of {limit} (--max-output-mb)")
 

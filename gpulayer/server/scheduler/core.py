@@ -5,6 +5,7 @@ Changes that can make a queued task placeable wake parked `acquire` calls.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -18,7 +19,7 @@ from gpulayer.server.errors import NotFound
 from gpulayer.server.scheduler import (access, aging, cascades, chunks, cordons, gauges, gpu_health, jobs, leases,
                                        ledger, lifecycle, outcomes, placement, preemption, reconcile, renewals,
                                        secrets, sessions, teams, tokens, workers)
-from gpulayer.server.scheduler import cadence
+from gpulayer.server.scheduler import cadence, checkpoints
 from gpulayer.server.scheduler.follow import LogFollowers
 from gpulayer.server.scheduler.spec import validate_job
 from gpulayer.server.security.auth import Authenticator, Principal, new_jti, new_token
@@ -248,9 +249,9 @@ class Scheduler:
         self.store.read(access.check_probe, principal, digest)
 
     def put_artifact(self, principal: Principal, digest: str, stream: BinaryIO, length: int | None) -> int:
-        """Store an upload; its size. A worker uploads only task outputs, up to `max_output_bytes`.
+        """Store an upload; its size. A worker uploads only task outputs and checkpoints, up to `max_output_bytes`.
 
-        Raises Forbidden when a worker holds no active task that declares outputs,
+        Raises Forbidden when a worker holds no active task,
         BodyTooLarge past the limit (nothing stored), and what ArtifactStore.put raises.
         """
         if principal.kind == "worker":
@@ -438,11 +439,13 @@ class Scheduler:
         return self._write(lifecycle.rendezvous, worker_id, task_id, address, port, self.clock())
 
     def finish(self, worker_id: int, task_id: int, *, exit_code, outcome, outputs, reason, lines=(),
-               pid=None) -> bool:
-        """Record a result (with the task's last log lines, and its start when `pid`) in one transaction."""
+               pid=None, checkpoint=None) -> bool:
+        """Record a result (with the task's last log lines, its start when `pid`, its checkpoint) in one
+        transaction."""
         self.seen(worker_id)
         accepted = self._write(self._adopting(lifecycle.finish), worker_id, task_id, exit_code, outcome, outputs,
-                               reason, self.clock(), lines=lines, pid=pid, wake=True)
+                               reason, self.clock(), lines=lines, pid=pid, checkpoint=checkpoint,
+                               keep=self.config.checkpoint_keep, wake=True)
         self.log_followers.written()  # the job may have ended: its log followers stop waiting
         return accepted
 
@@ -463,13 +466,21 @@ class Scheduler:
 
     def _finish_many(self, conn: apsw.Connection, worker_id: int, finishes: list[dict], now: float, next_tasks: bool,
                      max_tasks: int, ahead: list[dict] | None, held: Sequence[int], release: Sequence[int]) -> dict:
-        results = chunks.finish_many(conn, worker_id, finishes, now, self.pace, self._adopting(lifecycle.finish))
+        results = chunks.finish_many(conn, worker_id, finishes, now, self.pace,
+                                     functools.partial(self._adopting(lifecycle.finish),
+                                                       keep=self.config.checkpoint_keep))
         if release:
             chunks.requeue(conn, worker_id, now, "given_back", list(release))
         gone = chunks.dropped(conn, worker_id, list(held))
         found = self._acquire_once(conn, worker_id, now, max_tasks if next_tasks else 0, ahead,
                                    [t for t in held if t not in set(gone)])
         return {"results": results, "found": found, "dropped": gone}
+
+    def record_checkpoint(self, worker_id: int, task_id: int, attempt: int | None, files: list[dict]) -> dict:
+        """A periodic checkpoint of a task this worker holds (checkpoints.record: 409s for the rest)."""
+        self.seen(worker_id)
+        return self._write(checkpoints.record, worker_id, task_id, attempt, files, self.clock(),
+                           self.config.checkpoint_keep)
 
     def deregister(self, worker_id: int) -> int:
         left = self._write(workers.depart, worker_id, "deregistered", self.clock(), wake=True)

@@ -7,7 +7,7 @@ import apsw
 
 from gpulayer.server.scheduler import events
 
-from gpulayer.server.scheduler import outcomes, preemption
+from gpulayer.server.scheduler import checkpoints, outcomes, preemption
 from gpulayer.server.errors import TaskNotAssigned
 from gpulayer.server.store.queries import QUERIES, one, row, rows
 
@@ -66,12 +66,15 @@ def rendezvous(conn: apsw.Connection, worker_id: int, task_id: int, address: str
 
 
 def finish(conn: apsw.Connection, worker_id: int, task_id: int, exit_code: int | None, outcome: str, outputs: dict,
-           reason: str | None, now: float, *, lines=(), pid: int | None = None) -> bool:
+           reason: str | None, now: float, *, lines=(), pid: int | None = None, checkpoint: list[dict] | None = None,
+           keep: int = checkpoints.DEFAULT_KEEP) -> bool:
     """Record a task's result; False (and only an event) when the task was lost or cancelled meanwhile.
 
     `pid`: the worker never sent this task's start (its process ended first); a task still `assigned`
     is started here first, as `start` would have, in the same transaction (a cancel requested before it
-    makes the whole finish 409 task_not_assigned, as the start would have been). Raises TaskNotAssigned
+    makes the whole finish 409 task_not_assigned, as the start would have been). `checkpoint`: the
+    manifest of the task's checkpoint directory (an attempt that did not succeed), recorded first, in this
+    transaction, while the task is still this worker's (checkpoints.record_final). Raises TaskNotAssigned
     for a task that was never this worker's.
     """
     state, default_reason = OUTCOMES[outcome]
@@ -81,6 +84,8 @@ def finish(conn: apsw.Connection, worker_id: int, task_id: int, exit_code: int |
         done = {**done, "state": "running", "pid": pid}
     if lines:  # the last lines ride along with the result: one call, one transaction
         append_logs(conn, worker_id, task_id, lines)
+    if checkpoint is not None and done["state"] in ("assigned", "running"):
+        checkpoints.record_final(conn, worker_id, done, checkpoint, now, keep)
     if state == "cancelled" and done["state"] in ("assigned", "running") and not done["cancel_requested"]:
         # Nobody asked to cancel it: its worker stopped it (SIGTERM, a drain that ran out). The agent's
         # text stays in the logs; the retry policy judges the task as `worker_lost` (outcomes.RETRY_AS).

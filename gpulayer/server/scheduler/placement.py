@@ -19,10 +19,10 @@ import json
 
 import apsw
 
-from gpulayer.protocol.assignment import Assignment
+from gpulayer.protocol.assignment import Assignment, CheckpointRef
 from gpulayer.protocol.fields import from_wire, to_wire, wire_fields
 from gpulayer.protocol.jobspec import JOB_FIELDS
-from gpulayer.server.scheduler import events
+from gpulayer.server.scheduler import checkpoints, events
 from gpulayer.server.store.queries import one, row, rows
 
 GANG_CANDIDATES = 8  # queued gangs looked at per acquire: one too wide for the fleet must not block the rest
@@ -154,7 +154,14 @@ def assignment(conn: apsw.Connection, task_id: int, secret_env=None) -> dict:
         # The number of the task's next log line: a task run again (after a preemption, a gang sent back
         # to the queue) numbers its lines after those stored, which (task_id, n) would otherwise drop.
         log_base=one(conn, "task_log_base", task_id=task_id)["n"],
+        checkpoint=_checkpoint(conn, found["job_id"], found["index"]),
     ))
+
+
+def _checkpoint(conn: apsw.Connection, job_id: int, index: int) -> CheckpointRef | None:
+    """The newest complete checkpoint of the element or rank, for the agent to restore (checkpoints.latest)."""
+    found = checkpoints.latest(conn, job_id, index)
+    return None if found is None else CheckpointRef(**found)
 
 
 #: The Assignment's fields that are the job's own, under the JobSpec's name (command, source, cpus, service,

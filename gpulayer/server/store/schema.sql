@@ -502,6 +502,44 @@ CREATE TABLE artifacts (
     last_used_at REAL NOT NULL
 ) STRICT;
 
+-- Checkpoints (issue 27, docs/training.md): what a task's GPULAYER_CHECKPOINT_DIR held when its
+-- agent uploaded it, per job and element or rank (`index`), so that the next attempt, on any
+-- worker, starts with the last one restored. A row is written only once every file's artifact is
+-- stored (the record checks `artifacts`), so a partial upload never replaces the last complete
+-- one. `kind`: 'periodic' (every --checkpoint-every, its own write) or 'final' (with the finish of
+-- an attempt that did not succeed, in the same transaction). The newest `checkpoint_keep` per
+-- (job_id, index) are kept (`server start --checkpoint-keep`); the artifact sweep keeps their files.
+CREATE TABLE checkpoints (
+    id          INTEGER PRIMARY KEY,
+    job_id      INTEGER NOT NULL,
+    "index"     INTEGER NOT NULL CHECK ("index" >= 0),   -- the task's: an array element or a gang rank
+    task_id     INTEGER NOT NULL,
+    attempt     INTEGER NOT NULL CHECK (attempt >= 1),
+    worker_id   INTEGER,
+    kind        TEXT NOT NULL CHECK (kind IN (
+                    'periodic',  -- every --checkpoint-every while the task ran
+                    'final'      -- when the attempt ended for any reason but success
+                )),
+    created_at  REAL NOT NULL,
+    files       INTEGER NOT NULL CHECK (files >= 0),
+    bytes       INTEGER NOT NULL CHECK (bytes >= 0)
+) STRICT;
+-- The newest checkpoint of an element (an assignment's restore), its list, its pruning.
+CREATE INDEX checkpoints_element ON checkpoints (job_id, "index", id);
+
+-- A checkpoint's manifest: one row per regular file (path relative to the directory, its
+-- artifact, size and permission bits).
+CREATE TABLE checkpoint_files (
+    checkpoint_id  INTEGER NOT NULL,
+    path           TEXT NOT NULL,
+    digest         TEXT NOT NULL CHECK (digest GLOB 'sha256:*'),
+    size           INTEGER NOT NULL CHECK (size >= 0),
+    mode           INTEGER NOT NULL CHECK (mode BETWEEN 0 AND 4095),
+    PRIMARY KEY (checkpoint_id, path)
+) STRICT;
+-- Who may read an artifact a checkpoint names (access.sql), and what the sweep keeps.
+CREATE INDEX checkpoint_files_digest ON checkpoint_files (digest);
+
 -- Multi-node rendezvous: one row per rank that arrived.
 CREATE TABLE rendezvous (
     job_id      INTEGER NOT NULL,

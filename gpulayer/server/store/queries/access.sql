@@ -1,19 +1,23 @@
 -- The queries of scheduler/access.py: who may read, probe and upload artifacts; the artifact row.
 
 -- name: artifact_allowed_for_worker --
--- A worker may read the artifacts its active tasks name (source, inputs, weights, an image's manifest and blobs).
+-- A worker may read the artifacts its active tasks name (source, inputs, weights, an image's manifest and blobs,
+-- the files of their element's checkpoints).
 SELECT 1 AS ok FROM tasks t JOIN jobs j ON j.id = t.job_id
 WHERE t.worker_id = :worker_id AND t.state IN ('assigned', 'running')
   AND (json_extract(j.spec, '$.source') = :digest
        OR json_extract(j.spec, '$.service.weights') = :digest
        OR json_extract(j.spec, '$.image.manifest') = :digest
        OR EXISTS (SELECT 1 FROM json_each(j.spec, '$.inputs') i WHERE i.value = :digest)
-       OR EXISTS (SELECT 1 FROM json_each(j.spec, '$.image.blobs') b WHERE b.value = :digest))
+       OR EXISTS (SELECT 1 FROM json_each(j.spec, '$.image.blobs') b WHERE b.value = :digest)
+       -- a checkpoint of the same element or rank (its restore: checkpoint_files_digest, then the element)
+       OR EXISTS (SELECT 1 FROM checkpoint_files f JOIN checkpoints c ON c.id = f.checkpoint_id
+                  WHERE f.digest = :digest AND c.job_id = t.job_id AND c."index" = t."index"))
 LIMIT 1;
 
 -- name: artifact_allowed_for_user --
 -- A non-admin client downloads only what a job it may read names (source, inputs, weights,
--- an image's manifest and blobs, an output): its own jobs, its managed projects' and, in projects of visibility `project`,
+-- an image's manifest and blobs, an output, a checkpoint's file): its own jobs, its managed projects' and, in projects of visibility `project`,
 -- its projects' jobs: the `read` level of teams._level, written again here.
 WITH readable(id) AS (
     SELECT id FROM jobs WHERE user_id = :user_id
@@ -28,6 +32,8 @@ WHERE json_extract(j.spec, '$.source') = :digest
    OR EXISTS (SELECT 1 FROM json_each(j.spec, '$.inputs') i WHERE i.value = :digest)
    OR EXISTS (SELECT 1 FROM json_each(j.spec, '$.image.blobs') b WHERE b.value = :digest)
    OR EXISTS (SELECT 1 FROM tasks t, json_each(t.outputs) o WHERE t.job_id = j.id AND o.value = :digest)
+   OR EXISTS (SELECT 1 FROM checkpoint_files f JOIN checkpoints c ON c.id = f.checkpoint_id
+              WHERE f.digest = :digest AND c.job_id = j.id)
 LIMIT 1;
 
 -- name: worker_holds_task --
@@ -40,10 +46,10 @@ INSERT INTO artifacts (digest, size, created_at, last_used_at) VALUES (:digest, 
 ON CONFLICT (digest) DO UPDATE SET last_used_at = excluded.last_used_at;
 
 -- name: worker_may_upload --
--- A worker uploads only outputs: it must hold an active task whose job declares some.
-SELECT 1 AS ok FROM tasks t JOIN jobs j ON j.id = t.job_id
+-- A worker uploads only what its tasks leave: outputs and checkpoints (every task has a checkpoint
+-- directory, docs/training.md), so it must hold an active task.
+SELECT 1 AS ok FROM tasks t
 WHERE t.worker_id = :worker_id AND t.state IN ('assigned', 'running')
-  AND json_array_length(j.spec, '$.outputs') > 0
 LIMIT 1;
 
 -- name: artifact_recorded --

@@ -2,7 +2,8 @@
 
 -- name: unreferenced_artifacts --
 -- Artifacts older than the retention cutoff that no queued, running or retained
--- (finished after the cutoff) job names: as source, input, service weights, image blob or output.
+-- (finished after the cutoff) job names: as source, input, service weights, image blob, output or a
+-- file of one of its checkpoints.
 WITH live AS (
     SELECT id, spec FROM jobs WHERE state IN ('waiting', 'queued', 'running') OR finished_at >= :cutoff
 ),
@@ -13,6 +14,8 @@ refs(digest) AS (
     UNION SELECT json_extract(spec, '$.image.manifest') FROM live
     UNION SELECT b.value FROM live, json_each(live.spec, '$.image.blobs') b
     UNION SELECT o.value FROM tasks t JOIN live ON live.id = t.job_id, json_each(t.outputs) o
+    UNION SELECT f.digest FROM checkpoints c JOIN live ON live.id = c.job_id
+                          JOIN checkpoint_files f ON f.checkpoint_id = c.id
 )
 SELECT digest, size FROM artifacts
 WHERE last_used_at < :cutoff AND digest NOT IN (SELECT digest FROM refs WHERE digest IS NOT NULL)
@@ -143,3 +146,13 @@ SELECT
 DELETE FROM preemptions WHERE task_id IN (SELECT id FROM tasks WHERE job_id = :job_id ORDER BY id LIMIT :n)
   AND EXISTS (SELECT 1 FROM jobs WHERE id = :job_id AND finished_at < :cutoff)
 RETURNING id;
+
+-- name: prune_job_checkpoint_files --
+-- Retention: the files of one pruned job's checkpoints (before their rows).
+DELETE FROM checkpoint_files WHERE checkpoint_id IN (SELECT id FROM checkpoints WHERE job_id = :job_id)
+  AND EXISTS (SELECT 1 FROM jobs WHERE id = :job_id AND finished_at < :cutoff);
+
+-- name: prune_job_checkpoints --
+-- Retention: one pruned job's checkpoints.
+DELETE FROM checkpoints WHERE job_id = :job_id
+  AND EXISTS (SELECT 1 FROM jobs WHERE id = :job_id AND finished_at < :cutoff);
