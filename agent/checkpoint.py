@@ -95,8 +95,7 @@ def regular_files(root: Path) -> Iterator[tuple[str, Path]]:
 class Checkpointer:
     """One task's checkpoint folder: its restore, its snapshots and their records."""
 
-    def __init__(self, directory: Path, transport: Transport, cache: ArtifactCache, memo: DigestMemo,
-                 note: Callable[[str], None]):
+    def __init__(self, directory: Path, transport: Transport, cache: ArtifactCache, memo: DigestMemo, note: Callable[[str], None]):
         self.dir = directory
         self.transport = transport
         self.cache = cache
@@ -129,8 +128,7 @@ class Checkpointer:
             self.memo.put(DigestMemo.key(target, os.stat(target)), digest)
             total += int(entry["size"])
         self.last = sorted((dict(e) for e in ref.files), key=lambda e: str(e["path"]))
-        self.note(f"checkpoint {ref.id} of attempt {ref.attempt} restored: {plural(len(ref.files), 'file')}, "
-                  f"{total} bytes")
+        self.note(f"checkpoint {ref.id} of attempt {ref.attempt} restored: {plural(len(ref.files), 'file')}, {total} bytes")
         return ref.attempt
 
     def snapshot(self) -> tuple[list[dict], int] | None:
@@ -142,7 +140,7 @@ class Checkpointer:
         for start in range(0, len(files), OPEN_BATCH):
             opened: list[tuple[str, Path, BinaryIO]] = []
             try:
-                for relative, path in files[start:start + OPEN_BATCH]:
+                for relative, path in files[start : start + OPEN_BATCH]:
                     try:
                         opened.append((relative, path, open_regular(path)))
                     except OSError:  # removed or swapped for something else meanwhile
@@ -184,8 +182,9 @@ class Checkpointer:
             if taken is None:
                 return None
             manifest, sent = taken
-            self.note(f"checkpoint uploaded with the finish: {plural(len(manifest), 'file')}, "
-                      f"{sum(int(e['size']) for e in manifest)} bytes, {sent} sent")
+            self.note(
+                f"checkpoint uploaded with the finish: {plural(len(manifest), 'file')}, {sum(int(e['size']) for e in manifest)} bytes, {sent} sent"
+            )
             return manifest
 
     def periodic(self, task_id: int, attempt: int) -> bool:
@@ -197,8 +196,7 @@ class Checkpointer:
                 if taken is None:
                     return True
                 manifest, sent = taken
-                answer = self.transport.call("POST", "/worker/checkpoint",
-                                             {"task_id": task_id, "attempt": attempt, "files": manifest})
+                answer = self.transport.call("POST", "/worker/checkpoint", {"task_id": task_id, "attempt": attempt, "files": manifest})
             except Rejected as exc:
                 if exc.status in (404, 405):
                     self.supported = False
@@ -209,8 +207,7 @@ class Checkpointer:
                 self.note(f"checkpoint not recorded: {exc}")
                 return True
             self.last = manifest
-            self.note(f"checkpoint {answer.get('checkpoint_id')} recorded: {plural(len(manifest), 'file')}, "
-                      f"{answer.get('bytes')} bytes, {sent} sent")
+            self.note(f"checkpoint {answer.get('checkpoint_id')} recorded: {plural(len(manifest), 'file')}, {answer.get('bytes')} bytes, {sent} sent")
             log_event("checkpoint_recorded", task_id=task_id, attempt=attempt, files=len(manifest), sent=sent)
             return True
 

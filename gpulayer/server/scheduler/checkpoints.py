@@ -8,6 +8,7 @@ size, so an upload cut short never replaces the last complete one. Checkpoints b
 element or rank (`index`): the next attempt of the same index, on any worker, gets the newest in its
 Assignment (`checkpoint`). The newest `keep` per index are kept (`server start --checkpoint-keep`).
 """
+
 from __future__ import annotations
 
 import json
@@ -37,23 +38,42 @@ def _missing(conn: apsw.Connection, files_json: str) -> list[dict]:
     return rows(conn, "checkpoint_missing_digests", files=files_json)
 
 
-def _write(conn: apsw.Connection, task: dict, worker_id: int, files_json: str, kind: str, now: float,
-           keep: int) -> dict:
-    made = one(conn, "insert_checkpoint", job_id=task["job_id"], index=task["index"], task_id=task["id"],
-               attempt=task["attempt"], worker_id=worker_id, kind=kind, now=now, files=files_json)
+def _write(conn: apsw.Connection, task: dict, worker_id: int, files_json: str, kind: str, now: float, keep: int) -> dict:
+    made = one(
+        conn,
+        "insert_checkpoint",
+        job_id=task["job_id"],
+        index=task["index"],
+        task_id=task["id"],
+        attempt=task["attempt"],
+        worker_id=worker_id,
+        kind=kind,
+        now=now,
+        files=files_json,
+    )
     row(conn, "insert_checkpoint_files", checkpoint_id=made["id"], files=files_json)
     row(conn, "touch_checkpoint_artifacts", files=files_json, now=now)
     row(conn, "prune_element_checkpoint_files", job_id=task["job_id"], index=task["index"], keep=keep)
     pruned = rows(conn, "prune_element_checkpoints", job_id=task["job_id"], index=task["index"], keep=keep)
-    events.record(conn, now, "checkpoint_recorded", job_id=task["job_id"], task_id=task["id"], worker_id=worker_id,
-                  checkpoint_id=made["id"], attempt=task["attempt"], index=task["index"], checkpoint_kind=kind,
-                  files=made["files"], bytes=made["bytes"], pruned=len(pruned))
-    return {"checkpoint_id": made["id"], "attempt": task["attempt"], "index": task["index"], "files": made["files"],
-            "bytes": made["bytes"]}
+    events.record(
+        conn,
+        now,
+        "checkpoint_recorded",
+        job_id=task["job_id"],
+        task_id=task["id"],
+        worker_id=worker_id,
+        checkpoint_id=made["id"],
+        attempt=task["attempt"],
+        index=task["index"],
+        checkpoint_kind=kind,
+        files=made["files"],
+        bytes=made["bytes"],
+        pruned=len(pruned),
+    )
+    return {"checkpoint_id": made["id"], "attempt": task["attempt"], "index": task["index"], "files": made["files"], "bytes": made["bytes"]}
 
 
-def record(conn: apsw.Connection, worker_id: int, task_id: int, attempt: int | None, files: list[dict], now: float,
-           keep: int = DEFAULT_KEEP) -> dict:
+def record(conn: apsw.Connection, worker_id: int, task_id: int, attempt: int | None, files: list[dict], now: float, keep: int = DEFAULT_KEEP) -> dict:
     """Record a periodic checkpoint of a task this worker holds; its id, files and bytes.
 
     Raises TaskNotAssigned (409) for a task not active on this worker (or at another attempt), Conflict
@@ -63,21 +83,30 @@ def record(conn: apsw.Connection, worker_id: int, task_id: int, attempt: int | N
     files_json = json.dumps(files)
     missing = _missing(conn, files_json)
     if missing:
-        raise Conflict(f"the checkpoint names files not uploaded (or of another size): "
-                       f"{', '.join(m['path'] for m in missing)}; nothing was recorded", code="checkpoint_incomplete")
+        raise Conflict(
+            f"the checkpoint names files not uploaded (or of another size): {', '.join(m['path'] for m in missing)}; nothing was recorded",
+            code="checkpoint_incomplete",
+        )
     return _write(conn, task, worker_id, files_json, "periodic", now, keep)
 
 
-def record_final(conn: apsw.Connection, worker_id: int, task: dict, files: list[dict], now: float,
-                 keep: int = DEFAULT_KEEP) -> None:
+def record_final(conn: apsw.Connection, worker_id: int, task: dict, files: list[dict], now: float, keep: int = DEFAULT_KEEP) -> None:
     """The checkpoint that came with a finish (`task`: its row as the finish read it, still active): written in
     the finish's transaction; one naming a file not stored is left out with a `checkpoint_incomplete` event
     (the finish itself is never refused for it)."""
     files_json = json.dumps(files)
     missing = _missing(conn, files_json)
     if missing:
-        events.record(conn, now, "checkpoint_incomplete", job_id=task["job_id"], task_id=task["id"],
-                      worker_id=worker_id, attempt=task["attempt"], missing=[m["path"] for m in missing])
+        events.record(
+            conn,
+            now,
+            "checkpoint_incomplete",
+            job_id=task["job_id"],
+            task_id=task["id"],
+            worker_id=worker_id,
+            attempt=task["attempt"],
+            missing=[m["path"] for m in missing],
+        )
         return
     _write(conn, task, worker_id, files_json, "final", now, keep)
 
@@ -87,8 +116,7 @@ def latest(conn: apsw.Connection, job_id: int, index: int) -> dict | None:
     found = row(conn, "latest_checkpoint", job_id=job_id, index=index)
     if found is None:
         return None
-    return {"id": found["id"], "attempt": found["attempt"],
-            "files": rows(conn, "checkpoint_manifest", checkpoint_id=found["id"])}
+    return {"id": found["id"], "attempt": found["attempt"], "files": rows(conn, "checkpoint_manifest", checkpoint_id=found["id"])}
 
 
 def listing(conn: apsw.Connection, job_id: int, index: int | None, after: int, limit: int) -> list[dict]:
@@ -96,8 +124,7 @@ def listing(conn: apsw.Connection, job_id: int, index: int | None, after: int, l
     return rows(conn, "list_checkpoints", job_id=job_id, index=index, after=after, n=limit)
 
 
-def get(conn: apsw.Connection, job_id: int, index: int | None, attempt: int | None,
-        checkpoint_id: int | None) -> dict:
+def get(conn: apsw.Connection, job_id: int, index: int | None, attempt: int | None, checkpoint_id: int | None) -> dict:
     """One checkpoint with its files: by id, else the newest of `attempt`, else the newest (of `index`).
 
     Raises NotFound when the job has none that matches.
