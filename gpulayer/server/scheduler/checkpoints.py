@@ -91,9 +91,13 @@ def record(conn: apsw.Connection, worker_id: int, task_id: int, attempt: int | N
 
 
 def record_final(conn: apsw.Connection, worker_id: int, task: dict, files: list[dict], now: float, keep: int = DEFAULT_KEEP) -> None:
-    """The checkpoint that came with a finish (`task`: its row as the finish read it, still active): written in
+    """The checkpoint that came with a finish (`task`: its row as the finish read it; a rank its attempt's end
+    stopped has ended already, and its checkpoint counts unless a later attempt left one): written in
     the finish's transaction; one naming a file not stored is left out with a `checkpoint_incomplete` event
     (the finish itself is never refused for it)."""
+    if task["state"] not in ACTIVE and row(conn, "checkpoint_of_later_attempt", job_id=task["job_id"],
+                                           index=task["index"], attempt=task["attempt"]) is not None:
+        return  # a rank stopped with its attempt, finishing after the next attempt checkpointed: too old
     files_json = json.dumps(files)
     missing = _missing(conn, files_json)
     if missing:

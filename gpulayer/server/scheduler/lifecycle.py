@@ -84,7 +84,7 @@ def finish(conn: apsw.Connection, worker_id: int, task_id: int, exit_code: int |
         done = {**done, "state": "running", "pid": pid}
     if lines:  # the last lines ride along with the result: one call, one transaction
         append_logs(conn, worker_id, task_id, lines)
-    if checkpoint is not None and done["state"] in ("assigned", "running"):
+    if checkpoint is not None and done["state"] != "succeeded":
         checkpoints.record_final(conn, worker_id, done, checkpoint, now, keep)
     if state == "cancelled" and done["state"] in ("assigned", "running") and not done["cancel_requested"]:
         # Nobody asked to cancel it: its worker stopped it (SIGTERM, a drain that ran out). The agent's

@@ -67,3 +67,7 @@ SELECT id, "index", task_id, attempt, worker_id, kind, created_at, files, bytes 
 WHERE job_id = :job_id AND (:index IS NULL OR "index" = :index)
   AND (:checkpoint_id IS NULL OR id = :checkpoint_id) AND (:attempt IS NULL OR attempt = :attempt)
 ORDER BY id DESC LIMIT 1;
+
+-- name: checkpoint_of_later_attempt --
+-- Has the element a checkpoint of an attempt after :attempt? (A stopped rank's late finish is then too old.)
+SELECT 1 AS ok FROM checkpoints WHERE job_id = :job_id AND "index" = :index AND attempt > :attempt LIMIT 1;
