@@ -38,7 +38,8 @@ def operations():
 def concrete(template: str, task_id: int, job_id: int) -> str:
     return (template.replace("{task_id:int}", str(task_id)).replace("{job_id:int}", str(job_id))
             .replace("{jti}", "nope").replace("{name}", "SOME_SECRET").replace("{digest}", DIGEST)
-            .replace("{worker}", "nobody").replace("{index:int}", "0").replace("{webhook_id:int}", "1"))
+            .replace("{worker}", "nobody").replace("{index:int}", "0").replace("{webhook_id:int}", "1")
+            .replace("{checkpoint_id:int}", "1"))
 
 
 @pytest.fixture
@@ -239,7 +240,7 @@ def test_openapi_paths_equal_the_routes(api, client_h, deps, tmp_path):
     for path, ops in doc["paths"].items():
         real = (path.replace("{task_id}", "1").replace("{job_id}", "1").replace("{jti}", "x")
                 .replace("{name}", "X").replace("{digest}", DIGEST).replace("{worker}", "w").replace("{index}", "0")
-                .replace("{webhook_id}", "1"))
+                .replace("{webhook_id}", "1").replace("{checkpoint_id}", "1"))
         for method in ops:
             r = api.simulate_request(method.upper(), real)
             assert r.status_code not in (404, 405), (method, path, r.status_code)

@@ -173,13 +173,17 @@ def test_health_and_openapi_need_no_token(api):
 
 # -- 14: a worker uploads only what its running tasks declare as outputs ---------------
 
-def test_worker_uploads_only_for_tasks_with_outputs(api, deps, client_h, worker):
+def test_worker_uploads_only_while_it_holds_a_task(api, deps, client_h, worker):
+    """Every task has a checkpoint folder (docs/training.md), so a worker holding any task may upload; one
+    holding none may not."""
     import hashlib
     data = b"not an output"
     digest = "sha256:" + hashlib.sha256(data).hexdigest()
-    wh, tid, job_id = _running(api, client_h, worker)  # its job declares no outputs
-    assert_error(api.simulate_put(f"/v1/artifacts/{digest}", headers=wh, body=data), 403, "forbidden")
+    _, idle = worker("idle")
+    assert_error(api.simulate_put(f"/v1/artifacts/{digest}", headers=idle, body=data), 403, "forbidden")
     assert not deps.artifacts.exists(digest)
+    wh, tid, job_id = _running(api, client_h, worker)  # its job declares no outputs: a checkpoint's file
+    assert api.simulate_put(f"/v1/artifacts/{digest}", headers=wh, body=data).status_code == 201
 
 
 def test_worker_upload_size_is_capped(api, deps, config, client_h, worker):
