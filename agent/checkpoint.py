@@ -21,6 +21,7 @@ import shutil
 import stat
 import threading
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
 
@@ -38,6 +39,8 @@ from .transport import Transport
 DIR_NAME = ".gpulayer-checkpoint"
 #: Files held open at once while a snapshot is taken (a larger folder is taken in batches of this many).
 OPEN_BATCH = 256
+#: Files hashed and sent (or fetched) at once: their round trips and fsyncs overlap.
+UPLOADS_AT_ONCE = 4
 #: Digests remembered per worker.
 MEMO_ENTRIES = 100_000
 
@@ -114,22 +117,25 @@ class Checkpointer:
         self.dir.mkdir(parents=True, exist_ok=True)
         if ref is None:
             return None
-        total = 0
-        for entry in ref.files:
-            relative = safe_relative_path(str(entry["path"]), "checkpoint file")
-            digest, mode = str(entry["digest"]), int(entry.get("mode", 0o644)) & 0o7777
-            cached = self.cache.get(digest)
-            target = self.dir / relative
-            target.parent.mkdir(parents=True, exist_ok=True)
-            temp = target.with_name(f".{target.name}.restoring")
-            shutil.copyfile(cached, temp)
-            os.chmod(temp, mode)
-            os.replace(temp, target)
-            self.memo.put(DigestMemo.key(target, os.stat(target)), digest)
-            total += int(entry["size"])
+        places = [safe_relative_path(str(entry["path"]), "checkpoint file") for entry in ref.files]
+        with ThreadPoolExecutor(UPLOADS_AT_ONCE, thread_name_prefix="checkpoint-restore") as pool:
+            list(pool.map(self._place, places, ref.files))  # list(): the first error raises here
+        total = sum(int(entry["size"]) for entry in ref.files)
         self.last = sorted((dict(e) for e in ref.files), key=lambda e: str(e["path"]))
         self.note(f"checkpoint {ref.id} of attempt {ref.attempt} restored: {plural(len(ref.files), 'file')}, {total} bytes")
         return ref.attempt
+
+    def _place(self, relative: str, entry: dict) -> None:
+        """Fetch one file of a checkpoint (through the cache) and copy it in under a temporary name."""
+        digest, mode = str(entry["digest"]), int(entry.get("mode", 0o644)) & 0o7777
+        cached = self.cache.get(digest)
+        target = self.dir / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        temp = target.with_name(f".{target.name}.restoring")
+        shutil.copyfile(cached, temp)
+        os.chmod(temp, mode)
+        os.replace(temp, target)
+        self.memo.put(DigestMemo.key(target, os.stat(target)), digest)
 
     def snapshot(self) -> tuple[list[dict], int] | None:
         """Upload the folder as it is now: (manifest, bytes sent); None when it is empty or unchanged since the
@@ -145,10 +151,10 @@ class Checkpointer:
                         opened.append((relative, path, open_regular(path)))
                     except OSError:  # removed or swapped for something else meanwhile
                         continue
-                for relative, path, handle in opened:
-                    entry, bytes_sent = self._send(relative, path, handle)
-                    manifest.append(entry)
-                    sent += bytes_sent
+                with ThreadPoolExecutor(UPLOADS_AT_ONCE, thread_name_prefix="checkpoint-upload") as pool:
+                    for entry, bytes_sent in pool.map(lambda o: self._send(*o), opened):
+                        manifest.append(entry)
+                        sent += bytes_sent
             finally:
                 for _, _, handle in opened:
                     handle.close()
@@ -166,7 +172,7 @@ class Checkpointer:
         sent = 0
         if not self.transport.retrying(f"HEAD /artifacts/{digest}", self.transport.artifact_exists, digest):
             # The descriptor opened at the snapshot, opened again: the file as it was, even if replaced since.
-            self.transport.upload_artifact(digest, f"/proc/self/fd/{handle.fileno()}")
+            self.transport.upload_artifact(digest, f"/proc/self/fd/{handle.fileno()}", probe=False)
             sent = st.st_size
         return {"path": relative, "digest": digest, "size": st.st_size, "mode": stat.S_IMODE(st.st_mode)}, sent
 

@@ -236,11 +236,13 @@ class Transport:
 
         self.retrying(f"GET /artifacts/{digest}", attempt)
 
-    def upload_artifact(self, digest: str, path: str, opener: Callable[[str], BinaryIO] = lambda p: open(p, "rb")) -> None:
-        """PUT a file's bytes (streamed) under its digest, unless the server has it; ``opener`` opens it."""
+    def upload_artifact(self, digest: str, path: str, opener: Callable[[str], BinaryIO] = lambda p: open(p, "rb"),
+                        probe: bool = True) -> None:
+        """PUT a file's bytes (streamed) under its digest, unless the server has it (``probe``: HEAD first; without,
+        the caller asked already); ``opener`` opens it."""
 
         def attempt() -> None:
-            if self.artifact_exists(digest):
+            if probe and self.artifact_exists(digest):
                 return
             with opener(path) as handle:
                 headers = {"Content-Type": "application/octet-stream"}
