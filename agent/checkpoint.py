@@ -23,7 +23,7 @@ import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator
+from typing import BinaryIO, Callable
 
 from gpulayer.protocol import plural
 from gpulayer.protocol.assignment import CheckpointRef
@@ -82,17 +82,19 @@ def _sha256_open(handle: BinaryIO) -> str:
     return "sha256:" + hasher.hexdigest()
 
 
-def regular_files(root: Path) -> Iterator[tuple[str, Path]]:
-    """(relative path, path) of every regular file under ``root``, sorted; links and special files skipped."""
-    for dirpath, dirnames, filenames in os.walk(root):  # does not follow linked folders
-        dirnames.sort()
-        for name in sorted(filenames):
+def regular_files(root: Path) -> list[tuple[str, Path]]:
+    """(relative path, path) of every regular file under ``root``, by relative path; links and special files
+    skipped."""
+    found = []
+    for dirpath, _dirnames, filenames in os.walk(root):  # does not follow linked folders
+        for name in filenames:
             path = Path(dirpath) / name
             try:
                 if stat.S_ISREG(os.lstat(path).st_mode):
-                    yield path.relative_to(root).as_posix(), path
+                    found.append((path.relative_to(root).as_posix(), path))
             except OSError:
                 continue
+    return sorted(found)
 
 
 class Checkpointer:
@@ -142,7 +144,7 @@ class Checkpointer:
         last restore or record. Raises Rejected (a file changed while sent, or refused), OSError, Unreachable."""
         manifest: list[dict] = []
         sent = 0
-        files = list(regular_files(self.dir)) if self.dir.is_dir() else []
+        files = regular_files(self.dir) if self.dir.is_dir() else []
         for start in range(0, len(files), OPEN_BATCH):
             opened: list[tuple[str, Path, BinaryIO]] = []
             try:

@@ -36,6 +36,7 @@ class FakeControlPlane:
         self.starts, self.finishes, self.logs = {}, {}, {}
         self.heartbeats, self.registrations = [], []
         self.artifacts, self.rendezvous = {}, {}
+        self.put_bytes = 0  # the bytes of every artifact PUT (a checkpoint's unchanged files are not sent again)
         self.cancel, self.log_posts = set(), 0
         self.down = False
         self.protocol = 1
@@ -218,6 +219,7 @@ class FakeControlPlane:
                 if "sha256:" + hashlib.sha256(raw).hexdigest() != digest:
                     return self._reply(400, {"error": {"code": "digest_mismatch", "message": digest}})
                 plane.artifacts[digest] = raw
+                plane.put_bytes += len(raw)
                 self._reply(201, {"digest": digest})
 
         return Handler
