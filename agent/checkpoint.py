@@ -30,7 +30,7 @@ from gpulayer.protocol.assignment import CheckpointRef
 
 from .bundle import safe_relative_path
 from .cache import CHUNK_BYTES, ArtifactCache
-from .errors import AgentError, Rejected, Unreachable
+from .errors import AgentError, DigestMismatch, Rejected, TaskSetupError, Unreachable
 from .events import log_event
 from .outputs import open_regular
 from .transport import Transport
@@ -114,14 +114,18 @@ class Checkpointer:
     def prepare(self, ref: CheckpointRef | None) -> int | None:
         """Make the folder, and restore ``ref`` into it; the attempt it came from, or None.
 
-        Raises TaskSetupError for a manifest path outside the folder, and what ArtifactCache.get raises.
+        Raises TaskSetupError for a manifest path outside the folder or a file that cannot be fetched (the task
+        then fails to start: it never silently starts from scratch); Unreachable passes through.
         """
         self.dir.mkdir(parents=True, exist_ok=True)
         if ref is None:
             return None
         places = [safe_relative_path(str(entry["path"]), "checkpoint file") for entry in ref.files]
-        with ThreadPoolExecutor(UPLOADS_AT_ONCE, thread_name_prefix="checkpoint-restore") as pool:
-            list(pool.map(self._place, places, ref.files))  # list(): the first error raises here
+        try:
+            with ThreadPoolExecutor(UPLOADS_AT_ONCE, thread_name_prefix="checkpoint-restore") as pool:
+                list(pool.map(self._place, places, ref.files))  # list(): the first error raises here
+        except (Rejected, DigestMismatch, OSError) as exc:  # the task fails to start rather than start from scratch
+            raise TaskSetupError(f"checkpoint {ref.id} of attempt {ref.attempt} could not be restored: {exc}") from None
         total = sum(int(entry["size"]) for entry in ref.files)
         self.last = sorted((dict(e) for e in ref.files), key=lambda e: str(e["path"]))
         self.note(f"checkpoint {ref.id} of attempt {ref.attempt} restored: {plural(len(ref.files), 'file')}, {total} bytes")
