@@ -281,19 +281,23 @@ def _print_jobs(jobs: list[dict], as_json: bool, owners: bool = False) -> None:
 def job_outputs(ctx: typer.Context, job_id: JobArg,
                 dest: Annotated[Path, typer.Option("--dest", help="Directory to write the outputs into.")] = Path("."),
                 index: IndexOpt = None, as_json: JsonOpt = False,
-                checkpoint: Annotated[Optional[str], typer.Option(
-                    "--checkpoint", metavar="[ATTEMPT]", is_flag=False, flag_value="latest",
-                    help="The newest checkpoint instead (of attempt ATTEMPT; docs/training.md).")] = None) -> None:
+                checkpoint: Annotated[bool, typer.Option(
+                    "--checkpoint", help="The newest checkpoint instead (docs/training.md).")] = False,
+                attempt: Annotated[Optional[int], typer.Option(
+                    "--attempt", metavar="N", min=1,
+                    help="With --checkpoint: the newest checkpoint of attempt N.")] = None) -> None:
     """Download the job's outputs into --dest at their relative paths (--index N: one array element's).
 
     \b
     Examples:
       gpulayer job outputs 12 --dest results/
-      gpulayer job outputs 12 --checkpoint --dest ckpt/
+      gpulayer job outputs 12 --checkpoint --attempt 2 --dest ckpt/
     """
     job = client_of(ctx).get_job(job_id)
-    if checkpoint is not None:
-        written = job.download_checkpoint(dest, attempt=_attempt_option(checkpoint), index=index)
+    if attempt is not None and not checkpoint:
+        raise typer.BadParameter("--attempt goes with --checkpoint", param_hint="--attempt")
+    if checkpoint:
+        written = job.download_checkpoint(dest, attempt=attempt, index=index)
     else:
         written = job.download_outputs(dest, index=index)
     if as_json:
@@ -305,15 +309,6 @@ def job_outputs(ctx: typer.Context, job_id: JobArg,
         typer.echo(f"job {job_id} has no outputs", err=True)
     else:
         typer.echo(f"{plural(len(written), 'output file')} written under {dest}", err=True)
-
-
-def _attempt_option(text: str) -> int | None:
-    """--checkpoint's value: `latest` (none given) or an attempt number; a usage error otherwise."""
-    if text == "latest":
-        return None
-    if not text.isdigit() or int(text) < 1:
-        raise typer.BadParameter(f"{text!r} is not an attempt number (1, 2, ...)", param_hint="--checkpoint")
-    return int(text)
 
 
 @job_app.command("checkpoints")

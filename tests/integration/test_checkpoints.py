@@ -123,7 +123,8 @@ def test_checkpoint_every_and_a_sigkilled_worker_lose_only_the_steps_since_the_l
     start, reached = _steps_after_resume(lines)
     periodic = [c for c in plane.get_json(f"/v1/jobs/{job_id}/checkpoints")["checkpoints"] if c["attempt"] == 1]
     assert periodic and all(c["kind"] == "periodic" for c in periodic)
-    rc, out, err = plane.cli("job", "outputs", str(job_id), "--checkpoint", "1", "--dest", str(tmp_path / "c1"))
+    rc, out, err = plane.cli("job", "outputs", str(job_id), "--checkpoint", "--attempt", "1", "--dest",
+                             str(tmp_path / "c1"))
     assert rc == 0, err
     saved = json.loads((tmp_path / "c1" / "state-0.json").read_text())["step"]
     # Resumed from the newest checkpoint of attempt 1: only the steps after it were lost (the log lines of the
@@ -131,8 +132,10 @@ def test_checkpoint_every_and_a_sigkilled_worker_lose_only_the_steps_since_the_l
     assert start == saved > 0 and "done step=60" in lines, (start, saved, reached)
     rc, out, err = plane.cli("job", "checkpoints", str(job_id), "--json")
     assert rc == 0 and {c["attempt"] for c in json.loads(out)} >= {1}, err
-    rc, out, err = plane.cli("job", "outputs", str(job_id), "--checkpoint", "x")
-    assert rc == 2 and "--checkpoint" in err
+    rc, out, err = plane.cli("job", "outputs", str(job_id), "--attempt", "1")
+    assert rc == 2 and "--attempt" in err
+    rc, out, err = plane.cli("job", "outputs", str(job_id), "--checkpoint", "--dest", str(tmp_path / "newest"))
+    assert rc == 0 and (tmp_path / "newest" / "state-0.json").exists(), err
 
 
 def test_a_gangs_two_ranks_each_get_their_own_directory_back(plane):
