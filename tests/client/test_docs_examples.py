@@ -84,10 +84,10 @@ NOT_RUN = {
         "needs a webhook: tests/integration/test_notify_e2e.py adds an alert with the CLI and reads its mail; "
         "tests/api/test_webhooks_alerts.py fires one once per new row"),
     "docs/cli.md > gpulayer job outputs #1": (
-        "needs a job with checkpoints: tests/integration/test_checkpoints.py runs `job outputs --checkpoint` "
+        "needs a job with checkpoints: tests/integration/test_checkpoint_resume.py runs `job outputs --checkpoint` "
         "after a worker in another namespace resumed one"),
     "docs/cli.md > gpulayer job checkpoints #1": (
-        "needs a job with checkpoints: tests/integration/test_checkpoints.py runs `job checkpoints`"),
+        "needs a job with checkpoints: tests/integration/test_checkpoint_resume.py runs `job checkpoints`"),
     "docs/cli.md > gpulayer submit #1": SYNOPSIS,
     "docs/cli.md > gpulayer port-forward #1": SYNOPSIS,
     "docs/cli.md > gpulayer port-forward #2": (
