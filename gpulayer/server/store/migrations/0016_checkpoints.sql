@@ -1,4 +1,4 @@
--- Version 15: checkpoints that follow a job (issue 27 part 2): `checkpoints` and `checkpoint_files`.
+-- Version 16: checkpoints that follow a job (issue 27 part 2): `checkpoints` and `checkpoint_files`.
 CREATE TABLE checkpoints (
     id          INTEGER PRIMARY KEY,
     job_id      INTEGER NOT NULL,
