@@ -83,6 +83,20 @@ class GpulayerGroup(TyperGroup):
         return rv if isinstance(rv, int) else 0
 
 
+def _values_optional(args: list[str]) -> list[str]:
+    """`submit --ingress` alone (at the end, or before another option or `--`) is `--ingress token`: typer's
+    click takes no option whose value may be left out."""
+    if "submit" not in args:
+        return args
+    end = args.index("--") if "--" in args else len(args)
+    out = []
+    for i, arg in enumerate(args):
+        out.append(arg)
+        if i < end and arg in cli_submit.VALUE_OPTIONAL and (i + 1 == len(args) or args[i + 1].startswith("-")):
+            out.append(cli_submit.VALUE_OPTIONAL[arg])
+    return out
+
+
 def _no_flag_placeholders(command) -> None:
     """typer's help shows `<bool>` after a flag as if it took a value: a flag shows no placeholder.
 
@@ -211,6 +225,7 @@ app.add_typer(cli_images.image_app, name="image")
 def main(argv: Optional[list[str]] = None) -> int:
     """Entry point of the `gpulayer` console script; returns the exit status."""
     command = typer.main.get_command(app)
+    argv = _values_optional(sys.argv[1:] if argv is None else list(argv))
     return command.main(args=argv, prog_name="gpulayer", standalone_mode=False)
 
 

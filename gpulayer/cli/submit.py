@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import secrets
 import sys
 from enum import Enum
 from pathlib import Path
@@ -19,9 +20,13 @@ from gpulayer.client.errors import ClientError
 from gpulayer.client.jobs import Job
 from gpulayer.client.settings import server_configured
 from gpulayer.client.jobfile import read_job_file, spec_from_fields
+from gpulayer.client.specs import MIN_INGRESS_KEY
+from gpulayer.protocol.jobspec import INGRESS_ACCESS
 from gpulayer.client.transfers import check_local_paths
 
 ENDPOINT_WAIT_S = 365 * 86400.0  # `submit --service` waits until the service is up or ends
+#: Options that may be given alone, and the value they then take (app.py tells click).
+VALUE_OPTIONAL = {"--ingress": "token"}
 
 
 class Target(str, Enum):
@@ -82,6 +87,8 @@ def submit(
     max_restarts: Annotated[Optional[int], _opt("--max-restarts", help="Restarts per replica (default: no limit).", min=0)] = None,
     health_path: Annotated[Optional[str], _opt("--health-path", help="HTTP path that must answer 2xx.")] = None,
     weights: Annotated[Optional[str], _opt("--weights", help="Artifact digest or local file passed to the service.")] = None,
+    ingress: Annotated[Optional[str], _opt("--ingress", metavar="[token|key|public]", help="A stable URL on the control plane that proxies HTTP to the service's ready replicas (printed, and in job status): token (alone: --ingress) lets in a token that may read the job, key also the service's key (--ingress-key, else one made and printed once), public anyone.")] = None,
+    ingress_key: Annotated[Optional[str], _opt("--ingress-key", metavar="KEY", help=f"The service's key for --ingress (sent as Authorization: Bearer KEY, as an OpenAI client sends its api key): at least {MIN_INGRESS_KEY} characters; only its SHA-256 is sent.")] = None,
     array: Annotated[Optional[str], _opt("--array", metavar="INDICES", help="A job array, one task per index, like sbatch --array: 0-999, 1,5,9-12, 0-15:4; %N caps how many run at once (0-999%16). Each task sees $GPULAYER_ARRAY_INDEX and $GPULAYER_ARRAY_SIZE.")] = None,
     after: Annotated[Optional[list[str]], _opt("--after", metavar="JOB[:ok|notok|any]", help="Run after that job ends: ok (the default) once it succeeded, notok once it did not, any however (repeatable). Cancelled (dependency_failed) when it cannot be met.")] = None,
     after_array: Annotated[Optional[list[int]], _opt("--after-array", metavar="JOB", help="Run after every element of array JOB succeeded (repeatable).")] = None,
@@ -122,6 +129,7 @@ def submit(
     service_settings = dict(replicas=replicas, port=False if no_port else None,
                             restart=restart.value if restart else None, max_restarts=max_restarts,
                             health_path=health_path, weights=weights)
+    made_key = _ingress_options(service, ingress, ingress_key, service_settings)
     spec = _build_spec(command, file, service, settings, service_settings)
     check_local_paths(spec)  # a missing --source or --input is bad input, dry run or not
     if dry_run:
@@ -141,7 +149,7 @@ def submit(
     for array_id in after_array or []:  # --after-array names an array: say so before anything is sent
         if client_of(ctx).get_job(array_id).data.get("array") is None:
             raise fail(f"--after-array: job {array_id} is no array (use --after {array_id})", 2)
-    raise typer.Exit(_submit_remote(ctx, spec, wait, follow, as_json, bool(cancel_on_interrupt), project, mail))
+    raise typer.Exit(_submit_remote(ctx, spec, wait, follow, as_json, bool(cancel_on_interrupt), project, mail, made_key))
 
 
 MAIL_TYPES = ("BEGIN", "END", "FAIL", "REQUEUE", "ALL")
@@ -165,6 +173,25 @@ def _mail_option(mail_type: Optional[str], mail_user: Optional[str]) -> Optional
     if not MAIL_ADDRESS.fullmatch(mail_user):
         raise typer.BadParameter(f"expected one mail address, got {mail_user!r}", param_hint="--mail-user")
     return {"email": mail_user, "mail_type": types}
+
+
+def _ingress_options(service: bool, ingress: Optional[str], key: Optional[str], service_settings: dict) -> Optional[str]:
+    """--ingress and --ingress-key into `service_settings`; the key made here for `--ingress key` without
+    --ingress-key (printed once after submit), else None. Usage errors (exit 2) for bad ones."""
+    if ingress is None and key is None:
+        return None
+    if not service:
+        raise typer.BadParameter("the ingress proxies to a service's replicas: add --service",
+                                 param_hint="--ingress" if ingress is not None else "--ingress-key")
+    if ingress is not None and ingress not in INGRESS_ACCESS:
+        raise typer.BadParameter(f"expected one of {', '.join(INGRESS_ACCESS)}, got {ingress!r}", param_hint="--ingress")
+    if key is not None and ingress not in (None, "key"):
+        raise typer.BadParameter(f"a key goes with --ingress key, not --ingress {ingress}", param_hint="--ingress-key")
+    made = None
+    if key is None and ingress == "key":
+        key = made = secrets.token_urlsafe(32)
+    service_settings.update(ingress="key" if key is not None else ingress, ingress_key=key)
+    return made
 
 
 def _after_option(after: Optional[list[str]], after_array: Optional[list[int]]) -> Optional[list[str]]:
@@ -195,7 +222,7 @@ def _build_spec(command, file: Optional[Path], service: bool, settings: dict, se
 
 
 def _submit_remote(ctx, spec, wait, follow, as_json, cancel_on_interrupt: bool, project: Optional[str] = None,
-                   mail: Optional[dict] = None) -> int:
+                   mail: Optional[dict] = None, made_key: Optional[str] = None) -> int:
     client = client_of(ctx)
     job = client.submit(spec, project) if project else client.submit(spec)
     if mail:  # a mailbox for this job: it starts at the job's first event, so nothing is missed meanwhile
@@ -207,6 +234,8 @@ def _submit_remote(ctx, spec, wait, follow, as_json, cancel_on_interrupt: bool, 
     waits = (follow or wait) and not spec.get("service")
     if not (as_json and waits):  # with --json, --wait and --follow print the Job as it ended, last
         _print_submitted(job, as_json)
+    if job.data.get("ingress_url"):
+        _print_ingress(job.data["ingress_url"], made_key, as_json)
     try:
         if spec.get("service"):
             for endpoint in job.endpoints(wait=ENDPOINT_WAIT_S, on_waiting=tell_waiting):
@@ -224,6 +253,17 @@ def _submit_remote(ctx, spec, wait, follow, as_json, cancel_on_interrupt: bool, 
     except KeyboardInterrupt:
         return _interrupted(job, cancel_on_interrupt)
     return _ended(job, as_json)
+
+
+def _print_ingress(url: str, made_key: Optional[str], as_json: bool) -> None:
+    """The service's ingress URL (and the key made for it, shown this once) after its id."""
+    if as_json:
+        print_json({"ingress_url": url, **({"ingress_key": made_key} if made_key else {})}, compact=True)
+        return
+    typer.echo(f"ingress {url}")
+    if made_key:
+        typer.echo(f"ingress key {made_key}")
+        typer.echo("(the key is shown this once: the control plane keeps only its SHA-256)", err=True)
 
 
 def _print_submitted(job: Job, as_json: bool) -> None:

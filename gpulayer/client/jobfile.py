@@ -26,7 +26,7 @@ from gpulayer.protocol.fields import names
 from gpulayer.protocol.jobspec import ServiceSpec
 
 #: `service()`'s settings: the service block's fields (gpulayer/protocol/jobspec.py), `health` as its `http_path`.
-SERVICE_SETTINGS = tuple("health_path" if name == "health" else name for name in names(ServiceSpec))
+SERVICE_SETTINGS = (*("health_path" if name == "health" else name for name in names(ServiceSpec)), "ingress_key")
 
 
 def read_job_file(path: str | Path) -> dict:

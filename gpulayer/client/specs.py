@@ -7,13 +7,14 @@ uploads those and puts their digests in their place.
 """
 from __future__ import annotations
 
+import hashlib
 import re
 import shlex
 from typing import Any, Iterable
 
 from gpulayer.protocol import array_ranges, parse_duration
 from gpulayer.protocol.fields import wire_fields
-from gpulayer.protocol.jobspec import AFTER_CONDITIONS, RESTART_POLICIES, JobSpec
+from gpulayer.protocol.jobspec import AFTER_CONDITIONS, INGRESS_ACCESS, RESTART_POLICIES, JobSpec
 
 #: The JobSpec's fields (gpulayer/protocol/jobspec.py) but `command` (the first argument) and `service`
 #: (`service()`), and `retry_on`: `retry`'s, on its own.
@@ -57,12 +58,15 @@ def job(command: str | Iterable[str], **settings: Any) -> dict:
 
 def service(command: str | Iterable[str], replicas: int = 1, port: bool = True,
             restart: str = "always", max_restarts: int | None = None,
-            health_path: str | None = None, weights: str | None = None, **job_settings: Any) -> dict:
+            health_path: str | None = None, weights: str | None = None, ingress: str | None = None,
+            ingress_key: str | None = None, **job_settings: Any) -> dict:
     """A JobSpec for a long-running service: `job()` plus the `service` block.
 
     `port=True` has the worker pick a free port and set $PORT; `restart` is
     "always" or "on_failure"; `health_path` turns on HTTP health checks;
-    `weights` is an artifact digest or a local file (uploaded at submit).
+    `weights` is an artifact digest or a local file (uploaded at submit);
+    `ingress` ("token", "key" or "public") a URL on the control plane that proxies HTTP to the replicas
+    (docs/access.md, "Ingress"), `ingress_key` the service's key (only its SHA-256 is sent).
     """
     if restart not in RESTART_POLICIES:
         raise ValueError(f"restart must be one of {', '.join(RESTART_POLICIES)}, not {restart!r}")
@@ -77,7 +81,32 @@ def service(command: str | Iterable[str], replicas: int = 1, port: bool = True,
         "health": {"http_path": health_path} if health_path else None,
         "weights": weights,
     }
+    block = _ingress(ingress, ingress_key)
+    if block is not None:  # absent otherwise: a server before the ingress knows no such field
+        spec["service"]["ingress"] = block
     return spec
+
+
+#: The shortest `ingress_key` taken (its SHA-256 is in the job's spec, which whoever may see the job reads).
+MIN_INGRESS_KEY = 32
+
+
+def _ingress(access: str | None, key: str | None) -> dict | None:
+    """The `service.ingress` block; ValueError for a bad `access` or key."""
+    if access is None and key is None:
+        return None
+    access = access or "key"
+    if access not in INGRESS_ACCESS:
+        raise ValueError(f"ingress must be one of {', '.join(INGRESS_ACCESS)}, not {access!r}")
+    if access == "key" and not key:
+        raise ValueError("ingress='key' needs ingress_key (a secret of at least 32 characters)")
+    if key is None:
+        return {"access": access}
+    if access != "key":
+        raise ValueError(f"ingress_key goes with ingress='key', not ingress={access!r}")
+    if not isinstance(key, str) or len(key) < MIN_INGRESS_KEY or not key.isascii() or not key.isprintable() or " " in key:
+        raise ValueError(f"ingress_key must be at least {MIN_INGRESS_KEY} printable ASCII characters without spaces")
+    return {"access": "key", "key_sha256": hashlib.sha256(key.encode()).hexdigest()}
 
 
 def _argv(command: str | Iterable[str]) -> list[str]:

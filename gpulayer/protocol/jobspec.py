@@ -38,6 +38,9 @@ RestartPolicy = Literal["always", "on_failure"]
 RETRY_REASONS: tuple[str, ...] = typing.get_args(RetryReason)
 AFTER_CONDITIONS: tuple[str, ...] = typing.get_args(AfterCondition)
 RESTART_POLICIES: tuple[str, ...] = typing.get_args(RestartPolicy)
+IngressAccess = Literal["token", "key", "public"]
+INGRESS_ACCESS: tuple[str, ...] = typing.get_args(IngressAccess)
+SHA256_HEX_PATTERN = r"[0-9a-f]{64}\Z"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,6 +62,16 @@ class HealthSpec:
 
 
 @dataclass(frozen=True, kw_only=True)
+class IngressSpec:
+    """`service.ingress`: a URL on the control plane (`/ingress/<job id>/`) that proxies HTTP to the ready replicas."""
+
+    access: IngressAccess = declare("token", help="who may go through: `token` (a token that may read the job), "
+                                                  "`key` (that too, or `Authorization: Bearer <key>`), `public` (anyone)")
+    key_sha256: str | None = declare(None, pattern=SHA256_HEX_PATTERN,
+                                     help="the SHA-256 (hex) of the service's key; with `access: key` only")
+
+
+@dataclass(frozen=True, kw_only=True)
 class ServiceSpec:
     """`service`: a long-running job, its replicas restarted by policy."""
 
@@ -70,6 +83,8 @@ class ServiceSpec:
     health: HealthSpec | None = declare(None, help="an HTTP health check (null: none)")
     weights: str | None = declare(None, pattern=DIGEST_PATTERN,
                                   help="an artifact digest linked into the working dir ($GPULAYER_WEIGHTS)")
+    ingress: IngressSpec | None = declare(None, help="proxy HTTP to the replicas through the control plane "
+                                                     "(null: none; needs `port`)")
 
 
 #: The OCI media types an image job may use (the client checks them at submit, the worker again).

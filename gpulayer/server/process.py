@@ -181,9 +181,12 @@ class ControlPlane:
         keyfile = str(self.config.tls_key) if self.config.tls_key else None
         if self.config.http == "granian":
             from gpulayer.server.http.granian_server import GranianServer  # absent: --http cheroot serves
+            from gpulayer.server.relay.ingress import PREFIX as INGRESS_PREFIX, IngressProxy
             self.relay = relay_hub(self.deps)
+            ingress = IngressProxy(self.relay, secure_cookies=bool(self.config.tls_cert))
             self._http = GranianServer(app, self.config.host, self.config.port, certfile=certfile, keyfile=keyfile,
-                                       threads=self.config.threads, websocket=self.relay)
+                                       threads=self.config.threads, websocket=self.relay,
+                                       prefixed={INGRESS_PREFIX: ingress})
         else:  # cheroot serves no WebSocket: the relay's routes answer 501 (http/relay_routes.py)
             self._http = HTTPServer(app, self.config.host, self.config.port, certfile=certfile, keyfile=keyfile,
                                     threads=self.config.threads)

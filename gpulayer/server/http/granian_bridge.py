@@ -45,9 +45,13 @@ class Bridge:
     """The RSGI callable granian calls on its loop for each request; `close()` stops the pool."""
 
     def __init__(self, app, loop: asyncio.AbstractEventLoop, threads: int, head_timeout_s: float,
-                 websocket: Callable[[Any, Any], Awaitable[None]] | None = None):
+                 websocket: Callable[[Any, Any], Awaitable[None]] | None = None,
+                 prefixed: dict[str, Callable[[Any, Any], Awaitable[None]]] | None = None):
         self.app, self.loop = app, loop
         self.websocket = websocket  # the relay (gpulayer/server/relay/hub.py): WebSockets never reach the app
+        # Every request (HTTP or WebSocket) under one of these path prefixes goes to its handler on the loop,
+        # never to the app's threads: the ingress (gpulayer/server/relay/ingress.py) streams both ways there.
+        self.prefixed = tuple((prefix, handler) for prefix, handler in (prefixed or {}).items())
         self.head_timeout_s = head_timeout_s
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="gpulayer-granian")
         self.max_streams = bodies.streamed_cap(threads)
@@ -59,6 +63,9 @@ class Bridge:
         return client in self.active
 
     async def __call__(self, scope, proto) -> None:
+        for prefix, handler in self.prefixed:
+            if scope.path.startswith(prefix):
+                return await handler(scope, proto)
         if scope.proto == "ws":
             if self.websocket is None:
                 return proto.close(404)

@@ -100,11 +100,13 @@ class GranianServer:
         runtime_threads: int = RUNTIME_THREADS,
         max_connections: int | None = None,
         websocket=None,
+        prefixed: dict | None = None,
     ):
         if (certfile is None) != (keyfile is None):
             raise ValueError("TLS needs both certfile and keyfile")
         self._app = app
         self._websocket = websocket  # an RSGI WebSocket handler (the relay), or None: WebSockets are refused
+        self._prefixed = prefixed or {}  # RSGI handlers of every request under a path prefix (the ingress)
         self._host, self._port = host, port
         # granian's TLS settings: enabled, cert, key, key password, minimum protocol, client CA, CRLs, verify.
         self._tls: tuple[Any, ...] = (certfile is not None, certfile, keyfile, None, "tls1.2", None, [], False)
@@ -165,7 +167,8 @@ class GranianServer:
         loop = loops.get("asyncio")
         asyncio.set_event_loop(loop)
         backpressure = self._max_connections
-        bridge = self._bridge = Bridge(self._app, loop, self._threads, self._head_timeout_s, self._websocket)
+        bridge = self._bridge = Bridge(self._app, loop, self._threads, self._head_timeout_s, self._websocket,
+                                            self._prefixed)
         # granian's own stub lags its worker's signature (the IPC handle, the metrics pair): Any.
         worker_cls: Any = RSGIWorker
         worker = worker_cls(1, (None, holder), None, self._runtime_threads, 512, 1, 30, backpressure, "1",

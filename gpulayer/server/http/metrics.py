@@ -56,6 +56,7 @@ class Metrics:
         self.registry = CollectorRegistry()
         self.registry.register(StateCollector(scheduler))
         self.registry.register(RelayCollector(scheduler.relay))
+        self.registry.register(IngressCollector(scheduler.ingress))
         self.requests = Histogram("gpulayer_request_seconds", "Time to answer a /v1 request.",
                                   ["method", "route", "status"], buckets=BUCKETS, registry=self.registry)
         self.acquire = Histogram("gpulayer_acquire_seconds", "Time of one acquire transaction (no long-poll wait).",
@@ -116,6 +117,33 @@ class ReplicationCollector:
         yield state
         yield CounterMetricFamily("gpulayer_replication_restarts", "Times the Litestream child was restarted.",
                                   value=status["restarts"])
+
+
+class IngressCollector:
+    """Requests and bytes through the services' ingress, by job (scheduler/ingress.py `Counters`)."""
+
+    def __init__(self, counters):
+        self.counters = counters
+
+    def collect(self):
+        stats = self.counters.stats()
+        requests = CounterMetricFamily("gpulayer_ingress_requests", "Requests through a service's ingress, by job "
+                                       "and status class (2xx..5xx, ws: a WebSocket, broken: cut mid-answer).",
+                                       labels=["job_id", "status"])
+        for (job_id, status), n in stats["requests"].items():
+            requests.add_metric([str(job_id), status], n)
+        yield requests
+        for key, direction in (("bytes_in", "towards the replicas"), ("bytes_out", "from the replicas")):
+            family = CounterMetricFamily(f"gpulayer_ingress_{key}", f"Body bytes through the ingress {direction}, "
+                                         "by job.", labels=["job_id"])
+            for job_id, n in stats[key].items():
+                family.add_metric([str(job_id)], n)
+            yield family
+        retries = CounterMetricFamily("gpulayer_ingress_retries", "Requests tried again on another replica, by job.",
+                                      labels=["job_id"])
+        for job_id, n in stats["retries"].items():
+            retries.add_metric([str(job_id)], n)
+        yield retries
 
 
 class RelayCollector:

@@ -45,7 +45,9 @@ JOB = {"type": "object", "required": ["id", "state", "created_at", "spec", "task
     "owner": {"type": ["string", "null"], "description": "the user that submitted it"},
     "project": {"type": ["string", "null"], "description": "the project it counts against"},
     "redacted": {"type": "boolean", "description": "true when the caller may only see that it exists: no env, "
-                                                   "command or outputs"}}}
+                                                   "command or outputs"},
+    "ingress_url": {"type": ["string", "null"], "description": "a service's ingress on the control plane "
+                                                               "(`service.ingress`; docs/access.md), else null"}}}
 # A checkpoint's manifest (docs/training.md): every regular file of the task's GPULAYER_CHECKPOINT_DIR.
 CHECKPOINT_FILES = {"type": "array", "maxItems": 100_000, "items": {
     "type": "object", "additionalProperties": False, "required": ["path", "digest", "size"], "properties": {
@@ -387,6 +389,8 @@ def document(routes) -> dict:
     """The OpenAPI 3.1 document for `routes` [(path, resource class, suffix)]."""
     paths: dict = {}
     for template, cls, suffix in routes:
+        if not template.startswith("/v1/"):  # /ingress/...: a service's own HTTP, proxied (docs/access.md)
+            continue
         path = _PARAM.sub(lambda m: "{" + m.group(1) + "}", template)
         for method in METHODS:
             responder = f"on_{method}" + (f"_{suffix}" if suffix else "")

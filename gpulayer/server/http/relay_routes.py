@@ -39,3 +39,21 @@ class AgentRelay(_RelayRoute):
 
 class JobRelay(_RelayRoute):
     """GET /v1/jobs/{id}/relay: a client's relay streams into one of the job's tasks."""
+
+
+class Ingress:
+    """/ingress/{id}/...: a service's ingress, which granian's bridge hands to gpulayer/server/relay/ingress.py
+    before falcon sees it; here only under `--http cheroot`, which cannot stream it (501)."""
+
+    auth = ()
+
+    def __init__(self, deps):
+        self.deps = deps
+
+    def _unavailable(self, req, resp, **params):
+        raise RelayUnavailable(
+            f"this control plane serves HTTP with {self.deps.config.http}: the ingress streams on the default "
+            "front end only (server start --http granian)"
+        )
+
+    on_get = on_head = on_post = on_put = on_delete = on_patch = on_options = _unavailable

@@ -223,7 +223,7 @@ class Jobs(Resource):
         job_id = self.sched.submit(body, req.context.principal, project)
         resp.status = falcon.HTTP_201
         resp.location = f"/v1/jobs/{job_id}"
-        resp.media = self.store.read(views.rendered_for, req.context.principal, job_id)
+        resp.media = with_ingress_url(req, self.store.read(views.rendered_for, req.context.principal, job_id))
 
     def on_get(self, req, resp):
         state, name = req.get_param("state"), req.get_param("name")
@@ -239,6 +239,14 @@ class Jobs(Resource):
         resp.media = paging.answer("jobs", found, more, "id")
 
 
+def with_ingress_url(req, job: dict) -> dict:
+    """`job` with its `ingress_url`: where the control plane proxies to the service (`service.ingress`), on the
+    address the caller used; null for a job without one (docs/access.md, "Ingress")."""
+    service = (job.get("spec") or {}).get("service") or {}
+    job["ingress_url"] = f"{req.prefix}/ingress/{job['id']}" if service.get("ingress") else None
+    return job
+
+
 class Job(Resource):
     """/v1/jobs/{id} and its actions: each checks the caller's right to the job first (404, 403), then reads."""
 
@@ -248,13 +256,13 @@ class Job(Resource):
         except InvalidRequest:  # a job the caller may not see is 404, whatever its query (ids do not leak)
             self.store.read(teams.check_job, req.context.principal, job_id, "see")
             raise
-        resp.media = self.store.read(views.job, req.context.principal, job_id, index)  # one read: check, render
+        resp.media = with_ingress_url(req, self.store.read(views.job, req.context.principal, job_id, index))
 
     @falcon.before(_job_access, "manage")
     def on_post_cancel(self, req, resp, job_id):
         index = wire.cancel_index(wire.read_json(req, allow_empty=True))
         self.sched.cancel(job_id, index)
-        resp.media = self.store.read(views.job, req.context.principal, job_id, index)
+        resp.media = with_ingress_url(req, self.store.read(views.job, req.context.principal, job_id, index))
 
     @falcon.before(_job_access, "read")
     def on_get_logs(self, req, resp, job_id):

@@ -98,6 +98,7 @@ class Route:
     bytes_out: int = 0
     active_at: float = field(default_factory=time.monotonic)
     ended: bool = False
+    counted: bool = True  # in the per-user and per-job caps (the ingress's streams are not: open_stream)
 
     def carried(self, size: int, counts: sessions.Wants, *, up: bool) -> None:
         """`size` bytes of DATA crossed towards the task (`up`) or from it: spent from that way's credit
@@ -169,9 +170,7 @@ class Hub:
         self.clients: set[ClientConn] = set()
 
     async def __call__(self, scope, proto) -> None:
-        if self._sweeper is None:
-            self.loop = asyncio.get_running_loop()
-            self._sweeper = asyncio.ensure_future(self._sweep())
+        self.started()
         path = scope.path.rstrip("/")
         sent = scope.headers.get(PROTOCOL_HEADER.lower())
         if sent is not None and sent != str(PROTOCOL):
@@ -182,6 +181,12 @@ class Hub:
         if match is None:
             return self._refuse_handshake(proto, 404, "not_found")
         return await self._client(scope, proto, int(match[1]))
+
+    def started(self) -> None:
+        """On the loop: note it and start the idle sweep (the first WebSocket, or the first ingress request)."""
+        if self._sweeper is None:
+            self.loop = asyncio.get_running_loop()
+            self._sweeper = asyncio.ensure_future(self._sweep())
 
     def stop(self) -> None:
         """The control plane stops (any thread): every link and client connection is closed (1001) now, so that
@@ -463,6 +468,31 @@ class Hub:
             link.send(_rewrite(raw, route.agent_sid))
         route.pending.clear()
 
+    async def open_stream(self, conn, sid: int, to: sessions.Target, kind: str, detail: dict, user: str) -> Route:
+        """A stream the control plane opens itself (the ingress, server/relay/ingress.py) into task `to`, checked
+        by its caller: `conn` holds the client's end (`routes`, `send(frame)`, `close(code, why)`), frames from
+        it go through `client_frame`. Outside the per-user and per-job caps, no sessions row (the caller writes
+        one when it wants). RelayTimeout when the worker's agent does not connect in time."""
+        route = Route(conn, sid, kind, user, to.job_id, counted=False)
+        conn.routes[sid] = route
+        try:
+            link = await self._link_for(route, to)
+        except BaseException:
+            self._end(route, "the agent did not connect", tell_client=False)
+            raise
+        if route.ended:
+            return route
+        route.agent, route.agent_sid = link, link.next_sid()
+        link.routes[route.agent_sid] = route
+        self.state.open[kind] += 1
+        link.send(encode(route.agent_sid, OPEN, {"kind": kind, "job_id": to.job_id, "task_id": to.task_id,
+                                                 "index": to.index, **detail}))
+        return route
+
+    def client_frame(self, conn, raw: bytes) -> None:
+        """A frame from a client's end the control plane holds (open_stream's `conn`), as a WebSocket's."""
+        self._from_client(conn, raw)
+
     def _secret(self, kind: str, to: sessions.Target) -> dict:
         """What an OPEN carries that the session's row must not: an `ssh` stream's host key and certificate."""
         if kind != "ssh":
@@ -492,12 +522,13 @@ class Hub:
         conn = route.client
         if conn.routes.get(route.client_sid) is route:
             del conn.routes[route.client_sid]
-        self.by_user[route.user] -= 1
-        if self.by_user[route.user] <= 0:
-            del self.by_user[route.user]
-        self.by_job[route.job_id] -= 1
-        if self.by_job[route.job_id] <= 0:
-            del self.by_job[route.job_id]
+        if route.counted:
+            self.by_user[route.user] -= 1
+            if self.by_user[route.user] <= 0:
+                del self.by_user[route.user]
+            self.by_job[route.job_id] -= 1
+            if self.by_job[route.job_id] <= 0:
+                del self.by_job[route.job_id]
         if route.agent is not None:
             self.state.open[route.kind] -= 1
             route.agent.routes.pop(route.agent_sid, None)

@@ -16,7 +16,7 @@ import apsw
 
 from gpulayer.server.config import MAX_ACQUIRE_WAIT_S, ControlPlaneConfig
 from gpulayer.server.errors import NotFound
-from gpulayer.server.scheduler import (access, aging, cascades, chunks, cordons, gauges, gpu_health, jobs, leases,
+from gpulayer.server.scheduler import (access, aging, cascades, chunks, cordons, gauges, gpu_health, ingress, jobs, leases,
                                        ledger, lifecycle, outcomes, placement, preemption, reconcile, renewals,
                                        secrets, sessions, teams, tokens, workers)
 from gpulayer.server.scheduler import cadence, checkpoints
@@ -76,6 +76,8 @@ class Scheduler:
         self.pace = chunks.Pace()
         # Workers whose relay link a client waits for (sessions.py): told `relay: true`.
         self.relay = sessions.Wants(self.wake)
+        # Requests and bytes through the services' ingress (ingress.py; the proxy is server/relay/ingress.py).
+        self.ingress = ingress.Counters()
 
     # -- wake-up -------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from gpulayer.protocol import MAX_ARRAY, MAX_ARRAY_INDEX, array_ranges, array_te
 from gpulayer.protocol.fields import WireField, field_of, names, wire_fields
 from gpulayer.protocol.jobspec import (
     AFTER_CONDITIONS, ENV_NAME_PATTERN, MAX_AFTER, MAX_ARG_BYTES, MAX_ARGS, MAX_IMAGE_BLOBS, MAX_PATHS, MAX_STR,
-    RETRY_REASONS, After, AfterCondition, HealthSpec, ImageSpec, JobSpec, RetrySpec, ServiceSpec,
+    RETRY_REASONS, After, AfterCondition, HealthSpec, ImageSpec, IngressSpec, JobSpec, RetrySpec, ServiceSpec,
 )
 from gpulayer.server.config import PRIORITY_CLASSES, SERVICE_MAX_ATTEMPTS
 from gpulayer.server.errors import InvalidRequest
@@ -27,6 +27,7 @@ ENV_NAME = re.compile(ENV_NAME_PATTERN)
 JOB_FIELDS = set(names(JobSpec))
 SERVICE_FIELDS = set(names(ServiceSpec))
 HEALTH_FIELDS = set(names(HealthSpec))
+INGRESS_FIELDS = set(names(IngressSpec))
 RETRY_FIELDS = set(names(RetrySpec))
 AFTER_FIELDS = set(names(After))
 IMAGE_FIELDS = set(names(ImageSpec))
@@ -129,8 +130,25 @@ def _service(value: Any) -> ServiceSpec | None:
         return None
     obj = mapping(value, "service")
     _known(obj, SERVICE_FIELDS, "service")
-    return ServiceSpec(**_fields(obj, ServiceSpec, "service.", {
-        "health": _health, "weights": lambda given: digest(given, "service.weights")}))
+    service = ServiceSpec(**_fields(obj, ServiceSpec, "service.", {
+        "health": _health, "ingress": _ingress, "weights": lambda given: digest(given, "service.weights")}))
+    if service.ingress is not None and not service.port:
+        raise _fail("service.ingress", "needs `port`: the ingress proxies to the port the worker picks ($PORT)")
+    return service
+
+
+def _ingress(value: Any) -> IngressSpec | None:
+    """`service.ingress`: `access` token, key (with the key's `key_sha256`) or public."""
+    if value is None:
+        return None
+    obj = mapping(value, "service.ingress")
+    _known(obj, INGRESS_FIELDS, "service.ingress")
+    ingress = IngressSpec(**_fields(obj, IngressSpec, "service.ingress.", {}))
+    if ingress.access == "key" and ingress.key_sha256 is None:
+        raise _fail("service.ingress.key_sha256", "`access: key` needs the SHA-256 (hex) of the service's key")
+    if ingress.access != "key" and ingress.key_sha256 is not None:
+        raise _fail("service.ingress.key_sha256", f"a key goes with `access: key`, not `access: {ingress.access}`")
+    return ingress
 
 
 def _image(value: Any) -> ImageSpec | None:

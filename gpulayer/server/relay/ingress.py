@@ -1,0 +1,616 @@
+"""Service ingress: `/ingress/<job id>/...` on the control plane, proxied to the service's ready replicas through
+the relay (docs/access.md, "Ingress").
+
+granian's bridge (http/granian_bridge.py) hands every request under `/ingress/` here, on its asyncio loop,
+never to falcon's threads. Per request: the job's ingress and its serving replicas are read off the loop
+(scheduler/ingress.py, cached `CACHE_S`), the caller is let in by its access (a token that may read the job,
+the service's key, or anyone for `public`), a replica is chosen by least outstanding requests (one that
+refused a connection is skipped for `DOWN_S`), and a `tcp` stream to its port is opened through the hub
+(`Hub.open_stream`; the agent connects in the task's network view). The request goes up as HTTP/1.1 (h11),
+its body streamed within the stream's credit; the response streams back through granian's
+`response_stream` as it arrives (server-sent events token by token). One stream per request, `Connection:
+close` upstream: no keep-alive pool. A replica that fails before the first byte of its answer gets one retry
+on another replica for an idempotent method whose body was read whole (at most `RETRY_BODY_BYTES`); else
+502. No replica serving: 503 with Retry-After. A WebSocket upgrade is accepted here and spoken to the replica
+over one stream (websockets' sans-I/O client). Nothing here writes to the state file per request; requests
+and bytes are counted in memory (`gpulayer_ingress_*` in GET /metrics).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import logging
+import re
+import time
+from collections import Counter
+from http.cookies import CookieError, SimpleCookie
+from urllib.parse import parse_qsl, quote, urlencode
+
+import h11
+
+from gpulayer.protocol.relay import CLOSE, DATA, EOF, EXT_DATA, MAX_DATA, WINDOW, Credit, FrameError, data, decode, encode
+from gpulayer.server.errors import GpulayerError, NotFound, Unauthorized
+from gpulayer.server.http import bodies
+from gpulayer.server.relay.hub import Hub, RelayTimeout
+from gpulayer.server.scheduler import ingress as ingress_reads
+from gpulayer.server.scheduler.ingress import Ingress
+
+log = logging.getLogger("gpulayer.server.ingress")
+
+PREFIX = "/ingress/"
+PATH = re.compile(r"/ingress/([0-9]{1,18})(/.*)?", re.DOTALL)
+COOKIE = "gpulayer_ingress"
+CACHE_S = 1.0  # a job's ingress and replicas, and an access decision, are read again after this
+DOWN_S = 5.0  # a replica that refused a connection is passed over this long (while another serves)
+RETRY_BODY_BYTES = 1 << 20
+IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
+GRANT_EVERY = 64 * 1024
+#: Not passed on either way (RFC 9110, section 7.6.1), with what the ingress sets itself.
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade",
+                        "proxy-authorization", "proxy-authenticate", "forwarded", "x-forwarded-for", "x-forwarded-proto",
+                        "x-forwarded-prefix", "x-forwarded-host"})
+_SAFE_PATH = "/:@!$&'()*+,;=-._~"
+
+
+class UpstreamFailed(Exception):
+    """The replica's connection failed (`answered`: after the first byte of its response)."""
+
+    def __init__(self, message: str, answered: bool = False):
+        super().__init__(message)
+        self.answered = answered
+
+
+class NoReplica(GpulayerError):
+    code = "no_replica"
+    status = 503
+
+
+class BadGateway(GpulayerError):
+    code = "bad_gateway"
+    status = 502
+
+
+class Ends:
+    """The client's ends of the ingress's streams (the hub's `conn` for them): frames from the hub land here."""
+
+    label = "ingress"
+
+    def __init__(self) -> None:
+        self.routes: dict = {}  # the hub's Routes by stream id (Hub.open_stream fills it)
+        self.streams: dict[int, Upstream] = {}
+        self.closing = None
+        self._next = 0
+
+    def next_sid(self) -> int:
+        self._next += 1
+        return self._next
+
+    def send(self, raw: bytes) -> None:
+        frame = decode(raw)
+        stream = self.streams.get(frame.stream_id)
+        if stream is not None:
+            stream.arrived(frame.type, frame)
+
+    def close(self, code: int, why: str) -> None:  # the hub's answer to a broken frame of ours: a bug here
+        log.error("ingress_stream_broken code=%d why=%s", code, why)
+
+
+class Upstream:
+    """One `tcp` stream to a replica's port, used from coroutines on the loop: `write` within credit, `read`."""
+
+    def __init__(self, hub: Hub, ends: Ends, sid: int):
+        self.hub, self.ends, self.sid = hub, ends, sid
+        self.credit = Credit()
+        self.inbox: asyncio.Queue = asyncio.Queue()
+        self.wake = asyncio.Event()
+        self.ended: dict | None = None
+        self.got = 0  # bytes received
+        self._unacked = 0
+
+    def arrived(self, kind: int, frame) -> None:
+        if kind == WINDOW:
+            self.credit.grant(frame.credit)
+            self.wake.set()
+            return
+        if kind == CLOSE:
+            self.ended = frame.fields
+            self.ends.streams.pop(self.sid, None)
+            self.wake.set()
+        self.inbox.put_nowait(frame)
+
+    async def write(self, chunk: bytes) -> None:
+        """Send `chunk` as DATA, waiting for credit; UpstreamFailed once the stream ended."""
+        view = memoryview(chunk)
+        while view:
+            while self.credit.left <= 0 and self.ended is None:
+                self.wake.clear()
+                await self.wake.wait()
+            if self.ended is not None:
+                raise UpstreamFailed(str(self.ended.get("error") or "the replica closed the connection"), self.got > 0)
+            size = min(self.credit.left, MAX_DATA, len(view))
+            self.credit.take(size)
+            self.hub.client_frame(self.ends, data(self.sid, bytes(view[:size])))
+            view = view[size:]
+
+    async def read(self) -> bytes:
+        """The next bytes from the replica; b"" once it closed its side; UpstreamFailed when the stream broke."""
+        frame = await self.inbox.get()
+        if frame.type in (DATA, EXT_DATA):
+            self.got += len(frame.data)
+            self._unacked += len(frame.data)
+            if self._unacked >= GRANT_EVERY and self.ended is None:
+                self.hub.client_frame(self.ends, encode(self.sid, WINDOW, self._unacked))
+                self._unacked = 0
+            return frame.data
+        if frame.type == EOF:
+            return b""
+        if frame.type == CLOSE:
+            self.inbox.put_nowait(frame)  # every later read sees the end too
+            error = frame.fields.get("error")
+            if error:
+                raise UpstreamFailed(str(error), self.got > 0)
+            return b""
+        return await self.read()
+
+    def close(self) -> None:
+        """End the stream from here (nothing when it ended already)."""
+        self.ends.streams.pop(self.sid, None)
+        if self.ended is None:
+            self.ended = {"reason": "closed by the ingress"}
+            self.hub.client_frame(self.ends, encode(self.sid, CLOSE, {"reason": "the ingress is done with it"}))
+
+
+class IngressProxy:
+    """The RSGI handler for `/ingress/...` (HTTP and WebSocket), over the relay's hub."""
+
+    def __init__(self, hub: Hub, secure_cookies: bool = True):
+        self.hub = hub
+        self.store = hub.scheduler.store
+        self.counters = hub.scheduler.ingress
+        self.secure_cookies = secure_cookies
+        self.ends = Ends()
+        self.outstanding: Counter[int] = Counter()  # requests in flight per replica (task id)
+        self.down: dict[int, float] = {}  # task id: until when it is passed over
+        self._ingress: dict[int, tuple[float, Ingress | None]] = {}
+        self._allowed: dict[tuple[int, str], tuple[float, bool]] = {}
+
+    async def __call__(self, scope, proto) -> None:
+        self.hub.started()
+        if scope.proto == "ws":
+            return await self._websocket(scope, proto)
+        try:
+            await self._http(scope, proto)
+        except Exception:
+            log.exception("ingress_failed path=%s", scope.path)
+            try:
+                _answer(proto, 500, "internal_error", "the control plane hit an unexpected error; see its log")
+            except Exception:
+                pass
+
+    # -- what a request may reach -----------------------------------------------------------------
+
+    async def _lookup(self, job_id: int) -> Ingress | None:
+        now = time.monotonic()
+        cached = self._ingress.get(job_id)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        found = await self.hub._run("system", self.store.read, ingress_reads.lookup, job_id)
+        if len(self._ingress) > 10_000:
+            self._ingress.clear()
+        self._ingress[job_id] = (now + CACHE_S, found)
+        return found
+
+    async def _may_read(self, token: str, job_id: int) -> bool:
+        """Whether client token `token` may read job `job_id` (cached CACHE_S); Unauthorized for a bad token."""
+        key = (job_id, hashlib.sha256(token.encode("utf-8", "surrogateescape")).hexdigest())
+        now = time.monotonic()
+        cached = self._allowed.get(key)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        principal = await self.hub._run("system", self.hub.auth.authenticate, token, self.hub.clock())
+        allowed = await self.hub._run("system", self.store.read, ingress_reads.may_read, principal, job_id)
+        if len(self._allowed) > 10_000:
+            self._allowed.clear()
+        self._allowed[key] = (now + CACHE_S, allowed)
+        return allowed
+
+    async def _admit(self, scope, job_id: int) -> tuple[Ingress, bool, str | None]:
+        """The job's ingress, whether the caller's credentials are to be stripped before the request goes up,
+        and a token given as `?token=` (to be set as a cookie); NotFound, Unauthorized."""
+        found = await self._lookup(job_id)
+        if found is None:
+            raise NotFound(f"no service with an ingress at {PREFIX}{job_id}/")
+        if found.access == "public":
+            return found, False, None
+        header = scope.headers.get("authorization") or ""
+        scheme, _, bearer = header.partition(" ")
+        bearer = bearer.strip() if scheme.lower() == "bearer" else ""
+        if bearer and found.key_sha256 is not None:
+            digest = hashlib.sha256(bearer.encode("utf-8", "surrogateescape")).hexdigest()
+            if hmac.compare_digest(digest, found.key_sha256):
+                return found, True, None
+        query_token = dict(parse_qsl(scope.query_string or "")).get("token")
+        token = bearer or query_token or _cookie(scope.headers.get("cookie"))
+        if not token:
+            raise Unauthorized(f"the ingress of job {job_id} needs a token that may read the job (Authorization: "
+                               "Bearer <token>, or ?token= once in a browser)"
+                               + (" or the service's key" if found.access == "key" else ""))
+        if not await self._may_read(token, job_id):
+            raise NotFound(f"no service with an ingress at {PREFIX}{job_id}/")
+        return found, True, query_token if not bearer and query_token == token else None
+
+    def _pick(self, found: Ingress, tried: set[int]) -> int | None:
+        """The index of the replica to use: least outstanding requests, one that failed lately last."""
+        now = time.monotonic()
+        left = [i for i, r in enumerate(found.replicas) if r.task_id not in tried]
+        if not left:
+            return None
+        return min(left, key=lambda i: (self.down.get(found.replicas[i].task_id, 0) > now,
+                                        self.outstanding[found.replicas[i].task_id], i))
+
+    async def _open(self, found: Ingress, i: int) -> Upstream:
+        target = found.replicas[i]
+        sid = self.ends.next_sid()
+        upstream = Upstream(self.hub, self.ends, sid)
+        self.ends.streams[sid] = upstream
+        try:
+            await self.hub.open_stream(self.ends, sid, target, "tcp", {"port": found.ports[i]}, "ingress")
+        except (RelayTimeout, GpulayerError) as exc:
+            self.ends.streams.pop(sid, None)
+            raise UpstreamFailed(exc.message) from None
+        return upstream
+
+    # -- HTTP ---------------------------------------------------------------------------------------
+
+    async def _http(self, scope, proto) -> None:
+        match = PATH.fullmatch(scope.path)
+        if match is None:
+            return _answer(proto, 404, "not_found", f"no such path: {scope.path}")
+        job_id, rest = int(match[1]), match[2]
+        if rest is None:  # /ingress/7 -> /ingress/7/: relative links resolve under the prefix
+            location = f"{PREFIX}{job_id}/" + (f"?{scope.query_string}" if scope.query_string else "")
+            return proto.response_empty(308, [("location", location)])
+        try:
+            found, strip, query_token = await self._admit(scope, job_id)
+        except GpulayerError as exc:
+            extra = [("www-authenticate", 'Bearer realm="gpulayer ingress"')] if exc.status == 401 else []
+            return _answer(proto, exc.status, exc.code, exc.message, extra)
+        if query_token is not None:  # a browser's first visit: the token into a cookie, out of the URL
+            return self._to_cookie(scope, proto, job_id, rest, query_token)
+        if not found.replicas:
+            self.counters.requests[(job_id, "5xx")] += 1
+            return _answer(proto, 503, "no_replica", f"job {job_id} has no replica serving now (state {found.state})",
+                           [("retry-after", "1")])
+        await self._proxy(scope, proto, found, job_id, rest, strip)
+
+    def _to_cookie(self, scope, proto, job_id: int, rest: str, token: str) -> None:
+        query = urlencode([(k, v) for k, v in parse_qsl(scope.query_string or "", keep_blank_values=True) if k != "token"])
+        location = quote(f"{PREFIX}{job_id}{rest}", safe=_SAFE_PATH) + (f"?{query}" if query else "")
+        cookie = f"{COOKIE}={token}; Path={PREFIX}{job_id}/; HttpOnly; SameSite=Lax" + ("; Secure" if self.secure_cookies else "")
+        proto.response_empty(303, [("location", location), ("set-cookie", cookie), ("cache-control", "no-store")])
+
+    async def _proxy(self, scope, proto, found: Ingress, job_id: int, rest: str, strip: bool) -> None:
+        method = scope.method.upper()
+        headers, body_framing = _upstream_headers(scope, job_id, strip)
+        target = quote(rest, safe=_SAFE_PATH) + (f"?{_query_without_token(scope.query_string)}" if scope.query_string else "")
+        target = target.rstrip("?")
+        request = h11.Request(method=method, target=target, headers=headers)
+        body = _Body(proto if body_framing else None)
+        tried: set[int] = set()
+        error = "no replica"
+        while True:
+            i = self._pick(found, tried)
+            if i is None:
+                break
+            task_id = found.replicas[i].task_id
+            tried.add(task_id)
+            self.outstanding[task_id] += 1
+            try:
+                status = await self._exchange(proto, found, i, method, request, body, job_id)
+                self.counters.requests[(job_id, f"{status // 100}xx")] += 1
+                return
+            except UpstreamFailed as exc:
+                if exc.answered:
+                    log.info("ingress_upstream_broke job_id=%d task_id=%d error=%s", job_id, task_id, exc)
+                    self.counters.requests[(job_id, "broken")] += 1
+                    return
+                self.down[task_id] = time.monotonic() + DOWN_S
+                log.info("ingress_upstream_failed job_id=%d task_id=%d error=%s", job_id, task_id, exc)
+                error = str(exc)
+                if method not in IDEMPOTENT or not body.replayable():
+                    break
+                self.counters.retries[job_id] += 1
+            finally:
+                self.outstanding[task_id] -= 1
+                if self.outstanding[task_id] <= 0:
+                    del self.outstanding[task_id]
+        self.counters.requests[(job_id, "5xx")] += 1
+        if not tried:
+            return _answer(proto, 503, "no_replica", f"job {job_id} has no replica serving now", [("retry-after", "1")])
+        _answer(proto, 502, "bad_gateway", f"the replica of job {job_id} failed before answering: {error}"
+                if len(tried) == 1 else f"{len(tried)} replicas of job {job_id} failed before answering; the last: {error}")
+
+    async def _exchange(self, proto, found: Ingress, i: int, method: str, request: h11.Request, body: _Body, job_id: int) -> int:
+        """One try on replica `i`: the request up, the answer back; its status. UpstreamFailed when it broke."""
+        upstream = await self._open(found, i)
+        conn = h11.Connection(h11.CLIENT)
+        pump = None
+        try:
+            await upstream.write(conn.send(request))
+            pump = asyncio.ensure_future(self._send_body(conn, upstream, body, job_id))
+            response = await _next_event(conn, upstream, (h11.Response,))
+            headers = [(n.decode("latin-1"), v.decode("latin-1")) for n, v in response.headers
+                       if n.decode("latin-1").lower() not in HOP_BY_HOP]
+            if method == "HEAD" or response.status_code in (204, 304):
+                proto.response_empty(response.status_code, headers)
+                return response.status_code
+            transport = proto.response_stream(response.status_code, headers)
+            while True:
+                try:
+                    event = await _next_event(conn, upstream, (h11.Data, h11.EndOfMessage))
+                except UpstreamFailed as exc:
+                    exc.answered = True
+                    raise
+                if isinstance(event, h11.EndOfMessage):
+                    return response.status_code
+                self.counters.bytes_out[job_id] += len(event.data)
+                await transport.send_bytes(bytes(event.data))
+        finally:
+            if pump is not None:
+                pump.cancel()
+            upstream.close()
+
+    async def _send_body(self, conn: h11.Connection, upstream: Upstream, body: _Body, job_id: int) -> None:
+        try:
+            async for chunk in body.chunks():
+                self.counters.bytes_in[job_id] += len(chunk)
+                await upstream.write(conn.send(h11.Data(data=chunk)))
+            await upstream.write(conn.send(h11.EndOfMessage()))
+        except (UpstreamFailed, h11.LocalProtocolError, asyncio.CancelledError):
+            pass
+        except Exception as exc:  # the client went away mid-body
+            log.debug("ingress_body_failed error=%r", exc)
+            upstream.close()
+
+    # -- WebSocket ----------------------------------------------------------------------------------
+
+    async def _websocket(self, scope, proto) -> None:
+        from websockets.client import ClientProtocol
+        from websockets.frames import Opcode
+        from websockets.http11 import Response
+        from websockets.uri import parse_uri
+
+        match = PATH.fullmatch(scope.path)
+        if match is None or match[2] is None:
+            proto.close(404)
+            return
+        job_id, rest = int(match[1]), match[2]
+        try:
+            found, strip, _ = await self._admit(scope, job_id)
+        except GpulayerError as exc:
+            proto.close(exc.status)
+            return
+        i = self._pick(found, set())
+        if i is None:
+            proto.close(503)
+            return
+        try:
+            upstream = await self._open(found, i)
+        except UpstreamFailed:
+            proto.close(502)
+            return
+        headers, _ = _upstream_headers(scope, job_id, strip, websocket=True)
+        path = quote(rest, safe=_SAFE_PATH) + (f"?{_query_without_token(scope.query_string)}" if scope.query_string else "")
+        offered = [p.strip() for p in (scope.headers.get("sec-websocket-protocol") or "").split(",") if p.strip()]
+        ws = ClientProtocol(parse_uri(f"ws://replica{path.rstrip('?')}"), subprotocols=offered or None, max_size=None)
+        handshake = ws.connect()
+        for name, value in headers:
+            if name.lower() not in ("host",):
+                handshake.headers[name] = value
+        del handshake.headers["Host"]
+        handshake.headers["Host"] = scope.headers.get("host") or scope.authority or "localhost"
+        ws.send_request(handshake)
+        task_id = found.replicas[i].task_id
+        self.outstanding[task_id] += 1
+        try:
+            for chunk in ws.data_to_send():
+                await upstream.write(chunk)
+            answer = None
+            while answer is None:
+                got = await upstream.read()
+                if not got:
+                    raise UpstreamFailed("the replica closed the connection during the WebSocket handshake")
+                ws.receive_data(got)
+                for event in ws.events_received():
+                    if isinstance(event, Response):
+                        answer = event
+            if answer.status_code != 101 or ws.handshake_exc is not None:
+                proto.close(answer.status_code if answer.status_code >= 400 else 502)
+                return
+            transport = await proto.accept()
+            self.counters.requests[(job_id, "ws")] += 1
+            await self._splice(transport, upstream, ws, Opcode, job_id)
+        except UpstreamFailed as exc:
+            log.info("ingress_websocket_failed job_id=%d error=%s", job_id, exc)
+            proto.close(502)
+        finally:
+            self.outstanding[task_id] -= 1
+            if self.outstanding[task_id] <= 0:
+                del self.outstanding[task_id]
+            upstream.close()
+
+    async def _splice(self, transport, upstream: Upstream, ws, Opcode, job_id: int) -> None:
+        """Messages both ways until either side closes."""
+
+        async def up() -> None:
+            while True:
+                message = await transport.receive()
+                kind = int(message.kind)
+                if kind == 0:
+                    ws.send_close()
+                elif kind == 1:
+                    ws.send_binary(bytes(message.data))
+                else:
+                    ws.send_text(message.data.encode() if isinstance(message.data, str) else bytes(message.data))
+                for chunk in ws.data_to_send():
+                    self.counters.bytes_in[job_id] += len(chunk)
+                    await upstream.write(chunk)
+                if kind == 0:
+                    return
+
+        async def down() -> None:
+            parts: list[bytes] = []
+            text = False
+            while True:
+                got = await upstream.read()
+                if not got:
+                    return
+                self.counters.bytes_out[job_id] += len(got)
+                ws.receive_data(got)
+                for frame in ws.events_received():
+                    if frame.opcode in (Opcode.TEXT, Opcode.BINARY):
+                        parts, text = [frame.data], frame.opcode == Opcode.TEXT
+                    elif frame.opcode == Opcode.CONT:
+                        parts.append(frame.data)
+                    else:
+                        if frame.opcode == Opcode.CLOSE:
+                            return
+                        continue
+                    if frame.fin:
+                        whole = b"".join(parts)
+                        if text:
+                            await transport.send_str(whole.decode("utf-8", "replace"))
+                        else:
+                            await transport.send_bytes(whole)
+                for chunk in ws.data_to_send():  # pongs, the close's answer
+                    await upstream.write(chunk)
+
+        tasks = [asyncio.ensure_future(up()), asyncio.ensure_future(down())]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                try:
+                    await task
+                except (asyncio.CancelledError, Exception):
+                    pass
+
+
+class _Body:
+    """A request's body from granian (None: it has none), read once, its first RETRY_BODY_BYTES kept for a retry."""
+
+    def __init__(self, proto):
+        self.source = proto.__aiter__() if proto is not None else None
+        self.kept: list[bytes] | None = []
+        self.size = 0
+        self.done = proto is None
+
+    async def chunks(self):
+        for chunk in list(self.kept or ()):
+            yield chunk
+        if self.kept is None and self.size:  # read past what was kept: a retry cannot replay it
+            raise UpstreamFailed("the request's body cannot be sent again")
+        while not self.done:
+            try:
+                chunk = await self.source.__anext__()
+            except StopAsyncIteration:
+                self.done = True
+                return
+            if not chunk:
+                continue
+            self.size += len(chunk)
+            if self.kept is not None:
+                if self.size <= RETRY_BODY_BYTES:
+                    self.kept.append(chunk)
+                else:
+                    self.kept = None
+            yield chunk
+
+    def replayable(self) -> bool:
+        """Whether a retry can send the body again: there is none, or it was read whole and kept."""
+        return self.source is None or (self.done and self.kept is not None)
+
+
+async def _next_event(conn: h11.Connection, upstream: Upstream, wanted: tuple):
+    """The next of the `wanted` h11 events of the replica's answer (informational answers skipped)."""
+    while True:
+        try:
+            event = conn.next_event()
+        except h11.RemoteProtocolError as exc:
+            raise UpstreamFailed(f"the replica's answer is no valid HTTP/1.1: {exc}", upstream.got > 0) from None
+        if event is h11.NEED_DATA:
+            conn.receive_data(await upstream.read())
+            continue
+        if isinstance(event, wanted):
+            return event
+        if isinstance(event, h11.ConnectionClosed):
+            raise UpstreamFailed("the replica closed the connection before it answered", upstream.got > 0)
+
+
+def _upstream_headers(scope, job_id: int, strip: bool, websocket: bool = False) -> tuple[list[tuple[str, str]], bool]:
+    """The request's headers as the replica gets them (hop-by-hop ones and the caller's credentials out,
+    X-Forwarded-* in), and whether it has a body."""
+    out: list[tuple[str, str]] = []
+    named: dict[str, str] = {}
+    for name, value in scope.headers.items():
+        lower = name.lower()
+        named[lower] = value
+        if lower in HOP_BY_HOP or (websocket and lower.startswith("sec-websocket-")):
+            continue
+        if strip and lower == "authorization":
+            continue
+        if lower == "cookie":
+            value = _cookies_without_ours(value)
+            if not value:
+                continue
+        out.append((lower, value))
+    if "host" not in named:
+        out.insert(0, ("host", scope.authority or "localhost"))
+    client = scope.client.rpartition(":")[0].strip("[]")
+    forwarded_for = named.get("x-forwarded-for")
+    out += [("x-forwarded-for", f"{forwarded_for}, {client}" if forwarded_for else client),
+            ("x-forwarded-proto", scope.scheme), ("x-forwarded-prefix", f"{PREFIX}{job_id}"),
+            ("x-forwarded-host", named.get("host") or scope.authority or "")]
+    if websocket:
+        return out, False
+    out.append(("connection", "close"))
+    length = named.get("content-length")
+    if "transfer-encoding" in named or (length is None and scope.method.upper() in ("POST", "PUT", "PATCH")
+                                        and scope.http_version.startswith("2")):
+        out = [(n, v) for n, v in out if n != "content-length"]
+        out.append(("transfer-encoding", "chunked"))
+        return out, True
+    return out, bool(length and length.strip() != "0")
+
+
+def _cookie(header: str | None) -> str | None:
+    if not header:
+        return None
+    try:
+        jar = SimpleCookie(header)
+    except CookieError:
+        return None
+    found = jar.get(COOKIE)
+    return found.value if found is not None else None
+
+
+def _cookies_without_ours(header: str) -> str:
+    return "; ".join(part.strip() for part in header.split(";") if part.strip() and not part.strip().startswith(f"{COOKIE}="))
+
+
+def _query_without_token(query: str) -> str:
+    """The query as the replica gets it: `token` (the ingress's) taken out, the rest as sent."""
+    if "token=" not in query:
+        return query
+    return "&".join(part for part in query.split("&") if not part.startswith("token="))
+
+
+def _answer(proto, status: int, code: str, message: str, extra: list | None = None) -> None:
+    proto.response_bytes(status, [("content-type", "application/json"), *(extra or [])], bodies.error_body(code, message))
+
+
+__all__ = ["IngressProxy", "PREFIX"]

@@ -1,0 +1,91 @@
+"""A service's ingress as the scheduler knows it: its access setting, the replicas that serve now, and who
+may go through it (docs/access.md, "Ingress").
+
+The proxy itself (server/relay/ingress.py) runs on the front end's asyncio loop and calls these reads off it,
+on the relay's pool, cached a second there; nothing here writes: an HTTP request through the ingress costs
+no SQL write, and its bytes are counted in memory (`Counters`, read by GET /metrics).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+
+import apsw
+
+from gpulayer.server.errors import Forbidden, NotFound
+from gpulayer.server.scheduler import sessions, teams
+from gpulayer.server.store.queries import row, rows
+
+ACCESS = ("token", "key", "public")
+
+
+@dataclass(frozen=True)
+class Ingress:
+    """A service job's ingress: `access` (token, key or public), the key's SHA-256 (hex) for `key`, and the
+    replicas that serve now (running, with an endpoint, on an online worker whose agent serves `tcp`)."""
+
+    job_id: int
+    state: str
+    access: str
+    key_sha256: str | None
+    replicas: tuple[sessions.Target, ...]
+    ports: tuple[int, ...]  # each replica's port, in the task's network view
+
+
+def lookup(conn: apsw.Connection, job_id: int) -> Ingress | None:
+    """Job `job_id`'s ingress, or None when there is no such job or it has no ingress."""
+    found = row(conn, "ingress_job", job_id=job_id)
+    if found is None or found["ingress"] is None:
+        return None
+    setting = json.loads(found["ingress"])
+    replicas, ports = [], []
+    if found["state"] == "running":
+        for r in rows(conn, "ingress_replicas", job_id=job_id):
+            port = _port(r["endpoint"])
+            relay = json.loads(r["relay"] or "{}")
+            kinds = tuple(k for k in relay.get("kinds") or () if isinstance(k, str))
+            if port is None or "tcp" not in kinds:
+                continue
+            replicas.append(sessions.Target(job_id, r["task_id"], r["index"], r["worker_id"], r["worker_name"], kinds,
+                                            bool(relay.get("no_exec")), r["version"] or "unknown"))
+            ports.append(port)
+    return Ingress(job_id, found["state"], setting.get("access") or "token", setting.get("key_sha256"),
+                   tuple(replicas), tuple(ports))
+
+
+def may_read(conn: apsw.Connection, principal, job_id: int) -> bool:
+    """Whether `principal` (a client token's) may read job `job_id`: its owner, its project's managers (and
+    members when the project's visibility says so), admins (docs/teams.md)."""
+    if principal.kind != "client":
+        return False
+    try:
+        teams.check_job(conn, principal, job_id, "read")
+    except (NotFound, Forbidden):
+        return False
+    return True
+
+
+def _port(endpoint: str | None) -> int | None:
+    """The port of an endpoint `host:port` (`[v6]:port`), None when it has none."""
+    _, sep, port = (endpoint or "").rpartition(":")
+    return int(port) if sep and port.isdigit() and 0 < int(port) < 65536 else None
+
+
+class Counters:
+    """Requests (by job and status class) and bytes each way (by job) through the ingress, kept on the loop;
+    GET /metrics reads a copy (`stats()`)."""
+
+    def __init__(self) -> None:
+        self.requests: Counter[tuple[int, str]] = Counter()
+        self.bytes_in: Counter[int] = Counter()  # towards the replicas
+        self.bytes_out: Counter[int] = Counter()  # from the replicas
+        self.retries: Counter[int] = Counter()
+
+    def stats(self) -> dict:
+        return {"requests": dict(self.requests), "bytes_in": dict(self.bytes_in),
+                "bytes_out": dict(self.bytes_out), "retries": dict(self.retries)}
+
+
+__all__ = ["ACCESS", "Ingress", "lookup", "may_read", "Counters"]
