@@ -152,11 +152,13 @@ WHERE hidden = 0
 ORDER BY cid;
 
 -- name: page_job --
--- Job :job_id as stored, with its task counts from job_summary.
+-- Job :job_id as stored, with its task counts from job_summary, and a service's ingress access (token, key,
+-- public; null: none), whose URL is /ingress/<job id> on the control plane that serves this explorer.
 SELECT j.id AS job_id, j.name, j.state, j.kind, j.priority, j.attempt, j.max_attempts,
        j.width, j.gang, j.gpus, j.cpus, j.memory_mb, j.accelerator, j.labels,
        s.queued_tasks, s.active_tasks, s.lost_tasks, j.exit_code, j.reason,
-       j.created_at, s.first_started_at, j.finished_at, j.spec
+       j.created_at, s.first_started_at, j.finished_at, j.spec,
+       json_extract(j.spec, '$.service.ingress.access') AS ingress
 FROM jobs j
 JOIN job_summary s ON s.job_id = j.id
 WHERE j.id = :job_id;

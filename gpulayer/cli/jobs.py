@@ -52,6 +52,8 @@ def job_status(ctx: typer.Context, job_id: JobArg, index: IndexOpt = None, as_js
                + (f" owner={info['owner']} project={info.get('project') or '-'}" if info.get("owner") else ""))
     if info.get("waiting_reason"):
         typer.echo(waiting_line(info["waiting_reason"]))
+    if info.get("ingress_url"):  # a service's URL on the control plane (docs/access.md, "Ingress")
+        typer.echo(f"ingress_url={info['ingress_url']}")
     for dep in info.get("after") or []:
         typer.echo(f"after: job {dep['job']} {dep['condition']} "
                    + (f"(it is {dep['state']})" if dep.get("state") else "(you may not see it)"))

@@ -485,8 +485,7 @@ class Hub:
         route.agent, route.agent_sid = link, link.next_sid()
         link.routes[route.agent_sid] = route
         self.state.open[kind] += 1
-        link.send(encode(route.agent_sid, OPEN, {"kind": kind, "job_id": to.job_id, "task_id": to.task_id,
-                                                 "index": to.index, **detail}))
+        link.send(encode(route.agent_sid, OPEN, {"kind": kind, "job_id": to.job_id, "task_id": to.task_id, "index": to.index, **detail}))
         return route
 
     def client_frame(self, conn, raw: bytes) -> None:

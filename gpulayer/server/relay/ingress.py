@@ -30,7 +30,7 @@ from urllib.parse import parse_qsl, quote, urlencode
 
 import h11
 
-from gpulayer.protocol.relay import CLOSE, DATA, EOF, EXT_DATA, MAX_DATA, WINDOW, Credit, FrameError, data, decode, encode
+from gpulayer.protocol.relay import CLOSE, DATA, EOF, EXT_DATA, MAX_DATA, WINDOW, Credit, data, decode, encode
 from gpulayer.server.errors import GpulayerError, NotFound, Unauthorized
 from gpulayer.server.http import bodies
 from gpulayer.server.relay.hub import Hub, RelayTimeout
@@ -48,9 +48,24 @@ RETRY_BODY_BYTES = 1 << 20
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
 GRANT_EVERY = 64 * 1024
 #: Not passed on either way (RFC 9110, section 7.6.1), with what the ingress sets itself.
-HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade",
-                        "proxy-authorization", "proxy-authenticate", "forwarded", "x-forwarded-for", "x-forwarded-proto",
-                        "x-forwarded-prefix", "x-forwarded-host"})
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "transfer-encoding",
+        "te",
+        "trailer",
+        "upgrade",
+        "proxy-authorization",
+        "proxy-authenticate",
+        "forwarded",
+        "x-forwarded-for",
+        "x-forwarded-proto",
+        "x-forwarded-prefix",
+        "x-forwarded-host",
+    }
+)
 _SAFE_PATH = "/:@!$&'()*+,;=-._~"
 
 
@@ -234,9 +249,10 @@ class IngressProxy:
         query_token = dict(parse_qsl(scope.query_string or "")).get("token")
         token = bearer or query_token or _cookie(scope.headers.get("cookie"))
         if not token:
-            raise Unauthorized(f"the ingress of job {job_id} needs a token that may read the job (Authorization: "
-                               "Bearer <token>, or ?token= once in a browser)"
-                               + (" or the service's key" if found.access == "key" else ""))
+            raise Unauthorized(
+                f"the ingress of job {job_id} needs a token that may read the job (Authorization: "
+                "Bearer <token>, or ?token= once in a browser)" + (" or the service's key" if found.access == "key" else "")
+            )
         if not await self._may_read(token, job_id):
             raise NotFound(f"no service with an ingress at {PREFIX}{job_id}/")
         return found, True, query_token if not bearer and query_token == token else None
@@ -247,8 +263,7 @@ class IngressProxy:
         left = [i for i, r in enumerate(found.replicas) if r.task_id not in tried]
         if not left:
             return None
-        return min(left, key=lambda i: (self.down.get(found.replicas[i].task_id, 0) > now,
-                                        self.outstanding[found.replicas[i].task_id], i))
+        return min(left, key=lambda i: (self.down.get(found.replicas[i].task_id, 0) > now, self.outstanding[found.replicas[i].task_id], i))
 
     async def _open(self, found: Ingress, i: int) -> Upstream:
         target = found.replicas[i]
@@ -281,8 +296,7 @@ class IngressProxy:
             return self._to_cookie(scope, proto, job_id, rest, query_token)
         if not found.replicas:
             self.counters.requests[(job_id, "5xx")] += 1
-            return _answer(proto, 503, "no_replica", f"job {job_id} has no replica serving now (state {found.state})",
-                           [("retry-after", "1")])
+            return _answer(proto, 503, "no_replica", f"job {job_id} has no replica serving now (state {found.state})", [("retry-after", "1")])
         await self._proxy(scope, proto, found, job_id, rest, strip)
 
     def _to_cookie(self, scope, proto, job_id: int, rest: str, token: str) -> None:
@@ -329,8 +343,14 @@ class IngressProxy:
         self.counters.requests[(job_id, "5xx")] += 1
         if not tried:
             return _answer(proto, 503, "no_replica", f"job {job_id} has no replica serving now", [("retry-after", "1")])
-        _answer(proto, 502, "bad_gateway", f"the replica of job {job_id} failed before answering: {error}"
-                if len(tried) == 1 else f"{len(tried)} replicas of job {job_id} failed before answering; the last: {error}")
+        _answer(
+            proto,
+            502,
+            "bad_gateway",
+            f"the replica of job {job_id} failed before answering: {error}"
+            if len(tried) == 1
+            else f"{len(tried)} replicas of job {job_id} failed before answering; the last: {error}",
+        )
 
     async def _exchange(self, proto, found: Ingress, i: int, method: str, request: h11.Request, body: _Body, job_id: int) -> int:
         """One try on replica `i`: the request up, the answer back; its status. UpstreamFailed when it broke."""
@@ -341,8 +361,7 @@ class IngressProxy:
             await upstream.write(conn.send(request))
             pump = asyncio.ensure_future(self._send_body(conn, upstream, body, job_id))
             response = await _next_event(conn, upstream, (h11.Response,))
-            headers = [(n.decode("latin-1"), v.decode("latin-1")) for n, v in response.headers
-                       if n.decode("latin-1").lower() not in HOP_BY_HOP]
+            headers = [(n.decode("latin-1"), v.decode("latin-1")) for n, v in response.headers if n.decode("latin-1").lower() not in HOP_BY_HOP]
             if method == "HEAD" or response.status_code in (204, 304):
                 proto.response_empty(response.status_code, headers)
                 return response.status_code
@@ -380,6 +399,7 @@ class IngressProxy:
         from websockets.client import ClientProtocol
         from websockets.frames import Opcode
         from websockets.http11 import Response
+        from websockets.typing import Subprotocol
         from websockets.uri import parse_uri
 
         match = PATH.fullmatch(scope.path)
@@ -404,7 +424,7 @@ class IngressProxy:
         headers, _ = _upstream_headers(scope, job_id, strip, websocket=True)
         path = quote(rest, safe=_SAFE_PATH) + (f"?{_query_without_token(scope.query_string)}" if scope.query_string else "")
         offered = [p.strip() for p in (scope.headers.get("sec-websocket-protocol") or "").split(",") if p.strip()]
-        ws = ClientProtocol(parse_uri(f"ws://replica{path.rstrip('?')}"), subprotocols=offered or None, max_size=None)
+        ws = ClientProtocol(parse_uri(f"ws://replica{path.rstrip('?')}"), subprotocols=[Subprotocol(p) for p in offered] or None, max_size=None)
         handshake = ws.connect()
         for name, value in headers:
             if name.lower() not in ("host",):
@@ -572,15 +592,17 @@ def _upstream_headers(scope, job_id: int, strip: bool, websocket: bool = False) 
         out.insert(0, ("host", scope.authority or "localhost"))
     client = scope.client.rpartition(":")[0].strip("[]")
     forwarded_for = named.get("x-forwarded-for")
-    out += [("x-forwarded-for", f"{forwarded_for}, {client}" if forwarded_for else client),
-            ("x-forwarded-proto", scope.scheme), ("x-forwarded-prefix", f"{PREFIX}{job_id}"),
-            ("x-forwarded-host", named.get("host") or scope.authority or "")]
+    out += [
+        ("x-forwarded-for", f"{forwarded_for}, {client}" if forwarded_for else client),
+        ("x-forwarded-proto", scope.scheme),
+        ("x-forwarded-prefix", f"{PREFIX}{job_id}"),
+        ("x-forwarded-host", named.get("host") or scope.authority or ""),
+    ]
     if websocket:
         return out, False
     out.append(("connection", "close"))
     length = named.get("content-length")
-    if "transfer-encoding" in named or (length is None and scope.method.upper() in ("POST", "PUT", "PATCH")
-                                        and scope.http_version.startswith("2")):
+    if "transfer-encoding" in named or (length is None and scope.method.upper() in ("POST", "PUT", "PATCH") and scope.http_version.startswith("2")):
         out = [(n, v) for n, v in out if n != "content-length"]
         out.append(("transfer-encoding", "chunked"))
         return out, True

@@ -48,11 +48,13 @@ def lookup(conn: apsw.Connection, job_id: int) -> Ingress | None:
             kinds = tuple(k for k in relay.get("kinds") or () if isinstance(k, str))
             if port is None or "tcp" not in kinds:
                 continue
-            replicas.append(sessions.Target(job_id, r["task_id"], r["index"], r["worker_id"], r["worker_name"], kinds,
-                                            bool(relay.get("no_exec")), r["version"] or "unknown"))
+            replicas.append(
+                sessions.Target(
+                    job_id, r["task_id"], r["index"], r["worker_id"], r["worker_name"], kinds, bool(relay.get("no_exec")), r["version"] or "unknown"
+                )
+            )
             ports.append(port)
-    return Ingress(job_id, found["state"], setting.get("access") or "token", setting.get("key_sha256"),
-                   tuple(replicas), tuple(ports))
+    return Ingress(job_id, found["state"], setting.get("access") or "token", setting.get("key_sha256"), tuple(replicas), tuple(ports))
 
 
 def may_read(conn: apsw.Connection, principal, job_id: int) -> bool:
@@ -84,8 +86,7 @@ class Counters:
         self.retries: Counter[int] = Counter()
 
     def stats(self) -> dict:
-        return {"requests": dict(self.requests), "bytes_in": dict(self.bytes_in),
-                "bytes_out": dict(self.bytes_out), "retries": dict(self.retries)}
+        return {"requests": dict(self.requests), "bytes_in": dict(self.bytes_in), "bytes_out": dict(self.bytes_out), "retries": dict(self.retries)}
 
 
 __all__ = ["ACCESS", "Ingress", "lookup", "may_read", "Counters"]

@@ -16,7 +16,7 @@ from gpulayer.protocol import MAX_ARRAY, MAX_ARRAY_INDEX, array_ranges, array_te
 from gpulayer.protocol.fields import WireField, field_of, names, wire_fields
 from gpulayer.protocol.jobspec import (
     AFTER_CONDITIONS, ENV_NAME_PATTERN, MAX_AFTER, MAX_ARG_BYTES, MAX_ARGS, MAX_IMAGE_BLOBS, MAX_PATHS, MAX_STR,
-    RETRY_REASONS, After, AfterCondition, HealthSpec, ImageSpec, IngressSpec, JobSpec, RetrySpec, ServiceSpec,
+    RETRY_REASONS, SHA256_HEX_PATTERN, After, AfterCondition, HealthSpec, ImageSpec, IngressSpec, JobSpec, RetrySpec, ServiceSpec,
 )
 from gpulayer.server.config import PRIORITY_CLASSES, SERVICE_MAX_ATTEMPTS
 from gpulayer.server.errors import InvalidRequest
@@ -143,12 +143,18 @@ def _ingress(value: Any) -> IngressSpec | None:
         return None
     obj = mapping(value, "service.ingress")
     _known(obj, INGRESS_FIELDS, "service.ingress")
-    ingress = IngressSpec(**_fields(obj, IngressSpec, "service.ingress.", {}))
+    ingress = IngressSpec(**_fields(obj, IngressSpec, "service.ingress.", {"key_sha256": _key_sha256}))
     if ingress.access == "key" and ingress.key_sha256 is None:
         raise _fail("service.ingress.key_sha256", "`access: key` needs the SHA-256 (hex) of the service's key")
     if ingress.access != "key" and ingress.key_sha256 is not None:
         raise _fail("service.ingress.key_sha256", f"a key goes with `access: key`, not `access: {ingress.access}`")
     return ingress
+
+
+def _key_sha256(value: Any) -> str | None:
+    if value is not None and (not isinstance(value, str) or not re.fullmatch(SHA256_HEX_PATTERN, value)):
+        raise _fail("service.ingress.key_sha256", "must be a SHA-256 in hex (64 of 0-9a-f)")
+    return value
 
 
 def _image(value: Any) -> ImageSpec | None:
