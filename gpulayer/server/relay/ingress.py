@@ -308,9 +308,11 @@ class IngressProxy:
     async def _proxy(self, scope, proto, found: Ingress, job_id: int, rest: str, strip: bool) -> None:
         method = scope.method.upper()
         headers, body_framing = _upstream_headers(scope, job_id, strip)
-        target = quote(rest, safe=_SAFE_PATH) + (f"?{_query_without_token(scope.query_string)}" if scope.query_string else "")
-        target = target.rstrip("?")
-        request = h11.Request(method=method, target=target, headers=headers)
+        target = _target(rest, scope.query_string, strip)
+        try:
+            request = h11.Request(method=method, target=target, headers=headers)
+        except h11.LocalProtocolError as exc:  # a header HTTP/1.1 cannot carry (granian took it over HTTP/2)
+            return _answer(proto, 400, "invalid_request", f"the request cannot be passed on as HTTP/1.1: {exc}")
         body = _Body(proto if body_framing else None)
         tried: set[int] = set()
         error = "no replica"
@@ -375,7 +377,11 @@ class IngressProxy:
                 if isinstance(event, h11.EndOfMessage):
                     return response.status_code
                 self.counters.bytes_out[job_id] += len(event.data)
-                await transport.send_bytes(bytes(event.data))
+                try:
+                    await transport.send_bytes(bytes(event.data))
+                except Exception as exc:  # the client went away: nothing to answer it
+                    log.debug("ingress_client_gone job_id=%d error=%r", job_id, exc)
+                    return response.status_code
         finally:
             if pump is not None:
                 pump.cancel()
@@ -422,9 +428,9 @@ class IngressProxy:
             proto.close(502)
             return
         headers, _ = _upstream_headers(scope, job_id, strip, websocket=True)
-        path = quote(rest, safe=_SAFE_PATH) + (f"?{_query_without_token(scope.query_string)}" if scope.query_string else "")
+        path = _target(rest, scope.query_string, strip)
         offered = [p.strip() for p in (scope.headers.get("sec-websocket-protocol") or "").split(",") if p.strip()]
-        ws = ClientProtocol(parse_uri(f"ws://replica{path.rstrip('?')}"), subprotocols=[Subprotocol(p) for p in offered] or None, max_size=None)
+        ws = ClientProtocol(parse_uri(f"ws://replica{path}"), subprotocols=[Subprotocol(p) for p in offered] or None, max_size=None)
         handshake = ws.connect()
         for name, value in headers:
             if name.lower() not in ("host",):
@@ -622,6 +628,13 @@ def _cookie(header: str | None) -> str | None:
 
 def _cookies_without_ours(header: str) -> str:
     return "; ".join(part.strip() for part in header.split(";") if part.strip() and not part.strip().startswith(f"{COOKIE}="))
+
+
+def _target(rest: str, query: str, strip: bool) -> str:
+    """The request-target the replica gets: the path percent-encoded again (RSGI gives it decoded), the query
+    as sent, less the ingress's `token` when the ingress checked the caller (`strip`)."""
+    query = _query_without_token(query) if strip else query
+    return quote(rest, safe=_SAFE_PATH) + (f"?{query}" if query else "")
 
 
 def _query_without_token(query: str) -> str:
