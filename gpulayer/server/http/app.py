@@ -235,6 +235,9 @@ def create_app(deps: Deps) -> falcon.App:
     from gpulayer.server.http.openapi import OpenAPI
     app.add_route("/v1/openapi.json", OpenAPI(deps, ROUTES))
     app.add_route("/metrics", MetricsResource(metrics))
+    # /ingress/...: a service's own HTTP, which granian hands to the ingress before this app; a sink, not a
+    # route (no /v1 resource, no auth here): it answers only under cheroot, with a 501.
+    app.add_sink(relay_routes.IngressUnavailable(deps), relay_routes.INGRESS_PATHS)
     return app
 
 

@@ -389,8 +389,6 @@ def document(routes) -> dict:
     """The OpenAPI 3.1 document for `routes` [(path, resource class, suffix)]."""
     paths: dict = {}
     for template, cls, suffix in routes:
-        if not template.startswith("/v1/"):  # /ingress/...: a service's own HTTP, proxied (docs/access.md)
-            continue
         path = _PARAM.sub(lambda m: "{" + m.group(1) + "}", template)
         for method in METHODS:
             responder = f"on_{method}" + (f"_{suffix}" if suffix else "")

@@ -4,6 +4,8 @@ any request under `--http cheroot`, which serves no WebSocket (501)."""
 
 from __future__ import annotations
 
+import re
+
 from gpulayer.server.errors import GpulayerError
 
 
@@ -41,19 +43,19 @@ class JobRelay(_RelayRoute):
     """GET /v1/jobs/{id}/relay: a client's relay streams into one of the job's tasks."""
 
 
-class Ingress:
-    """/ingress/{id}/...: a service's ingress, which granian's bridge hands to gpulayer/server/relay/ingress.py
-    before falcon sees it; here only under `--http cheroot`, which cannot stream it (501)."""
+#: What the ingress serves (gpulayer/server/relay/ingress.py), as a falcon sink's prefix.
+INGRESS_PATHS = re.compile(r"/ingress(/|$)")
 
-    auth = ()
+
+class IngressUnavailable:
+    """The sink of /ingress/...: a service's ingress, which granian's bridge hands to gpulayer/server/relay/ingress.py
+    before falcon sees it; here only under `--http cheroot`, which cannot stream it (501)."""
 
     def __init__(self, deps):
         self.deps = deps
 
-    def _unavailable(self, req, resp, **params):
+    def __call__(self, req, resp, **params):
         raise RelayUnavailable(
             f"this control plane serves HTTP with {self.deps.config.http}: the ingress streams on the default "
             "front end only (server start --http granian)"
         )
-
-    on_get = on_head = on_post = on_put = on_delete = on_patch = on_options = _unavailable
