@@ -41,6 +41,7 @@ import http.server, os, time
 
 class H(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # the head and the body are two writes: no delayed-ACK stall between them
 
     def log_message(self, *a):
         pass
@@ -182,7 +183,7 @@ def main() -> int:
     parser.add_argument("--events", type=int, default=20)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    with ControlPlaneProcess(tls=True, args=["--http", "granian", "--threads", "16"]) as plane:
+    with ControlPlaneProcess(tls=True, args=["--http", "granian"]) as plane:
         plane.start_worker("bench", parallel=2, timeout=120)
         done = plane.cli("submit", "--service", "--ingress", "--", sys.executable, "-c", REPLICA, timeout=180)
         assert done.returncode == 0, done.stderr
