@@ -173,7 +173,7 @@ def nat():
 def plane(nat, tmp_path_factory):
     with ControlPlaneProcess(
         tmp_path_factory.mktemp("ingress"), host=nat.host_ip, tls=True, heartbeat_interval=0.5, lease_ttl=5, args=["--http", "granian"]
-    ) as plane:
+    ).start(timeout=120) as plane:
         for name in ("nat-a", "nat-b"):
             plane.start_worker(name, parallel=4, prefix=netns_exec(nat.name), timeout=120)
         yield plane
