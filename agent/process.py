@@ -154,9 +154,10 @@ class TaskProcess:
             members = live_group_members(self.pid) or []
         return members
 
-    def kill_group(self, grace_s: float = KILL_GRACE_S) -> None:
-        """SIGTERM the whole group, wait up to ``grace_s``, then SIGKILL what is left."""
-        if not self._signal(signal.SIGTERM):
+    def kill_group(self, grace_s: float = KILL_GRACE_S, signum: int = signal.SIGTERM, batch: bool = False) -> None:
+        """``signum`` (SIGTERM) to the whole group (to its top process only with ``batch``), wait up to
+        ``grace_s`` for the group to end, then SIGKILL what is left."""
+        if not self.send(signum, batch):
             self.popen.wait()
             return
         deadline = time.monotonic() + grace_s
@@ -167,6 +168,20 @@ class TaskProcess:
         else:
             self._signal(signal.SIGKILL)
         self.popen.wait()
+
+    def send(self, signum: int, batch: bool = False) -> bool:
+        """``signum`` to the group, or with ``batch`` (Slurm's `B:`) to its top process only, the command's
+        own process when it leads the group (in a sandbox the leader is bwrap or nsenter, which pass nothing
+        on: the whole group gets it there). False when none is left to receive it."""
+        if not batch or self.sandboxed or self.entered:
+            return self._signal(signum)
+        if self.popen.poll() is not None:
+            return self.group_alive() and self._signal(signum)
+        try:
+            os.kill(self.pid, signum)
+            return True
+        except ProcessLookupError:
+            return False
 
     def _signal(self, signum: int) -> bool:
         if self.entered and signum != signal.SIGKILL:

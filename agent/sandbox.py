@@ -3,11 +3,11 @@
 ``worker start --sandbox auto|bwrap|none`` picks it once, at start (`resolve`).
 A sandboxed task's argv becomes::
 
-    env --ignore-signal=TERM,INT,HUP bwrap [mounts] --unshare-pid --unshare-ipc --die-with-parent
-        -- [setpriv --reuid U --regid G --clear-groups] env --default-signal=TERM,INT,HUP -- COMMAND
+    env --ignore-signal=TERM,INT,HUP,... bwrap [mounts] --unshare-pid --unshare-ipc --die-with-parent
+        -- [setpriv --reuid U --regid G --clear-groups] env --default-signal=TERM,INT,HUP,... -- COMMAND
 
 The outer ``env`` makes ``bwrap`` (the leader of the task's process group)
-ignore the SIGTERM of a group kill: bwrap would otherwise die of it at once,
+ignore the SIGTERM of a group kill (and a job's `--signal`, PASSED_SIGNALS): bwrap would otherwise die of it at once,
 and with it (``--die-with-parent``) the whole sandbox, without the grace a
 task gets to save its work. The inner ``env`` gives the command back the
 default handling. The command's exit status comes back through bwrap (a death
@@ -48,8 +48,9 @@ DEFAULT_MODE = "auto"
 #: The user a root agent's tasks run as by default (created when missing; else NOBODY).
 TASK_USER = "gpulayer-task"
 NOBODY = "nobody"
-#: Signals whose handling the sandbox's leader ignores and the command gets back as default.
-PASSED_SIGNALS = "TERM,INT,HUP"
+#: Signals whose handling the sandbox's leader ignores and the command gets back as default: a group kill's
+#: SIGTERM, and every signal a job may name for its warning or its stop (`--signal`, issue 27).
+PASSED_SIGNALS = "TERM,INT,HUP,QUIT,USR1,USR2,ALRM,XCPU,XFSZ,VTALRM,PROF,PWR"
 #: Device nodes every GPU task gets (where they exist), beside /dev/nvidia<N> of its own GPUs.
 GPU_CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset",
                      "/dev/nvidia-caps")

@@ -15,7 +15,7 @@ from .events import log_event
 from .logship import LogShipper
 from .process import TaskProcess
 from .rendezvous import free_port
-from .supervision import Limits, Stop, TaskHandle, TaskResult, result_of, supervise
+from .supervision import Limits, Stop, StopRule, TaskHandle, TaskResult, result_of, supervise
 
 #: Until the replica answers, probes start 20 ms apart and back off to 250 ms:
 #: a server that binds in 100 ms is reported then, not a whole interval later.
@@ -152,6 +152,9 @@ class ReplicaRunner(Protocol):
     def exit_code(self, proc: TaskProcess) -> int:
         """The ended process's exit code."""
 
+    def stop_rule(self) -> StopRule:
+        """How the job's process is stopped (its `signal` and `grace_seconds`)."""
+
 
 def run_service(runner: ReplicaRunner, service: ServiceSpec, extra_env: dict[str, str]) -> TaskResult:
     """Run a service replica until it ends for good, is cancelled or times out."""
@@ -167,7 +170,8 @@ def run_service(runner: ReplicaRunner, service: ServiceSpec, extra_env: dict[str
             return proc
         probe = EndpointProbe(handle, port, runner.ctx.advertise_address, service.health) if port else None
         run_limits = Limits(limits.timeout_s, limits.silence_s, limits.since)
-        stop = supervise(proc, handle, run_limits, runner.shipper.system, runner.ctx.kill_grace_s, probe.tick if probe else None)
+        stop = supervise(proc, handle, run_limits, runner.shipper.system, runner.ctx.kill_grace_s, probe.tick if probe else None,
+                         rule=runner.stop_rule())
         proc.finish_readers()
         handle.endpoint = None
         exit_code = runner.exit_code(proc)

@@ -405,7 +405,8 @@ class Worker:
                 if int(task_id) in preempted:  # stopped to make room: its grace is the control plane's
                     log_event("task_preempted", task_id=task_id, grace_s=grace_s)
                     handle.cancel("preempted to make room for higher-priority work",
-                                  grace_s=float(grace_s) if isinstance(grace_s, (int, float)) else None)
+                                  grace_s=float(grace_s) if isinstance(grace_s, (int, float)) else None,
+                                  why="preempted")
                     continue
                 log_event("task_cancel_requested", task_id=task_id)
                 handle.cancel("the control plane cancelled this task")
@@ -597,7 +598,8 @@ class Worker:
         for handle in handles:
             handle.cancel(reason, by_worker=True)
         # Bounded whatever a task thread is doing (a FIFO, a hung upload); a second SIGTERM stops waiting at once.
-        deadline = time.monotonic() + SHUTDOWN_REPORT_S + self.config.kill_grace_s + 5
+        graces = [g for h in handles if h.runner is not None and (g := h.runner.assignment.grace_seconds) is not None]
+        deadline = time.monotonic() + SHUTDOWN_REPORT_S + max([self.config.kill_grace_s, *graces]) + 5
         for thread in threads:
             while thread.is_alive() and not self.hurry.is_set() and time.monotonic() < deadline:
                 thread.join(0.1)

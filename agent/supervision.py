@@ -1,10 +1,13 @@
 """Watching a running task: cancel requests, timeouts, silence, and the handle the heartbeat reads."""
 
+import signal
 import subprocess
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
+
+from gpulayer.protocol import parse_signal, signal_number
 
 from .process import TaskProcess
 
@@ -41,6 +44,12 @@ class TaskHandle:
         self.by_worker = False
         #: SIGTERM-to-SIGKILL grace the control plane asked for (a preemption's); None: the worker's own.
         self.grace_s: float | None = None
+        #: Why it is stopped, as a `task_signalled` event says it: cancelled, preempted, drained.
+        self.why = "cancelled"
+        #: The signals sent to the task's process ({signal, why, at}), for its finish (`signals`).
+        self.signals: list[dict] = []
+        #: Whether this attempt's `--signal` warning was sent (once per attempt, a service's restarts included).
+        self.warned = False
         self._cancel = threading.Event()
         #: Set once the control plane heard the task's start (or the task ended): until then acquire
         #: answers with this same task again, so the worker asks for the next one only after it.
@@ -63,12 +72,18 @@ class TaskHandle:
         if changed:
             self.on_change()
 
-    def cancel(self, reason: str, by_worker: bool = False, grace_s: float | None = None) -> None:
+    def cancel(self, reason: str, by_worker: bool = False, grace_s: float | None = None, why: str | None = None) -> None:
         """Ask the runner to stop the task (the first reason is kept); ``by_worker``: the worker is stopping;
-        ``grace_s``: SIGKILL this long after SIGTERM instead of the worker's own grace."""
+        ``grace_s``: SIGKILL this long after SIGTERM instead of the worker's own grace; ``why``: what a
+        `task_signalled` event says (default: drained for the worker's own stop, else cancelled)."""
         if not self._cancel.is_set():
             self.cancel_reason, self.by_worker, self.grace_s = reason, by_worker, grace_s
+            self.why = why or ("drained" if by_worker else "cancelled")
             self._cancel.set()
+
+    def note_signal(self, name: str, why: str) -> None:
+        """A signal was sent to the task's process: its finish reports it (`task_signalled`)."""
+        self.signals.append({"signal": f"SIG{name}", "why": why, "at": round(time.time(), 3)})
 
     @property
     def cancelled(self) -> bool:
@@ -92,6 +107,30 @@ class Limits:
     timeout_s: float | None
     silence_s: float | None
     since: float
+
+
+@dataclass
+class StopRule:
+    """How a job's process is stopped (the Assignment's `signal` and `grace_seconds`): the signal of a
+    planned stop and to whom, its grace (None: the worker's own rule), and the warning's lead before the
+    time limit (None: no warning)."""
+
+    name: str = "TERM"
+    batch: bool = False
+    grace_s: float | None = None
+    warn_before_s: float | None = None
+
+    @classmethod
+    def of(cls, signal_text: str | None, grace_s: float | None) -> "StopRule":
+        """The rule an Assignment's `signal` (`[B:]SIG@SECONDS`, or None) and `grace_seconds` make."""
+        if not signal_text:
+            return cls(grace_s=grace_s)
+        batch, name, before = parse_signal(signal_text)
+        return cls(name, batch, grace_s, float(before))
+
+    @property
+    def signum(self) -> int:
+        return signal_number(self.name)
 
 
 @dataclass
@@ -141,29 +180,55 @@ def supervise(
     system_line: Callable[[str], None],
     kill_grace_s: float,
     on_tick: Tick | None = None,
+    rule: StopRule | None = None,
 ) -> Stop | None:
-    """Wait for the process to end; kill its group on cancel, timeout or a tick's restart.
+    """Wait for the process to end; stop its group on cancel, timeout or a tick's restart.
 
-    Returns None when the process ended by itself (left-over group members are
-    killed too), else why the agent ended it.
+    ``rule`` (the job's `signal` and `grace_seconds`): its warning goes SECONDS before the time limit,
+    once per attempt; a cancel (preemption, requeue, a drain) sends its signal, the time limit SIGTERM,
+    and SIGKILL follows after its grace (without one: a preemption's grace, else ``kill_grace_s``).
+    Returns None when the process ended by itself (left-over group members are killed too), else why
+    the agent ended it.
     """
     handle.process = proc
+    rule = rule or StopRule()
     while True:
         if proc.poll() is not None:
             if proc.group_alive():
                 system_line("the command exited; killing processes it left running in its process group")
                 proc.kill_group(kill_grace_s)
             return None
+        if rule.warn_before_s is not None and limits.timeout_s is not None and not handle.warned \
+                and time.monotonic() - limits.since >= limits.timeout_s - rule.warn_before_s:
+            handle.warned = True
+            if proc.send(rule.signum, rule.batch):
+                handle.note_signal(rule.name, "time_limit")
+                system_line(f"SIG{rule.name} sent {rule.warn_before_s:g} s before the time limit "
+                            f"(timeout_seconds={limits.timeout_s:g})")
         stop = _next_stop(proc, handle, limits, on_tick)
         if stop is not None:
-            grace_s = handle.grace_s if stop.kind == "cancelled" and handle.grace_s is not None else kill_grace_s
-            system_line(f"{stop.reason}; stopping the process group (SIGTERM, SIGKILL after {grace_s:g} s)")
-            proc.kill_group(grace_s)
+            _stop(proc, handle, stop, rule, kill_grace_s, system_line)
             return stop
         try:  # wakes as soon as the leader exits (a trivial command ends in a millisecond, not a poll period)
             proc.popen.wait(timeout=POLL_S)
         except subprocess.TimeoutExpired:
             pass
+
+
+def _stop(proc: TaskProcess, handle: TaskHandle, stop: Stop, rule: StopRule, kill_grace_s: float,
+          system_line: Callable[[str], None]) -> None:
+    """The stop sequence: the stop's signal, its grace, SIGKILL (TaskProcess.kill_group)."""
+    if rule.grace_s is not None:
+        grace_s = rule.grace_s
+    else:
+        grace_s = handle.grace_s if stop.kind == "cancelled" and handle.grace_s is not None else kill_grace_s
+    name, batch = (rule.name, rule.batch) if stop.kind == "cancelled" else ("TERM", False)
+    why = handle.why if stop.kind == "cancelled" else "restart" if stop.kind != "timed_out" else \
+        "silence_timeout" if stop.reason.startswith("silence") else "time_limit"
+    system_line(f"{stop.reason}; stopping the process group (SIG{name}, SIGKILL after {grace_s:g} s)")
+    if proc.poll() is None or proc.group_alive():
+        handle.note_signal(name, why)
+    proc.kill_group(grace_s, signal_number(name) if name != "TERM" else signal.SIGTERM, batch)
 
 
 def _next_stop(proc: TaskProcess, handle: TaskHandle, limits: Limits, on_tick: Tick | None) -> Stop | None:

@@ -39,7 +39,7 @@ from .rendezvous import RENDEZVOUS_TIMEOUT_S, distributed_env, free_port, rendez
 from .sandbox import Sandbox, gpu_nodes, loader_variables, startable
 from .services import run_service
 from .shared import Holder, SharedSandboxes
-from .supervision import Limits, TaskHandle, TaskResult, result_of, supervise
+from .supervision import Limits, StopRule, TaskHandle, TaskResult, result_of, supervise
 from .transport import Transport
 
 #: How long a stopping worker keeps trying to report (logs, outputs, finish).
@@ -419,12 +419,17 @@ class TaskRunner:
         every = self.assignment.checkpoint_every_seconds
         periodic = Periodic(self.checkpoint, self.task_id, self.assignment.attempt, every).start() if every else None
         try:
-            stop = supervise(proc, self.handle, limits, self.shipper.system, self.ctx.kill_grace_s)
+            stop = supervise(proc, self.handle, limits, self.shipper.system, self.ctx.kill_grace_s,
+                             rule=self.stop_rule())
         finally:
             if periodic is not None:
                 periodic.stop()
         proc.finish_readers()
         return result_of(stop, self.exit_code(proc))
+
+    def stop_rule(self) -> StopRule:
+        """How this task is stopped: the job's `signal` and `grace_seconds` (supervision.StopRule)."""
+        return StopRule.of(self.assignment.signal, self.assignment.grace_seconds)
 
     def _outputs(self) -> dict[str, str]:
         files, problems = collect_outputs(self.workdir, list(self.assignment.outputs))
@@ -460,6 +465,8 @@ class TaskRunner:
             body["max_tasks"] = max(1, self.ctx.next_max())
         if result.reason:
             body["reason"] = result.reason
+        if self.handle.signals:  # the signals its process got: task_signalled events (added with signals)
+            body["signals"] = self.handle.signals
         if self.start_pid is not None:  # its start was never sent: this finish is also the start
             body["pid"] = self.start_pid
         if checkpoint is not None:  # recorded in the finish's transaction (an older control plane ignores it)

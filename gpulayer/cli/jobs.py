@@ -10,11 +10,11 @@ import typer
 
 from gpulayer.cli import selection
 from gpulayer.cli.common import (
-    client_of, colour_on, exit_code_of, fmt_time, print_json, print_log_line, print_table,
+    client_of, colour_on, exit_code_of, fmt_time, parse_duration, print_json, print_log_line, print_table,
 )
 from gpulayer.cli.following import follow_logs, line_prefix, task_prefixes, tell_ended, waiting_line
-from gpulayer.client.errors import ApiError
-from gpulayer.protocol import JOB_STATES, array_text, plural
+from gpulayer.client.errors import ApiError, WaitTimeout
+from gpulayer.protocol import JOB_STATES, array_text, parse_time_limit, plural
 from gpulayer.client.jobs import Job
 
 job_app = typer.Typer(help="Inspect and control submitted jobs.", no_args_is_help=True)
@@ -227,6 +227,144 @@ def _cancel_one(client, job_id: int, quiet: bool, known: Optional[dict] = None) 
     if not quiet:
         typer.echo(f"job {job_id} already finished ({info['state']})")
     return info
+
+
+JobsArg = Annotated[list[int], typer.Argument(help="Job ids.", metavar="JOB...", show_default=False)]
+
+
+@job_app.command("hold")
+def job_hold(ctx: typer.Context, job_ids: JobsArg, as_json: JsonOpt = False) -> None:
+    """Keep jobs from starting until released (Slurm's `scontrol hold`): they wait with the reason `held`.
+
+    An array with elements running keeps them, and holds the rest.
+
+    \b
+    Example:
+      gpulayer job hold 12 13
+    """
+    _each(ctx, job_ids, as_json, lambda job: job.hold(), "held")
+
+
+@job_app.command("release")
+def job_release(ctx: typer.Context, job_ids: JobsArg, as_json: JsonOpt = False) -> None:
+    """Let held jobs run (Slurm's `scontrol release`), once nothing else keeps them (--after, --begin).
+
+    \b
+    Example:
+      gpulayer job release 12 13
+    """
+    _each(ctx, job_ids, as_json, lambda job: job.release(), "released")
+
+
+@job_app.command("requeue")
+def job_requeue(ctx: typer.Context, job_ids: JobsArg, index: Annotated[Optional[int], typer.Option(
+                    "--index", metavar="N", min=0, help="One element of an array (one JOB only).")] = None,
+                hold: Annotated[bool, typer.Option("--hold", help="Held once queued (Slurm's requeuehold).")] = False,
+                as_json: JsonOpt = False) -> None:
+    """Run jobs again, each as a new attempt not counted against its retries (Slurm's `scontrol requeue`).
+
+    A running job is sent its stop signal (SIGTERM, or its --signal's), given its grace, then queued
+    again; one that ended runs again. An array: all its elements, or --index N.
+
+    \b
+    Examples:
+      gpulayer job requeue 12
+      gpulayer job requeue 12 --index 7 --hold
+    """
+    if index is not None and len(job_ids) != 1:
+        raise typer.BadParameter("--index requeues one element of one array: give one JOB", param_hint="--index")
+    _each(ctx, job_ids, as_json, lambda job: job.requeue(index=index, hold=hold), "requeued")
+
+
+@job_app.command("update")
+def job_update(ctx: typer.Context, job_id: JobArg,
+               priority: Annotated[Optional[str], typer.Option("--priority", help="A number, or a class of the server (low, normal, high); above the project's ceiling only for admins.")] = None,
+               time_limit: Annotated[Optional[str], typer.Option("--time", "--timeout", metavar="TIME", help="The time limit, as submit --time takes it (runs started after this); 'none' for no limit.")] = None,
+               name: Annotated[Optional[str], typer.Option("--name", help="A new name.")] = None,
+               as_json: JsonOpt = False) -> None:
+    """Change a job not ended (Slurm's `scontrol update`): its priority, time limit or name.
+
+    \b
+    Examples:
+      gpulayer job update 12 --priority low
+      gpulayer job update 12 --time 2:00:00 --name long-run
+    """
+    changes: dict = {}
+    if priority is not None:
+        changes["priority"] = int(priority) if priority.lstrip("-").isdigit() else priority
+    if time_limit is not None:
+        changes["timeout_seconds"] = None if time_limit == "none" else _time_option(time_limit)
+    if name is not None:
+        changes["name"] = name
+    if not changes:
+        raise typer.BadParameter("give what to change: --priority, --time or --name", param_hint="--priority")
+    info = client_of(ctx).get_job(job_id).update(**changes)
+    if as_json:
+        print_json(info)
+    else:
+        typer.echo(f"job {job_id} updated: " + ", ".join(f"{k}={v}" for k, v in changes.items()))
+
+
+def _time_option(text: str) -> float:
+    try:
+        seconds = parse_time_limit(text)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--time") from None
+    if seconds <= 0:
+        raise typer.BadParameter(f"{text!r}: must be more than 0 seconds", param_hint="--time")
+    return seconds
+
+
+@job_app.command("wait")
+def job_wait(ctx: typer.Context, job_ids: JobsArg,
+             timeout: Annotated[Optional[str], typer.Option("--timeout", metavar="DURATION", help="Give up after this long (exit 124).")] = None,
+             as_json: JsonOpt = False) -> None:
+    """Block until every job ended; exit with the job's exit code, or with the first failure's.
+
+    \b
+    Examples:
+      gpulayer job wait 12
+      gpulayer job wait 12 13 14 --timeout 2h
+    """
+    limit = parse_duration(timeout, "--timeout")
+    deadline = None if limit is None else time.monotonic() + limit
+    client = client_of(ctx)
+    jobs = [client.get_job(job_id) for job_id in job_ids]  # 404 for one that does not exist, before waiting
+    ended: list[dict] = []
+    for job in jobs:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
+            job.wait(timeout=left)
+        except WaitTimeout:
+            typer.echo(f"Error: job {job.id} is still {job.data['state']} after --timeout {timeout}", err=True)
+            raise typer.Exit(124) from None
+        ended.append(job.data)
+    if as_json:
+        print_json(ended)
+    else:
+        for info in ended:
+            typer.echo(f"job {info['id']} {info['state']} exit_code={_dash(info.get('exit_code'))}")
+    failed = next((info for info in ended if info["state"] != "succeeded"), None)
+    raise typer.Exit(exit_code_of(failed) if failed else 0)
+
+
+def _each(ctx: typer.Context, job_ids: list[int], as_json: bool, act, done: str) -> None:
+    """Apply `act` to each job in turn; an error is said and the rest go on (exit 1 after)."""
+    client, answers, failed = client_of(ctx), [], 0
+    for job_id in job_ids:
+        try:
+            answers.append(act(client.get_job(job_id)))
+        except ApiError as exc:
+            failed += 1
+            typer.echo(f"Error: job {job_id}: {exc.message} ({exc.code})", err=True)
+            continue
+        if not as_json:
+            reason = answers[-1].get("waiting_reason")
+            typer.echo(f"job {job_id} {done}: {answers[-1]['state']}" + (f" ({reason})" if reason else ""))
+    if as_json:
+        print_json(answers)
+    if failed:
+        raise typer.Exit(1)
 
 
 @job_app.command("list")

@@ -12,7 +12,7 @@ from gpulayer.cli.common import duration_option, fail, global_options, home_of, 
 from gpulayer.cli.workers import SANDBOX_DEFAULT, AllowRootTasks, RunAs, SandboxBind, SandboxMode, sandbox_settings
 from gpulayer.protocol import (
     DEFAULT_PORT, HEARTBEAT_INTERVAL_S, JOB_RETENTION_S, LEASE_TTL_S, LOG_RETENTION_S, MAX_OUTPUT_BYTES,
-    FAIRSHARE_HALF_LIFE_S, MAX_HEARTBEATS_PER_S, MAX_QUEUED_ELEMENTS, PREEMPT_GRACE_S, PRIORITY_CLASSES, plural,
+    FAIRSHARE_HALF_LIFE_S, MAX_HEARTBEATS_PER_S, MAX_GRACE_S, MAX_QUEUED_ELEMENTS, PREEMPT_GRACE_S, PRIORITY_CLASSES, plural,
 )
 
 server_app = typer.Typer(help="Initialise, run and back up a control plane.", no_args_is_help=True)
@@ -110,6 +110,9 @@ def server_start(
     preempt_grace: Annotated[str, typer.Option(
         "--preempt-grace", callback=duration_option("--preempt-grace"), metavar="DURATION",
         help="Time a preempted task has between SIGTERM and SIGKILL (seconds, or 30s, 2m, ...).")] = f"{PREEMPT_GRACE_S:g}",
+    max_grace: Annotated[str, typer.Option(
+        "--max-grace", callback=duration_option("--max-grace"), metavar="DURATION",
+        help="The most a job's --grace may ask for between its stop signal and SIGKILL.")] = f"{MAX_GRACE_S:g}",
     max_queued_elements: Annotated[int, typer.Option(
         "--max-queued-elements", min=0, metavar="N",
         help="A user's tasks (array elements) not yet ended, at most: a submit past it is refused (429 "
@@ -167,7 +170,7 @@ def server_start(
     config = ControlPlaneConfig(home=home_of(ctx, home), host=host, port=port, tls_cert=tls_cert,
                                 tls_key=tls_key, allow_insecure_remote=allow_insecure_remote, http=http.value,
                                 replicate=replicate, replicate_interval_s=float(replicate_interval),
-                                preempt_grace_s=float(preempt_grace), max_queued_elements=max_queued_elements,
+                                preempt_grace_s=float(preempt_grace), max_grace_s=float(max_grace), max_queued_elements=max_queued_elements,
                                 max_heartbeats_per_s=max_heartbeats_per_s,
                                 checkpoint_keep=checkpoint_keep,
                                 priority_classes={**PRIORITY_CLASSES, **_priority_classes(priority_class)},

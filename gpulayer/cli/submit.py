@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import secrets
 import sys
+import time
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -17,6 +18,7 @@ from gpulayer.cli.common import (
 )
 from gpulayer.cli.following import follow_logs, tell_ended, tell_waiting
 from gpulayer.client.errors import ClientError
+from gpulayer.protocol import parse_begin, parse_signal, parse_time_limit
 from gpulayer.client.jobs import Job
 from gpulayer.client.settings import server_configured
 from gpulayer.client.jobfile import read_job_file, spec_from_fields
@@ -75,6 +77,11 @@ def submit(
     retry: Annotated[Optional[int], _opt("--retry", help="Max attempts.", min=1)] = None,
     retry_on: Annotated[Optional[list[str]], _opt("--retry-on", help="Reason to retry on: worker_lost, worker_revoked, failed, timed_out, start_timeout (repeatable).")] = None,
     timeout: Annotated[Optional[str], _opt("--timeout", metavar="DURATION", help="End the task after this long: seconds, 30m, 12h, 2d, or Slurm's 1:00:00, 2-00:00:00.")] = None,
+    time_limit: Annotated[Optional[str], _opt("--time", "-t", metavar="TIME", help="Slurm's --time, the same limit as --timeout: MM (minutes, as sbatch reads a bare number), MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, or 90m, 2h.")] = None,
+    signal_: Annotated[Optional[str], _opt("--signal", metavar="[B:]SIG[@SECONDS]", help="Slurm's --signal: send SIG (USR1, SIGUSR2, 10) SECONDS (default 60) before the time limit, once; B: to the command's top process only. Also the signal of every planned stop (preemption, cancel, requeue, a drain).")] = None,
+    grace: Annotated[Optional[str], _opt("--grace", metavar="DURATION", help="Time between a planned stop's signal and SIGKILL (default 30s with --signal; at most the server's --max-grace).")] = None,
+    hold: Annotated[bool, _opt("--hold", help="Submit held: it waits (reason held) until `gpulayer job release`.")] = False,
+    begin: Annotated[Optional[str], _opt("--begin", metavar="TIME", help="Start no earlier than TIME: an ISO time (2026-12-24T18:00, UTC unless it says), or now+1h, now+90m.")] = None,
     silence_timeout: Annotated[Optional[str], _opt("--silence-timeout", metavar="DURATION", help="End the task after this long without output (as --timeout).")] = None,
     priority: Annotated[Optional[str], _opt("--priority", help="Higher runs first: a number, or a class of the server (low=-10, normal=0, high=10 by default).")] = None,
     preemptible: Annotated[bool, _opt("--preemptible", help="May be stopped (SIGTERM, a grace, SIGKILL) and requeued, same attempt, for higher-priority work; $GPULAYER_PREEMPTED=1 in the next run.")] = False,
@@ -117,7 +124,9 @@ def submit(
     settings = dict(
         name=name, env=parse_pairs(env, "--env") or None, accelerator=accelerator, gpus=gpus,
         cpus=cpus, memory_mb=memory_mb, labels=_labels_option(label, gpu_model), retry=retry,
-        retry_on=retry_on or None, timeout_seconds=parse_duration(timeout, "--timeout", positive=True),
+        retry_on=retry_on or None, timeout_seconds=_time_limit(timeout, time_limit),
+        signal=_signal_option(signal_), grace_seconds=parse_duration(grace, "--grace"),
+        hold=True if hold else None, begin_at=_begin_option(begin),
         silence_timeout_seconds=parse_duration(silence_timeout, "--silence-timeout", positive=True),
         source=str(source) if source else None, inputs=list(input_) if input_ else None,
         outputs=output or None, nodes=nodes, priority=_priority_option(priority), secrets=secret or None,
@@ -207,6 +216,46 @@ def _after_option(after: Optional[list[str]], after_array: Optional[list[int]]) 
         found.append(f"{int(job)}:{condition or 'ok'}")
     found.extend(f"{job}:ok" for job in after_array or [])
     return found or None
+
+
+def _time_limit(timeout: Optional[str], time_limit: Optional[str]) -> Optional[float]:
+    """`--timeout` or Slurm's `--time` (a bare number is minutes there), in seconds; not both."""
+    if time_limit is None:
+        return parse_duration(timeout, "--timeout", positive=True)
+    if timeout is not None:
+        raise typer.BadParameter("give --time or --timeout, not both: they are the same limit", param_hint="--time")
+    try:
+        seconds = parse_time_limit(time_limit)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc).replace("(a plain number is seconds, not Slurm's minutes)",
+                                                  "(here a plain number is minutes, as sbatch reads it)"),
+                                 param_hint="--time") from None
+    if seconds <= 0:
+        raise typer.BadParameter(f"{time_limit!r}: must be more than 0 seconds", param_hint="--time")
+    return seconds
+
+
+def _signal_option(text: Optional[str]) -> Optional[str]:
+    """`--signal [B:]SIG[@SECONDS]`, checked here (a usage error naming the option) and sent as written."""
+    if text is None:
+        return None
+    try:
+        parse_signal(text)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--signal") from None
+    return text
+
+
+def _begin_option(text: Optional[str]) -> Optional[float]:
+    """`--begin TIME` as a Unix time: an ISO time (UTC unless it names a zone) or now+N (a duration);
+    a time already past is a usage error."""
+    if text is None:
+        return None
+    try:
+        at = parse_begin(text, time.time())
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--begin") from None
+    return at
 
 
 def _build_spec(command, file: Optional[Path], service: bool, settings: dict, service_settings: dict) -> dict:

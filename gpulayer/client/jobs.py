@@ -142,6 +142,34 @@ class Job:
             self.data = answer
         return answer
 
+    def hold(self) -> dict:
+        """Hold the job (Slurm's `scontrol hold`): it does not start (an array's elements not yet started do
+        not) until `release()`; returns the Job."""
+        self.data = self.client.call("POST", f"/jobs/{self.id}/hold", json=None)
+        return self.data
+
+    def release(self) -> dict:
+        """End the job's hold (`scontrol release`): it runs once nothing else keeps it; returns the Job."""
+        self.data = self.client.call("POST", f"/jobs/{self.id}/release", json=None)
+        return self.data
+
+    def requeue(self, index: int | None = None, hold: bool = False) -> dict:
+        """Run the job again (`scontrol requeue`), as a new attempt not counted against its retries: a running
+        one is signalled, given its grace and queued again; one that ended runs again. `index`: one element
+        of an array; `hold`: held once queued (`scontrol requeuehold`). Returns the Job."""
+        body: dict = {"index": index} if index is not None else {}
+        if hold:
+            body["hold"] = True
+        self.data = self.client.call("POST", f"/jobs/{self.id}/requeue", json=body or None)
+        return self.data
+
+    def update(self, **changes) -> dict:
+        """Change the job (`scontrol update`): `name`, `priority` (a number or a class name; above the
+        project's ceiling only for admins), `timeout_seconds` (seconds or a duration's text; runs started
+        after it). Returns the Job."""
+        self.data = self.client.call("PATCH", f"/jobs/{self.id}", json=changes)
+        return self.data
+
     def exec(self, argv: list[str], *, index: int | None = None, input: bytes | None = None,
              check: bool = False) -> subprocess.CompletedProcess:
         """Run `argv` in the job's running task (element, replica or rank `index`; default its first running

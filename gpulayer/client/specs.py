@@ -23,7 +23,7 @@ JOB_SETTINGS = (*(f.name for f in wire_fields(JobSpec) if f.name not in ("comman
 #: (the server checks their bounds, and every other field): the integer ones.
 WHOLE_SETTINGS = tuple(f.name for f in wire_fields(JobSpec) if set(f.kinds) <= {int, type(None)})
 #: Settings that take a duration: seconds, or text as every duration option reads it ("1h", "1:00:00").
-DURATION_SETTINGS = ("timeout_seconds", "silence_timeout_seconds", "checkpoint_every_seconds")
+DURATION_SETTINGS = ("timeout_seconds", "silence_timeout_seconds", "checkpoint_every_seconds", "grace_seconds")
 
 
 def job(command: str | Iterable[str], **settings: Any) -> dict:

@@ -8,6 +8,7 @@ reads a declaration (docs/architecture.md, "Adding a field").
 """
 from __future__ import annotations
 
+import datetime
 import os
 import re
 from pathlib import Path
@@ -34,6 +35,9 @@ SERVICE_MAX_ATTEMPTS = 10
 MAX_OUTPUT_BYTES = 10 * 1024 ** 3  # a task output a worker uploads; clients' uploads have the store's limit
 FAIRSHARE_HALF_LIFE_S = 7 * 86400.0  # fair share forgets half a project's usage in this long
 PREEMPT_GRACE_S = 30.0           # a preempted task's SIGTERM-to-SIGKILL grace
+DEFAULT_GRACE_S = 30.0           # a job with --signal and no --grace: its stop signal-to-SIGKILL grace
+MAX_GRACE_S = 600.0              # the server's --max-grace: the most a job's --grace may ask for
+SIGNAL_DEFAULT_BEFORE_S = 60     # Slurm's: `--signal USR1` alone is sent 60 s before the time limit
 # Elements (tasks) of one user's jobs not yet ended, at most (0: no cap); 10 arrays of MAX_ARRAY.
 MAX_QUEUED_ELEMENTS = 1_000_000
 PRIORITY_CLASSES = {"low": -10, "normal": 0, "high": 10}  # names `--priority` takes besides numbers
@@ -115,6 +119,65 @@ def parse_duration(text: str | float | int) -> float:
         elif seconds < 60 and (slurm[5] is None or minutes < 60):  # [HH:]MM:SS
             return float((hours * 60 + minutes) * 60 + seconds)
     raise ValueError(f"{str(text)!r} is not a duration: write it as {DURATION_FORMS}")
+
+
+#: What `--signal` (JobSpec `signal`) takes, as its errors say.
+SIGNAL_FORMS = ("[B:]SIG[@SECONDS]: a signal name or number (USR1, SIGUSR1, 10) and the whole seconds before the time "
+                "limit it is sent (default 60); B: sends it to the command's top process only")
+_SIGNAL = re.compile(r"([Bb]:)?([A-Za-z0-9]{1,16})(?:@([0-9]{1,9}))?\Z")
+#: Signals a job may name (a stop's or a warning's): those a program can catch, and TERM/INT/HUP's kind.
+_SIGNALS = {"HUP": 1, "INT": 2, "QUIT": 3, "USR1": 10, "USR2": 12, "ALRM": 14, "TERM": 15, "CONT": 18,
+            "URG": 23, "XCPU": 24, "XFSZ": 25, "VTALRM": 26, "PROF": 27, "WINCH": 28, "PWR": 30}
+
+
+def parse_signal(text: str) -> tuple[bool, str, int]:
+    """Slurm's `--signal [B:]SIG[@SECONDS]`: (to the top process only, the signal's name without SIG,
+    seconds before the time limit). Raises ValueError saying what is wrong (SIGNAL_FORMS)."""
+    found = _SIGNAL.fullmatch(str(text).strip())
+    if not found:
+        raise ValueError(f"{text!r} is not a signal: write it as {SIGNAL_FORMS}")
+    name = found[2].upper()
+    name = name[3:] if name.startswith("SIG") else name
+    if name.isdigit():
+        name = next((k for k, v in _SIGNALS.items() if v == int(name)), name)
+    if name not in _SIGNALS:
+        raise ValueError(f"{found[2]!r} is no signal a job may name (one of {', '.join(sorted(_SIGNALS))}, "
+                         "with or without SIG, or its number)")
+    return found[1] is not None, name, int(found[3]) if found[3] is not None else SIGNAL_DEFAULT_BEFORE_S
+
+
+def signal_number(name: str) -> int:
+    """The number of a signal parse_signal named (USR1 -> 10)."""
+    return _SIGNALS[name]
+
+
+def parse_time_limit(text: str | float | int) -> float:
+    """Slurm's `--time`: as parse_duration, except that a bare number is minutes (`--time 90`: 90 minutes),
+    as sbatch reads it; 30m, 2h and 1:00:00 alike. Raises ValueError."""
+    if isinstance(text, str) and re.fullmatch(r"[0-9]{1,9}", text.strip()):
+        return float(int(text.strip()) * 60)
+    return parse_duration(text)
+
+
+def parse_begin(text: str, now: float) -> float:
+    """`--begin TIME` as a Unix time: `now`, `now+DURATION` (now+1h, now+90m, now+3600), or an ISO time
+    (2026-12-24T18:00, 2026-12-24 18:00:00+01:00; UTC unless it names a zone). Raises ValueError for
+    another form, and for a time more than a minute past."""
+    text = str(text).strip()
+    relative = re.fullmatch(r"now(?:\s*\+\s*(.+))?", text)
+    if relative:
+        return now + (parse_duration(relative[1]) if relative[1] else 0.0)
+    try:
+        at = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a time: write an ISO time (2026-12-24T18:00, UTC unless it names a "
+                         "zone) or now+DURATION (now+1h, now+90m)") from None
+    if at.tzinfo is None:
+        at = at.replace(tzinfo=datetime.timezone.utc)
+    seconds = at.timestamp()
+    if seconds < now - 60:
+        raise ValueError(f"{text!r} is in the past: a job begins now or later")
+    return seconds
 
 
 def plural(count: float, noun: str, nouns: str | None = None) -> str:

@@ -69,6 +69,14 @@ class Assignment:
                    "agent ignores it and starts empty)")
     checkpoint_every_seconds: float | None = declare(
         None, help="the job's `checkpoint_every_seconds` (added with checkpoints)")
+    signal: str | None = declare(
+        None, help="the job's `signal` (`[B:]SIG@SECONDS`), or null (added with signals: an older agent ignores it "
+                   "and sends no warning)")
+    grace_seconds: float | None = declare(
+        None, minimum=0, help="seconds from a planned stop's signal to SIGKILL (the job's `grace_seconds` within the "
+                              "server's `--max-grace`); null: the agent's own rule (the heartbeat's "
+                              "`preempt_grace_s` for a preemption, its kill grace otherwise). Added with signals: "
+                              "an older agent keeps its fixed rule")
 
     @classmethod
     def from_wire(cls, obj: object) -> Assignment:

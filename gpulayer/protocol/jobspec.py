@@ -138,6 +138,18 @@ class JobSpec:
     silence_timeout_seconds: float | None = declare(
         None, minimum=0.001, maximum=10**9, help="seconds a run may go without output before it is stopped "
                                                  "(`timed_out`)")
+    signal: str | None = declare(
+        None, max_bytes=32,
+        help="Slurm's `--signal`: `[B:]SIG[@SECONDS]` (`USR1@120`, `B:USR1@120`, `SIGUSR2`): SIG is sent SECONDS "
+             "(default 60) before `timeout_seconds` ends the run, once per attempt, to the task's process group (to "
+             "its top process only with `B:`); it is also the signal of every planned stop (preemption, cancel, "
+             "requeue, a drain), which SIGKILL follows after `grace_seconds`. Stored as written, upper case")
+    grace_seconds: float | None = declare(
+        None, minimum=0, maximum=86400,
+        help="seconds between a planned stop's signal (SIGTERM, or `signal`'s) and SIGKILL: for preemption, cancel, "
+             "requeue, a drain and the time limit; at most the server's `--max-grace` (400 `grace_above_limit`). "
+             "Null: 30 s for a job with a `signal`, else the server's `--preempt-grace` for a preemption and the "
+             "worker's own grace (5 s) for other stops")
     source: str | None = declare(None, pattern=DIGEST_PATTERN, help="`sha256:<hex>` of a tar.gz")
     inputs: dict[str, str] = declare({}, help="{relative path: digest}")
     outputs: list[str] = declare([], max_items=MAX_PATHS, help="relative paths")
@@ -173,6 +185,11 @@ class JobSpec:
     image: ImageSpec | None = declare(
         None, help="an OCI image to run the command in (`gpulayer submit --image`): its blobs are artifacts; needs a "
                    "worker whose tasks run in a sandbox (`--sandbox`), elsewhere the task fails saying so")
+    hold: bool = declare(False, help="submitted held (`submit --hold`): it waits, reason `held`, until "
+                                     "`POST /v1/jobs/{id}/release` (`gpulayer job release`)")
+    begin_at: float | None = declare(
+        None, minimum=0, maximum=1e11, help="a Unix time before which it does not start (`submit --begin`): it "
+                                            "waits, reason `begin_time`, until then")
     after: list[int | str | After] = declare(
         [], max_items=MAX_AFTER,
         schema={"items": {"oneOf": [{"type": "integer", "minimum": 1},

@@ -8,7 +8,7 @@ from gpulayer.protocol import (  # noqa: F401  (re-exported: the settings below 
     PROTOCOL, HEARTBEAT_INTERVAL_S, LEASE_TTL_S, MAX_HEARTBEATS_PER_S, HEARTBEAT_JITTER, DEFAULT_PORT, MAX_JSON_BODY, MAX_ACQUIRE_WAIT_S,
     START_TIMEOUT_S, RENDEZVOUS_TIMEOUT_S, ARTIFACT_RETENTION_S, ARTIFACT_SWEEP_INTERVAL_S,
     LOG_RETENTION_S, JOB_RETENTION_S, PRUNE_INTERVAL_S, SERVICE_MAX_ATTEMPTS, MAX_OUTPUT_BYTES,
-    FAIRSHARE_HALF_LIFE_S, PREEMPT_GRACE_S, PRIORITY_CLASSES, MAX_QUEUED_ELEMENTS,
+    FAIRSHARE_HALF_LIFE_S, MAX_GRACE_S, PREEMPT_GRACE_S, PRIORITY_CLASSES, MAX_QUEUED_ELEMENTS,
     default_home,
 )
 
@@ -86,6 +86,7 @@ class ControlPlaneConfig:
     prune_interval_s: float = PRUNE_INTERVAL_S
     fairshare_half_life_s: float = FAIRSHARE_HALF_LIFE_S  # `--fairshare-half-life` (docs/teams.md)
     preempt_grace_s: float = PREEMPT_GRACE_S                # `--preempt-grace`: SIGTERM, then SIGKILL after this
+    max_grace_s: float = MAX_GRACE_S                        # `--max-grace`: the most a job's `grace_seconds` asks
     # `--max-queued-elements`: a user's tasks not yet ended (queued, held, running), at most; 0: no cap.
     max_queued_elements: int = MAX_QUEUED_ELEMENTS
     # Named priorities `--priority` accepts (`--priority-class NAME=N` adds or changes one).

@@ -275,6 +275,9 @@ class ControlPlane:
                     next_fairshare = time.monotonic() + ledger.RUNNING_REFRESH_S
                     self.deps.scheduler.refresh_fairshare()
                     self.deps.scheduler.age_queue()
+                begun = self.deps.scheduler.begin_due()
+                if begun:
+                    log.info("jobs_begin_time n=%d", begun)
                 asked = self.deps.scheduler.preempt()
                 if asked:
                     log.info("task_preempt_requested tasks=%s", ",".join(map(str, asked)))

@@ -18,7 +18,7 @@ import pytest
 from agent.errors import AgentError
 from agent.nvml import Device
 from agent.process import TaskProcess, exit_code_of
-from agent.sandbox import (Sandbox, SandboxError, TaskUser, gpu_minors, gpu_nodes, parse_bind, resolve, startable,
+from agent.sandbox import (PASSED_SIGNALS, Sandbox, SandboxError, TaskUser, gpu_minors, gpu_nodes, parse_bind, resolve, startable,
                            untraversable)
 
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
@@ -38,8 +38,9 @@ def test_the_argv_hides_shows_binds_and_drops_in_that_order(tmp_path):
     work.mkdir(parents=True)
     sandbox = boxed(tmp_path, user=NOBODY, hidden=[str(tmp_path / "state")], shown=[sys.prefix])
     argv = sandbox.wrap(["python", "x.py"], str(work), gpu_nodes=["/dev/nvidia1"], network=False)
-    assert argv[:3] == ["/usr/bin/env", "--ignore-signal=TERM,INT,HUP", "/usr/bin/bwrap"]
-    assert argv[-4:] == ["--default-signal=TERM,INT,HUP", "--", "python", "x.py"]
+    assert argv[:3] == ["/usr/bin/env", f"--ignore-signal={PASSED_SIGNALS}", "/usr/bin/bwrap"]
+    assert argv[-4:] == [f"--default-signal={PASSED_SIGNALS}", "--", "python", "x.py"]
+    assert PASSED_SIGNALS.startswith("TERM,INT,HUP,") and "USR1" in PASSED_SIGNALS
     assert argv[argv.index("--") + 1:argv.index("--") + 5] == ["/usr/bin/setpriv", "--reuid=65534", "--regid=65534",
                                                                "--clear-groups"]
     hide, bind = argv.index(str(tmp_path / "state")), argv.index("--bind")

@@ -103,6 +103,11 @@ NOT_RUN = {
         "172 held): not made for real; test_array_status_sample_is_what_job_status_prints renders a Job "
         "with its counts"),
     "docs/cli.md > gpulayer job cancel #1": SYNOPSIS,
+    "docs/cli.md > gpulayer job hold #1": SYNOPSIS,
+    "docs/cli.md > gpulayer job release #1": SYNOPSIS,
+    "docs/cli.md > gpulayer job requeue #1": SYNOPSIS,
+    "docs/cli.md > gpulayer job update #1": SYNOPSIS,
+    "docs/cli.md > gpulayer job wait #1": SYNOPSIS,
     "docs/cli.md > gpulayer job list #1": SYNOPSIS,
     "docs/cli.md > gpulayer up #1": SYNOPSIS,
     "docs/cli.md > gpulayer server certs #1": SYNOPSIS,

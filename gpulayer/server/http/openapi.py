@@ -98,6 +98,10 @@ WORKER_CORDON = {"type": "object", "required": ["id", "name", "state", "cordon"]
     "cordon": {"enum": ["cordoned", "draining", "drained", None]}, "cordon_reason": {"type": ["string", "null"]},
     "cordoned_at": {"type": ["number", "null"]}, "drain_deadline": {"type": ["number", "null"]}}}
 
+#: A finish's `signals` (issue 27): what the agent sent the task's process, each a `task_signalled` event.
+SIGNALS = {"type": "array", "maxItems": 16, "items": {"type": "object", "required": ["signal", "why"], "properties": {
+    "signal": {"type": "string", "maxLength": 16}, "at": NUM,
+    "why": {"enum": ["time_limit", "silence_timeout", "cancelled", "preempted", "drained", "requeued", "restart"]}}}}
 REQUEST_BODIES = {
     ("/v1/jobs", "post"): {**JOB_SPEC, "properties": {**JOB_SPEC["properties"], "project": {
         **NAME, "description": "beside the JobSpec: the project it counts against (default: the caller's only "
@@ -143,6 +147,7 @@ REQUEST_BODIES = {
                 "exit_code": {"type": ["integer", "null"]},
                 "outcome": {"enum": ["succeeded", "failed", "cancelled", "timed_out"]},
                 "outputs": STR_MAP, "reason": {"type": ["string", "null"]}, "pid": {"type": "integer", "minimum": 1},
+                "signals": SIGNALS,
                 "run_s": {"type": "number", "minimum": 0, "description": "seconds the task took on the worker"},
                 "checkpoint": CHECKPOINT_BODY,
                 "lines": {"type": "array", "items": {"type": "object"}}}}},
@@ -170,6 +175,7 @@ REQUEST_BODIES = {
         "pid": {"type": "integer", "minimum": 1, "description": "the task's start, never sent (its process "
                 "ended first): a task still assigned is started with this pid in the same transaction"},
         "checkpoint": CHECKPOINT_BODY,
+        "signals": SIGNALS,
         "lines": {"type": "array", "items": {"type": "object", "required": ["text"], "properties": {
             "n": INT, "stream": {"enum": ["stdout", "stderr", "system"]}, "text": {"type": "string"},
             "at": NUM}}}}},
@@ -183,11 +189,27 @@ REQUEST_BODIES = {
         "value": {"type": "string"}, "labels": STR_MAP}},
     ("/v1/jobs/{job_id}/cancel", "post"): {"type": "object", "additionalProperties": False, "properties": {
         "index": {**INT, "description": "cancel one element of an array (no body: the whole job)"}}},
+    # issue 27: Slurm's job control (scheduler/jobcontrol.py)
+    ("/v1/jobs/{job_id}/hold", "post"): {"type": "object", "additionalProperties": False, "properties": {}},
+    ("/v1/jobs/{job_id}/release", "post"): {"type": "object", "additionalProperties": False, "properties": {}},
+    ("/v1/jobs/{job_id}/requeue", "post"): {"type": "object", "additionalProperties": False, "properties": {
+        "index": {**INT, "description": "requeue one element of an array (none: the whole job)"},
+        "hold": {"type": "boolean", "description": "held once queued"}}},
+    ("/v1/jobs/{job_id}", "patch"): {"type": "object", "additionalProperties": False, "minProperties": 1, "properties": {
+        "name": {"type": ["string", "null"], "maxLength": 256},
+        "priority": {"type": ["integer", "string"], "description": "a number, or a priority class's name"},
+        "timeout_seconds": {"type": ["number", "string", "null"], "description": "seconds, or a duration's text"}}},
 }
-OPTIONAL_BODIES = {("/v1/jobs/{job_id}/cancel", "post")}  # no body: the whole job
+# no body: the whole job; hold and release take none
+OPTIONAL_BODIES = {("/v1/jobs/{job_id}/cancel", "post"), ("/v1/jobs/{job_id}/hold", "post"),
+                   ("/v1/jobs/{job_id}/release", "post"), ("/v1/jobs/{job_id}/requeue", "post")}
 RESPONSES: dict[tuple[str, str], tuple[str, dict]] = {
     ("/v1/jobs", "post"): ("201", JOB),
     ("/v1/jobs/{job_id}", "get"): ("200", JOB),
+    ("/v1/jobs/{job_id}", "patch"): ("200", JOB),
+    ("/v1/jobs/{job_id}/hold", "post"): ("200", JOB),
+    ("/v1/jobs/{job_id}/release", "post"): ("200", JOB),
+    ("/v1/jobs/{job_id}/requeue", "post"): ("200", JOB),
     ("/v1/jobs", "get"): ("200", {"type": "object", "required": ["jobs"],
                                   "properties": {"jobs": {"type": "array", "items": JOB}}}),
     ("/v1/jobs/{job_id}/logs", "get"): ("200", {"type": "object", "required": ["lines", "next"], "properties": {

@@ -264,6 +264,30 @@ class Job(Resource):
         self.sched.cancel(job_id, index)
         resp.media = with_ingress_url(req, self.store.read(views.job, req.context.principal, job_id, index))
 
+    @falcon.before(_job_access, "manage")
+    def on_patch(self, req, resp, job_id):
+        changes = wire.job_update(wire.read_json(req))
+        self.sched.update_job(req.context.principal, job_id, changes)
+        resp.media = self.store.read(views.job, req.context.principal, job_id)
+
+    @falcon.before(_job_access, "manage")
+    def on_post_hold(self, req, resp, job_id):
+        wire.empty_body(wire.read_json(req, allow_empty=True), "hold")
+        self.sched.hold(job_id)
+        resp.media = self.store.read(views.job, req.context.principal, job_id)
+
+    @falcon.before(_job_access, "manage")
+    def on_post_release(self, req, resp, job_id):
+        wire.empty_body(wire.read_json(req, allow_empty=True), "release")
+        self.sched.release(job_id)
+        resp.media = self.store.read(views.job, req.context.principal, job_id)
+
+    @falcon.before(_job_access, "manage")
+    def on_post_requeue(self, req, resp, job_id):
+        index, hold = wire.requeue(wire.read_json(req, allow_empty=True))
+        self.sched.requeue(job_id, index, hold)
+        resp.media = self.store.read(views.job, req.context.principal, job_id)
+
     @falcon.before(_job_access, "read")
     def on_get_logs(self, req, resp, job_id):
         limit, after = paging.params(req, "/v1/jobs/{job_id}/logs")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 
+from gpulayer.protocol import parse_duration
 from gpulayer.server.config import MAX_JSON_BODY
 from gpulayer.server.errors import BodyTooLarge, InvalidJSON, InvalidRequest
 from gpulayer.server.scheduler import sessions
@@ -211,7 +212,8 @@ def finish(body: dict) -> dict:
             "next": _flag(body.get("next", False), "next"), "max_tasks": max_tasks(body),
             "pid": None if body.get("pid") is None else integer(body["pid"], "pid", 1, 1 << 31),
             "checkpoint": None if body.get("checkpoint") is None else checkpoint_files(
-                mapping(body["checkpoint"], "checkpoint").get("files"), "checkpoint.files")}
+                mapping(body["checkpoint"], "checkpoint").get("files"), "checkpoint.files"),
+            "signals": signals_sent(body.get("signals"))}
 
 
 MAX_CHECKPOINT_FILES = 100_000
@@ -246,6 +248,26 @@ def checkpoint(body: dict) -> dict:
     return {"task_id": integer(body.get("task_id"), "task_id", 1, 1 << 62),
             "attempt": None if body.get("attempt") is None else integer(body["attempt"], "attempt", 1, 1 << 31),
             "files": checkpoint_files(body.get("files"), "files")}
+
+
+SIGNAL_WHYS = ("time_limit", "silence_timeout", "cancelled", "preempted", "drained", "requeued", "restart")
+
+
+def signals_sent(value) -> list[dict]:
+    """A finish's `signals`: what the agent sent the task's process, each {signal, why, at} (at most 16)."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or len(value) > 16:
+        raise InvalidRequest("signals: must be a list of at most 16 {signal, why, at}")
+    out = []
+    for i, item in enumerate(value):
+        item = mapping(item, f"signals[{i}]")
+        why = item.get("why")
+        if why not in SIGNAL_WHYS:
+            raise InvalidRequest(f"signals[{i}].why: must be one of {', '.join(SIGNAL_WHYS)}")
+        out.append({"signal": string(item.get("signal"), f"signals[{i}].signal", limit=16), "why": why,
+                    "at": number(item.get("at", 0), f"signals[{i}].at", 0, 1e12)})
+    return out
 
 
 def lease_ahead(body: dict) -> tuple[bool, list[int]]:
@@ -384,6 +406,47 @@ def cancel_index(body: dict) -> int | None:
         raise InvalidRequest(f"unknown field {unknown[0]} (known: index)")
     index = body.get("index")
     return None if index is None else integer(index, "index", 0, 1 << 62)
+
+
+def empty_body(body: dict, what: str) -> None:
+    """POST /v1/jobs/{id}/hold and /release: an empty body (or {})."""
+    if body:
+        raise InvalidRequest(f"unknown field {sorted(body)[0]} ({what} takes no fields)")
+
+
+def requeue(body: dict) -> tuple[int | None, bool]:
+    """POST /v1/jobs/{id}/requeue: optionally `index` (one element of an array) and `hold` (held after)."""
+    unknown = sorted(set(body) - {"index", "hold"})
+    if unknown:
+        raise InvalidRequest(f"unknown field {unknown[0]} (known: index, hold)")
+    index = body.get("index")
+    return (None if index is None else integer(index, "index", 0, 1 << 62)), _flag(body.get("hold", False), "hold")
+
+
+def job_update(body: dict) -> dict:
+    """PATCH /v1/jobs/{id}: any of `name` (a string, or null for none), `priority` (a number; a class name is
+    the server's to map: core), `timeout_seconds` (seconds or a duration's text, or null for none)."""
+    unknown = sorted(set(body) - {"name", "priority", "timeout_seconds"})
+    if unknown:
+        raise InvalidRequest(f"unknown field {unknown[0]} (known: name, priority, timeout_seconds)")
+    if not body:
+        raise InvalidRequest("give at least one of name, priority, timeout_seconds")
+    changes: dict = {}
+    if "name" in body:
+        changes["name"] = None if body["name"] is None else string(body["name"], "name", limit=256)
+    if "priority" in body:
+        changes["priority"] = body["priority"]  # checked (and a class name mapped) by core.update_job
+    if "timeout_seconds" in body:
+        value = body["timeout_seconds"]
+        if value is not None:
+            try:
+                value = parse_duration(value)
+            except ValueError as exc:
+                raise InvalidRequest(f"timeout_seconds: {exc}") from None
+            if not 0.001 <= value <= 10**9:
+                raise InvalidRequest("timeout_seconds: must be from 0.001 to 1000000000 seconds")
+        changes["timeout_seconds"] = value
+    return changes
 
 
 # -- teams (users, projects, memberships) ---------------------------------------

@@ -119,7 +119,8 @@ def finish_many(conn: apsw.Connection, worker_id: int, finishes: list[dict], now
                 raise TaskNotAssigned(f"task {f['task_id']} is at attempt {owned['attempt']}, not {f['attempt']}")
             with conn:  # a savepoint: a finish refused midway leaves nothing behind
                 accepted = finish(conn, worker_id, f["task_id"], f["exit_code"], f["outcome"], f["outputs"],
-                                  f["reason"], now, lines=f["lines"], pid=f["pid"], checkpoint=f.get("checkpoint"))
+                                  f["reason"], now, lines=f["lines"], pid=f["pid"], checkpoint=f.get("checkpoint"),
+                                  signals=f.get("signals", ()))
         except TaskNotAssigned as exc:
             results.append({"task_id": f["task_id"], "accepted": False, "error": exc.to_dict()["error"]})
             continue

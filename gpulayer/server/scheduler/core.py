@@ -15,13 +15,14 @@ from typing import BinaryIO, Callable, Sequence
 import apsw
 
 from gpulayer.server.config import MAX_ACQUIRE_WAIT_S, ControlPlaneConfig
-from gpulayer.server.errors import NotFound
-from gpulayer.server.scheduler import (access, aging, cascades, chunks, cordons, gauges, gpu_health, ingress, jobs, leases,
+from gpulayer.server.errors import InvalidRequest, NotFound
+from gpulayer.server.scheduler import (access, aging, cascades, chunks, cordons, gauges, gpu_health, ingress,
+                                       jobcontrol, jobs, leases,
                                        ledger, lifecycle, outcomes, placement, preemption, reconcile, renewals,
                                        secrets, sessions, teams, tokens, workers)
 from gpulayer.server.scheduler import cadence, checkpoints
 from gpulayer.server.scheduler.follow import LogFollowers
-from gpulayer.server.scheduler.spec import validate_job
+from gpulayer.server.scheduler.spec import priority_number, validate_job
 from gpulayer.server.security.auth import Authenticator, Principal, new_jti, new_token
 from gpulayer.server.security.secretbox import SecretBox
 from gpulayer.server.store.artifacts import ArtifactStore
@@ -154,6 +155,9 @@ class Scheduler:
         """Validate and queue a JobSpec owned by `principal`'s user in `project` (teams.submit_project; no
         principal: the first admin); returns the job id. Raises InvalidRequest, Forbidden."""
         spec = validate_job(raw_spec, self.config.priority_classes)
+        if spec.grace_seconds is not None and spec.grace_seconds > self.config.max_grace_s:
+            raise InvalidRequest(f"grace_seconds: {spec.grace_seconds:g} is over this server's limit of "
+                                 f"{self.config.max_grace_s:g} seconds (--max-grace)", code="grace_above_limit")
         principal = principal or ADMIN
         cap = self.config.max_queued_elements
         # The cap is counted on a reader (a walk of up to `cap` index entries, off the writer); one
@@ -411,7 +415,8 @@ class Scheduler:
 
     def _assignment(self, conn: apsw.Connection, task_id: int) -> dict:
         return placement.assignment(conn, task_id, lambda names: secrets.env_for(conn, self.secret_box, names,
-                                                                                 secrets.task_project(conn, task_id)))
+                                                                                 secrets.task_project(conn, task_id)),
+                                    max_grace_s=self.config.max_grace_s)
 
     def start(self, worker_id: int, task_id: int, pid: int | None) -> None:
         self.seen(worker_id)
@@ -441,13 +446,13 @@ class Scheduler:
         return self._write(lifecycle.rendezvous, worker_id, task_id, address, port, self.clock())
 
     def finish(self, worker_id: int, task_id: int, *, exit_code, outcome, outputs, reason, lines=(),
-               pid=None, checkpoint=None) -> bool:
+               pid=None, checkpoint=None, signals=()) -> bool:
         """Record a result (with the task's last log lines, its start when `pid`, its checkpoint) in one
         transaction."""
         self.seen(worker_id)
         accepted = self._write(self._adopting(lifecycle.finish), worker_id, task_id, exit_code, outcome, outputs,
                                reason, self.clock(), lines=lines, pid=pid, checkpoint=checkpoint,
-                               keep=self.config.checkpoint_keep, wake=True)
+                               keep=self.config.checkpoint_keep, signals=signals, wake=True)
         self.log_followers.written()  # the job may have ended: its log followers stop waiting
         return accepted
 
@@ -520,6 +525,28 @@ class Scheduler:
             if done < aging.AGING_BATCH:
                 break
         return raised
+
+    def begin_due(self) -> int:
+        """Upkeep: the waiting jobs whose begin time came run, unless they wait for more (jobcontrol.begin_due)."""
+        return self._write(jobcontrol.begin_due, self.clock(), wake=True)
+
+    def hold(self, job_id: int) -> bool:
+        """`job hold` (jobcontrol.hold): False when it was held already."""
+        return self._write(jobcontrol.hold, self.clock(), job_id)
+
+    def release(self, job_id: int) -> bool:
+        """`job release` (jobcontrol.release): False when it was not held."""
+        return self._write(jobcontrol.release, self.clock(), job_id, wake=True)
+
+    def requeue(self, job_id: int, index: int | None = None, hold: bool = False) -> dict:
+        """`job requeue` (jobcontrol.requeue)."""
+        return self._write(jobcontrol.requeue, self.clock(), job_id, index, hold, wake=True)
+
+    def update_job(self, principal: Principal, job_id: int, changes: dict) -> dict:
+        """`job update` (jobcontrol.update): what changed (a priority class's name as its number)."""
+        if "priority" in changes:
+            changes = {**changes, "priority": priority_number(changes["priority"], self.config.priority_classes)}
+        return self._write(jobcontrol.update, principal, self.clock(), job_id, changes, wake=True)
 
     def preempt(self) -> list[int]:
         """Upkeep's preemption round, one transaction (preemption.preempt): the task ids asked to stop."""

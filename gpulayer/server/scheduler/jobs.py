@@ -43,7 +43,8 @@ def submit(conn: apsw.Connection, spec: ValidSpec, now: float, user_id: int = 1,
             raise InvalidRequest(f"artifact {digest} is not stored on the control plane: upload it first "
                                  "(PUT /v1/artifacts/{digest})", code="unknown_artifact")
     after = [(dep, _dependency(conn, dep.job)) for dep in spec.after]
-    waiting = any(state in outcomes.ACTIVE_JOB for _, state in after)
+    later = spec.begin_at is not None and spec.begin_at > now
+    waiting = any(state in outcomes.ACTIVE_JOB for _, state in after) or spec.hold or later
     width = spec.service.replicas if spec.service else spec.nodes
     indices = elements(spec)
     job_id = one(conn, "insert_job", **{name: _column(getattr(spec, name)) for name in COLUMN_FIELDS},
@@ -62,6 +63,7 @@ def submit(conn: apsw.Connection, spec: ValidSpec, now: float, user_id: int = 1,
     extra: dict = {"array_size": len(indices)} if spec.array else {}
     if waiting:
         extra["waiting_for"] = [dep.job for dep, state in after if state in outcomes.ACTIVE_JOB]
+        extra.update({"held": True} if spec.hold else {}, **({"begin_at": spec.begin_at} if later else {}))
     events.record(conn, now, "job_submitted", job_id=job_id, name=spec.name, width=width, **extra)
     failed = next(((dep, state) for dep, state in after
                    if state not in outcomes.ACTIVE_JOB and not outcomes.dependency_met(dep.condition, state)), None)

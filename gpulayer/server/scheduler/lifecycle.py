@@ -7,7 +7,7 @@ import apsw
 
 from gpulayer.server.scheduler import events
 
-from gpulayer.server.scheduler import checkpoints, outcomes, preemption
+from gpulayer.server.scheduler import checkpoints, jobcontrol, outcomes, preemption
 from gpulayer.server.errors import TaskNotAssigned
 from gpulayer.server.store.queries import QUERIES, one, row, rows
 
@@ -67,7 +67,7 @@ def rendezvous(conn: apsw.Connection, worker_id: int, task_id: int, address: str
 
 def finish(conn: apsw.Connection, worker_id: int, task_id: int, exit_code: int | None, outcome: str, outputs: dict,
            reason: str | None, now: float, *, lines=(), pid: int | None = None, checkpoint: list[dict] | None = None,
-           keep: int = checkpoints.DEFAULT_KEEP) -> bool:
+           keep: int = checkpoints.DEFAULT_KEEP, signals=()) -> bool:
     """Record a task's result; False (and only an event) when the task was lost or cancelled meanwhile.
 
     `pid`: the worker never sent this task's start (its process ended first); a task still `assigned`
@@ -84,12 +84,18 @@ def finish(conn: apsw.Connection, worker_id: int, task_id: int, exit_code: int |
         done = {**done, "state": "running", "pid": pid}
     if lines:  # the last lines ride along with the result: one call, one transaction
         append_logs(conn, worker_id, task_id, lines)
+    for sent in signals:  # what the agent sent its process (--signal's warning, a planned stop's signal)
+        events.record(conn, now, "task_signalled", job_id=done["job_id"], task_id=task_id, worker_id=worker_id,
+                      attempt=done["attempt"], signal=sent["signal"], why=jobcontrol.signal_why(conn, done, sent),
+                      sent_at=sent["at"])
     if checkpoint is not None and done["state"] != "succeeded":
         checkpoints.record_final(conn, worker_id, done, checkpoint, now, keep)
     if state == "cancelled" and done["state"] in ("assigned", "running") and not done["cancel_requested"]:
         # Nobody asked to cancel it: its worker stopped it (SIGTERM, a drain that ran out). The agent's
         # text stays in the logs; the retry policy judges the task as `worker_lost` (outcomes.RETRY_AS).
         state, default_reason, reason = "lost", "worker_stopped", None
+    if done["cancel_requested"] and done["reason"] == "requeued":  # job requeue: queued again, a new attempt
+        return jobcontrol.requeued(conn, worker_id, done, exit_code, outcome, json.dumps(outputs), now)
     if done["cancel_requested"] and done["reason"] == "gpu_unhealthy" and outcome != "succeeded":
         state, default_reason, reason = "lost", "gpu_unhealthy", None  # stopped for its GPU (gpu_health)
     elif done["cancel_requested"] and outcome != "succeeded" and preemption.requeue(conn, worker_id, done, now):

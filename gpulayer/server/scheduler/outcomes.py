@@ -235,7 +235,7 @@ def settle_step(conn: apsw.Connection, now: float, job_id: int, cursor: int = 0)
             continue
         if not elements_made(conn, one(conn, "get_job", job_id=dependent["job_id"])):
             continue  # its last insert_step settles this again
-        released = row(conn, "release_job", job_id=dependent["job_id"])
+        released = row(conn, "release_job", job_id=dependent["job_id"], now=now)
         if released is None:
             continue  # another dependency has not ended yet
         events.record(conn, now, "job_released", job_id=dependent["job_id"], after=job_id)

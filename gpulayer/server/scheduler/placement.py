@@ -19,6 +19,7 @@ import json
 
 import apsw
 
+from gpulayer.protocol import DEFAULT_GRACE_S, MAX_GRACE_S
 from gpulayer.protocol.assignment import Assignment, CheckpointRef
 from gpulayer.protocol.fields import from_wire, to_wire, wire_fields
 from gpulayer.protocol.jobspec import JOB_FIELDS
@@ -133,16 +134,19 @@ def _assign_gang(conn: apsw.Connection, gang: dict, workers: list[int], queued: 
     return queued[0]["id"]
 
 
-def assignment(conn: apsw.Connection, task_id: int, secret_env=None) -> dict:
+def assignment(conn: apsw.Connection, task_id: int, secret_env=None,
+               max_grace_s: float = MAX_GRACE_S) -> dict:
     """The Assignment a worker receives for `task_id` (docs/protocol.md), as its JSON object.
 
-    `secret_env(names) -> {name: value}` resolves the job's secrets into its environment.
+    `secret_env(names) -> {name: value}` resolves the job's secrets into its environment; the job's
+    grace is at most `max_grace_s` (the server's `--max-grace`, lowered since its submit maybe).
     """
     found = one(conn, "assignment", task_id=task_id)
     spec = json.loads(found["spec"])
     gang = bool(found["gang"])
     return to_wire(Assignment(
-        **_job_fields(spec), task_id=found["task_id"], job_id=found["job_id"], attempt=found["attempt"],
+        **_job_fields(spec), grace_seconds=stop_grace(spec, max_grace_s),
+        task_id=found["task_id"], job_id=found["job_id"], attempt=found["attempt"],
         index=found["index"],
         env={**spec["env"], **(secret_env(spec["secrets"]) if secret_env and spec["secrets"] else {}),
              **({"GPULAYER_PREEMPTED": "1"} if row(conn, "task_was_preempted", task_id=task_id) else {})},
@@ -162,12 +166,20 @@ def _checkpoint(conn: apsw.Connection, job_id: int, index: int) -> CheckpointRef
     """The newest complete checkpoint of the element or rank, for the agent to restore (checkpoints.latest)."""
     found = checkpoints.latest(conn, job_id, index)
     return None if found is None else CheckpointRef(**found)
+def stop_grace(spec: dict, max_grace_s: float) -> float | None:
+    """A job's grace between a planned stop's signal and SIGKILL: its `grace_seconds`, else DEFAULT_GRACE_S
+    for a job with a `signal`, within `max_grace_s`; None (the agent's own rule) for a job with neither."""
+    grace = spec.get("grace_seconds")
+    if grace is None and spec.get("signal"):
+        grace = DEFAULT_GRACE_S
+    return None if grace is None else min(float(grace), max_grace_s)
 
 
 #: The Assignment's fields that are the job's own, under the JobSpec's name (command, source, cpus, service,
 #: network, ...): copied from the stored spec. `env` (with the job's secrets) and `gpus` (the devices
 #: reserved, not the job's count) are made by `assignment()`. docs/architecture.md, "Adding a field".
-JOB_OWN_FIELDS = tuple(f for f in wire_fields(Assignment) if f.name in JOB_FIELDS and f.name not in ("env", "gpus"))
+JOB_OWN_FIELDS = tuple(f for f in wire_fields(Assignment)
+                       if f.name in JOB_FIELDS and f.name not in ("env", "gpus", "grace_seconds"))
 
 
 def _job_fields(spec: dict) -> dict:

@@ -12,7 +12,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
-from gpulayer.protocol import MAX_ARRAY, MAX_ARRAY_INDEX, array_ranges, array_text
+from gpulayer.protocol import MAX_ARRAY, MAX_ARRAY_INDEX, array_ranges, array_text, parse_signal
 from gpulayer.protocol.fields import WireField, field_of, names, wire_fields
 from gpulayer.protocol.jobspec import (
     AFTER_CONDITIONS, ENV_NAME_PATTERN, MAX_AFTER, MAX_ARG_BYTES, MAX_ARGS, MAX_IMAGE_BLOBS, MAX_PATHS, MAX_STR,
@@ -272,6 +272,10 @@ def _priority(value: Any, classes: dict[str, int] | None) -> int:
     return _checked(field_of(JobSpec, "priority"), value, "priority")
 
 
+#: A priority as a job's `priority` takes it (job update reads it the same way).
+priority_number = _priority
+
+
 def _flag(value: Any, field: str) -> bool:
     if not isinstance(value, bool):
         raise _fail(field, "must be true or false")
@@ -371,7 +375,19 @@ def validate_job(raw: Any, priority_classes: dict[str, int] | None = None) -> Va
         "command": _command, "env": _env, "labels": labels, "retry": lambda given: _retry(given, service is not None),
         "source": lambda given: digest(given, "source"), "inputs": lambda given: _paths_map(given, "inputs"),
         "outputs": _outputs, "priority": lambda given: _priority(given, priority_classes),
-        "secrets": _secret_names, "after": _after, "image": _image}, done))
+        "secrets": _secret_names, "after": _after, "image": _image, "signal": _signal}, done))
+
+
+def _signal(value: Any) -> str | None:
+    """`signal` as Slurm writes it ([B:]SIG[@SECONDS]), stored upper case: B:USR1@120."""
+    if value is None:
+        return None
+    text = string(value, "signal", limit=32)
+    try:
+        batch, name, before = parse_signal(text)
+    except ValueError as exc:
+        raise _fail("signal", str(exc)) from None
+    return f"{'B:' if batch else ''}{name}@{before}"
 
 
 def referenced_digests(spec: JobSpec) -> set[str]:

@@ -8,6 +8,7 @@ job is teams.py's (`check_job`, `level`, `unseen`); nothing here writes.
 """
 from __future__ import annotations
 
+import datetime
 import json
 
 import apsw
@@ -119,6 +120,11 @@ def waiting_reason(conn: apsw.Connection, found: dict, tasks: list[dict] | None 
     """
     if found["state"] in outcomes.ACTIVE_JOB and found["reason"] is not None:
         return f"being cancelled ({found['reason']}): its tasks end in batches"  # outcomes.end_step
+    if found.get("hold"):  # job hold / submit --hold (jobcontrol.py): an array's running elements go on
+        return "held: it starts once released (`gpulayer job release`)"
+    if found["state"] == "waiting" and found.get("begin_at") is not None:
+        when = datetime.datetime.fromtimestamp(found["begin_at"], datetime.timezone.utc)
+        return f"begin_time: it starts at {when.isoformat(timespec='seconds').replace('+00:00', 'Z')} (--begin)"
     if found["state"] == "waiting":
         return _dependencies_reason(after if after is not None else
                                     rows(conn, "job_dependencies_of", job_id=found["id"]))

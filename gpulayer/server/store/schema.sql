@@ -11,7 +11,7 @@
 -- fit (which workers a shape and a job fit); quotas, fair share, the usage ledger, preemption,
 -- quotas' use now and as admission reads them.
 
-PRAGMA user_version = 16;
+PRAGMA user_version = 17;
 
 -- ---------------------------------------------------------------------------------------
 -- Tokens and teams: tokens, users, projects, memberships.
@@ -197,7 +197,8 @@ CREATE TABLE jobs (
     project_id        INTEGER NOT NULL DEFAULT 1,
     preemptible       INTEGER NOT NULL DEFAULT 0 CHECK (preemptible IN (0, 1)),
     array_size        INTEGER CHECK (array_size IS NULL OR array_size >= 1),
-    max_running       INTEGER CHECK (max_running IS NULL OR max_running >= 1),
+    max_running       INTEGER CHECK (max_running IS NULL OR max_running >= 1)
+    , hold INTEGER NOT NULL DEFAULT 0 CHECK (hold IN (0, 1)), begin_at REAL,
     CHECK ((state IN ('succeeded', 'failed', 'cancelled', 'lost')) = (finished_at IS NOT NULL))
 ) STRICT;
 CREATE INDEX jobs_state_id ON jobs (state, id);
@@ -209,6 +210,9 @@ CREATE INDEX jobs_user_state ON jobs (user_id, state);
 -- A user's own jobs newest first (`job list`), without reading everyone else's.
 CREATE INDEX jobs_user_id ON jobs (user_id, id);
 CREATE INDEX jobs_project_state ON jobs (project_id, state);
+-- `hold` (submit --hold, job hold): it waits until released; `begin_at` (submit --begin): it waits until
+-- then. Upkeep releases the waiting jobs whose time came from this index alone (jobcontrol.begin_due).
+CREATE INDEX jobs_begin_at ON jobs (begin_at) WHERE state = 'waiting' AND begin_at IS NOT NULL;
 
 -- One row per replica / rank per attempt. A retry adds rows with attempt + 1;
 -- the old rows stay as history. Leases are timestamps on the rows. An array's

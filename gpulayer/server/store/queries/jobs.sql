@@ -5,10 +5,10 @@
 -- 'queued', or 'waiting' while a dependency has not ended.
 INSERT INTO jobs (name, state, spec, kind, priority, labels, secrets, accelerator, gpus, cpus, memory_mb,
                   width, gang, attempt, max_attempts, retry_on, created_at, array_size, max_running,
-                  user_id, project_id, preemptible)
+                  user_id, project_id, preemptible, hold, begin_at)
 VALUES (:name, :state, :spec, :kind, :priority, :labels, :secrets, :accelerator, :gpus, :cpus, :memory_mb,
         :width, :gang, 1, :max_attempts, :retry_on, :now, :array_size, :max_running, :user_id, :project_id,
-        :preemptible)
+        :preemptible, :hold, :begin_at)
 RETURNING id;
 
 -- name: insert_tasks --
@@ -53,7 +53,8 @@ SELECT count(*) AS n FROM (
 
 -- name: get_job --
 -- One job.
-SELECT id, name, state, spec, kind, attempt, exit_code, reason, created_at, finished_at, array_size, max_running
+SELECT id, name, state, spec, kind, attempt, exit_code, reason, created_at, finished_at, array_size, max_running,
+       hold, begin_at
 FROM jobs WHERE id = :job_id;
 
 -- name: touch_artifact --

@@ -6,10 +6,11 @@ SELECT 1 AS found FROM tasks INDEXED BY tasks_job WHERE job_id = :job_id AND att
 
 -- name: release_held_tasks --
 -- Release up to :n held tasks of a job (-1: all), lowest index first: they join task_queue, aging
--- from now (queued_at).
+-- from now (queued_at); none of a job on hold.
 UPDATE tasks SET held = 0, queued_at = :now
 WHERE id IN (SELECT id FROM tasks INDEXED BY tasks_held
              WHERE job_id = :job_id AND state = 'queued' AND held = 1 ORDER BY "index" LIMIT :n)
+  AND (SELECT hold FROM jobs WHERE id = :job_id) = 0  -- a held job's tasks stay out (jobcontrol.hold)
 RETURNING id;
 
 -- name: waiting_dependents --
@@ -22,9 +23,10 @@ ORDER BY d.job_id LIMIT :n;
 
 -- name: release_job --
 -- A waiting job whose dependencies have all ended (none ended against its condition, or
--- it would be cancelled) is queued.
+-- it would be cancelled) is queued, unless it is held or its begin time has not come (jobcontrol.py).
 UPDATE jobs SET state = 'queued'
-WHERE id = :job_id AND state = 'waiting' AND reason IS NULL
+WHERE id = :job_id AND state = 'waiting' AND reason IS NULL AND hold = 0
+  AND (begin_at IS NULL OR begin_at <= :now)
   AND NOT EXISTS (SELECT 1 FROM job_dependencies d JOIN jobs a ON a.id = d.after_job_id
                   WHERE d.job_id = :job_id AND a.finished_at IS NULL)
 RETURNING id, max_running;
@@ -46,7 +48,8 @@ RETURNING id;
 
 -- name: job_for_update --
 -- The job row that task-ending decisions read.
-SELECT id, state, kind, width, gang, attempt, max_attempts, retry_on, priority, array_size, max_running, reason
+SELECT id, state, kind, width, gang, attempt, max_attempts, retry_on, priority, array_size, max_running, reason,
+       hold, begin_at, user_id, project_id
 FROM jobs WHERE id = :job_id;
 
 -- name: attempt_tasks --

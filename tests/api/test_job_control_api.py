@@ -1,0 +1,181 @@
+"""Issue 27 through the API (falcon.testing, a real state file, a clock moved by hand): hold, release, --begin,
+update and requeue; the assignment's signal and grace; a finish's `signals` as task_signalled events; and
+every refusal a 4xx that changes nothing."""
+
+from __future__ import annotations
+
+
+def submit(api, h, **spec) -> int:
+    r = api.simulate_post("/v1/jobs", headers=h, json={"command": ["true"], **spec})
+    assert r.status_code == 201, r.text
+    return r.json["id"]
+
+
+def job(api, h, job_id: int) -> dict:
+    return api.simulate_get(f"/v1/jobs/{job_id}", headers=h).json
+
+
+def acquire(api, wh) -> dict | None:
+    return api.simulate_post("/v1/worker/acquire", headers=wh, json={"wait_s": 0}).json["task"]
+
+
+def kinds(api, h, job_id: int) -> list[str]:
+    return [e["kind"] for e in api.simulate_get(f"/v1/jobs/{job_id}/events", headers=h).json["events"]]
+
+
+def test_a_held_job_waits_out_of_the_queue_until_released(api, client_h, worker):
+    _, wh = worker()
+    job_id = submit(api, client_h, hold=True)
+    found = job(api, client_h, job_id)
+    assert found["state"] == "waiting" and found["waiting_reason"].startswith("held"), found
+    assert acquire(api, wh) is None
+    assert api.simulate_post(f"/v1/jobs/{job_id}/release", headers=client_h).status_code == 200
+    assert job(api, client_h, job_id)["state"] == "queued"
+    assert acquire(api, wh)["job_id"] == job_id
+
+
+def test_hold_a_queued_job_then_release_it(api, client_h, worker):
+    _, wh = worker()
+    job_id = submit(api, client_h)
+    r = api.simulate_post(f"/v1/jobs/{job_id}/hold", headers=client_h)
+    assert r.status_code == 200 and r.json["state"] == "waiting", r.text
+    assert acquire(api, wh) is None
+    api.simulate_post(f"/v1/jobs/{job_id}/release", headers=client_h)
+    assert acquire(api, wh)["job_id"] == job_id
+    assert kinds(api, client_h, job_id)[:3] == ["job_submitted", "job_held", "job_released_hold"]
+
+
+def test_a_held_array_keeps_its_running_elements_and_holds_the_rest(api, client_h, worker):
+    _, wh = worker(slots=1)
+    job_id = submit(api, client_h, array="0-3")
+    first = acquire(api, wh)
+    api.simulate_post(f"/v1/worker/tasks/{first['task_id']}/start", headers=wh, json={"pid": 10})
+    api.simulate_post(f"/v1/jobs/{job_id}/hold", headers=client_h)
+    api.simulate_post(f"/v1/worker/tasks/{first['task_id']}/finish", headers=wh, json={"exit_code": 0, "outcome": "succeeded"})
+    assert acquire(api, wh) is None  # the next element is held, not released by the one that ended
+    assert job(api, client_h, job_id)["waiting_reason"].startswith("held")
+    api.simulate_post(f"/v1/jobs/{job_id}/release", headers=client_h)
+    assert acquire(api, wh)["array_index"] == 1
+
+
+def test_begin_later_waits_until_its_time(api, client_h, worker, deps, clock):
+    _, wh = worker()
+    job_id = submit(api, client_h, begin_at=clock.now + 3600)
+    found = job(api, client_h, job_id)
+    assert found["state"] == "waiting" and found["waiting_reason"].startswith("begin_time"), found
+    assert deps.scheduler.begin_due() == 0 and acquire(api, wh) is None
+    clock.advance(3601)
+    assert deps.scheduler.begin_due() == 1
+    assert acquire(api, wh)["job_id"] == job_id
+    assert deps.scheduler.begin_due() == 0  # read once
+
+
+def test_held_and_begin_later_waits_for_both(api, client_h, worker, deps, clock):
+    _, wh = worker()
+    job_id = submit(api, client_h, begin_at=clock.now + 10, hold=True)
+    clock.advance(11)
+    deps.scheduler.begin_due()
+    assert job(api, client_h, job_id)["state"] == "waiting"
+    api.simulate_post(f"/v1/jobs/{job_id}/release", headers=client_h)
+    assert acquire(api, wh)["job_id"] == job_id
+
+
+def test_update_changes_name_priority_and_time(api, client_h, worker):
+    _, wh = worker()
+    job_id = submit(api, client_h, name="a")
+    r = api.simulate_patch(f"/v1/jobs/{job_id}", headers=client_h, json={"name": "b", "priority": "high", "timeout_seconds": "1:00:00"})
+    assert r.status_code == 200, r.text
+    assert r.json["name"] == "b" and r.json["spec"]["priority"] == 10 and r.json["spec"]["timeout_seconds"] == 3600
+    assert acquire(api, wh)["timeout_seconds"] == 3600
+
+
+def test_refusals_are_4xx_and_change_nothing(api, client_h, worker):
+    job_id = submit(api, client_h, name="a")
+    before = job(api, client_h, job_id)
+    for body in ({}, {"colour": 1}, {"priority": "nope"}, {"timeout_seconds": "25:99"}, {"name": 5}, {"priority": 10**9}):
+        r = api.simulate_patch(f"/v1/jobs/{job_id}", headers=client_h, json=body)
+        assert r.status_code == 400, (body, r.text)
+    for path, body in (
+        ("hold", {"x": 1}),
+        ("release", {"x": 1}),
+        ("requeue", {"index": -1}),
+        ("requeue", {"hold": "yes"}),
+        ("requeue", {"index": 3}),
+    ):
+        r = api.simulate_post(f"/v1/jobs/{job_id}/{path}", headers=client_h, json=body)
+        assert r.status_code == 400, (path, body, r.text)
+    r = api.simulate_post(f"/v1/jobs/{job_id}/requeue", headers=client_h)
+    assert r.status_code == 409 and r.json["error"]["code"] == "job_not_started", r.text
+    assert api.simulate_post("/v1/jobs/999/hold", headers=client_h).status_code == 404
+    for spec in ({"signal": "FOO@x"}, {"signal": "USR1@-5"}, {"signal": "KILL"}, {"grace_seconds": -1}, {"grace_seconds": 700}):
+        r = api.simulate_post("/v1/jobs", headers=client_h, json={"command": ["true"], **spec})
+        assert r.status_code == 400, (spec, r.text)
+    after = job(api, client_h, job_id)
+    assert {k: after[k] for k in ("name", "state", "attempt", "spec")} == {k: before[k] for k in ("name", "state", "attempt", "spec")}
+
+
+def test_the_assignment_carries_the_signal_and_the_grace(api, client_h, worker, deps):
+    _, wh = worker(slots=3)
+    submit(api, client_h, signal="b:sigusr1@90")
+    submit(api, client_h, grace_seconds=7)
+    submit(api, client_h)
+    got = []
+    for _ in range(3):
+        got.append(acquire(api, wh))
+        api.simulate_post(f"/v1/worker/tasks/{got[-1]['task_id']}/start", headers=wh, json={"pid": 10})
+    assert [(a["signal"], a["grace_seconds"]) for a in got] == [("B:USR1@90", 30), (None, 7), (None, None)]
+
+
+def test_requeue_a_running_job_keeps_its_room_until_its_finish(api, client_h, worker):
+    _, wh = worker(slots=1)
+    job_id = submit(api, client_h, retry={"max_attempts": 1})
+    task = acquire(api, wh)
+    api.simulate_post(f"/v1/worker/tasks/{task['task_id']}/start", headers=wh, json={"pid": 10})
+    r = api.simulate_post(f"/v1/jobs/{job_id}/requeue", headers=client_h)
+    assert r.status_code == 200, r.text
+    beat = api.simulate_post(
+        "/v1/worker/heartbeat", headers=wh, json={"tasks": [{"task_id": task["task_id"], "state": "running", "endpoint": None, "restarts": 0}]}
+    ).json
+    assert beat["cancel_task_ids"] == [task["task_id"]]
+    assert acquire(api, wh) is None  # its room is still its own
+    r = api.simulate_post(
+        f"/v1/worker/tasks/{task['task_id']}/finish",
+        headers=wh,
+        json={"exit_code": 143, "outcome": "cancelled", "signals": [{"signal": "SIGTERM", "why": "cancelled", "at": 1.0}]},
+    )
+    assert r.status_code == 200 and r.json["accepted"], r.text
+    found = job(api, client_h, job_id)
+    assert found["attempt"] == 2 and found["state"] == "queued", found
+    again = acquire(api, wh)
+    assert again["attempt"] == 2
+    events = api.simulate_get(f"/v1/jobs/{job_id}/events", headers=client_h).json["events"]
+    sent = [e["data"] for e in events if e["kind"] == "task_signalled"]
+    assert [(s["signal"], s["why"]) for s in sent] == [("SIGTERM", "requeued")]
+    # the requeue was not counted: a failure now ends the job (max_attempts 1), it is not retried
+    api.simulate_post(f"/v1/worker/tasks/{again['task_id']}/finish", headers=wh, json={"exit_code": 1, "outcome": "failed", "pid": 11})
+    assert job(api, client_h, job_id)["state"] == "failed"
+
+
+def test_requeue_an_ended_job_and_an_arrays_element(api, client_h, worker):
+    _, wh = worker(slots=4)
+    job_id = submit(api, client_h)
+    task = acquire(api, wh)
+    api.simulate_post(f"/v1/worker/tasks/{task['task_id']}/finish", headers=wh, json={"exit_code": 0, "outcome": "succeeded", "pid": 5})
+    assert job(api, client_h, job_id)["state"] == "succeeded"
+    r = api.simulate_post(f"/v1/jobs/{job_id}/requeue", headers=client_h)
+    assert r.status_code == 200 and r.json["state"] == "queued" and r.json["attempt"] == 2, r.text
+    second = acquire(api, wh)
+    assert second["attempt"] == 2
+    api.simulate_post(f"/v1/worker/tasks/{second['task_id']}/finish", headers=wh, json={"exit_code": 0, "outcome": "succeeded", "pid": 6})
+    array = submit(api, client_h, array="0-2")
+    for _ in range(3):
+        t = acquire(api, wh)
+        r = api.simulate_post(f"/v1/worker/tasks/{t['task_id']}/finish", headers=wh, json={"exit_code": 0, "outcome": "succeeded", "pid": 5})
+        assert r.json["accepted"], (t, r.text)
+    assert job(api, client_h, array)["state"] == "succeeded", job(api, client_h, array)
+    r = api.simulate_post(f"/v1/jobs/{array}/requeue", headers=client_h, json={"index": 1})
+    assert r.status_code == 200 and r.json["state"] == "queued", r.text
+    again = acquire(api, wh)
+    assert again["array_index"] == 1 and again["attempt"] == 2
+    api.simulate_post(f"/v1/worker/tasks/{again['task_id']}/finish", headers=wh, json={"exit_code": 0, "outcome": "succeeded", "pid": 5})
+    assert job(api, client_h, array)["state"] == "succeeded"
