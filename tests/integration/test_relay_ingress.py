@@ -368,5 +368,8 @@ def test_a_dead_replica_a_get_is_retried_a_post_is_not(plane, web, url):
 def test_no_replica_serving_is_a_503(plane, web, url):
     plane.cli("job", "cancel", str(web[0]))
     wait_for(lambda: plane.job(web[0])["state"] != "running", 60, "the service to end")
-    answer = _get(f"{url}/who", plane)
+    # the ingress reads a job's replicas again after CACHE_S (1 s): a request in that second may still be served
+    answers = []
+    wait_for(lambda: answers.append(_get(f"{url}/who", plane)) or answers[-1].status_code != 200, 10, "the ingress to see it")
+    answer = answers[-1]
     assert answer.status_code == 503 and answer.headers["retry-after"] == "1", answer.text

@@ -71,7 +71,7 @@ def test_typed_commands_resizes_ctrl_c_ctrl_z_and_the_exit_status(plane, job):
     terminal.type("\x1a")
     terminal.type("jobs; echo jobs-$((6+6))\n")
     assert "Stopped" in terminal.read_until("jobs-12")
-    terminal.type("kill -9 %1; echo killed-$((6+7))\n")
+    terminal.type("kill -9 %1; wait %1; echo killed-$((6+7))\n")  # reaped: exit meets no "There are stopped jobs"
     terminal.read_until("killed-13")
     terminal.type("exit 7\n")
     assert terminal.exit_code() == 7, terminal.output

@@ -61,6 +61,11 @@ MATRIX = [
      codes(404, 404, 403, 404, 404)),   # the job has none: readers learn that, members may not read
     ("get", "/v1/jobs/{job_id:int}/endpoints", "/v1/jobs/{job}/endpoints", None, READ),
     ("post", "/v1/jobs/{job_id:int}/cancel", "/v1/jobs/{job}/cancel", {}, READ),  # manage: as READ when private
+    # job control (docs/training.md): manage, as cancel; a body each refuses (400) keeps the job as it is
+    ("patch", "/v1/jobs/{job_id:int}", "/v1/jobs/{job}", {"bogus": 1}, codes(400, 400, 403, 404, 404)),
+    ("post", "/v1/jobs/{job_id:int}/hold", "/v1/jobs/{job}/hold", {"bogus": 1}, codes(400, 400, 403, 404, 404)),
+    ("post", "/v1/jobs/{job_id:int}/release", "/v1/jobs/{job}/release", {"bogus": 1}, codes(400, 400, 403, 404, 404)),
+    ("post", "/v1/jobs/{job_id:int}/requeue", "/v1/jobs/{job}/requeue", {"index": -1}, codes(400, 400, 403, 404, 404)),
     ("get", "/v1/workers", "/v1/workers", None, ALL(200)),
     ("post", "/v1/workers/{worker}/cordon", "/v1/workers/nope/cordon", {"reason": "r"}, ADMIN_ONLY(404)),
     ("post", "/v1/workers/{worker}/drain", "/v1/workers/nope/drain", {"reason": "r"}, ADMIN_ONLY(404)),
