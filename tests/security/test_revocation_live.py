@@ -153,3 +153,26 @@ def test_a_parked_acquire_ends_with_401_when_its_worker_deregisters(plane):
     as_worker(plane, session, "/v1/worker/deregister", {})
     answer = acquire.result()
     assert answer.status_code == 401 and answer.json()["error"]["code"] == "unauthorized", answer.text
+
+
+def test_a_beating_workers_session_is_cut_off_at_its_next_request_after_its_token_is_revoked(plane):
+    """Each use renews a cached principal (security/auth.py): a revocation still takes effect at once (the
+    heartbeat, which a gone worker may still call, says `revoked`; anything else is refused)."""
+    minted = plane.request("POST", "/v1/tokens", json={"name": "beating", "labels": {"hand": "w-beating"}}).json()
+    _, session = register(plane, "w-beating", minted["token"])
+    for _ in range(3):   # cached, then renewed by each use
+        as_worker(plane, session, "/v1/worker/heartbeat", {"tasks": []})
+    assert plane.request("POST", f"/v1/tokens/{minted['jti']}/revoke", json={}).status_code == 200
+    assert as_worker(plane, session, "/v1/worker/heartbeat", {"tasks": []})["revoked"] is True
+    answer = plane.request("POST", "/v1/worker/acquire", token=session, headers=PROTO, json={})
+    assert answer.status_code == 401 and answer.json()["error"]["code"] == "unauthorized", answer.text
+
+
+def test_a_users_client_token_in_use_is_refused_on_its_next_request_after_its_revocation(plane):
+    plane.client().add_user("hal")
+    minted = plane.request("POST", "/v1/tokens", json={"kind": "client", "user": "hal", "name": "hal-2"}).json()
+    for _ in range(3):   # cached, then renewed by each use
+        assert plane.request("GET", "/v1/whoami", token=minted["token"]).status_code == 200
+    assert plane.request("POST", f"/v1/tokens/{minted['jti']}/revoke", json={}).status_code == 200
+    answer = plane.request("GET", "/v1/whoami", token=minted["token"])
+    assert answer.status_code == 401 and answer.json()["error"]["code"] == "unauthorized", answer.text

@@ -6,6 +6,7 @@ between its reads and its store while the change commits and invalidates, on a r
 """
 from __future__ import annotations
 
+import math
 import threading
 
 import pytest
@@ -97,14 +98,77 @@ def test_a_revoked_join_token_is_refused_after_a_lookup_raced_the_revocation(hel
         authn.authenticate(minted["token"], clock())
 
 
+class CountedLookups(auth.Authenticator):
+    """An Authenticator that counts the lookups it makes in the state file."""
+
+    lookups = 0
+
+    def _lookup(self, kind, digest, now):
+        self.lookups += 1
+        return super()._lookup(kind, digest, now)
+
+
+@pytest.fixture
+def counted(store, config, clock):
+    ticks = type(clock)(100.0)   # the conftest's hand-moved clock, for the cache's monotonic ticks
+    authn = CountedLookups(config.layout, store, QUERIES, ticks=ticks)
+    return Scheduler(store, config, clock, auth=authn), authn, ticks
+
+
+def test_a_principal_in_use_is_renewed_by_each_use_and_read_again_after_its_max_age(counted, clock):
+    """A worker beating every 2 s makes no read for its token; CACHE_MAX_AGE_S still bounds a missed change."""
+    sched, authn, ticks = counted
+    token = add_user(sched, "erin", admin=True)
+    assert authn.authenticate(token, clock()).admin is True
+    sched.store.write(lambda conn: conn.execute("UPDATE users SET admin = 0 WHERE name = 'erin'"))  # no invalidate()
+    step = auth.CACHE_TTL_S - 0.5
+    for _ in range(math.ceil(auth.CACHE_MAX_AGE_S / step) - 1):   # the last of these uses comes before the max age
+        ticks.advance(step)
+        assert authn.authenticate(token, clock()).admin is True   # renewed: still the cached answer
+    assert authn.lookups == 1
+    ticks.advance(step)
+    assert authn.authenticate(token, clock()).admin is False   # past CACHE_MAX_AGE_S: read again
+    assert authn.lookups == 2
+
+
+def test_a_principal_unused_for_its_ttl_is_read_again_and_swept(counted, clock):
+    sched, authn, ticks = counted
+    used, idle, late = add_user(sched, "frank"), add_user(sched, "gina"), add_user(sched, "hank")
+    authn.authenticate(used, clock())
+    authn.authenticate(idle, clock())
+    lookups = authn.lookups
+    ticks.advance(auth.CACHE_TTL_S - 0.5)
+    authn.authenticate(used, clock())
+    ticks.advance(1.0)   # idle's entry is CACHE_TTL_S + 0.5 unused, used's 1 s
+    authn.authenticate(used, clock())
+    assert authn.lookups == lookups
+    authn.authenticate(idle, clock())
+    assert authn.lookups == lookups + 1
+    ticks.advance(auth.CACHE_TTL_S + 1)   # both unused past the TTL: the next store sweeps them
+    authn.authenticate(late, clock())
+    assert list(authn._cache) == [authn.hash(late)]
+
+
+def test_a_renewed_principal_is_forgotten_at_once_by_a_revocation(counted, clock):
+    sched, authn, ticks = counted
+    minted = sched.mint_token(name="j2", labels={}, expires_in_s=None)
+    for _ in range(3):
+        authn.authenticate(minted["token"], clock())
+        ticks.advance(1.0)
+    sched.revoke_token(minted["jti"])
+    with pytest.raises(Unauthorized):
+        authn.authenticate(minted["token"], clock())
+
+
 def test_a_cached_principal_is_read_again_after_its_ttl(store, config, clock):
-    """A change no invalidate() reached (another process wrote the file) is seen within CACHE_TTL_S."""
+    """A change no invalidate() reached (another process wrote the file) is seen once the principal was
+    unused for CACHE_TTL_S."""
     ticks = type(clock)(100.0)   # the conftest's hand-moved clock, for the cache's monotonic ticks
     authn = auth.Authenticator(config.layout, store, QUERIES, ticks=ticks)
     token = add_user(Scheduler(store, config, clock, auth=authn), "carol", admin=True)
     assert authn.authenticate(token, clock()).admin is True
     store.write(lambda conn: conn.execute("UPDATE users SET admin = 0 WHERE name = 'carol'"))
     ticks.advance(auth.CACHE_TTL_S - 0.5)
-    assert authn.authenticate(token, clock()).admin is True   # cached: nothing invalidated
-    ticks.advance(1.0)
+    assert authn.authenticate(token, clock()).admin is True   # cached: nothing invalidated (and renewed)
+    ticks.advance(auth.CACHE_TTL_S + 0.5)
     assert authn.authenticate(token, clock()).admin is False

@@ -26,8 +26,13 @@ PREFIXES = {"join": "glj_", "worker": "glw_", "client": "glc_", "metrics": "glm_
 KIND_OF_PREFIX = {v: k for k, v in PREFIXES.items()}
 SERVER_JOIN_JTI = "server-join"
 SERVER_CLIENT_JTI = "server-client"
-# A cached principal is read again after this long, even if no invalidate() reached the cache.
+# A cached principal unused for this long is dropped; each use renews it (a worker's heartbeats keep its own).
 CACHE_TTL_S = 5.0
+# However often it is used, a cached principal is read again after this long: the bound on what a
+# change that reached no invalidate() could cost (every known one calls it).
+CACHE_MAX_AGE_S = 60.0
+# At most this many principals are cached (one per token in use; past it the cache starts again).
+CACHE_MAX_ENTRIES = 100_000
 
 
 def new_token(kind: str) -> str:
@@ -133,7 +138,7 @@ class Principal:
 
 
 class Authenticator:
-    """Maps bearer tokens to principals; caches good answers for CACHE_TTL_S, or until something is revoked.
+    """Maps bearer tokens to principals; caches good answers until something is revoked.
 
     Every change that can make a cached answer wrong (a token revoked, a worker
     deregistered or revoked, a user removed or changed, credentials rotated)
@@ -141,7 +146,10 @@ class Authenticator:
     that serves tokens. A lookup that read the state file before that commit
     must not store its answer after the clear: `invalidate()` bumps a generation,
     and a lookup stores only when the generation it saw before its reads is still
-    the current one. The TTL bounds what any missed invalidation could cost.
+    the current one. A cached answer is renewed by each use and dropped after
+    CACHE_TTL_S unused (so a worker beating every 2 s never reads for its token);
+    CACHE_MAX_AGE_S bounds what a missed invalidation could cost, and the cache
+    holds at most CACHE_MAX_ENTRIES (unused ones are swept every CACHE_TTL_S).
     """
 
     def __init__(self, layout: HomeLayout, store, queries: dict, *, ticks: Callable[[], float] = time.monotonic):
@@ -153,7 +161,9 @@ class Authenticator:
         self._creds: dict = {}
         self._creds_mtime = 0.0
         self._creds_checked = 0.0
-        self._cache: dict[str, tuple[Principal, float]] = {}   # digest: (principal, monotonic expiry)
+        # digest: [principal, unused-until, read-again-at] (monotonic seconds; the first renewed on each use)
+        self._cache: dict[str, list] = {}
+        self._next_sweep = 0.0
         self._generation = 0   # bumped by every invalidate(), under _lock
         self._lock = threading.Lock()
         self._listeners: list[Callable[[], None]] = []
@@ -187,17 +197,28 @@ class Authenticator:
         mono = self.ticks()
         with self._lock:
             cached, generation = self._cache.get(digest), self._generation
-        if cached is not None and cached[1] > mono and (cached[0].expires_at is None or cached[0].expires_at > now):
-            return cached[0]
+            if cached is not None and cached[1] > mono and cached[2] > mono \
+                    and (cached[0].expires_at is None or cached[0].expires_at > now):
+                cached[1] = mono + CACHE_TTL_S   # renewed on use
+                return cached[0]
         principal = self._lookup(kind, digest, now)
         if principal is None:
             raise Unauthorized("unknown, revoked or expired token")
         with self._lock:
             if self._generation == generation:   # else a change committed during the reads: they may be stale
-                if len(self._cache) > 100_000:
-                    self._cache.clear()
-                self._cache[digest] = (principal, mono + CACHE_TTL_S)
+                self._store(digest, principal, mono)
         return principal
+
+    def _store(self, digest: str, principal: Principal, mono: float) -> None:
+        """Cache `principal` (under _lock), first dropping the entries unused for CACHE_TTL_S (at most once per
+        CACHE_TTL_S) and starting again past CACHE_MAX_ENTRIES."""
+        if mono >= self._next_sweep:
+            self._next_sweep = mono + CACHE_TTL_S
+            for key in [k for k, entry in self._cache.items() if entry[1] <= mono]:
+                del self._cache[key]
+        if len(self._cache) >= CACHE_MAX_ENTRIES:
+            self._cache.clear()
+        self._cache[digest] = [principal, mono + CACHE_TTL_S, mono + CACHE_MAX_AGE_S]
 
     def _lookup(self, kind: str, digest: str, now: float) -> Principal | None:
         server = self._creds.get(kind)
