@@ -7,7 +7,8 @@
 py-spy's raw format is one line per distinct stack, `frame;frame;...;frame COUNT`, outermost
 frame first, each frame `function (path:line)`. py-spy's idle filter does not catch every
 blocked thread (a request thread waiting for the writer in `Event.wait`, a pool thread in
-`Queue.get`), so a stack whose innermost frame is a wait (WAITS) is counted as waiting and
+`Queue.get`, an idle pool thread in `SimpleQueue.get`, which is C: the pool's loop is the innermost
+frame), so a stack whose innermost frame is a wait (WAITS) is counted as waiting and
 left out of the shares. Every other stack is charged to the bucket of its innermost frame
 that matches one (JSON encoding inside a resource counts as JSON; an apsw call made from
 the store counts as the store's SQL, apsw being C): the share of busy samples per bucket
@@ -45,7 +46,9 @@ WRITER_GROUP = "Store._run_group (gpulayer/server/store/db.py"
 # `work_queue.get` line, which py-spy's idle filter misses: counted as waiting too.
 WAITS = re.compile(r"^(Condition\.wait|Event\.wait|Queue\.get|Thread\.join|_wait_for_tstate_lock|"
                    r"\w*Selector\.select|select|sleep|poll|accept|_ThreadsafeSelector\.select) \(|"
-                   r"^_worker \(concurrent/futures/thread\.py:81\)$")
+                   # a pool thread idle in SimpleQueue.get (C, so the pool's own frame is the innermost):
+                   # concurrent.futures' worker, and granian_bridge's pool
+                   r"^(_worker \(\S*concurrent/futures/thread\.py|_Pool\._work \(\S*granian_bridge\.py)")
 
 
 def bucket(stack: list[str]) -> str:

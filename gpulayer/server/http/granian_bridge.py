@@ -15,7 +15,13 @@ policy, as cheroot's server.py applies it):
   `bodies.streamed_cap(threads)` requests do that at once (503 past it).
 
 A 408 or 400 answer carries `Connection: close`, and dropping the body's
-awaitable makes granian close the connection at once. A file answered whole
+awaitable makes granian close the connection at once.
+
+The pool (`_Pool`) is this module's own, not a ThreadPoolExecutor: a request
+costs one asyncio future and one queue put, and the threads that finish
+requests wake the loop once for all the answers that are ready (one write to
+its self-pipe per batch, not one per request, nor a concurrent future with its
+three conditions and a chained callback each). A file answered whole
 (an artifact) goes out through granian's `response_file`, read from disk as
 the socket drains: its stream transport would queue it all in memory.
 """
@@ -23,11 +29,14 @@ the socket drains: its stream transport would queue it all in memory.
 from __future__ import annotations
 
 import asyncio
+import collections
 import io
 import logging
 import os
+import queue
 import sys
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from collections.abc import Callable
 from concurrent.futures import TimeoutError as FutureTimeout
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -53,7 +62,7 @@ class Bridge:
         # never to the app's threads: the ingress (gpulayer/server/relay/ingress.py) streams both ways there.
         self.prefixed = tuple((prefix, handler) for prefix, handler in (prefixed or {}).items())
         self.head_timeout_s = head_timeout_s
-        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="gpulayer-granian")
+        self.pool = _Pool(loop, threads, "gpulayer-granian")
         self.max_streams = bodies.streamed_cap(threads)
         self.streams = 0  # touched only on the loop's thread
         self.active: set[str] = set()  # the clients with a request here (changed on the loop's thread)
@@ -90,12 +99,13 @@ class Bridge:
         body = b""
         if length:
             try:
-                body = await asyncio.wait_for(proto(), self.head_timeout_s)
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(self.head_timeout_s):   # no task of its own, unlike wait_for
+                    body = await proto()
+            except TimeoutError:
                 return _refuse(proto, 408, "request_timeout",
                                f"the request body did not arrive within {self.head_timeout_s:g} s")
         environ = _environ(scope, headers, io.BytesIO(body))
-        await self.loop.run_in_executor(self.pool, self._serve, environ, proto, None)
+        await self.pool.submit(self._serve, environ, proto, None)
 
     async def _streamed(self, scope, proto, headers) -> None:
         if self.streams >= self.max_streams:
@@ -105,7 +115,7 @@ class Bridge:
         stream = _StreamedBody(proto, self.loop)
         try:
             environ = _environ(scope, headers, stream)
-            await self.loop.run_in_executor(self.pool, self._serve, environ, proto, stream)
+            await self.pool.submit(self._serve, environ, proto, stream)
         finally:
             self.streams -= 1
             stream.cancel()
@@ -139,7 +149,98 @@ class Bridge:
                 close()
 
     def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.pool.close()
+
+
+class _Pool:
+    """Up to `threads` threads (started as requests need them) that run calls for the loop.
+
+    `submit` (on the loop) returns an asyncio future. A thread that finishes a call appends it to
+    `finished` and, unless a wake-up is pending already, schedules one `_drain` on the loop, which
+    resolves every finished call: under load one wake-up serves many answers.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, threads: int, name: str):
+        self.loop, self.max_threads, self.name = loop, threads, name
+        self.calls: queue.SimpleQueue = queue.SimpleQueue()
+        self.finished: collections.deque = collections.deque()
+        self.lock = threading.Lock()
+        self.threads: list[threading.Thread] = []
+        self.idle = 0               # threads waiting for a call that no submit has claimed yet
+        self.wake_pending = False   # a _drain is scheduled on the loop and has not started
+        self.closed = False
+
+    def submit(self, fn: Callable[..., Any], *args) -> asyncio.Future:
+        """Run fn(*args) on a pool thread; the future (of this loop) gets its result or exception."""
+        future = self.loop.create_future()
+        with self.lock:
+            if self.closed:
+                raise RuntimeError("the bridge's pool is closed")
+            if self.idle:
+                self.idle -= 1
+            elif len(self.threads) < self.max_threads:
+                thread = threading.Thread(target=self._work, name=f"{self.name}_{len(self.threads)}", daemon=True)
+                self.threads.append(thread)
+                thread.start()
+            self.calls.put((future, fn, args))
+        return future
+
+    def _work(self) -> None:
+        while True:
+            call = self.calls.get()
+            if call is None:
+                return
+            future, fn, args = call
+            if future.cancelled():   # its request was given up before it ran (as a cancelled executor job)
+                with self.lock:
+                    self.idle += 1
+                continue
+            try:
+                result, error = fn(*args), None
+            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine, as an executor does
+                result, error = None, exc
+            self._finished(future, result, error)
+            del call, future, fn, args, result, error
+
+    def _finished(self, future: asyncio.Future, result: Any, error: BaseException | None) -> None:
+        """Hand the answer to the loop; this thread is idle from now (a submit may claim it at once)."""
+        self.finished.append((future, result, error))
+        with self.lock:
+            self.idle += 1
+            if self.wake_pending:
+                return
+            self.wake_pending = True
+        try:
+            self.loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:   # the loop is closed: nobody awaits the answer any more
+            pass
+
+    def _drain(self) -> None:
+        with self.lock:
+            self.wake_pending = False   # a call finished from now on schedules the next _drain
+        while self.finished:
+            future, result, error = self.finished.popleft()
+            if future.cancelled():
+                continue
+            if error is None:
+                future.set_result(result)
+            else:
+                future.set_exception(error)
+
+    def close(self) -> None:
+        """Stop the threads once their calls are done; calls not started yet are cancelled."""
+        with self.lock:
+            self.closed = True
+            threads = len(self.threads)
+        while True:
+            try:
+                call = self.calls.get_nowait()
+            except queue.Empty:
+                break
+            if call is not None:
+                call[0].cancel()
+        for _ in range(threads):
+            self.calls.put(None)
 
 
 async def _send(transport, chunk: bytes) -> None:
