@@ -24,6 +24,7 @@ import apsw
 
 from gpulayer.server.errors import ConfigError, GpulayerError, StorageFull, Unavailable
 from gpulayer.server.store.queries import QUERIES, row, rows
+from gpulayer.server.store.readers import ReaderPool
 
 log = logging.getLogger("gpulayer.server.store.db")
 
@@ -159,9 +160,7 @@ class Store:
         # READERS is read here, not bound as a default: the unit tests open fewer (tests/conftest.py).
         self._readers = [connect(self.path, synchronous=synchronous, query_only=True)
                          for _ in range(READERS if readers is None else readers)]
-        self._pool: queue.LifoQueue[apsw.Connection] = queue.LifoQueue()
-        for conn in self._readers:
-            self._pool.put(conn)
+        self._pool: ReaderPool[apsw.Connection] = ReaderPool(self._readers)
         self._closed = False
         self.last_error: str | None = None   # the code of the last failed group; None after a commit
         self._thread = threading.Thread(target=self._run, name="gpulayer-writer", daemon=True)
@@ -198,10 +197,9 @@ class Store:
 
         Raises Unavailable when every reader stays busy for write_timeout_s.
         """
-        try:
-            conn = self._pool.get(timeout=self.write_timeout_s)
-        except queue.Empty:
-            raise Unavailable(f"all {len(self._readers)} readers of the state file stayed busy: retry") from None
+        conn = self._pool.take(self.write_timeout_s)
+        if conn is None:
+            raise Unavailable(f"all {len(self._readers)} readers of the state file stayed busy: retry")
         try:
             conn.execute("BEGIN")
             try:
@@ -210,19 +208,18 @@ class Store:
                 if not conn.getautocommit():
                     conn.execute("COMMIT")
         finally:
-            self._pool.put(conn)
+            self._pool.give(conn)
 
     def read_statement(self, fn: Callable[..., Any], *args, **kwargs) -> Any:
         """fn(conn, *args, **kwargs) on a pooled connection outside a transaction: for a function that runs
         one statement (its own consistent snapshot), it saves the BEGIN and COMMIT of `read`."""
-        try:
-            conn = self._pool.get(timeout=self.write_timeout_s)
-        except queue.Empty:
-            raise Unavailable(f"all {len(self._readers)} readers of the state file stayed busy: retry") from None
+        conn = self._pool.take(self.write_timeout_s)
+        if conn is None:
+            raise Unavailable(f"all {len(self._readers)} readers of the state file stayed busy: retry")
         try:
             return fn(conn, *args, **kwargs)
         finally:
-            self._pool.put(conn)
+            self._pool.give(conn)
 
     def read(self, fn: Callable[..., Any], *args, **kwargs) -> Any:
         """fn(conn, *args, **kwargs) inside one read transaction."""
