@@ -7,6 +7,7 @@ always match what SQL says; latencies are histograms observed by a middleware.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -59,6 +60,7 @@ class Metrics:
         self.registry.register(IngressCollector(scheduler.ingress))
         self.requests = Histogram("gpulayer_request_seconds", "Time to answer a /v1 request.",
                                   ["method", "route", "status"], buckets=BUCKETS, registry=self.registry)
+        self._children: dict[tuple[str, str, str], Any] = {}   # (method, route, status): its histogram
         self.acquire = Histogram("gpulayer_acquire_seconds", "Time of one acquire transaction (no long-poll wait).",
                                  buckets=BUCKETS, registry=self.registry)
         # Read at scrape time from the scheduler: create_app binds them (`parked.set_function`).
@@ -75,8 +77,11 @@ class Metrics:
         if started is None:
             return
         route = req.uri_template or "unmatched"
-        self.requests.labels(req.method, route, resp.status[:3] if isinstance(resp.status, str) else
-                             str(resp.status)).observe(time.perf_counter() - started)
+        key = (req.method, route, resp.status[:3] if isinstance(resp.status, str) else str(resp.status))
+        child = self._children.get(key)
+        if child is None:   # bounded: methods x routes x statuses; labels() checks and locks, a dict does not
+            child = self._children[key] = self.requests.labels(*key)
+        child.observe(time.perf_counter() - started)
 
 
 class MetricsResource:
