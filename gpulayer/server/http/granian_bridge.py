@@ -99,9 +99,8 @@ class Bridge:
         body = b""
         if length:
             try:
-                async with asyncio.timeout(self.head_timeout_s):   # no task of its own, unlike wait_for
-                    body = await proto()
-            except TimeoutError:
+                body = await asyncio.wait_for(proto(), self.head_timeout_s)
+            except asyncio.TimeoutError:
                 return _refuse(proto, 408, "request_timeout",
                                f"the request body did not arrive within {self.head_timeout_s:g} s")
         environ = _environ(scope, headers, io.BytesIO(body))
