@@ -38,7 +38,7 @@ import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import TimeoutError as FutureTimeout
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import Any
 
 from gpulayer.server.http import bodies
