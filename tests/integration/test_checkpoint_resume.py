@@ -3,8 +3,8 @@
 A real control plane (TLS), a worker on the host and a second one in a network namespace behind a NAT
 (it dials the control plane, nothing reaches it), and a training-like loop in pure Python: a step
 counter whose state file is written every step to GPULAYER_CHECKPOINT_DIR with a temporary name and
-a rename. The loop is stopped on its first worker (the worker stopped: SIGTERM, then SIGKILLed
-without warning), resumed on the second, ends with its step count complete and loses at most the steps
+a rename. The loop is stopped on its first worker (preempted by a higher-priority job, the worker
+stopped: SIGTERM, then SIGKILLed without warning), resumed on the second, ends with its step count complete and loses at most the steps
 since its last checkpoint. A gang's two ranks each get their own directory back; `job checkpoints`
 and `job outputs --checkpoint` read them.
 """
@@ -51,7 +51,7 @@ def nat():
 def plane(nat, tmp_path_factory):
     with ControlPlaneProcess(tmp_path_factory.mktemp("checkpoints"), host=nat.host_ip, tls=True,
                              heartbeat_interval=0.5, lease_ttl=4, args=["--checkpoint-keep", "100"]) as plane:
-        plane.start_worker("inside", prefix=netns_exec(nat.name), timeout=120)
+        plane.start_worker("inside", prefix=netns_exec(nat.name), gpus=1, timeout=120)
         yield plane
 
 
@@ -107,6 +107,38 @@ def test_a_stopped_worker_leaves_its_checkpoint_to_a_worker_in_another_namespace
     assert workers[0] == "inside" and "first" in workers, job["tasks"]
     listed = plane.get_json(f"/v1/jobs/{job_id}/checkpoints")["checkpoints"]
     assert [(c["attempt"], c["kind"]) for c in listed] == [(1, "final")]
+
+
+def test_a_preempted_loop_resumes_on_a_worker_in_another_namespace(plane):
+    """Issue 27's first test: preempted by a higher-priority job (its signal, its grace, its checkpoint
+    uploaded), then resumed on the worker behind the NAT while the preemptor runs on the first."""
+    _cordon(plane, "inside", True)
+    first = plane.start_worker("gpu-first", gpus=1)
+    try:
+        job_id = _train(plane, 80, 0.05, gpus=1, priority="low", preemptible=True, grace_seconds=10)
+        _wait_line(plane, job_id, "step=10")
+        high = plane.submit({"command": ["sleep", "3"], "gpus": 1, "priority": "high"})
+        wait_for(lambda: any(e["kind"] == "task_preempted" for e in plane.get_json(f"/v1/jobs/{job_id}/events")["events"]),
+                 120, "the loop to be preempted", details=plane.logs)
+        _cordon(plane, "inside", False)  # the preemptor holds the first worker's GPU: the loop goes behind the NAT
+        job = _ended(plane, job_id)
+        lines = _lines(plane, job_id)
+        assert job["state"] == "succeeded", (job, lines)
+        start, reached = _steps_after_resume(lines)
+        assert start == reached >= 10, lines  # warned (SIGTERM, its grace), saved, uploaded: no step lost
+        assert "done step=80" in lines and any(line.startswith("stopped at step=") for line in lines), lines
+        # a preemption requeues the same attempt (it was not the job's fault): one task row, assigned twice
+        names = {w["id"]: w["name"] for w in plane.get_json("/v1/workers")["workers"]}
+        events = plane.get_json(f"/v1/jobs/{job_id}/events")["events"]
+        assigned = [names.get(e.get("worker_id", (e.get("data") or {}).get("worker_id"))) for e in events if e["kind"] == "task_assigned"]
+        assert assigned == ["gpu-first", "inside"], events
+        assert _ended(plane, high)["state"] == "succeeded"
+        high_workers = [t["worker_name"] for t in plane.job(high)["tasks"]]
+        assert high_workers == ["gpu-first"], high_workers
+        kinds = [c["kind"] for c in plane.get_json(f"/v1/jobs/{job_id}/checkpoints")["checkpoints"]]
+        assert "final" in kinds, kinds
+    finally:
+        first.stop()
 
 
 def test_checkpoint_every_and_a_sigkilled_worker_lose_only_the_steps_since_the_last(plane, tmp_path):
