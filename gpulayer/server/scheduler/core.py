@@ -373,7 +373,12 @@ class Scheduler:
                 if self.restored is not None and self.restored.paused():
                     return []  # reconciling after a restore (reconcile.py): the worker asks again later
                 began = time.perf_counter()
-                found = self._write(self._acquire_once, worker_id, self.clock(), max_tasks, ahead, held)
+                if self.store.read(placement.nothing_for, worker_id):
+                    found = []  # nothing queued, nothing of its own waiting: no writer transaction
+                    if ahead is not None:
+                        ahead.clear()
+                else:
+                    found = self._write(self._acquire_once, worker_id, self.clock(), max_tasks, ahead, held)
                 self.observe_acquire(time.perf_counter() - began)
                 if found or ahead:
                     return found

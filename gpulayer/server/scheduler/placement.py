@@ -36,6 +36,13 @@ def acquire(conn: apsw.Connection, worker_id: int, now: float, lease_ttl_s: floa
     return taken[0] if taken else None
 
 
+def nothing_for(conn: apsw.Connection, worker_id: int) -> bool:
+    """Whether an acquire by this worker would find nothing now: no task queued at all, none assigned to it
+    and not started (a read: an idle fleet's acquires skip the writer). A task queued after this read bumps
+    the scheduler's generation after its commit, so a parked acquire that read nothing still wakes."""
+    return bool(one(conn, "nothing_for_worker", worker_id=worker_id)["idle"])
+
+
 def acquire_many(conn: apsw.Connection, worker_id: int, now: float, lease_ttl_s: float, max_tasks: int) -> list[int]:
     """Up to `max_tasks` task ids (at most MAX_TASKS_PER_ACQUIRE) for this worker, in one transaction.
 
