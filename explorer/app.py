@@ -54,7 +54,8 @@ def create_app(state_path: str, *, auth: Callable[[str], bool] | None = None, se
     for error in (pages.ExplorerError, QueryError, pages.browse.BadRequest):
         app.add_error_handler(error, handle_error)
 
-    app.add_route(base or "/", pages.IndexPage(ctx))
+    app.add_route(base or "/", pages.HomePage(ctx))
+    app.add_route(f"{base}/-/tables", pages.TablesPage(ctx))
     app.add_route(f"{base}/{{table}}", pages.TablePage(ctx))
     query = pages.QueryPage(ctx)
     for suffix in ("", ".json", ".csv"):

@@ -13,12 +13,13 @@ from typing import Any
 import falcon
 import jinja2
 
-from . import browse, render
+from . import browse, fleet, render
 from .queries import CANNED, QUERIES, param_defaults
 from .readonly import SQLITE_INTEGERS, QueryError, ReadOnlyDatabase, Result, first, row_dicts
 
 DATA_FORMATS = ("json", "csv")
 LOG_TAIL_LINES = 200
+JOB_PAGE_ROWS = 200   # tasks and events a job page lists; it links the paged table pages for the rest
 COUNT_TIME_LIMIT_S = 0.25  # the index page counts every table; a big one shows "many" instead
 
 
@@ -44,7 +45,8 @@ class Context:
     def __post_init__(self) -> None:
         # Globals, not render arguments: imported macros see them too.
         self.env.globals.update(links=self.links, cell=self.cell, labels_of=render.labels_of,
-                                gpu_models=render.gpu_models, isolation=render.isolation, auth_enabled=self.auth_enabled, canned=CANNED)
+                                gpu_models=render.gpu_models, isolation=render.isolation, auth_enabled=self.auth_enabled, canned=CANNED,
+                                endpoint_url=fleet.endpoint_url, capped=fleet.capped)
 
     def html(self, resp: falcon.Response, template: str, status: str = falcon.HTTP_200, **data: Any) -> None:
         resp.status = status
@@ -131,8 +133,22 @@ def _number_or_text(text: str) -> Any:
     return text
 
 
-class IndexPage:
-    """`/`: every table and view with its row count, the canned queries, a SQL form."""
+class HomePage:
+    """`/`: the fleet for people: jobs now and lately ended, workers and their GPUs, quotas, pictures."""
+
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        now = self.ctx.clock()
+        with self.ctx.db.session() as session:
+            facts = fleet.home(session, now)
+            pictures = fleet.pictures(session, now)
+        self.ctx.html(resp, "home.html", title="Fleet", now=now, pictures=pictures, **facts)
+
+
+class TablesPage:
+    """`/-/tables`: every table and view with its row count, the canned queries, a SQL form."""
 
     def __init__(self, ctx: Context):
         self.ctx = ctx
@@ -276,13 +292,14 @@ class JobPage:
             if job is None:
                 raise ExplorerError(falcon.HTTP_404, f"no job {job_id}")
             sections: dict[str, Result] = {
-                "tasks": session.query(QUERIES["page_job_tasks"].sql, params),
+                "tasks": session.query(QUERIES["page_job_tasks"].sql, params, max_rows=JOB_PAGE_ROWS),
                 "endpoints": session.query(QUERIES["page_job_endpoints"].sql, params),
-                "events": session.query(QUERIES["job_timeline"].sql, params),
+                "events": session.query(QUERIES["job_timeline"].sql, params, max_rows=JOB_PAGE_ROWS),
             }
             logs = session.query(QUERIES["page_job_logs"].sql, {**params, "limit": LOG_TAIL_LINES})
+            extras = fleet.job_extras(session, job, self.ctx.clock())
         self.ctx.html(resp, "job.html", title=f"Job {job_id}", job=job, sections=sections,
-                      logs=row_dicts(logs), log_tail=LOG_TAIL_LINES)
+                      logs=row_dicts(logs), log_tail=LOG_TAIL_LINES, max_rows=self.ctx.db.max_rows, **extras)
 
 
 class Stylesheet:

@@ -152,15 +152,19 @@ WHERE hidden = 0
 ORDER BY cid;
 
 -- name: page_job --
--- Job :job_id as stored, with its task counts from job_summary, and a service's ingress access (token, key,
+-- Job :job_id as stored, with its owner and project names, its command, its task counts from job_summary, and a service's ingress access (token, key,
 -- public; null: none), whose URL is /ingress/<job id> on the control plane that serves this explorer.
 SELECT j.id AS job_id, j.name, j.state, j.kind, j.priority, j.attempt, j.max_attempts,
-       j.width, j.gang, j.gpus, j.cpus, j.memory_mb, j.accelerator, j.labels,
+       j.width, j.gang, j.gpus, j.cpus, j.memory_mb, j.accelerator, j.labels, j.array_size, j.max_running,
        s.queued_tasks, s.active_tasks, s.lost_tasks, j.exit_code, j.reason,
        j.created_at, s.first_started_at, j.finished_at, j.spec,
+       json_extract(j.spec, '$.command') AS command,
+       coalesce(u.name, '#' || j.user_id) AS owner, coalesce(p.name, '#' || j.project_id) AS project,
        json_extract(j.spec, '$.service.ingress.access') AS ingress
 FROM jobs j
 JOIN job_summary s ON s.job_id = j.id
+LEFT JOIN users u ON u.id = j.user_id
+LEFT JOIN projects p ON p.id = j.project_id
 WHERE j.id = :job_id;
 
 -- name: page_job_tasks --
@@ -270,3 +274,179 @@ LEFT JOIN jobs fj ON fj.id = pe.for_job_id
 LEFT JOIN users fu ON fu.id = fj.user_id
 WHERE pe.asked_at >= :since AND pe.asked_at <= :until
 ORDER BY pe.asked_at DESC, pe.id DESC;
+
+-- name: page_home_jobs --
+-- Jobs queued, waiting or running now, newest first, at most :limit, with their command, owner, project and, for an array, its elements queued and active now (tasks_job_active).
+SELECT j.id AS job_id, j.name, json_extract(j.spec, '$.command') AS command, coalesce(u.name, '#' || j.user_id) AS owner,
+       coalesce(p.name, '#' || j.project_id) AS project, j.state, j.kind, j.gpus, j.width, j.array_size,
+       (SELECT count(*) FROM tasks t WHERE t.job_id = j.id AND t.state = 'queued') AS queued_tasks,
+       (SELECT count(*) FROM tasks t WHERE t.job_id = j.id AND t.state IN ('assigned', 'running')) AS active_tasks,
+       j.created_at, j.finished_at
+FROM jobs j
+LEFT JOIN users u ON u.id = j.user_id
+LEFT JOIN projects p ON p.id = j.project_id
+WHERE j.state IN ('queued', 'waiting', 'running')
+ORDER BY j.id DESC
+LIMIT :limit;
+
+-- name: page_home_active_count --
+-- How many jobs are queued, waiting or running now (jobs_state_id), counted up to :cap.
+SELECT count(*) AS jobs FROM (SELECT 1 FROM jobs WHERE state IN ('queued', 'waiting', 'running') LIMIT :cap);
+
+-- name: page_home_ended_jobs --
+-- Jobs that ended between :since and :until, newest end first, at most :limit: found by their job_finished events (events_kind_at), not by a walk of the jobs table.
+SELECT j.id AS job_id, j.name, json_extract(j.spec, '$.command') AS command, coalesce(u.name, '#' || j.user_id) AS owner,
+       coalesce(p.name, '#' || j.project_id) AS project, j.state, j.kind, j.gpus, j.width, j.array_size,
+       0 AS queued_tasks, 0 AS active_tasks, j.created_at, j.finished_at
+FROM (SELECT DISTINCT job_id FROM events
+      WHERE kind = 'job_finished' AND at >= :since AND at <= :until
+      ORDER BY at DESC LIMIT :limit) e
+JOIN jobs j ON j.id = e.job_id
+LEFT JOIN users u ON u.id = j.user_id
+LEFT JOIN projects p ON p.id = j.project_id
+WHERE j.finished_at IS NOT NULL
+ORDER BY j.finished_at DESC, j.id DESC;
+
+-- name: page_home_workers --
+-- Attached workers (online, offline, needs_upgrade), at most :limit, with their GPUs: how many, unhealthy, and the indices the active tasks hold.
+SELECT l.worker_id, l.name, l.state, l.gpus, l.unhealthy_gpus, l.active_tasks, l.slots, w.gpu_models,
+       c.state AS cordon,
+       (SELECT json_group_array(g."index") FROM worker_gpus g WHERE g.worker_id = l.worker_id AND g.healthy = 0)
+           AS unhealthy_indices,
+       (SELECT json_group_array(x.value) FROM tasks t, json_each(t.gpu_indices) x
+        WHERE t.worker_id = l.worker_id AND t.state IN ('assigned', 'running') AND t.ahead = 0) AS busy_indices,
+       l.last_seen_at
+FROM worker_load l
+JOIN workers w ON w.id = l.worker_id
+LEFT JOIN worker_cordons c ON c.worker_id = l.worker_id
+WHERE l.state <> 'gone'
+ORDER BY l.state = 'online' DESC, l.name, l.worker_id
+LIMIT :limit;
+
+-- name: page_chart_tasks --
+-- Queued and running tasks between :since and :until in buckets of :step seconds: per bucket, the sum of the changes (+1 a task entering the state, -1 leaving it) and of each change times the seconds from it to the bucket's end; explorer/charts.py turns them into the average count per bucket. Runs come from the usage ledger (usage_ended) and the tasks active now; queued spans from the tasks queued or active now and those whose run ended in the window.
+WITH spans(series, entered, left_at) AS (
+    SELECT 'running', u.started_at, u.ended_at FROM usage u
+    WHERE u.ended_at >= :since AND u.started_at < :until
+    UNION ALL
+    SELECT 'running', t.started_at, NULL FROM tasks t
+    WHERE t.state IN ('assigned', 'running') AND t.started_at IS NOT NULL
+    UNION ALL
+    SELECT 'queued', coalesce(t.queued_at, t.created_at), NULL FROM tasks t
+    WHERE t.state = 'queued' AND t.held = 0
+    UNION ALL
+    SELECT 'queued', coalesce(t.queued_at, t.created_at), coalesce(t.assigned_at, t.started_at) FROM tasks t
+    WHERE t.state IN ('assigned', 'running')
+    UNION ALL
+    SELECT 'queued', coalesce(t.queued_at, t.created_at), coalesce(t.assigned_at, t.started_at, t.finished_at) FROM tasks t
+    WHERE t.id IN (SELECT task_id FROM usage WHERE ended_at >= :since AND started_at < :until)
+      AND t.state NOT IN ('queued', 'assigned', 'running')
+),
+edges(series, at, delta) AS (
+    SELECT series, max(entered, :since), 1 FROM spans
+    WHERE entered < :until AND (left_at IS NULL OR left_at > :since)
+    UNION ALL
+    SELECT series, left_at, -1 FROM spans
+    WHERE left_at > :since AND left_at < :until AND entered < :until
+)
+SELECT series, CAST((at - :since) / :step AS INTEGER) AS bucket, sum(delta) AS change,
+       sum(delta * (:since + (CAST((at - :since) / :step AS INTEGER) + 1) * :step - at)) AS weighted
+FROM edges
+GROUP BY series, bucket
+ORDER BY series, bucket;
+
+-- name: page_chart_gpus --
+-- GPUs held by tasks per worker between :since and :until in buckets of :step seconds, as page_chart_tasks counts tasks: each run weighs its job's GPUs. Runs from the usage ledger (usage_ended) and the tasks that run now.
+WITH spans(worker_id, gpus, entered, left_at) AS (
+    SELECT u.worker_id, u.gpus, u.started_at, u.ended_at FROM usage u
+    WHERE u.ended_at >= :since AND u.started_at < :until AND u.gpus > 0 AND u.worker_id IS NOT NULL
+    UNION ALL
+    SELECT t.worker_id, j.gpus, t.started_at, NULL
+    FROM tasks t CROSS JOIN jobs j ON j.id = t.job_id  -- CROSS: from the few active tasks to their jobs, never a walk of jobs
+    WHERE t.state IN ('assigned', 'running') AND t.started_at IS NOT NULL AND j.gpus > 0
+),
+edges(worker_id, at, delta) AS (
+    SELECT worker_id, max(entered, :since), gpus FROM spans
+    WHERE entered < :until AND (left_at IS NULL OR left_at > :since)
+    UNION ALL
+    SELECT worker_id, left_at, -gpus FROM spans
+    WHERE left_at > :since AND left_at < :until AND entered < :until
+)
+SELECT worker_id AS series, CAST((at - :since) / :step AS INTEGER) AS bucket, sum(delta) AS change,
+       sum(delta * (:since + (CAST((at - :since) / :step AS INTEGER) + 1) * :step - at)) AS weighted
+FROM edges
+GROUP BY worker_id, bucket
+ORDER BY worker_id, bucket;
+
+-- name: page_chart_gpu_samples --
+-- Measured GPU use of workers :ids (a JSON array) between :since and :until in :buckets buckets of :step seconds (the gpu_samples table the agents' heartbeats fill): per worker and bucket, the sum over its GPUs of each GPU's last utilization sample in the bucket, in GPUs (100 % = 1). One index seek per GPU and bucket (gpu_samples (worker_id, gpu_index, at)), however often the agents sample.
+WITH RECURSIVE buckets(bucket) AS (
+    SELECT 0 UNION ALL SELECT bucket + 1 FROM buckets WHERE bucket + 1 < :buckets
+),
+gpus(worker_id, gpu_index, count) AS (
+    SELECT w.id, 0, w.gpus FROM workers w WHERE w.id IN (SELECT value FROM json_each(:ids)) AND w.gpus > 0
+    UNION ALL
+    SELECT worker_id, gpu_index + 1, count FROM gpus WHERE gpu_index + 1 < count
+)
+SELECT g.worker_id AS series, b.bucket,
+       sum((SELECT s.utilization_pct FROM gpu_samples s
+            WHERE s.worker_id = g.worker_id AND s.gpu_index = g.gpu_index
+              AND s.at >= :since + b.bucket * :step AND s.at < :since + (b.bucket + 1) * :step
+            ORDER BY s.at DESC LIMIT 1)) / 100.0 AS gpus_busy
+FROM gpus g, buckets b
+GROUP BY g.worker_id, b.bucket
+ORDER BY g.worker_id, b.bucket;
+
+-- name: page_latest_gpu_samples --
+-- Each GPU's latest sample of the :window seconds before :now (gpu_samples): utilization and memory, per worker and GPU index.
+SELECT worker_id, gpu_index, max(at) AS at, utilization_pct, memory_used_mb, memory_total_mb
+FROM gpu_samples
+WHERE at >= :now - :window AND at <= :now
+GROUP BY worker_id, gpu_index;
+
+-- name: page_has_table --
+-- Whether the state file has table :table (gpu_samples comes with schema version 18).
+SELECT count(*) AS found FROM sqlite_master WHERE type = 'table' AND name = :table;
+
+-- name: page_worker_names --
+-- The names and GPUs of workers :ids (a JSON array), for the titles of the pictures.
+SELECT w.id AS worker_id, w.name, w.gpus FROM workers w WHERE w.id IN (SELECT value FROM json_each(:ids));
+
+-- name: page_gpu_workers --
+-- Attached workers (not gone) that have GPUs, at most :limit, by id: the pictures' GPU charts fill up with these.
+SELECT id AS worker_id FROM workers WHERE state <> 'gone' AND gpus > 0 ORDER BY id LIMIT :limit;
+
+-- name: page_job_array --
+-- The elements of array job :job_id by the state of each element's latest attempt, with their index ranges (runs of consecutive indices), at most :limit ranges.
+WITH latest AS (
+    -- the bare column `state` comes from the row of max(attempt) (SQLite's min/max rule)
+    SELECT "index", state, max(attempt) AS attempt FROM tasks WHERE job_id = :job_id GROUP BY "index"
+),
+runs AS (
+    SELECT state, "index", "index" - row_number() OVER (PARTITION BY state ORDER BY "index") AS island FROM latest
+)
+SELECT state, min("index") AS first_index, max("index") AS last_index, count(*) AS elements,
+       sum(count(*)) OVER (PARTITION BY state) AS in_state,
+       count(*) OVER (PARTITION BY state) AS ranges
+FROM runs
+GROUP BY state, island
+ORDER BY state, first_index
+LIMIT :limit;
+
+-- name: page_job_counts --
+-- How many tasks (every attempt), events and log lines job :job_id has, each counted up to :cap.
+SELECT (SELECT count(*) FROM (SELECT 1 FROM tasks WHERE job_id = :job_id LIMIT :cap)) AS tasks,
+       (SELECT count(*) FROM (SELECT 1 FROM events WHERE job_id = :job_id LIMIT :cap)) AS events,
+       (SELECT count(*) FROM (SELECT 1 FROM logs WHERE job_id = :job_id LIMIT :cap)) AS logs;
+
+-- name: page_job_marks --
+-- What happened to job :job_id's tasks that a timeline marks (restarts, preemptions, requeues, losses, retries, holds), in order, at most :limit.
+SELECT e.seq, e.at, e.kind, e.task_id, e.data
+FROM events e
+WHERE e.job_id = :job_id
+  AND e.kind IN ('task_preempted', 'task_requeued', 'task_lost', 'job_retried', 'element_retried', 'job_held',
+                 'job_released', 'task_reported')
+  AND (e.kind <> 'task_reported' OR json_extract(e.data, '$.restarts') > 0)  -- a report that counts a restart
+ORDER BY e.seq
+LIMIT :limit;
+

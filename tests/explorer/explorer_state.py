@@ -108,6 +108,21 @@ def build_state(path: Path) -> None:
     db.close()
 
 
+# The table migration 0018 adds (GPU telemetry, docs/sql.md): the explorer reads it when the state file has it.
+GPU_SAMPLES_DDL = """
+CREATE TABLE gpu_samples (worker_id INTEGER NOT NULL, gpu_index INTEGER NOT NULL, at REAL NOT NULL,
+    utilization_pct REAL, memory_used_mb INTEGER, memory_total_mb INTEGER) STRICT;
+CREATE INDEX gpu_samples_at ON gpu_samples (at);
+CREATE INDEX gpu_samples_gpu ON gpu_samples (worker_id, gpu_index, at);
+"""
+
+
+def ensure_gpu_samples(db: apsw.Connection) -> None:
+    """Create gpu_samples as migration 0018 does, where this schema.sql predates it."""
+    if not db.execute("SELECT 1 FROM sqlite_master WHERE name = 'gpu_samples'").fetchall():
+        db.execute(GPU_SAMPLES_DDL)
+
+
 def file_digest(path: Path) -> str:
     """The bytes of the state file and of its WAL, as one hash."""
     digest = hashlib.sha256(path.read_bytes())

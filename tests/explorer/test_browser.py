@@ -6,26 +6,19 @@ tests/output/ (gitignored), kept by CI as artifacts.
 """
 from __future__ import annotations
 
-import shutil
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import waitress
+from chromium import OUTPUT, executable, serving, tab
 from explorer_state import CLIENT_TOKEN, EVIL_NAME, NOW
 
 from explorer import create_app
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-OUTPUT = Path(__file__).resolve().parents[1] / "output"
-
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
-if not Path(CHROMIUM).exists() and shutil.which("chromium") is None:
+if executable() is None:
     pytest.skip("Debian's chromium is not installed (apt-get install -y chromium)", allow_module_level=True)
 
 
@@ -34,27 +27,14 @@ def served(state: Path) -> Iterator[str]:
     """The explorer behind a client token at /explorer/ on a free loopback port."""
     app = create_app(str(state), auth=lambda token: token == CLIENT_TOKEN, base_path="/explorer",
                      clock=lambda: NOW)
-    server = waitress.create_server(app, host="127.0.0.1", port=0, threads=2)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.socket.getsockname()[1]}/explorer"
-    finally:
-        server.close()
-        thread.join(5)
+    with serving(app) as url:
+        yield f"{url}/explorer"
 
 
 @pytest.fixture
 def page(served: str) -> Iterator[sync_api.Page]:
-    executable = CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium")
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
-        try:
-            tab = browser.new_page(viewport={"width": 1400, "height": 900})
-            tab.set_default_timeout(15_000)
-            yield tab
-        finally:
-            browser.close()
+    with tab(sync_api) as opened:
+        yield opened
 
 
 def test_log_in_browse_query_and_follow_links(served: str, page: sync_api.Page) -> None:

@@ -20,7 +20,7 @@ ESCAPED_NAME = "&lt;b&gt;&#34;x&#34;,y&lt;/b&gt;"
 
 
 def page_urls() -> list[str]:
-    urls = ["/", "/-/query", "/-/query?sql=select+1", "/-/workers"]
+    urls = ["/", "/-/tables", "/-/query", "/-/query?sql=select+1", "/-/workers"]
     for name in TABLES + VIEWS:
         urls += [f"/{name}", f"/{name}.json", f"/{name}.csv"]
     for name in CANNED:
@@ -44,7 +44,7 @@ def test_every_page_answers_200_and_shows_no_secret(client: falcon.testing.TestC
 
 
 def test_index_lists_tables_views_counts_and_canned_queries(client: falcon.testing.TestClient) -> None:
-    page = client.simulate_get("/").text
+    page = client.simulate_get("/-/tables").text
     for name in TABLES + VIEWS:
         assert f'href="/{name}"' in page
     assert re.search(r'href="/jobs">jobs</a></td>\s*<td>table</td>\s*<td class="num">9</td>', page)

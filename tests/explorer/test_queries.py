@@ -3,7 +3,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import apsw
 import pytest
+from explorer_state import ensure_gpu_samples
 
 from explorer.queries import CANNED, PAGE_PREFIX, QUERIES, parse_queries
 from explorer.readonly import ReadOnlyDatabase
@@ -16,6 +18,10 @@ EXPLORER = ROOT / "explorer"
 def test_every_query_prepares_read_only_against_the_schema(state: Path, name: str) -> None:
     query = QUERIES[name]
     assert query.description and not query.description.startswith("--")
+    if "gpu_samples" in query.sql:  # read only where the state file has it (schema version 18 on)
+        db = apsw.Connection(str(state))
+        ensure_gpu_samples(db)
+        db.close()
     with ReadOnlyDatabase(str(state)).session() as session:
         session.parameters(query.sql)  # prepares through the authorizer; raises on an error
 
