@@ -214,13 +214,19 @@ WHERE l.state <> 'gone'
 ORDER BY l.state = 'online' DESC, l.name, l.worker_id;
 
 -- name: page_unmatched_tasks --
--- Queued tasks that no attached worker could take even when idle (labels, accelerator, size or secrets).
+-- Queued tasks that no attached worker could take even when idle (labels, accelerator, size or secrets), best first: each job judged once, not once per task (an array's 100,000 elements are one question).
+WITH waiting AS (
+    SELECT DISTINCT job_id FROM tasks WHERE state = 'queued' AND held = 0
+),
+unmatched AS (
+    SELECT q.job_id FROM waiting q
+    WHERE NOT EXISTS (SELECT 1 FROM job_worker_fit f WHERE f.job_id = q.job_id AND f.worker_state <> 'gone' AND f.fits)
+)
 SELECT t.id AS task_id, t.job_id, j.name AS job_name, t."index", t.attempt, t.priority,
        j.labels, j.accelerator, j.gpus, j.cpus, j.memory_mb, t.created_at
-FROM tasks t
-JOIN jobs j ON j.id = t.job_id
-WHERE t.state = 'queued' AND t.held = 0
-  AND NOT EXISTS (SELECT 1 FROM job_worker_fit f WHERE f.job_id = j.id AND f.worker_state <> 'gone' AND f.fits)
+FROM unmatched u
+JOIN jobs j ON j.id = u.job_id
+JOIN tasks t ON t.job_id = u.job_id AND t.state = 'queued' AND t.held = 0
 ORDER BY t.priority DESC, t.id;
 
 -- name: gpu_hours_by_user --

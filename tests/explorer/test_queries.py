@@ -1,6 +1,8 @@
 """queries.sql: every block parses, prepares against schema.sql, and is used or documented."""
 from __future__ import annotations
 
+import re
+import sqlite3
 from pathlib import Path
 
 import apsw
@@ -42,3 +44,18 @@ def test_parse_refuses_blocks_without_description_or_sql() -> None:
         parse_queries("-- name: a --\nSELECT 1;\n")
     with pytest.raises(ValueError, match="twice"):
         parse_queries("-- name: a --\n-- x\nSELECT 1;\n-- name: a --\n-- y\nSELECT 2;\n")
+
+
+@pytest.mark.parametrize("name", sorted(QUERIES))
+def test_every_query_prepares_on_the_stock_sqlite3(state: Path, name: str) -> None:
+    """The explorer runs on apsw's SQLite (newer); ops run the same SQL on Debian's sqlite3 (3.40)."""
+    if "gpu_samples" in QUERIES[name].sql:
+        db = apsw.Connection(str(state))
+        ensure_gpu_samples(db)
+        db.close()
+    conn = sqlite3.connect(f"file:{state}?mode=ro", uri=True)
+    try:
+        names = set(re.findall(r"(?<!:):([a-z_]+)", QUERIES[name].sql))
+        conn.execute("EXPLAIN " + QUERIES[name].sql, dict.fromkeys(names, 1))
+    finally:
+        conn.close()
