@@ -13,7 +13,7 @@ from explorer_state import HOUR, NOW, SCHEMA, file_digest
 from fleet_state import ARRAY_JOB, ARRAY_SIZE, ENDED, EVIL_PROJECT, RUNNING, build_fleet
 
 from explorer import charts, create_app, fleet
-from explorer.readonly import ReadOnlyDatabase
+from explorer.readonly import QueryTimeout, ReadOnlyDatabase
 
 
 @pytest.fixture(scope="module")
@@ -230,3 +230,21 @@ def test_hours_and_counts_for_people() -> None:
     assert [fleet.age_text(s) for s in (5, 125, 3 * HOUR + 300, 2 * 86400 + 4 * HOUR)] == ["5s", "2m", "3h 05m", "2d 4h"]
     assert fleet.capped(100_000) == "100,000" and fleet.capped(fleet.COUNT_CAP) == "more than 1,000,000"
     assert fleet.command_text(json.dumps(["sh", "-c", "echo hi"])) == "sh -c 'echo hi'"
+
+
+def test_home_says_where_it_cuts_the_jobs(client: falcon.testing.TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fleet, "HOME_JOBS", 3)
+    page = client.simulate_get("/").text
+    assert "Showing 3 of 8 jobs queued, waiting or running." in page
+    assert len(re.findall(r'<a href="/-/jobs/(\d+)">', section(page, "Jobs now"))) == 3
+
+
+def test_a_picture_stopped_by_the_time_limit_leaves_the_page_standing(client: falcon.testing.TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    def stopped(*args: object) -> None:
+        raise QueryTimeout("query took longer than 1.0 s and was stopped")
+
+    monkeypatch.setattr(charts, "tasks_chart", stopped)
+    answer = client.simulate_get("/")
+    assert answer.status_code == 200
+    assert "Tasks over time not drawn: query took longer than 1.0 s and was stopped" in answer.text
+    assert 'id="chart-project-weeks"' in answer.text
