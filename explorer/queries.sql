@@ -152,7 +152,7 @@ WHERE hidden = 0
 ORDER BY cid;
 
 -- name: page_job --
--- Job :job_id as stored, with its owner and project names, its command, its task counts from job_summary, and a service's ingress access (token, key,
+-- Job :job_id as stored, with its owner and project names, its command, its task counts (as job_summary counts them), and a service's ingress access (token, key,
 -- public; null: none), whose URL is /ingress/<job id> on the control plane that serves this explorer.
 SELECT j.id AS job_id, j.name, j.state, j.kind, j.priority, j.attempt, j.max_attempts,
        j.width, j.gang, j.gpus, j.cpus, j.memory_mb, j.accelerator, j.labels, j.array_size, j.max_running,
@@ -162,7 +162,16 @@ SELECT j.id AS job_id, j.name, j.state, j.kind, j.priority, j.attempt, j.max_att
        coalesce(u.name, '#' || j.user_id) AS owner, coalesce(p.name, '#' || j.project_id) AS project,
        json_extract(j.spec, '$.service.ingress.access') AS ingress
 FROM jobs j
-JOIN job_summary s ON s.job_id = j.id
+-- job_summary's numbers in one pass over the job's tasks (not one per number: an array has 100,000),
+-- the two counts of what is left to run from the partial index that holds only that
+CROSS JOIN (SELECT min(t.started_at) AS first_started_at, coalesce(sum(t.state = 'lost'), 0) AS lost_tasks,
+                   (SELECT count(*) FROM tasks q INDEXED BY tasks_job_active
+                    WHERE q.state IN ('queued', 'assigned', 'running') AND q.job_id = :job_id
+                      AND q.state = 'queued') AS queued_tasks,
+                   (SELECT count(*) FROM tasks q INDEXED BY tasks_job_active
+                    WHERE q.state IN ('queued', 'assigned', 'running') AND q.job_id = :job_id
+                      AND q.state IN ('assigned', 'running')) AS active_tasks
+            FROM tasks t WHERE t.job_id = :job_id) s
 LEFT JOIN users u ON u.id = j.user_id
 LEFT JOIN projects p ON p.id = j.project_id
 WHERE j.id = :job_id;
@@ -285,15 +294,20 @@ ORDER BY pe.asked_at DESC, pe.id DESC;
 -- Jobs queued, waiting or running now, newest first, at most :limit, with their command, owner, project and, for an array, its elements queued and active now (tasks_job_active).
 SELECT j.id AS job_id, j.name, json_extract(j.spec, '$.command') AS command, coalesce(u.name, '#' || j.user_id) AS owner,
        coalesce(p.name, '#' || j.project_id) AS project, j.state, j.kind, j.gpus, j.width, j.array_size,
-       (SELECT count(*) FROM tasks t WHERE t.job_id = j.id AND t.state = 'queued') AS queued_tasks,
-       (SELECT count(*) FROM tasks t WHERE t.job_id = j.id AND t.state IN ('assigned', 'running')) AS active_tasks,
+       -- INDEXED BY: the partial index holds only what is left to run; tasks_job would read every element
+       -- (its WHERE repeated word for word, so that SQLite sees the partial index applies)
+       (SELECT count(*) FROM tasks t INDEXED BY tasks_job_active
+        WHERE t.state IN ('queued', 'assigned', 'running') AND t.job_id = j.id AND t.state = 'queued') AS queued_tasks,
+       (SELECT count(*) FROM tasks t INDEXED BY tasks_job_active
+        WHERE t.state IN ('queued', 'assigned', 'running') AND t.job_id = j.id AND t.state IN ('assigned', 'running'))
+           AS active_tasks,
        j.created_at, j.finished_at
-FROM jobs j
+FROM (SELECT id FROM jobs WHERE state IN ('queued', 'waiting', 'running')  -- ids first (jobs_state_id): the
+      ORDER BY id DESC LIMIT :limit) a                                     -- counts run for :limit jobs only
+JOIN jobs j ON j.id = a.id
 LEFT JOIN users u ON u.id = j.user_id
 LEFT JOIN projects p ON p.id = j.project_id
-WHERE j.state IN ('queued', 'waiting', 'running')
-ORDER BY j.id DESC
-LIMIT :limit;
+ORDER BY j.id DESC;
 
 -- name: page_home_active_count --
 -- How many jobs are queued, waiting or running now (jobs_state_id), counted up to :cap.
