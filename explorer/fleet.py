@@ -8,7 +8,6 @@ Every query here is bounded: a LIMIT, a time window on an index, or a count capp
 from __future__ import annotations
 
 import json
-import re
 import shlex
 from dataclasses import dataclass
 from typing import Any
@@ -26,8 +25,6 @@ HOME_WORKERS = 200
 SAMPLE_WINDOW_S = 300  # a GPU's latest measurement counts when it is at most 5 minutes old
 COUNT_CAP = 1_000_000  # counts stop here: past it a page says "more than"
 ARRAY_RANGES = 200  # index ranges an array summary lists at most
-# host:port or [v6]:port: anything else an endpoint holds is shown, never linked.
-_ENDPOINT = re.compile(r"^(?:[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\]):\d{1,5}$")
 
 
 def command_text(value: Any) -> str:
@@ -51,13 +48,6 @@ def age_text(seconds: float) -> str:
     if seconds < 86400:
         return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m"
     return f"{seconds // 86400}d {seconds % 86400 // 3600}h"
-
-
-def endpoint_url(endpoint: Any) -> str | None:
-    """http://host:port/ for an endpoint that is a plain host:port, else None (shown as text)."""
-    if isinstance(endpoint, str) and _ENDPOINT.match(endpoint):
-        return f"http://{endpoint}/"
-    return None
 
 
 @dataclass(frozen=True)

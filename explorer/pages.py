@@ -46,7 +46,7 @@ class Context:
         # Globals, not render arguments: imported macros see them too.
         self.env.globals.update(links=self.links, cell=self.cell, labels_of=render.labels_of,
                                 gpu_models=render.gpu_models, isolation=render.isolation, auth_enabled=self.auth_enabled, canned=CANNED,
-                                endpoint_url=fleet.endpoint_url, capped=fleet.capped)
+                                capped=fleet.capped)
 
     def html(self, resp: falcon.Response, template: str, status: str = falcon.HTTP_200, **data: Any) -> None:
         resp.status = status

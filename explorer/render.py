@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import math
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,8 @@ TEMPLATES = Path(__file__).with_name("templates")
 JOB_ID_COLUMNS = frozenset({"job_id"})
 JOB_ID_IN = {"jobs": "id"}
 RECORD_LINKS = {"worker_id": "workers", "task_id": "tasks"}
+# host:port or [v6]:port: anything else an endpoint holds is shown, never linked.
+_ENDPOINT = re.compile(r"^(?:[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\]):\d{1,5}$")
 
 
 def environment() -> jinja2.Environment:
@@ -65,9 +68,18 @@ def cell(links: Links, column: str, value: Any, relation: str | None = None) -> 
         if column in RECORD_LINKS and relation != RECORD_LINKS[column]:
             return Markup('<a href="{}">{}</a>').format(links.relation(RECORD_LINKS[column], params={"id": value}),
                                                         value)
+    if column == "endpoint" and (url := endpoint_url(value)) is not None:
+        return Markup('<a class="endpoint" href="{}">{}</a>').format(url, value)
     if isinstance(value, (int, float)) and _is_time(column):
         return Markup('<time title="{}">{}</time>').format(value, format_time(value))
     return escape(value)
+
+
+def endpoint_url(endpoint: Any) -> str | None:
+    """http://host:port/ for an endpoint that is a plain host:port, else None (shown as text)."""
+    if isinstance(endpoint, str) and _ENDPOINT.match(endpoint):
+        return f"http://{endpoint}/"
+    return None
 
 
 def _is_time(column: str) -> bool:

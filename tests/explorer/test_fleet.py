@@ -12,7 +12,7 @@ import pytest
 from explorer_state import HOUR, NOW, SCHEMA, file_digest
 from fleet_state import ARRAY_JOB, ARRAY_SIZE, ENDED, EVIL_PROJECT, RUNNING, build_fleet
 
-from explorer import charts, create_app, fleet
+from explorer import charts, create_app, fleet, render
 from explorer.readonly import QueryTimeout, ReadOnlyDatabase
 
 
@@ -144,6 +144,8 @@ def test_service_endpoints_are_links_and_the_ingress_is_shown(client: falcon.tes
     page = client.simulate_get("/-/jobs/8").text
     assert '<a class="endpoint" href="http://10.0.0.1:30001/">10.0.0.1:30001</a>' in page
     assert '<a class="ingress" href="/ingress/8/">/ingress/8</a>' in page
+    for url in ("/endpoints", "/-/queries/running_tasks", "/tasks?job_id=8"):   # wherever an endpoint shows
+        assert '<a class="endpoint" href="http://10.0.0.2:30002/">10.0.0.2:30002</a>' in client.simulate_get(url).text
 
 
 @pytest.mark.parametrize(
@@ -157,7 +159,7 @@ def test_service_endpoints_are_links_and_the_ingress_is_shown(client: falcon.tes
     ],
 )
 def test_only_plain_host_port_endpoints_become_links(endpoint: str | None, url: str | None) -> None:
-    assert fleet.endpoint_url(endpoint) == url
+    assert render.endpoint_url(endpoint) == url
 
 
 def test_rendering_every_new_page_writes_nothing(client: falcon.testing.TestClient, fleet_path: Path) -> None:
