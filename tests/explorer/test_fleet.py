@@ -144,7 +144,7 @@ def test_service_endpoints_are_links_and_the_ingress_is_shown(client: falcon.tes
     page = client.simulate_get("/-/jobs/8").text
     assert '<a class="endpoint" href="http://10.0.0.1:30001/">10.0.0.1:30001</a>' in page
     assert '<a class="ingress" href="/ingress/8/">/ingress/8</a>' in page
-    for url in ("/endpoints", "/-/queries/running_tasks", "/tasks?job_id=8"):   # wherever an endpoint shows
+    for url in ("/endpoints", "/-/queries/running_tasks", "/tasks?job_id=8"):  # wherever an endpoint shows
         assert '<a class="endpoint" href="http://10.0.0.2:30002/">10.0.0.2:30002</a>' in client.simulate_get(url).text
 
 
