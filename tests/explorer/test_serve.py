@@ -25,6 +25,8 @@ def test_serve_prints_its_url_and_answers(state: Path) -> None:
         with urllib.request.urlopen(url + "-/query.json?sql=select+count(*)+from+jobs", timeout=10) as answer:
             assert json.load(answer) == {"ok": True, "columns": ["count(*)"], "rows": [[9]], "truncated": False}
         with urllib.request.urlopen(url, timeout=10) as answer:
+            assert answer.status == 200 and b"<h2>Jobs now" in answer.read()
+        with urllib.request.urlopen(url + "-/tables", timeout=10) as answer:
             assert answer.status == 200 and b"worker_load" in answer.read()
     finally:
         process.terminate()
