@@ -358,8 +358,10 @@ WITH spans(series, entered, left_at) AS (
     SELECT 'queued', coalesce(t.queued_at, t.created_at), coalesce(t.assigned_at, t.started_at) FROM tasks t
     WHERE t.state IN ('assigned', 'running')
     UNION ALL
-    SELECT 'queued', coalesce(t.queued_at, t.created_at), coalesce(t.assigned_at, t.started_at, t.finished_at) FROM tasks t
-    WHERE t.id IN (SELECT task_id FROM usage WHERE ended_at >= :since AND started_at < :until)
+    SELECT 'queued', coalesce(t.queued_at, t.created_at), coalesce(t.assigned_at, t.started_at, t.finished_at)
+    FROM usage u CROSS JOIN tasks t ON t.id = u.task_id  -- from the window's runs to their tasks
+    WHERE u.ended_at >= :since AND u.started_at < :until
+      AND u.ended_at >= t.finished_at  -- its last run only (a run preempted earlier ended before it): one span a task
       AND t.state NOT IN ('queued', 'assigned', 'running')
 ),
 edges(series, at, delta) AS (

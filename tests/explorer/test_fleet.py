@@ -195,6 +195,10 @@ def test_averages_per_bucket_are_exact(tmp_path: Path) -> None:
             (NOW + 30, window.since + 3 * step, window.since + 3.25 * step, window.since + 3.25 * step),
         )
         db.execute(
+            "INSERT INTO tasks (id, job_id, state, created_at, assigned_at, started_at, finished_at) VALUES (9, 1, 'succeeded', ?, ?, ?, ?)",
+            (window.since, window.since + 0.5 * step, window.since + 0.5 * step, window.since + 2.5 * step),
+        )
+        db.execute(
             "INSERT INTO usage (task_id, job_id, attempt, user_id, project_id, worker_id, gpus, cpus,"
             " started_at, ended_at, gpu_seconds, cpu_seconds, outcome)"
             " VALUES (9, 1, 1, 1, 1, 1, 2, 0, ?, ?, 0, 0, 'succeeded')",
@@ -219,7 +223,7 @@ def test_averages_per_bucket_are_exact(tmp_path: Path) -> None:
     assert held[1][:6] == pytest.approx([1.0, 2.0, 1.0, 3.0, 4.0, 4.0])
     assert held[1][-1] == pytest.approx(4.0)
     assert tasks["running"][:5] == pytest.approx([0.5, 1.0, 0.5, 0.75, 1.0])
-    assert tasks["queued"][3] == pytest.approx(0.25)  # queued from 3 to 3.25 buckets
+    assert tasks["queued"][:4] == pytest.approx([0.5, 0.0, 0.0, 0.25])  # task 9 until 0.5, task 1 from 3 to 3.25
 
 
 def test_a_job_page_of_a_one_task_job_has_no_array_table(client: falcon.testing.TestClient) -> None:
