@@ -107,35 +107,38 @@ class WorkerChart:
 
 
 def gpu_charts(session: Session, window: Window) -> tuple[list[WorkerChart], int, bool]:
-    """A chart per worker: GPUs its tasks held and, where the state file has gpu_samples, its GPUs' measured
+    """A chart per worker: GPUs its tasks held and, where its agent sent samples (gpu_samples), its GPUs' measured
     utilization. The MAX_WORKER_CHARTS workers that held the most GPU time, then attached workers with GPUs by
-    id. Also how many workers that held GPUs were left out, and whether measurements were read."""
+    id. Also how many workers that held GPUs were left out, and whether any measurement was drawn."""
     held = averages(row_dicts(_chart_rows(session, QUERIES["page_chart_gpus"], window)), window)
     ranked = sorted(held, key=lambda w: (-sum(held[w]), w))
     idle = [r["worker_id"] for r in row_dicts(session.query(QUERIES["page_gpu_workers"].sql, {"limit": MAX_WORKER_CHARTS}))]
     shown = (ranked + [w for w in idle if w not in held])[:MAX_WORKER_CHARTS]
     ids = json.dumps(shown)
     workers = {r["worker_id"]: r for r in row_dicts(session.query(QUERIES["page_worker_names"].sql, {"ids": ids}))}
-    sampled = has_table(session, SAMPLES_TABLE)
-    measured: dict[Any, list[float]] = {}
-    if sampled and shown:
+    measured: dict[Any, list[tuple[float, float]]] = {}  # worker: its buckets that have a sample
+    if shown and has_table(session, SAMPLES_TABLE):
         found = session.query(
-            QUERIES["page_chart_gpu_samples"].sql, {**window.params(), "buckets": window.buckets, "ids": ids}, max_rows=len(shown) * window.buckets
+            QUERIES["page_chart_gpu_samples"].sql,
+            {**window.params(), "buckets": window.buckets, "ids": ids},
+            max_rows=len(shown) * window.buckets,
         )
+        starts = window.starts()
         for row in row_dicts(found):
-            measured.setdefault(row["series"], [0.0] * window.buckets)[int(row["bucket"])] = row["gpus_busy"] or 0.0
+            if row["gpus_busy"] is not None and 0 <= row["bucket"] < window.buckets:
+                measured.setdefault(row["series"], []).append((starts[int(row["bucket"])], row["gpus_busy"]))
     charts = []
     for worker_id in shown:
         facts = workers.get(worker_id, {"name": f"#{worker_id}", "gpus": 0})
         series = [svg.Series("GPUs held by tasks", _points(window, held.get(worker_id, [0.0] * window.buckets)))]
-        if sampled:
-            series.append(svg.Series("GPUs busy (measured)", _points(window, measured.get(worker_id, [0.0] * window.buckets)), "measured"))
+        if worker_id in measured:  # no line where its agent sent no sample: unknown is not idle
+            series.append(svg.Series("GPUs busy (measured)", measured[worker_id], "measured"))
         desc = (
             f"Worker {facts['name']} ({facts['gpus']} GPUs): GPUs held by its tasks, average per "
             f"{window.step / 60:.0f} minutes"
             + (
                 ", and its GPUs' measured utilization (the sum over its GPUs of each one's last sample in each bucket; 1 = one GPU fully busy)"
-                if sampled
+                if worker_id in measured
                 else ""
             )
             + f", {_utc(window.since)} to {_utc(window.until)} UTC."
@@ -152,7 +155,7 @@ def gpu_charts(session: Session, window: Window) -> tuple[list[WorkerChart], int
             height=160,
         )
         charts.append(WorkerChart(worker_id, facts["name"], facts["gpus"], chart))
-    return charts, max(len(ranked) - MAX_WORKER_CHARTS, 0), sampled
+    return charts, max(len(ranked) - MAX_WORKER_CHARTS, 0), bool(measured)
 
 
 def week_start(at: float) -> float:
