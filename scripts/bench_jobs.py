@@ -33,9 +33,12 @@ import benchlib  # noqa: E402
 H = benchlib.PROTOCOL_HEADER
 
 
+SANDBOX = {"mode": "auto"}  # the worker's --sandbox: the default, or none for the sandbox's share (--sandbox)
+
+
 def start_worker(srv, parallel: int):
     """A real worker process (gpulayer.testing.WorkerProcess), once online and long-polling."""
-    worker = srv.start_worker("bench-worker", parallel=parallel, timeout=60)
+    worker = srv.start_worker("bench-worker", parallel=parallel, timeout=60, args=["--sandbox", SANDBOX["mode"]])
     time.sleep(0.5)  # let it reach its first long-poll
     return worker
 
@@ -221,7 +224,10 @@ def main(argv=None) -> int:
                    help="idle workers heartbeat every 2 s even when the server says any request renews the lease")
     p.add_argument("--only", choices=["throughput", "latency", "idle"], default=None)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--sandbox", choices=("auto", "none"), default="auto",
+                   help="the worker's --sandbox (default auto, as `worker start`; none: the sandbox's share)")
     args = p.parse_args(argv)
+    SANDBOX["mode"] = args.sandbox
 
     result = {"machine": benchlib.machine(), "args": vars(args)}
     if args.only in (None, "throughput"):
