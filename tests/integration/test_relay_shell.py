@@ -61,12 +61,14 @@ def test_typed_commands_resizes_ctrl_c_ctrl_z_and_the_exit_status(plane, job):
     terminal.resize(33, 101)
     terminal.type("stty size; echo sized-$((2+2))\n")
     assert "33 101" in terminal.read_until("sized-4")
-    terminal.type("echo zz-$((5+5)); sleep 100\n")  # ^C reaches the remote sleep; the shell survives it
+    # ^C reaches the remote sleep; the shell survives it. The marker is printed by the job itself, so ^C is sent
+    # once the job holds the terminal's foreground (before that, it would go to the shell and the sleep run on)
+    terminal.type("sh -c 'echo zz-$((5+5)); exec sleep 100'\n")
     terminal.read_until("zz-10")
     terminal.interrupt()
     terminal.type("echo status-$?-$((3+4))\n")
     terminal.read_until("status-130-7")
-    terminal.type("echo yy-$((5+6)); sleep 200\n")  # ^Z stops it: the shell has job control on its terminal
+    terminal.type("sh -c 'echo yy-$((5+6)); exec sleep 200'\n")  # ^Z stops it: the shell has job control on its terminal
     terminal.read_until("yy-11")
     terminal.type("\x1a")
     terminal.type("jobs; echo jobs-$((6+6))\n")
@@ -150,7 +152,7 @@ def test_an_unsandboxed_worker(tmp_path):
         job_id = plane.submit({"command": ["sleep", "600"]})
         wait_for(lambda: plane.job(job_id)["tasks"][0]["state"] == "running", 60, "the job to run")
         terminal = _shell(plane, job_id)
-        terminal.type("echo ok-$((6*7)); sleep 100\n")
+        terminal.type("sh -c 'echo ok-$((6*7)); exec sleep 100'\n")  # the job prints once it holds the foreground
         terminal.read_until("ok-42")
         terminal.interrupt()
         terminal.type("echo status-$?\n")
