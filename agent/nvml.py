@@ -2,8 +2,8 @@
 
 Inventory (GPUs, or the MIG instances of a MIG-enabled GPU, with UUIDs and
 model or profile names), the health checks (uncorrectable ECC errors,
-retired-page and remapped-row failures, whether the device still answers) and
-the Xid event wait all go through here, so that tests without a GPU replace
+retired-page and remapped-row failures, whether the device still answers),
+the Xid event wait and the use (utilization and memory, gpu_stats.py) all go through here, so that tests without a GPU replace
 ``pynvml`` alone and run the rest of the agent for real
 (tests/agent/fake_nvml/pynvml.py).
 """
@@ -39,6 +39,18 @@ class Xid:
     xid: int
     uuid: str | None
     gpu_instance: int | None = None
+
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Usage:
+    """One reading of a GPU's use: utilization (%), memory used and total (MiB); None where not supported."""
+
+    utilization_pct: float | None
+    memory_used_mb: int | None
+    memory_total_mb: int | None
 
 
 def _text(value: Any) -> str:
@@ -162,6 +174,30 @@ class Nvml:
         except lib.NVMLError:
             pass
         return None
+
+    # -- use -------------------------------------------------------------------
+
+    def usage(self, gpu: int) -> Usage | None:
+        """GPU `gpu`'s utilization now (percent of the last sample period the GPU was busy, as nvidia-smi
+        shows it) and its memory in MiB; None where NVML cannot tell either. A part NVML does not
+        support is None alone."""
+        lib = self.lib
+        try:
+            handle = lib.nvmlDeviceGetHandleByIndex(gpu)
+        except lib.NVMLError:
+            return None
+        try:
+            utilization: float | None = float(lib.nvmlDeviceGetUtilizationRates(handle).gpu)
+        except lib.NVMLError:
+            utilization = None
+        try:
+            memory = lib.nvmlDeviceGetMemoryInfo(handle)
+            used, total = int(memory.used) // MIB, int(memory.total) // MIB
+        except lib.NVMLError:
+            used = total = None
+        if utilization is None and used is None:
+            return None
+        return Usage(utilization_pct=utilization, memory_used_mb=used, memory_total_mb=total)
 
     def xid_events(self, gpus: list[int]) -> "XidEvents | None":
         """An event set for the critical Xids of these GPUs; None where NVML cannot give one."""

@@ -30,6 +30,7 @@ from .environment import filtered_environ
 from .errors import AgentError, Forbidden, Rejected, Revoked, Unauthorized, Unreachable
 from .events import log_event
 from .gpu_health import GpuHealth
+from .gpu_stats import GpuStats
 from .inventory import Inventory, detect, nvml_devices
 from .leftovers import RunningTasks
 from .nvml import Nvml
@@ -88,6 +89,7 @@ class Worker:
         self.rejoin_lock = threading.Lock()
         self.rejoined_at = 0.0
         self.gpu_health: GpuHealth | None = None  # where NVML answers and the worker has GPUs
+        self.gpu_stats: GpuStats | None = None    # the same: their utilization and memory (heartbeat `gpu_samples`)
         self.sandbox = Sandbox()  # resolved at run(), before register
         self._session: Session | None = None
         #: Elements leased ahead and finishes sent in batches (agent/chunks.py), once registered.
@@ -184,6 +186,9 @@ class Worker:
             self.gpu_health = GpuHealth(nvml, inventory.nvml_devices, on_change=self.beat_now.set)
             self.gpu_health.start()
             self._opened.callback(self.gpu_health.stop)  # before NVML closes
+            self.gpu_stats = GpuStats(nvml, inventory.nvml_devices, lambda: self.interval_s)
+            self.gpu_stats.start()
+            self._opened.callback(self.gpu_stats.stop)
         return inventory
 
     def _kill_leftovers(self, state_dir: Path) -> None:
@@ -313,6 +318,9 @@ class Worker:
             if self.gpu_health is not None:
                 self.gpu_health.check()
                 body["gpus"] = self.gpu_health.report()
+            samples = self.gpu_stats.take() if self.gpu_stats is not None else []
+            if samples:  # additive: an older control plane ignores it
+                body["gpu_samples"] = samples
             if not urgent and not failures and self._beat_needless(body):
                 urgent = self._heartbeat_pause(self.interval_s)
                 continue
@@ -321,6 +329,8 @@ class Worker:
                 failures = 0
                 if self.gpu_health is not None:  # the resets it echoed were heard (before this answer's own)
                     self.gpu_health.echoed(body["gpus"])
+                if self.gpu_stats is not None:
+                    self.gpu_stats.sent(samples)
                 self._on_heartbeat(answer)
             except Unreachable as exc:
                 failures += 1
@@ -336,6 +346,8 @@ class Worker:
                 self._fail(exc)
             except Rejected as exc:
                 log_event("heartbeat_rejected", error=str(exc))
+                if self.gpu_stats is not None:  # never the reason twice: the next beat goes without these
+                    self.gpu_stats.sent(samples)
             urgent = self._heartbeat_pause(self.interval_s)
 
     def _heartbeat_pause(self, seconds: float) -> bool:
@@ -358,6 +370,8 @@ class Worker:
         if not self.requests_renew or body["tasks"]:
             return False
         if any(not g.get("healthy", True) or g.get("reset_applied") for g in body.get("gpus") or []):
+            return False
+        if self.gpu_stats is not None and self.gpu_stats.due():  # GPU samples go at least every SEND_EVERY intervals
             return False
         return self.acquiring or time.monotonic() - self.session.transport.answered_at < self.interval_s
 

@@ -11,7 +11,7 @@ import typer
 from gpulayer.cli.common import duration_option, fail, global_options, home_of, parse_pairs, print_json
 from gpulayer.cli.workers import SANDBOX_DEFAULT, AllowRootTasks, RunAs, SandboxBind, SandboxMode, sandbox_settings
 from gpulayer.protocol import (
-    DEFAULT_PORT, HEARTBEAT_INTERVAL_S, JOB_RETENTION_S, LEASE_TTL_S, LOG_RETENTION_S, MAX_OUTPUT_BYTES,
+    DEFAULT_PORT, GPU_SAMPLE_RETENTION_S, HEARTBEAT_INTERVAL_S, JOB_RETENTION_S, LEASE_TTL_S, LOG_RETENTION_S, MAX_OUTPUT_BYTES,
     FAIRSHARE_HALF_LIFE_S, MAX_HEARTBEATS_PER_S, MAX_GRACE_S, MAX_QUEUED_ELEMENTS, PREEMPT_GRACE_S, PRIORITY_CLASSES, plural,
 )
 
@@ -32,10 +32,16 @@ JobRetention = Annotated[Optional[str], typer.Option(
     help=f"Prune ended jobs (tasks, events, logs), loose events and departed workers this old "
          f"(default {JOB_RETENTION_S // 86400:g}d).")]
 
+GpuSampleRetention = Annotated[Optional[str], typer.Option(
+    "--gpu-sample-retention", callback=duration_option("--gpu-sample-retention", positive=True), metavar="DURATION",
+    help=f"Prune GPU utilization and memory samples (the gpu_samples table) this old "
+         f"(default {GPU_SAMPLE_RETENTION_S // 86400:g}d).")]
 
-def _retention(log_retention, job_retention) -> dict:
+
+def _retention(log_retention, job_retention, gpu_sample_retention=None) -> dict:
     """ControlPlaneConfig's retention settings that were given."""
-    given = {"log_retention_s": log_retention, "job_retention_s": job_retention}
+    given = {"log_retention_s": log_retention, "job_retention_s": job_retention,
+             "gpu_sample_retention_s": gpu_sample_retention}
     return {k: v for k, v in given.items() if v is not None}
 
 
@@ -101,6 +107,7 @@ def server_start(
     max_output_mb: MaxOutputMB = MAX_OUTPUT_BYTES // 1024 ** 2,
     log_retention: LogRetention = None,
     job_retention: JobRetention = None,
+    gpu_sample_retention: GpuSampleRetention = None,
     http: FrontEndOpt = FrontEnd.granian,
     replicate: Replicate = None,
     replicate_interval: ReplicateInterval = "1",
@@ -182,7 +189,7 @@ def server_start(
                                 smtp_from=smtp_from, webhook_retry_base_s=float(webhook_retry_base),
                                 webhook_retry_for_s=float(webhook_retry_for), webhook_concurrency=webhook_concurrency,
                                 **_plane_settings(heartbeat_interval, lease_ttl, synchronous, max_output_mb,
-                                                  log_retention, job_retention))
+                                                  log_retention, job_retention, gpu_sample_retention))
     raise typer.Exit(run_server(config) or 0)
 
 
@@ -214,16 +221,18 @@ def _priority_classes(values: Optional[list[str]]) -> dict[str, int]:
 
 
 def _plane_settings(heartbeat_interval, lease_ttl, synchronous, max_output_mb, log_retention,
-                    job_retention) -> dict:
+                    job_retention, gpu_sample_retention=None) -> dict:
     """The ControlPlaneConfig fields that `server start` and `up` both take."""
     return dict(heartbeat_interval_s=float(heartbeat_interval), lease_ttl_s=float(lease_ttl), synchronous=synchronous.value,
-                max_output_bytes=max_output_mb * 1024 ** 2, **_retention(log_retention, job_retention))
+                max_output_bytes=max_output_mb * 1024 ** 2,
+                **_retention(log_retention, job_retention, gpu_sample_retention))
 
 
 @server_app.command("prune")
 def server_prune(ctx: typer.Context, home: Home = None,
                  dry_run: Annotated[bool, typer.Option("--dry-run", help="Count what would be removed; remove nothing.")] = False,
                  log_retention: LogRetention = None, job_retention: JobRetention = None,
+                 gpu_sample_retention: GpuSampleRetention = None,
                  as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
     """Apply retention now (as upkeep does on its own) and print what was removed; safe while the server runs.
 
@@ -234,13 +243,15 @@ def server_prune(ctx: typer.Context, home: Home = None,
     from gpulayer.server.scheduler.retention import run_prune
     # The options' callback (duration_option) has turned their text into seconds.
     result = run_prune(home_of(ctx, home), dry_run=dry_run, log_retention_s=log_retention,  # type: ignore[arg-type]
-                       job_retention_s=job_retention)  # type: ignore[arg-type]
+                       job_retention_s=job_retention,  # type: ignore[arg-type]
+                       gpu_sample_retention_s=gpu_sample_retention)  # type: ignore[arg-type]
     if as_json:
         print_json(result)
         return
     verb = "would remove" if dry_run else "removed"
     typer.echo(f"{verb} {plural(result['jobs'], 'job')}, {plural(result['log_lines'], 'log line')}, "
-               f"{plural(result['events'], 'event')}, {plural(result['workers'], 'departed worker')}")
+               f"{plural(result['events'], 'event')}, {plural(result['workers'], 'departed worker')}, "
+               f"{plural(result['gpu_samples'], 'GPU sample')}")
 
 
 @server_app.command("certs")

@@ -30,6 +30,7 @@ ARTIFACT_RETENTION_S = 7 * 86400
 ARTIFACT_SWEEP_INTERVAL_S = 3600.0
 LOG_RETENTION_S = 14 * 86400     # log lines of a job that ended this long ago are pruned
 JOB_RETENTION_S = 30 * 86400     # ended jobs (tasks, events, lines), loose events, departed workers
+GPU_SAMPLE_RETENTION_S = 7 * 86400  # GPU utilization and memory samples (gpu_samples) older than this
 PRUNE_INTERVAL_S = 300.0         # upkeep prunes this often, in small batches
 SERVICE_MAX_ATTEMPTS = 10
 MAX_OUTPUT_BYTES = 10 * 1024 ** 3  # a task output a worker uploads; clients' uploads have the store's limit

@@ -7,7 +7,7 @@ from pathlib import Path
 from gpulayer.protocol import (  # noqa: F401  (re-exported: the settings below default to them)
     PROTOCOL, HEARTBEAT_INTERVAL_S, LEASE_TTL_S, MAX_HEARTBEATS_PER_S, HEARTBEAT_JITTER, DEFAULT_PORT, MAX_JSON_BODY, MAX_ACQUIRE_WAIT_S,
     START_TIMEOUT_S, RENDEZVOUS_TIMEOUT_S, ARTIFACT_RETENTION_S, ARTIFACT_SWEEP_INTERVAL_S,
-    LOG_RETENTION_S, JOB_RETENTION_S, PRUNE_INTERVAL_S, SERVICE_MAX_ATTEMPTS, MAX_OUTPUT_BYTES,
+    LOG_RETENTION_S, JOB_RETENTION_S, GPU_SAMPLE_RETENTION_S, PRUNE_INTERVAL_S, SERVICE_MAX_ATTEMPTS, MAX_OUTPUT_BYTES,
     FAIRSHARE_HALF_LIFE_S, MAX_GRACE_S, PREEMPT_GRACE_S, PRIORITY_CLASSES, MAX_QUEUED_ELEMENTS,
     default_home,
 )
@@ -83,6 +83,7 @@ class ControlPlaneConfig:
     artifact_sweep_interval_s: float = ARTIFACT_SWEEP_INTERVAL_S
     log_retention_s: float = LOG_RETENTION_S
     job_retention_s: float = JOB_RETENTION_S
+    gpu_sample_retention_s: float = GPU_SAMPLE_RETENTION_S  # `--gpu-sample-retention`: gpu_samples rows kept
     prune_interval_s: float = PRUNE_INTERVAL_S
     fairshare_half_life_s: float = FAIRSHARE_HALF_LIFE_S  # `--fairshare-half-life` (docs/teams.md)
     preempt_grace_s: float = PREEMPT_GRACE_S                # `--preempt-grace`: SIGTERM, then SIGKILL after this

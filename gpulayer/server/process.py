@@ -67,8 +67,9 @@ def check_config(config: ControlPlaneConfig) -> None:
         raise ConfigError("--lease-ttl must be longer than --heartbeat-interval, and both positive")
     if config.max_heartbeats_per_s < 0 or not 0 <= config.heartbeat_jitter <= 1:
         raise ConfigError("--max-heartbeats-per-s must be 0 or more, and the heartbeat jitter from 0 to 1")
-    if min(config.log_retention_s, config.job_retention_s, config.prune_interval_s) <= 0:
-        raise ConfigError("--log-retention and --job-retention must be longer than zero")
+    if min(config.log_retention_s, config.job_retention_s, config.gpu_sample_retention_s,
+           config.prune_interval_s) <= 0:
+        raise ConfigError("--log-retention, --job-retention and --gpu-sample-retention must be longer than zero")
     if config.synchronous not in ("normal", "full"):
         raise ConfigError("--synchronous must be normal or full")
     if config.http not in ("cheroot", "granian"):
@@ -287,7 +288,8 @@ class ControlPlane:
                 if time.monotonic() >= next_prune:
                     done = retention.prune(self.deps.store, now=self.clock(),
                                            log_retention_s=self.config.log_retention_s,
-                                           job_retention_s=self.config.job_retention_s)["done"]
+                                           job_retention_s=self.config.job_retention_s,
+                                           gpu_sample_retention_s=self.config.gpu_sample_retention_s)["done"]
                     # A backlog (a first start after an upgrade) goes on at the next tick.
                     next_prune = time.monotonic() + (self.config.prune_interval_s if done else 0)
                 if time.monotonic() >= next_sweep:

@@ -1,10 +1,12 @@
-"""Fixtures for the agent tests: a fake control plane and a worker thread against it."""
+"""Fixtures for the agent tests: a fake control plane, a worker thread against it, and a fake pynvml."""
 
+import importlib.util
+import sys
 import threading
 
 import pytest
 
-from agenthelpers import RunningWorker
+from agenthelpers import FAKE, RunningWorker
 from fake_control_plane import JOIN, FakeControlPlane
 from agent.worker import WorkerConfig
 
@@ -65,3 +67,26 @@ def launch_only_worker(monkeypatch):
             thread.join(5)
     worker.join_launched = join
     return worker
+
+
+@pytest.fixture
+def fake_nvml(tmp_path, monkeypatch):
+    """The fake pynvml in sys.modules, on a state file; returns a setter for the hardware's state."""
+    spec = importlib.util.spec_from_file_location("pynvml", FAKE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setitem(sys.modules, "pynvml", module)
+    # The Xid thread's one wait between two looks at its stop event: a second in the agent, so each
+    # stop() here would wait out a second of wall clock for nothing.
+    monkeypatch.setattr("agent.gpu_health.XID_WAIT_S", 0.05)
+    path = tmp_path / "nvml.json"
+    monkeypatch.setenv("FAKE_NVML_STATE", str(path))
+    state: dict = {"gpus": [], "xids": []}
+
+    def set_state(**changes):
+        state.update(changes)
+        module.write_state(path, state)
+        return state
+    set_state()
+    set_state.state = state
+    return set_state

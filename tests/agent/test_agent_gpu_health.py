@@ -4,47 +4,15 @@ Only `pynvml` is replaced; agent/nvml.py, the watcher and the inventory run for 
 """
 from __future__ import annotations
 
-import importlib.util
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-FAKE = Path(__file__).parent / "fake_nvml" / "pynvml.py"
-
-
-def h100(n: int, **extra) -> dict:
-    return {"name": "NVIDIA H100 80GB HBM3", "uuid": f"GPU-{n}", "mig_supported": True, "mig": None,
-            "ecc_uncorrected": 0, "remap_failed": False, **extra}
-
-
-def a100_mig(n: int, profiles=("1g.10gb", "3g.40gb")) -> dict:
-    return h100(n, name="NVIDIA A100-SXM4-80GB",
-                mig=[{"profile": p, "uuid": f"MIG-{n}-{i}", "gi": i + 1} for i, p in enumerate(profiles)])
-
+from agenthelpers import a100_mig, h100
 
 @pytest.fixture
-def fake(tmp_path, monkeypatch):
-    """The fake pynvml in sys.modules, on a state file; returns a setter for the hardware's state."""
-    spec = importlib.util.spec_from_file_location("pynvml", FAKE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    monkeypatch.setitem(sys.modules, "pynvml", module)
-    # The Xid thread's one wait between two looks at its stop event: a second in the agent, so each
-    # stop() here would wait out a second of wall clock for nothing.
-    monkeypatch.setattr("agent.gpu_health.XID_WAIT_S", 0.05)
-    path = tmp_path / "nvml.json"
-    monkeypatch.setenv("FAKE_NVML_STATE", str(path))
-    state: dict = {"gpus": [], "xids": []}
-
-    def set_state(**changes):
-        state.update(changes)
-        module.write_state(path, state)
-        return state
-    set_state()
-    set_state.state = state
-    return set_state
+def fake(fake_nvml):
+    return fake_nvml
 
 
 def open_nvml():

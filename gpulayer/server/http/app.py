@@ -174,6 +174,7 @@ ROUTES = [
     ("/v1/jobs/{job_id:int}/events", resources.Job, "events"),
     ("/v1/jobs/{job_id:int}/endpoints", resources.Job, "endpoints"),
     ("/v1/jobs/{job_id:int}/outputs", resources.Job, "outputs"),
+    ("/v1/jobs/{job_id:int}/gpus", resources.Job, "gpus"),
     ("/v1/jobs/{job_id:int}/checkpoints", resources.JobCheckpoints, None),
     ("/v1/jobs/{job_id:int}/checkpoints/{checkpoint_id:int}", resources.JobCheckpoints, "one"),
     ("/v1/workers", resources.Workers, None),

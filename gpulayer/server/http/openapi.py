@@ -91,6 +91,25 @@ GPU_HEALTH = {"type": "array", "items": {"type": "object", "required": ["index"]
     "reason": {"type": ["string", "null"]},
     "reset_applied": {"type": "boolean", "description": "heartbeat: the agent applied an operator's reset of this "
                                                          "GPU (reset_gpus) since its last answer; sent until answered"}}}}
+# A heartbeat's `gpu_samples` (issue 28 part 4): per GPU, its mean utilization and peak memory over one interval.
+GPU_SAMPLES = {"type": "array", "maxItems": 1024, "items": {
+    "type": "object", "required": ["index", "at"], "properties": {
+        "index": {"type": "integer", "minimum": 0, "maximum": 1023}, "at": {"type": "number", "minimum": 0},
+        "utilization_pct": {"type": ["number", "null"], "minimum": 0, "maximum": 100,
+                            "description": "mean over the interval"},
+        "memory_used_mb": {"type": ["integer", "null"], "minimum": 0, "maximum": 1 << 30,
+                           "description": "the most used during the interval (MiB)"},
+        "memory_total_mb": {"type": ["integer", "null"], "minimum": 0, "maximum": 1 << 30}}}}
+JOB_GPUS = {"type": "object", "required": ["tasks", "truncated"], "properties": {
+    "truncated": {"type": "boolean"},
+    "tasks": {"type": "array", "items": {"type": "object", "required": ["task_id", "worker_id", "gpus"], "properties": {
+        "task_id": {"type": "integer"}, "index": INT, "attempt": {"type": "integer"}, "worker_id": {"type": "integer"},
+        "worker_name": {"type": "string"},
+        "gpus": {"type": "array", "items": {"type": "object", "required": ["index"], "properties": {
+            "index": INT, "uuid": {"type": ["string", "null"]}, "at": {"type": ["number", "null"]},
+            "age_s": {"type": ["number", "null"], "description": "seconds since the newest sample (null: none yet)"},
+            "utilization_pct": {"type": ["number", "null"]}, "memory_used_mb": {"type": ["integer", "null"]},
+            "memory_total_mb": {"type": ["integer", "null"]}}}}}}}}}
 REASON = {"type": "string", "minLength": 1}
 CORDON = {"type": "object", "required": ["reason"], "additionalProperties": False, "properties": {"reason": REASON}}
 WORKER_CORDON = {"type": "object", "required": ["id", "name", "state", "cordon"], "properties": {
@@ -133,7 +152,7 @@ REQUEST_BODIES = {
             "endpoint": {"type": ["string", "null"]}, "restarts": INT,
             # the Assignment's, echoed: a control plane restored from a replica checks them (reconcile.py)
             "job_id": {"type": "integer", "minimum": 1}, "attempt": {"type": "integer", "minimum": 1},
-            "gpus": {"type": "array", "items": INT}}}}, "gpus": GPU_HEALTH}},
+            "gpus": {"type": "array", "items": INT}}}}, "gpus": GPU_HEALTH, "gpu_samples": GPU_SAMPLES}},
     ("/v1/workers/{worker}/cordon", "post"): CORDON,
     ("/v1/workers/{worker}/drain", "post"): {**CORDON, "properties": {
         "reason": REASON, "timeout_s": {"type": ["number", "null"], "minimum": 0}}},
@@ -206,6 +225,7 @@ OPTIONAL_BODIES = {("/v1/jobs/{job_id}/cancel", "post"), ("/v1/jobs/{job_id}/hol
 RESPONSES: dict[tuple[str, str], tuple[str, dict]] = {
     ("/v1/jobs", "post"): ("201", JOB),
     ("/v1/jobs/{job_id}", "get"): ("200", JOB),
+    ("/v1/jobs/{job_id}/gpus", "get"): ("200", JOB_GPUS),
     ("/v1/jobs/{job_id}", "patch"): ("200", JOB),
     ("/v1/jobs/{job_id}/hold", "post"): ("200", JOB),
     ("/v1/jobs/{job_id}/release", "post"): ("200", JOB),
@@ -334,6 +354,8 @@ QUERY_PARAMS: dict[tuple[str, str], list[tuple[str, dict]]] = {
                                               "description": "only that array element's (replica's, rank's) tasks"})],
     ("/v1/jobs/{job_id}/outputs", "get"): [("index", {"type": "integer", "minimum": 0,
                                                       "description": "that array element's outputs alone"})],
+    ("/v1/jobs/{job_id}/gpus", "get"): [("index", {"type": "integer", "minimum": 0,
+                                                   "description": "that element's (replica's, rank's) tasks alone"})],
     ("/v1/jobs/{job_id}/checkpoints", "get"): [("index", {"type": "integer", "minimum": 0,
                                                           "description": "that element's (rank's) checkpoints alone"})],
     ("/v1/jobs/{job_id}/logs", "get"): [("index", {"type": "integer", "minimum": 0,

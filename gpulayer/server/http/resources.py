@@ -108,7 +108,7 @@ class Heartbeat(WorkerResource):
     def on_post(self, req, resp):
         body = wire.read_json(req, allow_empty=True)
         reported = wire.heartbeat(body)
-        answer = self.sched.heartbeat(self.worker_id(req), reported, wire.gpu_health(body))
+        answer = self.sched.heartbeat(self.worker_id(req), reported, wire.gpu_health(body), wire.gpu_samples(body))
         if answer["lease_expires_at"] is not None:  # the interval wanted, and that any request renews
             answer.update(self.sched.heartbeat_terms(self.worker_id(req)))
         if self.sched.relay.wanted(self.worker_id(req)):  # a client waits for this worker's relay link
@@ -314,6 +314,11 @@ class Job(Resource):
     def on_get_outputs(self, req, resp, job_id):
         index = wire.query_int(req, "index", None, 0, MAX_INDEX)
         resp.media = self.store.read(views.outputs, job_id, index)  # 404 for no such element
+
+    @falcon.before(_job_access, "read")
+    def on_get_gpus(self, req, resp, job_id):
+        """Its running tasks' GPUs with their newest utilization and memory (Slurm's sstat; gpu_samples.py)."""
+        resp.media = self.sched.job_gpus(job_id, wire.query_int(req, "index", None, 0, MAX_INDEX))
 
 
 class JobCheckpoints(Resource):

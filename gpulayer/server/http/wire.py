@@ -384,6 +384,34 @@ def gpu_health(body: dict) -> list[dict] | None:
     return out
 
 
+MAX_GPU_SAMPLES = 1024     # a heartbeat's `gpu_samples` at most (the agent sends one per GPU per interval)
+MAX_GPU_MEMORY_MB = 1 << 30
+
+
+def gpu_samples(body: dict) -> list[dict] | None:
+    """`gpu_samples` of a heartbeat: each GPU's mean utilization and peak memory over an interval (agent
+    gpu_stats.py); None when not sent (older agents). 400 naming the field for a bad one: none is kept."""
+    samples = body.get("gpu_samples")
+    if samples is None:
+        return None
+    if not isinstance(samples, list) or len(samples) > MAX_GPU_SAMPLES:
+        raise InvalidRequest(f"gpu_samples: must be a list of at most {MAX_GPU_SAMPLES} objects")
+    out = []
+    for i, sample in enumerate(samples):
+        where = f"gpu_samples[{i}]"
+        sample = mapping(sample, where)
+        used, total = sample.get("memory_used_mb"), sample.get("memory_total_mb")
+        out.append({"index": integer(sample.get("index"), f"{where}.index", 0, 1023),
+                    "at": number(sample.get("at"), f"{where}.at", 0, 1e11),
+                    "utilization_pct": number(sample.get("utilization_pct"), f"{where}.utilization_pct", 0, 100,
+                                              allow_none=True),
+                    "memory_used_mb": None if used is None else integer(used, f"{where}.memory_used_mb", 0,
+                                                                        MAX_GPU_MEMORY_MB),
+                    "memory_total_mb": None if total is None else integer(total, f"{where}.memory_total_mb", 0,
+                                                                          MAX_GPU_MEMORY_MB)})
+    return out
+
+
 def cordon(body: dict, *, drain: bool) -> dict:
     """POST /v1/workers/{worker}/cordon and /drain: `reason` (required), and for a drain `timeout_s`."""
     allowed = {"reason", "timeout_s"} if drain else {"reason"}

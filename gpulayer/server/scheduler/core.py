@@ -20,7 +20,7 @@ from gpulayer.server.scheduler import (access, aging, cascades, chunks, cordons,
                                        jobcontrol, jobs, leases,
                                        ledger, lifecycle, outcomes, placement, preemption, reconcile, renewals,
                                        secrets, sessions, teams, tokens, workers)
-from gpulayer.server.scheduler import cadence, checkpoints
+from gpulayer.server.scheduler import cadence, checkpoints, gpu_samples
 from gpulayer.server.scheduler.follow import LogFollowers
 from gpulayer.server.scheduler.spec import priority_number, validate_job
 from gpulayer.server.security.auth import Authenticator, Principal, new_jti, new_token
@@ -70,6 +70,8 @@ class Scheduler:
         self._submit_locks_guard = threading.Lock()
         # Lease renewals not yet in SQL: heartbeats that change nothing and other worker requests (renewals.py).
         self.renewals = renewals.Renewals()
+        # GPU samples heartbeats brought, written with the renewals at each upkeep tick (gpu_samples.py).
+        self.gpu_samples = gpu_samples.Buffer()
         # The heartbeat interval asked for and the lease TTL given, scaled with the online fleet (cadence.py).
         self.cadence = cadence.Cadence(config.heartbeat_interval_s, config.lease_ttl_s, config.max_heartbeats_per_s,
                                        config.heartbeat_jitter, clock)
@@ -287,12 +289,14 @@ class Scheduler:
     def needs_upgrade(self, **kwargs) -> None:
         self._write(workers.needs_upgrade, now=self.clock(), **kwargs)
 
-    def heartbeat(self, worker_id: int, reported: list[dict], gpus: list[dict] | None = None) -> dict:
+    def heartbeat(self, worker_id: int, reported: list[dict], gpus: list[dict] | None = None,
+                  samples: list[dict] | None = None) -> dict:
         """Renew the worker's leases and answer what to cancel (leases.heartbeat).
 
         One that changes nothing is answered from a read transaction and its renewal noted in memory
         (leases.unchanged, renewals.py); anything else, and all of them while a restore's rules apply,
-        takes the write path.
+        takes the write path. Its GPU `samples` (wire.gpu_samples) are buffered either way, for upkeep
+        to write (gpu_samples.py); a gone worker's are dropped.
         """
         now = self.clock()
         answer = None
@@ -308,7 +312,14 @@ class Scheduler:
                                  restored=self.restored)
             if answer.get("reset_gpus"):
                 self.wake()
+        if samples and answer["lease_expires_at"] is not None:
+            self.gpu_samples.add(worker_id, samples, now)
         return answer
+
+    def job_gpus(self, job_id: int, index: int | None = None) -> dict:
+        """`GET /v1/jobs/{id}/gpus`: the GPUs of the job's running tasks and their newest samples
+        (gpu_samples.job_usage), in one read; the caller checked the right to read the job."""
+        return self.store.read(gpu_samples.job_usage, job_id, index, self.clock())
 
     def heartbeat_terms(self, worker_id: int | None = None) -> dict:
         """What register and heartbeat answers tell an agent of its heartbeats (docs/protocol.md): the interval
@@ -557,8 +568,10 @@ class Scheduler:
         """Upkeep's preemption round, one transaction (preemption.preempt): the task ids asked to stop."""
         return self._write(preemption.preempt, self.clock(), self.lease_ttl_s())
 
-    def _expire(self, conn: apsw.Connection, now: float, written: dict[int, float]) -> dict:
+    def _expire(self, conn: apsw.Connection, now: float, written: dict[int, float],
+                samples: list[gpu_samples.Sample]) -> dict:
         written.update(self.renewals.pending())  # on the writer: every note made before it
+        gpu_samples.flush(conn, samples)  # the tick's GPU samples, one statement (not counted in the result)
         result = leases.expire(conn, now, self.config.start_timeout_s, written, self.lease_ttl_s())
         self.cadence.fleet(cadence.online_workers(conn))
         return result
@@ -577,10 +590,16 @@ class Scheduler:
     def expire(self) -> dict:
         """Expire leases and release gangs not started in time (run by upkeep), in one transaction.
 
-        It writes the renewals noted in memory first (renewals.py): each upkeep tick is their flush.
+        It writes the renewals noted in memory first (renewals.py): each upkeep tick is their flush, and
+        the GPU samples buffered since the last tick's (gpu_samples.py; put back if it fails).
         """
         written: dict[int, float] = {}
-        result = self._write(self._expire, self.clock(), written)
+        samples = self.gpu_samples.take()
+        try:
+            result = self._write(self._expire, self.clock(), written, samples)
+        except BaseException:
+            self.gpu_samples.put_back(samples)
+            raise
         self.renewals.flushed(written)
         if any(result.values()):
             self.wake()

@@ -1,4 +1,4 @@
-"""Retention: the artifact sweep, and pruning of old logs, jobs, events and departed workers.
+"""Retention: the artifact sweep, and pruning of old logs, jobs, events, departed workers and GPU samples.
 
 An artifact is removed when it is older than the retention period (by its
 last use) and no queued, running or retained job names it: as source, input,
@@ -15,6 +15,7 @@ import logging
 import apsw
 
 from gpulayer.server.scheduler import events
+from gpulayer.protocol import GPU_SAMPLE_RETENTION_S
 from gpulayer.server.errors import ConfigError
 from gpulayer.server.store.queries import row, rows
 
@@ -23,6 +24,7 @@ log = logging.getLogger("gpulayer.server.scheduler.retention")
 PRUNE_BATCH = 200            # log lines or events per write
 PRUNE_JOBS = 50              # jobs (or workers) looked at per read
 PRUNE_ROUND_WRITES = 400     # writes per upkeep round at most; a backlog goes on in the next round
+PRUNE_SAMPLES = 2000         # GPU samples per write (a row per GPU per heartbeat interval: 1,000 GPUs make 43M a day)
 
 
 def candidates(conn: apsw.Connection, cutoff: float) -> list[dict]:
@@ -82,7 +84,7 @@ class _Round:
     def __init__(self, store, now: float, budget: int):
         self.store, self.now, self.budget = store, now, budget
         self.removed = {"jobs": 0, "log_lines": 0, "events": 0, "workers": 0, "tasks": 0, "dependencies": 0,
-                        "sessions": 0}
+                        "sessions": 0, "gpu_samples": 0}
 
     def write(self, kind: str, query, **params) -> int:
         """One write: the named query, or fn(conn, **params); the rows it removed are counted under `kind`."""
@@ -143,6 +145,13 @@ class _Round:
                   lambda worker: self.write("workers", "prune_worker", worker_id=worker["id"], cutoff=cutoff))
 
 
+    def gpu_samples(self, cutoff: float) -> None:
+        """GPU samples older than the cutoff, oldest first, PRUNE_SAMPLES a write (small rows, many a day)."""
+        while not self.spent and self.write("gpu_samples", "prune_gpu_samples", n=PRUNE_SAMPLES,
+                                            cutoff=cutoff) == PRUNE_SAMPLES:
+            pass
+
+
 def _forget_tasks(conn: apsw.Connection, job_id: int, cutoff: float, n: int) -> list[dict]:
     """Up to n tasks of one pruned job, with their preemptions (the usage ledger keeps who preempted whom)."""
     rows(conn, "prune_job_preemptions", job_id=job_id, cutoff=cutoff, n=n)  # of the same n tasks, first
@@ -159,23 +168,28 @@ def _forget_job(conn: apsw.Connection, job_id: int, cutoff: float) -> list[dict]
     return rows(conn, "prune_job", job_id=job_id, cutoff=cutoff)
 
 
-def prune(store, *, now: float, log_retention_s: float, job_retention_s: float, dry_run: bool = False,
+def prune(store, *, now: float, log_retention_s: float, job_retention_s: float,
+          gpu_sample_retention_s: float = GPU_SAMPLE_RETENTION_S, dry_run: bool = False,
           budget: int = PRUNE_ROUND_WRITES) -> dict:
     """Remove (or with dry_run, count) what is past retention: log lines of jobs ended more than
     log_retention_s ago; jobs ended more than job_retention_s ago with their tasks, events and relay
     sessions;
-    events of no job and departed workers older than that. At most `budget` writes of a few
+    events of no job and departed workers older than that; GPU samples older than
+    gpu_sample_retention_s. At most `budget` writes of a few
     milliseconds each; returns the counts by kind, and `done` (False: more is left for next time).
     """
     log_cutoff, job_cutoff = now - log_retention_s, now - job_retention_s
+    gpu_cutoff = now - gpu_sample_retention_s
     if dry_run:
-        found = store.read(row, "prune_preview", job_cutoff=job_cutoff, lines_cutoff=max(log_cutoff, job_cutoff))
+        found = store.read(row, "prune_preview", job_cutoff=job_cutoff, lines_cutoff=max(log_cutoff, job_cutoff),
+                           gpu_cutoff=gpu_cutoff)
         return {"dry_run": True, "done": True, **found}
     work = _Round(store, now, budget)
     work.logs(log_cutoff)
     work.jobs(job_cutoff)
     work.loose_events(job_cutoff)
     work.workers(job_cutoff)
+    work.gpu_samples(gpu_cutoff)
     if any(work.removed.values()):
         store.write(lambda conn: events.record(conn, now, "state_pruned", **work.removed))
         log.info("state_pruned %s", " ".join(f"{k}={v}" for k, v in work.removed.items()))
@@ -183,7 +197,8 @@ def prune(store, *, now: float, log_retention_s: float, job_retention_s: float, 
 
 
 def run_prune(home, *, dry_run: bool = False, log_retention_s: float | None = None,
-              job_retention_s: float | None = None, now: float | None = None) -> dict:
+              job_retention_s: float | None = None, gpu_sample_retention_s: float | None = None,
+              now: float | None = None) -> dict:
     """`gpulayer server prune` on the control plane's host: apply retention to the home's state file now."""
     import time
     from pathlib import Path
@@ -200,7 +215,9 @@ def run_prune(home, *, dry_run: bool = False, log_retention_s: float | None = No
         while not result["done"]:
             result_now = prune(store, now=time.time() if now is None else now, dry_run=dry_run,
                                log_retention_s=config.log_retention_s if log_retention_s is None else log_retention_s,
-                               job_retention_s=config.job_retention_s if job_retention_s is None else job_retention_s)
+                               job_retention_s=config.job_retention_s if job_retention_s is None else job_retention_s,
+                               gpu_sample_retention_s=(config.gpu_sample_retention_s if gpu_sample_retention_s is None
+                                                       else gpu_sample_retention_s))
             result = _add(result, result_now) if "jobs" in result else result_now
     finally:
         store.close()

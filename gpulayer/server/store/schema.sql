@@ -11,7 +11,7 @@
 -- fit (which workers a shape and a job fit); quotas, fair share, the usage ledger, preemption,
 -- quotas' use now and as admission reads them.
 
-PRAGMA user_version = 17;
+PRAGMA user_version = 18;
 
 -- ---------------------------------------------------------------------------------------
 -- Tokens and teams: tokens, users, projects, memberships.
@@ -153,6 +153,27 @@ CREATE TABLE worker_gpus (
 ) STRICT;
 -- worker_load counts the unhealthy GPUs of each worker.
 CREATE INDEX worker_gpus_unhealthy ON worker_gpus (worker_id) WHERE healthy = 0;
+
+-- GPU use over time (issue 28 part 4): what each worker's agent measured of each GPU through NVML,
+-- downsampled to one row per GPU per heartbeat interval (heartbeat `gpu_samples`: the mean
+-- utilization and the peak memory used over the interval, `at` its end). The control plane keeps
+-- them in memory and writes each upkeep tick's in one statement (scheduler/gpu_samples.py), so a
+-- heartbeat stays off the write path. `gpu_index` is the worker's device index, as a task's `gpus`
+-- name it; no foreign key: a worker pruned keeps its samples until their own retention
+-- (`--gpu-sample-retention`, default 7 days). `job status` reads the newest of a task's GPUs; the
+-- explorer charts them.
+CREATE TABLE gpu_samples (
+    worker_id        INTEGER NOT NULL,
+    gpu_index        INTEGER NOT NULL,
+    at               REAL NOT NULL,
+    utilization_pct  REAL,      -- mean over the interval, 0 to 100 (NULL: NVML could not tell)
+    memory_used_mb   INTEGER,   -- the most used during the interval, MiB
+    memory_total_mb  INTEGER
+) STRICT;
+-- Retention prunes the oldest first; charts read a time window.
+CREATE INDEX gpu_samples_at ON gpu_samples (at);
+-- The newest sample of one GPU (`job status`), one GPU's series.
+CREATE INDEX gpu_samples_gpu ON gpu_samples (worker_id, gpu_index, at);
 
 -- ---------------------------------------------------------------------------------------
 -- Jobs and tasks: jobs, tasks, job_dependencies.

@@ -12,7 +12,9 @@ again, so a test changes the hardware under a running agent by rewriting it
      "xids": [{"uuid": "GPU-0" | null, "xid": 79, "gi": null, "type": 8} | {"error": 999}],
      "init_error": false, "count_error": false, "event_set_error": false}
 
-and per GPU, optionally: "temperature": false (not supported), "retire_pending": null (not supported).
+and per GPU, optionally: "temperature": false (not supported), "retire_pending": null (not supported),
+"utilization": 0..100 (default 0; null: not supported), "memory_used_mb" (default 0; null: memory info
+not supported) and "memory_total_mb" (default 81559).
 
 Only what agent/nvml.py uses is here, with pynvml's names, constants and
 error values; `xids` are delivered once each to every event set, in order.
@@ -178,6 +180,21 @@ def nvmlDeviceGetRetiredPagesPendingStatus(handle) -> int:
     if "retire_pending" in gpu and gpu["retire_pending"] is None:
         raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
     return NVML_FEATURE_ENABLED if gpu.get("retire_pending") else NVML_FEATURE_DISABLED
+
+
+def nvmlDeviceGetUtilizationRates(handle):
+    gpu = _gpu(handle)
+    if gpu.get("utilization", 0) is None:
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    return SimpleNamespace(gpu=int(gpu.get("utilization", 0)), memory=0)
+
+
+def nvmlDeviceGetMemoryInfo(handle):
+    gpu = _gpu(handle)
+    if gpu.get("memory_used_mb", 0) is None:
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    total, used = int(gpu.get("memory_total_mb", 81559)) << 20, int(gpu.get("memory_used_mb", 0)) << 20
+    return SimpleNamespace(total=total, used=used, free=total - used)
 
 
 def nvmlEventSetCreate():

@@ -1,4 +1,4 @@
--- The queries of scheduler/retention.py: the artifact sweep; pruning of logs, jobs, events, workers.
+-- The queries of scheduler/retention.py: the artifact sweep; pruning of logs, jobs, events, workers, GPU samples.
 
 -- name: unreferenced_artifacts --
 -- Artifacts older than the retention cutoff that no queued, running or retained
@@ -121,10 +121,17 @@ WHERE id = :worker_id AND state = 'gone' AND last_seen_at < :cutoff
   AND NOT EXISTS (SELECT 1 FROM tasks WHERE worker_id = :worker_id)
 RETURNING id;
 
+-- name: prune_gpu_samples --
+-- Retention: up to :n GPU samples older than the cutoff, oldest first (gpu_samples_at).
+DELETE FROM gpu_samples WHERE rowid IN (
+    SELECT rowid FROM gpu_samples WHERE at < :cutoff ORDER BY at LIMIT :n)
+RETURNING rowid;
+
 -- name: prune_preview --
 -- `gpulayer server prune --dry-run`: what each rule would remove now
 -- (:lines_cutoff is the later of the log and job cutoffs).
 SELECT
+  (SELECT count(*) FROM gpu_samples WHERE at < :gpu_cutoff) AS gpu_samples,
   (SELECT count(*) FROM jobs WHERE state IN ('succeeded', 'failed', 'cancelled', 'lost')
                                AND finished_at < :job_cutoff) AS jobs,
   (SELECT count(*) FROM logs WHERE job_id IN (
