@@ -190,11 +190,13 @@ class Nvml:
             utilization: float | None = float(lib.nvmlDeviceGetUtilizationRates(handle).gpu)
         except lib.NVMLError:
             utilization = None
+        used: int | None = None
+        total: int | None = None
         try:
             memory = lib.nvmlDeviceGetMemoryInfo(handle)
             used, total = int(memory.used) // MIB, int(memory.total) // MIB
         except lib.NVMLError:
-            used = total = None
+            pass
         if utilization is None and used is None:
             return None
         return Usage(utilization_pct=utilization, memory_used_mb=used, memory_total_mb=total)

@@ -28,7 +28,8 @@ IndexOpt = Annotated[Optional[int], typer.Option("--index", metavar="N", min=0, 
 
 @job_app.command("status")
 def job_status(ctx: typer.Context, job_id: JobArg, index: IndexOpt = None, as_json: JsonOpt = False) -> None:
-    """The job's state, what it waits for, and each task's worker, address and endpoint.
+    """The job's state, what it waits for, and each task's worker, address and endpoint; a running task's
+    GPUs with their newest utilization and memory, as Slurm's sstat.
 
     An array's status counts its elements by state and lists, as ranges
     (0-999,1204), the indices that failed or were lost and, apart, those
@@ -42,8 +43,9 @@ def job_status(ctx: typer.Context, job_id: JobArg, index: IndexOpt = None, as_js
     """
     job = client_of(ctx).get_job(job_id)
     info = job.element(index) if index is not None else job.data
+    usage = _gpu_usage(job, index, info)
     if as_json:
-        print_json(info)
+        print_json({**info, "gpu_usage": list(usage.values())} if usage else info)
         return
     typer.echo(f"job {info['id']} {info.get('name') or ''}".rstrip())
     typer.echo(f"state={info['state']} exit_code={_dash(info.get('exit_code'))} "
@@ -66,12 +68,38 @@ def job_status(ctx: typer.Context, job_id: JobArg, index: IndexOpt = None, as_js
                    + (f" reason={task['reason']}" if task.get("reason") else ""))
         if task.get("restart_message"):
             typer.echo(f"    {task['restart_message']}")
+        for gpu in (usage.get(task["task_id"]) or {}).get("gpus") or []:
+            typer.echo(f"    {_gpu_line(gpu)}")
     for pre in info.get("preemptions") or []:
         done = f"requeued {fmt_time(pre['done_at'])}" if pre.get("done_at") else "stopping"
         typer.echo(f"preempted: task {pre['task_id']} on worker {pre['worker_id']} at {fmt_time(pre['asked_at'])} "
                    + (f"for task {pre['for_task_id']} (job {pre['for_job_id']}, {pre['reason']}), "
                       if pre.get("for_job_id") is not None else f"for a job you may not see ({pre['reason']}), ")
                    + done)
+
+
+def _gpu_usage(job: Job, index: Optional[int], info: dict) -> dict[int, dict]:
+    """The running tasks' GPU use by task id (Slurm's sstat); none when no task runs, when the caller may
+    see the job but not read it (403), or from a server older than the route (404)."""
+    if not any(t.get("state") == "running" for t in info.get("tasks") or []):
+        return {}
+    try:
+        return {t["task_id"]: t for t in job.gpu_usage(index)}
+    except ApiError as exc:
+        if exc.status in (403, 404):
+            return {}
+        raise
+
+
+def _gpu_line(gpu: dict) -> str:
+    """`gpu 0 GPU-...: 87% busy, 30512/81559 MiB (3 s ago)`: one GPU of a running task, its newest sample."""
+    name = f"gpu {gpu['index']}" + (f" {gpu['uuid']}" if gpu.get("uuid") else "")
+    if gpu.get("at") is None:
+        return f"{name}: no sample yet"
+    busy = "-" if gpu.get("utilization_pct") is None else f"{gpu['utilization_pct']:g}%"
+    used, total = gpu.get("memory_used_mb"), gpu.get("memory_total_mb")
+    memory = "-" if used is None else f"{used}/{_dash(total)} MiB"
+    return f"{name}: {busy} busy, {memory} ({gpu.get('age_s') or 0:.0f} s ago)"
 
 
 def _print_array(array: Optional[dict], job_id: int) -> None:

@@ -230,6 +230,14 @@ class Job:
                 raise WaitTimeout(f"job {self.id}: not every replica had an endpoint after {wait:g} s ({have} ready)")
             time.sleep(0.2)
 
+    def gpu_usage(self, index: int | None = None) -> list[dict]:
+        """Each running task's GPUs and their newest utilization and memory, like Slurm's `sstat` (`index`: that
+        element's, replica's or rank's alone): `[{task_id, index, attempt, worker_id, worker_name, gpus: [{index,
+        uuid, utilization_pct, memory_used_mb, memory_total_mb, at, age_s}]}]`; a GPU not sampled yet has
+        None in them. Needs the right to read the job (its logs), as `outputs`."""
+        params = None if index is None else {"index": index}
+        return self.client.call("GET", f"/jobs/{self.id}/gpus", params=params)["tasks"]
+
     def outputs(self, index: int | None = None) -> dict[str, str]:
         """{relative path: digest} of the outputs the finished tasks uploaded (`index`: that element's alone)."""
         params = None if index is None else {"index": index}

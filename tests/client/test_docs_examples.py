@@ -102,6 +102,9 @@ NOT_RUN = {
         "an output sample of a 3,000-element array caught part-way (3 failed at given indices, 16 running, "
         "172 held): not made for real; test_array_status_sample_is_what_job_status_prints renders a Job "
         "with its counts"),
+    "docs/cli.md > gpulayer job status #2": (
+        "an output sample of a running task's GPU lines: test_gpu_lines_sample_is_what_job_status_prints renders "
+        "them; tests/integration/test_gpu_telemetry.py reads them from a real worker's fake NVML"),
     "docs/cli.md > gpulayer job cancel #1": SYNOPSIS,
     "docs/cli.md > gpulayer job hold #1": SYNOPSIS,
     "docs/cli.md > gpulayer job release #1": SYNOPSIS,
@@ -398,6 +401,17 @@ def test_array_status_sample_is_what_job_status_prints(capsys):
                   "counts": {"succeeded": 809, "failed": 3, "cancelled": 2000, "running": 16, "held": 172},
                   "failed_indices": [17, 204, 733, *cancelled], "cancelled_indices": cancelled}, 12)
     assert capsys.readouterr().out == sample
+
+
+def test_gpu_lines_sample_is_what_job_status_prints():
+    """Not run (see NOT_RUN): the GPU lines under a running task are `job status`'s rendering of its samples."""
+    from gpulayer.cli.jobs import _gpu_line
+    lines = BLOCKS["docs/cli.md > gpulayer job status #2"].text.splitlines()[1:]
+    assert [f"    {_gpu_line(g)}" for g in (
+        {"index": 0, "uuid": "GPU-5d0b8a3e", "at": 1.0, "age_s": 1.2, "utilization_pct": 87.0,
+         "memory_used_mb": 30512, "memory_total_mb": 81559},
+        {"index": 1, "uuid": "GPU-8a71c2f0", "at": None, "age_s": None, "utilization_pct": None,
+         "memory_used_mb": None, "memory_total_mb": None})] == lines
 
 
 def test_worker_start_block_runs_as_written(plane, gpulayer_path, tmp_path):

@@ -60,6 +60,7 @@ MATRIX = [
     ("get", "/v1/jobs/{job_id:int}/checkpoints/{checkpoint_id:int}", "/v1/jobs/{job}/checkpoints/1", None,
      codes(404, 404, 403, 404, 404)),   # the job has none: readers learn that, members may not read
     ("get", "/v1/jobs/{job_id:int}/endpoints", "/v1/jobs/{job}/endpoints", None, READ),
+    ("get", "/v1/jobs/{job_id:int}/gpus", "/v1/jobs/{job}/gpus", None, READ),   # GPU use (sstat): as logs
     ("post", "/v1/jobs/{job_id:int}/cancel", "/v1/jobs/{job}/cancel", {}, READ),  # manage: as READ when private
     # job control (docs/training.md): manage, as cancel; a body each refuses (400) keeps the job as it is
     ("patch", "/v1/jobs/{job_id:int}", "/v1/jobs/{job}", {"bogus": 1}, codes(400, 400, 403, 404, 404)),
