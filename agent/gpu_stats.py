@@ -13,6 +13,7 @@ an idle GPU's use is charted too, at one request in SEND_EVERY. MIG instances
 report nothing: NVML gives no utilization per instance. Every NVML call is in
 agent/nvml.py.
 """
+
 from __future__ import annotations
 
 import threading
@@ -23,10 +24,10 @@ from dataclasses import dataclass
 from .events import log_event
 from .nvml import Device, Nvml
 
-SAMPLE_S = 2.0       # NVML is read this often (or each heartbeat interval, when shorter)
-MAX_PENDING = 16     # intervals of summaries kept per GPU while heartbeats go unanswered
-SEND_EVERY = 10      # an agent skipping its beats sends its summaries once the oldest is this many intervals old
-MAX_SAMPLES = 1024   # a heartbeat's `gpu_samples` at most (the control plane's limit)
+SAMPLE_S = 2.0  # NVML is read this often (or each heartbeat interval, when shorter)
+MAX_PENDING = 16  # intervals of summaries kept per GPU while heartbeats go unanswered
+SEND_EVERY = 10  # an agent skipping its beats sends its summaries once the oldest is this many intervals old
+MAX_SAMPLES = 1024  # a heartbeat's `gpu_samples` at most (the control plane's limit)
 
 
 @dataclass
@@ -44,8 +45,7 @@ class _Interval:
 class GpuStats:
     """Per-GPU utilization and memory of this worker's devices (its inventory's indices → NVML devices)."""
 
-    def __init__(self, nvml: Nvml, devices: dict[int, Device], interval_s: Callable[[], float],
-                 clock: Callable[[], float] = time.time):
+    def __init__(self, nvml: Nvml, devices: dict[int, Device], interval_s: Callable[[], float], clock: Callable[[], float] = time.time):
         self.nvml = nvml
         self.devices = {i: d for i, d in devices.items() if not d.mig}
         self.interval_s = interval_s  # the heartbeat interval now (the control plane may change it)
@@ -102,15 +102,20 @@ class GpuStats:
         now = self.clock()
         with self.lock:
             for index, acc in sorted(self.current.items()):
-                self.pending.append({
-                    "index": index, "at": round(now, 3),
-                    "utilization_pct": round(acc.busy_sum / acc.busy_readings, 2) if acc.busy_readings else None,
-                    "memory_used_mb": acc.used_max, "memory_total_mb": acc.total})
+                self.pending.append(
+                    {
+                        "index": index,
+                        "at": round(now, 3),
+                        "utilization_pct": round(acc.busy_sum / acc.busy_readings, 2) if acc.busy_readings else None,
+                        "memory_used_mb": acc.used_max,
+                        "memory_total_mb": acc.total,
+                    }
+                )
             self.current.clear()
             keep = min(MAX_SAMPLES, MAX_PENDING * max(1, len(self.devices)))
             if len(self.pending) > keep:
                 log_event("gpu_samples_dropped", n=len(self.pending) - keep)
-                del self.pending[:len(self.pending) - keep]
+                del self.pending[: len(self.pending) - keep]
             return list(self.pending)
 
     def sent(self, samples: list[dict]) -> None:

@@ -15,7 +15,10 @@ heartbeats: --hb-workers workers register (untimed); --hb-busy of them take a
             of them, as fast as the load allows, for --hb-duration seconds.
             The server runs with --lease-ttl --hb-lease-ttl: afterwards no job may be
             lost (a lost one counts as falsely lost when its worker's largest
-            gap between heartbeats stayed under the lease TTL).
+            gap between heartbeats stayed under the lease TTL). With
+            --hb-gpu-samples N each timed heartbeat carries N `gpu_samples`
+            (one per GPU, as an agent with N GPUs sends each interval), and the
+            rows the server stored are counted afterwards (`gpu_samples_stored`).
 """
 from __future__ import annotations
 
@@ -117,7 +120,14 @@ def _assignments(answer: dict) -> list:
     return [answer["task"], *answer.get("more", [])] if answer.get("task") else []
 
 
-def _heartbeat_proc(url, verify, creds, threads, duration, start_at, out):
+def _gpu_samples(n: int) -> list[dict]:
+    """An agent's `gpu_samples` for N GPUs over one interval (agent/gpu_stats.py's shape)."""
+    now = round(time.time(), 3)
+    return [{"index": i, "at": now, "utilization_pct": 87.5, "memory_used_mb": 30512, "memory_total_mb": 81559}
+            for i in range(n)]
+
+
+def _heartbeat_proc(url, verify, creds, threads, duration, start_at, out, gpu_samples=0):
     """Heartbeats round-robin over `creds` [(token, [task_id, ...], last heard or None)] from `threads` sessions.
 
     A worker's largest gap counts from its last word before the load (the warm-up heartbeat),
@@ -147,6 +157,8 @@ def _heartbeat_proc(url, verify, creds, threads, duration, start_at, out):
                 i = next_index()
                 token, tasks, _ = creds[i]
                 body = {"tasks": [{"task_id": t, "state": "running", "endpoint": None, "restarts": 0} for t in tasks]}
+                if gpu_samples:
+                    body["gpu_samples"] = _gpu_samples(gpu_samples)
                 t0 = clock()
                 r = s.post(url + "/v1/worker/heartbeat", json=body, headers=_worker_headers(token), timeout=30)
                 mine.append(clock() - t0)
@@ -296,8 +308,9 @@ def run_heartbeats(args, tls: bool) -> dict:
         results, wall, cpu = _run_load(
             ctx, args, srv, "heartbeats" + ("-tls" if tls else ""), start_at, args.hb_duration,
             lambda p, out: (_heartbeat_proc, (srv.url, srv.verify, share[p], args.threads, args.hb_duration,
-                                              start_at, out)))
+                                              start_at, out, args.hb_gpu_samples)))
         time.sleep(1.5)  # one more upkeep round
+        stored = srv.sql("SELECT count(*) FROM gpu_samples")[0][0] if args.hb_gpu_samples else None
         jobs = s.get(srv.url + "/v1/jobs", params={"limit": 1000}, headers=srv.client_headers(), timeout=60).json()
         lost = [j["id"] for j in jobs["jobs"] if j["state"] in ("lost", "failed")
                 or any(t["state"] == "lost" for t in j["tasks"])]
@@ -311,6 +324,7 @@ def run_heartbeats(args, tls: bool) -> dict:
             "heartbeat": benchlib.summary_ms(lat), "lease_ttl_s": args.hb_lease_ttl,
             "max_gap_busy_s": round(max_gap_busy, 2), "max_gap_all_s": round(max(r["max_gap_all_s"] for r in results), 2),
             "jobs_lost": len(lost), "falsely_lost": len(lost) if max_gap_busy < args.hb_lease_ttl else 0,
+            "gpu_samples_per_heartbeat": args.hb_gpu_samples, "gpu_samples_stored": stored,
             "errors": [e for r in results for e in r["errors"]][:10],
             "error_count": sum(r["error_count"] for r in results)}
 
@@ -336,6 +350,8 @@ def main(argv=None) -> int:
     p.add_argument("--hb-busy", type=int, default=200, help="workers that hold a running task during heartbeats")
     p.add_argument("--hb-duration", type=float, default=10.0)
     p.add_argument("--hb-lease-ttl", type=float, default=6.0)
+    p.add_argument("--hb-gpu-samples", type=int, default=0,
+                   help="`gpu_samples` each timed heartbeat carries (an agent with that many GPUs; default 0)")
     p.add_argument("--transports", nargs="+", default=["http", "tls"], choices=["http", "tls"])
     p.add_argument("--only", choices=["cycles", "heartbeats"], default=None)
     p.add_argument("--synchronous", default="normal", choices=["normal", "full"])

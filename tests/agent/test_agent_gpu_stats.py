@@ -3,6 +3,7 @@
 Only `pynvml` is replaced (tests/agent/fake_nvml); agent/nvml.py, the sampler and, in the last tests, a
 real worker against the fake control plane run for real. The real probe on a real GPU: `gpu`-marked.
 """
+
 from __future__ import annotations
 
 import time
@@ -50,7 +51,8 @@ def test_a_heartbeat_carries_the_mean_utilization_and_the_peak_memory(fake_nvml)
     sent = stats.take()
     assert sent == [
         {"index": 0, "at": 1002.0, "utilization_pct": 50.0, "memory_used_mb": 3000, "memory_total_mb": 81559},
-        {"index": 1, "at": 1002.0, "utilization_pct": 0.0, "memory_used_mb": 0, "memory_total_mb": 81559}]
+        {"index": 1, "at": 1002.0, "utilization_pct": 0.0, "memory_used_mb": 0, "memory_total_mb": 81559},
+    ]
     # Not answered yet: the next heartbeat carries them again, with the next interval's.
     stats.sample()
     again = stats.take()
@@ -119,6 +121,7 @@ def test_the_agent_sends_its_gpus_use_with_heartbeats(fake_nvml, plane, start_wo
                 refused["n"] -= 1
                 return 400, {"error": {"code": "invalid_field", "message": "gpu_samples: no"}}
         return route(method, path, body, token)
+
     plane.route = answering
     worker = start_worker(gpu_probe=None, gpus=None)
     deadline = time.monotonic() + 20
@@ -128,7 +131,9 @@ def test_the_agent_sends_its_gpus_use_with_heartbeats(fake_nvml, plane, start_wo
     assert len(bodies) >= 3
     first, second = bodies[0]["gpu_samples"], bodies[1]["gpu_samples"]
     assert {(s["index"], s["utilization_pct"], s["memory_used_mb"], s["memory_total_mb"]) for s in first} == {
-        (0, 42.0, 4096, 81559), (1, 7.0, 10, 81559)}
+        (0, 42.0, 4096, 81559),
+        (1, 7.0, 10, 81559),
+    }
     assert not {s["at"] for s in first} & {s["at"] for s in second}  # the refused ones were not sent again
     assert all(s["at"] > time.time() - 60 for s in second)
 

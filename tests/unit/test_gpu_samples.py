@@ -1,5 +1,6 @@
 """GPU samples on the server (scheduler/gpu_samples.py): buffered off the write path, written in upkeep's
 one transaction per tick, kept through a failed flush, bounded, and pruned by retention."""
+
 from __future__ import annotations
 
 import json
@@ -23,23 +24,13 @@ def count(store, where: str = "1") -> int:
     return store.read(lambda c: c.execute(f"SELECT count(*) AS n FROM gpu_samples WHERE {where}").fetchall())[0]["n"]
 
 
-@pytest.fixture
-def writes(sched):
-    made: list[str] = []
-    real = sched.store.write
-
-    def counting(fn, *args, **kwargs):
-        made.append(getattr(fn, "__name__", repr(fn)))
-        return real(fn, *args, **kwargs)
-    sched.store.write = counting
-    return made
-
-
-def test_heartbeats_with_samples_write_nothing_and_one_tick_writes_them_all(sched, clock, writes):
+def test_heartbeats_with_samples_write_nothing_and_one_tick_writes_them_all(sched, clock, monkeypatch):
     workers = [add_worker(sched, f"w{i}", gpus=8) for i in range(3)]
     sched.expire()
-    writes.clear()
-    for beat in range(4):
+    writes: list[str] = []  # the writer transactions asked for, by function name
+    real = sched.store.write
+    monkeypatch.setattr(sched.store, "write", lambda fn, *a, **k: writes.append(fn.__name__) or real(fn, *a, **k))
+    for _ in range(4):
         clock.advance(0.5)
         for w in workers:
             sched.heartbeat(w, [], samples=[sample(g, clock.now) for g in range(8)])
@@ -64,6 +55,7 @@ def test_a_failed_flush_keeps_the_samples_for_the_next(sched, clock, monkeypatch
 
     def broken(conn, taken):
         raise RuntimeError("disk trouble")
+
     monkeypatch.setattr(gpu_samples, "flush", broken)
     with pytest.raises(RuntimeError):
         sched.expire()
@@ -72,8 +64,10 @@ def test_a_failed_flush_keeps_the_samples_for_the_next(sched, clock, monkeypatch
     sched.heartbeat(w, [], samples=[sample(0, clock.now)])
     assert len(sched.gpu_samples) == 2
     sched.expire()
-    assert [r["at"] for r in sched.store.read(lambda c: c.execute(
-        "SELECT at FROM gpu_samples ORDER BY rowid").fetchall())] == [clock.now - 1, clock.now]
+    assert [r["at"] for r in sched.store.read(lambda c: c.execute("SELECT at FROM gpu_samples ORDER BY rowid").fetchall())] == [
+        clock.now - 1,
+        clock.now,
+    ]
 
 
 def test_the_buffer_keeps_the_newest_past_its_limit():

@@ -10,6 +10,7 @@ the oldest, with a log line. A control plane killed loses at most one tick of
 them. `job status` reads the newest sample of each GPU of a running task
 (`job_usage`); retention prunes them (retention.py, `--gpu-sample-retention`).
 """
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,8 @@ import apsw
 from gpulayer.server.store.queries import QUERIES, rows
 
 log = logging.getLogger("gpulayer.server.scheduler.gpu_samples")
-MAX_BUFFERED = 200_000   # samples held between two flushes at most (~40k a tick: 10k workers x 8 GPUs / 2 s)
-MAX_TASK_GPUS = 4096     # rows of a `job_usage` answer at most (running tasks x their GPUs)
+MAX_BUFFERED = 200_000  # samples held between two flushes at most (~40k a tick: 10k workers x 8 GPUs / 2 s)
+MAX_TASK_GPUS = 4096  # rows of a `job_usage` answer at most (running tasks x their GPUs)
 
 #: One sample as buffered and written: worker id, GPU index, at, utilization %, memory used MiB, total MiB.
 Sample = tuple[int, int, float, float | None, int | None, int | None]
@@ -41,8 +42,7 @@ class Buffer:
         """A heartbeat's checked samples (wire.gpu_samples); an `at` ahead of the server's clock is taken as now."""
         if not samples:
             return
-        new = [(worker_id, s["index"], min(s["at"], now), s["utilization_pct"], s["memory_used_mb"],
-                s["memory_total_mb"]) for s in samples]
+        new = [(worker_id, s["index"], min(s["at"], now), s["utilization_pct"], s["memory_used_mb"], s["memory_total_mb"]) for s in samples]
         with self._lock:
             self._rows.extend(new)
             self._trim()
@@ -84,14 +84,29 @@ def job_usage(conn: apsw.Connection, job_id: int, index: int | None, now: float)
     found = rows(conn, "job_gpu_usage", job_id=job_id, index=index, n=MAX_TASK_GPUS + 1)
     tasks: dict[int, dict] = {}
     for r in found[:MAX_TASK_GPUS]:
-        task = tasks.setdefault(r["task_id"], {"task_id": r["task_id"], "index": r["index"], "attempt": r["attempt"],
-                                               "worker_id": r["worker_id"], "worker_name": r["worker_name"],
-                                               "gpus": []})
+        task = tasks.setdefault(
+            r["task_id"],
+            {
+                "task_id": r["task_id"],
+                "index": r["index"],
+                "attempt": r["attempt"],
+                "worker_id": r["worker_id"],
+                "worker_name": r["worker_name"],
+                "gpus": [],
+            },
+        )
         if r["gpu_index"] is None:
             continue
         at = r["at"]
-        task["gpus"].append({"index": r["gpu_index"], "uuid": r["uuid"], "at": at,
-                             "age_s": None if at is None else round(max(0.0, now - at), 3),
-                             "utilization_pct": r["utilization_pct"], "memory_used_mb": r["memory_used_mb"],
-                             "memory_total_mb": r["memory_total_mb"]})
+        task["gpus"].append(
+            {
+                "index": r["gpu_index"],
+                "uuid": r["uuid"],
+                "at": at,
+                "age_s": None if at is None else round(max(0.0, now - at), 3),
+                "utilization_pct": r["utilization_pct"],
+                "memory_used_mb": r["memory_used_mb"],
+                "memory_total_mb": r["memory_total_mb"],
+            }
+        )
     return {"tasks": list(tasks.values()), "truncated": len(found) > MAX_TASK_GPUS}
