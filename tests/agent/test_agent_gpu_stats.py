@@ -11,6 +11,7 @@ import time
 import pytest
 
 from agenthelpers import a100_mig, h100
+from gpulayer.testing import wait_for
 
 
 class Clock:
@@ -136,6 +137,21 @@ def test_the_agent_sends_its_gpus_use_with_heartbeats(fake_nvml, plane, start_wo
     }
     assert not {s["at"] for s in first} & {s["at"] for s in second}  # the refused ones were not sent again
     assert all(s["at"] > time.time() - 60 for s in second)
+
+
+def test_an_idle_agent_that_skips_its_beats_sends_its_samples_every_few_intervals(fake_nvml, plane, start_worker):
+    """Against a server that renews leases on any request, an idle parked agent skips its beats, but not
+    its samples: once the oldest is SEND_EVERY intervals old a beat carries them all (one per interval)."""
+    from agent.gpu_stats import SEND_EVERY
+
+    fake_nvml(gpus=[h100(0, utilization=1)])
+    plane.heartbeat_terms = {"requests_renew_lease": True}
+    start_worker(gpu_probe=None, gpus=None, acquire_wait_s=5)
+    wait_for(lambda: len([b for b in plane.heartbeats if b.get("gpu_samples")]) >= 2, 20, "two beats with samples")
+    carried = [b["gpu_samples"] for b in plane.heartbeats if b.get("gpu_samples")]
+    assert len(carried[1]) >= SEND_EVERY  # the intervals of the beats it skipped, each its own sample
+    assert [s["index"] for s in carried[1]] == [0] * len(carried[1])
+    assert sorted(s["at"] for s in carried[1]) == [s["at"] for s in carried[1]]  # oldest first
 
 
 @pytest.mark.gpu
