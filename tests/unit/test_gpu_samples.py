@@ -70,6 +70,15 @@ def test_a_failed_flush_keeps_the_samples_for_the_next(sched, clock, monkeypatch
     ]
 
 
+def test_samples_sql_refuses_are_dropped_and_upkeep_goes_on(sched, clock):
+    w = add_worker(sched, "w", gpus=1)
+    sched.expire()
+    sched.gpu_samples.add(w, [{**sample(0, clock.now), "index": "zero"}], clock.now)  # past the wire's checks
+    clock.advance(10)  # past the worker's lease: upkeep must still judge it
+    assert sched.expire()["workers_offline"] == 1
+    assert count(sched.store) == 0 and len(sched.gpu_samples) == 0
+
+
 def test_the_buffer_keeps_the_newest_past_its_limit():
     buffer = gpu_samples.Buffer(limit=5)
     buffer.add(1, [sample(0, float(t)) for t in range(4)], now=100.0)

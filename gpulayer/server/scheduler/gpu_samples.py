@@ -72,9 +72,21 @@ class Buffer:
 
 
 def flush(conn: apsw.Connection, taken: list[Sample]) -> int:
-    """Write `taken` (Buffer.take) in one statement, in the caller's transaction; how many."""
-    if taken:
-        conn.execute(QUERIES["insert_gpu_samples"], {"samples": json.dumps(taken)})
+    """Write `taken` (Buffer.take) in one statement, in a savepoint of the caller's transaction; how many.
+
+    Samples SQL refuses are dropped with a log line, never upkeep's lease judgement with them; an error that
+    ended the whole transaction (a full disk) is raised, for the caller to put them back.
+    """
+    if not taken:
+        return 0
+    try:
+        with conn:  # a savepoint: upkeep's transaction
+            conn.execute(QUERIES["insert_gpu_samples"], {"samples": json.dumps(taken)})
+    except apsw.Error as exc:
+        if conn.getautocommit():
+            raise
+        log.warning("gpu_samples_flush_failed n=%d error=%r", len(taken), exc)
+        return 0
     return len(taken)
 
 
