@@ -126,7 +126,8 @@ DURATION_OPTIONS = [
     ["usage", "--since", "{d}"],
     ["token", "create", "--name", "t", "--expires", "{d}", "--json"],
     ["worker", "drain", "w1", "--reason", "x", "--timeout", "{d}"],
-    ["server", "prune", "--dry-run", "--log-retention", "{d}", "--job-retention", "{d}", "--home", "{home}"],
+    ["server", "prune", "--dry-run", "--log-retention", "{d}", "--job-retention", "{d}", "--gpu-sample-retention", "{d}",
+     "--home", "{home}"],
 ]
 
 
