@@ -179,3 +179,23 @@ def test_requeue_an_ended_job_and_an_arrays_element(api, client_h, worker):
     assert again["array_index"] == 1 and again["attempt"] == 2
     api.simulate_post(f"/v1/worker/tasks/{again['task_id']}/finish", headers=wh, json={"exit_code": 0, "outcome": "succeeded", "pid": 5})
     assert job(api, client_h, array)["state"] == "succeeded"
+
+
+def test_requeue_waits_for_a_cancelled_jobs_task_still_on_its_worker(api, client_h, worker):
+    """A cancel ends the job at once and asks its running task to stop; until the worker answers, a requeue
+    is 409 `job_stopping` and changes nothing, so two attempts never run at once."""
+    _, wh = worker()
+    job_id = submit(api, client_h)
+    task = acquire(api, wh)
+    api.simulate_post(f"/v1/worker/tasks/{task['task_id']}/start", headers=wh, json={"pid": 10})
+    api.simulate_post(f"/v1/jobs/{job_id}/cancel", headers=client_h)
+    assert job(api, client_h, job_id)["state"] == "cancelled"
+    before = job(api, client_h, job_id)
+    r = api.simulate_post(f"/v1/jobs/{job_id}/requeue", headers=client_h, json={"hold": True})
+    assert r.status_code == 409 and r.json["error"]["code"] == "job_stopping", r.text
+    assert job(api, client_h, job_id) == before
+    api.simulate_post(f"/v1/worker/tasks/{task['task_id']}/finish", headers=wh, json={"exit_code": 143, "outcome": "failed"})
+    r = api.simulate_post(f"/v1/jobs/{job_id}/requeue", headers=client_h, json={"hold": True})
+    assert r.status_code == 200, r.text
+    found = job(api, client_h, job_id)
+    assert found["attempt"] == 2 and found["state"] == "waiting" and found["waiting_reason"].startswith("held"), found

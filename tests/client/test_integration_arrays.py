@@ -99,7 +99,8 @@ def test_dependency_chain_waits_then_cascades(cluster):
 
     def let_the_head_go() -> bool:  # its running attempt's working dir, once there (a lost attempt is run again)
         for task in (t for t in cluster.job(head)["tasks"] if t["state"] == "running"):
-            workdir = cluster.workers["w1"].state_dir / "tasks" / f"{task['task_id']}-{task['attempt']}"
+            # on whichever worker runs it: another test of the shared cluster may have started a second one
+            workdir = cluster.workers[task["worker_name"]].state_dir / "tasks" / f"{task['task_id']}-{task['attempt']}"
             if workdir.is_dir():
                 (workdir / "go").touch()
                 return True

@@ -145,6 +145,8 @@ def test_requeue_a_running_job_and_one_that_ended(cluster):
     assert ("SIGTERM", "requeued") in [(s["signal"], s["why"]) for s in signalled(cluster, job_id)]
     cluster.request("POST", f"/v1/jobs/{job_id}/cancel")
     assert cluster.wait_job(job_id, timeout=60)["state"] == "cancelled"
+    # the job ended at the cancel; its task stops within its grace (until then a requeue is 409 job_stopping)
+    wait_for(lambda: all(t["state"] not in ("assigned", "running") for t in cluster.job(job_id)["tasks"]), 60, "its task to stop")
     # an ended job runs again, held first when asked
     cli_ok(cluster, "job", "requeue", str(job_id), "--hold")
     info = cluster.job(job_id)

@@ -59,8 +59,14 @@ def test_typed_commands_resizes_ctrl_c_ctrl_z_and_the_exit_status(plane, job):
     terminal.type("stty size; echo sized-$((1+1))\n")
     assert "24 80" in terminal.read_until("sized-2")  # the window at the start (this terminal says 0 x 0: the default)
     terminal.resize(33, 101)
-    terminal.type("stty size; echo sized-$((2+2))\n")
-    assert "33 101" in terminal.read_until("sized-4")
+    # the resize goes up from the client's SIGWINCH handler, the keys from its stdin reader: a command typed at
+    # once may reach the remote shell first, as in any ssh session. Ask until the new size shows (a few tries).
+    for attempt in range(4, 40):
+        terminal.type(f"stty size; echo sized-$(({attempt}+0))\n")
+        if "33 101" in terminal.read_until(f"sized-{attempt}").rsplit(f"sized-$(({attempt}+0))", 1)[-1]:
+            break
+    else:
+        raise AssertionError(f"the remote terminal never saw the resize:\n{terminal.output}")
     # ^C reaches the remote sleep; the shell survives it. The marker is printed by the job itself, so ^C is sent
     # once the job holds the terminal's foreground (before that, it would go to the shell and the sleep run on)
     terminal.type("sh -c 'echo zz-$((5+5)); exec sleep 100'\n")

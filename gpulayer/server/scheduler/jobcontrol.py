@@ -185,6 +185,13 @@ def requeue(conn: apsw.Connection, now: float, job_id: int, index: int | None = 
             **({"again": again} if again else {}),
         )
         return {"stopping": len(stopping)}
+    stopping_task = row(conn, "job_task_stopping", job_id=job_id)
+    if stopping_task is not None:
+        raise Conflict(
+            f"job {job_id} ended, but its task {stopping_task['id']} is still {stopping_task['state']} on its worker "
+            "until the worker hears of it: requeue it once that task ended",
+            code="job_stopping",
+        )
     reopened = one(conn, "reopen_job", job_id=job_id, hold=int(hold_after))
     if job["array_size"] is not None:
         _requeue_elements(conn, now, {**job, **reopened, "hold": int(hold_after)}, index)

@@ -74,6 +74,13 @@ WHERE job_id = :job_id AND state IN ('queued', 'assigned', 'running') AND state 
 -- A requeue's new attempt is not counted against the job's retries.
 UPDATE jobs SET max_attempts = max_attempts + 1, hold = max(hold, :hold) WHERE id = :job_id;
 
+-- name: job_task_stopping --
+-- A task of an ended job still on its worker (its cancel or its lease not yet answered): `job requeue`
+-- waits for it, so two attempts never run at once.
+SELECT id, state FROM tasks INDEXED BY tasks_job_active
+WHERE job_id = :job_id AND state IN ('queued', 'assigned', 'running') AND state IN ('assigned', 'running')
+LIMIT 1;
+
 -- name: reopen_job --
 -- `job requeue` of a job that ended: it runs again as a new attempt (not counted against its retries).
 UPDATE jobs SET state = 'queued', attempt = attempt + 1, max_attempts = max_attempts + 1, finished_at = NULL,
