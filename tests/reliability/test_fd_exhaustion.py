@@ -133,8 +133,18 @@ def test_a_server_out_of_descriptors_answers_503_and_recovers(tmp_path, front_en
             wait_for(lambda: len(os.listdir(f"/proc/{pid}/fd")) >= in_use + 14, 10, "the server to run out")
             # the count can sit a descriptor or two below the limit while a connection is being set up or
             # closed: ask until the server is at it (a 200 meanwhile is a descriptor it still had)
-            answer, = wait_for(lambda: (r := requests.get(f"{plane.url}/v1/health", timeout=10)).status_code == 503 and (r,),
-                               10, "a 503 while out of descriptors")  # (r,): a 503 Response is falsy
+            def out_of_descriptors():
+                r = requests.get(f"{plane.url}/v1/health", timeout=10)
+                if r.status_code == 503:
+                    return (r,)  # (r,): a 503 Response is falsy
+                try:  # it still had one (its guard may close a stalled connection when full): take another
+                    holders.append(socket.create_connection(("127.0.0.1", plane.port), timeout=5))
+                    holders[-1].sendall(b"GET /v1/health HTTP/1.1\r\n")
+                except OSError:
+                    pass
+                return None
+
+            answer, = wait_for(out_of_descriptors, 30, "a 503 while out of descriptors")
             assert answer.json()["error"]["code"] == "overloaded"
             before = _cpu_seconds(pid)
             time.sleep(1.0)  # what the server burns while clients wait in the backlog
