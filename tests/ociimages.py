@@ -29,8 +29,12 @@ needs_umoci = pytest.mark.skipif(
 
 
 def build_layout(root: Path, marker: str = "hello from the image", *, tag: str = "test", env: list[str] = (),
-                 workdir: str | None = None, entrypoint: list[str] | None = None) -> Path:
-    """An OCI layout at root/layout with one image (tag ``tag``): /bin/busybox and its applets, /etc/marker."""
+                 workdir: str | None = None, entrypoint: list[str] | None = None, glibc_for: str | None = None) -> Path:
+    """An OCI layout at root/layout with one image (tag ``tag``): /bin/busybox and its applets, /etc/marker.
+
+    With ``glibc_for`` (a host program), the host's C library and loader that the program needs (``ldd``) are in
+    the image too, at their host paths, as in a glibc-based image (ubuntu, a CUDA base image): the image can run
+    that program once it is bound in."""
     layout, tree = root / "layout", root / "tree"
     umoci = UMOCI or "umoci"
     subprocess.run([umoci, "init", "--layout", str(layout)], check=True)
@@ -42,6 +46,11 @@ def build_layout(root: Path, marker: str = "hello from the image", *, tag: str =
     for applet in ("sh", "cat", "echo", "env", "pwd", "id", "ls", "sleep", "true", "nc", "httpd", "printenv", "grep"):
         os.symlink("busybox", tree / "bin" / applet)
     (tree / "etc" / "marker").write_text(marker + "\n")
+    if glibc_for:
+        for path in _libraries_of(glibc_for):
+            where = tree / path.lstrip("/")
+            where.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(os.path.realpath(path), where)
     subprocess.run([umoci, "insert", "--rootless", "--image", f"{layout}:{tag}", str(tree), "/"], check=True,
                    capture_output=True)
     config = [umoci, "config", "--image", f"{layout}:{tag}", "--config.env", "PATH=/bin"]
@@ -54,6 +63,18 @@ def build_layout(root: Path, marker: str = "hello from the image", *, tag: str =
     subprocess.run(config, check=True, capture_output=True)
     subprocess.run([umoci, "gc", "--layout", str(layout)], check=True)
     return layout
+
+
+def _libraries_of(program: str) -> list[str]:
+    """The absolute paths `ldd` resolves for program, outside the NVIDIA driver's own (which the sandbox binds)."""
+    out = subprocess.run(["ldd", program], capture_output=True, text=True, check=True).stdout
+    paths = []
+    for line in out.splitlines():
+        words = line.replace("=>", " ").split()
+        path = next((w for w in words if w.startswith("/")), None)
+        if path and "nvidia" not in path:
+            paths.append(path)
+    return paths
 
 
 def archive(layout: Path, dest: Path) -> Path:

@@ -231,10 +231,14 @@ def test_the_toolkit_list_is_read_from_the_linker_cache():
 @pytest.mark.gpu
 @needs_umoci
 def test_an_image_task_sees_its_gpu_and_the_driver(tmp_path):
-    """On a GPU machine: the device node and the driver's libraries (CDI spec, else the toolkit's list) in the image."""
-    if not os.path.exists("/dev/nvidiactl") or shutil.which("nvidia-smi") is None:
+    """On a GPU machine: the device node and the driver's libraries (CDI spec, else the toolkit's list) in the image.
+
+    The image is glibc-based, as a CUDA image is (a static busybox image cannot run the driver's dynamically
+    linked nvidia-smi: its loader is not there): nvidia-smi, bound in from the host, lists the GPU."""
+    smi = shutil.which("nvidia-smi")
+    if not os.path.exists("/dev/nvidiactl") or smi is None:
         pytest.skip("needs an NVIDIA GPU and its driver")
-    layout = build_layout(tmp_path / "img")
+    layout = build_layout(tmp_path / "img", glibc_for=smi)
     prepared = ImageCache(layout_cache(layout, tmp_path / "cache")).prepare(spec_of(layout), lambda _: None)
     args, env = cdi.driver_mounts(cdi.load(["0"]))
     sandbox = resolve("bwrap")
