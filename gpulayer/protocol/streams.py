@@ -247,9 +247,42 @@ def _closed_reason(exc: Exception) -> str:
     return "the relay connection was lost" + (f" ({type(exc).__name__})" if not type(exc).__name__.startswith("ConnectionClosed") else "")
 
 
+#: Tries of a handshake that got no answer at all (see `connect`), and how long each waits for the answer.
+HANDSHAKE_TRIES = 3
+HANDSHAKE_WAIT_S = 10.0
+
+
+def _unanswered(exc: BaseException) -> bool:
+    """Whether a failed opening handshake got no HTTP answer at all (the connection closed or stayed silent)."""
+    from websockets.exceptions import ConnectionClosed, InvalidMessage
+
+    return isinstance(exc, (InvalidMessage, TimeoutError, EOFError, ConnectionResetError, ConnectionClosed))
+
+
 def connect(url: str, token: str, verify: bool | str, *, timeout: float = 30.0):
     """A `websockets.sync` connection to a relay route (`https://...` becomes `wss://...`), with the token and
-    the protocol header; the CA file `verify` names (or the system's for True). Raises what websockets does."""
+    the protocol header; the CA file `verify` names (or the system's for True). Raises what websockets does.
+
+    A handshake that got no HTTP answer (the connection closed before the status line, or nothing came within
+    HANDSHAKE_WAIT_S) is tried again, up to HANDSHAKE_TRIES times within `timeout`: granian, under load, drops
+    about one TLS WebSocket upgrade in a hundred without answering it (docs/architecture.md, "The relay"). An
+    unanswered handshake opened nothing on the control plane, so a new one is safe. An answer (401, 403, 426,
+    a certificate the CA does not sign) is raised at once."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    for attempt in range(1, HANDSHAKE_TRIES + 1):
+        left = deadline - time.monotonic()
+        try:
+            return _connect_once(url, token, verify, max(1.0, min(HANDSHAKE_WAIT_S, left)))
+        except Exception as exc:
+            if attempt == HANDSHAKE_TRIES or not _unanswered(exc) or deadline - time.monotonic() < 1.0:
+                raise
+            time.sleep(0.05 * attempt)
+    raise AssertionError("unreachable")
+
+
+def _connect_once(url: str, token: str, verify: bool | str, timeout: float):
     import ssl
 
     from websockets.sync.client import connect as ws_connect

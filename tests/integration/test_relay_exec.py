@@ -72,7 +72,12 @@ def _exec_ready(plane, job_id: int, script: str) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
     )
-    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    assert proc.stdout is not None
+    first = proc.stdout.readline().strip()
+    if first != "ready":
+        proc.kill()
+        _, err = proc.communicate(timeout=10)
+        raise AssertionError(f"exec printed {first!r}, not 'ready'; its stderr: {err!r}; the logs: {plane.logs()}")
     return proc
 
 

@@ -402,3 +402,36 @@ def test_pipelined_and_split_heads_are_served(serve):
         s.sendall(b"st: x\r\n\r\nGET /hello HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         answer = _read_all(s)
     assert answer.count(b"HTTP/1.1 200") == 2, answer
+
+
+@WALL_CLOCK
+def test_a_full_granian_never_closes_an_idle_websocket(tls_files):
+    """An accepted WebSocket that receives nothing (an idle shell, an agent's link) is alive: at the bound, the
+    reaper closes the stalled heads for the waiting client and leaves the WebSocket open (granian_bridge.py)."""
+    from websockets.sync.client import connect as ws_connect
+
+    async def echo(scope, proto):
+        transport = await proto.accept()
+        while True:
+            message = await transport.receive()
+            if message.kind == 0:  # closed
+                break
+            await transport.send_bytes(message.data if isinstance(message.data, bytes) else message.data.encode())
+        proto.close(1000)
+
+    srv = GranianServer(app, "127.0.0.1", 0, threads=2, max_connections=3, websocket=echo)
+    srv.start()
+    try:
+        with ws_connect(f"ws://127.0.0.1:{srv.port}/ws", open_timeout=5, compression=None) as ws:
+            ws.send(b"one")
+            assert ws.recv(timeout=5) == b"one"
+            time.sleep(1)  # idle past STALLED_S
+            heads = _slow_heads(srv, 6)
+            assert requests.get(f"http://127.0.0.1:{srv.port}/hello", timeout=5).status_code == 200
+            assert srv._reaper is not None and srv._reaper.reaped >= 1  # the guard did act
+            ws.send(b"two")
+            assert ws.recv(timeout=5) == b"two"
+            for s in heads:
+                s.close()
+    finally:
+        srv.stop(timeout=2)

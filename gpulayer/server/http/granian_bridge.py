@@ -72,16 +72,19 @@ class Bridge:
         return client in self.active
 
     async def __call__(self, scope, proto) -> None:
-        for prefix, handler in self.prefixed:
-            if scope.path.startswith(prefix):
-                return await handler(scope, proto)
-        if scope.proto == "ws":
-            if self.websocket is None:
-                return proto.close(404)
-            return await self.websocket(scope, proto)
+        # A connection with a request, a WebSocket or an ingress stream here is never one the guard may close
+        # as stalled (granian_guard.py): an idle shell or agent link, or an SSE stream between two tokens,
+        # receives nothing for long stretches and is alive.
         client = scope.client
         self.active.add(client)
         try:
+            for prefix, handler in self.prefixed:
+                if scope.path.startswith(prefix):
+                    return await handler(scope, proto)
+            if scope.proto == "ws":
+                if self.websocket is None:
+                    return proto.close(404)
+                return await self.websocket(scope, proto)
             await self._request(scope, proto)
         finally:
             self.active.discard(client)

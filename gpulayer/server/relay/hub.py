@@ -171,6 +171,18 @@ class Hub:
 
     async def __call__(self, scope, proto) -> None:
         self.started()
+        try:
+            await self._serve(scope, proto)
+        except Exception:
+            # granian drops a connection whose handler raised, with no answer and no log line: the client
+            # would read "no valid HTTP response". Log it, and answer 500 (before the upgrade) or 1011.
+            log.exception("relay_failed path=%s", scope.path)
+            try:
+                proto.close(500)
+            except Exception:
+                pass
+
+    async def _serve(self, scope, proto) -> None:
         path = scope.path.rstrip("/")
         sent = scope.headers.get(PROTOCOL_HEADER.lower())
         if sent is not None and sent != str(PROTOCOL):
