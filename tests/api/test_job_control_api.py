@@ -199,3 +199,31 @@ def test_requeue_waits_for_a_cancelled_jobs_task_still_on_its_worker(api, client
     assert r.status_code == 200, r.text
     found = job(api, client_h, job_id)
     assert found["attempt"] == 2 and found["state"] == "waiting" and found["waiting_reason"].startswith("held"), found
+
+
+def test_a_time_limit_updated_while_running_is_told_in_the_heartbeat(api, client_h, worker):
+    _, wh = worker()
+    job_id = submit(api, client_h, timeout_seconds=600)
+    task = acquire(api, wh)
+    assert task["timeout_seconds"] == 600
+    api.simulate_post(f"/v1/worker/tasks/{task['task_id']}/start", headers=wh, json={"pid": 10})
+
+    def beat(**echo) -> dict:
+        r = api.simulate_post("/v1/worker/heartbeat", headers=wh, json={"tasks": [
+            {"task_id": task["task_id"], "state": "running", "job_id": job_id, "attempt": 1, **echo}]})
+        assert r.status_code == 200, r.text
+        return r.json
+
+    assert "time_limits" not in beat(timeout_seconds=600)  # the limit it enforces is the job's
+    assert api.simulate_patch(f"/v1/jobs/{job_id}", headers=client_h, json={"timeout_seconds": 30}).status_code == 200
+    expected = [{"task_id": task["task_id"], "timeout_seconds": 30}]
+    assert beat(timeout_seconds=600)["time_limits"] == expected  # told until the agent echoes the new one
+    assert beat(timeout_seconds=600, endpoint="127.0.0.1:9")["time_limits"] == expected  # the write path too
+    assert "time_limits" not in beat(timeout_seconds=30)
+    assert "time_limits" not in beat()  # an older agent, which echoes no limit, is told none
+    api.simulate_patch(f"/v1/jobs/{job_id}", headers=client_h, json={"timeout_seconds": None})
+    assert beat(timeout_seconds=30)["time_limits"] == [{"task_id": task["task_id"], "timeout_seconds": None}]
+    assert "time_limits" not in beat(timeout_seconds=None)
+    bad = api.simulate_post("/v1/worker/heartbeat", headers=wh, json={"tasks": [
+        {"task_id": task["task_id"], "state": "running", "timeout_seconds": "soon"}]})
+    assert bad.status_code == 400 and "timeout_seconds" in bad.json["error"]["message"], bad.text

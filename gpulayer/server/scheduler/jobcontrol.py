@@ -113,7 +113,8 @@ def _active(conn: apsw.Connection, job_id: int, what: str) -> dict:
 def update(conn: apsw.Connection, principal, now: float, job_id: int, changes: dict) -> dict:
     """`job update` (PATCH /v1/jobs/{id}): `name`, `priority` and `timeout_seconds`, each only when given,
     on a job not ended. The priority is bound by its project's ceiling unless an admin asks
-    (teams.check_priority, as at submit); the time limit applies to runs started after it. Raises
+    (teams.check_priority, as at submit); the time limit applies to running attempts too (their agents hear
+    it in heartbeat answers, `time_limits`: leases.time_limits). Raises
     Conflict for a job that ended, Forbidden above the ceiling; changes nothing then. Returns what changed."""
     job = _active(conn, job_id, "update")
     found = one(conn, "get_job", job_id=job_id)
