@@ -440,6 +440,9 @@ def test_a_full_granian_never_closes_an_idle_websocket(tls_files):
             assert ws.recv(timeout=5) == b"two"
             for s in heads:
                 s.close()
+    finally:
+        srv.stop(timeout=2)
+
 
 def test_a_body_larger_than_the_read_ahead_arrives_whole_through_pauses(tls_files, monkeypatch):
     """granian: the body's pump stops at the read-ahead and goes on as the app takes bytes (granian_bridge)."""
