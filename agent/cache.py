@@ -1,12 +1,13 @@
 """A local artifact cache by digest: verified on download, bounded, LRU-evicted.
 
 Files are named by their hex digest under the cache root. A download streams
-into a temporary file in the same folder, is hashed from disk, and is renamed
-into place only when the SHA-256 matches, so a reader never sees a partial or
-wrong file. Using a file refreshes its mtime; eviction removes the oldest
+into a temporary file in the same folder, hashed as it is written (from disk
+again only when the fetcher wrote out of order), and is renamed into place
+only when the SHA-256 matches, so a reader never sees a partial or wrong file. Using a file refreshes its mtime; eviction removes the oldest
 mtime first until the total is under the limit.
 """
 
+import contextlib
 import hashlib
 import os
 import re
@@ -42,6 +43,51 @@ def sha256_file(path: str | os.PathLike) -> str:
         for chunk in iter(lambda: handle.read(CHUNK_BYTES), b""):
             hasher.update(chunk)
     return "sha256:" + hasher.hexdigest()
+
+
+class HashingWriter:
+    """A binary file that hashes what is written to it in order from its start (a download, written once
+    or started again after a seek to 0 and a truncate); ``digest()`` is None after any other seek."""
+
+    def __init__(self, out: BinaryIO):
+        self.out = out
+        self._restart()
+
+    def _restart(self) -> None:
+        self.hasher, self.at, self.in_order = hashlib.sha256(), 0, True
+
+    def write(self, data) -> int:
+        written = self.out.write(data)
+        if self.in_order:
+            self.hasher.update(data if written == len(data) else memoryview(data)[:written])
+            self.at += written
+        return written
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        where = self.out.seek(offset, whence)
+        if where != self.at:
+            self.in_order = False  # until a truncate to 0 starts it again
+        return where
+
+    def tell(self) -> int:
+        return self.out.tell()
+
+    def truncate(self, size: int | None = None) -> int:
+        end = self.out.truncate(size)
+        if end == 0 and self.out.tell() == 0:
+            self._restart()
+        elif end < self.at:
+            self.in_order = False
+        return end
+
+    def flush(self) -> None:
+        self.out.flush()
+
+    def digest(self) -> str | None:
+        """``sha256:<hex>`` of the file's bytes when they were all written in order; None otherwise."""
+        if not self.in_order or self.out.tell() != self.at:
+            return None
+        return "sha256:" + self.hasher.hexdigest()
 
 
 def default_cache_dir() -> str:
@@ -83,25 +129,54 @@ class ArtifactCache:
         self.evict(keep=hex_digest)
         return path
 
+    def cached(self, digest: str) -> Path | None:
+        """The local path of an artifact already here (its use noted), else None; never downloads."""
+        path = self.root / digest_hex(digest)
+        try:
+            os.utime(path)
+        except FileNotFoundError:
+            return None
+        return path
+
+    def fetch_into(self, digest: str, target: str | os.PathLike) -> None:
+        """Download an artifact into ``target`` (made or emptied), hashed as it is written, without keeping it
+        here: a checkpoint restore writes each byte once. Raises TaskSetupError for a malformed digest,
+        DigestMismatch (``target`` removed) when the bytes do not match; the fetcher's errors pass through."""
+        digest_hex(digest)
+        try:
+            self._fetch_verified(digest, target, None)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(target)
+            raise
+
     def _lock_for(self, hex_digest: str) -> threading.Lock:
         with self._lock:
             return self._digest_locks.setdefault(hex_digest, threading.Lock())
 
     def _download(self, digest: str, path: Path, max_bytes: int | None) -> None:
         fd, temp_name = tempfile.mkstemp(prefix=".tmp-", dir=self.root)
+        os.close(fd)
         try:
-            with os.fdopen(fd, "w+b") as handle:
-                capped = CappedWriter(handle, max_bytes, f"artifact {digest}") if max_bytes is not None else handle
-                self._fetch(digest, capped)  # type: ignore[arg-type]
-            actual = sha256_file(temp_name)
-            if actual != digest:
-                raise DigestMismatch(f"artifact {digest} failed verification: its bytes hash to {actual}")
+            self._fetch_verified(digest, temp_name, max_bytes)
             os.chmod(temp_name, 0o444)
             os.replace(temp_name, path)
             log_event("artifact_cached", digest=digest, bytes=path.stat().st_size)
         finally:
             if os.path.exists(temp_name):
                 os.unlink(temp_name)
+
+    def _fetch_verified(self, digest: str, target: str | os.PathLike, max_bytes: int | None) -> None:
+        """Fetch ``digest`` into ``target``, hashing as it is written; DigestMismatch when its bytes differ."""
+        with open(target, "w+b") as handle:
+            hashing = HashingWriter(handle)
+            capped = CappedWriter(hashing, max_bytes, f"artifact {digest}") if max_bytes is not None else hashing  # type: ignore[arg-type]
+            self._fetch(digest, capped)  # type: ignore[arg-type]
+            actual = hashing.digest()
+        if actual is None:  # written out of order: hashed from disk
+            actual = sha256_file(target)
+        if actual != digest:
+            raise DigestMismatch(f"artifact {digest} failed verification: its bytes hash to {actual}")
 
     def entries(self) -> list[tuple[float, int, Path]]:
         """(mtime, size, path) of every cached artifact, oldest first."""

@@ -132,13 +132,20 @@ class Checkpointer:
         return ref.attempt
 
     def _place(self, relative: str, entry: dict) -> None:
-        """Fetch one file of a checkpoint (through the cache) and copy it in under a temporary name."""
+        """Put one file of a checkpoint in under a temporary name, then its own: copied from the artifact cache
+        when it is there, else downloaded straight into place (hashed as it is written, verified, not kept
+        in the cache: each byte is written once)."""
         digest, mode = str(entry["digest"]), int(entry.get("mode", 0o644)) & 0o7777
-        cached = self.cache.get(digest)
         target = self.dir / relative
         target.parent.mkdir(parents=True, exist_ok=True)
         temp = target.with_name(f".{target.name}.restoring")
-        shutil.copyfile(cached, temp)
+        cached = self.cache.cached(digest)
+        try:
+            if cached is None:
+                raise FileNotFoundError(digest)
+            shutil.copyfile(cached, temp)
+        except FileNotFoundError:  # not cached, or evicted meanwhile
+            self.cache.fetch_into(digest, temp)
         os.chmod(temp, mode)
         os.replace(temp, target)
         self.memo.put(DigestMemo.key(target, os.stat(target)), digest)

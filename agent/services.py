@@ -210,6 +210,7 @@ def _ended_for_good(service: ServiceSpec, restarts: int, exit_code: int, stop: S
 
 def _wait_restart(handle, limits: Limits, delay: float) -> Stop | None:
     """Sleep ``delay`` unless a cancel or the service's timeout comes first."""
+    limits.timeout_s = handle.limit_from(limits.timeout_s)  # as `job update --time` left it
     if limits.timeout_s is not None:
         left = limits.since + limits.timeout_s - time.monotonic()
         if left < delay:

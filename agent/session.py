@@ -424,6 +424,13 @@ class Worker:
                     continue
                 log_event("task_cancel_requested", task_id=task_id)
                 handle.cancel("the control plane cancelled this task")
+        for change in answer.get("time_limits") or []:  # `job update --time` of a running task's job
+            with self.lock:
+                handle = self.handles.get(int(change.get("task_id", 0)))
+            limit = change.get("timeout_seconds")
+            if handle is not None and (limit is None or isinstance(limit, (int, float))) and not isinstance(limit, bool) \
+                    and handle.change_time_limit(None if limit is None else float(limit)):
+                log_event("task_time_limit_changed", task_id=handle.task_id, timeout_seconds=limit)
         if answer.get("reset_gpus") and self.gpu_health is not None:
             self.gpu_health.reset([int(i) for i in answer["reset_gpus"]])
         if answer.get("revoked"):

@@ -56,6 +56,10 @@ class TaskHandle:
         self.start_sent = threading.Event()
         #: The Assignment's job_id, attempt and gpus, echoed in heartbeats (a restored control plane checks them).
         self.assignment: dict = {}
+        #: The time limit enforced now (seconds from the run's start, None: none), once a run started
+        #: (`time_limit_known`): the Assignment's, or the one a heartbeat answer told (`job update --time`).
+        self.time_limit: float | None = None
+        self.time_limit_known = False
         #: The task's runner and its process while it runs: where `gpulayer exec` enters (agent/relay_exec.py).
         self.runner: TaskRunnerView | None = None
         self.process: TaskProcess | None = None
@@ -81,6 +85,21 @@ class TaskHandle:
             self.why = why or ("drained" if by_worker else "cancelled")
             self._cancel.set()
 
+    def limit_from(self, timeout_s: float | None) -> float | None:
+        """The time limit to enforce: the one told since the first run started, else ``timeout_s`` (the
+        Assignment's), which is then the one enforced."""
+        if not self.time_limit_known:
+            self.time_limit, self.time_limit_known = timeout_s, True
+        return self.time_limit
+
+    def change_time_limit(self, timeout_s: float | None) -> bool:
+        """The control plane changed the job's time limit (a heartbeat's `time_limits`); False when it is the
+        one enforced already. The running attempt's deadline becomes its start plus the new limit."""
+        if self.time_limit_known and timeout_s == self.time_limit:
+            return False
+        self.time_limit, self.time_limit_known = timeout_s, True
+        return True
+
     def note_signal(self, name: str, why: str) -> None:
         """A signal was sent to the task's process: its finish reports it (`task_signalled`)."""
         self.signals.append({"signal": f"SIG{name}", "why": why, "at": round(time.time(), 3)})
@@ -96,8 +115,11 @@ class TaskHandle:
 
     def heartbeat_entry(self) -> dict:
         """The task's entry in a heartbeat's ``tasks`` list."""
-        return {"task_id": self.task_id, "state": self.state, "endpoint": self.endpoint, "restarts": self.restarts,
-                **self.assignment}
+        entry = {"task_id": self.task_id, "state": self.state, "endpoint": self.endpoint, "restarts": self.restarts,
+                 **self.assignment}
+        if self.time_limit_known:  # the control plane answers `time_limits` when the job's limit is not this
+            entry["timeout_seconds"] = self.time_limit
+        return entry
 
 
 @dataclass
@@ -192,7 +214,10 @@ def supervise(
     """
     handle.process = proc
     rule = rule or StopRule()
+    limits.timeout_s = handle.limit_from(limits.timeout_s)
     while True:
+        if handle.time_limit != limits.timeout_s:
+            _new_limit(handle, limits, rule, system_line)
         if proc.poll() is not None:
             if proc.group_alive():
                 system_line("the command exited; killing processes it left running in its process group")
@@ -213,6 +238,19 @@ def supervise(
             proc.popen.wait(timeout=POLL_S)
         except subprocess.TimeoutExpired:
             pass
+
+
+def _new_limit(handle: TaskHandle, limits: Limits, rule: StopRule, system_line: Callable[[str], None]) -> None:
+    """The job's time limit changed while the run goes on (`job update --time`): its deadline is its start plus
+    the new limit. A limit moved past its warning's time sends the warning again before the new one."""
+    before, limits.timeout_s = limits.timeout_s, handle.time_limit
+    ran = time.monotonic() - limits.since
+    if handle.warned and rule.warn_before_s is not None and limits.timeout_s is not None \
+            and ran < limits.timeout_s - rule.warn_before_s:
+        handle.warned = False
+    said = "none" if limits.timeout_s is None else f"{limits.timeout_s:g} s"
+    was = "none" if before is None else f"{before:g} s"
+    system_line(f"time limit changed to {said} (was {was}; this run started {ran:.0f} s ago)")
 
 
 def _stop(proc: TaskProcess, handle: TaskHandle, stop: Stop, rule: StopRule, kill_grace_s: float,

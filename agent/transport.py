@@ -211,23 +211,26 @@ class Transport:
     def download_artifact(self, digest: str, out: BinaryIO) -> None:
         """Stream an artifact into ``out`` from its start, retrying from scratch on errors."""
 
+        buffer = bytearray(CHUNK_BYTES)  # read into, written from: no bytes object made per chunk
+        view = memoryview(buffer)
+
         def attempt() -> None:
             out.seek(0)
             out.truncate()
             connection, response = self._open("GET", f"/artifacts/{digest}")
             while True:
                 try:
-                    chunk = response.read(CHUNK_BYTES)
+                    got = response.readinto(buffer)
                 except (OSError, http.client.HTTPException) as exc:
                     connection.close()
                     raise Unreachable(f"GET artifact {digest}: {type(exc).__name__}") from None
-                if not chunk:
-                    if response.length:  # http.client's read(n) ends quietly at a close before Content-Length
+                if not got:
+                    if response.length:  # http.client's readinto ends quietly at a close before Content-Length
                         connection.close()
                         raise Unreachable(f"GET artifact {digest}: IncompleteRead")
                     break
                 try:
-                    out.write(chunk)
+                    out.write(view[:got])
                 except BaseException:
                     connection.close()
                     raise

@@ -67,6 +67,17 @@ def copy_fsynced(src: Path, dst: Path) -> float:
     return time.perf_counter() - began
 
 
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds of process `pid` so far (its threads included)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_seconds() -> float:
+    times = os.times()
+    return times.user + times.system
+
+
 def worker_session(plane: ControlPlaneProcess) -> tuple[str, int]:
     """A worker's session token and the task it holds (uploads and reads need one)."""
     verify = str(plane.ca_file) if plane.ca_file else True
@@ -111,6 +122,7 @@ def main() -> None:
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     root = Path(tempfile.mkdtemp(prefix="bench-ckpt-", dir=args.dir))
     copies, uploads, seconds, restores, second_sent = [], [], [], [], []
+    cpu: dict[str, list[float]] = {"upload_server": [], "upload_agent": [], "restore_server": [], "restore_agent": []}
     try:
         with ControlPlaneProcess(root / "plane", tls=True) as plane:
             token, task_id = worker_session(plane)
@@ -124,12 +136,15 @@ def main() -> None:
                 copies.append(copy_fsynced(src, root / f"copy-{run}"))
                 shutil.rmtree(root / f"copy-{run}")
                 keeper = Checkpointer(src, transport, None, memo, lambda _text: None)  # type: ignore[arg-type]
+                server_cpu, agent_cpu = cpu_seconds(plane.proc.pid), own_cpu_seconds()
                 began = time.perf_counter()
                 taken = keeper.snapshot()
                 assert taken is not None
                 manifest, sent = taken
                 answer = transport.call("POST", "/worker/checkpoint", {"task_id": task_id, "files": manifest})
                 uploads.append(time.perf_counter() - began)
+                cpu["upload_server"].append(cpu_seconds(plane.proc.pid) - server_cpu)
+                cpu["upload_agent"].append(own_cpu_seconds() - agent_cpu)
                 assert sent == total, (sent, total)
                 keeper.last = manifest
                 changed = max(1, args.files // 100)
@@ -143,9 +158,12 @@ def main() -> None:
                 second_sent.append(taken[1] / total)
                 cache = ArtifactCache(root / f"cache-{run}", 4 * total, transport.download_artifact)
                 restored = Checkpointer(root / f"restored-{run}", transport, cache, DigestMemo(), lambda _t: None)
+                server_cpu, agent_cpu = cpu_seconds(plane.proc.pid), own_cpu_seconds()
                 began = time.perf_counter()
                 restored.prepare(CheckpointRef(id=answer["checkpoint_id"], attempt=1, files=manifest))
                 restores.append(time.perf_counter() - began)
+                cpu["restore_server"].append(cpu_seconds(plane.proc.pid) - server_cpu)
+                cpu["restore_agent"].append(own_cpu_seconds() - agent_cpu)
                 for folder in (src, root / f"restored-{run}", root / f"cache-{run}"):
                     shutil.rmtree(folder)
     finally:
@@ -162,8 +180,10 @@ def main() -> None:
         "second_sent_fraction": round(statistics.median(second_sent), 4),
         "restore_s": round(restore_s, 3), "restore_mb_s": round(total / restore_s / 1e6, 1),
         "restore_vs_copy": round(copy_s / restore_s, 2),
+        "cpu_s": {key: round(statistics.median(values), 2) for key, values in cpu.items()},
         "each_run": {"copy": [round(v, 3) for v in copies], "upload": [round(v, 3) for v in uploads],
-                     "restore": [round(v, 3) for v in restores]},
+                     "restore": [round(v, 3) for v in restores],
+                     **{f"cpu_{key}": [round(v, 2) for v in values] for key, values in cpu.items()}},
     }
     print(json.dumps(result, indent=2))
 

@@ -307,10 +307,13 @@ def job_requeue(ctx: typer.Context, job_ids: JobsArg, index: Annotated[Optional[
 @job_app.command("update")
 def job_update(ctx: typer.Context, job_id: JobArg,
                priority: Annotated[Optional[str], typer.Option("--priority", help="A number, or a class of the server (low, normal, high); above the project's ceiling only for admins.")] = None,
-               time_limit: Annotated[Optional[str], typer.Option("--time", "--timeout", metavar="TIME", help="The time limit, as submit --time takes it (runs started after this); 'none' for no limit.")] = None,
+               time_limit: Annotated[Optional[str], typer.Option("--time", "--timeout", metavar="TIME", help="The time limit, as submit --time takes it; a running attempt's deadline becomes its start plus this (past already: it ends now, as at its time limit); 'none' for no limit.")] = None,
                name: Annotated[Optional[str], typer.Option("--name", help="A new name.")] = None,
                as_json: JsonOpt = False) -> None:
     """Change a job not ended (Slurm's `scontrol update`): its priority, time limit or name.
+
+    A new time limit applies to the running attempt too (its worker hears it within a heartbeat): a limit
+    already passed stops it as its time limit does (the --signal warning, SIGTERM, the grace, SIGKILL).
 
     \b
     Examples:

@@ -165,8 +165,8 @@ class Job:
 
     def update(self, **changes) -> dict:
         """Change the job (`scontrol update`): `name`, `priority` (a number or a class name; above the
-        project's ceiling only for admins), `timeout_seconds` (seconds or a duration's text; runs started
-        after it). Returns the Job."""
+        project's ceiling only for admins), `timeout_seconds` (seconds or a duration's text; a running
+        attempt's deadline becomes its start plus it, heard by its worker within a heartbeat). Returns the Job."""
         self.data = self.client.call("PATCH", f"/jobs/{self.id}", json=changes)
         return self.data
 

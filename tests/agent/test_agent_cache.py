@@ -92,3 +92,48 @@ def test_a_download_past_its_cap_stops_and_keeps_nothing(tmp_path):
     with pytest.raises(UnpackLimit, match="larger than 4096 bytes"):
         ArtifactCache(tmp_path, 10**9, endless).get(digest_of(b"anything"), max_bytes=4096)
     assert sum(written) == 4096 and os.listdir(tmp_path) == []
+
+
+def test_a_download_is_hashed_as_written_even_when_started_again(tmp_path, monkeypatch):
+    import agent.cache as cache_module
+
+    data = bytes(range(256)) * 4096
+    digest = digest_of(data)
+
+    def retrying(d, out):  # as Transport.download_artifact after a dropped connection: from 0 again
+        out.write(data[:1000])
+        out.seek(0)
+        out.truncate()
+        out.write(data[:500_000])
+        out.write(data[500_000:])
+
+    read_again = []
+    monkeypatch.setattr(cache_module, "sha256_file", lambda path: read_again.append(path) or sha256_file(path))
+    assert ArtifactCache(tmp_path / "a", 1 << 30, retrying).get(digest).read_bytes() == data
+    assert read_again == []  # hashed as it was written: not read back
+
+    def out_of_order(d, out):  # a fetcher that writes the end first: hashed from disk instead
+        out.seek(500_000)
+        out.write(data[500_000:])
+        out.seek(1)
+        out.write(data[1:500_000])
+        out.seek(0)  # back to 0 with bytes after it and no truncate: not a fresh start
+        out.write(data[:1])
+
+    assert ArtifactCache(tmp_path / "b", 1 << 30, out_of_order).get(digest).read_bytes() == data
+    assert len(read_again) == 1
+
+
+def test_fetch_into_verifies_and_keeps_nothing_in_the_cache(tmp_path):
+    store = Store([b"checkpoint bytes"])
+    cache = ArtifactCache(tmp_path / "cache", 100, store.fetch)
+    digest = digest_of(b"checkpoint bytes")
+    cache.fetch_into(digest, tmp_path / "placed")
+    assert (tmp_path / "placed").read_bytes() == b"checkpoint bytes"
+    assert os.listdir(tmp_path / "cache") == [] and cache.cached(digest) is None
+    cache.get(digest)
+    assert cache.cached(digest) == tmp_path / "cache" / digest_hex(digest)
+    bad = ArtifactCache(tmp_path / "cache2", 100, lambda d, out: out.write(b"tampered"))
+    with pytest.raises(DigestMismatch):
+        bad.fetch_into(digest_of(b"expected"), tmp_path / "wrong")
+    assert not (tmp_path / "wrong").exists()

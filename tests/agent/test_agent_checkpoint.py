@@ -105,3 +105,32 @@ def test_a_manifest_path_outside_the_folder_is_refused(plane, transport, tmp_pat
     with pytest.raises(TaskSetupError):
         keeper.prepare(CheckpointRef(id=1, attempt=1, files=[entry]))
     assert not (tmp_path / "escape").exists()
+
+
+def test_a_restore_copies_what_the_cache_has_and_fetches_the_rest_without_keeping_it(plane, transport, tmp_path):
+    files = {"a.pt": b"a" * 5000, "b.pt": b"b" * 7000}
+    entries = [{"path": p, "digest": plane.put_artifact(d), "size": len(d), "mode": 0o644} for p, d in files.items()]
+    fetched: list[str] = []
+
+    def fetch(digest, out):
+        fetched.append(digest)
+        transport.download_artifact(digest, out)
+
+    cache = ArtifactCache(tmp_path / "cache", 1 << 20, fetch)
+    cache.get(entries[0]["digest"])  # a.pt's bytes are on this worker already
+    keeper = Checkpointer(tmp_path / "restored", transport, cache, DigestMemo(), lambda _t: None)
+    assert keeper.prepare(CheckpointRef(id=3, attempt=1, files=entries)) == 1
+    assert {p: (tmp_path / "restored" / p).read_bytes() for p in files} == files
+    assert fetched == [entries[0]["digest"], entries[1]["digest"]]  # a.pt once, into the cache; b.pt once
+    assert sorted(os.listdir(tmp_path / "cache")) == [entries[0]["digest"].split(":")[1]]  # b.pt not kept
+
+
+def test_a_restored_file_whose_bytes_do_not_match_fails_the_setup_and_leaves_nothing(plane, transport, tmp_path):
+    from agent.errors import TaskSetupError
+
+    entry = {"path": "state.pt", "digest": "sha256:" + hashlib.sha256(b"expected").hexdigest(), "size": 8, "mode": 0o644}
+    cache = ArtifactCache(tmp_path / "cache", 1 << 20, lambda d, out: out.write(b"tampered"))
+    keeper = Checkpointer(tmp_path / "restored", transport, cache, DigestMemo(), lambda _t: None)
+    with pytest.raises(TaskSetupError, match="could not be restored"):
+        keeper.prepare(CheckpointRef(id=4, attempt=1, files=[entry]))
+    assert os.listdir(tmp_path / "restored") == [] and os.listdir(tmp_path / "cache") == []

@@ -2,12 +2,13 @@
 
 import os
 import sys
+import threading
 import time
 
 import pytest
 
 from agent.process import TaskProcess, exit_code_of
-from agent.supervision import Limits, TaskHandle, check_limits, supervise
+from agent.supervision import Limits, StopRule, TaskHandle, check_limits, supervise
 
 
 def spawn(code, tmp_path, lines=None):
@@ -139,3 +140,31 @@ def test_supervise_cancel_kills_and_left_overs_are_killed(tmp_path):
     assert supervise(proc, TaskHandle(2), Limits(None, None, proc.started), system.append, kill_grace_s=1) is None
     assert "left running" in system[0]
     assert not proc.group_alive()
+
+
+def test_a_time_limit_changed_while_supervised_moves_the_deadline(tmp_path):
+    """`job update --time` heard in a heartbeat answer (TaskHandle.change_time_limit): the run's deadline is its
+    start plus the new limit; a shortened one ends it as its time limit does; the heartbeat echoes it."""
+    proc = spawn("import time; time.sleep(60)", tmp_path)
+    handle, system = TaskHandle(1), []
+    assert "timeout_seconds" not in handle.heartbeat_entry()  # before the run: nothing enforced yet
+    threading.Timer(0.3, handle.change_time_limit, [0.6]).start()
+    stop = supervise(proc, handle, Limits(3600, None, proc.started), system.append, kill_grace_s=1)
+    assert stop.kind == "timed_out" and "timeout_seconds=0.6" in stop.reason, stop
+    assert any("time limit changed to 0.6 s (was 3600 s" in line for line in system), system
+    assert handle.heartbeat_entry()["timeout_seconds"] == 0.6
+    assert not handle.change_time_limit(0.6)  # told again: nothing changes
+
+
+def test_a_time_limit_lengthened_past_the_warning_sends_it_again(tmp_path):
+    code = ("import signal, time\nsignal.signal(signal.SIGUSR1, lambda *a: print('usr1', flush=True))\n"
+            "print('ready', flush=True)\ntime.sleep(60)")
+    lines: list = []
+    proc = spawn(code, tmp_path, lines)
+    assert wait_for(lambda: ("stdout", "ready") in lines)
+    handle = TaskHandle(1)
+    rule = StopRule("USR1", warn_before_s=2.5, grace_s=1.0)
+    threading.Timer(1.0, handle.change_time_limit, [6.0]).start()  # after the first warning (at 0.5 s)
+    stop = supervise(proc, handle, Limits(3.0, None, proc.started), [].append, kill_grace_s=1, rule=rule)
+    assert stop.kind == "timed_out"
+    assert [s["signal"] for s in handle.signals] == ["SIGUSR1", "SIGUSR1", "SIGTERM"], handle.signals

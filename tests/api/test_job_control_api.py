@@ -199,3 +199,77 @@ def test_requeue_waits_for_a_cancelled_jobs_task_still_on_its_worker(api, client
     assert r.status_code == 200, r.text
     found = job(api, client_h, job_id)
     assert found["attempt"] == 2 and found["state"] == "waiting" and found["waiting_reason"].startswith("held"), found
+
+
+def test_a_time_limit_updated_while_running_is_told_in_the_heartbeat(api, client_h, worker):
+    _, wh = worker()
+    job_id = submit(api, client_h, timeout_seconds=600)
+    task = acquire(api, wh)
+    assert task["timeout_seconds"] == 600
+    api.simulate_post(f"/v1/worker/tasks/{task['task_id']}/start", headers=wh, json={"pid": 10})
+
+    def beat(**echo) -> dict:
+        r = api.simulate_post("/v1/worker/heartbeat", headers=wh, json={"tasks": [
+            {"task_id": task["task_id"], "state": "running", "job_id": job_id, "attempt": 1, **echo}]})
+        assert r.status_code == 200, r.text
+        return r.json
+
+    assert "time_limits" not in beat(timeout_seconds=600)  # the limit it enforces is the job's
+    assert api.simulate_patch(f"/v1/jobs/{job_id}", headers=client_h, json={"timeout_seconds": 30}).status_code == 200
+    expected = [{"task_id": task["task_id"], "timeout_seconds": 30}]
+    assert beat(timeout_seconds=600)["time_limits"] == expected  # told until the agent echoes the new one
+    assert beat(timeout_seconds=600, endpoint="127.0.0.1:9")["time_limits"] == expected  # the write path too
+    assert "time_limits" not in beat(timeout_seconds=30)
+    assert "time_limits" not in beat()  # an older agent, which echoes no limit, is told none
+    api.simulate_patch(f"/v1/jobs/{job_id}", headers=client_h, json={"timeout_seconds": None})
+    assert beat(timeout_seconds=30)["time_limits"] == [{"task_id": task["task_id"], "timeout_seconds": None}]
+    assert "time_limits" not in beat(timeout_seconds=None)
+    bad = api.simulate_post("/v1/worker/heartbeat", headers=wh, json={"tasks": [
+        {"task_id": task["task_id"], "state": "running", "timeout_seconds": "soon"}]})
+    assert bad.status_code == 400 and "timeout_seconds" in bad.json["error"]["message"], bad.text
+
+
+def test_a_requeue_neither_consumes_nor_inflates_the_retry_budget(api, client_h, worker, deps):
+    """Slurm's requeue restarts a job without touching a retry count: the requeued element's new attempt is not
+    one of its retries, and the other elements gain none (max_attempts stays as submitted)."""
+    _, wh = worker(slots=4)
+    array = submit(api, client_h, array="0-1", retry={"max_attempts": 2, "retry_on": ["failed"]})
+    first = {}
+    for _ in range(2):  # an acquire answers the same task until its start
+        t = acquire(api, wh)
+        api.simulate_post(f"/v1/worker/tasks/{t['task_id']}/start", headers=wh, json={"pid": 10})
+        first[t["array_index"]] = t
+    assert api.simulate_post(f"/v1/jobs/{array}/requeue", headers=client_h, json={"index": 0}).status_code == 200
+    api.simulate_post(f"/v1/worker/tasks/{first[0]['task_id']}/finish", headers=wh, json={"exit_code": 143, "outcome": "cancelled"})
+
+    def fails(task) -> None:
+        api.simulate_post(f"/v1/worker/tasks/{task['task_id']}/start", headers=wh, json={"pid": 11})
+        r = api.simulate_post(f"/v1/worker/tasks/{task['task_id']}/finish", headers=wh, json={"exit_code": 1, "outcome": "failed"})
+        assert r.status_code == 200 and r.json["accepted"], r.text
+
+    # element 0: attempt 1 requeued (not counted), attempts 2 and 3 fail: its two runs of --retry's budget
+    for attempt in (2, 3):
+        task = acquire(api, wh)
+        assert (task["array_index"], task["attempt"]) == (0, attempt), task
+        fails(task)
+    # element 1 was not requeued: attempts 1 and 2, no spare one from element 0's requeue
+    api.simulate_post(f"/v1/worker/tasks/{first[1]['task_id']}/finish", headers=wh, json={"exit_code": 1, "outcome": "failed"})
+    task = acquire(api, wh)
+    assert (task["array_index"], task["attempt"]) == (1, 2), task
+    fails(task)
+    assert acquire(api, wh) is None
+    assert job(api, client_h, array)["state"] == "failed"
+    assert deps.store.read(lambda conn: conn.execute("SELECT max_attempts FROM jobs WHERE id = ?", (array,)).fetchall()) == [{"max_attempts": 2}]
+    # a whole job requeued twice keeps its max_attempts and its one retry
+    single = submit(api, client_h, retry={"max_attempts": 2, "retry_on": ["failed"]})
+    for attempt in (1, 2):
+        t = acquire(api, wh)
+        api.simulate_post(f"/v1/worker/tasks/{t['task_id']}/finish", headers=wh, json={"exit_code": 0, "outcome": "succeeded", "pid": 5})
+        assert api.simulate_post(f"/v1/jobs/{single}/requeue", headers=client_h).status_code == 200
+    for attempt in (3, 4):
+        t = acquire(api, wh)
+        assert t["attempt"] == attempt, t
+        fails(t)
+    assert acquire(api, wh) is None and job(api, client_h, single)["state"] == "failed"
+    kinds = [e["kind"] for e in api.simulate_get(f"/v1/jobs/{single}/events", headers=client_h).json["events"]]
+    assert kinds.count("attempt_requeued") == 2 and kinds.count("job_retried") == 1, kinds

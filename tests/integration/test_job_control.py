@@ -187,3 +187,36 @@ def test_job_control_refusals_change_nothing(cluster):
     assert answer.status_code in (403, 404), answer.text
     info = cluster.job(done)
     assert info["state"] == "succeeded" and info["attempt"] == 1 and info["name"] is None, json.dumps(info)[:500]
+
+
+def test_a_time_limit_shortened_while_running_ends_the_run_at_its_new_deadline(cluster):
+    out = cli_ok(cluster, "submit", "--time", "10:00", "--signal", "USR1@3", "--grace", "2", "--", *python(SIGNALLED))
+    job_id = out.split()[0]
+    wait_for(lambda: "working" in cluster.log_text(int(job_id)), 30, "the job to run")
+    assert "timeout_seconds=8" in cli_ok(cluster, "job", "update", job_id, "--time", "0:08")
+    done = cluster.wait_job(int(job_id), timeout=60)
+    text = cluster.log_text(int(job_id))
+    assert done["state"] == "failed" and done["tasks"][0]["outcome"] == "timed_out", text
+    assert "time limit changed to 8 s (was 600 s" in text, text
+    # the limit's SIGTERM came at the new deadline, within a second: measured on the task's own clock, which
+    # starts after the worker's (its sandbox and interpreter start first), so at most 8 s plus that second
+    term = float(text.split("term after ")[1].split()[0])
+    assert term < 8 + 1.0, text
+    assert "usr1 after" in text, text
+    sent = wait_for(lambda: signalled(cluster, int(job_id)), 30, "its finish")
+    assert [(s["signal"], s["why"]) for s in sent] == [("SIGUSR1", "time_limit"), ("SIGTERM", "time_limit")], sent
+
+
+def test_a_time_limit_passed_already_ends_the_run_now_and_a_longer_one_lets_it_run(cluster):
+    out = cli_ok(cluster, "submit", "--time", "10:00", "--", *python(SIGNALLED))
+    passed = int(out.split()[0])
+    longer = cluster.submit({"command": ["sh", "-c", "echo working; sleep 12; echo done"], "timeout_seconds": 8})
+    wait_for(lambda: "working" in cluster.log_text(passed) and "working" in cluster.log_text(longer), 30, "both to run")
+    cli_ok(cluster, "job", "update", str(longer), "--time", "1:00")
+    cli_ok(cluster, "job", "update", str(passed), "--time", "1")  # it has run longer than 1 s already
+    done = cluster.wait_job(passed, timeout=60)
+    assert done["state"] == "failed" and done["tasks"][0]["outcome"] == "timed_out", cluster.log_text(passed)
+    wait_for(lambda: "term after" in cluster.log_text(passed), 30, "its SIGTERM")  # the normal stop
+    kept = cluster.wait_job(longer, timeout=60)  # ran 12 s, past its first limit of 8 s
+    assert kept["state"] == "succeeded", (kept, cluster.log_text(longer))
+    assert "time limit changed to 60 s (was 8 s" in cluster.log_text(longer)

@@ -17,6 +17,7 @@ import time
 import pytest
 import requests
 
+from gpulayer.server.http import bodies
 from gpulayer.server.security import certs
 from gpulayer.server.http.granian_server import GranianServer
 from gpulayer.server.http.server import HTTPServer
@@ -27,13 +28,17 @@ CHUNK = bytes(range(256)) * 4096  # 1 MiB
 
 
 def app(environ, start_response):
-    """A tiny WSGI app: /hello, PUT /sha256 (hash the body), GET /blob?n, GET /slow."""
+    """A tiny WSGI app: /hello, PUT /sha256 (hash the body), PUT /lines, GET /blob?n, GET /slow."""
     path = environ["PATH_INFO"]
     headers = [("Content-Type", "text/plain")]
     if path == "/sha256":
         remaining, h = int(environ.get("CONTENT_LENGTH") or 0), hashlib.sha256()
         while remaining:
-            data = environ["wsgi.input"].read(min(remaining, MB))
+            try:
+                data = environ["wsgi.input"].read(min(remaining, MB))
+            except bodies.BodyTooSlow as exc:  # as the app's error handler answers it
+                start_response("408 Request Timeout", [("Content-Type", "application/json")])
+                return [bodies.error_body(exc.code, str(exc))]
             if not data:
                 break
             h.update(data)
@@ -43,6 +48,8 @@ def app(environ, start_response):
         n = int(environ["QUERY_STRING"])
         start_response("200 OK", [("Content-Type", "application/octet-stream"), ("Content-Length", str(n * MB))])
         return (CHUNK for _ in range(n))
+    elif path == "/lines":  # a chunked body read line by line
+        body = b"|".join(line.rstrip(b"\n") for line in iter(environ["wsgi.input"].readline, b""))
     elif path == "/slow":
         time.sleep(0.5)
         body = b"slow done"
@@ -433,5 +440,40 @@ def test_a_full_granian_never_closes_an_idle_websocket(tls_files):
             assert ws.recv(timeout=5) == b"two"
             for s in heads:
                 s.close()
+    finally:
+        srv.stop(timeout=2)
+
+
+def test_a_body_larger_than_the_read_ahead_arrives_whole_through_pauses(tls_files, monkeypatch):
+    """granian: the body's pump stops at the read-ahead and goes on as the app takes bytes (granian_bridge)."""
+    from gpulayer.server.http import granian_bridge
+
+    monkeypatch.setattr(granian_bridge, "_READ_AHEAD", 64 * 1024)  # a pause every 64 KiB
+    srv = GranianServer(app, "127.0.0.1", 0, certfile=tls_files["cert"], keyfile=tls_files["key"])
+    srv.start()
+    try:
+        upload = CHUNK * 20
+        r = requests.put(f"https://localhost:{srv.port}/sha256", data=upload, verify=tls_files["ca"], timeout=60)
+        assert r.text == f"{hashlib.sha256(upload).hexdigest()} {20 * MB}"
+        chunked = requests.put(f"https://localhost:{srv.port}/lines", data=iter([b"one\ntw", b"o\n", b"three"]),
+                               verify=tls_files["ca"], timeout=60)
+        assert chunked.text == "one|two|three", chunked.text
+    finally:
+        srv.stop(timeout=2)
+
+
+def test_a_streamed_body_that_stalls_is_answered_408_and_closed(monkeypatch):
+    """granian: a body that falls behind its minimum rate (bodies.Pace) ends in 408 and a closed connection."""
+    real_pace = bodies.Pace
+    monkeypatch.setattr(bodies, "Pace", lambda: real_pace(grace_s=0.5, min_rate=1024 * 1024))
+    srv = GranianServer(app, "127.0.0.1", 0)
+    srv.start()
+    try:
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as sock:
+            sock.sendall(b"PUT /sha256 HTTP/1.1\r\nHost: x\r\nContent-Length: 10000000\r\n\r\n" + b"x" * 200_000)
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 408") and b"request_timeout" in answer, answer[:300]
     finally:
         srv.stop(timeout=2)

@@ -37,7 +37,6 @@ import queue
 import sys
 import threading
 from collections.abc import Callable
-from concurrent.futures import TimeoutError as FutureTimeout
 from collections.abc import Awaitable
 from typing import Any
 
@@ -46,6 +45,7 @@ from gpulayer.server.http import bodies
 log = logging.getLogger("gpulayer.server.http.granian")
 
 _FILE_BLOCK = 1 << 20  # bytes of a streamed file response per send
+_READ_AHEAD = 8 << 20  # bytes of a streamed request body read ahead of the app
 _JSON = ("content-type", "application/json")
 _CLOSE = ("connection", "close")
 
@@ -250,27 +250,81 @@ async def _send(transport, chunk: bytes) -> None:
 
 
 class _StreamedBody(io.RawIOBase):
-    """`wsgi.input` of a streamed body: read() on a pool thread pulls granian's chunks off the loop, each
-    wait bounded by the body's minimum rate (bodies.Pace); BodyTooSlow past it."""
+    """`wsgi.input` of a streamed body: a pump on the loop reads granian's chunks ahead of the app (up to
+    `_READ_AHEAD` bytes), and read() on a pool thread takes them, each wait bounded by the body's minimum
+    rate (bodies.Pace; BodyTooSlow past it).
+
+    The thread is woken once the bytes it asked for are in (or the body ended), not once per chunk, and
+    the loop once per `_READ_AHEAD / 2` bytes taken while the pump waits for room: a 1 GiB upload costs a
+    few hundred wake-ups, not one cross-thread call per TLS record. Chunks are kept as granian gave them
+    and joined once per read (no buffer grown by concatenation)."""
 
     def __init__(self, proto, loop: asyncio.AbstractEventLoop):
         super().__init__()
-        self._chunks = proto.__aiter__()
         self._loop = loop
-        self._buffer = b""
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self._offset = 0        # bytes of _chunks[0] already read
+        self._buffered = 0      # bytes in _chunks not read yet
+        self._want = 0          # bytes a waiting reader needs before it is woken (0: none waits)
         self._ended = False
-        self._pending: Any = None
+        self._error: BaseException | None = None
+        self._paused = False    # the pump waits for room (set under the lock, cleared by the reader)
+        self._cond = threading.Condition(threading.Lock())
+        self._room = asyncio.Event()
         self.pace = bodies.Pace()
+        self._task: asyncio.Task | None = loop.create_task(self._pump(proto))  # made on the loop's thread
+
+    async def _pump(self, proto) -> None:
+        error: BaseException | None = None
+        try:
+            async for chunk in proto:
+                if not chunk:
+                    continue
+                with self._cond:
+                    self._chunks.append(chunk)
+                    self._buffered += len(chunk)
+                    self.pace.received += len(chunk)
+                    full = self._buffered >= _READ_AHEAD
+                    if full:
+                        self._paused = True
+                        self._room.clear()
+                    if self._want and (full or self._buffered >= self._want):
+                        self._cond.notify()
+                if full:
+                    await self._room.wait()
+        except asyncio.CancelledError:
+            error = bodies.BodyIncomplete("the request was given up before its body ended")
+            raise
+        except Exception as exc:  # noqa: BLE001 - the reader raises it, as it would have read it
+            error = exc
+        finally:
+            with self._cond:
+                self._ended, self._error = True, error
+                self._cond.notify()
 
     def readable(self) -> bool:
         return True
 
+    def _wait_for(self, want: int) -> None:
+        """Wait (holding the lock) until `want` bytes are buffered, or as many as the read-ahead holds, or the
+        body ended; BodyTooSlow past the pace."""
+        while self._buffered < want and not self._ended and not self._paused:
+            left = self.pace.seconds_left()
+            if left <= 0:
+                raise self.pace.too_slow()
+            self._want = want
+            try:
+                self._cond.wait(left)
+            finally:
+                self._want = 0
+
     def read(self, size: int | None = -1) -> bytes:
         want = sys.maxsize if size is None or size < 0 else size
-        while len(self._buffer) < want and not self._ended:
-            self._pull()
-        data, self._buffer = self._buffer[:want], self._buffer[want:]
-        return data
+        with self._cond:
+            self._wait_for(want)
+            if not self._buffered and self._error is not None:
+                raise self._error
+            return self._take(min(want, self._buffered))
 
     def readinto(self, b) -> int:
         data = self.read(len(b))
@@ -278,43 +332,57 @@ class _StreamedBody(io.RawIOBase):
         return len(data)
 
     def readline(self, size: int | None = -1) -> bytes:
-        while b"\n" not in self._buffer and not self._ended and (size is None or size < 0 or len(self._buffer) < size):
-            self._pull()
-        end = self._buffer.find(b"\n") + 1 or len(self._buffer)
-        if size is not None and size >= 0:
-            end = min(end, size)
-        data, self._buffer = self._buffer[:end], self._buffer[end:]
-        return data
+        limit = sys.maxsize if size is None or size < 0 else size
+        with self._cond:
+            while True:
+                end = self._newline_end()
+                if end is not None or self._buffered >= limit or self._ended or self._paused:
+                    break  # a line longer than the read-ahead comes in parts
+                self._wait_for(self._buffered + 1)
+            if not self._buffered and self._error is not None:
+                raise self._error
+            return self._take(min(end if end is not None else self._buffered, limit))
 
-    def _pull(self) -> None:
-        left = self.pace.seconds_left()
-        if left <= 0:
-            raise self.pace.too_slow()
-        if self._pending is None:
-            self._pending = asyncio.run_coroutine_threadsafe(_next(self._chunks), self._loop)
-        try:
-            chunk = self._pending.result(timeout=left)
-        except FutureTimeout:
-            raise self.pace.too_slow() from None
-        self._pending = None
-        if chunk is None:
-            self._ended = True
-        else:
-            self.pace.received += len(chunk)
-            self._buffer += chunk
+    def _newline_end(self) -> int | None:
+        """Bytes up to and including the first buffered newline; None when none is buffered."""
+        seen, offset = 0, self._offset
+        for chunk in self._chunks:
+            at = chunk.find(b"\n", offset)
+            if at >= 0:
+                return seen + at - offset + 1
+            seen += len(chunk) - offset
+            offset = 0
+        return None
+
+    def _take(self, n: int) -> bytes:
+        """The next `n` buffered bytes (the lock held); the pump is let go on once half its room is free."""
+        parts: list = []
+        left = n
+        while left:
+            chunk = self._chunks[0]
+            avail = len(chunk) - self._offset
+            if avail <= left:
+                parts.append(chunk if not self._offset else memoryview(chunk)[self._offset:])
+                self._chunks.popleft()
+                self._offset = 0
+                left -= avail
+            else:
+                parts.append(memoryview(chunk)[self._offset:self._offset + left])
+                self._offset += left
+                left = 0
+        self._buffered -= n
+        if self._paused and self._buffered <= _READ_AHEAD // 2:
+            self._paused = False
+            self._loop.call_soon_threadsafe(self._room.set)
+        if len(parts) == 1 and isinstance(parts[0], bytes):
+            return parts[0]
+        return b"".join(parts)
 
     def cancel(self) -> None:
-        """Drop a read in progress (on the loop: granian then closes the connection)."""
-        if self._pending is not None:
-            self._pending.cancel()
-            self._pending = None
-
-
-async def _next(chunks) -> bytes | None:
-    try:
-        return await chunks.__anext__()
-    except StopAsyncIteration:
-        return None
+        """Stop reading the body (on the loop: granian then closes a connection whose body was not read)."""
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+        self._task = None
 
 
 def _refuse(proto, status: int, code: str, message: str, extra: list | None = None) -> None:

@@ -283,7 +283,10 @@ RESPONSES: dict[tuple[str, str], tuple[str, dict]] = {
         "preempt_grace_s": {"type": "number", "description": "their SIGTERM-to-SIGKILL grace"},
         "heartbeat_interval_s": {"type": "number", "description": "the interval the server wants from the next beat"},
         "requests_renew_lease": {"type": "boolean",
-                                 "description": "any successful worker request renews the leases (docs/protocol.md)"}}}),
+                                 "description": "any successful worker request renews the leases (docs/protocol.md)"},
+        "time_limits": {"type": "array", "description": "running tasks whose job's time limit changed (sent only when some)",
+                        "items": {"type": "object", "required": ["task_id", "timeout_seconds"], "properties": {
+                            "task_id": INT, "timeout_seconds": {"type": ["number", "null"]}}}}}}),
     ("/v1/usage", "get"): ("200", {"type": "object", "required": ["by", "since", "until", "rows"], "properties": {
         "by": {"type": "string"}, "since": {"type": "number"}, "until": {"type": "number"},
         "rows": {"type": "array", "items": {"type": "object", "required": ["key", "gpu_hours", "cpu_hours", "runs",

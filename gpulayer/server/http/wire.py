@@ -139,8 +139,12 @@ def heartbeat(body: dict) -> list[dict]:
 
 
 def _assignment_echo(task: dict, where: str) -> dict:
-    """`job_id`, `attempt`, `gpus` of a heartbeat's task (optional): what its Assignment said, for reconciliation."""
+    """`job_id`, `attempt`, `gpus` of a heartbeat's task (optional): what its Assignment said, for reconciliation;
+    `timeout_seconds` (optional, null for none): the time limit its agent enforces now."""
     out: dict = {}
+    if "timeout_seconds" in task:
+        limit = task["timeout_seconds"]
+        out["timeout_seconds"] = None if limit is None else number(limit, f"{where}.timeout_seconds", 0, 1e12)
     if task.get("job_id") is not None:
         out["job_id"] = integer(task["job_id"], f"{where}.job_id", 1, 1 << 62)
     if task.get("attempt") is not None:

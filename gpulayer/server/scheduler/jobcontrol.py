@@ -113,7 +113,8 @@ def _active(conn: apsw.Connection, job_id: int, what: str) -> dict:
 def update(conn: apsw.Connection, principal, now: float, job_id: int, changes: dict) -> dict:
     """`job update` (PATCH /v1/jobs/{id}): `name`, `priority` and `timeout_seconds`, each only when given,
     on a job not ended. The priority is bound by its project's ceiling unless an admin asks
-    (teams.check_priority, as at submit); the time limit applies to runs started after it. Raises
+    (teams.check_priority, as at submit); the time limit applies to running attempts too (their agents hear
+    it in heartbeat answers, `time_limits`: leases.time_limits). Raises
     Conflict for a job that ended, Forbidden above the ceiling; changes nothing then. Returns what changed."""
     job = _active(conn, job_id, "update")
     found = one(conn, "get_job", job_id=job_id)
@@ -146,7 +147,8 @@ def update(conn: apsw.Connection, principal, now: float, job_id: int, changes: d
 
 def requeue(conn: apsw.Connection, now: float, job_id: int, index: int | None = None, hold_after: bool = False) -> dict:
     """`job requeue` (POST /v1/jobs/{id}/requeue): run the job (an array's element `index`, else all of them)
-    again, as a new attempt not counted against its retries; `hold_after`: held once queued.
+    again, as a new attempt not counted against its retries (an `attempt_requeued` event each, which
+    outcomes.retries_left counts: the job's max_attempts is not raised); `hold_after`: held once queued.
 
     A running job's running tasks are stopped as any planned stop is (its signal, its grace, SIGKILL:
     their worker hears `cancel_task_ids`) and keep their room until they ended; each one's finish
@@ -196,6 +198,7 @@ def requeue(conn: apsw.Connection, now: float, job_id: int, index: int | None = 
     if job["array_size"] is not None:
         _requeue_elements(conn, now, {**job, **reopened, "hold": int(hold_after)}, index)
     else:
+        _attempt_requeued(conn, now, job_id, reopened["attempt"])
         for i in range(reopened["width"]):
             row(conn, "insert_task", job_id=job_id, index=i, attempt=reopened["attempt"], priority=reopened["priority"], now=now)
     events.record(
@@ -216,9 +219,18 @@ def requeue(conn: apsw.Connection, now: float, job_id: int, index: int | None = 
 def _requeue_elements(conn: apsw.Connection, now: float, job: dict, index: int | None) -> int:
     """An array's ended elements (`index` alone, if given) run again, as its %N cap allows; how many."""
     made = rows(conn, "requeue_elements", job_id=job["id"], index=index, priority=job["priority"], now=now)
+    for task in made:
+        _attempt_requeued(conn, now, job["id"], task["attempt"], task["index"])
     if made and not job["hold"]:
         _let_run(conn, now, one(conn, "get_job", job_id=job["id"]))
     return len(made)
+
+
+def _attempt_requeued(conn: apsw.Connection, now: float, job_id: int, attempt: int, index: int | None = None) -> None:
+    """A requeue made this attempt (of the job, or of array element `index`): it is not one of its retries
+    (outcomes.retries_left counts these events; the job's max_attempts stays as submitted)."""
+    events.record(conn, now, "attempt_requeued", job_id=job_id, attempt=attempt,
+                  **({"index": index} if index is not None else {}))
 
 
 def _hold_now(conn: apsw.Connection, now: float, job_id: int) -> None:
@@ -265,7 +277,7 @@ def requeued(conn: apsw.Connection, worker_id: int, task: dict, exit_code: int |
         _requeue_elements(conn, now, job, ended["index"])
         return True
     if one(conn, "requeue_pending", job_id=job["id"])["n"] == 0 and job["attempt"] == task["attempt"]:
-        outcomes.retry(conn, now, job, "requeued")
+        _attempt_requeued(conn, now, job["id"], outcomes.retry(conn, now, job, "requeued"))
         if job["hold"]:
             _hold_now(conn, now, job["id"])
     return True

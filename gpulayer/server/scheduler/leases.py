@@ -37,10 +37,14 @@ def heartbeat(conn: apsw.Connection, worker_id: int, reported: list[dict], now: 
             events.record(conn, now, "task_reported", job_id=changed["job_id"], task_id=changed["id"],
                           worker_id=worker_id, endpoint=changed["endpoint"], restarts=changed["restarts"])
     reconcile.reported(conn, worker_id, reported, now, lease, restored)
-    active = {t["id"]: t["cancel_requested"] for t in rows(conn, "worker_active_tasks", worker_id=worker_id)}
+    held = rows(conn, "worker_active_tasks", worker_id=worker_id)
+    active = {t["id"]: t["cancel_requested"] for t in held}
     cancel = {t["task_id"] for t in reported if active.get(t["task_id"], 1)}
     cancel |= {task_id for task_id, wanted in active.items() if wanted}
     answer = {"cancel_task_ids": sorted(cancel), "revoked": False, "lease_expires_at": lease}
+    limits = time_limits(reported, {t["id"]: t["timeout_seconds"] for t in held})
+    if limits:
+        answer["time_limits"] = limits
     if any(active.values()):  # some are to be stopped: say which for a preemption, and its grace
         answer.update(preemption.heartbeat_fields(conn, worker_id))
     if resets:
@@ -63,7 +67,7 @@ def unchanged(conn: apsw.Connection, worker_id: int, reported: list[dict], now: 
     view = row(conn, "heartbeat_view", worker_id=worker_id)
     if view is None or view["state"] != "online" or not _same_gpus(json.loads(view["gpus"]), gpus):
         return None
-    active = {t[0]: t for t in json.loads(view["tasks"])}   # id, state, cancel_requested, endpoint, restarts
+    active = {t[0]: t for t in json.loads(view["tasks"])}   # id, state, cancel_requested, endpoint, restarts, limit
     for task in reported:
         held = active.get(task["task_id"])
         if held is None:
@@ -72,9 +76,27 @@ def unchanged(conn: apsw.Connection, worker_id: int, reported: list[dict], now: 
             return None
     cancel = sorted(task_id for task_id, held in active.items() if held[2])
     answer = {"cancel_task_ids": cancel, "revoked": False, "lease_expires_at": now + lease_ttl_s}
+    limits = time_limits(reported, {task_id: held[5] for task_id, held in active.items()})
+    if limits:
+        answer["time_limits"] = limits
     if cancel and not conn.getautocommit():
         answer.update(preemption.heartbeat_fields(conn, worker_id))
     return answer
+
+
+def time_limits(reported: list[dict], now_limits: dict[int, float | None]) -> list[dict]:
+    """`time_limits` of a heartbeat's answer: [{task_id, timeout_seconds}] of each reported task whose
+    echoed `timeout_seconds` (the limit its agent enforces) is not its job's time limit now (`job update
+    --time` changed it while it ran). An agent that echoes none (an older one) is told none."""
+    changed = []
+    for task in reported:
+        if "timeout_seconds" not in task or task["task_id"] not in now_limits:
+            continue
+        limit = now_limits[task["task_id"]]
+        enforced = task["timeout_seconds"]
+        if (limit is None) != (enforced is None) or (limit is not None and abs(float(limit) - enforced) > 1e-6):
+            changed.append({"task_id": task["task_id"], "timeout_seconds": limit})
+    return changed
 
 
 def _same_gpus(stored: list[list], gpus: list[dict] | None) -> bool:

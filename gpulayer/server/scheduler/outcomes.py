@@ -67,11 +67,20 @@ def settle(conn: apsw.Connection, now: float, job_id: int, attempt: int, task: d
     if (retryable and job["kind"] == "service" and job["width"] > 1 and task["state"] == "lost"
             and _replace_replica(conn, now, job, task)):
         return None
-    if retryable and job["attempt"] < job["max_attempts"]:
+    if retryable and retries_left(conn, job, job["attempt"]):
         retry(conn, now, job, reason)
         return "queued"
     _stop_siblings(conn, now, job_id, attempt, f"{reason} (task {task['id']})")
     return finish(conn, now, job_id, FINAL_JOB_STATE.get(task["state"], "failed"), task.get("exit_code"), reason)
+
+
+def retries_left(conn: apsw.Connection, job: dict, attempt: int, index: int | None = None) -> bool:
+    """Whether the job (array element `index`) at `attempt` may be retried: its attempts not made by a
+    `job requeue` (jobcontrol._attempt_requeued) are fewer than its max_attempts."""
+    if attempt < job["max_attempts"]:
+        return True
+    requeued = one(conn, "requeued_attempts", job_id=job["id"], index=index)["n"]
+    return attempt - requeued < job["max_attempts"]
 
 
 def _replace_replica(conn: apsw.Connection, now: float, job: dict, task: dict) -> bool:
@@ -146,7 +155,7 @@ def settle_element(conn: apsw.Connection, now: float, job: dict, task: dict, *, 
         reason = task.get("reason") or task["state"]
         element = one(conn, "task_element", task_id=task["id"])
         if (RETRY_AS.get(reason, reason) in json.loads(job["retry_on"])
-                and element["attempt"] < job["max_attempts"]):
+                and retries_left(conn, job, element["attempt"], element["index"])):
             new = one(conn, "insert_task", job_id=job["id"], index=element["index"], attempt=element["attempt"] + 1,
                       priority=job["priority"], now=now)
             events.record(conn, now, "element_retried", job_id=job["id"], task_id=task["id"], new_task_id=new["id"],

@@ -71,8 +71,15 @@ WHERE job_id = :job_id AND state IN ('queued', 'assigned', 'running') AND state 
   AND cancel_requested = 1 AND reason = 'requeued';
 
 -- name: count_requeue --
--- A requeue's new attempt is not counted against the job's retries.
-UPDATE jobs SET max_attempts = max_attempts + 1, hold = max(hold, :hold) WHERE id = :job_id;
+-- A requeue of a running job: held once queued again with --hold. (Its new attempt is not counted against the
+-- job's retries: requeued_attempts.)
+UPDATE jobs SET hold = max(hold, :hold) WHERE id = :job_id;
+
+-- name: requeued_attempts --
+-- How many attempts of a job (of one array element with :index) a requeue made (`attempt_requeued` events):
+-- they are not counted against its retries (outcomes.retries_left). Requeues are rare: their events are few.
+SELECT count(*) AS n FROM events INDEXED BY events_kind_at
+WHERE kind = 'attempt_requeued' AND job_id = :job_id AND (:index IS NULL OR json_extract(data, '$.index') = :index);
 
 -- name: job_task_stopping --
 -- A task of an ended job still on its worker (its cancel or its lease not yet answered): `job requeue`
@@ -83,7 +90,7 @@ LIMIT 1;
 
 -- name: reopen_job --
 -- `job requeue` of a job that ended: it runs again as a new attempt (not counted against its retries).
-UPDATE jobs SET state = 'queued', attempt = attempt + 1, max_attempts = max_attempts + 1, finished_at = NULL,
+UPDATE jobs SET state = 'queued', attempt = attempt + 1, finished_at = NULL,
                 exit_code = NULL, reason = NULL, hold = :hold
 WHERE id = :job_id AND finished_at IS NOT NULL
 RETURNING attempt, width, priority, array_size, max_running;
@@ -97,4 +104,4 @@ FROM tasks WHERE job_id = :job_id AND (:index IS NULL OR "index" = :index)
   AND NOT EXISTS (SELECT 1 FROM tasks a WHERE a.job_id = :job_id AND a."index" = tasks."index"
                   AND a.state IN ('queued', 'assigned', 'running'))
 GROUP BY "index"
-RETURNING id;
+RETURNING id, "index", attempt;

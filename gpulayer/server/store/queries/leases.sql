@@ -21,9 +21,11 @@ WHERE id = :task_id AND worker_id = :worker_id AND state = 'running'
 RETURNING id, job_id, endpoint, restarts;
 
 -- name: worker_active_tasks --
--- What the control plane thinks this worker holds, and what it wants cancelled.
-SELECT id, cancel_requested FROM tasks
-WHERE worker_id = :worker_id AND state IN ('assigned', 'running');
+-- What the control plane thinks this worker holds, what it wants cancelled, and each one's time limit now
+-- (`job update --time` changes it for a running attempt too).
+SELECT t.id, t.cancel_requested, json_extract(j.spec, '$.timeout_seconds') AS timeout_seconds
+FROM tasks t JOIN jobs j ON j.id = t.job_id
+WHERE t.worker_id = :worker_id AND t.state IN ('assigned', 'running');
 
 -- name: expire_task_leases --
 -- Tasks whose lease passed are lost, and so are those of a worker whose own
@@ -88,10 +90,12 @@ RETURNING id;
 
 -- name: heartbeat_view --
 -- A heartbeat's read, one statement (one snapshot): the worker's state, its GPUs as stored, and what it
--- holds, as a write would compare them with what it reports.
+-- holds, as a write would compare them with what it reports (and each task's time limit now).
 SELECT w.state,
        (SELECT json_group_array(json_array(g."index", g.uuid, g.healthy, g.reset_pending))
         FROM worker_gpus g WHERE g.worker_id = w.id) AS gpus,
-       (SELECT json_group_array(json_array(t.id, t.state, t.cancel_requested, t.endpoint, t.restarts))
-        FROM tasks t WHERE t.worker_id = w.id AND t.state IN ('assigned', 'running')) AS tasks
+       (SELECT json_group_array(json_array(t.id, t.state, t.cancel_requested, t.endpoint, t.restarts,
+                                           json_extract(j.spec, '$.timeout_seconds')))
+        FROM tasks t JOIN jobs j ON j.id = t.job_id
+        WHERE t.worker_id = w.id AND t.state IN ('assigned', 'running')) AS tasks
 FROM workers w WHERE w.id = :worker_id;
