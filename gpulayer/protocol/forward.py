@@ -75,8 +75,8 @@ class SocketPipe:
 
     def _from_socket(self) -> None:
         while True:
-            try:
-                chunk = self.sock.recv(self.read_bytes)
+            try:  # a read fills one frame: as large as the control plane let this stream's frames be
+                chunk = self.sock.recv(max(self.read_bytes, self.stream.max_out))
             except OSError as exc:
                 return self._broke(exc)
             if not chunk:

@@ -3,7 +3,7 @@
 Each binary WebSocket message is one frame (docs/protocol.md, "The relay"):
 
     stream_id  u32, big-endian   which stream of the connection (1 .. 2**32-1; 0 is never used)
-    type       u8                OPEN, DATA, WINDOW, EOF, CLOSE, EXT_DATA, SIGNAL, RESIZE
+    type       u8                OPEN, DATA, WINDOW, EOF, CLOSE, EXT_DATA, SIGNAL, RESIZE, SETTINGS
     payload    the rest          per type, below
 
 - OPEN: JSON object: `kind` ("exec"), `job_id`, `task_id`, and the kind's own fields (exec: `argv`).
@@ -14,13 +14,23 @@ Each binary WebSocket message is one frame (docs/protocol.md, "The relay"):
 - CLOSE: JSON object: `exit_code` (int) and/or `error` (text), `reason` (text); the stream is gone.
 - SIGNAL: JSON object `{"signal": "INT"}` (exec, later the shell): a signal for the remote command.
 - RESIZE: JSON object `{"rows", "cols"}`: the shell's new window size (the client's SIGWINCH).
+- SETTINGS: JSON object `{"max_data": N}`: the sender of this frame's receiver may put up to N bytes in one
+  DATA frame on this stream (the control plane to a client that announced `MAX_DATA_HEADER`, below).
 
 The shell's OPEN also carries `rows`, `cols` (the window at the start), `term` (the client's TERM) and,
 optionally, `argv` (a command instead of the task's shell); its DATA is what is typed and what the remote
 terminal shows.
 
 Flow control: after OPEN each side may send `INITIAL_WINDOW` bytes of DATA and EXT_DATA, and more only as the
-other grants them with WINDOW. Imports nothing of gpulayer: the agent, the client and the control plane share it.
+other grants them with WINDOW.
+
+Frame size: a DATA frame carries at most `MAX_DATA` (64 KiB) unless both ends of its hop said more. A peer that
+takes larger frames says so at its WebSocket handshake (`MAX_DATA_HEADER`: the most it accepts, up to
+`LARGE_DATA`); the control plane then tells each end what it may send on a stream: the agent in the OPEN
+(`max_data`), the client with a SETTINGS frame (sent only to a client that announced, so an older one never
+sees the type). A peer that never hears either sends 64 KiB frames, as before.
+
+Imports nothing of gpulayer: the agent, the client and the control plane share it.
 """
 
 from __future__ import annotations
@@ -29,9 +39,19 @@ import json
 import struct
 from dataclasses import dataclass
 
-OPEN, DATA, WINDOW, EOF, CLOSE, EXT_DATA, SIGNAL, RESIZE = 1, 2, 3, 4, 5, 6, 7, 8
-TYPE_NAMES = {OPEN: "OPEN", DATA: "DATA", WINDOW: "WINDOW", EOF: "EOF", CLOSE: "CLOSE", EXT_DATA: "EXT_DATA", SIGNAL: "SIGNAL", RESIZE: "RESIZE"}
-JSON_TYPES = frozenset({OPEN, CLOSE, SIGNAL, RESIZE})
+OPEN, DATA, WINDOW, EOF, CLOSE, EXT_DATA, SIGNAL, RESIZE, SETTINGS = 1, 2, 3, 4, 5, 6, 7, 8, 9
+TYPE_NAMES = {
+    OPEN: "OPEN",
+    DATA: "DATA",
+    WINDOW: "WINDOW",
+    EOF: "EOF",
+    CLOSE: "CLOSE",
+    EXT_DATA: "EXT_DATA",
+    SIGNAL: "SIGNAL",
+    RESIZE: "RESIZE",
+    SETTINGS: "SETTINGS",
+}
+JSON_TYPES = frozenset({OPEN, CLOSE, SIGNAL, RESIZE, SETTINGS})
 
 HEADER = struct.Struct(">IB")
 U32 = struct.Struct(">I")
@@ -43,8 +63,15 @@ INITIAL_WINDOW = 256 * 1024
 BULK_WINDOW = 4 * 1024 * 1024
 #: The most payload one DATA frame carries (a sender splits larger writes).
 MAX_DATA = 64 * 1024
-#: The largest frame anyone accepts: a DATA frame's payload plus its header, or a JSON object.
+#: The largest frame anyone accepts by default: a DATA frame's payload plus its header, or a JSON object.
 MAX_FRAME = MAX_DATA + 64
+#: The most DATA one frame may carry between peers that both said they take it (`MAX_DATA_HEADER`): a quarter
+#: as many frames per byte, so a quarter of the per-frame work (thread hops, the control plane's futures and
+#: wake-ups), while a frame stays small beside the 4 MiB window a bulk stream keeps in flight.
+LARGE_DATA = 256 * 1024
+#: The WebSocket handshake's request header by which an agent or a client says the most DATA per frame it
+#: accepts (MAX_DATA up to LARGE_DATA); a control plane that knows it no header is simply ignored.
+MAX_DATA_HEADER = "X-GpuLayer-Relay-Max-Data"
 STDERR = 2
 #: Stream kinds this protocol names; which of them an agent serves it says at register (`relay.kinds`).
 KINDS = ("exec", "shell", "tcp", "ssh")
@@ -83,7 +110,7 @@ class Frame:
 
     @property
     def fields(self) -> dict:
-        """The JSON object of an OPEN, CLOSE, SIGNAL or RESIZE frame."""
+        """The JSON object of an OPEN, CLOSE, SIGNAL, RESIZE or SETTINGS frame."""
         assert isinstance(self.payload, dict)
         return self.payload
 
@@ -122,16 +149,27 @@ def data(stream_id: int, chunk: bytes, channel: int = 1) -> bytes:
     return HEADER.pack(stream_id, EXT_DATA) + bytes((channel,)) + chunk
 
 
-def decode(message: bytes | bytearray | memoryview | str) -> Frame:
-    """The frame in one WebSocket message; FrameError for a text message, a short or oversized one, an unknown
-    type, stream id 0, a bad WINDOW or a JSON payload that is not an object."""
+def accepted_data(value: object) -> int:
+    """The DATA per frame a peer's MAX_DATA_HEADER (or OPEN's or SETTINGS' `max_data`) allows: clamped to
+    MAX_DATA .. LARGE_DATA; MAX_DATA for anything absent or malformed."""
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 10:
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool):
+        return MAX_DATA
+    return max(MAX_DATA, min(LARGE_DATA, value))
+
+
+def decode(message: bytes | bytearray | memoryview | str, max_data: int = MAX_DATA) -> Frame:
+    """The frame in one WebSocket message; FrameError for a text message, a short or oversized one (DATA over
+    `max_data`), an unknown type, stream id 0, a bad WINDOW or a JSON payload that is not an object."""
     if isinstance(message, str):
         raise FrameError("the relay takes binary messages only, not text")
     raw = bytes(message)
     if len(raw) < HEADER.size:
         raise FrameError(f"a frame of {len(raw)} bytes is shorter than its {HEADER.size}-byte header")
-    if len(raw) > MAX_FRAME:
-        raise FrameError(f"a frame of {len(raw)} bytes is over the limit of {MAX_FRAME}")
+    limit = max(MAX_FRAME, max_data + MAX_FRAME - MAX_DATA)
+    if len(raw) > limit:
+        raise FrameError(f"a frame of {len(raw)} bytes is over the limit of {limit}")
     stream_id, type_ = HEADER.unpack_from(raw)
     body = raw[HEADER.size :]
     if stream_id == 0:
@@ -157,8 +195,8 @@ def decode(message: bytes | bytearray | memoryview | str) -> Frame:
         raise FrameError("EXT_DATA: the payload needs its channel byte")
     if type_ == EOF and body:
         raise FrameError("EOF: carries no payload")
-    if len(body) - (type_ == EXT_DATA) > MAX_DATA:
-        raise FrameError(f"{TYPE_NAMES[type_]}: over {MAX_DATA} bytes")
+    if len(body) - (type_ == EXT_DATA) > max_data:
+        raise FrameError(f"{TYPE_NAMES[type_]}: over {max_data} bytes")
     return Frame(stream_id, type_, body)
 
 
@@ -199,10 +237,14 @@ __all__ = [
     "EXT_DATA",
     "SIGNAL",
     "RESIZE",
+    "SETTINGS",
+    "accepted_data",
     "INITIAL_WINDOW",
     "BULK_WINDOW",
     "MAX_DATA",
     "MAX_FRAME",
+    "LARGE_DATA",
+    "MAX_DATA_HEADER",
     "STDERR",
     "KINDS",
     "COMMAND_KINDS",

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable
 
 from gpulayer.protocol import relay as frames
-from gpulayer.protocol.relay import CLOSE, DATA, EOF, EXT_DATA, OPEN, SIGNAL, WINDOW, Credit, Frame, FrameError
+from gpulayer.protocol.relay import CLOSE, DATA, EOF, EXT_DATA, OPEN, SETTINGS, SIGNAL, WINDOW, Credit, Frame, FrameError, accepted_data
 
 log = logging.getLogger("gpulayer.relay")
 
@@ -40,6 +40,9 @@ class Stream:
         self.ended: dict | None = None  # the CLOSE fields once the stream is over (either way)
         self._unacked = 0
         self._grant_every = GRANT_EVERY
+        #: The most DATA one frame may carry towards the other end: MAX_DATA until the control plane said more
+        #: (OPEN's `max_data` to an agent, a SETTINGS frame to a client).
+        self.max_out = frames.MAX_DATA
 
     def widen(self, window: int = frames.BULK_WINDOW) -> None:
         """Let the other end send up to `window` bytes ahead (one WINDOW of the difference), granted back in
@@ -61,7 +64,7 @@ class Stream:
                     self.cond.wait()
                 if self.ended is not None:
                     return False
-                size = min(self.out.left, frames.MAX_DATA, len(view))
+                size = min(self.out.left, self.max_out, len(view))
                 self.out.take(size)
             chunk, view = bytes(view[:size]), view[size:]
             if not self._send(frames.data(self.id, chunk, channel)):
@@ -130,6 +133,11 @@ class Stream:
             self.out.grant(size)
             self.cond.notify_all()
 
+    def _settings(self, fields: dict) -> None:
+        """A SETTINGS frame (or an OPEN's fields): the frame size this end may send from now on."""
+        if "max_data" in fields:
+            self.max_out = accepted_data(fields["max_data"])
+
     def _arrived(self, frame: Frame) -> None:
         if frame.type in (DATA, EXT_DATA):
             with self.cond:
@@ -140,10 +148,13 @@ class Stream:
 
 
 class Link:
-    """A relay WebSocket used from threads. `on_open(stream, fields)`: an OPEN from the other end (the agent's)."""
+    """A relay WebSocket used from threads. `on_open(stream, fields)`: an OPEN from the other end (the agent's).
 
-    def __init__(self, ws, on_open: Callable[[Stream, dict], None] | None = None, *, first_stream: int = 1):
+    `max_data`: the most DATA per frame this end accepts (what connect() announced at the handshake)."""
+
+    def __init__(self, ws, on_open: Callable[[Stream, dict], None] | None = None, *, first_stream: int = 1, max_data: int = frames.LARGE_DATA):
         self.ws = ws
+        self.max_data = max_data
         self.on_open = on_open
         self.streams: dict[int, Stream] = {}
         self.lock = threading.Lock()
@@ -195,7 +206,7 @@ class Link:
                 except Exception as exc:
                     error = _closed_reason(exc)
                     return
-                self._dispatch(frames.decode(raw))
+                self._dispatch(frames.decode(raw, self.max_data))
         except FrameError as exc:
             error = f"the other end broke the relay protocol: {exc}"
             log.warning("relay_protocol_error error=%s", exc)
@@ -222,6 +233,7 @@ class Link:
                 opened = False
         if opened:
             assert self.on_open is not None and stream is not None
+            stream._settings(frame.fields)
             self.on_open(stream, frame.fields)
         elif stream is None:
             return  # a stream that ended here meanwhile
@@ -229,6 +241,8 @@ class Link:
             raise FrameError(f"OPEN on stream {frame.stream_id}, which is open already")
         elif frame.type == WINDOW:
             stream._granted(frame.credit)
+        elif frame.type == SETTINGS:
+            stream._settings(frame.fields)
         else:
             stream._arrived(frame)
 
@@ -259,9 +273,11 @@ def _unanswered(exc: BaseException) -> bool:
     return isinstance(exc, (InvalidMessage, TimeoutError, EOFError, ConnectionResetError, ConnectionClosed))
 
 
-def connect(url: str, token: str, verify: bool | str, *, timeout: float = 30.0):
+def connect(url: str, token: str, verify: bool | str, *, timeout: float = 30.0, max_data: int = frames.LARGE_DATA):
     """A `websockets.sync` connection to a relay route (`https://...` becomes `wss://...`), with the token and
-    the protocol header; the CA file `verify` names (or the system's for True). Raises what websockets does.
+    the protocol header; the CA file `verify` names (or the system's for True). It announces that it takes
+    DATA frames of up to `max_data` bytes (MAX_DATA: announce nothing, as a peer from before that header).
+    Raises what websockets does.
 
     A handshake that got no HTTP answer (the connection closed before the status line, or nothing came within
     HANDSHAKE_WAIT_S) is tried again, up to HANDSHAKE_TRIES times within `timeout`: granian, under load, drops
@@ -274,7 +290,7 @@ def connect(url: str, token: str, verify: bool | str, *, timeout: float = 30.0):
     for attempt in range(1, HANDSHAKE_TRIES + 1):
         left = deadline - time.monotonic()
         try:
-            return _connect_once(url, token, verify, max(1.0, min(HANDSHAKE_WAIT_S, left)))
+            return _connect_once(url, token, verify, max(1.0, min(HANDSHAKE_WAIT_S, left)), max_data)
         except Exception as exc:
             if attempt == HANDSHAKE_TRIES or not _unanswered(exc) or deadline - time.monotonic() < 1.0:
                 raise
@@ -282,7 +298,7 @@ def connect(url: str, token: str, verify: bool | str, *, timeout: float = 30.0):
     raise AssertionError("unreachable")
 
 
-def _connect_once(url: str, token: str, verify: bool | str, timeout: float):
+def _connect_once(url: str, token: str, verify: bool | str, timeout: float, max_data: int = frames.LARGE_DATA):
     import ssl
 
     from websockets.sync.client import connect as ws_connect
@@ -302,9 +318,14 @@ def _connect_once(url: str, token: str, verify: bool | str, timeout: float):
         open_timeout=timeout,
         close_timeout=2,
         compression=None,
-        max_size=frames.MAX_FRAME,
+        max_size=frames.MAX_FRAME + max(0, max_data - frames.MAX_DATA),
         max_queue=64,
-        additional_headers={"Authorization": f"Bearer {token}", PROTOCOL_HEADER: str(PROTOCOL), "User-Agent": "gpulayer-relay/1"},
+        additional_headers={
+            "Authorization": f"Bearer {token}",
+            PROTOCOL_HEADER: str(PROTOCOL),
+            "User-Agent": "gpulayer-relay/1",
+            **({frames.MAX_DATA_HEADER: str(max_data)} if max_data > frames.MAX_DATA else {}),
+        },
     ).__enter__()  # closed by Link.close
 
 

@@ -23,7 +23,7 @@ import requests
 
 from gpulayer.client.api import connect
 from gpulayer.client.forward import PortForward
-from gpulayer.protocol.relay import CLOSE
+from gpulayer.protocol.relay import CLOSE, DATA, EOF, LARGE_DATA, MAX_DATA, data
 from gpulayer.protocol.streams import Link
 from gpulayer.protocol.streams import connect as ws_connect
 from gpulayer.testing import CLI, ControlPlaneProcess, clean_env, echo_round_trip, wait_for
@@ -205,6 +205,58 @@ def test_bad_opens_are_refused_with_a_400(plane, served):
             frame = stream.recv(30)
             assert frame is not None and frame.type == CLOSE, frame
             assert frame.fields.get("status") == 400 and words in frame.fields["error"], frame.fields
+    finally:
+        link.close()
+
+
+def _received(stream, want: int) -> bytes:
+    """DATA from `stream` until `want` bytes (granting them back), or its CLOSE (AssertionError)."""
+    got = bytearray()
+    while len(got) < want:
+        frame = stream.recv(60)
+        assert frame is not None and frame.type in (DATA, EOF), frame
+        if frame.type == EOF:
+            break
+        got += frame.data
+        stream.consumed(len(frame.data))
+    return bytes(got)
+
+
+def test_frames_are_larger_between_peers_that_say_so(plane, served):
+    """A client that announces LARGE_DATA hears (SETTINGS) that this agent takes it too, and sends frames of that
+    size, which the agent takes (an agent that did not would drop the link): the byte count comes back right."""
+    ws = ws_connect(f"{plane.url}/v1/jobs/{served}/relay?kind=tcp", plane.client_token, str(plane.ca_file))
+    link = Link(ws)
+    link.start()
+    try:
+        stream = link.open({"kind": "tcp", "port": COUNT})
+        wait_for(lambda: stream.max_out == LARGE_DATA, 30, "the control plane's SETTINGS")
+        payload = os.urandom(4 * 1024 * 1024)
+        assert stream.write(payload)
+        stream.eof()
+        answer = _received(stream, 200)
+        assert answer == f"{len(payload)} {hashlib.sha256(payload).hexdigest()}\n".encode(), answer
+    finally:
+        link.close()
+
+
+def test_a_client_that_says_nothing_keeps_64_kib_frames_both_ways(plane, served):
+    """An older client (no MAX_DATA_HEADER, a 64 KiB limit) gets no SETTINGS and no frame over 64 KiB (its Link
+    would drop the connection at the first), and one it sends over 64 KiB costs it its connection."""
+    ws = ws_connect(f"{plane.url}/v1/jobs/{served}/relay?kind=tcp", plane.client_token, str(plane.ca_file), max_data=MAX_DATA)
+    link = Link(ws, max_data=MAX_DATA)
+    link.start()
+    try:
+        stream = link.open({"kind": "tcp", "port": ECHO})
+        payload = os.urandom(8 * 1024 * 1024)
+        sender = threading.Thread(target=lambda: (stream.write(payload), stream.eof()))
+        sender.start()
+        assert _received(stream, len(payload)) == payload
+        sender.join()
+        assert stream.max_out == MAX_DATA and not link.closed.is_set()
+        other = link.open({"kind": "tcp", "port": COUNT})
+        link.send(data(other.id, b"x" * (MAX_DATA + 1)))
+        wait_for(link.closed.is_set, 30, "the control plane to drop the connection")
     finally:
         link.close()
 

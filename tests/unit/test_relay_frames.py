@@ -71,3 +71,33 @@ def test_credit_is_spent_and_granted_and_an_overrun_is_refused():
     credit.take(10)
     with pytest.raises(FrameError):
         credit.grant(2**32)
+
+
+def test_larger_frames_decode_only_up_to_the_size_given():
+    big = relay.data(5, b"x" * relay.LARGE_DATA)
+    with pytest.raises(FrameError, match="over"):
+        decode(big)  # a peer that announced nothing keeps 64 KiB
+    assert decode(big, relay.LARGE_DATA).cost() == relay.LARGE_DATA
+    with pytest.raises(FrameError, match="over"):
+        decode(relay.data(5, b"x" * (relay.LARGE_DATA + 1)), relay.LARGE_DATA)
+    assert decode(encode(5, relay.SETTINGS, {"max_data": relay.LARGE_DATA})).fields == {"max_data": relay.LARGE_DATA}
+
+
+@pytest.mark.parametrize(
+    "value, taken",
+    [
+        (None, MAX_DATA),
+        ("", MAX_DATA),
+        ("lots", MAX_DATA),
+        ("-5", MAX_DATA),
+        ("1" * 40, MAX_DATA),
+        (True, MAX_DATA),
+        (1024, MAX_DATA),
+        ("131072", 131072),
+        (131072, 131072),
+        (str(relay.LARGE_DATA), relay.LARGE_DATA),
+        (10**9, relay.LARGE_DATA),
+    ],
+)
+def test_a_peers_frame_size_is_read_and_clamped(value, taken):
+    assert relay.accepted_data(value) == taken

@@ -33,9 +33,13 @@ from gpulayer.protocol.relay import (
     EXT_DATA,
     HEADER,
     KINDS,
+    LARGE_DATA,
+    MAX_DATA,
+    MAX_DATA_HEADER,
     MAX_FRAME,
     OPEN,
     RESIZE,
+    SETTINGS,
     SIGNAL,
     U32,
     WINDOW,
@@ -43,6 +47,7 @@ from gpulayer.protocol.relay import (
     WS_POLICY,
     Credit,
     FrameError,
+    accepted_data,
     decode,
     encode,
 )
@@ -94,6 +99,8 @@ class Route:
     pending: list[bytes] = field(default_factory=list)  # the client's frames before the agent's end exists
     up: Credit = field(default_factory=Credit)  # what the client may still send towards the task
     down: Credit = field(default_factory=Credit)  # what the agent may still send towards the client
+    up_data: int = MAX_DATA  # the most DATA per frame the client may send (what the agent's link takes)
+    down_data: int = MAX_DATA  # ... and the agent (what the client's connection takes)
     bytes_in: int = 0
     bytes_out: int = 0
     active_at: float = field(default_factory=time.monotonic)
@@ -102,7 +109,10 @@ class Route:
 
     def carried(self, size: int, counts: sessions.Wants, *, up: bool) -> None:
         """`size` bytes of DATA crossed towards the task (`up`) or from it: spent from that way's credit
-        (FrameError past it), counted in the row's and the metrics' bytes, and the stream is active."""
+        (FrameError past it, or in a frame over the size that way's receiver takes), counted in the row's and
+        the metrics' bytes, and the stream is active."""
+        if size > (self.up_data if up else self.down_data):
+            raise FrameError(f"a DATA frame of {size} bytes, over the {self.up_data if up else self.down_data} this stream takes")
         if up:
             self.up.take(size)
             self.bytes_in += size
@@ -115,16 +125,18 @@ class Route:
 
 
 class ClientConn(Conn):
-    def __init__(self, transport, principal, job_id: int, index: int | None, kind: str):
+    def __init__(self, transport, principal, job_id: int, index: int | None, kind: str, max_data: int = MAX_DATA):
         super().__init__(transport, f"client {principal.actor} job {job_id}")
         self.principal, self.job_id, self.index, self.kind = principal, job_id, index, kind
+        self.max_data = max_data  # the most DATA per frame it takes (its handshake's MAX_DATA_HEADER)
         self.routes: dict[int, Route] = {}
 
 
 class AgentLink(Conn):
-    def __init__(self, transport, worker_id: int):
+    def __init__(self, transport, worker_id: int, max_data: int = MAX_DATA):
         super().__init__(transport, f"worker {worker_id}")
         self.worker_id = worker_id
+        self.max_data = max_data  # the most DATA per frame its agent takes (its handshake's MAX_DATA_HEADER)
         self.routes: dict[int, Route] = {}
         self._next = 0
 
@@ -143,10 +155,20 @@ def _rewrite(raw: bytes, stream_id: int) -> bytes:
     return b"".join((U32.pack(stream_id), memoryview(raw)[4:]))
 
 
+#: The largest frame the hub reads from anyone: a LARGE_DATA DATA frame (whether its sender may send one on
+#: its stream is the route's check: Route.carried).
+LARGE_FRAME = MAX_FRAME + LARGE_DATA - MAX_DATA
+
+
+def _max_data(scope) -> int:
+    """What the peer said at its handshake it takes per DATA frame (MAX_DATA_HEADER; MAX_DATA when silent)."""
+    return accepted_data(scope.headers.get(MAX_DATA_HEADER.lower()))
+
+
 def _bulk(raw: bytes | str) -> tuple[int, int] | None:
     """(stream id, payload size) of a well-formed DATA frame, read from its header alone (no decode, no copy of
     the payload): the hub's path for the bulk of the bytes. None for any other frame: decode() takes it."""
-    if isinstance(raw, bytes) and HEADER.size < len(raw) <= MAX_FRAME and raw[4] == DATA:
+    if isinstance(raw, bytes) and HEADER.size < len(raw) <= LARGE_FRAME and raw[4] == DATA:
         stream_id = U32.unpack_from(raw)[0]
         if stream_id:
             return stream_id, len(raw) - HEADER.size
@@ -249,7 +271,7 @@ class Hub:
         if principal.worker_state == "gone":
             return self._refuse_handshake(proto, 401, "unauthorized")
         worker_id = principal.worker_id
-        link = AgentLink(await proto.accept(), worker_id)
+        link = AgentLink(await proto.accept(), worker_id, _max_data(scope))
         old = self.links.get(worker_id)
         if old is not None:
             self._drop_link(old, "the worker's agent connected a new link")
@@ -279,7 +301,7 @@ class Hub:
         if bulk is not None and self._bulk_forward(link.routes.get(bulk[0]), bulk[1], raw, up=False):
             return
         try:
-            frame = decode(raw)
+            frame = decode(raw, LARGE_DATA)
             route = link.routes.get(frame.stream_id)
             if route is None:
                 if frame.type == OPEN:  # agents open no stream (yet): say so on that stream
@@ -316,7 +338,7 @@ class Hub:
         if route is None:
             return True
         peer, credit = (route.agent, route.up) if up else (route.client, route.down)
-        if peer is None or size > credit.left:
+        if peer is None or size > credit.left or size > (route.up_data if up else route.down_data):
             return False
         route.carried(size, self.state, up=up)
         peer.send(_rewrite(_raw(raw), route.agent_sid if up else route.client_sid))
@@ -358,7 +380,7 @@ class Hub:
             index, kind = _query(scope.query_string)
         except GpulayerError as exc:
             return self._refuse_handshake(proto, exc.status, exc.code)
-        conn = ClientConn(await proto.accept(), principal, job_id, index, kind)
+        conn = ClientConn(await proto.accept(), principal, job_id, index, kind, _max_data(scope))
         self.clients.add(conn)
         try:
             await conn.pump(lambda raw: self._from_client(conn, raw))
@@ -373,7 +395,7 @@ class Hub:
         if bulk is not None and self._bulk_forward(conn.routes.get(bulk[0]), bulk[1], raw, up=True):
             return
         try:
-            frame = decode(raw)
+            frame = decode(raw, LARGE_DATA)
             sid = frame.stream_id
             route = conn.routes.get(sid)
             if frame.type == OPEN:
@@ -452,6 +474,10 @@ class Hub:
         route.agent, route.agent_sid = link, link.next_sid()
         link.routes[route.agent_sid] = route
         self.state.open[route.kind] += 1
+        # Frame sizes: each way, what its receiver said it takes. The client hears its own in a SETTINGS frame
+        # only when it announced (so it knows the type); the agent in the OPEN (an older one ignores the field).
+        route.down_data = conn.max_data
+        route.up_data = link.max_data if conn.max_data > MAX_DATA else MAX_DATA
         log.info(
             "relay_stream_opened session_id=%s job_id=%d task_id=%d worker_id=%d kind=%s user=%s",
             route.session_id,
@@ -473,9 +499,12 @@ class Hub:
                     "session_id": route.session_id,
                     **detail,
                     **self._secret(route.kind, to),
+                    **({"max_data": route.down_data} if route.down_data > MAX_DATA else {}),
                 },
             )
         )
+        if route.up_data > MAX_DATA:
+            conn.send(encode(route.client_sid, SETTINGS, {"max_data": route.up_data}))
         for raw in route.pending:
             link.send(_rewrite(raw, route.agent_sid))
         route.pending.clear()
