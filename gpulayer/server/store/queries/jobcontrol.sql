@@ -72,14 +72,8 @@ WHERE job_id = :job_id AND state IN ('queued', 'assigned', 'running') AND state 
 
 -- name: count_requeue --
 -- A requeue of a running job: held once queued again with --hold. (Its new attempt is not counted against the
--- job's retries: requeued_attempts.)
+-- job's retries: requeued_attempts in outcomes.sql.)
 UPDATE jobs SET hold = max(hold, :hold) WHERE id = :job_id;
-
--- name: requeued_attempts --
--- How many attempts of a job (of one array element with :index) a requeue made (`attempt_requeued` events):
--- they are not counted against its retries (outcomes.retries_left). Requeues are rare: their events are few.
-SELECT count(*) AS n FROM events INDEXED BY events_kind_at
-WHERE kind = 'attempt_requeued' AND job_id = :job_id AND (:index IS NULL OR json_extract(data, '$.index') = :index);
 
 -- name: job_task_stopping --
 -- A task of an ended job still on its worker (its cancel or its lease not yet answered): `job requeue`

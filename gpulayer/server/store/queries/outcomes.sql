@@ -110,3 +110,9 @@ RETURNING id, "index", worker_id;
 UPDATE tasks SET cancel_requested = 1
 WHERE job_id = :job_id AND state = 'running'
 RETURNING id, worker_id;
+
+-- name: requeued_attempts --
+-- How many attempts of a job (of one array element with :index) a requeue made (`attempt_requeued` events):
+-- they are not counted against its retries (retries_left). Requeues are rare: their events are few.
+SELECT count(*) AS n FROM events INDEXED BY events_kind_at
+WHERE kind = 'attempt_requeued' AND job_id = :job_id AND (:index IS NULL OR json_extract(data, '$.index') = :index);
