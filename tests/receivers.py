@@ -16,6 +16,9 @@ class Receiver:
         self.got: list[tuple[dict, bytes]] = []
         self.fail = 0
         self.connections = 0
+        self.closed = 0  # connections ended (by the receiver past idle_s, or by the sender)
+        self.gate: threading.Event | None = None  # when set to an Event: each POST waits for it (60 s at most)
+        self.arrived = 0  # POSTs read, held at the gate or not
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -27,8 +30,15 @@ class Receiver:
                 outer.connections += 1
                 super().setup()
 
+            def finish(self):
+                super().finish()
+                outer.closed += 1
+
             def do_POST(self):
                 body = self.rfile.read(int(self.headers["Content-Length"]))
+                outer.arrived += 1
+                if outer.gate is not None:
+                    outer.gate.wait(60)
                 if outer.fail > 0:
                     outer.fail -= 1
                     self.send_response(500)

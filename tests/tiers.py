@@ -48,6 +48,8 @@ STARTERS: dict[str, frozenset[str]] = {
     "playwright.sync_api": frozenset({"sync_playwright"}),
     # The product, called in-process: the worker runs each task as a child process.
     "agent.worker": frozenset({"run_worker"}),
+    # ... and the outbox's delivery thread hands its tries to a child process (gpulayer/server/notify/courier.py).
+    "gpulayer.server.notify.outbox": frozenset({"Notifier"}),
 }
 STARTERS["posix"] = STARTERS["os"]
 #: What makes a test slow without a process: a property or fuzz search of hundreds of examples (schemathesis too).

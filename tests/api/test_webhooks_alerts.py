@@ -35,7 +35,7 @@ def private_ok(config):
 def notifier(deps):
     n = Notifier(deps.store, deps.config, deps.scheduler.secret_box, deps.clock)
     yield n
-    n.pool.shutdown(wait=True)
+    n.stop()
 
 
 def deliver(notifier, until, clock=None, step: float = 0.0):
@@ -246,28 +246,20 @@ def test_a_kept_alive_connection_is_reused_and_one_the_receiver_closed_is_replac
     try:
         api.simulate_post("/v1/webhooks", headers=client_h, json={"url": receiver.url, "events": ["job.submitted"]})
         private_ok.webhook_concurrency = 1
-        one = Notifier(notifier.store, private_ok, notifier.box, notifier.clock)  # one pool thread: one connection
-        submit(api, client_h)
-        submit(api, client_h)
-        deliver(one, lambda: len(receiver.got) == 2)
-        assert receiver.connections == 1
-        wait_for(lambda: receiver.connections == 1 and _closed_by_receiver(one), 10, interval=0.05)
-        submit(api, client_h)  # its try finds the kept connection closed: a new one at once, not a failed try
-        deliver(one, lambda: len(receiver.got) == 3)
-        assert receiver.connections == 2
-        tries = deps_rows(one, "SELECT attempts FROM webhook_deliveries")
-        assert [t["attempts"] for t in tries] == [1, 1, 1]
-        one.pool.shutdown(wait=True)
+        one = Notifier(notifier.store, private_ok, notifier.box, notifier.clock)  # one delivery thread: one connection
+        try:
+            submit(api, client_h)
+            submit(api, client_h)
+            deliver(one, lambda: len(receiver.got) == 2)
+            assert receiver.connections == 1
+            wait_for(lambda: receiver.closed == 1, 10, "the receiver to close the idle connection", interval=0.05)
+            submit(api, client_h)  # its try finds the kept connection closed: a new one at once, not a failed try
+            deliver(one, lambda: len(receiver.got) == 3)
+            assert receiver.connections == 2
+            tries = deps_rows(one, "SELECT attempts FROM webhook_deliveries")
+            assert [t["attempts"] for t in tries] == [1, 1, 1]
+            assert one.courier.starts == 1
+        finally:
+            one.stop()
     finally:
         receiver.close()
-
-
-def _closed_by_receiver(notifier) -> bool:
-    """Has the receiver closed the pool thread's kept connection (idle past its timeout)?"""
-    import select
-
-    def peek():
-        kept = getattr(notifier._local, "kept", {})
-        return all(select.select([c.sock], [], [], 0)[0] for c in kept.values() if c.sock is not None) and bool(kept)
-
-    return notifier.pool.submit(peek).result()

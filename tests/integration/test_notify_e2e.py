@@ -2,19 +2,25 @@
 on loopback and a real SMTP server (aiosmtpd) in this process.
 
 The receiver is down while jobs run and the control plane is SIGKILLed with deliveries still retrying:
-after the restart every event is delivered, signed, and never twice under different ids.
+after the restart every event is delivered, signed, and never twice under different ids. The delivery
+process (notify/courier.py) is SIGKILLed with a try in it: it is started again and every event still
+arrives, a repeat under the same id; and it dies with a SIGKILLed control plane.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sqlite3
+import threading
+from pathlib import Path
 
 import pytest
 from aiosmtpd.controller import Controller
 from standardwebhooks.webhooks import Webhook as Verifier
 
-from gpulayer.testing import ControlPlaneProcess, free_port, wait_for
+from gpulayer.testing import ControlPlaneProcess, free_port, pid_alive, wait_for
 from receivers import Receiver
 
 
@@ -135,3 +141,60 @@ def test_an_alert_mails_its_new_rows(cluster):
     assert bad.returncode != 0 and "read-only" in bad.stderr
     assert [a["name"] for a in json.loads(cp.cli("alert", "list", "--json").stdout)] == ["named"]
     assert cp.cli("alert", "remove", "named").returncode == 0
+
+
+def courier_pid(server_pid: int) -> int | None:
+    """The pid of the control plane's delivery process (a child running gpulayer.server.notify.courier)."""
+    for task in Path(f"/proc/{server_pid}/task").iterdir():
+        try:
+            children = (task / "children").read_text().split()
+        except OSError:
+            continue
+        for child in children:
+            try:
+                argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"gpulayer.server.notify.courier" in argv and pid_alive(int(child)):
+                return int(child)
+    return None
+
+
+def test_the_delivery_process_killed_mid_batch_is_restarted_and_loses_nothing(cluster):
+    cp, receiver, _ = cluster
+    added = cp.cli("webhook", "add", receiver.url, "--events", "job.submitted", "--json")
+    assert added.returncode == 0, added.stderr
+    hook = json.loads(added.stdout)
+    receiver.got.clear()
+    before = receiver.arrived
+    receiver.gate = threading.Event()  # each try is held at the receiver until the gate opens
+    try:
+        jobs = [cp.submit({"command": ["true"], "name": f"k{n}"}) for n in range(3)]
+        wait_for(lambda: receiver.arrived > before and courier_pid(cp.pid), 60, "a try held at the receiver")
+        first = courier_pid(cp.pid)
+        os.kill(first, signal.SIGKILL)  # mid-batch: its try is at the receiver, the others queued behind it
+        wait_for(lambda: not pid_alive(first), 30, "the delivery process to die")
+    finally:
+        receiver.gate.set()
+        receiver.gate = None
+
+    def mine() -> list[tuple[dict, bytes]]:
+        return [(h, b) for h, b in list(receiver.got) if h["webhook-id"].startswith(f"msg_gl{hook['id']}e")]
+
+    wait_for(lambda: {json.loads(b)["data"]["job_id"] for _, b in mine()} >= set(jobs), 120, "every event delivered by a new delivery process")
+    second = wait_for(lambda: courier_pid(cp.pid), 30, "the new delivery process")
+    assert second != first
+    verifier = Verifier(hook["secret"])
+    ids: dict[int, set[str]] = {}
+    for headers, body in mine():
+        ids.setdefault(verifier.verify(body, headers)["data"]["event_id"], set()).add(headers["webhook-id"])
+    assert all(len(found) == 1 for found in ids.values()), ids  # a repeat carries the id of its first try
+    order = [json.loads(b)["data"]["event_id"] for _, b in mine()]
+    assert order == sorted(order) and len(order) > len(ids)  # the try held when it was killed came again
+    wait_for(lambda: [d["status"] for d in deliveries(cp, hook["id"])] == ["delivered"] * len(ids), 30, "the deliveries written")
+    assert deliveries(cp, hook["id"])[0]["attempts"] == 2
+    assert cp.cli("webhook", "remove", str(hook["id"])).returncode == 0
+    # The delivery process dies with a SIGKILLed control plane (its stdin ends), and nothing is left behind.
+    cp.kill()
+    wait_for(lambda: not pid_alive(second), 30, "the delivery process to exit with its control plane")
+    cp.start()

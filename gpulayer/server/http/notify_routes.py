@@ -8,7 +8,7 @@ import time
 import falcon
 
 from gpulayer.server.http import paging, wire
-from gpulayer.server.notify import alerts, outbox, send, signing, targets
+from gpulayer.server.notify import alerts, payloads, send, signing, targets
 
 
 class _Notify:
@@ -66,14 +66,14 @@ class Webhook(_Notify):
                     self.config.smtp_from,
                     hook["email"],
                     "GPUlayer webhook test",
-                    json.dumps(outbox.payload_data(event), indent=2),
+                    json.dumps(payloads.payload_data(event), indent=2),
                     msg_id,
                     timeout=self.config.webhook_timeout_s,
                 )
                 status = 250
             else:
                 body = (
-                    outbox.body_for(hook["format"], "webhook.test", event)
+                    payloads.body_for(hook["format"], "webhook.test", event)
                     if hook["format"] == "standard"
                     else json.dumps({"text": "GPUlayer: a test message from gpulayer webhook test"}).encode()
                 )

@@ -1,33 +1,34 @@
 """The delivery loop: every webhook and mailbox is an outbox over the event log.
 
-One thread ticks (`TICK_S`): it folds the finished tries into one write (cursors advanced, deliveries
-recorded), runs the alerts that are due, then, for each webhook with events past its cursor and nothing in
-flight, reads its next event (a reader connection) and hands the try to a small pool
-(`--webhook-concurrency` threads, each try bounded by `--webhook-timeout`). So a slow or dead receiver
-holds one pool thread for at most its timeout, never the writer or a request thread.
+One thread ticks (`TICK_S`): it reads the outcomes the delivery process wrote since the last tick and
+folds them into one write (cursors advanced, deliveries recorded), runs the alerts that are due, then,
+for each webhook with events past its cursor and nothing in flight, reads its next event (a reader
+connection) and hands the tries, one batch a tick, to the delivery process (courier.py: a child process
+with a pool of `--webhook-concurrency` threads, each try bounded by `--webhook-timeout`). So a slow or
+dead receiver holds one of its threads for at most its timeout, never the writer or a request thread,
+and the HTTP, TLS, signing and mail of the tries take no CPU, and no GIL, from the server's process.
 
 At-least-once and in order per webhook: a webhook has at most one try in flight, for the first event past
 its cursor it wants; the cursor passes that event only in the write after the receiver's 2xx (or once
 `--webhook-retry-for` ran out: `failed`). A failed try is `retrying` in `webhook_deliveries`, tried again
 after `--webhook-retry-base` × 2^(tries-1) (at most an hour). A SIGKILL between a 2xx and its write
-delivers that event again, with the same `webhook-id`.
+delivers that event again, with the same `webhook-id`; so does a delivery process that died (or was
+killed) with tries in it: those tries are recorded as failed, and it is started again.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor, wait
-from datetime import datetime, timezone
 
 import apsw
 
 from gpulayer.server.config import ControlPlaneConfig
-from gpulayer.server.notify import alerts, names, send, signing
+from gpulayer.server.notify import alerts, names
+from gpulayer.server.notify.courier import Courier
 from gpulayer.server.security.secretbox import SecretBox
 from gpulayer.server.store.db import Store
 from gpulayer.server.store.queries import one, row, rows
@@ -37,63 +38,33 @@ TICK_S = 0.25
 BATCH = 64  # events read per webhook per look
 MAX_BACKOFF_S = 3600.0
 PRUNE_EVERY_S = 600.0
-
-
-def iso(at: float) -> str:
-    return datetime.fromtimestamp(at, timezone.utc).isoformat().replace("+00:00", "Z")
-
-
-def payload_data(event: dict) -> dict:
-    data = {"event_id": event["seq"], "kind": event["kind"], "at": event["at"], "actor": event["actor"]}
-    for key in ("job_id", "job_name", "project", "owner", "task_id", "worker_id", "worker"):
-        if event.get(key) is not None:
-            data[key] = event[key]
-    for key, value in event["data"].items():
-        data.setdefault(key, value)
-    return data
-
-
-def summary(name: str, event: dict) -> str:
-    """One line for people (Slack's text, a mail's subject)."""
-    d = event["data"]
-    job = f"job {event['job_id']}" + (f" ({event['job_name']})" if event.get("job_name") else "")
-    if name == "alert.fired":
-        return f"GPUlayer alert {d.get('name')}: {d.get('new')} new row(s)"
-    if name.startswith("job."):
-        verb = name.split(".", 1)[1]
-        extra = ""
-        if name in ("job.failed", "job.lost") and (d.get("reason") or d.get("exit_code") is not None):
-            extra = f" (exit {d.get('exit_code')}, {d.get('reason')})"
-        return f"GPUlayer {job} {verb}{extra}"
-    if name.startswith("task."):
-        return f"GPUlayer {job} task {event['task_id']} {name.split('.', 1)[1]}"
-    what = event.get("worker") or f"worker {event['worker_id']}"
-    return f"GPUlayer {what}: {name}"
-
-
-def body_for(fmt: str, name: str, event: dict) -> bytes:
-    if fmt == "slack":
-        text = summary(name, event)
-        if name == "alert.fired":
-            text += "\n" + "\n".join(json.dumps(r, default=str) for r in event["data"].get("rows", [])[:20])
-        return json.dumps({"text": text}).encode()
-    return json.dumps({"type": name, "timestamp": iso(event["at"]), "data": payload_data(event)}, sort_keys=True, default=str).encode()
+RESTART_GAP_S = 1.0  # a delivery process that ended is started again no sooner than this after its start
 
 
 class Notifier:
-    """The delivery thread and its pool, over one control plane's store."""
+    """The delivery thread, and the delivery process it feeds, over one control plane's store."""
 
     def __init__(self, store: Store, config: ControlPlaneConfig, box: SecretBox, clock: Callable[[], float]):
         self.store, self.config, self.box, self.clock = store, config, box, clock
         from explorer.readonly import ReadOnlyDatabase  # at start, as the explorer's own mount
 
         self.db = ReadOnlyDatabase(str(config.layout.state), time_limit_s=config.alert_time_limit_s, max_rows=alerts.MAX_ROWS)
-        self.pool = ThreadPoolExecutor(max(1, config.webhook_concurrency), thread_name_prefix="gpulayer-webhook")
-        self.inflight: set[int] = set()
-        self._tries: set[Future] = set()
+        self.courier = Courier(
+            {
+                "concurrency": max(1, config.webhook_concurrency),
+                "timeout": config.webhook_timeout_s,
+                "allow_private": config.allow_private_webhooks,
+                "smtp_url": config.smtp_url,
+                "smtp_from": config.smtp_from,
+            }
+        )
+        # A try past this in the delivery process is stuck (its threads each wait at most the timeout, and
+        # the tries queued there are at most 4 × the threads): the process is killed and started again.
+        self.stuck_s = max(60.0, 10 * config.webhook_timeout_s)
+        self.inflight: set[int] = set()  # webhooks with a try out, or an outcome not yet written
+        self.sent: dict[int, dict] = {}  # webhook id -> its try in the delivery process, no outcome yet
+        self.finished: list[dict] = []  # outcomes read, written by the next flush
         self._secrets: dict[int, str] = {}
-        self._local = threading.local()
-        self.finished: queue.SimpleQueue[dict] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._next_prune = 0.0
@@ -107,7 +78,7 @@ class Notifier:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.courier.stop()
 
     def _run(self) -> None:
         while not self._stop.wait(TICK_S):
@@ -120,6 +91,7 @@ class Notifier:
 
     def tick(self) -> None:
         now = self.clock()
+        self.collect()
         self.flush(now)
         alerts.run_due(self.store, self.db, now)
         if time.monotonic() >= self._next_prune:
@@ -130,7 +102,10 @@ class Notifier:
     # -- handing out tries --------------------------------------------------------
 
     def dispatch(self, now: float) -> None:
-        """Hand each webhook that has something to deliver and nothing in flight its next try."""
+        """Hand each webhook that has something to deliver and nothing in flight its next try: one batch
+        to the delivery process (started here when it is not running)."""
+        if not self.courier.running and time.monotonic() - self.courier.started_at < RESTART_GAP_S:
+            return  # it ended just after it started: not again at once
         upto = self.store.read_statement(lambda conn: one(conn, "last_event_seq")["seq"])
         advances: list[tuple[int, int]] = []
         capacity = 4 * max(1, self.config.webhook_concurrency)
@@ -139,6 +114,8 @@ class Notifier:
         if room <= 0:
             return
         due = self.store.read(lambda conn: rows(conn, "due_webhooks", upto=upto, now=now, limit=room, inflight=json.dumps(sorted(self.inflight))))
+        events: dict[int, dict] = {}
+        tries: list[dict] = []
         for hook in due:
             wanted = set(json.loads(hook["events"]))
             key = (hook["cursor"], json.dumps(names.kinds(sorted(wanted))), hook["job_id"])
@@ -162,12 +139,31 @@ class Notifier:
             if event["seq"] - 1 > hook["cursor"]:
                 advances.append((hook["id"], event["seq"] - 1))
             retrying = hook["retry_seq"] == event["seq"]
-            self.inflight.add(hook["id"])
-            future = self.pool.submit(
-                self._try, dict(hook), name, event, hook["attempts"] if retrying else 0, hook["first_try_at"] if retrying else now, self._secret(hook)
+            events[event["seq"]] = event
+            tries.append(
+                {
+                    "id": hook["id"],
+                    "seq": event["seq"],
+                    "name": name,
+                    "url": hook["url"],
+                    "email": hook["email"],
+                    "format": hook["format"],
+                    "secret": self._secret(hook),
+                }
             )
-            self._tries.add(future)
-            future.add_done_callback(self._tries.discard)
+            self.inflight.add(hook["id"])
+            self.sent[hook["id"]] = {
+                "id": hook["id"],
+                "seq": event["seq"],
+                "event": name,
+                "attempts": (hook["attempts"] if retrying else 0) + 1,
+                "first_try_at": hook["first_try_at"] if retrying else now,
+                "sent_at": time.monotonic(),
+            }
+        if tries:
+            if not self.courier.running:
+                self.courier.start()
+            self.courier.send(events, tries)  # a process gone meanwhile: the next collect says so
         if advances:
             self.store.write(_advance, advances)
 
@@ -179,78 +175,52 @@ class Notifier:
             self._secrets[hook["id"]] = self.box.open(hook["secret"])
         return self._secrets[hook["id"]]
 
-    def _try(self, hook: dict, name: str, event: dict, attempts: int, first: float, secret: str | None) -> None:
-        """One try (a pool thread): its outcome goes to `finished`, written by the next flush."""
-        msg_id = signing.message_id(hook["id"], event["seq"])
-        outcome = {
-            "id": hook["id"],
-            "seq": event["seq"],
-            "event": name,
-            "attempts": attempts + 1,
-            "first_try_at": first,
-            "status": None,
-            "error": None,
-        }
-        try:
-            if hook["email"]:
-                if not self.config.smtp_url:
-                    raise send.SendError("this control plane has no --smtp-url")
-                text = json.dumps({"type": name, "timestamp": iso(event["at"]), "data": payload_data(event)}, indent=2, sort_keys=True, default=str)
-                send.mail(
-                    self.config.smtp_url,
-                    self.config.smtp_from,
-                    hook["email"],
-                    summary(name, event),
-                    text,
-                    msg_id,
-                    timeout=self.config.webhook_timeout_s,
-                )
-                outcome["status"] = 250
-            else:
-                body = body_for(hook["format"], name, event)
-                headers = signing.headers(secret, msg_id, int(time.time()), body) if secret else {}
-                outcome["status"] = send.post(
-                    hook["url"],
-                    body,
-                    headers,
-                    timeout=self.config.webhook_timeout_s,
-                    allow_private=self.config.allow_private_webhooks,
-                    keep=self._kept(),
-                )
-            outcome["ok"] = True
-        except send.SendError as e:
-            outcome.update(ok=False, status=e.status, error=str(e)[: send.MAX_ERROR])
-        except Exception as e:  # noqa: BLE001 - a try that broke is a failed try, not a dead pool thread
-            log.exception("webhook_try_failed webhook=%s", hook["id"])
-            outcome.update(ok=False, error=f"{type(e).__name__}: {e}"[: send.MAX_ERROR])
-        self.finished.put(outcome)
+    # -- reading outcomes ---------------------------------------------------------
 
-    def _kept(self) -> dict:
-        """This pool thread's kept-alive connections (one receiver's, reused across its tries)."""
-        kept = getattr(self._local, "kept", None)
-        if kept is None:
-            kept = self._local.kept = {}
-        if len(kept) > 32:  # many receivers: keep none rather than a descriptor each
-            for conn in kept.values():
-                conn.close()
-            kept.clear()
-        return kept
+    def collect(self, timeout: float = 0.0) -> int:
+        """Read the outcomes the delivery process wrote (waiting at most `timeout` for some) into
+        `finished`. When it has ended, each try it held without an outcome is a failed try (its receiver
+        may have had it: it is sent again with the same webhook-id). Returns how many outcomes."""
+        if not self.courier.running:
+            return 0
+        if self.sent and time.monotonic() - min(t["sent_at"] for t in self.sent.values()) > self.stuck_s:
+            log.warning("webhook_courier_stuck pid=%s tries=%d: killed", self.courier.pid, len(self.sent))
+            self.courier.kill()
+            timeout = max(timeout, 5.0)
+        found, ended = self.courier.read(timeout)
+        for _ in range(50):  # it exited: read what it wrote, to the end of its pipe
+            if ended or self.courier.proc is None or self.courier.proc.poll() is None:
+                break
+            more, ended = self.courier.read(0.1)
+            found += more
+        n = 0
+        for outcome in found:
+            sent = self.sent.get(outcome["id"])
+            if sent is None or sent["seq"] != outcome["seq"]:
+                continue  # not a try of this process (cannot happen: one process, one try per webhook)
+            del self.sent[outcome["id"]]
+            self.finished.append(_outcome(sent, ok=outcome["ok"], status=outcome["status"], error=outcome["error"]))
+            n += 1
+        if ended:
+            error = f"the delivery process exited ({self.courier.exit_code}) before this try's outcome came back"
+            for sent in self.sent.values():
+                self.finished.append(_outcome(sent, ok=False, status=None, error=error))
+            n += len(self.sent)
+            self.sent.clear()
+        return n
 
-    def settle(self, timeout: float | None = None) -> None:
-        """Wait until every try handed out has finished (tests, benches), then write their outcomes."""
-        wait(list(self._tries), timeout)
+    def settle(self, timeout: float = 30.0) -> None:
+        """Wait until every try handed out has an outcome (tests, benches), then write them."""
+        deadline = time.monotonic() + timeout
+        while self.sent and self.courier.running and time.monotonic() < deadline:
+            self.collect(min(0.1, max(0.0, deadline - time.monotonic())))
         self.flush(self.clock())
 
     # -- recording outcomes -------------------------------------------------------
 
     def flush(self, now: float) -> int:
         """Write what the finished tries did, in one transaction; returns how many."""
-        done: list[dict] = []
-        while True:
-            try:
-                done.append(self.finished.get_nowait())
-            except queue.Empty:
-                break
+        done, self.finished = self.finished, []
         if not done:
             return 0
         try:
@@ -263,6 +233,10 @@ class Notifier:
             if not o["ok"]:
                 log.info("webhook_try_failed webhook=%s event=%s attempts=%d error=%r", o["id"], o["seq"], o["attempts"], o["error"])
         return len(done)
+
+
+def _outcome(sent: dict, *, ok: bool, status: int | None, error: str | None) -> dict:
+    return {k: sent[k] for k in ("id", "seq", "event", "attempts", "first_try_at")} | {"ok": ok, "status": status, "error": error}
 
 
 def _window(conn: apsw.Connection, cursor: int, kinds: str, job_id: int | None, upto: int) -> list[dict]:
