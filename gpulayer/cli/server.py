@@ -45,6 +45,43 @@ def _retention(log_retention, job_retention, gpu_sample_retention=None) -> dict:
     return {k: v for k, v in given.items() if v is not None}
 
 
+def _smtp_url(value: Optional[str]) -> Optional[str]:
+    """--smtp-url checked (smtp:// or smtps://, a host): a usage error otherwise."""
+    if value is None:
+        return None
+    from urllib.parse import urlsplit
+    try:
+        parts = urlsplit(value)
+        _ = parts.port   # a bad port raises here
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--smtp-url") from None
+    if parts.scheme not in ("smtp", "smtps") or not parts.hostname:
+        raise typer.BadParameter(f"expected smtp://host[:port] or smtps://host[:port], got {value!r}",
+                                 param_hint="--smtp-url")
+    return value
+
+
+# Notifications (docs/notifications.md): `server start` and `up` take them alike.
+AllowPrivateWebhooks = Annotated[bool, typer.Option(
+    "--allow-private-webhooks",
+    help="Let webhooks target loopback, private and link-local addresses (refused by default: a webhook "
+         "URL is a request the server makes; docs/notifications.md).")]
+SmtpUrl = Annotated[Optional[str], typer.Option(
+    "--smtp-url", metavar="URL", callback=_smtp_url,
+    help="The SMTP server mail goes through: smtp://host[:25] (STARTTLS when offered) or smtps://host[:465]; "
+         "user:password@ before the host to log in. Without it no mail is sent.")]
+SmtpFrom = Annotated[str, typer.Option("--smtp-from", metavar="ADDR", help="The From address of the mail it sends.")]
+WebhookRetryBase = Annotated[str, typer.Option(
+    "--webhook-retry-base", callback=duration_option("--webhook-retry-base", positive=True), metavar="DURATION",
+    help="The wait before a failed delivery's first retry; it doubles each try, up to 1 h.")]
+WebhookRetryFor = Annotated[str, typer.Option(
+    "--webhook-retry-for", callback=duration_option("--webhook-retry-for", positive=True), metavar="DURATION",
+    help="How long a delivery is retried before it is marked failed and skipped.")]
+WebhookConcurrency = Annotated[int, typer.Option(
+    "--webhook-concurrency", min=1, max=256, metavar="N",
+    help="Deliveries (webhooks and mail) tried at once, by the delivery process.")]
+
+
 class Synchronous(str, Enum):
     normal = "normal"
     full = "full"
@@ -144,25 +181,12 @@ def server_start(
     relay_idle_timeout: Annotated[str, typer.Option(
         "--relay-idle-timeout", callback=duration_option("--relay-idle-timeout", positive=True), metavar="DURATION",
         help="A relay stream that carries nothing either way this long is closed (seconds, 30m, 1h, ...).")] = "3600",
-    allow_private_webhooks: Annotated[bool, typer.Option(
-        "--allow-private-webhooks",
-        help="Let webhooks target loopback, private and link-local addresses (refused by default: a webhook "
-             "URL is a request the server makes; docs/notifications.md).")] = False,
-    smtp_url: Annotated[Optional[str], typer.Option(
-        "--smtp-url", metavar="URL",
-        help="The SMTP server mail goes through: smtp://host[:25] (STARTTLS when offered) or smtps://host[:465]; "
-             "user:password@ before the host to log in. Without it no mail is sent.")] = None,
-    smtp_from: Annotated[str, typer.Option("--smtp-from", metavar="ADDR",
-                                           help="The From address of the mail it sends.")] = "gpulayer@localhost",
-    webhook_retry_base: Annotated[str, typer.Option(
-        "--webhook-retry-base", callback=duration_option("--webhook-retry-base", positive=True), metavar="DURATION",
-        help="The wait before a failed delivery's first retry; it doubles each try, up to 1 h.")] = "5",
-    webhook_retry_for: Annotated[str, typer.Option(
-        "--webhook-retry-for", callback=duration_option("--webhook-retry-for", positive=True), metavar="DURATION",
-        help="How long a delivery is retried before it is marked failed and skipped.")] = "24h",
-    webhook_concurrency: Annotated[int, typer.Option(
-        "--webhook-concurrency", min=1, max=256, metavar="N",
-        help="Deliveries (webhooks and mail) tried at once.")] = 16,
+    allow_private_webhooks: AllowPrivateWebhooks = False,
+    smtp_url: SmtpUrl = None,
+    smtp_from: SmtpFrom = "gpulayer@localhost",
+    webhook_retry_base: WebhookRetryBase = "5",
+    webhook_retry_for: WebhookRetryFor = "24h",
+    webhook_concurrency: WebhookConcurrency = 16,
 ) -> None:
     """Run the control plane in the foreground until SIGTERM or Ctrl-C.
 
@@ -185,28 +209,19 @@ def server_start(
                                 relay_max_streams_per_user=relay_max_streams_per_user,
                                 relay_max_streams_per_job=relay_max_streams_per_job,
                                 relay_idle_timeout_s=float(relay_idle_timeout),
-                                allow_private_webhooks=allow_private_webhooks, smtp_url=_smtp_url(smtp_url),
-                                smtp_from=smtp_from, webhook_retry_base_s=float(webhook_retry_base),
-                                webhook_retry_for_s=float(webhook_retry_for), webhook_concurrency=webhook_concurrency,
+                                **_notify_settings(allow_private_webhooks, smtp_url, smtp_from, webhook_retry_base,
+                                                   webhook_retry_for, webhook_concurrency),
                                 **_plane_settings(heartbeat_interval, lease_ttl, synchronous, max_output_mb,
                                                   log_retention, job_retention, gpu_sample_retention))
     raise typer.Exit(run_server(config) or 0)
 
 
-def _smtp_url(value: Optional[str]) -> Optional[str]:
-    """--smtp-url checked (smtp:// or smtps://, a host): a usage error otherwise."""
-    if value is None:
-        return None
-    from urllib.parse import urlsplit
-    try:
-        parts = urlsplit(value)
-        _ = parts.port   # a bad port raises here
-    except ValueError as e:
-        raise typer.BadParameter(str(e), param_hint="--smtp-url") from None
-    if parts.scheme not in ("smtp", "smtps") or not parts.hostname:
-        raise typer.BadParameter(f"expected smtp://host[:port] or smtps://host[:port], got {value!r}",
-                                 param_hint="--smtp-url")
-    return value
+def _notify_settings(allow_private_webhooks, smtp_url, smtp_from, webhook_retry_base, webhook_retry_for,
+                     webhook_concurrency) -> dict:
+    """The ControlPlaneConfig fields of notifications (docs/notifications.md) that `server start` and `up` take."""
+    return dict(allow_private_webhooks=allow_private_webhooks, smtp_url=smtp_url, smtp_from=smtp_from,
+                webhook_retry_base_s=float(webhook_retry_base), webhook_retry_for_s=float(webhook_retry_for),
+                webhook_concurrency=webhook_concurrency)
 
 
 def _priority_classes(values: Optional[list[str]]) -> dict[str, int]:
@@ -363,7 +378,11 @@ def up(ctx: typer.Context, home: Home = None,
        no_worker: Annotated[bool, typer.Option("--no-worker", help="Run no worker here: a control-plane-only host.")] = False,
        replicate: Replicate = None, replicate_interval: ReplicateInterval = "1",
        sandbox: SandboxMode = SANDBOX_DEFAULT, run_as: RunAs = None, allow_root_tasks: AllowRootTasks = False,
-       sandbox_bind: SandboxBind = None, http: FrontEndOpt = FrontEnd.granian) -> None:
+       sandbox_bind: SandboxBind = None, http: FrontEndOpt = FrontEnd.granian,
+       gpu_sample_retention: GpuSampleRetention = None,
+       allow_private_webhooks: AllowPrivateWebhooks = False, smtp_url: SmtpUrl = None,
+       smtp_from: SmtpFrom = "gpulayer@localhost", webhook_retry_base: WebhookRetryBase = "5",
+       webhook_retry_for: WebhookRetryFor = "24h", webhook_concurrency: WebhookConcurrency = 16) -> None:
     """Start a control plane over TLS and a local worker; print the line that joins other machines.
 
     \b
@@ -374,9 +393,11 @@ def up(ctx: typer.Context, home: Home = None,
     from gpulayer.cli.up import run_up
     isolation = sandbox_settings(sandbox, run_as, allow_root_tasks, sandbox_bind)
     raise typer.Exit(run_up(home_of(ctx, home), host, port, parallel, not no_worker, worker_settings=isolation,
-                            replicate=replicate, http=http.value,
-                            replicate_interval_s=float(replicate_interval), **_plane_settings(heartbeat_interval, lease_ttl, synchronous, max_output_mb,
-                                              log_retention, job_retention)))
+                            replicate=replicate, http=http.value, replicate_interval_s=float(replicate_interval),
+                            **_plane_settings(heartbeat_interval, lease_ttl, synchronous, max_output_mb,
+                                              log_retention, job_retention, gpu_sample_retention),
+                            **_notify_settings(allow_private_webhooks, smtp_url, smtp_from, webhook_retry_base,
+                                               webhook_retry_for, webhook_concurrency)))
 
 
 def explore(ctx: typer.Context, home: Home = None,

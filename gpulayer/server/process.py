@@ -202,6 +202,7 @@ class ControlPlane:
             self.provisioning = provisioner.Provisioning(self.provisioners, wiring)
             self.provisioning.start()
         log.info("server_started url=%s state=%s", self.url, self.config.layout.state)
+        log.info("server_settings %s", settings_line(self.config))
 
     def _start_replication(self) -> None:
         """Start Litestream (`--replicate`) and, in a restored home, the reconciliation with the workers.
@@ -326,6 +327,24 @@ def configure_logging() -> None:
 def stamped(message: str) -> str:
     """`message` after the time, as the log lines show it, for what is printed beside them."""
     return f"{logging.Formatter().formatTime(logging.makeLogRecord({}))} {message}"
+
+
+def settings_line(config: ControlPlaneConfig) -> str:
+    """The settings an operator checks in the log (`key=value ...`): retention and notifications. The SMTP
+    server is named by host and port, never with its password."""
+    from urllib.parse import urlsplit
+    smtp = "none"
+    if config.smtp_url:
+        parts = urlsplit(config.smtp_url)
+        smtp = f"{parts.scheme}://{parts.hostname}:{parts.port or (465 if parts.scheme == 'smtps' else 25)}"
+    given = {
+        "log_retention_s": config.log_retention_s, "job_retention_s": config.job_retention_s,
+        "gpu_sample_retention_s": config.gpu_sample_retention_s, "allow_private_webhooks": config.allow_private_webhooks,
+        "smtp": smtp, "smtp_from": config.smtp_from, "webhook_concurrency": config.webhook_concurrency,
+        "webhook_retry_base_s": config.webhook_retry_base_s, "webhook_retry_for_s": config.webhook_retry_for_s,
+    }
+    return " ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={str(v).lower() if isinstance(v, bool) else v}"
+                    for k, v in given.items())
 
 
 def run_server(config: ControlPlaneConfig) -> int:

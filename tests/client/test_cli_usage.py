@@ -125,3 +125,33 @@ def test_bad_server_settings_are_one_line_and_exit_2(tmp_path):
     assert result.exit_code == 2 and "--allow-insecure-remote" in _one_error_line(result)
     again = run("server", "init", "--home", str(tmp_path / "h"))
     assert again.exit_code == 1 and "already initialised" in _one_error_line(again)
+
+
+NOTIFY_OPTIONS = ["--gpu-sample-retention", "--allow-private-webhooks", "--smtp-url", "--smtp-from", "--webhook-retry-base",
+                  "--webhook-retry-for", "--webhook-concurrency"]
+
+
+@pytest.mark.parametrize("command", [["up"], ["server", "start"]], ids=" ".join)
+def test_up_and_server_start_take_the_same_notification_and_telemetry_options(command):
+    result = run(*command, "--help", env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    for option in NOTIFY_OPTIONS:
+        assert option in result.output, option
+
+
+@pytest.mark.parametrize("args,option", [
+    (["--smtp-url", "ftp://mail.example.org"], "--smtp-url"),
+    (["--smtp-url", "smtp://mail.example.org:notaport"], "--smtp-url"),
+    (["--gpu-sample-retention", "forever"], "--gpu-sample-retention"),
+    (["--gpu-sample-retention", "0"], "--gpu-sample-retention"),
+    (["--webhook-concurrency", "0"], "--webhook-concurrency"),
+    (["--webhook-retry-base", "soon"], "--webhook-retry-base"),
+    (["--webhook-retry-for", "-1"], "--webhook-retry-for"),
+])
+@pytest.mark.parametrize("command", [["up", "--no-worker", "--port", "0"], ["server", "start", "--port", "0"]], ids=" ".join)
+def test_a_bad_notification_option_is_a_usage_error_that_starts_nothing(tmp_path, command, args, option):
+    home = tmp_path / "up-home"  # not the fixture's GPULAYER_HOME, which exists
+    result = run(*command, "--home", str(home), *args)
+    assert result.exit_code == 2, result.output
+    assert option in _one_error_line(result)
+    assert not home.exists()  # nothing made, nothing started
