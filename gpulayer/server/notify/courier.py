@@ -14,10 +14,11 @@ hands the tries to this child process, `python -m gpulayer.server.notify.courier
 
 Here a pool of `concurrency` threads runs the tries, each bounded by `timeout`, each thread keeping its
 receivers' connections alive, at a lower CPU priority than the server (`NICE`): where the cores are
-short, the request threads get them first and deliveries go slower, never the other way round. The process holds nothing that matters: what was tried is the server's
-rows. It exits when its stdin ends (the server stopped, or died: the kernel closes the pipe) or its
-parent changes. A try whose outcome did not come back (this process killed or crashed mid-batch) is
-recorded by the server as a failed try and tried again, with the same `webhook-id`.
+short, the request threads get them first and deliveries go slower, never the other way round. The
+process holds nothing that matters: what was tried is the server's rows. It exits when its stdin ends
+(the server stopped, or died: the kernel closes the pipe) or its parent changes. A try whose outcome
+did not come back (this process killed or crashed mid-batch) is recorded by the server as a failed
+try and tried again, with the same `webhook-id`.
 """
 
 from __future__ import annotations

@@ -64,7 +64,7 @@ class Notifier:
         self.inflight: set[int] = set()  # webhooks with a try out, or an outcome not yet written
         self.sent: dict[int, dict] = {}  # webhook id -> its try in the delivery process, no outcome yet
         self.finished: list[dict] = []  # outcomes read, written by the next flush
-        self._secrets: dict[int, str] = {}
+        self._secrets: dict[str, str] = {}  # sealed -> opened
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._next_prune = 0.0
@@ -168,12 +168,16 @@ class Notifier:
             self.store.write(_advance, advances)
 
     def _secret(self, hook: dict) -> str | None:
-        """A webhook's signing secret, opened once (it never changes)."""
-        if not hook["secret"]:
+        """A webhook's signing secret, opened once. Kept by its sealed value, not the webhook's id: an id
+        can come back (a removed webhook's, the highest, is reused by the next one added) with a new secret."""
+        sealed = hook["secret"]
+        if not sealed:
             return None
-        if hook["id"] not in self._secrets:
-            self._secrets[hook["id"]] = self.box.open(hook["secret"])
-        return self._secrets[hook["id"]]
+        if sealed not in self._secrets:
+            if len(self._secrets) > 10_000:
+                self._secrets.clear()
+            self._secrets[sealed] = self.box.open(sealed)
+        return self._secrets[sealed]
 
     # -- reading outcomes ---------------------------------------------------------
 
