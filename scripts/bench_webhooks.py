@@ -11,7 +11,10 @@ alternate two phases of --seconds each, in the same run:
          works through them while the heartbeats go on.
 
 Heartbeat latency (p50, p99) per phase, medians over the rounds, the busy/idle ratio of p99, and the
-deliveries the busy phases made (webhook_deliveries rows, read from the state file).
+deliveries the busy phases made (webhook_deliveries rows, read from the state file), and the CPU
+seconds per phase of the server process and, apart, of its children (the delivery process).
+`--profile DIR`: py-spy records the server process during each phase (raw stacks, DIR/{phase}{round}.txt;
+scripts/profile_buckets.py sums them).
 
     python scripts/bench_webhooks.py --webhooks 1000 --workers 200 --rounds 3 --seconds 10
 """
@@ -28,7 +31,10 @@ import textwrap
 import threading
 import time
 
-from benchlib import PROTOCOL_HEADER, LeanSession, Server, machine, machine_line, median, percentile, register_worker, session
+from pathlib import Path
+
+import gpulayer
+from benchlib import PROTOCOL_HEADER, LeanSession, Server, cpu_seconds, machine, machine_line, median, percentile, register_worker, session
 
 RECEIVER = textwrap.dedent("""
     import sys, time
@@ -83,6 +89,37 @@ def delivered(state) -> int:
         return conn.execute("SELECT count(*) FROM webhook_deliveries WHERE status = 'delivered'").fetchone()[0]
 
 
+def children(pid: int) -> list[int]:
+    """The direct children of `pid` (the server's delivery process), from /proc."""
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            found += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return found
+
+
+def cpu(pid: int) -> tuple[float, float]:
+    """(CPU seconds of `pid` itself, of its children now alive)."""
+    kids = 0.0
+    for child in children(pid):
+        try:
+            kids += cpu_seconds(child)
+        except OSError:
+            continue
+    return cpu_seconds(pid), kids
+
+
+def profile(pid: int, seconds: float, dest: Path) -> subprocess.Popen:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen(
+        ["py-spy", "record", "-p", str(pid), "-d", str(int(max(1, seconds - 1))), "-r", "200", "-f", "raw", "-o", str(dest), "--nonblocking"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--webhooks", type=int, default=1000)
@@ -93,9 +130,11 @@ def main(argv=None) -> int:
     p.add_argument("--jobs-per-s", type=float, default=2.0)
     p.add_argument("--delay-ms", type=float, default=20.0, help="the receiver's answer time")
     p.add_argument("--webhook-concurrency", type=int, default=16)
+    p.add_argument("--profile", metavar="DIR", help="py-spy the server process in each phase, raw stacks into DIR")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     info = machine()
+    loadavg_at_start = os.getloadavg()[0]
     receiver = subprocess.Popen([sys.executable, "-c", RECEIVER, str(args.delay_ms / 1000)], stdout=subprocess.PIPE, text=True)
     port = int(receiver.stdout.readline())
     server = Server(
@@ -122,10 +161,18 @@ def main(argv=None) -> int:
             )
             r.raise_for_status()
         workers = [register_worker(s, server.url, server.join_token, f"w{i}")["session_token"] for i in range(args.workers)]
+        # Warm-up: one submit, its deliveries drained, so the rounds measure the steady state (connections
+        # open, the delivery process started), not the first delivery's set-up.
+        s.post(f"{server.url}/v1/jobs", headers=client, json={"command": ["true"]}, timeout=60)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and delivered(server.state) < args.webhooks:
+            time.sleep(0.5)
         rows = []
         for n in range(args.rounds):
             for phase in ("idle", "busy"):
                 before = delivered(server.state)
+                spy = profile(server.proc.pid, args.seconds, Path(args.profile) / f"{phase}{n}.txt") if args.profile else None
+                cpu_before = cpu(server.proc.pid)
                 stop = threading.Event()
                 out: list[list[float]] = []
                 t = threading.Thread(target=lambda o=out, st=stop: o.append(heartbeats(server.url, workers, args.threads, st)))
@@ -139,6 +186,9 @@ def main(argv=None) -> int:
                     time.sleep(1 / args.jobs_per_s if phase == "busy" else 0.1)
                 stop.set()
                 t.join()
+                cpu_after = cpu(server.proc.pid)
+                if spy is not None:
+                    spy.wait()
                 lat = out[0]
                 rows.append(
                     {
@@ -149,6 +199,8 @@ def main(argv=None) -> int:
                         "p99_ms": round(percentile(lat, 99) * 1e3, 2),
                         "submitted": submitted,
                         "delivered": delivered(server.state) - before,
+                        "server_cpu_s": round(cpu_after[0] - cpu_before[0], 2),
+                        "children_cpu_s": round(cpu_after[1] - cpu_before[1], 2),
                     }
                 )
                 if phase == "busy":  # let the backlog drain, so the next idle phase is idle
@@ -166,6 +218,11 @@ def main(argv=None) -> int:
             "idle_p50_ms": median(r["p50_ms"] for r in idle),
             "busy_p50_ms": median(r["p50_ms"] for r in busy),
             "deliveries_per_s_busy": median(r["delivered"] / args.seconds for r in busy),
+            "idle_server_cpu_s": median(r["server_cpu_s"] for r in idle),
+            "busy_server_cpu_s": median(r["server_cpu_s"] for r in busy),
+            "busy_children_cpu_s": median(r["children_cpu_s"] for r in busy),
+            "source": str(Path(gpulayer.__file__).parent.parent),  # the code the server ran
+            "loadavg_at_start": loadavg_at_start,
             "loadavg_at_end": os.getloadavg()[0],
         }
         result["p99_ratio"] = round(result["busy_p99_ms"] / result["idle_p99_ms"], 2)
