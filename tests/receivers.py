@@ -1,4 +1,5 @@
-"""A webhook receiver for tests: a real HTTP server on loopback (a thread of the test's process)."""
+"""A webhook receiver for tests: a real HTTP server on loopback (a thread of the test's process); a mailbox
+for aiosmtpd's SMTP server."""
 
 from __future__ import annotations
 
@@ -61,3 +62,14 @@ class Receiver:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+class Mailbox:
+    """aiosmtpd's handler: keeps each message's envelope and text."""
+
+    def __init__(self):
+        self.messages: list[tuple[list[str], str]] = []
+
+    async def handle_DATA(self, server, session, envelope):
+        self.messages.append((list(envelope.rcpt_tos), envelope.content.decode(errors="replace")))
+        return "250 OK"

@@ -21,18 +21,7 @@ from aiosmtpd.controller import Controller
 from standardwebhooks.webhooks import Webhook as Verifier
 
 from gpulayer.testing import ControlPlaneProcess, free_port, pid_alive, wait_for
-from receivers import Receiver
-
-
-class Mailbox:
-    """aiosmtpd's handler: keeps each message's envelope and text."""
-
-    def __init__(self):
-        self.messages: list[tuple[list[str], str]] = []
-
-    async def handle_DATA(self, server, session, envelope):
-        self.messages.append((list(envelope.rcpt_tos), envelope.content.decode(errors="replace")))
-        return "250 OK"
+from receivers import Mailbox, Receiver
 
 
 @pytest.fixture(scope="module")

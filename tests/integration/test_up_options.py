@@ -10,18 +10,7 @@ import subprocess
 from aiosmtpd.controller import Controller
 
 from gpulayer.testing import CLI, clean_env, free_port, run_cli, stop_process, wait_for
-from receivers import Receiver
-
-
-class Mailbox:
-    """aiosmtpd's handler: keeps each message's envelope and text."""
-
-    def __init__(self):
-        self.messages: list[tuple[list[str], str]] = []
-
-    async def handle_DATA(self, server, session, envelope):
-        self.messages.append((list(envelope.rcpt_tos), envelope.content.decode(errors="replace")))
-        return "250 OK"
+from receivers import Mailbox, Receiver
 
 
 def test_up_passes_the_notification_options_to_its_control_plane(tmp_path):
