@@ -343,14 +343,14 @@ class IngressProxy:
                 if self.outstanding[task_id] <= 0:
                     del self.outstanding[task_id]
         self.counters.requests[(job_id, "5xx")] += 1
+        stopped = not tried
         if tried:
             # the replicas came from a read up to CACHE_S old: read them again, so a service that has just
             # stopped answers 503 (come back later), not 502 (its replicas broke)
             self._ingress.pop(job_id, None)
             fresh = await self._lookup(job_id)
-            if fresh is None or not fresh.replicas:
-                tried = set()
-        if not tried:
+            stopped = fresh is None or not fresh.replicas
+        if stopped:
             return _answer(proto, 503, "no_replica", f"job {job_id} has no replica serving now", [("retry-after", "1")])
         _answer(
             proto,
