@@ -5,7 +5,9 @@ group (and session); killing the group reaches every child and grandchild
 that did not deliberately leave it.
 """
 
+import json
 import os
+import select
 import selectors
 import signal
 import subprocess
@@ -58,11 +60,43 @@ def live_group_members(pgid: int, proc_root: str = "/proc") -> list[int] | None:
     return members
 
 
+def _init_pidfd(read: int, pgid: int, timeout_s: float = SANDBOX_SETTLE_S) -> int | None:
+    """A pidfd of the sandbox's init from bwrap's --info-fd (``{"child-pid": N}``, written once it cloned it),
+    checked to be in the task's process group; None when bwrap wrote none in time or the pid is not it."""
+    data = b""
+    deadline = time.monotonic() + timeout_s
+    try:
+        while b"}" not in data:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([read], [], [], left)[0]:
+                return None
+            chunk = os.read(read, 4096)
+            if not chunk:
+                return None
+            data += chunk
+    finally:
+        os.close(read)
+    try:
+        pid = int(json.loads(data[:data.index(b"}") + 1])["child-pid"])
+        fd = os.pidfd_open(pid)
+    except (ValueError, KeyError, TypeError, AttributeError, OSError):
+        return None
+    try:  # the pidfd is of the init (in bwrap's group), not of a process that took a reaped init's pid
+        with open(f"/proc/{pid}/stat") as handle:
+            if int(handle.read().rsplit(")", 1)[1].split()[2]) == pgid:
+                return fd
+    except (OSError, IndexError, ValueError):
+        pass
+    os.close(fd)
+    return None
+
+
 class TaskProcess:
     """A running command whose stdout/stderr lines go to ``on_line(stream, text)``."""
 
     def __init__(self, argv: list[str], env: dict[str, str], cwd: str, on_line: LineSink, *, sandboxed: bool = False,
-                 entered: bool = False, started: "subprocess.Popen | Launched | None" = None):
+                 entered: bool = False, started: "subprocess.Popen | Launched | None" = None,
+                 info: tuple[int, int] | None = None):
         self._on_line = on_line
         #: The leader is bwrap (agent/sandbox.py), which may exit while its PID namespace is still ending.
         self.sandboxed = sandboxed
@@ -71,17 +105,31 @@ class TaskProcess:
         self.entered = entered
         self.last_output = time.monotonic()
         self.started = self.last_output
+        #: A pidfd of the sandbox's init (bwrap's child, the PID namespace's first process): it becomes readable
+        #: once the namespace ended, every process in it gone (``info``: bwrap's --info-fd pipe, read, write).
+        self.init_pidfd: int | None = None
         #: ``started``: a process the job's launcher started already (agent/launcher.py), the leader of its group.
-        self.popen = started if started is not None else subprocess.Popen(
-            argv,
-            env=env,
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
+        try:
+            self.popen = started if started is not None else subprocess.Popen(
+                argv,
+                env=env,
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                pass_fds=info[1:] if info is not None else (),
+            )
+        except BaseException:
+            if info is not None:
+                os.close(info[0])
+            raise
+        finally:
+            if info is not None:
+                os.close(info[1])
         self.pid = self.popen.pid
+        if info is not None:
+            self.init_pidfd = _init_pidfd(info[0], self.pid)
         pipes = [(stream, pipe) for stream, pipe in (("stdout", self.popen.stdout), ("stderr", self.popen.stderr))
                  if pipe is not None]  # both: stdout=PIPE, stderr=PIPE
         # One thread reads both pipes: a thread per pipe was a measurable part of a short task's cost.
@@ -140,6 +188,8 @@ class TaskProcess:
             return False
         except PermissionError:
             return True
+        if self.sandboxed and self.popen.returncode is not None and self._init_ended(SANDBOX_SETTLE_S):
+            return False  # the namespace ended (no /proc walk: it was a quarter of a short task's agent CPU)
         members = live_group_members(self.pid)
         if members and self.sandboxed and self.popen.returncode is not None:
             members = self._namespace_ended(members)
@@ -149,10 +199,31 @@ class TaskProcess:
         """The group's members once a sandbox's namespace had up to SANDBOX_SETTLE_S to end (bwrap exits on
         its command's exit status, while the namespace's init is still ending and taking the rest with it)."""
         deadline = time.monotonic() + SANDBOX_SETTLE_S
+        if self._init_ended(SANDBOX_SETTLE_S):
+            # Its namespace ended: what was in it is gone, and bwrap, the group's one process outside, exited.
+            return []
         while members and time.monotonic() < deadline:
             time.sleep(0.005)
             members = live_group_members(self.pid) or []
         return members
+
+    def _init_ended(self, timeout_s: float) -> bool:
+        """Whether the sandbox's init exited within ``timeout_s`` (False without its pidfd)."""
+        if self.init_pidfd is None:
+            return False
+        try:
+            ended = bool(select.select([self.init_pidfd], [], [], timeout_s)[0])
+        except (OSError, ValueError):
+            return False
+        if ended:
+            self.close()
+        return ended
+
+    def close(self) -> None:
+        """Let go of the sandbox init's pidfd."""
+        fd, self.init_pidfd = self.init_pidfd, None
+        if fd is not None:
+            os.close(fd)
 
     def kill_group(self, grace_s: float = KILL_GRACE_S, signum: int = signal.SIGTERM, batch: bool = False) -> None:
         """``signum`` (SIGTERM) to the whole group (to its top process only with ``batch``), wait up to
@@ -207,3 +278,4 @@ class TaskProcess:
         deadline = time.monotonic() + timeout_s
         for reader in self._readers:
             reader.join(max(0.0, deadline - time.monotonic()))
+        self.close()

@@ -116,12 +116,14 @@ class Sandbox:
         return self.user
 
     def wrap(self, argv: list[str], workdir: str, *, gpu_nodes: list[str], network: bool = True,
-             root_asked: bool = False) -> list[str]:
-        """The argv that runs ``argv`` in this sandbox (``argv`` itself with mode none)."""
+             root_asked: bool = False, info_fd: int | None = None) -> list[str]:
+        """The argv that runs ``argv`` in this sandbox (``argv`` itself with mode none); ``info_fd``: where bwrap
+        writes its JSON with the sandbox init's pid (TaskProcess waits on that init for the namespace's end)."""
         if self.mode == "none" or self.bwrap is None:
             return argv
         user = self.drops_to(root_asked)
-        return [self.env, f"--ignore-signal={PASSED_SIGNALS}", *self._bwrap(workdir, user, gpu_nodes, network),
+        info = ["--info-fd", str(info_fd)] if info_fd is not None else []
+        return [self.env, f"--ignore-signal={PASSED_SIGNALS}", *self._bwrap(workdir, user, gpu_nodes, network), *info,
                 "--", *self._drop(user), self.env, f"--default-signal={PASSED_SIGNALS}", "--", *argv]
 
     def _bwrap(self, workdir: str, user: TaskUser | None, gpu_nodes: list[str], network: bool) -> list[str]:

@@ -102,6 +102,8 @@ class TaskRunner:
         self.holder: Holder | None = None
         #: An element the job's launcher started (agent/launcher.py), until spawn() takes it.
         self.launched: Launched | None = None
+        #: bwrap's --info-fd pipe (read, write) for the task's own sandbox, until spawn() hands it to TaskProcess.
+        self.info: tuple[int, int] | None = None
         self.shares = ctx.shared is not None and _shareable(assignment, ctx.sandbox)
         parent = ctx.tasks_dir / f"job-{assignment.job_id}{'' if assignment.network != 'none' else '-netless'}"
         self.workdir = (parent if self.shares else ctx.tasks_dir) / f"{self.task_id}-{assignment.attempt}"
@@ -299,10 +301,14 @@ class TaskRunner:
             env = self.environment(extra)
             launch, popen_env = self._launch_image(self.image, argv, env) if self.image else self._launch(argv, env)
             launched, self.launched = self.launched, None
+            info, self.info = self.info, None
             proc = TaskProcess(launch, popen_env, str(self.workdir), self.shipper.add,
                                sandboxed=self.ctx.sandbox.mode != "none" and self.holder is None,
-                               entered=self.holder is not None and launched is None, started=launched)
+                               entered=self.holder is not None and launched is None, started=launched, info=info)
         except OSError as exc:
+            for fd in self.info or ():  # _launch made the pipe, then the command could not start
+                os.close(fd)
+            self.info = None
             code = 127 if isinstance(exc, FileNotFoundError) else 126
             self.shipper.system(f"cannot start {argv[0]!r}: {exc.strerror or exc}")
             if not self.started:
@@ -343,8 +349,10 @@ class TaskRunner:
                 return argv, env
             return sandbox.enter_argv(pid, argv, str(self.workdir), network=self.assignment.network != "none",
                                       loader=loader), outer
+        self.info = os.pipe()  # bwrap's --info-fd: the sandbox init's pid, whose end is the namespace's
         wrapped = sandbox.wrap([*loader, *argv], str(self.workdir), gpu_nodes=gpu_nodes(self._gpu_numbers()),
-                               network=self.assignment.network != "none", root_asked=self.assignment.run_as_root)
+                               network=self.assignment.network != "none", root_asked=self.assignment.run_as_root,
+                               info_fd=self.info[1])
         return wrapped, outer
 
     def image_place(self, env: dict[str, str]) -> tuple[dict[str, str], str]:
@@ -481,7 +489,7 @@ class TaskRunner:
         else:
             self._send_finish(body)
         if not self.ctx.keep_task_dirs:
-            shutil.rmtree(self.workdir, ignore_errors=True)
+            remove_dir(self.workdir)
 
     def _send_finish(self, body: dict) -> None:
         asked = time.monotonic()
@@ -500,6 +508,21 @@ class TaskRunner:
         log_event("task_finished", task_id=self.task_id, outcome=body["outcome"], exit_code=body["exit_code"], accepted=accepted)
         if not accepted:
             log_event("task_result_late", task_id=self.task_id, outcome=body["outcome"])
+
+
+def remove_dir(path: Path) -> None:
+    """Remove a task's working dir and what is in it: two rmdirs when it holds nothing but its empty checkpoint
+    folder (most short tasks leave it so), the walk of shutil.rmtree otherwise."""
+    try:
+        os.rmdir(path / CHECKPOINT_DIR)
+    except OSError:
+        pass
+    try:
+        os.rmdir(path)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _shareable(task: Assignment, sandbox: Sandbox) -> bool:

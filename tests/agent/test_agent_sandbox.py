@@ -160,6 +160,33 @@ def test_a_sandboxed_command_that_ended_leaves_nothing_to_kill(tmp_path):
     assert system == []
 
 
+@needs_bwrap
+def test_the_namespaces_end_is_seen_on_its_inits_pidfd_without_walking_proc(tmp_path, monkeypatch):
+    """bwrap's --info-fd names the sandbox's init; its pidfd says when the namespace (and what ran in it, a
+    background child too) is gone. A short task no longer reads every /proc/<pid>/stat to learn it."""
+    import agent.process
+    from agent.supervision import Limits, TaskHandle, supervise
+    walks: list[int] = []
+    walk = agent.process.live_group_members
+    monkeypatch.setattr(agent.process, "live_group_members", lambda pgid, *a: walks.append(pgid) or walk(pgid, *a))
+    sandbox = resolve("bwrap", shown=[sys.base_prefix, sys.prefix])
+    sandbox.give(tmp_path)
+    system: list[str] = []
+    for task_id in range(5):
+        info = os.pipe()
+        argv = sandbox.wrap(["sh", "-c", "sleep 600 & echo $! > bg.pid; exit 4"], str(tmp_path), gpu_nodes=[],
+                            info_fd=info[1])
+        proc = TaskProcess(argv, {"PATH": "/usr/bin:/bin"}, str(tmp_path), lambda *_: None, sandboxed=True, info=info)
+        assert proc.init_pidfd is not None
+        assert supervise(proc, TaskHandle(task_id), Limits(None, None, proc.started), system.append, 1.0) is None
+        assert exit_code_of(proc.popen.wait()) == 4 and proc.init_pidfd is None  # seen ended, and let go
+        proc.finish_readers()
+        assert walks == [] and walk(proc.pid) == []  # nothing of the group lives: the background sleep died with it
+    assert system == []
+    with pytest.raises(OSError):  # the pipe's ends are the task's: both closed once it started
+        os.fstat(info[0])
+
+
 def test_bind_specs_parse_or_say_what_is_wrong(tmp_path):
     assert parse_bind(str(tmp_path)) == (str(tmp_path), str(tmp_path), False)
     assert parse_bind(f"{tmp_path}:/data:ro") == (str(tmp_path), "/data", True)
