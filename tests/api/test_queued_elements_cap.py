@@ -78,3 +78,18 @@ def test_the_cli_says_so_and_exits_non_zero(tmp_path):
         assert "cap of 10" in lines[0] and "has 10 tasks" in lines[0]
         assert "Traceback" not in refused.stderr
         assert plane.sql("SELECT count(*) FROM jobs") == [(1,)]
+
+
+def test_a_requeue_is_counted_by_the_next_submit(api, deps, client_h):
+    """A user's submits under the cap are not each counted again (the count plus what they added since bounds the
+    tasks not ended); `job requeue` brings ended tasks back outside any submit, so the next submit counts."""
+    first = _submit(api, client_h, {"array": "0-499"})
+    assert first.status_code == 201
+    assert api.simulate_post(f"/v1/jobs/{first.json['id']}/cancel", headers=client_h, json={}).status_code == 200
+    deps.scheduler.cascades.drive([], until_ended=first.json["id"], inline=0)
+    assert _submit(api, client_h, {"array": "0-599"}).status_code == 201  # counted: 0 not ended, then 600
+    requeued = api.simulate_post(f"/v1/jobs/{first.json['id']}/requeue", headers=client_h, json={})
+    assert requeued.status_code == 200, requeued.text  # 1,100 not ended: a requeue does not ask the cap
+    refused = _submit(api, client_h, {})
+    assert refused.status_code == 429, refused.text
+    assert refused.json["queued"] == CAP + 1  # counted again (up to just past the cap), not 600 + 1

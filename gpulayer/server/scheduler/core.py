@@ -68,6 +68,11 @@ class Scheduler:
         self._cascades_recovered = False
         self._submit_locks: dict[int, threading.Lock] = {}
         self._submit_locks_guard = threading.Lock()
+        # Per user, a number no smaller than their tasks not yet ended (the cap's count plus what they submitted
+        # since): a submit that stays under the cap with it needs no count. Only submits add such tasks, but for
+        # `job requeue`, which forgets them all (the generation: a count taken before a requeue is not kept).
+        self._queued_bounds: dict[int, int] = {}
+        self._queued_generation = 0
         # Lease renewals not yet in SQL: heartbeats that change nothing and other worker requests (renewals.py).
         self.renewals = renewals.Renewals()
         # GPU samples heartbeats brought, written with the renewals at each upkeep tick (gpu_samples.py).
@@ -167,10 +172,14 @@ class Scheduler:
         # (outcomes.insert_step, a write each), so none passes it beside another.
         user_id = principal.user_id or teams.ADMIN_USER_ID
         with self._submitting(user_id):
-            if cap:
-                self.store.read(jobs.check_queued_elements, principal.user or f"#{user_id}", user_id,
-                                len(jobs.elements(spec)), cap)
+            adding, generation = len(jobs.elements(spec)), self._queued_generation
+            bound = self._queued_bounds.pop(user_id, None)
+            if cap and (bound is None or bound + adding > cap):  # counted, on a reader (raises TooManyQueued)
+                bound = self.store.read(jobs.check_queued_elements, principal.user or f"#{user_id}", user_id,
+                                        adding, cap)
             job_id = self._write(teams.submit, principal, project, spec, self.clock(), wake=True)
+            if cap and bound is not None and generation == self._queued_generation:
+                self._queued_bounds[user_id] = bound + adding
             self.cascades.drive([], until_ended=job_id, inline=0)  # its own steps left, if any, before the answer
             return job_id
 
@@ -555,8 +564,14 @@ class Scheduler:
         return self._write(jobcontrol.release, self.clock(), job_id, wake=True)
 
     def requeue(self, job_id: int, index: int | None = None, hold: bool = False) -> dict:
-        """`job requeue` (jobcontrol.requeue)."""
-        return self._write(jobcontrol.requeue, self.clock(), job_id, index, hold, wake=True)
+        """`job requeue` (jobcontrol.requeue): ended tasks not ended again, which no submit's cap has counted."""
+        self._queued_generation += 1
+        self._queued_bounds.clear()
+        try:
+            return self._write(jobcontrol.requeue, self.clock(), job_id, index, hold, wake=True)
+        finally:
+            self._queued_generation += 1
+            self._queued_bounds.clear()
 
     def update_job(self, principal: Principal, job_id: int, changes: dict) -> dict:
         """`job update` (jobcontrol.update): what changed (a priority class's name as its number)."""

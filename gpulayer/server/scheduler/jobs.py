@@ -79,9 +79,9 @@ def elements(spec: ValidSpec) -> list[int]:
     return list(range(spec.service.replicas if spec.service else spec.nodes))
 
 
-def check_queued_elements(conn: apsw.Connection, user: str, user_id: int, adding: int, cap: int) -> None:
-    """TooManyQueued when the user's tasks not yet ended (queued, held, running; of jobs not being
-    cancelled) and the `adding` of a new job would pass `cap` (counted up to just past the cap)."""
+def check_queued_elements(conn: apsw.Connection, user: str, user_id: int, adding: int, cap: int) -> int:
+    """The user's tasks not yet ended (queued, held, running; of jobs not being cancelled); TooManyQueued when
+    the `adding` of a new job would pass `cap` with them (counted up to just past the cap)."""
     found = one(conn, "user_queued_elements", user_id=user_id, limit=cap + 1)["n"]
     if found + adding > cap:
         shown = f"{found:,}" if found <= cap else f"more than {cap:,}"
@@ -89,6 +89,7 @@ def check_queued_elements(conn: apsw.Connection, user: str, user_id: int, adding
                             f"{adding:,} would pass the cap of {cap:,} a user (`gpulayer server start "
                             f"--max-queued-elements`): wait until some have ended, or cancel some",
                             limit=cap, queued=found, adding=adding)
+    return found
 
 
 def _dependency(conn: apsw.Connection, job_id: int) -> str:
