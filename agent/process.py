@@ -17,6 +17,7 @@ from typing import IO, TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
     from .launcher import Launched
+    from .spares import MadeAhead
 
 #: SIGTERM first, then SIGKILL after this many seconds.
 KILL_GRACE_S = 5.0
@@ -95,8 +96,8 @@ class TaskProcess:
     """A running command whose stdout/stderr lines go to ``on_line(stream, text)``."""
 
     def __init__(self, argv: list[str], env: dict[str, str], cwd: str, on_line: LineSink, *, sandboxed: bool = False,
-                 entered: bool = False, started: "subprocess.Popen | Launched | None" = None,
-                 info: tuple[int, int] | None = None):
+                 entered: bool = False, started: "subprocess.Popen | Launched | MadeAhead | None" = None,
+                 info: tuple[int, int] | None = None, init_pidfd: int | None = None):
         self._on_line = on_line
         #: The leader is bwrap (agent/sandbox.py), which may exit while its PID namespace is still ending.
         self.sandboxed = sandboxed
@@ -106,8 +107,9 @@ class TaskProcess:
         self.last_output = time.monotonic()
         self.started = self.last_output
         #: A pidfd of the sandbox's init (bwrap's child, the PID namespace's first process): it becomes readable
-        #: once the namespace ended, every process in it gone (``info``: bwrap's --info-fd pipe, read, write).
-        self.init_pidfd: int | None = None
+        #: once the namespace ended, every process in it gone (``info``: bwrap's --info-fd pipe, read, write;
+        #: ``init_pidfd``: that pidfd already, of a sandbox made ahead, agent/spares.py; closed here).
+        self.init_pidfd: int | None = init_pidfd
         #: ``started``: a process the job's launcher started already (agent/launcher.py), the leader of its group.
         try:
             self.popen = started if started is not None else subprocess.Popen(

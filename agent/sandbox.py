@@ -175,6 +175,17 @@ class Sandbox:
         return [*self._bwrap(job_dir, user, [], network), "--info-fd", str(info_fd), "--",
                 *self._drop(user), "sh", "-c", script, *(launcher or [])]
 
+    def spare_argv(self, box: str, *, bash: str, network: bool, info_fd: int, status_fd: int, argv_file: str) -> list[str]:
+        """The argv of a sandbox made ahead for a plain task (agent/spares.py): a task's own bwrap binding
+        ``box``, the init's pid to ``info_fd``, whose command, as the task user, waits for a line on its stdin,
+        then runs the NUL-separated argv of ``argv_file`` (the inner ``env`` and the command) as its child,
+        without ``status_fd``, and writes its exit status there (128 + N for a death by signal N)."""
+        user = self.drops_to(False)
+        script = (f'IFS= read -r _ || exit 0; mapfile -d "" -t argv < "$1" || exit 126; '
+                  f'"${{argv[@]}}" {status_fd}>&-; echo $? >&{status_fd}')
+        return [self.env, f"--ignore-signal={PASSED_SIGNALS}", *self._bwrap(box, user, [], network),
+                "--info-fd", str(info_fd), "--", *self._drop(user), bash, "-c", script, "gpulayer-spare", argv_file]
+
     def enter_argv(self, holder_pid: int, argv: list[str], workdir: str, *, network: bool,
                    loader: list[str] | None = None) -> list[str]:
         """The argv that runs ``argv`` inside the shared sandbox whose init is ``holder_pid``: nsenter (as the

@@ -36,6 +36,7 @@ from .leftovers import RunningTasks
 from .nvml import Nvml
 from .sandbox import Sandbox, gpu_minors
 from .shared import SharedSandboxes
+from .spares import Spares
 from . import relay_exec, relay_shell, relay_ssh, relay_tcp
 from .relay import Handler, Relay
 from .supervision import TaskHandle
@@ -257,11 +258,14 @@ class Worker:
             transport.download_artifact,
         )
         advertise = answer.get("advertise_address") or config.advertise_address or socket.gethostname()
-        shared = None
+        shared = spares = None
         if self.sandbox.shares(False):  # an array's elements share their job's sandbox (agent/shared.py)
             shared = SharedSandboxes(self.sandbox, state_dir / "tasks", RunningTasks(state_dir),
                                      keep_dirs=config.keep_task_dirs)
             self._opened.callback(shared.close)
+            spares = Spares(self.sandbox, state_dir / "tasks", RunningTasks(state_dir), most=int(config.parallel),
+                            keep_dirs=config.keep_task_dirs)
+            self._opened.callback(spares.close)
         return TaskContext(
             transport=transport,
             cache=cache,
@@ -283,6 +287,7 @@ class Worker:
             gpu_minors=gpu_minors(inventory.device_ids, inventory.nvml_devices),
             images=ImageCache(cache),
             shared=shared,
+            spares=spares,
         )
 
     # -- the three loops ---------------------------------------------------

@@ -39,6 +39,7 @@ from .rendezvous import RENDEZVOUS_TIMEOUT_S, distributed_env, free_port, rendez
 from .sandbox import Sandbox, gpu_nodes, loader_variables, startable
 from .services import run_service
 from .shared import Holder, SharedSandboxes
+from .spares import MadeAhead, Spare, Spares
 from .supervision import Limits, StopRule, TaskHandle, TaskResult, result_of, supervise
 from .transport import Transport
 
@@ -84,6 +85,8 @@ class TaskContext:
     images: ImageCache | None = None
     #: One sandbox per job for its array elements (agent/shared.py); None: each task its own bwrap.
     shared: SharedSandboxes | None = None
+    #: Sandboxes made ahead for plain tasks (agent/spares.py); None: each makes its own bwrap when it starts.
+    spares: Spares | None = None
     #: Where finishes go to be sent in batches (agent/chunks.py: finish-many); None: each sent alone, here.
     finish_later: Callable[[dict, dict], None] | None = None
     #: Digests of checkpoint files already read (agent/checkpoint.py), shared by the worker's tasks.
@@ -104,6 +107,9 @@ class TaskRunner:
         self.launched: Launched | None = None
         #: bwrap's --info-fd pipe (read, write) for the task's own sandbox, until spawn() hands it to TaskProcess.
         self.info: tuple[int, int] | None = None
+        #: A sandbox made ahead that this task runs in (agent/spares.py), and its command once started there.
+        self.spare: Spare | None = None
+        self.made_ahead: MadeAhead | None = None
         self.shares = ctx.shared is not None and _shareable(assignment, ctx.sandbox)
         parent = ctx.tasks_dir / f"job-{assignment.job_id}{'' if assignment.network != 'none' else '-netless'}"
         self.workdir = (parent if self.shares else ctx.tasks_dir) / f"{self.task_id}-{assignment.attempt}"
@@ -120,9 +126,13 @@ class TaskRunner:
         self.shipper = LogShipper(self._send_logs, first_n=assignment.log_base)
         self.run_s: float | None = None
         #: The task's GPULAYER_CHECKPOINT_DIR (agent/checkpoint.py), and the attempt it was restored from.
-        self.checkpoint = Checkpointer(self.workdir / CHECKPOINT_DIR, ctx.transport, ctx.cache,
-                                       ctx.checkpoint_digests, self.shipper.system)
+        self.checkpoint = self._checkpointer()
         self.restored_from: int | None = None
+
+    def _checkpointer(self) -> Checkpointer:
+        ctx = self.ctx
+        return Checkpointer(self.workdir / CHECKPOINT_DIR, ctx.transport, ctx.cache, ctx.checkpoint_digests,
+                            self.shipper.system)
 
     def _send_logs(self, lines: list[dict]) -> None:
         self.ctx.transport.request("POST", f"/worker/tasks/{self.task_id}/logs", {"lines": lines})
@@ -158,6 +168,8 @@ class TaskRunner:
         finally:
             if self.holder is not None and self.ctx.shared is not None:
                 self.ctx.shared.release(self.holder)
+            if self.spare is not None and self.ctx.spares is not None:
+                self.ctx.spares.done(self.spare)
         self.handle.start_sent.set()
 
     def _execute(self) -> TaskResult | None:
@@ -195,6 +207,11 @@ class TaskRunner:
     def _prepare_dir(self) -> None:
         if self.shares and self.ctx.shared is not None:  # the job's directory stays while this element holds it
             self.holder = self.ctx.shared.hold(self.assignment.job_id, self.assignment.network != "none")
+        elif self.ctx.spares is not None and _fits_a_spare(self.assignment, self.ctx.sandbox):
+            self.spare = self.ctx.spares.take(self.assignment.network != "none")
+            if self.spare is not None:  # its working dir is made in the sandbox's box, which is bound there
+                self.workdir = self.spare.box / self.workdir.name
+                self.checkpoint = self._checkpointer()
         if self.workdir.exists():
             shutil.rmtree(self.workdir)
         self.workdir.mkdir(parents=True)
@@ -302,9 +319,14 @@ class TaskRunner:
             launch, popen_env = self._launch_image(self.image, argv, env) if self.image else self._launch(argv, env)
             launched, self.launched = self.launched, None
             info, self.info = self.info, None
+            made_ahead, self.made_ahead = self.made_ahead, None
+            init_pidfd = None
+            if made_ahead is not None and self.spare is not None:  # the pidfd is the task's process's now
+                init_pidfd, self.spare.init_pidfd = self.spare.init_pidfd, None
             proc = TaskProcess(launch, popen_env, str(self.workdir), self.shipper.add,
                                sandboxed=self.ctx.sandbox.mode != "none" and self.holder is None,
-                               entered=self.holder is not None and launched is None, started=launched, info=info)
+                               entered=self.holder is not None and launched is None,
+                               started=launched or made_ahead, info=info, init_pidfd=init_pidfd)
         except OSError as exc:
             for fd in self.info or ():  # _launch made the pipe, then the command could not start
                 os.close(fd)
@@ -349,6 +371,9 @@ class TaskRunner:
                 return argv, env
             return sandbox.enter_argv(pid, argv, str(self.workdir), network=self.assignment.network != "none",
                                       loader=loader), outer
+        if self.spare is not None and self.ctx.spares is not None:  # made ahead: the command is all that starts
+            self.made_ahead = self.ctx.spares.start(self.spare, argv, env, str(self.workdir))
+            return argv, env
         self.info = os.pipe()  # bwrap's --info-fd: the sandbox init's pid, whose end is the namespace's
         wrapped = sandbox.wrap([*loader, *argv], str(self.workdir), gpu_nodes=gpu_nodes(self._gpu_numbers()),
                                network=self.assignment.network != "none", root_asked=self.assignment.run_as_root,
@@ -525,6 +550,14 @@ def remove_dir(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def _fits_a_spare(task: Assignment, sandbox: Sandbox) -> bool:
+    """Whether a task may run in a sandbox made ahead (agent/spares.py): a plain command of its own, started once
+    (no image, GPUs, gang or service, whose restarts start it again; no user but the task user) on a root agent's
+    sandbox."""
+    return (task.image is None and not task.gpus and task.service is None and task.world_size == 1
+            and sandbox.shares(task.run_as_root))
+
+
 def _shareable(task: Assignment, sandbox: Sandbox) -> bool:
     """Whether an assignment runs in its job's shared sandbox: an array element of a plain command (no image,
     GPUs, service or gang) on a worker whose sandbox shares (Sandbox.shares: a root agent, nsenter)."""
@@ -546,6 +579,12 @@ def _ended_within(proc: TaskProcess, seconds: float) -> bool:
 
     A pidfd wakes at the exit itself; Popen.wait's timeout polls at growing intervals (0.5, 1, 2, 4 ms...).
     """
+    if isinstance(proc.popen, MadeAhead):  # its end is the status bash writes, not bwrap's exit
+        try:
+            proc.popen.wait(seconds)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
     try:
         fd = os.pidfd_open(proc.pid)
     except (AttributeError, OSError):  # not Linux 5.3+: poll

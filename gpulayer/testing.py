@@ -169,6 +169,15 @@ def pid_alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
+def task_dirs(state_dir: Path) -> list[Path]:
+    """The working directories a worker holds now under `state_dir`: `tasks/<task>-<attempt>`, a plain task's
+    in a sandbox made ahead `tasks/box-<n>/<task>-<attempt>`, an array element's `tasks/job-<id>/<task>-<attempt>`
+    (docs/workers.md, "What a task gets"). A spare sandbox's empty box is none."""
+    tasks = Path(state_dir) / "tasks"
+    found = [*tasks.glob("*-*"), *tasks.glob("box-*/*-*"), *tasks.glob("job-*/*-*")]
+    return sorted(path for path in found if path.is_dir() and path.name[:1].isdigit())
+
+
 def host_pids(marker: str, *, env: str | Sequence[str] = ()) -> list[int]:
     """Live processes (host pids) whose command line holds `marker` and whose environment holds each of
     `env` ("KEY=VALUE"). A sandboxed task sees the pids of its own PID namespace (os.getpid() is 2

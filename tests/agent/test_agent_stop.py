@@ -10,7 +10,7 @@ import signal
 
 import pytest
 
-from gpulayer.testing import ControlPlaneProcess, wait_for
+from gpulayer.testing import ControlPlaneProcess, task_dirs, wait_for
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -85,7 +85,7 @@ def test_drain_timeout_lets_running_tasks_finish_and_takes_no_new_one(plane):
     # GO in the task's working dir (relative): the one place a sandboxed task shares with the host.
     running = plane.submit({"command": ["sh", "-c", FIRST_ATTEMPT_WAITS], "env": {"GO": "go"}})
     wait_for(lambda: running_on(plane, running, "draining"), 30, "the task running")
-    go = next((worker.state_dir / "tasks").iterdir()) / "go"  # its only task's working dir
+    go = task_dirs(worker.state_dir)[0] / "go"  # its only task's working dir
     waiting = plane.submit({"command": ["echo", "should not run here"]})
 
     worker.proc.send_signal(signal.SIGTERM)

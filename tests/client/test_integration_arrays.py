@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 import gpulayer as gl
-from gpulayer.testing import CLI, clean_env, wait_for
+from gpulayer.testing import CLI, clean_env, task_dirs, wait_for
 from test_integration_cli import _job_id, _ok
 from test_integration_waiting import _told
 
@@ -100,8 +100,8 @@ def test_dependency_chain_waits_then_cascades(cluster):
     def let_the_head_go() -> bool:  # its running attempt's working dir, once there (a lost attempt is run again)
         for task in (t for t in cluster.job(head)["tasks"] if t["state"] == "running"):
             # on whichever worker runs it: another test of the shared cluster may have started a second one
-            workdir = cluster.workers[task["worker_name"]].state_dir / "tasks" / f"{task['task_id']}-{task['attempt']}"
-            if workdir.is_dir():
+            held = task_dirs(cluster.workers[task["worker_name"]].state_dir)  # in a sandbox made ahead or not
+            for workdir in (path for path in held if path.name == f"{task['task_id']}-{task['attempt']}"):
                 (workdir / "go").touch()
                 return True
         return False

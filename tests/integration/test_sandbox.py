@@ -6,6 +6,7 @@ dir and /proc/*/environ, and sends SIGSTOP to the agent: with the sandbox, nothi
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -98,15 +99,18 @@ def test_tasks_see_neither_each_others_processes_nor_files(cluster):
     first = cluster.submit({"command": ["sh", "-c", "echo private > mine.txt; echo ready; exec sleep 1234.5"],
                             "labels": {"pool": "pair"}})
     wait_for(lambda: "ready" in cluster.log_text(first), 30, "the first task to run")
-    other = next(tasks.iterdir())
-    assert (other / "mine.txt").exists()
+    other = next(path.parent for path in tasks.rglob("mine.txt"))  # tasks/ may also hold a sandbox made ahead
     probe = (f"ps ax -o pid,args; cat {other}/mine.txt 2>&1; ls {tasks}; echo self=$$")
     done, text = run_job(cluster, {"pool": "pair"}, ["sh", "-c", probe])
     cluster.request("POST", f"/v1/jobs/{first}/cancel")
     assert done["state"] == "succeeded", text
-    assert "1234.5" not in text and "private" not in text and "self=2" in text, text
+    assert "1234.5" not in text and "private" not in text, text
+    # Alone in its PID namespace: bwrap's init, the bash that started it in a sandbox made ahead (agent/spares.py),
+    # itself and its ps.
+    pids = [found[1] for found in (re.match(r"\s*(\d+) \S", line) for line in text.splitlines()) if found]
+    assert pids in (["1", "2", "3"], ["1", "2", "3", "4"]) and re.search(r"^self=[23]$", text, re.M), text
     listed = [line for line in text.splitlines() if line.strip() and "-" in line and "/" not in line]
-    assert other.name not in listed, text
+    assert other.name not in listed and (other.parent.name == "tasks" or other.parent.name not in listed), text
 
 
 def test_timeout_and_cancel_end_the_whole_sandbox_after_the_grace(cluster):

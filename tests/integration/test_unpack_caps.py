@@ -13,6 +13,8 @@ import pytest
 from bombs import tar_gz_of_zeros
 from integration_cluster import Cluster
 
+from gpulayer.testing import task_dirs
+
 MAX_BYTES = 1024 * 1024
 MAX_FILES = 200
 
@@ -46,7 +48,9 @@ def failed_once(cluster: Cluster, spec: dict) -> str:
 
 
 def assert_worker_clean_and_serving(cluster: Cluster) -> None:
-    assert list((cluster.state_dir("w1") / "tasks").iterdir()) == []
+    tasks = cluster.state_dir("w1") / "tasks"
+    assert task_dirs(cluster.state_dir("w1")) == []  # nothing of the task is left
+    assert all(path.name.startswith("box-") and not any(path.iterdir()) for path in tasks.iterdir())  # spares
     job = cluster.wait_job(cluster.submit({"command": ["sh", "-c", "echo still here"]}), timeout=60)
     assert job["state"] == "succeeded", job
     cluster.workers["w1"].check_alive()
