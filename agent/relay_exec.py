@@ -17,6 +17,7 @@ import signal
 import subprocess
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from gpulayer.protocol.relay import CLOSE, DATA, EOF, EXT_DATA, SIGNAL, SIGNALS, STDERR, Frame
 from gpulayer.protocol.streams import Stream
@@ -24,8 +25,8 @@ from gpulayer.protocol.streams import Stream
 from .events import log_event
 from .imagerun import helper
 from .process import READ_BYTES, exit_code_of, live_group_members
-from .sandbox import loader_variables
-from .supervision import TaskHandle
+from .sandbox import TaskUser, loader_variables
+from .supervision import TaskHandle, TaskRunnerView
 
 
 class ExecRefused(Exception):
@@ -34,9 +35,7 @@ class ExecRefused(Exception):
 
 def command_in(handle: TaskHandle, argv: list[str]) -> tuple[list[str], dict[str, str], str]:
     """The argv, environment and cwd that run `argv` in the task's place; ExecRefused when it cannot."""
-    runner, process = handle.runner, handle.process
-    if runner is None or process is None or process.poll() is not None:
-        raise ExecRefused(f"task {handle.task_id} is not running on this worker now")
+    runner = _running(handle)
     env = runner.environment({})
     workdir = str(runner.workdir)
     sandbox = runner.ctx.sandbox
@@ -45,10 +44,7 @@ def command_in(handle: TaskHandle, argv: list[str]) -> tuple[list[str], dict[str
     if sandbox.nsenter is None:
         raise ExecRefused("this worker has no nsenter (Debian package util-linux): exec cannot enter the task's sandbox")
     network = runner.assignment.network != "none"
-    pid = runner.holder.pid if runner.holder is not None else _sandbox_pid(process.pid)
-    if pid is None:
-        raise ExecRefused(f"task {handle.task_id}'s sandbox is not there (it is ending)")
-    own_userns = _namespace(pid, "user") != _namespace(os.getpid(), "user")  # a non-root agent's bwrap
+    pid, own_userns = _sandbox_init(handle, runner)
     spaces = [*(["-U", "--preserve-credentials"] if own_userns else []), "-m", "-p", "-i", *([] if network else ["-n"])]
     if runner.image is not None:  # the image's root: its env and setpriv are the host's, under /.gpulayer
         env, cwd = runner.image_place(env)
@@ -62,6 +58,48 @@ def command_in(handle: TaskHandle, argv: list[str]) -> tuple[list[str], dict[str
     if own_userns:
         return [sandbox.nsenter, "-t", str(pid), *spaces, "-r", "--", sandbox.env, f"--chdir={workdir}", *loader, "--", *argv], outer, "/"
     return sandbox.enter_argv(pid, argv, workdir, network=network, loader=loader), outer, "/"
+
+
+@dataclass(frozen=True)
+class ImageEntry:
+    """What a process of the agent's needs to join an image task's place itself (agent/relay_ssh.py): the
+    sandbox's init, the namespaces to join (in order: its user namespace first, when it has one of its own),
+    the user to become (None: stay who the agent is in there), the task's environment and working directory."""
+
+    pid: int
+    namespaces: tuple[str, ...]
+    user: TaskUser | None
+    env: dict[str, str]
+    cwd: str
+
+
+def image_entry(handle: TaskHandle) -> ImageEntry:
+    """The place of an image job's running task, as exec enters it (command_in); ExecRefused when it cannot."""
+    runner = _running(handle)
+    assert runner.image is not None
+    pid, own_userns = _sandbox_init(handle, runner)
+    env, cwd = runner.image_place(runner.environment({}))
+    user = None if own_userns else runner.ctx.sandbox.drops_to(runner.assignment.run_as_root)
+    network = runner.assignment.network != "none"
+    spaces = (*(("user",) if own_userns else ()), "ipc", *(() if network else ("net",)), "pid", "mnt")
+    return ImageEntry(pid, spaces, user, env, cwd)
+
+
+def _running(handle: TaskHandle) -> TaskRunnerView:
+    runner, process = handle.runner, handle.process
+    if runner is None or process is None or process.poll() is not None:
+        raise ExecRefused(f"task {handle.task_id} is not running on this worker now")
+    return runner
+
+
+def _sandbox_init(handle: TaskHandle, runner: TaskRunnerView) -> tuple[int, bool]:
+    """The pid of the task's sandbox's init, and whether its sandbox has a user namespace of its own (a
+    non-root agent's bwrap)."""
+    assert handle.process is not None
+    pid = runner.holder.pid if runner.holder is not None else _sandbox_pid(handle.process.pid)
+    if pid is None:
+        raise ExecRefused(f"task {handle.task_id}'s sandbox is not there (it is ending)")
+    return pid, _namespace(pid, "user") != _namespace(os.getpid(), "user")
 
 
 def host_tool(handle: TaskHandle, path: str) -> list[str]:

@@ -6,12 +6,17 @@ end of a socket pair. On the other end it writes the header (the stream's host k
 the OPEN) and then copies bytes both ways between the socket and the stream: the SSH protocol itself is
 end to end between the user's `ssh` and that server. The stream ends (CLOSE `exit_code` 0) when the server
 exits: the client closed the connection, or the stream was closed and the socket with it.
+
+An image job's task has the image as its root, where the agent's interpreter is not: there the server starts
+outside, with descriptors of the task's namespaces and root, and joins them itself before it reads a byte of
+SSH (the header's `enter`; relay_exec.image_entry says where, as exec enters the task).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import signal
 import socket
 import struct
@@ -25,7 +30,7 @@ from gpulayer.protocol.relay import CLOSE, DATA, EOF, EXT_DATA, Frame
 from gpulayer.protocol.streams import Stream
 
 from .events import log_event
-from .relay_exec import ExecRefused, command_in, kill_group
+from .relay_exec import ExecRefused, command_in, image_entry, kill_group
 from .supervision import TaskHandle
 
 READ_BYTES = 64 * 1024
@@ -46,6 +51,28 @@ def server_argv() -> list[str]:
     return [sys.executable, "-c", SOURCE]
 
 
+def _image_server(handle: TaskHandle) -> tuple[list[str], dict[str, str], str, dict]:
+    """The server of an image job's task, started outside it under the agent's interpreter, and what it needs
+    to join the task's place itself before it reads a byte of SSH (agent/ssh_server.py `enter`): descriptors
+    of the task's namespaces and root (passed to it, opened here), the user to become, the task's environment
+    and working directory. The image's root has no Python of ours; once inside, the server loads no more code."""
+    place = image_entry(handle)
+    opened: dict[str, int] = {}
+    try:
+        for name in place.namespaces:
+            opened[name] = os.open(f"/proc/{place.pid}/ns/{name}", os.O_RDONLY)
+        root = os.open(f"/proc/{place.pid}/root", os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as exc:
+        for fd in opened.values():
+            os.close(fd)
+        raise ExecRefused(f"task {handle.task_id}'s sandbox is not there (it is ending): {exc.strerror or exc}") from None
+    user = place.user
+    entry = {"namespaces": opened, "root": root, "uid": user.uid if user else None, "gid": user.gid if user else None,
+             "cwd": place.cwd, "env": place.env}
+    # HOME: asyncssh computes ~/.ssh (it reads nothing there as a server), and the image may have no passwd.
+    return [sys.executable, "-I", "-c", SOURCE], {"PATH": os.defpath, "LANG": "C.UTF-8", "HOME": "/"}, "/", entry
+
+
 def serve(stream: Stream, fields: dict, find: Callable[[int], TaskHandle | None]) -> None:
     """Run an OPEN `ssh` stream to its end (on its own thread)."""
     task_id, key, cert = fields.get("task_id"), fields.get("host_key"), fields.get("host_cert")
@@ -54,23 +81,28 @@ def serve(stream: Stream, fields: dict, find: Callable[[int], TaskHandle | None]
         return stream.close({"error": "ssh: the OPEN carries no host key and certificate (the control plane is older than this agent)"})
     if handle is None:
         return stream.close({"error": f"task {task_id} is not running on this worker"})
-    if handle.runner is not None and handle.runner.image is not None:
-        return stream.close(
-            {"error": "ssh: an image job's task has the image's root, without the Python the SSH server runs on: use gpulayer shell or gpulayer exec"}
-        )
     ours, theirs = socket.socketpair()
+    entry: dict = {}
+    fds: list[int] = []  # the task's namespaces and root, for the image task's server
     try:
-        launch, env, cwd = command_in(handle, server_argv())
+        if handle.runner is not None and handle.runner.image is not None:
+            launch, env, cwd, entry = _image_server(handle)
+            fds = [*entry["namespaces"].values(), entry["root"]]
+        else:
+            launch, env, cwd = command_in(handle, server_argv())
         proc = subprocess.Popen(
-            launch, env=env, cwd=cwd, stdin=theirs.fileno(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+            launch, env=env, cwd=cwd, stdin=theirs.fileno(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            start_new_session=True, pass_fds=fds,
         )
     except (ExecRefused, OSError) as exc:
         ours.close()
         return stream.close({"error": str(exc) if isinstance(exc, ExecRefused) else f"ssh: cannot start the task's SSH server: {exc}"})
     finally:
         theirs.close()
+        for fd in fds:
+            os.close(fd)
     log_event("ssh_started", task_id=task_id, pid=proc.pid, session_id=fields.get("session_id"))
-    header = json.dumps({"host_key": key, "host_cert": cert}).encode()
+    header = json.dumps({"host_key": key, "host_cert": cert, **({"enter": entry} if entry else {})}).encode()
     errors: list[bytes] = []
     threads = [
         threading.Thread(target=_up, args=(ours, stream), daemon=True, name=f"ssh-out-{proc.pid}"),

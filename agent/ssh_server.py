@@ -12,26 +12,50 @@ directory), scp's legacy `scp -t/-f` (asyncssh's), and direct-tcpip (`ssh -L`, V
 the task's network view. No authentication: the relay checked the caller's token and rights before the
 stream existed, and this server has no listening socket, only this stream (docs/security.md, "SSH").
 Imports only the standard library and asyncssh: it runs under the agent's interpreter inside the sandbox.
+
+An image job's task has the image as its root, without that interpreter. There the agent starts this server
+outside the task, and the header says how to join it (`enter`): descriptors of the task's namespaces and
+root, the user to become, the task's environment and working directory. Before it reads a byte of SSH, the
+server imports all it will need, joins the namespaces, takes the task's root as its own, drops to the
+task's user with no capabilities and no new privileges, and forgets its import path: from then on it is a
+process of the task, which sees the image's files only (SFTP's paths and symlinks are resolved by the
+kernel there) and loads no code from them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import fcntl
+import importlib
 import json
 import os
+import platform
 import signal
 import socket
 import struct
 import subprocess
 import sys
 import termios
+import threading
 
 import asyncssh
 
 HEADER = struct.Struct(">I")
-MAX_HEADER = 64 * 1024
-LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1", "ip6-localhost"})
+MAX_HEADER = 1024 * 1024
+#: The loopback names a forward may go to, and the address each is (resolved here: an image may have no
+#: /etc/hosts, and no resolver configuration of its own).
+LOOPBACK = {"localhost": "127.0.0.1", "127.0.0.1": "127.0.0.1", "::1": "::1", "ip6-localhost": "::1"}
+#: setns(2)'s namespace types, and the order they are joined in (the user namespace first: it grants the rest).
+CLONE = {"user": 0x10000000, "ipc": 0x08000000, "net": 0x40000000, "pid": 0x20000000, "mnt": 0x00020000}
+#: capset(2), which Python does not wrap, per machine.
+SYS_CAPSET = {"x86_64": 126, "aarch64": 91}
+CAP_VERSION_3 = 0x20080522
+PR_CAPBSET_DROP = 24
+PR_SET_NO_NEW_PRIVS = 38
+#: What an image task's server imports before it enters: nothing is imported once its root is the image's.
+PRELOAD = ("asyncio.subprocess", "asyncio.unix_events", "concurrent.futures.thread", "encodings.idna", "grp", "pwd",
+           "asyncssh.sftp", "asyncssh.scp", "asyncssh.forward")
 READ_BYTES = 64 * 1024
 #: Seconds a finished command's output may take to drain (a grandchild holding its pipes open).
 DRAIN_S = 5.0
@@ -55,9 +79,57 @@ def read_header(sock: socket.socket) -> dict:
     return json.loads(exactly(size))
 
 
-def login_shell() -> str:
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def enter(spec: dict) -> dict[str, str]:
+    """Join an image task's place (module docstring) and become a process of its user there; the task's
+    environment. Raises OSError (or RuntimeError) when it cannot: the caller exits, the agent says why."""
+    for name in PRELOAD:
+        importlib.import_module(name)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if threading.active_count() != 1:  # setns(2) of a user or mount namespace needs a single thread
+        raise RuntimeError("the server has threads before it entered the task")
+
+    def check(result: int, what: str) -> None:
+        if result != 0:
+            code = ctypes.get_errno()
+            raise OSError(code, f"{what}: {os.strerror(code)}")
+
+    spaces = {str(name): int(fd) for name, fd in spec["namespaces"].items()}
+    for name in sorted(spaces, key=list(CLONE).index):
+        check(libc.setns(spaces[name], CLONE[name]), f"cannot join the task's {name} namespace")
+        os.close(spaces[name])
+    os.fchdir(int(spec["root"]))
+    os.chroot(".")  # the task's root (the image's), as nsenter --root does
+    os.close(int(spec["root"]))
+    for cap in range(64):  # the bounding set, so that no execve (as root) gets a capability back
+        if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            break
+    if spec.get("uid") is not None:
+        os.setgroups([])
+        os.setresgid(spec["gid"], spec["gid"], spec["gid"])
+        os.setresuid(spec["uid"], spec["uid"], spec["uid"])
+    number = SYS_CAPSET.get(platform.machine())
+    if number is None:
+        raise RuntimeError(f"no capset for machine {platform.machine()}")
+    header, data = _CapHeader(CAP_VERSION_3, 0), (_CapData * 2)()
+    check(libc.syscall(number, ctypes.byref(header), ctypes.byref(data)), "cannot drop capabilities")
+    check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "cannot set no_new_privs")
+    os.chdir(str(spec["cwd"]))
+    sys.path[:] = []  # the image's files are never imported
+    sys.path_importer_cache.clear()
+    return {str(key): str(value) for key, value in spec["env"].items()}
+
+
+def login_shell(env: dict[str, str]) -> str:
     """$SHELL when it is a real shell, else bash, else sh (the task user's passwd shell may be nologin)."""
-    for shell in (os.environ.get("SHELL"), "/bin/bash", "/bin/sh"):
+    for shell in (env.get("SHELL"), "/bin/bash", "/bin/sh"):
         if shell and os.path.isabs(shell) and os.access(shell, os.X_OK) and not shell.endswith(("nologin", "false")):
             return shell
     return "/bin/sh"
@@ -148,17 +220,17 @@ async def _feed(process: asyncssh.SSHServerProcess, proc, write, close, drain, m
             return
 
 
-async def run_session(process: asyncssh.SSHServerProcess, sessions: Sessions) -> None:
+async def run_session(process: asyncssh.SSHServerProcess, sessions: Sessions, base: dict[str, str]) -> None:
     """One session channel: its command (or the shell) with pipes, or on a PTY when the client asked for one."""
     loop = asyncio.get_running_loop()
     if process.subsystem:
         process.stderr.write(f"gpulayer: no subsystem {process.subsystem!r} here (sftp is)\n".encode())
         process.exit(1)
         return
-    shell = login_shell()
+    shell = login_shell(base)
     command = process.command
     argv = [shell, "-c", command] if command is not None else [shell]
-    env = dict(os.environ)
+    env = dict(base)
     for key, value in (process.env or {}).items():
         key = key.decode() if isinstance(key, bytes) else key
         value = value.decode(errors="replace") if isinstance(value, bytes) else value
@@ -234,6 +306,10 @@ class SFTPServer(asyncssh.SFTPServer):
 class Server(asyncssh.SSHServer):
     def __init__(self, ended: asyncio.Event):
         self.ended = ended
+        self.conn: asyncssh.SSHServerConnection | None = None
+
+    def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
+        self.conn = conn
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.ended.set()
@@ -241,25 +317,27 @@ class Server(asyncssh.SSHServer):
     def begin_auth(self, username: str) -> bool:
         return False  # no authentication: the relay did it (module docstring)
 
-    def connection_requested(self, dest_host: str, dest_port: int, orig_host: str, orig_port: int) -> bool:
-        if dest_host.lower() not in LOOPBACK:
+    def connection_requested(self, dest_host: str, dest_port: int, orig_host: str, orig_port: int):
+        address = LOOPBACK.get(dest_host.lower())
+        if address is None:
             raise asyncssh.ChannelOpenError(
                 asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED, f"gpulayer forwards to loopback ports of the task only, not to {dest_host}"
             )
-        return True
+        assert self.conn is not None
+        return self.conn.forward_connection(address, dest_port)
 
     def server_requested(self, listen_host: str, listen_port: int) -> bool:
         return False  # no remote forwarding (ssh -R)
 
 
-async def serve(sock: socket.socket, host_key: str, host_cert: str) -> None:
+async def serve(sock: socket.socket, host_key: str, host_cert: str, base: dict[str, str]) -> None:
     ended = asyncio.Event()
     sessions = Sessions()
     key = asyncssh.import_private_key(host_key)
     cert = asyncssh.import_certificate(host_cert)
 
     async def session(process: asyncssh.SSHServerProcess) -> None:
-        await run_session(process, sessions)
+        await run_session(process, sessions, base)
 
     conn = await asyncssh.run_server(
         sock,
@@ -281,6 +359,18 @@ async def serve(sock: socket.socket, host_key: str, host_cert: str) -> None:
         conn.close()
 
 
+def _in_the_pid_namespace(sock: socket.socket) -> None:
+    """Go on in a child, which is in the task's PID namespace (setns(2) moves only the children there, and a
+    process outside cannot start threads, which asyncio needs); this process waits for it and exits as it does."""
+    child = os.fork()
+    if child == 0:
+        return
+    sock.close()
+    _, status = os.waitpid(child, 0)
+    code = os.waitstatus_to_exitcode(status)
+    os._exit(code if code >= 0 else 128 - code)
+
+
 def main() -> None:
     sock = socket.socket(fileno=os.dup(0))
     null = os.open(os.devnull, os.O_RDWR)
@@ -288,7 +378,12 @@ def main() -> None:
     os.close(null)
     try:
         header = read_header(sock)
-        asyncio.run(serve(sock, str(header["host_key"]), str(header["host_cert"])))
+        if "enter" in header:
+            base = enter(header["enter"])
+            _in_the_pid_namespace(sock)
+        else:
+            base = dict(os.environ)
+        asyncio.run(serve(sock, str(header["host_key"]), str(header["host_cert"]), base))
     except (EOFError, ConnectionError, asyncssh.ConnectionLost, asyncssh.DisconnectError):
         pass  # the client went away (or refused the host key) before or during the handshake
     except Exception as exc:

@@ -29,12 +29,14 @@ needs_umoci = pytest.mark.skipif(
 
 
 def build_layout(root: Path, marker: str = "hello from the image", *, tag: str = "test", env: list[str] = (),
-                 workdir: str | None = None, entrypoint: list[str] | None = None, glibc_for: str | None = None) -> Path:
+                 workdir: str | None = None, entrypoint: list[str] | None = None, glibc_for: str | None = None,
+                 applets: tuple[str, ...] = (), programs: tuple[str, ...] = ()) -> Path:
     """An OCI layout at root/layout with one image (tag ``tag``): /bin/busybox and its applets, /etc/marker.
 
     With ``glibc_for`` (a host program), the host's C library and loader that the program needs (``ldd``) are in
     the image too, at their host paths, as in a glibc-based image (ubuntu, a CUDA base image): the image can run
-    that program once it is bound in."""
+    that program once it is bound in. ``applets``: more of busybox's in /bin; ``programs``: host programs copied
+    in at their host paths, with the libraries they load (``rsync``)."""
     layout, tree = root / "layout", root / "tree"
     umoci = UMOCI or "umoci"
     subprocess.run([umoci, "init", "--layout", str(layout)], check=True)
@@ -43,7 +45,8 @@ def build_layout(root: Path, marker: str = "hello from the image", *, tag: str =
     (tree / "etc").mkdir()
     (tree / "srv").mkdir()
     shutil.copy(BUSYBOX, tree / "bin" / "busybox")
-    for applet in ("sh", "cat", "echo", "env", "pwd", "id", "ls", "sleep", "true", "nc", "httpd", "printenv", "grep"):
+    for applet in ("sh", "cat", "echo", "env", "pwd", "id", "ls", "sleep", "true", "nc", "httpd", "printenv", "grep",
+                   *applets):
         os.symlink("busybox", tree / "bin" / applet)
     (tree / "etc" / "marker").write_text(marker + "\n")
     if glibc_for:
@@ -62,7 +65,26 @@ def build_layout(root: Path, marker: str = "hello from the image", *, tag: str =
         config += [f"--config.entrypoint={arg}"]
     subprocess.run(config, check=True, capture_output=True)
     subprocess.run([umoci, "gc", "--layout", str(layout)], check=True)
+    if programs:
+        with_layer(layout, _programs_layer(programs))
     return layout
+
+
+def _programs_layer(programs: tuple[str, ...]) -> bytes:
+    """A layer of host programs at their host paths, with the libraries they load. Made here, not with umoci
+    insert: umoci 0.4.7 cut such a layer's tar short (its end lost) in this suite's runs."""
+    files = sorted({path for program in programs for path in (program, *_libraries_of(program))})
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w") as tar:
+        folders = sorted({str(parent) for path in files for parent in Path(path.lstrip("/")).parents if str(parent) != "."})
+        for folder in folders:
+            tar.addfile(member(folder + "/", tarfile.DIRTYPE))
+        for path in files:
+            data = Path(os.path.realpath(path)).read_bytes()
+            info = member(path.lstrip("/"))
+            info.mode, info.size = 0o755, len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return gzip.compress(raw.getvalue())
 
 
 def _libraries_of(program: str) -> list[str]:

@@ -238,8 +238,8 @@ def test_cancel_gives_an_image_task_its_sigterm_and_a_missing_command_is_127(clu
 @pytest.mark.timeout(400)
 def test_exec_and_shell_enter_the_images_root_environment_and_workdir(cluster, image):
     """`gpulayer exec` and `gpulayer shell` into an image job's task: the image's root (/etc/marker), its
-    environment and working directory as the task has them, the task's user; exit codes and stdin; SSH says
-    clearly that it needs the host's Python."""
+    environment and working directory as the task has them, the task's user; exit codes and stdin (SSH:
+    tests/integration/test_images_ssh.py)."""
     job_id, _ = submit(cluster, "--label", "host=img1", "--image", str(image), "--env", "KEEP=job", "--",
                        'echo "place=$(pwd) uid=$(id -u) keep=$KEEP"; exec sleep 600')
     text = wait_for(lambda: "place=" in (t := cluster.log_text(job_id)) and t, 90, "the image task to run")
@@ -261,6 +261,4 @@ def test_exec_and_shell_enter_the_images_root_environment_and_workdir(cluster, i
     terminal.read_until("ready-5")
     terminal.interrupt()  # ^C through the task's terminal: SIGINT for its foreground group
     assert terminal.exit_code() == 130, terminal.output
-    ssh = cluster.cli("ssh-proxy", f"gpulayer-{job_id}", input="", timeout=120)
-    assert ssh.returncode == 255 and "gpulayer shell" in ssh.stderr and "Traceback" not in ssh.stderr, ssh.stderr
     cluster.request("POST", f"/v1/jobs/{job_id}/cancel")
