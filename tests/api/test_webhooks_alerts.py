@@ -265,14 +265,16 @@ def test_a_kept_alive_connection_is_reused_and_one_the_receiver_closed_is_replac
         receiver.close()
 
 
-def test_a_webhook_that_gets_a_removed_ones_id_signs_with_its_own_secret(api, client_h, private_ok, receiver, notifier):
-    """SQLite gives the next webhook the highest id again once that row is gone: its secret is its own."""
+def test_a_webhook_added_after_the_newest_was_removed_gets_a_new_id_and_signs_with_its_own_secret(
+        api, client_h, private_ok, receiver, notifier):
+    """Ids are never given again (AUTOINCREMENT), so no `webhook-id` is sent twice by two webhooks."""
     first = api.simulate_post("/v1/webhooks", headers=client_h, json={"url": receiver.url, "events": ["job.submitted"]}).json
     submit(api, client_h)
     deliver(notifier, lambda: len(receiver.got) == 1)
     assert api.simulate_delete(f"/v1/webhooks/{first['id']}", headers=client_h).status_code == 200
     second = api.simulate_post("/v1/webhooks", headers=client_h, json={"url": receiver.url, "events": ["job.submitted"]}).json
-    assert second["id"] == first["id"] and second["secret"] != first["secret"]
+    assert second["id"] > first["id"] and second["secret"] != first["secret"]
     submit(api, client_h)
     deliver(notifier, lambda: len(receiver.got) == 2)
     Verifier(second["secret"]).verify(receiver.got[1][1], receiver.got[1][0])  # raises on a bad signature
+    assert receiver.got[1][0]["webhook-id"].startswith(f"msg_gl{second['id']}e")

@@ -187,3 +187,43 @@ def test_the_delivery_process_killed_mid_batch_is_restarted_and_loses_nothing(cl
     cp.kill()
     wait_for(lambda: not pid_alive(second), 30, "the delivery process to exit with its control plane")
     cp.start()
+
+
+def test_a_webhook_added_after_the_newest_was_removed_repeats_no_id(cluster):
+    """Webhook ids are never given again: a `--job` webhook added to the same receiver after the newest one
+    was removed delivers the job's events again (it starts at the job's first event), under new ids, so a
+    receiver that deduplicates on `webhook-id` drops none of them. Kept across a restart (the file says)."""
+    cp, receiver, _ = cluster
+    job = cp.submit({"command": ["true"], "name": "twice"})
+    cp.wait_job(job, timeout=60)
+    receiver.got.clear()
+    seen: set[str] = set()   # what a deduplicating receiver has had
+
+    def add() -> dict:
+        added = cp.cli("webhook", "add", receiver.url, "--events", "job.submitted,job.succeeded", "--job", str(job), "--json")
+        assert added.returncode == 0, added.stderr
+        return json.loads(added.stdout)
+
+    def fresh_ids(hook: dict) -> list[str]:
+        wait_for(lambda: sum(h["webhook-id"].startswith(f"msg_gl{hook['id']}e") for h, _ in list(receiver.got)) == 2, 60,
+                 f"webhook {hook['id']}'s two deliveries")
+        verifier = Verifier(hook["secret"])
+        got = [(h, b) for h, b in list(receiver.got) if h["webhook-id"].startswith(f"msg_gl{hook['id']}e")]
+        assert [verifier.verify(b, h)["type"] for h, b in got] == ["job.submitted", "job.succeeded"]
+        new = [h["webhook-id"] for h, _ in got if h["webhook-id"] not in seen]
+        seen.update(new)
+        return new
+
+    first = add()
+    assert len(fresh_ids(first)) == 2
+    assert cp.cli("webhook", "remove", str(first["id"])).returncode == 0
+    second = add()
+    assert second["id"] > first["id"]
+    assert len(fresh_ids(second)) == 2   # none dropped as a repeat
+    assert cp.cli("webhook", "remove", str(second["id"])).returncode == 0
+    cp.kill()
+    cp.start()
+    third = add()
+    assert third["id"] > second["id"]
+    assert len(fresh_ids(third)) == 2
+    assert cp.cli("webhook", "remove", str(third["id"])).returncode == 0

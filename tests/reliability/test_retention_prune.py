@@ -118,3 +118,29 @@ def test_server_prune_cli(home, store, sched, clock):
     assert _count(store, "jobs") == 0
     bad = run_cli("server", "prune", "--home", str(home), "--log-retention", "soon", timeout=60)
     assert bad.returncode == 2 and "not a duration" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_an_idle_file_pruned_to_its_last_event_gives_no_seq_again_and_drops_its_job_webhooks(store, sched, clock):
+    """Every event past retention goes, the newest included, yet the next event's seq is past all of them (a
+    seq given again would repeat `webhook-id`s and fall behind webhooks' cursors). A job's webhooks go with
+    the job; others stay."""
+    worker = _worker(sched, "w")
+    job = _run(sched, worker, finish=True)
+    newest = store.read(lambda conn: conn.execute("SELECT max(seq) AS n FROM events").fetchall())[0]["n"]
+
+    def hook(scope: str, job_id=None) -> int:
+        return store.write(lambda conn: conn.execute(
+            "INSERT INTO webhooks (url, events, scope, job_id, user_id, cursor, created_at) "
+            "VALUES ('https://r.example/h', '[\"job.failed\"]', ?, ?, 1, ?, 0) RETURNING id", (scope, job_id, newest)).fetchall()[0]["id"])
+
+    for_job, for_all = hook("job", job), hook("all")
+    store.write(lambda conn: conn.execute(
+        "INSERT INTO webhook_deliveries (webhook_id, event_seq, event, status, attempts, first_try_at, last_try_at) "
+        "VALUES (?, ?, 'job.succeeded', 'delivered', 1, 0, 0)", (for_job, newest)))
+    clock.advance(40 * DAY)
+    done = retention.prune(store, now=clock.now, log_retention_s=DAY, job_retention_s=30 * DAY)
+    assert done["jobs"] == 1 and done["events"] >= newest - 1
+    pruned = store.read(lambda conn: conn.execute("SELECT seq, kind FROM events").fetchall())
+    assert [e["kind"] for e in pruned] == ["state_pruned"] and pruned[0]["seq"] > newest
+    assert [r["id"] for r in store.read(lambda conn: conn.execute("SELECT id FROM webhooks").fetchall())] == [for_all]
+    assert _count(store, "webhook_deliveries") == 0

@@ -363,3 +363,82 @@ def test_admission_views(built):
     users = {r["name"]: (r["max_running_jobs"], r["running_jobs"], r["at_limit"])
              for r in q("SELECT * FROM user_running_jobs").fetchall()}
     assert users == {"admin": (3, 3.0, 1), "bob": (None, 0.0, 0)}
+
+
+def _at_version(path: Path, target: int) -> apsw.Connection:
+    """A state file as the release at schema version `target` left it: the baseline and its migrations."""
+    conn = db.connect(path)
+    conn.execute(BASELINE.read_text())
+    for version in range(2, target + 1):
+        conn.execute(db.migrations()[version].read_text())
+        conn.execute(f"PRAGMA user_version = {version}")
+    return conn
+
+
+def _next_ids(conn) -> tuple[int, int]:
+    """The ids the next webhook and the next alert get."""
+    q = conn.execute
+    hook = q("INSERT INTO webhooks (url, events, scope, user_id, created_at) VALUES ('https://x.example/h', '[]', 'all', 1, 9) "
+             "RETURNING id").fetchall()[0]["id"]
+    alert = q("INSERT INTO alerts (name, sql, every_s, webhook_id, user_id, next_run_at, created_at) "
+              "VALUES ('next', 'SELECT 1', 60, ?, 1, 9, 9) RETURNING id", (hook,)).fetchall()[0]["id"]
+    return hook, alert
+
+
+def _next_seq(conn) -> int:
+    return conn.execute("INSERT INTO events (at, kind) VALUES (9, 'probe') RETURNING seq").fetchall()[0]["seq"]
+
+
+def test_version_18_notifications_keep_their_ids_and_none_is_given_again(tmp_path):
+    """Migration 0019: events, webhooks and alerts keep their rows and ids, and the next ids start past every
+    id the file still names (a removed newest webhook's or alert's by its events, a pruned newest event's by
+    webhooks' cursors), so none comes back."""
+    old = _at_version(tmp_path / "old.db", 18)
+    q = old.execute
+    for hook_id, scope, job in ((1, "all", None), (2, "job", 7), (3, "alert", None), (5, "all", None)):
+        q("INSERT INTO webhooks (id, url, email, events, format, scope, job_id, alert_id, user_id, secret, cursor, "
+          "created_at) VALUES (?, ?, ?, '[\"job.failed\"]', ?, ?, ?, ?, 1, ?, 40, 2)",
+          (hook_id, None if scope == "alert" else f"https://r.example/{hook_id}",
+           "ops@example.org" if scope == "alert" else None, "email" if scope == "alert" else "standard", scope, job,
+           2 if scope == "alert" else None, None if scope == "alert" else b"sealed"))
+        q("INSERT INTO events (at, kind, job_id, data) VALUES (1, 'webhook_added', ?, json_object('webhook_id', ?))",
+          (job, hook_id))
+    q("INSERT INTO alerts (id, name, sql, every_s, webhook_id, user_id, seen, next_run_at, fired, created_at) "
+      "VALUES (2, 'xid', 'SELECT 1', 60, 3, 1, '[\"ab\"]', 5, 1, 2)")
+    q("INSERT INTO webhook_deliveries (webhook_id, event_seq, event, status, attempts, first_try_at, last_try_at) "
+      "VALUES (5, 3, 'job.failed', 'delivered', 1, 3, 3)")
+    # the newest webhook (8) and alert (4) were removed: only their events name them now
+    q("INSERT INTO events (at, kind, data) VALUES (1, 'webhook_added', '{\"webhook_id\": 8}'), "
+      "(1, 'webhook_removed', '{\"webhook_id\": 8}'), (1, 'alert_added', '{\"alert_id\": 4, \"webhook_id\": 1}'), "
+      "(1, 'alert_removed', '{\"alert_id\": 4, \"name\": \"gone\"}')")
+    before = {t: q(f"SELECT * FROM {t} ORDER BY 1, 2").fetchall() for t in ("webhooks", "alerts", "webhook_deliveries",
+                                                                           "events")}
+    assert q("SELECT max(seq) AS n FROM events").fetchall()[0]["n"] == 8   # seqs up to 40 were pruned: the cursors say
+
+    assert db.ensure_schema(old) == db.schema_version()
+    fresh = build(tmp_path / "fresh.db")
+    assert schema_rows(old) == schema_rows(fresh)
+    assert _next_ids(fresh) == (1, 1) and _next_seq(fresh) == 1   # a new file starts at 1
+    fresh.close()
+    assert {t: q(f"SELECT * FROM {t} ORDER BY 1, 2").fetchall() for t in before} == before
+    assert _next_ids(old) == (9, 5) and _next_seq(old) == 41
+    q("DELETE FROM alerts WHERE id = 5")
+    q("DELETE FROM webhooks WHERE id = 9")
+    q("DELETE FROM events WHERE seq = 41")
+    assert _next_ids(old) == (10, 6) and _next_seq(old) == 42   # the newest removed: its id is not given again
+    assert q("PRAGMA integrity_check").fetchall() == [{"integrity_check": "ok"}]
+    old.close()
+    stock = sqlite3.connect(f"file:{tmp_path / 'old.db'}?mode=ro", uri=True)   # Python's sqlite3, as the 3.40 CLI
+    try:
+        assert stock.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        assert [r[0] for r in stock.execute("SELECT id FROM webhooks ORDER BY id")] == [1, 2, 3, 5, 10]
+        assert dict(stock.execute("SELECT name, seq FROM sqlite_sequence")) == {"events": 42, "webhooks": 10, "alerts": 6}
+    finally:
+        stock.close()
+
+
+def test_version_18_file_without_notifications_starts_its_ids_at_one(tmp_path):
+    old = _at_version(tmp_path / "old.db", 18)
+    assert db.ensure_schema(old) == db.schema_version()
+    assert _next_ids(old) == (1, 1) and _next_seq(old) == 1
+    old.close()

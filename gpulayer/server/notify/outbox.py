@@ -168,8 +168,8 @@ class Notifier:
             self.store.write(_advance, advances)
 
     def _secret(self, hook: dict) -> str | None:
-        """A webhook's signing secret, opened once. Kept by its sealed value, not the webhook's id: an id
-        can come back (a removed webhook's, the highest, is reused by the next one added) with a new secret."""
+        """A webhook's signing secret, opened once, kept by its sealed value (a secret that is no one's
+        any more is simply never asked for again)."""
         sealed = hook["secret"]
         if not sealed:
             return None

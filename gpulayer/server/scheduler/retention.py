@@ -160,12 +160,16 @@ def _forget_tasks(conn: apsw.Connection, job_id: int, cutoff: float, n: int) -> 
 
 def _forget_job(conn: apsw.Connection, job_id: int, cutoff: float) -> list[dict]:
     """The row of a pruned job whose lines, events, tasks and dependencies went in batches, with its
-    rendezvous (a few rows a rank) and its checkpoints (at most --checkpoint-keep an element); nothing while
-    any of those is left."""
+    rendezvous (a few rows a rank), its checkpoints (at most --checkpoint-keep an element) and, once the row
+    is gone, its webhooks and mailboxes; nothing while any of those is left."""
     rows(conn, "prune_job_rendezvous", job_id=job_id, cutoff=cutoff)
     rows(conn, "prune_job_checkpoint_files", job_id=job_id, cutoff=cutoff)
     rows(conn, "prune_job_checkpoints", job_id=job_id, cutoff=cutoff)
-    return rows(conn, "prune_job", job_id=job_id, cutoff=cutoff)
+    gone = rows(conn, "prune_job", job_id=job_id, cutoff=cutoff)
+    if gone:
+        rows(conn, "prune_job_webhook_deliveries", job_id=job_id)
+        rows(conn, "prune_job_webhooks", job_id=job_id)
+    return gone
 
 
 def prune(store, *, now: float, log_retention_s: float, job_retention_s: float,

@@ -11,7 +11,7 @@
 -- fit (which workers a shape and a job fit); quotas, fair share, the usage ledger, preemption,
 -- quotas' use now and as admission reads them.
 
-PRAGMA user_version = 18;
+PRAGMA user_version = 19;
 
 -- ---------------------------------------------------------------------------------------
 -- Tokens and teams: tokens, users, projects, memberships.
@@ -400,9 +400,11 @@ END;
 -- ---------------------------------------------------------------------------------------
 
 -- Append-only log of every state change, written in the same transaction as
--- the change, so the two never disagree.
+-- the change, so the two never disagree. A seq is never given out again, even
+-- once retention pruned the newest events (AUTOINCREMENT): webhooks' cursors and
+-- `webhook-id`s (msg_gl<webhook>e<seq>) rely on it.
 CREATE TABLE events (
-    seq        INTEGER PRIMARY KEY,
+    seq        INTEGER PRIMARY KEY AUTOINCREMENT,
     at         REAL NOT NULL,
     kind       TEXT NOT NULL,
     job_id     INTEGER,
@@ -442,9 +444,10 @@ CREATE INDEX sessions_open ON sessions (worker_id) WHERE closed_at IS NULL;
 -- with `email` instead of `url` is a mailbox (`submit --mail-user`, `alert add --email`). `scope`
 -- says whose events: all (admins), the adder's own jobs (user), a project's, one job's, or one
 -- alert's (its `alert.fired` events only). `secret` is the `whsec_` signing secret, sealed like a
--- secret's value (security/secretbox.py).
+-- secret's value (security/secretbox.py). Ids are never reused (AUTOINCREMENT): a webhook's id is half
+-- of each `webhook-id` it sends (msg_gl<webhook>e<event>), which receivers deduplicate on.
 CREATE TABLE webhooks (
-    id          INTEGER PRIMARY KEY,
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
     url         TEXT,
     email       TEXT,
     events      TEXT NOT NULL CHECK (json_valid(events)),   -- public names: ["job.failed", ...]
@@ -484,9 +487,9 @@ CREATE INDEX webhook_deliveries_status ON webhook_deliveries (status, last_try_a
 
 -- Alerts: a read-only query run every `every_s` (admins'); it fires (an `alert_fired` event,
 -- delivered to `webhook_id`) when it returns rows it did not return last time. `seen`: the digests
--- of the rows it returned last time.
+-- of the rows it returned last time. Ids are never reused: `alert_id` names the alert to receivers.
 CREATE TABLE alerts (
-    id           INTEGER PRIMARY KEY,
+    id           INTEGER PRIMARY KEY AUTOINCREMENT,
     name         TEXT NOT NULL UNIQUE,
     sql          TEXT NOT NULL,
     every_s      REAL NOT NULL CHECK (every_s >= 1),

@@ -98,6 +98,21 @@ DELETE FROM jobs WHERE id = :job_id AND finished_at < :cutoff
   AND NOT EXISTS (SELECT 1 FROM job_dependencies WHERE after_job_id = :job_id)
 RETURNING id;
 
+-- name: prune_job_webhook_deliveries --
+-- Retention: the deliveries of the webhooks and mailboxes of one job pruned (prune_job_webhooks).
+DELETE FROM webhook_deliveries WHERE webhook_id IN (
+    SELECT id FROM webhooks WHERE scope = 'job' AND job_id = :job_id
+      AND NOT EXISTS (SELECT 1 FROM jobs WHERE id = :job_id)
+      AND NOT EXISTS (SELECT 1 FROM alerts WHERE webhook_id = webhooks.id));
+
+-- name: prune_job_webhooks --
+-- Retention: the webhooks and mailboxes (`submit --mail-user`) of one job pruned, which can fire no more:
+-- kept, they would fire for a later job given the same id. Not one an alert delivers to.
+DELETE FROM webhooks WHERE scope = 'job' AND job_id = :job_id
+  AND NOT EXISTS (SELECT 1 FROM jobs WHERE id = :job_id)
+  AND NOT EXISTS (SELECT 1 FROM alerts WHERE webhook_id = webhooks.id)
+RETURNING id;
+
 -- name: prune_loose_events --
 -- Retention (read, no lock): events of no job (workers, upkeep) older than the cutoff.
 SELECT seq FROM events WHERE job_id IS NULL AND at < :cutoff ORDER BY seq LIMIT :n;
