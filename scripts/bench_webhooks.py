@@ -13,7 +13,9 @@ alternate two phases of --seconds each, in the same run:
 Heartbeat latency (p50, p99) per phase, medians over the rounds, the busy/idle ratio of p99, and the
 deliveries the busy phases made (webhook_deliveries rows, read from the state file), and the CPU
 seconds per phase of the server process and, apart, of its children (the delivery process).
-`--profile DIR`: py-spy records the server process during each phase (raw stacks, DIR/{phase}{round}.txt;
+`--history N`: N delivered rows per webhook written into the state file before the rounds, as the
+deliveries of the weeks `--job-retention` keeps would leave them (the outbox's every tick looks at each
+webhook's deliveries). `--profile DIR`: py-spy records the server process during each phase (raw stacks, DIR/{phase}{round}.txt;
 scripts/profile_buckets.py sums them).
 
     python scripts/bench_webhooks.py --webhooks 1000 --workers 200 --rounds 3 --seconds 10
@@ -89,6 +91,18 @@ def delivered(state) -> int:
         return conn.execute("SELECT count(*) FROM webhook_deliveries WHERE status = 'delivered'").fetchone()[0]
 
 
+def keep(state, n: int) -> None:
+    """`n` delivered rows per webhook, under event seqs no real event has (below 1): what weeks of
+    deliveries leave in webhook_deliveries (kept for --job-retention), written beside the running server."""
+    with sqlite3.connect(state, timeout=60) as conn:
+        conn.execute(
+            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?) "
+            "INSERT INTO webhook_deliveries (webhook_id, event_seq, event, status, attempts, first_try_at, last_try_at, http_status) "
+            "SELECT w.id, -n.i, 'job.submitted', 'delivered', 1, 0, 0, 204 FROM webhooks w, n",
+            (n,),
+        )
+
+
 def children(pid: int) -> list[int]:
     """The direct children of `pid` (the server's delivery process), from /proc."""
     found: list[int] = []
@@ -130,6 +144,7 @@ def main(argv=None) -> int:
     p.add_argument("--jobs-per-s", type=float, default=2.0)
     p.add_argument("--delay-ms", type=float, default=20.0, help="the receiver's answer time")
     p.add_argument("--webhook-concurrency", type=int, default=16)
+    p.add_argument("--history", type=int, default=0, metavar="N", help="delivered rows per webhook kept from before the run")
     p.add_argument("--profile", metavar="DIR", help="py-spy the server process in each phase, raw stacks into DIR")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
@@ -160,12 +175,15 @@ def main(argv=None) -> int:
                 json={"url": f"http://127.0.0.1:{port}/hook/{i}", "events": ["job.submitted"]},
             )
             r.raise_for_status()
+        if args.history:
+            keep(server.state, args.history)
         workers = [register_worker(s, server.url, server.join_token, f"w{i}")["session_token"] for i in range(args.workers)]
         # Warm-up: one submit, its deliveries drained, so the rounds measure the steady state (connections
         # open, the delivery process started), not the first delivery's set-up.
+        kept = delivered(server.state)
         s.post(f"{server.url}/v1/jobs", headers=client, json={"command": ["true"]}, timeout=60)
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and delivered(server.state) < args.webhooks:
+        while time.monotonic() < deadline and delivered(server.state) < kept + args.webhooks:
             time.sleep(0.5)
         rows = []
         for n in range(args.rounds):

@@ -442,3 +442,13 @@ def test_version_18_file_without_notifications_starts_its_ids_at_one(tmp_path):
     assert db.ensure_schema(old) == db.schema_version()
     assert _next_ids(old) == (1, 1) and _next_seq(old) == 1
     old.close()
+
+
+def test_the_outbox_reads_only_the_deliveries_being_retried(built):
+    """due_webhooks (every tick of the outbox) finds a webhook's retrying delivery through the partial index,
+    not by walking every delivery kept for the webhook (they are kept for --job-retention)."""
+    conn, _ = built
+    sql = QUERIES["due_webhooks"]
+    params = {p: None for p in PARAM.findall(sql)}
+    plan = " | ".join(r["detail"] for r in conn.execute("EXPLAIN QUERY PLAN " + sql, params).fetchall())
+    assert "webhook_deliveries_retrying" in plan, plan

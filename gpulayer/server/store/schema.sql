@@ -11,7 +11,7 @@
 -- fit (which workers a shape and a job fit); quotas, fair share, the usage ledger, preemption,
 -- quotas' use now and as admission reads them.
 
-PRAGMA user_version = 19;
+PRAGMA user_version = 20;
 
 -- ---------------------------------------------------------------------------------------
 -- Tokens and teams: tokens, users, projects, memberships.
@@ -484,6 +484,9 @@ CREATE TABLE webhook_deliveries (
     CHECK (status <> 'retrying' OR next_try_at IS NOT NULL)
 ) STRICT;
 CREATE INDEX webhook_deliveries_status ON webhook_deliveries (status, last_try_at);
+-- The outbox's look at each webhook's delivery being retried, every tick (due_webhooks): without it, a
+-- walk of all the webhook's rows, which --job-retention keeps (8 ms a tick at 100 rows for 1,000 webhooks).
+CREATE INDEX webhook_deliveries_retrying ON webhook_deliveries (webhook_id) WHERE status = 'retrying';
 
 -- Alerts: a read-only query run every `every_s` (admins'); it fires (an `alert_fired` event,
 -- delivered to `webhook_id`) when it returns rows it did not return last time. `seen`: the digests
