@@ -23,6 +23,7 @@ import apsw
 from gpulayer.server.provisioning import loop as provisioner
 from gpulayer.server.replication.home import note_started, restored_marker
 from gpulayer.server.replication.replica import Replica, check_directory, require_binary
+from gpulayer.server.replication.restore import skip_lost_event_seqs
 from gpulayer.server.replication.supervisor import Replicator
 from gpulayer.server.scheduler import ledger, reconcile, retention
 from gpulayer.server.http.app import Deps, create_app, new_deps, with_explorer
@@ -228,6 +229,8 @@ class ControlPlane:
                                                         self.config.lease_ttl_s, online)
             self.deps.scheduler.restored = restored
             if "first_started_at" not in marker:
+                taken = self.deps.store.write(skip_lost_event_seqs)
+                log.info("restored_event_seqs_skipped next_seq=%d", taken + 1)
                 note_started(layout, marker, now)
             if restored is not None:
                 log.info("restored_home from=%s watermark=%s awaiting_workers=%d pause_max_s=%g rules_s=%g",

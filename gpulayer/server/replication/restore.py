@@ -20,10 +20,13 @@ from gpulayer.server.replication.lease import (FENCE_TTL_S, LeaseLost, describe_
                                                swap_lease)
 from gpulayer.server.replication.replica import Replica, require_binary
 from gpulayer.server.security.auth import write_private
-from gpulayer.server.store.queries import QUERIES
+from gpulayer.server.store.queries import QUERIES, one, row
 
 RESTORE_TIMEOUT_S = 3600.0   # the most `litestream restore` may take
 TAKE_OVER_TRIES = 5     # a restore's attempts at the lease while another writer races it
+# Event seqs skipped at a restored home's first start: the lost window is about one --replicate-interval
+# (1 s) of changes, and no writer commits this many events in minutes.
+LOST_EVENT_SEQS = 10_000_000
 
 
 def restore(source: str, home: Path, *, timestamp: str | None = None, force: bool = False,
@@ -173,3 +176,11 @@ def _check_restored(path: Path) -> dict:
     finally:
         conn.close()
     return {"jobs": jobs, "max_task_id": tasks, "last_event_at": last_event}
+
+
+def skip_lost_event_seqs(conn: apsw.Connection) -> int:
+    """At a restored home's first start: the next event seq jumps past any the lost window used; returns
+    the highest seq now taken. An event the old plane wrote there (and a webhook may have delivered,
+    as msg_gl<webhook>e<seq>) shares no seq with one written from now on."""
+    row(conn, "seed_event_sequence")
+    return one(conn, "skip_lost_event_seqs", skip=LOST_EVENT_SEQS)["seq"]
