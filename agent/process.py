@@ -13,11 +13,8 @@ import signal
 import subprocess
 import threading
 import time
-from typing import IO, TYPE_CHECKING, Callable
+from typing import IO, Callable, Protocol
 
-if TYPE_CHECKING:
-    from .launcher import Launched
-    from .spares import MadeAhead
 
 #: SIGTERM first, then SIGKILL after this many seconds.
 KILL_GRACE_S = 5.0
@@ -61,6 +58,22 @@ def live_group_members(pgid: int, proc_root: str = "/proc") -> list[int] | None:
     return members
 
 
+class Started(Protocol):
+    """A process started for a TaskProcess elsewhere, read as a subprocess.Popen: an element the job's launcher
+    forked (agent/launcher.py's Launched), a command in a sandbox made ahead (agent/spares.py's MadeAhead)."""
+
+    @property
+    def pid(self) -> int: ...
+    @property
+    def returncode(self) -> int | None: ...
+    @property
+    def stdout(self) -> IO[bytes] | None: ...
+    @property
+    def stderr(self) -> IO[bytes] | None: ...
+    def poll(self) -> int | None: ...
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
 def _init_pidfd(read: int, pgid: int, timeout_s: float = SANDBOX_SETTLE_S) -> int | None:
     """A pidfd of the sandbox's init from bwrap's --info-fd (``{"child-pid": N}``, written once it cloned it),
     checked to be in the task's process group; None when bwrap wrote none in time or the pid is not it."""
@@ -96,7 +109,7 @@ class TaskProcess:
     """A running command whose stdout/stderr lines go to ``on_line(stream, text)``."""
 
     def __init__(self, argv: list[str], env: dict[str, str], cwd: str, on_line: LineSink, *, sandboxed: bool = False,
-                 entered: bool = False, started: "subprocess.Popen | Launched | MadeAhead | None" = None,
+                 entered: bool = False, started: "Started | None" = None,
                  info: tuple[int, int] | None = None, init_pidfd: int | None = None):
         self._on_line = on_line
         #: The leader is bwrap (agent/sandbox.py), which may exit while its PID namespace is still ending.
@@ -112,7 +125,7 @@ class TaskProcess:
         self.init_pidfd: int | None = init_pidfd
         #: ``started``: a process the job's launcher started already (agent/launcher.py), the leader of its group.
         try:
-            self.popen = started if started is not None else subprocess.Popen(
+            self.popen: Started = started if started is not None else subprocess.Popen(
                 argv,
                 env=env,
                 cwd=cwd,
