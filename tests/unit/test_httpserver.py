@@ -258,21 +258,32 @@ def test_a_head_up_to_the_cap_is_served_and_one_over_it_refused(serve, front_end
 
 
 def test_granian_refuses_an_oversized_head_before_any_handler():
-    """The cap holds for the path-prefixed handlers (the ingress) too: they never see such a head."""
+    """The cap holds for the path-prefixed handlers (the ingress) and WebSockets (the relay) too: they never see
+    such a head."""
     seen: list[str] = []
 
     async def ingress(scope, proto):
         seen.append(scope.path)
         proto.response_bytes(200, [("content-type", "text/plain")], b"ingress")
 
-    srv = GranianServer(app, "127.0.0.1", 0, prefixed={"/ingress/": ingress})
+    async def websocket(scope, proto):
+        seen.append("ws " + scope.path)
+        proto.close(403)
+
+    srv = GranianServer(app, "127.0.0.1", 0, prefixed={"/ingress/": ingress}, websocket=websocket)
     srv.start()
     try:
         url = f"http://127.0.0.1:{srv.port}"
         over = _head_refused(url, 80 * 1024, "/ingress/x")
         assert over is not None and over.status_code == 431
         assert requests.get(url + "/ingress/y", headers={"X-Big": "a" * 48 * 1024}, timeout=5).text == "ingress"
-        assert seen == ["/ingress/y"]
+        upgrade = ("GET /relay HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                   "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n")
+        for size, status in ((80 * 1024, b"431"), (100, b"403")):
+            with socket.create_connection(("127.0.0.1", srv.port), timeout=5) as s:
+                s.sendall(f"{upgrade}X-Big: {'a' * size}\r\n\r\n".encode())
+                assert s.recv(64).split(b" ")[1] == status
+        assert seen == ["/ingress/y", "ws /relay"]
     finally:
         srv.stop()
 
