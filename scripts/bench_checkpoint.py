@@ -10,6 +10,12 @@ holding a task. Figures, each a median of --runs:
 - second: the same folder with 1% of its files rewritten: bytes sent over the folder's bytes;
 - restore: the checkpoint fetched into a new folder through an empty artifact cache.
 
+Also the CPU seconds each side spent (`cpu_s`), and the control plane's by thread name during the
+uploads (`upload_server_threads`: granian's Rust runtime, its asyncio loop, the request threads).
+With `--profile DIR`: py-spy (raw stacks) of the control plane and of this process (the agent's
+side) during the first upload, into DIR/server.txt and DIR/agent.txt (scripts/profile_buckets.py
+sums them).
+
     python scripts/bench_checkpoint.py --gib 1 --files 100 --runs 3
 """
 
@@ -24,6 +30,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -36,6 +43,8 @@ from agent.transport import Transport  # noqa: E402
 from gpulayer.protocol import PROTOCOL, PROTOCOL_HEADER  # noqa: E402
 from gpulayer.protocol.assignment import CheckpointRef  # noqa: E402
 from gpulayer.testing import ControlPlaneProcess  # noqa: E402
+
+from bench_forward import profile, thread_cpu, where_cpu  # noqa: E402
 
 CHUNK = 4 << 20
 
@@ -115,6 +124,8 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=100)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--dir", default=None, help="where the folders go (default: a temporary folder)")
+    parser.add_argument("--profile", type=Path, help="py-spy the control plane and the agent during the first upload into DIR")
+    parser.add_argument("--profile-s", type=float, default=5.0)
     args = parser.parse_args()
     each = int(args.gib * (1 << 30)) // args.files
     total = each * args.files
@@ -123,6 +134,7 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="bench-ckpt-", dir=args.dir))
     copies, uploads, seconds, restores, second_sent = [], [], [], [], []
     cpu: dict[str, list[float]] = {"upload_server": [], "upload_agent": [], "restore_server": [], "restore_agent": []}
+    server_threads: Counter = Counter()
     try:
         with ControlPlaneProcess(root / "plane", tls=True) as plane:
             token, task_id = worker_session(plane)
@@ -137,6 +149,10 @@ def main() -> None:
                 shutil.rmtree(root / f"copy-{run}")
                 keeper = Checkpointer(src, transport, None, memo, lambda _text: None)  # type: ignore[arg-type]
                 server_cpu, agent_cpu = cpu_seconds(plane.proc.pid), own_cpu_seconds()
+                threads_at = thread_cpu(plane.proc.pid)
+                spies = []
+                if args.profile and run == 0:
+                    spies = profile(args.profile, {"server": plane.proc.pid, "agent": os.getpid()}, args.profile_s)
                 began = time.perf_counter()
                 taken = keeper.snapshot()
                 assert taken is not None
@@ -144,6 +160,9 @@ def main() -> None:
                 answer = transport.call("POST", "/worker/checkpoint", {"task_id": task_id, "files": manifest})
                 uploads.append(time.perf_counter() - began)
                 cpu["upload_server"].append(cpu_seconds(plane.proc.pid) - server_cpu)
+                server_threads.update(where_cpu(threads_at, thread_cpu(plane.proc.pid)))
+                for spy in spies:
+                    spy.wait()
                 cpu["upload_agent"].append(own_cpu_seconds() - agent_cpu)
                 assert sent == total, (sent, total)
                 keeper.last = manifest
@@ -181,6 +200,7 @@ def main() -> None:
         "restore_s": round(restore_s, 3), "restore_mb_s": round(total / restore_s / 1e6, 1),
         "restore_vs_copy": round(copy_s / restore_s, 2),
         "cpu_s": {key: round(statistics.median(values), 2) for key, values in cpu.items()},
+        "upload_server_threads": {name: round(seconds / args.runs, 2) for name, seconds in server_threads.most_common()},
         "each_run": {"copy": [round(v, 3) for v in copies], "upload": [round(v, 3) for v in uploads],
                      "restore": [round(v, 3) for v in restores],
                      **{f"cpu_{key}": [round(v, 2) for v in values] for key, values in cpu.items()}},
