@@ -71,5 +71,7 @@ def test_job_status_shows_a_running_tasks_gpu_use(cluster):
     assert [tuple(r) for r in rows] == [(0, 87.0, 30512, 81559), (1, 3.0, 10, 81559)]
     cluster.cli("job", "cancel", str(job_id))
     ended = cluster.wait_job(job_id)
+    # The job reads cancelled at once; its task stays running until its worker has stopped it.
+    wait_for(lambda: not any(t["state"] == "running" for t in cluster.current_tasks(job_id)), 60, "the task stopped")
     rc, out, _ = cluster.cli("job", "status", str(job_id))
     assert ended["state"] == "cancelled" and " busy," not in out  # only running tasks show their GPUs
