@@ -60,6 +60,8 @@ class Spare:
     init_pidfd: int | None
     made: float = field(default_factory=time.monotonic)
     taken: bool = False
+    #: Held while the status pipe is read, and while it is closed (-1 then: the spare ended).
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class MadeAhead:
@@ -86,9 +88,13 @@ class MadeAhead:
     def _status(self, timeout: float | None) -> bool:
         """Whether the status came within ``timeout``: bash's number, or, when bash died without writing it (a
         SIGKILL of the group), bwrap's own exit."""
-        if not select.select([self.spare.status], [], [], timeout)[0]:
-            return False
-        data = os.read(self.spare.status, 64).strip()
+        with self.spare.lock:  # the spare's end closes the pipe: never read a descriptor number reused since
+            if self.spare.status >= 0:
+                if not select.select([self.spare.status], [], [], timeout)[0]:
+                    return False
+                data = os.read(self.spare.status, 64).strip()
+            else:
+                data = b""
         self.returncode = int(data) if data.isdigit() else self.spare.proc.wait()
         return True
 
@@ -249,9 +255,14 @@ class Spares:
             for pipe in (proc.stdout, proc.stderr):
                 if pipe is not None:
                     pipe.close()
-        for fd in (spare.status, None if spare.taken else spare.init_pidfd):
-            if fd is not None:
-                os.close(fd)
+        # The init's pidfd is the task's process's once its command started there (set to None then).
+        pidfd, spare.init_pidfd = spare.init_pidfd, None
+        if pidfd is not None:
+            os.close(pidfd)
+        with spare.lock:  # after the kill: a reader waiting on the pipe has had its end-of-file
+            status, spare.status = spare.status, -1
+        if status >= 0:
+            os.close(status)
         if self.running is not None:
             self.running.remove(spare.box.name)
         if not self.keep_dirs:

@@ -147,3 +147,20 @@ def test_a_spare_left_unused_is_ended(tmp_path):
         assert spares.ready[True] == []
     finally:
         spares.close()
+
+
+def test_a_spare_ended_under_a_running_command_reads_as_killed_and_its_pipe_is_not_read_again(spares):
+    spares.take(True)
+    spare = ready(spares)
+    proc, lines, _ = run(spares, spare, ["sh", "-c", "echo ready; exec sleep 600"])
+    wait_for(lambda: ("stdout", "ready") in lines, 20, "the command to run")
+    spares.done(spare)  # the task's thread gave up on it (an agent error): its sandbox is killed, its pipe closed
+    wait_for(lambda: spare.status == -1, 20, "the spare to end")
+    reused = os.pipe()  # descriptor numbers the closed pipe had may be handed out again
+    try:
+        assert proc.popen.poll() in (-signal.SIGKILL, 128 + signal.SIGKILL)
+        assert exit_code_of(proc.popen.wait()) == 128 + signal.SIGKILL
+    finally:
+        for fd in reused:
+            os.close(fd)
+    proc.finish_readers()
