@@ -74,7 +74,7 @@ class Started(Protocol):
     def wait(self, timeout: float | None = None) -> int: ...
 
 
-def _init_pidfd(read: int, pgid: int, timeout_s: float = SANDBOX_SETTLE_S) -> int | None:
+def sandbox_init_pidfd(read: int, pgid: int, timeout_s: float = SANDBOX_SETTLE_S) -> int | None:
     """A pidfd of the sandbox's init from bwrap's --info-fd (``{"child-pid": N}``, written once it cloned it),
     checked to be in the task's process group; None when bwrap wrote none in time or the pid is not it."""
     data = b""
@@ -144,7 +144,7 @@ class TaskProcess:
                 os.close(info[1])
         self.pid = self.popen.pid
         if info is not None:
-            self.init_pidfd = _init_pidfd(info[0], self.pid)
+            self.init_pidfd = sandbox_init_pidfd(info[0], self.pid)
         pipes = [(stream, pipe) for stream, pipe in (("stdout", self.popen.stdout), ("stderr", self.popen.stderr))
                  if pipe is not None]  # both: stdout=PIPE, stderr=PIPE
         # One thread reads both pipes: a thread per pipe was a measurable part of a short task's cost.

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from .events import log_event
 from .leftovers import RunningTasks
-from .process import _init_pidfd
+from .process import sandbox_init_pidfd
 from .sandbox import PASSED_SIGNALS, Sandbox
 
 #: Seconds a spare may wait unused before the next take ends it (a worker whose plain tasks stopped coming).
@@ -122,26 +122,25 @@ class Spares:
 
     def take(self, network: bool) -> Spare | None:
         """A spare for a task (None when none is ready: the task makes its own), and another made behind it."""
-        now, stale, spare = time.monotonic(), [], None
+        dead: list[Spare] = []
+        spare = None
         with self.lock:
             if self.off or self.closed:
                 return None
             ready = self.ready[network]
-            stale = [s for s in ready if now - s.made > self.idle_s]
-            ready[:] = [s for s in ready if s not in stale]
-            while ready and spare is None:
+            while ready and spare is None:  # one left unused too long is the reaper's (_reap_loop)
                 candidate = ready.pop()
                 if candidate.proc.poll() is None:
                     spare = candidate
                 else:
-                    stale.append(candidate)
+                    dead.append(candidate)
             if len(ready) + self.making[network] < self.most:
                 self.making[network] += 1
                 self._maker.submit(self._make, network)
             if self._reaper is None:
                 self._reaper = threading.Thread(target=self._reap_loop, name="spare-sandboxes", daemon=True)
                 self._reaper.start()
-        for old in stale:
+        for old in dead:
             self.done(old)
         if spare is not None:
             spare.taken = True
@@ -213,7 +212,7 @@ class Spares:
         finally:
             os.close(info_write)
             os.close(status_write)
-        spare = Spare(box, network, proc, status_read, _init_pidfd(info_read, proc.pid))
+        spare = Spare(box, network, proc, status_read, sandbox_init_pidfd(info_read, proc.pid))
         if spare.init_pidfd is None:
             self._end(spare)
             raise OSError(5, f"bwrap did not start (exit {proc.poll()})")

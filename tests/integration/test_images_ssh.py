@@ -11,10 +11,8 @@ capability, its own network (`ssh -L` reaches a port that nothing outside the ta
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
-import socket
 import subprocess
 import sys
 
@@ -22,6 +20,7 @@ import pytest
 import requests
 from integration_cluster import Cluster
 from ociimages import archive, build_layout, needs_umoci
+from test_relay_ssh import _digest, _free_port
 
 from gpulayer.testing import clean_env, wait_for
 
@@ -89,16 +88,6 @@ def config(cluster, tmp_path_factory):
 def _ssh(cluster, config, *args, tool="ssh", input=None, timeout=120):
     return subprocess.run([tool, "-F", str(config), *args], env=clean_env(**cluster.cli_env()), input=input,
                           capture_output=True, timeout=timeout, cwd=cluster.root)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _digest(path) -> str:
-    return hashlib.sha256(open(path, "rb").read()).hexdigest()
 
 
 def test_a_command_runs_in_the_images_place_with_its_exit_status(cluster, job, config):
