@@ -5,6 +5,7 @@ import os
 import sys
 
 from gpulayer.protocol import parse_duration
+from gpulayer.protocol.ending import run_and_end
 
 from . import __version__
 from .hardening import JOIN_TOKEN_VAR, TokenFileError, read_token_file
@@ -83,4 +84,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_and_end(main)

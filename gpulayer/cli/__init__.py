@@ -13,6 +13,10 @@ only inside the functions that run it (tests/unit/test_import_contracts.py).
 
 
 def main(argv=None):
-    """The `gpulayer` console script (`gpulayer.cli:main`)."""
+    """The `gpulayer` console script (`gpulayer.cli:main`): with `argv` None the process's command, which
+    ends the process (gpulayer.protocol.ending); with a list, a call that returns the exit status."""
     from gpulayer.cli.app import main as run
-    return run(argv)
+    if argv is not None:
+        return run(argv)
+    from gpulayer.protocol.ending import run_and_end
+    run_and_end(run)

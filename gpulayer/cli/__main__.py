@@ -1,6 +1,5 @@
 """`python -m gpulayer.cli`: the `gpulayer` command."""
-import sys
-
 from gpulayer.cli.app import main
+from gpulayer.protocol.ending import run_and_end
 
-sys.exit(main())
+run_and_end(main)

@@ -230,4 +230,5 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from gpulayer.protocol.ending import run_and_end
+    run_and_end(main)
