@@ -360,8 +360,9 @@ def test_ctrl_c_sample_is_what_submit_wait_says(plane, project, env):
     job_id = int(terminal.read_until("\n").splitlines()[0])
     plane.wait_job(job_id, ("running",), 60)
     terminal.interrupt()
-    assert terminal.exit_code() == 130
     said = _substituted(sample, **{"27": str(job_id)})
+    terminal.read_until(said.split(": ", 1)[1])  # the line, however late the terminal passes it on
+    assert terminal.exit_code() == 130
     assert said in terminal.output.replace("\r\n", "\n"), terminal.output
     _sh(said.split(": ", 1)[1], project, env)
     assert plane.job(job_id)["state"] == "cancelled"
