@@ -281,11 +281,13 @@ def _submit_remote(ctx, spec, wait, follow, as_json, cancel_on_interrupt: bool, 
             typer.echo(job.id)
             raise fail(f"job {job.id} was submitted, but its mail was refused: {exc}", 1) from None
     waits = (follow or wait) and not spec.get("service")
-    if not (as_json and waits):  # with --json, --wait and --follow print the Job as it ended, last
-        _print_submitted(job, as_json)
-    if job.data.get("ingress_url"):
-        _print_ingress(job.data["ingress_url"], made_key, as_json)
+    # From here on the job exists: a Ctrl-C at any point, even while its id is being printed (typer would
+    # turn it into a silent exit 130), cancels it or says how to.
     try:
+        if not (as_json and waits):  # with --json, --wait and --follow print the Job as it ended, last
+            _print_submitted(job, as_json)
+        if job.data.get("ingress_url"):
+            _print_ingress(job.data["ingress_url"], made_key, as_json)
         if spec.get("service"):
             for endpoint in job.endpoints(wait=ENDPOINT_WAIT_S, on_waiting=tell_waiting):
                 if as_json:

@@ -229,3 +229,30 @@ def test_job_cancel_by_user(cluster):
     assert _state(cluster, int(stuck)) == "queued"
     done = _ok(cluster.cli("job", "cancel", "--user", "admin", "--name", f"{tag}-*")).stdout
     assert done.strip() == f"job {stuck} cancelled"
+
+
+@pytest.mark.parametrize("cancel", [False, True], ids=["told", "--cancel-on-interrupt"])
+def test_ctrl_c_while_the_id_is_printed_is_handled_as_any_other(cluster, monkeypatch, capsys, cancel):
+    """^C that lands while `submit --wait` prints the job's id (a loaded machine, a user quick on the keys):
+    the job exists, so it is cancelled or its cancel command named, as later; typer alone exits 130 in
+    silence and leaves it running unsaid."""
+    from gpulayer.cli import main
+    from gpulayer.cli import submit as cli_submit
+
+    def printing(job, as_json):
+        print(job.id, flush=True)
+        raise KeyboardInterrupt  # as the signal handler raises it right after the write
+
+    monkeypatch.setattr(cli_submit, "_print_submitted", printing)
+    for name, value in cluster.cli_env().items():
+        monkeypatch.setenv(name, value)
+    code = main(["submit", "--wait", *(["--cancel-on-interrupt"] if cancel else []), "--", "sleep", "120"])
+    out, err = capsys.readouterr()
+    job_id = int(out.split()[0])
+    assert code == 130
+    if cancel:
+        assert f"job {job_id} cancelled" in err
+        assert cluster.wait_job(job_id, ("cancelled",), 60)["state"] == "cancelled"
+    else:
+        assert f"gpulayer job cancel {job_id}" in err and f"job {job_id} is still" in err
+        _ok(cluster.cli("job", "cancel", str(job_id)))
