@@ -84,6 +84,8 @@ def test_typed_commands_resizes_ctrl_c_ctrl_z_and_the_exit_status(plane, job):
     terminal.type("exit 7\n")
     assert terminal.exit_code() == 7, terminal.output
     assert terminal.left == before  # raw mode undone
+    wait_for(lambda: plane.sql("SELECT 1 FROM sessions WHERE kind = 'shell' AND exit_code = 7 AND closed_at IS NOT NULL"),
+             30, "the session's row closed")
     rows = plane.sql("SELECT kind, detail, exit_code, bytes_in > 0, bytes_out > 0 FROM sessions WHERE kind = 'shell' AND exit_code = 7")
     assert len(rows) == 1, rows
     detail = json.loads(rows[0][1])
