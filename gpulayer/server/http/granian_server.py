@@ -168,7 +168,7 @@ class GranianServer:
         asyncio.set_event_loop(loop)
         backpressure = self._max_connections
         bridge = self._bridge = Bridge(self._app, loop, self._threads, self._head_timeout_s, self._websocket,
-                                            self._prefixed)
+                                       self._prefixed)
         # granian's own stub lags its worker's signature (the IPC handle, the metrics pair): Any.
         worker_cls: Any = RSGIWorker
         worker = worker_cls(1, (None, holder), None, self._runtime_threads, 512, 1, 30, backpressure, "1",
