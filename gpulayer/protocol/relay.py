@@ -142,7 +142,7 @@ def encode(stream_id: int, type_: int, payload: bytes | int | dict = b"") -> byt
     return HEADER.pack(stream_id, type_) + body
 
 
-def data(stream_id: int, chunk: bytes, channel: int = 1) -> bytes:
+def data(stream_id: int, chunk: bytes | memoryview, channel: int = 1) -> bytes:
     """A DATA frame (channel 1) or an EXT_DATA frame of `channel`."""
     if channel == 1:
         return HEADER.pack(stream_id, DATA) + chunk
@@ -164,14 +164,14 @@ def decode(message: bytes | bytearray | memoryview | str, max_data: int = MAX_DA
     `max_data`), an unknown type, stream id 0, a bad WINDOW or a JSON payload that is not an object."""
     if isinstance(message, str):
         raise FrameError("the relay takes binary messages only, not text")
-    raw = bytes(message)
+    raw = memoryview(message)
     if len(raw) < HEADER.size:
         raise FrameError(f"a frame of {len(raw)} bytes is shorter than its {HEADER.size}-byte header")
     limit = max(MAX_FRAME, max_data + MAX_FRAME - MAX_DATA)
     if len(raw) > limit:
         raise FrameError(f"a frame of {len(raw)} bytes is over the limit of {limit}")
     stream_id, type_ = HEADER.unpack_from(raw)
-    body = raw[HEADER.size :]
+    body = bytes(raw[HEADER.size :])  # the one copy of a DATA frame's bytes
     if stream_id == 0:
         raise FrameError("stream id 0 is not a stream")
     if type_ not in TYPE_NAMES:

@@ -1,6 +1,6 @@
 """A relay WebSocket seen from threads (the agent's link, the client's streams): frames in, credit kept.
 
-`Link` wraps a connected `websockets.sync` connection: `run()` reads frames (in the caller's thread, or
+`Link` wraps a connected WebSocket (gpulayer/protocol/wsclient.py): `run()` reads frames (in the caller's thread, or
 `start()` one) and hands them to their `Stream`; `send()` may be called from any thread. A `Stream` writes
 within the credit its receiver granted (waiting for WINDOW when it runs out), and hands what it reads to
 `recv()`; whoever reads calls `consumed(n)` once it has used `n` bytes, which grants them back. When the
@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable
 
 from gpulayer.protocol import relay as frames
+from gpulayer.protocol import wsclient
 from gpulayer.protocol.relay import CLOSE, DATA, EOF, EXT_DATA, OPEN, SETTINGS, SIGNAL, WINDOW, Credit, Frame, FrameError, accepted_data
 
 log = logging.getLogger("gpulayer.relay")
@@ -66,8 +67,8 @@ class Stream:
                     return False
                 size = min(self.out.left, self.max_out, len(view))
                 self.out.take(size)
-            chunk, view = bytes(view[:size]), view[size:]
-            if not self._send(frames.data(self.id, chunk, channel)):
+            chunk, view = view[:size], view[size:]
+            if not self._send(frames.data(self.id, chunk, channel)):  # one copy: the frame's
                 return False
         return True
 
@@ -258,7 +259,9 @@ def _closed_reason(exc: Exception) -> str:
     reason = getattr(rcvd, "reason", "") if rcvd is not None else ""
     if reason:
         return f"the relay connection closed: {reason}"
-    return "the relay connection was lost" + (f" ({type(exc).__name__})" if not type(exc).__name__.startswith("ConnectionClosed") else "")
+    if isinstance(exc, wsclient.ConnectionClosed):
+        return "the relay connection was lost" + (f" ({exc})" if str(exc).startswith("no answer") else "")
+    return f"the relay connection was lost ({type(exc).__name__})"
 
 
 #: Tries of a handshake that got no answer at all (see `connect`), and how long each waits for the answer.
@@ -268,16 +271,16 @@ HANDSHAKE_WAIT_S = 10.0
 
 def _unanswered(exc: BaseException) -> bool:
     """Whether a failed opening handshake got no HTTP answer at all (the connection closed or stayed silent)."""
-    from websockets.exceptions import ConnectionClosed, InvalidMessage
+    import ssl
 
-    return isinstance(exc, (InvalidMessage, TimeoutError, EOFError, ConnectionResetError, ConnectionClosed))
+    return isinstance(exc, (TimeoutError, EOFError, ConnectionResetError, BrokenPipeError, ssl.SSLEOFError, wsclient.ConnectionClosed))
 
 
-def connect(url: str, token: str, verify: bool | str, *, timeout: float = 30.0, max_data: int = frames.LARGE_DATA):
-    """A `websockets.sync` connection to a relay route (`https://...` becomes `wss://...`), with the token and
+def connect(url: str, token: str, verify: bool | str, *, timeout: float = 30.0, max_data: int = frames.LARGE_DATA) -> wsclient.WebSocket:
+    """A WebSocket (gpulayer/protocol/wsclient.py) to a relay route (`https://...` becomes `wss://...`), with the token and
     the protocol header; the CA file `verify` names (or the system's for True). It announces that it takes
     DATA frames of up to `max_data` bytes (MAX_DATA: announce nothing, as a peer from before that header).
-    Raises what websockets does.
+    Raises what wsclient.connect does.
 
     A handshake that got no HTTP answer (the connection closed before the status line, or nothing came within
     HANDSHAKE_WAIT_S) is tried again, up to HANDSHAKE_TRIES times within `timeout`: granian, under load, drops
@@ -298,10 +301,8 @@ def connect(url: str, token: str, verify: bool | str, *, timeout: float = 30.0, 
     raise AssertionError("unreachable")
 
 
-def _connect_once(url: str, token: str, verify: bool | str, timeout: float, max_data: int = frames.LARGE_DATA):
+def _connect_once(url: str, token: str, verify: bool | str, timeout: float, max_data: int = frames.LARGE_DATA) -> wsclient.WebSocket:
     import ssl
-
-    from websockets.sync.client import connect as ws_connect
 
     from gpulayer.protocol import PROTOCOL, PROTOCOL_HEADER
 
@@ -311,22 +312,19 @@ def _connect_once(url: str, token: str, verify: bool | str, timeout: float, max_
         if verify is False:
             context.check_hostname = False
             context.verify_mode = ssl.CERT_NONE
-    ws_url = "ws" + url[len("http") :]
-    return ws_connect(
-        ws_url,
-        ssl=context,
-        open_timeout=timeout,
-        close_timeout=2,
-        compression=None,
+    return wsclient.connect(
+        "ws" + url[len("http") :],
+        ssl_context=context,
+        timeout=timeout,
         max_size=frames.MAX_FRAME + max(0, max_data - frames.MAX_DATA),
-        max_queue=64,
-        additional_headers={
+        close_timeout=2,
+        headers={
             "Authorization": f"Bearer {token}",
             PROTOCOL_HEADER: str(PROTOCOL),
             "User-Agent": "gpulayer-relay/1",
             **({frames.MAX_DATA_HEADER: str(max_data)} if max_data > frames.MAX_DATA else {}),
         },
-    ).__enter__()  # closed by Link.close
+    )  # closed by Link.close
 
 
 __all__ = ["Link", "Stream", "LinkLost", "connect"]

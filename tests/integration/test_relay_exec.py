@@ -19,7 +19,7 @@ import time
 
 import pytest
 import requests
-from websockets.exceptions import ConnectionClosed
+from gpulayer.protocol.wsclient import ConnectionClosed
 
 from gpulayer.client.api import connect
 from gpulayer.client.errors import ApiError, ConnectionFailed

@@ -10,9 +10,9 @@ import socket
 import threading
 
 import pytest
-from websockets.exceptions import ConnectionClosed, InvalidMessage, InvalidStatus
+from sockets import join
 
-from gpulayer.protocol import streams
+from gpulayer.protocol import streams, wsclient
 from gpulayer.server.http.granian_server import GranianServer
 
 pytest.importorskip("granian")
@@ -56,22 +56,7 @@ class DroppingProxy:
                 client.close()
                 continue
             upstream = socket.create_connection(("127.0.0.1", self.port))
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pipe(a: socket.socket, b: socket.socket) -> None:
-        try:
-            while data := a.recv(65536):
-                b.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (a, b):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+            join(client, upstream)
 
     def close(self) -> None:
         self.listener.close()
@@ -100,7 +85,7 @@ def test_an_unanswered_handshake_is_tried_again(server):
 def test_handshakes_are_tried_a_bounded_number_of_times(server):
     proxy = DroppingProxy(server.port, drop=100)
     try:
-        with pytest.raises((InvalidMessage, ConnectionClosed)):  # the close may come before or after the request went
+        with pytest.raises((EOFError, ConnectionResetError, BrokenPipeError)):  # the close may come before or after the request went
             streams.connect(f"http://127.0.0.1:{proxy.address}/echo", "token", False, timeout=10)
         assert proxy.accepted == streams.HANDSHAKE_TRIES
     finally:
@@ -110,7 +95,7 @@ def test_handshakes_are_tried_a_bounded_number_of_times(server):
 def test_an_answered_refusal_is_not_tried_again(server):
     proxy = DroppingProxy(server.port, drop=0)
     try:
-        with pytest.raises(InvalidStatus) as refused:
+        with pytest.raises(wsclient.Refused) as refused:
             streams.connect(f"http://127.0.0.1:{proxy.address}/refuse", "token", False, timeout=10)
         assert refused.value.response.status_code == 403
         assert proxy.accepted == 1
