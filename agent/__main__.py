@@ -6,6 +6,7 @@ import sys
 
 from gpulayer.protocol import parse_duration
 from gpulayer.protocol.ending import run_and_end
+from gpulayer.protocol.malloc import keep_freed_memory
 
 from . import __version__
 from .hardening import JOIN_TOKEN_VAR, TokenFileError, read_token_file
@@ -84,4 +85,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    keep_freed_memory()
     run_and_end(main)

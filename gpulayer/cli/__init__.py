@@ -19,4 +19,6 @@ def main(argv=None):
     if argv is not None:
         return run(argv)
     from gpulayer.protocol.ending import run_and_end
+    from gpulayer.protocol.malloc import keep_freed_memory
+    keep_freed_memory()  # the process's own: a call with argv (a test, a library) leaves malloc as it is
     run_and_end(run)

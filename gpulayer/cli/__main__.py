@@ -1,5 +1,4 @@
 """`python -m gpulayer.cli`: the `gpulayer` command."""
-from gpulayer.cli.app import main
-from gpulayer.protocol.ending import run_and_end
+from gpulayer.cli import main
 
-run_and_end(main)
+main()

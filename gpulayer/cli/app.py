@@ -230,5 +230,5 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    from gpulayer.protocol.ending import run_and_end
-    run_and_end(main)
+    from gpulayer.cli import main as command
+    command()
