@@ -127,6 +127,12 @@ def main() -> None:
     parser.add_argument("--profile", type=Path, help="py-spy the control plane and the agent during the first upload into DIR")
     parser.add_argument("--profile-s", type=float, default=5.0)
     args = parser.parse_args()
+    try:  # this process plays the agent, which sets it at its start (python -m agent)
+        from gpulayer.protocol.malloc import keep_freed_memory
+    except ImportError:  # a tree from before it
+        pass
+    else:
+        keep_freed_memory()
     each = int(args.gib * (1 << 30)) // args.files
     total = each * args.files
     load_before = os.getloadavg()
