@@ -230,5 +230,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    from gpulayer.cli import main as command
-    command()
+    from gpulayer.protocol.ending import run_and_end
+    from gpulayer.protocol.malloc import keep_freed_memory
+    keep_freed_memory()
+    run_and_end(main)
