@@ -116,6 +116,15 @@ def _echo(port: int, payload: bytes) -> bytes:
     return bytes(back)
 
 
+def _said(stream) -> str:
+    """What a running process wrote to a pipe so far (not waiting for more)."""
+    os.set_blocking(stream.fileno(), False)
+    try:
+        return os.read(stream.fileno(), 1 << 16).decode(errors="replace")
+    except (BlockingIOError, OSError):
+        return ""
+
+
 def test_behind_the_nat_only_the_relay_reaches_the_task(plane, nat, served, job):
     assert not nat.reachable(HTTP), "the NAT namespace let a connection in"
     heard: list[str] = []
@@ -285,7 +294,8 @@ def test_cli_survives_the_agent_restarting_and_ctrl_c_ends_it(tmp_path):
             line = proc.stdout.readline()
             assert line.startswith("Forwarding from 127.0.0.1:") and line.endswith(f" -> {ECHO}\n"), line
             port = int(line.split(":")[1].split()[0])
-            assert _echo(port, b"before") == b"before"
+            first = _echo(port, b"before")
+            assert first == b"before", f"the first echo gave {first!r}; port-forward said {_said(proc.stderr)!r}"
             held = socket.create_connection(("127.0.0.1", port), 30)
             held.sendall(b"x")
             assert held.recv(1) == b"x"

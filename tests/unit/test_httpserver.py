@@ -231,6 +231,93 @@ def test_oversized_headers_are_refused(serve):
     assert requests.get(f"http://127.0.0.1:{srv.port}/hello", timeout=2).status_code == 200
 
 
+def _head_refused(url: str, size: int, prefix: str = "/hello") -> requests.Response | None:
+    """GET with a header of `size` bytes: the answer, or None when the server closed before it (refused too)."""
+    try:
+        return requests.get(url + prefix, headers={"X-Big": "a" * size}, timeout=5)
+    except requests.ConnectionError:
+        return None
+
+
+def test_a_head_up_to_the_cap_is_served_and_one_over_it_refused(serve, front_end):
+    """64 KiB by default on both front ends. granian's read buffer is sized for bodies (256 KiB) and the cap is
+    the bridge's, on the parsed head: a 48 KiB head is served (it was refused when the buffer was the cap)."""
+    srv = serve(tls=False)
+    url = f"http://127.0.0.1:{srv.port}"
+    assert requests.get(url + "/hello", headers={"X-Big": "a" * 48 * 1024}, timeout=5).status_code == 200
+    over = _head_refused(url, 80 * 1024)
+    if front_end == "granian":  # the bridge's answer: the one error shape, and a close
+        assert over is not None and over.status_code == 431, over
+        assert over.json()["error"]["code"] == "headers_too_large"
+        assert over.headers["Connection"] == "close"
+    else:
+        assert over is None or over.status_code in (413, 431)
+    past = _head_refused(url, 600 * 1024)  # past granian's read buffer: hyper refuses it before it ends
+    assert past is None or past.status_code in (413, 431)
+    assert requests.get(url + "/hello", timeout=5).status_code == 200
+
+
+def test_granian_refuses_an_oversized_head_before_any_handler():
+    """The cap holds for the path-prefixed handlers (the ingress) and WebSockets (the relay) too: they never see
+    such a head."""
+    seen: list[str] = []
+
+    async def ingress(scope, proto):
+        seen.append(scope.path)
+        proto.response_bytes(200, [("content-type", "text/plain")], b"ingress")
+
+    async def websocket(scope, proto):
+        seen.append("ws " + scope.path)
+        proto.close(403)
+
+    srv = GranianServer(app, "127.0.0.1", 0, prefixed={"/ingress/": ingress}, websocket=websocket)
+    srv.start()
+    try:
+        url = f"http://127.0.0.1:{srv.port}"
+        over = _head_refused(url, 80 * 1024, "/ingress/x")
+        assert over is not None and over.status_code == 431
+        assert requests.get(url + "/ingress/y", headers={"X-Big": "a" * 48 * 1024}, timeout=5).text == "ingress"
+        upgrade = ("GET /relay HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                   "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n")
+        for size, status in ((80 * 1024, b"431"), (100, b"403")):
+            with socket.create_connection(("127.0.0.1", srv.port), timeout=5) as s:
+                s.sendall(f"{upgrade}X-Big: {'a' * size}\r\n\r\n".encode())
+                assert s.recv(64).split(b" ")[1] == status
+        assert seen == ["/ingress/y", "ws /relay"]
+    finally:
+        srv.stop()
+
+
+def test_granian_hands_a_streamed_body_over_in_chunks_larger_than_a_head_buffer():
+    """A large body reaches Python in chunks of up to BODY_READ_BYTES (hyper's read buffer), not 32 KiB: each
+    chunk costs the control plane a wake-up and an await (docs/benchmarks.md, "Issue 27")."""
+    from gpulayer.server.http.granian_server import BODY_READ_BYTES
+    largest: list[int] = [0]
+
+    def sizes(environ, start_response):
+        stream, h = environ["wsgi.input"], hashlib.sha256()
+        while True:
+            time.sleep(0.002)  # the pump reads ahead meanwhile: what it got is in stream._chunks
+            with stream._cond:
+                largest[0] = max([largest[0], *(len(chunk) for chunk in stream._chunks)])
+            data = stream.read(MB)
+            if not data:
+                break
+            h.update(data)
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [h.hexdigest().encode()]
+
+    srv = GranianServer(sizes, "127.0.0.1", 0)
+    srv.start()
+    try:
+        body = CHUNK * 16
+        r = requests.put(f"http://127.0.0.1:{srv.port}/", data=body, timeout=30)
+        assert r.text == hashlib.sha256(body).hexdigest()
+        assert 32 * 1024 < largest[0] <= BODY_READ_BYTES + 64 * 1024, largest
+    finally:
+        srv.stop()
+
+
 @WALL_CLOCK
 def test_stop_lets_an_inflight_request_finish_then_refuses(tls_files):
     srv = HTTPServer(app, "127.0.0.1", 0, certfile=tls_files["cert"], keyfile=tls_files["key"])

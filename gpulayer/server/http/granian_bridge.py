@@ -6,7 +6,10 @@ come, with no deadline: slow bodies could hold every thread. Over RSGI the
 body is an awaitable on granian's asyncio loop, so here (bodies.py has the
 policy, as cheroot's server.py applies it):
 
-- framing is checked first (400 for an ambiguous length);
+- a head over `max_head_bytes` is refused first (431), whatever its path:
+  granian's read buffer, which would otherwise be the cap, is sized for
+  bodies (granian_server.BODY_READ_BYTES);
+- framing is checked next (400 for an ambiguous length);
 - a small body is awaited on the loop, holding no thread, within
   `head_timeout_s` (408 and a close past it); only then does a thread of
   the pool run the app, with the body in memory;
@@ -55,8 +58,11 @@ class Bridge:
 
     def __init__(self, app, loop: asyncio.AbstractEventLoop, threads: int, head_timeout_s: float,
                  websocket: Callable[[Any, Any], Awaitable[None]] | None = None,
-                 prefixed: dict[str, Callable[[Any, Any], Awaitable[None]]] | None = None):
+                 prefixed: dict[str, Callable[[Any, Any], Awaitable[None]]] | None = None,
+                 max_head_bytes: int | None = None):
         self.app, self.loop = app, loop
+        # granian's read buffer is sized for bodies (granian_server.BODY_READ_BYTES): the head's cap is here.
+        self.max_head_bytes = max_head_bytes
         self.websocket = websocket  # the relay (gpulayer/server/relay/hub.py): WebSockets never reach the app
         # Every request (HTTP or WebSocket) under one of these path prefixes goes to its handler on the loop,
         # never to the app's threads: the ingress (gpulayer/server/relay/ingress.py) streams both ways there.
@@ -78,6 +84,13 @@ class Bridge:
         client = scope.client
         self.active.add(client)
         try:
+            size = head_bytes(scope) if self.max_head_bytes is not None else 0
+            if self.max_head_bytes is not None and size > self.max_head_bytes:
+                log.debug("http_head_refused peer=%s bytes=%d", client, size)
+                if scope.proto == "ws":
+                    return proto.close(431)
+                return _refuse(proto, 431, "headers_too_large",
+                               f"the request's head is over {self.max_head_bytes} bytes")
             for prefix, handler in self.prefixed:
                 if scope.path.startswith(prefix):
                     return await handler(scope, proto)
@@ -383,6 +396,14 @@ class _StreamedBody(io.RawIOBase):
         if self._task is not None and not self._task.done():
             self._task.cancel()
         self._task = None
+
+
+def head_bytes(scope) -> int:
+    """The size of a request's head as HTTP/1.1 writes it (request line, header lines, blank line)."""
+    line = len(scope.method) + len(scope.path.encode("utf-8", "surrogateescape")) + len("  HTTP/1.1\r\n")
+    if scope.query_string:
+        line += 1 + len(scope.query_string)
+    return line + sum(len(name) + len(value) + 4 for name, value in scope.headers.items()) + 2
 
 
 def _refuse(proto, status: int, code: str, message: str, extra: list | None = None) -> None:

@@ -67,6 +67,11 @@ HEAD_TIMEOUT_S = 10.0
 # Tokio threads that read, parse and write; Python runs only the app.
 RUNTIME_THREADS = 1
 MIN_HEAD_BUFFER = 8192  # hyper's minimum read buffer
+# hyper's read buffer, so the most of a request body granian hands to Python at once. Each chunk costs a
+# wake-up of the loop and a Python await (about 70 us): a 1 GiB upload in 32 KiB chunks spent about 2 s of
+# the control plane's CPU on that alone (docs/benchmarks.md, "Issue 27"). It is also what one connection
+# may hold of a head in progress (10 s at most), whatever max_header_bytes says.
+BODY_READ_BYTES = 256 * 1024
 # In-progress requests and connections past the Python threads (an idle keep-alive connection holds none).
 BACKPRESSURE_PER_THREAD = 16
 # Connections refused with 503 per failed accept (granian retries every 0.5 s).
@@ -81,8 +86,8 @@ class GranianServer:
 
     `threads` bounds the requests running in Python at once (a long-poll holds
     one); `head_timeout_s` bounds a request head from when the connection is
-    ready for one; a head over `max_header_bytes` (16 KiB at least) is
-    answered 431 (one over half of it may be). Raises
+    ready for one; a head over `max_header_bytes` is answered 431 (by the
+    bridge once it is parsed; by hyper past its read buffer). Raises
     ValueError for a lone certfile or keyfile.
     """
 
@@ -114,11 +119,13 @@ class GranianServer:
         self._max_connections = max_connections or threads * BACKPRESSURE_PER_THREAD
         self._head_timeout_s = head_timeout_s
         self._runtime_threads = runtime_threads
-        # hyper answers 431 to a head still partial once its read buffer reaches this (granian's default:
-        # 408 KiB); it checks before each read, and a read may bring as much again: half the cap. hyper
-        # aborts the process on a buffer under 8 KiB: a cap under 16 KiB is 16 KiB.
+        # hyper's read buffer is both the most of a request body it hands over at once and the most of a
+        # head it holds before answering 431. Its size is set for bodies (BODY_READ_BYTES); the head's own
+        # cap, max_header_bytes, is the bridge's, checked on the parsed head (431 too). hyper aborts the
+        # process on a buffer under 8 KiB.
         self._http1 = HTTP1Settings(header_read_timeout=int(head_timeout_s * 1000),
-                                    max_buffer_size=max(MIN_HEAD_BUFFER, max_header_bytes // 2))
+                                    max_buffer_size=max(MIN_HEAD_BUFFER, BODY_READ_BYTES, max_header_bytes))
+        self._max_header_bytes = max_header_bytes
         self._signal: WorkerSignal | None = None
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
@@ -168,7 +175,7 @@ class GranianServer:
         asyncio.set_event_loop(loop)
         backpressure = self._max_connections
         bridge = self._bridge = Bridge(self._app, loop, self._threads, self._head_timeout_s, self._websocket,
-                                       self._prefixed)
+                                       self._prefixed, max_head_bytes=self._max_header_bytes)
         # granian's own stub lags its worker's signature (the IPC handle, the metrics pair): Any.
         worker_cls: Any = RSGIWorker
         worker = worker_cls(1, (None, holder), None, self._runtime_threads, 512, 1, 30, backpressure, "1",
