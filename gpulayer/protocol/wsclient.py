@@ -356,7 +356,8 @@ def _tcp(host: str, port: int, secure: bool, timeout: float) -> socket.socket:
         return socket.create_connection((host, port), timeout=timeout)
     parts = urlsplit(proxy if "://" in proxy else "http://" + proxy)
     if parts.scheme != "http" or not parts.hostname:
-        raise ValueError(f"the relay goes through http:// proxies only, not {proxy!r} (or add {host} to no_proxy)")
+        shown = f"{parts.scheme}://{parts.hostname or ''}" + (f":{parts.port}" if parts.port else "")  # never its password
+        raise ValueError(f"the relay goes through http:// proxies only, not {shown} (or add {host} to no_proxy)")
     sock = socket.create_connection((parts.hostname, parts.port or 80), timeout=timeout)
     try:
         authority = f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"

@@ -290,3 +290,12 @@ class ConnectProxy:
         client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
         join(client, upstream)
 
+
+
+def test_a_proxy_other_than_http_is_refused_without_its_password(monkeypatch):
+    monkeypatch.setenv("https_proxy", "socks5://user:secret@127.0.0.1:1080")
+    monkeypatch.setattr(wsclient.urllib.request, "proxy_bypass", lambda host: False)
+    with pytest.raises(ValueError) as refused:
+        wsclient.connect("wss://127.0.0.1:1/", timeout=1)
+    assert "socks5://127.0.0.1:1080" in str(refused.value) and "no_proxy" in str(refused.value)
+    assert "secret" not in str(refused.value)
