@@ -244,9 +244,6 @@ class WebSocket:
         else:
             self._send_frame(BINARY, data)
 
-    def ping(self, payload: bytes = b"") -> None:
-        self._send_frame(PING, payload)
-
     def _send_frame(self, opcode: int, payload, *, quiet: bool = False) -> None:
         size = len(payload)
         if size < 126:

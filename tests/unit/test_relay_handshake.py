@@ -10,7 +10,7 @@ import socket
 import threading
 
 import pytest
-from sockets import join
+from sockets import join, ws_echo
 
 from gpulayer.protocol import streams, wsclient
 from gpulayer.server.http.granian_server import GranianServer
@@ -21,19 +21,6 @@ pytest.importorskip("granian")
 def app(environ, start_response):
     start_response("404 Not Found", [("Content-Type", "text/plain")])
     return [b"no"]
-
-
-async def handler(scope, proto):
-    if scope.path.endswith("refuse"):
-        proto.close(403)
-        return
-    transport = await proto.accept()
-    while True:
-        message = await transport.receive()
-        if message.kind == 0:
-            break
-        await transport.send_bytes(message.data if isinstance(message.data, bytes) else message.data.encode())
-    proto.close(1000)
 
 
 class DroppingProxy:
@@ -64,7 +51,7 @@ class DroppingProxy:
 
 @pytest.fixture
 def server():
-    srv = GranianServer(app, "127.0.0.1", 0, threads=2, websocket=handler)
+    srv = GranianServer(app, "127.0.0.1", 0, threads=2, websocket=ws_echo)
     srv.start()
     yield srv
     srv.stop(timeout=2)

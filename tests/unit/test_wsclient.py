@@ -14,7 +14,7 @@ import threading
 import time
 
 import pytest
-from sockets import join
+from sockets import join, ws_echo
 
 from gpulayer.protocol import wsclient
 from gpulayer.server.http.granian_server import GranianServer
@@ -28,22 +28,9 @@ def app(environ, start_response):
     return [body]
 
 
-async def echo(scope, proto):
-    if scope.path.endswith("refuse"):
-        proto.close(403)
-        return
-    transport = await proto.accept()
-    while True:
-        message = await transport.receive()
-        if message.kind == 0:
-            break
-        await transport.send_bytes(message.data if isinstance(message.data, bytes) else message.data.encode())
-    proto.close(1000)
-
-
 @pytest.fixture(scope="module")
 def server():
-    srv = GranianServer(app, "127.0.0.1", 0, threads=2, websocket=echo)
+    srv = GranianServer(app, "127.0.0.1", 0, threads=2, websocket=ws_echo)
     srv.start()
     yield srv
     srv.stop(timeout=2)
