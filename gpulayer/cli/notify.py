@@ -67,7 +67,7 @@ def webhook_list(ctx: typer.Context, as_json: JsonOpt = False) -> None:
             w["id"],
             w.get("url") or w.get("email"),
             ",".join(w["events"]),
-            _scope(w),
+            _scope(w) + (" (disabled)" if w.get("disabled") else ""),
             w.get("format"),
             w.get("delivered"),
             w.get("retrying"),

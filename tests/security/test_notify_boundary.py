@@ -1,0 +1,116 @@
+"""Notifications at the boundary (issue 36): a real control plane process (`server start`), real HTTP
+receivers on loopback (tests/receivers.py).
+
+- A webhook delivers what its owner may read at the time of the try, not what it could when it was added:
+  a demoted admin's fleet-wide webhook, a manager's project webhook and a member's job webhook go quiet
+  for what their owner lost, and a removed owner's webhook is disabled with a `webhook_disabled` event.
+- One owner's slow receivers (a byte every second, never done) hold neither the delivery threads nor
+  another owner's deliveries: each try has a total deadline, and each owner a cap on tries at once.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import pytest
+
+from gpulayer.testing import ControlPlaneProcess, wait_for
+from receivers import Receiver
+
+EVENTS = ["job.submitted", "job.cancelled"]
+
+
+def add_hook(cp: ControlPlaneProcess, token: str | None, url: str, **scope) -> int:
+    answer = cp.request("POST", "/v1/webhooks", token=token, json={"url": url, "events": EVENTS, **scope})
+    assert answer.status_code == 201, answer.text
+    return answer.json()["id"]
+
+
+def submit(cp: ControlPlaneProcess, token: str, project: str | None = "p1") -> int:
+    answer = cp.request("POST", "/v1/jobs", token=token, json={"command": ["true"], **({"project": project} if project else {})})
+    assert answer.status_code == 201, answer.text
+    return answer.json()["id"]
+
+
+def told(receiver: Receiver) -> set[tuple[str, int]]:
+    return {(json.loads(body)["type"], json.loads(body)["data"]["job_id"]) for _, body in receiver.got}
+
+
+def state(cp: ControlPlaneProcess, sql: str, params=()) -> list[tuple]:
+    with sqlite3.connect(f"file:{cp.state}?mode=ro", uri=True) as conn:
+        return conn.execute(sql, params).fetchall()
+
+
+def handled_up_to_now(cp: ControlPlaneProcess, hooks: list[int]) -> None:
+    """Wait until the outbox has looked at every event so far for each of `hooks` (its cursor past them)."""
+    newest = state(cp, "SELECT max(seq) FROM events")[0][0]
+
+    def done():
+        marks = ",".join("?" * len(hooks))
+        return all(c >= newest for (c,) in state(cp, f"SELECT cursor FROM webhooks WHERE id IN ({marks})", hooks))
+
+    wait_for(done, 30, "the outbox past every event")
+
+
+@pytest.fixture
+def plane(tmp_path):
+    cp = ControlPlaneProcess(tmp_path / "cp", args=["--allow-private-webhooks", "--webhook-retry-base", "0.2"])
+    try:
+        cp.start()
+        yield cp
+    finally:
+        cp.close()
+
+
+def test_a_webhook_delivers_only_what_its_owner_may_read_now(plane):
+    cp = plane
+    admin = cp.client()
+    admin.add_project("p1", visibility="project")
+    tokens = {
+        "boss": admin.add_user("boss", admin=True)["token"],
+        "mgr": admin.add_user("mgr", projects=[("p1", "manager")])["token"],
+        "mem": admin.add_user("mem", projects=[("p1", "member")])["token"],
+        "owner": admin.add_user("owner", projects=[("p1", "member")])["token"],
+    }
+    receivers = {name: Receiver() for name in ("boss", "mgr", "mem", "control")}
+    try:
+        watched = submit(cp, tokens["owner"])
+        hooks = {
+            "boss": add_hook(cp, tokens["boss"], receivers["boss"].url),  # an admin's: everything
+            "mgr": add_hook(cp, tokens["mgr"], receivers["mgr"].url, project="p1"),
+            "mem": add_hook(cp, tokens["mem"], receivers["mem"].url, job=watched),  # p1 is project-visible
+            "control": add_hook(cp, None, receivers["control"].url),  # the first admin's: it keeps its rights
+        }
+        before = submit(cp, tokens["owner"])
+        wait_for(lambda: all(("job.submitted", before) in told(receivers[n]) for n in ("boss", "mgr")), 30, "deliveries while allowed")
+        wait_for(lambda: ("job.submitted", watched) in told(receivers["mem"]), 30, "the job webhook's first delivery")
+
+        admin.set_user("boss", admin=False)  # demoted: its own jobs only
+        admin.remove_member("p1", "mgr")
+        admin.remove_member("p1", "mem")
+        after = submit(cp, tokens["owner"])
+        own = submit(cp, tokens["boss"], project=None)
+        assert cp.request("POST", f"/v1/jobs/{watched}/cancel", json={}).status_code == 200
+        expected = {("job.submitted", after), ("job.cancelled", watched), ("job.submitted", own)}
+        wait_for(lambda: expected <= told(receivers["control"]), 30, "the control's deliveries")
+        wait_for(lambda: ("job.submitted", own) in told(receivers["boss"]), 30, "the demoted admin's own job, which it may still read")
+        handled_up_to_now(cp, list(hooks.values()))
+        assert ("job.submitted", after) not in told(receivers["boss"])  # a demoted admin: not every user's jobs
+        assert ("job.submitted", after) not in told(receivers["mgr"])  # out of the project: not its jobs
+        assert ("job.cancelled", watched) not in told(receivers["mem"]) and ("job.cancelled", watched) not in told(receivers["mgr"])
+
+        admin.remove_user("boss")
+        gone = submit(cp, tokens["owner"])
+        wait_for(lambda: ("job.submitted", gone) in told(receivers["control"]), 30, "the control's delivery")
+        wait_for(lambda: state(cp, "SELECT disabled FROM webhooks WHERE id = ?", (hooks["boss"],))[0][0], 30, "the removed owner's webhook disabled")
+        shown = cp.get_json(f"/v1/webhooks/{hooks['boss']}")
+        assert shown["disabled"] == "its owner boss was removed", shown
+        disabled = [json.loads(d) for (d,) in state(cp, "SELECT data FROM events WHERE kind = 'webhook_disabled'")]
+        assert disabled == [{"webhook_id": hooks["boss"], "reason": "its owner boss was removed"}]
+        assert ("job.submitted", gone) not in told(receivers["boss"])
+        listed = {w["id"]: w for w in json.loads(cp.cli("webhook", "list", "--json").stdout)}
+        assert listed[hooks["boss"]]["disabled"] and listed[hooks["control"]]["disabled"] is None
+    finally:
+        for receiver in receivers.values():
+            receiver.close()
