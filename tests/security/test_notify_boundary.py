@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 
 import pytest
 
 from gpulayer.testing import ControlPlaneProcess, wait_for
-from receivers import Receiver
+from receivers import Receiver, Trickle
 
 EVENTS = ["job.submitted", "job.cancelled"]
 
@@ -114,3 +115,31 @@ def test_a_webhook_delivers_only_what_its_owner_may_read_now(plane):
     finally:
         for receiver in receivers.values():
             receiver.close()
+
+
+def test_one_owners_trickling_receivers_delay_no_one_elses_deliveries(tmp_path):
+    """A plain user's 16 webhooks at a receiver that sends a byte a second and never finishes; the first
+    admin's webhook at a plain receiver gets its 15 events promptly (4 delivery threads; before: each of them
+    held until the stuck-process watchdog, 60 s, killed every try in flight)."""
+    slow, fast = Trickle(every_s=1.0), Receiver()
+    cp = ControlPlaneProcess(tmp_path / "cp", args=["--allow-private-webhooks", "--webhook-concurrency", "4"])
+    try:
+        cp.start()
+        token = cp.client().add_user("slowpoke")["token"]
+        slow_hooks = [add_hook(cp, token, slow.url) for _ in range(16)]
+        add_hook(cp, None, fast.url)
+        submit(cp, token, project=None)  # 16 tries at the trickling receiver
+        wait_for(lambda: slow.connections >= 2, 30, "the trickling receiver's first tries")
+        started = time.monotonic()
+        jobs = [submit(cp, cp.client_token, project=None) for _ in range(15)]
+        wait_for(lambda: {("job.submitted", j) for j in jobs} <= told(fast), 25, "the admin's 15 events, while the trickles go on")
+        took = time.monotonic() - started
+        # Each trickling try ends at its total deadline (10 s), not when the watchdog kills the process.
+        marks = ",".join("?" * len(slow_hooks))
+        query = f"SELECT count(*) FROM webhook_deliveries WHERE webhook_id IN ({marks}) AND last_error LIKE 'timed out%'"
+        wait_for(lambda: state(cp, query, slow_hooks)[0][0], 30, "a trickling try ended by its deadline")
+        assert "webhook_courier_stuck" not in cp.logs(200_000), took
+    finally:
+        cp.close()
+        slow.close()
+        fast.close()

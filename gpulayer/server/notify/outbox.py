@@ -22,6 +22,7 @@ import json
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from types import SimpleNamespace
 
@@ -65,6 +66,10 @@ class Notifier:
         # the tries queued there are at most 4 × the threads): the process is killed and started again.
         self.stuck_s = max(60.0, 10 * config.webhook_timeout_s)
         self.inflight: set[int] = set()  # webhooks with a try out, or an outcome not yet written
+        self.owners: dict[int, int] = {}  # of those, webhook id -> its owner's user id
+        # Tries one owner may have at once: its slow receivers (each try bounded by --webhook-timeout) hold
+        # at most half the delivery process's threads, and never delay another owner's tries.
+        self.per_owner = max(1, config.webhook_concurrency // 2)
         self.sent: dict[int, dict] = {}  # webhook id -> its try in the delivery process, no outcome yet
         self.finished: list[dict] = []  # outcomes read, written by the next flush
         self._secrets: dict[str, str] = {}  # sealed -> opened
@@ -116,7 +121,12 @@ class Notifier:
         room = capacity - len(self.inflight)
         if room <= 0:
             return
-        due = self.store.read(lambda conn: rows(conn, "due_webhooks", upto=upto, now=now, limit=room, inflight=json.dumps(sorted(self.inflight))))
+        busy = json.dumps(Counter(self.owners.values()))
+        due = self.store.read(
+            lambda conn: rows(
+                conn, "due_webhooks", upto=upto, now=now, limit=room, inflight=json.dumps(sorted(self.inflight)), busy=busy, per_owner=self.per_owner
+            )
+        )
         events: dict[int, dict] = {}
         tries: list[dict] = []
         gone: list[dict] = []
@@ -151,6 +161,7 @@ class Notifier:
         """The try of `event` for `hook` (its public `name`), counted in flight."""
         retrying = hook["retry_seq"] == event["seq"]
         self.inflight.add(hook["id"])
+        self.owners[hook["id"]] = hook["user_id"]
         self.sent[hook["id"]] = {
             "id": hook["id"],
             "seq": event["seq"],
@@ -234,6 +245,7 @@ class Notifier:
         finally:
             for outcome in done:
                 self.inflight.discard(outcome["id"])
+                self.owners.pop(outcome["id"], None)
         self.delivered += sum(1 for o in done if o["ok"])
         for o in done:
             if not o["ok"]:

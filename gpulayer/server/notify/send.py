@@ -5,6 +5,10 @@ only (every one of them: loopback, private, link-local, multicast and reserved r
 the admin started the server with `--allow-private-webhooks`. The check runs when a webhook is added and
 again at each delivery, and the connection goes to the address that was checked (no second lookup a
 rebinding DNS could answer otherwise). Redirects are not followed: a 3xx is a failed try.
+
+Each try has a total deadline, connect to last byte (`Deadline`): a socket timeout bounds one read, so a
+receiver that sends a byte every few seconds would hold the try, and its thread, for ever. At the
+deadline one reaper thread shuts the try's sockets down, which ends whatever the try was waiting on.
 """
 
 from __future__ import annotations
@@ -12,8 +16,12 @@ from __future__ import annotations
 import http.client
 import ipaddress
 import smtplib
+import heapq
+import itertools
 import socket
 import ssl
+import threading
+import time
 from email.message import EmailMessage
 from urllib.parse import unquote, urlsplit
 
@@ -29,6 +37,95 @@ class SendError(Exception):
     def __init__(self, message: str, status: int | None = None):
         super().__init__(message)
         self.status = status
+
+
+class Deadline:
+    """The end of one try, `seconds` from now: every socket the try registered (`add`) is shut down then,
+    so a connect, TLS handshake, send or read blocked on it returns at once. `close()` when the try ends.
+
+    The registered socket is a duplicate of the try's descriptor (`socket.fromfd`), the try's own to
+    close: a shutdown acts on the connection, which TLS does not own apart, and a closed duplicate is never
+    mistaken for a descriptor number given out again."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.at = time.monotonic() + seconds
+        self.expired = False
+        self._socks: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        _REAPER.watch(self)
+
+    def left(self) -> float:
+        """Seconds left (a socket timeout for the next step); SendError once none are."""
+        left = self.at - time.monotonic()
+        if left <= 0 or self.expired:
+            raise self.error()
+        return left
+
+    def error(self) -> SendError:
+        return SendError(f"timed out: no complete answer within the try's {self.seconds:g} s")
+
+    def add(self, sock: socket.socket) -> None:
+        guard = socket.fromfd(sock.fileno(), sock.family, sock.type)
+        with self._lock:
+            if self._closed:
+                guard.close()
+                return
+            self._socks.append(guard)
+            if self.expired:
+                _shut(guard)
+
+    def expire(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self.expired = True
+            for guard in self._socks:
+                _shut(guard)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            socks, self._socks = self._socks, []
+        for guard in socks:
+            guard.close()
+
+
+def _shut(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:  # not connected (yet, or any more)
+        pass
+
+
+class _Reaper:
+    """One thread for every try's deadline: it sleeps until the nearest and expires each that passed."""
+
+    def __init__(self):
+        self._heap: list[tuple[float, int, Deadline]] = []
+        self._order = itertools.count()
+        self._cv = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def watch(self, deadline: Deadline) -> None:
+        with self._cv:
+            heapq.heappush(self._heap, (deadline.at, next(self._order), deadline))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="webhook-deadlines", daemon=True)
+                self._thread.start()
+            self._cv.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._heap or self._heap[0][0] > time.monotonic():
+                    self._cv.wait(None if not self._heap else self._heap[0][0] - time.monotonic())
+                _, _, deadline = heapq.heappop(self._heap)
+            deadline.expire()
+
+
+_REAPER = _Reaper()
 
 
 def check_url(url, field: str = "url") -> tuple[str, str, int, str]:
@@ -80,32 +177,50 @@ def resolve(host: str, port: int, allow_private: bool, field: str = "url") -> st
 
 
 class _Pinned(http.client.HTTPConnection):
-    """An HTTP connection to an address checked beforehand, with the URL's host in its Host header."""
+    """An HTTP connection to an address checked beforehand, with the URL's host in its Host header; its
+    socket is under the current try's `deadline` from the moment it exists."""
+
+    deadline: Deadline | None = None
 
     def __init__(self, host: str, port: int, address: str, timeout: float):
         super().__init__(host, port, timeout=timeout)
         self.address = address
 
+    def _open(self) -> socket.socket:
+        deadline = self.deadline
+        sock = socket.create_connection((self.address, self.port), deadline.left() if deadline else self.timeout)
+        if deadline is not None:
+            deadline.add(sock)
+        return sock
+
     def connect(self) -> None:
-        self.sock = socket.create_connection((self.address, self.port), self.timeout)
+        self.sock = self._open()
 
 
-class _PinnedTLS(http.client.HTTPSConnection):
+class _PinnedTLS(_Pinned, http.client.HTTPSConnection):
     def __init__(self, host: str, port: int, address: str, timeout: float):
-        super().__init__(host, port, timeout=timeout, context=ssl.create_default_context())
+        http.client.HTTPSConnection.__init__(self, host, port, timeout=timeout, context=ssl.create_default_context())
         self.address = address
 
     def connect(self) -> None:
-        sock = socket.create_connection((self.address, self.port), self.timeout)
-        self.sock = self._context.wrap_socket(sock, server_hostname=self.host)  # type: ignore[attr-defined]
+        self.sock = self._context.wrap_socket(self._open(), server_hostname=self.host)  # type: ignore[attr-defined]
 
 
 def post(url: str, body: bytes, headers: dict[str, str], *, timeout: float, allow_private: bool, keep: dict | None = None) -> int:
     """POST `body`; returns the 2xx status. Raises SendError for anything else (refused, timed out, non-2xx).
+    `timeout` bounds the whole try, from the address's lookup to the answer's last byte (`Deadline`).
 
     `keep`: this thread's open connections by (scheme, host, port, address), reused while the receiver
     keeps them alive (a connection it closed meanwhile is replaced at once, not counted as a failed try).
     """
+    deadline = Deadline(timeout)
+    try:
+        return _post(url, body, headers, deadline, allow_private, keep)
+    finally:
+        deadline.close()
+
+
+def _post(url: str, body: bytes, headers: dict[str, str], deadline: Deadline, allow_private: bool, keep: dict | None) -> int:
     try:
         scheme, host, port, path = check_url(url)
         address = resolve(host, port, allow_private)
@@ -116,17 +231,23 @@ def post(url: str, body: bytes, headers: dict[str, str], *, timeout: float, allo
     for conn in ([held] if held is not None else []) + [None]:
         fresh = conn is None
         if conn is None:
-            conn = (_PinnedTLS if scheme == "https" else _Pinned)(host, port, address, timeout)
+            conn = (_PinnedTLS if scheme == "https" else _Pinned)(host, port, address, deadline.seconds)
+        conn.deadline = deadline
         try:
+            if conn.sock is not None:
+                deadline.add(conn.sock)
             conn.request("POST", path, body=body, headers={"Content-Type": "application/json", "User-Agent": "gpulayer-webhooks", **headers})
             resp = conn.getresponse()
             resp.read(65536)
         except (OSError, http.client.HTTPException) as e:
             conn.close()
+            if deadline.expired:
+                raise deadline.error() from None
             if fresh:
                 raise SendError(f"{type(e).__name__}: {e}"[:MAX_ERROR]) from None
             continue  # a kept connection the receiver had closed: once more on a new one
-        if keep is not None and not resp.will_close:
+        conn.deadline = None
+        if keep is not None and not resp.will_close and not deadline.expired:
             keep[key] = conn
         else:
             conn.close()
@@ -156,12 +277,15 @@ def mail(smtp_url: str, sender: str, to: str, subject: str, text: str, msg_id: s
     message["From"], message["To"], message["Subject"] = sender, to, subject
     message["Message-ID"] = f"<{msg_id}@gpulayer>"
     message.set_content(text)
+    deadline = Deadline(timeout)  # the whole exchange, as a POST's
     try:
         smtp: smtplib.SMTP
         if scheme == "smtps":
             smtp = smtplib.SMTP_SSL(host, port, timeout=timeout, context=ssl.create_default_context())
         else:
             smtp = smtplib.SMTP(host, port, timeout=timeout)
+        if smtp.sock is not None:
+            deadline.add(smtp.sock)
         with smtp:
             smtp.ehlo()
             if scheme == "smtp" and smtp.has_extn("starttls"):
@@ -171,4 +295,8 @@ def mail(smtp_url: str, sender: str, to: str, subject: str, text: str, msg_id: s
                 smtp.login(user, password or "")
             smtp.send_message(message)
     except (OSError, smtplib.SMTPException) as e:
+        if deadline.expired:
+            raise deadline.error() from None
         raise SendError(f"{type(e).__name__}: {e}"[:MAX_ERROR]) from None
+    finally:
+        deadline.close()

@@ -49,19 +49,25 @@ SELECT name FROM alerts WHERE webhook_id = :id ORDER BY name;
 -- name: due_webhooks --
 -- At most :limit webhooks, not disabled, with events after their cursor (up to :upto), none of :inflight (a
 -- JSON list of ids with a try under way) and none waiting out a retry's backoff, furthest behind first; with
--- the delivery being retried, if any. With what its owner may read now, which the outbox checks each event
--- against (outbox.may_read, teams.level's rules): whether the owner is an admin, is gone (removed: the
--- webhook is disabled), and its role in each project ({project_id: role}).
-SELECT w.id, w.url, w.email, w.events, w.format, w.scope, w.project_id, w.job_id, w.alert_id, w.user_id,
-       w.secret, w.cursor, d.event_seq AS retry_seq, d.attempts, d.first_try_at, d.next_try_at,
-       u.name AS owner, coalesce(u.admin, 0) AS owner_admin, (u.id IS NULL OR u.removed_at IS NOT NULL) AS owner_gone,
-       (SELECT json_group_object(m.project_id, m.role) FROM memberships m WHERE m.user_id = w.user_id) AS owner_roles
-FROM webhooks w
-LEFT JOIN webhook_deliveries d ON d.webhook_id = w.id AND d.status = 'retrying'
-LEFT JOIN users u ON u.id = w.user_id
-WHERE w.cursor < :upto AND w.disabled IS NULL AND w.id NOT IN (SELECT value FROM json_each(:inflight))
-  AND (d.next_try_at IS NULL OR d.next_try_at <= :now)
-ORDER BY w.cursor LIMIT :limit;
+-- the delivery being retried, if any. At most :per_owner of one owner's, counting those it has in flight
+-- (:busy, {user_id: tries}): one owner's slow receivers never take every delivery thread. With what its
+-- owner may read now, which the outbox checks each event against (outbox.may_read, teams.level's rules):
+-- whether the owner is an admin, is gone (removed: the webhook is disabled), and its role in each project
+-- ({project_id: role}).
+WITH due AS (
+    SELECT w.id, w.url, w.email, w.events, w.format, w.scope, w.project_id, w.job_id, w.alert_id, w.user_id,
+           w.secret, w.cursor, d.event_seq AS retry_seq, d.attempts, d.first_try_at, d.next_try_at,
+           u.name AS owner, coalesce(u.admin, 0) AS owner_admin, (u.id IS NULL OR u.removed_at IS NOT NULL) AS owner_gone,
+           (SELECT json_group_object(m.project_id, m.role) FROM memberships m WHERE m.user_id = w.user_id) AS owner_roles,
+           row_number() OVER (PARTITION BY w.user_id ORDER BY w.cursor, w.id) AS nth
+    FROM webhooks w
+    LEFT JOIN webhook_deliveries d ON d.webhook_id = w.id AND d.status = 'retrying'
+    LEFT JOIN users u ON u.id = w.user_id
+    WHERE w.cursor < :upto AND w.disabled IS NULL AND w.id NOT IN (SELECT value FROM json_each(:inflight))
+      AND (d.next_try_at IS NULL OR d.next_try_at <= :now))
+SELECT * FROM due
+WHERE nth + coalesce((SELECT b.value FROM json_each(:busy) b WHERE b.key = CAST(due.user_id AS TEXT)), 0) <= :per_owner
+ORDER BY cursor, id LIMIT :limit;
 
 -- name: disable_webhook --
 -- A webhook whose owner is gone delivers no more: why, and its delivery being retried given up.
