@@ -4,18 +4,22 @@ receivers on loopback (tests/receivers.py).
 - A webhook delivers what its owner may read at the time of the try, not what it could when it was added:
   a demoted admin's fleet-wide webhook, a manager's project webhook and a member's job webhook go quiet
   for what their owner lost, and a removed owner's webhook is disabled with a `webhook_disabled` event.
+- An IPv6 webhook address that carries an IPv4 one (6to4, Teredo, NAT64, IPv4-mapped or -compatible) is
+  judged by that IPv4 address: 2002:a9fe:a9fe:: is 169.254.169.254, refused without --allow-private-webhooks.
 - One owner's slow receivers (a byte every second, never done) hold neither the delivery threads nor
   another owner's deliveries: each try has a total deadline, and each owner a cap on tries at once.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import sqlite3
 import time
 
 import pytest
 
+from gpulayer.server.notify.send import embedded_ipv4
 from gpulayer.testing import ControlPlaneProcess, wait_for
 from receivers import Receiver, Trickle
 
@@ -143,3 +147,53 @@ def test_one_owners_trickling_receivers_delay_no_one_elses_deliveries(tmp_path):
         cp.close()
         slow.close()
         fast.close()
+
+
+def teredo(server: str, client: str) -> str:
+    """A Teredo address (2001::/32) for `server` and `client` (stored inverted, RFC 4380)."""
+    n = (0x20010000 << 96) | (int(ipaddress.IPv4Address(server)) << 64) | (~int(ipaddress.IPv4Address(client)) & 0xFFFFFFFF)
+    return str(ipaddress.IPv6Address(n))
+
+
+EMBEDDED_PRIVATE = [
+    "2002:a9fe:a9fe::",  # 6to4 of 169.254.169.254, the cloud's metadata address
+    "2002:7f00:1::",  # 6to4 of 127.0.0.1
+    "2002:a00:1:1234::1",  # 6to4 of 10.0.0.1
+    teredo("93.184.215.14", "10.0.0.1"),  # a public Teredo server, a private client
+    teredo("169.254.169.254", "93.184.215.14"),
+    "64:ff9b::a9fe:a9fe",  # NAT64 (RFC 6052's well-known prefix)
+    "64:ff9b::7f00:1",
+    "64:ff9b:1:a9fe:a9:fe00::",  # local-use NAT64 (RFC 8215) with a /48 network: 169.254.169.254
+    "64:ff9b:1::a9fe:a9fe",  # the same with a /96 network
+    "::ffff:169.254.169.254",  # IPv4-mapped
+    "::a9fe:a9fe",  # IPv4-compatible
+]
+
+
+@pytest.fixture(scope="module")
+def strict(tmp_path_factory):
+    """A control plane without --allow-private-webhooks."""
+    cp = ControlPlaneProcess(tmp_path_factory.mktemp("strict"))
+    try:
+        cp.start()
+        yield cp
+    finally:
+        cp.close()
+
+
+@pytest.mark.parametrize("address", EMBEDDED_PRIVATE)
+def test_an_ipv6_webhook_address_is_judged_by_the_ipv4_it_embeds(strict, address):
+    answer = strict.request("POST", "/v1/webhooks", json={"url": f"http://[{address}]/hook", "events": ["job.failed"]})
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    carried = ", ".join(map(str, embedded_ipv4(ipaddress.IPv6Address(address))))
+    assert error["code"] == "private_target" and error["message"].startswith("url: "), error
+    assert f"(which stands for {carried})" in error["message"], error
+    assert strict.get_json("/v1/webhooks")["webhooks"] == []
+
+
+@pytest.mark.parametrize("address", ["2002:5db8:d70e::", "64:ff9b::5db8:d70e", teredo("93.184.215.14", "93.184.215.15")])
+def test_an_ipv6_address_that_embeds_a_public_ipv4_is_accepted(strict, address):
+    added = strict.request("POST", "/v1/webhooks", json={"url": f"http://[{address}]/hook", "events": ["job.failed"]})
+    assert added.status_code == 201, added.text
+    assert strict.request("DELETE", f"/v1/webhooks/{added.json()['id']}").status_code in (200, 204)

@@ -1,7 +1,8 @@
 """The wire of a delivery: a POST to a checked address, a mail through the configured SMTP server.
 
 A webhook URL is a request the server makes for a user, so its host must resolve to public addresses
-only (every one of them: loopback, private, link-local, multicast and reserved ranges are refused) unless
+only (every one of them: loopback, private, link-local, multicast and reserved ranges are refused, and an
+IPv6 address that carries an IPv4 one, 6to4, Teredo, NAT64, IPv4-mapped, by that IPv4 address) unless
 the admin started the server with `--allow-private-webhooks`. The check runs when a webhook is added and
 again at each delivery, and the connection goes to the address that was checked (no second lookup a
 rebinding DNS could answer otherwise). Redirects are not followed: a 3xx is a failed try.
@@ -145,10 +146,43 @@ def check_url(url, field: str = "url") -> tuple[str, str, int, str]:
     return parts.scheme, parts.hostname, port or (443 if parts.scheme == "https" else 80), path
 
 
+NAT64 = ipaddress.IPv6Network("64:ff9b::/96")  # RFC 6052's well-known prefix: the IPv4 in the last 32 bits
+NAT64_LOCAL = ipaddress.IPv6Network("64:ff9b:1::/48")  # RFC 8215's local-use prefix, of any RFC 6052 length
+COMPATIBLE = ipaddress.IPv6Network("::/96")  # IPv4-compatible (deprecated): ::a.b.c.d
+# Where the IPv4 address is in an address of NAT64_LOCAL, by the prefix length its network uses (RFC 6052
+# 2.2: bits 64-71 are zero): which one an operator chose is not in the address, so each is checked.
+NAT64_OFFSETS = ((6, 7, 9, 10), (7, 9, 10, 11), (9, 10, 11, 12), (12, 13, 14, 15))
+
+
+def embedded_ipv4(ip: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    """The IPv4 addresses an IPv6 address stands for (a connection to it reaches them): IPv4-mapped and
+    -compatible, 6to4, Teredo (its server and its client), NAT64; empty for any other."""
+    if ip.ipv4_mapped is not None:
+        return [ip.ipv4_mapped]
+    if ip.sixtofour is not None:
+        return [ip.sixtofour]
+    if ip.teredo is not None:
+        return list(ip.teredo)
+    if ip in NAT64 or (ip in COMPATIBLE and int(ip) > 1):  # :: and ::1 are unspecified and loopback as they are
+        return [ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)]
+    if ip in NAT64_LOCAL:
+        return [ipaddress.IPv4Address(bytes(ip.packed[i] for i in at)) for at in NAT64_OFFSETS]
+    return []
+
+
 def public_address(address: str) -> bool:
+    """Is `address` a public one: global, and neither multicast, reserved, loopback, link-local, private nor
+    unspecified? An IPv6 address that embeds IPv4 addresses (embedded_ipv4) is judged by them alone: every
+    one must be public (2002:a9fe:a9fe:: is 169.254.169.254 through 6to4)."""
     ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+    if isinstance(ip, ipaddress.IPv6Address):
+        embedded = embedded_ipv4(ip)
+        if embedded:
+            return all(_public(v4) for v4 in embedded)
+    return _public(ip)
+
+
+def _public(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
     return ip.is_global and not (ip.is_multicast or ip.is_reserved or ip.is_loopback or ip.is_link_local or ip.is_private or ip.is_unspecified)
 
 
@@ -166,8 +200,11 @@ def resolve(host: str, port: int, allow_private: bool, field: str = "url") -> st
     if not allow_private:
         refused = [a for a in addresses if not public_address(a)]
         if refused:
+            ip = ipaddress.ip_address(refused[0].split("%", 1)[0])
+            carried = embedded_ipv4(ip) if isinstance(ip, ipaddress.IPv6Address) else []
+            told = f"{refused[0]} (which stands for {', '.join(map(str, carried))})" if carried else refused[0]
             raise InvalidRequest(
-                f"{field}: {host} resolves to {refused[0]}, a loopback, private or link-local "
+                f"{field}: {host} resolves to {told}, a loopback, private or link-local "
                 "address: webhooks go to public addresses unless the server was started with "
                 "--allow-private-webhooks",
                 field=field,
