@@ -58,14 +58,14 @@ WITH due AS (
     SELECT w.id, w.url, w.email, w.events, w.format, w.scope, w.project_id, w.job_id, w.alert_id, w.user_id,
            w.secret, w.cursor, d.event_seq AS retry_seq, d.attempts, d.first_try_at, d.next_try_at,
            u.name AS owner, coalesce(u.admin, 0) AS owner_admin, (u.id IS NULL OR u.removed_at IS NOT NULL) AS owner_gone,
-           (SELECT json_group_object(m.project_id, m.role) FROM memberships m WHERE m.user_id = w.user_id) AS owner_roles,
            row_number() OVER (PARTITION BY w.user_id ORDER BY w.cursor, w.id) AS nth
     FROM webhooks w
     LEFT JOIN webhook_deliveries d ON d.webhook_id = w.id AND d.status = 'retrying'
     LEFT JOIN users u ON u.id = w.user_id
     WHERE w.cursor < :upto AND w.disabled IS NULL AND w.id NOT IN (SELECT value FROM json_each(:inflight))
       AND (d.next_try_at IS NULL OR d.next_try_at <= :now))
-SELECT * FROM due
+SELECT due.*, (SELECT json_group_object(m.project_id, m.role) FROM memberships m WHERE m.user_id = due.user_id) AS owner_roles
+FROM due
 WHERE nth + coalesce((SELECT b.value FROM json_each(:busy) b WHERE b.key = CAST(due.user_id AS TEXT)), 0) <= :per_owner
 ORDER BY cursor, id LIMIT :limit;
 
