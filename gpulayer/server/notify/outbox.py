@@ -4,9 +4,15 @@ One thread ticks (`TICK_S`): it reads the outcomes the delivery process wrote si
 folds them into one write (cursors advanced, deliveries recorded), runs the alerts that are due, then,
 for each webhook with events past its cursor and nothing in flight, reads its next event (a reader
 connection) and hands the tries, one batch a tick, to the delivery process (courier.py: a child process
-with a pool of `--webhook-concurrency` threads, each try bounded by `--webhook-timeout`). So a slow or
-dead receiver holds one of its threads for at most its timeout, never the writer or a request thread,
-and the HTTP, TLS, signing and mail of the tries take no CPU, and no GIL, from the server's process.
+with a pool of `--webhook-concurrency` threads, each try bounded by a total deadline, send.Deadline). So a
+slow or dead receiver holds one of its threads for at most that deadline, never the writer or a request
+thread, and the HTTP, TLS, signing and mail of the tries take no CPU, and no GIL, from the server's
+process. One owner has at most half the threads' worth of tries in flight (`per_owner`): its slow
+receivers never hold up another owner's deliveries.
+
+A webhook delivers what its owner may read at the time of the try: due_webhooks reads the owner's rights
+now (admin, removed, its roles), and each event is checked against them (`may_read`, the rules of a job
+read); a webhook whose owner was removed is disabled, with a `webhook_disabled` event.
 
 At-least-once and in order per webhook: a webhook has at most one try in flight, for the first event past
 its cursor it wants; the cursor passes that event only in the write after the receiver's 2xx (or once
