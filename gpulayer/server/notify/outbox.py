@@ -73,7 +73,7 @@ class Notifier:
         self.stuck_s = max(60.0, 10 * config.webhook_timeout_s)
         self.inflight: set[int] = set()  # webhooks with a try out, or an outcome not yet written
         self.owners: dict[int, int] = {}  # of those, webhook id -> its owner's user id
-        # Tries one owner may have at once: its slow receivers (each try bounded by --webhook-timeout) hold
+        # Tries one owner may have at once: its slow receivers (each try bounded by its deadline) hold
         # at most half the delivery process's threads, and never delay another owner's tries.
         self.per_owner = max(1, config.webhook_concurrency // 2)
         self.sent: dict[int, dict] = {}  # webhook id -> its try in the delivery process, no outcome yet
