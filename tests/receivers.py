@@ -1,9 +1,11 @@
-"""A webhook receiver for tests: a real HTTP server on loopback (a thread of the test's process); a mailbox
-for aiosmtpd's SMTP server."""
+"""A webhook receiver for tests: a real HTTP server on loopback (a thread of the test's process); one that
+never finishes an answer (Trickle); a mailbox for aiosmtpd's SMTP server."""
 
 from __future__ import annotations
 
+import itertools
 import json
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -73,3 +75,41 @@ class Mailbox:
     async def handle_DATA(self, server, session, envelope):
         self.messages.append((list(envelope.rcpt_tos), envelope.content.decode(errors="replace")))
         return "250 OK"
+
+
+class Trickle:
+    """A receiver that never finishes an answer: it reads the request, then sends its status line and a
+    header a byte every `every_s` (each socket read of the sender's gets a byte in time, its try never
+    ends on a read timeout). `connections`: how many it took."""
+
+    def __init__(self, every_s: float = 1.0):
+        self.every_s = every_s
+        self.connections = 0
+        self._stop = threading.Event()
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/hook"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                conn.recv(1 << 16)
+                for byte in itertools.chain(b"HTTP/1.1 200 OK\r\nX-Slow: ", itertools.repeat(ord("a"))):
+                    if self._stop.wait(self.every_s):
+                        return
+                    conn.sendall(bytes([byte]))
+            except OSError:  # the sender gave up
+                return
+
+    def close(self) -> None:
+        self._stop.set()
+        self.sock.close()

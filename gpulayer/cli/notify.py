@@ -2,16 +2,35 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Annotated, Optional
 
 import typer
 
 from gpulayer.cli.common import client_of, fail, fmt_time, parse_duration, print_json, print_table
+from gpulayer.client.errors import ApiError
 
 webhook_app = typer.Typer(help="Signed webhooks (and mailboxes) delivered from the event log.", no_args_is_help=True)
 alert_app = typer.Typer(help="Alerts: a read-only SQL query that fires on rows it did not return before (admins).", no_args_is_help=True)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+# The request's fields (which the server's refusals name: `every_s: must be ...`) as this CLI's options.
+WEBHOOK_FLAGS = {"url": "URL", "events": "--events", "format": "--format", "project": "--project", "job": "--job"}
+ALERT_FLAGS = {"name": "NAME", "sql": "--sql", "every_s": "--every", "webhook": "--webhook", "email": "--email"}
+
+
+@contextmanager
+def _as_flags(flags: dict[str, str]) -> Iterator[None]:
+    """A refusal that names a field of the request names the option that set it instead."""
+    try:
+        yield
+    except ApiError as exc:
+        field, colon, rest = exc.message.partition(": ")
+        if colon and field in flags:
+            exc.message = f"{flags[field]}: {rest}"
+            exc.args = (exc.message,)
+        raise
 
 
 @webhook_app.command("add")
@@ -42,7 +61,8 @@ def webhook_add(
         raise fail("--project and --job: give one of them", 2)
     if format not in ("standard", "slack"):
         raise fail(f"--format: must be standard or slack, not {format!r}", 2)
-    answer = client_of(ctx).add_webhook(url, names, project=project, job_id=job, format=format)
+    with _as_flags(WEBHOOK_FLAGS):
+        answer = client_of(ctx).add_webhook(url, names, project=project, job_id=job, format=format)
     if as_json:
         print_json(answer)
         return
@@ -67,7 +87,7 @@ def webhook_list(ctx: typer.Context, as_json: JsonOpt = False) -> None:
             w["id"],
             w.get("url") or w.get("email"),
             ",".join(w["events"]),
-            _scope(w),
+            _scope(w) + (" (disabled)" if w.get("disabled") else ""),
             w.get("format"),
             w.get("delivered"),
             w.get("retrying"),
@@ -137,7 +157,8 @@ def alert_add(
     if (webhook is None) == (email is None):
         raise fail("give --webhook ID or --email ADDR, one of them", 2)
     every_s = parse_duration(every, "--every", positive=True)
-    answer = client_of(ctx).add_alert(name, sql, float(every_s or 60), webhook=webhook, email=email)
+    with _as_flags(ALERT_FLAGS):
+        answer = client_of(ctx).add_alert(name, sql, float(every_s or 60), webhook=webhook, email=email)
     if as_json:
         print_json(answer)
         return

@@ -49,7 +49,15 @@ def check_sql(db: ReadOnlyDatabase, sql: str) -> None:
     except QueryTimeout as e:
         raise InvalidRequest(f"sql: {e} (an alert's query must answer within {db.time_limit_s:g} s)", field="sql", code="query_too_slow") from None
     except QueryError as e:
-        raise InvalidRequest(f"sql: {e}", field="sql") from None
+        raise InvalidRequest(f"sql: {_for_alerts(str(e), sql)}", field="sql") from None
+
+
+def _for_alerts(message: str, sql: str) -> str:
+    """The explorer's refusal (explorer/readonly.py) in an alert's words: what was refused, not the explorer."""
+    verb = (sql.split() or ["this"])[0].upper()
+    writes = f"an alert's query is read-only: {verb} would write to the state file (give one SELECT)"
+    message = message.replace("the explorer is read-only: this statement would write", writes)
+    return message.replace("the explorer is read-only", "an alert's query is read-only").replace("in the explorer", "in an alert's query")
 
 
 def ran(conn: apsw.Connection, alert: dict, now: float, columns: list[str], found: list[tuple] | None, error: str | None) -> int:

@@ -12,7 +12,7 @@ hands the tries to this child process, `python -m gpulayer.server.notify.courier
 - up its stdout, a line of JSON per outcome (`{"id", "seq", "ok", "status", "error"}`), which the
   delivery thread reads at its next tick, never blocking on it.
 
-Here a pool of `concurrency` threads runs the tries, each bounded by `timeout`, each thread keeping its
+Here a pool of `concurrency` threads runs the tries, each bounded by a total deadline of `timeout` (send.py), each thread keeping its
 receivers' connections alive, at a lower CPU priority than the server (`NICE`): where the cores are
 short, the request threads get them first and deliveries go slower, never the other way round. The
 process holds nothing that matters: what was tried is the server's rows. It exits when its stdin ends

@@ -4,9 +4,15 @@ One thread ticks (`TICK_S`): it reads the outcomes the delivery process wrote si
 folds them into one write (cursors advanced, deliveries recorded), runs the alerts that are due, then,
 for each webhook with events past its cursor and nothing in flight, reads its next event (a reader
 connection) and hands the tries, one batch a tick, to the delivery process (courier.py: a child process
-with a pool of `--webhook-concurrency` threads, each try bounded by `--webhook-timeout`). So a slow or
-dead receiver holds one of its threads for at most its timeout, never the writer or a request thread,
-and the HTTP, TLS, signing and mail of the tries take no CPU, and no GIL, from the server's process.
+with a pool of `--webhook-concurrency` threads, each try bounded by a total deadline, send.Deadline). So a
+slow or dead receiver holds one of its threads for at most that deadline, never the writer or a request
+thread, and the HTTP, TLS, signing and mail of the tries take no CPU, and no GIL, from the server's
+process. One owner has at most half the threads' worth of tries in flight (`per_owner`): its slow
+receivers never hold up another owner's deliveries.
+
+A webhook delivers what its owner may read at the time of the try: due_webhooks reads the owner's rights
+now (admin, removed, its roles), and each event is checked against them (`may_read`, the rules of a job
+read); a webhook whose owner was removed is disabled, with a `webhook_disabled` event.
 
 At-least-once and in order per webhook: a webhook has at most one try in flight, for the first event past
 its cursor it wants; the cursor passes that event only in the write after the receiver's 2xx (or once
@@ -22,13 +28,17 @@ import json
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
+from types import SimpleNamespace
 
 import apsw
 
 from gpulayer.server.config import ControlPlaneConfig
 from gpulayer.server.notify import alerts, names
 from gpulayer.server.notify.courier import Courier
+from gpulayer.server.scheduler import teams
+from gpulayer.server.scheduler.events import record as record_event
 from gpulayer.server.security.secretbox import SecretBox
 from gpulayer.server.store.db import Store
 from gpulayer.server.store.queries import one, row, rows
@@ -62,6 +72,10 @@ class Notifier:
         # the tries queued there are at most 4 × the threads): the process is killed and started again.
         self.stuck_s = max(60.0, 10 * config.webhook_timeout_s)
         self.inflight: set[int] = set()  # webhooks with a try out, or an outcome not yet written
+        self.owners: dict[int, int] = {}  # of those, webhook id -> its owner's user id
+        # Tries one owner may have at once: its slow receivers (each try bounded by its deadline) hold
+        # at most half the delivery process's threads, and never delay another owner's tries.
+        self.per_owner = max(1, config.webhook_concurrency // 2)
         self.sent: dict[int, dict] = {}  # webhook id -> its try in the delivery process, no outcome yet
         self.finished: list[dict] = []  # outcomes read, written by the next flush
         self._secrets: dict[str, str] = {}  # sealed -> opened
@@ -113,59 +127,64 @@ class Notifier:
         room = capacity - len(self.inflight)
         if room <= 0:
             return
-        due = self.store.read(lambda conn: rows(conn, "due_webhooks", upto=upto, now=now, limit=room, inflight=json.dumps(sorted(self.inflight))))
+        busy = json.dumps(Counter(self.owners.values()))
+        due = self.store.read(
+            lambda conn: rows(
+                conn, "due_webhooks", upto=upto, now=now, limit=room, inflight=json.dumps(sorted(self.inflight)), busy=busy, per_owner=self.per_owner
+            )
+        )
         events: dict[int, dict] = {}
         tries: list[dict] = []
+        gone: list[dict] = []
         for hook in due:
+            if hook["owner_gone"]:
+                gone.append(hook)
+                continue
             wanted = set(json.loads(hook["events"]))
             key = (hook["cursor"], json.dumps(names.kinds(sorted(wanted))), hook["job_id"])
             if key not in windows:
                 windows[key] = self.store.read(_window, *key, upto)
             found = windows[key]
-            picked = next(
-                (
-                    (name, event)
-                    for event in found
-                    if _in_scope(hook, event)
-                    for name in [names.public(event, wanted, bool(event["first_start"]))]
-                    if name
-                ),
-                None,
-            )
+            picked = _pick(hook, wanted, found)
             if picked is None:
                 advances.append((hook["id"], upto if len(found) < BATCH else found[-1]["seq"]))
                 continue
             name, event = picked
             if event["seq"] - 1 > hook["cursor"]:
                 advances.append((hook["id"], event["seq"] - 1))
-            retrying = hook["retry_seq"] == event["seq"]
             events[event["seq"]] = event
-            tries.append(
-                {
-                    "id": hook["id"],
-                    "seq": event["seq"],
-                    "name": name,
-                    "url": hook["url"],
-                    "email": hook["email"],
-                    "format": hook["format"],
-                    "secret": self._secret(hook),
-                }
-            )
-            self.inflight.add(hook["id"])
-            self.sent[hook["id"]] = {
-                "id": hook["id"],
-                "seq": event["seq"],
-                "event": name,
-                "attempts": (hook["attempts"] if retrying else 0) + 1,
-                "first_try_at": hook["first_try_at"] if retrying else now,
-                "sent_at": time.monotonic(),
-            }
+            tries.append(self._hand_out(hook, name, event, now))
         if tries:
             if not self.courier.running:
                 self.courier.start()
             self.courier.send(events, tries)  # a process gone meanwhile: the next collect says so
         if advances:
             self.store.write(_advance, advances)
+        if gone:
+            self.store.write(_disable, gone, now)
+
+    def _hand_out(self, hook: dict, name: str, event: dict, now: float) -> dict:
+        """The try of `event` for `hook` (its public `name`), counted in flight."""
+        retrying = hook["retry_seq"] == event["seq"]
+        self.inflight.add(hook["id"])
+        self.owners[hook["id"]] = hook["user_id"]
+        self.sent[hook["id"]] = {
+            "id": hook["id"],
+            "seq": event["seq"],
+            "event": name,
+            "attempts": (hook["attempts"] if retrying else 0) + 1,
+            "first_try_at": hook["first_try_at"] if retrying else now,
+            "sent_at": time.monotonic(),
+        }
+        return {
+            "id": hook["id"],
+            "seq": event["seq"],
+            "name": name,
+            "url": hook["url"],
+            "email": hook["email"],
+            "format": hook["format"],
+            "secret": self._secret(hook),
+        }
 
     def _secret(self, hook: dict) -> str | None:
         """A webhook's signing secret, opened once, kept by its sealed value (a secret that is no one's
@@ -232,6 +251,7 @@ class Notifier:
         finally:
             for outcome in done:
                 self.inflight.discard(outcome["id"])
+                self.owners.pop(outcome["id"], None)
         self.delivered += sum(1 for o in done if o["ok"])
         for o in done:
             if not o["ok"]:
@@ -250,6 +270,45 @@ def _window(conn: apsw.Connection, cursor: int, kinds: str, job_id: int | None, 
     return found
 
 
+def _pick(hook: dict, wanted: set[str], found: list[dict]) -> tuple[str, dict] | None:
+    """The first event of `found` for `hook` (in its scope, one it wants, its owner may read now) with its
+    public name; None when there is none."""
+    roles = json.loads(hook["owner_roles"] or "{}")
+    for event in found:
+        if not (_in_scope(hook, event) and may_read(hook, roles, event)):
+            continue
+        name = names.public(event, wanted, bool(event["first_start"]))
+        if name:
+            return name, event
+    return None
+
+
+def may_read(hook: dict, roles: dict[str, str], event: dict) -> bool:
+    """May the webhook's owner read `event` now (its rights as due_webhooks read them this tick, not as
+    they were when the webhook was added)? A job's event: whoever may read the job's logs (teams.level:
+    its owner, its project's managers, members of a `project`-visible project, admins). Worker and GPU
+    events: admins. An alert's: while the alert's adder is an admin (its rows are the whole file's)."""
+    if event["kind"] == "alert_fired":
+        return bool(event["alert_admin"])
+    if event["job_id"] is None:
+        return bool(hook["owner_admin"])
+    owner = SimpleNamespace(admin=bool(hook["owner_admin"]), user_id=hook["user_id"])
+    job = {"user_id": event["user_id"], "role": roles.get(str(event["project_id"])), "visibility": event["visibility"]}
+    return teams.LEVELS.get(teams.level(owner, job) or "", 0) >= teams.LEVELS["read"]
+
+
+def _disable(conn: apsw.Connection, hooks: list[dict], now: float) -> None:
+    """Disable the webhooks whose owner is gone (removed), each with a `webhook_disabled` event."""
+    for hook in hooks:
+        reason = f"its owner {hook['owner'] or hook['user_id']} was removed"
+        done = row(conn, "disable_webhook", id=hook["id"], reason=reason)
+        if done is None:
+            continue
+        row(conn, "give_up_passed", id=hook["id"], seq=1 << 62, error=f"not delivered: the webhook was disabled ({reason})")
+        record_event(conn, now, "webhook_disabled", job_id=done["job_id"], webhook_id=hook["id"], reason=reason)
+        log.warning("webhook_disabled webhook=%s reason=%r", hook["id"], reason)
+
+
 def _in_scope(hook: dict, event: dict) -> bool:
     """Is `event` the webhook's: an alert's for the alert that names it, else within its scope."""
     if event["kind"] == "alert_fired":
@@ -266,6 +325,7 @@ def _in_scope(hook: dict, event: dict) -> bool:
 def _advance(conn: apsw.Connection, advances: list[tuple[int, int]]) -> None:
     for webhook_id, seq in advances:
         row(conn, "advance_webhook", id=webhook_id, seq=seq)
+        row(conn, "give_up_passed", id=webhook_id, seq=seq, error="not delivered: the webhook's owner may no longer read this event")
 
 
 def _record(conn: apsw.Connection, done: list[dict], now: float, base_s: float, retry_for_s: float) -> None:

@@ -192,7 +192,7 @@ def parse_alert(body: dict, *, smtp: bool) -> dict:
         raise InvalidRequest(f"sql: must be one SELECT of at most {MAX_SQL} characters", field="sql")
     every = body.get("every_s", 60)
     if isinstance(every, bool) or not isinstance(every, (int, float)) or not MIN_EVERY_S <= every <= MAX_EVERY_S:
-        raise InvalidRequest(f"every_s: must be between {MIN_EVERY_S:g} and {MAX_EVERY_S:g} seconds", field="every_s")
+        raise InvalidRequest(f"every_s: must be between {MIN_EVERY_S:g} s and 7 days ({MAX_EVERY_S:g} s), not {every!r}", field="every_s")
     webhook, email = body.get("webhook"), body.get("email")
     if (webhook is None) == (email is None):
         raise InvalidRequest("webhook: give a webhook id or an email, one of them", field="webhook")

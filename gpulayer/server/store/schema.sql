@@ -11,7 +11,7 @@
 -- fit (which workers a shape and a job fit); quotas, fair share, the usage ledger, preemption,
 -- quotas' use now and as admission reads them.
 
-PRAGMA user_version = 20;
+PRAGMA user_version = 21;
 
 -- ---------------------------------------------------------------------------------------
 -- Tokens and teams: tokens, users, projects, memberships.
@@ -459,7 +459,8 @@ CREATE TABLE webhooks (
     user_id     INTEGER NOT NULL,
     secret      BLOB,
     cursor      INTEGER NOT NULL DEFAULT 0 CHECK (cursor >= 0),
-    created_at  REAL NOT NULL,
+    created_at  REAL NOT NULL
+    , disabled TEXT,
     CHECK ((url IS NULL) <> (email IS NULL)),
     CHECK (scope <> 'project' OR project_id IS NOT NULL),
     CHECK (scope <> 'job' OR job_id IS NOT NULL),

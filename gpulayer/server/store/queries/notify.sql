@@ -19,7 +19,7 @@ SELECT coalesce(min(seq) - 1, (SELECT coalesce(max(seq), 0) FROM events)) AS seq
 -- name: webhook_by_id --
 -- One webhook with its project's and job's names, for its owner or an admin.
 SELECT w.id, w.url, w.email, w.events, w.format, w.scope, w.job_id, p.name AS project, u.name AS owner,
-       w.user_id, w.alert_id, w.cursor, w.created_at, w.secret
+       w.user_id, w.alert_id, w.cursor, w.created_at, w.disabled, w.secret
 FROM webhooks w LEFT JOIN projects p ON p.id = w.project_id LEFT JOIN users u ON u.id = w.user_id
 WHERE w.id = :id;
 
@@ -27,7 +27,7 @@ WHERE w.id = :id;
 -- Webhooks by id after :after: all of them (:user_id NULL, an admin) or one user's; with their last
 -- delivery's status and the count of deliveries still retrying.
 SELECT w.id, w.url, w.email, w.events, w.format, w.scope, w.job_id, p.name AS project, u.name AS owner,
-       w.alert_id, w.cursor, w.created_at,
+       w.alert_id, w.cursor, w.created_at, w.disabled,
        (SELECT count(*) FROM webhook_deliveries d WHERE d.webhook_id = w.id AND d.status = 'retrying') AS retrying,
        (SELECT count(*) FROM webhook_deliveries d WHERE d.webhook_id = w.id AND d.status = 'failed') AS failed,
        (SELECT count(*) FROM webhook_deliveries d WHERE d.webhook_id = w.id AND d.status = 'delivered') AS delivered
@@ -47,27 +47,53 @@ DELETE FROM webhook_deliveries WHERE webhook_id = :id;
 SELECT name FROM alerts WHERE webhook_id = :id ORDER BY name;
 
 -- name: due_webhooks --
--- At most :limit webhooks with events after their cursor (up to :upto), none of :inflight (a JSON list of
--- ids with a try under way) and none waiting out a retry's backoff, furthest behind first; with the
--- delivery being retried, if any.
-SELECT w.id, w.url, w.email, w.events, w.format, w.scope, w.project_id, w.job_id, w.alert_id, w.user_id,
-       w.secret, w.cursor, d.event_seq AS retry_seq, d.attempts, d.first_try_at, d.next_try_at
-FROM webhooks w
-LEFT JOIN webhook_deliveries d ON d.webhook_id = w.id AND d.status = 'retrying'
-WHERE w.cursor < :upto AND w.id NOT IN (SELECT value FROM json_each(:inflight))
-  AND (d.next_try_at IS NULL OR d.next_try_at <= :now)
-ORDER BY w.cursor LIMIT :limit;
+-- At most :limit webhooks, not disabled, with events after their cursor (up to :upto), none of :inflight (a
+-- JSON list of ids with a try under way) and none waiting out a retry's backoff, furthest behind first; with
+-- the delivery being retried, if any. At most :per_owner of one owner's, counting those it has in flight
+-- (:busy, {user_id: tries}): one owner's slow receivers never take every delivery thread. With what its
+-- owner may read now, which the outbox checks each event against (outbox.may_read, teams.level's rules):
+-- whether the owner is an admin, is gone (removed: the webhook is disabled), and its role in each project
+-- ({project_id: role}).
+WITH due AS (
+    SELECT w.id, w.url, w.email, w.events, w.format, w.scope, w.project_id, w.job_id, w.alert_id, w.user_id,
+           w.secret, w.cursor, d.event_seq AS retry_seq, d.attempts, d.first_try_at, d.next_try_at,
+           u.name AS owner, coalesce(u.admin, 0) AS owner_admin, (u.id IS NULL OR u.removed_at IS NOT NULL) AS owner_gone,
+           row_number() OVER (PARTITION BY w.user_id ORDER BY w.cursor, w.id) AS nth
+    FROM webhooks w
+    LEFT JOIN webhook_deliveries d ON d.webhook_id = w.id AND d.status = 'retrying'
+    LEFT JOIN users u ON u.id = w.user_id
+    WHERE w.cursor < :upto AND w.disabled IS NULL AND w.id NOT IN (SELECT value FROM json_each(:inflight))
+      AND (d.next_try_at IS NULL OR d.next_try_at <= :now))
+SELECT due.*, (SELECT json_group_object(m.project_id, m.role) FROM memberships m WHERE m.user_id = due.user_id) AS owner_roles
+FROM due
+WHERE nth + coalesce((SELECT b.value FROM json_each(:busy) b WHERE b.key = CAST(due.user_id AS TEXT)), 0) <= :per_owner
+ORDER BY cursor, id LIMIT :limit;
+
+-- name: disable_webhook --
+-- A webhook whose owner is gone delivers no more: why, and its delivery being retried given up.
+UPDATE webhooks SET disabled = :reason WHERE id = :id AND disabled IS NULL RETURNING id, job_id;
+
+-- name: give_up_passed --
+-- A retried delivery the cursor passed (its owner may no longer read the event, or the webhook was
+-- disabled) is failed, not left retrying.
+UPDATE webhook_deliveries SET status = 'failed', next_try_at = NULL, last_error = :error
+WHERE webhook_id = :id AND status = 'retrying' AND event_seq <= :seq;
 
 -- name: events_after --
 -- The events of :kinds after :cursor up to :upto, oldest first (one job's when :job_id is given): the
 -- outbox matches each webhook's scope in memory, so one read serves every webhook at that cursor. With
--- each: its job's name, project and owner, and whether a task_started is its job's first. A webhook's
--- cursor passes what it does not want, so each look scans only the events since the last.
+-- each: its job's name, project (and its visibility) and owner, whether a task_started is its job's first,
+-- and for an alert_fired whether the alert's adder is an admin now (its rows are the whole file's). A
+-- webhook's cursor passes what it does not want, so each look scans only the events since the last.
 SELECT e.seq, e.at, e.kind, e.job_id, e.task_id, e.worker_id, e.data, e.actor, j.name AS job_name,
-       j.project_id, j.user_id, p.name AS project, u.name AS owner, wk.name AS worker,
+       j.project_id, j.user_id, p.name AS project, p.visibility, u.name AS owner, wk.name AS worker,
        (e.kind = 'task_started' AND NOT EXISTS (
            SELECT 1 FROM events f WHERE f.job_id = e.job_id AND f.kind = 'task_started' AND f.seq < e.seq))
-           AS first_start
+           AS first_start,
+       (e.kind = 'alert_fired' AND EXISTS (
+           SELECT 1 FROM alerts a JOIN users au ON au.id = a.user_id
+           WHERE a.id = json_extract(e.data, '$.alert_id') AND au.admin = 1 AND au.removed_at IS NULL))
+           AS alert_admin
 FROM events e
 LEFT JOIN jobs j ON j.id = e.job_id
 LEFT JOIN projects p ON p.id = j.project_id
