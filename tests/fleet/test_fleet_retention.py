@@ -49,6 +49,9 @@ def test_sweep_keeps_referenced_and_removes_old_unreferenced(home, store, sched,
     task = sched.acquire(worker)
     assert task["job_id"] == producer
     sched.start(worker, task["task_id"], 1)
+    # the worker uploaded its output (a finish names only what its worker may read: issue 36)
+    store.write(lambda conn: row(conn, "record_upload", digest=d["output_kept"], uploader="worker", uploader_id=worker,
+                                 project_id=None, now=clock.now))
     assert sched.finish(worker, task["task_id"], exit_code=0, outcome="succeeded",
                         outputs={"out.bin": d["output_kept"]}, reason=None)
 

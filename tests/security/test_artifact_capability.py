@@ -3,7 +3,7 @@
 Before, submit checked only that a named digest was stored and a checkpoint only that its files were
 stored with their sizes, and either then let its caller download the bytes: a user of another project
 named someone's upload as an input of a held job of its own and read it; a worker session recorded it
-as a checkpoint file of its task and read it. Now naming a digest needs the right to read it (an own
+as a checkpoint file (or an output) of its task and read it (or let the job's owner read it). Now naming a digest needs the right to read it (an own
 upload, or what a job the caller may read names): 403 `artifact_forbidden`, nothing written, and a
 probe (HEAD) answers 404, so that a client uploads the bytes (proving it holds them) rather than name
 them.
@@ -111,12 +111,15 @@ def test_a_worker_cannot_read_an_upload_by_recording_it_as_a_checkpoint(team):
     assert plane.request("GET", f"/v1/artifacts/{secret}", token=session, headers=PROTO).status_code == 403
     assert plane.request("GET", f"/v1/artifacts/{secret}", token=tokens["mallory"]).status_code == 403
     assert plane.request("HEAD", f"/v1/artifacts/{secret}", token=session, headers=PROTO).status_code == 404
-    # the same through the finish's checkpoint: the finish counts, the checkpoint is left out
+    # the same through the finish's checkpoint and outputs: the finish counts, they are left out
     finish = as_worker(plane, session, f"/v1/worker/tasks/{task['task_id']}/finish",
-                       {"exit_code": 1, "outcome": "failed", "checkpoint": {"files": [stolen]}})
+                       {"exit_code": 1, "outcome": "failed", "checkpoint": {"files": [stolen]},
+                        "outputs": {"stolen.bin": secret}})
     assert finish.status_code == 200 and finish.json()["accepted"], finish.text
     assert plane.sql("SELECT count(*) FROM checkpoints WHERE job_id = ?", (task["job_id"],))[0][0] == 0
-    assert "checkpoint_incomplete" in [e["kind"] for e in plane.events(task["job_id"])]
+    kinds = [e["kind"] for e in plane.events(task["job_id"])]
+    assert "checkpoint_incomplete" in kinds and "outputs_refused" in kinds
+    assert plane.sql("SELECT outputs FROM tasks WHERE id = ?", (task["task_id"],))[0][0] == "{}"
     assert plane.request("GET", f"/v1/artifacts/{secret}", token=tokens["mallory"]).status_code == 403
 
 

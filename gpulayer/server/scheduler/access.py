@@ -15,12 +15,13 @@ from __future__ import annotations
 import apsw
 
 from gpulayer.server.errors import BodyTooLarge, Forbidden, NotFound
+from gpulayer.server.scheduler import events
 from gpulayer.server.store.queries import one, row, rows
 
 
 def check_read(conn: apsw.Connection, principal, digest: str) -> None:
-    """Raises Forbidden when a worker's active tasks do not name `digest`, or when no job a non-admin user
-    may read names it (NotFound when it is not stored at all)."""
+    """Raises Forbidden when a worker did not upload `digest` and its active tasks do not name it, or when a
+    non-admin user did not upload it and no job it may read names it (NotFound when it is not stored at all)."""
     if principal.kind == "worker" and \
             row(conn, "artifact_allowed_for_worker", worker_id=principal.worker_id, digest=digest) is None:
         raise Forbidden("this worker's tasks do not name that artifact")
@@ -28,8 +29,8 @@ def check_read(conn: apsw.Connection, principal, digest: str) -> None:
             row(conn, "artifact_allowed_for_user", user_id=principal.user_id, digest=digest) is None:
         if row(conn, "artifact_recorded", digest=digest) is None:
             raise NotFound(f"no artifact {digest}")
-        raise Forbidden(f"artifact {digest} is named by no job whose outputs you may read "
-                        "(only admins download any artifact)")
+        raise Forbidden(f"artifact {digest} is neither your upload nor named by a job whose outputs you may "
+                        "read (only admins download any artifact)")
 
 
 def may_read(conn: apsw.Connection, principal, digest: str) -> bool:
@@ -43,6 +44,17 @@ def may_read(conn: apsw.Connection, principal, digest: str) -> bool:
 def worker_may_read(conn: apsw.Connection, worker_id: int, digest: str) -> bool:
     """Whether a worker uploaded `digest` itself or its active tasks name it."""
     return row(conn, "artifact_allowed_for_worker", worker_id=worker_id, digest=digest) is not None
+
+
+def outputs_it_may_name(conn: apsw.Connection, worker_id: int, task: dict, outputs: dict, now: float) -> dict:
+    """A finish's outputs ({path: digest}) without those the worker may not read: an output is readable by
+    whoever may read its job, so naming a digest there needs the right to read it. The left-out paths are
+    an `outputs_refused` event of the task's job."""
+    refused = sorted(path for path, digest in outputs.items() if not worker_may_read(conn, worker_id, digest))
+    if refused:
+        events.record(conn, now, "outputs_refused", job_id=task["job_id"], task_id=task["id"], worker_id=worker_id,
+                      paths=refused[:20], why="the worker neither uploaded these artifacts nor do its tasks name them")
+    return {path: digest for path, digest in outputs.items() if path not in refused}
 
 
 def check_probe(conn: apsw.Connection, principal, digest: str) -> bool:
