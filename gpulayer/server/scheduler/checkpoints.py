@@ -38,13 +38,16 @@ def _missing(conn: apsw.Connection, files_json: str) -> list[dict]:
     return rows(conn, "checkpoint_missing_digests", files=files_json)
 
 
-def _unreadable(conn: apsw.Connection, worker_id: int, files: list[dict]) -> list[str]:
+def _unreadable(conn: apsw.Connection, worker_id: int, task: dict, files: list[dict]) -> list[str]:
     """The paths of files whose artifact this worker may not read (it neither uploaded it nor do its tasks
-    name it): naming one in a checkpoint would hand its bytes to the worker and the job's readers."""
+    or an earlier checkpoint of the task's element name it): naming one in a checkpoint would hand its
+    bytes to the worker and the job's readers."""
     allowed: dict[str, bool] = {}
     for f in files:
         if f["digest"] not in allowed:
-            allowed[f["digest"]] = access.worker_may_read(conn, worker_id, f["digest"])
+            allowed[f["digest"]] = access.worker_may_read(conn, worker_id, f["digest"]) or row(
+                conn, "element_checkpoint_names", job_id=task["job_id"], index=task["index"],
+                digest=f["digest"]) is not None
     return [f["path"] for f in files if not allowed[f["digest"]]]
 
 
@@ -98,7 +101,7 @@ def record(conn: apsw.Connection, worker_id: int, task_id: int, attempt: int | N
             f"the checkpoint names files not uploaded (or of another size): {', '.join(m['path'] for m in missing)}; nothing was recorded",
             code="checkpoint_incomplete",
         )
-    unreadable = _unreadable(conn, worker_id, files)
+    unreadable = _unreadable(conn, worker_id, task, files)
     if unreadable:
         raise Forbidden(f"the checkpoint names artifacts this worker did not upload and its tasks do not name: "
                         f"{', '.join(unreadable[:5])}; nothing was recorded", code="artifact_forbidden")
@@ -114,7 +117,7 @@ def record_final(conn: apsw.Connection, worker_id: int, task: dict, files: list[
                                            index=task["index"], attempt=task["attempt"]) is not None:
         return  # a rank stopped with its attempt, finishing after the next attempt checkpointed: too old
     files_json = json.dumps(files)
-    missing = [m["path"] for m in _missing(conn, files_json)] or _unreadable(conn, worker_id, files)
+    missing = [m["path"] for m in _missing(conn, files_json)] or _unreadable(conn, worker_id, task, files)
     if missing:
         events.record(
             conn,
