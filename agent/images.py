@@ -31,7 +31,7 @@ import time
 import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import BinaryIO, Callable, Iterator
 
 from gpulayer.protocol.jobspec import OCI_CONFIG as CONFIG_TYPE
 from gpulayer.protocol.jobspec import OCI_LAYERS as LAYER_TYPES
@@ -218,25 +218,59 @@ def check_member(member: tarfile.TarInfo, kinds: dict[str, str]) -> None:
     kinds[name] = "file" if member.isreg() else "symlink" if member.issym() else "dir" if member.isdir() else "link"
 
 
+class _Counted:
+    """A stream that counts the bytes read from it (a layer's tar, decompressed)."""
+
+    def __init__(self, stream: BinaryIO):
+        self.stream, self.count = stream, 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.stream.read(size)
+        self.count += len(data)
+        return data
+
+
 def check_layer(path: Path, max_bytes: int) -> int:
     """Read a layer (tar or tar+gzip) through; its member count. ImageError for an unsafe member, a tar that
-    cannot be read, or one that unpacks to more than ``max_bytes``."""
+    cannot be read, or one that unpacks to more than ``max_bytes``.
+
+    A tar that ends right after its last member's data, without that member's padding and the end-of-archive
+    blocks (Debian's ``umoci insert`` 0.4.7 writes such a layer when its last entry is a file), is read as
+    ending there, as ``umoci unpack`` reads it; one whose last member's data is cut short is refused."""
     kinds: dict[str, str] = {}
     total = count = 0
     with open(path, "rb") as raw:
         gzipped = raw.read(2) == b"\x1f\x8b"
     try:
-        with (gzip.open(path, "rb") if gzipped else open(path, "rb")) as stream, \
-                tarfile.open(fileobj=stream, mode="r|") as archive:
-            for member in archive:
-                check_member(member, kinds)
-                total += max(member.size, 0)
-                count += 1
-                if total > max_bytes:
-                    raise ImageError(f"the layer unpacks to more than {max_bytes} bytes, the worker's cache limit")
+        with (gzip.open(path, "rb") if gzipped else open(path, "rb")) as stream:
+            counted = _Counted(stream)  # type: ignore[arg-type]
+            with tarfile.open(fileobj=counted, mode="r|") as archive:  # type: ignore[call-overload]
+                for member in _members(archive, counted):
+                    check_member(member, kinds)
+                    total += max(member.size, 0)
+                    count += 1
+                    if total > max_bytes:
+                        raise ImageError(f"the layer unpacks to more than {max_bytes} bytes, the worker's cache limit")
     except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
         raise ImageError(f"a layer of the image is not a readable tar: {exc}") from None
     return count
+
+
+def _members(archive: tarfile.TarFile, counted: _Counted) -> Iterator[tarfile.TarInfo]:
+    """The members of a streamed tar, ending quietly where only the last one's padding (and the
+    end-of-archive blocks) are missing; tarfile.ReadError where its data is cut short."""
+    members, last = iter(archive), None
+    while True:
+        try:
+            member = next(members)
+        except StopIteration:
+            return
+        except tarfile.ReadError:
+            if last is not None and last.isreg() and counted.count >= last.offset_data + last.size:
+                return
+            raise
+        last = member
+        yield member
 
 
 def tree_bytes(root: Path) -> int:

@@ -13,6 +13,7 @@ from gpulayer.cli.workers import SANDBOX_DEFAULT, AllowRootTasks, RunAs, Sandbox
 from gpulayer.protocol import (
     DEFAULT_PORT, GPU_SAMPLE_RETENTION_S, HEARTBEAT_INTERVAL_S, JOB_RETENTION_S, LEASE_TTL_S, LOG_RETENTION_S, MAX_OUTPUT_BYTES,
     FAIRSHARE_HALF_LIFE_S, MAX_HEARTBEATS_PER_S, MAX_GRACE_S, MAX_QUEUED_ELEMENTS, PREEMPT_GRACE_S, PRIORITY_CLASSES, plural,
+    PROJECT_UPLOAD_QUOTA_BYTES, UNNAMED_RETENTION_S, UPLOAD_QUOTA_BYTES,
 )
 
 server_app = typer.Typer(help="Initialise, run and back up a control plane.", no_args_is_help=True)
@@ -98,6 +99,16 @@ HeartbeatInterval = Annotated[str, typer.Option("--heartbeat-interval", callback
 LeaseTTL = Annotated[str, typer.Option("--lease-ttl", callback=duration_option("--lease-ttl", positive=True), metavar="DURATION", help="Time without a heartbeat before a worker's tasks are lost (seconds, or 20s, 1m, ...).")]
 SynchronousOpt = Annotated[Synchronous, typer.Option("--synchronous", help="SQLite synchronous: normal (fast) or full (survives power loss).")]
 MaxOutputMB = Annotated[int, typer.Option("--max-output-mb", help="Largest task output a worker may upload, in MiB.", min=1)]
+UploadQuotaMB = Annotated[int, typer.Option(
+    "--upload-quota-mb", min=0, metavar="MIB",
+    help="The most a user's uploads that no job names yet may hold, in MiB (413 upload_quota_exceeded past it; "
+         "admins are not bound); 0: no quota.")]
+ProjectUploadQuotaMB = Annotated[int, typer.Option(
+    "--project-upload-quota-mb", min=0, metavar="MIB",
+    help="The same for a project: the uploads of its members that are in it alone; 0: no quota.")]
+UnnamedRetention = Annotated[str, typer.Option(
+    "--unnamed-retention", callback=duration_option("--unnamed-retention", positive=True), metavar="DURATION",
+    help="An upload that no job has named is swept after this long (the artifact retention, 7d, for the rest).")]
 Replicate = Annotated[Optional[str], typer.Option(
     "--replicate", metavar="URL",
     help="Stream the state file to this replica with Litestream: a directory (a mounted disk, NFS) or a "
@@ -172,6 +183,9 @@ def server_start(
         "--checkpoint-keep", min=1, metavar="N",
         help="Checkpoints kept per job element or rank, newest first; older ones go, and the artifact sweep "
              "their files (docs/training.md).")] = 3,
+    upload_quota_mb: UploadQuotaMB = UPLOAD_QUOTA_BYTES // 1024 ** 2,
+    project_upload_quota_mb: ProjectUploadQuotaMB = PROJECT_UPLOAD_QUOTA_BYTES // 1024 ** 2,
+    unnamed_retention: UnnamedRetention = f"{UNNAMED_RETENTION_S:g}",
     relay_max_streams_per_user: Annotated[int, typer.Option(
         "--relay-max-streams-per-user", min=1, metavar="N",
         help="Relay streams (gpulayer exec) one user may have open at once (docs/access.md).")] = 16,
@@ -203,7 +217,9 @@ def server_start(
                                 replicate=replicate, replicate_interval_s=float(replicate_interval),
                                 preempt_grace_s=float(preempt_grace), max_grace_s=float(max_grace), max_queued_elements=max_queued_elements,
                                 max_heartbeats_per_s=max_heartbeats_per_s,
-                                checkpoint_keep=checkpoint_keep,
+                                checkpoint_keep=checkpoint_keep, upload_quota_bytes=upload_quota_mb * 1024 ** 2,
+                                project_upload_quota_bytes=project_upload_quota_mb * 1024 ** 2,
+                                unnamed_retention_s=float(unnamed_retention),
                                 priority_classes={**PRIORITY_CLASSES, **_priority_classes(priority_class)},
                                 fairshare_half_life_s=float(fairshare_half_life) if fairshare_half_life else FAIRSHARE_HALF_LIFE_S,
                                 relay_max_streams_per_user=relay_max_streams_per_user,

@@ -7,6 +7,7 @@ from pathlib import Path
 from gpulayer.protocol import (  # noqa: F401  (re-exported: the settings below default to them)
     PROTOCOL, HEARTBEAT_INTERVAL_S, LEASE_TTL_S, MAX_HEARTBEATS_PER_S, HEARTBEAT_JITTER, DEFAULT_PORT, MAX_JSON_BODY, MAX_ACQUIRE_WAIT_S,
     START_TIMEOUT_S, RENDEZVOUS_TIMEOUT_S, ARTIFACT_RETENTION_S, ARTIFACT_SWEEP_INTERVAL_S,
+    UNNAMED_RETENTION_S, UPLOAD_QUOTA_BYTES, PROJECT_UPLOAD_QUOTA_BYTES,
     LOG_RETENTION_S, JOB_RETENTION_S, GPU_SAMPLE_RETENTION_S, PRUNE_INTERVAL_S, SERVICE_MAX_ATTEMPTS, MAX_OUTPUT_BYTES,
     FAIRSHARE_HALF_LIFE_S, MAX_GRACE_S, PREEMPT_GRACE_S, PRIORITY_CLASSES, MAX_QUEUED_ELEMENTS,
     default_home,
@@ -80,6 +81,11 @@ class ControlPlaneConfig:
     start_timeout_s: float = START_TIMEOUT_S
     rendezvous_timeout_s: float = RENDEZVOUS_TIMEOUT_S
     artifact_retention_s: float = ARTIFACT_RETENTION_S
+    # Issue 36: uploads no job names yet live this long, and hold at most this much per user and per
+    # project (`--unnamed-retention`, `--upload-quota-mb`, `--project-upload-quota-mb`; 0: no quota).
+    unnamed_retention_s: float = UNNAMED_RETENTION_S
+    upload_quota_bytes: int = UPLOAD_QUOTA_BYTES
+    project_upload_quota_bytes: int = PROJECT_UPLOAD_QUOTA_BYTES
     artifact_sweep_interval_s: float = ARTIFACT_SWEEP_INTERVAL_S
     log_retention_s: float = LOG_RETENTION_S
     job_retention_s: float = JOB_RETENTION_S

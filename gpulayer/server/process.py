@@ -299,7 +299,8 @@ class ControlPlane:
                 if time.monotonic() >= next_sweep:
                     next_sweep = time.monotonic() + self.config.artifact_sweep_interval_s
                     retention.sweep(self.deps.store, self.deps.artifacts, now=self.clock(),
-                                    retention_s=self.config.artifact_retention_s)
+                                    retention_s=self.config.artifact_retention_s,
+                                    unnamed_retention_s=self.config.unnamed_retention_s)
                     self.deps.artifacts.sweep_tmp()
             except Exception:  # noqa: BLE001 - upkeep must outlive one bad round
                 if self._stop.is_set():

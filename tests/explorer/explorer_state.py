@@ -101,7 +101,7 @@ def build_state(path: Path) -> None:
                        (n, stream, NOW - HOUR + n, text))
         db.execute("INSERT INTO secrets (name, ciphertext, created_at, updated_at) VALUES ('hf', ?, ?, ?)",
                    (b"SECRETCIPHER", NOW, NOW))
-        db.execute("INSERT INTO artifacts VALUES ('sha256:abc', 10, ?, ?)", (NOW, NOW))
+        db.execute("INSERT INTO artifacts VALUES ('sha256:abc', 10, ?, ?, ?)", (NOW, NOW, NOW))
         db.execute("INSERT INTO rendezvous VALUES (8, 1, 0, 8, '10.0.0.1', 29500, ?)", (NOW,))
         db.execute("INSERT INTO provision_requests (provisioner, profile, state, created_at, updated_at)"
                    " VALUES ('slurm', 'h100', 'pending', ?, ?)", (NOW, NOW))

@@ -49,6 +49,9 @@ def test_sweep_keeps_referenced_and_removes_old_unreferenced(home, store, sched,
     task = sched.acquire(worker)
     assert task["job_id"] == producer
     sched.start(worker, task["task_id"], 1)
+    # the worker uploaded its output (a finish names only what its worker may read: issue 36)
+    store.write(lambda conn: row(conn, "record_upload", digest=d["output_kept"], uploader="worker", uploader_id=worker,
+                                 project_id=None, now=clock.now))
     assert sched.finish(worker, task["task_id"], exit_code=0, outcome="succeeded",
                         outputs={"out.bin": d["output_kept"]}, reason=None)
 
@@ -74,3 +77,21 @@ def test_sweep_keeps_referenced_and_removes_old_unreferenced(home, store, sched,
     left = store.read(lambda conn: [r["digest"] for r in conn.execute("SELECT digest FROM artifacts").fetchall()])
     assert set(left) == {d["source"], d["weights"], d["output_kept"], fresh}
     assert retention.sweep(store, artifacts, now=now, retention_s=keep)["removed"] == []
+
+
+def test_uploads_no_job_named_go_after_the_unnamed_retention(home, store, sched, clock, config):
+    """Issue 36: an upload no job ever named is swept after `unnamed_retention_s` (24h by default), not the
+    7 days of the rest; one a job named (even a job long cancelled) keeps the full retention."""
+    artifacts = ArtifactStore(config.layout.artifacts)
+    named, unnamed = put(store, artifacts, "named", clock.now), put(store, artifacts, "unnamed", clock.now)
+    store.write(lambda conn: row(conn, "record_upload", digest=unnamed, uploader="user", uploader_id=1,
+                                 project_id=None, now=clock.now))
+    sched.cancel(sched.submit({"command": ["true"], "inputs": {"x": named}}))
+    clock.advance(0.5 * DAY)
+    assert retention.sweep(store, artifacts, now=clock.now, retention_s=7 * DAY)["removed"] == []
+    clock.advance(DAY)
+    swept = retention.sweep(store, artifacts, now=clock.now, retention_s=7 * DAY, unnamed_retention_s=DAY)
+    assert swept["removed"] == [unnamed] and not artifacts.exists(unnamed) and artifacts.exists(named)
+    assert store.read(row, "artifact_recorded", digest=unnamed) is None
+    assert store.read(lambda conn: list(conn.execute("SELECT * FROM artifact_uploads WHERE digest = ?",
+                                                     (unnamed,)))) == []

@@ -19,6 +19,8 @@ from gpulayer.testing import ControlPlaneProcess, wait_for
 ROLES = ("admin", "manager", "member", "other", "none")
 DIGEST = "sha256:" + hashlib.sha256(b"teams").hexdigest()
 SOURCE, INPUT = b"secret source code", b"secret input data"   # the owner's job's code and data
+ADMINS = b"uploaded by the admin alone"   # stored, named by no job: a digest is no read capability (issue 36)
+ADMINS_DIGEST = "sha256:" + hashlib.sha256(ADMINS).hexdigest()
 PROTO = {"X-GpuLayer-Protocol": "1"}  # worker routes refuse a request without it (426) before any auth
 
 
@@ -109,9 +111,10 @@ MATRIX = [
     ("put", "/v1/secrets/{name}", "/v1/secrets/TOKEN?project=p1", {"value": "v"}, codes(200, 200, 403, 404, 404)),
     ("delete", "/v1/secrets/{name}", "/v1/secrets/NOSUCH?project=p1", None, codes(404, 404, 403, 404, 404)),
     ("put", "/v1/artifacts/{digest}", f"/v1/artifacts/{DIGEST}", b"teams", ALL(201)),
-    # downloads: admins any artifact, others what a job they may read names (no job names this one)
-    ("get", "/v1/artifacts/{digest}", f"/v1/artifacts/{DIGEST}", None, ADMIN_ONLY(200)),
-    ("head", "/v1/artifacts/{digest}", f"/v1/artifacts/{DIGEST}", None, ALL(200)),
+    # downloads: admins any artifact, others their own uploads and what a job they may read names (only the
+    # admin uploaded this one, no job names it); a probe answers 404 to who may not read it (issue 36)
+    ("get", "/v1/artifacts/{digest}", f"/v1/artifacts/{ADMINS_DIGEST}", None, ADMIN_ONLY(200)),
+    ("head", "/v1/artifacts/{digest}", f"/v1/artifacts/{ADMINS_DIGEST}", None, codes(200, 404, 404, 404, 404)),
 ]
 
 
@@ -131,6 +134,7 @@ def team(tmp_path_factory):
         for data in (SOURCE, INPUT):
             put = plane.request("PUT", f"/v1/artifacts/{digest(data)}", token=tokens["owner"], data=data)
             assert put.status_code == 201, put.text
+        assert plane.request("PUT", f"/v1/artifacts/{ADMINS_DIGEST}", data=ADMINS).status_code == 201
         answer = plane.request("POST", "/v1/jobs", token=tokens["owner"],
                                json={"command": ["true"], "project": "p1", "env": {"SECRETISH": "x"},
                                      "source": digest(SOURCE), "inputs": {"data/in.bin": digest(INPUT)}})

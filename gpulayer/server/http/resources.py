@@ -571,8 +571,9 @@ class Artifact(Resource):
 
     def on_head(self, req, resp, digest):
         check_digest(digest)
-        self.sched.check_artifact_probe(req.context.principal, digest)
-        size = self.deps.artifacts.size(digest)
+        # 404 also for what the caller may not read: it uploads the bytes rather than name them (access.py).
+        readable = self.sched.check_artifact_probe(req.context.principal, digest)
+        size = self.deps.artifacts.size(digest) if readable else None
         if size is None:
             resp.status = falcon.HTTP_404
             return

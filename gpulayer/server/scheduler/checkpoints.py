@@ -15,8 +15,8 @@ import json
 
 import apsw
 
-from gpulayer.server.errors import Conflict, NotFound, TaskNotAssigned
-from gpulayer.server.scheduler import events
+from gpulayer.server.errors import Conflict, Forbidden, NotFound, TaskNotAssigned
+from gpulayer.server.scheduler import access, events
 from gpulayer.server.store.queries import one, row, rows
 
 #: Checkpoints kept per job element or rank, newest first (`server start --checkpoint-keep`).
@@ -36,6 +36,19 @@ def _task(conn: apsw.Connection, worker_id: int, task_id: int, attempt: int | No
 
 def _missing(conn: apsw.Connection, files_json: str) -> list[dict]:
     return rows(conn, "checkpoint_missing_digests", files=files_json)
+
+
+def _unreadable(conn: apsw.Connection, worker_id: int, task: dict, files: list[dict]) -> list[str]:
+    """The paths of files whose artifact this worker may not read (it neither uploaded it nor do its tasks
+    or an earlier checkpoint of the task's element name it): naming one in a checkpoint would hand its
+    bytes to the worker and the job's readers."""
+    allowed: dict[str, bool] = {}
+    for f in files:
+        if f["digest"] not in allowed:
+            allowed[f["digest"]] = access.worker_may_read(conn, worker_id, f["digest"]) or row(
+                conn, "element_checkpoint_names", job_id=task["job_id"], index=task["index"],
+                digest=f["digest"]) is not None
+    return [f["path"] for f in files if not allowed[f["digest"]]]
 
 
 def _write(conn: apsw.Connection, task: dict, worker_id: int, files_json: str, kind: str, now: float, keep: int) -> dict:
@@ -77,7 +90,8 @@ def record(conn: apsw.Connection, worker_id: int, task_id: int, attempt: int | N
     """Record a periodic checkpoint of a task this worker holds; its id, files and bytes.
 
     Raises TaskNotAssigned (409) for a task not active on this worker (or at another attempt), Conflict
-    `checkpoint_incomplete` (409) when a file's artifact is not stored with its size: nothing is written.
+    `checkpoint_incomplete` (409) when a file's artifact is not stored with its size, Forbidden
+    `artifact_forbidden` (403) when the worker may not read one (access.py): nothing is written.
     """
     task = _task(conn, worker_id, task_id, attempt)
     files_json = json.dumps(files)
@@ -87,6 +101,10 @@ def record(conn: apsw.Connection, worker_id: int, task_id: int, attempt: int | N
             f"the checkpoint names files not uploaded (or of another size): {', '.join(m['path'] for m in missing)}; nothing was recorded",
             code="checkpoint_incomplete",
         )
+    unreadable = _unreadable(conn, worker_id, task, files)
+    if unreadable:
+        raise Forbidden(f"the checkpoint names artifacts this worker did not upload and its tasks do not name: "
+                        f"{', '.join(unreadable[:5])}; nothing was recorded", code="artifact_forbidden")
     return _write(conn, task, worker_id, files_json, "periodic", now, keep)
 
 
@@ -99,7 +117,7 @@ def record_final(conn: apsw.Connection, worker_id: int, task: dict, files: list[
                                            index=task["index"], attempt=task["attempt"]) is not None:
         return  # a rank stopped with its attempt, finishing after the next attempt checkpointed: too old
     files_json = json.dumps(files)
-    missing = _missing(conn, files_json)
+    missing = [m["path"] for m in _missing(conn, files_json)] or _unreadable(conn, worker_id, task, files)
     if missing:
         events.record(
             conn,
@@ -109,7 +127,7 @@ def record_final(conn: apsw.Connection, worker_id: int, task: dict, files: list[
             task_id=task["id"],
             worker_id=worker_id,
             attempt=task["attempt"],
-            missing=[m["path"] for m in missing],
+            missing=missing[:5],
         )
         return
     _write(conn, task, worker_id, files_json, "final", now, keep)

@@ -261,22 +261,30 @@ class Scheduler:
         """Raises Forbidden when the caller may not download `digest` (access.check_read)."""
         self.store.read(access.check_read, principal, digest)
 
-    def check_artifact_probe(self, principal: Principal, digest: str) -> None:
-        """Raises Forbidden when the caller may not ask whether `digest` exists (access.check_probe)."""
-        self.store.read(access.check_probe, principal, digest)
+    def check_artifact_probe(self, principal: Principal, digest: str) -> bool:
+        """Whether the caller may learn that `digest` is stored (access.check_probe): False answers 404."""
+        return self.store.read(access.check_probe, principal, digest)
 
     def put_artifact(self, principal: Principal, digest: str, stream: BinaryIO, length: int | None) -> int:
-        """Store an upload; its size. A worker uploads only task outputs and checkpoints, up to `max_output_bytes`.
+        """Store an upload; its size. A worker uploads only task outputs and checkpoints, up to `max_output_bytes`;
+        a user within its upload quotas (access.quota_left).
 
-        Raises Forbidden when a worker holds no active task,
-        BodyTooLarge past the limit (nothing stored), and what ArtifactStore.put raises.
+        Raises Forbidden when a worker holds no active task, BodyTooLarge past the limit or a quota
+        (nothing stored), and what ArtifactStore.put raises.
         """
         if principal.kind == "worker":
             limit = self.config.max_output_bytes
             self.store.read(access.check_upload, principal, length, limit)
             stream = access.Capped(stream, limit)  # type: ignore[assignment]  # put() only reads it
+        quota = self.store.read(access.quota_left, principal, length, self.config.upload_quota_bytes,
+                                self.config.project_upload_quota_bytes)
+        if quota is not None:
+            stream = access.Capped(stream, *quota)  # type: ignore[assignment]  # put() only reads it
+
+        def record(digest: str, size: int) -> None:
+            self._write(access.record, digest, size, self.clock(), principal)
         # Recorded under the digest's lock, so the artifact sweep cannot unlink the file in between.
-        return self.artifacts.put(digest, stream, length, record=self.record_artifact)
+        return self.artifacts.put(digest, stream, length, record=record)
 
     def record_artifact(self, digest: str, size: int) -> None:
         self._write(access.record, digest, size, self.clock())

@@ -7,7 +7,7 @@ import apsw
 
 from gpulayer.server.scheduler import events
 
-from gpulayer.server.scheduler import checkpoints, jobcontrol, outcomes, preemption
+from gpulayer.server.scheduler import access, checkpoints, jobcontrol, outcomes, preemption
 from gpulayer.server.errors import TaskNotAssigned
 from gpulayer.server.store.queries import QUERIES, one, row, rows
 
@@ -79,6 +79,7 @@ def finish(conn: apsw.Connection, worker_id: int, task_id: int, exit_code: int |
     """
     state, default_reason = OUTCOMES[outcome]
     done = _owned(conn, worker_id, task_id, active=False)
+    outputs = access.outputs_it_may_name(conn, worker_id, done, outputs, now)
     if pid is not None and done["state"] == "assigned":
         start(conn, worker_id, task_id, pid, now)
         done = {**done, "state": "running", "pid": pid}

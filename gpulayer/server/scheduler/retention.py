@@ -2,7 +2,8 @@
 
 An artifact is removed when it is older than the retention period (by its
 last use) and no queued, running or retained job names it: as source, input,
-service weights or output. Rows go first, in one transaction; files after the
+service weights or output; one that no job ever named (an upload), already after
+the shorter `unnamed_retention_s` (issue 36). Rows go first, in one transaction; files after the
 commit, so a job submitted meanwhile is refused (unknown artifact) rather than
 left pointing at nothing. A file is unlinked only if its row is still gone,
 checked under the digest's lock that a PUT holds from rename to record.
@@ -15,7 +16,7 @@ import logging
 import apsw
 
 from gpulayer.server.scheduler import events
-from gpulayer.protocol import GPU_SAMPLE_RETENTION_S
+from gpulayer.protocol import GPU_SAMPLE_RETENTION_S, UNNAMED_RETENTION_S
 from gpulayer.server.errors import ConfigError
 from gpulayer.server.store.queries import row, rows
 
@@ -27,28 +28,32 @@ PRUNE_ROUND_WRITES = 400     # writes per upkeep round at most; a backlog goes o
 PRUNE_SAMPLES = 2000         # GPU samples per write (a row per GPU per heartbeat interval: 1,000 GPUs make 43M a day)
 
 
-def candidates(conn: apsw.Connection, cutoff: float) -> list[dict]:
-    """What a sweep with this cutoff would remove."""
-    return rows(conn, "unreferenced_artifacts", cutoff=cutoff)
+def candidates(conn: apsw.Connection, cutoff: float, unnamed_cutoff: float) -> list[dict]:
+    """What a sweep with these cutoffs would remove."""
+    return rows(conn, "unreferenced_artifacts", cutoff=cutoff, unnamed_cutoff=unnamed_cutoff)
 
 
-def _forget(conn: apsw.Connection, cutoff: float, now: float) -> list[dict]:
+def _forget(conn: apsw.Connection, cutoff: float, unnamed_cutoff: float, now: float) -> list[dict]:
     removed = []
-    for artifact in rows(conn, "unreferenced_artifacts", cutoff=cutoff):
+    for artifact in candidates(conn, cutoff, unnamed_cutoff):
         if row(conn, "delete_artifact", digest=artifact["digest"]) is not None:
+            row(conn, "delete_artifact_uploads", digest=artifact["digest"])
             removed.append(artifact)
     if removed:
         events.record(conn, now, "artifacts_swept", count=len(removed), bytes=sum(a["size"] for a in removed))
     return removed
 
 
-def sweep(store, artifacts, *, now: float, retention_s: float, dry_run: bool = False) -> dict:
-    """Remove (or with dry_run, list) unreferenced artifacts older than the retention period."""
+def sweep(store, artifacts, *, now: float, retention_s: float, unnamed_retention_s: float | None = None,
+          dry_run: bool = False) -> dict:
+    """Remove (or with dry_run, list) unreferenced artifacts older than the retention period (never named by
+    a job: than `unnamed_retention_s`, at most `retention_s`)."""
     cutoff = now - retention_s
+    unnamed_cutoff = max(cutoff, now - (UNNAMED_RETENTION_S if unnamed_retention_s is None else unnamed_retention_s))
     if dry_run:
-        found = store.read(candidates, cutoff)
+        found = store.read(candidates, cutoff, unnamed_cutoff)
     else:
-        found = store.write(_forget, cutoff, now)
+        found = store.write(_forget, cutoff, unnamed_cutoff, now)
         for artifact in found:
             digest = artifact["digest"]
             artifacts.delete(digest, lambda digest=digest: store.read(row, "artifact_recorded", digest=digest) is None)
@@ -72,7 +77,7 @@ def run_gc(home, *, dry_run: bool = False, retention_s: float | None = None, now
     try:
         result = sweep(store, ArtifactStore(config.layout.artifacts), now=time.time() if now is None else now,
                        retention_s=config.artifact_retention_s if retention_s is None else retention_s,
-                       dry_run=dry_run)
+                       unnamed_retention_s=config.unnamed_retention_s, dry_run=dry_run)
     finally:
         store.close()
     return result["removed"]

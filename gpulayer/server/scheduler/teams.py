@@ -23,8 +23,8 @@ import apsw
 
 from gpulayer.protocol import plural
 from gpulayer.server.errors import Conflict, Forbidden, InvalidRequest, NotFound
-from gpulayer.server.scheduler import events, jobs
-from gpulayer.server.scheduler.spec import ValidSpec
+from gpulayer.server.scheduler import access, events, jobs
+from gpulayer.server.scheduler.spec import ValidSpec, referenced_digests
 from gpulayer.server.store.queries import one, row, rows
 
 ADMIN_USER_ID = 1
@@ -124,6 +124,7 @@ def submit(conn: apsw.Connection, principal, project: str | None, spec: ValidSpe
     project_id = submit_project(conn, principal, project)
     check_priority(conn, principal, project_id, spec.priority)
     _check_dependencies(conn, principal, spec)
+    access.check_named(conn, principal, referenced_digests(spec))
     return jobs.submit(conn, spec, now, principal.user_id or ADMIN_USER_ID, project_id)
 
 

@@ -526,13 +526,33 @@ CREATE INDEX logs_job ON logs (job_id, seq);
 -- ---------------------------------------------------------------------------------------
 
 -- Content-addressed blobs under $GPULAYER_HOME/artifacts; the bytes live in
--- files, this table says what is there.
+-- files, this table says what is there. `named_at`: when a job first named it (submit); until then
+-- it counts against its uploaders' quotas and the sweep removes it after `--unnamed-retention`.
 CREATE TABLE artifacts (
     digest       TEXT PRIMARY KEY CHECK (digest GLOB 'sha256:*'),
     size         INTEGER NOT NULL CHECK (size >= 0),
     created_at   REAL NOT NULL,
     last_used_at REAL NOT NULL
+    , named_at REAL
 ) STRICT;
+
+-- Who uploaded an artifact's bytes (issue 36): a digest is no read capability of its own. A user
+-- reads what it uploaded or what a job it may read names, a worker what it uploaded or what its
+-- tasks name; a job or a checkpoint names only what its caller may read (access.sql).
+CREATE TABLE artifact_uploads (
+    digest       TEXT NOT NULL CHECK (digest GLOB 'sha256:*'),
+    uploader     TEXT NOT NULL CHECK (uploader IN (
+                     'user',    -- a client's upload: uploader_id is users.id
+                     'worker'   -- an output or checkpoint file: uploader_id is workers.id
+                 )),
+    uploader_id  INTEGER NOT NULL,
+    project_id   INTEGER,       -- the project a user's upload counts against (its only one); NULL: none
+    uploaded_at  REAL NOT NULL,
+    PRIMARY KEY (uploader, uploader_id, digest)
+) STRICT;
+-- The quotas: a project's uploads; the sweep forgets an artifact's uploads with it.
+CREATE INDEX artifact_uploads_project ON artifact_uploads (project_id) WHERE project_id IS NOT NULL;
+CREATE INDEX artifact_uploads_digest ON artifact_uploads (digest);
 
 -- Checkpoints (issue 27, docs/training.md): what a task's GPULAYER_CHECKPOINT_DIR held when its
 -- agent uploaded it, per job and element or rank (`index`), so that the next attempt, on any

@@ -13,6 +13,13 @@ WHERE NOT EXISTS (SELECT 1 FROM artifacts a WHERE a.digest = json_extract(f.valu
                                               AND a.size = json_extract(f.value, '$.size'))
 LIMIT 5;
 
+-- name: element_checkpoint_names --
+-- Does a checkpoint of this element or rank name the digest (a file restored and not changed since: its
+-- worker may name it again, even for a rank whose attempt's end stopped it first)?
+SELECT 1 AS ok FROM checkpoint_files f JOIN checkpoints c ON c.id = f.checkpoint_id
+WHERE f.digest = :digest AND c.job_id = :job_id AND c."index" = :index
+LIMIT 1;
+
 -- name: insert_checkpoint --
 -- One checkpoint's row (its files follow: insert_checkpoint_files).
 INSERT INTO checkpoints (job_id, "index", task_id, attempt, worker_id, kind, created_at, files, bytes)

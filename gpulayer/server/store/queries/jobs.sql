@@ -58,5 +58,6 @@ SELECT id, name, state, spec, kind, attempt, exit_code, reason, created_at, fini
 FROM jobs WHERE id = :job_id;
 
 -- name: touch_artifact --
--- A job names this artifact: it counts as used now. No row back: it is not stored.
-UPDATE artifacts SET last_used_at = :now WHERE digest = :digest RETURNING digest;
+-- A job names this artifact: it counts as used now, and named (no upload quota counts it). No row back:
+-- it is not stored.
+UPDATE artifacts SET last_used_at = :now, named_at = coalesce(named_at, :now) WHERE digest = :digest RETURNING digest;

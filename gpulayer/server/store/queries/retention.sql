@@ -1,9 +1,9 @@
 -- The queries of scheduler/retention.py: the artifact sweep; pruning of logs, jobs, events, workers, GPU samples.
 
 -- name: unreferenced_artifacts --
--- Artifacts older than the retention cutoff that no queued, running or retained
--- (finished after the cutoff) job names: as source, input, service weights, image blob, output or a
--- file of one of its checkpoints.
+-- Artifacts older than the retention cutoff (never named by a job: than :unnamed_cutoff, the later one)
+-- that no queued, running or retained (finished after the cutoff) job names: as source, input,
+-- service weights, image blob, output or a file of one of its checkpoints.
 WITH live AS (
     SELECT id, spec FROM jobs WHERE state IN ('waiting', 'queued', 'running') OR finished_at >= :cutoff
 ),
@@ -18,12 +18,16 @@ refs(digest) AS (
                           JOIN checkpoint_files f ON f.checkpoint_id = c.id
 )
 SELECT digest, size FROM artifacts
-WHERE last_used_at < :cutoff AND digest NOT IN (SELECT digest FROM refs WHERE digest IS NOT NULL)
+WHERE (last_used_at < :cutoff OR (named_at IS NULL AND last_used_at < :unnamed_cutoff)) AND digest NOT IN (SELECT digest FROM refs WHERE digest IS NOT NULL)
 ORDER BY last_used_at;
 
 -- name: delete_artifact --
 -- Forget one artifact (its file is removed after the commit).
 DELETE FROM artifacts WHERE digest = :digest RETURNING digest, size;
+
+-- name: delete_artifact_uploads --
+-- Forget who uploaded an artifact the sweep forgets.
+DELETE FROM artifact_uploads WHERE digest = :digest;
 
 -- name: prune_log_jobs --
 -- Retention (read, no lock): ended jobs, ended before the log cutoff, that still have log lines.
