@@ -1,4 +1,4 @@
--- Version 21 (issue 36): who uploaded an artifact (a digest is no read capability of its own), and
+-- Version 22 (issue 36): who uploaded an artifact (a digest is no read capability of its own), and
 -- when a job first named it (the upload quotas and the shorter life of unnamed uploads). Artifacts
 -- stored before count as named: they keep the sweep's longer retention and count against no quota.
 ALTER TABLE artifacts ADD COLUMN named_at REAL;
