@@ -36,13 +36,19 @@ def digest_hex(digest: str) -> str:
     return match.group(1)
 
 
+def sha256_handle(handle: BinaryIO) -> str:
+    """``sha256:<hex>`` of an open binary file's bytes from its start, read in chunks."""
+    hasher = hashlib.sha256()
+    handle.seek(0)
+    for chunk in iter(lambda: handle.read(CHUNK_BYTES), b""):
+        hasher.update(chunk)
+    return "sha256:" + hasher.hexdigest()
+
+
 def sha256_file(path: str | os.PathLike) -> str:
     """``sha256:<hex>`` of a file, read in chunks."""
-    hasher = hashlib.sha256()
     with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(CHUNK_BYTES), b""):
-            hasher.update(chunk)
-    return "sha256:" + hasher.hexdigest()
+        return sha256_handle(handle)
 
 
 class HashingWriter:

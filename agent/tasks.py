@@ -33,7 +33,7 @@ from .images import ImageCache, Prepared
 from .launcher import Launched
 from .leftovers import RunningTasks
 from .logship import LogShipper
-from .outputs import collect_outputs, open_regular, upload_outputs
+from .outputs import collect_outputs, upload_outputs
 from .process import KILL_GRACE_S, TaskProcess, exit_code_of
 from .rendezvous import RENDEZVOUS_TIMEOUT_S, distributed_env, free_port, rendezvous
 from .sandbox import Sandbox, gpu_nodes, loader_variables, startable
@@ -470,17 +470,18 @@ class TaskRunner:
             self.shipper.system(problem)
         if not files or not self.assigned:
             return {}
-        recorded = upload_outputs(files, self._upload, self.shipper.system)
+        recorded = upload_outputs(self.workdir, files, self._upload, self.shipper.system)
         self.shipper.system(f"{plural(len(recorded), 'output file')} uploaded")
         return recorded
 
-    def _upload(self, digest: str, path: str) -> bool:
-        """Upload one output; False (and a log line) when the control plane refuses it."""
+    def _upload(self, key: str, digest: str, path: str) -> bool:
+        """Upload one output (``path``: the descriptor it was hashed from); False (and a log line) when the
+        control plane refuses it."""
         try:
-            self.ctx.transport.upload_artifact(digest, path, open_regular)
+            self.ctx.transport.upload_artifact(digest, path)
             return True
-        except (Rejected, OSError) as exc:  # OSError: the task swapped the file meanwhile
-            self.shipper.system(f"output {os.path.relpath(path, self.workdir)} not uploaded: {exc}")
+        except (Rejected, OSError) as exc:  # Rejected: the task rewrote the file since it was hashed
+            self.shipper.system(f"output {key} not uploaded: {exc}")
             return False
 
     def _report(self, result: TaskResult | None, outputs: dict[str, str], checkpoint: list[dict] | None = None) -> None:
