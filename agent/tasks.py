@@ -269,9 +269,13 @@ class TaskRunner:
             place_file(self.ctx.cache.get(digest, budget.max_bytes), self.workdir, relative, "input", budget)
 
     def _link_weights(self, cached: Path) -> str:
-        """A hard link (or copy) of the cached weights in the working dir, safe from eviction."""
+        """A hard link of the cached weights in the working dir, safe from eviction; a copy when the task runs as
+        the agent's own user, which could change a linked file's bytes (owner of the inode) under the cache."""
         target = self.workdir / ".gpulayer-weights"
+        user = self.ctx.sandbox.drops_to(self.assignment.run_as_root)
         try:
+            if user is None or user.uid == os.geteuid():
+                raise PermissionError("the task runs as the cache's owner")
             os.link(cached, target)
         except OSError:
             shutil.copyfile(cached, target)
