@@ -13,9 +13,12 @@ the descriptor opened then, so a file the task replaces meanwhile by a rename (`
 temporary name, then ``os.replace``) is sent as it was. A file the task rewrites in place while it
 is sent fails the server's digest check, and that checkpoint is not recorded (the last one stays).
 A file's digest is kept by (path, inode, size, mtime), so an unchanged 10 GB file is hashed once.
+
+The task owns the folder and may swap any folder in it (the folder itself too) for a link to a host folder
+while a snapshot is taken: every path is resolved beneath the task's directory without following a link
+(``agent.beneath``), so a link is never followed, nor a folder entered through one.
 """
 
-import hashlib
 import os
 import shutil
 import stat
@@ -28,11 +31,11 @@ from typing import BinaryIO, Callable
 from gpulayer.protocol import plural
 from gpulayer.protocol.assignment import CheckpointRef
 
+from .beneath import Beneath, LinkOnTheWay
 from .bundle import safe_relative_path
-from .cache import CHUNK_BYTES, ArtifactCache
+from .cache import ArtifactCache, sha256_handle
 from .errors import AgentError, DigestMismatch, Rejected, TaskSetupError, Unreachable
 from .events import log_event
-from .outputs import open_regular
 from .transport import Transport
 
 #: The folder's name in the task's working directory.
@@ -72,29 +75,6 @@ class DigestMemo:
             self._found.move_to_end(key)
             while len(self._found) > self.limit:
                 self._found.popitem(last=False)
-
-
-def _sha256_open(handle: BinaryIO) -> str:
-    hasher = hashlib.sha256()
-    handle.seek(0)
-    for chunk in iter(lambda: handle.read(CHUNK_BYTES), b""):
-        hasher.update(chunk)
-    return "sha256:" + hasher.hexdigest()
-
-
-def regular_files(root: Path) -> list[tuple[str, Path]]:
-    """(relative path, path) of every regular file under ``root``, by relative path; links and special files
-    skipped."""
-    found = []
-    for dirpath, _dirnames, filenames in os.walk(root):  # does not follow linked folders
-        for name in filenames:
-            path = Path(dirpath) / name
-            try:
-                if stat.S_ISREG(os.lstat(path).st_mode):
-                    found.append((path.relative_to(root).as_posix(), path))
-            except OSError:
-                continue
-    return sorted(found)
 
 
 class Checkpointer:
@@ -151,18 +131,33 @@ class Checkpointer:
         self.memo.put(DigestMemo.key(target, os.stat(target)), digest)
 
     def snapshot(self) -> tuple[list[dict], int] | None:
-        """Upload the folder as it is now: (manifest, bytes sent); None when it is empty or unchanged since the
-        last restore or record. Raises Rejected (a file changed while sent, or refused), OSError, Unreachable."""
+        """Upload the folder as it is now: (manifest, bytes sent); None when it is empty (or a link, noted) or
+        unchanged since the last restore or record. Raises Rejected (a file changed while sent, or refused),
+        OSError, Unreachable."""
+        try:
+            with Beneath.at(self.dir.parent) as workdir, workdir.folder(self.dir.name) as folder:
+                taken = self._upload(folder, folder.files()[0])
+        except FileNotFoundError:
+            return None
+        except LinkOnTheWay:
+            self.note(f"checkpoint not uploaded: {self.dir.name} is not a folder (a symbolic link?)")
+            return None
+        manifest, sent = taken
+        if not manifest or manifest == self.last:
+            return None
+        return manifest, sent
+
+    def _upload(self, folder: Beneath, files: list[str]) -> tuple[list[dict], int]:
+        """Open the files (in batches), then hash and send them from those descriptors: (manifest, bytes sent)."""
         manifest: list[dict] = []
         sent = 0
-        files = regular_files(self.dir) if self.dir.is_dir() else []
         for start in range(0, len(files), OPEN_BATCH):
             opened: list[tuple[str, Path, BinaryIO]] = []
             try:
-                for relative, path in files[start : start + OPEN_BATCH]:
+                for relative in files[start : start + OPEN_BATCH]:
                     try:
-                        opened.append((relative, path, open_regular(path)))
-                    except OSError:  # removed or swapped for something else meanwhile
+                        opened.append((relative, self.dir / relative, folder.open_regular(relative)))
+                    except OSError:  # removed, or swapped for something else (a link) meanwhile
                         continue
                 with ThreadPoolExecutor(UPLOADS_AT_ONCE, thread_name_prefix="checkpoint-upload") as pool:
                     for entry, bytes_sent in pool.map(lambda o: self._send(*o), opened):
@@ -171,8 +166,6 @@ class Checkpointer:
             finally:
                 for _, _, handle in opened:
                     handle.close()
-        if not manifest or manifest == self.last:
-            return None
         return manifest, sent
 
     def _send(self, relative: str, path: Path, handle: BinaryIO) -> tuple[dict, int]:
@@ -180,7 +173,7 @@ class Checkpointer:
         key = DigestMemo.key(path, st)
         digest = self.memo.get(key)
         if digest is None:
-            digest = _sha256_open(handle)
+            digest = sha256_handle(handle)
             self.memo.put(key, digest)
         sent = 0
         if not self.transport.retrying(f"HEAD /artifacts/{digest}", self.transport.artifact_exists, digest):

@@ -203,12 +203,14 @@ class Sandbox:
         user = self.drops_to(root_asked)
         if user is None:
             return
-        os.chown(workdir, user.uid, user.gid)
-        for top, dirs, files in os.walk(workdir):
+        # Bottom up, the working dir last: each folder on the way to what is changed is still root's then, so an
+        # element of the job sharing the sandbox cannot swap one for a link to a host folder (issue 36, item 2).
+        for top, dirs, files in os.walk(workdir, topdown=False):
             for name in dirs + files:
                 if top == str(workdir) and name == ".gpulayer-weights":
                     continue  # a hard link of the cached artifact: its owner is the cache's
                 os.lchown(os.path.join(top, name), user.uid, user.gid)
+        os.chown(workdir, user.uid, user.gid)
 
 
 def loader_variables(env: dict[str, str]) -> tuple[dict[str, str], list[str]]:

@@ -119,12 +119,17 @@ class Worker:
         self.sandbox = task_sandbox(self.config, state_dir)
         transport = Transport(base_url, verify)
         self._opened.callback(transport.close)
+        cache = ArtifactCache(  # a folder someone else made first (or may write) stops the worker here
+            config.artifact_cache or default_cache_dir(),
+            config.artifact_cache_bytes if config.artifact_cache_bytes is not None else default_cache_bytes(),
+            transport.download_artifact,
+        )
         self.relay = self._relay(base_url, verify, transport)
         inventory = self._inventory()
         answer = self._register(transport, inventory)
         if answer is None:
             return 0
-        ctx = self._task_context(transport, answer, inventory, state_dir, unpack_caps)
+        ctx = self._task_context(transport, cache, answer, inventory, state_dir, unpack_caps)
         self._session = Session(transport, inventory, ctx, new_transport=lambda: Transport(base_url, verify))
         self.chunks = Chunks(transport, slots=int(config.parallel), free_slots=self._free_slots,
                              want_next=lambda: not self.stopping.is_set(), running_ids=self._running_ids,
@@ -249,14 +254,9 @@ class Worker:
             log_event("register_warning", level=logging.WARNING, message=warning)
         return answer
 
-    def _task_context(self, transport: Transport, answer: dict, inventory: Inventory, state_dir: Path,
-                      unpack_caps: UnpackBudget) -> TaskContext:
+    def _task_context(self, transport: Transport, cache: ArtifactCache, answer: dict, inventory: Inventory,
+                      state_dir: Path, unpack_caps: UnpackBudget) -> TaskContext:
         config = self.config
-        cache = ArtifactCache(
-            config.artifact_cache or default_cache_dir(),
-            config.artifact_cache_bytes if config.artifact_cache_bytes is not None else default_cache_bytes(),
-            transport.download_artifact,
-        )
         advertise = answer.get("advertise_address") or config.advertise_address or socket.gethostname()
         shared = spares = None
         if self.sandbox.shares(False):  # an array's elements share their job's sandbox (agent/shared.py)

@@ -33,7 +33,7 @@ from .images import ImageCache, Prepared
 from .launcher import Launched
 from .leftovers import RunningTasks
 from .logship import LogShipper
-from .outputs import collect_outputs, open_regular, upload_outputs
+from .outputs import collect_outputs, upload_outputs
 from .process import KILL_GRACE_S, TaskProcess, exit_code_of
 from .rendezvous import RENDEZVOUS_TIMEOUT_S, distributed_env, free_port, rendezvous
 from .sandbox import Sandbox, gpu_nodes, loader_variables, startable
@@ -269,9 +269,13 @@ class TaskRunner:
             place_file(self.ctx.cache.get(digest, budget.max_bytes), self.workdir, relative, "input", budget)
 
     def _link_weights(self, cached: Path) -> str:
-        """A hard link (or copy) of the cached weights in the working dir, safe from eviction."""
+        """A hard link of the cached weights in the working dir, safe from eviction; a copy when the task runs as
+        the agent's own user, which could change a linked file's bytes (owner of the inode) under the cache."""
         target = self.workdir / ".gpulayer-weights"
+        user = self.ctx.sandbox.drops_to(self.assignment.run_as_root)
         try:
+            if user is None or user.uid == os.geteuid():
+                raise PermissionError("the task runs as the cache's owner")
             os.link(cached, target)
         except OSError:
             shutil.copyfile(cached, target)
@@ -470,17 +474,18 @@ class TaskRunner:
             self.shipper.system(problem)
         if not files or not self.assigned:
             return {}
-        recorded = upload_outputs(files, self._upload, self.shipper.system)
+        recorded = upload_outputs(self.workdir, files, self._upload, self.shipper.system)
         self.shipper.system(f"{plural(len(recorded), 'output file')} uploaded")
         return recorded
 
-    def _upload(self, digest: str, path: str) -> bool:
-        """Upload one output; False (and a log line) when the control plane refuses it."""
+    def _upload(self, key: str, digest: str, path: str) -> bool:
+        """Upload one output (``path``: the descriptor it was hashed from); False (and a log line) when the
+        control plane refuses it."""
         try:
-            self.ctx.transport.upload_artifact(digest, path, open_regular)
+            self.ctx.transport.upload_artifact(digest, path)
             return True
-        except (Rejected, OSError) as exc:  # OSError: the task swapped the file meanwhile
-            self.shipper.system(f"output {os.path.relpath(path, self.workdir)} not uploaded: {exc}")
+        except (Rejected, OSError) as exc:  # Rejected: the task rewrote the file since it was hashed
+            self.shipper.system(f"output {key} not uploaded: {exc}")
             return False
 
     def _report(self, result: TaskResult | None, outputs: dict[str, str], checkpoint: list[dict] | None = None) -> None:

@@ -26,13 +26,13 @@ def transport(plane):
 def hashed(monkeypatch):
     """The files hashed, by name (the digest memo's misses)."""
     seen: list[str] = []
-    real = checkpoint._sha256_open
+    real = checkpoint.sha256_handle
 
     def counting(handle):
         seen.append(os.path.basename(os.readlink(f"/proc/self/fd/{handle.fileno()}")))
         return real(handle)
 
-    monkeypatch.setattr(checkpoint, "_sha256_open", counting)
+    monkeypatch.setattr(checkpoint, "sha256_handle", counting)
     return seen
 
 

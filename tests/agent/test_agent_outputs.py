@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from agent.outputs import NotRegularFile, collect_outputs, open_regular, upload_outputs
+from agent.beneath import Beneath
+from agent.outputs import NotRegularFile, collect_outputs, upload_outputs
 from gpulayer.testing import ControlPlaneProcess, wait_for
 
 pytestmark = pytest.mark.timeout(90)
@@ -37,11 +38,11 @@ def test_a_file_swapped_for_a_fifo_after_collecting_is_skipped_without_blocking(
     os.mkfifo(tmp_path / "out")
     notes = []
     started = time.monotonic()
-    recorded = upload_outputs(files, lambda digest, path: True, notes.append)
+    recorded = upload_outputs(tmp_path, files, lambda key, digest, path: True, notes.append)
     assert recorded == {} and time.monotonic() - started < 5
     assert notes and "not a regular file" in notes[0]
-    with pytest.raises(NotRegularFile):
-        open_regular(tmp_path / "out")
+    with pytest.raises(NotRegularFile), Beneath.at(tmp_path) as root:
+        root.open_regular("out")
 
 
 @pytest.fixture

@@ -1,7 +1,11 @@
 """Service specifics: HTTP health checks, weights, the restart decision."""
 
+import os
+import shutil
 import sys
 import time
+
+import pytest
 
 from agent.services import should_restart
 from fake_control_plane import assignment
@@ -77,3 +81,18 @@ def test_endpoint_reported_at_once_not_a_heartbeat_later(plane, start_worker):
     assert any(e["endpoint"] and e["endpoint"].startswith("127.0.0.1:") for hb in plane.heartbeats for e in hb["tasks"])
     assert worker.stop() == 0  # a stopping worker ends its replica (cancel comes by heartbeat, 30 s away)
     assert plane.wait_finish(53, timeout=5)["outcome"] == "cancelled"
+
+
+@pytest.mark.parametrize("sandbox", ["auto", "none"])
+def test_weights_are_linked_only_for_a_task_user_that_cannot_write_the_cached_file(plane, start_worker, tmp_path, sandbox):
+    """A task that runs as the agent's own user (no sandbox here; a non-root agent, a root task) owns the cached
+    file's inode: it gets a copy, so it cannot change the bytes the next job's weights come from (issue 36, 8)."""
+    weights = plane.put_artifact(b"V" * 1000)
+    service = {"replicas": 1, "port": False, "restart": "on_failure", "max_restarts": None, "health": None, "weights": weights}
+    plane.submit(assignment(52, [PY, "-c", "print('ok')"], service=service))
+    start_worker(sandbox=sandbox)
+    assert plane.wait_finish(52)["outcome"] == "succeeded", plane.log_texts(52)
+    cached = os.stat(tmp_path / "cache" / weights.split(":")[1])
+    given = os.stat(next((tmp_path / "state" / "tasks").rglob(".gpulayer-weights")))
+    dropped = sandbox == "auto" and os.geteuid() == 0 and shutil.which("bwrap") is not None  # to gpulayer-task
+    assert (given.st_ino == cached.st_ino) is dropped and (cached.st_mode & 0o777) == 0o444, sandbox
