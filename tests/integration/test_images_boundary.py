@@ -137,3 +137,30 @@ def test_an_images_preloaded_library_runs_only_as_the_task_user(cluster, image):
     finally:
         cluster.request("POST", f"/v1/jobs/{job_id}/cancel")
 
+
+def test_unpacked_images_keep_no_setuid_bit_and_nothing_world_writable(cluster, image):
+    """A layer's 06755 root file is unpacked 0755; a 0666 file and a 0777 folder lose their write bit for
+    others; the image cache is the agent's alone (0700), so no other local user reaches the root anyway."""
+    done = cluster.cli("submit", "--label", "pool=imgb", "--image", str(image), "--wait", "--", "sh", "-c",
+                       "ls -l /bin/busybox-suid; /bin/busybox-suid id -u", timeout=120)
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    text = cluster.log_text(int(done.stdout.split()[0]))
+    assert "-rwxr-xr-x" in text and f"\n{_task_user().pw_uid}\n" in f"\n{text}\n", text
+    images = cluster.root / "imgb-cache" / "images"
+    roots = [entry / "rootfs" for entry in images.iterdir() if (entry / "rootfs" / "bin" / "busybox-suid").exists()]
+    assert roots, list(images.iterdir())
+    rootfs = roots[0]
+    mode = os.lstat(rootfs / "bin" / "busybox-suid").st_mode
+    assert stat.S_IMODE(mode) == 0o755, oct(mode)
+    for top, dirs, files in os.walk(rootfs):
+        for name in dirs + files:
+            info = os.lstat(os.path.join(top, name))
+            if stat.S_ISLNK(info.st_mode):
+                continue
+            assert not info.st_mode & (stat.S_ISUID | stat.S_ISGID | stat.S_IWOTH), (os.path.join(top, name),
+                                                                                    oct(info.st_mode))
+    assert stat.S_IMODE(os.stat(images).st_mode) == 0o700, oct(os.stat(images).st_mode)
+    user = _task_user()
+    probe = subprocess.run(["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups", "sh", "-c",
+                            'exec "$0" id -u', str(rootfs / "bin" / "busybox-suid")], capture_output=True, text=True)
+    assert probe.returncode != 0 and "Permission denied" in probe.stderr, probe  # not the task user's to enter
