@@ -54,6 +54,8 @@ PASSED_SIGNALS = "TERM,INT,HUP,QUIT,USR1,USR2,ALRM,XCPU,XFSZ,VTALRM,PROF,PWR"
 #: Device nodes every GPU task gets (where they exist), beside /dev/nvidia<N> of its own GPUs.
 GPU_CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset",
                      "/dev/nvidia-caps")
+#: The host folders a task has fresh ones of: an interpreter under them (a venv in /tmp) is bound back.
+OWN_TMPFS = ("/tmp", "/dev/shm")
 #: Seconds the start-up check of bwrap may take.
 PROBE_TIMEOUT_S = 10.0
 
@@ -134,8 +136,9 @@ class Sandbox:
         blocked = untraversable([workdir, *self.shown, *targets], user) if user else []
         for path in blocked:
             mounts += ["--perms", "0755", "--tmpfs", path]
+        covered = [*blocked, *OWN_TMPFS]  # what the task would not see of the interpreters: bound back
         for path in self.shown:
-            if any(_under(path, top) for top in blocked) and os.path.isdir(path):
+            if any(_under(path, top) for top in covered) and os.path.isdir(path):
                 mounts += [*_mount_point(path), "--ro-bind", path, path]
         for path in self.hidden:
             if os.path.isdir(path):
