@@ -61,7 +61,7 @@ def cluster(tmp_path_factory, place, venv):
                                     "VIRTUAL_ENV": str(venv)},
                        argv=[python, "-m", "gpulayer.cli", "--url", c.url, "--ca-file", str(c.ca_file), "worker", "start",
                              "--name", "tmpw", "--state-dir", str(place / "state"), "--gpus", "0", "--label",
-                             "pool=tmpw", "--sandbox", "bwrap"])
+                             "pool=tmpw", "--sandbox", "bwrap", "--parallel", "4"])
         yield c
     finally:
         c.close()
@@ -82,10 +82,15 @@ def job(cluster, tmp_path_factory, venv):
     cluster.request("POST", f"/v1/jobs/{job_id}/cancel")
 
 
-def test_python_train_py_runs_with_the_agents_venv(job, venv):
+def test_python_train_py_runs_with_the_agents_venv(cluster, job, venv, tmp_path):
     _, text = job
     uid = int(subprocess.run(["id", "-u", "gpulayer-task"], capture_output=True, text=True).stdout)
     assert f"trained-with {venv} uid {uid}" in text, text
+    (tmp_path / "train.py").write_text(TRAIN)
+    done = cluster.cli("submit", "--label", "pool=tmpw", "--source", str(tmp_path), "--wait", "--", "python",
+                       "train.py", timeout=120)  # as the README has it: `python` itself found on PATH
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    assert f"trained-with {venv} uid {uid}" in cluster.log_text(int(done.stdout.split()[0]))
 
 
 def test_exec_and_shell_reach_the_venvs_python(cluster, job, venv):
