@@ -22,7 +22,8 @@ the agent runs as root, the task runs as ``--run-as`` (default the
 ``gpulayer-task`` user, created if missing, else ``nobody``); a directory on the
 way to what it needs that this user could not traverse (``/root``) is hidden
 too, and the interpreters a task may run (``--python``, the agent's own) bound
-back read-only. ``--sandbox-bind HOST[:TASK][:ro]`` (repeatable) binds more of
+back read-only, as they are when they lie under the sandbox's own ``/tmp`` or
+``/dev/shm`` (a venv in /tmp, issue 36). ``--sandbox-bind HOST[:TASK][:ro]`` (repeatable) binds more of
 the host in, at TASK (default the same path): the fleet's /data or /scratch.
 """
 
