@@ -300,8 +300,11 @@ class ImageCache:
         self._lock = threading.Lock()
         self._locks: dict[str, threading.Lock] = {}
         self._in_use: dict[str, int] = {}
-        self.root.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.root, 0o700)  # the agent's alone: no other local user enters an unpacked image
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            os.chmod(self.root, 0o700)  # the agent's alone: no other local user enters an unpacked image
+        except PermissionError:  # another user's folder: the artifact cache's checks at start say so
+            log_event("image_cache_not_private", level=30, path=str(self.root))
         self.sweep_leftovers()
 
     def sweep_leftovers(self) -> list[str]:

@@ -70,7 +70,7 @@ def test_an_image_runs_cat_etc_marker_with_its_env_workdir_and_entrypoint(tmp_pa
     # The second task of the image finds it in the cache; `gpulayer image list` reads it there.
     again: list[str] = []
     assert images.prepare(spec_of(layout), again.append).rootfs == prepared.rootfs
-    assert again == [f"image test from the worker's cache"], again
+    assert again == ["image test from the worker's cache"], again
     listed = list_images(tmp_path / "cache")
     assert [(image["digest"], image["ref"]) for image in listed] == [(prepared.manifest, "test")]
     # ... and by its name alone.
