@@ -12,6 +12,7 @@ local users cannot enter the image cache.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import pwd
 import shutil
@@ -61,7 +62,7 @@ __attribute__((constructor)) static void who(void) {
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    c = Cluster(tmp_path_factory.mktemp("images-boundary")).start_server()
+    c = Cluster(tmp_path_factory.mktemp("images-boundary"), tls=True).start_server()  # TLS: ssh-config needs it
     try:
         c.start_worker("imgb", labels={"pool": "imgb"}, args=["--sandbox", "bwrap"])
         yield c
@@ -94,6 +95,19 @@ def image(tmp_path_factory) -> Path:
     return archive(layout, root / "preload.tar")
 
 
+def _ssh(cluster: Cluster, tmp_path: Path, job_id: int, command: str) -> str:
+    """What `ssh gpulayer-JOB COMMAND` printed, stdout and stderr, with the block `gpulayer ssh-config` prints."""
+    printed = cluster.cli("ssh-config")
+    assert printed.returncode == 0, printed.stderr
+    config = tmp_path / "ssh-config"
+    config.write_text(printed.stdout + "    BatchMode yes\n    ConnectTimeout 60\n")
+    got = subprocess.run(["ssh", "-F", str(config), f"gpulayer-{job_id}", command], env=clean_env(**cluster.cli_env()),
+                         capture_output=True, text=True, timeout=120, cwd=cluster.root)
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.split() == [str(_task_user().pw_uid)], got.stdout
+    return got.stderr
+
+
 def _task_user() -> pwd.struct_passwd:
     return pwd.getpwnam("gpulayer-task")
 
@@ -110,9 +124,9 @@ def _as_the_task_user(lines: list[str]) -> None:
                for line in lines), lines
 
 
-def test_an_images_preloaded_library_runs_only_as_the_task_user(cluster, image):
-    """The job, `exec` and `shell` into it: the image's ld.so.preload never runs as root, with capabilities,
-    nor before no_new_privs."""
+def test_an_images_preloaded_library_runs_only_as_the_task_user(cluster, image, tmp_path):
+    """The job, `exec`, `shell` and an SSH session into it: the image's ld.so.preload never runs as root, with
+    capabilities, nor before no_new_privs."""
     script = ('cat /etc/root-only 2>/dev/null || echo "no secret for $(id -u)"; echo started-"$((1+1))"; '
               "exec sleep 600")
     done = cluster.cli("submit", "--label", "pool=imgb", "--image", str(image), "--", "sh", "-c", script,
@@ -134,6 +148,8 @@ def test_an_images_preloaded_library_runs_only_as_the_task_user(cluster, image):
         assert terminal.exit_code() == 5, terminal.output
         assert "shell-in" in terminal.output, terminal.output
         _as_the_task_user(_preloaded(terminal.output))
+        if shutil.which("ssh") is not None and importlib.util.find_spec("asyncssh") is not None:
+            _as_the_task_user(_preloaded(_ssh(cluster, tmp_path, job_id, "/usr/bin/id -u")))
     finally:
         cluster.request("POST", f"/v1/jobs/{job_id}/cancel")
 
