@@ -57,6 +57,11 @@ GPU_CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools
                      "/dev/nvidia-caps")
 #: The host folders a task has fresh ones of: an interpreter under them (a venv in /tmp) is bound back.
 OWN_TMPFS = ("/tmp", "/dev/shm")
+#: glibc's unsecvars.h beside LD_*: what it ignores in a setuid program, and the root tools that start a sandbox
+#: never get (loader_variables): a gconv module, locale data, tunables or resolver files of the job's choosing.
+UNSECURE_VARIABLES = frozenset({"GCONV_PATH", "GETCONF_DIR", "GLIBC_TUNABLES", "HOSTALIASES", "LOCALDOMAIN", "LOCPATH",
+                                "MALLOC_TRACE", "NIS_PATH", "NLSPATH", "RESOLV_HOST_CONF", "RES_OPTIONS", "TMPDIR",
+                                "TZDIR"})
 #: Seconds the start-up check of bwrap may take.
 PROBE_TIMEOUT_S = 10.0
 
@@ -217,11 +222,15 @@ class Sandbox:
 
 def loader_variables(env: dict[str, str]) -> tuple[dict[str, str], list[str]]:
     """The environment to start bwrap with, without the dynamic loader's variables (``LD_PRELOAD``,
-    ``LD_LIBRARY_PATH``, ``LD_AUDIT``, every ``LD_*``), and those as ``NAME=VALUE`` arguments for the inner
-    ``env``: the job's ``LD_PRELOAD=./evil.so`` would otherwise be loaded by the outer ``env`` and ``bwrap``
-    (root, outside the sandbox, in the task's directory) before the sandbox exists."""
-    outer = {name: value for name, value in env.items() if not name.startswith("LD_")}
-    return outer, [f"{name}={value}" for name, value in sorted(env.items()) if name.startswith("LD_")]
+    ``LD_LIBRARY_PATH``, ``LD_AUDIT``, every ``LD_*``) and the others glibc ignores in a setuid program
+    (UNSECURE_VARIABLES: ``GCONV_PATH``, ``LOCPATH``, ``GLIBC_TUNABLES``, ...), and those as ``NAME=VALUE``
+    arguments for the inner ``env``: the job's (or its image's) ``LD_PRELOAD=./evil.so`` or ``GCONV_PATH`` would
+    otherwise be honoured by the outer ``env``, ``setpriv``, ``nsenter`` and ``bwrap`` (root, outside the
+    sandbox) before the sandbox exists."""
+    def inner(name: str) -> bool:
+        return name.startswith("LD_") or name in UNSECURE_VARIABLES
+    outer = {name: value for name, value in env.items() if not inner(name)}
+    return outer, [f"{name}={value}" for name, value in sorted(env.items()) if inner(name)]
 
 
 def parse_bind(spec: str) -> tuple[str, str, bool]:
