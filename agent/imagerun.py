@@ -2,20 +2,37 @@
 
 The argv is the sandbox's (agent/sandbox.py) with the image in place of the host's ``/``::
 
-    env --ignore-signal=TERM,INT,HUP bwrap --tmpfs / --ro-bind ROOTFS/<each top entry> /<entry> ...
-        --proc /proc --dev /dev --tmpfs /tmp --bind TASKDIR /gpulayer/task [GPU nodes, driver libs]
-        --unshare-pid --unshare-ipc --die-with-parent --chdir CWD
-        -- [/.gpulayer/lib/ld.so /.gpulayer/bin/setpriv --reuid U ...] /.gpulayer/lib/ld.so /.gpulayer/bin/env
-           --default-signal=TERM,INT,HUP -- [LD_*=...] ENTRYPOINT... COMMAND...
+    env --ignore-signal=TERM,INT,HUP
+        [bwrap --ro-bind / / --dev-bind /dev /dev --tmpfs /tmp --ro-bind ROOTFS /tmp/.gpulayer-image/0
+            --bind TASKDIR /tmp/.gpulayer-image/1 ... --die-with-parent -- setpriv --ruid U --regid G --clear-groups]
+        bwrap --tmpfs / --ro-bind <ROOTFS>/<each top entry> /<entry> ... --proc /proc --dev /dev --tmpfs /tmp
+            --bind <TASKDIR> /gpulayer/task [GPU nodes, driver libs] --remount-ro / --unshare-pid --unshare-ipc
+            --die-with-parent --chdir CWD
+        -- /.gpulayer/lib/ld.so /.gpulayer/bin/env --default-signal=TERM,INT,HUP -- [LD_*=...] ENTRYPOINT... COMMAND...
 
 The image's root is shared read-only by every task of that image; each task
 writes to its own task dir (``/gpulayer/task``, ``$GPULAYER_OUTPUT_DIR``),
-``/tmp`` and ``/dev/shm``. The host's ``setpriv`` and ``env`` (which drop to the
-task user and give the command back the default signal handling) are bound in
-under ``/.gpulayer`` with the libraries they need, and run through the host's
-dynamic loader, so the image needs no libc of a kind. The job's ``LD_*``
-variables are set by that inner ``env``, after the drop: the host's ``bwrap``
-and ``setpriv`` never load what they name.
+``/tmp`` and ``/dev/shm``.
+
+Under a root agent nothing of the image runs before the task is its user
+(issue 36): the bwrap that makes the image's root is started by ``setpriv``
+with the task user's real uid and root's effective one, which is bwrap's
+setuid mode: it makes the mounts, then becomes the task user (uid, gid, no
+groups, no capability, an empty bounding set, no_new_privs) before it execs
+anything there. As it opens its sources as that user, an outer bwrap (root,
+the host's root read-only, only the host's ``bwrap`` and ``setpriv`` run in
+it) first binds the image's root, the task dir and the ``--sandbox-bind``
+paths under a tmpfs of its own (``Sources``): the image cache and the state
+dir stay closed to the task user. exec, shell and SSH enter the inner
+sandbox's init (relay_exec.sandbox_init_pid).
+
+The host's ``env`` (which gives the command back the default signal
+handling) is bound in under ``/.gpulayer`` with the libraries it needs, and
+run through the host's dynamic loader, so the image needs no libc of a kind;
+it is the first program in the image's root, as the task user already, so
+an image's ``/etc/ld.so.preload`` or loader cache is the task's own code,
+never root's. The job's ``LD_*`` variables are set by that inner ``env``:
+the host's ``bwrap`` and ``setpriv`` never load what they name.
 """
 
 from __future__ import annotations
@@ -36,6 +53,8 @@ TASK_DIR = "/gpulayer/task"
 HELPERS = "/.gpulayer"
 _LDD_LINE = re.compile(r"(?:\S+ => )?(/\S+) \(0x[0-9a-f]+\)")
 MAX_LINK_HOPS = 40
+#: Where a root agent's outer bwrap binds the host paths of an image task (Sources), in a tmpfs of its own.
+STAGE = "/tmp/.gpulayer-image"
 #: Host tools bound under /.gpulayer/bin of every image task for what enters it later (`gpulayer shell`).
 ENTER_TOOLS = ("setsid",)
 
@@ -118,9 +137,42 @@ def startable_in(prepared: Prepared, argv: list[str], env: dict[str, str], cwd: 
     raise FileNotFoundError(2, "No such file or directory in the image", name)
 
 
-def _top_mounts(rootfs: Path) -> list[str]:
+class Sources:
+    """The host paths an image task's sandbox binds, as its bwrap names them: the paths themselves, or, where
+    that bwrap starts as the task user (``staged``), where an outer bwrap (root, the host's tools only) bound
+    them under STAGE (``outer``): the task user need not be able to enter the image cache or the state dir."""
+
+    def __init__(self, staged: bool):
+        self.staged = staged
+        self.outer: list[str] = ["--perms", "0755", "--dir", STAGE] if staged else []
+        self.count = 0
+
+    def source(self, host: str, writable: bool = False) -> str:
+        if not self.staged:
+            return host
+        place = f"{STAGE}/{self.count}"
+        self.count += 1
+        self.outer += ["--bind" if writable else "--ro-bind", host, place]
+        return place
+
+    def rewrite(self, args: list[str]) -> list[str]:
+        """bwrap arguments with each ``--bind``/``--ro-bind SRC DEST``'s SRC as this sandbox names it."""
+        out: list[str] = []
+        at = 0
+        while at < len(args):
+            if args[at] in ("--bind", "--ro-bind"):
+                out += [args[at], self.source(args[at + 1], args[at] == "--bind"), args[at + 2]]
+                at += 3
+            else:
+                out.append(args[at])
+                at += 1
+        return out
+
+
+def _top_mounts(rootfs: Path, sources: Sources) -> list[str]:
     """The image's top-level entries, bound read-only over a fresh tmpfs root."""
     args: list[str] = ["--tmpfs", "/"]
+    root = sources.source(str(rootfs))
     for entry in sorted(os.scandir(rootfs), key=lambda e: e.name):
         target = "/" + entry.name
         if entry.name in ("proc", "dev", "tmp", "gpulayer", HELPERS.strip("/")):
@@ -128,31 +180,29 @@ def _top_mounts(rootfs: Path) -> list[str]:
         if entry.is_symlink():
             args += ["--symlink", os.readlink(entry.path), target]
         else:
-            args += ["--ro-bind", entry.path, target]
+            args += ["--ro-bind", f"{root}/{entry.name}", target]
     return args
+
+
+def staged(sandbox: Sandbox, root_asked: bool) -> bool:
+    """Whether an image task's bwrap starts as the task user, its host paths bound by an outer one (Sources)."""
+    return sandbox.drops_to(root_asked) is not None
 
 
 def wrap_image(sandbox: Sandbox, prepared: Prepared, argv: list[str], env: dict[str, str], workdir: str, cwd: str, *,
                gpu_nodes: list[str], driver: list[str], network: bool = True,
                root_asked: bool = False) -> tuple[list[str], dict[str, str]]:
     """The argv that runs ``argv`` (already the image's entrypoint and the command) with the image as its root,
-    and the environment to start it with (the job's ``LD_*`` variables moved to the inner ``env``'s arguments)."""
+    and the environment to start it with (the job's ``LD_*`` variables moved to the inner ``env``'s arguments).
+
+    Under a root agent the bwrap that makes the image's root starts as the task user (module docstring) and
+    becomes it, without a capability and with no_new_privs, before it execs anything: nothing of the image
+    (its ``/etc/ld.so.preload``, its loader cache, a binary) runs as root (issue 36)."""
     if sandbox.bwrap is None:
         raise ValueError("an image needs the bwrap sandbox")
     user = sandbox.drops_to(root_asked)
-    mounts = _top_mounts(prepared.rootfs)
-    mounts += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp",
-               "--perms", "1777", "--tmpfs", "/dev/shm"]
-    for folder in (HELPERS, f"{HELPERS}/bin", f"{HELPERS}/lib", "/gpulayer"):
-        mounts += ["--perms", "0755", "--dir", folder]
-    mounts += ["--bind", workdir, TASK_DIR]
-    for host, task, read_only in sandbox.binds:  # --sandbox-bind: under one of the image's folders, it must exist
-        mounts += [*mount_point(task), "--ro-bind" if read_only else "--bind", host, task]
-    drop: list[str] = []
-    if user is not None:
-        more, prefix = helper(sandbox.setpriv or shutil.which("setpriv") or "/usr/bin/setpriv")
-        mounts += more
-        drop = [*prefix, f"--reuid={user.uid}", f"--regid={user.gid}", "--clear-groups"]
+    sources = Sources(staged=staged(sandbox, root_asked))
+    mounts = _image_mounts(sandbox, prepared, workdir, sources) + sources.rewrite(driver)
     more, run_env = helper(shutil.which(sandbox.env) or sandbox.env)
     mounts += more
     for tool in ENTER_TOOLS:  # what exec's shell runs inside (agent/relay_shell.py): setsid --ctty
@@ -160,12 +210,27 @@ def wrap_image(sandbox: Sandbox, prepared: Prepared, argv: list[str], env: dict[
             mounts += helper(found)[0]
     for node in gpu_nodes:
         mounts += ["--dev-bind-try", node, node]
-    mounts += driver
     namespaces = ["--unshare-pid", "--unshare-ipc", "--die-with-parent"]
     if not network:
         namespaces.append("--unshare-net")
     outer, loader = loader_variables(env)
-    wrapped = [sandbox.env, f"--ignore-signal={PASSED_SIGNALS}", sandbox.bwrap, *mounts, *namespaces,
-               "--chdir", cwd, "--", *drop, *run_env, f"--default-signal={PASSED_SIGNALS}",
-               "--", *loader, *argv]
-    return wrapped, outer
+    inner = [sandbox.bwrap, *mounts, "--remount-ro", "/", *namespaces, "--chdir", cwd,
+             "--", *run_env, f"--default-signal={PASSED_SIGNALS}", "--", *loader, *argv]
+    if user is not None:  # the stage, then the task user's real uid and root's effective one: bwrap's setuid mode
+        inner = [sandbox.bwrap, "--ro-bind", "/", "/", "--dev-bind", "/dev", "/dev", "--tmpfs", "/tmp", *sources.outer,
+                 "--die-with-parent", "--", sandbox.setpriv or "setpriv", f"--ruid={user.uid}", f"--regid={user.gid}",
+                 "--clear-groups", *inner]
+    return [sandbox.env, f"--ignore-signal={PASSED_SIGNALS}", *inner], outer
+
+
+def _image_mounts(sandbox: Sandbox, prepared: Prepared, workdir: str, sources: Sources) -> list[str]:
+    """The image's root, the sandbox's own /proc, /dev, /tmp and /dev/shm, the task dir and --sandbox-bind."""
+    mounts = _top_mounts(prepared.rootfs, sources)
+    mounts += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp",
+               "--perms", "1777", "--tmpfs", "/dev/shm"]
+    for folder in (HELPERS, f"{HELPERS}/bin", f"{HELPERS}/lib", "/gpulayer"):
+        mounts += ["--perms", "0755", "--dir", folder]
+    mounts += ["--bind", sources.source(workdir, writable=True), TASK_DIR]
+    for host, task, read_only in sandbox.binds:  # --sandbox-bind: under one of the image's folders, it must exist
+        mounts += [*mount_point(task), "--ro-bind" if read_only else "--bind", sources.source(host, not read_only), task]
+    return mounts

@@ -24,6 +24,7 @@ import gzip
 import json
 import os
 import shutil
+import stat
 import subprocess
 import tarfile
 import threading
@@ -53,6 +54,8 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
 UMOCI_TIMEOUT_S = 1800.0
+#: The mode bits no unpacked file or folder keeps: setuid, setgid, and write for others (`tame`).
+TAMED_BITS = stat.S_ISUID | stat.S_ISGID | stat.S_IWOTH
 
 
 class ImageError(TaskSetupError):
@@ -287,6 +290,22 @@ def tree_bytes(root: Path) -> int:
     return total
 
 
+def tame(root: Path) -> int:
+    """Clear the setuid and setgid bits and others' write bit of everything under ``root`` (links aside): a
+    layer's setuid-root file must not be one on the worker (issue 36), nor a world-writable file or folder
+    one that any local user changes under every task of the image. The number of entries changed."""
+    changed = 0
+    for top, dirs, files in os.walk(root):
+        for name in [*dirs, *files]:
+            path = os.path.join(top, name)
+            mode = os.lstat(path).st_mode
+            if stat.S_ISLNK(mode) or not mode & TAMED_BITS:
+                continue
+            os.chmod(path, stat.S_IMODE(mode) & ~TAMED_BITS)  # not a link: lstat said so, and the tree is ours
+            changed += 1
+    return changed
+
+
 def list_images(cache_root: str | os.PathLike) -> list[dict]:
     """The images cached under an artifact cache's root (``gpulayer image list``), most recently used first:
     each ``{"digest", "ref", "bytes", "last_used"}``."""
@@ -315,6 +334,11 @@ class ImageCache:
         self._lock = threading.Lock()
         self._locks: dict[str, threading.Lock] = {}
         self._in_use: dict[str, int] = {}
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            os.chmod(self.root, 0o700)  # the agent's alone: no other local user enters an unpacked image
+        except PermissionError:  # another user's folder: the artifact cache's checks at start say so
+            log_event("image_cache_not_private", level=30, path=str(self.root))
         self.sweep_leftovers()
 
     def sweep_leftovers(self) -> list[str]:
@@ -417,6 +441,7 @@ class ImageCache:
             staged.mkdir()
             os.rename(build / "bundle" / "rootfs", staged / "rootfs")
             os.chmod(staged / "rootfs", 0o755)
+            tame(staged / "rootfs")
             used = tree_bytes(staged / "rootfs")
             (staged / META).write_text(json.dumps({"manifest": manifest, "ref": spec.ref, "bytes": used,
                                                    "config": asdict(config)}))

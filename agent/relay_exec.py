@@ -23,7 +23,7 @@ from gpulayer.protocol.relay import CLOSE, DATA, EOF, EXT_DATA, SIGNAL, SIGNALS,
 from gpulayer.protocol.streams import Stream
 
 from .events import log_event
-from .imagerun import helper
+from .imagerun import helper, staged
 from .process import READ_BYTES, exit_code_of, live_group_members
 from .sandbox import TaskUser, loader_variables
 from .supervision import TaskHandle, TaskRunnerView
@@ -46,18 +46,29 @@ def command_in(handle: TaskHandle, argv: list[str]) -> tuple[list[str], dict[str
     network = runner.assignment.network != "none"
     pid, own_userns = _sandbox_init(handle, runner)
     spaces = [*(["-U", "--preserve-credentials"] if own_userns else []), "-m", "-p", "-i", *([] if network else ["-n"])]
-    if runner.image is not None:  # the image's root: its env and setpriv are the host's, under /.gpulayer
+    if runner.image is not None:  # the image's root: its env is the host's, under /.gpulayer
         env, cwd = runner.image_place(env)
         outer, loader = loader_variables(env)
         user = None if own_userns else sandbox.drops_to(runner.assignment.run_as_root)
-        setpriv = helper(sandbox.setpriv or shutil.which("setpriv") or "/usr/bin/setpriv")[1]
-        drop = [*setpriv, f"--reuid={user.uid}", f"--regid={user.gid}", "--clear-groups", "--no-new-privs"] if user else []
         inner_env = helper(shutil.which(sandbox.env) or sandbox.env)[1]
-        return [sandbox.nsenter, "-t", str(pid), *spaces, "-r", "--", *drop, *inner_env, f"--chdir={cwd}", *loader, "--", *argv], outer, "/"
+        return [*_image_drop(sandbox.setpriv), sandbox.nsenter, "-t", str(pid), *spaces, "-r", *_nsenter_user(user), "--",
+                *inner_env, f"--chdir={cwd}", *loader, "--", *argv], outer, "/"
     outer, loader = loader_variables(env)
     if own_userns:
         return [sandbox.nsenter, "-t", str(pid), *spaces, "-r", "--", sandbox.env, f"--chdir={workdir}", *loader, "--", *argv], outer, "/"
     return sandbox.enter_argv(pid, argv, workdir, network=network, loader=loader), outer, "/"
+
+
+def _image_drop(setpriv: str | None) -> list[str]:
+    """What starts nsenter into an image task: setpriv (the host's, in the host's root) sets no_new_privs, which
+    nsenter and what it execs in the image keep."""
+    return [setpriv or shutil.which("setpriv") or "/usr/bin/setpriv", "--no-new-privs"]
+
+
+def _nsenter_user(user: TaskUser | None) -> list[str]:
+    """nsenter's own drop to the task user (no groups), after it joined the namespaces and the image's root and
+    before it execs anything there: nothing of the image runs as root (its ld.so.preload; issue 36)."""
+    return [f"--setgid={user.gid}", f"--setuid={user.uid}"] if user is not None else []
 
 
 @dataclass(frozen=True)
@@ -95,8 +106,7 @@ def _running(handle: TaskHandle) -> TaskRunnerView:
 def _sandbox_init(handle: TaskHandle, runner: TaskRunnerView) -> tuple[int, bool]:
     """The pid of the task's sandbox's init, and whether its sandbox has a user namespace of its own (a
     non-root agent's bwrap)."""
-    assert handle.process is not None
-    pid = runner.holder.pid if runner.holder is not None else _sandbox_pid(handle.process.pid)
+    pid = sandbox_init_pid(handle)
     if pid is None:
         raise ExecRefused(f"task {handle.task_id}'s sandbox is not there (it is ending)")
     return pid, _namespace(pid, "user") != _namespace(os.getpid(), "user")
@@ -107,6 +117,22 @@ def host_tool(handle: TaskHandle, path: str) -> list[str]:
     the copy bound under /.gpulayer (agent/imagerun.py ENTER_TOOLS), through the host's loader."""
     runner = handle.runner
     return helper(path)[1] if runner is not None and runner.image is not None else [path]
+
+
+def sandbox_init_pid(handle: TaskHandle) -> int | None:
+    """The pid of a running task's sandbox's init (None once it is gone): its job's shared sandbox's, or the
+    child of the task's bwrap, or in an image task that a root agent started through a stage (agent/imagerun.py
+    Sources) the child of the inner bwrap, the outer's child."""
+    runner, process = handle.runner, handle.process
+    if runner is not None and runner.holder is not None:
+        return runner.holder.pid
+    if process is None:
+        return None
+    pid = _sandbox_pid(process.pid)
+    if pid is not None and runner is not None and runner.image is not None and staged(runner.ctx.sandbox,
+                                                                                       runner.assignment.run_as_root):
+        pid = _sandbox_pid(pid)
+    return pid
 
 
 def _sandbox_pid(bwrap_pid: int) -> int | None:

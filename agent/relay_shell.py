@@ -36,7 +36,7 @@ from gpulayer.protocol.streams import Stream
 
 from .events import log_event
 from .process import READ_BYTES, exit_code_of
-from .relay_exec import ExecRefused, _sandbox_pid, command_in, host_tool
+from .relay_exec import ExecRefused, command_in, host_tool, sandbox_init_pid
 from .supervision import TaskHandle
 
 #: The command without one given: the task's bash when it has one, else sh (both interactive on a terminal).
@@ -105,7 +105,7 @@ def _terminal(handle: TaskHandle) -> tuple[int, int]:
     sandbox = runner.ctx.sandbox if runner is not None else None
     if sandbox is None or sandbox.mode == "none" or process is None:
         return os.openpty()
-    pid = runner.holder.pid if runner.holder is not None else _sandbox_pid(process.pid)  # type: ignore[union-attr]
+    pid = sandbox_init_pid(handle)
     try:
         master = os.open(f"/proc/{pid}/root/dev/pts/ptmx", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError:

@@ -29,7 +29,7 @@ from gpulayer.protocol.streams import Stream
 
 from .events import log_event
 from .process import READ_BYTES
-from .relay_exec import _namespace, _sandbox_pid
+from .relay_exec import _namespace, sandbox_init_pid
 from .supervision import TaskHandle
 
 CONNECT_TIMEOUT_S = 10.0
@@ -82,7 +82,7 @@ def connect(handle: TaskHandle, host: str, port: int, timeout: float = CONNECT_T
         raise ConnectRefused(f"task {handle.task_id} is not running on this worker now")
     pid = None
     if runner.assignment.network == "none":  # its own namespace: the sandbox's
-        pid = runner.holder.pid if runner.holder is not None else _sandbox_pid(process.pid)
+        pid = sandbox_init_pid(handle)
         if pid is None:
             raise ConnectRefused(f"task {handle.task_id}'s sandbox is not there (it is ending)")
     where = f"port {port}" + ("" if host == DEFAULT_HOST else f" of {host}") + f" in task {handle.task_id}"

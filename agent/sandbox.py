@@ -22,7 +22,8 @@ the agent runs as root, the task runs as ``--run-as`` (default the
 ``gpulayer-task`` user, created if missing, else ``nobody``); a directory on the
 way to what it needs that this user could not traverse (``/root``) is hidden
 too, and the interpreters a task may run (``--python``, the agent's own) bound
-back read-only. ``--sandbox-bind HOST[:TASK][:ro]`` (repeatable) binds more of
+back read-only, as they are when they lie under the sandbox's own ``/tmp`` or
+``/dev/shm`` (a venv in /tmp, issue 36). ``--sandbox-bind HOST[:TASK][:ro]`` (repeatable) binds more of
 the host in, at TASK (default the same path): the fleet's /data or /scratch.
 """
 
@@ -54,6 +55,13 @@ PASSED_SIGNALS = "TERM,INT,HUP,QUIT,USR1,USR2,ALRM,XCPU,XFSZ,VTALRM,PROF,PWR"
 #: Device nodes every GPU task gets (where they exist), beside /dev/nvidia<N> of its own GPUs.
 GPU_CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset",
                      "/dev/nvidia-caps")
+#: The host folders a task has fresh ones of: an interpreter under them (a venv in /tmp) is bound back.
+OWN_TMPFS = ("/tmp", "/dev/shm")
+#: glibc's unsecvars.h beside LD_*: what it ignores in a setuid program, and the root tools that start a sandbox
+#: never get (loader_variables): a gconv module, locale data, tunables or resolver files of the job's choosing.
+UNSECURE_VARIABLES = frozenset({"GCONV_PATH", "GETCONF_DIR", "GLIBC_TUNABLES", "HOSTALIASES", "LOCALDOMAIN", "LOCPATH",
+                                "MALLOC_TRACE", "NIS_PATH", "NLSPATH", "RESOLV_HOST_CONF", "RES_OPTIONS", "TMPDIR",
+                                "TZDIR"})
 #: Seconds the start-up check of bwrap may take.
 PROBE_TIMEOUT_S = 10.0
 
@@ -134,8 +142,9 @@ class Sandbox:
         blocked = untraversable([workdir, *self.shown, *targets], user) if user else []
         for path in blocked:
             mounts += ["--perms", "0755", "--tmpfs", path]
+        covered = [*blocked, *OWN_TMPFS]  # what the task would not see of the interpreters: bound back
         for path in self.shown:
-            if any(_under(path, top) for top in blocked) and os.path.isdir(path):
+            if any(_under(path, top) for top in covered) and os.path.isdir(path):
                 mounts += [*_mount_point(path), "--ro-bind", path, path]
         for path in self.hidden:
             if os.path.isdir(path):
@@ -215,11 +224,15 @@ class Sandbox:
 
 def loader_variables(env: dict[str, str]) -> tuple[dict[str, str], list[str]]:
     """The environment to start bwrap with, without the dynamic loader's variables (``LD_PRELOAD``,
-    ``LD_LIBRARY_PATH``, ``LD_AUDIT``, every ``LD_*``), and those as ``NAME=VALUE`` arguments for the inner
-    ``env``: the job's ``LD_PRELOAD=./evil.so`` would otherwise be loaded by the outer ``env`` and ``bwrap``
-    (root, outside the sandbox, in the task's directory) before the sandbox exists."""
-    outer = {name: value for name, value in env.items() if not name.startswith("LD_")}
-    return outer, [f"{name}={value}" for name, value in sorted(env.items()) if name.startswith("LD_")]
+    ``LD_LIBRARY_PATH``, ``LD_AUDIT``, every ``LD_*``) and the others glibc ignores in a setuid program
+    (UNSECURE_VARIABLES: ``GCONV_PATH``, ``LOCPATH``, ``GLIBC_TUNABLES``, ...), and those as ``NAME=VALUE``
+    arguments for the inner ``env``: the job's (or its image's) ``LD_PRELOAD=./evil.so`` or ``GCONV_PATH`` would
+    otherwise be honoured by the outer ``env``, ``setpriv``, ``nsenter`` and ``bwrap`` (root, outside the
+    sandbox) before the sandbox exists."""
+    def inner(name: str) -> bool:
+        return name.startswith("LD_") or name in UNSECURE_VARIABLES
+    outer = {name: value for name, value in env.items() if not inner(name)}
+    return outer, [f"{name}={value}" for name, value in sorted(env.items()) if inner(name)]
 
 
 def parse_bind(spec: str) -> tuple[str, str, bool]:

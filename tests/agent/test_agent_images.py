@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import shutil
 import subprocess
 import tarfile
@@ -36,7 +37,7 @@ def spec_of(layout: Path, ref: str | None = "test") -> ImageSpec:
                      blobs=[manifest["config"]["digest"], *(layer["digest"] for layer in manifest["layers"])])
 
 
-def run_in(prepared, command, tmp_path, env=None, cwd=None, binds=None):
+def run_in(prepared, command, tmp_path, env=None, cwd=None, binds=None, driver=()):
     sandbox = resolve("bwrap", binds=binds)
     workdir = tmp_path / "task"
     workdir.mkdir(exist_ok=True)
@@ -45,7 +46,7 @@ def run_in(prepared, command, tmp_path, env=None, cwd=None, binds=None):
     full = {**image_environment(prepared.config), **(env or {})}
     startable_in(prepared, argv, full, cwd or prepared.config.workdir or TASK_DIR)
     wrapped, popen_env = wrap_image(sandbox, prepared, argv, full, str(workdir), cwd or prepared.config.workdir or TASK_DIR,
-                                    gpu_nodes=[], driver=[])
+                                    gpu_nodes=[], driver=list(driver))
     return subprocess.run(wrapped, env=popen_env, capture_output=True, text=True, timeout=60)
 
 
@@ -69,7 +70,7 @@ def test_an_image_runs_cat_etc_marker_with_its_env_workdir_and_entrypoint(tmp_pa
     # The second task of the image finds it in the cache; `gpulayer image list` reads it there.
     again: list[str] = []
     assert images.prepare(spec_of(layout), again.append).rootfs == prepared.rootfs
-    assert again == [f"image test from the worker's cache"], again
+    assert again == ["image test from the worker's cache"], again
     listed = list_images(tmp_path / "cache")
     assert [(image["digest"], image["ref"]) for image in listed] == [(prepared.manifest, "test")]
     # ... and by its name alone.
@@ -251,3 +252,28 @@ def test_an_image_task_sees_its_gpu_and_the_driver(tmp_path):
                                     gpu_nodes=gpu_nodes([0]), driver=args)
     done = subprocess.run(wrapped, env=popen_env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "GPU 0" in done.stdout, (done.stdout, done.stderr)
+
+
+@needs_umoci
+@pytest.mark.skipif(os.geteuid() != 0, reason="the task user's bwrap is a root agent's")
+def test_a_root_agents_image_task_reaches_what_it_binds_through_folders_its_user_cannot_enter(tmp_path):
+    """The bwrap that makes the image's root starts as the task user (issue 36): the image cache, the task dir, a
+    --sandbox-bind folder and the driver's files lie under folders only root enters (pytest's tmp, 0700), and
+    the outer bwrap's stage still binds every one; the task is its user, without a capability."""
+    hidden = tmp_path / "closed"
+    hidden.mkdir(mode=0o700)
+    layout = build_layout(tmp_path / "img")
+    prepared = ImageCache(layout_cache(layout, hidden / "cache")).prepare(spec_of(layout), lambda _: None)
+    data = hidden / "data"
+    data.mkdir()
+    (data / "shard").write_text("a shard\n")
+    lib = hidden / "libcuda.so.550.54.15"
+    lib.write_text("the driver\n")
+    args, _ = cdi.driver_mounts(cdi.Edits(mounts=[(str(lib), "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15")]))
+    done = run_in(prepared, ["sh", "-c", f"cat /data/shard {cdi.DRIVER_DIR}/lib/libcuda.so.550.54.15; id -u; "
+                             "grep -E '^(CapEff|NoNewPrivs)' /proc/self/status"], hidden,
+                  binds=[f"{data}:/data:ro"], driver=args)
+    assert done.returncode == 0, done.stderr
+    uid = pwd.getpwnam("gpulayer-task").pw_uid
+    assert done.stdout.split() == ["a", "shard", "the", "driver", str(uid), "CapEff:", "0000000000000000",
+                                   "NoNewPrivs:", "1"], done.stdout

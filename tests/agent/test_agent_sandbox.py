@@ -18,7 +18,7 @@ import pytest
 from agent.errors import AgentError
 from agent.nvml import Device
 from agent.process import TaskProcess, exit_code_of
-from agent.sandbox import (PASSED_SIGNALS, Sandbox, SandboxError, TaskUser, gpu_minors, gpu_nodes, parse_bind, resolve, startable,
+from agent.sandbox import (PASSED_SIGNALS, loader_variables, Sandbox, SandboxError, TaskUser, gpu_minors, gpu_nodes, parse_bind, resolve, startable,
                            untraversable)
 
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
@@ -226,3 +226,25 @@ def test_a_bound_dir_is_seen_read_write_or_read_only_and_nothing_else_of_the_hos
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[:3] == ["read me", "read-only", "hidden"]
     assert (shared / "out.txt").read_text() == "out\n" and not (ro / "x").exists()
+
+
+def test_variables_glibc_distrusts_reach_the_command_only_through_the_inner_env():
+    """GCONV_PATH, LOCPATH, GLIBC_TUNABLES, ... (glibc's unsecure list, beside LD_*) from a job or its image are
+    set by the inner env, inside the sandbox: the root env, setpriv, nsenter and bwrap that start it (not setuid,
+    so glibc would honour them there) never get them (issue 36). A unit test: what a root tool does with a gconv
+    module or locale data of the job's choosing needs no bug of ours to be shown, only the variable reaching it."""
+    env = {"PATH": "/bin", "HOME": "/h", "LD_PRELOAD": "./evil.so", "GCONV_PATH": "/gpulayer/task/gconv",
+           "LOCPATH": "/gpulayer/task/locale", "GLIBC_TUNABLES": "glibc.malloc.check=3", "TMPDIR": "/tmp/x",
+           "LANG": "C.UTF-8"}
+    outer, inner = loader_variables(env)
+    assert outer == {"PATH": "/bin", "HOME": "/h", "LANG": "C.UTF-8"}
+    assert inner == ["GCONV_PATH=/gpulayer/task/gconv", "GLIBC_TUNABLES=glibc.malloc.check=3", "LD_PRELOAD=./evil.so",
+                     "LOCPATH=/gpulayer/task/locale", "TMPDIR=/tmp/x"]
+    if shutil.which("bwrap") is None or not sys.platform.startswith("linux"):
+        return
+    sandbox = resolve("bwrap")
+    with tempfile.TemporaryDirectory() as workdir:
+        sandbox.give(Path(workdir))
+        argv = sandbox.wrap([*inner, "sh", "-c", 'echo "$GCONV_PATH $LOCPATH $TMPDIR"'], workdir, gpu_nodes=[])
+        done = subprocess.run(argv, env=outer, capture_output=True, text=True, timeout=30)
+    assert done.stdout.strip() == "/gpulayer/task/gconv /gpulayer/task/locale /tmp/x", (done.stdout, done.stderr)
