@@ -1,7 +1,7 @@
 """The ingress under a flood of requests nobody reads (issue 36 item 10), against real processes.
 
 A real `server start` (granian), a real worker, a real service behind a `public` ingress whose replica answers
-GET /big with bytes without end, and another user's job on the same worker. 400 anonymous requests from ten
+GET /big with bytes without end (and echoes a POST), and another user's job on the same worker. 400 anonymous requests from ten
 client addresses (127.0.0.2 to .11) are sent over raw sockets that never read a byte. Before the fix each was
 a relay stream and two agent threads for as long as the client held it, and the control plane read the
 replica's answer into memory without bound (granian's transport queues whatever it is given). Now: at most
@@ -55,6 +55,20 @@ class H(http.server.BaseHTTPRequestHandler):
         while True:  # without end: only the client's reading (or its dropping) stops it
             self.wfile.write(block)
             time.sleep(0.02)
+
+    def do_POST(self):  # an echo (test_security_framing_ingress.py)
+        body = b""
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            while size := int(self.rfile.readline().split(b";")[0], 16):
+                body += self.rfile.read(size)
+                self.rfile.readline()
+            self.rfile.readline()
+        else:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
 class Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
