@@ -6,7 +6,7 @@ out of the query, whatever its spelling), and its own cookie.
 from __future__ import annotations
 
 from http.cookies import CookieError, SimpleCookie
-from urllib.parse import quote
+from urllib.parse import quote, unquote_plus
 
 PREFIX = "/ingress/"
 COOKIE = "gpulayer_ingress"
@@ -80,7 +80,8 @@ def cookie_token(header: str | None) -> str | None:
 
 
 def _cookies_without_ours(header: str) -> str:
-    return "; ".join(part.strip() for part in header.split(";") if part.strip() and not part.strip().startswith(f"{COOKIE}="))
+    """The Cookie header less the ingress's own, however spaced (as SimpleCookie reads the name)."""
+    return "; ".join(part.strip() for part in header.split(";") if part.strip() and part.partition("=")[0].strip() != COOKIE)
 
 
 def target(rest: str, query: str, strip: bool) -> str:
@@ -91,10 +92,9 @@ def target(rest: str, query: str, strip: bool) -> str:
 
 
 def query_without_token(query: str) -> str:
-    """The query as the replica gets it: `token` (the ingress's) taken out, the rest as sent."""
-    if "token=" not in query:
-        return query
-    return "&".join(part for part in query.split("&") if not part.startswith("token="))
+    """The query as the replica gets it: every parameter whose name decodes to `token` (the ingress's, read with
+    parse_qsl: `token=`, `%74oken=`, `tok%65n=`) taken out, the rest as sent."""
+    return "&".join(part for part in query.split("&") if unquote_plus(part.partition("=")[0]) != "token")
 
 
 __all__ = ["COOKIE", "HOP_BY_HOP", "PREFIX", "SAFE_PATH", "cookie_token", "target", "upstream_headers"]
