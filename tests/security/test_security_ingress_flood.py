@@ -87,6 +87,14 @@ def plane(tmp_path_factory):
         yield plane
 
 
+@pytest.fixture(scope="module")
+def service(plane) -> int:
+    """The replica above behind a `public` ingress: its job id."""
+    done = plane.cli("submit", "--service", "--ingress", "public", "--", sys.executable, "-c", REPLICA, timeout=180)
+    assert done.returncode == 0, done.stderr + plane.logs()
+    return int(done.stdout.split()[0])
+
+
 def _threads(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/task"))
 
@@ -119,16 +127,13 @@ def _status(s: socket.socket) -> int | None:
     return int(head.split(b" ")[1]) if head.startswith(b"HTTP/1.1 ") else None
 
 
-def test_never_read_requests_are_capped_paced_and_dropped(plane):
+def test_never_read_requests_are_capped_paced_and_dropped(plane, service):
     made = plane.cli("user", "add", "flood-other", "--json")
     assert made.returncode == 0, made.stderr
     other = json.loads(made.stdout)["token"]
     submitted = plane.cli("submit", "--", "sleep", "600", GPULAYER_TOKEN=other)
     assert submitted.returncode == 0, submitted.stderr
     theirs = int(submitted.stdout.split()[0])
-    done = plane.cli("submit", "--service", "--ingress", "public", "--", sys.executable, "-c", REPLICA, timeout=180)
-    assert done.returncode == 0, done.stderr + plane.logs()
-    service = int(done.stdout.split()[0])
     plane.wait_job(theirs, ("running",), timeout=60)
 
     from gpulayer.client.api import connect
@@ -172,3 +177,18 @@ def test_never_read_requests_are_capped_paced_and_dropped(plane):
         while chunk := page.recv(65536):
             answer += chunk
     assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b"ok"), answer  # the caps were given back
+
+
+def test_a_slow_reader_is_paced_not_dropped(plane, service):
+    """A client that reads slowly but steadily, for longer than the send deadline, keeps its answer."""
+    with socket.create_connection(("127.0.0.1", plane.port), timeout=30) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.sendall(b"GET /ingress/%d/big HTTP/1.1\r\nHost: x\r\n\r\n" % service)
+        got = 0
+        until = time.monotonic() + 3 * SEND_TIMEOUT_S
+        while time.monotonic() < until:
+            chunk = s.recv(65536)
+            assert chunk, f"the answer was cut after {got} bytes"
+            got += len(chunk)
+            time.sleep(0.25)  # a quarter of a second between reads: slow, never stalled for the deadline
+        assert got > 64 * 1024, got

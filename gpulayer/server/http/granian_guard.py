@@ -55,6 +55,7 @@ MAX_LOOK = 16384
 _TCP_INFO: int | None = getattr(socket, "TCP_INFO", None)
 _TCP_DEFER_ACCEPT = getattr(socket, "TCP_DEFER_ACCEPT", None)
 _TCP_ESTABLISHED = 1
+_TCP_CLOSE_WAIT = 8
 # struct tcp_info: eight u8 fields, then u32s: tcpi_unacked (a listener's accept queue) is the
 # fifth, tcpi_last_data_recv (ms) the twelfth.
 _INFO_BYTES = 104
@@ -226,12 +227,13 @@ def connection(server: str, client: str) -> socket.socket | None:
 
 
 def bytes_acked(sock: socket.socket) -> int | None:
-    """The bytes the peer of `sock` has acknowledged (TCP_INFO's tcpi_bytes_acked); None once it is closed."""
+    """The bytes the peer of `sock` has acknowledged (TCP_INFO's tcpi_bytes_acked); None once the connection
+    can carry nothing more to it (this side shut or closed; a peer that only half-closed may still read)."""
     try:
         info = sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO or 0, _BYTES_ACKED_INFO)
     except OSError:
         return None
-    if len(info) < _BYTES_ACKED_INFO or info[0] != _TCP_ESTABLISHED:
+    if len(info) < _BYTES_ACKED_INFO or info[0] not in (_TCP_ESTABLISHED, _TCP_CLOSE_WAIT):
         return None
     return struct.unpack_from("Q", info, _BYTES_ACKED_AT)[0]
 

@@ -38,7 +38,7 @@ from gpulayer.server.http import bodies
 from gpulayer.server.relay import forwarding
 from gpulayer.server.relay.forwarding import COOKIE, HOP_BY_HOP, PREFIX, SAFE_PATH, cookie_token, upstream_headers
 from gpulayer.server.relay.hub import Hub, RelayTimeout
-from gpulayer.server.relay.ingress_limits import Admission, ClientStalled, IngressFull, Limits, SendPacer, TooManyRequests
+from gpulayer.server.relay.ingress_limits import Admission, ClientGone, ClientStalled, IngressFull, Limits, SendPacer, TooManyRequests
 from gpulayer.server.relay.upstream import Body, Ends, Upstream, UpstreamFailed, next_event
 from gpulayer.server.scheduler import ingress as ingress_reads
 from gpulayer.server.scheduler.ingress import Ingress
@@ -252,6 +252,11 @@ class IngressProxy:
             else f"{len(tried)} replicas of job {job_id} failed before answering; the last: {error}",
         )
 
+    def _dropped(self, job_id: int, exc: ClientStalled) -> None:
+        """An answer ended early because its client stalled (counted) or went away (not: as any client gone)."""
+        if not isinstance(exc, ClientGone):
+            self.counters.requests[(job_id, "stalled")] += 1
+
     async def _off_loop(self, fn, *args):
         return await self.hub._run("system", fn, *args)
 
@@ -293,8 +298,8 @@ class IngressProxy:
             try:
                 await transport.send_bytes(bytes(event.data))
                 await pacer.sent(len(event.data))
-            except ClientStalled:
-                self.counters.requests[(job_id, "stalled")] += 1
+            except ClientStalled as exc:
+                self._dropped(job_id, exc)
                 return status
             except Exception as exc:  # the client went away: nothing to answer it
                 log.debug("ingress_client_gone job_id=%d error=%r", job_id, exc)
@@ -437,8 +442,8 @@ class IngressProxy:
                             await transport.send_bytes(whole)
                         try:
                             await pacer.sent(len(whole))
-                        except ClientStalled:
-                            self.counters.requests[(job_id, "stalled")] += 1
+                        except ClientStalled as exc:
+                            self._dropped(job_id, exc)
                             return
                 for chunk in ws.data_to_send():  # pongs, the close's answer
                     await upstream.write(chunk)

@@ -52,6 +52,10 @@ class ClientStalled(Exception):
     """The client read nothing of its answer for the send deadline: its connection was shut."""
 
 
+class ClientGone(ClientStalled):
+    """The client's connection can take nothing more (it was closed or shut under the answer)."""
+
+
 @dataclass
 class Limits:
     """The ingress's settings (ControlPlaneConfig's ingress_*)."""
@@ -122,8 +126,8 @@ class SendPacer:
         assert self.sock is not None
         while True:
             acked = granian_guard.bytes_acked(self.sock)
-            if acked is None:  # the connection is gone: the next send fails
-                return
+            if acked is None:
+                raise ClientGone(f"the connection from {self.client} is gone")
             if (self.handed - self.base_handed) - (acked - self.base_acked) <= SEND_WINDOW:
                 return
             now = time.monotonic()
@@ -155,4 +159,4 @@ class SendPacer:
             self.sock = None
 
 
-__all__ = ["Admission", "ClientStalled", "IngressFull", "Limits", "SendPacer", "TooManyRequests"]
+__all__ = ["Admission", "ClientGone", "ClientStalled", "IngressFull", "Limits", "SendPacer", "TooManyRequests"]
