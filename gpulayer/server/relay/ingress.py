@@ -257,9 +257,6 @@ class IngressProxy:
         if not isinstance(exc, ClientGone):
             self.counters.requests[(job_id, "stalled")] += 1
 
-    async def _off_loop(self, fn, *args):
-        return await self.hub._run("system", fn, *args)
-
     async def _exchange(self, scope, proto, found: Ingress, i: int, method: str, request: h11.Request, body: Body, job_id: int) -> int:
         """One try on replica `i`: the request up, the answer back; its status. UpstreamFailed when it broke."""
         upstream = await self._open(found, i)
@@ -274,7 +271,7 @@ class IngressProxy:
                 proto.response_empty(response.status_code, headers)
                 return response.status_code
             transport = proto.response_stream(response.status_code, headers)
-            pacer = SendPacer(scope, self.limits.send_timeout_s, self._off_loop)
+            pacer = SendPacer(scope, self.limits.send_timeout_s)
             try:
                 return await self._answer_body(conn, upstream, transport, pacer, response.status_code, job_id)
             finally:
@@ -383,7 +380,7 @@ class IngressProxy:
                 return
             transport = await proto.accept()
             self.counters.requests[(job_id, "ws")] += 1
-            pacer = SendPacer(scope, self.limits.send_timeout_s, self._off_loop)
+            pacer = SendPacer(scope, self.limits.send_timeout_s)
             try:
                 await self._splice(transport, upstream, ws, Opcode, job_id, pacer)
             finally:

@@ -23,7 +23,8 @@ import logging
 import socket
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -36,6 +37,10 @@ log = logging.getLogger("gpulayer.server.ingress")
 SEND_WINDOW = 1 << 20
 #: How often a paced answer looks at the client's acknowledgements again, at most.
 POLL_S = 0.05
+#: Where a paced answer's connection is looked up (a walk of this process's sockets, ~40 ms for 3,000): one
+#: thread of its own, so that many at once wait for each other (their answers paused meanwhile), never for
+#: the relay's pool, which lets streams in.
+_LOOKUPS = ThreadPoolExecutor(1, thread_name_prefix="gpulayer-ingress-lookup")
 
 
 class TooManyRequests(GpulayerError):
@@ -106,9 +111,9 @@ def _drop(counter: Counter, key) -> None:
 class SendPacer:
     """One answer's bytes to one client, kept within SEND_WINDOW of what it acknowledged (see the module)."""
 
-    def __init__(self, scope, timeout_s: float, run: Callable[..., Awaitable]):
+    def __init__(self, scope, timeout_s: float):
         self.server, self.client = getattr(scope, "server", "") or "", scope.client
-        self.timeout_s, self.run = timeout_s, run
+        self.timeout_s = timeout_s
         self.handed = 0
         self.sock: socket.socket | None = None
         self.unknown = False  # the connection was not found (not Linux, or gone): not paced
@@ -143,7 +148,8 @@ class SendPacer:
             await asyncio.sleep(min(POLL_S * 4, max(POLL_S, self.timeout_s / 20)))
 
     async def _find(self) -> bool:
-        self.sock = await self.run(granian_guard.connection, self.server, self.client)
+        loop = asyncio.get_running_loop()
+        self.sock = await loop.run_in_executor(_LOOKUPS, granian_guard.connection, self.server, self.client)
         if self.sock is None:
             self.unknown = True
             return False
