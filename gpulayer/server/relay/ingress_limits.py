@@ -117,18 +117,19 @@ class SendPacer:
         self.handed = 0
         self.sock: socket.socket | None = None
         self.unknown = False  # the connection was not found (not Linux, or gone): not paced
-        self.base_handed = self.base_acked = self.last_acked = 0
-        self.progress_at = 0.0
+        self.base_handed = self.base_acked = 0  # what was handed and acknowledged when the connection was found
 
     async def sent(self, size: int) -> None:
         """`size` more bytes were handed to the front end: return once the client is within the window;
-        ClientStalled (its connection shut) when it acknowledged nothing for the send deadline."""
+        ClientStalled (its connection shut) when, the answer waiting on it, it acknowledged nothing for the send
+        deadline; ClientGone when its connection can take nothing more."""
         self.handed += size
         if self.unknown or (self.sock is None and self.handed <= SEND_WINDOW):
             return
         if self.sock is None and not await self._find():
             return
         assert self.sock is not None
+        last, since = -1, 0.0  # what the client had acknowledged at the last look, and since when
         while True:
             acked = granian_guard.bytes_acked(self.sock)
             if acked is None:
@@ -136,9 +137,9 @@ class SendPacer:
             if (self.handed - self.base_handed) - (acked - self.base_acked) <= SEND_WINDOW:
                 return
             now = time.monotonic()
-            if acked != self.last_acked:
-                self.last_acked, self.progress_at = acked, now
-            elif now - self.progress_at >= self.timeout_s:
+            if acked != last:  # the first look, or the client read some: the deadline starts again
+                last, since = acked, now
+            elif now - since >= self.timeout_s:
                 log.info("ingress_client_stalled client=%s seconds=%g", self.client, self.timeout_s)
                 try:
                     self.sock.shutdown(socket.SHUT_RDWR)  # granian's connection ends; its sends fail
@@ -153,9 +154,7 @@ class SendPacer:
         if self.sock is None:
             self.unknown = True
             return False
-        self.base_handed = self.handed
-        self.base_acked = self.last_acked = granian_guard.bytes_acked(self.sock) or 0
-        self.progress_at = time.monotonic()
+        self.base_handed, self.base_acked = self.handed, granian_guard.bytes_acked(self.sock) or 0
         return True
 
     def close(self) -> None:
