@@ -31,7 +31,7 @@ ADDRESSES = [f"127.0.0.{n}" for n in range(2, 12)]
 PER_ADDRESS = 40
 
 REPLICA = r"""
-import http.server, os, time
+import base64, hashlib, http.server, os, struct, time
 
 class H(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
@@ -40,18 +40,27 @@ class H(http.server.BaseHTTPRequestHandler):
         pass
 
     def do_GET(self):
-        if self.path != "/big":
-            body = b"ok"
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
+        if self.path == "/ws":  # a WebSocket that sends 64 KiB messages without end
+            key = self.headers["Sec-WebSocket-Key"].encode()
+            accept = base64.b64encode(hashlib.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest())
+            self.send_response(101)
+            self.send_header("Upgrade", "websocket")
+            self.send_header("Connection", "Upgrade")
+            self.send_header("Sec-WebSocket-Accept", accept.decode())
             self.end_headers()
-            self.wfile.write(body)
+            block = b"\x82\x7f" + struct.pack("!Q", 65536) + b"x" * 65536
+        elif self.path == "/big":
+            self.send_response(200)
+            self.send_header("Content-Type", "application/octet-stream")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            block = b"x" * 65536
+        else:
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
             return
-        self.send_response(200)
-        self.send_header("Content-Type", "application/octet-stream")
-        self.send_header("Connection", "close")
-        self.end_headers()
-        block = b"x" * 65536
         while True:  # without end: only the client's reading (or its dropping) stops it
             self.wfile.write(block)
             time.sleep(0.02)
@@ -192,3 +201,27 @@ def test_a_slow_reader_is_paced_not_dropped(plane, service):
             got += len(chunk)
             time.sleep(0.25)  # a quarter of a second between reads: slow, never stalled for the deadline
         assert got > 64 * 1024, got
+
+
+def test_a_websocket_nobody_reads_is_dropped(plane, service):
+    """The same send deadline for a WebSocket whose client reads none of the replica's messages."""
+    agent = plane.workers["flood-w"].pid
+    assert agent is not None
+    before = _threads(agent)
+    held = []
+    for _ in range(4):
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.connect(("127.0.0.1", plane.port))
+        s.sendall(b"GET /ingress/%d/ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                  b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n" % service)
+        held.append(s)
+    try:
+        wait_for(lambda: all(_status(s) == 101 for s in held), 30, "the upgrades to be answered")
+        wait_for(lambda: _threads(agent) >= before + 8, 30, "the streams to be open on the agent")
+        wait_for(lambda: _threads(agent) <= before + 1, SEND_TIMEOUT_S + 30,
+                 "the agent's threads for the unread WebSockets to end")
+        assert "ingress_client_stalled" in (plane.root / "server.log").read_text()
+    finally:
+        for s in held:
+            s.close()
