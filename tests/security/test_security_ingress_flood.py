@@ -23,6 +23,8 @@ import pytest
 
 from gpulayer.testing import ControlPlaneProcess, wait_for
 
+from sockets import WS_ACCEPT
+
 pytest.importorskip("granian")
 pytestmark = pytest.mark.timeout(300)
 
@@ -30,8 +32,8 @@ PER_JOB, PER_CLIENT, SEND_TIMEOUT_S = 48, 8, 3
 ADDRESSES = [f"127.0.0.{n}" for n in range(2, 12)]
 PER_ADDRESS = 40
 
-REPLICA = r"""
-import base64, hashlib, http.server, os, struct, time
+REPLICA = WS_ACCEPT + r"""
+import http.server, os, struct, time
 
 class H(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
@@ -41,13 +43,7 @@ class H(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self):
         if self.path == "/ws":  # a WebSocket that sends 64 KiB messages without end
-            key = self.headers["Sec-WebSocket-Key"].encode()
-            accept = base64.b64encode(hashlib.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest())
-            self.send_response(101)
-            self.send_header("Upgrade", "websocket")
-            self.send_header("Connection", "Upgrade")
-            self.send_header("Sec-WebSocket-Accept", accept.decode())
-            self.end_headers()
+            ws_accept(self)
             block = b"\x82\x7f" + struct.pack("!Q", 65536) + b"x" * 65536
         elif self.path == "/big":
             self.send_response(200)
@@ -108,6 +104,18 @@ def _threads(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/task"))
 
 
+def _settled_threads(pid: int) -> int:
+    """The agent's threads once their count has held for a second (streams of an earlier test ending)."""
+    counts: list[int] = []
+
+    def held() -> int | None:
+        counts.append(_threads(pid))
+        time.sleep(0.25)
+        return counts[-1] if len(counts) >= 5 and len(set(counts[-5:])) == 1 else None
+
+    return wait_for(held, 30, "the agent's threads to settle")
+
+
 def _rss_mib(pid: int) -> int:
     with open(f"/proc/{pid}/status") as f:
         return int(f.read().split("VmRSS:")[1].split()[0]) // 1024
@@ -150,7 +158,7 @@ def test_never_read_requests_are_capped_paced_and_dropped(plane, service):
     assert their_job.exec(["true"]).returncode == 0  # the relay link is up; the baseline below is warm
     agent = plane.workers["flood-w"].pid
     assert agent is not None and plane.proc is not None
-    threads_before, rss_before = _threads(agent), _rss_mib(plane.proc.pid)
+    threads_before, rss_before = _settled_threads(agent), _rss_mib(plane.proc.pid)
 
     held = _flood(plane.port, service)
     try:
@@ -207,7 +215,7 @@ def test_a_websocket_nobody_reads_is_dropped(plane, service):
     """The same send deadline for a WebSocket whose client reads none of the replica's messages."""
     agent = plane.workers["flood-w"].pid
     assert agent is not None
-    before = _threads(agent)
+    before = _settled_threads(agent)
     held = []
     for _ in range(4):
         s = socket.socket()
