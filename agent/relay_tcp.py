@@ -11,6 +11,12 @@ socket; EOF either way is a half-close (shutdown(SHUT_WR) here). The stream ends
 ended, with CLOSE `error` when the connect failed ("nothing listens on port 8888 in task 12") or the
 connection broke, and the socket is dropped when the other end CLOSEs. Not a command kind: a worker started
 with --no-exec serves it.
+
+Each stream costs two threads (the stream's and its socket's pump) for as long as its connection lasts, and
+the control plane's ingress opens one per HTTP request: at most `MAX_STREAMS` are open at once on a worker,
+and one past it is CLOSEd at once with an `error` that says so (the ingress answers that request 502 and
+tries another replica where it may), so a flood of requests can never cost the agent more than about
+2 x MAX_STREAMS threads, nor slow its other streams (exec, shell) by them.
 """
 
 from __future__ import annotations
@@ -33,6 +39,9 @@ from .relay_exec import _namespace, sandbox_init_pid
 from .supervision import TaskHandle
 
 CONNECT_TIMEOUT_S = 10.0
+#: `tcp` streams open at once on this worker (port-forward and ingress alike).
+MAX_STREAMS = 256
+_OPEN = threading.BoundedSemaphore(MAX_STREAMS)
 CLONE_NEWNET = 0x40000000
 
 #: Run under nsenter in the task's network namespace: connect, hand the socket (or the errno) back on fd argv[4].
@@ -53,7 +62,17 @@ class ConnectRefused(Exception):
 
 
 def serve(stream: Stream, fields: dict, find: Callable[[int], TaskHandle | None]) -> None:
-    """Run an OPEN `tcp` stream to its end (on its own thread)."""
+    """Run an OPEN `tcp` stream to its end (on its own thread); refused at once past MAX_STREAMS."""
+    if not _OPEN.acquire(blocking=False):
+        log_event("tcp_refused", task_id=fields.get("task_id"), error="too many tcp streams", session_id=fields.get("session_id"))
+        return stream.close({"error": f"this worker has {MAX_STREAMS} tcp streams open already (its cap); try again"})
+    try:
+        _serve(stream, fields, find)
+    finally:
+        _OPEN.release()
+
+
+def _serve(stream: Stream, fields: dict, find: Callable[[int], TaskHandle | None]) -> None:
     task_id = fields.get("task_id")
     try:
         host, port = tcp_target(fields)

@@ -5,6 +5,20 @@ from __future__ import annotations
 import socket
 import threading
 
+#: Source to put before a replica's (a `python -c` program's): `ws_accept(handler)` answers the WebSocket upgrade
+#: an http.server BaseHTTPRequestHandler has read (101 and Sec-WebSocket-Accept, RFC 6455).
+WS_ACCEPT = r"""
+def ws_accept(handler):
+    import base64, hashlib
+    key = handler.headers["Sec-WebSocket-Key"].encode()
+    accept = base64.b64encode(hashlib.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest())
+    handler.send_response(101)
+    handler.send_header("Upgrade", "websocket")
+    handler.send_header("Connection", "Upgrade")
+    handler.send_header("Sec-WebSocket-Accept", accept.decode())
+    handler.end_headers()
+"""
+
 
 def pipe(a: socket.socket, b: socket.socket) -> None:
     """Copy a's bytes to b until a ends or either fails; then shut both."""

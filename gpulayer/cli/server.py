@@ -82,6 +82,26 @@ WebhookConcurrency = Annotated[int, typer.Option(
     "--webhook-concurrency", min=1, max=256, metavar="N",
     help="Deliveries (webhooks and mail) tried at once, by the delivery process.")]
 
+# The relay and the ingress (docs/access.md): caps and deadlines.
+RelayMaxStreamsPerUser = Annotated[int, typer.Option(
+    "--relay-max-streams-per-user", min=1, metavar="N",
+    help="Relay streams (gpulayer exec) one user may have open at once (docs/access.md).")]
+RelayMaxStreamsPerJob = Annotated[int, typer.Option(
+    "--relay-max-streams-per-job", min=1, metavar="N", help="Relay streams open at once into one job's tasks.")]
+RelayIdleTimeout = Annotated[str, typer.Option(
+    "--relay-idle-timeout", callback=duration_option("--relay-idle-timeout", positive=True), metavar="DURATION",
+    help="A relay stream that carries nothing either way this long is closed (seconds, 30m, 1h, ...).")]
+IngressMaxRequestsPerJob = Annotated[int, typer.Option(
+    "--ingress-max-requests-per-job", min=1, metavar="N",
+    help="Requests (and WebSockets) through one service's ingress at once; past it 503 ingress_full.")]
+IngressMaxRequestsPerClient = Annotated[int, typer.Option(
+    "--ingress-max-requests-per-client", min=1, metavar="N",
+    help="Requests through the ingress at once from one client address (behind a reverse proxy: all of "
+         "them); past it 429 too_many_requests.")]
+IngressSendTimeout = Annotated[str, typer.Option(
+    "--ingress-send-timeout", callback=duration_option("--ingress-send-timeout", positive=True), metavar="DURATION",
+    help="An ingress client that reads nothing of its answer this long is dropped (seconds, 2m, ...).")]
+
 
 class Synchronous(str, Enum):
     normal = "normal"
@@ -186,15 +206,12 @@ def server_start(
     upload_quota_mb: UploadQuotaMB = UPLOAD_QUOTA_BYTES // 1024 ** 2,
     project_upload_quota_mb: ProjectUploadQuotaMB = PROJECT_UPLOAD_QUOTA_BYTES // 1024 ** 2,
     unnamed_retention: UnnamedRetention = f"{UNNAMED_RETENTION_S:g}",
-    relay_max_streams_per_user: Annotated[int, typer.Option(
-        "--relay-max-streams-per-user", min=1, metavar="N",
-        help="Relay streams (gpulayer exec) one user may have open at once (docs/access.md).")] = 16,
-    relay_max_streams_per_job: Annotated[int, typer.Option(
-        "--relay-max-streams-per-job", min=1, metavar="N",
-        help="Relay streams open at once into one job's tasks.")] = 32,
-    relay_idle_timeout: Annotated[str, typer.Option(
-        "--relay-idle-timeout", callback=duration_option("--relay-idle-timeout", positive=True), metavar="DURATION",
-        help="A relay stream that carries nothing either way this long is closed (seconds, 30m, 1h, ...).")] = "3600",
+    relay_max_streams_per_user: RelayMaxStreamsPerUser = 16,
+    relay_max_streams_per_job: RelayMaxStreamsPerJob = 32,
+    relay_idle_timeout: RelayIdleTimeout = "3600",
+    ingress_max_requests_per_job: IngressMaxRequestsPerJob = 128,
+    ingress_max_requests_per_client: IngressMaxRequestsPerClient = 32,
+    ingress_send_timeout: IngressSendTimeout = "60",
     allow_private_webhooks: AllowPrivateWebhooks = False,
     smtp_url: SmtpUrl = None,
     smtp_from: SmtpFrom = "gpulayer@localhost",
@@ -222,9 +239,9 @@ def server_start(
                                 unnamed_retention_s=float(unnamed_retention),
                                 priority_classes={**PRIORITY_CLASSES, **_priority_classes(priority_class)},
                                 fairshare_half_life_s=float(fairshare_half_life) if fairshare_half_life else FAIRSHARE_HALF_LIFE_S,
-                                relay_max_streams_per_user=relay_max_streams_per_user,
-                                relay_max_streams_per_job=relay_max_streams_per_job,
-                                relay_idle_timeout_s=float(relay_idle_timeout),
+                                **_relay_settings(relay_max_streams_per_user, relay_max_streams_per_job, relay_idle_timeout,
+                                                  ingress_max_requests_per_job, ingress_max_requests_per_client,
+                                                  ingress_send_timeout),
                                 **_notify_settings(allow_private_webhooks, smtp_url, smtp_from, webhook_retry_base,
                                                    webhook_retry_for, webhook_concurrency),
                                 **_plane_settings(heartbeat_interval, lease_ttl, synchronous, max_output_mb,
@@ -238,6 +255,13 @@ def _notify_settings(allow_private_webhooks, smtp_url, smtp_from, webhook_retry_
     return dict(allow_private_webhooks=allow_private_webhooks, smtp_url=smtp_url, smtp_from=smtp_from,
                 webhook_retry_base_s=float(webhook_retry_base), webhook_retry_for_s=float(webhook_retry_for),
                 webhook_concurrency=webhook_concurrency)
+
+
+def _relay_settings(per_user, per_job, idle_timeout, ingress_per_job, ingress_per_client, send_timeout) -> dict:
+    """The ControlPlaneConfig fields of the relay's and the ingress's caps and deadlines."""
+    return dict(relay_max_streams_per_user=per_user, relay_max_streams_per_job=per_job,
+                relay_idle_timeout_s=float(idle_timeout), ingress_max_requests_per_job=ingress_per_job,
+                ingress_max_requests_per_client=ingress_per_client, ingress_send_timeout_s=float(send_timeout))
 
 
 def _priority_classes(values: Optional[list[str]]) -> dict[str, int]:

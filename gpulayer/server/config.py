@@ -107,6 +107,11 @@ class ControlPlaneConfig:
     relay_max_streams_per_job: int = 32
     relay_idle_timeout_s: float = 3600.0
     relay_connect_timeout_s: float = 10.0
+    # The ingress (issue 36, server/relay/ingress_limits.py): requests in flight at once per job and per client
+    # address, and the seconds a client may leave its answer unread before it is dropped.
+    ingress_max_requests_per_job: int = 128
+    ingress_max_requests_per_client: int = 32
+    ingress_send_timeout_s: float = 60.0
     # Notifications (issue 28, gpulayer/server/notify/, docs/notifications.md): webhooks to private addresses
     # (`--allow-private-webhooks`), tries at once, each try's timeout, the first retry's wait (doubling) and
     # how long an event is retried; the SMTP server mail goes through and its From; an alert query's limit.

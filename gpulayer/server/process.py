@@ -184,8 +184,11 @@ class ControlPlane:
         if self.config.http == "granian":
             from gpulayer.server.http.granian_server import GranianServer  # absent: --http cheroot serves
             from gpulayer.server.relay.ingress import PREFIX as INGRESS_PREFIX, IngressProxy
+            from gpulayer.server.relay.ingress_limits import Limits
             self.relay = relay_hub(self.deps)
-            ingress = IngressProxy(self.relay, secure_cookies=bool(self.config.tls_cert))
+            limits = Limits(self.config.ingress_max_requests_per_job, self.config.ingress_max_requests_per_client,
+                            self.config.ingress_send_timeout_s)
+            ingress = IngressProxy(self.relay, secure_cookies=bool(self.config.tls_cert), limits=limits)
             self._http = GranianServer(app, self.config.host, self.config.port, certfile=certfile, keyfile=keyfile,
                                        threads=self.config.threads, websocket=self.relay,
                                        prefixed={INGRESS_PREFIX: ingress})

@@ -26,6 +26,7 @@ import requests
 from gpulayer.testing import ControlPlaneProcess, wait_for
 
 from netns import nat_namespace, netns_exec
+from sockets import WS_ACCEPT
 
 pytest.importorskip("granian")
 pytestmark = [pytest.mark.timeout(300), pytest.mark.netns]
@@ -33,8 +34,8 @@ pytestmark = [pytest.mark.timeout(300), pytest.mark.netns]
 KEY = "the-service-key-" + "x" * 24
 UPLOAD = 100 * 1024 * 1024
 
-REPLICA = r"""
-import base64, hashlib, http.server, json, os, socket, struct, sys, time
+REPLICA = WS_ACCEPT + r"""
+import hashlib, http.server, json, os, socket, struct, sys, time
 INDEX = os.environ["GPULAYER_TASK_INDEX"]
 
 def wait_file(name):  # created by the test through `exec` into this replica (its cwd)
@@ -130,13 +131,7 @@ class H(http.server.BaseHTTPRequestHandler):
         self.answer(b"".join(self.body()), "application/octet-stream")
 
     def websocket(self):
-        key = self.headers["Sec-WebSocket-Key"].encode()
-        accept = base64.b64encode(hashlib.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest())
-        self.send_response(101)
-        self.send_header("Upgrade", "websocket")
-        self.send_header("Connection", "Upgrade")
-        self.send_header("Sec-WebSocket-Accept", accept.decode())
-        self.end_headers()
+        ws_accept(self)
         self.wfile.flush()
         while True:
             head = self.rfile.read(2)

@@ -68,13 +68,20 @@ def test_ambiguous_framing_is_refused_and_nothing_is_smuggled(plane, case):
     answer = _exchange(plane, head + TAIL)
     if plane.front_end == "granian" and case in GRANIAN_SETTLES:
         assert answer.startswith(b"HTTP/1.1 400 "), answer  # read one way: the 5 bytes, or an empty chunked body
+    assert_not_smuggled(plane.front_end, case, answer)
+
+
+def assert_not_smuggled(front_end: str, case: str, answer: bytes) -> None:
+    """`answer` (all that came back for CASES[case] + TAIL) is one 400 invalid_framing and a close: the hidden
+    request was never answered. For what hyper settles itself (GRANIAN_SETTLES) only the close is asserted."""
+    if front_end == "granian" and case in GRANIAN_SETTLES:
         if case == "chunked and a length":
             assert answer.count(b"HTTP/1.1 ") == 1, answer  # and the connection closed after it
         return
     assert answer.startswith(b"HTTP/1.1 400 "), answer
     assert answer.count(b"HTTP/1.1 ") == 1, answer  # the smuggled request was never answered
     body = answer.split(b"\r\n\r\n", 1)[1]
-    if body or plane.front_end == "cheroot":  # hyper refuses some itself, with an empty body
+    if body or front_end == "cheroot":  # hyper refuses some itself, with an empty body
         assert json.loads(body)["error"]["code"] == "invalid_framing", body
 
 

@@ -9,7 +9,8 @@ policy, as cheroot's server.py applies it):
 - a head over `max_head_bytes` is refused first (431), whatever its path:
   granian's read buffer, which would otherwise be the cap, is sized for
   bodies (granian_server.BODY_READ_BYTES);
-- framing is checked next (400 for an ambiguous length);
+- framing is checked next, before any dispatch, so for the prefixed handlers
+  (the ingress) too (400 for an ambiguous length);
 - a small body is awaited on the loop, holding no thread, within
   `head_timeout_s` (408 and a close past it); only then does a thread of
   the pool run the app, with the body in memory;
@@ -91,6 +92,11 @@ class Bridge:
                     return proto.close(431)
                 return _refuse(proto, 431, "headers_too_large",
                                f"the request's head is over {self.max_head_bytes} bytes")
+            if scope.proto != "ws":  # before any dispatch: a prefixed handler (the ingress) reads bodies too
+                refused = bodies.framing_error(scope.headers.items())
+                if refused is not None:
+                    return _refuse(proto, 400, "invalid_framing",
+                                   f"the request's length is ambiguous: {refused} (RFC 9112, section 6.3)")
             for prefix, handler in self.prefixed:
                 if scope.path.startswith(prefix):
                     return await handler(scope, proto)
@@ -103,11 +109,7 @@ class Bridge:
             self.active.discard(client)
 
     async def _request(self, scope, proto) -> None:
-        headers = scope.headers.items()
-        refused = bodies.framing_error(headers)
-        if refused is not None:
-            return _refuse(proto, 400, "invalid_framing",
-                           f"the request's length is ambiguous: {refused} (RFC 9112, section 6.3)")
+        headers = scope.headers.items()  # its framing was checked (__call__)
         named = {name: value.strip().lower() for name, value in headers}
         length = int(named.get("content-length") or 0)
         if "transfer-encoding" in named or length > bodies.BUFFERED_BODY_BYTES:

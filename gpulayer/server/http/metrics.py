@@ -133,7 +133,8 @@ class IngressCollector:
     def collect(self):
         stats = self.counters.stats()
         requests = CounterMetricFamily("gpulayer_ingress_requests", "Requests through a service's ingress, by job "
-                                       "and status class (2xx..5xx, ws: a WebSocket, broken: cut mid-answer).",
+                                       "and status class (2xx..5xx, ws: a WebSocket, broken: cut mid-answer, "
+                                       "stalled: a client dropped at the send deadline).",
                                        labels=["job_id", "status"])
         for (job_id, status), n in stats["requests"].items():
             requests.add_metric([str(job_id), status], n)

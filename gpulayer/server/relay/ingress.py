@@ -14,6 +14,10 @@ on another replica for an idempotent method whose body was read whole (at most `
 502. No replica serving: 503 with Retry-After. A WebSocket upgrade is accepted here and spoken to the replica
 over one stream (websockets' sans-I/O client). Nothing here writes to the state file per request; requests
 and bytes are counted in memory (`gpulayer_ingress_*` in GET /metrics).
+
+Requests in flight are capped per job and per client address, and an answer goes to its client no faster
+than the client reads it, a client that reads nothing being dropped at the send deadline (ingress_limits.py).
+The streams' client ends are upstream.py's; what the replica is sent (headers, target) is forwarding.py's.
 """
 
 from __future__ import annotations
@@ -25,56 +29,26 @@ import logging
 import re
 import time
 from collections import Counter
-from http.cookies import CookieError, SimpleCookie
 from urllib.parse import parse_qsl, quote, urlencode
 
 import h11
 
-from gpulayer.protocol.relay import CLOSE, DATA, EOF, EXT_DATA, MAX_DATA, WINDOW, Credit, data, decode, encode
 from gpulayer.server.errors import GpulayerError, NotFound, Unauthorized
 from gpulayer.server.http import bodies
+from gpulayer.server.relay import forwarding
+from gpulayer.server.relay.forwarding import COOKIE, HOP_BY_HOP, PREFIX, SAFE_PATH, cookie_token, upstream_headers
 from gpulayer.server.relay.hub import Hub, RelayTimeout
+from gpulayer.server.relay.ingress_limits import Admission, ClientGone, ClientStalled, IngressFull, Limits, SendPacer, TooManyRequests
+from gpulayer.server.relay.upstream import Body, Ends, Upstream, UpstreamFailed, next_event
 from gpulayer.server.scheduler import ingress as ingress_reads
 from gpulayer.server.scheduler.ingress import Ingress
 
 log = logging.getLogger("gpulayer.server.ingress")
 
-PREFIX = "/ingress/"
-PATH = re.compile(r"/ingress/([0-9]{1,18})(/.*)?", re.DOTALL)
-COOKIE = "gpulayer_ingress"
 CACHE_S = 1.0  # a job's ingress and replicas, and an access decision, are read again after this
 DOWN_S = 5.0  # a replica that refused a connection is passed over this long (while another serves)
-RETRY_BODY_BYTES = 1 << 20
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
-GRANT_EVERY = 64 * 1024
-#: Not passed on either way (RFC 9110, section 7.6.1), with what the ingress sets itself.
-HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "transfer-encoding",
-        "te",
-        "trailer",
-        "upgrade",
-        "proxy-authorization",
-        "proxy-authenticate",
-        "forwarded",
-        "x-forwarded-for",
-        "x-forwarded-proto",
-        "x-forwarded-prefix",
-        "x-forwarded-host",
-    }
-)
-_SAFE_PATH = "/:@!$&'()*+,;=-._~"
-
-
-class UpstreamFailed(Exception):
-    """The replica's connection failed (`answered`: after the first byte of its response)."""
-
-    def __init__(self, message: str, answered: bool = False):
-        super().__init__(message)
-        self.answered = answered
+PATH = re.compile(r"/ingress/([0-9]{1,18})(/.*)?", re.DOTALL)
 
 
 class NoReplica(GpulayerError):
@@ -87,101 +61,13 @@ class BadGateway(GpulayerError):
     status = 502
 
 
-class Ends:
-    """The client's ends of the ingress's streams (the hub's `conn` for them): frames from the hub land here."""
-
-    label = "ingress"
-
-    def __init__(self) -> None:
-        self.routes: dict = {}  # the hub's Routes by stream id (Hub.open_stream fills it)
-        self.streams: dict[int, Upstream] = {}
-        self.closing = None
-        self._next = 0
-
-    def next_sid(self) -> int:
-        self._next += 1
-        return self._next
-
-    def send(self, raw: bytes) -> None:
-        frame = decode(raw)
-        stream = self.streams.get(frame.stream_id)
-        if stream is not None:
-            stream.arrived(frame.type, frame)
-
-    def close(self, code: int, why: str) -> None:  # the hub's answer to a broken frame of ours: a bug here
-        log.error("ingress_stream_broken code=%d why=%s", code, why)
-
-
-class Upstream:
-    """One `tcp` stream to a replica's port, used from coroutines on the loop: `write` within credit, `read`."""
-
-    def __init__(self, hub: Hub, ends: Ends, sid: int):
-        self.hub, self.ends, self.sid = hub, ends, sid
-        self.credit = Credit()
-        self.inbox: asyncio.Queue = asyncio.Queue()
-        self.wake = asyncio.Event()
-        self.ended: dict | None = None
-        self.got = 0  # bytes received
-        self._unacked = 0
-
-    def arrived(self, kind: int, frame) -> None:
-        if kind == WINDOW:
-            self.credit.grant(frame.credit)
-            self.wake.set()
-            return
-        if kind == CLOSE:
-            self.ended = frame.fields
-            self.ends.streams.pop(self.sid, None)
-            self.wake.set()
-        self.inbox.put_nowait(frame)
-
-    async def write(self, chunk: bytes) -> None:
-        """Send `chunk` as DATA, waiting for credit; UpstreamFailed once the stream ended."""
-        view = memoryview(chunk)
-        while view:
-            while self.credit.left <= 0 and self.ended is None:
-                self.wake.clear()
-                await self.wake.wait()
-            if self.ended is not None:
-                raise UpstreamFailed(str(self.ended.get("error") or "the replica closed the connection"), self.got > 0)
-            size = min(self.credit.left, MAX_DATA, len(view))
-            self.credit.take(size)
-            self.hub.client_frame(self.ends, data(self.sid, bytes(view[:size])))
-            view = view[size:]
-
-    async def read(self) -> bytes:
-        """The next bytes from the replica; b"" once it closed its side; UpstreamFailed when the stream broke."""
-        frame = await self.inbox.get()
-        if frame.type in (DATA, EXT_DATA):
-            self.got += len(frame.data)
-            self._unacked += len(frame.data)
-            if self._unacked >= GRANT_EVERY and self.ended is None:
-                self.hub.client_frame(self.ends, encode(self.sid, WINDOW, self._unacked))
-                self._unacked = 0
-            return frame.data
-        if frame.type == EOF:
-            return b""
-        if frame.type == CLOSE:
-            self.inbox.put_nowait(frame)  # every later read sees the end too
-            error = frame.fields.get("error")
-            if error:
-                raise UpstreamFailed(str(error), self.got > 0)
-            return b""
-        return await self.read()
-
-    def close(self) -> None:
-        """End the stream from here (nothing when it ended already)."""
-        self.ends.streams.pop(self.sid, None)
-        if self.ended is None:
-            self.ended = {"reason": "closed by the ingress"}
-            self.hub.client_frame(self.ends, encode(self.sid, CLOSE, {"reason": "the ingress is done with it"}))
-
-
 class IngressProxy:
     """The RSGI handler for `/ingress/...` (HTTP and WebSocket), over the relay's hub."""
 
-    def __init__(self, hub: Hub, secure_cookies: bool = True):
+    def __init__(self, hub: Hub, secure_cookies: bool = True, limits: Limits | None = None):
         self.hub = hub
+        self.limits = limits or Limits()
+        self.admission = Admission(self.limits)
         self.store = hub.scheduler.store
         self.counters = hub.scheduler.ingress
         self.secure_cookies = secure_cookies
@@ -247,7 +133,7 @@ class IngressProxy:
             if hmac.compare_digest(digest, found.key_sha256):
                 return found, True, None
         query_token = dict(parse_qsl(scope.query_string or "")).get("token")
-        token = bearer or query_token or _cookie(scope.headers.get("cookie"))
+        token = bearer or query_token or cookie_token(scope.headers.get("cookie"))
         if not token:
             raise Unauthorized(
                 f"the ingress of job {job_id} needs a token that may read the job (Authorization: "
@@ -297,23 +183,28 @@ class IngressProxy:
         if not found.replicas:
             self.counters.requests[(job_id, "5xx")] += 1
             return _answer(proto, 503, "no_replica", f"job {job_id} has no replica serving now (state {found.state})", [("retry-after", "1")])
-        await self._proxy(scope, proto, found, job_id, rest, strip)
+        try:
+            with self.admission.held(job_id, scope.client):
+                await self._proxy(scope, proto, found, job_id, rest, strip)
+        except (TooManyRequests, IngressFull) as exc:  # a cap (raised before the block ran)
+            self.counters.requests[(job_id, f"{exc.status // 100}xx")] += 1
+            return _answer(proto, exc.status, exc.code, exc.message, [("retry-after", "1")])
 
     def _to_cookie(self, scope, proto, job_id: int, rest: str, token: str) -> None:
         query = urlencode([(k, v) for k, v in parse_qsl(scope.query_string or "", keep_blank_values=True) if k != "token"])
-        location = quote(f"{PREFIX}{job_id}{rest}", safe=_SAFE_PATH) + (f"?{query}" if query else "")
+        location = quote(f"{PREFIX}{job_id}{rest}", safe=SAFE_PATH) + (f"?{query}" if query else "")
         cookie = f"{COOKIE}={token}; Path={PREFIX}{job_id}/; HttpOnly; SameSite=Lax" + ("; Secure" if self.secure_cookies else "")
         proto.response_empty(303, [("location", location), ("set-cookie", cookie), ("cache-control", "no-store")])
 
     async def _proxy(self, scope, proto, found: Ingress, job_id: int, rest: str, strip: bool) -> None:
         method = scope.method.upper()
-        headers, body_framing = _upstream_headers(scope, job_id, strip)
-        target = _target(rest, scope.query_string, strip)
+        headers, body_framing = upstream_headers(scope, job_id, strip)
+        target = forwarding.target(rest, scope.query_string, strip)
         try:
             request = h11.Request(method=method, target=target, headers=headers)
         except h11.LocalProtocolError as exc:  # a header HTTP/1.1 cannot carry (granian took it over HTTP/2)
             return _answer(proto, 400, "invalid_request", f"the request cannot be passed on as HTTP/1.1: {exc}")
-        body = _Body(proto if body_framing else None)
+        body = Body(proto if body_framing else None)
         tried: set[int] = set()
         error = "no replica"
         while True:
@@ -324,7 +215,7 @@ class IngressProxy:
             tried.add(task_id)
             self.outstanding[task_id] += 1
             try:
-                status = await self._exchange(proto, found, i, method, request, body, job_id)
+                status = await self._exchange(scope, proto, found, i, method, request, body, job_id)
                 self.counters.requests[(job_id, f"{status // 100}xx")] += 1
                 return
             except UpstreamFailed as exc:
@@ -361,7 +252,12 @@ class IngressProxy:
             else f"{len(tried)} replicas of job {job_id} failed before answering; the last: {error}",
         )
 
-    async def _exchange(self, proto, found: Ingress, i: int, method: str, request: h11.Request, body: _Body, job_id: int) -> int:
+    def _dropped(self, job_id: int, exc: ClientStalled) -> None:
+        """An answer ended early because its client stalled (counted) or went away (not: as any client gone)."""
+        if not isinstance(exc, ClientGone):
+            self.counters.requests[(job_id, "stalled")] += 1
+
+    async def _exchange(self, scope, proto, found: Ingress, i: int, method: str, request: h11.Request, body: Body, job_id: int) -> int:
         """One try on replica `i`: the request up, the answer back; its status. UpstreamFailed when it broke."""
         upstream = await self._open(found, i)
         conn = h11.Connection(h11.CLIENT)
@@ -369,32 +265,44 @@ class IngressProxy:
         try:
             await upstream.write(conn.send(request))
             pump = asyncio.ensure_future(self._send_body(conn, upstream, body, job_id))
-            response = await _next_event(conn, upstream, (h11.Response,))
+            response = await next_event(conn, upstream, (h11.Response,))
             headers = [(n.decode("latin-1"), v.decode("latin-1")) for n, v in response.headers if n.decode("latin-1").lower() not in HOP_BY_HOP]
             if method == "HEAD" or response.status_code in (204, 304):
                 proto.response_empty(response.status_code, headers)
                 return response.status_code
             transport = proto.response_stream(response.status_code, headers)
-            while True:
-                try:
-                    event = await _next_event(conn, upstream, (h11.Data, h11.EndOfMessage))
-                except UpstreamFailed as exc:
-                    exc.answered = True
-                    raise
-                if isinstance(event, h11.EndOfMessage):
-                    return response.status_code
-                self.counters.bytes_out[job_id] += len(event.data)
-                try:
-                    await transport.send_bytes(bytes(event.data))
-                except Exception as exc:  # the client went away: nothing to answer it
-                    log.debug("ingress_client_gone job_id=%d error=%r", job_id, exc)
-                    return response.status_code
+            pacer = SendPacer(scope, self.limits.send_timeout_s)
+            try:
+                return await self._answer_body(conn, upstream, transport, pacer, response.status_code, job_id)
+            finally:
+                pacer.close()
         finally:
             if pump is not None:
                 pump.cancel()
             upstream.close()
 
-    async def _send_body(self, conn: h11.Connection, upstream: Upstream, body: _Body, job_id: int) -> None:
+    async def _answer_body(self, conn: h11.Connection, upstream: Upstream, transport, pacer: SendPacer, status: int, job_id: int) -> int:
+        """The replica's answer's body to the client as it arrives, paced by what the client reads; the status."""
+        while True:
+            try:
+                event = await next_event(conn, upstream, (h11.Data, h11.EndOfMessage))
+            except UpstreamFailed as exc:
+                exc.answered = True
+                raise
+            if isinstance(event, h11.EndOfMessage):
+                return status
+            self.counters.bytes_out[job_id] += len(event.data)
+            try:
+                await transport.send_bytes(bytes(event.data))
+                await pacer.sent(len(event.data))
+            except ClientStalled as exc:
+                self._dropped(job_id, exc)
+                return status
+            except Exception as exc:  # the client went away: nothing to answer it
+                log.debug("ingress_client_gone job_id=%d error=%r", job_id, exc)
+                return status
+
+    async def _send_body(self, conn: h11.Connection, upstream: Upstream, body: Body, job_id: int) -> None:
         try:
             async for chunk in body.chunks():
                 self.counters.bytes_in[job_id] += len(chunk)
@@ -409,12 +317,6 @@ class IngressProxy:
     # -- WebSocket ----------------------------------------------------------------------------------
 
     async def _websocket(self, scope, proto) -> None:
-        from websockets.client import ClientProtocol
-        from websockets.frames import Opcode
-        from websockets.http11 import Response
-        from websockets.typing import Subprotocol
-        from websockets.uri import parse_uri
-
         match = PATH.fullmatch(scope.path)
         if match is None or match[2] is None:
             proto.close(404)
@@ -430,12 +332,26 @@ class IngressProxy:
             proto.close(503)
             return
         try:
+            with self.admission.held(job_id, scope.client):
+                await self._websocket_to(scope, proto, found, i, job_id, rest, strip)
+        except (TooManyRequests, IngressFull) as exc:  # a cap (raised before the block ran)
+            proto.close(exc.status)
+
+    async def _websocket_to(self, scope, proto, found: Ingress, i: int, job_id: int, rest: str, strip: bool) -> None:
+        """The upgrade passed on to replica `i`, then messages both ways until either side closes."""
+        from websockets.client import ClientProtocol
+        from websockets.frames import Opcode
+        from websockets.http11 import Response
+        from websockets.typing import Subprotocol
+        from websockets.uri import parse_uri
+
+        try:
             upstream = await self._open(found, i)
         except UpstreamFailed:
             proto.close(502)
             return
-        headers, _ = _upstream_headers(scope, job_id, strip, websocket=True)
-        path = _target(rest, scope.query_string, strip)
+        headers, _ = upstream_headers(scope, job_id, strip, websocket=True)
+        path = forwarding.target(rest, scope.query_string, strip)
         offered = [p.strip() for p in (scope.headers.get("sec-websocket-protocol") or "").split(",") if p.strip()]
         ws = ClientProtocol(parse_uri(f"ws://replica{path}"), subprotocols=[Subprotocol(p) for p in offered] or None, max_size=None)
         handshake = ws.connect()
@@ -464,7 +380,11 @@ class IngressProxy:
                 return
             transport = await proto.accept()
             self.counters.requests[(job_id, "ws")] += 1
-            await self._splice(transport, upstream, ws, Opcode, job_id)
+            pacer = SendPacer(scope, self.limits.send_timeout_s)
+            try:
+                await self._splice(transport, upstream, ws, Opcode, job_id, pacer)
+            finally:
+                pacer.close()
         except UpstreamFailed as exc:
             log.info("ingress_websocket_failed job_id=%d error=%s", job_id, exc)
             proto.close(502)
@@ -474,8 +394,8 @@ class IngressProxy:
                 del self.outstanding[task_id]
             upstream.close()
 
-    async def _splice(self, transport, upstream: Upstream, ws, Opcode, job_id: int) -> None:
-        """Messages both ways until either side closes."""
+    async def _splice(self, transport, upstream: Upstream, ws, Opcode, job_id: int, pacer: SendPacer) -> None:
+        """Messages both ways until either side closes (or the client reads nothing for the send deadline)."""
 
         async def up() -> None:
             while True:
@@ -517,6 +437,11 @@ class IngressProxy:
                             await transport.send_str(whole.decode("utf-8", "replace"))
                         else:
                             await transport.send_bytes(whole)
+                        try:
+                            await pacer.sent(len(whole))
+                        except ClientStalled as exc:
+                            self._dropped(job_id, exc)
+                            return
                 for chunk in ws.data_to_send():  # pongs, the close's answer
                     await upstream.write(chunk)
 
@@ -531,124 +456,6 @@ class IngressProxy:
                     await task
                 except (asyncio.CancelledError, Exception):
                     pass
-
-
-class _Body:
-    """A request's body from granian (None: it has none), read once, its first RETRY_BODY_BYTES kept for a retry."""
-
-    def __init__(self, proto):
-        self.source = proto.__aiter__() if proto is not None else None
-        self.kept: list[bytes] | None = []
-        self.size = 0
-        self.done = proto is None
-
-    async def chunks(self):
-        for chunk in list(self.kept or ()):
-            yield chunk
-        if self.kept is None and self.size:  # read past what was kept: a retry cannot replay it
-            raise UpstreamFailed("the request's body cannot be sent again")
-        while not self.done:
-            try:
-                chunk = await self.source.__anext__()
-            except StopAsyncIteration:
-                self.done = True
-                return
-            if not chunk:
-                continue
-            self.size += len(chunk)
-            if self.kept is not None:
-                if self.size <= RETRY_BODY_BYTES:
-                    self.kept.append(chunk)
-                else:
-                    self.kept = None
-            yield chunk
-
-    def replayable(self) -> bool:
-        """Whether a retry can send the body again: there is none, or it was read whole and kept."""
-        return self.source is None or (self.done and self.kept is not None)
-
-
-async def _next_event(conn: h11.Connection, upstream: Upstream, wanted: tuple):
-    """The next of the `wanted` h11 events of the replica's answer (informational answers skipped)."""
-    while True:
-        try:
-            event = conn.next_event()
-        except h11.RemoteProtocolError as exc:
-            raise UpstreamFailed(f"the replica's answer is no valid HTTP/1.1: {exc}", upstream.got > 0) from None
-        if event is h11.NEED_DATA:
-            conn.receive_data(await upstream.read())
-            continue
-        if isinstance(event, wanted):
-            return event
-        if isinstance(event, h11.ConnectionClosed):
-            raise UpstreamFailed("the replica closed the connection before it answered", upstream.got > 0)
-
-
-def _upstream_headers(scope, job_id: int, strip: bool, websocket: bool = False) -> tuple[list[tuple[str, str]], bool]:
-    """The request's headers as the replica gets them (hop-by-hop ones and the caller's credentials out,
-    X-Forwarded-* in), and whether it has a body."""
-    out: list[tuple[str, str]] = []
-    named: dict[str, str] = {}
-    for name, value in scope.headers.items():
-        lower = name.lower()
-        named[lower] = value
-        if lower in HOP_BY_HOP or (websocket and lower.startswith("sec-websocket-")):
-            continue
-        if strip and lower == "authorization":
-            continue
-        if lower == "cookie":
-            value = _cookies_without_ours(value)
-            if not value:
-                continue
-        out.append((lower, value))
-    if "host" not in named:
-        out.insert(0, ("host", scope.authority or "localhost"))
-    client = scope.client.rpartition(":")[0].strip("[]")
-    forwarded_for = named.get("x-forwarded-for")
-    out += [
-        ("x-forwarded-for", f"{forwarded_for}, {client}" if forwarded_for else client),
-        ("x-forwarded-proto", scope.scheme),
-        ("x-forwarded-prefix", f"{PREFIX}{job_id}"),
-        ("x-forwarded-host", named.get("host") or scope.authority or ""),
-    ]
-    if websocket:
-        return out, False
-    out.append(("connection", "close"))
-    length = named.get("content-length")
-    if "transfer-encoding" in named or (length is None and scope.method.upper() in ("POST", "PUT", "PATCH") and scope.http_version.startswith("2")):
-        out = [(n, v) for n, v in out if n != "content-length"]
-        out.append(("transfer-encoding", "chunked"))
-        return out, True
-    return out, bool(length and length.strip() != "0")
-
-
-def _cookie(header: str | None) -> str | None:
-    if not header:
-        return None
-    try:
-        jar = SimpleCookie(header)
-    except CookieError:
-        return None
-    found = jar.get(COOKIE)
-    return found.value if found is not None else None
-
-
-def _cookies_without_ours(header: str) -> str:
-    return "; ".join(part.strip() for part in header.split(";") if part.strip() and not part.strip().startswith(f"{COOKIE}="))
-
-
-def _target(rest: str, query: str, strip: bool) -> str:
-    """The request-target the replica gets: the path percent-encoded again (RSGI gives it decoded), the query
-    as sent, less the ingress's `token` when the ingress checked the caller (`strip`)."""
-    query = _query_without_token(query) if strip else query
-    return quote(rest, safe=_SAFE_PATH) + (f"?{query}" if query else "")
-
-
-def _query_without_token(query: str) -> str:
-    """The query as the replica gets it: `token` (the ingress's) taken out, the rest as sent."""
-    if "token=" not in query:
-        return query
-    return "&".join(part for part in query.split("&") if not part.startswith("token="))
 
 
 def _answer(proto, status: int, code: str, message: str, extra: list | None = None) -> None:
