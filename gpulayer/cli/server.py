@@ -113,6 +113,12 @@ class FrontEnd(str, Enum):
     cheroot = "cheroot"
 
 
+PreemptGrace = Annotated[str, typer.Option(
+    "--preempt-grace", callback=duration_option("--preempt-grace"), metavar="DURATION",
+    help="Time a preempted task has between SIGTERM and SIGKILL (seconds, or 30s, 2m, ...).")]
+MaxGrace = Annotated[str, typer.Option(
+    "--max-grace", callback=duration_option("--max-grace"), metavar="DURATION",
+    help="The most a job's --grace may ask for between its stop signal and SIGKILL.")]
 FrontEndOpt = Annotated[FrontEnd, typer.Option("--http", help="The HTTP front end: granian (compiled, the default), or cheroot (pure Python; docs/benchmarks.md, \"Front ends\").")]
 
 HeartbeatInterval = Annotated[str, typer.Option("--heartbeat-interval", callback=duration_option("--heartbeat-interval", positive=True), metavar="DURATION", help="Time between worker heartbeats (seconds, or 2s, 1m, ...).")]
@@ -182,12 +188,8 @@ def server_start(
     fairshare_half_life: Annotated[Optional[str], typer.Option(
         "--fairshare-half-life", callback=duration_option("--fairshare-half-life", positive=True), metavar="DURATION",
         help="Fair share forgets half of a project's past usage in this long (default 7d; docs/teams.md).")] = None,
-    preempt_grace: Annotated[str, typer.Option(
-        "--preempt-grace", callback=duration_option("--preempt-grace"), metavar="DURATION",
-        help="Time a preempted task has between SIGTERM and SIGKILL (seconds, or 30s, 2m, ...).")] = f"{PREEMPT_GRACE_S:g}",
-    max_grace: Annotated[str, typer.Option(
-        "--max-grace", callback=duration_option("--max-grace"), metavar="DURATION",
-        help="The most a job's --grace may ask for between its stop signal and SIGKILL.")] = f"{MAX_GRACE_S:g}",
+    preempt_grace: PreemptGrace = f"{PREEMPT_GRACE_S:g}",
+    max_grace: MaxGrace = f"{MAX_GRACE_S:g}",
     max_queued_elements: Annotated[int, typer.Option(
         "--max-queued-elements", min=0, metavar="N",
         help="A user's tasks (array elements) not yet ended, at most: a submit past it is refused (429 "
@@ -234,9 +236,8 @@ def server_start(
                                 replicate=replicate, replicate_interval_s=float(replicate_interval),
                                 preempt_grace_s=float(preempt_grace), max_grace_s=float(max_grace), max_queued_elements=max_queued_elements,
                                 max_heartbeats_per_s=max_heartbeats_per_s,
-                                checkpoint_keep=checkpoint_keep, upload_quota_bytes=upload_quota_mb * 1024 ** 2,
-                                project_upload_quota_bytes=project_upload_quota_mb * 1024 ** 2,
-                                unnamed_retention_s=float(unnamed_retention),
+                                checkpoint_keep=checkpoint_keep,
+                                **_upload_settings(upload_quota_mb, project_upload_quota_mb, unnamed_retention),
                                 priority_classes={**PRIORITY_CLASSES, **_priority_classes(priority_class)},
                                 fairshare_half_life_s=float(fairshare_half_life) if fairshare_half_life else FAIRSHARE_HALF_LIFE_S,
                                 **_relay_settings(relay_max_streams_per_user, relay_max_streams_per_job, relay_idle_timeout,
@@ -255,6 +256,13 @@ def _notify_settings(allow_private_webhooks, smtp_url, smtp_from, webhook_retry_
     return dict(allow_private_webhooks=allow_private_webhooks, smtp_url=smtp_url, smtp_from=smtp_from,
                 webhook_retry_base_s=float(webhook_retry_base), webhook_retry_for_s=float(webhook_retry_for),
                 webhook_concurrency=webhook_concurrency)
+
+
+def _upload_settings(upload_quota_mb, project_upload_quota_mb, unnamed_retention) -> dict:
+    """The ControlPlaneConfig fields of the upload quotas and the unnamed uploads' life (docs/operations.md)."""
+    return dict(upload_quota_bytes=upload_quota_mb * 1024 ** 2,
+                project_upload_quota_bytes=project_upload_quota_mb * 1024 ** 2,
+                unnamed_retention_s=float(unnamed_retention))
 
 
 def _relay_settings(per_user, per_job, idle_timeout, ingress_per_job, ingress_per_client, send_timeout) -> dict:
