@@ -55,7 +55,7 @@ class WorkerConfig:
     sandbox_binds: list[str] = field(default_factory=list)
     #: More paths tasks must not see (the CLI's home, the token file), beside the state dir and $GPULAYER_HOME.
     hidden_paths: list[str] = field(default_factory=list)
-    #: --no-exec: the relay runs no command in a task (exec; later shell and ssh); port-forward still works.
+    #: --no-exec: the relay runs no command in a task (exec, shell, ssh); port-forward and ingress still work.
     no_exec: bool = False
 
 

@@ -1,6 +1,6 @@
 """`exec` streams: a command run in a running task's place, its stdio through the relay (`gpulayer exec`).
 
-The command gets the task's environment (GPULAYER_*, the job's env, CUDA_VISIBLE_DEVICES), its working
+The command gets the task's environment (GPULAYER_*, the job's env, CUDA_VISIBLE_DEVICES, a service's PORT), its working
 directory, and its user and sandbox: in a bubblewrap sandbox it enters the task's namespaces with nsenter
 and drops to the task user with setpriv, as agent/shared.py starts an array's elements in their job's
 sandbox (`Sandbox.enter_argv`); without a sandbox (`--sandbox none`) it runs as the agent, as the task does.
@@ -36,7 +36,7 @@ class ExecRefused(Exception):
 def command_in(handle: TaskHandle, argv: list[str]) -> tuple[list[str], dict[str, str], str]:
     """The argv, environment and cwd that run `argv` in the task's place; ExecRefused when it cannot."""
     runner = _running(handle)
-    env = runner.environment({})
+    env = runner.environment(runner.extra_env)
     workdir = str(runner.workdir)
     sandbox = runner.ctx.sandbox
     if sandbox.mode == "none":
@@ -89,7 +89,7 @@ def image_entry(handle: TaskHandle) -> ImageEntry:
     runner = _running(handle)
     assert runner.image is not None
     pid, own_userns = _sandbox_init(handle, runner)
-    env, cwd = runner.image_place(runner.environment({}))
+    env, cwd = runner.image_place(runner.environment(runner.extra_env))
     user = None if own_userns else runner.ctx.sandbox.drops_to(runner.assignment.run_as_root)
     network = runner.assignment.network != "none"
     spaces = (*(("user",) if own_userns else ()), "ipc", *(() if network else ("net",)), "pid", "mnt")

@@ -215,8 +215,8 @@ def _wait_restart(handle, limits: Limits, delay: float) -> Stop | None:
         left = limits.since + limits.timeout_s - time.monotonic()
         if left < delay:
             if handle.wait_cancel(max(0.0, left)):
-                return Stop("cancelled", f"cancelled: {handle.cancel_reason}")
+                return Stop("cancelled", handle.stop_reason())
             return Stop("timed_out", f"timeout: ran longer than timeout_seconds={limits.timeout_s:g}")
     if handle.wait_cancel(delay):
-        return Stop("cancelled", f"cancelled: {handle.cancel_reason}")
+        return Stop("cancelled", handle.stop_reason())
     return None

@@ -414,6 +414,7 @@ class Worker:
         if "requests_renew_lease" in answer:
             self.requests_renew = answer["requests_renew_lease"] is True
         preempted = {int(t) for t in answer.get("preempted_task_ids") or []}
+        requeued = {int(t) for t in answer.get("requeued_task_ids") or []}
         grace_s = answer.get("preempt_grace_s")
         for task_id in answer.get("cancel_task_ids") or []:
             with self.lock:
@@ -426,6 +427,10 @@ class Worker:
                     handle.cancel("preempted to make room for higher-priority work",
                                   grace_s=float(grace_s) if isinstance(grace_s, (int, float)) else None,
                                   why="preempted")
+                    continue
+                if int(task_id) in requeued:  # stopped to run again (`job requeue`): its log says so
+                    log_event("task_requeue_requested", task_id=task_id)
+                    handle.cancel("requeued: this attempt stops and the job is queued again", why="requeued")
                     continue
                 log_event("task_cancel_requested", task_id=task_id)
                 handle.cancel("the control plane cancelled this task")

@@ -23,6 +23,7 @@ class TaskRunnerView(Protocol):
     holder: Any
     ctx: Any
     assignment: Any
+    extra_env: dict[str, str]
 
     def environment(self, extra: dict[str, str]) -> dict[str, str]: ...
 
@@ -84,6 +85,10 @@ class TaskHandle:
             self.cancel_reason, self.by_worker, self.grace_s = reason, by_worker, grace_s
             self.why = why or ("drained" if by_worker else "cancelled")
             self._cancel.set()
+
+    def stop_reason(self) -> str:
+        """Why the run stops, as its log says it: `cancelled: ...`, or the requeue's own words (`requeued: ...`)."""
+        return str(self.cancel_reason) if self.why == "requeued" else f"cancelled: {self.cancel_reason}"
 
     def limit_from(self, timeout_s: float | None) -> float | None:
         """The time limit to enforce: the one told since the first run started, else ``timeout_s`` (the
@@ -271,7 +276,7 @@ def _stop(proc: TaskProcess, handle: TaskHandle, stop: Stop, rule: StopRule, kil
 
 def _next_stop(proc: TaskProcess, handle: TaskHandle, limits: Limits, on_tick: Tick | None) -> Stop | None:
     if handle.cancelled:
-        return Stop("cancelled", f"cancelled: {handle.cancel_reason}")
+        return Stop("cancelled", handle.stop_reason())
     stop = check_limits(limits, max(proc.last_output, proc.started), time.monotonic())
     if stop is not None:
         return stop

@@ -103,6 +103,8 @@ class TaskRunner:
         self.task_id = assignment.task_id
         #: The job's shared sandbox, for an element that runs in one (agent/shared.py).
         self.holder: Holder | None = None
+        #: What the running process got on top of the task's environment (PORT, MASTER_*): exec gets it too.
+        self.extra_env: dict[str, str] = {}
         #: An element the job's launcher started (agent/launcher.py), until spawn() takes it.
         self.launched: Launched | None = None
         #: bwrap's --info-fd pipe (read, write) for the task's own sandbox, until spawn() hands it to TaskProcess.
@@ -318,6 +320,7 @@ class TaskRunner:
             argv = image_argv(self.image.config, task_argv(list(self.assignment.command), None, weights))
         else:
             argv = task_argv(list(self.assignment.command), self.ctx.python, self.weights)
+        self.extra_env = dict(extra)
         try:
             env = self.environment(extra)
             launch, popen_env = self._launch_image(self.image, argv, env) if self.image else self._launch(argv, env)
@@ -494,8 +497,12 @@ class TaskRunner:
             self.shipper.close(time.monotonic() + 5)
             log_event("task_dropped", task_id=self.task_id)
             return
-        summary = f"finished: {result.outcome}" + (f" (exit code {result.exit_code})" if result.exit_code is not None else "")
-        summary += f": {result.reason}" if result.reason and result.outcome != "succeeded" else ""
+        code = f" (exit code {result.exit_code})" if result.exit_code is not None else ""
+        if result.outcome == "cancelled" and self.handle.why == "requeued":  # `job requeue`: no cancel, a new attempt
+            summary = f"requeued{code}: this attempt was stopped; the job is queued again as a new attempt"
+        else:
+            summary = f"finished: {result.outcome}{code}"
+            summary += f": {result.reason}" if result.reason and result.outcome != "succeeded" else ""
         tail = self.shipper.close_keeping_tail(self.ctx.transport.give_up_at, last_line=summary)
         body: dict = {"exit_code": result.exit_code, "outcome": result.outcome, "outputs": outputs, "lines": tail,
                 "next": self.ctx.hand_over is not None and self.ctx.want_next()}

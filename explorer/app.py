@@ -62,6 +62,7 @@ def create_app(state_path: str, *, auth: Callable[[str], bool] | None = None, se
         app.add_route(f"{base}/-/query{suffix}", query)
     app.add_route(f"{base}/-/queries/{{name}}", pages.CannedPage(ctx))
     app.add_route(f"{base}/-/workers", pages.WorkersPage(ctx))
+    app.add_route(f"{base}/-/workers/{{worker_id:int}}", pages.WorkerPage(ctx))
     app.add_route(f"{base}/-/jobs/{{job_id:int}}", pages.JobPage(ctx))
     app.add_route(f"{base}/-/static/app.css", pages.Stylesheet((STATIC / "app.css").read_bytes()))
     if auth is not None:

@@ -218,6 +218,27 @@ def job_timeline(session: Session, job: dict[str, Any], now: float) -> tuple[Mar
     return chart, len(marks), result.truncated
 
 
+def worker_gpus_chart(session: Session, worker: dict[str, Any], window: Window) -> Markup | None:
+    """Worker `worker`'s GPUs' measured utilization over `window`: a line per GPU (percent, each bucket's last
+    sample; no point where none came); None for a worker without GPUs or where no table of samples exists."""
+    if not worker["gpus"] or not has_table(session, SAMPLES_TABLE):
+        return None
+    found = session.query(QUERIES["page_chart_worker_gpu_samples"].sql,
+                          {**window.params(), "buckets": window.buckets, "worker_id": worker["worker_id"]},
+                          max_rows=worker["gpus"] * window.buckets)
+    points: dict[int, list[tuple[float, float]]] = {i: [] for i in range(worker["gpus"])}
+    starts = window.starts()
+    for row in row_dicts(found):
+        if row["busy_pct"] is not None and 0 <= row["bucket"] < window.buckets and row["series"] in points:
+            points[row["series"]].append((starts[int(row["bucket"])], row["busy_pct"]))
+    series = [svg.Series(f"GPU {i}", points[i], "measured") for i in sorted(points)]
+    desc = (f"Worker {worker['name']}'s {worker['gpus']} GPUs: each one's measured utilization (its last sample in "
+            f"each {window.step / 60:.0f} minutes, percent), {_utc(window.since)} to {_utc(window.until)} UTC"
+            + ("" if any(points.values()) else "; its agent sent no sample then") + ".")
+    return svg.line_chart(f"chart-worker-{worker['worker_id']}-gpus", f"{worker['name']}: GPU utilization", desc,
+                          series, window.since, window.until, unit="% busy", ceiling=100.0, height=200)
+
+
 def _mark_label(row: dict[str, Any]) -> str:
     try:
         data = json.loads(row["data"])

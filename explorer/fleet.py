@@ -166,6 +166,20 @@ def job_extras(session: Session, job: dict[str, Any], now: float) -> dict[str, A
     }
 
 
+def worker_extras(session: Session, worker: dict[str, Any], now: float, task_limit: int) -> dict[str, Any]:
+    """A worker page's additions: its GPUs (health, latest sample), their use over the last day, its tasks."""
+    params = {"worker_id": worker["worker_id"], "now": now, "window": SAMPLE_WINDOW_S}
+    gpus = row_dicts(session.query(QUERIES["page_worker_gpus"].sql, params))
+    latest: dict[int, dict[str, Any]] = {}
+    if charts.has_table(session, charts.SAMPLES_TABLE):
+        latest = {r["gpu_index"]: r for r in row_dicts(session.query(QUERIES["page_worker_latest_samples"].sql, params))}
+    for gpu in gpus:
+        gpu["sample"] = latest.get(gpu["gpu_index"])
+    tasks = session.query(QUERIES["page_worker_tasks"].sql, {**params, "limit": task_limit})
+    return {"gpus": gpus, "chart": charts.worker_gpus_chart(session, worker, charts.last_day(now)), "tasks": tasks,
+            "sample_window_s": SAMPLE_WINDOW_S}
+
+
 def array_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per state: how many elements, and their index ranges as text ('0-9, 15, 20-99999')."""
     states: dict[str, dict[str, Any]] = {}

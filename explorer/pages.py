@@ -20,6 +20,7 @@ from .readonly import SQLITE_INTEGERS, QueryError, ReadOnlyDatabase, Result, fir
 DATA_FORMATS = ("json", "csv")
 LOG_TAIL_LINES = 200
 JOB_PAGE_ROWS = 200   # tasks and events a job page lists; it links the paged table pages for the rest
+WORKER_PAGE_TASKS = 100  # the ended tasks a worker page lists (with every one it runs now)
 COUNT_TIME_LIMIT_S = 0.25  # the index page counts every table; a big one shows "many" instead
 
 
@@ -275,6 +276,26 @@ class WorkersPage:
             workers = row_dicts(session.query(QUERIES["page_workers"].sql))
             unmatched = session.query(QUERIES["page_unmatched_tasks"].sql)
         self.ctx.html(resp, "workers.html", title="Workers", workers=workers, unmatched=unmatched)
+
+
+class WorkerPage:
+    """`/-/workers/{worker_id}`: one worker: what it has and uses, its cordon, its GPUs (health, latest sample, use
+    over the last day from gpu_samples) and the tasks it runs and ran."""
+
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response, worker_id: int) -> None:
+        if worker_id not in SQLITE_INTEGERS:
+            raise ExplorerError(falcon.HTTP_404, f"no worker {worker_id}")
+        now = self.ctx.clock()
+        with self.ctx.db.session() as session:
+            worker = first(session.query(QUERIES["page_worker"].sql, {"worker_id": worker_id}))
+            if worker is None:
+                raise ExplorerError(falcon.HTTP_404, f"no worker {worker_id}")
+            extras = fleet.worker_extras(session, worker, now, WORKER_PAGE_TASKS)
+        self.ctx.html(resp, "worker.html", title=f"Worker {worker['name']}", worker=worker,
+                      task_limit=WORKER_PAGE_TASKS, **extras)
 
 
 class JobPage:

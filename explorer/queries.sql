@@ -95,8 +95,8 @@ WHERE state <> 'gone'
 ORDER BY state = 'online' DESC, free_gpus DESC, name;
 
 -- name: job_timeline --
--- Every event of job :job_id in order, with the seconds since its first event.
-SELECT e.seq, e.at, e.at - first_value(e.at) OVER (ORDER BY e.seq) AS after_s,
+-- Every event of job :job_id in order, with the seconds since its first event (to the millisecond).
+SELECT e.seq, e.at, round(e.at - first_value(e.at) OVER (ORDER BY e.seq), 3) AS after_s,
        e.kind, e.task_id, e.worker_id, e.data
 FROM events e
 WHERE e.job_id = :job_id
@@ -177,10 +177,11 @@ LEFT JOIN projects p ON p.id = j.project_id
 WHERE j.id = :job_id;
 
 -- name: page_job_tasks --
--- Every task of job :job_id, every attempt, in attempt and replica order.
+-- Every task of job :job_id, every attempt, in attempt and replica order (its worker's name links to the
+-- worker's page; the address is the worker's, on that page).
 SELECT t.id AS task_id, t.attempt, t."index", t.state, t.worker_id, w.name AS worker_name,
-       t.gpu_indices, t.address, t.endpoint, t.restarts, t.exit_code, t.outcome, t.reason,
-       t.created_at, t.started_at, t.finished_at
+       t.gpu_indices, t.endpoint, t.restarts, t.exit_code, t.outcome, t.reason,
+       t.started_at, t.finished_at
 FROM tasks t
 LEFT JOIN workers w ON w.id = t.worker_id
 WHERE t.job_id = :job_id
@@ -472,3 +473,76 @@ WHERE e.job_id = :job_id
 ORDER BY e.seq
 LIMIT :limit;
 
+
+-- name: page_worker --
+-- Worker :worker_id whatever its state: what it has, uses and has free, its cordon, and how it isolates tasks.
+SELECT w.id AS worker_id, w.name, w.state, w.gone_reason, w.labels, w.advertise_address, w.version, w.isolation,
+       w.gpu_models, w.registered_at, w.last_seen_at, w.lease_expires_at,
+       l.slots, l.active_tasks, l.free_slots, l.gpus, l.free_gpus, l.unhealthy_gpus,
+       l.cpus, l.free_cpus, l.memory_mb, l.free_memory_mb,
+       c.state AS cordon, c.reason AS cordon_reason, c.since AS cordon_since, c.deadline AS drain_deadline,
+       c.drained_at
+FROM workers w
+JOIN worker_load l ON l.worker_id = w.id
+LEFT JOIN worker_cordons c ON c.worker_id = w.id
+WHERE w.id = :worker_id;
+
+-- name: page_worker_gpus --
+-- Worker :worker_id's GPUs by index: their health as its agent reports it, and each one's latest sample of the
+-- :window seconds before :now (utilization, memory; NULL where none came).
+WITH RECURSIVE gpus(gpu_index) AS (
+    SELECT 0 WHERE (SELECT gpus FROM workers WHERE id = :worker_id) > 0
+    UNION ALL
+    SELECT gpu_index + 1 FROM gpus WHERE gpu_index + 1 < (SELECT gpus FROM workers WHERE id = :worker_id)
+)
+SELECT g.gpu_index, json_extract(w.gpu_models, '$[' || g.gpu_index || ']') AS model, h.uuid,
+       coalesce(h.healthy, 1) AS healthy, h.reason, h.changed_at
+FROM gpus g
+JOIN workers w ON w.id = :worker_id
+LEFT JOIN worker_gpus h ON h.worker_id = :worker_id AND h."index" = g.gpu_index
+ORDER BY g.gpu_index;
+
+-- name: page_worker_latest_samples --
+-- Worker :worker_id's GPUs' latest samples of the :window seconds before :now (gpu_samples), by GPU index.
+SELECT gpu_index, max(at) AS at, utilization_pct, memory_used_mb, memory_total_mb
+FROM gpu_samples
+WHERE worker_id = :worker_id AND at >= :now - :window AND at <= :now
+GROUP BY gpu_index;
+
+-- name: page_chart_worker_gpu_samples --
+-- Worker :worker_id's measured GPU use between :since and :until in :buckets buckets of :step seconds: per GPU
+-- and bucket, the GPU's last utilization sample in the bucket (percent; none where it sent none). One index
+-- seek per GPU and bucket (gpu_samples (worker_id, gpu_index, at)).
+WITH RECURSIVE buckets(bucket) AS (
+    SELECT 0 UNION ALL SELECT bucket + 1 FROM buckets WHERE bucket + 1 < :buckets
+),
+gpus(gpu_index) AS (
+    SELECT 0 WHERE (SELECT gpus FROM workers WHERE id = :worker_id) > 0
+    UNION ALL
+    SELECT gpu_index + 1 FROM gpus WHERE gpu_index + 1 < (SELECT gpus FROM workers WHERE id = :worker_id)
+)
+SELECT g.gpu_index AS series, b.bucket,
+       (SELECT s.utilization_pct FROM gpu_samples s
+        WHERE s.worker_id = :worker_id AND s.gpu_index = g.gpu_index
+          AND s.at >= :since + b.bucket * :step AND s.at < :since + (b.bucket + 1) * :step
+        ORDER BY s.at DESC LIMIT 1) AS busy_pct
+FROM gpus g, buckets b
+ORDER BY g.gpu_index, b.bucket;
+
+-- name: page_worker_tasks --
+-- The tasks worker :worker_id runs now (index tasks_worker_active), then the :limit it ran last, newest first
+-- (read from the newest task back: as far as its last :limit go).
+SELECT * FROM (
+    SELECT t.id AS task_id, t.job_id, j.name AS job_name, t.attempt, t."index", t.state, t.gpu_indices,
+           t.started_at, t.finished_at, t.exit_code, t.reason
+    FROM tasks t INDEXED BY tasks_worker_active JOIN jobs j ON j.id = t.job_id
+    WHERE t.worker_id = :worker_id AND t.state IN ('assigned', 'running')
+    ORDER BY t.id DESC)
+UNION ALL
+SELECT * FROM (
+    SELECT t.id AS task_id, t.job_id, j.name AS job_name, t.attempt, t."index", t.state, t.gpu_indices,
+           t.started_at, t.finished_at, t.exit_code, t.reason
+    FROM tasks t JOIN jobs j ON j.id = t.job_id
+    WHERE t.worker_id = :worker_id AND t.state NOT IN ('assigned', 'running')
+    ORDER BY t.id DESC
+    LIMIT :limit);

@@ -22,7 +22,7 @@ from typing import Any
 
 import apsw
 
-# Secrets' stand-ins: never shown, never readable from SQL.
+# Secrets' stand-ins: never shown, never readable from SQL (`gpulayer sql` reads them as NULL).
 HIDDEN_COLUMNS = frozenset({
     ("tokens", "token_hash"),
     ("workers", "session_hash"),

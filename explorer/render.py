@@ -20,7 +20,9 @@ TEMPLATES = Path(__file__).with_name("templates")
 # Columns whose integer values link to a page: (column) or (relation, column).
 JOB_ID_COLUMNS = frozenset({"job_id"})
 JOB_ID_IN = {"jobs": "id"}
-RECORD_LINKS = {"worker_id": "workers", "task_id": "tasks"}
+WORKER_ID_COLUMNS = frozenset({"worker_id"})
+WORKER_ID_IN = {"workers": "id"}
+RECORD_LINKS = {"task_id": "tasks"}
 # host:port or [v6]:port: anything else an endpoint holds is shown, never linked.
 _ENDPOINT = re.compile(r"^(?:[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\]):\d{1,5}$")
 
@@ -52,19 +54,25 @@ class Links:
     def job(self, job_id: Any) -> str:
         return self(f"/-/jobs/{job_id}")
 
+    def worker(self, worker_id: Any) -> str:
+        return self(f"/-/workers/{worker_id}")
+
     def relation(self, name: str, suffix: str = "", params: dict[str, Any] | None = None) -> str:
         return self(f"/{name}{suffix}", **(params or {}))
 
 
 def cell(links: Links, column: str, value: Any, relation: str | None = None) -> Markup:
-    """One value as HTML: job ids link to their job page, times read as UTC."""
-    if value is None:
-        return Markup('<span class="null">null</span>')
+    """One value as HTML: job and worker ids link to their pages, times read as UTC."""
+    if value is None:  # a job's name left out reads as such, not as SQL's null
+        return Markup('<span class="null" title="submitted without --name">unnamed</span>' if column == "job_name"
+                      else '<span class="null">null</span>')
     if isinstance(value, bytes):
         return Markup('<span class="null">&lt;{} bytes&gt;</span>').format(len(value))
     if isinstance(value, int) and not isinstance(value, bool):
         if column in JOB_ID_COLUMNS or JOB_ID_IN.get(relation or "") == column:
             return Markup('<a href="{}">{}</a>').format(links.job(value), value)
+        if column in WORKER_ID_COLUMNS or WORKER_ID_IN.get(relation or "") == column:
+            return Markup('<a href="{}">{}</a>').format(links.worker(value), value)
         if column in RECORD_LINKS and relation != RECORD_LINKS[column]:
             return Markup('<a href="{}">{}</a>').format(links.relation(RECORD_LINKS[column], params={"id": value}),
                                                         value)

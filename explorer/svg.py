@@ -22,7 +22,8 @@ MARGIN_LEFT, MARGIN_RIGHT, MARGIN_TOP, MARGIN_BOTTOM = 52, 16, 28, 30
 LEGEND_ROW = 16
 SERIES_CLASSES = 8  # series-0 .. series-7 in app.css; more series reuse them
 # Tick spacings a time axis may use, in seconds: minutes to weeks.
-TIME_STEPS = (60, 300, 900, 1800, 3600, 2 * 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400, 2 * 86400, 7 * 86400)
+TICK_HALF_WIDTH = 28  # half a time label's width (`22:11:42`), px: a tick nearer the right edge ends there
+TIME_STEPS = (1, 2, 5, 10, 15, 30, 60, 300, 900, 1800, 3600, 2 * 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400, 2 * 86400, 7 * 86400)
 
 
 @dataclass(frozen=True)
@@ -114,9 +115,10 @@ def time_ticks(start: float, end: float, most: int = 8) -> tuple[list[float], in
 
 
 def time_label(at: float, step: float) -> str:
-    """A tick's text: the date for day steps and longer, else the UTC time of day."""
+    """A tick's text: the date for day steps and longer, else the UTC time of day (with seconds for steps under
+    a minute: a short job's timeline)."""
     moment = datetime.fromtimestamp(at, UTC)
-    return moment.strftime("%m-%d") if step >= 86400 else moment.strftime("%H:%M")
+    return moment.strftime("%m-%d") if step >= 86400 else moment.strftime("%H:%M" if step >= 60 else "%H:%M:%S")
 
 
 def _number(value: float) -> str:
@@ -163,9 +165,11 @@ def _time_axis(plot: _Plot) -> None:
     ticks, step = time_ticks(plot.x_lo, plot.x_hi)
     for tick in ticks:
         x = _f(plot.x(tick))
+        near_end = plot.x(tick) > plot.right - TICK_HALF_WIDTH  # its label would run past the chart's edge
         plot.elements.append(
-            Markup('<line class="tick-mark" x1="{}" x2="{}" y1="{}" y2="{}"/><text class="tick x" x="{}" y="{}">{}</text>').format(
-                x, x, _f(plot.bottom), _f(plot.bottom + 4), x, _f(plot.bottom + 16), time_label(tick, step)
+            Markup('<line class="tick-mark" x1="{}" x2="{}" y1="{}" y2="{}"/><text class="tick x{}" x="{}" y="{}">{}</text>').format(
+                x, x, _f(plot.bottom), _f(plot.bottom + 4), " end" if near_end else "", x, _f(plot.bottom + 16),
+                time_label(tick, step)
             )
         )
     plot.elements.append(Markup('<text class="unit x" x="4" y="{}">UTC</text>').format(_f(plot.bottom + 16)))

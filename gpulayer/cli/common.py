@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,15 +93,18 @@ def print_json(data: Any, compact: bool = False) -> None:
         typer.echo(json.dumps(data, indent=2, sort_keys=True))
 
 
-def print_table(rows: list[list[Any]], headers: list[str], styles: Optional[dict[int, Any]] = None) -> None:
+def print_table(rows: list[list[Any]], headers: list[str], styles: Optional[dict[int, Any]] = None,
+                header: bool = True) -> None:
     """Left-aligned columns on stdout; empty cells show as '-', a line break in a cell as a space.
 
-    `styles` maps a column's number to a function that colours its padded cell.
+    `styles` maps a column's number to a function that colours its padded cell; `header` False leaves the
+    headers' line out (squeue's --noheader), their widths still kept.
     """
     cells = [[("-" if c is None or c == "" else " ".join(str(c).splitlines())) for c in row] for row in rows]
     widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
     styles = styles or {}
-    typer.echo("  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip())
+    if header:
+        typer.echo("  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip())
     for row in cells:
         padded = [styles[i](c.ljust(w)) if i in styles else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))]
         typer.echo("  ".join(padded).rstrip())
@@ -112,9 +116,23 @@ def print_log_line(line: dict, prefix: str = "") -> None:
     stream = line.get("stream")
     if stream == "system":
         text = f"[gpulayer] {text}"
+    if stream != "stdout" and stdout_closed():
+        raise BrokenPipeError("stdout was closed")  # `job logs 7 | head -2`: stop, as at the next stdout line
     out = sys.stdout if stream == "stdout" else sys.stderr
     out.write(f"{prefix}{text}" + ("" if text.endswith("\n") else "\n"))
     out.flush()
+
+
+def stdout_closed() -> bool:
+    """True when stdout is a pipe whose reader has gone (`| head` has read its lines): writing to it would
+    fail, so the lines meant for stderr beside it must stop too."""
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError, AttributeError):  # no real stdout (a test runner's)
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & select.POLLERR for _, events in poller.poll(0))
 
 
 def exit_code_of(job: dict) -> int:

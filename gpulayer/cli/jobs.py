@@ -11,6 +11,7 @@ import typer
 from gpulayer.cli import selection
 from gpulayer.cli.common import (
     client_of, colour_on, exit_code_of, fmt_time, parse_duration, print_json, print_log_line, print_table,
+    stdout_closed,
 )
 from gpulayer.cli.following import follow_logs, line_prefix, task_prefixes, tell_ended, waiting_line
 from gpulayer.client.errors import ApiError, WaitTimeout
@@ -28,8 +29,10 @@ IndexOpt = Annotated[Optional[int], typer.Option("--index", metavar="N", min=0, 
 
 @job_app.command("status")
 def job_status(ctx: typer.Context, job_id: JobArg, index: IndexOpt = None, as_json: JsonOpt = False) -> None:
-    """The job's state, what it waits for, and each task's worker, address and endpoint; a running task's
-    GPUs with their newest utilization and memory, as Slurm's sstat.
+    """The job's state, times, what it waits for, and each task's worker, address, endpoint and GPUs.
+
+    Its elapsed and CPU time as sacct's (`elapsed=`, `cpu_time=`); a running
+    task's GPUs with their newest utilization and memory, as Slurm's sstat.
 
     An array's status counts its elements by state and lists, as ranges
     (0-999,1204), the indices that failed or were lost and, apart, those
@@ -52,6 +55,7 @@ def job_status(ctx: typer.Context, job_id: JobArg, index: IndexOpt = None, as_js
                f"created={fmt_time(info.get('created_at'))} finished={fmt_time(info.get('finished_at'))}"
                + (f" reason={info['reason']}" if info.get("reason") else "")
                + (f" owner={info['owner']} project={info.get('project') or '-'}" if info.get("owner") else ""))
+    _print_times(info)
     if info.get("waiting_reason"):
         typer.echo(waiting_line(info["waiting_reason"]))
     if info.get("ingress_url"):  # a service's URL on the control plane (docs/access.md, "Ingress")
@@ -76,6 +80,15 @@ def job_status(ctx: typer.Context, job_id: JobArg, index: IndexOpt = None, as_js
                    + (f"for task {pre['for_task_id']} (job {pre['for_job_id']}, {pre['reason']}), "
                       if pre.get("for_job_id") is not None else f"for a job you may not see ({pre['reason']}), ")
                    + done)
+
+
+def _print_times(info: dict) -> None:
+    """`elapsed=0:12:03 cpu_time=0:48:12 gpu_time=...` (sacct's Elapsed and CPUTime), once the job started."""
+    now = time.time()
+    times = {"elapsed": selection.elapsed(info, now), "cpu_time": selection.held_time(info, now, "cpus"),
+             "gpu_time": selection.held_time(info, now, "gpus") if (info.get("spec") or {}).get("gpus") else None}
+    if times["elapsed"]:
+        typer.echo(" ".join(f"{k}={v}" for k, v in times.items() if v))
 
 
 def _gpu_usage(job: Job, index: Optional[int], info: dict) -> dict[int, dict]:
@@ -161,6 +174,8 @@ def job_logs(ctx: typer.Context, job_id: JobArg,
         for line in job.logs(index=index):
             print_log_line(line, line_prefix(prefixes, line))
     if follow:
+        if stdout_closed():  # `| head` went: nothing more to say, on stderr neither
+            raise BrokenPipeError("stdout was closed")
         if index is not None:  # that element's latest task's exit status
             task = (job.element(index).get("tasks") or [{}])[0]
             tell_ended({**task, "job_id": job.id}, index)
@@ -216,10 +231,14 @@ def job_cancel(ctx: typer.Context,
     answers, failed = [], 0
     for job_id in job_ids:
         try:
-            answers.append(_cancel_one(client, job_id, quiet=as_json, known=listed.get(job_id)))
+            info, cancelled = _cancel_one(client, job_id, quiet=as_json, known=listed.get(job_id))
         except ApiError as exc:
             failed += 1
-            typer.echo(f"Error: {exc.message} ({exc.code})", err=True)
+            typer.echo(error_line(job_id, exc), err=True)
+            continue
+        answers.append(info)
+        if not cancelled and job_id not in listed:  # named, and it had ended: an error, as scancel makes it
+            failed += 1
     if as_json:
         print_json(answers)
     if failed:
@@ -231,18 +250,22 @@ def _cancel_element(client, job_id: int, index: int, as_json: bool) -> int:
     job = client.get_job(job_id)
     before = job.element(index)["tasks"]
     answer = job.cancel(index=index)
+    ended = bool(before) and before[0].get("finished_at") is not None
     if as_json:
         print_json(answer)
-    elif before and before[0].get("finished_at") is not None:
-        typer.echo(f"job {job_id} element {index} already finished ({before[0]['state']})")
+    elif ended:
+        typer.echo(f"Error: job {job_id} element {index} has already ended ({before[0]['state']}): "
+                   "nothing to cancel", err=True)
     else:
         typer.echo(f"job {job_id} element {index} cancelled")
-    return 0
+    return 1 if ended else 0
 
 
-def _cancel_one(client, job_id: int, quiet: bool, known: Optional[dict] = None) -> dict:
-    """Cancel one job unless it has finished; say which (unless quiet); the Job. `known`: the job as just
-    listed (not read again: its cancel answers how it stands)."""
+def _cancel_one(client, job_id: int, quiet: bool, known: Optional[dict] = None) -> tuple[dict, bool]:
+    """Cancel one job unless it has finished; say which (unless quiet); the job, and whether this cancelled it.
+    `known`: the job as just listed (not read again: its cancel answers how it stands). A job that had ended
+    is said as an error when it was named (`job cancel 12`), as a note when a --name/--state choice found it
+    running."""
     job = Job(client, known) if known is not None else client.get_job(job_id)
     if job.finished():
         info = job.data
@@ -251,10 +274,12 @@ def _cancel_one(client, job_id: int, quiet: bool, known: Optional[dict] = None) 
         if info["state"] == "cancelled":
             if not quiet:
                 typer.echo(f"job {job_id} cancelled")
-            return info
-    if not quiet:
-        typer.echo(f"job {job_id} already finished ({info['state']})")
-    return info
+            return info, True
+    if not quiet and known is None:
+        typer.echo(f"Error: job {job_id} has already ended ({info['state']}): nothing to cancel", err=True)
+    elif not quiet:
+        typer.echo(f"job {job_id} ended meanwhile ({info['state']})", err=True)
+    return info, False
 
 
 JobsArg = Annotated[list[int], typer.Argument(help="Job ids.", metavar="JOB...", show_default=False)]
@@ -379,6 +404,12 @@ def job_wait(ctx: typer.Context, job_ids: JobsArg,
     raise typer.Exit(exit_code_of(failed) if failed else 0)
 
 
+def error_line(job_id: int, exc: ApiError) -> str:
+    """`Error: job 12 ...`: the server's message, naming the job once (its own words do, most often)."""
+    said = exc.message if exc.message.startswith(f"job {job_id} ") else f"job {job_id}: {exc.message}"
+    return f"Error: {said} ({exc.code})"
+
+
 def _each(ctx: typer.Context, job_ids: list[int], as_json: bool, act, done: str) -> None:
     """Apply `act` to each job in turn; an error is said and the rest go on (exit 1 after)."""
     client, answers, failed = client_of(ctx), [], 0
@@ -387,7 +418,7 @@ def _each(ctx: typer.Context, job_ids: list[int], as_json: bool, act, done: str)
             answers.append(act(client.get_job(job_id)))
         except ApiError as exc:
             failed += 1
-            typer.echo(f"Error: job {job_id}: {exc.message} ({exc.code})", err=True)
+            typer.echo(error_line(job_id, exc), err=True)
             continue
         if not as_json:
             reason = answers[-1].get("waiting_reason")
@@ -405,22 +436,32 @@ def job_list(ctx: typer.Context, state: StatesOpt = None, name: NameOpt = None, 
              all_: Annotated[bool, typer.Option("--all", help="Every job you may see (yours and your projects'), not only yours.")] = False,
              user: Annotated[Optional[str], typer.Option("--user", help="That user's jobs (those you may see).")] = None,
              project: Annotated[Optional[str], typer.Option("--project", help="That project's jobs (those you may see).")] = None,
+             columns: Annotated[Optional[str], typer.Option("--format", "-o", metavar="COLUMNS", help=f"These columns, in this order, as squeue -o: a comma-separated list of {', '.join(selection.COLUMNS)}.")] = None,
+             no_header: Annotated[bool, typer.Option("--no-header", "--noheader", help="No header line (squeue's --noheader).")] = False,
              as_json: JsonOpt = False) -> None:
     """Jobs, newest first (your own unless --all, --user or --project): state, exit code, name, priority, worker, elapsed time, command.
+
+    --format picks the columns (cputime and gputime: each task's run times
+    the CPUs or GPUs it holds, as sacct's CPUTime).
 
     \b
     Examples:
       gpulayer job list --state running --state queued
       gpulayer job list --name 'sweep-*' --since 2h --watch
+      gpulayer job list --format id,state,name,elapsed,cputime --no-header
     """
     if watch and as_json:
         raise typer.BadParameter("--watch draws a table: leave out --json", param_hint="--watch")
+    if as_json and (columns or no_header):
+        raise typer.BadParameter("--json prints every field: leave out --format and --no-header", param_hint="--json")
     since_ts = selection.parse_since(since)  # a bad --since is bad input before anything is asked
-    client = client_of(ctx)
     scope = {"all": all_, "user": user, "project": project}
+    chosen = selection.parse_columns(columns) or (selection.OWNER_COLUMNS if any(scope.values())
+                                                  else selection.DEFAULT_COLUMNS)
+    client = client_of(ctx)
     if not watch:
         _print_jobs(selection.select_jobs(client, state or [], name, since_ts, limit, **scope), as_json,
-                    any(scope.values()))
+                    chosen, not no_header)
         return
     try:
         while True:
@@ -428,24 +469,19 @@ def job_list(ctx: typer.Context, state: StatesOpt = None, name: NameOpt = None, 
             if colour_on():
                 typer.echo("\033[H\033[2J", nl=False)  # clear the screen, as `watch` does
             typer.echo(f"every {WATCH_S:g} s: gpulayer job list  {fmt_time(time.time())}\n")
-            _print_jobs(jobs, False, any(scope.values()))
+            _print_jobs(jobs, False, chosen, not no_header)
             time.sleep(WATCH_S)
     except KeyboardInterrupt:
         pass  # the way out of --watch, as out of `watch`
 
 
-def _print_jobs(jobs: list[dict], as_json: bool, owners: bool = False) -> None:
-    """The jobs as a table (`owners`: with USER and PROJECT after NAME, as `--all/--user/--project` list
-    other people's), or JSON."""
+def _print_jobs(jobs: list[dict], as_json: bool, columns: list[str], header: bool = True) -> None:
+    """The jobs as a table of `columns` (selection.COLUMNS' names; `header`: with the headers' line), or JSON."""
     if as_json:
         print_json(jobs)
         return
-    now = time.time()
-    rows, headers = [selection.job_row(j, now) for j in jobs], selection.HEADERS
-    if owners:
-        rows = [[*r[:4], j.get("owner") or "-", j.get("project") or "-", *r[4:]] for r, j in zip(rows, jobs)]
-        headers = [*headers[:4], "USER", "PROJECT", *headers[4:]]
-    print_table(rows, headers, {1: selection.state_style})
+    rows, headers = selection.table_of(jobs, columns, time.time())
+    print_table(rows, headers, {i: selection.state_style for i, c in enumerate(columns) if c == "state"}, header)
 
 
 @job_app.command("outputs")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import datetime as dt
 import fnmatch
 import time
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import typer
 
@@ -15,7 +15,6 @@ from gpulayer.protocol import JOB_STATES
 
 PAGE = 1000  # GET /v1/jobs answers at most this many at once
 UNFINISHED = tuple(s for s in JOB_STATES if s not in FINISHED_STATES)
-HEADERS = ["ID", "STATE", "EXIT", "NAME", "PRIO", "WORKER", "ELAPSED", "CREATED", "COMMAND"]
 STATE_COLOURS = {"running": "cyan", "succeeded": "green", "failed": "red", "lost": "red", "cancelled": "yellow"}
 COMMAND_WIDTH = 60
 
@@ -84,12 +83,13 @@ def _matching(client: Client, state: Optional[str], name: Optional[str], since: 
 
 def job_row(job: dict, now: float) -> list:
     """A job as a row under HEADERS."""
-    spec = job.get("spec") or {}
-    command = " ".join(" ".join(str(part) for part in spec.get("command", [])).split())  # no newline breaks a row
-    if len(command) > COMMAND_WIDTH:
-        command = command[:COMMAND_WIDTH - 1] + "…"
-    return [job["id"], state_text(job), job.get("exit_code"), job.get("name"), spec.get("priority"), _workers(job),
-            elapsed(job, now), fmt_time(job.get("created_at")), command]
+    return table_of([job], DEFAULT_COLUMNS, now)[0][0]
+
+
+def _command(job: dict) -> str:
+    """The job's command on one line (no newline breaks a row), cut at COMMAND_WIDTH."""
+    command = " ".join(" ".join(str(part) for part in (job.get("spec") or {}).get("command", [])).split())
+    return command[:COMMAND_WIDTH - 1] + "…" if len(command) > COMMAND_WIDTH else command
 
 
 def state_text(job: dict) -> str:
@@ -139,8 +139,63 @@ def elapsed(job: dict, now: float) -> Optional[str]:
     started += [t for t in [(job.get("array") or {}).get("started_at")] if t]
     if not started:
         return None
-    end = job.get("finished_at") or now
-    seconds = max(0, int(end - min(started)))
-    days, rest = divmod(seconds, 86400)
+    return clock(max(0.0, (job.get("finished_at") or now) - min(started)))
+
+
+def held_time(job: dict, now: float, resource: str) -> Optional[str]:
+    """sacct's CPUTime (`resource` "cpus") or its GPU twin ("gpus"): the seconds each task of the current
+    attempt ran (until it ended, or until now) times the CPUs (GPUs) it holds, summed; None for an array
+    (its elements' runs are not all listed) and for a job that has not started."""
+    if job.get("array"):
+        return None
+    runs = [(t.get("finished_at") or now) - t["started_at"] for t in _current_tasks(job) if t.get("started_at")]
+    if not runs:
+        return None
+    return clock(max(0.0, sum(runs)) * float((job.get("spec") or {}).get(resource) or 0))
+
+
+def clock(seconds: float) -> str:
+    """Seconds as Slurm writes a time: [D-]H:MM:SS."""
+    days, rest = divmod(int(seconds), 86400)
     text = f"{rest // 3600}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
     return f"{days}-{text}" if days else text
+
+
+#: `job list --format`'s columns, as squeue's -o: name → (header, the cell of a job at `now`).
+COLUMNS: dict[str, tuple[str, Callable[[dict, float], Any]]] = {
+    "id": ("ID", lambda j, now: j["id"]),
+    "state": ("STATE", lambda j, now: state_text(j)),
+    "exit": ("EXIT", lambda j, now: j.get("exit_code")),
+    "name": ("NAME", lambda j, now: j.get("name")),
+    "user": ("USER", lambda j, now: j.get("owner")),
+    "project": ("PROJECT", lambda j, now: j.get("project")),
+    "prio": ("PRIO", lambda j, now: (j.get("spec") or {}).get("priority")),
+    "worker": ("WORKER", lambda j, now: _workers(j)),
+    "elapsed": ("ELAPSED", elapsed),
+    "cputime": ("CPUTIME", lambda j, now: held_time(j, now, "cpus")),
+    "gputime": ("GPUTIME", lambda j, now: held_time(j, now, "gpus")),
+    "created": ("CREATED", lambda j, now: fmt_time(j.get("created_at"))),
+    "command": ("COMMAND", lambda j, now: _command(j)),
+}
+DEFAULT_COLUMNS = ["id", "state", "exit", "name", "prio", "worker", "elapsed", "created", "command"]
+OWNER_COLUMNS = [*DEFAULT_COLUMNS[:4], "user", "project", *DEFAULT_COLUMNS[4:]]
+HEADERS = [COLUMNS[c][0] for c in DEFAULT_COLUMNS]
+
+
+def parse_columns(text: Optional[str]) -> Optional[list[str]]:
+    """--format `id,state,name,elapsed`: the column names in order (None: the default); a usage error
+    naming the columns for an unknown or missing one."""
+    if text is None:
+        return None
+    names = [n.strip().lower() for n in text.split(",")]
+    unknown = [n for n in names if n not in COLUMNS]
+    if unknown or not names:
+        raise typer.BadParameter(f"{', '.join(map(repr, unknown)) or repr(text)} is not a column "
+                                 f"({', '.join(COLUMNS)})", param_hint="--format")
+    return names
+
+
+def table_of(jobs: list[dict], columns: list[str], now: float) -> tuple[list[list], list[str]]:
+    """The jobs' rows and the headers of `columns` (COLUMNS' names)."""
+    cells = [COLUMNS[c][1] for c in columns]
+    return [[cell(j, now) for cell in cells] for j in jobs], [COLUMNS[c][0] for c in columns]

@@ -9,7 +9,9 @@ from typing import Annotated, Optional
 import typer
 
 from gpulayer.cli.common import duration_option, fail, global_options, home_of, parse_pairs, print_json
-from gpulayer.cli.workers import SANDBOX_DEFAULT, AllowRootTasks, RunAs, SandboxBind, SandboxMode, sandbox_settings
+from gpulayer.cli.workers import (
+    SANDBOX_DEFAULT, AllowRootTasks, Labels, Name, Python, RunAs, SandboxBind, SandboxMode, sandbox_settings,
+)
 from gpulayer.protocol import (
     DEFAULT_PORT, GPU_SAMPLE_RETENTION_S, HEARTBEAT_INTERVAL_S, JOB_RETENTION_S, LEASE_TTL_S, LOG_RETENTION_S, MAX_OUTPUT_BYTES,
     FAIRSHARE_HALF_LIFE_S, MAX_HEARTBEATS_PER_S, MAX_GRACE_S, MAX_QUEUED_ELEMENTS, PREEMPT_GRACE_S, PRIORITY_CLASSES, plural,
@@ -430,17 +432,28 @@ def up(ctx: typer.Context, home: Home = None,
        gpu_sample_retention: GpuSampleRetention = None,
        allow_private_webhooks: AllowPrivateWebhooks = False, smtp_url: SmtpUrl = None,
        smtp_from: SmtpFrom = "gpulayer@localhost", webhook_retry_base: WebhookRetryBase = "5",
-       webhook_retry_for: WebhookRetryFor = "24h", webhook_concurrency: WebhookConcurrency = 16) -> None:
+       webhook_retry_for: WebhookRetryFor = "24h", webhook_concurrency: WebhookConcurrency = 16,
+       name: Name = None, label: Labels = None, python: Python = None,
+       verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log every INFO line of the control plane and the worker on stderr (default: warnings and errors only).")] = False) -> None:
     """Start a control plane over TLS and a local worker; print the line that joins other machines.
+
+    The local worker takes join's --name, --label and --python.
 
     \b
     Examples:
       gpulayer up
+      gpulayer up --label pool=a100 --python ~/venv/bin/python
       gpulayer up --no-worker --port 8470
     """
     from gpulayer.cli.up import run_up
+    if no_worker and (name or label or python):
+        raise typer.BadParameter("--name, --label and --python are the local worker's: leave out --no-worker",
+                                 param_hint="--no-worker")
     isolation = sandbox_settings(sandbox, run_as, allow_root_tasks, sandbox_bind)
+    chosen = {"name": name, "labels": parse_pairs(label, "--label") or None, "python": python}
+    isolation.update({k: v for k, v in chosen.items() if v})
     raise typer.Exit(run_up(home_of(ctx, home), host, port, parallel, not no_worker, worker_settings=isolation,
+                            verbose=verbose,
                             replicate=replicate, http=http.value, replicate_interval_s=float(replicate_interval),
                             **_plane_settings(heartbeat_interval, lease_ttl, synchronous, max_output_mb,
                                               log_retention, job_retention, gpu_sample_retention),

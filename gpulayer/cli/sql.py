@@ -38,6 +38,8 @@ def sql(ctx: typer.Context,
     """
     from sqlite_utils import Database  # the server extra: missing, cli/app.py names it
 
+    from explorer.readonly import HIDDEN_COLUMNS  # apsw, the server extra's: the explorer's hidden columns
+
     if as_json and as_csv:
         raise fail("choose one of --json and --csv", 2)
     path = state or home_of(ctx, home) / STATE_FILE
@@ -46,7 +48,8 @@ def sql(ctx: typer.Context,
     conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
     try:
         db = Database(conn)  # which sets a PRAGMA of its connection: the authorizer comes after
-        conn.set_authorizer(_reads_only)
+        conn.set_authorizer(lambda action, arg1, arg2, db_name, source:
+                            _reads_only(action, arg1, arg2, db_name, source, hidden=HIDDEN_COLUMNS))
         rows = [{k: _cell(v) for k, v in r.items()} for r in db.query(query, parse_pairs(param, "--param"))]
     except ValueError as e:  # sqlite-utils: the statement returns no rows
         raise fail(f"{e} (the state file is read-only here)", 2) from None
@@ -67,10 +70,13 @@ READING_PRAGMAS = frozenset({"table_info", "table_xinfo", "table_list", "index_i
                              "foreign_key_list", "foreign_key_check", "integrity_check", "quick_check"})
 
 
-def _reads_only(action: int, arg1, arg2, _db, _source) -> int:
-    """sqlite3 authorizer: deny a PRAGMA that sets something (mode=ro refuses the other writes)."""
+def _reads_only(action: int, arg1, arg2, _db, _source, hidden: frozenset = frozenset()) -> int:
+    """sqlite3 authorizer: deny a PRAGMA that sets something (mode=ro refuses the other writes); a hidden
+    column (`hidden`: a token's hash, a secret's ciphertext) reads as NULL, as the explorer never shows it."""
     if action == sqlite3.SQLITE_PRAGMA and arg2 is not None and (arg1 or "").lower() not in READING_PRAGMAS:
         return sqlite3.SQLITE_DENY
+    if action == sqlite3.SQLITE_READ and (arg1, arg2) in hidden:
+        return sqlite3.SQLITE_IGNORE
     return sqlite3.SQLITE_OK
 
 

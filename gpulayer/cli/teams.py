@@ -1,6 +1,7 @@
 """`gpulayer user ...`, `gpulayer project ...` and `gpulayer whoami`: who shares the fleet (docs/teams.md)."""
 from __future__ import annotations
 
+import sys
 from typing import Annotated, Optional
 
 import typer
@@ -163,8 +164,9 @@ def project_set(ctx: typer.Context, name: Annotated[str, typer.Argument(help="Th
                 gpus: GpusOpt = None, no_quota: NoQuotaOpt = False, borrow: BorrowOpt = None,
                 weight: WeightOpt = None, visibility: VisibilityOpt = None, max_priority: MaxPriorityOpt = None,
                 as_json: JsonOpt = False) -> None:
-    """Change a project's quota, borrowing limit, weight or visibility (admins), or its priority ceiling
-    (admins and its managers).
+    """Change a project's quota, borrowing limit, weight, visibility or priority ceiling.
+
+    Admins change them all; the project's managers its priority ceiling.
 
     \b
     Example:
@@ -197,15 +199,39 @@ def project_list(ctx: typer.Context, as_json: JsonOpt = False) -> None:
 
 
 @project_app.command("remove")
-def project_remove(ctx: typer.Context, name: Annotated[str, typer.Argument(help="The project's name.")]) -> None:
+def project_remove(ctx: typer.Context, name: Annotated[str, typer.Argument(help="The project's name.")],
+                   yes: Annotated[bool, typer.Option("--yes", "-y", "--force", help="Remove it without asking, whatever it holds.")] = False) -> None:
     """Remove a project with no job left to end (admins): its memberships and secrets go too.
+
+    A project with members or jobs is removed only once confirmed (--yes
+    where nobody can answer); its usage keeps its name.
 
     \b
     Example:
-      gpulayer project remove old-sweeps
+      gpulayer project remove old-sweeps --yes
     """
-    client_of(ctx).remove_project(name)
+    client = client_of(ctx)
+    held = _project_holds(client, name)
+    if held and not yes:
+        if not sys.stdin.isatty():
+            raise fail(f"project {name} holds {held}: pass --yes to remove it (nothing was changed)", 2)
+        if not typer.confirm(f"project {name} holds {held}; its memberships and secrets go. Remove it?"):
+            raise fail(f"project {name} kept", 1)
+    client.remove_project(name)
     typer.echo(f"project {name} removed", err=True)
+
+
+def _project_holds(client, name: str) -> str:
+    """What a project holds, said for a confirmation (`2 members (alice, bob) and 14 jobs`); '' when nothing
+    (or when the caller may not list it: the DELETE answers for it)."""
+    project = next((p for p in client.projects() if p["name"] == name), None)
+    if project is None:
+        return ""
+    members = [m["user"] for m in project.get("members") or []]
+    jobs = len(client.jobs(limit=1000, all=True, project=name))
+    parts = ([f"{plural(len(members), 'member')} ({', '.join(members[:5])}{', ...' if len(members) > 5 else ''})"]
+             if members else []) + ([f"{'1000+ jobs' if jobs >= 1000 else plural(jobs, 'job')}"] if jobs else [])
+    return " and ".join(parts)
 
 
 @project_app.command("add-member")

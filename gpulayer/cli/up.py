@@ -7,6 +7,7 @@ settings, and prints the `gpulayer join ...` line for other machines.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import signal
 import socket
@@ -76,10 +77,12 @@ def check_port_free(host: str, port: int) -> None:
 
 
 def run_up(home: Path, host: str, port: int, parallel: int | None, worker: bool = True,
-           worker_settings: dict | None = None, **settings) -> int:
+           worker_settings: dict | None = None, verbose: bool = False, **settings) -> int:
     """Serve a control plane over TLS, with a local worker unless `worker` is False, until stopped; return 0.
 
-    `worker_settings`: more WorkerConfig fields for the local worker (sandbox, run_as, allow_root_tasks).
+    `worker_settings`: more WorkerConfig fields for the local worker (sandbox, run_as, allow_root_tasks,
+    name, labels, python). `verbose`: log INFO lines too (else warnings and errors only, so that the banner
+    and the join line are what a person sees).
     `settings`: more ControlPlaneConfig fields (log_retention_s, job_retention_s).
     Raises ClientError when the port is taken, HomeInUse when a control plane runs on `home` already.
     """
@@ -89,6 +92,8 @@ def run_up(home: Path, host: str, port: int, parallel: int | None, worker: bool 
     # The home's lock before anything is written there: a second `up` must not reissue the
     # certificates, extend the leases or point client.json at itself (HomeInUse names the first).
     with HomeLock(home, "gpulayer up" if worker else "gpulayer up --no-worker") as lock:
+        from gpulayer.server.process import configure_logging
+        configure_logging(logging.INFO if verbose else logging.WARNING)
         return _serve_up(home, host, port, parallel, worker, lock, settings, worker_settings or {})
 
 
@@ -97,8 +102,7 @@ def _serve_up(home: Path, host: str, port: int, parallel: int | None, worker: bo
     """run_up once the home's lock is held."""
     from gpulayer.server.security.certs import ensure_tls
     from gpulayer.server.config import ControlPlaneConfig
-    from gpulayer.server.process import ControlPlane, configure_logging, stamped
-    configure_logging()
+    from gpulayer.server.process import ControlPlane, stamped
     address = join_address(host)
     tls = ensure_tls(home, [address] if host not in WILDCARD_HOSTS else [])
     tokens = home_tokens(home, rotate_unknown=True)
@@ -111,9 +115,9 @@ def _serve_up(home: Path, host: str, port: int, parallel: int | None, worker: bo
         write_private_json(home / "client.json",
                            {"url": local_url, "token": tokens["client_token"], "ca_file": str(tls["ca"])})
         # The worker dials 127.0.0.1 but is reached, like the control plane, at the join line's address.
-        settings = dict(url=local_url, join_token=tokens["join_token"], ca_file=str(tls["ca"]),
-                        advertise_address=address, name=socket.gethostname(), parallel=parallel or os.cpu_count() or 1,
-                        state_dir=home / "worker", hidden_paths=[str(home)], **worker_settings)
+        settings = {"url": local_url, "join_token": tokens["join_token"], "ca_file": str(tls["ca"]),
+                    "advertise_address": address, "name": socket.gethostname(), "parallel": parallel or os.cpu_count() or 1,
+                    "state_dir": home / "worker", "hidden_paths": [str(home)], **worker_settings}
         with worker_thread(settings) if worker else nullcontext() as thread:
             _announce(local_url, _url(address, bound), tokens["join_token"], tls["fingerprint"], home, worker)
             _wait_for_stop(thread, plane.fenced)
@@ -129,12 +133,21 @@ def _serve_up(home: Path, host: str, port: int, parallel: int | None, worker: bo
 
 def _announce(local_url: str, public_url: str, join_token: str, fingerprint: str, home: Path,
               worker: bool = True) -> None:
-    """Print where the server is and the line that joins another machine."""
-    print(f"GPUlayer control plane on {public_url} (this machine: {local_url})"
+    """Print where the server is and the line that joins another machine, set apart from the log lines
+    (bold on a terminal, between rules)."""
+    rule = "=" * 72
+    print(f"\n{rule}\n" + _bold(f"GPUlayer control plane on {public_url}") + f" (this machine: {local_url})"
           + ("" if worker else ", no local worker (--no-worker)"))
     print(f"clients here need nothing more ({home / 'client.json'}); try: gpulayer submit --follow -- echo hello")
-    print("to add a worker on another machine, run there:")
+    print("\nto add a worker on another machine, run there:\n")
     # The token as an environment variable, not an argument: arguments show in every user's `ps`.
-    print(f"  GPULAYER_JOIN_TOKEN={join_token} gpulayer join {public_url} --ca-fingerprint {fingerprint}")
-    print("Ctrl-C stops the worker and the control plane." if worker else "Ctrl-C stops the control plane.",
-          flush=True)
+    print("  " + _bold(f"GPULAYER_JOIN_TOKEN={join_token} gpulayer join {public_url} --ca-fingerprint {fingerprint}"))
+    print("\n" + ("Ctrl-C stops the worker and the control plane." if worker else "Ctrl-C stops the control plane.")
+          + " (--verbose: every log line)" + f"\n{rule}\n", flush=True)
+
+
+def _bold(text: str) -> str:
+    """`text` in bold on a terminal that takes colour (NO_COLOR: none), else as it is."""
+    import typer
+    from gpulayer.cli.common import colour_on
+    return typer.style(text, bold=True) if colour_on() else text

@@ -14,8 +14,9 @@ def usage(
     since: Annotated[str, typer.Option("--since", metavar="DURATION", help="Runs that ended within this long: 30d, 12h, 90m, seconds, or Slurm's 1:00:00, 2-00:00:00.")] = "30d",
     as_json: Annotated[bool, typer.Option("--json", help="Print the answer as JSON.")] = False,
 ) -> None:
-    """GPU-hours, CPU-hours, runs and jobs from the usage ledger (an admin sees everyone's; a user their
-    own and those of the projects they manage).
+    """GPU-hours, CPU-hours, runs and jobs from the usage ledger, as Slurm's sreport.
+
+    An admin sees everyone's; a user their own and those of the projects they manage.
 
     \b
     Examples:

@@ -30,7 +30,7 @@ SandboxMode = Annotated[str, typer.Option("--sandbox", envvar="GPULAYER_WORKER_S
 SandboxBind = Annotated[Optional[list[str]], typer.Option("--sandbox-bind", envvar="GPULAYER_WORKER_SANDBOX_BIND", show_envvar=True, metavar="HOST[:TASK][:ro]", help="Bind a host path into every sandboxed task, at TASK (default the same path), read-only with :ro; repeatable (/data:/data:ro, /scratch).")]
 #: --sandbox unless told: agent/sandbox.DEFAULT_MODE (not imported: the CLI loads the agent lazily).
 SANDBOX_DEFAULT = "auto"
-NoExec = Annotated[bool, typer.Option("--no-exec", envvar="GPULAYER_WORKER_NO_EXEC", show_envvar=True, help="Run no command for the relay: refuse `gpulayer exec` (and later shell and SSH) into this worker's tasks; port-forward and ingress still work (docs/security.md).")]
+NoExec = Annotated[bool, typer.Option("--no-exec", envvar="GPULAYER_WORKER_NO_EXEC", show_envvar=True, help="Run no command for the relay: refuse `gpulayer exec`, `shell` and SSH into this worker's tasks; port-forward and ingress still work (docs/security.md).")]
 RunAs = Annotated[Optional[str], typer.Option("--run-as", envvar="GPULAYER_WORKER_RUN_AS", show_envvar=True, help="The user a root agent's sandboxed tasks run as (default: gpulayer-task, created if missing, else nobody).")]
 AllowRootTasks = Annotated[bool, typer.Option("--allow-root-tasks", help="Let a job that asks (run_as_root) run as root when the agent runs as root.")]
 TokenFile = Annotated[Optional[str], typer.Option("--token-file", envvar="GPULAYER_JOIN_TOKEN_FILE", show_envvar=True, help="File holding the join token (wins over --token and GPULAYER_JOIN_TOKEN).")]

@@ -325,10 +325,11 @@ def relay_hub(deps: Deps) -> Hub:
                              config.relay_idle_timeout_s, config.relay_connect_timeout_s))
 
 
-def configure_logging() -> None:
-    """One line per event on stderr, each with its time (`server start`, `gpulayer up`), unless set up already."""
+def configure_logging(level: int = logging.INFO) -> None:
+    """One line per event at `level` or above on stderr, each with its time (`server start`; `gpulayer up`
+    asks for warnings only, unless --verbose), unless set up already."""
     if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+        logging.basicConfig(level=level, format=LOG_FORMAT)
 
 
 def stamped(message: str) -> str:

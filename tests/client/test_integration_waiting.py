@@ -195,11 +195,12 @@ def test_job_list_filters_and_columns(cluster):
 
     cancelled = _ok(cluster.cli("job", "cancel", "--name", f"{tag}-*")).stdout
     assert cancelled.strip() == f"job {stuck} cancelled"  # the finished one is not chosen
-    again = _ok(cluster.cli("job", "cancel", done, stuck, other)).stdout.splitlines()
-    assert again == [f"job {done} already finished (succeeded)", f"job {stuck} already finished (cancelled)",
-                     f"job {other} cancelled"]
+    again = cluster.cli("job", "cancel", done, stuck, other)  # as scancel: a job that had ended is an error
+    assert again.returncode == 1 and again.stdout.splitlines() == [f"job {other} cancelled"]
+    assert again.stderr.splitlines() == [f"Error: job {done} has already ended (succeeded): nothing to cancel",
+                                         f"Error: job {stuck} has already ended (cancelled): nothing to cancel"]
     missing = cluster.cli("job", "cancel", "999999", done)
-    assert missing.returncode == 1 and "no job 999999" in missing.stderr and "already finished" in missing.stdout
+    assert missing.returncode == 1 and "no job 999999" in missing.stderr and "already ended" in missing.stderr
 
 
 def test_submit_from_a_job_file(cluster):

@@ -45,6 +45,18 @@ def serving(app: Any) -> Iterator[str]:
 
 
 @contextmanager
+def behind_token(state: Path) -> Iterator[str]:
+    """The explorer over `state`, behind explorer_state's client token at /explorer/ as the control plane mounts it,
+    on a free loopback port, its clock at NOW; yields the explorer's root URL (no trailing slash)."""
+    from explorer_state import CLIENT_TOKEN, NOW
+
+    from explorer import create_app
+    app = create_app(str(state), auth=lambda token: token == CLIENT_TOKEN, base_path="/explorer", clock=lambda: NOW)
+    with serving(app) as url:
+        yield f"{url}/explorer"
+
+
+@contextmanager
 def tab(sync_api: Any) -> Iterator[Any]:
     """A 1400x900 tab of a fresh headless chromium, 15 s timeouts."""
     with sync_api.sync_playwright() as playwright:

@@ -10,10 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from chromium import OUTPUT, executable, serving, tab
-from explorer_state import CLIENT_TOKEN, EVIL_NAME, NOW
-
-from explorer import create_app
+from chromium import OUTPUT, behind_token, executable, tab
+from explorer_state import CLIENT_TOKEN, EVIL_NAME
 
 pytestmark = pytest.mark.browser
 
@@ -25,10 +23,8 @@ if executable() is None:
 @pytest.fixture
 def served(state: Path) -> Iterator[str]:
     """The explorer behind a client token at /explorer/ on a free loopback port."""
-    app = create_app(str(state), auth=lambda token: token == CLIENT_TOKEN, base_path="/explorer",
-                     clock=lambda: NOW)
-    with serving(app) as url:
-        yield f"{url}/explorer"
+    with behind_token(state) as url:
+        yield url
 
 
 @pytest.fixture

@@ -166,7 +166,7 @@ def test_table_page_links_next_and_job_ids(client: falcon.testing.TestClient) ->
     assert 'href="/events?_size=5&amp;_next=5"' in page
     tasks = client.simulate_get("/tasks").text
     assert '<a href="/-/jobs/1">1</a>' in tasks
-    assert '<a href="/workers?id=1">1</a>' in tasks
+    assert '<a href="/-/workers/1">1</a>' in tasks  # a worker id opens the worker's page
     jobs = client.simulate_get("/jobs").text
     assert '<a href="/-/jobs/9">9</a>' in jobs
     assert '<time title="1699996400.0">2023-11-14 21:13:20</time>' in jobs
@@ -238,8 +238,8 @@ def test_canned_query_page_prefills_time_parameters(client: falcon.testing.TestC
 
 def test_workers_page(client: falcon.testing.TestClient) -> None:
     page = client.simulate_get("/-/workers").text
-    for name in ("gpu-a", "cpu-b", "old-c", "stale-e"):
-        assert f"<td>{name}</td>" in page
+    for worker_id, name in ((1, "gpu-a"), (2, "cpu-b"), (3, "old-c"), (5, "stale-e")):
+        assert f'<td><a href="/-/workers/{worker_id}">{name}</a></td>' in page
     assert "gone-d" not in page
     assert '<span class="label">gpu=h100</span>' in page
     assert "2 / <strong>6</strong> <small>of 8</small>" in page  # gpu-a: 2 GPUs used, 6 free

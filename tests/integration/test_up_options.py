@@ -20,7 +20,7 @@ def test_up_passes_the_notification_options_to_its_control_plane(tmp_path):
     receiver = Receiver()
     home, log = tmp_path / "home", tmp_path / "up.log"
     up = subprocess.Popen(
-        [*CLI, "up", "--no-worker", "--host", "127.0.0.1", "--port", str(free_port()),
+        [*CLI, "up", "--no-worker", "--verbose", "--host", "127.0.0.1", "--port", str(free_port()),
          "--allow-private-webhooks", "--smtp-url", f"smtp://127.0.0.1:{smtp.port}", "--smtp-from", "up@example.org",
          "--gpu-sample-retention", "3d", "--webhook-concurrency", "3", "--webhook-retry-base", "2", "--webhook-retry-for", "1h"],
         env=clean_env(GPULAYER_HOME=str(home), PYTHONUNBUFFERED="1"), stdout=open(log, "w"), stderr=subprocess.STDOUT)

@@ -281,6 +281,8 @@ RESPONSES: dict[tuple[str, str], tuple[str, dict]] = {
         "preempted_task_ids": {"type": "array", "items": {"type": "integer"},
                                "description": "of cancel_task_ids, those stopped for a preemption (sent only when some)"},
         "preempt_grace_s": {"type": "number", "description": "their SIGTERM-to-SIGKILL grace"},
+        "requeued_task_ids": {"type": "array", "items": {"type": "integer"},
+                              "description": "of cancel_task_ids, those stopped for a requeue (sent only when some)"},
         "heartbeat_interval_s": {"type": "number", "description": "the interval the server wants from the next beat"},
         "requests_renew_lease": {"type": "boolean",
                                  "description": "any successful worker request renews the leases (docs/protocol.md)"},

@@ -196,10 +196,11 @@ class WorkerCheckpoint(WorkerResource):
 
 # -- clients -----------------------------------------------------------------
 
-def _job_access(req, resp, resource, params, need: str):
-    """Before a /v1/jobs/{id} action: 404 unless the caller may see the job, 403 short of `need` (teams.LEVELS);
-    the job's owner, project and the caller's level kept in req.context.job_meta."""
-    req.context.job_meta = resource.store.read(teams.check_job, req.context.principal, params["job_id"], need)
+def _job_access(req, resp, resource, params, need: str, action: str | None = None):
+    """Before a /v1/jobs/{id} action: 404 unless the caller may see the job, 403 short of `need` (teams.LEVELS),
+    naming `action` ("hold it"); the job's owner, project and the caller's level kept in req.context.job_meta."""
+    req.context.job_meta = resource.store.read(teams.check_job, req.context.principal, params["job_id"], need,
+                                               action)
 
 
 def _still_allowed(req, resource, job_id: int, need: str):
@@ -258,31 +259,31 @@ class Job(Resource):
             raise
         resp.media = with_ingress_url(req, self.store.read(views.job, req.context.principal, job_id, index))
 
-    @falcon.before(_job_access, "manage")
+    @falcon.before(_job_access, "manage", "cancel it")
     def on_post_cancel(self, req, resp, job_id):
         index = wire.cancel_index(wire.read_json(req, allow_empty=True))
         self.sched.cancel(job_id, index)
         resp.media = with_ingress_url(req, self.store.read(views.job, req.context.principal, job_id, index))
 
-    @falcon.before(_job_access, "manage")
+    @falcon.before(_job_access, "manage", "change it")
     def on_patch(self, req, resp, job_id):
         changes = wire.job_update(wire.read_json(req))
         self.sched.update_job(req.context.principal, job_id, changes)
         resp.media = self.store.read(views.job, req.context.principal, job_id)
 
-    @falcon.before(_job_access, "manage")
+    @falcon.before(_job_access, "manage", "hold it")
     def on_post_hold(self, req, resp, job_id):
         wire.empty_body(wire.read_json(req, allow_empty=True), "hold")
         self.sched.hold(job_id)
         resp.media = self.store.read(views.job, req.context.principal, job_id)
 
-    @falcon.before(_job_access, "manage")
+    @falcon.before(_job_access, "manage", "release it")
     def on_post_release(self, req, resp, job_id):
         wire.empty_body(wire.read_json(req, allow_empty=True), "release")
         self.sched.release(job_id)
         resp.media = self.store.read(views.job, req.context.principal, job_id)
 
-    @falcon.before(_job_access, "manage")
+    @falcon.before(_job_access, "manage", "requeue it")
     def on_post_requeue(self, req, resp, job_id):
         index, hold = wire.requeue(wire.read_json(req, allow_empty=True))
         self.sched.requeue(job_id, index, hold)

@@ -31,6 +31,13 @@ def signal_why(conn: apsw.Connection, task: dict, sent: dict) -> str:
     return "cancelled"
 
 
+def heartbeat_fields(conn: apsw.Connection, worker_id: int) -> dict:
+    """What a heartbeat answer adds for requeues: `requeued_task_ids`, those of its `cancel_task_ids` that stop
+    to run again (`job requeue`), so that the agent logs a requeue, not a cancel; {} when none."""
+    found = rows(conn, "worker_requeueing", worker_id=worker_id)
+    return {"requeued_task_ids": [r["task_id"] for r in found]} if found else {}
+
+
 # -- hold, release, begin ------------------------------------------------------
 
 #: Jobs whose begin time came, released per upkeep round (the rest at the next).

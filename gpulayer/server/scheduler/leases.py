@@ -7,7 +7,7 @@ import apsw
 
 from gpulayer.server.scheduler import events
 
-from gpulayer.server.scheduler import chunks, gpu_health, ledger, outcomes, preemption, reconcile, renewals
+from gpulayer.server.scheduler import chunks, gpu_health, jobcontrol, ledger, outcomes, preemption, reconcile, renewals
 from gpulayer.server.store.queries import QUERIES, row, rows
 
 
@@ -45,8 +45,9 @@ def heartbeat(conn: apsw.Connection, worker_id: int, reported: list[dict], now: 
     limits = time_limits(reported, {t["id"]: t["timeout_seconds"] for t in held})
     if limits:
         answer["time_limits"] = limits
-    if any(active.values()):  # some are to be stopped: say which for a preemption, and its grace
+    if any(active.values()):  # some are to be stopped: say which for a preemption (and its grace), a requeue
         answer.update(preemption.heartbeat_fields(conn, worker_id))
+        answer.update(jobcontrol.heartbeat_fields(conn, worker_id))
     if resets:
         answer["reset_gpus"] = resets
     return answer
@@ -81,6 +82,7 @@ def unchanged(conn: apsw.Connection, worker_id: int, reported: list[dict], now: 
         answer["time_limits"] = limits
     if cancel and not conn.getautocommit():
         answer.update(preemption.heartbeat_fields(conn, worker_id))
+        answer.update(jobcontrol.heartbeat_fields(conn, worker_id))
     return answer
 
 

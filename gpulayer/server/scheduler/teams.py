@@ -25,7 +25,7 @@ from gpulayer.protocol import plural
 from gpulayer.server.errors import Conflict, Forbidden, InvalidRequest, NotFound
 from gpulayer.server.scheduler import access, events, jobs
 from gpulayer.server.scheduler.spec import ValidSpec, referenced_digests
-from gpulayer.server.store.queries import one, row, rows
+from gpulayer.server.store.queries import QUERIES, one, row, rows
 
 ADMIN_USER_ID = 1
 DEFAULT_PROJECT_ID = 1
@@ -73,13 +73,13 @@ def level(principal, found: dict | None) -> str | None:
     return None
 
 
-def check_job(conn: apsw.Connection, principal, job_id: int, need: str) -> dict:
-    """job_meta, when the caller's level on the job is at least `need`: Forbidden when it only sees the job,
-    NotFound when not even that."""
+def check_job(conn: apsw.Connection, principal, job_id: int, need: str, action: str | None = None) -> dict:
+    """job_meta, when the caller's level on the job is at least `need`: Forbidden when it only sees the job
+    (naming `action`, "hold it", else what `need` allows), NotFound when not even that."""
     meta = job_meta(conn, principal, job_id)
     if LEVELS[meta["level"]] < LEVELS[need]:
         raise Forbidden(f"job {job_id} is not yours: only its owner, the managers of its project and admins may "
-                        f"{_WHAT[need]}" + (" (members too, when the project's visibility is `project`)"
+                        f"{action or _WHAT[need]}" + (" (members too, when the project's visibility is `project`)"
                                             if need == "read" else ""))
     return meta
 
@@ -315,6 +315,7 @@ def remove_project(conn: apsw.Connection, name: str, now: float) -> None:
     if active:
         raise Conflict(f"project {name} has {plural(active, 'job')} not ended yet: cancel them or wait",
                        code="project_busy")
+    conn.execute(QUERIES["name_project_usage"], {"project_id": found["id"], "name": name})
     row(conn, "delete_project_memberships", project_id=found["id"])
     row(conn, "delete_project_secrets", project_id=found["id"])
     row(conn, "delete_project", project_id=found["id"])

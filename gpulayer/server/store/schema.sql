@@ -11,7 +11,7 @@
 -- fit (which workers a shape and a job fit); quotas, fair share, the usage ledger, preemption,
 -- quotas' use now and as admission reads them.
 
-PRAGMA user_version = 22;
+PRAGMA user_version = 23;
 
 -- ---------------------------------------------------------------------------------------
 -- Tokens and teams: tokens, users, projects, memberships.
@@ -866,7 +866,8 @@ CREATE TABLE fairshare (
 -- The usage ledger (accounting, like Slurm's sacct): one row per task run, written in the
 -- transaction that ends the run (finish, loss, preemption, a gang sent back to the queue).
 -- No reference to jobs or tasks: it outlives their retention. A task that never started
--- ran nothing and has no row.
+-- ran nothing and has no row. `project_name` is NULL while the project exists; removing it
+-- writes its name there, so its runs keep the name (a later project may get its id).
 CREATE TABLE usage (
     id            INTEGER PRIMARY KEY,
     task_id       INTEGER NOT NULL,
@@ -889,10 +890,12 @@ CREATE TABLE usage (
                       'preempted',  -- stopped to make room; the task went back to the queue, same attempt
                       'requeued'    -- a gang sent back to the queue whole (a rank not started in time)
                   )),
-    preempted_by  INTEGER,          -- the task that needed the room (outcome preempted)
+    preempted_by  INTEGER, project_name TEXT,          -- the task that needed the room (outcome preempted)
     CHECK (ended_at >= started_at)
 ) STRICT;
 CREATE INDEX usage_ended ON usage (ended_at);
+-- A new project's id is past every project id the ledger names (insert_project).
+CREATE INDEX usage_project ON usage (project_id);
 -- Preemption's first question each round: the lowest priority of running preemptible work.
 CREATE INDEX jobs_running_preemptible ON jobs (priority) WHERE state = 'running' AND preemptible = 1;
 

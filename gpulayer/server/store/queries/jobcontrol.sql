@@ -64,6 +64,13 @@ WHERE id IN (SELECT id FROM tasks INDEXED BY tasks_job_active
   AND cancel_requested = 0
 RETURNING id, worker_id, "index";
 
+-- name: worker_requeueing --
+-- The tasks this worker is asked to stop for a requeue (its heartbeat names them, so that the task's log
+-- says requeued, not cancelled).
+SELECT id AS task_id FROM tasks INDEXED BY tasks_worker_active
+WHERE worker_id = :worker_id AND state IN ('assigned', 'running') AND cancel_requested = 1 AND reason = 'requeued'
+ORDER BY id;
+
 -- name: requeue_pending --
 -- Tasks of a job still stopping for a requeue (running, `requeued`).
 SELECT count(*) AS n FROM tasks INDEXED BY tasks_job_active

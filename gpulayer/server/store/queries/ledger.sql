@@ -33,10 +33,11 @@ SET usage = usage * pow(0.5, max(:now - updated_at, 0) / (SELECT fairshare_half_
 -- `gpulayer usage` (GET /v1/usage): GPU-hours, CPU-hours, runs and jobs of the runs that
 -- ended since :since, per user, project, job name or value of the label :label (:by); only
 -- the runs of :user_id and of the projects :project_ids (a JSON list) when those are not NULL
--- (either may match); a page: at most :limit rows (-1: all) after the first :offset. The label is bound,
+-- (either may match); a page: at most :limit rows (-1: all) after the first :offset. A removed project's
+-- runs keep the name it had (project_name), not whatever project later got its id. The label is bound,
 -- never made into a JSON path: any key is only data.
 SELECT CASE :by WHEN 'user' THEN coalesce(us.name, '#' || u.user_id)
-                WHEN 'project' THEN coalesce(pr.name, '#' || u.project_id)
+                WHEN 'project' THEN coalesce(u.project_name, pr.name, '#' || u.project_id)
                 WHEN 'job-name' THEN u.job_name
                 ELSE (SELECT l.value FROM json_each(u.labels) l WHERE l.key = :label) END AS key,
        sum(u.gpu_seconds) / 3600.0 AS gpu_hours, sum(u.cpu_seconds) / 3600.0 AS cpu_hours,

@@ -52,9 +52,13 @@ WHERE m.user_id = :user_id ORDER BY p.name;
 SELECT id, name, visibility, gpu_quota, gpu_borrow, weight, max_priority, created_at FROM projects WHERE name = :name;
 
 -- name: insert_project --
--- A new project (the unique name refuses a second of the same name).
-INSERT INTO projects (name, visibility, gpu_quota, gpu_borrow, weight, max_priority, created_at)
-VALUES (:name, :visibility, :gpu_quota, :gpu_borrow, :weight, :max_priority, :now) RETURNING id;
+-- A new project (the unique name refuses a second of the same name). Its id is past every id a removed
+-- project left behind in jobs, usage and fair share (each read from an index), so that a new project never
+-- inherits an old one's jobs, runs or share.
+INSERT INTO projects (id, name, visibility, gpu_quota, gpu_borrow, weight, max_priority, created_at)
+VALUES (1 + max(coalesce((SELECT max(id) FROM projects), 0), coalesce((SELECT max(project_id) FROM jobs), 0),
+                coalesce((SELECT max(project_id) FROM usage), 0), coalesce((SELECT max(project_id) FROM fairshare), 0)),
+        :name, :visibility, :gpu_quota, :gpu_borrow, :weight, :max_priority, :now) RETURNING id;
 
 -- name: update_project --
 -- Change what was given of a project's settings (:set_quota / :set_weight 1 to change those, NULL clears them).
@@ -76,6 +80,10 @@ DELETE FROM memberships WHERE project_id = :project_id;
 -- name: delete_project_secrets --
 -- The secrets of a project that is removed.
 DELETE FROM secrets WHERE project_id = :project_id;
+
+-- name: name_project_usage --
+-- A project about to be removed: its usage rows keep its name (reports name it, not `#id`).
+UPDATE usage SET project_name = :name WHERE project_id = :project_id AND project_name IS NULL;
 
 -- name: delete_project --
 -- Remove a project (its ended jobs keep its id; they read as project NULL).
