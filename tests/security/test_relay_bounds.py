@@ -12,8 +12,7 @@ worker, a raw WebSocket client speaking the relay protocol by hand.
 
 from __future__ import annotations
 
-import json
-import threading
+import select
 import time
 
 import pytest
@@ -28,7 +27,6 @@ from gpulayer.protocol.relay import (
     MAX_STREAM_ID,
     OPEN,
     SETTINGS,
-    SIGNAL,
     WINDOW,
     decode,
     encode,
@@ -114,3 +112,70 @@ def test_a_huge_window_and_a_client_that_never_reads_leave_the_control_plane_fla
     assert plane.healthy()
     assert rss_mib(plane.pid) - before < 64
 
+
+
+def _exec(ws: wsclient.WebSocket, sid: int, argv: list[str]) -> None:
+    ws.send(encode(sid, OPEN, {"kind": "exec", "argv": argv}))
+
+
+def _quiet(ws: wsclient.WebSocket, seconds: float = 2) -> None:
+    """Nothing comes back for `seconds` (a stream running `sleep`, on a socket that announced no frame size)."""
+    assert not ws.buf and not select.select([ws.sock], [], [], seconds)[0], "the stream answered (it was refused?)"
+
+
+def test_a_revoked_token_loses_its_open_socket_and_streams(plane, job):
+    """Item 4: a token revoked while its socket is open: its running stream ends (401), the socket closes."""
+    admin = plane.client()
+    minted = admin.create_token(kind="client", user="admin")
+    ws = raw_socket(plane, job, minted["token"])
+    _exec(ws, 1, ["sleep", "600"])
+    _exec(ws, 3, ["true"])
+    assert frames_until_close(ws, 3)[1].get("exit_code") == 0
+    admin.revoke_token(minted["jti"])
+    _, fields = frames_until_close(ws, 1)
+    assert fields.get("status") == 401 and "token" in fields["error"], fields
+    with pytest.raises(wsclient.ConnectionClosed):
+        while True:
+            ws.recv(timeout=30)
+
+
+def test_an_expired_token_opens_nothing_on_its_old_socket(plane, job):
+    """Item 4: each OPEN is authorised afresh (an expiry reaches no invalidate(): only the OPEN's check sees it)."""
+    minted = plane.client().create_token(kind="client", user="admin", expires_in_s=6)
+    ws = raw_socket(plane, job, minted["token"])
+    _exec(ws, 1, ["true"])
+    assert frames_until_close(ws, 1)[1].get("exit_code") == 0
+    wait_for(lambda: time.time() > minted["expires_at"] + 0.5, 30, "the token to expire")
+    _exec(ws, 3, ["true"])
+    _, fields = frames_until_close(ws, 3)
+    assert fields.get("status") == 401 and fields.get("code") == "unauthorized", fields
+
+
+def test_a_demoted_admin_loses_its_streams_into_another_users_job(plane, job):
+    """Item 4: an admin's exec into a member's job, on a socket opened while it was admin, ends when it is
+    demoted; a new OPEN on that socket is refused."""
+    admin = plane.client()
+    boss = admin.add_user("boss36", admin=True)["token"]
+    owner = admin.add_user("owner36")["token"]
+    owned = plane.request("POST", "/v1/jobs", token=owner, json={"command": ["sleep", "900"], "name": "owned"}).json()["id"]
+    wait_for(lambda: plane.job(owned)["tasks"][0]["state"] == "running", 60, "the member's job to run")
+    ws = raw_socket(plane, owned, boss, large=False)
+    _exec(ws, 1, ["sleep", "600"])
+    _quiet(ws)
+    admin.set_user("boss36", admin=False)
+    _, fields = frames_until_close(ws, 1)
+    assert fields.get("status") in (403, 404) and "rights changed" in fields["error"], fields
+    _exec(ws, 3, ["true"])
+    _, fields = frames_until_close(ws, 3)
+    assert fields.get("status") in (403, 404), fields
+    plane.cli("job", "cancel", str(owned))
+
+
+def test_a_socket_that_opens_no_stream_is_closed(plane, job):
+    """Item 4: an idle socket is timed out (OPEN_TIMEOUT_S for its first OPEN, and the sweep's few seconds)."""
+    ws = raw_socket(plane, job)
+    started = time.monotonic()
+    with pytest.raises(wsclient.ConnectionClosed) as closed:
+        ws.recv(timeout=40)
+    assert closed.value.rcvd is not None, f"the socket stayed open: {closed.value}"  # not our own timeout
+    assert time.monotonic() - started < 25
