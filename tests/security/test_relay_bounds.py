@@ -23,10 +23,12 @@ from gpulayer.protocol.relay import (
     DATA,
     EXT_DATA,
     INITIAL_WINDOW,
+    MAX_WAITING_CONTROL,
     MAX_DATA_HEADER,
     MAX_STREAM_ID,
     OPEN,
     SETTINGS,
+    SIGNAL,
     WINDOW,
     decode,
     encode,
@@ -119,8 +121,10 @@ def _exec(ws: wsclient.WebSocket, sid: int, argv: list[str]) -> None:
 
 
 def _quiet(ws: wsclient.WebSocket, seconds: float = 2) -> None:
-    """Nothing comes back for `seconds` (a stream running `sleep`, on a socket that announced no frame size)."""
-    assert not ws.buf and not select.select([ws.sock], [], [], seconds)[0], "the stream answered (it was refused?)"
+    """No CLOSE comes back for `seconds` (a stream running `sleep`; its WINDOWs may come)."""
+    while ws.buf or select.select([ws.sock], [], [], seconds)[0]:
+        frame = decode(ws.recv(), 262144)
+        assert frame.type == WINDOW, f"the stream answered {frame} (it was refused?)"
 
 
 def test_a_revoked_token_loses_its_open_socket_and_streams(plane, job):
@@ -179,3 +183,55 @@ def test_a_socket_that_opens_no_stream_is_closed(plane, job):
         ws.recv(timeout=40)
     assert closed.value.rcvd is not None, f"the socket stayed open: {closed.value}"  # not our own timeout
     assert time.monotonic() - started < 25
+
+
+def _blocked_exec(plane, job_id: int, sid: int = 1) -> wsclient.WebSocket:
+    """A socket with an exec stream whose command never reads its stdin, and a full stdin: the agent's feeder is
+    stuck writing, so nothing takes the stream's frames out of its inbox."""
+    ws = raw_socket(plane, job_id, large=False)
+    _exec(ws, sid, ["sleep", "600"])
+    for _ in range(INITIAL_WINDOW // 65536):  # the initial window: more than the pipe takes
+        ws.send(encode(sid, DATA, b"x" * 65536))
+    _quiet(ws)
+    return ws
+
+
+def test_signal_frames_past_the_bound_close_the_stream_and_leave_the_agent_flat(plane, job):
+    """Item 9: control frames are outside flow control. Thousands of small SIGNALs while stdin is blocked:
+    the stream ends with a clear error once MAX_WAITING_CONTROL wait; a 256 KiB SIGNAL: refused outright."""
+    agent = plane.workers["w1"].pid
+    before = rss_mib(agent)
+    ws = _blocked_exec(plane, job)
+    for _ in range(2000):
+        ws.send(encode(1, SIGNAL, {"signal": "CONT"}))
+    _, fields = frames_until_close(ws, 1)
+    assert fields.get("status") == 429 and f"more than {MAX_WAITING_CONTROL} control frames" in fields["error"], fields
+    ws.close()
+    assert rss_mib(agent) - before < 32, f"the agent grew {rss_mib(agent) - before:.0f} MiB"
+
+    ws = _blocked_exec(plane, job, 3)
+    # One is enough: it would wait in the agent for ever (4,000 of them took 1 GiB), and the control plane
+    # stops reading a socket it closed, so a client that goes on sending only blocks itself.
+    ws.send(encode(3, SIGNAL, {"signal": "CONT", "pad": "x" * (256 * 1024 - 100)}))
+    _, fields = frames_until_close(ws, 3)
+    assert fields.get("status") == 400 and "over the 1024 a control frame may carry" in fields["error"], fields
+    assert rss_mib(agent) - before < 32, f"the agent grew {rss_mib(agent) - before:.0f} MiB"
+    assert plane.client().get_job(job).exec(["true"]).returncode == 0  # the agent's link is fine
+
+
+def test_a_broken_frame_ends_each_stream_with_its_error_then_the_socket(plane, job):
+    """Item 17: a frame that breaks the protocol is refused as docs/protocol.md says: each open stream of its
+    connection gets a CLOSE with the error (`bad_frame`, 400), then the socket closes: 1008 where the front end
+    can say it, granian's close of an accepted WebSocket carries no code (1005)."""
+    for bad in ("text is not a frame", b"\x00\x00\x00\x01\x63", encode(1, WINDOW, 1)[:-1]):
+        ws = raw_socket(plane, job, large=False)
+        _exec(ws, 1, ["sleep", "600"])
+        _quiet(ws, 1)
+        ws.send(bad)
+        _, fields = frames_until_close(ws, 1)
+        assert fields.get("code") == "bad_frame" and fields.get("status") == 400, (bad, fields)
+        assert fields["error"].startswith("the client broke the relay protocol: "), fields
+        with pytest.raises(wsclient.ConnectionClosed) as closed:
+            while True:
+                ws.recv(timeout=30)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code in (1005, 1008), (bad, closed.value)

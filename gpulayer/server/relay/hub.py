@@ -331,9 +331,10 @@ class Hub:
                 self._end(route, "closed by the client", tell_client=False, tell_agent=False)
         except FrameError as exc:
             log.info("relay_client_protocol_error client=%s error=%s", conn.label, exc)
-            for route in list(conn.routes.values()):
-                self._end(route, f"the client broke the relay protocol: {exc}", error=str(exc), tell_client=False)
-            conn.close(WS_POLICY, str(exc))
+            why = f"the client broke the relay protocol: {exc}"
+            for route in list(conn.routes.values()):  # each stream's CLOSE says why before the socket closes
+                self._end(route, why, error=why, status=400, code="bad_frame")
+            conn.close(WS_POLICY, why)
 
     def _open(self, conn: ClientConn, sid: int, fields: dict) -> None:
         kind = fields.get("kind") or conn.kind
