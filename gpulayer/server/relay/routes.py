@@ -129,9 +129,10 @@ class Route:
     def forget(self) -> None:
         """The stream ended: nothing of it waits for room any more, and what it held is room for the others."""
         for conn in (self.client, self.agent):
-            if isinstance(conn, (ClientConn, AgentLink)) and conn.routes:
+            if isinstance(conn, (ClientConn, AgentLink)):
                 conn.starved.discard(self)
-                conn.drained()
+                if conn.starved:
+                    conn.drained()
 
 
 def room(conn, flow: Flow) -> int:
