@@ -4,8 +4,9 @@ The command gets the task's environment (GPULAYER_*, the job's env, CUDA_VISIBLE
 directory, and its user and sandbox: in a bubblewrap sandbox it enters the task's namespaces with nsenter
 and drops to the task user with setpriv, as agent/shared.py starts an array's elements in their job's
 sandbox (`Sandbox.enter_argv`); without a sandbox (`--sandbox none`) it runs as the agent, as the task does.
-It leads its own process group, which a SIGNAL frame signals and a CLOSE from the client (or a lost link)
-kills. stdout is DATA, stderr is EXT_DATA channel 2; DATA towards it is stdin, EOF closes stdin; the stream
+It leads its own process group, which a SIGNAL frame signals and a CLOSE from the client (or a lost link, or
+more control frames waiting than the protocol allows) kills at once.
+stdout is DATA, stderr is EXT_DATA channel 2; DATA towards it is stdin, EOF closes stdin; the stream
 ends with CLOSE `exit_code` (128+N for a death by signal N), or `error` when it could not start.
 """
 
@@ -172,6 +173,9 @@ def serve(stream: Stream, fields: dict, find: Callable[[int], TaskHandle | None]
         stream.write(f"gpulayer exec: cannot run {argv[0]!r}: {exc.strerror or exc}\n".encode(), STDERR)
         return stream.close({"exit_code": code, "reason": f"cannot run {argv[0]!r}"})
     log_event("exec_started", task_id=task_id, pid=proc.pid, session_id=fields.get("session_id"))
+    # The stream's end (a client's CLOSE, a lost link, too many control frames) kills the command at once: the
+    # feeder may be stuck writing to a stdin the command does not read, and would never get to the CLOSE.
+    stream.on_end = lambda: _kill_if_running(proc)
     pumps = [
         threading.Thread(target=_pump, args=(pipe, stream, channel), daemon=True, name=f"exec-out-{proc.pid}")
         for pipe, channel in ((proc.stdout, 1), (proc.stderr, STDERR))
@@ -191,6 +195,11 @@ def serve(stream: Stream, fields: dict, find: Callable[[int], TaskHandle | None]
     for pipe in (proc.stdout, proc.stderr):
         if pipe is not None:
             pipe.close()
+
+
+def _kill_if_running(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        kill_group(proc, signal.SIGKILL)
 
 
 def _pump(pipe, stream: Stream, channel: int) -> None:

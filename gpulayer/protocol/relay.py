@@ -17,6 +17,9 @@ Each binary WebSocket message is one frame (docs/protocol.md, "The relay"):
 - SETTINGS: JSON object `{"max_data": N}`: the sender of this frame's receiver may put up to N bytes in one
   DATA frame on this stream (the control plane to a client that announced `MAX_DATA_HEADER`, below).
 
+SIGNAL, RESIZE and SETTINGS carry at most `MAX_CONTROL` (1 KiB) of payload, and at most `MAX_WAITING_CONTROL`
+control frames may wait unread in a stream's receiver: they are outside flow control, so these bound them.
+
 The shell's OPEN also carries `rows`, `cols` (the window at the start), `term` (the client's TERM) and,
 optionally, `argv` (a command instead of the task's shell); its DATA is what is typed and what the remote
 terminal shows.
@@ -65,6 +68,14 @@ BULK_WINDOW = 4 * 1024 * 1024
 MAX_DATA = 64 * 1024
 #: The largest frame anyone accepts by default: a DATA frame's payload plus its header, or a JSON object.
 MAX_FRAME = MAX_DATA + 64
+#: The most payload a SIGNAL, RESIZE or SETTINGS frame carries: a few dozen bytes of JSON are all they need,
+#: and they are not flow-controlled (decode() refuses more; issue 36: 256 KiB SIGNALs queued in the agent).
+MAX_CONTROL = 1024
+#: Control frames (SIGNAL, RESIZE, EOF, ...) that may wait unread in a stream's inbox: one more, and the stream
+#: is closed with an error (protocol/streams.py). They are not flow-controlled, so this bounds what they cost.
+MAX_WAITING_CONTROL = 64
+#: Types whose payload is capped at MAX_CONTROL.
+SMALL_TYPES = frozenset({SIGNAL, RESIZE, SETTINGS})
 #: The most DATA one frame may carry between peers that both said they take it (`MAX_DATA_HEADER`): a quarter
 #: as many frames per byte, so a quarter of the per-frame work (thread hops, the control plane's futures and
 #: wake-ups), while a frame stays small beside the 4 MiB window a bulk stream keeps in flight.
@@ -80,7 +91,7 @@ COMMAND_KINDS = frozenset({"exec", "shell", "ssh"})
 #: Signals a SIGNAL frame may name.
 SIGNALS = ("INT", "TERM", "HUP", "QUIT", "KILL", "TSTP", "CONT", "WINCH", "USR1", "USR2")
 #: WebSocket close codes the relay uses besides 1000 (normal).
-WS_POLICY = 1008  # a malformed frame, credit overrun or a refusal after accept
+WS_POLICY = 1008  # a malformed frame or a credit overrun (granian closes an accepted WebSocket without a code)
 WS_GOING_AWAY = 1001  # the control plane is stopping, or the other end went away
 
 
@@ -161,7 +172,7 @@ def accepted_data(value: object) -> int:
 
 def decode(message: bytes | bytearray | memoryview | str, max_data: int = MAX_DATA) -> Frame:
     """The frame in one WebSocket message; FrameError for a text message, a short or oversized one (DATA over
-    `max_data`), an unknown type, stream id 0, a bad WINDOW or a JSON payload that is not an object."""
+    `max_data`, SIGNAL, RESIZE or SETTINGS over MAX_CONTROL), an unknown type, stream id 0, a bad WINDOW or a JSON payload that is not an object."""
     if isinstance(message, str):
         raise FrameError("the relay takes binary messages only, not text")
     raw = memoryview(message)
@@ -176,6 +187,8 @@ def decode(message: bytes | bytearray | memoryview | str, max_data: int = MAX_DA
         raise FrameError("stream id 0 is not a stream")
     if type_ not in TYPE_NAMES:
         raise FrameError(f"frame type {type_} is unknown")
+    if type_ in SMALL_TYPES and len(body) > MAX_CONTROL:
+        raise FrameError(f"{TYPE_NAMES[type_]}: a payload of {len(body)} bytes, over the {MAX_CONTROL} a control frame may carry")
     if type_ in JSON_TYPES:
         try:
             fields = json.loads(body)
@@ -243,6 +256,8 @@ __all__ = [
     "BULK_WINDOW",
     "MAX_DATA",
     "MAX_FRAME",
+    "MAX_CONTROL",
+    "MAX_WAITING_CONTROL",
     "LARGE_DATA",
     "MAX_DATA_HEADER",
     "STDERR",

@@ -39,6 +39,10 @@ class Stream:
         self.cond = threading.Condition()
         self.inbox: queue.SimpleQueue[Frame] = queue.SimpleQueue()
         self.ended: dict | None = None  # the CLOSE fields once the stream is over (either way)
+        #: Called (once, on the thread that ended it) when the stream ends either way: what a handler blocked
+        #: elsewhere must learn at once (exec kills its command: its stdin may never take the next frame).
+        self.on_end: Callable[[], None] | None = None
+        self._waiting = 0  # control frames in the inbox, not yet recv()d (at most MAX_WAITING_CONTROL)
         self._unacked = 0
         self._grant_every = GRANT_EVERY
         #: The most DATA one frame may carry towards the other end: MAX_DATA until the control plane said more
@@ -98,9 +102,13 @@ class Stream:
     def recv(self, timeout: float | None = None) -> Frame | None:
         """The next frame the other end sent (DATA, EXT_DATA, EOF, SIGNAL, CLOSE); None after `timeout`."""
         try:
-            return self.inbox.get(timeout=timeout)
+            frame = self.inbox.get(timeout=timeout)
         except queue.Empty:
             return None
+        if frame.type not in (DATA, EXT_DATA):
+            with self.cond:
+                self._waiting = max(0, self._waiting - 1)
+        return frame
 
     def consumed(self, size: int) -> None:
         """`size` bytes read were used: grant them back (in batches)."""
@@ -120,13 +128,15 @@ class Stream:
             return False
 
     def _ended(self, fields: dict) -> bool:
-        """Mark the stream over; False when it was already."""
+        """Mark the stream over (and call `on_end`); False when it was already."""
         with self.cond:
             if self.ended is not None:
                 return False
             self.ended = fields
             self.cond.notify_all()
         self.link.forget(self.id)
+        if self.on_end is not None:
+            self.on_end()
         return True
 
     def _granted(self, size: int) -> None:
@@ -140,9 +150,21 @@ class Stream:
             self.max_out = accepted_data(fields["max_data"])
 
     def _arrived(self, frame: Frame) -> None:
-        if frame.type in (DATA, EXT_DATA):
-            with self.cond:
+        with self.cond:
+            if frame.type in (DATA, EXT_DATA):
                 self.inbound.take(frame.cost())  # FrameError past what this end granted: the link closes
+                flooded = False
+            else:
+                self._waiting += 1
+                flooded = self._waiting > frames.MAX_WAITING_CONTROL and frame.type != CLOSE
+        if flooded:  # control frames are outside flow control: past the bound the stream ends, the frame dropped
+            why = (
+                f"more than {frames.MAX_WAITING_CONTROL} control frames (SIGNAL, RESIZE, EOF) waited unread on "
+                "this stream: it is closed"
+            )
+            self.close({"error": why, "code": "too_many_frames", "status": 429})
+            self.inbox.put(Frame(self.id, CLOSE, {"error": why}))  # the handler ends on it
+            return
         if frame.type == CLOSE:
             self._ended(frame.fields)
         self.inbox.put(frame)

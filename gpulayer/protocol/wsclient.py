@@ -40,6 +40,8 @@ HEAD_LIMIT = 64 * 1024
 BODY_LIMIT = 1024 * 1024
 CONTINUATION, TEXT, BINARY, CLOSE, PING, PONG = 0x0, 0x1, 0x2, 0x8, 0x9, 0xA
 NORMAL, PROTOCOL_ERROR, TOO_BIG = 1000, 1002, 1009
+#: What a close frame without a status code reads as (RFC 6455 7.1.5): granian's, for one, after an accepted upgrade.
+NO_STATUS = 1005
 SHORT, MEDIUM = struct.Struct("!BB"), struct.Struct("!BBH")
 LONG = struct.Struct("!BBQ")
 
@@ -211,7 +213,7 @@ class WebSocket:
         if opcode == PING:
             self._send_frame(PONG, payload, quiet=True)
         elif opcode == CLOSE:
-            rcvd = Close(NORMAL if len(payload) < 2 else struct.unpack("!H", payload[:2])[0], bytes(payload[2:]).decode(errors="replace"))
+            rcvd = Close(NO_STATUS if len(payload) < 2 else struct.unpack("!H", payload[:2])[0], bytes(payload[2:]).decode(errors="replace"))
             if not self.closing:  # answer it
                 self.closing = True
                 self._send_frame(CLOSE, payload[:2], quiet=True)

@@ -101,3 +101,14 @@ def test_larger_frames_decode_only_up_to_the_size_given():
 )
 def test_a_peers_frame_size_is_read_and_clamped(value, taken):
     assert relay.accepted_data(value) == taken
+
+
+def test_control_frames_carry_at_most_max_control_bytes():
+    """Issue 36 item 9: SIGNAL, RESIZE and SETTINGS are outside flow control, so their size is bounded."""
+    small = encode(1, SIGNAL, {"signal": "INT", "pad": "x" * (relay.MAX_CONTROL - 40)})
+    assert decode(small, relay.LARGE_DATA).fields["signal"] == "INT"
+    for kind in (SIGNAL, relay.RESIZE, relay.SETTINGS):
+        big = encode(1, kind, {"pad": "x" * relay.MAX_CONTROL})
+        with pytest.raises(FrameError, match="over the 1024 a control frame may carry"):
+            decode(big, relay.LARGE_DATA)
+    assert decode(encode(1, OPEN, {"kind": "exec", "argv": ["x" * 60000]})).fields["kind"] == "exec"  # OPEN keeps MAX_FRAME

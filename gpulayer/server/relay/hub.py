@@ -6,11 +6,18 @@ stream the hub checks policy before anything reaches the agent (`sessions.target
 project's managers, admins; a running task on an online worker whose agent serves the kind), the caps (open
 streams per user and per job), writes the session's row, asks the worker's agent to connect when it has no
 link yet (`relay: true` in its heartbeat and parked acquire answers) and waits `connect_timeout_s` for it,
-then forwards frames both ways rewriting stream ids. It never buffers past the windows: credit is end to
-end (a WINDOW is forwarded, never granted here) and a sender past its credit loses its connection.
+then forwards frames both ways rewriting stream ids. It never buffers past the windows: a receiver's WINDOW
+goes on to the sender capped per stream and per connection (server/relay/routes.py), so what waits here for a
+peer that reads slowly, or not at all, is bounded; a sender past its credit loses its connection.
+
+Rights are checked when they are used: each OPEN authenticates the socket's token again and checks the caller's
+right to the job then (a revoked token or a demoted admin opens nothing on an old socket), and when the
+authenticator forgets its principals (a revocation, a team change) every open stream's right is checked again
+(server/relay/rights.py). A socket that opens no stream within OPEN_TIMEOUT_S, or has had none open for the
+idle timeout, is closed.
 
 Everything here runs on the loop; what reads or writes the state file (auth, policy, sessions rows) runs on
-a small pool of threads, never on the loop, and only when a stream opens or closes.
+a small pool of threads, never on the loop, and only when a stream opens or closes (or rights change).
 """
 
 from __future__ import annotations
@@ -21,47 +28,40 @@ import re
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from urllib.parse import parse_qs
+from dataclasses import dataclass
 
 from gpulayer.protocol import PROTOCOL, PROTOCOL_HEADER
-from gpulayer.protocol.forward import DEFAULT_HOST, tcp_target
 from gpulayer.protocol.relay import (
     CLOSE,
     DATA,
     EOF,
     EXT_DATA,
-    HEADER,
-    KINDS,
     LARGE_DATA,
     MAX_DATA,
-    MAX_DATA_HEADER,
-    MAX_FRAME,
     OPEN,
     RESIZE,
     SETTINGS,
     SIGNAL,
-    U32,
     WINDOW,
     WS_GOING_AWAY,
     WS_POLICY,
-    Credit,
     FrameError,
-    accepted_data,
     decode,
     encode,
 )
-from gpulayer.server.errors import Forbidden, GpulayerError, InvalidRequest
-from gpulayer.server.relay import sshca
-from gpulayer.server.relay.conn import Conn
+from gpulayer.server.errors import Forbidden, GpulayerError
+from gpulayer.server.relay import opens, rights, sshca
+from gpulayer.server.relay.routes import AgentLink, ClientConn, Route, bulk, max_data, raw, rewrite
 from gpulayer.server.scheduler import events, sessions
 
 log = logging.getLogger("gpulayer.server.relay")
 
 JOB_PATH = re.compile(r"/v1/jobs/([0-9]{1,18})/relay")
 AGENT_PATH = "/v1/worker/relay"
-MAX_ARGV_BYTES = 64 * 1024
-OPEN_TIMEOUT_S = 10.0  # a client's first OPEN, after the handshake
+#: Seconds a client's socket may stay open before its first OPEN (then: the idle timeout with no stream open).
+OPEN_TIMEOUT_S = 10.0
+#: Control frames (SIGNAL, RESIZE, EOF, ...) a client may send on a stream before its agent's end exists.
+MAX_PENDING_CONTROL = 64
 
 
 class TooManyStreams(GpulayerError):
@@ -84,97 +84,6 @@ class Settings:
     connect_timeout_s: float = 10.0
 
 
-@dataclass
-class Route:
-    """One stream: the client's end, the agent's end once its link is there, and the credit each way."""
-
-    client: ClientConn
-    client_sid: int
-    kind: str
-    user: str
-    job_id: int
-    agent: AgentLink | None = None
-    agent_sid: int = 0
-    session_id: int | None = None
-    pending: list[bytes] = field(default_factory=list)  # the client's frames before the agent's end exists
-    up: Credit = field(default_factory=Credit)  # what the client may still send towards the task
-    down: Credit = field(default_factory=Credit)  # what the agent may still send towards the client
-    up_data: int = MAX_DATA  # the most DATA per frame the client may send (what the agent's link takes)
-    down_data: int = MAX_DATA  # ... and the agent (what the client's connection takes)
-    bytes_in: int = 0
-    bytes_out: int = 0
-    active_at: float = field(default_factory=time.monotonic)
-    ended: bool = False
-    counted: bool = True  # in the per-user and per-job caps (the ingress's streams are not: open_stream)
-
-    def carried(self, size: int, counts: sessions.Wants, *, up: bool) -> None:
-        """`size` bytes of DATA crossed towards the task (`up`) or from it: spent from that way's credit
-        (FrameError past it, or in a frame over the size that way's receiver takes), counted in the row's and
-        the metrics' bytes, and the stream is active."""
-        if size > (self.up_data if up else self.down_data):
-            raise FrameError(f"a DATA frame of {size} bytes, over the {self.up_data if up else self.down_data} this stream takes")
-        if up:
-            self.up.take(size)
-            self.bytes_in += size
-            counts.bytes_in[self.kind] += size
-        else:
-            self.down.take(size)
-            self.bytes_out += size
-            counts.bytes_out[self.kind] += size
-        self.active_at = time.monotonic()
-
-
-class ClientConn(Conn):
-    def __init__(self, transport, principal, job_id: int, index: int | None, kind: str, max_data: int = MAX_DATA):
-        super().__init__(transport, f"client {principal.actor} job {job_id}")
-        self.principal, self.job_id, self.index, self.kind = principal, job_id, index, kind
-        self.max_data = max_data  # the most DATA per frame it takes (its handshake's MAX_DATA_HEADER)
-        self.routes: dict[int, Route] = {}
-
-
-class AgentLink(Conn):
-    def __init__(self, transport, worker_id: int, max_data: int = MAX_DATA):
-        super().__init__(transport, f"worker {worker_id}")
-        self.worker_id = worker_id
-        self.max_data = max_data  # the most DATA per frame its agent takes (its handshake's MAX_DATA_HEADER)
-        self.routes: dict[int, Route] = {}
-        self._next = 0
-
-    def next_sid(self) -> int:
-        self._next += 1
-        return self._next
-
-
-def _raw(message: bytes | str) -> bytes:
-    """A message decode() accepted (so bytes) as bytes."""
-    return message if isinstance(message, bytes) else bytes(message, "latin-1")
-
-
-def _rewrite(raw: bytes, stream_id: int) -> bytes:
-    """The frame with another stream id: one copy of the payload (DATA frames are most of the bytes)."""
-    return b"".join((U32.pack(stream_id), memoryview(raw)[4:]))
-
-
-#: The largest frame the hub reads from anyone: a LARGE_DATA DATA frame (whether its sender may send one on
-#: its stream is the route's check: Route.carried).
-LARGE_FRAME = MAX_FRAME + LARGE_DATA - MAX_DATA
-
-
-def _max_data(scope) -> int:
-    """What the peer said at its handshake it takes per DATA frame (MAX_DATA_HEADER; MAX_DATA when silent)."""
-    return accepted_data(scope.headers.get(MAX_DATA_HEADER.lower()))
-
-
-def _bulk(raw: bytes | str) -> tuple[int, int] | None:
-    """(stream id, payload size) of a well-formed DATA frame, read from its header alone (no decode, no copy of
-    the payload): the hub's path for the bulk of the bytes. None for any other frame: decode() takes it."""
-    if isinstance(raw, bytes) and HEADER.size < len(raw) <= LARGE_FRAME and raw[4] == DATA:
-        stream_id = U32.unpack_from(raw)[0]
-        if stream_id:
-            return stream_id, len(raw) - HEADER.size
-    return None
-
-
 class Hub:
     """The RSGI WebSocket handler (`await hub(scope, proto)`), bound to the scheduler and its authenticator."""
 
@@ -190,6 +99,7 @@ class Hub:
         self._sweeper: asyncio.Future | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.clients: set[ClientConn] = set()
+        self.rights = rights.Watch(self)
 
     async def __call__(self, scope, proto) -> None:
         self.started()
@@ -250,9 +160,11 @@ class Hub:
         return await asyncio.get_running_loop().run_in_executor(self.pool, call)
 
     async def _principal(self, scope):
+        """The caller of a handshake and its bearer token (Unauthorized for none or a bad one)."""
         header = scope.headers.get("authorization") or ""
         scheme, _, token = header.partition(" ")
-        return await self._run("system", self.auth.authenticate, token.strip() if scheme.lower() == "bearer" else None, self.clock())
+        token = token.strip() if scheme.lower() == "bearer" else ""
+        return await self._run("system", self.auth.authenticate, token or None, self.clock()), token
 
     def _refuse_handshake(self, proto, status: int, code: str) -> None:
         self.state.refused[code] += 1
@@ -263,7 +175,7 @@ class Hub:
 
     async def _agent(self, scope, proto) -> None:
         try:
-            principal = await self._principal(scope)
+            principal, _ = await self._principal(scope)
         except GpulayerError as exc:
             return self._refuse_handshake(proto, exc.status, exc.code)
         if principal.kind != "worker":
@@ -271,7 +183,7 @@ class Hub:
         if principal.worker_state == "gone":
             return self._refuse_handshake(proto, 401, "unauthorized")
         worker_id = principal.worker_id
-        link = AgentLink(await proto.accept(), worker_id, _max_data(scope))
+        link = AgentLink(await proto.accept(), worker_id, max_data(scope))
         old = self.links.get(worker_id)
         if old is not None:
             self._drop_link(old, "the worker's agent connected a new link")
@@ -296,12 +208,12 @@ class Hub:
         for route in list(link.routes.values()):
             self._end(route, why, error=why, tell_agent=False)
 
-    def _from_agent(self, link: AgentLink, raw: bytes | str) -> None:
-        bulk = _bulk(raw)
-        if bulk is not None and self._bulk_forward(link.routes.get(bulk[0]), bulk[1], raw, up=False):
+    def _from_agent(self, link: AgentLink, message: bytes | str) -> None:
+        found = bulk(message)
+        if found is not None and self._bulk_forward(link.routes.get(found[0]), found[1], message, up=False):
             return
         try:
-            frame = decode(raw, LARGE_DATA)
+            frame = decode(message, LARGE_DATA)
             route = link.routes.get(frame.stream_id)
             if route is None:
                 if frame.type == OPEN:  # agents open no stream (yet): say so on that stream
@@ -310,7 +222,7 @@ class Hub:
             if frame.type in (DATA, EXT_DATA):
                 route.carried(frame.cost(), self.state, up=False)
             elif frame.type == WINDOW:
-                route.up.grant(frame.credit)
+                return route.granted(frame.credit, up=True)
             elif frame.type == OPEN:
                 raise FrameError(f"OPEN on stream {frame.stream_id}, which is open already")
             if frame.type == CLOSE:
@@ -322,26 +234,26 @@ class Hub:
                     exit_code=code if isinstance(code, int) and not isinstance(code, bool) else None,
                     error=fields.get("error") if isinstance(fields.get("error"), str) else None,
                     tell_agent=False,
-                    closing=_rewrite(_raw(raw), route.client_sid),
+                    closing=rewrite(raw(message), route.client_sid),
                 )
                 return
-            route.client.send(_rewrite(_raw(raw), route.client_sid))
+            route.client.send(rewrite(raw(message), route.client_sid))
         except FrameError as exc:
             log.warning("relay_link_protocol_error worker_id=%d error=%s", link.worker_id, exc)
             self._drop_link(link, f"worker {link.worker_id}'s agent broke the relay protocol: {exc}")
             link.close(WS_POLICY, str(exc))
 
-    def _bulk_forward(self, route: Route | None, size: int, raw: bytes | str, *, up: bool) -> bool:
+    def _bulk_forward(self, route: Route | None, size: int, message: bytes | str, *, up: bool) -> bool:
         """A DATA frame of `size` bytes on the bulk path (header read, nothing decoded): forwarded, or dropped for
         a stream that ended meanwhile (True); False leaves it to the full path (past its credit, which is a
         protocol error there, or a stream whose agent end is not there yet)."""
         if route is None:
             return True
-        peer, credit = (route.agent, route.up) if up else (route.client, route.down)
+        peer, credit = (route.agent, route.up.credit) if up else (route.client, route.down.credit)
         if peer is None or size > credit.left or size > (route.up_data if up else route.down_data):
             return False
         route.carried(size, self.state, up=up)
-        peer.send(_rewrite(_raw(raw), route.agent_sid if up else route.client_sid))
+        peer.send(rewrite(raw(message), route.agent_sid if up else route.client_sid))
         return True
 
     async def _link_for(self, route: Route, to: sessions.Target) -> AgentLink:
@@ -374,28 +286,28 @@ class Hub:
 
     async def _client(self, scope, proto, job_id: int) -> None:
         try:
-            principal = await self._principal(scope)
+            principal, token = await self._principal(scope)
             if principal.kind != "client":
                 raise Forbidden(f"a {principal.kind} token cannot open a relay stream")
-            index, kind = _query(scope.query_string)
+            index, kind = opens.query(scope.query_string)
         except GpulayerError as exc:
             return self._refuse_handshake(proto, exc.status, exc.code)
-        conn = ClientConn(await proto.accept(), principal, job_id, index, kind, _max_data(scope))
+        conn = ClientConn(await proto.accept(), principal, token, job_id, index, kind, max_data(scope))
         self.clients.add(conn)
         try:
-            await conn.pump(lambda raw: self._from_client(conn, raw))
+            await conn.pump(lambda message: self._from_client(conn, message))
         finally:
             self.clients.discard(conn)
             for route in list(conn.routes.values()):
                 self._end(route, "the client went away", tell_client=False)
             proto.close(conn.close_code)
 
-    def _from_client(self, conn: ClientConn, raw: bytes | str) -> None:
-        bulk = _bulk(raw)
-        if bulk is not None and self._bulk_forward(conn.routes.get(bulk[0]), bulk[1], raw, up=True):
+    def _from_client(self, conn: ClientConn, message: bytes | str) -> None:
+        found = bulk(message)
+        if found is not None and self._bulk_forward(conn.routes.get(found[0]), found[1], message, up=True):
             return
         try:
-            frame = decode(raw, LARGE_DATA)
+            frame = decode(message, LARGE_DATA)
             sid = frame.stream_id
             route = conn.routes.get(sid)
             if frame.type == OPEN:
@@ -408,28 +320,28 @@ class Hub:
             if frame.type in (DATA, EXT_DATA):
                 route.carried(frame.cost(), self.state, up=True)
             elif frame.type == WINDOW:
-                route.down.grant(frame.credit)
+                return route.granted(frame.credit, up=False)
             elif frame.type not in (EOF, SIGNAL, RESIZE, CLOSE):
                 return
             if route.agent is None:
-                route.pending.append(_raw(raw))  # bounded: within the initial window, plus a few control frames
-                if len(route.pending) > 4096:
-                    raise FrameError("too many frames before the stream opened")
+                _hold(route, raw(message), frame.type)
             else:
-                route.agent.send(_rewrite(_raw(raw), route.agent_sid))
+                route.agent.send(rewrite(raw(message), route.agent_sid))
             if frame.type == CLOSE:
                 self._end(route, "closed by the client", tell_client=False, tell_agent=False)
         except FrameError as exc:
             log.info("relay_client_protocol_error client=%s error=%s", conn.label, exc)
-            for route in list(conn.routes.values()):
-                self._end(route, f"the client broke the relay protocol: {exc}", error=str(exc), tell_client=False)
-            conn.close(WS_POLICY, str(exc))
+            why = f"the client broke the relay protocol: {exc}"
+            for route in list(conn.routes.values()):  # each stream's CLOSE says why before the socket closes
+                self._end(route, why, error=why, status=400, code="bad_frame")
+            conn.close(WS_POLICY, why)
 
     def _open(self, conn: ClientConn, sid: int, fields: dict) -> None:
         kind = fields.get("kind") or conn.kind
         user = conn.principal.actor
         route = Route(conn, sid, kind if isinstance(kind, str) else "?", user, conn.job_id)
         conn.routes[sid] = route
+        conn.idle_since, conn.opened = None, True
         self.by_user[user] += 1
         self.by_job[conn.job_id] += 1
         asyncio.ensure_future(self._connect(route, fields))
@@ -438,76 +350,75 @@ class Hub:
         """Check, record and hand the stream to the agent; a refusal is a CLOSE with the error."""
         conn = route.client
         try:
-            detail = _detail(route.kind, fields)
-            if self.by_user[route.user] > self.settings.max_streams_per_user:
-                raise TooManyStreams(
-                    f"{route.user} has {self.settings.max_streams_per_user} relay streams open "
-                    "already (the control plane's --relay-max-streams-per-user)"
-                )
-            if self.by_job[route.job_id] > self.settings.max_streams_per_job:
-                raise TooManyStreams(
-                    f"job {route.job_id} has {self.settings.max_streams_per_job} relay streams "
-                    "open already (the control plane's --relay-max-streams-per-job)"
-                )
-            to = await self._run(route.user, self.scheduler.store.read, sessions.target, conn.principal, route.job_id, conn.index, route.kind)
-            route.session_id = await self._run(
-                route.user, self.scheduler.store.write, sessions.opened, to, route.user, route.kind, detail, self.clock()
-            )
-            if route.ended:
-                return self._record_close(route, "closed by the client", None)
-            link = await self._link_for(route, to)
+            admitted = await self._admit(route, fields)
         except GpulayerError as exc:
             self.state.refused[exc.code] += 1
             log.info("relay_refused code=%s job_id=%d user=%s message=%s", exc.code, route.job_id, route.user, exc.message)
-            return self._end(route, exc.message, error=exc.message, status=exc.status, code=exc.code)
+            self._end(route, exc.message, error=exc.message, status=exc.status, code=exc.code)
+            if exc.status == 401:  # the socket's token is dead: nothing more opens on it
+                rights.cut(self, conn, exc.message)
+            return
         except Exception:
             log.exception("relay_open_failed job_id=%d", route.job_id)
-            return self._end(
-                route,
-                "the control plane hit an unexpected error; see its log",
-                error="the control plane hit an unexpected error; see its log",
-                status=500,
-                code="internal_error",
-            )
-        if route.ended:
+            why = "the control plane hit an unexpected error; see its log"
+            return self._end(route, why, error=why, status=500, code="internal_error")
+        if admitted is None or route.ended:
             return
-        route.agent, route.agent_sid = link, link.next_sid()
-        link.routes[route.agent_sid] = route
-        self.state.open[route.kind] += 1
+        to, detail, link = admitted
         # Frame sizes: each way, what its receiver said it takes. The client hears its own in a SETTINGS frame
         # only when it announced (so it knows the type); the agent in the OPEN (an older one ignores the field).
         route.down_data = conn.max_data
         route.up_data = link.max_data if conn.max_data > MAX_DATA else MAX_DATA
         log.info(
             "relay_stream_opened session_id=%s job_id=%d task_id=%d worker_id=%d kind=%s user=%s",
-            route.session_id,
-            to.job_id,
-            to.task_id,
-            to.worker_id,
-            route.kind,
-            route.user,
+            route.session_id, to.job_id, to.task_id, to.worker_id, route.kind, route.user,
         )
-        link.send(
-            encode(
-                route.agent_sid,
-                OPEN,
-                {
-                    "kind": route.kind,
-                    "job_id": to.job_id,
-                    "task_id": to.task_id,
-                    "index": to.index,
-                    "session_id": route.session_id,
-                    **detail,
-                    **self._secret(route.kind, to),
-                    **({"max_data": route.down_data} if route.down_data > MAX_DATA else {}),
-                },
-            )
-        )
+        opening = {
+            "session_id": route.session_id,
+            **detail,
+            **self._secret(route.kind, to),
+            **({"max_data": route.down_data} if route.down_data > MAX_DATA else {}),
+        }
+        self._attach(route, link, to, opening)
         if route.up_data > MAX_DATA:
             conn.send(encode(route.client_sid, SETTINGS, {"max_data": route.up_data}))
-        for raw in route.pending:
-            link.send(_rewrite(raw, route.agent_sid))
+        for frame in route.pending:
+            link.send(rewrite(frame, route.agent_sid))
         route.pending.clear()
+        route.release(up=False)  # what the client granted before the agent's end existed
+
+    async def _admit(self, route: Route, fields: dict) -> tuple[sessions.Target, dict, AgentLink] | None:
+        """A client's stream checked (its OPEN's fields, the caps, its token and its right to the job now),
+        recorded (the session's row) and its worker's link; None when the client closed it meanwhile;
+        GpulayerError for a refusal."""
+        conn = route.client
+        detail = opens.detail(route.kind, fields)
+        if self.by_user[route.user] > self.settings.max_streams_per_user:
+            raise TooManyStreams(
+                f"{route.user} has {self.settings.max_streams_per_user} relay streams open "
+                "already (the control plane's --relay-max-streams-per-user)"
+            )
+        if self.by_job[route.job_id] > self.settings.max_streams_per_job:
+            raise TooManyStreams(
+                f"job {route.job_id} has {self.settings.max_streams_per_job} relay streams "
+                "open already (the control plane's --relay-max-streams-per-job)"
+            )
+        conn.principal = await rights.current(self, conn)
+        to = await self._run(route.user, self.scheduler.store.read, sessions.target, conn.principal, route.job_id, conn.index, route.kind)
+        route.session_id = await self._run(
+            route.user, self.scheduler.store.write, sessions.opened, to, route.user, route.kind, detail, self.clock()
+        )
+        if route.ended:
+            self._record_close(route, "closed by the client", None)
+            return None
+        return to, detail, await self._link_for(route, to)
+
+    def _attach(self, route: Route, link: AgentLink, to: sessions.Target, fields: dict) -> None:
+        """The stream's agent end: an id on the worker's link, and the OPEN that asks the agent for it."""
+        route.agent, route.agent_sid = link, link.next_sid()
+        link.routes[route.agent_sid] = route
+        self.state.open[route.kind] += 1
+        link.send(encode(route.agent_sid, OPEN, {"kind": route.kind, "job_id": to.job_id, "task_id": to.task_id, "index": to.index, **fields}))
 
     async def open_stream(self, conn, sid: int, to: sessions.Target, kind: str, detail: dict, user: str) -> Route:
         """A stream the control plane opens itself (the ingress, server/relay/ingress.py) into task `to`, checked
@@ -521,12 +432,9 @@ class Hub:
         except BaseException:
             self._end(route, "the agent did not connect", tell_client=False)
             raise
-        if route.ended:
-            return route
-        route.agent, route.agent_sid = link, link.next_sid()
-        link.routes[route.agent_sid] = route
-        self.state.open[kind] += 1
-        link.send(encode(route.agent_sid, OPEN, {"kind": kind, "job_id": to.job_id, "task_id": to.task_id, "index": to.index, **detail}))
+        if not route.ended:
+            self._attach(route, link, to, detail)
+            route.release(up=False)
         return route
 
     def client_frame(self, conn, raw: bytes) -> None:
@@ -583,6 +491,9 @@ class Hub:
                     fields["error"] = error
                     fields["code"], fields["status"] = code or "relay_closed", status or 502
                 conn.send(encode(route.client_sid, CLOSE, fields))
+        if isinstance(conn, ClientConn) and not conn.routes:
+            conn.idle_since = time.monotonic()
+        route.forget()
         if route.session_id is not None:
             self._record_close(route, reason, exit_code)
 
@@ -613,80 +524,37 @@ class Hub:
         future.add_done_callback(_logged)
 
     async def _sweep(self) -> None:
-        """Every few seconds: end the streams idle past `idle_timeout_s`."""
+        """Every few seconds: end the streams idle past `idle_timeout_s`, and close the client sockets that opened
+        no stream within OPEN_TIMEOUT_S or have had none open for `idle_timeout_s`."""
         idle = self.settings.idle_timeout_s
         while True:
-            await asyncio.sleep(max(0.2, min(idle / 4, 5.0)))
+            await asyncio.sleep(max(0.2, min(idle / 4, OPEN_TIMEOUT_S / 4, 5.0)))
             now = time.monotonic()
             for link in list(self.links.values()):
                 for route in list(link.routes.values()):
                     if now - route.active_at >= idle:
                         why = f"idle for {idle:g} s (the control plane's --relay-idle-timeout)"
                         self._end(route, why, error=why, status=408, code="idle_timeout")
+            for conn in list(self.clients):
+                limit = idle if conn.opened else OPEN_TIMEOUT_S
+                if conn.idle_since is not None and now - conn.idle_since >= limit:
+                    log.info("relay_socket_idle client=%s seconds=%g", conn.label, limit)
+                    conn.close(1000, f"no stream open for {limit:g} s")
+
+
+def _hold(route: Route, frame: bytes, kind: int) -> None:
+    """A client's frame for a stream whose agent end is not there yet, kept until it is: its DATA within the
+    initial window, at most MAX_PENDING_CONTROL other frames (FrameError past either)."""
+    route.pending.append(frame)
+    if kind not in (DATA, EXT_DATA) and sum(held[4] not in (DATA, EXT_DATA) for held in route.pending) > MAX_PENDING_CONTROL:
+        raise FrameError(f"more than {MAX_PENDING_CONTROL} control frames before the stream opened")
+    if len(route.pending) > 4096:
+        raise FrameError("too many frames before the stream opened")
 
 
 def _logged(future: asyncio.Future) -> None:
     if not future.cancelled() and future.exception() is not None:
         log.error("relay_session_write_failed error=%r", future.exception())
-
-
-def _query(query_string: str) -> tuple[int | None, str]:
-    """`index` and `kind` of a client's relay URL; InvalidRequest (400) for a bad one."""
-    found = parse_qs(query_string or "", keep_blank_values=True)
-    kind = (found.get("kind") or ["exec"])[-1]
-    if kind not in KINDS:
-        raise InvalidRequest(f"kind: unknown; expected {', '.join(KINDS)}", field="kind")
-    given = found.get("index")
-    if not given:
-        return None, kind
-    raw = given[-1]
-    if not raw.isascii() or not raw.isdigit() or len(raw) > 9:
-        raise InvalidRequest("index: must be a whole number from 0", field="index")
-    return int(raw), kind
-
-
-def _detail(kind: str, fields: dict) -> dict:
-    """What a kind's OPEN carries besides kind, job and task (recorded as the session's `detail`)."""
-    if kind not in KINDS:
-        raise InvalidRequest(f"kind: unknown; expected {', '.join(KINDS)}", field="kind")
-    if kind == "shell":
-        return _shell_detail(fields)
-    if kind == "tcp":  # a port in the task's network view (gpulayer/protocol/forward.py)
-        try:
-            host, port = tcp_target(fields)
-        except ValueError as exc:
-            raise InvalidRequest(str(exc), field="host" if str(exc).startswith("host") else "port") from None
-        return {"port": port, **({"host": host} if host != DEFAULT_HOST else {})}
-    if kind == "ssh":
-        return {}  # the SSH protocol runs end to end inside the stream; its host key goes in _secret, unrecorded
-    argv = fields.get("argv")
-    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) and "\0" not in a for a in argv):
-        raise InvalidRequest("argv: must be a non-empty list of strings (the command and its arguments)", field="argv")
-    if sum(len(a.encode("utf-8", "surrogatepass")) + 1 for a in argv) > MAX_ARGV_BYTES:
-        raise InvalidRequest(f"argv: over {MAX_ARGV_BYTES} bytes", field="argv")
-    return {"argv": argv}
-
-
-TERM = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
-
-
-def _shell_detail(fields: dict) -> dict:
-    """A shell's OPEN: `rows` and `cols` (1 to 65535), `term` (a terminal type's name), `argv` when a command
-    replaces the task's shell (checked as exec's)."""
-    detail: dict = {}
-    for name in ("rows", "cols"):
-        value = fields.get(name)
-        if not isinstance(value, int) or isinstance(value, bool) or not 0 < value < 65536:
-            raise InvalidRequest(f"{name}: must be a whole number from 1 to 65535 (the terminal's size)", field=name)
-        detail[name] = value
-    term = fields.get("term")
-    if term is not None:
-        if not isinstance(term, str) or not TERM.fullmatch(term):
-            raise InvalidRequest("term: must be a terminal type's name (letters, digits, . _ + -; at most 64)", field="term")
-        detail["term"] = term
-    if fields.get("argv") is not None:
-        detail["argv"] = _detail("exec", fields)["argv"]
-    return detail
 
 
 __all__ = ["Hub", "Settings", "TooManyStreams", "RelayTimeout"]
