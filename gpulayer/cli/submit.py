@@ -18,11 +18,12 @@ from gpulayer.cli.common import (
 )
 from gpulayer.cli.following import follow_logs, tell_ended, tell_waiting
 from gpulayer.client.errors import ClientError
-from gpulayer.protocol import parse_begin, parse_signal, parse_time_limit
+from gpulayer.protocol import UNLIMITED_TIMES, parse_begin, parse_signal, parse_time_limit
 from gpulayer.client.jobs import Job
 from gpulayer.client.settings import server_configured
 from gpulayer.client.jobfile import read_job_file, spec_from_fields
 from gpulayer.client.specs import MIN_INGRESS_KEY
+from gpulayer.client.specs import memory_mb as memory_size_mb
 from gpulayer.protocol.jobspec import INGRESS_ACCESS
 from gpulayer.client.transfers import check_local_paths
 
@@ -67,6 +68,7 @@ def submit(
     gpus: Annotated[Optional[int], _opt("--gpus", help="GPUs per task.", min=0)] = None,
     cpus: Annotated[Optional[float], _opt("--cpus", help="CPUs per task.", min=0)] = None,
     memory_mb: Annotated[Optional[int], _opt("--memory-mb", help="Memory per task, MB.", min=0)] = None,
+    memory: Annotated[Optional[str], _opt("--memory", "--mem", metavar="SIZE", help="Memory per task as Slurm's --mem: MB (512), or with a unit K, M, G, T (512M, 10G).")] = None,
     label: Annotated[Optional[list[str]], _opt("--label", help="k=v a worker must carry (repeatable).")] = None,
     gpu_model: Annotated[Optional[str], _opt("--gpu-model", help="Only GPUs of this model, or MIG profile (1g.10gb): the label gpu_model=MODEL.")] = None,
     env: Annotated[Optional[list[str]], _opt("--env", help="K=V for the task's environment (repeatable).")] = None,
@@ -77,7 +79,7 @@ def submit(
     retry: Annotated[Optional[int], _opt("--retry", help="Max attempts.", min=1)] = None,
     retry_on: Annotated[Optional[list[str]], _opt("--retry-on", help="Reason to retry on: worker_lost, worker_revoked, failed, timed_out, start_timeout (repeatable).")] = None,
     timeout: Annotated[Optional[str], _opt("--timeout", metavar="DURATION", help="End the task after this long: seconds, 30m, 12h, 2d, or Slurm's 1:00:00, 2-00:00:00.")] = None,
-    time_limit: Annotated[Optional[str], _opt("--time", "-t", metavar="TIME", help="Slurm's --time, the same limit as --timeout: MM (minutes, as sbatch reads a bare number), MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, or 90m, 2h.")] = None,
+    time_limit: Annotated[Optional[str], _opt("--time", "-t", metavar="TIME", help="Slurm's --time, the same limit as --timeout: MM (minutes, as sbatch reads a bare number, 1.5 too), MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, 90m, 2h, or UNLIMITED (infinite): no limit.")] = None,
     signal_: Annotated[Optional[str], _opt("--signal", metavar="[B:]SIG[@SECONDS]", help="Slurm's --signal: send SIG (USR1, SIGUSR2, 10) SECONDS (default 60) before the time limit, once; B: to the command's top process only. Also the signal of every planned stop (preemption, cancel, requeue, a drain).")] = None,
     grace: Annotated[Optional[str], _opt("--grace", metavar="DURATION", help="Time between a planned stop's signal and SIGKILL (default 30s with --signal; at most the server's --max-grace).")] = None,
     hold: Annotated[bool, _opt("--hold", help="Submit held: it waits (reason held) until `gpulayer job release`.")] = False,
@@ -123,7 +125,7 @@ def submit(
     """
     settings = dict(
         name=name, env=parse_pairs(env, "--env") or None, accelerator=accelerator, gpus=gpus,
-        cpus=cpus, memory_mb=memory_mb, labels=_labels_option(label, gpu_model), retry=retry,
+        cpus=cpus, memory_mb=_memory_option(memory_mb, memory), labels=_labels_option(label, gpu_model), retry=retry,
         retry_on=retry_on or None, timeout_seconds=_time_limit(timeout, time_limit),
         signal=_signal_option(signal_), grace_seconds=parse_duration(grace, "--grace"),
         hold=True if hold else None, begin_at=_begin_option(begin),
@@ -141,6 +143,7 @@ def submit(
     made_key = _ingress_options(service, ingress, ingress_key, service_settings)
     spec = _build_spec(command, file, service, settings, service_settings)
     check_local_paths(spec)  # a missing --source or --input is bad input, dry run or not
+    _warn_signal_without_limit(spec)
     if dry_run:
         print_json(spec)
         return
@@ -219,11 +222,13 @@ def _after_option(after: Optional[list[str]], after_array: Optional[list[int]]) 
 
 
 def _time_limit(timeout: Optional[str], time_limit: Optional[str]) -> Optional[float]:
-    """`--timeout` or Slurm's `--time` (a bare number is minutes there), in seconds; not both."""
+    """`--timeout` or Slurm's `--time` (a bare number is minutes there, UNLIMITED none), in seconds; not both."""
     if time_limit is None:
         return parse_duration(timeout, "--timeout", positive=True)
     if timeout is not None:
         raise typer.BadParameter("give --time or --timeout, not both: they are the same limit", param_hint="--time")
+    if time_limit.strip().lower() in UNLIMITED_TIMES:
+        return None
     try:
         seconds = parse_time_limit(time_limit)
     except ValueError as exc:
@@ -233,6 +238,27 @@ def _time_limit(timeout: Optional[str], time_limit: Optional[str]) -> Optional[f
     if seconds <= 0:
         raise typer.BadParameter(f"{time_limit!r}: must be more than 0 seconds", param_hint="--time")
     return seconds
+
+
+def _memory_option(memory_mb: Optional[int], memory: Optional[str]) -> Optional[int]:
+    """`--memory-mb MB` or Slurm's `--memory`/`--mem SIZE` (10G, 512M), in MB; not both."""
+    if memory is None:
+        return memory_mb
+    if memory_mb is not None:
+        raise typer.BadParameter("give --memory or --memory-mb, not both: they are the same request",
+                                 param_hint="--memory")
+    try:
+        return memory_size_mb(memory)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--memory") from None
+
+
+def _warn_signal_without_limit(spec: dict) -> None:
+    """A `--signal` warning is sent before the time limit: without one it never fires (the signal is
+    still that of every planned stop), which Slurm users expect to be told."""
+    if spec.get("signal") and not spec.get("timeout_seconds") and not spec.get("service"):
+        typer.echo(f"warning: --signal {spec['signal']}: the job has no time limit (--time) for it to fire "
+                   "before; it is only the signal of planned stops (preemption, cancel, requeue, a drain)", err=True)
 
 
 def _signal_option(text: Optional[str]) -> Optional[str]:

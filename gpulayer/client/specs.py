@@ -26,6 +26,22 @@ WHOLE_SETTINGS = tuple(f.name for f in wire_fields(JobSpec) if set(f.kinds) <= {
 DURATION_SETTINGS = ("timeout_seconds", "silence_timeout_seconds", "checkpoint_every_seconds", "grace_seconds")
 
 
+#: Slurm's `--mem` units (powers of 1024, as Slurm reads them) in MB; a bare number is MB.
+MEMORY_UNITS = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
+_MEMORY = re.compile(r"([0-9]{1,12}(?:\.[0-9]{1,6})?)\s*([KMGT])?(?:i?B)?", re.IGNORECASE)
+
+
+def memory_mb(text: str) -> int:
+    """A memory size as Slurm's `--mem` takes it, in whole MB (rounded up): 512 (MB), 512M, 10G, 1.5T,
+    2048K; ValueError naming the forms otherwise."""
+    found = _MEMORY.fullmatch(str(text).strip())
+    if not found:
+        raise ValueError(f"{text!r} is not a memory size: write a number of MB (512) or one with a unit, "
+                         "K, M, G or T (512M, 10G, 1.5T)")
+    mb = float(found[1]) * MEMORY_UNITS[(found[2] or "M").upper()]
+    return int(mb) if mb.is_integer() else int(mb) + 1
+
+
 def job(command: str | Iterable[str], **settings: Any) -> dict:
     """A JobSpec dict for `command` (an argv list; a string is split like a shell would).
 
