@@ -17,7 +17,7 @@ from gpulayer.cli.common import (
     print_json,
 )
 from gpulayer.cli.following import follow_logs, tell_ended, tell_waiting
-from gpulayer.client.errors import ClientError
+from gpulayer.client.errors import ClientError, InvalidRequest
 from gpulayer.protocol import UNLIMITED_TIMES, parse_begin, parse_signal, parse_time_limit
 from gpulayer.client.jobs import Job
 from gpulayer.client.settings import server_configured
@@ -299,13 +299,14 @@ def _build_spec(command, file: Optional[Path], service: bool, settings: dict, se
 def _submit_remote(ctx, spec, wait, follow, as_json, cancel_on_interrupt: bool, project: Optional[str] = None,
                    mail: Optional[dict] = None, made_key: Optional[str] = None) -> int:
     client = client_of(ctx)
-    job = client.submit(spec, project) if project else client.submit(spec)
-    if mail:  # a mailbox for this job: it starts at the job's first event, so nothing is missed meanwhile
-        try:
-            client.add_webhook(job_id=job.id, **mail)
-        except ClientError as exc:
-            typer.echo(job.id)
-            raise fail(f"job {job.id} was submitted, but its mail was refused: {exc}", 1) from None
+    # A mailbox rides on the submit: a server that sends no mail refuses both, before anything is made.
+    try:
+        job = client.submit(spec, project, mail=mail) if mail else client.submit(spec, project)
+    except InvalidRequest as exc:
+        if mail and exc.message.startswith("mail"):
+            raise fail(f"--mail-type/--mail-user: {exc.message.partition(': ')[2] or exc.message} (nothing was "
+                       "submitted)", 2) from None
+        raise
     waits = (follow or wait) and not spec.get("service")
     # From here on the job exists: a Ctrl-C at any point, even while its id is being printed (typer would
     # turn it into a silent exit 130), cancels it or says how to.
