@@ -21,7 +21,7 @@ from gpulayer.client.errors import ClientError, InvalidRequest
 from gpulayer.protocol import UNLIMITED_TIMES, parse_begin, parse_signal, parse_time_limit
 from gpulayer.client.jobs import Job
 from gpulayer.client.settings import server_configured
-from gpulayer.client.jobfile import read_job_file, spec_from_fields
+from gpulayer.client.jobfile import ServiceOnly, read_job_file, spec_from_fields
 from gpulayer.client.specs import MIN_INGRESS_KEY
 from gpulayer.client.specs import memory_mb as memory_size_mb
 from gpulayer.protocol.jobspec import INGRESS_ACCESS
@@ -30,6 +30,11 @@ from gpulayer.client.transfers import check_local_paths
 ENDPOINT_WAIT_S = 365 * 86400.0  # `submit --service` waits until the service is up or ends
 #: Options that may be given alone, and the value they then take (app.py tells click).
 VALUE_OPTIONAL = {"--ingress": "token"}
+
+
+#: The options that set a service's settings (jobfile.SERVICE_SETTINGS), by setting.
+SERVICE_FLAGS = {"replicas": "--replicas", "port": "--no-port", "restart": "--restart",
+                 "max_restarts": "--max-restarts", "health_path": "--health-path", "weights": "--weights"}
 
 
 class Target(str, Enum):
@@ -292,6 +297,10 @@ def _build_spec(command, file: Optional[Path], service: bool, settings: dict, se
     try:
         fields = read_job_file(file) if file else {}
         return spec_from_fields(fields, command, service, settings, service_settings)
+    except ServiceOnly as exc:
+        flags = [SERVICE_FLAGS[name] for name in exc.settings]
+        raise typer.BadParameter(f"a service's setting{'s' if len(flags) > 1 else ''} ({', '.join(flags)}): add "
+                                 "--service (without it the job runs once, as a batch job)", param_hint=flags[0]) from None
     except (TypeError, ValueError) as exc:
         raise typer.BadParameter(str(exc), param_hint="--file" if file else None) from None
 

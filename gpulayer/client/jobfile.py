@@ -29,6 +29,16 @@ from gpulayer.protocol.jobspec import ServiceSpec
 SERVICE_SETTINGS = (*("health_path" if name == "health" else name for name in names(ServiceSpec)), "ingress_key")
 
 
+class ServiceOnly(ValueError):
+    """Service settings given for a job that is no service: refused, never dropped (it would run once as
+    a batch job, its replicas and restarts forgotten). `settings`: their names."""
+
+    def __init__(self, settings: list[str]):
+        super().__init__(f"{', '.join(settings)}: a service's settings, for a service only "
+                         "(`service = true` or a [service] table)")
+        self.settings = settings
+
+
 def read_job_file(path: str | Path) -> dict:
     """The fields of a job file as a dict; ValueError naming the file when it is not TOML."""
     try:
@@ -55,6 +65,9 @@ def spec_from_fields(fields: dict, command: Optional[str | Iterable[str]] = None
     if not isinstance(block, (dict, bool, type(None))):
         raise ValueError(f"service is a table ([service]) or true/false, not {block!r}")
     if not (service or isinstance(block, dict) or block is True):
+        stray = sorted(_given(service_overrides))
+        if stray:
+            raise ServiceOnly(stray)
         return specs.job(argv, **fields)
     settings = dict(block) if isinstance(block, dict) else {}
     settings.update(_given(service_overrides))

@@ -29,3 +29,21 @@ def test_mail_beside_the_spec_over_http_is_checked_first(cluster):
         assert answer.status_code == 400, answer.text
         assert answer.json()["error"]["code"] == "invalid_field", answer.text
     assert _job_count(cluster) == before
+
+
+@pytest.mark.parametrize("flags", [["--replicas", "2", "--restart", "on_failure", "--health-path", "/h", "--no-port"],
+                                   ["--max-restarts", "3"], ["--weights", "sha256:" + "0" * 64],
+                                   ["--ingress", "public"]])
+def test_service_flags_without_service_are_refused_alike(cluster, flags):
+    """`--replicas 2 --restart on_failure --health-path /h --no-port -- true` ran once as a batch job (its
+    service settings dropped without a word) while `--ingress` alone was refused: all refused alike."""
+    before = _job_count(cluster)
+    done = cluster.cli("submit", *flags, "--", "true")
+    assert done.returncode == 2 and "add --service" in done.stderr and flags[0] in done.stderr, done
+    assert _job_count(cluster) == before
+
+
+def test_a_job_file_service_takes_the_service_flags(cluster, tmp_path):
+    (tmp_path / "svc.toml").write_text('command = ["true"]\n[service]\nport = false\n')
+    done = cluster.cli("submit", "--dry-run", "-f", str(tmp_path / "svc.toml"), "--replicas", "2", "--", "true")
+    assert done.returncode == 0 and '"replicas": 2' in done.stdout, done
