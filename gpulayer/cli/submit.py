@@ -14,10 +14,10 @@ import typer
 
 from gpulayer.cli.common import (
     client_of, exit_code_of, fail, global_options, home_of, parse_duration, parse_pairs,
-    print_json,
+    print_json, style,
 )
 from gpulayer.cli.following import follow_logs, tell_ended, tell_waiting
-from gpulayer.client.errors import ClientError, InvalidRequest
+from gpulayer.client.errors import ClientError, InvalidRequest, ServiceNotStarting, WaitTimeout
 from gpulayer.protocol import UNLIMITED_TIMES, parse_begin, parse_signal, parse_time_limit
 from gpulayer.client.jobs import Job
 from gpulayer.client.settings import server_configured
@@ -27,7 +27,9 @@ from gpulayer.client.specs import memory_mb as memory_size_mb
 from gpulayer.protocol.jobspec import INGRESS_ACCESS
 from gpulayer.client.transfers import check_local_paths
 
-ENDPOINT_WAIT_S = 365 * 86400.0  # `submit --service` waits until the service is up or ends
+ENDPOINT_WAIT_S = 365 * 86400.0  # `submit --service` waits until the service is up or ends (or --wait-timeout)
+MAX_FAILED_STARTS = 5  # `submit --service` gives up once a replica was restarted this often (--max-failed-starts)
+SERVICE_LOG_LINES = 20  # the service's last log lines printed when submit gives up on it
 #: Options that may be given alone, and the value they then take (app.py tells click).
 VALUE_OPTIONAL = {"--ingress": "token"}
 
@@ -113,6 +115,8 @@ def submit(
     mail_type: Annotated[Optional[str], _opt("--mail-type", metavar="TYPES", help="Mail --mail-user when the job does this, as Slurm's: BEGIN, END, FAIL, REQUEUE, ALL (comma-separated). Needs a server started with --smtp-url.")] = None,
     mail_user: Annotated[Optional[str], _opt("--mail-user", metavar="ADDR", help="Where --mail-type's mail goes.")] = None,
     wait: Annotated[bool, _opt("--wait", help="Wait and exit with the job's exit code.")] = False,
+    wait_timeout: Annotated[Optional[str], _opt("--wait-timeout", metavar="DURATION", help="With --service: give up waiting for the endpoints after this long (exit 124; the service goes on).")] = None,
+    max_failed_starts: Annotated[Optional[int], _opt("--max-failed-starts", help=f"With --service: give up waiting once a replica failed to start this often (default {MAX_FAILED_STARTS}; exit 1, its last log lines shown; the service goes on by its --restart policy).", min=1)] = None,
     follow: Annotated[bool, _opt("--follow", help="Stream the logs, then exit with the job's exit code.")] = False,
     as_json: Annotated[bool, _opt("--json", help="Print the Job as JSON instead of its id.")] = False,
     file: Annotated[Optional[Path], _opt("--file", "-f", help="A TOML file of JobSpec fields, as gl.job() takes them (options and a command after `--` override it).", exists=True, dir_okay=False)] = None,
@@ -166,7 +170,8 @@ def submit(
     for array_id in after_array or []:  # --after-array names an array: say so before anything is sent
         if client_of(ctx).get_job(array_id).data.get("array") is None:
             raise fail(f"--after-array: job {array_id} is no array (use --after {array_id})", 2)
-    raise typer.Exit(_submit_remote(ctx, spec, wait, follow, as_json, bool(cancel_on_interrupt), project, mail, made_key))
+    raise typer.Exit(_submit_remote(ctx, spec, wait, follow, as_json, bool(cancel_on_interrupt), project, mail, made_key,
+                                    _service_wait(spec, wait_timeout, max_failed_starts)))
 
 
 MAIL_TYPES = ("BEGIN", "END", "FAIL", "REQUEUE", "ALL")
@@ -306,7 +311,8 @@ def _build_spec(command, file: Optional[Path], service: bool, settings: dict, se
 
 
 def _submit_remote(ctx, spec, wait, follow, as_json, cancel_on_interrupt: bool, project: Optional[str] = None,
-                   mail: Optional[dict] = None, made_key: Optional[str] = None) -> int:
+                   mail: Optional[dict] = None, made_key: Optional[str] = None,
+                   service_wait: tuple[float, int] = (ENDPOINT_WAIT_S, MAX_FAILED_STARTS)) -> int:
     client = client_of(ctx)
     # A mailbox rides on the submit: a server that sends no mail refuses both, before anything is made.
     try:
@@ -325,12 +331,7 @@ def _submit_remote(ctx, spec, wait, follow, as_json, cancel_on_interrupt: bool, 
         if job.data.get("ingress_url"):
             _print_ingress(job.data["ingress_url"], made_key, as_json)
         if spec.get("service"):
-            for endpoint in job.endpoints(wait=ENDPOINT_WAIT_S, on_waiting=tell_waiting):
-                if as_json:
-                    print_json({"endpoint": endpoint}, compact=True)
-                else:
-                    typer.echo(endpoint)
-            return 0
+            return _wait_endpoints(job, as_json, *service_wait)
         if follow:
             follow_logs(job, as_json=as_json)
         elif wait:
@@ -342,6 +343,27 @@ def _submit_remote(ctx, spec, wait, follow, as_json, cancel_on_interrupt: bool, 
     return _ended(job, as_json)
 
 
+def _wait_endpoints(job: Job, as_json: bool, wait_s: float, max_failed_starts: int) -> int:
+    """Print a service's endpoints once every replica has one: 0. A replica that failed to start
+    `max_failed_starts` times (1), or `wait_s` passed (124): the job's last log lines and why on
+    stderr; the service itself goes on by its restart policy."""
+    try:
+        endpoints = job.endpoints(wait=wait_s, on_waiting=tell_waiting, max_failed_starts=max_failed_starts)
+    except (ServiceNotStarting, WaitTimeout) as exc:
+        for line in job.logs()[-SERVICE_LOG_LINES:]:  # on stderr: stdout holds the job id (and endpoints)
+            system = line.get("stream") == "system"
+            typer.echo(("[gpulayer] " if system else "") + line.get("text", "").rstrip("\n"), err=True)
+        typer.echo(style(f"{exc}; it goes on restarting by its --restart policy: `gpulayer job cancel {job.id}` "
+                         "stops it", "red", err=True), err=True)
+        return 124 if isinstance(exc, WaitTimeout) else 1
+    for endpoint in endpoints:
+        if as_json:
+            print_json({"endpoint": endpoint}, compact=True)
+        else:
+            typer.echo(endpoint)
+    return 0
+
+
 def _print_ingress(url: str, made_key: Optional[str], as_json: bool) -> None:
     """The service's ingress URL (and the key made for it, shown this once) after its id."""
     if as_json:
@@ -351,6 +373,18 @@ def _print_ingress(url: str, made_key: Optional[str], as_json: bool) -> None:
     if made_key:
         typer.echo(f"ingress key {made_key}")
         typer.echo("(the key is shown this once: the control plane keeps only its SHA-256)", err=True)
+
+
+def _service_wait(spec: dict, wait_timeout: Optional[str], max_failed_starts: Optional[int]) -> tuple[float, int]:
+    """How long `submit --service` waits for the endpoints, and after how many failed starts of a replica
+    it gives up; both options are a service's (a usage error without one)."""
+    if not spec.get("service") and (wait_timeout is not None or max_failed_starts is not None):
+        flag = "--wait-timeout" if wait_timeout is not None else "--max-failed-starts"
+        raise typer.BadParameter("waits for a service's endpoints: add --service (--wait waits for a job)",
+                                 param_hint=flag)
+    seconds = parse_duration(wait_timeout, "--wait-timeout", positive=True)
+    return (ENDPOINT_WAIT_S if seconds is None else seconds,
+            MAX_FAILED_STARTS if max_failed_starts is None else max_failed_starts)
 
 
 def _print_submitted(job: Job, as_json: bool) -> None:
