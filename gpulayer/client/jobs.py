@@ -188,9 +188,11 @@ class Job:
         """A PortForward (gpulayer/client/forward.py): connections to `address`:`local` (0: a free port, its
         `local_port`) reach port `remote` in the job's running task (element, replica or rank `index`), through
         the control plane's relay. A context manager: listening inside the with block, closed after it.
-        Raises ApiError or ConnectionFailed when the relay refuses or cannot be reached, OSError when the
-        local port cannot be bound; `on_event(text)` hears why a connection ended with an error."""
-        from gpulayer.client.forward import PortForward
+        Raises ClientError when nothing of the job (that element) runs, ApiError or ConnectionFailed when the
+        relay refuses or cannot be reached, OSError when the local port cannot be bound; `on_event(text)`
+        hears why a connection ended with an error."""
+        from gpulayer.client.forward import PortForward, refuse_unless_running
+        refuse_unless_running(self.element(index) if index is not None else self.info(), index)
         return PortForward(self.client, self.id, remote, local, address=address, index=index, on_event=on_event)  # type: ignore[arg-type]
 
     def element(self, index: int) -> dict:
