@@ -151,6 +151,8 @@ def submit(
                             health_path=health_path, weights=weights)
     made_key = _ingress_options(service, ingress, ingress_key, service_settings)
     spec = _build_spec(command, file, service, settings, service_settings)
+    if time_limit is not None and time_limit.strip().lower() in UNLIMITED_TIMES:
+        spec.pop("timeout_seconds", None)  # --time UNLIMITED wins over a job file's limit, as over #SBATCH's
     check_local_paths(spec)  # a missing --source or --input is bad input, dry run or not
     _warn_signal_without_limit(spec)
     if dry_run:

@@ -59,3 +59,9 @@ def test_a_signal_without_a_time_limit_is_told():
     assert done.returncode == 0 and "no time limit" in done.stderr and "--time" in done.stderr, done
     quiet = _dry_run("--signal", "USR1@60", "--time", "10")
     assert quiet.returncode == 0 and "warning" not in quiet.stderr, quiet
+
+
+def test_time_unlimited_wins_over_a_job_files_limit(tmp_path):
+    (tmp_path / "job.toml").write_text('command = ["true"]\ntimeout_seconds = 60\n')
+    done = run_cli(*NOWHERE, "submit", "--dry-run", "-f", str(tmp_path / "job.toml"), "--time", "UNLIMITED")
+    assert done.returncode == 0 and "timeout_seconds" not in json.loads(done.stdout), done
