@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from gpulayer.client.api import Client, connect
     from gpulayer.client.errors import (
         ApiError, BadInput, ClientError, Conflict, ConnectionFailed, Forbidden, InvalidRequest, NotFound,
-        ProtocolMismatch, Unauthorized, WaitTimeout,
+        ProtocolMismatch, ServiceNotStarting, Unauthorized, WaitTimeout,
     )
     from gpulayer.client.jobfile import job_from_file
     from gpulayer.client.jobs import FINISHED_STATES, Job
@@ -29,7 +29,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ApiError", "BadInput", "Client", "ClientError", "Conflict", "ConnectionFailed", "FINISHED_STATES",
-    "Forbidden", "InvalidRequest", "Job", "NotFound", "ProtocolMismatch", "Unauthorized",
+    "Forbidden", "InvalidRequest", "Job", "NotFound", "ProtocolMismatch", "ServiceNotStarting", "Unauthorized",
     "WaitTimeout", "connect", "job", "job_from_file", "resolve_settings", "server_configured", "service",
     "__version__",
 ]
@@ -39,7 +39,8 @@ __all__ = [
 _CLIENT_NAMES = {
     "gpulayer.client.api": ("Client", "connect"),
     "gpulayer.client.errors": ("ApiError", "BadInput", "ClientError", "Conflict", "ConnectionFailed", "Forbidden",
-                               "InvalidRequest", "NotFound", "ProtocolMismatch", "Unauthorized", "WaitTimeout"),
+                               "InvalidRequest", "NotFound", "ProtocolMismatch", "ServiceNotStarting", "Unauthorized",
+                               "WaitTimeout"),
     "gpulayer.client.jobfile": ("job_from_file",),
     "gpulayer.client.jobs": ("FINISHED_STATES", "Job"),
     "gpulayer.client.settings": ("resolve_settings", "server_configured"),

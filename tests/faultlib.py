@@ -23,8 +23,9 @@ sys.path.insert(0, str(REPO))
 from gpulayer.server.store.queries import load  # noqa: E402
 
 INVARIANTS = load(Path(__file__).with_name("invariants.sql"))
-# Events that end a task's hold on its worker (see replay).
-TASK_ENDS = ("task_finished", "task_lost", "task_cancelled", "task_stopped")
+# Events that end a task's hold on its worker (see replay): task_requeued is a requeued task's finish
+# (`job requeue`), or a task given back to the queue (a drain's deadline, an element leased ahead).
+TASK_ENDS = ("task_finished", "task_lost", "task_cancelled", "task_stopped", "task_requeued")
 
 
 # -- invariants ---------------------------------------------------------------

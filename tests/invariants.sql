@@ -80,7 +80,7 @@ WHERE j.state IN ('succeeded', 'failed', 'cancelled', 'lost') AND t.state IN ('q
 -- The task holding events in order, for the replay in faultlib.replay.
 SELECT seq, at, kind, job_id, task_id, worker_id, data FROM events
 WHERE kind IN ('task_assigned', 'task_started', 'task_finished', 'task_lost', 'task_stopped',
-               'task_cancelled', 'gang_released', 'worker_offline', 'worker_online', 'worker_gone',
+               'task_cancelled', 'task_requeued', 'gang_released', 'worker_offline', 'worker_online', 'worker_gone',
                'job_retried', 'job_finished', 'late_finish')
 ORDER BY seq;
 

@@ -194,7 +194,7 @@ def port_forward_command(
       gpulayer port-forward 12 :8888 --replica 1
       gpulayer port-forward 12 9000:8888 --address 0.0.0.0
     """
-    from gpulayer.client.forward import PortForward, parse_ports
+    from gpulayer.client.forward import PortForward, parse_ports, refuse_unless_running
 
     try:
         local, remote = parse_ports(ports)
@@ -211,7 +211,9 @@ def port_forward_command(
 
     forward = PortForward(client, job_id, remote, local, address=address, index=chosen, on_event=report)
     try:
-        client.get_job(job_id)  # a job that is not there (or not yours) fails now, not at the first connection
+        # a job that is not there (or not yours), or with nothing running, fails now, as exec does
+        job = client.get_job(job_id)
+        refuse_unless_running(job.element(chosen) if chosen is not None else job.data, chosen)
         forward.start()
     except ClientError as exc:
         raise fail(exc.message) from None

@@ -125,8 +125,31 @@ def _quiet_stdout() -> None:
         pass
 
 
+#: What a typed option's value failed to be, in the option's words, by pydantic's error type (typer
+#: validates option values with pydantic, whose own words are "Input should be a valid integer, ...").
+VALUE_KINDS = {"int_parsing": "a whole number", "int_from_float": "a whole number", "float_parsing": "a number",
+               "bool_parsing": "true or false", "int_type": "a whole number", "float_type": "a number"}
+
+
+def _in_the_options_words(exc) -> None:
+    """Rewrite a typed option's refusal (`--gpus two`) from pydantic's words into the option's: `'two' is
+    not a whole number`; other refusals are left as they are."""
+    errors = getattr(exc.__cause__, "errors", None)
+    if not isinstance(exc, click_exceptions.BadParameter) or not callable(errors):
+        return
+    first = (errors() or [{}])[0]
+    kind, bounds, given = VALUE_KINDS.get(first.get("type", "")), first.get("ctx") or {}, str(first.get("input"))
+    if kind is not None:
+        exc.message = f"{given!r} is not {kind}"
+    elif first.get("type") in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
+        name, limit = next(iter(bounds.items()), ("", ""))
+        words = {"ge": f"{limit} or more", "gt": f"more than {limit}", "le": f"{limit} or less", "lt": f"less than {limit}"}
+        exc.message = f"{given}: must be {words.get(name, limit)}"
+
+
 def _usage_message(exc) -> str:
     """click's message plus which command's --help to read, on one line."""
+    _in_the_options_words(exc)
     message = exc.format_message()
     ctx = getattr(exc, "ctx", None)
     if isinstance(exc, click_exceptions.UsageError) and ctx is not None:

@@ -14,21 +14,29 @@ import typer
 
 from gpulayer.cli.common import (
     client_of, exit_code_of, fail, global_options, home_of, parse_duration, parse_pairs,
-    print_json,
+    print_json, style,
 )
 from gpulayer.cli.following import follow_logs, tell_ended, tell_waiting
-from gpulayer.client.errors import ClientError
-from gpulayer.protocol import parse_begin, parse_signal, parse_time_limit
+from gpulayer.client.errors import ClientError, InvalidRequest, ServiceNotStarting, WaitTimeout
+from gpulayer.protocol import UNLIMITED_TIMES, parse_begin, parse_signal, parse_time_limit
 from gpulayer.client.jobs import Job
 from gpulayer.client.settings import server_configured
-from gpulayer.client.jobfile import read_job_file, spec_from_fields
+from gpulayer.client.jobfile import ServiceOnly, read_job_file, spec_from_fields
 from gpulayer.client.specs import MIN_INGRESS_KEY
+from gpulayer.client.specs import memory_mb as memory_size_mb
 from gpulayer.protocol.jobspec import INGRESS_ACCESS
 from gpulayer.client.transfers import check_local_paths
 
-ENDPOINT_WAIT_S = 365 * 86400.0  # `submit --service` waits until the service is up or ends
+ENDPOINT_WAIT_S = 365 * 86400.0  # `submit --service` waits until the service is up or ends (or --wait-timeout)
+MAX_FAILED_STARTS = 5  # `submit --service` gives up once a replica was restarted this often (--max-failed-starts)
+SERVICE_LOG_LINES = 20  # the service's last log lines printed when submit gives up on it
 #: Options that may be given alone, and the value they then take (app.py tells click).
 VALUE_OPTIONAL = {"--ingress": "token"}
+
+
+#: The options that set a service's settings (jobfile.SERVICE_SETTINGS), by setting.
+SERVICE_FLAGS = {"replicas": "--replicas", "port": "--no-port", "restart": "--restart",
+                 "max_restarts": "--max-restarts", "health_path": "--health-path", "weights": "--weights"}
 
 
 class Target(str, Enum):
@@ -67,6 +75,7 @@ def submit(
     gpus: Annotated[Optional[int], _opt("--gpus", help="GPUs per task.", min=0)] = None,
     cpus: Annotated[Optional[float], _opt("--cpus", help="CPUs per task.", min=0)] = None,
     memory_mb: Annotated[Optional[int], _opt("--memory-mb", help="Memory per task, MB.", min=0)] = None,
+    memory: Annotated[Optional[str], _opt("--memory", "--mem", metavar="SIZE", help="Memory per task as Slurm's --mem: MB (512), or with a unit K, M, G, T (512M, 10G).")] = None,
     label: Annotated[Optional[list[str]], _opt("--label", help="k=v a worker must carry (repeatable).")] = None,
     gpu_model: Annotated[Optional[str], _opt("--gpu-model", help="Only GPUs of this model, or MIG profile (1g.10gb): the label gpu_model=MODEL.")] = None,
     env: Annotated[Optional[list[str]], _opt("--env", help="K=V for the task's environment (repeatable).")] = None,
@@ -77,7 +86,7 @@ def submit(
     retry: Annotated[Optional[int], _opt("--retry", help="Max attempts.", min=1)] = None,
     retry_on: Annotated[Optional[list[str]], _opt("--retry-on", help="Reason to retry on: worker_lost, worker_revoked, failed, timed_out, start_timeout (repeatable).")] = None,
     timeout: Annotated[Optional[str], _opt("--timeout", metavar="DURATION", help="End the task after this long: seconds, 30m, 12h, 2d, or Slurm's 1:00:00, 2-00:00:00.")] = None,
-    time_limit: Annotated[Optional[str], _opt("--time", "-t", metavar="TIME", help="Slurm's --time, the same limit as --timeout: MM (minutes, as sbatch reads a bare number), MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, or 90m, 2h.")] = None,
+    time_limit: Annotated[Optional[str], _opt("--time", "-t", metavar="TIME", help="Slurm's --time, the same limit as --timeout: MM (minutes, as sbatch reads a bare number, 1.5 too), MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, 90m, 2h, or UNLIMITED (infinite): no limit.")] = None,
     signal_: Annotated[Optional[str], _opt("--signal", metavar="[B:]SIG[@SECONDS]", help="Slurm's --signal: send SIG (USR1, SIGUSR2, 10) SECONDS (default 60) before the time limit, once; B: to the command's top process only. Also the signal of every planned stop (preemption, cancel, requeue, a drain).")] = None,
     grace: Annotated[Optional[str], _opt("--grace", metavar="DURATION", help="Time between a planned stop's signal and SIGKILL (default 30s with --signal; at most the server's --max-grace).")] = None,
     hold: Annotated[bool, _opt("--hold", help="Submit held: it waits (reason held) until `gpulayer job release`.")] = False,
@@ -106,6 +115,8 @@ def submit(
     mail_type: Annotated[Optional[str], _opt("--mail-type", metavar="TYPES", help="Mail --mail-user when the job does this, as Slurm's: BEGIN, END, FAIL, REQUEUE, ALL (comma-separated). Needs a server started with --smtp-url.")] = None,
     mail_user: Annotated[Optional[str], _opt("--mail-user", metavar="ADDR", help="Where --mail-type's mail goes.")] = None,
     wait: Annotated[bool, _opt("--wait", help="Wait and exit with the job's exit code.")] = False,
+    wait_timeout: Annotated[Optional[str], _opt("--wait-timeout", metavar="DURATION", help="With --service: give up waiting for the endpoints after this long (exit 124; the service goes on).")] = None,
+    max_failed_starts: Annotated[Optional[int], _opt("--max-failed-starts", help=f"With --service: give up waiting once a replica failed to start this often (default {MAX_FAILED_STARTS}; exit 1, its last log lines shown; the service goes on by its --restart policy).", min=1)] = None,
     follow: Annotated[bool, _opt("--follow", help="Stream the logs, then exit with the job's exit code.")] = False,
     as_json: Annotated[bool, _opt("--json", help="Print the Job as JSON instead of its id.")] = False,
     file: Annotated[Optional[Path], _opt("--file", "-f", help="A TOML file of JobSpec fields, as gl.job() takes them (options and a command after `--` override it).", exists=True, dir_okay=False)] = None,
@@ -123,7 +134,7 @@ def submit(
     """
     settings = dict(
         name=name, env=parse_pairs(env, "--env") or None, accelerator=accelerator, gpus=gpus,
-        cpus=cpus, memory_mb=memory_mb, labels=_labels_option(label, gpu_model), retry=retry,
+        cpus=cpus, memory_mb=_memory_option(memory_mb, memory), labels=_labels_option(label, gpu_model), retry=retry,
         retry_on=retry_on or None, timeout_seconds=_time_limit(timeout, time_limit),
         signal=_signal_option(signal_), grace_seconds=parse_duration(grace, "--grace"),
         hold=True if hold else None, begin_at=_begin_option(begin),
@@ -140,7 +151,10 @@ def submit(
                             health_path=health_path, weights=weights)
     made_key = _ingress_options(service, ingress, ingress_key, service_settings)
     spec = _build_spec(command, file, service, settings, service_settings)
+    if time_limit is not None and time_limit.strip().lower() in UNLIMITED_TIMES:
+        spec.pop("timeout_seconds", None)  # --time UNLIMITED wins over a job file's limit, as over #SBATCH's
     check_local_paths(spec)  # a missing --source or --input is bad input, dry run or not
+    _warn_signal_without_limit(spec)
     if dry_run:
         print_json(spec)
         return
@@ -158,7 +172,8 @@ def submit(
     for array_id in after_array or []:  # --after-array names an array: say so before anything is sent
         if client_of(ctx).get_job(array_id).data.get("array") is None:
             raise fail(f"--after-array: job {array_id} is no array (use --after {array_id})", 2)
-    raise typer.Exit(_submit_remote(ctx, spec, wait, follow, as_json, bool(cancel_on_interrupt), project, mail, made_key))
+    raise typer.Exit(_submit_remote(ctx, spec, wait, follow, as_json, bool(cancel_on_interrupt), project, mail, made_key,
+                                    _service_wait(spec, wait_timeout, max_failed_starts)))
 
 
 MAIL_TYPES = ("BEGIN", "END", "FAIL", "REQUEUE", "ALL")
@@ -219,11 +234,13 @@ def _after_option(after: Optional[list[str]], after_array: Optional[list[int]]) 
 
 
 def _time_limit(timeout: Optional[str], time_limit: Optional[str]) -> Optional[float]:
-    """`--timeout` or Slurm's `--time` (a bare number is minutes there), in seconds; not both."""
+    """`--timeout` or Slurm's `--time` (a bare number is minutes there, UNLIMITED none), in seconds; not both."""
     if time_limit is None:
         return parse_duration(timeout, "--timeout", positive=True)
     if timeout is not None:
         raise typer.BadParameter("give --time or --timeout, not both: they are the same limit", param_hint="--time")
+    if time_limit.strip().lower() in UNLIMITED_TIMES:
+        return None
     try:
         seconds = parse_time_limit(time_limit)
     except ValueError as exc:
@@ -233,6 +250,27 @@ def _time_limit(timeout: Optional[str], time_limit: Optional[str]) -> Optional[f
     if seconds <= 0:
         raise typer.BadParameter(f"{time_limit!r}: must be more than 0 seconds", param_hint="--time")
     return seconds
+
+
+def _memory_option(memory_mb: Optional[int], memory: Optional[str]) -> Optional[int]:
+    """`--memory-mb MB` or Slurm's `--memory`/`--mem SIZE` (10G, 512M), in MB; not both."""
+    if memory is None:
+        return memory_mb
+    if memory_mb is not None:
+        raise typer.BadParameter("give --memory or --memory-mb, not both: they are the same request",
+                                 param_hint="--memory")
+    try:
+        return memory_size_mb(memory)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--memory") from None
+
+
+def _warn_signal_without_limit(spec: dict) -> None:
+    """A `--signal` warning is sent before the time limit: without one it never fires (the signal is
+    still that of every planned stop), which Slurm users expect to be told."""
+    if spec.get("signal") and not spec.get("timeout_seconds") and not spec.get("service"):
+        typer.echo(f"warning: --signal {spec['signal']}: the job has no time limit (--time) for it to fire "
+                   "before; it is only the signal of planned stops (preemption, cancel, requeue, a drain)", err=True)
 
 
 def _signal_option(text: Optional[str]) -> Optional[str]:
@@ -266,20 +304,26 @@ def _build_spec(command, file: Optional[Path], service: bool, settings: dict, se
     try:
         fields = read_job_file(file) if file else {}
         return spec_from_fields(fields, command, service, settings, service_settings)
+    except ServiceOnly as exc:
+        flags = [SERVICE_FLAGS[name] for name in exc.settings]
+        raise typer.BadParameter(f"a service's setting{'s' if len(flags) > 1 else ''} ({', '.join(flags)}): add "
+                                 "--service (without it the job runs once, as a batch job)", param_hint=flags[0]) from None
     except (TypeError, ValueError) as exc:
         raise typer.BadParameter(str(exc), param_hint="--file" if file else None) from None
 
 
 def _submit_remote(ctx, spec, wait, follow, as_json, cancel_on_interrupt: bool, project: Optional[str] = None,
-                   mail: Optional[dict] = None, made_key: Optional[str] = None) -> int:
+                   mail: Optional[dict] = None, made_key: Optional[str] = None,
+                   service_wait: tuple[float, int] = (ENDPOINT_WAIT_S, MAX_FAILED_STARTS)) -> int:
     client = client_of(ctx)
-    job = client.submit(spec, project) if project else client.submit(spec)
-    if mail:  # a mailbox for this job: it starts at the job's first event, so nothing is missed meanwhile
-        try:
-            client.add_webhook(job_id=job.id, **mail)
-        except ClientError as exc:
-            typer.echo(job.id)
-            raise fail(f"job {job.id} was submitted, but its mail was refused: {exc}", 1) from None
+    # A mailbox rides on the submit: a server that sends no mail refuses both, before anything is made.
+    try:
+        job = client.submit(spec, project, mail=mail) if mail else client.submit(spec, project)
+    except InvalidRequest as exc:
+        if mail and exc.message.startswith("mail"):
+            raise fail(f"--mail-type/--mail-user: {exc.message.partition(': ')[2] or exc.message} (nothing was "
+                       "submitted)", 2) from None
+        raise
     waits = (follow or wait) and not spec.get("service")
     # From here on the job exists: a Ctrl-C at any point, even while its id is being printed (typer would
     # turn it into a silent exit 130), cancels it or says how to.
@@ -289,12 +333,7 @@ def _submit_remote(ctx, spec, wait, follow, as_json, cancel_on_interrupt: bool, 
         if job.data.get("ingress_url"):
             _print_ingress(job.data["ingress_url"], made_key, as_json)
         if spec.get("service"):
-            for endpoint in job.endpoints(wait=ENDPOINT_WAIT_S, on_waiting=tell_waiting):
-                if as_json:
-                    print_json({"endpoint": endpoint}, compact=True)
-                else:
-                    typer.echo(endpoint)
-            return 0
+            return _wait_endpoints(job, as_json, *service_wait)
         if follow:
             follow_logs(job, as_json=as_json)
         elif wait:
@@ -306,6 +345,27 @@ def _submit_remote(ctx, spec, wait, follow, as_json, cancel_on_interrupt: bool, 
     return _ended(job, as_json)
 
 
+def _wait_endpoints(job: Job, as_json: bool, wait_s: float, max_failed_starts: int) -> int:
+    """Print a service's endpoints once every replica has one: 0. A replica that failed to start
+    `max_failed_starts` times (1), or `wait_s` passed (124): the job's last log lines and why on
+    stderr; the service itself goes on by its restart policy."""
+    try:
+        endpoints = job.endpoints(wait=wait_s, on_waiting=tell_waiting, max_failed_starts=max_failed_starts)
+    except (ServiceNotStarting, WaitTimeout) as exc:
+        for line in job.logs()[-SERVICE_LOG_LINES:]:  # on stderr: stdout holds the job id (and endpoints)
+            system = line.get("stream") == "system"
+            typer.echo(("[gpulayer] " if system else "") + line.get("text", "").rstrip("\n"), err=True)
+        typer.echo(style(f"{exc}; it goes on restarting by its --restart policy: `gpulayer job cancel {job.id}` "
+                         "stops it", "red", err=True), err=True)
+        return 124 if isinstance(exc, WaitTimeout) else 1
+    for endpoint in endpoints:
+        if as_json:
+            print_json({"endpoint": endpoint}, compact=True)
+        else:
+            typer.echo(endpoint)
+    return 0
+
+
 def _print_ingress(url: str, made_key: Optional[str], as_json: bool) -> None:
     """The service's ingress URL (and the key made for it, shown this once) after its id."""
     if as_json:
@@ -315,6 +375,18 @@ def _print_ingress(url: str, made_key: Optional[str], as_json: bool) -> None:
     if made_key:
         typer.echo(f"ingress key {made_key}")
         typer.echo("(the key is shown this once: the control plane keeps only its SHA-256)", err=True)
+
+
+def _service_wait(spec: dict, wait_timeout: Optional[str], max_failed_starts: Optional[int]) -> tuple[float, int]:
+    """How long `submit --service` waits for the endpoints, and after how many failed starts of a replica
+    it gives up; both options are a service's (a usage error without one)."""
+    if not spec.get("service") and (wait_timeout is not None or max_failed_starts is not None):
+        flag = "--wait-timeout" if wait_timeout is not None else "--max-failed-starts"
+        raise typer.BadParameter("waits for a service's endpoints: add --service (--wait waits for a job)",
+                                 param_hint=flag)
+    seconds = parse_duration(wait_timeout, "--wait-timeout", positive=True)
+    return (ENDPOINT_WAIT_S if seconds is None else seconds,
+            MAX_FAILED_STARTS if max_failed_starts is None else max_failed_starts)
 
 
 def _print_submitted(job: Job, as_json: bool) -> None:

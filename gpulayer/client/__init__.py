@@ -11,7 +11,7 @@
 from gpulayer.client.api import Client, connect
 from gpulayer.client.errors import (
     ApiError, BadInput, ClientError, Conflict, ConnectionFailed, Forbidden, InvalidRequest, NotFound,
-    ProtocolMismatch, Unauthorized, WaitTimeout,
+    ProtocolMismatch, ServiceNotStarting, Unauthorized, WaitTimeout,
 )
 from gpulayer.client.jobs import FINISHED_STATES, Job
 from gpulayer.client.settings import Settings, read_client_file, resolve_settings, server_configured
@@ -19,6 +19,7 @@ from gpulayer.client.specs import job, service
 
 __all__ = [
     "ApiError", "BadInput", "Client", "ClientError", "Conflict", "ConnectionFailed", "FINISHED_STATES", "Forbidden",
-    "InvalidRequest", "Job", "NotFound", "ProtocolMismatch", "Settings", "Unauthorized", "WaitTimeout",
+    "InvalidRequest", "Job", "NotFound", "ProtocolMismatch", "ServiceNotStarting", "Settings", "Unauthorized",
+    "WaitTimeout",
     "connect", "job", "read_client_file", "resolve_settings", "server_configured", "service",
 ]

@@ -136,12 +136,15 @@ class Client:
 
     # Jobs
 
-    def submit(self, spec: dict, project: str | None = None) -> "Job":
+    def submit(self, spec: dict, project: str | None = None, *, mail: dict | None = None) -> "Job":
         """Upload what the spec names by local path (source, inputs, weights), then submit it, to `project`
-        (default: your only project, else `default`)."""
+        (default: your only project, else `default`); `mail` ({"email", "mail_type"}: Slurm's --mail-user
+        and --mail-type) adds a mailbox for the job, refused with the job (400) by a server without mail."""
         prepared = transfers.prepare_spec(self, spec)
         if project is not None:
             prepared = {**prepared, "project": project}
+        if mail is not None:
+            prepared = {**prepared, "mail": mail}
         return Job(self, self.call("POST", "/jobs", json=prepared))
 
     def get_job(self, job_id: int | str) -> "Job":

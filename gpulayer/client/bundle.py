@@ -1,7 +1,10 @@
 """Pack a `--source DIR` into a deterministic tar.gz.
 
-In a git checkout only the files git tracks are packed (untracked and ignored
-files stay home); elsewhere every file under DIR except `.git` folders. The
+In a git checkout the files git tracks and the untracked ones it does not
+ignore are packed (what .gitignore names stays home, as a user means by
+"the checkout"); elsewhere every file under DIR except `.git` folders. A file
+the command names (`python train.py`) that is left out is refused, naming
+why (`named_but_left_out`), rather than found missing on the worker. The
 same files with the same contents give the same bytes, hence the same digest,
 so an unchanged source is never uploaded twice: names are sorted, times,
 owners and the gzip header are zeroed, and modes are reduced to 0644/0755.
@@ -22,7 +25,7 @@ from gpulayer.client.errors import BadInput, ClientError
 
 
 def list_files(directory: Path) -> list[str]:
-    """Relative POSIX paths to pack, sorted: git-tracked files when DIR is in a checkout.
+    """Relative POSIX paths to pack, sorted: in a checkout, what git tracks or does not ignore.
 
     Raises BadInput naming a folder under DIR that cannot be read (or a tracked file that cannot be reached).
     """
@@ -49,17 +52,36 @@ def unreadable(option: str, path: Path | str, exc: OSError) -> BadInput:
 
 
 def _git_tracked(directory: Path) -> list[str] | None:
-    """Files git tracks under `directory` (relative to it), or None when it is no checkout."""
+    """Files git tracks under `directory` (relative to it), its submodules' too, and the untracked ones
+    it does not ignore; None when it is no checkout."""
     try:
         inside = subprocess.run(["git", "-C", str(directory), "rev-parse", "--is-inside-work-tree"],
                                 capture_output=True, text=True, check=False)
         if inside.returncode != 0 or inside.stdout.strip() != "true":
             return None
-        listed = subprocess.run(["git", "-C", str(directory), "ls-files", "-z", "--cached",
-                                 "--recurse-submodules"], capture_output=True, check=True)
+        # --recurse-submodules goes with --cached alone (git ls-files), so untracked files are a second list
+        listed = [subprocess.run(["git", "-C", str(directory), "ls-files", "-z", *mode], capture_output=True,
+                                 check=True).stdout
+                  for mode in (["--cached", "--recurse-submodules"], ["--others", "--exclude-standard"])]
     except (OSError, subprocess.CalledProcessError):
         return None
-    return [name for name in listed.stdout.decode("utf-8", "surrogateescape").split("\0") if name]
+    names = {name for out in listed for name in out.decode("utf-8", "surrogateescape").split("\0") if name}
+    return sorted(names)
+
+
+def named_but_left_out(directory: Path, names: list[str], command: list[str]) -> list[str]:
+    """The command's arguments that name a file under `directory` (relative, as the task sees its working
+    directory) which is not among the packed `names`: git ignores it, or it is not readable as a member."""
+    packed, found = set(names), []
+    for arg in command[1:] if command else []:
+        if not arg or arg.startswith("-") or os.path.isabs(arg) or ".." in Path(arg).parts:
+            continue
+        try:
+            if (directory / arg).is_file() and Path(os.path.normpath(arg)).as_posix() not in packed:
+                found.append(arg)
+        except OSError:
+            continue
+    return found
 
 
 def walk_files(directory: Path, option: str, skip: tuple[str, ...] = (), links: bool = False) -> list[str]:

@@ -29,6 +29,11 @@ class WaitTimeout(ClientError, TimeoutError):
     """A wait (`Job.wait`, `Job.endpoints(wait=...)`) ran out of time."""
 
 
+class ServiceNotStarting(ClientError):
+    """`Job.endpoints(wait=..., max_failed_starts=N)`: a replica failed to start N times while waited on
+    (its service goes on restarting by its policy)."""
+
+
 class ApiError(ClientError):
     """The server refused a request; `code`, `status` and `message` are the server's."""
 

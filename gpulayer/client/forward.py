@@ -40,6 +40,19 @@ def _port(text: str, name: str, *, zero: bool) -> int:
     return int(text)
 
 
+def refuse_unless_running(job: dict, index: int | None = None) -> None:
+    """ClientError naming the job and its state when nothing of `job` (the wire's Job, of element `index`
+    when given, as GET /v1/jobs/{id}?index= answers it) runs: port-forward refuses at once, as exec does,
+    rather than listen for connections that can only fail."""
+    tasks = [t for t in job.get("tasks") or [] if index is None or t.get("index") == index]
+    if any(t.get("state") == "running" for t in tasks):
+        return
+    states = sorted({str(t.get("state")) for t in tasks if t.get("attempt") == job.get("attempt")})
+    what = f"job {job['id']}" + (f" has no element {index} running" if index is not None else " has no task running")
+    raise ClientError(f"{what} (job {job.get('state')}, tasks: {', '.join(states) or 'none'}): "
+                      "port-forward reaches a running task only")
+
+
 class PortForward:
     """Connections to `address`:`local` go to `remote` in job `job_id`'s task (element `index`).
 

@@ -22,11 +22,18 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from gpulayer.client import specs
-from gpulayer.protocol.fields import names
-from gpulayer.protocol.jobspec import ServiceSpec
 
-#: `service()`'s settings: the service block's fields (gpulayer/protocol/jobspec.py), `health` as its `http_path`.
-SERVICE_SETTINGS = (*("health_path" if name == "health" else name for name in names(ServiceSpec)), "ingress_key")
+SERVICE_SETTINGS = specs.SERVICE_SETTINGS  # `service()`'s settings
+
+
+class ServiceOnly(ValueError):
+    """Service settings given for a job that is no service: refused, never dropped (it would run once as
+    a batch job, its replicas and restarts forgotten). `settings`: their names."""
+
+    def __init__(self, settings: list[str]):
+        super().__init__(f"{', '.join(settings)}: a service's settings, for a service only "
+                         "(`service = true` or a [service] table)")
+        self.settings = settings
 
 
 def read_job_file(path: str | Path) -> dict:
@@ -50,17 +57,20 @@ def spec_from_fields(fields: dict, command: Optional[str | Iterable[str]] = None
     fields.pop("command", None)
     block: Any = fields.pop("service", None)
     fields.update(_given(overrides))
+    # an unknown key first: `comand = [...]` is a misspelt command, not a missing one
+    specs.refuse_unknown("job", fields, ("command", *specs.JOB_SETTINGS))
     if not argv:
         raise ValueError("a job needs a command: `command = [...]` in the file, or one after `--`")
     if not isinstance(block, (dict, bool, type(None))):
         raise ValueError(f"service is a table ([service]) or true/false, not {block!r}")
     if not (service or isinstance(block, dict) or block is True):
+        stray = sorted(_given(service_overrides))
+        if stray:
+            raise ServiceOnly(stray)
         return specs.job(argv, **fields)
     settings = dict(block) if isinstance(block, dict) else {}
     settings.update(_given(service_overrides))
-    unknown = sorted(set(settings) - set(SERVICE_SETTINGS))
-    if unknown:
-        raise TypeError(f"unknown service setting: {', '.join(unknown)}; known: {', '.join(SERVICE_SETTINGS)}")
+    specs.refuse_unknown("service", settings, SERVICE_SETTINGS)
     return specs.service(argv, **settings, **fields)
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any, Iterator, Protocol
 
 from gpulayer.client import transfers
-from gpulayer.client.errors import ClientError, WaitTimeout
-from gpulayer.client.waiting import OnWaiting, WaitingNotice
+from gpulayer.client.errors import ClientError, ServiceNotStarting, WaitTimeout
+from gpulayer.client.waiting import OnWaiting, WaitingNotice, failed_starts
 
 FINISHED_STATES = frozenset({"succeeded", "failed", "cancelled", "lost"})
 LOG_WAIT_S = 10.0
@@ -188,9 +188,11 @@ class Job:
         """A PortForward (gpulayer/client/forward.py): connections to `address`:`local` (0: a free port, its
         `local_port`) reach port `remote` in the job's running task (element, replica or rank `index`), through
         the control plane's relay. A context manager: listening inside the with block, closed after it.
-        Raises ApiError or ConnectionFailed when the relay refuses or cannot be reached, OSError when the
-        local port cannot be bound; `on_event(text)` hears why a connection ended with an error."""
-        from gpulayer.client.forward import PortForward
+        Raises ClientError when nothing of the job (that element) runs, ApiError or ConnectionFailed when the
+        relay refuses or cannot be reached, OSError when the local port cannot be bound; `on_event(text)`
+        hears why a connection ended with an error."""
+        from gpulayer.client.forward import PortForward, refuse_unless_running
+        refuse_unless_running(self.element(index) if index is not None else self.info(), index)
         return PortForward(self.client, self.id, remote, local, address=address, index=index, on_event=on_event)  # type: ignore[arg-type]
 
     def element(self, index: int) -> dict:
@@ -205,13 +207,16 @@ class Job:
         """Every event of the job, oldest first (its pages joined)."""
         return self.client.get_job_events(self.id)
 
-    def endpoints(self, wait: float | None = None, on_waiting: OnWaiting | None = None) -> list[str]:
+    def endpoints(self, wait: float | None = None, on_waiting: OnWaiting | None = None,
+                  max_failed_starts: int | None = None) -> list[str]:
         """A service's endpoints ["host:port", ...].
 
         wait=None answers at once with what is known. wait=S waits up to S
         seconds until every replica has one, telling `on_waiting` what it waits
         for as `wait()` does (a replica not placed, one restarting); raises
-        WaitTimeout after that, and ClientError when the job ends first.
+        WaitTimeout after that, ServiceNotStarting once a replica has been
+        restarted `max_failed_starts` times meanwhile (the service goes on by
+        its restart policy), and ClientError when the job ends first.
         """
         if wait is None:
             return list(self.client.call("GET", f"/jobs/{self.id}/endpoints").get("endpoints") or [])
@@ -225,6 +230,10 @@ class Job:
             if answer.get("ready") and answer.get("endpoints"):
                 return list(answer["endpoints"])
             notice.update(self.data)
+            restarts, message = failed_starts(self.data)
+            if max_failed_starts is not None and restarts >= max_failed_starts:
+                raise ServiceNotStarting(f"job {self.id}: a replica failed to start {restarts} times"
+                                         + (f" ({message})" if message else ""))
             if time.monotonic() >= deadline:
                 have = len(answer.get("endpoints") or [])
                 raise WaitTimeout(f"job {self.id}: not every replica had an endpoint after {wait:g} s ({have} ready)")

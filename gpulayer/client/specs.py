@@ -7,14 +7,15 @@ uploads those and puts their digests in their place.
 """
 from __future__ import annotations
 
+import difflib
 import hashlib
 import re
 import shlex
 from typing import Any, Iterable
 
 from gpulayer.protocol import array_ranges, parse_duration
-from gpulayer.protocol.fields import wire_fields
-from gpulayer.protocol.jobspec import AFTER_CONDITIONS, INGRESS_ACCESS, RESTART_POLICIES, JobSpec
+from gpulayer.protocol.fields import names, wire_fields
+from gpulayer.protocol.jobspec import AFTER_CONDITIONS, INGRESS_ACCESS, RESTART_POLICIES, JobSpec, ServiceSpec
 
 #: The JobSpec's fields (gpulayer/protocol/jobspec.py) but `command` (the first argument) and `service`
 #: (`service()`), and `retry_on`: `retry`'s, on its own.
@@ -24,6 +25,41 @@ JOB_SETTINGS = (*(f.name for f in wire_fields(JobSpec) if f.name not in ("comman
 WHOLE_SETTINGS = tuple(f.name for f in wire_fields(JobSpec) if set(f.kinds) <= {int, type(None)})
 #: Settings that take a duration: seconds, or text as every duration option reads it ("1h", "1:00:00").
 DURATION_SETTINGS = ("timeout_seconds", "silence_timeout_seconds", "checkpoint_every_seconds", "grace_seconds")
+
+
+#: Slurm's `--mem` units (powers of 1024, as Slurm reads them) in MB; a bare number is MB.
+MEMORY_UNITS = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
+_MEMORY = re.compile(r"([0-9]{1,12}(?:\.[0-9]{1,6})?)\s*([KMGT])?(?:i?B)?", re.IGNORECASE)
+
+
+def memory_mb(text: str) -> int:
+    """A memory size as Slurm's `--mem` takes it, in whole MB (rounded up): 512 (MB), 512M, 10G, 1.5T,
+    2048K; ValueError naming the forms otherwise."""
+    found = _MEMORY.fullmatch(str(text).strip())
+    if not found:
+        raise ValueError(f"{text!r} is not a memory size: write a number of MB (512) or one with a unit, "
+                         "K, M, G or T (512M, 10G, 1.5T)")
+    mb = float(found[1]) * MEMORY_UNITS[(found[2] or "M").upper()]
+    return int(mb) if mb.is_integer() else int(mb) + 1
+
+
+#: `service()`'s settings: the service block's fields (gpulayer/protocol/jobspec.py), `health` as its `http_path`.
+SERVICE_SETTINGS = (*("health_path" if name == "health" else name for name in names(ServiceSpec)), "ingress_key")
+
+
+def refuse_unknown(what: str, given: Iterable[str], known: Iterable[str]) -> None:
+    """TypeError naming each of `given` that is not `known`, with the known one it was likely meant as
+    (`gpu`: did you mean `gpus`?), then every known one."""
+    known = list(known)
+    unknown = sorted(set(given) - set(known))
+    if not unknown:
+        return
+    named = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        named.append(f"{name} (did you mean {close[0]}?)" if close else name)
+    raise TypeError(f"unknown {what} setting{'s' if len(unknown) > 1 else ''}: {', '.join(named)}; "
+                    f"known: {', '.join(known)}")
 
 
 def job(command: str | Iterable[str], **settings: Any) -> dict:
@@ -42,9 +78,7 @@ def job(command: str | Iterable[str], **settings: Any) -> dict:
     (job, condition) pairs). Raises TypeError for an unknown setting, ValueError
     for a bad value.
     """
-    unknown = sorted(set(settings) - set(JOB_SETTINGS))
-    if unknown:
-        raise TypeError(f"unknown job setting: {', '.join(unknown)}; known: {', '.join(JOB_SETTINGS)}")
+    refuse_unknown("job", settings, JOB_SETTINGS)
     spec: dict[str, Any] = {"command": _argv(command)}
     retry = _retry(settings.pop("retry", None), settings.pop("retry_on", None))
     if retry is not None:
@@ -68,6 +102,7 @@ def service(command: str | Iterable[str], replicas: int = 1, port: bool = True,
     `ingress` ("token", "key" or "public") a URL on the control plane that proxies HTTP to the replicas
     (docs/access.md, "Ingress"), `ingress_key` the service's key (only its SHA-256 is sent).
     """
+    refuse_unknown("service", job_settings, (*SERVICE_SETTINGS, *JOB_SETTINGS))
     if restart not in RESTART_POLICIES:
         raise ValueError(f"restart must be one of {', '.join(RESTART_POLICIES)}, not {restart!r}")
     if int(replicas) < 1:

@@ -15,7 +15,7 @@ import time
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO, Protocol
 
-from gpulayer.client.bundle import pack, unreadable, walk_files
+from gpulayer.client.bundle import named_but_left_out, pack, unreadable, walk_files
 from gpulayer.client.errors import BadInput, ClientError
 from gpulayer.client.images import looks_like_path, prepare_image
 
@@ -189,7 +189,7 @@ def prepare_spec(client: Client, spec: dict) -> dict:
         archive = None
         if source and not _is_digest(source):
             archive = Path(tmp) / "source.tar.gz"
-            pack(Path(source), archive)
+            _check_named(Path(source), pack(Path(source), archive), spec.get("command") or [])
         inputs = input_files(spec["inputs"]) if spec.get("inputs") else None
         if weights and not _is_digest(weights):
             _check_readable("--weights", Path(weights))
@@ -204,6 +204,18 @@ def prepare_spec(client: Client, spec: dict) -> dict:
         if weights and not _is_digest(weights):
             spec["service"] = {**service, "weights": upload_file(client, Path(weights))}
     return spec
+
+
+def _check_named(source: Path, packed: list[str], command: list[str]) -> None:
+    """BadInput when the command names a file of the source that the bundle left out (git ignores it):
+    the job would fail on the worker with `can't open file`, after an upload that could not help."""
+    missing = named_but_left_out(source, packed, command)
+    if missing:
+        raise BadInput(f"--source: {', '.join(missing)} (named by the command) would not be sent: "
+                       f"{'it is' if len(missing) == 1 else 'they are'} ignored by git in {source} "
+                       f"(.gitignore; the bundle holds {len(packed)} file{'' if len(packed) == 1 else 's'}), "
+                       "so the task could not open it. Remove it from .gitignore, pass it with --input, "
+                       "or use a folder outside the checkout (nothing was sent)")
 
 
 def input_files(inputs: dict[str, str]) -> dict[str, str | Path]:

@@ -66,3 +66,13 @@ class WaitingNotice:
         self.last = message
         self.report(message)
         return message
+
+
+def failed_starts(job: dict) -> tuple[int, Optional[str]]:
+    """The most restarts of a replica of the job's current attempt while none of them is up, and that
+    replica's restart message ("restart 4: exited with code 127; next run in 8 s") or None."""
+    current = [t for t in job.get("tasks") or [] if t.get("attempt") == job.get("attempt")]
+    worst = max(current, key=lambda t: t.get("restarts") or 0, default=None)
+    if worst is None:
+        return 0, None
+    return worst.get("restarts") or 0, worst.get("restart_message")

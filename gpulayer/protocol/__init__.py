@@ -155,11 +155,16 @@ def signal_number(name: str) -> int:
     return _SIGNALS[name]
 
 
+#: What Slurm's `--time` takes for no limit at all (any case).
+UNLIMITED_TIMES = ("unlimited", "infinite")
+
+
 def parse_time_limit(text: str | float | int) -> float:
-    """Slurm's `--time`: as parse_duration, except that a bare number is minutes (`--time 90`: 90 minutes),
-    as sbatch reads it; 30m, 2h and 1:00:00 alike. Raises ValueError."""
-    if isinstance(text, str) and re.fullmatch(r"[0-9]{1,9}", text.strip()):
-        return float(int(text.strip()) * 60)
+    """Slurm's `--time`: as parse_duration, except that a bare number is minutes, with a fraction or not
+    (`--time 90`: 90 minutes, `--time 1.5`: 90 seconds), as sbatch reads it; 30m, 2h and 1:00:00 alike.
+    Raises ValueError (the caller reads UNLIMITED_TIMES first)."""
+    if isinstance(text, str) and re.fullmatch(r"[0-9]{1,9}(\.[0-9]{1,9})?", text.strip()):
+        return float(text.strip()) * 60
     return parse_duration(text)
 
 

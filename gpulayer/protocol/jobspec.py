@@ -130,7 +130,10 @@ class JobSpec:
     labels: dict[str, str] = declare({}, help="must all be on the worker")
     retry: RetrySpec | None = declare(
         None, shows='{`max_attempts`: 1 (10 for services), `retry_on`: ["worker_lost"]}',
-        help="reasons: `worker_lost`, `worker_revoked`, `failed`, `timed_out`, `start_timeout`; a task whose "
+        help="reasons: `worker_lost`, `worker_revoked`, `failed`, `timed_out`, `start_timeout`, judged from the "
+             "finish's `outcome` (`failed`, `timed_out`), never from its `reason` text, which the job keeps for "
+             "people (\"exit code 1\"); `start_timeout` is a gang rank that arrived at its rendezvous and failed "
+             "while a rank was still missing (its agent's rendezvous timeout); a task whose "
              "worker stopped it (a `cancelled` finish nobody asked for) ends `lost` with reason "
              "`worker_stopped`, judged as `worker_lost`")
     timeout_seconds: float | None = declare(None, minimum=0.001, maximum=10**9,

@@ -1,4 +1,4 @@
-"""bundle.pack: git-tracked files only in a checkout, and the same bytes for the same files."""
+"""bundle.pack: in a checkout, what git tracks or does not ignore; the same bytes for the same files."""
 import hashlib
 import os
 import shutil
@@ -46,17 +46,34 @@ def checkout(tmp_path):
 
 
 @needs_git
-def test_git_checkout_packs_only_tracked_files(checkout, tmp_path):
+def test_git_checkout_packs_tracked_and_untracked_files_not_ignored(checkout, tmp_path):
+    """Issue 36 item 21: an untracked train.py was left out without a word (`unpacked: 0 entries`)."""
     archive = tmp_path / "s.tar.gz"
     names = bundle.pack(checkout, archive)
-    assert names == [".gitignore", "pkg/model.py", "run.sh", "train.py"]
+    assert names == [".gitignore", "pkg/model.py", "run.sh", "train.py", "untracked.txt"]  # not big.ckpt
     assert _names(archive) == names
+
+
+@needs_git
+def test_a_fresh_checkout_with_nothing_committed_packs_its_files(tmp_path):
+    repo = tmp_path / "fresh"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    (repo / "train.py").write_text("print('hi')\n")
+    assert bundle.pack(repo, tmp_path / "f.tar.gz") == ["train.py"]
+
+
+@needs_git
+def test_a_file_the_command_names_that_git_ignores_is_told(checkout, tmp_path):
+    names = bundle.pack(checkout, tmp_path / "s.tar.gz")
+    command = ["python", "train.py", "--resume", "big.ckpt", "./big.ckpt", "/etc/hosts", "missing.py"]
+    assert bundle.named_but_left_out(checkout, names, command) == ["big.ckpt", "./big.ckpt"]
 
 
 @needs_git
 def test_subdirectory_of_a_checkout_is_packed_relative_to_itself(checkout, tmp_path):
     (checkout / "pkg" / "scratch.py").write_text("untracked\n")
-    assert bundle.pack(checkout / "pkg", tmp_path / "p.tar.gz") == ["model.py"]
+    assert bundle.pack(checkout / "pkg", tmp_path / "p.tar.gz") == ["model.py", "scratch.py"]
 
 
 @needs_git

@@ -42,7 +42,7 @@ def test_time_takes_slurms_forms_and_durations(text, seconds):
 
 
 def test_signal_grace_hold_and_begin_in_the_spec():
-    spec = dry_run("--signal", "B:USR1@120", "--grace", "2m", "--hold", "--begin", "now+1h")
+    spec = dry_run("--time", "10", "--signal", "B:USR1@120", "--grace", "2m", "--hold", "--begin", "now+1h")
     assert spec["signal"] == "B:USR1@120" and spec["grace_seconds"] == 120 and spec["hold"] is True
     assert abs(spec["begin_at"] - (time.time() + 3600)) < 60
 

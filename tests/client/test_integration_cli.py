@@ -89,16 +89,19 @@ def test_new_output_content_comes_back(cluster):
     assert (dest / "out" / "note.txt").read_text() == "note\n"
 
 
-def test_source_sends_only_tracked_files(cluster):
+def test_source_sends_what_git_does_not_ignore(cluster):
+    """Tracked and untracked files go; what .gitignore names stays home (issue 36 item 21)."""
     repo = cluster.root / "repo"
     repo.mkdir()
     (repo / "tracked.txt").write_text("t")
+    (repo / ".gitignore").write_text("*.ckpt\n")
     subprocess.run(["git", "-C", str(repo), "init", "-q"], check=True)
-    subprocess.run(["git", "-C", str(repo), "add", "tracked.txt"], check=True)
+    subprocess.run(["git", "-C", str(repo), "add", "tracked.txt", ".gitignore"], check=True)
     (repo / "untracked.txt").write_text("u")
+    (repo / "big.ckpt").write_text("ignored")
     result = _ok(cluster.cli("submit", "--follow", "--source", str(repo), "--", "ls"))
-    assert "tracked.txt" in result.stdout.splitlines()
-    assert "untracked.txt" not in result.stdout
+    listed = result.stdout.splitlines()
+    assert "tracked.txt" in listed and "untracked.txt" in listed and "big.ckpt" not in listed, listed
 
 
 def test_worker_list(cluster):

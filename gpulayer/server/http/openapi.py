@@ -124,7 +124,12 @@ SIGNALS = {"type": "array", "maxItems": 16, "items": {"type": "object", "require
 REQUEST_BODIES = {
     ("/v1/jobs", "post"): {**JOB_SPEC, "properties": {**JOB_SPEC["properties"], "project": {
         **NAME, "description": "beside the JobSpec: the project it counts against (default: the caller's only "
-                               "project, else default)"}}},
+                               "project, else default)"},
+        "mail": {"type": "object", "additionalProperties": False, "required": ["email"],
+                 "description": "beside the JobSpec: a mailbox for the job (needs --smtp-url), checked before the "
+                                "job is made",
+                 "properties": {"email": {"type": "string"}, "mail_type": {
+                     "type": "array", "items": {"enum": ["BEGIN", "END", "FAIL", "REQUEUE", "ALL"]}}}}}},
     ("/v1/users", "post"): {"type": "object", "required": ["name"], "additionalProperties": False, "properties": {
         "name": NAME, "admin": {"type": "boolean"}, "max_running_jobs": {"type": ["integer", "null"], "minimum": 0},
         "projects": MEMBERSHIPS,

@@ -13,6 +13,7 @@ from gpulayer.protocol import JOB_STATES
 from gpulayer.server.config import PROTOCOL
 from gpulayer.server.errors import InvalidRequest, NotFound
 from gpulayer.server.http import paging, wire
+from gpulayer.server.notify import targets
 from gpulayer.server.provisioning import loop as provisioner
 from gpulayer.server.scheduler import checkpoints, secrets, teams, tokens, views, workers
 from gpulayer.server.validators import check_digest
@@ -221,7 +222,11 @@ class Jobs(Resource):
     def on_post(self, req, resp):
         body = wire.read_json(req)
         project = body.pop("project", None)  # beside the JobSpec: which project the job counts against
+        mailbox = targets.parse_mailbox(body.pop("mail", None), smtp=bool(self.deps.config.smtp_url))  # beside it too
         job_id = self.sched.submit(body, req.context.principal, project)
+        if mailbox is not None:  # from the job's first event on, so nothing is missed
+            self.store.write(targets.add_webhook, req.context.principal, self.sched.secret_box,
+                             {**mailbox, "job": job_id}, self.deps.clock())
         resp.status = falcon.HTTP_201
         resp.location = f"/v1/jobs/{job_id}"
         resp.media = with_ingress_url(req, self.store.read(views.rendered_for, req.context.principal, job_id))

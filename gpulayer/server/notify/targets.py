@@ -80,6 +80,20 @@ def parse_webhook(body: dict, *, allow_private: bool, smtp: bool) -> dict:
     return {"url": url, "email": email, "events": found, "format": "email" if email else fmt, "project": project, "job": job}
 
 
+def parse_mailbox(mail, *, smtp: bool) -> dict | None:
+    """A submit's `mail` ({`email`, `mail_type`}, beside the JobSpec) as a mailbox request for the job it
+    makes, checked as parse_webhook checks one (`smtp`: the control plane sends mail) before the job is
+    made; None for none. Raises InvalidRequest naming `mail.<field>`."""
+    if mail is None:
+        return None
+    if not isinstance(mail, dict) or set(mail) - {"email", "mail_type"}:
+        raise InvalidRequest('mail: must be {"email": ADDR, "mail_type": [BEGIN|END|FAIL|REQUEUE|ALL]}', field="mail")
+    try:
+        return parse_webhook(dict(mail), allow_private=False, smtp=smtp)
+    except InvalidRequest as exc:
+        raise InvalidRequest(f"mail.{exc.message}", field="mail") from None
+
+
 def add_webhook(conn: apsw.Connection, principal, box: SecretBox, spec: dict, now: float) -> dict:
     """Add a webhook (or mailbox) for what `principal` may read; answers it with its secret (shown once)."""
     scope, project_id, job_id = ("all" if principal.admin else "user"), None, None

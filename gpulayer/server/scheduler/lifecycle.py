@@ -109,6 +109,22 @@ def finish(conn: apsw.Connection, worker_id: int, task_id: int, exit_code: int |
         return False
     events.record(conn, now, "task_finished", job_id=ended["job_id"], task_id=task_id, worker_id=worker_id,
                   exit_code=exit_code, outcome=outcome, state=state, reason=reason or default_reason)
+    # The retry policy judges the outcome, never the agent's words ("exit code 1", "timeout: ..."),
+    # which stay the task's (and the job's) reason for people to read.
+    judged = _start_timed_out(conn, done) if default_reason == "failed" else default_reason
     outcomes.settle(conn, now, ended["job_id"], ended["attempt"],
-                    {"id": task_id, "state": state, "reason": reason or default_reason, "exit_code": exit_code})
+                    {"id": task_id, "state": state, "reason": reason or default_reason, "judged": judged,
+                     "exit_code": exit_code})
     return True
+
+
+def _start_timed_out(conn: apsw.Connection, task: dict) -> str:
+    """How the retry policy judges a failed task: `start_timeout` for a gang rank that arrived at its
+    attempt's rendezvous and failed while a rank was still missing (its agent's rendezvous timeout:
+    the command never started), else `failed`."""
+    job = one(conn, "job_for_update", job_id=task["job_id"])
+    if not job["gang"] or job["width"] < 2:
+        return "failed"
+    peers = rows(conn, "rendezvous_peers", job_id=task["job_id"], attempt=task["attempt"])
+    arrived = any(p["rank"] == task["index"] for p in peers)
+    return "start_timeout" if arrived and len(peers) < job["width"] else "failed"

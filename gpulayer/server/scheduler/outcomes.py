@@ -49,7 +49,8 @@ FANOUT = 100    # waiting jobs one step settles
 def settle(conn: apsw.Connection, now: float, job_id: int, attempt: int, task: dict) -> str | None:
     """Decide the job's fate after `task` (its row, already ended) ended; returns the job's new state, if any.
 
-    `task` holds at least state, reason and exit_code.
+    `task` holds at least state, reason and exit_code; `judged` (optional) is the reason the retry policy
+    reads (failed, timed_out, start_timeout) where `reason` holds an agent's words.
     """
     job = row(conn, "job_for_update", job_id=job_id)
     if job is not None and job["array_size"] is not None and job["state"] in ("queued", "running"):
@@ -63,7 +64,7 @@ def settle(conn: apsw.Connection, now: float, job_id: int, attempt: int, task: d
             return finish(conn, now, job_id, "cancelled", None, "cancelled")
         return None
     reason = task.get("reason") or task["state"]
-    retryable = RETRY_AS.get(reason, reason) in json.loads(job["retry_on"])
+    retryable = retry_reason(task) in json.loads(job["retry_on"])
     if (retryable and job["kind"] == "service" and job["width"] > 1 and task["state"] == "lost"
             and _replace_replica(conn, now, job, task)):
         return None
@@ -72,6 +73,13 @@ def settle(conn: apsw.Connection, now: float, job_id: int, attempt: int, task: d
         return "queued"
     _stop_siblings(conn, now, job_id, attempt, f"{reason} (task {task['id']})")
     return finish(conn, now, job_id, FINAL_JOB_STATE.get(task["state"], "failed"), task.get("exit_code"), reason)
+
+
+def retry_reason(task: dict) -> str:
+    """The reason the retry policy reads for an ended task: its `judged` reason, else its reason (or
+    state), read through RETRY_AS."""
+    reason = task.get("judged") or task.get("reason") or task["state"]
+    return RETRY_AS.get(reason, reason)
 
 
 def retries_left(conn: apsw.Connection, job: dict, attempt: int, index: int | None = None) -> bool:
@@ -154,7 +162,7 @@ def settle_element(conn: apsw.Connection, now: float, job: dict, task: dict, *, 
     if task["state"] not in ("succeeded", "cancelled"):
         reason = task.get("reason") or task["state"]
         element = one(conn, "task_element", task_id=task["id"])
-        if (RETRY_AS.get(reason, reason) in json.loads(job["retry_on"])
+        if (retry_reason(task) in json.loads(job["retry_on"])
                 and retries_left(conn, job, element["attempt"], element["index"])):
             new = one(conn, "insert_task", job_id=job["id"], index=element["index"], attempt=element["attempt"] + 1,
                       priority=job["priority"], now=now)
