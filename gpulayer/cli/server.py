@@ -115,6 +115,9 @@ class FrontEnd(str, Enum):
     cheroot = "cheroot"
 
 
+FairshareHalfLife = Annotated[Optional[str], typer.Option(
+    "--fairshare-half-life", callback=duration_option("--fairshare-half-life", positive=True), metavar="DURATION",
+    help="Fair share forgets half of a project's past usage in this long (default 7d; docs/teams.md).")]
 PreemptGrace = Annotated[str, typer.Option(
     "--preempt-grace", callback=duration_option("--preempt-grace"), metavar="DURATION",
     help="Time a preempted task has between SIGTERM and SIGKILL (seconds, or 30s, 2m, ...).")]
@@ -187,9 +190,7 @@ def server_start(
     http: FrontEndOpt = FrontEnd.granian,
     replicate: Replicate = None,
     replicate_interval: ReplicateInterval = "1",
-    fairshare_half_life: Annotated[Optional[str], typer.Option(
-        "--fairshare-half-life", callback=duration_option("--fairshare-half-life", positive=True), metavar="DURATION",
-        help="Fair share forgets half of a project's past usage in this long (default 7d; docs/teams.md).")] = None,
+    fairshare_half_life: FairshareHalfLife = None,
     preempt_grace: PreemptGrace = f"{PREEMPT_GRACE_S:g}",
     max_grace: MaxGrace = f"{MAX_GRACE_S:g}",
     max_queued_elements: Annotated[int, typer.Option(

@@ -66,62 +66,81 @@ def _labels_option(label: Optional[list[str]], gpu_model: Optional[str]) -> Opti
     return labels or None
 
 
+# The options of `submit`, one alias each, so its signature stays short.
+CommandOpt = Annotated[Optional[list[str]], typer.Argument(help="The command, after `--`.", metavar="CMD", show_default=False)]
+TargetOpt = Annotated[Optional[Target], _opt("--target", help="local: run here with no server; remote: send to the control plane. Default: remote when a server is configured.")]
+NameOpt = Annotated[Optional[str], _opt("--name", help="A label for people.")]
+AcceleratorOpt = Annotated[Optional[str], _opt("--accelerator", help="'cuda' (alone: one GPU).")]
+GpusOpt = Annotated[Optional[int], _opt("--gpus", help="GPUs per task.", min=0)]
+CpusOpt = Annotated[Optional[float], _opt("--cpus", help="CPUs per task.", min=0)]
+MemoryMbOpt = Annotated[Optional[int], _opt("--memory-mb", help="Memory per task, MB.", min=0)]
+MemoryOpt = Annotated[Optional[str], _opt("--memory", "--mem", metavar="SIZE", help="Memory per task as Slurm's --mem: MB (512), or with a unit K, M, G, T (512M, 10G).")]
+LabelOpt = Annotated[Optional[list[str]], _opt("--label", help="k=v a worker must carry (repeatable).")]
+GpuModelOpt = Annotated[Optional[str], _opt("--gpu-model", help="Only GPUs of this model, or MIG profile (1g.10gb): the label gpu_model=MODEL.")]
+EnvOpt = Annotated[Optional[list[str]], _opt("--env", help="K=V for the task's environment (repeatable).")]
+SourceOpt = Annotated[Optional[Path], _opt("--source", help="Directory packed (in a git checkout: its tracked and untracked files, not what git ignores) and unpacked as the working directory.")]
+InputOpt = Annotated[Optional[list[str]], _opt("--input", help="Local file or folder uploaded and placed at the same relative path (repeatable).")]
+OutputOpt = Annotated[Optional[list[str]], _opt("--output", help="Relative path collected after the run (repeatable).")]
+CheckpointEveryOpt = Annotated[Optional[str], _opt("--checkpoint-every", metavar="DURATION", help="Upload $GPULAYER_CHECKPOINT_DIR this often while the task runs (as --timeout); it is also uploaded whenever an attempt ends without success, and restored into the next (docs/training.md).")]
+RetryOpt = Annotated[Optional[int], _opt("--retry", help="Max attempts.", min=1)]
+RetryOnOpt = Annotated[Optional[list[str]], _opt("--retry-on", help="Reason to retry on: worker_lost, worker_revoked, failed, timed_out, start_timeout (repeatable).")]
+TimeoutOpt = Annotated[Optional[str], _opt("--timeout", metavar="DURATION", help="End the task after this long: seconds, 30m, 12h, 2d, or Slurm's 1:00:00, 2-00:00:00.")]
+TimeLimitOpt = Annotated[Optional[str], _opt("--time", "-t", metavar="TIME", help="Slurm's --time, the same limit as --timeout: MM (minutes, as sbatch reads a bare number, 1.5 too), MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, 90m, 2h, or UNLIMITED (infinite): no limit.")]
+SignalOpt = Annotated[Optional[str], _opt("--signal", metavar="[B:]SIG[@SECONDS]", help="Slurm's --signal: send SIG (USR1, SIGUSR2, 10) SECONDS (default 60) before the time limit, once; B: to the command's top process only. Also the signal of every planned stop (preemption, cancel, requeue, a drain).")]
+GraceOpt = Annotated[Optional[str], _opt("--grace", metavar="DURATION", help="Time between a planned stop's signal and SIGKILL (default 30s with --signal; at most the server's --max-grace).")]
+HoldOpt = Annotated[bool, _opt("--hold", help="Submit held: it waits (reason held) until `gpulayer job release`.")]
+BeginOpt = Annotated[Optional[str], _opt("--begin", metavar="TIME", help="Start no earlier than TIME: an ISO time (2026-12-24T18:00, UTC unless it says), or now+1h, now+90m.")]
+SilenceTimeoutOpt = Annotated[Optional[str], _opt("--silence-timeout", metavar="DURATION", help="End the task after this long without output (as --timeout).")]
+PriorityOpt = Annotated[Optional[str], _opt("--priority", help="Higher runs first: a number, or a class of the server (low=-10, normal=0, high=10 by default).")]
+PreemptibleOpt = Annotated[bool, _opt("--preemptible", help="May be stopped (SIGTERM, a grace, SIGKILL) and requeued, same attempt, for higher-priority work; $GPULAYER_PREEMPTED=1 in the next run.")]
+NodesOpt = Annotated[Optional[int], _opt("--nodes", help="Multi-node: ranks, each on its own worker.", min=1)]
+SecretOpt = Annotated[Optional[list[str]], _opt("--secret", help="Secret passed as an environment variable (repeatable).")]
+ServiceOpt = Annotated[bool, _opt("--service", help="A long-running service.")]
+ReplicasOpt = Annotated[Optional[int], _opt("--replicas", help="Service replicas, each on its own worker (default 1).", min=1)]
+NoPortOpt = Annotated[bool, _opt("--no-port", help="Do not pick a $PORT for the service.")]
+RestartOpt = Annotated[Optional[Restart], _opt("--restart", help="When to restart a service replica (default always).")]
+MaxRestartsOpt = Annotated[Optional[int], _opt("--max-restarts", help="Restarts per replica (default: no limit).", min=0)]
+HealthPathOpt = Annotated[Optional[str], _opt("--health-path", help="HTTP path that must answer 2xx.")]
+WeightsOpt = Annotated[Optional[str], _opt("--weights", help="Artifact digest or local file passed to the service.")]
+IngressOpt = Annotated[Optional[str], _opt("--ingress", metavar="[token|key|public]", help="A stable URL on the control plane that proxies HTTP to the service's ready replicas (printed, and in job status): token (alone: --ingress) lets in a token that may read the job, key also the service's key (--ingress-key, else one made and printed once), public anyone.")]
+IngressKeyOpt = Annotated[Optional[str], _opt("--ingress-key", metavar="KEY", help=f"The service's key for --ingress (sent as Authorization: Bearer KEY, as an OpenAI client sends its api key): at least {MIN_INGRESS_KEY} characters; only its SHA-256 is sent.")]
+ArrayOpt = Annotated[Optional[str], _opt("--array", metavar="INDICES", help="A job array, one task per index, like sbatch --array: 0-999, 1,5,9-12, 0-15:4; %N caps how many run at once (0-999%16). Each task sees $GPULAYER_ARRAY_INDEX and $GPULAYER_ARRAY_SIZE.")]
+AfterOpt = Annotated[Optional[list[str]], _opt("--after", metavar="JOB[:ok|notok|any]", help="Run after that job ends: ok (the default) once it succeeded, notok once it did not, any however (repeatable). Cancelled (dependency_failed) when it cannot be met.")]
+AfterArrayOpt = Annotated[Optional[list[int]], _opt("--after-array", metavar="JOB", help="Run after every element of array JOB succeeded (repeatable).")]
+ImageOpt = Annotated[Optional[str], _opt("--image", metavar="IMAGE", help="Run in this OCI image: an oci-archive tar or OCI layout dir here (its layers uploaded once, by digest), or a name a worker has cached (gpulayer image list). Needs sandboxed workers.")]
+NetworkOpt = Annotated[Optional[Network], _opt("--network", help="shared (the default): the worker's network; none: a loopback of the task's own (needs a sandboxed worker).")]
+RunAsRootOpt = Annotated[bool, _opt("--run-as-root", help="Run as root where the worker runs as root and allows it (worker start --allow-root-tasks).")]
+ProjectOpt = Annotated[Optional[str], _opt("--project", help="The project it counts against (default: your only project, else default).")]
+MailTypeOpt = Annotated[Optional[str], _opt("--mail-type", metavar="TYPES", help="Mail --mail-user when the job does this, as Slurm's: BEGIN, END, FAIL, REQUEUE, ALL (comma-separated). Needs a server started with --smtp-url.")]
+MailUserOpt = Annotated[Optional[str], _opt("--mail-user", metavar="ADDR", help="Where --mail-type's mail goes.")]
+WaitOpt = Annotated[bool, _opt("--wait", help="Wait and exit with the job's exit code.")]
+WaitTimeoutOpt = Annotated[Optional[str], _opt("--wait-timeout", metavar="DURATION", help="With --service: give up waiting for the endpoints after this long (exit 124; the service goes on).")]
+MaxFailedStartsOpt = Annotated[Optional[int], _opt("--max-failed-starts", help=f"With --service: give up waiting once a replica failed to start this often (default {MAX_FAILED_STARTS}; exit 1, its last log lines shown; the service goes on by its --restart policy).", min=1)]
+FollowOpt = Annotated[bool, _opt("--follow", help="Stream the logs, then exit with the job's exit code.")]
+AsJsonOpt = Annotated[bool, _opt("--json", help="Print the Job as JSON instead of its id.")]
+FileOpt = Annotated[Optional[Path], _opt("--file", "-f", help="A TOML file of JobSpec fields, as gl.job() takes them (options and a command after `--` override it).", exists=True, dir_okay=False)]
+DryRunOpt = Annotated[bool, _opt("--dry-run", help="Print the JobSpec that would be sent, and send nothing.")]
+CancelOnInterruptOpt = Annotated[Optional[bool], _opt("--cancel-on-interrupt/--no-cancel-on-interrupt", help="Ctrl-C during --wait/--follow cancels the job (default: yes with --target local, no against a server).", show_default=False)]
+
+
 def submit(
-    ctx: typer.Context,
-    command: Annotated[Optional[list[str]], typer.Argument(help="The command, after `--`.", metavar="CMD", show_default=False)] = None,
-    target: Annotated[Optional[Target], _opt("--target", help="local: run here with no server; remote: send to the control plane. Default: remote when a server is configured.")] = None,
-    name: Annotated[Optional[str], _opt("--name", help="A label for people.")] = None,
-    accelerator: Annotated[Optional[str], _opt("--accelerator", help="'cuda' (alone: one GPU).")] = None,
-    gpus: Annotated[Optional[int], _opt("--gpus", help="GPUs per task.", min=0)] = None,
-    cpus: Annotated[Optional[float], _opt("--cpus", help="CPUs per task.", min=0)] = None,
-    memory_mb: Annotated[Optional[int], _opt("--memory-mb", help="Memory per task, MB.", min=0)] = None,
-    memory: Annotated[Optional[str], _opt("--memory", "--mem", metavar="SIZE", help="Memory per task as Slurm's --mem: MB (512), or with a unit K, M, G, T (512M, 10G).")] = None,
-    label: Annotated[Optional[list[str]], _opt("--label", help="k=v a worker must carry (repeatable).")] = None,
-    gpu_model: Annotated[Optional[str], _opt("--gpu-model", help="Only GPUs of this model, or MIG profile (1g.10gb): the label gpu_model=MODEL.")] = None,
-    env: Annotated[Optional[list[str]], _opt("--env", help="K=V for the task's environment (repeatable).")] = None,
-    source: Annotated[Optional[Path], _opt("--source", help="Directory packed (git-tracked files only in a checkout) and unpacked as the working directory.")] = None,
-    input_: Annotated[Optional[list[str]], _opt("--input", help="Local file or folder uploaded and placed at the same relative path (repeatable).")] = None,
-    output: Annotated[Optional[list[str]], _opt("--output", help="Relative path collected after the run (repeatable).")] = None,
-    checkpoint_every: Annotated[Optional[str], _opt("--checkpoint-every", metavar="DURATION", help="Upload $GPULAYER_CHECKPOINT_DIR this often while the task runs (as --timeout); it is also uploaded whenever an attempt ends without success, and restored into the next (docs/training.md).")] = None,
-    retry: Annotated[Optional[int], _opt("--retry", help="Max attempts.", min=1)] = None,
-    retry_on: Annotated[Optional[list[str]], _opt("--retry-on", help="Reason to retry on: worker_lost, worker_revoked, failed, timed_out, start_timeout (repeatable).")] = None,
-    timeout: Annotated[Optional[str], _opt("--timeout", metavar="DURATION", help="End the task after this long: seconds, 30m, 12h, 2d, or Slurm's 1:00:00, 2-00:00:00.")] = None,
-    time_limit: Annotated[Optional[str], _opt("--time", "-t", metavar="TIME", help="Slurm's --time, the same limit as --timeout: MM (minutes, as sbatch reads a bare number, 1.5 too), MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, 90m, 2h, or UNLIMITED (infinite): no limit.")] = None,
-    signal_: Annotated[Optional[str], _opt("--signal", metavar="[B:]SIG[@SECONDS]", help="Slurm's --signal: send SIG (USR1, SIGUSR2, 10) SECONDS (default 60) before the time limit, once; B: to the command's top process only. Also the signal of every planned stop (preemption, cancel, requeue, a drain).")] = None,
-    grace: Annotated[Optional[str], _opt("--grace", metavar="DURATION", help="Time between a planned stop's signal and SIGKILL (default 30s with --signal; at most the server's --max-grace).")] = None,
-    hold: Annotated[bool, _opt("--hold", help="Submit held: it waits (reason held) until `gpulayer job release`.")] = False,
-    begin: Annotated[Optional[str], _opt("--begin", metavar="TIME", help="Start no earlier than TIME: an ISO time (2026-12-24T18:00, UTC unless it says), or now+1h, now+90m.")] = None,
-    silence_timeout: Annotated[Optional[str], _opt("--silence-timeout", metavar="DURATION", help="End the task after this long without output (as --timeout).")] = None,
-    priority: Annotated[Optional[str], _opt("--priority", help="Higher runs first: a number, or a class of the server (low=-10, normal=0, high=10 by default).")] = None,
-    preemptible: Annotated[bool, _opt("--preemptible", help="May be stopped (SIGTERM, a grace, SIGKILL) and requeued, same attempt, for higher-priority work; $GPULAYER_PREEMPTED=1 in the next run.")] = False,
-    nodes: Annotated[Optional[int], _opt("--nodes", help="Multi-node: ranks, each on its own worker.", min=1)] = None,
-    secret: Annotated[Optional[list[str]], _opt("--secret", help="Secret passed as an environment variable (repeatable).")] = None,
-    service: Annotated[bool, _opt("--service", help="A long-running service.")] = False,
-    replicas: Annotated[Optional[int], _opt("--replicas", help="Service replicas, each on its own worker (default 1).", min=1)] = None,
-    no_port: Annotated[bool, _opt("--no-port", help="Do not pick a $PORT for the service.")] = False,
-    restart: Annotated[Optional[Restart], _opt("--restart", help="When to restart a service replica (default always).")] = None,
-    max_restarts: Annotated[Optional[int], _opt("--max-restarts", help="Restarts per replica (default: no limit).", min=0)] = None,
-    health_path: Annotated[Optional[str], _opt("--health-path", help="HTTP path that must answer 2xx.")] = None,
-    weights: Annotated[Optional[str], _opt("--weights", help="Artifact digest or local file passed to the service.")] = None,
-    ingress: Annotated[Optional[str], _opt("--ingress", metavar="[token|key|public]", help="A stable URL on the control plane that proxies HTTP to the service's ready replicas (printed, and in job status): token (alone: --ingress) lets in a token that may read the job, key also the service's key (--ingress-key, else one made and printed once), public anyone.")] = None,
-    ingress_key: Annotated[Optional[str], _opt("--ingress-key", metavar="KEY", help=f"The service's key for --ingress (sent as Authorization: Bearer KEY, as an OpenAI client sends its api key): at least {MIN_INGRESS_KEY} characters; only its SHA-256 is sent.")] = None,
-    array: Annotated[Optional[str], _opt("--array", metavar="INDICES", help="A job array, one task per index, like sbatch --array: 0-999, 1,5,9-12, 0-15:4; %N caps how many run at once (0-999%16). Each task sees $GPULAYER_ARRAY_INDEX and $GPULAYER_ARRAY_SIZE.")] = None,
-    after: Annotated[Optional[list[str]], _opt("--after", metavar="JOB[:ok|notok|any]", help="Run after that job ends: ok (the default) once it succeeded, notok once it did not, any however (repeatable). Cancelled (dependency_failed) when it cannot be met.")] = None,
-    after_array: Annotated[Optional[list[int]], _opt("--after-array", metavar="JOB", help="Run after every element of array JOB succeeded (repeatable).")] = None,
-    image: Annotated[Optional[str], _opt("--image", metavar="IMAGE", help="Run in this OCI image: an oci-archive tar or OCI layout dir here (its layers uploaded once, by digest), or a name a worker has cached (gpulayer image list). Needs sandboxed workers.")] = None,
-    network: Annotated[Optional[Network], _opt("--network", help="shared (the default): the worker's network; none: a loopback of the task's own (needs a sandboxed worker).")] = None,
-    run_as_root: Annotated[bool, _opt("--run-as-root", help="Run as root where the worker runs as root and allows it (worker start --allow-root-tasks).")] = False,
-    project: Annotated[Optional[str], _opt("--project", help="The project it counts against (default: your only project, else default).")] = None,
-    mail_type: Annotated[Optional[str], _opt("--mail-type", metavar="TYPES", help="Mail --mail-user when the job does this, as Slurm's: BEGIN, END, FAIL, REQUEUE, ALL (comma-separated). Needs a server started with --smtp-url.")] = None,
-    mail_user: Annotated[Optional[str], _opt("--mail-user", metavar="ADDR", help="Where --mail-type's mail goes.")] = None,
-    wait: Annotated[bool, _opt("--wait", help="Wait and exit with the job's exit code.")] = False,
-    wait_timeout: Annotated[Optional[str], _opt("--wait-timeout", metavar="DURATION", help="With --service: give up waiting for the endpoints after this long (exit 124; the service goes on).")] = None,
-    max_failed_starts: Annotated[Optional[int], _opt("--max-failed-starts", help=f"With --service: give up waiting once a replica failed to start this often (default {MAX_FAILED_STARTS}; exit 1, its last log lines shown; the service goes on by its --restart policy).", min=1)] = None,
-    follow: Annotated[bool, _opt("--follow", help="Stream the logs, then exit with the job's exit code.")] = False,
-    as_json: Annotated[bool, _opt("--json", help="Print the Job as JSON instead of its id.")] = False,
-    file: Annotated[Optional[Path], _opt("--file", "-f", help="A TOML file of JobSpec fields, as gl.job() takes them (options and a command after `--` override it).", exists=True, dir_okay=False)] = None,
-    dry_run: Annotated[bool, _opt("--dry-run", help="Print the JobSpec that would be sent, and send nothing.")] = False,
-    cancel_on_interrupt: Annotated[Optional[bool], _opt("--cancel-on-interrupt/--no-cancel-on-interrupt", help="Ctrl-C during --wait/--follow cancels the job (default: yes with --target local, no against a server).", show_default=False)] = None,
+    ctx: typer.Context, command: CommandOpt = None, target: TargetOpt = None, name: NameOpt = None,
+    accelerator: AcceleratorOpt = None, gpus: GpusOpt = None, cpus: CpusOpt = None, memory_mb: MemoryMbOpt = None,
+    memory: MemoryOpt = None, label: LabelOpt = None, gpu_model: GpuModelOpt = None, env: EnvOpt = None,
+    source: SourceOpt = None, input_: InputOpt = None, output: OutputOpt = None,
+    checkpoint_every: CheckpointEveryOpt = None, retry: RetryOpt = None, retry_on: RetryOnOpt = None,
+    timeout: TimeoutOpt = None, time_limit: TimeLimitOpt = None, signal_: SignalOpt = None, grace: GraceOpt = None,
+    hold: HoldOpt = False, begin: BeginOpt = None, silence_timeout: SilenceTimeoutOpt = None,
+    priority: PriorityOpt = None, preemptible: PreemptibleOpt = False, nodes: NodesOpt = None,
+    secret: SecretOpt = None, service: ServiceOpt = False, replicas: ReplicasOpt = None, no_port: NoPortOpt = False,
+    restart: RestartOpt = None, max_restarts: MaxRestartsOpt = None, health_path: HealthPathOpt = None,
+    weights: WeightsOpt = None, ingress: IngressOpt = None, ingress_key: IngressKeyOpt = None,
+    array: ArrayOpt = None, after: AfterOpt = None, after_array: AfterArrayOpt = None, image: ImageOpt = None,
+    network: NetworkOpt = None, run_as_root: RunAsRootOpt = False, project: ProjectOpt = None,
+    mail_type: MailTypeOpt = None, mail_user: MailUserOpt = None, wait: WaitOpt = False,
+    wait_timeout: WaitTimeoutOpt = None, max_failed_starts: MaxFailedStartsOpt = None, follow: FollowOpt = False,
+    as_json: AsJsonOpt = False, file: FileOpt = None, dry_run: DryRunOpt = False,
+    cancel_on_interrupt: CancelOnInterruptOpt = None,
 ) -> None:
     """Submit a job (or a service): prints the job id on the first line of stdout.
 
