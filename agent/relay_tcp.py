@@ -8,7 +8,7 @@ setns(2) on a thread of its own (Python 3.11 has no os.setns); where the agent m
 agent lacks CAP_SYS_ADMIN in its own user namespace), a short helper under nsenter connects there and hands
 the socket back (SCM_RIGHTS). Bytes the task's server sends are DATA; DATA towards it is written to the
 socket; EOF either way is a half-close (shutdown(SHUT_WR) here). The stream ends with CLOSE once both ways
-ended, with CLOSE `error` when the connect failed ("nothing listens on port 8888 in task 12") or the
+ended, with CLOSE `error` when the connect failed ("nothing listens on port 8888 in job 7 (task 12)") or the
 connection broke, and the socket is dropped when the other end CLOSEs. Not a command kind: a worker started
 with --no-exec serves it.
 
@@ -104,7 +104,8 @@ def connect(handle: TaskHandle, host: str, port: int, timeout: float = CONNECT_T
         pid = sandbox_init_pid(handle)
         if pid is None:
             raise ConnectRefused(f"task {handle.task_id}'s sandbox is not there (it is ending)")
-    where = f"port {port}" + ("" if host == DEFAULT_HOST else f" of {host}") + f" in task {handle.task_id}"
+    where = (f"port {port}" + ("" if host == DEFAULT_HOST else f" of {host}")  # the job first: what its user knows
+             + f" in job {runner.assignment.job_id} (task {handle.task_id})")
     try:
         return socket.create_connection((host, port), timeout) if pid is None else _connect_in(pid, host, port, timeout)
     except ConnectionRefusedError:

@@ -185,7 +185,7 @@ def test_a_port_nothing_listens_on_ends_the_connection_with_a_clear_error(plane,
             assert conn.recv(10) == b""
         wait_for(lambda: heard, 30, "the connection's error")
     task_id = plane.job(served)["tasks"][0]["task_id"]
-    assert heard == [f"connection 1: nothing listens on port 18809 in task {task_id}"]
+    assert heard == [f"connection 1: nothing listens on port 18809 in job {served} (task {task_id})"]
 
 
 def test_a_task_with_a_network_of_its_own(plane):
