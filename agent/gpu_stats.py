@@ -7,7 +7,7 @@ memory used. Each heartbeat closes the accumulations into one summary per GPU
 heartbeat's `gpu_samples`, docs/protocol.md) and sends every summary not yet
 answered; an answered heartbeat forgets those it carried (`sent`). While the
 control plane is unreachable they wait, at most MAX_PENDING intervals of them
-(the oldest go first). An idle agent that skips its heartbeats (session.py,
+(the oldest go first). An idle agent that skips its heartbeats (heartbeat.py,
 `_beat_needless`) still sends them once they are SEND_EVERY intervals old, so
 an idle GPU's use is charted too, at one request in SEND_EVERY. MIG instances
 report nothing: NVML gives no utilization per instance. Every NVML call is in

@@ -121,7 +121,7 @@ def should_restart(policy: str, exit_code: int, health_failed: bool) -> bool:
 
 
 class ReplicaContext(Protocol):
-    """What a service replica needs of its worker's settings (tasks.TaskContext is one)."""
+    """What a service replica needs of its worker's settings (task_state.TaskContext is one)."""
 
     @property
     def advertise_address(self) -> str: ...

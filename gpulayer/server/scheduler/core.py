@@ -5,156 +5,32 @@ Changes that can make a queued task placeable wake parked `acquire` calls.
 """
 from __future__ import annotations
 
-import functools
-import logging
 import threading
-import time
-from functools import cached_property
-from typing import BinaryIO, Callable, Sequence
+from typing import BinaryIO, Callable
 
 import apsw
 
-from gpulayer.server.config import MAX_ACQUIRE_WAIT_S, ControlPlaneConfig
 from gpulayer.server.errors import InvalidRequest, NotFound
-from gpulayer.server.scheduler import (access, aging, cascades, chunks, cordons, gauges, gpu_health, ingress,
-                                       jobcontrol, jobs, leases,
-                                       ledger, lifecycle, outcomes, placement, preemption, reconcile, renewals,
-                                       secrets, sessions, teams, tokens, workers)
-from gpulayer.server.scheduler import cadence, checkpoints, gpu_samples
-from gpulayer.server.scheduler.follow import LogFollowers
+from gpulayer.server.scheduler import (access, aging, cadence, cordons, gpu_health, gpu_samples, jobcontrol, jobs,
+                                       leases, ledger, preemption, secrets, teams, tokens, workers)
 from gpulayer.server.scheduler.spec import priority_number, validate_job
-from gpulayer.server.security.auth import Authenticator, Principal, new_jti, new_token
-from gpulayer.server.security.secretbox import SecretBox
-from gpulayer.server.store.artifacts import ArtifactStore
-from gpulayer.server.store.db import Store
+from gpulayer.server.scheduler.worker_requests import WorkerRequests
+from gpulayer.server.security.auth import Principal, new_jti, new_token
 from gpulayer.server.store.queries import QUERIES
 
-log = logging.getLogger("gpulayer.server.scheduler.core")
 # Who in-process callers (gpulayer.testing, `--target local`) act as: server init's client token's user.
 ADMIN = Principal(kind="client", jti="server-client", name="server", user_id=teams.ADMIN_USER_ID, user="admin",
                   admin=True)
 
 
-class Scheduler:
-    """Facade over the transaction functions, bound to one store, clock and config.
+class Scheduler(WorkerRequests):
+    """Facade over the transaction functions, bound to one store, clock and config (facade.Facade).
 
+    An agent's requests are worker_requests.WorkerRequests'; the clients', the operators' and upkeep's are here.
     `auth` (token hashes and the principal cache) and `artifacts` (the files)
     are made from the config's home when not given; the front end passes the
     ones it authenticates and serves with, so one cache is invalidated.
     """
-
-    def __init__(self, store: Store, config: ControlPlaneConfig, clock: Callable[[], float] = time.time, *,
-                 auth: Authenticator | None = None, artifacts: ArtifactStore | None = None):
-        self.store = store
-        self.config = config
-        self.clock = clock
-        if auth is not None:
-            self.auth = auth
-            auth.on_invalidate(self._rights_changed)
-        if artifacts is not None:
-            self.artifacts = artifacts
-        self.secret_box = SecretBox(config.layout)
-        self.log_followers = LogFollowers(store, config.max_parked_log_polls)
-        self._wake = threading.Condition()
-        self._generation = 0
-        self._parked = threading.BoundedSemaphore(max(1, config.max_parked_acquires))
-        self._closing = False
-        self._waiting = 0  # acquires inside self._wake.wait(): what a wake() reaches now
-        self.observe_acquire: Callable[[float], None] = lambda seconds: None
-        # Set when this plane was restored from a replica (ControlPlane.start): heartbeats reconcile against it.
-        self.restored: reconcile.Restored | None = None
-        # Big cancels, cascades and releases: one bounded write a step (scheduler/cascades.py).
-        self.cascades = cascades.Cascades(store, outcomes.run_step, clock, after_step=self._cascade_stepped)
-        self._cascades_recovered = False
-        self._submit_locks: dict[int, threading.Lock] = {}
-        self._submit_locks_guard = threading.Lock()
-        # Per user, a number no smaller than their tasks not yet ended (the cap's count plus what they submitted
-        # since): a submit that stays under the cap with it needs no count. Only submits add such tasks, but for
-        # `job requeue`, which forgets them all (the generation: a count taken before a requeue is not kept).
-        self._queued_bounds: dict[int, int] = {}
-        self._queued_generation = 0
-        # Lease renewals not yet in SQL: heartbeats that change nothing and other worker requests (renewals.py).
-        self.renewals = renewals.Renewals()
-        # GPU samples heartbeats brought, written with the renewals at each upkeep tick (gpu_samples.py).
-        self.gpu_samples = gpu_samples.Buffer()
-        # The heartbeat interval asked for and the lease TTL given, scaled with the online fleet (cadence.py).
-        self.cadence = cadence.Cadence(config.heartbeat_interval_s, config.lease_ttl_s, config.max_heartbeats_per_s,
-                                       config.heartbeat_jitter, clock)
-        # Each array job's recent element run time, for how many elements to lease ahead (chunks.py).
-        self.pace = chunks.Pace()
-        # Workers whose relay link a client waits for (sessions.py): told `relay: true`.
-        self.relay = sessions.Wants(self.wake)
-        # Requests and bytes through the services' ingress (ingress.py; the proxy is server/relay/ingress.py).
-        self.ingress = ingress.Counters()
-
-    # -- wake-up -------------------------------------------------------------
-
-    def wake(self) -> None:
-        """Something may have become placeable: parked acquires look again."""
-        with self._wake:
-            self._generation += 1
-            self._wake.notify_all()
-
-    def stop_waiting(self) -> None:
-        """The server is stopping: parked acquires answer "no task" now instead of at their deadline."""
-        with self._wake:
-            self._closing = True
-            self._generation += 1
-            self._wake.notify_all()
-
-    @property
-    def parked_acquires(self) -> int:
-        """How many acquire calls wait on the wake-up now (a wake() or submit reaches each of them)."""
-        with self._wake:
-            return self._waiting
-
-    def gauges(self) -> dict:
-        """The state file's counts that /metrics reports, read now (scheduler/gauges.py, `snapshot`)."""
-        return self.store.read(gauges.snapshot)
-
-    @cached_property
-    def auth(self) -> Authenticator:
-        made = Authenticator(self.config.layout, self.store, QUERIES)
-        made.on_invalidate(self._rights_changed)
-        return made
-
-    def _rights_changed(self) -> None:
-        """Principals changed (auth.invalidate): parked log follows and acquires wake to re-check their caller."""
-        self.wake()
-        self.log_followers.written()
-
-    @cached_property
-    def artifacts(self) -> ArtifactStore:
-        return ArtifactStore(self.config.layout.artifacts)
-
-    def _write(self, fn, *args, wake: bool = False, until_ended: int | None = None,
-               inline: int = cascades.INLINE_STEPS, **kwargs):
-        """fn in a write; then the cascade steps it asked for (cascades.Cascades.drive: `inline` of them
-        here, and those of job `until_ended` until it has ended; the rest on the cascade thread)."""
-        with cascades.collecting() as steps:
-            result = self.store.write(fn, *args, **kwargs)
-        if wake:
-            self.wake()
-        if steps:
-            self.cascades.drive(steps, until_ended, inline)
-        return result
-
-    def _cascade_stepped(self) -> None:
-        """A cascade step committed: it may have released tasks (acquires look again) or ended jobs."""
-        self.wake()
-        self.log_followers.written()
-
-    def resume_cascades(self) -> int:
-        """At start, then each upkeep tick: queue what a stopped control plane's cascades left undone (at
-        start: `cascades_pending`), and run what is queued; returns how many steps were found at start."""
-        found = 0
-        if not self._cascades_recovered:
-            self._cascades_recovered = True
-            pending = self.store.read(lambda conn: conn.execute(QUERIES["cascades_pending"]).fetchall())
-            found = len(pending)
-            self.cascades.add((p["kind"], p["job_id"], -1 if p["arg"] is None else p["arg"]) for p in pending)
-        self.cascades.resume()
-        return found
 
     # -- clients -------------------------------------------------------------
 
@@ -251,10 +127,6 @@ class Scheduler:
         self._forget_principals()
         return {**self.store.read(tokens.get, jti), "workers_revoked": (result or {}).get("workers", [])}
 
-    def _forget_principals(self) -> None:
-        if "auth" in self.__dict__:  # no authenticator made yet: nothing cached to forget
-            self.auth.invalidate()
-
     # -- artifacts -----------------------------------------------------------
 
     def check_artifact_read(self, principal: Principal, digest: str) -> None:
@@ -289,67 +161,10 @@ class Scheduler:
     def record_artifact(self, digest: str, size: int) -> None:
         self._write(access.record, digest, size, self.clock())
 
-    # -- workers -------------------------------------------------------------
-
-    def register(self, **kwargs) -> dict:
-        return self._write(workers.register, now=self.clock(), lease_ttl_s=self.lease_ttl_s(), wake=True,
-                           **kwargs)
-
-    def join(self, *, body: dict, token: Principal, peer_address: str | None) -> dict:
-        """Register a worker with a new session token, returned once (in `session_token`), only here."""
-        session = new_token("worker")
-        result = self.register(body=body, token=token, session_hash=self.auth.hash(session), peer_address=peer_address)
-        if result.get("warnings"):
-            log.warning("worker_name_in_use worker_id=%s name=%s", result["worker_id"], result["name"])
-        return {**result, "session_token": session}
-
-    def needs_upgrade(self, **kwargs) -> None:
-        self._write(workers.needs_upgrade, now=self.clock(), **kwargs)
-
-    def heartbeat(self, worker_id: int, reported: list[dict], gpus: list[dict] | None = None,
-                  samples: list[dict] | None = None) -> dict:
-        """Renew the worker's leases and answer what to cancel (leases.heartbeat).
-
-        One that changes nothing is answered from a read transaction and its renewal noted in memory
-        (leases.unchanged, renewals.py); anything else, and all of them while a restore's rules apply,
-        takes the write path. Its GPU `samples` (wire.gpu_samples) are buffered either way, for upkeep
-        to write (gpu_samples.py); a gone worker's are dropped.
-        """
-        now = self.clock()
-        answer = None
-        if self.restored is None or not self.restored.active():
-            answer = self.store.read_statement(leases.unchanged, worker_id, reported, now, self.lease_ttl_s(),
-                                               gpus)
-            if answer is not None and answer["cancel_task_ids"]:  # with the preemption fields, in one snapshot
-                answer = self.store.read(leases.unchanged, worker_id, reported, now, self.lease_ttl_s(), gpus)
-        if answer is not None:
-            self.renewals.note(worker_id, now)
-        else:
-            answer = self._write(leases.heartbeat, worker_id, reported, now, self.lease_ttl_s(), gpus, inline=0,
-                                 restored=self.restored)
-            if answer.get("reset_gpus"):
-                self.wake()
-        if samples and answer["lease_expires_at"] is not None:
-            self.gpu_samples.add(worker_id, samples, now)
-        return answer
-
     def job_gpus(self, job_id: int, index: int | None = None) -> dict:
         """`GET /v1/jobs/{id}/gpus`: the GPUs of the job's running tasks and their newest samples
         (gpu_samples.job_usage), in one read; the caller checked the right to read the job."""
         return self.store.read(gpu_samples.job_usage, job_id, index, self.clock())
-
-    def heartbeat_terms(self, worker_id: int | None = None) -> dict:
-        """What register and heartbeat answers tell an agent of its heartbeats (docs/protocol.md): the interval
-        wanted, and that any successful worker request renews its leases (so an idle one may skip a beat)."""
-        return {"heartbeat_interval_s": self.cadence.interval_s(worker_id), "requests_renew_lease": True}
-
-    def lease_ttl_s(self) -> float:
-        """The TTL a renewal gives now: the configured one scaled with the fleet (cadence.py)."""
-        return self.cadence.lease_ttl_s()
-
-    def seen(self, worker_id: int) -> None:
-        """A worker request other than a heartbeat: it renews the worker's leases as one would (renewals.py)."""
-        self.renewals.note(worker_id, self.clock())
 
     # -- taking workers and GPUs out of service -------------------------------
 
@@ -377,157 +192,19 @@ class Scheduler:
     def _gpu_reset(conn: apsw.Connection, ref: str, index: int, now: float) -> dict:
         return gpu_health.reset(conn, cordons.resolve(conn, ref), index, now)
 
-    def acquire(self, worker_id: int, wait_s: float = 0.0) -> dict | None:
-        """The worker's next Assignment, or None after waiting up to wait_s for one."""
-        found = self.acquire_many(worker_id, wait_s, 1)
-        return found[0] if found else None
-
-    def acquire_many(self, worker_id: int, wait_s: float = 0.0, max_tasks: int = 1,
-                     check: Callable[[], object] | None = None, ahead: list[dict] | None = None,
-                     held: Sequence[int] = ()) -> list[dict]:
-        """Up to max_tasks Assignments (placement.acquire_many), or [] after waiting up to wait_s for one.
-
-        `check` runs after each wake-up and raises (Unauthorized) once the worker's session ended: a parked
-        acquire of a deregistered or revoked worker ends at once, not at its deadline. `ahead` (a list, for
-        an agent that takes them: `prefetch`) receives the Assignments of the elements leased ahead to the
-        worker (chunks.lease_ahead) that it does not say it holds (`held`); some there end the wait too.
-        """
-        deadline = time.monotonic() + min(max(wait_s, 0.0), MAX_ACQUIRE_WAIT_S)
-        parked = False
-        self.seen(worker_id)
-        try:
-            while True:
-                seen = self._generation
-                if self.restored is not None and self.restored.paused():
-                    return []  # reconciling after a restore (reconcile.py): the worker asks again later
-                began = time.perf_counter()
-                if self.store.read(placement.nothing_for, worker_id):
-                    found = []  # nothing queued, nothing of its own waiting: no writer transaction
-                    if ahead is not None:
-                        ahead.clear()
-                else:
-                    found = self._write(self._acquire_once, worker_id, self.clock(), max_tasks, ahead, held)
-                self.observe_acquire(time.perf_counter() - began)
-                if found or ahead:
-                    return found
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or self._closing:
-                    return []
-                if not parked:
-                    parked = self._parked.acquire(blocking=False)
-                    if not parked:
-                        return []  # too many parked already: the worker polls again later
-                with self._wake:
-                    if self._generation == seen and not self._closing:
-                        self._waiting += 1
-                        try:
-                            self._wake.wait(remaining)
-                        finally:
-                            self._waiting -= 1
-                if check is not None:
-                    check()
-                if self.relay.wanted(worker_id):
-                    return []  # the relay waits for this worker's link: answer now (`relay: true`)
-        finally:
-            self.seen(worker_id)
-            if parked:
-                self._parked.release()
-
-    def _acquire_once(self, conn: apsw.Connection, worker_id: int, now: float, max_tasks: int = 1,
-                      ahead: list[dict] | None = None, held: Sequence[int] = ()) -> list[dict]:
-        """One acquire transaction: the Assignments, built in the same transaction (maybe none); with `ahead`,
-        the elements leased ahead too (chunks.lease_ahead, and those held ahead the agent does not name)."""
-        taken = placement.acquire_many(conn, worker_id, now, self.lease_ttl_s(), max_tasks) if max_tasks else []
-        if ahead is not None:
-            ahead.clear()  # a write retried starts again
-            leased = set(chunks.lease_ahead(conn, worker_id, now, self.lease_ttl_s(), self.pace))
-            known = set(held)
-            ahead += [self._assignment(conn, task_id) for task_id in chunks.held_ahead(conn, worker_id)
-                      if task_id in leased or task_id not in known]
-        return [self._assignment(conn, task_id) for task_id in taken]
-
-    def _assignment(self, conn: apsw.Connection, task_id: int) -> dict:
-        return placement.assignment(conn, task_id, lambda names: secrets.env_for(conn, self.secret_box, names,
-                                                                                 secrets.task_project(conn, task_id)),
-                                    max_grace_s=self.config.max_grace_s)
-
-    def start(self, worker_id: int, task_id: int, pid: int | None) -> None:
-        self.seen(worker_id)
-        self._write(self._adopting(lifecycle.start), worker_id, task_id, pid, self.clock())
-
-    def _adopting(self, fn):
-        """fn itself; on a restored plane, fn once the task was adopted if it is queued (reconcile.adopt_for_call)."""
-        restored = self.restored
-        if restored is None:
-            return fn
-
-        def adopting(conn: apsw.Connection, worker_id: int, task_id: int, *args, **kwargs):
-            now = self.clock()
-            reconcile.adopt_for_call(conn, worker_id, task_id, now, now + self.lease_ttl_s(), restored,
-                                     ending=fn is lifecycle.finish)
-            return fn(conn, worker_id, task_id, *args, **kwargs)
-        return adopting
-
-    def logs(self, worker_id: int, task_id: int, lines: list[dict]) -> int:
-        self.seen(worker_id)
-        accepted = self._write(lifecycle.append_logs, worker_id, task_id, lines)
-        self.log_followers.written()
-        return accepted
-
-    def rendezvous(self, worker_id: int, task_id: int, address: str, port: int) -> dict:
-        self.seen(worker_id)
-        return self._write(lifecycle.rendezvous, worker_id, task_id, address, port, self.clock())
-
-    def finish(self, worker_id: int, task_id: int, *, exit_code, outcome, outputs, reason, lines=(),
-               pid=None, checkpoint=None, signals=()) -> bool:
-        """Record a result (with the task's last log lines, its start when `pid`, its checkpoint) in one
-        transaction."""
-        self.seen(worker_id)
-        accepted = self._write(self._adopting(lifecycle.finish), worker_id, task_id, exit_code, outcome, outputs,
-                               reason, self.clock(), lines=lines, pid=pid, checkpoint=checkpoint,
-                               keep=self.config.checkpoint_keep, signals=signals, wake=True)
-        self.log_followers.written()  # the job may have ended: its log followers stop waiting
-        return accepted
-
-    def finish_many(self, worker_id: int, finishes: list[dict], *, next_tasks: bool = False, max_tasks: int = 1,
-                    ahead: list[dict] | None = None, held: Sequence[int] = (), release: Sequence[int] = ()) -> dict:
-        """Several finishes in one transaction, each fenced by its attempt (chunks.finish_many): `results`.
-
-        Then, in the same transaction: the elements leased ahead the agent gives back (`release`) go back
-        to the queue, same attempt; `dropped` names those of `held` it must not start; with `next_tasks`,
-        up to `max_tasks` Assignments to start now (`found`, as acquire with wait_s 0), and with `ahead`
-        (a list) the elements leased ahead, as acquire_many gives them.
-        """
-        self.seen(worker_id)
-        result = self._write(self._finish_many, worker_id, finishes, self.clock(), next_tasks, max_tasks, ahead, held,
-                             release, wake=True)
-        self.log_followers.written()  # jobs may have ended: their log followers stop waiting
-        return result
-
-    def _finish_many(self, conn: apsw.Connection, worker_id: int, finishes: list[dict], now: float, next_tasks: bool,
-                     max_tasks: int, ahead: list[dict] | None, held: Sequence[int], release: Sequence[int]) -> dict:
-        results = chunks.finish_many(conn, worker_id, finishes, now, self.pace,
-                                     functools.partial(self._adopting(lifecycle.finish),
-                                                       keep=self.config.checkpoint_keep))
-        if release:
-            chunks.requeue(conn, worker_id, now, "given_back", list(release))
-        gone = chunks.dropped(conn, worker_id, list(held))
-        found = self._acquire_once(conn, worker_id, now, max_tasks if next_tasks else 0, ahead,
-                                   [t for t in held if t not in set(gone)])
-        return {"results": results, "found": found, "dropped": gone}
-
-    def record_checkpoint(self, worker_id: int, task_id: int, attempt: int | None, files: list[dict]) -> dict:
-        """A periodic checkpoint of a task this worker holds (checkpoints.record: 409s for the rest)."""
-        self.seen(worker_id)
-        return self._write(checkpoints.record, worker_id, task_id, attempt, files, self.clock(),
-                           self.config.checkpoint_keep)
-
-    def deregister(self, worker_id: int) -> int:
-        left = self._write(workers.depart, worker_id, "deregistered", self.clock(), wake=True)
-        self._forget_principals()
-        return left
-
     # -- upkeep --------------------------------------------------------------
+
+    def resume_cascades(self) -> int:
+        """At start, then each upkeep tick: queue what a stopped control plane's cascades left undone (at
+        start: `cascades_pending`), and run what is queued; returns how many steps were found at start."""
+        found = 0
+        if not self._cascades_recovered:
+            self._cascades_recovered = True
+            pending = self.store.read(lambda conn: conn.execute(QUERIES["cascades_pending"]).fetchall())
+            found = len(pending)
+            self.cascades.add((p["kind"], p["job_id"], -1 if p["arg"] is None else p["arg"]) for p in pending)
+        self.cascades.resume()
+        return found
 
     def restarted(self) -> dict:
         """At start-up, one transaction: forget the needs_upgrade list; no lease expires within one TTL.
@@ -628,4 +305,3 @@ class Scheduler:
             self.wake()
             self.log_followers.written()  # a lost task may have ended its job
         return result
-

@@ -1,0 +1,159 @@
+"""A worker's registration: the relay link and the inventory it offers, register, and register again (rejoin).
+
+Also what comes before its first register: the tasks a killed agent on the same state dir left running.
+"""
+
+import logging
+import os
+import shutil
+import socket
+import time
+from pathlib import Path
+
+from . import __version__, relay_exec, relay_shell, relay_ssh, relay_tcp
+from .addresses import local_address_towards
+from .backoff import retry_delay
+from .errors import AgentError, Forbidden, Rejected, Unauthorized, Unreachable
+from .events import log_event
+from .gpu_health import GpuHealth
+from .gpu_stats import GpuStats
+from .inventory import Inventory, detect, nvml_devices
+from .leftovers import RunningTasks
+from .nvml import Nvml
+from .relay import Handler, Relay
+from .transport import Transport
+from .worker_state import WorkerState
+
+REJOIN_MIN_S = 5.0  # a session refused again this soon after registering again is not retried
+
+
+class Registration(WorkerState):
+    """Register with the control plane (and again after a heartbeat's 401), with what this worker offers."""
+
+    def _relay(self, base_url: str, verify: bool | str, transport: Transport) -> Relay | None:
+        """The relay link (agent/relay.py), opened when the control plane asks; None under GPULAYER_AGENT_RELAY=off
+        (an agent as before the relay: tests of older agents)."""
+        if os.environ.get("GPULAYER_AGENT_RELAY") == "off":
+            return None
+        token = lambda: (transport.headers.get("Authorization") or "").removeprefix("Bearer ")  # noqa: E731
+        handlers: dict[str, Handler] = {"exec": self._exec, "shell": self._shell, "tcp": self._tcp}
+        if relay_ssh.available():  # asyncssh (a base dependency) is importable: ssh streams
+            handlers["ssh"] = self._ssh
+        return Relay(base_url, verify, token, handlers, self.stop_event, no_exec=self.config.no_exec)
+
+    def _exec(self, stream, fields: dict) -> None:
+        relay_exec.serve(stream, fields, self._handle_of)
+
+    def _shell(self, stream, fields: dict) -> None:
+        relay_shell.serve(stream, fields, self._handle_of)
+
+    def _tcp(self, stream, fields: dict) -> None:
+        relay_tcp.serve(stream, fields, self._handle_of)
+
+    def _ssh(self, stream, fields: dict) -> None:
+        relay_ssh.serve(stream, fields, self._handle_of)
+
+    def _inventory(self) -> Inventory:
+        """Detect what this worker offers, and where NVML answers, start watching its GPUs' health
+        (with --gpus N too: the count is the operator's, the devices' health NVML's)."""
+        config = self.config
+        if config.gpu_probe is not None:
+            return detect(probe=config.gpu_probe, cpus=config.cpus, gpus=config.gpus, ram_mb=config.ram_mb)
+        nvml = Nvml.open() if config.gpus != 0 else None
+        if nvml is not None:
+            self._opened.callback(nvml.close)
+        inventory = detect(probe=nvml.devices if nvml else lambda: [], cpus=config.cpus, gpus=config.gpus,
+                           ram_mb=config.ram_mb)
+        if nvml is not None and config.gpus is not None:  # detect left NVML's devices out: map them here
+            inventory.nvml_devices = nvml_devices(inventory.device_ids, nvml.devices())
+        if nvml is not None and inventory.nvml_devices:
+            self.gpu_health = GpuHealth(nvml, inventory.nvml_devices, on_change=self.beat_now.set)
+            self.gpu_health.start()
+            self._opened.callback(self.gpu_health.stop)  # before NVML closes
+            self.gpu_stats = GpuStats(nvml, inventory.nvml_devices, lambda: self.interval_s)
+            self.gpu_stats.start()
+            self._opened.callback(self.gpu_stats.stop)
+        return inventory
+
+    def _kill_leftovers(self, state_dir: Path) -> None:
+        """Kill the tasks a killed agent on this state dir left running (the control plane lost them)."""
+        for name, pgid in RunningTasks(state_dir).reap():
+            log_event("leftover_task_killed", task=name, pgid=pgid)
+            if not self.config.keep_task_dirs:
+                shutil.rmtree(state_dir / "tasks" / name, ignore_errors=True)
+
+    def _register(self, transport: Transport, inventory: Inventory, joiner: Transport | None = None) -> dict | None:
+        """POST register (through `joiner` where given), retried while unreachable; `transport` then carries the
+        session token. None if stopped before it answered."""
+        config = self.config
+        body = {
+            "name": config.name or socket.gethostname(),
+            "labels": dict(config.labels),
+            "resources": inventory.resources(),
+            "version": __version__,
+            "slots": max(1, int(config.parallel)),
+            "isolation": self.sandbox.isolation(),
+        }
+        if self.relay is not None:  # additive: an older control plane ignores it
+            body["relay"] = self.relay.register_field()
+        if self.gpu_health is not None:  # so that no task is placed on a GPU already broken
+            body["gpus"] = self.gpu_health.report()
+        advertise = config.advertise_address or local_address_towards(config.url)
+        if advertise:  # else the control plane takes the address it sees
+            body["advertise_address"] = advertise
+        via = joiner or transport
+        via.set_token(config.join_token)
+        failures = 0
+        while not self.stop_event.is_set():
+            try:
+                answer = via.request("POST", "/workers/register", body)
+                break
+            except Unreachable as exc:
+                failures += 1
+                log_event("register_retry", failures=failures, error=str(exc))
+                self.stop_event.wait(retry_delay(failures))
+            except Unauthorized:
+                raise AgentError("the control plane refused the join token (401 unauthorized): check $GPULAYER_JOIN_TOKEN") from None
+            except Forbidden as exc:
+                if exc.code == "forbidden":  # a valid token of the wrong kind
+                    raise AgentError("the control plane refused this token for registering (403 forbidden): use a join token (glj_...)") from None
+                raise AgentError(f"the control plane refused to register this worker: {exc.code}: {exc.message}") from None
+            except Rejected as exc:
+                raise AgentError(f"the control plane refused to register this worker: {exc.code}: {exc.message}") from None
+        else:
+            return None
+        transport.set_token(answer["session_token"])
+        self.interval_s = float(answer.get("heartbeat_interval_s") or 2.0)
+        self.requests_renew = answer.get("requests_renew_lease") is True
+        log_event("worker_registered", worker_id=answer.get("worker_id"), name=answer.get("name") or body["name"],
+                  labels=answer.get("labels", body["labels"]), slots=body["slots"],
+                  advertise_address=answer.get("advertise_address"), heartbeat_interval_s=self.interval_s)
+        for warning in answer.get("warnings") or []:
+            log_event("register_warning", level=logging.WARNING, message=warning)
+        return answer
+
+    def _rejoin(self, refused: str | None) -> bool:
+        """Register again after a heartbeat's 401 (which a revoked worker never gets: it hears `revoked`).
+
+        A control plane restored from a replica may have lost this worker's
+        registration (made in the window the replica had not caught). The join
+        token registers it again; running tasks carry on and the next heartbeat
+        reports them (the control plane adopts those it has queued). False when
+        the join token is refused too, or when this session was just made.
+        """
+        session = self.session
+        with self.rejoin_lock:
+            if session.transport.headers.get("Authorization") != refused:
+                return True  # registered again meanwhile
+            if not self.config.join_token or time.monotonic() - self.rejoined_at < REJOIN_MIN_S:
+                return False
+            self.rejoined_at = time.monotonic()
+            log_event("worker_rejoining", reason="the control plane does not know this session (401)")
+            joiner = session.new_transport()  # tasks keep sending with the session token meanwhile
+            try:
+                return self._register(session.transport, session.inventory, joiner) is not None
+            except AgentError as exc:
+                log_event("worker_rejoin_refused", error=str(exc))
+                return False
+            finally:
+                joiner.close()
