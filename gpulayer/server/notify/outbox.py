@@ -1,14 +1,14 @@
 """The delivery loop: every webhook and mailbox is an outbox over the event log.
 
-One thread ticks (`TICK_S`): it reads the outcomes the delivery process wrote since the last tick and
-folds them into one write (cursors advanced, deliveries recorded), runs the alerts that are due, then,
-for each webhook with events past its cursor and nothing in flight, reads its next event (a reader
-connection) and hands the tries, one batch a tick, to the delivery process (courier.py: a child process
-with a pool of `--webhook-concurrency` threads, each try bounded by a total deadline, send.Deadline). So a
-slow or dead receiver holds one of its threads for at most that deadline, never the writer or a request
-thread, and the HTTP, TLS, signing and mail of the tries take no CPU, and no GIL, from the server's
-process. One owner has at most half the threads' worth of tries in flight (`per_owner`): its slow
-receivers never hold up another owner's deliveries.
+One thread ticks (`TICK_S`, or sooner when a try's outcome comes back: `MIN_TICK_S`): it reads the
+outcomes the delivery process wrote since the last tick and folds them into one write (cursors advanced,
+deliveries recorded), runs the alerts that are due, then, for each webhook with events past its cursor
+and nothing in flight, reads its next event (a reader connection) and hands the tries, one batch a tick,
+to the delivery process (courier.py: a child process with a pool of `--webhook-concurrency` threads, each
+try bounded by a total deadline, send.Deadline). So a slow or dead receiver holds one of its threads for
+at most that deadline, never the writer or a request thread, and the HTTP, TLS, signing and mail of the
+tries take no CPU, and no GIL, from the server's process. One owner has at most half the threads' worth
+of tries in flight (`per_owner`): its slow receivers never hold up another owner's deliveries.
 
 A webhook delivers what its owner may read at the time of the try: due_webhooks reads the owner's rights
 now (admin, removed, its roles), and each event is checked against them (`may_read`, the rules of a job
@@ -45,6 +45,7 @@ from gpulayer.server.store.queries import one, row, rows
 
 log = logging.getLogger("gpulayer.server.notify")
 TICK_S = 0.25
+MIN_TICK_S = 0.05  # the soonest a try's outcome brings the next tick (each tick writes the outcomes once)
 BATCH = 64  # events read per webhook per look
 MAX_BACKOFF_S = 3600.0
 PRUNE_EVERY_S = 600.0
@@ -95,13 +96,25 @@ class Notifier:
         self.courier.stop()
 
     def _run(self) -> None:
-        while not self._stop.wait(TICK_S):
+        while not self._pause():
             try:
                 self.tick()
             except Exception:  # noqa: BLE001 - the loop outlives one bad round (the state file busy, ...)
                 if self._stop.is_set():
                     return
                 log.exception("notify_tick_failed")
+
+    def _pause(self) -> bool:
+        """Wait for the next tick (True: stop). A tick comes TICK_S after the last one, or as soon as a try's
+        outcome comes back (but not within MIN_TICK_S of the last): an owner's next try goes out when one of
+        its few in flight ends, not up to a quarter second later, so the per-owner cap bounds how many
+        tries are in flight at once, not how many a second a fast receiver gets."""
+        if self._stop.wait(MIN_TICK_S):
+            return True
+        if not self.sent or not self.courier.running:
+            return self._stop.wait(TICK_S - MIN_TICK_S)
+        self.collect(TICK_S - MIN_TICK_S)
+        return self._stop.is_set()
 
     def tick(self) -> None:
         now = self.clock()
