@@ -28,6 +28,7 @@ def _user(sched, name, *projects, max_running_jobs=None) -> Principal:
 def _reference(conn, worker_id: int, now: float, most: int) -> list[int]:
     """The claims as they were: one task a statement (acquire_one, the gang-free path of the old acquire_many)."""
     taken: list[int] = []
+    row(conn, "set_claim_clock", now=now)
     while len(taken) < most:
         free = row(conn, "worker_free", worker_id=worker_id)
         if free is None or free["free_slots"] <= 0:

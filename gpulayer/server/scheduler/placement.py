@@ -74,6 +74,7 @@ def _claim(conn: apsw.Connection, worker_id: int, now: float, lease: float, most
     free = row(conn, "worker_free", worker_id=worker_id)
     if free is None or free["free_slots"] <= 0:
         return [], False
+    row(conn, "set_claim_clock", now=now)  # the time the fair-share views decay usage to
     if row(conn, "any_queued_gang") is not None:
         gang_task = _place_gang(conn, worker_id, now, lease)
         if gang_task is not None:
@@ -84,7 +85,7 @@ def _claim(conn: apsw.Connection, worker_id: int, now: float, lease: float, most
                        address=free["advertise_address"])
     else:
         claimed = sorted(rows(conn, "acquire_task", worker_id=worker_id, now=now, lease_expires_at=lease,
-                              address=free["advertise_address"], max=most), key=_claim_order)
+                              address=free["advertise_address"], max=most), key=lambda t: t["k"])
     for task in claimed:
         _reserve_gpus(conn, task, worker_id, free["gpus"])
         # An array's element counts its own attempts: `element` (its index) tells readers of the log so.
@@ -95,13 +96,6 @@ def _claim(conn: apsw.Connection, worker_id: int, now: float, lease: float, most
         row(conn, "mark_jobs_running", job_ids=json.dumps(sorted({t["job_id"] for t in claimed})))
     # Fewer than asked: the claim may have stopped where a claim before could change the next one's judging.
     return [t["id"] for t in claimed], bool(claimed)
-
-
-def _claim_order(task: dict) -> tuple:
-    """acquire_task's order: priority with its age, highest first; the project's, then the user's fair-share
-    usage, lowest first (no usage row first, as SQL orders NULL); first come."""
-    user = task["user_usage"]
-    return (-task["rank_priority"], task["project_usage"], user is not None, user or 0.0, task["id"])
 
 
 def _reserve_gpus(conn: apsw.Connection, task: dict, worker_id: int, worker_gpus: int) -> None:
@@ -121,7 +115,7 @@ def _reserve_gpus(conn: apsw.Connection, task: dict, worker_id: int, worker_gpus
 
 
 def _place_gang(conn: apsw.Connection, worker_id: int, now: float, lease: float) -> int | None:
-    for gang in rows(conn, "next_gang_job", worker_id=worker_id, limit=GANG_CANDIDATES, now=now):
+    for gang in rows(conn, "next_gang_job", worker_id=worker_id, limit=GANG_CANDIDATES):
         workers = [r["worker_id"] for r in rows(conn, "gang_workers", job_id=gang["id"], worker_id=worker_id,
                                                    width=gang["width"], now=now)]
         queued = rows(conn, "queued_tasks_of_attempt", job_id=gang["id"], attempt=gang["attempt"])

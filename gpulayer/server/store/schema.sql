@@ -11,7 +11,7 @@
 -- fit (which workers a shape and a job fit); quotas, fair share, the usage ledger, preemption,
 -- quotas' use now and as admission reads them.
 
-PRAGMA user_version = 23;
+PRAGMA user_version = 24;
 
 -- ---------------------------------------------------------------------------------------
 -- Tokens and teams: tokens, users, projects, memberships.
@@ -845,6 +845,16 @@ CREATE TABLE scheduler_settings (
 ) STRICT;
 INSERT INTO scheduler_settings (id, fairshare_half_life_s, preempt_grace_s) VALUES (1, 604800, 30);
 
+-- The time of the claim in progress: one row, written by placement's claim transaction before it
+-- reads (queries/placement.sql, set_claim_clock), so that the fair-share views below decay usage to
+-- the claim's `now` (a view takes no parameter; a temp table cannot be read from a view in main).
+-- Outside a claim it holds the last claim's time: read fair share through the views only there.
+CREATE TABLE claim_clock (
+    id   INTEGER PRIMARY KEY CHECK (id = 1),
+    now  REAL NOT NULL
+) STRICT;
+INSERT INTO claim_clock (id, now) VALUES (1, 0);
+
 -- Fair share: what each user used in each project, in GPU-seconds (CPU-seconds for a task
 -- without GPUs): `usage`, of the runs that ended, decayed by the half-life to `updated_at`
 -- (written with the usage row in the transaction that ends a run), plus `running`, of the runs
@@ -1028,3 +1038,19 @@ FROM (SELECT u.id AS user_id, u.name, u.max_running_jobs,
                                                  AND t.state IN ('assigned', 'running')) END)
               FROM jobs r WHERE r.user_id = u.id AND r.state = 'running') AS running_jobs
       FROM users u) c;
+
+-- Fair share, written once: each user's usage in each project decayed by the half-life to the
+-- claim's time (claim_clock), plus `running`; and each project's, the sum of its users' over the
+-- project's share (its weight, else its GPU quota, else 1; 0 with no usage). The claims
+-- (acquire_one, acquire_task) and gang placement (next_gang_job) rank work of the same priority
+-- by the project's, then the user's (none, no usage row, first), lowest first.
+CREATE VIEW user_fair_share AS
+SELECT fs.project_id, fs.user_id,
+       fs.usage * pow(0.5, (c.now - fs.updated_at) / st.fairshare_half_life_s) + fs.running AS usage
+FROM fairshare fs, claim_clock c, scheduler_settings st;
+
+CREATE VIEW project_fair_share AS
+SELECT p.id AS project_id,
+       (SELECT coalesce(sum(u.usage), 0) FROM user_fair_share u WHERE u.project_id = p.id)
+       / coalesce(p.weight, nullif(p.gpu_quota, 0), 1) AS usage
+FROM projects p;

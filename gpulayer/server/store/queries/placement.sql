@@ -19,6 +19,11 @@ SELECT NOT EXISTS (SELECT 1 FROM shapes WHERE queued > 0)
    AND NOT EXISTS (SELECT 1 FROM tasks WHERE worker_id = :worker_id AND state IN ('assigned', 'running')
                    AND state = 'assigned') AS idle;
 
+-- name: set_claim_clock --
+-- The claim's time, which the fair-share views decay usage to: written first in each claim's
+-- transaction (a view takes no parameter).
+UPDATE claim_clock SET now = :now WHERE id = 1 RETURNING now;
+
 -- name: worker_free --
 -- What an online worker has free now (worker_load), with what acquisition hands on.
 SELECT l.worker_id AS id, l.gpus, l.free_slots, w.advertise_address
@@ -48,8 +53,9 @@ WHERE l.worker_id = CAST(:worker_id AS INTEGER) AND l.state = 'online';
 -- fewer than :max came back. A task that other candidates never change (a job's other replica
 -- once the worker holds the job; a group whose best task adds a job while its user is at the
 -- limit) is passed over, as acquire_one passes it over. An array's %N cap needs no sum (its held
--- elements are not in task_queue). RETURNING gives each task's order (rank_priority,
--- project_usage, user_usage, id): placement sorts by it to reserve GPU indices in claim order.
+-- elements are not in task_queue). RETURNING gives each task's place in that order (`k`):
+-- placement sorts by it to reserve GPU indices in claim order. Fair share is read from its views
+-- (project_fair_share, user_fair_share), decayed to the claim's time (set_claim_clock).
 -- Gang (multi-node) jobs are placed by gang_workers / assign_task.
 WITH RECURSIVE
 room AS MATERIALIZED (  -- the worker's free room now, less what is held for a waiting gang
@@ -66,12 +72,9 @@ fit AS MATERIALIZED (  -- the groups of queued work the worker could take a task
            (s.gpus > 1 AND m.mig)
            OR (s.gpus > 0 AND json_extract(s.labels, '$.gpu_model') IS NOT NULL
                AND json_extract(s.labels, '$.gpu_model') IS NOT m.gpu_model) AS by_index,
-           (SELECT coalesce(sum(fs.usage * pow(0.5, (:now - fs.updated_at) / st.fairshare_half_life_s)
-                                + fs.running), 0)
-            FROM fairshare fs, scheduler_settings st WHERE fs.project_id = q.project_id) / q.share AS project_usage,
-           (SELECT fs.usage * pow(0.5, (:now - fs.updated_at) / st.fairshare_half_life_s) + fs.running
-            FROM fairshare fs, scheduler_settings st
-            WHERE fs.project_id = q.project_id AND fs.user_id = q.user_id) AS user_usage,
+           (SELECT u.usage FROM project_fair_share u WHERE u.project_id = q.project_id) AS project_usage,
+           (SELECT u.usage FROM user_fair_share u WHERE u.project_id = q.project_id AND u.user_id = q.user_id)
+           AS user_usage,
            (SELECT u.max_running_jobs - u.running_jobs FROM user_running_jobs u WHERE u.user_id = q.user_id)
            AS user_left
     FROM shapes s INDEXED BY shapes_queued
@@ -104,20 +107,26 @@ offered (shape_id, project_id, user_id, i, task_id, job_id, rank_priority) AS (
         ORDER BY b.priority + b.aged DESC, b.task_id LIMIT 1)
     WHERE w.i < :max
 ),
-ranked AS MATERIALIZED (  -- each row's flags (0 or 1, never NULL)
-    SELECT g.*, o.i, o.task_id, o.rank_priority, o.job_id,
-           NOT (j.state = 'running' AND j.array_size IS NULL) AS adds_job,    -- counts against the user's limit
-           coalesce(g.nominal_left < 0 AND g.contested, 0) AS blocked,       -- may borrow once uncontested
-           o.i = :max AS unread_after,                                       -- the group's next tasks were not read
-           -- a job's other replicas: its first one claimed, the worker holds it
-           j.array_size IS NULL AND row_number() OVER (PARTITION BY o.job_id ORDER BY o.rank_priority DESC,
-                                                     g.project_usage, g.user_usage, o.task_id) > 1 AS replica,
-           -- a group whose best task adds a job while its user is at the limit offers nothing from there on
-           max(NOT (j.state = 'running' AND j.array_size IS NULL) AND coalesce(g.user_left <= 0, 0))
-               OVER (PARTITION BY o.shape_id, o.project_id, o.user_id ORDER BY o.rank_priority DESC, o.task_id) AS dead
+-- The ranking, written once: `pos`, each offered task's place in claim order (acquire_one's): priority
+-- with its age boost, highest first; fair share, the project's then the user's, lowest first; first come.
+ordered AS MATERIALIZED (
+    SELECT g.*, o.i, o.task_id, o.job_id, NOT (j.state = 'running' AND j.array_size IS NULL) AS adds_job,
+           j.array_size IS NULL AS single,
+           row_number() OVER (ORDER BY o.rank_priority DESC, g.project_usage, g.user_usage, o.task_id) AS pos
     FROM offered o
     CROSS JOIN admitted g ON g.shape_id = o.shape_id AND g.project_id = o.project_id AND g.user_id = o.user_id
     CROSS JOIN jobs j ON j.id = o.job_id
+),
+ranked AS MATERIALIZED (  -- each row's flags (0 or 1, never NULL)
+    SELECT o.*,                                                              -- adds_job: counts against the user's limit
+           coalesce(o.nominal_left < 0 AND o.contested, 0) AS blocked,       -- may borrow once uncontested
+           o.i = :max AS unread_after,                                       -- the group's next tasks were not read
+           -- a job's other replicas: its first one claimed, the worker holds it
+           o.single AND row_number() OVER (PARTITION BY o.job_id ORDER BY o.pos) > 1 AS replica,
+           -- a group whose best task adds a job while its user is at the limit offers nothing from there on
+           max(o.adds_job AND coalesce(o.user_left <= 0, 0))
+               OVER (PARTITION BY o.shape_id, o.project_id, o.user_id ORDER BY o.pos) AS dead
+    FROM ordered o
 ),
 sums AS MATERIALIZED (  -- what the candidates up to each row (itself included) ask, in claim order
     SELECT c.*,
@@ -125,21 +134,20 @@ sums AS MATERIALIZED (  -- what the candidates up to each row (itself included) 
            sum(c.candidate * c.gpus) OVER w AS sum_gpus,
            sum(c.candidate * c.cpus) OVER w AS sum_cpus,
            sum(c.candidate * c.memory_mb) OVER w AS sum_memory_mb,
-           coalesce(sum(c.candidate * c.gpus) OVER (PARTITION BY c.project_id ORDER BY c.rank_priority DESC,
-                        c.project_usage, c.user_usage, c.task_id ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)
+           coalesce(sum(c.candidate * c.gpus) OVER (PARTITION BY c.project_id ORDER BY c.pos
+                                                    ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)
            AS project_gpus_before,
-           coalesce(sum(c.candidate * c.adds_job) OVER (PARTITION BY c.user_id ORDER BY c.rank_priority DESC,
-                        c.project_usage, c.user_usage, c.task_id ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)
+           coalesce(sum(c.candidate * c.adds_job) OVER (PARTITION BY c.user_id ORDER BY c.pos
+                                                        ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)
            AS jobs_before
     FROM (SELECT r.*, NOT r.replica AND NOT r.dead AND NOT r.blocked AS candidate FROM ranked r) c
-    WINDOW w AS (ORDER BY c.rank_priority DESC, c.project_usage, c.user_usage, c.task_id ROWS UNBOUNDED PRECEDING)
+    WINDOW w AS (ORDER BY c.pos ROWS UNBOUNDED PRECEDING)
 ),
 -- `misfit`: a candidate the claims before it leave no sure room for. The ranking stops at a misfit
 -- or a blocked group's row (stop_here), and after a group's row that was read last (stop_after).
 stops AS MATERIALIZED (
     SELECT j.*, coalesce(sum(j.stop_here OR j.stop_after)
-                         OVER (ORDER BY j.rank_priority DESC, j.project_usage, j.user_usage, j.task_id
-                               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS stops_before
+                         OVER (ORDER BY j.pos ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS stops_before
     FROM (SELECT s.*, (s.blocked AND NOT s.dead) OR (s.candidate AND (
                           s.k > m.slots OR s.sum_gpus > m.gpus OR s.sum_cpus > m.cpus OR s.sum_memory_mb > m.memory_mb
                           OR (s.k > 1 AND s.by_index)
@@ -151,25 +159,17 @@ stops AS MATERIALIZED (
           FROM sums s, room m) j
 ),
 claim AS MATERIALIZED (
-    SELECT c.task_id FROM stops c
+    SELECT c.task_id, c.k FROM stops c
     WHERE c.candidate AND c.k <= :max AND (c.k = 1 OR (c.stops_before = 0 AND NOT c.stop_here))
 )
 UPDATE tasks
 SET state = 'assigned', worker_id = :worker_id, assigned_at = :now, lease_expires_at = :lease_expires_at,
     address = :address
 WHERE id IN (SELECT task_id FROM claim)
--- The claim's order (placement sorts by it): its task's priority with its age (its task_queue row, which
--- the trigger tasks_dequeued deletes after RETURNING read it), then fair share as above, then first come.
+-- `k`: the task's place in the claim's order (placement sorts by it: RETURNING's order is SQLite's).
 RETURNING id, job_id, "index", attempt, (SELECT gpus FROM jobs WHERE jobs.id = tasks.job_id) AS gpus,
           (SELECT array_size FROM jobs WHERE jobs.id = tasks.job_id) AS array_size,
-          (SELECT q.priority + q.aged FROM task_queue q WHERE q.task_id = tasks.id) AS rank_priority,
-          (SELECT coalesce(sum(fs.usage * pow(0.5, (:now - fs.updated_at) / st.fairshare_half_life_s) + fs.running), 0)
-           FROM jobs j, fairshare fs, scheduler_settings st WHERE j.id = tasks.job_id AND fs.project_id = j.project_id)
-          / (SELECT coalesce(p.weight, nullif(p.gpu_quota, 0), 1) FROM jobs j JOIN projects p ON p.id = j.project_id
-             WHERE j.id = tasks.job_id) AS project_usage,
-          (SELECT fs.usage * pow(0.5, (:now - fs.updated_at) / st.fairshare_half_life_s) + fs.running
-           FROM jobs j, fairshare fs, scheduler_settings st
-           WHERE j.id = tasks.job_id AND fs.project_id = j.project_id AND fs.user_id = j.user_id) AS user_usage;
+          (SELECT c.k FROM claim c WHERE c.task_id = tasks.id) AS k;
 
 -- name: mark_jobs_running --
 -- Jobs leave the queue when their first task is assigned (:job_ids, a JSON array).
@@ -189,8 +189,8 @@ UPDATE jobs SET state = 'running' WHERE id IN (SELECT value FROM json_each(:job_
 -- (an array's elements may share a worker), in task_queue_shape's order: priority with its age
 -- boost (upkeep's age_queued_tasks), first come. A task that adds a job (not a running job's
 -- queued replica; an array's element does) waits while its user is at the running-jobs limit.
--- Best: priority, then fair share (the project's decayed usage over its share, then the user's
--- within the project), then first come. Held tasks (a waiting job's, an array's past its %N
+-- Best: priority, then fair share (project_fair_share, then user_fair_share: decayed to the
+-- claim's time, set_claim_clock), then first come. Held tasks (a waiting job's, an array's past its %N
 -- cap) are not in task_queue. Gang (multi-node) jobs are placed by gang_workers / assign_task;
 -- job_quota_reason says what of admission holds a job back.
 UPDATE tasks
@@ -227,11 +227,8 @@ WHERE id = (
       AND ((SELECT j.state = 'running' AND j.array_size IS NULL FROM jobs j WHERE j.id = h.job_id)
            OR NOT coalesce((SELECT u.at_limit FROM user_running_jobs u WHERE u.user_id = g.user_id), 0))
     ORDER BY h.priority + h.aged DESC,
-             (SELECT coalesce(sum(fs.usage * pow(0.5, (:now - fs.updated_at) / st.fairshare_half_life_s)
-                                  + fs.running), 0)
-              FROM fairshare fs, scheduler_settings st WHERE fs.project_id = g.project_id) / g.share,
-             (SELECT fs.usage * pow(0.5, (:now - fs.updated_at) / st.fairshare_half_life_s) + fs.running
-              FROM fairshare fs, scheduler_settings st WHERE fs.project_id = g.project_id AND fs.user_id = g.user_id),
+             (SELECT u.usage FROM project_fair_share u WHERE u.project_id = g.project_id),
+             (SELECT u.usage FROM user_fair_share u WHERE u.project_id = g.project_id AND u.user_id = g.user_id),
              h.task_id
     LIMIT 1
 )
@@ -292,10 +289,7 @@ WHERE j.state = 'queued' AND j.gang = 1 AND f.fits_now
 ORDER BY j.priority + (SELECT coalesce(max(q.aged), 0) FROM tasks t JOIN task_queue q ON q.task_id = t.id
                        WHERE t.job_id = j.id AND t.state IN ('queued', 'assigned', 'running')
                          AND t.state = 'queued') DESC,
-         (SELECT coalesce(sum(fs.usage * pow(0.5, (:now - fs.updated_at) / st.fairshare_half_life_s)
-                              + fs.running), 0)
-          FROM fairshare fs, scheduler_settings st WHERE fs.project_id = j.project_id)
-         / coalesce(p.weight, nullif(p.gpu_quota, 0), 1),
+         (SELECT u.usage FROM project_fair_share u WHERE u.project_id = j.project_id),
          j.id
 LIMIT :limit;
 
