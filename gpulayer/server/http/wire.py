@@ -356,7 +356,7 @@ def query_int(req, name: str, default: int | None, lo: int, hi: int) -> int | No
     return integer(value, name, lo, hi)
 
 
-def query_float(req, name: str, default: float, lo: float, hi: float) -> float:
+def query_float(req, name: str, default: float | None, lo: float, hi: float) -> float | None:
     raw = req.get_param(name)
     if raw is None or raw == "":
         return default
