@@ -54,11 +54,6 @@ class LogShipper:
         self._armed = False
         self._thread: threading.Thread | None = None
 
-    @property
-    def next_n(self) -> int:
-        """The number the next line will get."""
-        return self._next_n
-
     def add(self, stream: str, text: str) -> None:
         """Queue one line of ``stream`` ("stdout", "stderr" or "system")."""
         with self._lock:

@@ -536,7 +536,7 @@ class ControlPlaneProcess(ChildProcess):
     def client(self):
         """A gpulayer.Client of this control plane."""
         from gpulayer.client.api import connect
-        return connect(url=self.url, token=self.client_token, ca_file=self.ca_file and str(self.ca_file))
+        return connect(url=self.url, token=self.client_token, ca_file=str(self.ca_file) if self.ca_file else None)
 
     def sql(self, query: str, params=()) -> list[tuple]:
         """The rows of a query over the state file, opened read-only."""

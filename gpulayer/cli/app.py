@@ -11,7 +11,8 @@ import os
 import sys
 import traceback
 from pathlib import Path
-from typing import Annotated, Optional
+from collections.abc import Sequence
+from typing import Annotated, Any, Optional
 
 import typer
 from typer.core import TyperGroup
@@ -45,9 +46,10 @@ class GpulayerGroup(TyperGroup):
         super().__init__(*args, **kwargs)
         _no_flag_placeholders(self)
 
-    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, windows_expand_args: bool = True, **extra: Any) -> Any:
         """Run the CLI; with standalone_mode, exit with the status, else return it."""
-        code = self._run(args, prog_name or "gpulayer", complete_var, extra)
+        code = self._run(args, prog_name or "gpulayer", complete_var, {**extra, "windows_expand_args": windows_expand_args})
         if standalone_mode:
             sys.exit(code)
         return code

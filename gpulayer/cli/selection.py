@@ -81,11 +81,6 @@ def _matching(client: Client, state: Optional[str], name: Optional[str], since: 
     return found
 
 
-def job_row(job: dict, now: float) -> list:
-    """A job as a row under HEADERS."""
-    return table_of([job], DEFAULT_COLUMNS, now)[0][0]
-
-
 def _command(job: dict) -> str:
     """The job's command on one line (no newline breaks a row), cut at COMMAND_WIDTH."""
     command = " ".join(" ".join(str(part) for part in (job.get("spec") or {}).get("command", [])).split())

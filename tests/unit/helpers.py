@@ -24,3 +24,9 @@ def job(command=("true",), **spec):
 def state_of(sched, job_id):
     from gpulayer.server.scheduler import views
     return sched.store.read(views.render, job_id)
+
+
+def events_of(sched, job_id):
+    """Every event of a job, oldest first (NotFound when there is no such job)."""
+    from gpulayer.server.scheduler import views
+    return sched.store.read(views.events_page, job_id, 0, -1)[0]

@@ -10,7 +10,7 @@ from gpulayer.protocol.jobspec import After
 from gpulayer.server.errors import InvalidRequest, NotFound
 from gpulayer.server.scheduler import jobs, views
 from gpulayer.server.scheduler.spec import MAX_ARRAY, array_indices, array_text, validate_job
-from helpers import add_worker, job, state_of
+from helpers import add_worker, events_of, job, state_of
 
 
 def finish(sched, w, task_id, exit_code=0):
@@ -216,7 +216,7 @@ def test_failed_dependency_cancels_down_the_chain(sched):
         assert [t["reason"] for t in view["tasks"]] == ["dependency_failed"]  # its task says so too
     assert state_of(sched, on_failure)["state"] == "queued"
     assert state_of(sched, anyway)["state"] == "queued"
-    kinds = [e["kind"] for e in sched.store.read(views.events_of, chain[1])]
+    kinds = [e["kind"] for e in events_of(sched, chain[1])]
     assert "dependency_failed" in kinds and "job_finished" in kinds
 
 

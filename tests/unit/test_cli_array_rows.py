@@ -33,8 +33,13 @@ def _job(**fields):
             "spec": {"command": ["true"]}, "tasks": [], **fields}
 
 
+def _row(job: dict, now: float) -> list:
+    """A job as a `job list` row under HEADERS (the default columns)."""
+    return selection.table_of([job], selection.DEFAULT_COLUMNS, now)[0][0]
+
+
 def test_an_ended_array_row_has_its_elapsed_time():
-    row = selection.job_row(_job(array=_array(counts={"succeeded": 3000}, done=3000, started_at=NOW - 70)), NOW)
+    row = _row(_job(array=_array(counts={"succeeded": 3000}, done=3000, started_at=NOW - 70)), NOW)
     assert row[selection.HEADERS.index("ELAPSED")] == "0:01:00"  # from its first element's start to its end
 
 
@@ -43,7 +48,7 @@ def test_a_running_array_row_shows_its_retried_elements_workers():
               "started_at": NOW - 5},
              {"task_id": 2, "index": 4, "attempt": 1, "state": "failed", "worker_id": 1, "worker_name": "gpu-a",
               "started_at": NOW - 50}]
-    row = selection.job_row(_job(state="running", finished_at=None, tasks=tasks,
-                                 array=_array(counts={"running": 1, "queued": 2999}, started_at=NOW - 90)), NOW)
+    row = _row(_job(state="running", finished_at=None, tasks=tasks,
+                     array=_array(counts={"running": 1, "queued": 2999}, started_at=NOW - 90)), NOW)
     assert row[selection.HEADERS.index("WORKER")] == "gpu-b"  # a retry (attempt 2) is the element's current task
     assert row[selection.HEADERS.index("ELAPSED")] == "0:01:30"

@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 
 from gpulayer.server.errors import Conflict, NotFound, TaskNotAssigned
-from gpulayer.server.scheduler import gpu_health, views, workers
+from gpulayer.server.scheduler import gpu_health, workers
 
-from helpers import add_worker, job, state_of
+from helpers import add_worker, events_of, job, state_of
 
 
 def beat(sched, worker_id, tasks=(), gpus=None):
@@ -125,7 +125,7 @@ def test_drain_timeout_stops_and_requeues(sched, clock):
     after = state_of(sched, running)
     assert after["state"] == "queued" and after["attempt"] == 1
     assert [(t["state"], t["reason"]) for t in after["tasks"]] == [("queued", "worker_drained")]
-    events = sched.store.read(views.events_of, running)
+    events = events_of(sched, running)
     assert [e["data"]["reason"] for e in events if e["kind"] == "task_requeued"] == ["drain_timeout"]
     assert beat(sched, w, [task["task_id"]])["cancel_task_ids"] == [task["task_id"]]
     # The stopped run's late finish changes nothing; the task runs again elsewhere, same attempt.
@@ -251,7 +251,7 @@ def test_gpu_turning_bad_loses_its_task_and_retries_elsewhere(sched):
     assert after["state"] == "queued" and after["attempt"] == 2
     assert [t["reason"] for t in after["tasks"] if t["attempt"] == 1] == ["gpu_unhealthy"]
     assert state_of(sched, other)["state"] == "running"
-    events = [e["kind"] for e in sched.store.read(views.events_of, on_bad)]
+    events = [e["kind"] for e in events_of(sched, on_bad)]
     assert "task_stop_requested" in events and "job_retried" in events
     # The worker's other GPU is busy and the bad one is out: the retry waits, and later healthy reports change nothing.
     beat(sched, w, [t for t in (a["task_id"], b["task_id"]) if t != bad_task["task_id"]], healthy(0, 1))

@@ -4,8 +4,7 @@ from __future__ import annotations
 import pytest
 
 from gpulayer.server.errors import TaskNotAssigned
-from gpulayer.server.scheduler import views
-from helpers import add_worker, job, state_of
+from helpers import add_worker, events_of, job, state_of
 
 
 def finish(sched, w, task_id, outcome="succeeded", exit_code=0, pid=None):
@@ -13,7 +12,7 @@ def finish(sched, w, task_id, outcome="succeeded", exit_code=0, pid=None):
 
 
 def kinds(sched, job_id):
-    return [e["kind"] for e in sched.store.read(views.events_of, job_id)]
+    return [e["kind"] for e in events_of(sched, job_id)]
 
 
 def task_row(sched, task_id):
@@ -33,7 +32,7 @@ def test_finish_of_an_assigned_task_with_pid_starts_it_first(sched, clock):
     assert finish(sched, w, a["task_id"], pid=4711) is True
     k = kinds(sched, j)
     assert k[k.index("task_started"):] == ["task_started", "task_finished", "job_finished"]
-    started = next(e for e in sched.store.read(views.events_of, j) if e["kind"] == "task_started")
+    started = next(e for e in events_of(sched, j) if e["kind"] == "task_started")
     assert started["task_id"] == a["task_id"] and started["data"]["pid"] == 4711
     task = task_row(sched, a["task_id"])
     assert task["state"] == "succeeded" and task["pid"] == 4711

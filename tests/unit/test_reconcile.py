@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import pytest
-from helpers import add_worker, job, state_of
+from helpers import add_worker, events_of, job, state_of
 
 from gpulayer.server.errors import TaskNotAssigned
 from gpulayer.server.scheduler.reconcile import Restored
@@ -25,8 +25,7 @@ def task_row(sched, task_id: int) -> dict:
 
 
 def kinds(sched, job_id: int) -> list[tuple[str, dict]]:
-    from gpulayer.server.scheduler import views
-    return [(e["kind"], e["data"]) for e in sched.store.read(views.events_of, job_id)]
+    return [(e["kind"], e["data"]) for e in events_of(sched, job_id)]
 
 
 def test_a_reported_task_assigned_to_its_worker_is_marked_running_after_a_restore(sched):

@@ -9,7 +9,7 @@ from gpulayer.server.scheduler import events as events_mod
 from gpulayer.server.scheduler import views
 from gpulayer.server.errors import InvalidRequest, NotFound, TaskNotAssigned
 from gpulayer.server.scheduler.spec import MAX_ARG_BYTES, MAX_ARGS, MAX_PATHS
-from helpers import add_worker, job, state_of
+from helpers import add_worker, events_of, job, state_of
 
 
 # -- small builders ----------------------------------------------------------
@@ -27,7 +27,7 @@ def take(sched, w):
 
 
 def kinds(sched, job_id):
-    return [e["kind"] for e in sched.store.read(views.events_of, job_id)]
+    return [e["kind"] for e in events_of(sched, job_id)]
 
 
 def task_rows(sched, job_id):
@@ -299,7 +299,7 @@ def test_late_finish_ignored(sched, clock):
     assert finish(sched, w, a["task_id"], exit_code=0) is False
     after = state_of(sched, j)
     assert after == before
-    late = [e for e in sched.store.read(views.events_of, j) if e["kind"] == "late_finish"]
+    late = [e for e in events_of(sched, j) if e["kind"] == "late_finish"]
     assert len(late) == 1 and late[0]["task_id"] == a["task_id"] and late[0]["data"]["outcome"] == "succeeded"
 
 
@@ -598,7 +598,7 @@ def test_every_state_change_has_its_event(sched, clock):
             assert kinds_for & {"task_cancelled", "task_stopped", "task_finished"}, t
     for j in (ok, lost, cancelled):
         info = state_of(sched, j)
-        finished = [e for e in sched.store.read(views.events_of, j) if e["kind"] == "job_finished"]
+        finished = [e for e in events_of(sched, j) if e["kind"] == "job_finished"]
         assert len(finished) == (1 if info["finished_at"] else 0)
         if finished:
             assert finished[0]["at"] == info["finished_at"] and finished[0]["data"]["state"] == info["state"]

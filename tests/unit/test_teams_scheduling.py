@@ -7,10 +7,10 @@ import json
 import pytest
 
 from gpulayer.server.errors import InvalidRequest
-from gpulayer.server.scheduler import teams, views
+from gpulayer.server.scheduler import teams
 from gpulayer.server.security.auth import Principal
 from gpulayer.server.store.queries import row
-from helpers import add_worker, job, state_of
+from helpers import add_worker, events_of, job, state_of
 
 
 def project(sched, name, **settings):
@@ -48,7 +48,7 @@ def sql(sched, query, *params):
 
 
 def kinds(sched, job_id):
-    return [e["kind"] for e in sched.store.read(views.events_of, job_id)]
+    return [e["kind"] for e in events_of(sched, job_id)]
 
 
 @pytest.fixture
@@ -273,7 +273,7 @@ def test_high_priority_preempts_a_preemptible_task_which_is_requeued_same_attemp
     assert info["state"] == "queued" and info["attempt"] == 1
     assert [(t["state"], t["attempt"], t["reason"]) for t in info["tasks"]] == [("queued", 1, "preempted")]
     assert info["preemptions"][0]["for_job_id"] == high and info["preemptions"][0]["done_at"] == clock.now
-    events = sched.store.read(views.events_of, low)
+    events = events_of(sched, low)
     preempted = [e for e in events if e["kind"] == "task_preempted"]
     assert preempted and preempted[0]["data"]["for_job_id"] == high
     # the room goes to the high-priority job; the victim runs again after it, told it was preempted
@@ -411,7 +411,7 @@ def test_a_victim_whose_worker_is_lost_in_the_grace_is_requeued_same_attempt(sch
     assert info["state"] == "queued" and info["attempt"] == 1
     assert [(t["state"], t["attempt"], t["reason"]) for t in info["tasks"]] == [("queued", 1, "preempted")]
     assert info["preemptions"][0]["done_at"] == clock.now
-    preempted = [e for e in sched.store.read(views.events_of, low) if e["kind"] == "task_preempted"]
+    preempted = [e for e in events_of(sched, low) if e["kind"] == "task_preempted"]
     assert preempted[0]["data"]["worker_lost"] is True and preempted[0]["data"]["for_job_id"] == high
     assert "task_lost" not in kinds(sched, low)
     ledger = sql(sched, "SELECT job_id, outcome, preempted_by FROM usage")

@@ -74,6 +74,7 @@ class _PacedSocketIO(socket.SocketIO):
     def __init__(self, conn: Connection, sock):
         super().__init__(sock, "rb")
         self._conn = conn
+        self._raw = sock
 
     def readinto(self, b):
         pace = self._conn.pace
@@ -82,7 +83,7 @@ class _PacedSocketIO(socket.SocketIO):
         left = pace.seconds_left()
         if left <= 0:
             raise pace.too_slow()
-        self._sock.settimeout(min(left, self._conn.server.timeout))
+        self._raw.settimeout(min(left, self._conn.server.timeout))
         try:
             n = super().readinto(b)
         except TimeoutError:

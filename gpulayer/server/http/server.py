@@ -34,6 +34,7 @@ import selectors
 import sys
 import threading
 import time
+from typing import Any
 
 from cheroot import wsgi
 
@@ -171,6 +172,7 @@ class _Server(wsgi.Server):
     head_timeout_s = HEAD_TIMEOUT_S
     max_pending_heads = MAX_PENDING_HEADS
     max_streams = 1  # requests reading a streamed body at once: bodies.streamed_cap(threads)
+    _connections: Any  # cheroot's ConnectionManager, made by its prepare(): private, so its stubs leave it out
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

@@ -11,6 +11,7 @@ from gpulayer.protocol import parse_duration
 from gpulayer.server.config import MAX_JSON_BODY
 from gpulayer.server.errors import BodyTooLarge, InvalidJSON, InvalidRequest
 from gpulayer.server.scheduler import sessions
+from gpulayer.server.scheduler.chunks import MAX_FINISHES
 from gpulayer.server.scheduler.teams import ROLES, VISIBILITIES, check_name
 from gpulayer.server.validators import digest, integer, labels, mapping, number, relative_path, string
 
@@ -279,7 +280,7 @@ def lease_ahead(body: dict) -> tuple[bool, list[int]]:
     return _flag(body.get("prefetch", False), "prefetch"), task_ids(body, "held")
 
 
-def task_ids(body: dict, field: str, limit: int = 1024) -> list[int]:
+def task_ids(body: dict, field: str, limit: int = MAX_FINISHES) -> list[int]:
     """A list of at most `limit` distinct task ids (`held`, `release`); [] when absent."""
     value = body.get(field)
     if value is None:
@@ -292,7 +293,7 @@ def task_ids(body: dict, field: str, limit: int = 1024) -> list[int]:
     return ids
 
 
-def finish_many(body: dict, limit: int = 1024) -> dict:
+def finish_many(body: dict, limit: int = MAX_FINISHES) -> dict:
     """POST /v1/worker/finish-many: `finishes` (each a finish's fields with its `task_id` and `attempt`, and
     optionally `run_s`, how long its process ran), `next`, `max_tasks`, `prefetch`, `held`, `release`."""
     unknown = set(body) - {"finishes", "next", "max_tasks", "prefetch", "held", "release"}
@@ -356,7 +357,7 @@ def query_int(req, name: str, default: int | None, lo: int, hi: int) -> int | No
     return integer(value, name, lo, hi)
 
 
-def query_float(req, name: str, default: float, lo: float, hi: float) -> float:
+def query_float(req, name: str, default: float | None, lo: float, hi: float) -> float | None:
     raw = req.get_param(name)
     if raw is None or raw == "":
         return default

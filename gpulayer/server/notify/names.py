@@ -29,7 +29,6 @@ EVENTS: dict[str, tuple[str, str]] = {
     "gpu.unhealthy": ("gpu_unhealthy", "a worker reported a GPU fault (an Xid error, ...)"),
     "alert.fired": ("alert_fired", "an alert's query returned rows it did not return before"),
 }
-JOB_ENDS = {"succeeded", "failed", "cancelled", "lost"}
 # `submit --mail-type` (Slurm's names) -> public names
 MAIL_TYPES: dict[str, list[str]] = {
     "BEGIN": ["job.started"],

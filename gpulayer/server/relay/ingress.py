@@ -176,19 +176,17 @@ class IngressProxy:
         try:
             found, strip, query_token = await self._admit(scope, job_id)
         except GpulayerError as exc:
-            extra = [("www-authenticate", 'Bearer realm="gpulayer ingress"')] if exc.status == 401 else []
-            return _answer(proto, exc.status, exc.code, exc.message, extra)
+            return _refuse(proto, exc)
         if query_token is not None:  # a browser's first visit: the token into a cookie, out of the URL
             return self._to_cookie(scope, proto, job_id, rest, query_token)
-        if not found.replicas:
-            self.counters.requests[(job_id, "5xx")] += 1
-            return _answer(proto, 503, "no_replica", f"job {job_id} has no replica serving now (state {found.state})", [("retry-after", "1")])
         try:
+            if not found.replicas:
+                raise NoReplica(f"job {job_id} has no replica serving now (state {found.state})")
             with self.admission.held(job_id, scope.client):
                 await self._proxy(scope, proto, found, job_id, rest, strip)
-        except (TooManyRequests, IngressFull) as exc:  # a cap (raised before the block ran)
+        except (NoReplica, BadGateway, TooManyRequests, IngressFull) as exc:  # a cap raises before the block runs
             self.counters.requests[(job_id, f"{exc.status // 100}xx")] += 1
-            return _answer(proto, exc.status, exc.code, exc.message, [("retry-after", "1")])
+            return _refuse(proto, exc)
 
     def _to_cookie(self, scope, proto, job_id: int, rest: str, token: str) -> None:
         query = urlencode([(k, v) for k, v in parse_qsl(scope.query_string or "", keep_blank_values=True) if k != "token"])
@@ -197,6 +195,7 @@ class IngressProxy:
         proto.response_empty(303, [("location", location), ("set-cookie", cookie), ("cache-control", "no-store")])
 
     async def _proxy(self, scope, proto, found: Ingress, job_id: int, rest: str, strip: bool) -> None:
+        """The request to a replica, and its answer back; NoReplica or BadGateway when none answered."""
         method = scope.method.upper()
         headers, body_framing = upstream_headers(scope, job_id, strip)
         target = forwarding.target(rest, scope.query_string, strip)
@@ -233,7 +232,6 @@ class IngressProxy:
                 self.outstanding[task_id] -= 1
                 if self.outstanding[task_id] <= 0:
                     del self.outstanding[task_id]
-        self.counters.requests[(job_id, "5xx")] += 1
         stopped = not tried
         if tried:
             # the replicas came from a read up to CACHE_S old: read them again, so a service that has just
@@ -242,15 +240,9 @@ class IngressProxy:
             fresh = await self._lookup(job_id)
             stopped = fresh is None or not fresh.replicas
         if stopped:
-            return _answer(proto, 503, "no_replica", f"job {job_id} has no replica serving now", [("retry-after", "1")])
-        _answer(
-            proto,
-            502,
-            "bad_gateway",
-            f"the replica of job {job_id} failed before answering: {error}"
-            if len(tried) == 1
-            else f"{len(tried)} replicas of job {job_id} failed before answering; the last: {error}",
-        )
+            raise NoReplica(f"job {job_id} has no replica serving now")
+        raise BadGateway(f"the replica of job {job_id} failed before answering: {error}" if len(tried) == 1
+                         else f"{len(tried)} replicas of job {job_id} failed before answering; the last: {error}")
 
     def _dropped(self, job_id: int, exc: ClientStalled) -> None:
         """An answer ended early because its client stalled (counted) or went away (not: as any client gone)."""
@@ -329,7 +321,7 @@ class IngressProxy:
             return
         i = self._pick(found, set())
         if i is None:
-            proto.close(503)
+            proto.close(NoReplica.status)
             return
         try:
             with self.admission.held(job_id, scope.client):
@@ -348,7 +340,7 @@ class IngressProxy:
         try:
             upstream = await self._open(found, i)
         except UpstreamFailed:
-            proto.close(502)
+            proto.close(BadGateway.status)
             return
         headers, _ = upstream_headers(scope, job_id, strip, websocket=True)
         path = forwarding.target(rest, scope.query_string, strip)
@@ -376,7 +368,7 @@ class IngressProxy:
                     if isinstance(event, Response):
                         answer = event
             if answer.status_code != 101 or ws.handshake_exc is not None:
-                proto.close(answer.status_code if answer.status_code >= 400 else 502)
+                proto.close(answer.status_code if answer.status_code >= 400 else BadGateway.status)
                 return
             transport = await proto.accept()
             self.counters.requests[(job_id, "ws")] += 1
@@ -387,7 +379,7 @@ class IngressProxy:
                 pacer.close()
         except UpstreamFailed as exc:
             log.info("ingress_websocket_failed job_id=%d error=%s", job_id, exc)
-            proto.close(502)
+            proto.close(BadGateway.status)
         finally:
             self.outstanding[task_id] -= 1
             if self.outstanding[task_id] <= 0:
@@ -460,6 +452,16 @@ class IngressProxy:
 
 def _answer(proto, status: int, code: str, message: str, extra: list | None = None) -> None:
     proto.response_bytes(status, [("content-type", "application/json"), *(extra or [])], bodies.error_body(code, message))
+
+
+def _refuse(proto, exc: GpulayerError) -> None:
+    """A refusal in the error shape: 401 says how to authenticate, 429 and 503 when to come back."""
+    extra = []
+    if exc.status == 401:
+        extra.append(("www-authenticate", 'Bearer realm="gpulayer ingress"'))
+    elif exc.status in (429, 503):
+        extra.append(("retry-after", "1"))
+    _answer(proto, exc.status, exc.code, exc.message, extra)
 
 
 __all__ = ["IngressProxy", "PREFIX"]

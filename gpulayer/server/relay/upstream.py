@@ -132,7 +132,7 @@ class Body:
             yield chunk
         if self.kept is None and self.size:  # read past what was kept: a retry cannot replay it
             raise UpstreamFailed("the request's body cannot be sent again")
-        while not self.done:
+        while not self.done and self.source is not None:
             try:
                 chunk = await self.source.__anext__()
             except StopAsyncIteration:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import Callable
 
 import apsw
 
@@ -120,7 +121,7 @@ class _Round:
     def logs(self, cutoff: float) -> None:
         self.each("prune_log_jobs", cutoff, lambda job: self.job_lines(job["id"], cutoff))
 
-    def batches(self, kind: str, query: str, **params) -> None:
+    def batches(self, kind: str, query: str | Callable[..., list], **params) -> None:
         """`query` (one bounded write) again until it removes less than a batch, or the budget is spent."""
         while not self.spent and self.write(kind, query, n=PRUNE_BATCH, **params) == PRUNE_BATCH:
             pass

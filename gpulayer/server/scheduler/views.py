@@ -316,11 +316,6 @@ def events_page(conn: apsw.Connection, job_id: int, after: int, limit: int, budg
     return [{**e, "data": json.loads(e["data"])} for e in found], more
 
 
-def events_of(conn: apsw.Connection, job_id: int) -> list[dict]:
-    """Every event of a job, oldest first (NotFound when there is no such job)."""
-    return events_page(conn, job_id, 0, -1)[0]
-
-
 def events_seen(conn: apsw.Connection, principal, job_id: int, after: int, limit: int, level: str) -> tuple[list[dict], bool]:
     """`GET /v1/jobs/{id}/events`: events_page as `principal` may see it, its `level` on the job
     (teams.job_meta): what names a job it may not see made null (hide_unseen_events), and with `see`
