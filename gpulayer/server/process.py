@@ -71,6 +71,8 @@ def check_config(config: ControlPlaneConfig) -> None:
     if min(config.log_retention_s, config.job_retention_s, config.gpu_sample_retention_s,
            config.prune_interval_s) <= 0:
         raise ConfigError("--log-retention, --job-retention and --gpu-sample-retention must be longer than zero")
+    if config.read_timeout_s <= 0:
+        raise ConfigError("--read-timeout must be longer than zero")
     if config.synchronous not in ("normal", "full"):
         raise ConfigError("--synchronous must be normal or full")
     if config.http not in ("cheroot", "granian"):

@@ -272,7 +272,8 @@ def with_explorer(app, deps: Deps, *, secure_cookies: bool):
 def new_deps(config: ControlPlaneConfig, *, clock=time.time, ca_file: Path | None = None) -> Deps:
     """Open the home's state file and build every dependency of the app."""
     layout = config.layout
-    store = Store(layout.state, synchronous=config.synchronous, autocheckpoint=not config.replicate)
+    store = Store(layout.state, synchronous=config.synchronous, read_timeout_s=config.read_timeout_s,
+                  autocheckpoint=not config.replicate)
     authn = auth.Authenticator(layout, store, QUERIES)
     artifacts = ArtifactStore(layout.artifacts)
     scheduler = Scheduler(store, config, clock, auth=authn, artifacts=artifacts)

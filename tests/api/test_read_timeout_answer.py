@@ -1,0 +1,21 @@
+"""A /v1 read past `--read-timeout` answers 503 read_timeout in the error shape; the next request is served."""
+from __future__ import annotations
+
+import time
+
+
+def test_a_request_whose_read_runs_past_the_deadline_answers_503_read_timeout(api, deps, client_h, monkeypatch):
+    assert api.simulate_get("/v1/jobs", headers=client_h).status_code == 200
+    from gpulayer.server.store import deadline
+
+    # Every read's deadline already past when its first check runs: the first read of the request is stopped.
+    monkeypatch.setattr(deadline, "PROGRESS_STEPS", 1)
+    deps.store.read_timeout_s = 0.0
+    started = time.monotonic()
+    answer = api.simulate_get("/v1/jobs", headers=client_h)
+    assert answer.status_code == 503, answer.text
+    assert answer.json["error"]["code"] == "read_timeout"
+    assert "--read-timeout" in answer.json["error"]["message"]
+    assert time.monotonic() - started < 5
+    deps.store.read_timeout_s = 10.0
+    assert api.simulate_get("/v1/jobs", headers=client_h).status_code == 200
