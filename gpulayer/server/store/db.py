@@ -13,9 +13,11 @@ from __future__ import annotations
 import contextvars
 import errno
 import logging
+import math
 import os
 import queue
 import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -23,7 +25,7 @@ from typing import Any, Callable, Iterator
 import apsw
 
 from gpulayer.server.errors import ConfigError, GpulayerError, ReadTimeout, StorageFull, Unavailable
-from gpulayer.server.store.deadline import time_limit
+from gpulayer.server.store.deadline import Deadline
 from gpulayer.server.store.queries import QUERIES, row, rows
 from gpulayer.server.store.readers import ReaderPool
 
@@ -167,7 +169,8 @@ class Store:
         # READERS is read here, not bound as a default: the unit tests open fewer (tests/conftest.py).
         self._readers = [connect(self.path, synchronous=synchronous, query_only=True)
                          for _ in range(READERS if readers is None else readers)]
-        self._pool: ReaderPool[apsw.Connection] = ReaderPool(self._readers)
+        self._pool: ReaderPool[tuple[apsw.Connection, Deadline]] = ReaderPool(
+            [(conn, Deadline(conn)) for conn in self._readers])
         self._closed = False
         self.last_error: str | None = None   # the code of the last failed group; None after a commit
         self._thread = threading.Thread(target=self._run, name="gpulayer-writer", daemon=True)
@@ -206,14 +209,21 @@ class Store:
         Raises Unavailable when every reader stays busy for write_timeout_s; ReadTimeout (a 503) past
         read_timeout_s, the connection given back usable.
         """
-        with self._lend() as conn:
+        reader = self._take()
+        conn, deadline = reader
+        try:
             conn.execute("BEGIN")
+            deadline.at = time.monotonic() + self.read_timeout_s
             try:
-                with self._limited(conn):
-                    yield conn
+                yield conn
+            except apsw.InterruptError:
+                raise self._timed_out() from None
             finally:
+                deadline.at = math.inf
                 if not conn.getautocommit():
                     conn.execute("COMMIT")
+        finally:
+            self._pool.give(reader)
 
     def read_statement(self, fn: Callable[..., Any], *args, **kwargs) -> Any:
         """fn(conn, *args, **kwargs) on a pooled connection outside a transaction: for a function that runs
@@ -221,34 +231,32 @@ class Store:
 
         Raises as `reading` does.
         """
-        with self._lend() as conn, self._limited(conn):
+        reader = self._take()
+        conn, deadline = reader
+        deadline.at = time.monotonic() + self.read_timeout_s
+        try:
             return fn(conn, *args, **kwargs)
+        except apsw.InterruptError:
+            raise self._timed_out() from None
+        finally:
+            deadline.at = math.inf
+            self._pool.give(reader)
 
     def read(self, fn: Callable[..., Any], *args, **kwargs) -> Any:
         """fn(conn, *args, **kwargs) inside one read transaction; raises as `reading` does."""
         with self.reading() as conn:
             return fn(conn, *args, **kwargs)
 
-    @contextmanager
-    def _lend(self) -> Iterator[apsw.Connection]:
-        """A pooled reader for the block; Unavailable when every reader stays busy for write_timeout_s."""
-        conn = self._pool.take(self.write_timeout_s)
-        if conn is None:
+    def _take(self) -> tuple[apsw.Connection, Deadline]:
+        """A pooled reader and its deadline; Unavailable when every reader stays busy for write_timeout_s."""
+        reader = self._pool.take(self.write_timeout_s)
+        if reader is None:
             raise Unavailable(f"all {len(self._readers)} readers of the state file stayed busy: retry")
-        try:
-            yield conn
-        finally:
-            self._pool.give(conn)
+        return reader
 
-    @contextmanager
-    def _limited(self, conn: apsw.Connection) -> Iterator[None]:
-        """The block's statements stopped past read_timeout_s, answered as ReadTimeout."""
-        try:
-            with time_limit(conn, self.read_timeout_s):
-                yield
-        except apsw.InterruptError:
-            raise ReadTimeout(f"a read of the state file ran past {self.read_timeout_s:g} s and was stopped "
-                              "(--read-timeout): retry, or ask for less") from None
+    def _timed_out(self) -> ReadTimeout:
+        return ReadTimeout(f"a read of the state file ran past {self.read_timeout_s:g} s and was stopped "
+                           "(--read-timeout): retry, or ask for less")
 
     def health(self) -> dict:
         """The writer (alive, queued writes, last error) and the disk (free bytes); `ok` when writes can succeed."""
