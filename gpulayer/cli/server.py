@@ -100,6 +100,9 @@ IngressMaxRequestsPerClient = Annotated[int, typer.Option(
     "--ingress-max-requests-per-client", min=1, metavar="N",
     help="Requests through the ingress at once from one client address (behind a reverse proxy: all of "
          "them); past it 429 too_many_requests.")]
+ReadTimeout = Annotated[str, typer.Option(
+    "--read-timeout", callback=duration_option("--read-timeout", positive=True), metavar="DURATION",
+    help="One read of the state file past this is stopped and answered 503 read_timeout (seconds, 1m, ...).")]
 IngressSendTimeout = Annotated[str, typer.Option(
     "--ingress-send-timeout", callback=duration_option("--ingress-send-timeout", positive=True), metavar="DURATION",
     help="An ingress client that reads nothing of its answer this long is dropped (seconds, 2m, ...).")]
@@ -223,6 +226,7 @@ def server_start(
     webhook_retry_base: WebhookRetryBase = "5",
     webhook_retry_for: WebhookRetryFor = "24h",
     webhook_concurrency: WebhookConcurrency = 16,
+    read_timeout: ReadTimeout = "10",
 ) -> None:
     """Run the control plane in the foreground until SIGTERM or Ctrl-C.
 
@@ -239,7 +243,7 @@ def server_start(
                                 replicate=replicate, replicate_interval_s=float(replicate_interval),
                                 preempt_grace_s=float(preempt_grace), max_grace_s=float(max_grace), max_queued_elements=max_queued_elements,
                                 max_heartbeats_per_s=max_heartbeats_per_s,
-                                checkpoint_keep=checkpoint_keep,
+                                checkpoint_keep=checkpoint_keep, read_timeout_s=float(read_timeout),
                                 **_upload_settings(upload_quota_mb, project_upload_quota_mb, unnamed_retention),
                                 priority_classes={**PRIORITY_CLASSES, **_priority_classes(priority_class)},
                                 fairshare_half_life_s=float(fairshare_half_life) if fairshare_half_life else FAIRSHARE_HALF_LIFE_S,

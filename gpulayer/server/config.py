@@ -12,6 +12,7 @@ from gpulayer.protocol import (  # noqa: F401  (re-exported: the settings below 
     FAIRSHARE_HALF_LIFE_S, MAX_GRACE_S, PREEMPT_GRACE_S, PRIORITY_CLASSES, MAX_QUEUED_ELEMENTS,
     default_home,
 )
+from gpulayer.server.store.db import READ_TIMEOUT_S
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,7 @@ class ControlPlaneConfig:
     job_retention_s: float = JOB_RETENTION_S
     gpu_sample_retention_s: float = GPU_SAMPLE_RETENTION_S  # `--gpu-sample-retention`: gpu_samples rows kept
     prune_interval_s: float = PRUNE_INTERVAL_S
+    read_timeout_s: float = READ_TIMEOUT_S  # `--read-timeout`: one read of the state file, at most (else a 503)
     fairshare_half_life_s: float = FAIRSHARE_HALF_LIFE_S  # `--fairshare-half-life` (docs/teams.md)
     preempt_grace_s: float = PREEMPT_GRACE_S                # `--preempt-grace`: SIGTERM, then SIGKILL after this
     max_grace_s: float = MAX_GRACE_S                        # `--max-grace`: the most a job's `grace_seconds` asks

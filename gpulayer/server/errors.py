@@ -94,6 +94,12 @@ class Unavailable(GpulayerError):
     status = 503
 
 
+class ReadTimeout(Unavailable):
+    """A read of the state file ran past `--read-timeout` and was stopped; nothing changed: retry, or ask for less."""
+
+    code = "read_timeout"
+
+
 class StorageFull(GpulayerError):
     """The state file's disk (or its max_page_count) is full; nothing of the request was written."""
 

@@ -36,6 +36,7 @@ from gpulayer.server.notify.outbox import Notifier
 from gpulayer.server.relay.hub import Hub, Settings as RelaySettings
 from gpulayer.server.scheduler import sessions
 from gpulayer.server.store.queries import QUERIES
+from gpulayer.server.upkeep import Job, Upkeep
 
 if TYPE_CHECKING:
     from gpulayer.server.http.granian_server import GranianServer
@@ -71,6 +72,8 @@ def check_config(config: ControlPlaneConfig) -> None:
     if min(config.log_retention_s, config.job_retention_s, config.gpu_sample_retention_s,
            config.prune_interval_s) <= 0:
         raise ConfigError("--log-retention, --job-retention and --gpu-sample-retention must be longer than zero")
+    if config.read_timeout_s <= 0:
+        raise ConfigError("--read-timeout must be longer than zero")
     if config.synchronous not in ("normal", "full"):
         raise ConfigError("--synchronous must be normal or full")
     if config.http not in ("cheroot", "granian"):
@@ -267,48 +270,58 @@ class ControlPlane:
         log.info("server_stopped")
 
     def _run_upkeep(self) -> None:
-        interval = min(self.config.heartbeat_interval_s, 1.0)
-        next_sweep = time.monotonic() + self.config.artifact_sweep_interval_s
-        next_prune = time.monotonic() + min(self.config.prune_interval_s, 60.0)
-        next_fairshare = time.monotonic()
-        while not self._stop.wait(interval):
-            try:
-                found = self.deps.scheduler.resume_cascades()  # at the first tick: what a stop left undone
-                if found:
-                    log.info("cascades_resumed steps=%d", found)
-                result = self.deps.scheduler.expire()
-                if any(result.values()):
-                    log.info("leases_expired %s", " ".join(f"{k}={v}" for k, v in result.items()))
-                if time.monotonic() >= next_fairshare:
-                    next_fairshare = time.monotonic() + ledger.RUNNING_REFRESH_S
-                    self.deps.scheduler.refresh_fairshare()
-                    self.deps.scheduler.age_queue()
-                begun = self.deps.scheduler.begin_due()
-                if begun:
-                    log.info("jobs_begin_time n=%d", begun)
-                asked = self.deps.scheduler.preempt()
-                if asked:
-                    log.info("task_preempt_requested tasks=%s", ",".join(map(str, asked)))
-                drained = self.deps.scheduler.advance_drains()
-                if drained:
-                    log.info("workers_drained n=%d", drained)
-                if time.monotonic() >= next_prune:
-                    done = retention.prune(self.deps.store, now=self.clock(),
-                                           log_retention_s=self.config.log_retention_s,
-                                           job_retention_s=self.config.job_retention_s,
-                                           gpu_sample_retention_s=self.config.gpu_sample_retention_s)["done"]
-                    # A backlog (a first start after an upgrade) goes on at the next tick.
-                    next_prune = time.monotonic() + (self.config.prune_interval_s if done else 0)
-                if time.monotonic() >= next_sweep:
-                    next_sweep = time.monotonic() + self.config.artifact_sweep_interval_s
-                    retention.sweep(self.deps.store, self.deps.artifacts, now=self.clock(),
-                                    retention_s=self.config.artifact_retention_s,
-                                    unnamed_retention_s=self.config.unnamed_retention_s)
-                    self.deps.artifacts.sweep_tmp()
-            except Exception:  # noqa: BLE001 - upkeep must outlive one bad round
-                if self._stop.is_set():
-                    return
-                log.exception("upkeep_failed")
+        upkeep = Upkeep(upkeep_jobs(self.deps), self.deps.upkeep, stopping=self._stop.is_set)
+        upkeep.run(self._stop, min(self.config.heartbeat_interval_s, 1.0))
+
+
+def upkeep_jobs(deps: Deps) -> list[Job]:
+    """The plane's upkeep, in the order each tick runs it: (name, interval, function), each failing alone."""
+    scheduler, config = deps.scheduler, deps.config
+
+    def cascades() -> None:  # at the first tick: what a stop left undone
+        found = scheduler.resume_cascades()
+        if found:
+            log.info("cascades_resumed steps=%d", found)
+
+    def expire() -> None:
+        result = scheduler.expire()
+        if any(result.values()):
+            log.info("leases_expired %s", " ".join(f"{k}={v}" for k, v in result.items()))
+
+    def fairshare() -> None:
+        scheduler.refresh_fairshare()
+        scheduler.age_queue()
+
+    def begin_due() -> None:
+        begun = scheduler.begin_due()
+        if begun:
+            log.info("jobs_begin_time n=%d", begun)
+
+    def preempt() -> None:
+        asked = scheduler.preempt()
+        if asked:
+            log.info("task_preempt_requested tasks=%s", ",".join(map(str, asked)))
+
+    def drains() -> None:
+        drained = scheduler.advance_drains()
+        if drained:
+            log.info("workers_drained n=%d", drained)
+
+    def prune() -> bool:  # a backlog (a first start after an upgrade) goes on at the next tick
+        return bool(retention.prune(deps.store, now=deps.clock(), log_retention_s=config.log_retention_s,
+                                    job_retention_s=config.job_retention_s,
+                                    gpu_sample_retention_s=config.gpu_sample_retention_s)["done"])
+
+    def sweep() -> None:
+        retention.sweep(deps.store, deps.artifacts, now=deps.clock(), retention_s=config.artifact_retention_s,
+                        unnamed_retention_s=config.unnamed_retention_s)
+        deps.artifacts.sweep_tmp()
+
+    return [Job("cascades", 0, cascades), Job("expire", 0, expire),
+            Job("fairshare", ledger.RUNNING_REFRESH_S, fairshare), Job("begin_due", 0, begin_due),
+            Job("preempt", 0, preempt), Job("drains", 0, drains),
+            Job("prune", config.prune_interval_s, prune, first_s=min(config.prune_interval_s, 60.0)),
+            Job("sweep", config.artifact_sweep_interval_s, sweep, first_s=config.artifact_sweep_interval_s)]
 
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"

@@ -53,6 +53,11 @@ def test_metrics_match_the_state_file(fleet):
         assert "gpulayer_request_seconds" in families and "gpulayer_acquire_seconds" in families
         acquires = [s for s in families["gpulayer_acquire_seconds"].samples if s.name.endswith("_count")]
         assert acquires and acquires[0].value >= 3
+        runs = {s.labels["job"]: s.value for s in families["gpulayer_upkeep_runs"].samples
+                if s.name == "gpulayer_upkeep_runs_total"}
+        assert runs["expire"] >= 1 and runs["begin_due"] >= 1 and runs["fairshare"] >= 1, runs
+        assert by_label(families["gpulayer_upkeep_failures"], "job")["expire"] == 0
+        assert "expire" in by_label(families["gpulayer_upkeep_last_duration_seconds"], "job")
     finally:
         fleet.post(f"/v1/jobs/{waiting}/cancel")
 

@@ -15,7 +15,8 @@ from gpulayer.protocol import PROTOCOL_HEADER
 from gpulayer.server.config import PROTOCOL, ControlPlaneConfig
 from gpulayer.server.errors import Forbidden, GpulayerError, ProtocolMismatch, Unauthorized
 from gpulayer.server.http import bodies, notify_routes, relay_routes, resources, wire
-from gpulayer.server.http.metrics import Metrics, MetricsResource, ReplicationCollector
+from gpulayer.server import upkeep as upkeep_
+from gpulayer.server.http.metrics import Metrics, MetricsResource, ReplicationCollector, UpkeepCollector
 from gpulayer.server.store.artifacts import ArtifactStore
 from gpulayer.server.scheduler import events
 from gpulayer.server.scheduler.core import Scheduler
@@ -41,6 +42,7 @@ class Deps:
     clock: Callable[[], float] = time.time
     provisioners: list = field(default_factory=list)  # provisioning.loop.Provisioner, from provisioners.json
     replication: Callable[[], dict] | None = None   # the Replicator's status, when `--replicate` is on
+    upkeep: upkeep_.Stats = field(default_factory=upkeep_.Stats)   # each upkeep job's runs (server/upkeep.py)
 
 
 class ProtocolMiddleware:
@@ -213,6 +215,7 @@ class RowIdConverter(falcon.routing.IntConverter):
 def create_app(deps: Deps) -> falcon.App:
     """The WSGI app over injected dependencies."""
     metrics = Metrics(deps.scheduler)
+    metrics.registry.register(UpkeepCollector(deps.upkeep))
     if deps.replication is not None:
         metrics.registry.register(ReplicationCollector(deps.replication))
     deps.scheduler.observe_acquire = metrics.acquire.observe
@@ -272,7 +275,8 @@ def with_explorer(app, deps: Deps, *, secure_cookies: bool):
 def new_deps(config: ControlPlaneConfig, *, clock=time.time, ca_file: Path | None = None) -> Deps:
     """Open the home's state file and build every dependency of the app."""
     layout = config.layout
-    store = Store(layout.state, synchronous=config.synchronous, autocheckpoint=not config.replicate)
+    store = Store(layout.state, synchronous=config.synchronous, read_timeout_s=config.read_timeout_s,
+                  autocheckpoint=not config.replicate)
     authn = auth.Authenticator(layout, store, QUERIES)
     artifacts = ArtifactStore(layout.artifacts)
     scheduler = Scheduler(store, config, clock, auth=authn, artifacts=artifacts)

@@ -7,10 +7,14 @@ always match what SQL says; latencies are histograms observed by a middleware.
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+if TYPE_CHECKING:
+    from gpulayer.server import upkeep
 
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -122,6 +126,27 @@ class ReplicationCollector:
         yield state
         yield CounterMetricFamily("gpulayer_replication_restarts", "Times the Litestream child was restarted.",
                                   value=status["restarts"])
+
+
+class UpkeepCollector:
+    """Each upkeep job's runs, failures and last duration (server/upkeep.py `Stats`), by job name."""
+
+    def __init__(self, stats: upkeep.Stats):
+        self.stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        jobs = self.stats.snapshot()
+        runs = CounterMetricFamily("gpulayer_upkeep_runs", "Runs of an upkeep job, failed ones included.",
+                                   labels=["job"])
+        failures = CounterMetricFamily("gpulayer_upkeep_failures", "Runs of an upkeep job that raised (logged as "
+                                       "upkeep_job_failed).", labels=["job"])
+        duration = GaugeMetricFamily("gpulayer_upkeep_last_duration_seconds", "How long an upkeep job's last run "
+                                     "took.", labels=["job"])
+        for name, job in jobs.items():
+            runs.add_metric([name], job.runs)
+            failures.add_metric([name], job.failures)
+            duration.add_metric([name], job.last_duration_s)
+        yield from (runs, failures, duration)
 
 
 class IngressCollector:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from typing import Callable
 
 import apsw
@@ -74,7 +75,8 @@ def run_gc(home, *, dry_run: bool = False, retention_s: float | None = None, now
     from gpulayer.server.store.db import Store
 
     config = ControlPlaneConfig(home=Path(home))
-    store = Store(config.layout.state, synchronous=config.synchronous)
+    # An operator's own command, not a request holding a reader from others: its reads run to the end.
+    store = Store(config.layout.state, synchronous=config.synchronous, read_timeout_s=math.inf)
     try:
         result = sweep(store, ArtifactStore(config.layout.artifacts), now=time.time() if now is None else now,
                        retention_s=config.artifact_retention_s if retention_s is None else retention_s,
@@ -219,7 +221,7 @@ def run_prune(home, *, dry_run: bool = False, log_retention_s: float | None = No
     config = ControlPlaneConfig(home=Path(home))
     if not config.layout.state.exists():
         raise ConfigError(f"no state file at {config.layout.state}")
-    store = Store(config.layout.state, synchronous=config.synchronous, readers=1)
+    store = Store(config.layout.state, synchronous=config.synchronous, readers=1, read_timeout_s=math.inf)  # as gc's
     try:
         result = {"done": False}
         while not result["done"]:

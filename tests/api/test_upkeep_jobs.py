@@ -1,0 +1,67 @@
+"""Upkeep named (gpulayer/server/upkeep.py, server/process.py `upkeep_jobs`): a job that raises every time is
+logged by name and counted, and the jobs after it in the table still run on their own intervals; /metrics shows
+each job's runs and failures. A real state file, the scheduler's clock and upkeep's monotonic clock both pinned."""
+from __future__ import annotations
+
+import logging
+
+from gpulayer.server.process import upkeep_jobs
+from gpulayer.server.upkeep import Job, Stats, Upkeep
+
+ORDER = ["cascades", "expire", "fairshare", "begin_due", "preempt", "drains", "prune", "sweep"]
+
+
+def test_the_table_keeps_the_order_and_intervals(deps):
+    jobs = upkeep_jobs(deps)
+    assert [j.name for j in jobs] == ORDER
+    every = {j.name: (j.every_s, j.first_s) for j in jobs}
+    assert every["expire"] == every["begin_due"] == every["drains"] == (0, 0)
+    assert every["fairshare"] == (5.0, 0)
+    assert every["prune"] == (deps.config.prune_interval_s, min(deps.config.prune_interval_s, 60.0))
+    assert every["sweep"] == (deps.config.artifact_sweep_interval_s, deps.config.artifact_sweep_interval_s)
+
+
+def test_a_job_failing_every_time_stops_none_of_the_others(api, deps, client_h, clock, monkeypatch, caplog):
+    answer = api.simulate_post("/v1/jobs", headers=client_h, json={"command": ["true"], "begin_at": clock.now + 10})
+    job_id = answer.json["id"]
+    clock.advance(11)   # its begin time has come: begin_due, after expire in the table, releases it
+
+    def broken():
+        raise RuntimeError("expire is broken")
+    monkeypatch.setattr(deps.scheduler, "expire", broken)
+    ticks = type(clock)(0.0)   # upkeep's monotonic clock, pinned too
+    upkeep = Upkeep(upkeep_jobs(deps), deps.upkeep, clock=ticks)
+    with caplog.at_level(logging.ERROR, logger="gpulayer.server.upkeep"):
+        for _ in range(3):
+            upkeep.tick()
+            ticks.advance(1.0)
+    failed = [r for r in caplog.records if r.getMessage() == "upkeep_job_failed job=expire"]
+    assert len(failed) == 3 and all(r.exc_info for r in failed)
+    assert api.simulate_get(f"/v1/jobs/{job_id}", headers=client_h).json["state"] == "queued"
+
+    stats = deps.upkeep.snapshot()
+    assert (stats["expire"].runs, stats["expire"].failures) == (3, 3)
+    for name in ("cascades", "begin_due", "preempt", "drains"):
+        assert (stats[name].runs, stats[name].failures) == (3, 0), name
+    assert stats["fairshare"].runs == 1            # every 5 s
+    assert "prune" not in stats and "sweep" not in stats   # first after 60 s and after the sweep interval
+    ticks.advance(60.0)
+    upkeep.tick()
+    assert deps.upkeep.snapshot()["prune"].runs == 1
+
+    text = api.simulate_get("/metrics", headers=client_h).text
+    assert 'gpulayer_upkeep_failures_total{job="expire"} 4.0' in text
+    assert 'gpulayer_upkeep_runs_total{job="expire"} 4.0' in text
+    assert 'gpulayer_upkeep_runs_total{job="begin_due"} 4.0' in text
+    assert 'gpulayer_upkeep_failures_total{job="begin_due"} 0.0' in text
+    assert 'gpulayer_upkeep_last_duration_seconds{job="prune"}' in text
+
+
+def test_a_failure_while_stopping_is_not_logged(clock, caplog):
+    def broken():
+        raise RuntimeError("the state file is closed")
+    stats = Stats()
+    upkeep = Upkeep([Job("broken", 0, broken)], stats, clock=clock, stopping=lambda: True)
+    with caplog.at_level(logging.ERROR, logger="gpulayer.server.upkeep"):
+        upkeep.tick()
+    assert not caplog.records and stats.snapshot() == {}
