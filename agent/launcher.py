@@ -1,7 +1,7 @@
 """The agent's end of a job's launcher: elements forked inside the job's shared sandbox, not entered by nsenter.
 
 Entering the job's sandbox costs an element three execs (``nsenter``, ``setpriv``, ``env``: 7.5 ms over a bare
-``true``, docs/benchmarks.md "Issue 25"). The launcher (agent/launcher_inside.py) is the holder's own command,
+``true``, docs/benchmarks/issue-25.md, "Arrays: one sandbox per job"). The launcher (agent/launcher_inside.py) is the holder's own command,
 already inside and already the task user: the agent sends it the element's argv, environment and working dir
 with the write ends of two pipes, and it forks and execs the command as its own process group. The agent reads
 the element's host pid from the pidfd that comes back (checked to be in the job's PID namespace), signals its

@@ -1,7 +1,7 @@
 """One sandbox shared by the elements of one job on this worker, instead of one bwrap per element.
 
 Making and ending a mount namespace is most of what a bwrap launch costs (about 20 of its 25 ms on this
-machine under load, docs/benchmarks.md "Issue 25"), and a job array of short elements pays it per element.
+machine under load, docs/benchmarks/issue-25.md, "Arrays: one sandbox per job"), and a job array of short elements pays it per element.
 The elements of one job belong to one owner, so a worker gives them one sandbox: a *holder*, a bwrap of the
 same mounts as a task's but binding the job's directory (``tasks/job-<id>/``, under which each element has its
 own working directory), whose command, as the task user, is the job's launcher (agent/launcher.py): it forks

@@ -3,7 +3,7 @@
 A plain task (no GPU, no image, not a gang, one of its own: not an array element, which shares its job's
 sandbox, agent/shared.py) gets a sandbox of its own, and making one (bwrap's clone into new namespaces, its
 mounts, ``setpriv``) is most of the time between a short task's assignment and its exit (about 7 of 10 ms on an
-idle 2-core machine, more under load: docs/benchmarks.md "Sandboxes made ahead"). So a worker keeps a *spare*
+idle 2-core machine, more under load: docs/benchmarks/issue-25.md, "Plain tasks: sandboxes made ahead"). So a worker keeps a *spare*
 per free slot, made while other tasks run: the same ``env --ignore-signal bwrap [mounts] -- setpriv`` as a
 task's, binding an empty box (``tasks/box-<n>/``, under which the task's working dir is made), whose command is
 a few lines of ``bash`` as the task user that wait on their stdin. A task that takes one writes its argv (the

@@ -5,7 +5,7 @@ one on the state file's disk), alternately with each file's pages kept in the ca
 after its fsync (posix_fadvise DONTNEED), --rounds times; the CPU (user + system) and wall seconds of
 each pass. On a VM that gives free memory back to its host, writing into memory not touched lately
 costs several times more than writing into pages just freed: why ArtifactStore.put writes behind
-itself (docs/benchmarks.md, "Checkpoint upload: the artifact store writes behind itself").
+itself (docs/benchmarks/issue-27.md, "Checkpoint upload: the artifact store writes behind itself").
 
     python scripts/bench_page_cache.py --rounds 3
 """

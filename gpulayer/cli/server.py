@@ -127,7 +127,7 @@ PreemptGrace = Annotated[str, typer.Option(
 MaxGrace = Annotated[str, typer.Option(
     "--max-grace", callback=duration_option("--max-grace"), metavar="DURATION",
     help="The most a job's --grace may ask for between its stop signal and SIGKILL.")]
-FrontEndOpt = Annotated[FrontEnd, typer.Option("--http", help="The HTTP front end: granian (compiled, the default), or cheroot (pure Python; docs/benchmarks.md, \"Front ends\").")]
+FrontEndOpt = Annotated[FrontEnd, typer.Option("--http", help="The HTTP front end: granian (compiled, the default), or cheroot (pure Python; docs/benchmarks/early.md, \"Front ends\").")]
 
 HeartbeatInterval = Annotated[str, typer.Option("--heartbeat-interval", callback=duration_option("--heartbeat-interval", positive=True), metavar="DURATION", help="Time between worker heartbeats (seconds, or 2s, 1m, ...).")]
 LeaseTTL = Annotated[str, typer.Option("--lease-ttl", callback=duration_option("--lease-ttl", positive=True), metavar="DURATION", help="Time without a heartbeat before a worker's tasks are lost (seconds, or 20s, 1m, ...).")]

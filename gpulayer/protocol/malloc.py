@@ -4,7 +4,7 @@ A relay stream moves 256 KiB frames through a few buffers each (a socket read, a
 used once and freed, thousands per second. glibc hands the top of a thread's heap back to the kernel whenever
 more than its trim threshold is free there (twice the mmap threshold, which starts at 128 KiB and follows the
 largest freed block), so the next frame's buffer is fresh memory, faulted in and zeroed page by page. Measured
-(docs/benchmarks.md, "Port-forward: freed memory kept"): the port-forward client took 390,000 page faults per
+(docs/benchmarks/issue-26.md, "Port-forward: freed memory kept"): the port-forward client took 390,000 page faults per
 512 MiB each way and spent 30% of its CPU on them. Fixing both thresholds (blocks under MMAP_THRESHOLD come from
 the heaps; a heap keeps up to TRIM_THRESHOLD free at its top) takes that to a few hundred.
 

@@ -72,7 +72,7 @@ class ControlPlaneConfig:
     heartbeat_jitter: float = HEARTBEAT_JITTER  # each answer's interval is 1 to 1 + this times the fleet's
     synchronous: str = "normal"
     threads: int = 320           # requests served at once; a parked long-poll holds one
-    http: str = "granian"        # the front end serving /v1: "granian", or "cheroot" (docs/benchmarks.md)
+    http: str = "granian"        # the front end serving /v1: "granian", or "cheroot" (docs/benchmarks/early.md, "Front ends")
     max_parked_acquires: int = 256
     # Log long-polls parked at once; past it they answer at once (`retry_after_s`). With the
     # acquires' cap this leaves threads free for heartbeats whatever clients do.

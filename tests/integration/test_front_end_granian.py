@@ -6,7 +6,7 @@ SIGTERM flushing acknowledged writes (stop waits for requests in progress),
 slowloris heads that cost no heartbeats, a 64 MiB artifact round trip with
 flat memory, a 503 without spinning when file descriptors run out, and plain
 HTTP on the TLS port closed at once. The whole real-server suite runs under
-granian with GPULAYER_TEST_HTTP=granian (docs/benchmarks.md, "Front ends").
+granian with GPULAYER_TEST_HTTP=granian (docs/benchmarks/early.md, "Front ends").
 """
 from __future__ import annotations
 

@@ -290,7 +290,7 @@ def test_granian_refuses_an_oversized_head_before_any_handler():
 
 def test_granian_hands_a_streamed_body_over_in_chunks_larger_than_a_head_buffer():
     """A large body reaches Python in chunks of up to BODY_READ_BYTES (hyper's read buffer), not 32 KiB: each
-    chunk costs the control plane a wake-up and an await (docs/benchmarks.md, "Issue 27")."""
+    chunk costs the control plane a wake-up and an await (docs/benchmarks/issue-27.md, "Checkpoint upload: granian's body chunks")."""
     from gpulayer.server.http.granian_server import BODY_READ_BYTES
     largest: list[int] = [0]
 

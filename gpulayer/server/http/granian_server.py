@@ -69,8 +69,8 @@ RUNTIME_THREADS = 1
 MIN_HEAD_BUFFER = 8192  # hyper's minimum read buffer
 # hyper's read buffer, so the most of a request body granian hands to Python at once. Each chunk costs a
 # wake-up of the loop and a Python await (about 70 us): a 1 GiB upload in 32 KiB chunks spent about 2 s of
-# the control plane's CPU on that alone (docs/benchmarks.md, "Issue 27"). It is also what one connection
-# may hold of a head in progress (10 s at most), whatever max_header_bytes says.
+# the control plane's CPU on that alone (docs/benchmarks/issue-27.md, "Checkpoint upload: granian's body chunks").
+# It is also what one connection may hold of a head in progress (10 s at most), whatever max_header_bytes says.
 BODY_READ_BYTES = 256 * 1024
 # In-progress requests and connections past the Python threads (an idle keep-alive connection holds none).
 BACKPRESSURE_PER_THREAD = 16

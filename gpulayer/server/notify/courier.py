@@ -2,8 +2,8 @@
 
 A try is mostly waiting, but what it does compute (a connection, TLS, the body, its HMAC, parsing the
 answer) is Python, and a pool of threads in the server's process took the GIL from the request threads
-for it: heartbeat p99 rose 1.5-2x while 1,000 webhooks delivered (docs/benchmarks.md, "Issue 28"). So
-the control plane's delivery thread (outbox.py) keeps the outbox (its reads and writes, per tick) and
+for it: heartbeat p99 rose 1.5-2x while 1,000 webhooks delivered (docs/benchmarks/issue-28.md, "Webhooks: the tries
+in a delivery process"). So the control plane's delivery thread (outbox.py) keeps the outbox (its reads and writes, per tick) and
 hands the tries to this child process, `python -m gpulayer.server.notify.courier`, over two pipes:
 
 - down its stdin, one line of settings, then a line per tick: `{"events": {seq: event}, "tries": [...]}`,

@@ -19,7 +19,7 @@ from gpulayer.server.store.queries import rows
 
 AGING_STEP_S = 3600.0  # one step of boost per hour waited
 AGING_MAX = 10         # at most +10: normal work that waited reaches the `high` class (10), never passes it
-AGING_BATCH = 250      # rows raised per transaction (a few ms of the writer: docs/benchmarks.md)
+AGING_BATCH = 250      # rows raised per transaction (a few ms of the writer: docs/benchmarks/issue-22.md, "Aging")
 
 
 def age(conn: apsw.Connection, now: float, limit: int = AGING_BATCH) -> int:

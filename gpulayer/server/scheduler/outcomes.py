@@ -41,7 +41,7 @@ FINAL_JOB_STATE = {"failed": "failed", "lost": "lost", "cancelled": "cancelled"}
 #: Reasons the retry policy reads as another: a task its worker stopped (SIGTERM), one a drain's
 #: deadline stopped, or one whose GPU turned unhealthy was lost with its worker (or device).
 RETRY_AS = {"worker_stopped": "worker_lost", "worker_drained": "worker_lost", "gpu_unhealthy": "worker_lost"}
-# One cascade step's bounds (a few ms of the writer each on 2 cores; docs/benchmarks.md, "Cascades").
+# One cascade step's bounds (a few ms of the writer each on 2 cores; docs/benchmarks/issue-22.md, "Cascades").
 BATCH = 250     # task rows one step ends or releases
 FANOUT = 100    # waiting jobs one step settles
 

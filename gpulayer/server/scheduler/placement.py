@@ -80,7 +80,7 @@ def _claim(conn: apsw.Connection, worker_id: int, now: float, lease: float, most
         if gang_task is not None:
             return [gang_task], True
         most = 1
-    if most == 1:  # the one-task claim: the same choice, cheaper than ranking and summing (docs/benchmarks.md)
+    if most == 1:  # the one-task claim: the same choice, cheaper than ranking and summing (docs/benchmarks/issue-37.md)
         claimed = rows(conn, "acquire_one", worker_id=worker_id, now=now, lease_expires_at=lease,
                        address=free["advertise_address"])
     else:

@@ -8,7 +8,8 @@ worker's first fetch), so they are sent to disk as they come and dropped
 from the cache behind the writer (`_WriteBehind`), rather than pushing the
 state file's pages out. On a VM whose free memory goes back to its host
 this is also the cheap path: writing into freshly freed pages cost a fifth
-to a tenth of the CPU of writing into new ones (docs/benchmarks.md, "Issue 27").
+to a tenth of the CPU of writing into new ones (docs/benchmarks/issue-27.md,
+"Checkpoint upload: the artifact store writes behind itself").
 
 A digest's lock is held while its file is renamed into place and its row
 recorded, and while the sweep re-checks that the row is gone and unlinks the

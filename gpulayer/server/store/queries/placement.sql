@@ -14,7 +14,7 @@ ORDER BY id LIMIT :limit;
 -- name: nothing_for_worker --
 -- An acquire's read before its write: 1 when nothing is queued at all and nothing is assigned to the
 -- worker and not started (its own held again, or leased ahead), so the claim would find nothing and its
--- writer transaction is skipped (an idle fleet's acquires cost a read each: docs/benchmarks.md, Issue 25).
+-- writer transaction is skipped (an idle fleet's acquires cost a read each: docs/benchmarks/issue-25.md, "Where each target stands").
 SELECT NOT EXISTS (SELECT 1 FROM shapes WHERE queued > 0)
    AND NOT EXISTS (SELECT 1 FROM tasks WHERE worker_id = :worker_id AND state IN ('assigned', 'running')
                    AND state = 'assigned') AS idle;
