@@ -207,9 +207,13 @@ def markdown(runs: list[dict], args, machine: str) -> str:
     ])
 
 
+#: Where each section lives in the benchmarks' log (docs/benchmarks/); the headline page's row is a person's.
+SECTION_FILES = {SECTION: "early.md", ARRAY_SECTION: "issue-16.md"}
+
+
 def write_docs(text: str, section: str = SECTION) -> None:
-    """Replace (or append) only this section of docs/benchmarks.md; other sections are someone else's."""
-    path = REPO / "docs" / "benchmarks.md"
+    """Replace (or append) only this section of its file under docs/benchmarks/; other sections are someone else's."""
+    path = REPO / "docs" / "benchmarks" / SECTION_FILES[section]
     old = path.read_text() if path.exists() else "# Benchmarks\n"
     pattern = re.compile(rf"^{re.escape(section)}\n.*?(?=^## |\Z)", re.S | re.M)
     new = pattern.sub(lambda m: text + "\n", old) if pattern.search(old) else old.rstrip("\n") + "\n\n" + text
@@ -223,7 +227,7 @@ def main(argv=None) -> int:
                         help="jobs for Slurm's default settings (default 100: 500 take over 5 minutes there)")
     parser.add_argument("--array", type=int, default=None, metavar="N",
                         help="compare one job array of N elements instead (sbatch --array=0-(N-1) vs GPUlayer)")
-    parser.add_argument("--write-docs", action="store_true", help="write the figures into docs/benchmarks.md")
+    parser.add_argument("--write-docs", action="store_true", help="write the figures into their section of docs/benchmarks/ (the log)")
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.add_argument("--sandbox", choices=("auto", "none"), default="auto",
                         help="the GPUlayer worker's --sandbox (default auto, as `worker start`; none: the sandbox's share)")
