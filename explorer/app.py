@@ -9,7 +9,7 @@ import falcon
 
 from . import auth as auth_
 from . import pages, render
-from .readonly import QueryError, ReadOnlyDatabase
+from gpulayer.server.store.readonly_sql import QueryError, ReadOnlyDatabase
 
 STATIC = Path(__file__).with_name("static")
 # Only our own stylesheet may load: no script, no frame, no form posting elsewhere.

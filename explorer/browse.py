@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .queries import QUERIES
-from .readonly import HIDDEN_COLUMNS, QueryError, Session, quote_identifier, row_dicts
+from gpulayer.server.store.readonly_sql import HIDDEN_COLUMNS, QueryError, Session, quote_identifier, row_dicts
 
 DEFAULT_PAGE_SIZE = 100
 ROWID = "_rowid"          # the extra column a table page selects for its `_next` key

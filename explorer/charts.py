@@ -20,7 +20,7 @@ from markupsafe import Markup
 
 from . import svg
 from .queries import QUERIES, Query
-from .readonly import QueryError, Result, Session, first, row_dicts
+from gpulayer.server.store.readonly_sql import QueryError, Result, Session, first, row_dicts
 
 WINDOW_S = 24 * 3600  # the home page's time charts: the last day
 BUCKETS = 48  # ... in half hours

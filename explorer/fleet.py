@@ -16,7 +16,7 @@ from markupsafe import Markup
 
 from . import charts, svg
 from .queries import QUERIES
-from .readonly import QueryError, Session, first, row_dicts
+from gpulayer.server.store.readonly_sql import QueryError, Session, first, row_dicts
 
 HOME_JOBS = 100  # jobs queued, waiting or running: the newest
 RECENT_S = 24 * 3600  # "recently ended": the last day

@@ -15,7 +15,7 @@ import jinja2
 
 from . import browse, fleet, render
 from .queries import CANNED, QUERIES, param_defaults
-from .readonly import SQLITE_INTEGERS, QueryError, ReadOnlyDatabase, Result, first, row_dicts
+from gpulayer.server.store.readonly_sql import SQLITE_INTEGERS, QueryError, ReadOnlyDatabase, Result, first, row_dicts
 
 DATA_FORMATS = ("json", "csv")
 LOG_TAIL_LINES = 200

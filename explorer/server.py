@@ -39,7 +39,7 @@ def serve(state_path: str, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *,
 
 def _is_loopback(host: str) -> bool:
     # The control plane's is_loopback (gpulayer/server/process.py) says the same; the explorer
-    # imports nothing of gpulayer (tests/unit/test_import_contracts.py), so it keeps its own.
+    # imports nothing of gpulayer but store/readonly_sql.py (tests/unit/test_import_contracts.py), so it keeps its own.
     if host in ("localhost", "localhost.localdomain"):
         return True
     try:

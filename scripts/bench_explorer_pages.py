@@ -34,7 +34,7 @@ from explorer_state import ensure_gpu_samples  # noqa: E402  (the table as migra
 
 from explorer import charts, create_app, fleet  # noqa: E402
 from explorer.queries import QUERIES  # noqa: E402
-from explorer.readonly import QueryTimeout, ReadOnlyDatabase  # noqa: E402
+from gpulayer.server.store.readonly_sql import QueryTimeout, ReadOnlyDatabase  # noqa: E402
 
 NOW = 1_790_000_000.0
 ARRAY_JOB = 1

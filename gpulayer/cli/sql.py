@@ -38,7 +38,7 @@ def sql(ctx: typer.Context,
     """
     from sqlite_utils import Database  # the server extra: missing, cli/app.py names it
 
-    from explorer.readonly import HIDDEN_COLUMNS  # apsw, the server extra's: the explorer's hidden columns
+    from gpulayer.server.store.readonly_sql import HIDDEN_COLUMNS  # apsw, the server extra's: never shown
 
     if as_json and as_csv:
         raise fail("choose one of --json and --csv", 2)

@@ -1,5 +1,11 @@
-"""Domain errors: each has a snake_case code and an HTTP status, mapped once in app.py."""
+"""Domain errors: each has a snake_case code and an HTTP status, mapped once in app.py; the one error shape.
+
+`error_body` writes that shape as bytes for the code that answers outside the app (the front ends, the relay's
+ingress), so it sits here, below both http/ and relay/, rather than in either.
+"""
 from __future__ import annotations
+
+import json
 
 
 class GpulayerError(Exception):
@@ -18,6 +24,11 @@ class GpulayerError(Exception):
     def to_dict(self) -> dict:
         body = {"code": self.code, "message": self.message}
         return {"error": body, **self.extra}
+
+
+def error_body(code: str, message: str) -> bytes:
+    """The one error shape, as bytes."""
+    return json.dumps({"error": {"code": code, "message": message}}).encode()
 
 
 class ConfigError(GpulayerError):

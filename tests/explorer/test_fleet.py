@@ -13,7 +13,7 @@ from explorer_state import HOUR, NOW, SCHEMA, file_digest
 from fleet_state import ARRAY_JOB, ARRAY_SIZE, ENDED, EVIL_PROJECT, RUNNING, build_fleet
 
 from explorer import charts, create_app, fleet, render
-from explorer.readonly import QueryTimeout, ReadOnlyDatabase
+from gpulayer.server.store.readonly_sql import QueryTimeout, ReadOnlyDatabase
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,8 @@ import pytest
 from explorer_state import NOW
 from test_pages import collect
 
-from explorer import browse, create_app, readonly
+from explorer import browse, create_app
+from gpulayer.server.store import readonly_sql as readonly
 
 TOO_BIG = 99999999999999999999999
 

@@ -10,7 +10,7 @@ import pytest
 from explorer_state import ensure_gpu_samples
 
 from explorer.queries import CANNED, PAGE_PREFIX, QUERIES, parse_queries
-from explorer.readonly import ReadOnlyDatabase
+from gpulayer.server.store.readonly_sql import ReadOnlyDatabase
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPLORER = ROOT / "explorer"

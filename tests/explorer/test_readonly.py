@@ -9,7 +9,7 @@ import apsw
 import pytest
 from explorer_state import SECRET_MARKERS, file_digest
 
-from explorer.readonly import QueryError, QueryTimeout, ReadOnlyDatabase
+from gpulayer.server.store.readonly_sql import QueryError, QueryTimeout, ReadOnlyDatabase
 from gpulayer.server.store.db import schema_version
 
 RUNAWAY = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"

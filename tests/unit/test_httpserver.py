@@ -17,6 +17,7 @@ import time
 import pytest
 import requests
 
+from gpulayer.server.errors import error_body
 from gpulayer.server.http import bodies
 from gpulayer.server.security import certs
 from gpulayer.server.http.granian_server import GranianServer
@@ -38,7 +39,7 @@ def app(environ, start_response):
                 data = environ["wsgi.input"].read(min(remaining, MB))
             except bodies.BodyTooSlow as exc:  # as the app's error handler answers it
                 start_response("408 Request Timeout", [("Content-Type", "application/json")])
-                return [bodies.error_body(exc.code, str(exc))]
+                return [error_body(exc.code, str(exc))]
             if not data:
                 break
             h.update(data)

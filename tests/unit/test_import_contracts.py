@@ -80,16 +80,22 @@ def _violations(sources, forbidden, *, allow_lazy=False, allowed=()) -> list[str
 
 
 SERVER_ADMIN_COMMANDS = ("server.py", "up.py", "local.py")  # start or administer a local control plane
+READONLY_SQL = "gpulayer/server/store/readonly_sql.py"  # the standalone explorer's one piece of gpulayer
 
 
 RULES = {
     "agent imports nothing of gpulayer but its protocol": (_sources("agent"), ["gpulayer", "explorer"], False),
-    "explorer imports nothing of gpulayer": (_sources("explorer"), ["gpulayer", "agent"], False),
+    "explorer imports nothing of gpulayer but the read-only SQL runner": (
+        _sources("explorer"), ["gpulayer", "agent"], False),
+    "the read-only SQL runner imports nothing of gpulayer": (
+        [ROOT / READONLY_SQL], ["gpulayer", "explorer", "agent"], False),
     "protocol imports nothing of gpulayer but itself": (_sources("gpulayer/protocol"), ["gpulayer"], False),
     "client imports nothing of server or cli": (
         _sources("gpulayer/client"), ["gpulayer.server", "gpulayer.cli", "agent", "explorer"], False),
     "cli imports the server only in server/up/local, lazily": (
         [p for p in _sources("gpulayer/cli") if p.name not in SERVER_ADMIN_COMMANDS], ["gpulayer.server"], False),
+    "cli imports the read-only SQL runner lazily (apsw is the server extra's)": (
+        _sources("gpulayer/cli"), ["gpulayer.server.store.readonly_sql"], True),
     "cli's server commands import the server lazily": (
         [ROOT / "gpulayer/cli" / name for name in SERVER_ADMIN_COMMANDS], ["gpulayer.server"], True),
     "store imports nothing above it": (
@@ -106,6 +112,10 @@ RULES = {
         _sources("gpulayer/server/replication"),
         ["gpulayer.server.scheduler", "gpulayer.server.http", "gpulayer.server.provisioning",
          "gpulayer.server.process", "falcon", "cheroot", "granian"], False),
+    "relay imports nothing of HTTP (what both use sits below them)": (
+        _sources("gpulayer/server/relay"),
+        ["gpulayer.server.http", "gpulayer.server.process", "gpulayer.server.provisioning", "gpulayer.client",
+         "gpulayer.cli", "falcon", "cheroot"], False),
     "metrics renders what the scheduler counts, and runs no query": (
         [ROOT / "gpulayer/server/http/metrics.py"], ["gpulayer.server.store"], False),
     "scheduler imports nothing of HTTP": (
@@ -119,8 +129,11 @@ RULES = {
 }
 
 #: What a rule lets through of what it forbids: the protocol (gpulayer/protocol/) is the one piece of gpulayer the
-#: agent shares, and it imports nothing of gpulayer but itself.
+#: agent shares, and it imports nothing of gpulayer but itself; the read-only SQL runner is the one piece the
+#: explorer shares (and `gpulayer sql`, lazily, for its hidden columns), and it imports nothing of gpulayer.
 ALLOWED = {"agent imports nothing of gpulayer but its protocol": ["gpulayer.protocol"],
+           "explorer imports nothing of gpulayer but the read-only SQL runner": ["gpulayer.server.store.readonly_sql"],
+           "cli imports the server only in server/up/local, lazily": ["gpulayer.server.store.readonly_sql"],
            "protocol imports nothing of gpulayer but itself": ["gpulayer.protocol"],
            "validators import nothing of the server but its errors": ["gpulayer.server.errors"]}
 

@@ -17,13 +17,12 @@ of `BODY_GRACE_S` (past it: 408, connection closed).
 
 from __future__ import annotations
 
-import json
 import re
 import ssl
 import time
 from collections.abc import Iterable
 
-from gpulayer.server.errors import GpulayerError
+from gpulayer.server.errors import GpulayerError, error_body
 
 # Bodies up to this size are read with the head, before a thread takes the request.
 BUFFERED_BODY_BYTES = 64 * 1024
@@ -82,11 +81,6 @@ def framing_error(headers: Iterable[tuple[str, str]]) -> str | None:
     return None
 
 
-def error_body(code: str, message: str) -> bytes:
-    """The one error shape, as bytes."""
-    return json.dumps({"error": {"code": code, "message": message}}).encode()
-
-
 def error_response(status: str, code: str, message: str, extra: Iterable[bytes] = ()) -> bytes:
     """A whole HTTP/1.1 response in the one error shape, closing the connection (written by a front end)."""
     body = error_body(code, message)
@@ -125,5 +119,5 @@ class Pace:
                            f"(after {self.grace_s:g} s); the connection is closed")
 
 
-__all__ = ["BUFFERED_BODY_BYTES", "BodyIncomplete", "BodyTooSlow", "Pace", "error_body", "error_response",
+__all__ = ["BUFFERED_BODY_BYTES", "BodyIncomplete", "BodyTooSlow", "Pace", "error_response",
            "framing_error", "peer_gone", "streamed_cap"]

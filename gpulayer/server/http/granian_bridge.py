@@ -44,6 +44,7 @@ from collections.abc import Callable
 from collections.abc import Awaitable
 from typing import Any
 
+from gpulayer.server.errors import error_body
 from gpulayer.server.http import bodies
 
 log = logging.getLogger("gpulayer.server.http.granian")
@@ -409,7 +410,7 @@ def head_bytes(scope) -> int:
 
 
 def _refuse(proto, status: int, code: str, message: str, extra: list | None = None) -> None:
-    proto.response_bytes(status, [_JSON, _CLOSE, *(extra or [])], bodies.error_body(code, message))
+    proto.response_bytes(status, [_JSON, _CLOSE, *(extra or [])], error_body(code, message))
 
 
 def _whole_file(result) -> str | None:

@@ -40,6 +40,8 @@ import threading
 import time
 from typing import Callable
 
+from gpulayer.server import tcpinfo
+
 log = logging.getLogger("gpulayer.server.http.granian")
 
 INTERVAL_S = 0.25
@@ -49,21 +51,8 @@ PRESSURE_S = 0.5
 STALLED_S = 0.5
 # ... and still so this much later (a head just come is with the app by then).
 CONFIRM_S = 0.05
-# Descriptors looked at per look (each suspect is held, duplicated, for CONFIRM_S).
-MAX_LOOK = 16384
 
-_TCP_INFO: int | None = getattr(socket, "TCP_INFO", None)
 _TCP_DEFER_ACCEPT = getattr(socket, "TCP_DEFER_ACCEPT", None)
-_TCP_ESTABLISHED = 1
-_TCP_CLOSE_WAIT = 8
-# struct tcp_info: eight u8 fields, then u32s: tcpi_unacked (a listener's accept queue) is the
-# fifth, tcpi_last_data_recv (ms) the twelfth.
-_INFO_BYTES = 104
-_UNACKED_AT = 8 + 4 * 4
-_LAST_DATA_RECV_AT = 8 + 11 * 4
-# ... and, past 26 u32s and two u64 pacing rates, tcpi_bytes_acked (u64, Linux 4.1 and later).
-_BYTES_ACKED_AT = 8 + 24 * 4 + 2 * 8
-_BYTES_ACKED_INFO = _BYTES_ACKED_AT + 8
 
 _TIMEOUT_BODY = b'{"error": {"code": "request_timeout", "message": "the server is full and this request head stalled"}}'
 _TIMEOUT = (
@@ -76,17 +65,6 @@ def defer_accept(listener: socket.socket, seconds: float) -> None:
     """Hand granian a connection only once it has sent something (Linux; else nothing)."""
     if _TCP_DEFER_ACCEPT is not None:
         listener.setsockopt(socket.IPPROTO_TCP, _TCP_DEFER_ACCEPT, max(1, int(seconds)))
-
-
-def accept_queue(listener: socket.socket) -> int:
-    """Connections waiting in `listener`'s backlog for granian to accept them (0 where unknown)."""
-    if _TCP_INFO is None:
-        return 0
-    try:
-        info = listener.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, _INFO_BYTES)
-    except OSError:
-        return 0
-    return struct.unpack_from("I", info, _UNACKED_AT)[0]
 
 
 class Reaper:
@@ -104,7 +82,7 @@ class Reaper:
         self.reaped = 0
 
     def start(self) -> None:
-        if _TCP_INFO is None or not os.path.isdir("/proc/self/fd"):
+        if not tcpinfo.available():
             return
         self._thread = threading.Thread(target=self._run, name="gpulayer-granian-reaper", daemon=True)
         self._thread.start()
@@ -120,7 +98,7 @@ class Reaper:
         closed = 0
         while not self._stop.wait(0 if closed else INTERVAL_S):  # closed some: the next ones at once
             closed = 0
-            if accept_queue(self._listener) == 0:
+            if tcpinfo.accept_queue(self._listener) == 0:
                 waiting_since = None
                 continue
             now = time.monotonic()
@@ -135,7 +113,7 @@ class Reaper:
     def look(self) -> int:
         """One look over granian's connections: close those stalled now and `CONFIRM_S` later; how many."""
         suspects: list[socket.socket] = []
-        for name in _socket_fds()[:MAX_LOOK]:
+        for name in tcpinfo.socket_fds()[:tcpinfo.MAX_LOOK]:
             try:
                 sock = socket.socket(fileno=os.dup(int(name)))  # a dup: closing it leaves granian's descriptor
             except OSError:
@@ -178,8 +156,8 @@ class Reaper:
             host, port = sock.getpeername()[:2]
         except OSError:
             return False  # the listener
-        info = sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO or 0, _INFO_BYTES)
-        if info[0] != _TCP_ESTABLISHED or struct.unpack_from("I", info, _LAST_DATA_RECV_AT)[0] < STALLED_S * 1000:
+        idle = tcpinfo.idle_ms(sock)
+        if idle is None or idle < STALLED_S * 1000:
             return False
         if struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]:
             return False  # an answer still going out
@@ -198,61 +176,4 @@ class Reaper:
             pass
 
 
-def connection(server: str, client: str) -> socket.socket | None:
-    """A duplicate of this process's TCP connection from `client` to `server` (each "host:port" as RSGI names
-    them): the caller closes it (granian's descriptor stays), or shuts it down to end the connection. None
-    where it is not found (gone, or not Linux)."""
-    if _TCP_INFO is None or not os.path.isdir("/proc/self/fd"):
-        return None
-    want_host, _, want_port = client.rpartition(":")
-    local_port = server.rpartition(":")[2]
-    if not want_port.isdigit() or not local_port.isdigit():
-        return None
-    want = (_plain(want_host.strip("[]")), int(want_port))
-    for name in _socket_fds()[:MAX_LOOK]:
-        try:
-            sock = socket.socket(fileno=os.dup(int(name)))
-        except OSError:
-            continue
-        try:
-            if sock.family in (socket.AF_INET, socket.AF_INET6) and sock.type == socket.SOCK_STREAM \
-                    and sock.getsockname()[1] == int(local_port):
-                host, port = sock.getpeername()[:2]
-                if (_plain(host), port) == want:
-                    return sock
-        except OSError:
-            pass
-        sock.close()
-    return None
-
-
-def bytes_acked(sock: socket.socket) -> int | None:
-    """The bytes the peer of `sock` has acknowledged (TCP_INFO's tcpi_bytes_acked); None once the connection
-    can carry nothing more to it (this side shut or closed; a peer that only half-closed may still read)."""
-    try:
-        info = sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO or 0, _BYTES_ACKED_INFO)
-    except OSError:
-        return None
-    if len(info) < _BYTES_ACKED_INFO or info[0] not in (_TCP_ESTABLISHED, _TCP_CLOSE_WAIT):
-        return None
-    return struct.unpack_from("Q", info, _BYTES_ACKED_AT)[0]
-
-
-def _plain(host: str) -> str:
-    """An address as one spelling: an IPv4-mapped IPv6 address as its IPv4 address."""
-    return host[7:] if host.startswith("::ffff:") and "." in host else host
-
-
-def _socket_fds() -> list[str]:
-    """This process's descriptors that are sockets."""
-    names = []
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            if os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
-                names.append(name)
-        except OSError:
-            continue
-    return names
-
-
-__all__ = ["Reaper", "accept_queue", "bytes_acked", "connection", "defer_accept"]
+__all__ = ["Reaper", "defer_accept"]

@@ -9,6 +9,7 @@ import falcon
 
 from gpulayer.server.http import paging, wire
 from gpulayer.server.notify import alerts, payloads, send, signing, targets
+from gpulayer.server.store.readonly_sql import ReadOnlyDatabase
 
 
 class _Notify:
@@ -92,8 +93,6 @@ class Alerts(_Notify):
     admin_only = True
 
     def on_post(self, req, resp):
-        from explorer.readonly import ReadOnlyDatabase  # the explorer's package is big: only when asked
-
         spec = targets.parse_alert(wire.read_json(req), smtp=bool(self.config.smtp_url))
         alerts.check_sql(ReadOnlyDatabase(str(self.config.layout.state), time_limit_s=self.config.alert_time_limit_s), spec["sql"])
         resp.media = self.store.write(targets.add_alert, req.context.principal, spec, self.deps.clock())

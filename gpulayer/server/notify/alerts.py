@@ -1,6 +1,6 @@
 """Alerts: a read-only query run on a schedule that fires when it returns rows it did not return last time.
 
-The query runs as the explorer's do (explorer/readonly.py: a `mode=ro`, query_only connection with an
+The query runs as the explorer's do (store/readonly_sql.py: a `mode=ro`, query_only connection with an
 authorizer, one statement, a time limit and a row limit). What it returned is kept as one digest per row
 (`alerts.seen`); a run whose rows include digests the last run did not have writes an `alert_fired` event
 with those rows, in the same transaction as the new `seen`, and the outbox delivers it to the alert's
@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from typing import TYPE_CHECKING
 
 import apsw
 
@@ -20,9 +19,7 @@ from gpulayer.server.errors import InvalidRequest
 from gpulayer.server.scheduler import events
 from gpulayer.server.store.db import Store
 from gpulayer.server.store.queries import row, rows
-
-if TYPE_CHECKING:  # the explorer's package imports its pages and templates: only where a query runs
-    from explorer.readonly import ReadOnlyDatabase
+from gpulayer.server.store.readonly_sql import QueryError, QueryTimeout, ReadOnlyDatabase
 
 log = logging.getLogger("gpulayer.server.notify")
 MAX_ROWS = 1000  # rows one run reads (past it the rest count as not returned)
@@ -42,8 +39,6 @@ def run_query(db: ReadOnlyDatabase, sql: str) -> tuple[list[str], list[tuple]]:
 
 def check_sql(db: ReadOnlyDatabase, sql: str) -> None:
     """Run the query once, as the alert will: 400 for a query that writes, fails or runs past the limit."""
-    from explorer.readonly import QueryError, QueryTimeout
-
     try:
         run_query(db, sql)
     except QueryTimeout as e:
@@ -53,7 +48,7 @@ def check_sql(db: ReadOnlyDatabase, sql: str) -> None:
 
 
 def _for_alerts(message: str, sql: str) -> str:
-    """The explorer's refusal (explorer/readonly.py) in an alert's words: what was refused, not the explorer."""
+    """The explorer's refusal (store/readonly_sql.py) in an alert's words: what was refused, not the explorer."""
     verb = (sql.split() or ["this"])[0].upper()
     writes = f"an alert's query is read-only: {verb} would write to the state file (give one SELECT)"
     message = message.replace("the explorer is read-only: this statement would write", writes)
@@ -88,8 +83,6 @@ def ran(conn: apsw.Connection, alert: dict, now: float, columns: list[str], foun
 
 def run_due(store: Store, db: ReadOnlyDatabase, now: float) -> int:
     """Run every alert that is due; returns how many fired."""
-    from explorer.readonly import QueryError
-
     fired = 0
     for alert in store.read(lambda conn: rows(conn, "due_alerts", now=now)):
         columns: list[str] = []

@@ -42,6 +42,7 @@ from gpulayer.server.scheduler.events import record as record_event
 from gpulayer.server.security.secretbox import SecretBox
 from gpulayer.server.store.db import Store
 from gpulayer.server.store.queries import one, row, rows
+from gpulayer.server.store.readonly_sql import ReadOnlyDatabase
 
 log = logging.getLogger("gpulayer.server.notify")
 TICK_S = 0.25
@@ -57,8 +58,6 @@ class Notifier:
 
     def __init__(self, store: Store, config: ControlPlaneConfig, box: SecretBox, clock: Callable[[], float]):
         self.store, self.config, self.box, self.clock = store, config, box, clock
-        from explorer.readonly import ReadOnlyDatabase  # at start, as the explorer's own mount
-
         self.db = ReadOnlyDatabase(str(config.layout.state), time_limit_s=config.alert_time_limit_s, max_rows=alerts.MAX_ROWS)
         self.courier = Courier(
             {

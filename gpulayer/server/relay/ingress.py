@@ -33,8 +33,7 @@ from urllib.parse import parse_qsl, quote, urlencode
 
 import h11
 
-from gpulayer.server.errors import GpulayerError, NotFound, Unauthorized
-from gpulayer.server.http import bodies
+from gpulayer.server.errors import GpulayerError, NotFound, Unauthorized, error_body
 from gpulayer.server.relay import forwarding
 from gpulayer.server.relay.forwarding import COOKIE, HOP_BY_HOP, PREFIX, SAFE_PATH, cookie_token, upstream_headers
 from gpulayer.server.relay.hub import Hub, RelayTimeout
@@ -451,7 +450,7 @@ class IngressProxy:
 
 
 def _answer(proto, status: int, code: str, message: str, extra: list | None = None) -> None:
-    proto.response_bytes(status, [("content-type", "application/json"), *(extra or [])], bodies.error_body(code, message))
+    proto.response_bytes(status, [("content-type", "application/json"), *(extra or [])], error_body(code, message))
 
 
 def _refuse(proto, exc: GpulayerError) -> None:

@@ -28,8 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from gpulayer.server import tcpinfo
 from gpulayer.server.errors import GpulayerError
-from gpulayer.server.http import granian_guard
 
 log = logging.getLogger("gpulayer.server.ingress")
 
@@ -131,7 +131,7 @@ class SendPacer:
         assert self.sock is not None
         last, since = -1, 0.0  # what the client had acknowledged at the last look, and since when
         while True:
-            acked = granian_guard.bytes_acked(self.sock)
+            acked = tcpinfo.bytes_acked(self.sock)
             if acked is None:
                 raise ClientGone(f"the connection from {self.client} is gone")
             if (self.handed - self.base_handed) - (acked - self.base_acked) <= SEND_WINDOW:
@@ -150,11 +150,11 @@ class SendPacer:
 
     async def _find(self) -> bool:
         loop = asyncio.get_running_loop()
-        self.sock = await loop.run_in_executor(_LOOKUPS, granian_guard.connection, self.server, self.client)
+        self.sock = await loop.run_in_executor(_LOOKUPS, tcpinfo.connection, self.server, self.client)
         if self.sock is None:
             self.unknown = True
             return False
-        self.base_handed, self.base_acked = self.handed, granian_guard.bytes_acked(self.sock) or 0
+        self.base_handed, self.base_acked = self.handed, tcpinfo.bytes_acked(self.sock) or 0
         return True
 
     def close(self) -> None:

@@ -1,10 +1,14 @@
-"""Read-only access to the state file for the explorer.
+"""Read-only SQL on the state file: the runner behind the explorer's pages and the alerts' queries.
 
 Three locks, each enough alone: the file is opened `mode=ro`, the connection
 sets `PRAGMA query_only`, and an authorizer refuses every action that is not
 a read (writes, ATTACH, transactions, pragmas outside `SAFE_PRAGMAS`,
 `load_extension`). On top: one statement per query, a time limit (progress
 handler) and a row limit. Columns in `HIDDEN_COLUMNS` cannot be read at all.
+
+It imports nothing of gpulayer (the standalone explorer imports it), and its
+refusals speak of the explorer, whose users read them most; notify/alerts.py
+words them for an alert. `gpulayer sql` hides the same `HIDDEN_COLUMNS`.
 
 Each `ReadOnlyDatabase.session()` is a fresh connection holding one short
 read transaction, so a page sees one snapshot and the server's writer (WAL)
