@@ -30,7 +30,15 @@ state = os.path.join(folder, f"state-{rank}.json")
 step = json.load(open(state))["step"] if os.path.exists(state) else 0
 print(f"resumed step={step} from={os.environ.get('GPULAYER_RESTORED_FROM_ATTEMPT')} "
       f"others={sorted(os.listdir(folder))}", flush=True)
-signal.signal(signal.SIGTERM, lambda *_: (print(f"stopped at step={step}", flush=True), sys.exit(143)))
+def stop(*_):  # as a training script does on its warning: save where it is, say so, exit
+    with open(state + ".sig", "w") as out:  # not .tmp: the loop may be halfway through writing that one
+        json.dump({"step": step}, out)
+    os.replace(state + ".sig", state)
+    if os.path.exists(state + ".tmp"):
+        os.remove(state + ".tmp")
+    print(f"stopped at step={step}", flush=True)
+    sys.exit(143)
+signal.signal(signal.SIGTERM, stop)
 while step < total:
     step += 1
     with open(state + ".tmp", "w") as out:
@@ -85,7 +93,10 @@ def _steps_after_resume(lines: list[str]) -> tuple[int, int]:
     resumed = [line for line in lines if line.startswith("resumed")]
     assert len(resumed) == 2, lines
     start = int(resumed[1].split()[1].split("=")[1])
-    reached = max(int(line.split("=")[1]) for line in lines[:lines.index(resumed[1])] if line.startswith("step="))
+    # The step the first attempt reached: its last `step=N`, or the `stopped at step=N` its SIGTERM handler
+    # printed (and saved), one further when the signal came between a step's checkpoint and its line.
+    before = lines[:lines.index(resumed[1])]
+    reached = max(int(line.rsplit("=", 1)[1]) for line in before if line.startswith(("step=", "stopped at step=")))
     return start, reached
 
 
