@@ -1,5 +1,5 @@
-"""The task state machine in the schema: task_transitions lists the allowed changes of tasks.state and the
-trigger tasks_transition refuses any other (issue 37)."""
+"""The state machines in the schema: task_transitions (job_transitions) lists the allowed changes of
+tasks.state (jobs.state) and the trigger tasks_transition (jobs_transition) refuses any other (issue 37)."""
 from __future__ import annotations
 
 import re
@@ -31,6 +31,18 @@ MADE_BY = {
     ("running", "failed"): {"finish_task"},
     ("running", "cancelled"): {"finish_task", "detach_running_tasks"},
     ("running", "lost"): {"finish_task", "lose_unreported_task", "expire_task_leases", "worker_tasks_lost"},
+}
+
+JOB_STATES = ("queued", "running", "succeeded", "failed", "cancelled", "lost", "waiting")
+ENDS = ("succeeded", "failed", "cancelled", "lost")
+# finish_job's rows: what its WHERE admits (queued, running or waiting to any end, by outcomes.finish).
+JOB_MADE_BY = {
+    ("queued", "waiting"): {"hold_job"},
+    ("queued", "running"): {"mark_job_running", "mark_jobs_running"},
+    ("running", "queued"): {"requeue_job_if_idle", "requeue_job", "next_attempt"},
+    ("waiting", "queued"): {"release_job"},
+    **{(old, end): {"finish_job"} for old in ("queued", "running", "waiting") for end in ENDS},
+    **{(end, "queued"): {"reopen_job"} for end in ENDS},
 }
 
 
@@ -102,3 +114,50 @@ def test_every_allowed_row_is_made_by_a_named_query(conn):
             assert name in QUERIES and _sets_state(name), name
     setters = {name for name in QUERIES if "UPDATE tasks" in QUERIES[name] and _sets_state(name)}
     assert setters == set().union(*MADE_BY.values())
+
+
+def _job(conn, state: str) -> int:
+    conn.execute("INSERT INTO jobs (spec, state, created_at, finished_at) VALUES ('{}', ?, 1, ?)",
+                 (state, 2 if state in ENDS else None))
+    return conn.last_insert_rowid()
+
+
+def _set_job(conn, job_id: int, state: str) -> None:
+    conn.execute("UPDATE jobs SET state = ?, finished_at = ? WHERE id = ?", (state, 2 if state in ENDS else None, job_id))
+
+
+def test_a_forbidden_job_transition_fails_loudly_and_changes_nothing(conn):
+    job_id = _job(conn, "waiting")
+    with pytest.raises(apsw.ConstraintError, match=r"job_transition: waiting -> running$"):
+        _set_job(conn, job_id, "running")
+    assert conn.execute("SELECT state FROM jobs WHERE id = ?", (job_id,)).fetchall() == [{"state": "waiting"}]
+
+
+def test_every_job_pair_passes_exactly_when_listed(conn):
+    allowed = {(r["from_state"], r["to_state"]) for r in conn.execute("SELECT from_state, to_state FROM job_transitions")}
+    assert allowed == set(JOB_MADE_BY)
+    for old in JOB_STATES:
+        for new in JOB_STATES:
+            job_id = _job(conn, old)
+            if old == new or (old, new) in allowed:
+                _set_job(conn, job_id, new)
+            else:
+                with pytest.raises(apsw.ConstraintError, match=f"job_transition: {old} -> {new}$"):
+                    _set_job(conn, job_id, new)
+            expected = new if old == new or (old, new) in allowed else old
+            assert conn.execute("SELECT state FROM jobs WHERE id = ?", (job_id,)).fetchall() == [{"state": expected}]
+
+
+def test_every_allowed_job_row_is_made_by_a_named_query(conn):
+    rows = conn.execute("SELECT from_state, to_state, made_by FROM job_transitions").fetchall()
+    for r in rows:
+        named = set(re.findall(r"[a-z_]+(?= |,|$)", re.sub(r"\([^)]*\)", "", r["made_by"])))
+        assert named == JOB_MADE_BY[(r["from_state"], r["to_state"])], r
+        for name in named:
+            assert name in QUERIES and _sets_job_state(name), name
+    setters = {name for name in QUERIES if _sets_job_state(name)}
+    assert setters == set().union(*JOB_MADE_BY.values())
+
+
+def _sets_job_state(name: str) -> bool:
+    return bool(re.search(r"UPDATE jobs\s+SET\s+(?:[^;]*?,\s*)?state\s*=", QUERIES[name], re.S))
