@@ -53,9 +53,12 @@ def test_metrics_match_the_state_file(fleet):
         assert "gpulayer_request_seconds" in families and "gpulayer_acquire_seconds" in families
         acquires = [s for s in families["gpulayer_acquire_seconds"].samples if s.name.endswith("_count")]
         assert acquires and acquires[0].value >= 3
-        runs = {s.labels["job"]: s.value for s in families["gpulayer_upkeep_runs"].samples
-                if s.name == "gpulayer_upkeep_runs_total"}
-        assert runs["expire"] >= 1 and runs["begin_due"] >= 1 and runs["fairshare"] >= 1, runs
+        def upkeep_runs() -> dict:  # upkeep ticks on its own thread: its first round may still be under way
+            family = scrape(fleet).get("gpulayer_upkeep_runs")
+            return {s.labels["job"]: s.value for s in family.samples if s.name == "gpulayer_upkeep_runs_total"} if family else {}
+        wait_for(lambda: all(upkeep_runs().get(job, 0) >= 1 for job in ("expire", "begin_due", "fairshare")), 30,
+                 "a round of upkeep in /metrics", details=lambda: str(upkeep_runs()))
+        families = scrape(fleet)
         assert by_label(families["gpulayer_upkeep_failures"], "job")["expire"] == 0
         assert "expire" in by_label(families["gpulayer_upkeep_last_duration_seconds"], "job")
     finally:
