@@ -145,6 +145,18 @@ def test_rsync_over_ssh(plane, job, config, tmp_path):
     assert (back / "a.txt").read_text() == "a" * 1000
 
 
+def _end(ssh: subprocess.Popen) -> None:
+    """Stop an `ssh -N` the test is done with: SIGTERM, then SIGKILL after 10 s. Once in a full run under
+    load an OpenSSH client with a refused channel outlived 30 s after its SIGTERM; how the client exits is
+    not what these tests check (what it reached, and what it was told, is)."""
+    ssh.terminate()
+    try:
+        ssh.wait(10)
+    except subprocess.TimeoutExpired:
+        ssh.kill()
+        ssh.wait(10)
+
+
 def test_ssh_L_reaches_a_loopback_port_in_the_task(plane, job, config, tmp_path):
     job_id, port = job
     local = _free_port()
@@ -164,8 +176,7 @@ def test_ssh_L_reaches_a_loopback_port_in_the_task(plane, job, config, tmp_path)
 
         wait_for(lambda: fetched() == "hello-from-the-task\n", 60, "the page through ssh -L")
     finally:
-        tunnel.terminate()
-        tunnel.wait(30)
+        _end(tunnel)
     elsewhere = _free_port()
     log = tmp_path / "refused.err"
     with open(log, "wb") as errors:  # not loopback in the task: the server refuses the channel, and says why
@@ -187,8 +198,7 @@ def test_ssh_L_reaches_a_loopback_port_in_the_task(plane, job, config, tmp_path)
             wait_for(said_why, 90, "the forward to a non-loopback address refused")
             assert b"administratively prohibited" in log.read_bytes()
         finally:
-            refused.terminate()
-            refused.wait(30)
+            _end(refused)
 
 
 def test_host_keys_are_checked_not_skipped(plane, job, config, tmp_path):
