@@ -521,6 +521,13 @@ class ControlPlaneProcess(ChildProcess):
         return wait_for(lambda: (j := self.job(job_id))["state"] in states and j, timeout,
                         f"job {job_id} to reach {states}")
 
+    def wait_task_running(self, job_id: int, timeout: float = 60) -> dict:
+        """The job once a task of it runs (the job reads `running` from the moment its task is assigned)."""
+        def running() -> dict | None:
+            job = self.job(job_id)
+            return job if any(t["state"] == "running" for t in job["tasks"]) else None
+        return wait_for(running, timeout, f"a task of job {job_id} to run")
+
     def cli_env(self, **extra: str) -> dict:
         """The GPULAYER_* settings of a CLI user of this control plane, plus `extra`."""
         settings = {"GPULAYER_URL": self.url, "GPULAYER_TOKEN": self.client_token,

@@ -151,7 +151,7 @@ def test_never_read_requests_are_capped_paced_and_dropped(plane, service):
     submitted = plane.cli("submit", "--", "sleep", "600", GPULAYER_TOKEN=other)
     assert submitted.returncode == 0, submitted.stderr
     theirs = int(submitted.stdout.split()[0])
-    plane.wait_job(theirs, ("running",), timeout=60)
+    plane.wait_task_running(theirs, timeout=60)  # the job reads running once assigned; exec needs the task started
 
     from gpulayer.client.api import connect
     their_job = connect(url=plane.url, token=other).get_job(theirs)
