@@ -151,6 +151,17 @@ ReplicateInterval = Annotated[str, typer.Option(
     "--replicate-interval", callback=duration_option("--replicate-interval", positive=True), metavar="DURATION",
     help="Time between Litestream's syncs to the replica (what a loss can cost): 0.05 to 3600 seconds, or 1m, ...")]
 
+MaxQueuedElements = Annotated[int, typer.Option(
+    "--max-queued-elements", min=0, metavar="N",
+    help="A user's tasks (array elements) not yet ended, at most: a submit past it is refused (429 "
+         "too_many_queued); 0: no cap.")]
+PriorityClass = Annotated[Optional[list[str]], typer.Option(
+    "--priority-class", metavar="NAME=N",
+    help="A named priority `--priority` accepts, besides low=-10, normal=0, high=10 (repeatable).")]
+CheckpointKeep = Annotated[int, typer.Option(
+    "--checkpoint-keep", min=1, metavar="N",
+    help="Checkpoints kept per job element or rank, newest first; older ones go, and the artifact sweep "
+         "their files (docs/training.md).")]
 
 @server_app.command("init")
 def server_init(ctx: typer.Context, home: Home = None,
@@ -196,21 +207,13 @@ def server_start(
     fairshare_half_life: FairshareHalfLife = None,
     preempt_grace: PreemptGrace = f"{PREEMPT_GRACE_S:g}",
     max_grace: MaxGrace = f"{MAX_GRACE_S:g}",
-    max_queued_elements: Annotated[int, typer.Option(
-        "--max-queued-elements", min=0, metavar="N",
-        help="A user's tasks (array elements) not yet ended, at most: a submit past it is refused (429 "
-             "too_many_queued); 0: no cap.")] = MAX_QUEUED_ELEMENTS,
-    priority_class: Annotated[Optional[list[str]], typer.Option(
-        "--priority-class", metavar="NAME=N",
-        help="A named priority `--priority` accepts, besides low=-10, normal=0, high=10 (repeatable).")] = None,
+    max_queued_elements: MaxQueuedElements = MAX_QUEUED_ELEMENTS,
+    priority_class: PriorityClass = None,
     max_heartbeats_per_s: Annotated[float, typer.Option(
         "--max-heartbeats-per-s", min=0, metavar="N",
         help="Heartbeats a second the whole fleet aims under: past it the interval asked of workers (and their "
              "lease TTL) grows with the fleet, never below --heartbeat-interval; 0: never.")] = MAX_HEARTBEATS_PER_S,
-    checkpoint_keep: Annotated[int, typer.Option(
-        "--checkpoint-keep", min=1, metavar="N",
-        help="Checkpoints kept per job element or rank, newest first; older ones go, and the artifact sweep "
-             "their files (docs/training.md).")] = 3,
+    checkpoint_keep: CheckpointKeep = 3,
     upload_quota_mb: UploadQuotaMB = UPLOAD_QUOTA_BYTES // 1024 ** 2,
     project_upload_quota_mb: ProjectUploadQuotaMB = PROJECT_UPLOAD_QUOTA_BYTES // 1024 ** 2,
     unnamed_retention: UnnamedRetention = f"{UNNAMED_RETENTION_S:g}",
@@ -241,12 +244,10 @@ def server_start(
     config = ControlPlaneConfig(home=home_of(ctx, home), host=host, port=port, tls_cert=tls_cert,
                                 tls_key=tls_key, allow_insecure_remote=allow_insecure_remote, http=http.value,
                                 replicate=replicate, replicate_interval_s=float(replicate_interval),
-                                preempt_grace_s=float(preempt_grace), max_grace_s=float(max_grace), max_queued_elements=max_queued_elements,
                                 max_heartbeats_per_s=max_heartbeats_per_s,
-                                checkpoint_keep=checkpoint_keep, read_timeout_s=float(read_timeout),
+                                **_policy_settings(preempt_grace, max_grace, max_queued_elements, priority_class,
+                                                   fairshare_half_life, checkpoint_keep, read_timeout),
                                 **_upload_settings(upload_quota_mb, project_upload_quota_mb, unnamed_retention),
-                                priority_classes={**PRIORITY_CLASSES, **_priority_classes(priority_class)},
-                                fairshare_half_life_s=float(fairshare_half_life) if fairshare_half_life else FAIRSHARE_HALF_LIFE_S,
                                 **_relay_settings(relay_max_streams_per_user, relay_max_streams_per_job, relay_idle_timeout,
                                                   ingress_max_requests_per_job, ingress_max_requests_per_client,
                                                   ingress_send_timeout),
@@ -263,6 +264,16 @@ def _notify_settings(allow_private_webhooks, smtp_url, smtp_from, webhook_retry_
     return dict(allow_private_webhooks=allow_private_webhooks, smtp_url=smtp_url, smtp_from=smtp_from,
                 webhook_retry_base_s=float(webhook_retry_base), webhook_retry_for_s=float(webhook_retry_for),
                 webhook_concurrency=webhook_concurrency)
+
+
+def _policy_settings(preempt_grace, max_grace, max_queued_elements, priority_class, fairshare_half_life,
+                     checkpoint_keep, read_timeout) -> dict:
+    """The ControlPlaneConfig fields of scheduling policy and reads that `server start` and `up` take."""
+    return dict(preempt_grace_s=float(preempt_grace), max_grace_s=float(max_grace),
+                max_queued_elements=max_queued_elements,
+                priority_classes={**PRIORITY_CLASSES, **_priority_classes(priority_class)},
+                fairshare_half_life_s=float(fairshare_half_life) if fairshare_half_life else FAIRSHARE_HALF_LIFE_S,
+                checkpoint_keep=checkpoint_keep, read_timeout_s=float(read_timeout))
 
 
 def _upload_settings(upload_quota_mb, project_upload_quota_mb, unnamed_retention) -> dict:
@@ -438,6 +449,12 @@ def up(ctx: typer.Context, home: Home = None,
        allow_private_webhooks: AllowPrivateWebhooks = False, smtp_url: SmtpUrl = None,
        smtp_from: SmtpFrom = "gpulayer@localhost", webhook_retry_base: WebhookRetryBase = "5",
        webhook_retry_for: WebhookRetryFor = "24h", webhook_concurrency: WebhookConcurrency = 16,
+       preempt_grace: PreemptGrace = f"{PREEMPT_GRACE_S:g}", max_grace: MaxGrace = f"{MAX_GRACE_S:g}",
+       max_queued_elements: MaxQueuedElements = MAX_QUEUED_ELEMENTS, priority_class: PriorityClass = None,
+       fairshare_half_life: FairshareHalfLife = None, checkpoint_keep: CheckpointKeep = 3,
+       read_timeout: ReadTimeout = "10", upload_quota_mb: UploadQuotaMB = UPLOAD_QUOTA_BYTES // 1024 ** 2,
+       project_upload_quota_mb: ProjectUploadQuotaMB = PROJECT_UPLOAD_QUOTA_BYTES // 1024 ** 2,
+       unnamed_retention: UnnamedRetention = f"{UNNAMED_RETENTION_S:g}",
        name: Name = None, label: Labels = None, python: Python = None,
        verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log every INFO line of the control plane and the worker on stderr (default: warnings and errors only).")] = False) -> None:
     """Start a control plane over TLS and a local worker; print the line that joins other machines.
@@ -462,6 +479,9 @@ def up(ctx: typer.Context, home: Home = None,
                             replicate=replicate, http=http.value, replicate_interval_s=float(replicate_interval),
                             **_plane_settings(heartbeat_interval, lease_ttl, synchronous, max_output_mb,
                                               log_retention, job_retention, gpu_sample_retention),
+                            **_policy_settings(preempt_grace, max_grace, max_queued_elements, priority_class,
+                                               fairshare_half_life, checkpoint_keep, read_timeout),
+                            **_upload_settings(upload_quota_mb, project_upload_quota_mb, unnamed_retention),
                             **_notify_settings(allow_private_webhooks, smtp_url, smtp_from, webhook_retry_base,
                                                webhook_retry_for, webhook_concurrency)))
 

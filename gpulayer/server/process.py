@@ -351,7 +351,7 @@ def stamped(message: str) -> str:
 
 
 def settings_line(config: ControlPlaneConfig) -> str:
-    """The settings an operator checks in the log (`key=value ...`): retention and notifications. The SMTP
+    """The settings an operator checks in the log (`key=value ...`): retention, notifications, policy, quotas. The SMTP
     server is named by host and port, never with its password."""
     from urllib.parse import urlsplit
     smtp = "none"
@@ -363,6 +363,12 @@ def settings_line(config: ControlPlaneConfig) -> str:
         "gpu_sample_retention_s": config.gpu_sample_retention_s, "allow_private_webhooks": config.allow_private_webhooks,
         "smtp": smtp, "smtp_from": config.smtp_from, "webhook_concurrency": config.webhook_concurrency,
         "webhook_retry_base_s": config.webhook_retry_base_s, "webhook_retry_for_s": config.webhook_retry_for_s,
+        "preempt_grace_s": config.preempt_grace_s, "max_grace_s": config.max_grace_s,
+        "max_queued_elements": config.max_queued_elements, "fairshare_half_life_s": config.fairshare_half_life_s,
+        "checkpoint_keep": config.checkpoint_keep, "read_timeout_s": config.read_timeout_s,
+        "upload_quota_mb": config.upload_quota_bytes // 1024 ** 2,
+        "project_upload_quota_mb": config.project_upload_quota_bytes // 1024 ** 2,
+        "unnamed_retention_s": config.unnamed_retention_s,
     }
     return " ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={str(v).lower() if isinstance(v, bool) else v}"
                     for k, v in given.items())
