@@ -10,7 +10,7 @@ from gpulayer.protocol.malloc import keep_freed_memory
 
 from . import __version__
 from .hardening import JOIN_TOKEN_VAR, TokenFileError, read_token_file
-from .sandbox import DEFAULT_MODE as DEFAULT_SANDBOX
+from .sandbox.bwrap import DEFAULT_MODE as DEFAULT_SANDBOX
 from .worker import WorkerConfig, run_worker
 
 

@@ -7,13 +7,13 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .cache import default_cache_dir
+from .artifacts.cache import default_cache_dir
 from .errors import AgentError
-from .inventory import GpuProbe
-from .process import KILL_GRACE_S
-from .rendezvous import RENDEZVOUS_TIMEOUT_S
-from .sandbox import DEFAULT_MODE as DEFAULT_SANDBOX, Sandbox
-from .sandbox import resolve as resolve_sandbox
+from .gpu.inventory import GpuProbe
+from .run.rendezvous import RENDEZVOUS_TIMEOUT_S
+from .sandbox.bwrap import DEFAULT_MODE as DEFAULT_SANDBOX, Sandbox
+from .sandbox.bwrap import resolve as resolve_sandbox
+from .sandbox.process import KILL_GRACE_S
 
 ACQUIRE_WAIT_S = 20.0
 
@@ -47,7 +47,7 @@ class WorkerConfig:
     rendezvous_timeout_s: float = RENDEZVOUS_TIMEOUT_S
     keep_task_dirs: bool = False
     gpu_probe: GpuProbe | None = None  # tests: devices without NVML (no health watch)
-    #: --sandbox auto|bwrap|none, --run-as USER, --allow-root-tasks (agent/sandbox.py).
+    #: --sandbox auto|bwrap|none, --run-as USER, --allow-root-tasks (agent/sandbox/bwrap.py).
     sandbox: str = DEFAULT_SANDBOX
     run_as: str | None = None
     allow_root_tasks: bool = False

@@ -6,9 +6,9 @@ worker or asks for its relay link. A 401 registers it again (registration.Regist
 
 import time
 
-from .backoff import retry_delay
 from .errors import AgentError, Rejected, Revoked, Unauthorized, Unreachable
 from .events import log_event
+from .link.backoff import retry_delay
 from .registration import Registration
 
 

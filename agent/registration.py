@@ -10,18 +10,19 @@ import socket
 import time
 from pathlib import Path
 
-from . import __version__, relay_exec, relay_shell, relay_ssh, relay_tcp
-from .addresses import local_address_towards
-from .backoff import retry_delay
+from . import __version__
 from .errors import AgentError, Forbidden, Rejected, Unauthorized, Unreachable
 from .events import log_event
-from .gpu_health import GpuHealth
-from .gpu_stats import GpuStats
-from .inventory import Inventory, detect, nvml_devices
-from .leftovers import RunningTasks
-from .nvml import Nvml
-from .relay import Handler, Relay
-from .transport import Transport
+from .gpu.health import GpuHealth
+from .gpu.inventory import Inventory, detect, nvml_devices
+from .gpu.nvml import Nvml
+from .gpu.stats import GpuStats
+from .link.addresses import local_address_towards
+from .link.backoff import retry_delay
+from .link.transport import Transport
+from .relay import exec as relay_exec, shell as relay_shell, ssh as relay_ssh, tcp as relay_tcp
+from .relay.link import Handler, Relay
+from .sandbox.leftovers import RunningTasks
 from .worker_state import WorkerState
 
 REJOIN_MIN_S = 5.0  # a session refused again this soon after registering again is not retried
@@ -31,7 +32,7 @@ class Registration(WorkerState):
     """Register with the control plane (and again after a heartbeat's 401), with what this worker offers."""
 
     def _relay(self, base_url: str, verify: bool | str, transport: Transport) -> Relay | None:
-        """The relay link (agent/relay.py), opened when the control plane asks; None under GPULAYER_AGENT_RELAY=off
+        """The relay link (agent/relay/link.py), opened when the control plane asks; None under GPULAYER_AGENT_RELAY=off
         (an agent as before the relay: tests of older agents)."""
         if os.environ.get("GPULAYER_AGENT_RELAY") == "off":
             return None

@@ -17,25 +17,27 @@ from pathlib import Path
 
 from gpulayer.protocol.assignment import Assignment
 
-from .backoff import retry_delay
-from .cache import ArtifactCache, default_cache_bytes, default_cache_dir
-from .caps import UnpackBudget
-from .chunks import Chunks, leased_ahead
-from .images import ImageCache
+from .artifacts.cache import ArtifactCache, default_cache_bytes, default_cache_dir
+from .artifacts.caps import UnpackBudget
 from .config import interpreter, task_sandbox
-from .environment import filtered_environ
 from .errors import AgentError, Rejected, Revoked, Unauthorized, Unreachable
 from .events import log_event
+from .gpu.inventory import Inventory
 from .heartbeat import Heartbeat
-from .inventory import Inventory
-from .leftovers import RunningTasks
-from .sandbox import gpu_minors
-from .shared import SharedSandboxes
-from .spares import Spares
-from .supervision import TaskHandle
-from .tasks import SHUTDOWN_REPORT_S, TaskContext, TaskRunner, acquired
-from .tls import resolve_verify
-from .transport import Transport, check_url
+from .link.backoff import retry_delay
+from .link.tls import resolve_verify
+from .link.transport import Transport, check_url
+from .run.chunks import Chunks, leased_ahead
+from .run.environment import filtered_environ
+from .run.reports import acquired
+from .run.runner import SHUTDOWN_REPORT_S, TaskRunner
+from .run.state import TaskContext
+from .run.supervision import TaskHandle
+from .sandbox.bwrap import gpu_minors
+from .sandbox.images import ImageCache
+from .sandbox.leftovers import RunningTasks
+from .sandbox.shared import SharedSandboxes
+from .sandbox.spares import Spares
 from .worker_state import Session
 
 #: How long a task that ended is remembered, against stale assignments of it (longer than any request waits).
@@ -92,7 +94,7 @@ class Worker(Heartbeat):
         config = self.config
         advertise = answer.get("advertise_address") or config.advertise_address or socket.gethostname()
         shared = spares = None
-        if self.sandbox.shares(False):  # an array's elements share their job's sandbox (agent/shared.py)
+        if self.sandbox.shares(False):  # an array's elements share their job's sandbox (agent/sandbox/shared.py)
             shared = SharedSandboxes(self.sandbox, state_dir / "tasks", RunningTasks(state_dir),
                                      keep_dirs=config.keep_task_dirs)
             self._opened.callback(shared.close)

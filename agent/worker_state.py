@@ -10,18 +10,18 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .chunks import Chunks
 from .config import WorkerConfig
 from .errors import AgentError
 from .events import log_event
-from .gpu_health import GpuHealth
-from .gpu_stats import GpuStats
-from .inventory import Inventory
-from .relay import Relay
-from .sandbox import Sandbox
-from .supervision import TaskHandle
-from .task_state import TaskContext
-from .transport import Transport
+from .gpu.health import GpuHealth
+from .gpu.inventory import Inventory
+from .gpu.stats import GpuStats
+from .link.transport import Transport
+from .relay.link import Relay
+from .run.chunks import Chunks
+from .run.state import TaskContext
+from .run.supervision import TaskHandle
+from .sandbox.bwrap import Sandbox
 
 
 @dataclass(frozen=True)
@@ -68,10 +68,10 @@ class WorkerState:
         self.gpu_stats: GpuStats | None = None    # the same: their utilization and memory (heartbeat `gpu_samples`)
         self.sandbox = Sandbox()  # resolved at run(), before register
         self._session: Session | None = None
-        #: Elements leased ahead and finishes sent in batches (agent/chunks.py), once registered.
+        #: Elements leased ahead and finishes sent in batches (agent/run/chunks.py), once registered.
         self.chunks: Chunks | None = None
         self.start_lock = threading.Lock()  # one thread at a time starts queued elements
-        self.relay: Relay | None = None  # the relay link, once run() made it (agent/relay.py)
+        self.relay: Relay | None = None  # the relay link, once run() made it (agent/relay/link.py)
         self._opened = contextlib.ExitStack()  # what close() releases: the HTTP session, the GPU watch, NVML
 
     @property

@@ -1,7 +1,7 @@
 """A checkpoint's upload and restore against a disk-bound copy of the same files (issue 27 part 2).
 
 A real control plane (granian, TLS) on this machine and the agent's own checkpoint code
-(agent/checkpoint.py: hash, HEAD, PUT, record; restore through the artifact cache) as a worker
+(agent/artifacts/checkpoint.py: hash, HEAD, PUT, record; restore through the artifact cache) as a worker
 holding a task. Figures, each a median of --runs:
 
 - copy: `cp -r` of the folder to another folder of the same disk, every file fsynced (the bound a
@@ -37,9 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import requests  # noqa: E402
 
-from agent.cache import ArtifactCache  # noqa: E402
-from agent.checkpoint import Checkpointer, DigestMemo  # noqa: E402
-from agent.transport import Transport  # noqa: E402
+from agent.artifacts.cache import ArtifactCache  # noqa: E402
+from agent.artifacts.checkpoint import Checkpointer, DigestMemo  # noqa: E402
+from agent.link.transport import Transport  # noqa: E402
 from gpulayer.protocol import PROTOCOL, PROTOCOL_HEADER  # noqa: E402
 from gpulayer.protocol.assignment import CheckpointRef  # noqa: E402
 from gpulayer.testing import ControlPlaneProcess  # noqa: E402

@@ -121,7 +121,7 @@ def _assignments(answer: dict) -> list:
 
 
 def _gpu_samples(n: int) -> list[dict]:
-    """An agent's `gpu_samples` for N GPUs over one interval (agent/gpu_stats.py's shape)."""
+    """An agent's `gpu_samples` for N GPUs over one interval (agent/gpu/stats.py's shape)."""
     now = round(time.time(), 3)
     return [{"index": i, "at": now, "utilization_pct": 87.5, "memory_used_mb": 30512, "memory_total_mb": 81559}
             for i in range(n)]

@@ -25,10 +25,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 import gpulayer as gl  # noqa: E402
-from agent.cache import ArtifactCache  # noqa: E402
-from agent.imagerun import TASK_DIR, image_environment, wrap_image  # noqa: E402
-from agent.images import ImageCache  # noqa: E402
-from agent.sandbox import resolve  # noqa: E402
+from agent.artifacts.cache import ArtifactCache  # noqa: E402
+from agent.sandbox.imagerun import TASK_DIR, image_environment, wrap_image  # noqa: E402
+from agent.sandbox.images import ImageCache  # noqa: E402
+from agent.sandbox.bwrap import resolve  # noqa: E402
 from gpulayer.protocol.jobspec import ImageSpec  # noqa: E402
 from ociimages import archive, build_layout, manifest_of  # noqa: E402
 

@@ -1,8 +1,8 @@
 """The launch of `true` as the agent starts it, five ways, interleaved (issue 25, item 3 c and item 2).
 
 bare; in a bwrap of its own (a plain task: Sandbox.wrap); entered into a job's shared sandbox by nsenter, setpriv
-and env (agent/shared.py without a launcher); forked by the job's launcher (agent/launcher.py); in a sandbox made
-ahead (agent/spares.py: from the task's argv handed over to its namespace's end; the spare's making is not in the
+and env (agent/sandbox/shared.py without a launcher); forked by the job's launcher (agent/sandbox/launcher.py); in a sandbox made
+ahead (agent/sandbox/spares.py: from the task's argv handed over to its namespace's end; the spare's making is not in the
 wall time, but its CPU is in the children's). For each: the
 median wall time of a launch to its exit, and the CPU it cost: the children's user+system time (what the
 launched processes and the kernel on their behalf spent; for the launcher, its own CPU and its reaped children's,
@@ -30,10 +30,10 @@ from pathlib import Path
 from benchlib import emit, machine, machine_line, median
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from agent.sandbox import resolve  # noqa: E402
-from agent.launcher import host_pid  # noqa: E402
-from agent.shared import SharedSandboxes  # noqa: E402
-from agent.spares import Spares  # noqa: E402
+from agent.sandbox.bwrap import resolve  # noqa: E402
+from agent.sandbox.launcher import host_pid  # noqa: E402
+from agent.sandbox.shared import SharedSandboxes  # noqa: E402
+from agent.sandbox.spares import Spares  # noqa: E402
 
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 

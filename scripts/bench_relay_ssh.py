@@ -8,7 +8,7 @@ whole connection: ssh-proxy's start, the relay stream, the task's SSH server's s
 `gpulayer exec JOB -- true` (the CLI's), and MIB MiB piped into `ssh gpulayer-JOB 'cat > /dev/null'`
 against the same into `gpulayer exec JOB -- sh -c 'cat > /dev/null'`. Prints medians and the load average.
 With `--image`, a second `sleep` job from a static busybox image (tests/ociimages.py, umoci) and the same ssh
-pair against it, in the same rounds: what joining an image task from outside costs (agent/ssh_server.py).
+pair against it, in the same rounds: what joining an image task from outside costs (agent/relay/ssh_server.py).
 """
 
 from __future__ import annotations

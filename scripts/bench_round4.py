@@ -9,7 +9,7 @@ measures the code before the round and after it (run the two interleaved, on one
     PYTHONPATH=/path/to/tree python3 scripts/bench_round4.py due-webhooks [--webhooks 1000] [--owners 1] [--looks 200]
 
 - launch: `true` started as a root agent starts it, bare, in a plain task's bwrap (`Sandbox.wrap`) and in a busybox
-  image (`agent.imagerun.wrap_image`: one root bwrap and setpriv before the round, two bwraps after, the inner in
+  image (`agent.sandbox.imagerun.wrap_image`: one root bwrap and setpriv before the round, two bwraps after, the inner in
   its setuid mode as the task user), interleaved; medians (item 1's cost, and a plain task's launch unchanged).
 - verify: an artifact cached by an earlier agent (a 1 GiB file named by its digest) as `ArtifactCache.get` finds
   it: the first use in this agent (hashed again after the round), and the second (a stat); the file in the page
@@ -54,10 +54,10 @@ def launch(args: argparse.Namespace, tmp: Path) -> dict:
 
     The set-up is bench_images.agent_side's, not imported from it: that module (through benchlib) puts its own
     tree first on sys.path, so it would measure the tree it sits in whatever PYTHONPATH says."""
-    from agent.cache import ArtifactCache
-    from agent.imagerun import TASK_DIR, image_environment, wrap_image
-    from agent.images import ImageCache
-    from agent.sandbox import resolve
+    from agent.artifacts.cache import ArtifactCache
+    from agent.sandbox.imagerun import TASK_DIR, image_environment, wrap_image
+    from agent.sandbox.images import ImageCache
+    from agent.sandbox.bwrap import resolve
     from gpulayer.protocol.jobspec import ImageSpec
     from ociimages import build_layout, manifest_of
 
@@ -90,7 +90,7 @@ def launch(args: argparse.Namespace, tmp: Path) -> dict:
 
 def verify(args: argparse.Namespace, tmp: Path) -> dict:
     """Median ms of a cached artifact's first and second `get` in a fresh ArtifactCache, and of sha256 alone."""
-    from agent.cache import ArtifactCache
+    from agent.artifacts.cache import ArtifactCache
 
     root = tmp / "cache"
     root.mkdir(mode=0o700)

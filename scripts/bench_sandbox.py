@@ -2,7 +2,7 @@
 
 1. The raw launch: `true` as the agent starts it, bare and as `Sandbox.wrap` wraps it (env, bwrap with its
    namespaces and mounts, setpriv when root, env), N times each, interleaved; medians. Under a root agent with
-   nsenter, also as an array element enters its job's shared sandbox (agent/shared.py: nsenter, setpriv, env into
+   nsenter, also as an array element enters its job's shared sandbox (agent/sandbox/shared.py: nsenter, setpriv, env into
    one holder started once).
 2. A `true` job through a real server and two real workers of this tree (`--sandbox bwrap`, `--sandbox none`),
    submitted one at a time, alternating: the median of submit-to-succeeded per job.
@@ -21,8 +21,8 @@ from pathlib import Path
 from benchlib import Server, emit, machine, machine_line, median
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from agent.sandbox import resolve  # noqa: E402
-from agent.shared import SharedSandboxes  # noqa: E402
+from agent.sandbox.bwrap import resolve  # noqa: E402
+from agent.sandbox.shared import SharedSandboxes  # noqa: E402
 
 
 def launches(count: int) -> dict:

@@ -1,7 +1,7 @@
 """Where the sandbox's launch cost goes (issue 24): each part of a sandboxed task's argv on its own, interleaved.
 
 `true` bare, under `env` and under `setpriv`; `bwrap` with a mount namespace only, then with the PID and IPC
-namespaces; bwrap with the task's whole mount list (agent/sandbox.py, Sandbox.wrap); the whole wrapped argv.
+namespaces; bwrap with the task's whole mount list (agent/sandbox/bwrap.py, Sandbox.wrap); the whole wrapped argv.
 Median, 10th percentile and minimum of N rounds (the minimum is the nearest to an idle machine's figure).
 
     python scripts/bench_sandbox_parts.py [N]
@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from agent.sandbox import resolve  # noqa: E402
+from agent.sandbox.bwrap import resolve  # noqa: E402
 
 
 def parts(workdir: str) -> dict[str, list[str]]:

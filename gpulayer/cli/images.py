@@ -26,8 +26,8 @@ def image_list(
       gpulayer image list
       GPULAYER_ARTIFACT_CACHE=/var/cache/gpulayer gpulayer image list --json
     """
-    from agent.cache import default_cache_dir
-    from agent.images import list_images
+    from agent.artifacts.cache import default_cache_dir
+    from agent.sandbox.images import list_images
     images = list_images(cache or default_cache_dir())
     if as_json:
         print_json(images)

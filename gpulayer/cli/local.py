@@ -154,7 +154,7 @@ def end_earlier_runs(client: Client, scheduler) -> list[int]:
     Its jobs are cancelled (events: job cancelled), then its worker, which died with it, is deregistered
     (its tasks lost, event worker_gone), so this run's worker is not told its name is online already.
     The home's lock is held: no other run can be using them. The tasks' processes are the worker's
-    leftovers (agent/leftovers.py), killed by the task watchdog or this run's worker at its start.
+    leftovers (agent/sandbox/leftovers.py), killed by the task watchdog or this run's worker at its start.
     """
     ended = []
     for state in ("running", "queued", "waiting"):
@@ -179,8 +179,8 @@ def _task_watchdog(state_dir: Path) -> Iterator[None]:
     tasks (which lead their own sessions).
     """
     import subprocess
-    from agent.leftovers import WATCH_DONE
-    watchdog = subprocess.Popen([sys.executable, "-m", "agent.leftovers", str(state_dir), str(os.getpid())],
+    from agent.sandbox.leftovers import WATCH_DONE
+    watchdog = subprocess.Popen([sys.executable, "-m", "agent.sandbox.leftovers", str(state_dir), str(os.getpid())],
                                 stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True)
     try:
         yield

@@ -82,7 +82,7 @@ def sandbox_settings(sandbox: str, run_as: Optional[str], allow_root_tasks: bool
                      binds: Optional[list[str]] = None) -> dict:
     """--sandbox, --run-as, --allow-root-tasks and --sandbox-bind as WorkerConfig fields (a bad --sandbox or
     --sandbox-bind is a usage error)."""
-    from agent.sandbox import SandboxError, parse_bind
+    from agent.sandbox.bwrap import SandboxError, parse_bind
     if sandbox not in ("auto", "bwrap", "none"):
         raise typer.BadParameter(f"expected auto, bwrap or none, got {sandbox!r}", param_hint="--sandbox")
     for spec in binds or []:

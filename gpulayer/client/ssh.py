@@ -4,7 +4,7 @@
 known_hosts file (written beside the client's other files) trusts the control plane's SSH host CA for
 `gpulayer-*` names only. `ssh-proxy HOST` opens one relay stream of kind `ssh` on the task HOST names and
 copies its own stdin and stdout to it: OpenSSH speaks SSH through it to the server the agent starts inside
-the task (agent/ssh_server.py), whose host certificate the control plane signed for that name.
+the task (agent/relay/ssh_server.py), whose host certificate the control plane signed for that name.
 """
 
 from __future__ import annotations

@@ -78,7 +78,7 @@ def fake_nvml(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", module)
     # The Xid thread's one wait between two looks at its stop event: a second in the agent, so each
     # stop() here would wait out a second of wall clock for nothing.
-    monkeypatch.setattr("agent.gpu_health.XID_WAIT_S", 0.05)
+    monkeypatch.setattr("agent.gpu.health.XID_WAIT_S", 0.05)
     path = tmp_path / "nvml.json"
     monkeypatch.setenv("FAKE_NVML_STATE", str(path))
     state: dict = {"gpus": [], "xids": []}

@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from agent.addresses import local_address_towards
+from agent.link.addresses import local_address_towards
 from gpulayer.server.security.certs import local_addresses
 from gpulayer.testing import CLI, clean_env, free_port, run_cli, stop_process, wait_for
 

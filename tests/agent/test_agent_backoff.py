@@ -1,6 +1,6 @@
 """Backoff arithmetic with pinned randomness and pinned run durations."""
 
-from agent.backoff import next_restart_delay, retry_delay
+from agent.link.backoff import next_restart_delay, retry_delay
 
 
 def test_service_restart_delays_double_to_30_and_reset_after_a_minute():

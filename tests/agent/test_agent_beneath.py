@@ -1,4 +1,4 @@
-"""agent/beneath.py: paths in a task's directory resolve beneath it through no link, with openat2 and with the
+"""agent/artifacts/beneath.py: paths in a task's directory resolve beneath it through no link, with openat2 and with the
 component-by-component fallback alike; a folder swapped for a link between a walk and an open (the attack of
 issue 36, item 2, made deterministic here) is never followed, for checkpoints and outputs."""
 from __future__ import annotations
@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from agent import beneath
-from agent.beneath import Beneath, LinkOnTheWay, NotRegularFile, open_beneath
-from agent.checkpoint import Checkpointer, DigestMemo
-from agent.outputs import collect_outputs, upload_outputs
+from agent.artifacts import beneath
+from agent.artifacts.beneath import Beneath, LinkOnTheWay, NotRegularFile, open_beneath
+from agent.artifacts.checkpoint import Checkpointer, DigestMemo
+from agent.artifacts.outputs import collect_outputs, upload_outputs
 
 SECRET = b"a host file the task must never get"
 

@@ -7,7 +7,7 @@ import tarfile
 import pytest
 
 from bombs import tar_gz_of_zeros
-from agent.bundle import place_file, safe_relative_path, unpack_bundle
+from agent.artifacts.bundle import place_file, safe_relative_path, unpack_bundle
 from agent.errors import TaskSetupError, UnsafeBundle
 
 
@@ -143,7 +143,7 @@ def gzip_bomb(path, size):
 
 
 def test_a_gzip_bomb_stops_at_the_byte_cap_with_nothing_written(layout):
-    from agent.caps import UnpackBudget, UnpackLimit
+    from agent.artifacts.caps import UnpackBudget, UnpackLimit
 
     tmp, work = layout
     bomb = gzip_bomb(tmp / "bomb.tar.gz", 64 * 1024 * 1024)
@@ -156,7 +156,7 @@ def test_a_gzip_bomb_stops_at_the_byte_cap_with_nothing_written(layout):
 
 
 def test_the_byte_cap_comes_from_the_environment(layout, monkeypatch):
-    from agent.caps import UnpackLimit
+    from agent.artifacts.caps import UnpackLimit
 
     tmp, work = layout
     bomb = gzip_bomb(tmp / "bomb.tar.gz", 4 * 1024 * 1024)
@@ -168,7 +168,7 @@ def test_the_byte_cap_comes_from_the_environment(layout, monkeypatch):
 
 
 def test_a_file_count_bomb_stops_at_the_entry_cap(layout):
-    from agent.caps import UnpackBudget, UnpackLimit
+    from agent.artifacts.caps import UnpackBudget, UnpackLimit
 
     tmp, work = layout
     bundle = make_bundle(tmp / "many.tar.gz", [(f"d/f{i}", "file", "") for i in range(300)])
@@ -179,7 +179,7 @@ def test_a_file_count_bomb_stops_at_the_entry_cap(layout):
 
 
 def test_a_huge_tar_header_is_refused_before_it_is_read(layout):
-    from agent.caps import UnpackLimit
+    from agent.artifacts.caps import UnpackLimit
 
     tmp, work = layout
     bomb = tmp / "pax.tar.gz"
@@ -193,7 +193,7 @@ def test_a_huge_tar_header_is_refused_before_it_is_read(layout):
 
 
 def test_inputs_share_the_budget_of_the_bundle(layout):
-    from agent.caps import UnpackBudget, UnpackLimit
+    from agent.artifacts.caps import UnpackBudget, UnpackLimit
 
     tmp, work = layout
     source = tmp / "input.bin"
@@ -207,7 +207,7 @@ def test_inputs_share_the_budget_of_the_bundle(layout):
 
 @pytest.mark.parametrize("raw", ["0", "-5", "many", "1.5"])
 def test_a_malformed_cap_is_a_configuration_error(monkeypatch, raw):
-    from agent.caps import UnpackBudget
+    from agent.artifacts.caps import UnpackBudget
     from agent.errors import AgentError
 
     monkeypatch.setenv("GPULAYER_UNPACK_MAX_FILES", raw)

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from agent.cache import ArtifactCache, digest_hex, sha256_file
+from agent.artifacts.cache import ArtifactCache, digest_hex, sha256_file
 from agent.errors import DigestMismatch, TaskSetupError
 
 
@@ -80,7 +80,7 @@ def test_an_artifact_larger_than_the_limit_is_still_served(tmp_path):
 
 
 def test_a_download_past_its_cap_stops_and_keeps_nothing(tmp_path):
-    from agent.caps import UnpackLimit
+    from agent.artifacts.caps import UnpackLimit
 
     written = []
 
@@ -95,7 +95,7 @@ def test_a_download_past_its_cap_stops_and_keeps_nothing(tmp_path):
 
 
 def test_a_download_is_hashed_as_written_even_when_started_again(tmp_path, monkeypatch):
-    import agent.cache as cache_module
+    import agent.artifacts.cache as cache_module
 
     data = bytes(range(256)) * 4096
     digest = digest_of(data)

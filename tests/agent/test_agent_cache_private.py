@@ -9,8 +9,8 @@ import subprocess
 import pytest
 from unprivileged import as_nobody, shared_temp_folder
 
-from agent.cache import ArtifactCache
-from agent.private_folder import NotPrivate
+from agent.artifacts.cache import ArtifactCache
+from agent.artifacts.private_folder import NotPrivate
 
 
 def digest_of(data: bytes) -> str:

@@ -1,4 +1,4 @@
-"""agent/checkpoint.py against the fake control plane: a snapshot sends only what the control plane lacks,
+"""agent/artifacts/checkpoint.py against the fake control plane: a snapshot sends only what the control plane lacks,
 hashes an unchanged file once, is consistent for a file replaced by a rename meanwhile, and a restore
 places each file with its mode and remembers its digest (docs/training.md)."""
 
@@ -7,10 +7,10 @@ import os
 
 import pytest
 
-from agent import checkpoint
-from agent.cache import ArtifactCache
-from agent.checkpoint import Checkpointer, DigestMemo
-from agent.transport import Transport
+from agent.artifacts import checkpoint
+from agent.artifacts.cache import ArtifactCache
+from agent.artifacts.checkpoint import Checkpointer, DigestMemo
+from agent.link.transport import Transport
 from gpulayer.protocol.assignment import CheckpointRef
 
 

@@ -1,11 +1,11 @@
-"""agent/chunks.py: the local queue of elements leased ahead and finishes sent in batches, against a
+"""agent/run/chunks.py: the local queue of elements leased ahead and finishes sent in batches, against a
 recording transport (the real control plane's side: tests/api/test_finish_many.py,
 tests/integration/test_array_chunks.py)."""
 from __future__ import annotations
 
 import threading
 
-from agent.chunks import Chunks
+from agent.run.chunks import Chunks
 from agent.errors import Rejected
 from gpulayer.protocol.assignment import Assignment
 

@@ -2,7 +2,7 @@
 
 import os
 
-from agent.environment import cuda_visible_devices, filtered_environ, is_credential, task_argv, task_environment
+from agent.run.environment import cuda_visible_devices, filtered_environ, is_credential, task_argv, task_environment
 from gpulayer.protocol.assignment import Assignment
 
 BASE = {"task_id": 7, "job_id": 3, "attempt": 2, "index": 0, "command": ["true"], "gpus": [1, 0],

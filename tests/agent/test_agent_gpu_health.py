@@ -1,6 +1,6 @@
-"""agent/nvml.py and agent/gpu_health.py over a fake pynvml (tests/agent/fake_nvml): inventory, MIG, health.
+"""agent/gpu/nvml.py and agent/gpu/health.py over a fake pynvml (tests/agent/fake_nvml): inventory, MIG, health.
 
-Only `pynvml` is replaced; agent/nvml.py, the watcher and the inventory run for real.
+Only `pynvml` is replaced; agent/gpu/nvml.py, the watcher and the inventory run for real.
 """
 from __future__ import annotations
 
@@ -16,21 +16,21 @@ def fake(fake_nvml):
 
 
 def open_nvml():
-    from agent.nvml import Nvml
+    from agent.gpu.nvml import Nvml
     nvml = Nvml.open()
     assert nvml is not None
     return nvml
 
 
 def watcher(nvml, devices):
-    from agent.gpu_health import GpuHealth
+    from agent.gpu.health import GpuHealth
     changed = []
     health = GpuHealth(nvml, devices, on_change=lambda: changed.append(1))
     return health, changed
 
 
 def test_whole_gpus_inventory(fake):
-    from agent.inventory import detect, nvml_probe
+    from agent.gpu.inventory import detect, nvml_probe
     fake(gpus=[h100(0), h100(1)])
     inv = detect(env={}, probe=nvml_probe)
     assert inv.gpus == 2 and inv.gpu_models == ["NVIDIA H100 80GB HBM3"] * 2 and inv.device_ids == ["0", "1"]
@@ -38,8 +38,8 @@ def test_whole_gpus_inventory(fake):
 
 
 def test_mig_inventory_is_its_instances(fake):
-    from agent.environment import cuda_visible_devices
-    from agent.inventory import detect, nvml_probe
+    from agent.run.environment import cuda_visible_devices
+    from agent.gpu.inventory import detect, nvml_probe
     fake(gpus=[a100_mig(0), h100(1, mig_supported=False)])
     inv = detect(env={}, probe=nvml_probe)
     assert inv.gpus == 3
@@ -51,7 +51,7 @@ def test_mig_inventory_is_its_instances(fake):
 
 
 def test_mig_capable_but_off_is_one_gpu(fake):
-    from agent.inventory import detect, nvml_probe
+    from agent.gpu.inventory import detect, nvml_probe
     fake(gpus=[h100(0, mig_supported=True, mig=None)])
     nvml = open_nvml()
     assert nvml.mig_mode(("gpu", 0)) == "disabled"
@@ -60,7 +60,7 @@ def test_mig_capable_but_off_is_one_gpu(fake):
 
 
 def test_workers_visible_devices_map_to_nvml(fake):
-    from agent.inventory import detect, nvml_probe
+    from agent.gpu.inventory import detect, nvml_probe
     fake(gpus=[h100(0), h100(1), h100(2)])
     inv = detect(env={"CUDA_VISIBLE_DEVICES": "2,GPU-0"}, probe=nvml_probe)
     assert inv.device_ids == ["2", "GPU-0"]
@@ -68,8 +68,8 @@ def test_workers_visible_devices_map_to_nvml(fake):
 
 
 def test_no_driver_means_no_devices(fake):
-    from agent.inventory import nvml_probe
-    from agent.nvml import Nvml
+    from agent.gpu.inventory import nvml_probe
+    from agent.gpu.nvml import Nvml
     fake(init_error=True)
     assert Nvml.open() is None and nvml_probe() == []
 
@@ -77,7 +77,7 @@ def test_no_driver_means_no_devices(fake):
 def test_xid_marks_its_gpu_application_xids_do_not(fake):
     fake(gpus=[h100(0), h100(1)])
     nvml = open_nvml()
-    from agent.inventory import detect
+    from agent.gpu.inventory import detect
     inv = detect(env={}, probe=nvml.devices)
     health, changed = watcher(nvml, inv.nvml_devices)
     health.start()
@@ -96,10 +96,10 @@ def test_xid_marks_its_gpu_application_xids_do_not(fake):
 
 
 def test_xid_of_unknown_device_marks_every_gpu(fake):
-    from agent.nvml import Xid
+    from agent.gpu.nvml import Xid
     fake(gpus=[h100(0), h100(1)])
     nvml = open_nvml()
-    from agent.inventory import detect
+    from agent.gpu.inventory import detect
     health, _ = watcher(nvml, detect(env={}, probe=nvml.devices).nvml_devices)
     health.on_xid(Xid(xid=48, uuid=None))
     assert [g["healthy"] for g in health.report()] == [False, False]
@@ -109,10 +109,10 @@ def test_xid_of_unknown_device_marks_every_gpu(fake):
 
 
 def test_mig_xid_marks_its_instance_or_the_whole_gpu(fake):
-    from agent.nvml import Xid
+    from agent.gpu.nvml import Xid
     fake(gpus=[a100_mig(0, ("1g.10gb", "1g.10gb", "2g.20gb"))])
     nvml = open_nvml()
-    from agent.inventory import detect
+    from agent.gpu.inventory import detect
     health, _ = watcher(nvml, detect(env={}, probe=nvml.devices).nvml_devices)
     health.on_xid(Xid(xid=94, uuid="GPU-0", gpu_instance=2))
     assert [g["healthy"] for g in health.report()] == [True, False, True]
@@ -144,7 +144,7 @@ def test_event_wait_through_nvml_for_mig(fake):
 def test_periodic_checks(fake, change, reason):
     fake(gpus=[h100(0), h100(1)])
     nvml = open_nvml()
-    from agent.inventory import detect
+    from agent.gpu.inventory import detect
     health, changed = watcher(nvml, detect(env={}, probe=nvml.devices).nvml_devices)
     health.start()
     try:
@@ -168,7 +168,7 @@ def test_a_fault_from_before_the_agent_started_still_counts(fake, before, reason
     a pending row remap clear only with a GPU reset (or a driver reload), not with the agent."""
     fake(gpus=[h100(0, **before), h100(1)])
     nvml = open_nvml()
-    from agent.inventory import detect
+    from agent.gpu.inventory import detect
     health, _ = watcher(nvml, detect(env={}, probe=nvml.devices).nvml_devices)
     health.start()
     try:
@@ -182,7 +182,7 @@ def test_a_fault_from_before_the_agent_started_still_counts(fake, before, reason
 def test_reset_forgets_and_counts_ecc_from_then(fake):
     fake(gpus=[h100(0)])
     nvml = open_nvml()
-    from agent.inventory import detect
+    from agent.gpu.inventory import detect
     health, _ = watcher(nvml, detect(env={}, probe=nvml.devices).nvml_devices)
     health.start()
     fake(gpus=[h100(0, ecc_uncorrected=1)])
@@ -198,7 +198,7 @@ def test_reset_forgets_and_counts_ecc_from_then(fake):
 def test_ecc_off_and_events_unsupported_still_watch(fake):
     fake(gpus=[h100(0, ecc_uncorrected=None, remap_failed=None, events=False)])
     nvml = open_nvml()
-    from agent.inventory import detect
+    from agent.gpu.inventory import detect
     health, _ = watcher(nvml, detect(env={}, probe=nvml.devices).nvml_devices)
     health.start()
     assert health.thread is not None  # the set exists; this GPU only gives no Xid events
@@ -209,7 +209,7 @@ def test_ecc_off_and_events_unsupported_still_watch(fake):
 
 
 def test_no_nvml_no_watch():
-    from agent.gpu_health import GpuHealth
+    from agent.gpu.health import GpuHealth
     health = GpuHealth(None, {})
     health.start()
     health.check()
@@ -217,7 +217,7 @@ def test_no_nvml_no_watch():
 
 
 def test_a_gpu_lost_before_start_is_left_out(fake):
-    from agent.inventory import detect, nvml_probe
+    from agent.gpu.inventory import detect, nvml_probe
     fake(gpus=[h100(0, lost=True), h100(1)])
     inv = detect(env={}, probe=nvml_probe)
     assert inv.gpus == 1 and inv.nvml_devices[0].uuid == "GPU-1" and inv.nvml_devices[0].gpu == 1
@@ -225,7 +225,7 @@ def test_a_gpu_lost_before_start_is_left_out(fake):
 
 
 def test_a_count_nvml_cannot_give_means_no_devices(fake):
-    from agent.inventory import nvml_probe
+    from agent.gpu.inventory import nvml_probe
     fake(gpus=[h100(0)], count_error=True)
     assert nvml_probe() == []
 
@@ -240,7 +240,7 @@ def test_what_a_gpu_does_not_support_is_no_fault(fake):
 def test_without_an_event_set_the_checks_still_run(fake):
     fake(gpus=[h100(0)], event_set_error=True)
     nvml = open_nvml()
-    from agent.inventory import detect
+    from agent.gpu.inventory import detect
     health, _ = watcher(nvml, detect(env={}, probe=nvml.devices).nvml_devices)
     health.start()
     assert health.thread is None
@@ -253,7 +253,7 @@ def test_without_an_event_set_the_checks_still_run(fake):
 def test_a_failing_event_wait_ends_the_watch_not_the_checks(fake):
     fake(gpus=[h100(0)], xids=[{"uuid": "GPU-0", "xid": 79, "type": 1}, {"error": 999}])
     nvml = open_nvml()
-    from agent.inventory import detect
+    from agent.gpu.inventory import detect
     health, changed = watcher(nvml, detect(env={}, probe=nvml.devices).nvml_devices)
     health.start()
     health.thread.join(10)

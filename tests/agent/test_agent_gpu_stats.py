@@ -1,6 +1,6 @@
-"""agent/gpu_stats.py over the fake pynvml: utilization and memory read, downsampled, sent with heartbeats.
+"""agent/gpu/stats.py over the fake pynvml: utilization and memory read, downsampled, sent with heartbeats.
 
-Only `pynvml` is replaced (tests/agent/fake_nvml); agent/nvml.py, the sampler and, in the last tests, a
+Only `pynvml` is replaced (tests/agent/fake_nvml); agent/gpu/nvml.py, the sampler and, in the last tests, a
 real worker against the fake control plane run for real. The real probe on a real GPU: `gpu`-marked.
 """
 
@@ -23,8 +23,8 @@ class Clock:
 
 
 def stats_over(nvml, interval_s=2.0):
-    from agent.gpu_stats import GpuStats
-    from agent.inventory import detect
+    from agent.gpu.stats import GpuStats
+    from agent.gpu.inventory import detect
 
     inventory = detect(env={}, probe=nvml.devices)
     clock = Clock()
@@ -32,7 +32,7 @@ def stats_over(nvml, interval_s=2.0):
 
 
 def open_nvml():
-    from agent.nvml import Nvml
+    from agent.gpu.nvml import Nvml
 
     nvml = Nvml.open()
     assert nvml is not None
@@ -81,7 +81,7 @@ def test_a_lost_gpu_sends_nothing_and_the_others_go_on(fake_nvml):
 
 
 def test_unanswered_summaries_are_bounded_and_due_after_send_every(fake_nvml):
-    from agent import gpu_stats
+    from agent.gpu import stats as gpu_stats
 
     fake_nvml(gpus=[h100(0, utilization=5)])
     stats, clock = stats_over(open_nvml(), interval_s=2.0)
@@ -142,7 +142,7 @@ def test_the_agent_sends_its_gpus_use_with_heartbeats(fake_nvml, plane, start_wo
 def test_an_idle_agent_that_skips_its_beats_sends_its_samples_every_few_intervals(fake_nvml, plane, start_worker):
     """Against a server that renews leases on any request, an idle parked agent skips its beats, but not
     its samples: once the oldest is SEND_EVERY intervals old a beat carries them all (one per interval)."""
-    from agent.gpu_stats import SEND_EVERY
+    from agent.gpu.stats import SEND_EVERY
 
     fake_nvml(gpus=[h100(0, utilization=1)])
     plane.heartbeat_terms = {"requests_renew_lease": True}
@@ -157,9 +157,9 @@ def test_an_idle_agent_that_skips_its_beats_sends_its_samples_every_few_interval
 @pytest.mark.gpu
 def test_the_real_probe_reads_a_real_gpus_use():
     """On a machine with an NVIDIA GPU and its driver: the real pynvml's utilization and memory."""
-    from agent.gpu_stats import GpuStats
-    from agent.inventory import detect
-    from agent.nvml import Nvml
+    from agent.gpu.stats import GpuStats
+    from agent.gpu.inventory import detect
+    from agent.gpu.nvml import Nvml
 
     nvml = Nvml.open()
     if nvml is None:

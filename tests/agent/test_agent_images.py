@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from agent import cdi
-from agent.cache import ArtifactCache
-from agent.imagerun import TASK_DIR, image_argv, image_environment, startable_in, wrap_image
-from agent.images import ImageCache, ImageError, check_layer, list_images, parse_config, parse_manifest
-from agent.sandbox import gpu_nodes, resolve
+from agent.sandbox import cdi
+from agent.artifacts.cache import ArtifactCache
+from agent.sandbox.imagerun import TASK_DIR, image_argv, image_environment, startable_in, wrap_image
+from agent.sandbox.images import ImageCache, ImageError, check_layer, list_images, parse_config, parse_manifest
+from agent.sandbox.bwrap import gpu_nodes, resolve
 from gpulayer.protocol.jobspec import ImageSpec
 from ociimages import build_layout, layer_tar, manifest_of, member, needs_umoci, with_layer
 

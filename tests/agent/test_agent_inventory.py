@@ -2,7 +2,7 @@
 
 import pytest
 
-from agent.inventory import detect, nvml_probe
+from agent.gpu.inventory import detect, nvml_probe
 
 
 def two_gpus():

@@ -8,8 +8,8 @@ import signal
 import subprocess
 import sys
 
-from agent.leftovers import RunningTasks, start_time
-from agent.process import live_group_members
+from agent.sandbox.leftovers import RunningTasks, start_time
+from agent.sandbox.process import live_group_members
 
 
 def _orphan_group() -> subprocess.Popen:

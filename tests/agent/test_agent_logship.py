@@ -3,7 +3,7 @@
 import time
 
 from agent.errors import Rejected, Unreachable
-from agent.logship import LogShipper
+from agent.link.logship import LogShipper
 
 
 class FlakySink:

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from agent.beneath import Beneath
-from agent.outputs import NotRegularFile, collect_outputs, upload_outputs
+from agent.artifacts.beneath import Beneath
+from agent.artifacts.outputs import NotRegularFile, collect_outputs, upload_outputs
 from gpulayer.testing import ControlPlaneProcess, wait_for
 
 pytestmark = pytest.mark.timeout(90)

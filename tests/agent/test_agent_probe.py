@@ -5,8 +5,8 @@ import threading
 
 import pytest
 
-from agent.services import EndpointProbe
-from agent.supervision import TaskHandle
+from agent.run.services import EndpointProbe
+from agent.run.supervision import TaskHandle
 from gpulayer.protocol.jobspec import HealthSpec
 
 HEALTH = HealthSpec(http_path="/healthz", interval_s=10, failures=3)

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from agent.process import TaskProcess, exit_code_of
-from agent.supervision import Limits, StopRule, TaskHandle, check_limits, supervise
+from agent.sandbox.process import TaskProcess, exit_code_of
+from agent.run.supervision import Limits, StopRule, TaskHandle, check_limits, supervise
 
 
 def spawn(code, tmp_path, lines=None):
@@ -54,7 +54,7 @@ def test_lines_are_captured_per_stream(tmp_path):
 
 
 def test_lines_keep_their_order_and_long_lines_are_split(tmp_path):
-    from agent.process import MAX_LINE_BYTES
+    from agent.sandbox.process import MAX_LINE_BYTES
     code = (f"import sys; n = {MAX_LINE_BYTES}\n"
             "for i in range(3000): print(f'line {i}')\n"
             "print('e' * 10, file=sys.stderr); print('x' * (n - 1)); print('y' * n); print('z' * (2 * n + 5), end='')\n"

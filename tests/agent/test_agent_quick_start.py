@@ -39,7 +39,7 @@ def quick_window():
     """QUICK_EXIT_S widened for this file (the worker runs in this process): `true` in a fresh bwrap takes
     longer than 30 ms on a loaded 2-core machine, and these tests check what a quick exit does, not how
     quick the sandbox is. The longer task below sleeps past it."""
-    import agent.tasks as tasks
+    import agent.run.runner as tasks
 
     before, tasks.QUICK_EXIT_S = tasks.QUICK_EXIT_S, 0.5
     yield
@@ -130,7 +130,7 @@ def test_an_assignment_asked_for_before_its_task_ended_is_not_launched(launch_on
 
 
 def test_an_assignment_of_a_task_whose_finish_waits_unanswered_is_not_launched(launch_only_worker):
-    """A finish waiting in the batch (agent/chunks.py) leaves the task assigned on the server: an acquire
+    """A finish waiting in the batch (agent/run/chunks.py) leaves the task assigned on the server: an acquire
     answered meanwhile carries it again, however late that acquire was sent."""
     worker = launch_only_worker
     worker.ended[9] = 10.0

@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from agent import relay_tcp
+from agent.relay import tcp as relay_tcp
 
 
 class _Stream:

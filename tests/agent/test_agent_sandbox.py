@@ -1,4 +1,4 @@
-"""agent/sandbox.py: the bwrap argv a task gets, who it runs as, and a real bwrap running it.
+"""agent/sandbox/bwrap.py: the bwrap argv a task gets, who it runs as, and a real bwrap running it.
 
 The end-to-end attack against real workers is tests/integration/test_sandbox.py.
 """
@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from agent.errors import AgentError
-from agent.nvml import Device
-from agent.process import TaskProcess, exit_code_of
-from agent.sandbox import (PASSED_SIGNALS, loader_variables, Sandbox, SandboxError, TaskUser, gpu_minors, gpu_nodes, parse_bind, resolve, startable,
+from agent.gpu.nvml import Device
+from agent.sandbox.process import TaskProcess, exit_code_of
+from agent.sandbox.bwrap import (PASSED_SIGNALS, loader_variables, Sandbox, SandboxError, TaskUser, gpu_minors, gpu_nodes, parse_bind, resolve, startable,
                            untraversable)
 
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
@@ -148,7 +148,7 @@ def test_a_root_agents_task_runs_as_the_task_user_and_owns_its_working_dir(tmp_p
 @needs_bwrap
 def test_a_sandboxed_command_that_ended_leaves_nothing_to_kill(tmp_path):
     """bwrap exits on its command's status while the namespace's init is still ending: not a leftover."""
-    from agent.supervision import Limits, TaskHandle, supervise
+    from agent.run.supervision import Limits, TaskHandle, supervise
     sandbox = resolve("bwrap", shown=[sys.base_prefix, sys.prefix])
     sandbox.give(tmp_path)
     system: list[str] = []
@@ -164,11 +164,11 @@ def test_a_sandboxed_command_that_ended_leaves_nothing_to_kill(tmp_path):
 def test_the_namespaces_end_is_seen_on_its_inits_pidfd_without_walking_proc(tmp_path, monkeypatch):
     """bwrap's --info-fd names the sandbox's init; its pidfd says when the namespace (and what ran in it, a
     background child too) is gone. A short task no longer reads every /proc/<pid>/stat to learn it."""
-    import agent.process
-    from agent.supervision import Limits, TaskHandle, supervise
+    import agent.sandbox.process
+    from agent.run.supervision import Limits, TaskHandle, supervise
     walks: list[int] = []
-    walk = agent.process.live_group_members
-    monkeypatch.setattr(agent.process, "live_group_members", lambda pgid, *a: walks.append(pgid) or walk(pgid, *a))
+    walk = agent.sandbox.process.live_group_members
+    monkeypatch.setattr(agent.sandbox.process, "live_group_members", lambda pgid, *a: walks.append(pgid) or walk(pgid, *a))
     sandbox = resolve("bwrap", shown=[sys.base_prefix, sys.prefix])
     sandbox.give(tmp_path)
     system: list[str] = []
@@ -201,7 +201,7 @@ def test_bind_specs_parse_or_say_what_is_wrong(tmp_path):
 
 
 def test_the_cli_default_is_the_agents():
-    from agent.sandbox import DEFAULT_MODE
+    from agent.sandbox.bwrap import DEFAULT_MODE
     from gpulayer.cli.workers import SANDBOX_DEFAULT
     assert SANDBOX_DEFAULT == DEFAULT_MODE == "auto"
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from agent.services import should_restart
+from agent.run.services import should_restart
 from fake_control_plane import assignment
 
 PY = sys.executable

@@ -1,4 +1,4 @@
-"""agent/spares.py: sandboxes made ahead for plain tasks, with a real bwrap, setpriv and bash (issue 25).
+"""agent/sandbox/spares.py: sandboxes made ahead for plain tasks, with a real bwrap, setpriv and bash (issue 25).
 
 A task run in a spare must read exactly as one in its own bwrap: its exit code, its output, its environment (the
 loader's variables reaching the command only), its working dir and user, the signals of a stop, and nothing of the
@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.leftovers import RunningTasks
-from agent.process import TaskProcess, exit_code_of
-from agent.sandbox import resolve
-from agent.spares import Spares
+from agent.sandbox.leftovers import RunningTasks
+from agent.sandbox.process import TaskProcess, exit_code_of
+from agent.sandbox.bwrap import resolve
+from agent.sandbox.spares import Spares
 from gpulayer.testing import pid_alive, wait_for
 
 pytestmark = pytest.mark.skipif(

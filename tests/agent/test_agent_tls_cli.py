@@ -11,8 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from agent.errors import AgentError
-from agent.tls import normalize_fingerprint, pin_ca
-from agent.transport import check_url
+from agent.link.tls import normalize_fingerprint, pin_ca
+from agent.link.transport import check_url
 
 
 def some_pem():

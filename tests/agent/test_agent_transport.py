@@ -1,4 +1,4 @@
-"""The agent's HTTP transport (agent/transport.py, agent/connections.py) against small real servers.
+"""The agent's HTTP transport (agent/link/transport.py, agent/link/connections.py) against small real servers.
 
 Keep-alive connections each used by one thread at a time, a connection the
 server closed replaced, the error mapping, streamed artifacts, proxies from
@@ -16,9 +16,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-import agent.connections
+import agent.link.connections
 from agent.errors import AgentError, Forbidden, Rejected, Unauthorized, Unreachable
-from agent.transport import Transport
+from agent.link.transport import Transport
 
 PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "all_proxy",
                    "no_proxy", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")
@@ -178,7 +178,7 @@ def test_a_connection_the_server_closed_is_replaced(origin, monkeypatch):
     for _ in range(3):  # the idle connection reads as dropped before reuse
         assert transport.request("GET", "/slow") == {"ok": True}
     # closed just after that check: the request goes again on a new connection
-    monkeypatch.setattr(agent.connections, "is_dropped", lambda connection: False)
+    monkeypatch.setattr(agent.link.connections, "is_dropped", lambda connection: False)
     for _ in range(3):
         assert transport.request("POST", "/slow", {}) == {"ok": True}
     assert len(origin.connections()) == 6

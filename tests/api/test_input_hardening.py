@@ -134,7 +134,7 @@ def test_trailing_newline_is_refused_by_patterns(api, deps, client_h, tokens):
 
 
 def test_no_validating_pattern_tolerates_a_newline():
-    from agent import cache
+    from agent.artifacts import cache
     from gpulayer.server.provisioning import loop as provisioner
     from gpulayer.server import validators
     from gpulayer.server.scheduler import spec

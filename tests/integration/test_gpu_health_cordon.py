@@ -1,7 +1,7 @@
 """GPU health, cordon and drain end to end: a real server, real workers, the CLI, real task processes.
 
 The worker's GPUs are the fake pynvml of tests/agent/fake_nvml (first on its
-PYTHONPATH, driven by a JSON file): agent/nvml.py, the health watcher, the
+PYTHONPATH, driven by a JSON file): agent/gpu/nvml.py, the health watcher, the
 heartbeat, the server and placement above it are the real ones.
 """
 from __future__ import annotations

@@ -17,7 +17,7 @@ import pytest
 
 
 def _driver_answers() -> bool:
-    from agent.nvml import Nvml
+    from agent.gpu.nvml import Nvml
     nvml = Nvml.open()
     if nvml is None:
         return False
@@ -47,12 +47,12 @@ def smi_devices() -> list[tuple[str, str]]:
 
 
 def test_inventory_matches_nvidia_smi():
-    from agent.inventory import nvml_probe
+    from agent.gpu.inventory import nvml_probe
     assert [(d.name, d.uuid) for d in nvml_probe()] == smi_devices()
 
 
 def test_mig_mode_is_what_the_hardware_says():
-    from agent.nvml import Nvml
+    from agent.gpu.nvml import Nvml
     out = subprocess.run(["nvidia-smi", "--query-gpu=mig.mode.current", "--format=csv,noheader"],
                          capture_output=True, text=True, check=True).stdout.split("\n")
     said = [{"Enabled": "enabled", "Disabled": "disabled"}.get(line.strip(), "unsupported") for line in out if line]

@@ -1,5 +1,5 @@
 """Plain OpenSSH into an image job's task (docs/access.md "SSH", "Image jobs"): the image has no Python, so the
-agent's SSH server joins the task's namespaces and root from outside before it speaks SSH (agent/ssh_server.py).
+agent's SSH server joins the task's namespaces and root from outside before it speaks SSH (agent/relay/ssh_server.py).
 
 A real control plane on granian with TLS, a real worker with a bubblewrap sandbox, a static busybox image built
 with umoci (tests/ociimages.py, with rsync and its libraries copied in), the real `ssh`, `scp`, `sftp` and

@@ -2,7 +2,7 @@
 
 When a layer's last entry is a file, that umoci ends the layer's tar right after the file's data: no
 padding to the 512-byte block, no end-of-archive blocks. `umoci unpack`, which the worker runs, reads
-such a layer; the worker's safety check (agent/images.py, check_layer) refused it ("a layer of the image
+such a layer; the worker's safety check (agent/sandbox/images.py, check_layer) refused it ("a layer of the image
 is not a readable tar: unexpected end of data"). It reads it now as `umoci unpack` does, and still
 refuses a layer whose last file's data is cut short.
 """
@@ -17,7 +17,7 @@ import pytest
 from integration_cluster import Cluster
 from ociimages import UMOCI, archive, build_layout, manifest_of, needs_umoci
 
-from agent.images import ImageError, check_layer
+from agent.sandbox.images import ImageError, check_layer
 
 pytestmark = [needs_umoci, pytest.mark.skipif(not sys.platform.startswith("linux"), reason="bubblewrap needs Linux"),
               pytest.mark.timeout(240)]

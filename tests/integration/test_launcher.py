@@ -1,4 +1,4 @@
-"""Array elements forked by their job's launcher inside the shared sandbox (issue 25, item 3 c; agent/launcher.py): a
+"""Array elements forked by their job's launcher inside the shared sandbox (issue 25, item 3 c; agent/sandbox/launcher.py): a
 real server, real worker processes, real bwrap. What an element gets from the launcher (user, groups, capabilities,
 no new privileges, working dir, environment, exit codes, output) is what a task of its own bwrap gets; a launcher
 killed mid-run fails its elements cleanly and the job's later elements still run (entered by nsenter).

@@ -105,7 +105,7 @@ def test_tasks_see_neither_each_others_processes_nor_files(cluster):
     cluster.request("POST", f"/v1/jobs/{first}/cancel")
     assert done["state"] == "succeeded", text
     assert "1234.5" not in text and "private" not in text, text
-    # Alone in its PID namespace: bwrap's init, the bash that started it in a sandbox made ahead (agent/spares.py),
+    # Alone in its PID namespace: bwrap's init, the bash that started it in a sandbox made ahead (agent/sandbox/spares.py),
     # itself and its ps.
     pids = [found[1] for found in (re.match(r"\s*(\d+) \S", line) for line in text.splitlines()) if found]
     assert pids in (["1", "2", "3"], ["1", "2", "3", "4"]) and re.search(r"^self=[23]$", text, re.M), text
@@ -198,7 +198,7 @@ def test_auto_without_bwrap_falls_back_with_a_warning_and_bwrap_refuses_to_start
 
 
 def _gpu_here() -> bool:
-    from agent.nvml import Nvml
+    from agent.gpu.nvml import Nvml
     nvml = Nvml.open()
     if nvml is None:
         return False

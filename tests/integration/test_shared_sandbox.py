@@ -1,4 +1,4 @@
-"""Array elements of one job share one sandbox on a worker (issue 25, item 3; agent/shared.py): a real server, real
+"""Array elements of one job share one sandbox on a worker (issue 25, item 3; agent/sandbox/shared.py): a real server, real
 worker processes, real bwrap and nsenter. The isolation tests of test_sandbox.py, run as array elements: the attack
 reads nothing; another job's elements are not seen; exit codes, a cancel's grace and a timeout read as a task's.
 """

@@ -124,7 +124,7 @@ def test_a_racer_swapping_checkpoint_folders_for_links_uploads_nothing_of_the_ho
 
 
 def test_a_sibling_swapping_an_elements_outputs_for_links_uploads_nothing_of_the_host(cluster, host_folder):
-    """Array elements share one sandbox (agent/shared.py): element 0 races element 1's 24 declared output folders
+    """Array elements share one sandbox (agent/sandbox/shared.py): element 0 races element 1's 24 declared output folders
     while the agent collects and uploads them after element 1's end."""
     if os.geteuid() != 0 or shutil.which("nsenter") is None:
         pytest.skip("a shared sandbox needs a root agent and nsenter")

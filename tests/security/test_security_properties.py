@@ -3,7 +3,7 @@
 - gpulayer.server.scheduler.spec.validate_job raises nothing but InvalidRequest, whatever JSON
   it is given; what it accepts is JSON-serialisable and a fixed point
   (validating the normalised spec again gives the same spec).
-- agent.bundle.unpack_bundle, for arbitrary tar members (names with `..`,
+- agent.artifacts.bundle.unpack_bundle, for arbitrary tar members (names with `..`,
   absolute paths, backslashes, NULs; symlinks and hard links anywhere; devices
   and fifos), either refuses the bundle having written nothing, or writes only
   inside the target directory; nothing outside it ever changes.
@@ -19,7 +19,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.bundle import unpack_bundle
+from agent.artifacts.bundle import unpack_bundle
 from agent.errors import TaskSetupError
 from gpulayer.server.errors import InvalidRequest
 from gpulayer.protocol.fields import to_wire

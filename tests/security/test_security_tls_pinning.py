@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from agent.errors import Unreachable
-from agent.transport import Transport
+from agent.link.transport import Transport
 from gpulayer.server.security.certs import make_ca, make_server_cert
 from gpulayer.client.api import Client
 from gpulayer.client.errors import ConnectionFailed

@@ -79,12 +79,29 @@ def _violations(sources, forbidden, *, allow_lazy=False, allowed=()) -> list[str
     return sorted(set(bad))
 
 
+#: The agent's folders by concern (docs/architecture.md, "agent/"), bottom first.
+AGENT_FOLDERS = ("gpu", "link", "artifacts", "sandbox", "run", "relay")
 SERVER_ADMIN_COMMANDS = ("server.py", "up.py", "local.py")  # start or administer a local control plane
 READONLY_SQL = "gpulayer/server/store/readonly_sql.py"  # the standalone explorer's one piece of gpulayer
 
 
 RULES = {
     "agent imports nothing of gpulayer but its protocol": (_sources("agent"), ["gpulayer", "explorer"], False),
+    # The agent's folders, from the bottom: gpu/ and link/ (each alone), artifacts/, sandbox/, run/, relay/; the
+    # root (the entry point and the worker's session) on top. A folder imports nothing of those above it.
+    "agent's folders import nothing of the worker's session": (
+        _sources(*(f"agent/{f}" for f in AGENT_FOLDERS)),
+        [f"agent.{m}" for m in ("__main__", "worker", "config", "hardening", "session", "worker_state", "registration",
+                                "heartbeat")], False),
+    "agent/gpu imports nothing of the agent's other folders": (
+        _sources("agent/gpu"), [f"agent.{f}" for f in AGENT_FOLDERS if f != "gpu"], False),
+    "agent/link imports nothing of the agent's other folders": (
+        _sources("agent/link"), [f"agent.{f}" for f in AGENT_FOLDERS if f != "link"], False),
+    "agent/artifacts imports nothing of the agent's folders but the link": (
+        _sources("agent/artifacts"), ["agent.gpu", "agent.sandbox", "agent.run", "agent.relay"], False),
+    "agent/sandbox imports nothing of the task runner or the relay": (
+        _sources("agent/sandbox"), ["agent.gpu", "agent.run", "agent.relay"], False),
+    "agent/run imports nothing of the relay": (_sources("agent/run"), ["agent.gpu", "agent.relay"], False),
     "explorer imports nothing of gpulayer but the read-only SQL runner": (
         _sources("explorer"), ["gpulayer", "agent"], False),
     "the read-only SQL runner imports nothing of gpulayer": (
@@ -203,7 +220,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_import_cycles():
     """A cycle hidden by a lazy or a type-only import is still a cycle: move the shared piece down, or let the
-    lower module name what it needs (a Protocol, as agent/services.py's ReplicaRunner), or pass it in."""
+    lower module name what it needs (a Protocol, as agent/run/services.py's ReplicaRunner), or pass it in."""
     assert _cycles(_import_graph(_sources("gpulayer", "agent", "explorer"))) == []
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.tasks import acquired
+from agent.run.reports import acquired
 from gpulayer.client.specs import JOB_SETTINGS
 from gpulayer.protocol.assignment import Assignment, assignments
 from gpulayer.protocol.fields import json_schema, names, to_wire, wire_fields

@@ -100,7 +100,7 @@ def register(body: dict) -> dict:
     }
 
 
-#: What a worker may say of its isolation (agent/sandbox.py, Sandbox.isolation), each a short string or a bool.
+#: What a worker may say of its isolation (agent/sandbox/bwrap.py, Sandbox.isolation), each a short string or a bool.
 ISOLATION_KEYS = {"sandbox": str, "user": str, "root_tasks": bool, "limits": str, "warning": str}
 
 
@@ -395,7 +395,7 @@ MAX_GPU_MEMORY_MB = 1 << 30
 
 def gpu_samples(body: dict) -> list[dict] | None:
     """`gpu_samples` of a heartbeat: each GPU's mean utilization and peak memory over an interval (agent
-    gpu_stats.py); None when not sent (older agents). 400 naming the field for a bad one: none is kept."""
+    agent/gpu/stats.py); None when not sent (older agents). 400 naming the field for a bad one: none is kept."""
     samples = body.get("gpu_samples")
     if samples is None:
         return None

@@ -1,4 +1,4 @@
-"""A fake of nvidia-ml-py's `pynvml`, the one library agent/nvml.py calls: GPUs without a GPU.
+"""A fake of nvidia-ml-py's `pynvml`, the one library agent/gpu/nvml.py calls: GPUs without a GPU.
 
 Put this folder first on PYTHONPATH (a worker process) or in sys.modules (this
 process) and point FAKE_NVML_STATE at a JSON file; every call reads the file
@@ -16,7 +16,7 @@ and per GPU, optionally: "temperature": false (not supported), "retire_pending":
 "utilization": 0..100 (default 0; null: not supported), "memory_used_mb" (default 0; null: memory info
 not supported) and "memory_total_mb" (default 81559).
 
-Only what agent/nvml.py uses is here, with pynvml's names, constants and
+Only what agent/gpu/nvml.py uses is here, with pynvml's names, constants and
 error values; `xids` are delivered once each to every event set, in order.
 """
 from __future__ import annotations
