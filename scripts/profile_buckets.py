@@ -31,7 +31,7 @@ BUCKETS = [
     ("token check (gpulayer/server/security)", re.compile(r"gpulayer/server/security/")),
     ("scheduler, Python (gpulayer/server/scheduler)", re.compile(r"gpulayer/server/scheduler/")),
     ("thread hand-offs (threading, queue)", re.compile(r"\((threading|queue)\.py")),
-    ("gpulayer HTTP layer (resources, wire, middleware, server)", re.compile(r"gpulayer/server/http/")),
+    ("gpulayer HTTP layer (resources, wire, middleware, server)", re.compile(r"gpulayer/server/(http|frontends)/")),
     ("falcon", re.compile(r"\bfalcon/")),
     ("cheroot (HTTP parsing, connections)", re.compile(r"\bcheroot/")),
     ("granian (WSGI bridge)", re.compile(r"\bgranian/")),

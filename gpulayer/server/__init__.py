@@ -1,1 +1,2 @@
-"""The control plane: store, scheduler, HTTP front end, security, replication, provisioning; the field validators."""
+"""The control plane: store, scheduler, the /v1 app (http/) and the servers that carry it (frontends/), relay,
+notifications, security, replication, provisioning; the field validators."""

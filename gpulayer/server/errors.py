@@ -1,11 +1,13 @@
 """Domain errors: each has a snake_case code and an HTTP status, mapped once in app.py; the one error shape.
 
 `error_body` writes that shape as bytes for the code that answers outside the app (the front ends, the relay's
-ingress), so it sits here, below both http/ and relay/, rather than in either.
+ingress), so it sits here, below http/, frontends/ and relay/, rather than in any; so do the errors of a request
+body the front ends raise inside the app (`BodyIncomplete`, `BodyTooSlow`, `peer_gone`).
 """
 from __future__ import annotations
 
 import json
+import ssl
 
 
 class GpulayerError(Exception):
@@ -30,6 +32,26 @@ def error_body(code: str, message: str) -> bytes:
     """The one error shape, as bytes."""
     return json.dumps({"error": {"code": code, "message": message}}).encode()
 
+
+
+class BodyIncomplete(GpulayerError):
+    """The peer closed the connection before its request body ended."""
+
+    code = "incomplete_body"
+    status = 400
+
+
+class BodyTooSlow(GpulayerError):
+    """A streamed request body fell behind the minimum rate; the connection is closed after the 408."""
+
+    code = "request_timeout"
+    status = 408
+
+
+def peer_gone(exc: BaseException | None) -> bool:
+    """True for the errors of a peer that closed or reset its connection (not worth a traceback)."""
+    return isinstance(exc, (ConnectionError, ssl.SSLEOFError, ssl.SSLZeroReturnError, BodyIncomplete)) or (
+        isinstance(exc, ssl.SSLError) and exc.reason in ("UNEXPECTED_EOF_WHILE_READING", "BAD_LENGTH"))
 
 class ConfigError(GpulayerError):
     """A bad setting or file, found before serving."""

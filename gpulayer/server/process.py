@@ -31,7 +31,7 @@ from gpulayer.server.security.auth import init_home, rotate_join_token  # noqa: 
 from gpulayer.server.config import ControlPlaneConfig
 from gpulayer.server.errors import ConfigError
 from gpulayer.server.homelock import HomeLock
-from gpulayer.server.http.server import HTTPServer
+from gpulayer.server.frontends.cheroot_server import HTTPServer
 from gpulayer.server.notify.outbox import Notifier
 from gpulayer.server.relay.hub import Hub, Settings as RelaySettings
 from gpulayer.server.scheduler import sessions
@@ -39,7 +39,7 @@ from gpulayer.server.store.queries import QUERIES
 from gpulayer.server.upkeep import Job, Upkeep
 
 if TYPE_CHECKING:
-    from gpulayer.server.http.granian_server import GranianServer
+    from gpulayer.server.frontends.granian_server import GranianServer
 
 log = logging.getLogger("gpulayer.server.process")
 FD_LIMIT_WHEN_UNLIMITED = 1 << 20   # a soft limit to ask for when the hard one is unlimited
@@ -185,7 +185,7 @@ class ControlPlane:
         certfile = str(self.config.tls_cert) if self.config.tls_cert else None
         keyfile = str(self.config.tls_key) if self.config.tls_key else None
         if self.config.http == "granian":
-            from gpulayer.server.http.granian_server import GranianServer  # absent: --http cheroot serves
+            from gpulayer.server.frontends.granian_server import GranianServer  # absent: --http cheroot serves
             from gpulayer.server.relay.ingress import PREFIX as INGRESS_PREFIX, IngressProxy
             from gpulayer.server.relay.ingress_limits import Limits
             self.relay = relay_hub(self.deps)

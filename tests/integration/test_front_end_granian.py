@@ -175,7 +175,7 @@ def test_a_64_mib_artifact_round_trip_with_flat_memory(tmp_path):
 
 
 def test_stop_returns_once_a_request_in_progress_has_answered():
-    from gpulayer.server.http.granian_server import GranianServer
+    from gpulayer.server.frontends.granian_server import GranianServer
 
     def slow(environ, start_response):
         time.sleep(1.0)

@@ -14,7 +14,7 @@ from agent.link.transport import Transport
 from gpulayer.server.security.certs import make_ca, make_server_cert
 from gpulayer.client.api import Client
 from gpulayer.client.errors import ConnectionFailed
-from gpulayer.server.http.server import HTTPServer
+from gpulayer.server.frontends.cheroot_server import HTTPServer
 
 
 def _hello(environ, start_response):

@@ -1,4 +1,4 @@
-"""The granian bridge's thread pool (gpulayer/server/http/granian_bridge.py, `_Pool`) on a real asyncio loop.
+"""The granian bridge's thread pool (gpulayer/server/frontends/granian_bridge.py, `_Pool`) on a real asyncio loop.
 
 Each call's result or exception reaches its own future, however many finish between two wake-ups of the
 loop; no more threads than asked for are started; a call whose request was given up first does not run;
@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from gpulayer.server.http.granian_bridge import _Pool
+from gpulayer.server.frontends.granian_bridge import _Pool
 
 JOIN_S = 30
 

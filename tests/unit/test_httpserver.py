@@ -17,11 +17,11 @@ import time
 import pytest
 import requests
 
-from gpulayer.server.errors import error_body
-from gpulayer.server.http import bodies
+from gpulayer.server.errors import BodyTooSlow, error_body
+from gpulayer.server.frontends import bodies
 from gpulayer.server.security import certs
-from gpulayer.server.http.granian_server import GranianServer
-from gpulayer.server.http.server import HTTPServer
+from gpulayer.server.frontends.granian_server import GranianServer
+from gpulayer.server.frontends.cheroot_server import HTTPServer
 from tiers import WALL_CLOCK
 
 MB = 1024 * 1024
@@ -37,7 +37,7 @@ def app(environ, start_response):
         while remaining:
             try:
                 data = environ["wsgi.input"].read(min(remaining, MB))
-            except bodies.BodyTooSlow as exc:  # as the app's error handler answers it
+            except BodyTooSlow as exc:  # as the app's error handler answers it
                 start_response("408 Request Timeout", [("Content-Type", "application/json")])
                 return [error_body(exc.code, str(exc))]
             if not data:
@@ -292,7 +292,7 @@ def test_granian_refuses_an_oversized_head_before_any_handler():
 def test_granian_hands_a_streamed_body_over_in_chunks_larger_than_a_head_buffer():
     """A large body reaches Python in chunks of up to BODY_READ_BYTES (hyper's read buffer), not 32 KiB: each
     chunk costs the control plane a wake-up and an await (docs/benchmarks/issue-27.md, "Checkpoint upload: granian's body chunks")."""
-    from gpulayer.server.http.granian_server import BODY_READ_BYTES
+    from gpulayer.server.frontends.granian_server import BODY_READ_BYTES
     largest: list[int] = [0]
 
     def sizes(environ, start_response):
@@ -534,7 +534,7 @@ def test_a_full_granian_never_closes_an_idle_websocket(tls_files):
 
 def test_a_body_larger_than_the_read_ahead_arrives_whole_through_pauses(tls_files, monkeypatch):
     """granian: the body's pump stops at the read-ahead and goes on as the app takes bytes (granian_bridge)."""
-    from gpulayer.server.http import granian_bridge
+    from gpulayer.server.frontends import granian_bridge
 
     monkeypatch.setattr(granian_bridge, "_READ_AHEAD", 64 * 1024)  # a pause every 64 KiB
     srv = GranianServer(app, "127.0.0.1", 0, certfile=tls_files["cert"], keyfile=tls_files["key"])

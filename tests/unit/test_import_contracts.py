@@ -83,6 +83,8 @@ def _violations(sources, forbidden, *, allow_lazy=False, allowed=()) -> list[str
 AGENT_FOLDERS = ("gpu", "link", "artifacts", "sandbox", "run", "relay")
 SERVER_ADMIN_COMMANDS = ("server.py", "up.py", "local.py")  # start or administer a local control plane
 READONLY_SQL = "gpulayer/server/store/readonly_sql.py"  # the standalone explorer's one piece of gpulayer
+FRONTENDS = "gpulayer.server.frontends"  # granian's and cheroot's private APIs, patched: fenced
+PROCESS_ENTRY = "gpulayer/server/process.py"  # the one module that starts a front end
 
 
 RULES = {
@@ -133,6 +135,16 @@ RULES = {
         _sources("gpulayer/server/relay"),
         ["gpulayer.server.http", "gpulayer.server.process", "gpulayer.server.provisioning", "gpulayer.client",
          "gpulayer.cli", "falcon", "cheroot"], False),
+    "nothing but the process entry imports the front ends (they patch granian's and cheroot's private APIs)": (
+        [p for p in _sources("gpulayer", "agent", "explorer")
+         if p != ROOT / PROCESS_ENTRY and not _under(_module_name(p), FRONTENDS)], [FRONTENDS], False),
+    "the /v1 app imports nothing of the front ends, nor their servers": (
+        _sources("gpulayer/server/http"), [FRONTENDS, "cheroot", "granian"], False),
+    "the front ends import nothing of the app or what it calls (they carry a WSGI app they are given)": (
+        _sources("gpulayer/server/frontends"),
+        ["gpulayer.server.http", "gpulayer.server.scheduler", "gpulayer.server.store", "gpulayer.server.relay",
+         "gpulayer.server.notify", "gpulayer.server.process", "gpulayer.server.provisioning",
+         "gpulayer.server.replication", "gpulayer.server.security", "falcon"], False),
     "metrics renders what the scheduler counts, and runs no query": (
         [ROOT / "gpulayer/server/http/metrics.py"], ["gpulayer.server.store"], False),
     "scheduler imports nothing of HTTP": (

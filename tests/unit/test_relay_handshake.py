@@ -13,7 +13,7 @@ import pytest
 from sockets import join, ws_echo
 
 from gpulayer.protocol import streams, wsclient
-from gpulayer.server.http.granian_server import GranianServer
+from gpulayer.server.frontends.granian_server import GranianServer
 
 pytest.importorskip("granian")
 

@@ -17,7 +17,7 @@ import pytest
 from sockets import join, ws_echo
 
 from gpulayer.protocol import wsclient
-from gpulayer.server.http.granian_server import GranianServer
+from gpulayer.server.frontends.granian_server import GranianServer
 
 pytest.importorskip("granian")
 

@@ -13,8 +13,8 @@ import falcon
 
 from gpulayer.protocol import PROTOCOL_HEADER
 from gpulayer.server.config import PROTOCOL, ControlPlaneConfig
-from gpulayer.server.errors import Forbidden, GpulayerError, ProtocolMismatch, Unauthorized
-from gpulayer.server.http import bodies, notify_routes, relay_routes, resources, wire
+from gpulayer.server.errors import BodyIncomplete, Forbidden, GpulayerError, ProtocolMismatch, Unauthorized, peer_gone
+from gpulayer.server.http import notify_routes, relay_routes, resources, wire
 from gpulayer.server import upkeep as upkeep_
 from gpulayer.server.http.metrics import Metrics, MetricsResource, ReplicationCollector, UpkeepCollector
 from gpulayer.server.store.artifacts import ArtifactStore
@@ -136,9 +136,9 @@ def _http_error_serializer(req, resp, exc: falcon.HTTPError):
 def _unexpected(req, resp, ex, params):
     if isinstance(ex, falcon.HTTPError):
         raise ex
-    if bodies.peer_gone(ex):  # the client went away mid-request: nobody reads the answer, no traceback
+    if peer_gone(ex):  # the client went away mid-request: nobody reads the answer, no traceback
         log.debug("request_peer_gone method=%s path=%s error=%r", req.method, req.path, ex)
-        return _error_handler(req, resp, bodies.BodyIncomplete(f"the connection failed: {ex}"), params)
+        return _error_handler(req, resp, BodyIncomplete(f"the connection failed: {ex}"), params)
     mapped = domain_error(ex)  # a full disk: 507; out of file descriptors, writer busy: 503
     if mapped is not None:
         log.warning("request_refused method=%s path=%s code=%s error=%r", req.method, req.path, mapped.code, ex)

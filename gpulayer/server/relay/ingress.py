@@ -1,7 +1,7 @@
 """Service ingress: `/ingress/<job id>/...` on the control plane, proxied to the service's ready replicas through
 the relay (docs/access.md, "Ingress").
 
-granian's bridge (http/granian_bridge.py) hands every request under `/ingress/` here, on its asyncio loop,
+granian's bridge (frontends/granian_bridge.py) hands every request under `/ingress/` here, on its asyncio loop,
 never to falcon's threads. Per request: the job's ingress and its serving replicas are read off the loop
 (scheduler/ingress.py, cached `CACHE_S`), the caller is let in by its access (a token that may read the job,
 the service's key, or anyone for `public`), a replica is chosen by least outstanding requests (one that

@@ -4,7 +4,7 @@ granian's WSGI worker hands a request to a Python thread as soon as its head
 is in, and `wsgi.input.read()` then blocks that thread until the body has
 come, with no deadline: slow bodies could hold every thread. Over RSGI the
 body is an awaitable on granian's asyncio loop, so here (bodies.py has the
-policy, as cheroot's server.py applies it):
+policy, as cheroot_server.py applies it):
 
 - a head over `max_head_bytes` is refused first (431), whatever its path:
   granian's read buffer, which would otherwise be the cap, is sized for
@@ -44,10 +44,10 @@ from collections.abc import Callable
 from collections.abc import Awaitable
 from typing import Any
 
-from gpulayer.server.errors import error_body
-from gpulayer.server.http import bodies
+from gpulayer.server.errors import BodyIncomplete, error_body
+from gpulayer.server.frontends import bodies
 
-log = logging.getLogger("gpulayer.server.http.granian")
+log = logging.getLogger("gpulayer.server.http.granian")  # the name its lines have always had
 
 _FILE_BLOCK = 1 << 20  # bytes of a streamed file response per send
 _READ_AHEAD = 8 << 20  # bytes of a streamed request body read ahead of the app
@@ -309,7 +309,7 @@ class _StreamedBody(io.RawIOBase):
                 if full:
                     await self._room.wait()
         except asyncio.CancelledError:
-            error = bodies.BodyIncomplete("the request was given up before its body ended")
+            error = BodyIncomplete("the request was given up before its body ended")
             raise
         except Exception as exc:  # noqa: BLE001 - the reader raises it, as it would have read it
             error = exc

@@ -1,4 +1,4 @@
-"""Request framing and request bodies, as both front ends (server.py, granian_server.py) enforce them.
+"""Request framing and request bodies, as both front ends (cheroot_server.py, granian_server.py) enforce them.
 
 Framing (RFC 9112 §6.3): a request whose length two servers could read
 differently is refused with 400 before anything reads its body: more than
@@ -18,11 +18,10 @@ of `BODY_GRACE_S` (past it: 408, connection closed).
 from __future__ import annotations
 
 import re
-import ssl
 import time
 from collections.abc import Iterable
 
-from gpulayer.server.errors import GpulayerError, error_body
+from gpulayer.server.errors import BodyTooSlow, error_body
 
 # Bodies up to this size are read with the head, before a thread takes the request.
 BUFFERED_BODY_BYTES = 64 * 1024
@@ -33,26 +32,6 @@ BODY_GRACE_S = 10.0
 MIN_BODY_RATE = 32 * 1024
 
 _DIGITS = re.compile(r"[0-9]+")
-
-
-class BodyIncomplete(GpulayerError):
-    """The peer closed the connection before its request body ended."""
-
-    code = "incomplete_body"
-    status = 400
-
-
-def peer_gone(exc: BaseException | None) -> bool:
-    """True for the errors of a peer that closed or reset its connection (not worth a traceback)."""
-    return isinstance(exc, (ConnectionError, ssl.SSLEOFError, ssl.SSLZeroReturnError, BodyIncomplete)) or (
-        isinstance(exc, ssl.SSLError) and exc.reason in ("UNEXPECTED_EOF_WHILE_READING", "BAD_LENGTH"))
-
-
-class BodyTooSlow(GpulayerError):
-    """A streamed request body fell behind the minimum rate; the connection is closed after the 408."""
-
-    code = "request_timeout"
-    status = 408
 
 
 def framing_error(headers: Iterable[tuple[str, str]]) -> str | None:
@@ -119,5 +98,4 @@ class Pace:
                            f"(after {self.grace_s:g} s); the connection is closed")
 
 
-__all__ = ["BUFFERED_BODY_BYTES", "BodyIncomplete", "BodyTooSlow", "Pace", "error_response",
-           "framing_error", "peer_gone", "streamed_cap"]
+__all__ = ["BUFFERED_BODY_BYTES", "Pace", "error_response", "framing_error", "streamed_cap"]

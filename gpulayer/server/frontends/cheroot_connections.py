@@ -1,7 +1,7 @@
 """A connection's way to a worker thread: TLS handshake, request head and small body read off the threads.
 
 `Connection.gate` is one non-blocking step, taken by the selector thread each
-time bytes arrive (server.py's `_Server.process_conn` decides what follows):
+time bytes arrive (cheroot_server.py's `_Server.process_conn` decides what follows):
 the TLS handshake, then the head, then a small body (bodies.BUFFERED_BODY_BYTES)
 with it; its framing is checked on the head (`_framing`). A larger or chunked
 body is read later by the worker thread through `_PacedSocketIO`, at the
@@ -19,10 +19,11 @@ from cheroot import errors as cheroot_errors, server as cheroot_server
 from cheroot.makefile import MakeFile, StreamReader, StreamWriter
 from cheroot.ssl import Adapter
 
-from gpulayer.server.http import bodies
+from gpulayer.server.errors import BodyIncomplete
+from gpulayer.server.frontends import bodies
 
 # The server's logger: an operator filters on one name, whichever module of the HTTP server speaks.
-log = logging.getLogger("gpulayer.server.http.server")
+log = logging.getLogger("gpulayer.server.http.server")  # the name its lines have always had
 
 _READ_STEP = 64 * 1024
 
@@ -91,7 +92,7 @@ class _PacedSocketIO(socket.SocketIO):
                 raise pace.too_slow() from None
             raise
         if not n:
-            raise bodies.BodyIncomplete("the connection closed before the request body ended")
+            raise BodyIncomplete("the connection closed before the request body ended")
         pace.received += n
         return n
 

@@ -3,11 +3,11 @@
 cheroot's stock TLS adapter does the handshake inside its accept loop, so one
 client that connects and says nothing stalls every other client. Here:
 
-- the adapter wraps the socket without a handshake (connections.py's `LazyTLSAdapter`);
+- the adapter wraps the socket without a handshake (cheroot_connections.py's `LazyTLSAdapter`);
 - a connection waits in cheroot's selector, holding no thread, until it has
   sent a whole request head: the selector thread does the TLS handshake and
   reads the head without blocking, a step each time bytes arrive
-  (`_Server.process_conn`, connections.py's `Connection.gate`). Only then does a worker
+  (`_Server.process_conn`, cheroot_connections.py's `Connection.gate`). Only then does a worker
   thread take it, with the head already buffered. So clients that send
   slowly (slowloris: a header line every few seconds, or a ClientHello in
   pieces) never hold the threads that serve heartbeats;
@@ -38,10 +38,11 @@ from typing import Any
 
 from cheroot import wsgi
 
-from gpulayer.server.http import bodies
-from gpulayer.server.http.connections import Connection, LazyTLSAdapter
+from gpulayer.server.errors import peer_gone
+from gpulayer.server.frontends import bodies
+from gpulayer.server.frontends.cheroot_connections import Connection, LazyTLSAdapter
 
-log = logging.getLogger("gpulayer.server.http.server")
+log = logging.getLogger("gpulayer.server.http.server")  # the name its lines have always had
 
 LISTEN_BACKLOG = 128
 # Idle keep-alive (and not-yet-spoken) connections held in the selector per
@@ -309,7 +310,7 @@ class _Server(wsgi.Server):
         A peer that closed or reset its connection is one debug line, never a traceback.
         """
         failure = sys.exc_info()[1] if traceback else None
-        if bodies.peer_gone(failure):
+        if peer_gone(failure):
             log.debug("http_peer_gone error=%r", failure)
         elif level >= logging.WARNING:
             log.log(level, "http_error %s", msg, exc_info=traceback)

@@ -42,7 +42,7 @@ from typing import Callable
 
 from gpulayer.server import tcpinfo
 
-log = logging.getLogger("gpulayer.server.http.granian")
+log = logging.getLogger("gpulayer.server.http.granian")  # the name its lines have always had
 
 INTERVAL_S = 0.25
 # New connections waiting this long in the backlog mean granian is at its bound.

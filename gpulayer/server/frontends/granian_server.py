@@ -12,7 +12,7 @@ to stop it. That is granian's internal API, so the version is pinned
 not granian's WSGI worker, because there a request takes a Python thread as
 soon as its head is in and a slow body then holds it with no deadline.
 
-What granian does and cheroot (`--http cheroot`, server.py) does too:
+What granian does and cheroot (`--http cheroot`, cheroot_server.py) does too:
 
 - request heads: hyper's `header_read_timeout` closes a connection whose head
   is not complete `head_timeout_s` after it started, for ever idle keep-alive
@@ -56,11 +56,11 @@ from granian._granian import ListenerSpec, RSGIWorker, WorkerSignal
 from granian._loops import loops
 from granian.http import HTTP1Settings
 
-from gpulayer.server.http.granian_bridge import Bridge
-from gpulayer.server.http.granian_guard import Reaper, defer_accept
-from gpulayer.server.http.server import _OVERLOADED  # the same 503 as cheroot's
+from gpulayer.server.frontends.granian_bridge import Bridge
+from gpulayer.server.frontends.granian_guard import Reaper, defer_accept
+from gpulayer.server.frontends.cheroot_server import _OVERLOADED  # the same 503 as cheroot's
 
-log = logging.getLogger("gpulayer.server.http.granian")
+log = logging.getLogger("gpulayer.server.http.granian")  # the name its lines have always had
 
 LISTEN_BACKLOG = 1024
 HEAD_TIMEOUT_S = 10.0
