@@ -1,16 +1,17 @@
 """How a task's process starts: its working dir, artifacts, image and weights, its sandbox and environment, the spawn.
 
-Placed in a spare sandbox made ahead (agent/sandbox/spares.py), its job's shared one (agent/sandbox/shared.py), an image's root
-(agent/sandbox/imagerun.py) or a bwrap of its own; TaskSetupError says why a task cannot be set up.
+Where it starts is chosen once, when its working dir is made (agent/run/place.py): a spare sandbox made ahead
+(agent/sandbox/spares.py), its job's shared one (agent/sandbox/shared.py), an image's root (agent/sandbox/imagerun.py),
+a bwrap of its own, or no sandbox; the launch follows that choice. TaskSetupError says why a task cannot be set up.
 """
 import os
 import select
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 from gpulayer.protocol import plural
-from gpulayer.protocol.assignment import Assignment
 
 from ..artifacts.bundle import empty_dir, place_file, unpack_bundle
 from ..artifacts.caps import UnpackBudget, UnpackLimit
@@ -18,27 +19,42 @@ from ..artifacts.checkpoint import DIR_NAME as CHECKPOINT_DIR
 from ..errors import TaskSetupError
 from ..events import log_event
 from ..sandbox import cdi
-from ..sandbox.bwrap import Sandbox, gpu_nodes, loader_variables, startable
+from ..sandbox.bwrap import gpu_nodes, loader_variables, startable
 from ..sandbox.imagerun import TASK_DIR, image_argv, image_environment, startable_in, wrap_image
 from ..sandbox.images import ImageCache, Prepared
+from ..sandbox.launcher import Launched
 from ..sandbox.process import TaskProcess
 from ..sandbox.spares import MadeAhead
 from .environment import task_argv, task_environment
+from .place import Place, place
 from .reports import TaskReports
 from .supervision import TaskResult
+
+
+@dataclass
+class Start:
+    """How a task's command starts (TaskLaunch._launch), as TaskProcess takes it."""
+
+    argv: list[str]
+    env: dict[str, str]
+    #: Already running: forked by the job's launcher, or started in a spare.
+    started: Launched | MadeAhead | None = None
+    #: Entered into the job's shared sandbox by nsenter.
+    entered: bool = False
+    #: bwrap's --info-fd pipe (read, write) for a sandbox of its own; TaskProcess closes both.
+    info: tuple[int, int] | None = None
+    #: A spare's sandbox init's pidfd, the task's process's now.
+    init_pidfd: int | None = None
 
 
 class TaskLaunch(TaskReports):
     """The runner's setup and the start of its command."""
 
     def _prepare_dir(self) -> None:
-        if self.shares and self.ctx.shared is not None:  # the job's directory stays while this element holds it
-            self.holder = self.ctx.shared.hold(self.assignment.job_id, self.assignment.network != "none")
-        elif self.ctx.spares is not None and _fits_a_spare(self.assignment, self.ctx.sandbox):
-            self.spare = self.ctx.spares.take(self.assignment.network != "none")
-            if self.spare is not None:  # its working dir is made in the sandbox's box, which is bound there
-                self.workdir = self.spare.box / self.workdir.name
-                self.checkpoint = self._checkpointer()
+        """Choose where the task starts (agent/run/place.py), once, and make its working dir there."""
+        ctx = self.ctx
+        self.place = place(self.assignment, ctx.sandbox, ctx.tasks_dir, ctx.shared, ctx.spares)
+        self.checkpoint = self._checkpointer()  # in the place's working dir
         if self.workdir.exists():
             shutil.rmtree(self.workdir)
         self.workdir.mkdir(parents=True)
@@ -130,22 +146,11 @@ class TaskLaunch(TaskReports):
             argv = task_argv(list(self.assignment.command), self.ctx.python, self.weights)
         self.extra_env = dict(extra)
         try:
-            env = self.environment(extra)
-            launch, popen_env = self._launch_image(self.image, argv, env) if self.image else self._launch(argv, env)
-            launched, self.launched = self.launched, None
-            info, self.info = self.info, None
-            made_ahead, self.made_ahead = self.made_ahead, None
-            init_pidfd = None
-            if made_ahead is not None and self.spare is not None:  # the pidfd is the task's process's now
-                init_pidfd, self.spare.init_pidfd = self.spare.init_pidfd, None
-            proc = TaskProcess(launch, popen_env, str(self.workdir), self.shipper.add,
-                               sandboxed=self.ctx.sandbox.mode != "none" and self.holder is None,
-                               entered=self.holder is not None and launched is None,
-                               started=launched or made_ahead, info=info, init_pidfd=init_pidfd)
+            start = self._launch(argv, self.environment(extra))
+            proc = TaskProcess(start.argv, start.env, str(self.workdir), self.shipper.add,
+                               sandboxed=self._placed().own_sandbox, entered=start.entered, started=start.started,
+                               info=start.info, init_pidfd=start.init_pidfd)
         except OSError as exc:
-            for fd in self.info or ():  # _launch made the pipe, then the command could not start
-                os.close(fd)
-            self.info = None
             code = 127 if isinstance(exc, FileNotFoundError) else 126
             self.shipper.system(f"cannot start {argv[0]!r}: {exc.strerror or exc}")
             if not self.started:
@@ -162,38 +167,60 @@ class TaskLaunch(TaskReports):
                 self._report_start(proc.pid)
         return proc
 
+    def _placed(self) -> Place:
+        assert self.place is not None, "spawn() before _prepare_dir()"
+        return self.place
+
     def _isolate(self) -> None:
         """Hand the working dir to the task's user; TaskSetupError for a job this worker cannot isolate as asked."""
         if self.assignment.network == "none" and self.ctx.sandbox.mode == "none":
             raise TaskSetupError("network none needs a sandbox, and this worker runs tasks without one (--sandbox)")
         self.ctx.sandbox.give(self.workdir, self.assignment.run_as_root)
 
-    def _launch(self, argv: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
-        """``argv`` in the worker's sandbox, and the environment to start it with: the job's ``LD_*`` set inside,
-        by the inner ``env`` (raises what exec would for a command that cannot start)."""
-        sandbox = self.ctx.sandbox
-        if sandbox.mode == "none":
-            return argv, env
+    def _launch(self, argv: list[str], env: dict[str, str]) -> Start:
+        """How ``argv`` starts in the task's place, and the environment to start it with: in a sandbox, the job's
+        ``LD_*`` set inside, by the inner ``env`` (raises what exec would for a command that cannot start)."""
+        where = self._placed()
+        if where.way == "image":
+            assert self.image is not None
+            return Start(*self._launch_image(self.image, argv, env))
+        if where.way == "unsandboxed":
+            return Start(argv, env)
         startable(argv, env, str(self.workdir))
         outer, loader = loader_variables(env)
-        if self.holder is not None and self.ctx.shared is not None:  # into the job's sandbox: two execs, no bwrap
-            try:
-                pid = self.ctx.shared.started(self.holder)
-            except TaskSetupError as exc:
-                raise OSError(str(exc)) from None
-            self.launched = self.ctx.shared.launch(self.holder, argv, env, str(self.workdir), self.shipper.system)
-            if self.launched is not None:  # forked inside by the job's launcher, already running
-                return argv, env
-            return sandbox.enter_argv(pid, argv, str(self.workdir), network=self.assignment.network != "none",
-                                      loader=loader), outer
-        if self.spare is not None and self.ctx.spares is not None:  # made ahead: the command is all that starts
-            self.made_ahead = self.ctx.spares.start(self.spare, argv, env, str(self.workdir))
-            return argv, env
-        self.info = os.pipe()  # bwrap's --info-fd: the sandbox init's pid, whose end is the namespace's
-        wrapped = sandbox.wrap([*loader, *argv], str(self.workdir), gpu_nodes=gpu_nodes(self._gpu_numbers()),
-                               network=self.assignment.network != "none", root_asked=self.assignment.run_as_root,
-                               info_fd=self.info[1])
-        return wrapped, outer
+        if where.way in ("launcher", "nsenter"):
+            return self._launch_shared(where, argv, env, outer, loader)
+        if where.way == "spare":  # made ahead: the command is all that starts
+            assert where.spare is not None and self.ctx.spares is not None
+            made_ahead = self.ctx.spares.start(where.spare, argv, env, str(self.workdir))
+            init_pidfd, where.spare.init_pidfd = where.spare.init_pidfd, None  # the task's process's now
+            return Start(argv, env, started=made_ahead, init_pidfd=init_pidfd)
+        info = os.pipe()  # bwrap's --info-fd: the sandbox init's pid, whose end is the namespace's
+        try:
+            wrapped = self.ctx.sandbox.wrap([*loader, *argv], str(self.workdir), gpu_nodes=gpu_nodes(self._gpu_numbers()),
+                                            network=where.network, root_asked=self.assignment.run_as_root,
+                                            info_fd=info[1])
+        except BaseException:
+            for fd in info:
+                os.close(fd)
+            raise
+        return Start(wrapped, outer, info=info)
+
+    def _launch_shared(self, where: Place, argv: list[str], env: dict[str, str], outer: dict[str, str],
+                       loader: list[str]) -> Start:
+        """Into the job's sandbox: forked by its launcher, or entered by nsenter (two execs, no bwrap)."""
+        shared = self.ctx.shared
+        assert where.holder is not None and shared is not None
+        try:
+            pid = shared.started(where.holder)
+        except TaskSetupError as exc:
+            raise OSError(str(exc)) from None
+        if where.way == "launcher":
+            launched = shared.launch(where.holder, argv, env, str(self.workdir), self.shipper.system)
+            if launched is not None:  # forked inside by the job's launcher, already running
+                return Start(argv, env, started=launched)
+        return Start(self.ctx.sandbox.enter_argv(pid, argv, str(self.workdir), network=where.network, loader=loader),
+                     outer, entered=True)
 
     def image_place(self, env: dict[str, str]) -> tuple[dict[str, str], str]:
         """An image job's environment (with the GPU driver's files) and working directory as its task sees them:
@@ -215,17 +242,10 @@ class TaskLaunch(TaskReports):
         driver = self.driver[0] if self.driver is not None else []
         return wrap_image(self.ctx.sandbox, image, argv, env, str(self.workdir), cwd,
                           gpu_nodes=gpu_nodes(self._gpu_numbers()),
-                          driver=driver, network=self.assignment.network != "none",
+                          driver=driver, network=self._placed().network,
                           root_asked=self.assignment.run_as_root)
 
 
-
-def _fits_a_spare(task: Assignment, sandbox: Sandbox) -> bool:
-    """Whether a task may run in a sandbox made ahead (agent/sandbox/spares.py): a plain command of its own, started once
-    (no image, GPUs, gang or service, whose restarts start it again; no user but the task user) on a root agent's
-    sandbox."""
-    return (task.image is None and not task.gpus and task.service is None and task.world_size == 1
-            and sandbox.shares(task.run_as_root))
 
 
 def _ended_within(proc: TaskProcess, seconds: float) -> bool:

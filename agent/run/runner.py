@@ -17,6 +17,7 @@ from ..errors import AgentError, Rejected, TaskSetupError, Unreachable
 from ..events import log_event
 from ..sandbox.process import TaskProcess, exit_code_of
 from .launch import TaskLaunch
+from .place import unplace
 from .rendezvous import distributed_env, free_port, rendezvous
 from .services import run_service
 from .supervision import Limits, StopRule, TaskResult, result_of, supervise
@@ -60,10 +61,8 @@ class TaskRunner(TaskLaunch):
         try:
             self._report(result, outputs, checkpoint)
         finally:
-            if self.holder is not None and self.ctx.shared is not None:
-                self.ctx.shared.release(self.holder)
-            if self.spare is not None and self.ctx.spares is not None:
-                self.ctx.spares.done(self.spare)
+            if self.place is not None:
+                unplace(self.place, self.ctx.shared, self.ctx.spares)
         self.handle.start_sent.set()
 
     def _execute(self) -> TaskResult | None:

@@ -17,11 +17,11 @@ from ..link.logship import LogShipper
 from ..link.transport import Transport
 from ..sandbox.bwrap import Sandbox
 from ..sandbox.images import ImageCache, Prepared
-from ..sandbox.launcher import Launched
 from ..sandbox.leftovers import RunningTasks
 from ..sandbox.process import KILL_GRACE_S
 from ..sandbox.shared import Holder, SharedSandboxes
-from ..sandbox.spares import MadeAhead, Spare, Spares
+from ..sandbox.spares import Spares
+from .place import Place
 from .rendezvous import RENDEZVOUS_TIMEOUT_S
 from .supervision import TaskHandle
 
@@ -75,20 +75,10 @@ class TaskState:
         self.ctx = ctx
         self.handle = handle
         self.task_id = assignment.task_id
-        #: The job's shared sandbox, for an element that runs in one (agent/sandbox/shared.py).
-        self.holder: Holder | None = None
         #: What the running process got on top of the task's environment (PORT, MASTER_*): exec gets it too.
         self.extra_env: dict[str, str] = {}
-        #: An element the job's launcher started (agent/sandbox/launcher.py), until spawn() takes it.
-        self.launched: Launched | None = None
-        #: bwrap's --info-fd pipe (read, write) for the task's own sandbox, until spawn() hands it to TaskProcess.
-        self.info: tuple[int, int] | None = None
-        #: A sandbox made ahead that this task runs in (agent/sandbox/spares.py), and its command once started there.
-        self.spare: Spare | None = None
-        self.made_ahead: MadeAhead | None = None
-        self.shares = ctx.shared is not None and _shareable(assignment, ctx.sandbox)
-        parent = ctx.tasks_dir / f"job-{assignment.job_id}{'' if assignment.network != 'none' else '-netless'}"
-        self.workdir = (parent if self.shares else ctx.tasks_dir) / f"{self.task_id}-{assignment.attempt}"
+        #: Where the task starts (agent/run/place.py), chosen once when its directory is made (TaskLaunch._prepare_dir).
+        self.place: Place | None = None
         self.weights: str | None = None
         #: The image an image job runs in, once fetched and unpacked (held until the task ends).
         self.image: Prepared | None = None
@@ -105,6 +95,18 @@ class TaskState:
         self.checkpoint = self._checkpointer()
         self.restored_from: int | None = None
 
+    @property
+    def workdir(self) -> Path:
+        """The task's working directory: its place's (before it is placed, where a task of its own would have it)."""
+        if self.place is not None:
+            return self.place.workdir
+        return self.ctx.tasks_dir / f"{self.task_id}-{self.assignment.attempt}"
+
+    @property
+    def holder(self) -> Holder | None:
+        """The job's shared sandbox this task runs in (agent/sandbox/shared.py), if its place is one."""
+        return self.place.holder if self.place is not None else None
+
     def _checkpointer(self) -> Checkpointer:
         ctx = self.ctx
         return Checkpointer(self.workdir / CHECKPOINT_DIR, ctx.transport, ctx.cache, ctx.checkpoint_digests,
@@ -113,10 +115,3 @@ class TaskState:
     def _send_logs(self, lines: list[dict]) -> None:
         self.ctx.transport.request("POST", f"/worker/tasks/{self.task_id}/logs", {"lines": lines})
 
-
-
-def _shareable(task: Assignment, sandbox: Sandbox) -> bool:
-    """Whether an assignment runs in its job's shared sandbox: an array element of a plain command (no image,
-    GPUs, service or gang) on a worker whose sandbox shares (Sandbox.shares: a root agent, nsenter)."""
-    return (task.array_index is not None and task.image is None and not task.gpus and task.service is None
-            and task.world_size == 1 and sandbox.shares(task.run_as_root))

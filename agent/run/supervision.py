@@ -18,12 +18,16 @@ class TaskRunnerView(Protocol):
     """What exec reads of a task's runner (agent/run/runner.py TaskRunner): its place, environment and sandbox."""
 
     task_id: int
-    workdir: Any
     image: Any
-    holder: Any
     ctx: Any
     assignment: Any
     extra_env: dict[str, str]
+
+    @property
+    def workdir(self) -> Any: ...
+
+    @property
+    def holder(self) -> Any: ...
 
     def environment(self, extra: dict[str, str]) -> dict[str, str]: ...
 
