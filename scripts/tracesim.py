@@ -23,7 +23,9 @@ that `estimated_start_at` answers at submit, Slurm's `squeue --start`). A second
 replays the same way but ends each job at its limit times the median runtime/limit of the jobs that had
 ended by then (the limit itself before any had), while the replay's scheduler still reserves from limits,
 as the real one does. The error measure is the one issue 38's bench uses: |estimate - actual start| over
-the actual wait, median over the jobs that waited at least 2 s.
+the actual wait, median over the jobs that waited at least 2 s. A bench of a real control plane builds an
+Outcome from what it recorded (each job's start, end and estimate at submit) and calls summary(), so the
+real run and the simulation are measured by the same code.
 
     python3 scripts/tracesim.py --jobs 120 --workers 8 --load 1.4 --seed 38
     python3 scripts/tracesim.py --trace trace.jsonl --workers 8 --json
@@ -49,6 +51,8 @@ Placement = tuple[tuple[int, int], ...]   # (worker, GPUs) pairs
 
 @dataclass
 class Running:
+    """A started job: where it runs, when it ends, and when the scheduler expects it to."""
+
     job: TraceJob
     start: float
     end: float            # when it really ends (start + runtime)
@@ -348,7 +352,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         sys.stdout.write("".join(json.dumps(r) + "\n" for r in rows))
         return 0
-    what = f"medians over seeds {args.seed}..{args.seed + args.seeds - 1}" if args.seeds > 1 else f"seed {args.seed}"
+    what = (str(args.trace) if args.trace else f"seed {args.seed}" if args.seeds == 1
+            else f"medians over seeds {args.seed}..{args.seed + args.seeds - 1}")
     print(f"{count} jobs on {args.workers} workers of {GPUS_PER_WORKER} GPUs ({what}); 'big' = the "
           f"{rows[0]['largest_gpus']}-GPU jobs; estimate error over the jobs that waited >= {MIN_WAIT:g} s")
     print(_table(rows))

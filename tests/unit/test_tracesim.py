@@ -121,6 +121,17 @@ def test_learned_estimates_scale_limits_by_the_runtime_over_limit_of_ended_jobs(
     assert out.estimates[3] == 41.0 and out.learned[3] == 21.0
 
 
+def test_a_learned_replay_still_reserves_from_time_limits():
+    # By t=6 A has ended at half its limit (ratio 0.5), so B (limit 60) is expected to end at t=31, but the
+    # gang C is reserved from B's limit (t=61), as the real scheduler reserves: D (limit 40, to t=46) is
+    # backfilled at once in the replay, as it is in the run. Reserving from t=31 would have kept D waiting.
+    trace = jobs((0, 8, 5, 10), (1, 8, 50, 60), (6, 16, 5), (6, 8, 10, 40))
+    out = tracesim.simulate(trace, 2, "easy")
+    assert out.starts == {1: 0.0, 2: 1.0, 3: 51.0, 4: 6.0}
+    assert (out.estimates[3], out.learned[3]) == (61.0, 31.0)
+    assert out.learned[4] == 6.0
+
+
 def test_the_error_counts_only_jobs_that_waited_at_least_two_seconds():
     trace = jobs((0, 8, 1), (0, 8, 1), (0, 8, 1))
     started = {1: 0.0, 2: 1.0, 3: 10.0}
