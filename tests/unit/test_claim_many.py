@@ -10,10 +10,56 @@ import pytest
 
 from gpulayer.server.scheduler import placement, teams
 from gpulayer.server.security.auth import Principal
+from gpulayer.server.store import db
 from gpulayer.server.store.queries import QUERIES, row, rows
 from helpers import add_worker, job
 
 LEASE = 3.0
+# The one-task claim as it stood before the claim views (issue 37): the reference the views' claims are held
+# to, frozen here so that a change of claimable_tasks cannot move the reference with it.
+ACQUIRE_ONE_BEFORE_VIEWS = """
+UPDATE tasks
+SET state = 'assigned', worker_id = :worker_id, assigned_at = :now, lease_expires_at = :lease_expires_at,
+    address = :address
+WHERE id = (
+    WITH fit AS MATERIALIZED (  -- the groups of queued work the worker could take a task of now
+        SELECT q.* FROM shapes s INDEXED BY shapes_queued
+        JOIN shape_worker_fit f ON f.shape_id = s.id AND f.worker_id = CAST(:worker_id AS INTEGER)
+        CROSS JOIN queue_group_quota q ON q.shape_id = s.id
+        WHERE s.queued > 0 AND s.gang = 0 AND f.fits_now
+          AND (NOT EXISTS (SELECT 1 FROM gang_reservations r
+                           WHERE r.worker_id = CAST(:worker_id AS INTEGER) AND r.expires_at > :now)
+               OR (SELECT l.free_slots - count(*) >= 1 AND l.free_gpus - total(r.gpus) >= s.gpus
+                          AND l.free_cpus - total(r.cpus) >= s.cpus
+                          AND l.free_memory_mb - total(r.memory_mb) >= s.memory_mb
+                   FROM gang_reservations r, worker_load l
+                   WHERE r.worker_id = CAST(:worker_id AS INTEGER) AND r.expires_at > :now
+                     AND l.worker_id = CAST(:worker_id AS INTEGER)))
+    )
+    SELECT h.task_id FROM fit g
+    JOIN task_queue h ON h.task_id = (
+        SELECT b.task_id FROM task_queue b
+        WHERE b.shape_id = g.shape_id AND b.project_id = g.project_id AND b.user_id = g.user_id
+          AND (NOT EXISTS (SELECT 1 FROM tasks o  -- +o.job_id: by the worker's few tasks, not the job's (an array's many)
+                           WHERE o.worker_id = CAST(:worker_id AS INTEGER) AND +o.job_id = b.job_id
+                             AND o.state IN ('assigned', 'running'))
+               OR (SELECT x.array_size FROM jobs x WHERE x.id = b.job_id) IS NOT NULL)
+        ORDER BY b.priority + b.aged DESC, b.task_id
+        LIMIT 1)
+    WHERE (g.nominal_left IS NULL OR g.nominal_left >= 0
+           OR (g.nominal_left + g.borrow >= 0
+               AND NOT EXISTS (SELECT 1 FROM fit o WHERE o.project_id <> g.project_id AND o.nominal_left >= 0)))
+      AND ((SELECT j.state = 'running' AND j.array_size IS NULL FROM jobs j WHERE j.id = h.job_id)
+           OR NOT coalesce((SELECT u.at_limit FROM user_running_jobs u WHERE u.user_id = g.user_id), 0))
+    ORDER BY h.priority + h.aged DESC,
+             (SELECT u.usage FROM project_fair_share u WHERE u.project_id = g.project_id),
+             (SELECT u.usage FROM user_fair_share u WHERE u.project_id = g.project_id AND u.user_id = g.user_id),
+             h.task_id
+    LIMIT 1
+)
+RETURNING id, job_id, "index", attempt, (SELECT gpus FROM jobs WHERE jobs.id = tasks.job_id) AS gpus,
+          (SELECT array_size FROM jobs WHERE jobs.id = tasks.job_id) AS array_size
+"""
 
 
 def _project(sched, name, **settings):
@@ -26,14 +72,16 @@ def _user(sched, name, *projects, max_running_jobs=None) -> Principal:
 
 
 def _reference(conn, worker_id: int, now: float, most: int) -> list[int]:
-    """The claims as they were: one task a statement (acquire_one, the gang-free path of the old acquire_many)."""
+    """The claims as they were: one task a statement (acquire_one before the claim views, the gang-free path
+    of the old acquire_many)."""
     taken: list[int] = []
-    row(conn, "set_claim_clock", now=now)
+    row(conn, "set_claim_clock", now=now, depth=1)
     while len(taken) < most:
         free = row(conn, "worker_free", worker_id=worker_id)
         if free is None or free["free_slots"] <= 0:
             break
-        got = rows(conn, "acquire_one", worker_id=worker_id, now=now, lease_expires_at=now + LEASE, address=None)
+        got = [dict(r) for r in conn.execute(ACQUIRE_ONE_BEFORE_VIEWS, {"worker_id": worker_id, "now": now,
+                                                                          "lease_expires_at": now + LEASE, "address": None})]
         if not got:
             break
         placement._reserve_gpus(conn, got[0], worker_id, free["gpus"])
@@ -157,3 +205,9 @@ def test_array_cap_holds_in_one_claim(sched):
     sched.submit(job(array="0-9%3"))
     old, new, statements, _ = _both(sched, w, 8)
     assert new == old and len(new) == 3 and statements <= 2
+
+
+def test_depth_reads_what_the_most_tasks_need():
+    """claim_clock.depth, how many tasks of each group claimable_tasks reads, goes up to one more than one claim
+    may take (MAX_TASKS_PER_ACQUIRE), as acquire_task needs: its CHECK says so."""
+    assert f"depth BETWEEN 1 AND {placement.MAX_TASKS_PER_ACQUIRE + 1}" in db.schema_path().read_text()

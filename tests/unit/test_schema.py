@@ -246,8 +246,12 @@ def test_acquisition_reads_shapes_not_tasks(built, claim):
     conn, _ = built
     sql = QUERIES[claim]
     params = {p: None for p in PARAM.findall(sql)}
-    plan = " | ".join(r["detail"] for r in conn.execute("EXPLAIN QUERY PLAN " + sql, params).fetchall())
+    details = [r["detail"] for r in conn.execute("EXPLAIN QUERY PLAN " + sql, params).fetchall()]
+    plan = " | ".join(details)
     assert "shapes_queued" in plan and "task_queue_shape" in plan and "tasks_queued" not in plan, plan
+    # the claim's worker_id reaches every level of the claim views (claimable_groups, claimable_tasks,
+    # claimable_batch), down to worker_load: the claim reads one worker's load, never every worker's
+    assert not [d for d in details if re.match(r"SCAN (w|workers)\b", d)], plan
     # the same in the stock SQLite the CLI ships (3.40): the indexes are usable there too
     stock = sqlite3.connect(":memory:")
     stock.executescript(db.schema_path().read_text())

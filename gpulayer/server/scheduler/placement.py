@@ -3,11 +3,12 @@
 Which worker a job fits is one view, `job_worker_fit` (schema.sql): labels,
 accelerator, size, secrets, free room now, read through each job's shape
 (`shape_worker_fit`). Single tasks are taken with one `UPDATE ... RETURNING`
-that looks at queued shapes, not queued tasks (`task_queue`, kept by
-triggers), inside the write transaction, so nothing can change in between, and
-what the worker cannot take costs nothing: acquire_one for one task,
-acquire_task for several at once (the same tasks as one-task claims in a row);
-GPU device indices are then reserved from those its other tasks do not hold. Waiting reasons read the same
+over the claim views (`claimable_groups`, `claimable_tasks`: the ranking,
+`claimable_batch`), which look at queued shapes, not queued tasks (`task_queue`,
+kept by triggers), inside the write transaction, so nothing can change in
+between, and what the worker cannot take costs nothing: acquire_one for one
+task, acquire_task for several at once (the same tasks as one-task claims in a
+row); GPU device indices are then reserved from those its other tasks do not hold. Waiting reasons read the same
 view, so what a job says it waits for is what acquire does. A multi-node job is placed all at once: when N
 distinct online workers have room, every rank is assigned in the same
 transaction (the other workers receive theirs on their next acquire), or none
@@ -68,18 +69,21 @@ def _claim(conn: apsw.Connection, worker_id: int, now: float, lease: float, most
     Their ids, in claim order, and whether another claim may find more. acquire_task takes in one
     statement what as many one-task claims (acquire_one) would, or the first of them, stopping where a
     claim before could change what the next is judged by in a way its running sums do not foresee
-    (placement.sql says where); so fewer than `most` may mean more wait, and the caller claims again.
+    (schema.sql's claimable_batch says where); so fewer than `most` may mean more wait, and the caller
+    claims again.
     While a gang waits, one task a claim: after any claim the gang may be the better choice.
     """
     free = row(conn, "worker_free", worker_id=worker_id)
     if free is None or free["free_slots"] <= 0:
         return [], False
-    row(conn, "set_claim_clock", now=now)  # the time the fair-share views decay usage to
-    if row(conn, "any_queued_gang") is not None:
+    gang_waits = row(conn, "any_queued_gang") is not None
+    most = 1 if gang_waits else most
+    # the time the fair-share views decay usage to; the tasks of each group claimable_tasks reads
+    row(conn, "set_claim_clock", now=now, depth=1 if most == 1 else most + 1)
+    if gang_waits:
         gang_task = _place_gang(conn, worker_id, now, lease)
         if gang_task is not None:
             return [gang_task], True
-        most = 1
     if most == 1:  # the one-task claim: the same choice, cheaper than ranking and summing (docs/benchmarks/issue-37.md)
         claimed = rows(conn, "acquire_one", worker_id=worker_id, now=now, lease_expires_at=lease,
                        address=free["advertise_address"])

@@ -20,9 +20,9 @@ SELECT NOT EXISTS (SELECT 1 FROM shapes WHERE queued > 0)
                    AND state = 'assigned') AS idle;
 
 -- name: set_claim_clock --
--- The claim's time, which the fair-share views decay usage to: written first in each claim's
--- transaction (a view takes no parameter).
-UPDATE claim_clock SET now = :now WHERE id = 1 RETURNING now;
+-- The claim's time, which the fair-share views decay usage to, and how many tasks of each group
+-- claimable_tasks reads (:depth): written first in each claim's transaction (a view takes no parameter).
+UPDATE claim_clock SET now = :now, depth = :depth WHERE id = 1 RETURNING now;
 
 -- name: worker_free --
 -- What an online worker has free now (worker_load), with what acquisition hands on.
@@ -31,142 +31,21 @@ FROM worker_load l JOIN workers w ON w.id = l.worker_id
 WHERE l.worker_id = CAST(:worker_id AS INTEGER) AND l.state = 'online';
 
 -- name: acquire_task --
--- Claim up to :max queued tasks the worker may take now, in one statement, and nothing else:
--- exactly the tasks, in the order, that as many one-task claims in a row (acquire_one) would take,
--- each judged by the room, quota use and running jobs the claims before it left; or the first of
--- them. What fits the worker and what its room holds (shape_worker_fit.fits_now), what admission
--- allows (queue_group_quota, user_running_jobs) and the order are read as acquire_one reads them,
--- group by group of queued work (queue_groups: shape, project, user), never task by task, so
--- queued tasks the worker cannot take cost nothing. Each admitted group offers its best :max + 1
--- tasks of jobs the worker holds none of (an array's elements may share a worker, a job's other
--- replicas may not); they are ranked as acquire_one ranks groups (priority with its age boost, the
--- project's then the user's fair-share usage, first come), and running sums down the ranking stand
--- for the claims before each row: the worker's slots, GPUs, CPUs and memory (less the room held
--- for a waiting gang, gang_reservations), the project's GPUs against `nominal_left` (and `borrow`),
--- the user's added jobs against the running-jobs limit. The claim keeps the ranking's first
--- candidate (acquire_one's choice), then those before the first row it cannot be sure of: one
--- whose sums no longer fit, a task that picks GPU indices by model or whole GPUs beside MIG
--- instances (only as the first: its room is no sum), a group that may borrow only once another
--- project leaves its nominal quota (it could become the better choice), and past a group's last
--- row read (its rest was not). Sums count every row before, so a row that does not fit stops the
--- rows after it that might: conservative, never more; placement.acquire_many claims again when
--- fewer than :max came back. A task that other candidates never change (a job's other replica
--- once the worker holds the job; a group whose best task adds a job while its user is at the
--- limit) is passed over, as acquire_one passes it over. An array's %N cap needs no sum (its held
--- elements are not in task_queue). RETURNING gives each task's place in that order (`k`):
--- placement sorts by it to reserve GPU indices in claim order. Fair share is read from its views
--- (project_fair_share, user_fair_share), decayed to the claim's time (set_claim_clock).
--- Gang (multi-node) jobs are placed by gang_workers / assign_task.
-WITH RECURSIVE
-room AS MATERIALIZED (  -- the worker's free room now, less what is held for a waiting gang
-    SELECT l.free_slots - r.n AS slots, l.free_gpus - r.gpus AS gpus, l.free_cpus - r.cpus AS cpus,
-           l.free_memory_mb - r.memory_mb AS memory_mb, json_extract(l.labels, '$.gpu_model') AS gpu_model,
-           EXISTS (SELECT 1 FROM worker_gpus g WHERE g.worker_id = l.worker_id AND g.uuid GLOB 'MIG-*') AS mig
-    FROM worker_load l,
-         (SELECT count(*) AS n, total(gpus) AS gpus, total(cpus) AS cpus, total(memory_mb) AS memory_mb
-          FROM gang_reservations WHERE worker_id = CAST(:worker_id AS INTEGER) AND expires_at > :now) r
-    WHERE l.worker_id = CAST(:worker_id AS INTEGER)
-),
-fit AS MATERIALIZED (  -- the groups of queued work the worker could take a task of now
-    SELECT q.shape_id, q.project_id, q.user_id, q.gpus, q.borrow, q.nominal_left, s.cpus, s.memory_mb,
-           (s.gpus > 1 AND m.mig)
-           OR (s.gpus > 0 AND json_extract(s.labels, '$.gpu_model') IS NOT NULL
-               AND json_extract(s.labels, '$.gpu_model') IS NOT m.gpu_model) AS by_index,
-           (SELECT u.usage FROM project_fair_share u WHERE u.project_id = q.project_id) AS project_usage,
-           (SELECT u.usage FROM user_fair_share u WHERE u.project_id = q.project_id AND u.user_id = q.user_id)
-           AS user_usage,
-           (SELECT u.max_running_jobs - u.running_jobs FROM user_running_jobs u WHERE u.user_id = q.user_id)
-           AS user_left
-    FROM shapes s INDEXED BY shapes_queued
-    JOIN shape_worker_fit f ON f.shape_id = s.id AND f.worker_id = CAST(:worker_id AS INTEGER)
-    CROSS JOIN queue_group_quota q ON q.shape_id = s.id
-    CROSS JOIN room m
-    WHERE s.queued > 0 AND s.gang = 0 AND f.fits_now
-      AND m.slots >= 1 AND m.gpus >= s.gpus AND m.cpus >= s.cpus AND m.memory_mb >= s.memory_mb
-),
-admitted AS MATERIALIZED (  -- within the nominal quota, or borrowing; `contested`: another project's fitting group is within its own
-    SELECT g.*, EXISTS (SELECT 1 FROM fit o WHERE o.project_id <> g.project_id AND o.nominal_left >= 0) AS contested
-    FROM fit g
-    WHERE g.nominal_left IS NULL OR g.nominal_left >= 0 OR g.nominal_left + g.borrow >= 0
-),
--- Each group's best :max + 1 tasks of jobs the worker holds none of (or of an array), walked down
--- task_queue_shape one seek a row from a row before the first (i = -1, which the join on jobs
--- below drops); the last of :max + 1 says that the group's rest was not read.
-offered (shape_id, project_id, user_id, i, task_id, job_id, rank_priority) AS (
-    SELECT g.shape_id, g.project_id, g.user_id, -1, 0, NULL, 1000000000000000000 FROM admitted g  -- before the first
-    UNION ALL
-    SELECT w.shape_id, w.project_id, w.user_id, w.i + 1, h.task_id, h.job_id, h.priority + h.aged
-    FROM offered w
-    JOIN task_queue h ON h.task_id = (  -- the group's next, after w (the worker's jobs skipped, not an array's)
-        SELECT b.task_id FROM task_queue b
-        WHERE (b.shape_id, b.project_id, b.user_id) = (w.shape_id, w.project_id, w.user_id)
-          AND (b.priority + b.aged < w.rank_priority OR (b.priority + b.aged = w.rank_priority AND b.task_id > w.task_id))
-          AND ((SELECT x.array_size FROM jobs x WHERE x.id = b.job_id) IS NOT NULL
-               OR NOT EXISTS (SELECT 1 FROM tasks o WHERE o.worker_id = CAST(:worker_id AS INTEGER)
-                                                     AND +o.job_id = b.job_id AND o.state IN ('assigned', 'running')))
-        ORDER BY b.priority + b.aged DESC, b.task_id LIMIT 1)
-    WHERE w.i < :max
-),
--- The ranking, written once: `pos`, each offered task's place in claim order (acquire_one's): priority
--- with its age boost, highest first; fair share, the project's then the user's, lowest first; first come.
-ordered AS MATERIALIZED (
-    SELECT g.*, o.i, o.task_id, o.job_id, NOT (j.state = 'running' AND j.array_size IS NULL) AS adds_job,
-           j.array_size IS NULL AS single,
-           row_number() OVER (ORDER BY o.rank_priority DESC, g.project_usage, g.user_usage, o.task_id) AS pos
-    FROM offered o
-    CROSS JOIN admitted g ON g.shape_id = o.shape_id AND g.project_id = o.project_id AND g.user_id = o.user_id
-    CROSS JOIN jobs j ON j.id = o.job_id
-),
-ranked AS MATERIALIZED (  -- each row's flags (0 or 1, never NULL)
-    SELECT o.*,                                                              -- adds_job: counts against the user's limit
-           coalesce(o.nominal_left < 0 AND o.contested, 0) AS blocked,       -- may borrow once uncontested
-           o.i = :max AS unread_after,                                       -- the group's next tasks were not read
-           -- a job's other replicas: its first one claimed, the worker holds it
-           o.single AND row_number() OVER (PARTITION BY o.job_id ORDER BY o.pos) > 1 AS replica,
-           -- a group whose best task adds a job while its user is at the limit offers nothing from there on
-           max(o.adds_job AND coalesce(o.user_left <= 0, 0))
-               OVER (PARTITION BY o.shape_id, o.project_id, o.user_id ORDER BY o.pos) AS dead
-    FROM ordered o
-),
-sums AS MATERIALIZED (  -- what the candidates up to each row (itself included) ask, in claim order
-    SELECT c.*,
-           sum(c.candidate) OVER w AS k,
-           sum(c.candidate * c.gpus) OVER w AS sum_gpus,
-           sum(c.candidate * c.cpus) OVER w AS sum_cpus,
-           sum(c.candidate * c.memory_mb) OVER w AS sum_memory_mb,
-           coalesce(sum(c.candidate * c.gpus) OVER (PARTITION BY c.project_id ORDER BY c.pos
-                                                    ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)
-           AS project_gpus_before,
-           coalesce(sum(c.candidate * c.adds_job) OVER (PARTITION BY c.user_id ORDER BY c.pos
-                                                        ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)
-           AS jobs_before
-    FROM (SELECT r.*, NOT r.replica AND NOT r.dead AND NOT r.blocked AS candidate FROM ranked r) c
-    WINDOW w AS (ORDER BY c.pos ROWS UNBOUNDED PRECEDING)
-),
--- `misfit`: a candidate the claims before it leave no sure room for. The ranking stops at a misfit
--- or a blocked group's row (stop_here), and after a group's row that was read last (stop_after).
-stops AS MATERIALIZED (
-    SELECT j.*, coalesce(sum(j.stop_here OR j.stop_after)
-                         OVER (ORDER BY j.pos ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS stops_before
-    FROM (SELECT s.*, (s.blocked AND NOT s.dead) OR (s.candidate AND (
-                          s.k > m.slots OR s.sum_gpus > m.gpus OR s.sum_cpus > m.cpus OR s.sum_memory_mb > m.memory_mb
-                          OR (s.k > 1 AND s.by_index)
-                          OR CASE WHEN s.nominal_left IS NULL OR s.nominal_left - s.project_gpus_before >= 0 THEN 0
-                                  WHEN s.contested THEN 1
-                                  ELSE s.nominal_left - s.project_gpus_before + s.borrow < 0 END
-                          OR (s.adds_job AND coalesce(s.user_left - s.jobs_before <= 0, 0)))) AS stop_here,
-                 s.unread_after AND NOT s.dead AS stop_after
-          FROM sums s, room m) j
-),
-claim AS MATERIALIZED (
-    SELECT c.task_id, c.k FROM stops c
-    WHERE c.candidate AND c.k <= :max AND (c.k = 1 OR (c.stops_before = 0 AND NOT c.stop_here))
+-- Claim up to :max queued tasks the worker may take now, in one statement, and nothing else: exactly
+-- the tasks, in the order, that as many one-task claims in a row (acquire_one) would take, or the first
+-- of them (claimable_batch says which it can be sure of; placement claims again when fewer came back),
+-- read at a claim_clock.depth of :max + 1.
+-- RETURNING gives each task's place in the ranking (`k`): placement sorts by it to reserve GPU indices
+-- in claim order (RETURNING's order is SQLite's). Gang (multi-node) jobs are placed by gang_workers /
+-- assign_task.
+-- (UPDATE ... FROM, not WHERE id IN: SQLite pushes the worker_id down into the views from here, not from IN.)
+WITH claim AS MATERIALIZED (
+    SELECT task_id, k FROM claimable_batch WHERE worker_id = CAST(:worker_id AS INTEGER) AND sure AND k <= :max
 )
 UPDATE tasks
 SET state = 'assigned', worker_id = :worker_id, assigned_at = :now, lease_expires_at = :lease_expires_at,
     address = :address
-WHERE id IN (SELECT task_id FROM claim)
--- `k`: the task's place in the claim's order (placement sorts by it: RETURNING's order is SQLite's).
+FROM claim WHERE tasks.id = claim.task_id
 RETURNING id, job_id, "index", attempt, (SELECT gpus FROM jobs WHERE jobs.id = tasks.job_id) AS gpus,
           (SELECT array_size FROM jobs WHERE jobs.id = tasks.job_id) AS array_size,
           (SELECT c.k FROM claim c WHERE c.task_id = tasks.id) AS k;
@@ -176,62 +55,15 @@ RETURNING id, job_id, "index", attempt, (SELECT gpus FROM jobs WHERE jobs.id = t
 UPDATE jobs SET state = 'running' WHERE id IN (SELECT value FROM json_each(:job_ids)) AND state = 'queued';
 
 -- name: acquire_one --
--- Claim the best queued task that the worker may take now, and nothing else: what fits it and
--- what its room holds (shape_worker_fit.fits_now), what admission allows (queue_group_quota,
--- user_running_jobs) and the order are read from views, group by group of queued work
--- (queue_groups: shape, project, user), never task by task, so queued tasks the worker cannot
--- take cost nothing. One task: the claim of acquire and of a `max_tasks` of 1 (and while a gang
--- waits); acquire_task below claims several in one statement, its first row always this one's.
--- A group is admitted within its project's nominal quota, or borrowing up to `borrow` beyond it
--- while no other project's group the worker could take is within its own; the room held on the
--- worker for a waiting gang (gang_reservations, while its preemption victims stop) is not taken,
--- only what is beyond it. Each group offers its best task of a job the worker holds none of
--- (an array's elements may share a worker), in task_queue_shape's order: priority with its age
--- boost (upkeep's age_queued_tasks), first come. A task that adds a job (not a running job's
--- queued replica; an array's element does) waits while its user is at the running-jobs limit.
--- Best: priority, then fair share (project_fair_share, then user_fair_share: decayed to the
--- claim's time, set_claim_clock), then first come. Held tasks (a waiting job's, an array's past its %N
--- cap) are not in task_queue. Gang (multi-node) jobs are placed by gang_workers / assign_task;
--- job_quota_reason says what of admission holds a job back.
+-- Claim the best queued task that the worker may take now, and nothing else: the first eligible task of
+-- claimable_tasks (what fits the worker and its room, admission, the ranking: schema.sql), read at a
+-- claim_clock.depth of 1. One task: the claim of acquire and of a `max_tasks` of 1 (and while a gang
+-- waits); acquire_task claims several. Gang (multi-node) jobs are placed by gang_workers / assign_task.
 UPDATE tasks
 SET state = 'assigned', worker_id = :worker_id, assigned_at = :now, lease_expires_at = :lease_expires_at,
     address = :address
-WHERE id = (
-    WITH fit AS MATERIALIZED (  -- the groups of queued work the worker could take a task of now
-        SELECT q.* FROM shapes s INDEXED BY shapes_queued
-        JOIN shape_worker_fit f ON f.shape_id = s.id AND f.worker_id = CAST(:worker_id AS INTEGER)
-        CROSS JOIN queue_group_quota q ON q.shape_id = s.id
-        WHERE s.queued > 0 AND s.gang = 0 AND f.fits_now
-          AND (NOT EXISTS (SELECT 1 FROM gang_reservations r
-                           WHERE r.worker_id = CAST(:worker_id AS INTEGER) AND r.expires_at > :now)
-               OR (SELECT l.free_slots - count(*) >= 1 AND l.free_gpus - total(r.gpus) >= s.gpus
-                          AND l.free_cpus - total(r.cpus) >= s.cpus
-                          AND l.free_memory_mb - total(r.memory_mb) >= s.memory_mb
-                   FROM gang_reservations r, worker_load l
-                   WHERE r.worker_id = CAST(:worker_id AS INTEGER) AND r.expires_at > :now
-                     AND l.worker_id = CAST(:worker_id AS INTEGER)))
-    )
-    SELECT h.task_id FROM fit g
-    JOIN task_queue h ON h.task_id = (
-        SELECT b.task_id FROM task_queue b
-        WHERE b.shape_id = g.shape_id AND b.project_id = g.project_id AND b.user_id = g.user_id
-          AND (NOT EXISTS (SELECT 1 FROM tasks o  -- +o.job_id: by the worker's few tasks, not the job's (an array's many)
-                           WHERE o.worker_id = CAST(:worker_id AS INTEGER) AND +o.job_id = b.job_id
-                             AND o.state IN ('assigned', 'running'))
-               OR (SELECT x.array_size FROM jobs x WHERE x.id = b.job_id) IS NOT NULL)
-        ORDER BY b.priority + b.aged DESC, b.task_id
-        LIMIT 1)
-    WHERE (g.nominal_left IS NULL OR g.nominal_left >= 0
-           OR (g.nominal_left + g.borrow >= 0
-               AND NOT EXISTS (SELECT 1 FROM fit o WHERE o.project_id <> g.project_id AND o.nominal_left >= 0)))
-      AND ((SELECT j.state = 'running' AND j.array_size IS NULL FROM jobs j WHERE j.id = h.job_id)
-           OR NOT coalesce((SELECT u.at_limit FROM user_running_jobs u WHERE u.user_id = g.user_id), 0))
-    ORDER BY h.priority + h.aged DESC,
-             (SELECT u.usage FROM project_fair_share u WHERE u.project_id = g.project_id),
-             (SELECT u.usage FROM user_fair_share u WHERE u.project_id = g.project_id AND u.user_id = g.user_id),
-             h.task_id
-    LIMIT 1
-)
+WHERE id = (SELECT task_id FROM claimable_tasks WHERE worker_id = CAST(:worker_id AS INTEGER) AND eligible
+            ORDER BY pos LIMIT 1)
 RETURNING id, job_id, "index", attempt, (SELECT gpus FROM jobs WHERE jobs.id = tasks.job_id) AS gpus,
           (SELECT array_size FROM jobs WHERE jobs.id = tasks.job_id) AS array_size;
 
