@@ -32,6 +32,8 @@ class Declared:
     pattern: str | None = None        # strings: a regex the whole value matches
     shows: str | None = None          # the docs' default, where the value alone does not say it
     schema: dict | None = None        # OpenAPI keys the type cannot say, laid over the generated ones
+    of: type | None = None            # a dict (or each dict of a list) that is this declared record, as JSON
+    omit: bool = False                # a writer leaves it out while it is its default (an older peer sees none)
 
 
 def declare(default: Any = dataclasses.MISSING, *, help: str, **bounds: Any) -> Any:
@@ -141,6 +143,8 @@ def to_wire(obj: Any) -> dict:
     out: dict[str, Any] = {}
     for f in wire_fields(type(obj)):
         value = getattr(obj, f.name)
+        if f.declared.omit and value == f.default:
+            continue
         if f.inner is not None and value is not None:
             value = to_wire(value)
         elif f.listed is not None and isinstance(value, list):
@@ -166,7 +170,7 @@ def json_schema(cls: type, *, closed: bool = True) -> dict:
 def field_schema(f: WireField) -> dict:
     """One field's schema: its type's, its bounds, its help as the description."""
     d = f.declared
-    schema = _type_schema(f.type)
+    schema = _type_schema(f.type) if d.of is None else _record_schema(f)
     bounds = {"minimum": d.minimum, "maximum": d.maximum, "minItems": d.min_items, "maxItems": d.max_items,
               "pattern": None if d.pattern is None else "^" + d.pattern.removesuffix(r"\Z") + "$"}
     schema.update({k: v for k, v in bounds.items() if v is not None})
@@ -174,6 +178,20 @@ def field_schema(f: WireField) -> dict:
     if d.help:
         schema["description"] = d.help
     return schema
+
+
+def _record_schema(f: WireField) -> dict:
+    """A field that holds a declared record as a plain JSON object (`of`), or a list of them; open unless the
+    record says `CLOSED = True` (the reader refuses fields it does not know)."""
+    record = json_schema(f.declared.of, closed=getattr(f.declared.of, "CLOSED", False))  # type: ignore[arg-type]
+    null = ["null"] if type(None) in f.kinds else []
+    if _is_list(f):
+        return {"type": ["array", *null] if null else "array", "items": record}
+    return {**record, "type": ["object", *null] if null else "object"}
+
+
+def _is_list(f: WireField) -> bool:
+    return any(typing.get_origin(m) is list for m in f.kinds)
 
 
 def _type_schema(tp: Any) -> dict:
@@ -216,8 +234,10 @@ def markdown_table(cls: type) -> str:
     rows = ["| field | default | meaning |", "|---|---|---|"]
     for f in wire_fields(cls):
         meaning = f.declared.help
-        if f.inner is not None and f.declared.shows is None:  # what `shows` says of it is enough
-            meaning = f"{meaning}: {brief(f.inner)}"
+        record = f.inner or f.declared.of
+        if record is not None and f.declared.shows is None:  # what `shows` says of it is enough
+            shape = brief(record)
+            meaning = f"{meaning}: [{shape}]" if _is_list(f) else f"{meaning}: {shape}"
         rows.append(f"| `{f.name}` | {default_text(f)} | {meaning} |")
     return "\n".join(rows) + "\n"
 
@@ -228,8 +248,8 @@ def brief(cls: type) -> str:
     for f in wire_fields(cls):
         if f.required:
             parts.append(f"`{f.name}`")
-        elif f.inner is not None:
-            parts.append(f"`{f.name}` {default_text(f)} or {brief(f.inner)}")
+        elif (f.inner or f.declared.of) is not None:
+            parts.append(f"`{f.name}` {default_text(f)} or {brief(f.inner or f.declared.of)}")  # type: ignore[arg-type]
         else:
             parts.append(f"`{f.name}` {default_text(f)}")
     return "{" + ", ".join(parts) + "}"
