@@ -1,11 +1,15 @@
 """Declared wire fields: one dataclass field per field on the wire, with its default, bounds and help.
 
-A wire object (the JobSpec, the Assignment) is a dataclass whose fields are made
-by `declare()`. What each layer needs is read from that one declaration: the
-server's validation (types, bounds, defaults, the names it knows), the OpenAPI
-schema (`json_schema`), the field tables of docs/protocol.md (`markdown_table`,
-written by scripts/gen_docs.py) and a typed object from a JSON answer
-(`from_wire`). docs/architecture.md, "Adding a field".
+A wire object (the JobSpec, the Assignment, the worker's requests) is a dataclass
+whose fields are made by `declare()`. What each layer needs is read from that one
+declaration: the server's validation (types, bounds, defaults, the names it
+knows), the OpenAPI schema (`json_schema`), the field tables of docs/protocol.md
+(`markdown_table`, written by scripts/gen_docs.py), a typed object from a JSON
+answer (`from_wire`) and a request's JSON object (`to_wire`: a field declared
+`omit` is left out at its default). A field declared `of=Record` holds a plain
+JSON object (or a list of them) that is a declared record: it goes on the wire
+as it is, and its schema, docs and checks are the record's. docs/architecture.md,
+"Adding a field".
 """
 from __future__ import annotations
 
@@ -246,7 +250,10 @@ def brief(cls: type) -> str:
     """A nested object in one line, each field with its default: {`replicas` 1, `health` null or {...}}."""
     parts = []
     for f in wire_fields(cls):
-        if f.required:
+        if f.required and f.declared.of is not None:  # a list of records, say: `files` [{`path`, ...}]
+            shape = brief(f.declared.of)
+            parts.append(f"`{f.name}` [{shape}]" if _is_list(f) else f"`{f.name}` {shape}")
+        elif f.required:
             parts.append(f"`{f.name}`")
         elif (f.inner or f.declared.of) is not None:
             parts.append(f"`{f.name}` {default_text(f)} or {brief(f.inner or f.declared.of)}")  # type: ignore[arg-type]
