@@ -6,6 +6,9 @@ worker or asks for its relay link. A 401 registers it again (registration.Regist
 
 import time
 
+from gpulayer.protocol.fields import to_wire
+from gpulayer.protocol.heartbeat import Heartbeat as HeartbeatBody
+
 from .errors import AgentError, Rejected, Revoked, Unauthorized, Unreachable
 from .events import log_event
 from .link.backoff import retry_delay
@@ -26,13 +29,13 @@ class Heartbeat(Registration):
                 known = {e["task_id"] for e in entries}
                 entries += [e for e in self.chunks.heartbeat_entries() if e["task_id"] not in known]
             sent_with = transport.headers.get("Authorization")
-            body: dict = {"tasks": entries}
+            gpus = None
             if self.gpu_health is not None:
                 self.gpu_health.check()
-                body["gpus"] = self.gpu_health.report()
+                gpus = self.gpu_health.report()
             samples = self.gpu_stats.take() if self.gpu_stats is not None else []
-            if samples:  # additive: an older control plane ignores it
-                body["gpu_samples"] = samples
+            # gpu_samples, when some: additive, an older control plane ignores it
+            body = to_wire(HeartbeatBody(tasks=entries, gpus=gpus, gpu_samples=samples))
             if not urgent and not failures and self._beat_needless(body):
                 urgent = self._heartbeat_pause(self.interval_s)
                 continue

@@ -10,6 +10,9 @@ import socket
 import time
 from pathlib import Path
 
+from gpulayer.protocol.fields import to_wire
+from gpulayer.protocol.registration import Register
+
 from . import __version__
 from .errors import AgentError, Forbidden, Rejected, Unauthorized, Unreachable
 from .events import log_event
@@ -87,21 +90,15 @@ class Registration(WorkerState):
         """POST register (through `joiner` where given), retried while unreachable; `transport` then carries the
         session token. None if stopped before it answered."""
         config = self.config
-        body = {
-            "name": config.name or socket.gethostname(),
-            "labels": dict(config.labels),
-            "resources": inventory.resources(),
-            "version": __version__,
-            "slots": max(1, int(config.parallel)),
-            "isolation": self.sandbox.isolation(),
-        }
-        if self.relay is not None:  # additive: an older control plane ignores it
-            body["relay"] = self.relay.register_field()
-        if self.gpu_health is not None:  # so that no task is placed on a GPU already broken
-            body["gpus"] = self.gpu_health.report()
-        advertise = config.advertise_address or local_address_towards(config.url)
-        if advertise:  # else the control plane takes the address it sees
-            body["advertise_address"] = advertise
+        body = to_wire(Register(
+            name=config.name or socket.gethostname(), labels=dict(config.labels), resources=inventory.resources(),
+            version=__version__, slots=max(1, int(config.parallel)), isolation=self.sandbox.isolation(),
+            # additive: an older control plane ignores it
+            relay=self.relay.register_field() if self.relay is not None else None,
+            # so that no task is placed on a GPU already broken
+            gpus=self.gpu_health.report() if self.gpu_health is not None else None,
+            # none: the control plane takes the address it sees
+            advertise_address=config.advertise_address or local_address_towards(config.url) or None))
         via = joiner or transport
         via.set_token(config.join_token)
         failures = 0

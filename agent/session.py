@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from gpulayer.protocol.assignment import Assignment
+from gpulayer.protocol.finish import FinishItem
 
 from .artifacts.cache import ArtifactCache, default_cache_bytes, default_cache_dir
 from .artifacts.caps import UnpackBudget
@@ -202,12 +203,12 @@ class Worker(Heartbeat):
             return min(self.config.acquire_wait_s, self.interval_s)
         return self.config.acquire_wait_s
 
-    def _finish_later(self, body: dict, entry: dict | None = None) -> None:
+    def _finish_later(self, item: FinishItem, entry: dict | None = None) -> None:
         """A runner's finish, sent in a batch by `chunks`; its task counts as ended only once it is answered."""
         assert self.chunks is not None
         with self.lock:
-            self.unanswered.add(body["task_id"])
-        self.chunks.finish(body, entry)
+            self.unanswered.add(item.task_id)
+        self.chunks.finish(item, entry)
 
     def _finishes_answered(self, task_ids: set[int]) -> None:
         """`chunks` sent these finishes (answered, or given up): a request sent from now on sees them applied."""

@@ -15,6 +15,8 @@ from collections import deque
 from collections.abc import Callable
 
 from gpulayer.protocol.assignment import Assignment
+from gpulayer.protocol.fields import names, to_wire
+from gpulayer.protocol.finish import Finish, Finished, FinishItem, FinishMany
 
 from ..errors import AgentError, Rejected, Unreachable
 from ..events import log_event
@@ -25,6 +27,8 @@ from .reports import acquired
 BATCH_S = 0.025
 #: Finishes (and task ids) in one request, the control plane's cap.
 MAX_BATCH = 1024
+#: A finish's own fields: those of a FinishItem but its task_id, attempt and run_s (a finish sent alone).
+FINISHED = names(Finished)
 
 
 class Chunks:
@@ -46,7 +50,7 @@ class Chunks:
         self.answered_ids = answered_ids
         self.cond = threading.Condition()
         self.queue: deque[Assignment] = deque()
-        self.pending: list[tuple[dict, float]] = []  # (finish body with task_id and attempt, when added)
+        self.pending: list[tuple[FinishItem, float]] = []  # (a finish with its task_id and attempt, when added)
         #: The heartbeat entries of the tasks whose finish is not answered yet: reported as held until it is
         #: (a control plane restored from a replica loses what a worker stops reporting).
         self.reporting: dict[int, dict] = {}
@@ -62,7 +66,7 @@ class Chunks:
         """Queue elements leased ahead (once each); a stopping agent gives them back instead."""
         with self.cond:
             known = {t.task_id for t in self.queue} | set(self.running_ids()) | self.in_flight
-            known |= {body["task_id"] for body, _ in self.pending}
+            known |= {item.task_id for item, _ in self.pending}
             fresh = [t for t in tasks if t.task_id not in known]
             if stopping:
                 self.release += [t.task_id for t in fresh]
@@ -100,17 +104,17 @@ class Chunks:
         """What this agent may hold leased ahead and not reported ended: for `held` of a request."""
         with self.cond:
             ids = {t.task_id for t in self.queue} | set(self.running_ids()) | self.in_flight
-            ids |= {body["task_id"] for body, _ in self.pending}
+            ids |= {item.task_id for item, _ in self.pending}
         return sorted(ids)[:MAX_BATCH]
 
     # -- finishes ------------------------------------------------------------
-    def finish(self, body: dict, entry: dict | None = None) -> None:
-        """Send this finish (with ``task_id`` and ``attempt``) soon, with others; until it is answered, the
+    def finish(self, item: FinishItem, entry: dict | None = None) -> None:
+        """Send this finish (fenced by its ``attempt``) soon, with others; until it is answered, the
         heartbeat reports the task as ``entry`` (its TaskHandle's)."""
         with self.cond:
-            self.pending.append((body, time.monotonic()))
+            self.pending.append((item, time.monotonic()))
             if entry is not None:
-                self.reporting[body["task_id"]] = entry
+                self.reporting[item.task_id] = entry
             self.cond.notify_all()
 
     def heartbeat_entries(self) -> list[dict]:
@@ -155,10 +159,10 @@ class Chunks:
                     self.cond.wait(due)
                 if self.closing and not self.pending and not self.release:
                     return
-                batch = [body for body, _ in self.pending[:MAX_BATCH]]
+                batch = [item for item, _ in self.pending[:MAX_BATCH]]
                 del self.pending[:len(batch)]
                 release, self.release = self.release[:MAX_BATCH], self.release[MAX_BATCH:]
-                self.in_flight = {b["task_id"] for b in batch}
+                self.in_flight = {item.task_id for item in batch}
             try:
                 if self.supported:
                     self._send(batch, release)
@@ -173,13 +177,11 @@ class Chunks:
                 if done:
                     self.answered_ids(done)
 
-    def _send(self, batch: list[dict], release: list[int]) -> None:
+    def _send(self, batch: list[FinishItem], release: list[int]) -> None:
         free = max(0, self.free_slots() - self.queued())
-        body: dict = {"finishes": batch, "prefetch": True, "held": self.held()}
-        if release:
-            body["release"] = release
-        if free and self.want_next():
-            body.update(next=True, max_tasks=free)
+        want = bool(free) and self.want_next()
+        body = to_wire(FinishMany(finishes=batch, prefetch=True, held=self.held(), release=release, next=want,
+                                  max_tasks=free if want else None))
         asked = time.monotonic()
         try:
             answer = self.transport.call("POST", "/worker/finish-many", body)
@@ -197,15 +199,15 @@ class Chunks:
         except AgentError as exc:
             self.fatal(exc)
             return
-        self.answered(answer, asked, {b["task_id"]: b for b in batch})
+        self.answered(answer, asked, {item.task_id: item for item in batch})
 
-    def answered(self, answer: dict, asked: float, sent: dict[int, dict] | None = None) -> None:
+    def answered(self, answer: dict, asked: float, sent: dict[int, FinishItem] | None = None) -> None:
         """Apply an answer of finish-many or acquire: results logged, the queue trimmed and topped up,
         assignments to start now handed over."""
         for result in answer.get("results") or []:
-            body = (sent or {}).get(result.get("task_id"), {})
-            log_event("task_finished", task_id=result.get("task_id"), outcome=body.get("outcome"),
-                      exit_code=body.get("exit_code"), accepted=bool(result.get("accepted")))
+            item = (sent or {}).get(result.get("task_id"))
+            log_event("task_finished", task_id=result.get("task_id"), outcome=item.outcome if item else None,
+                      exit_code=item.exit_code if item else None, accepted=bool(result.get("accepted")))
             if not result.get("accepted"):
                 log_event("task_result_late", task_id=result.get("task_id"), error=result.get("error"))
         dropped = {int(t) for t in answer.get("dropped") or []}
@@ -218,24 +220,22 @@ class Chunks:
         if ahead:
             self.add(ahead, stopping=not self.want_next())
 
-    def _send_alone(self, batch: list[dict]) -> None:
-        for i, body in enumerate(batch):
-            single = {k: v for k, v in body.items() if k not in ("task_id", "attempt", "run_s")}
-            last = i == len(batch) - 1
-            single["next"] = last and self.want_next()
-            if single["next"]:
-                single["max_tasks"] = max(1, self.free_slots())
+    def _send_alone(self, batch: list[FinishItem]) -> None:
+        for i, item in enumerate(batch):
+            want = i == len(batch) - 1 and self.want_next()
+            single = Finish(**{name: getattr(item, name) for name in FINISHED}, next=want,
+                            max_tasks=max(1, self.free_slots()) if want else None)
             asked = time.monotonic()
             try:
-                answer = self.transport.call("POST", f"/worker/tasks/{body['task_id']}/finish", single)
+                answer = self.transport.call("POST", f"/worker/tasks/{item.task_id}/finish", to_wire(single))
             except (Rejected, Unreachable) as exc:
-                log_event("task_finish_failed", task_id=body["task_id"], outcome=body["outcome"], error=str(exc))
+                log_event("task_finish_failed", task_id=item.task_id, outcome=item.outcome, error=str(exc))
                 continue
             except AgentError as exc:
                 self.fatal(exc)
                 return
-            log_event("task_finished", task_id=body["task_id"], outcome=body["outcome"],
-                      exit_code=body["exit_code"], accepted=bool(answer.get("accepted")))
+            log_event("task_finished", task_id=item.task_id, outcome=item.outcome,
+                      exit_code=item.exit_code, accepted=bool(answer.get("accepted")))
             for task in acquired(answer):
                 self.hand_over(task, asked)
 

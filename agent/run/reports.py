@@ -9,9 +9,12 @@ import shutil
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from gpulayer.protocol import plural
 from gpulayer.protocol.assignment import Assignment, assignments
+from gpulayer.protocol.fields import to_wire
+from gpulayer.protocol.finish import CheckpointUpload, Finish, FinishItem
 
 from ..artifacts.checkpoint import DIR_NAME as CHECKPOINT_DIR
 from ..artifacts.outputs import collect_outputs, upload_outputs
@@ -102,36 +105,30 @@ class TaskReports(TaskState):
             summary = f"finished: {result.outcome}{code}"
             summary += f": {result.reason}" if result.reason and result.outcome != "succeeded" else ""
         tail = self.shipper.close_keeping_tail(self.ctx.transport.give_up_at, last_line=summary)
-        body: dict = {"exit_code": result.exit_code, "outcome": result.outcome, "outputs": outputs, "lines": tail,
-                "next": self.ctx.hand_over is not None and self.ctx.want_next()}
-        if body["next"]:
-            body["max_tasks"] = max(1, self.ctx.next_max())
-        if result.reason:
-            body["reason"] = result.reason
-        if self.handle.signals:  # the signals its process got: task_signalled events (added with signals)
-            body["signals"] = self.handle.signals
-        if self.start_pid is not None:  # its start was never sent: this finish is also the start
-            body["pid"] = self.start_pid
-        if checkpoint is not None:  # recorded in the finish's transaction (an older control plane ignores it)
-            body["checkpoint"] = {"files": checkpoint}
+        want_next = self.ctx.hand_over is not None and self.ctx.want_next()
+        ended: dict[str, Any] = {  # protocol/finish.py's Finished; those at their default are left off the wire
+            "exit_code": result.exit_code, "outcome": result.outcome, "outputs": outputs, "lines": tail,
+            "reason": result.reason or None,
+            "signals": self.handle.signals,  # the signals its process got: task_signalled events (added with signals)
+            "pid": self.start_pid,  # its start was never sent: this finish is also the start
+            # recorded in the finish's transaction (an older control plane ignores it)
+            "checkpoint": CheckpointUpload(files=checkpoint) if checkpoint is not None else None}
         if self.ctx.finish_later is not None:  # sent with others (agent/run/chunks.py), fenced by its attempt
-            del body["next"]
-            body.pop("max_tasks", None)
-            body.update(task_id=self.task_id, attempt=self.assignment.attempt)
-            if self.run_s is not None:
-                body["run_s"] = round(self.run_s, 6)
-            self.ctx.finish_later(body, self.handle.heartbeat_entry())
+            run_s = round(self.run_s, 6) if self.run_s is not None else None
+            self.ctx.finish_later(FinishItem(**ended, task_id=self.task_id, attempt=self.assignment.attempt,
+                                             run_s=run_s), self.handle.heartbeat_entry())
         else:
-            self._send_finish(body)
+            self._send_finish(Finish(**ended, next=want_next,
+                                     max_tasks=max(1, self.ctx.next_max()) if want_next else None))
         if not self.ctx.keep_task_dirs:
             remove_dir(self.workdir)
 
-    def _send_finish(self, body: dict) -> None:
+    def _send_finish(self, finish: Finish) -> None:
         asked = time.monotonic()
         try:
-            answer = self.ctx.transport.call("POST", f"/worker/tasks/{self.task_id}/finish", body)
+            answer = self.ctx.transport.call("POST", f"/worker/tasks/{self.task_id}/finish", to_wire(finish))
         except (Rejected, Unreachable) as exc:
-            log_event("task_finish_failed", task_id=self.task_id, outcome=body["outcome"], error=str(exc))
+            log_event("task_finish_failed", task_id=self.task_id, outcome=finish.outcome, error=str(exc))
             return
         except AgentError as exc:
             self.ctx.fatal.append(exc)
@@ -140,9 +137,9 @@ class TaskReports(TaskState):
         if self.ctx.hand_over is not None:
             for task in acquired(answer):
                 self.ctx.hand_over(task, asked)
-        log_event("task_finished", task_id=self.task_id, outcome=body["outcome"], exit_code=body["exit_code"], accepted=accepted)
+        log_event("task_finished", task_id=self.task_id, outcome=finish.outcome, exit_code=finish.exit_code, accepted=accepted)
         if not accepted:
-            log_event("task_result_late", task_id=self.task_id, outcome=body["outcome"])
+            log_event("task_result_late", task_id=self.task_id, outcome=finish.outcome)
 
 
 

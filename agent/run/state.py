@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Callable
 
 from gpulayer.protocol.assignment import Assignment
+from gpulayer.protocol.finish import FinishItem
 
 from ..artifacts.cache import ArtifactCache
 from ..artifacts.caps import UnpackBudget
@@ -62,7 +63,7 @@ class TaskContext:
     #: Sandboxes made ahead for plain tasks (agent/sandbox/spares.py); None: each makes its own bwrap when it starts.
     spares: Spares | None = None
     #: Where finishes go to be sent in batches (agent/run/chunks.py: finish-many); None: each sent alone, here.
-    finish_later: Callable[[dict, dict], None] | None = None
+    finish_later: Callable[[FinishItem, dict], None] | None = None
     #: Digests of checkpoint files already read (agent/artifacts/checkpoint.py), shared by the worker's tasks.
     checkpoint_digests: DigestMemo = field(default_factory=DigestMemo)
 

@@ -1,11 +1,15 @@
 """Declared wire fields: one dataclass field per field on the wire, with its default, bounds and help.
 
-A wire object (the JobSpec, the Assignment) is a dataclass whose fields are made
-by `declare()`. What each layer needs is read from that one declaration: the
-server's validation (types, bounds, defaults, the names it knows), the OpenAPI
-schema (`json_schema`), the field tables of docs/protocol.md (`markdown_table`,
-written by scripts/gen_docs.py) and a typed object from a JSON answer
-(`from_wire`). docs/architecture.md, "Adding a field".
+A wire object (the JobSpec, the Assignment, the worker's requests) is a dataclass
+whose fields are made by `declare()`. What each layer needs is read from that one
+declaration: the server's validation (types, bounds, defaults, the names it
+knows), the OpenAPI schema (`json_schema`), the field tables of docs/protocol.md
+(`markdown_table`, written by scripts/gen_docs.py), a typed object from a JSON
+answer (`from_wire`) and a request's JSON object (`to_wire`: a field declared
+`omit` is left out at its default). A field declared `of=Record` holds a plain
+JSON object (or a list of them) that is a declared record: it goes on the wire
+as it is, and its schema, docs and checks are the record's. docs/architecture.md,
+"Adding a field".
 """
 from __future__ import annotations
 
@@ -32,6 +36,8 @@ class Declared:
     pattern: str | None = None        # strings: a regex the whole value matches
     shows: str | None = None          # the docs' default, where the value alone does not say it
     schema: dict | None = None        # OpenAPI keys the type cannot say, laid over the generated ones
+    of: type | None = None            # a dict (or each dict of a list) that is this declared record, as JSON
+    omit: bool = False                # a writer leaves it out while it is its default (an older peer sees none)
 
 
 def declare(default: Any = dataclasses.MISSING, *, help: str, **bounds: Any) -> Any:
@@ -141,6 +147,8 @@ def to_wire(obj: Any) -> dict:
     out: dict[str, Any] = {}
     for f in wire_fields(type(obj)):
         value = getattr(obj, f.name)
+        if f.declared.omit and value == f.default:
+            continue
         if f.inner is not None and value is not None:
             value = to_wire(value)
         elif f.listed is not None and isinstance(value, list):
@@ -166,7 +174,7 @@ def json_schema(cls: type, *, closed: bool = True) -> dict:
 def field_schema(f: WireField) -> dict:
     """One field's schema: its type's, its bounds, its help as the description."""
     d = f.declared
-    schema = _type_schema(f.type)
+    schema = _type_schema(f.type) if d.of is None else _record_schema(f)
     bounds = {"minimum": d.minimum, "maximum": d.maximum, "minItems": d.min_items, "maxItems": d.max_items,
               "pattern": None if d.pattern is None else "^" + d.pattern.removesuffix(r"\Z") + "$"}
     schema.update({k: v for k, v in bounds.items() if v is not None})
@@ -174,6 +182,20 @@ def field_schema(f: WireField) -> dict:
     if d.help:
         schema["description"] = d.help
     return schema
+
+
+def _record_schema(f: WireField) -> dict:
+    """A field that holds a declared record as a plain JSON object (`of`), or a list of them; open unless the
+    record says `CLOSED = True` (the reader refuses fields it does not know)."""
+    record = json_schema(f.declared.of, closed=getattr(f.declared.of, "CLOSED", False))  # type: ignore[arg-type]
+    null = ["null"] if type(None) in f.kinds else []
+    if _is_list(f):
+        return {"type": ["array", *null] if null else "array", "items": record}
+    return {**record, "type": ["object", *null] if null else "object"}
+
+
+def _is_list(f: WireField) -> bool:
+    return any(typing.get_origin(m) is list for m in f.kinds)
 
 
 def _type_schema(tp: Any) -> dict:
@@ -216,8 +238,10 @@ def markdown_table(cls: type) -> str:
     rows = ["| field | default | meaning |", "|---|---|---|"]
     for f in wire_fields(cls):
         meaning = f.declared.help
-        if f.inner is not None and f.declared.shows is None:  # what `shows` says of it is enough
-            meaning = f"{meaning}: {brief(f.inner)}"
+        record = f.inner or f.declared.of
+        if record is not None and f.declared.shows is None:  # what `shows` says of it is enough
+            shape = brief(record)
+            meaning = f"{meaning}: [{shape}]" if _is_list(f) else f"{meaning}: {shape}"
         rows.append(f"| `{f.name}` | {default_text(f)} | {meaning} |")
     return "\n".join(rows) + "\n"
 
@@ -226,10 +250,13 @@ def brief(cls: type) -> str:
     """A nested object in one line, each field with its default: {`replicas` 1, `health` null or {...}}."""
     parts = []
     for f in wire_fields(cls):
-        if f.required:
+        if f.required and f.declared.of is not None:  # a list of records, say: `files` [{`path`, ...}]
+            shape = brief(f.declared.of)
+            parts.append(f"`{f.name}` [{shape}]" if _is_list(f) else f"`{f.name}` {shape}")
+        elif f.required:
             parts.append(f"`{f.name}`")
-        elif f.inner is not None:
-            parts.append(f"`{f.name}` {default_text(f)} or {brief(f.inner)}")
+        elif (f.inner or f.declared.of) is not None:
+            parts.append(f"`{f.name}` {default_text(f)} or {brief(f.inner or f.declared.of)}")  # type: ignore[arg-type]
         else:
             parts.append(f"`{f.name}` {default_text(f)}")
     return "{" + ", ".join(parts) + "}"

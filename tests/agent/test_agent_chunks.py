@@ -8,6 +8,7 @@ import threading
 from agent.run.chunks import Chunks
 from agent.errors import Rejected
 from gpulayer.protocol.assignment import Assignment
+from gpulayer.protocol.finish import FinishItem
 
 
 class Recorder:
@@ -36,8 +37,8 @@ def chunks_with(transport, launched=None, slots=2):
                   fatal=lambda exc: None)
 
 
-def finish(task_id: int) -> dict:
-    return {"task_id": task_id, "attempt": 1, "exit_code": 0, "outcome": "succeeded", "outputs": {}, "lines": []}
+def finish(task_id: int) -> FinishItem:
+    return FinishItem(task_id=task_id, attempt=1, exit_code=0, outcome="succeeded")
 
 
 def test_a_lone_finish_goes_at_once_and_several_go_together_while_elements_are_queued():

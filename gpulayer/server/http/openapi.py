@@ -10,7 +10,10 @@ from typing import Any
 
 from gpulayer.protocol.assignment import Assignment
 from gpulayer.protocol.fields import json_schema
+from gpulayer.protocol.finish import CheckpointFile, Finish, FinishMany
+from gpulayer.protocol.heartbeat import Heartbeat
 from gpulayer.protocol.jobspec import JobSpec
+from gpulayer.protocol.registration import GpuReport, Register
 from gpulayer.server.config import PROTOCOL
 from gpulayer.server.http import paging
 from gpulayer.server.notify.names import EVENTS
@@ -49,11 +52,7 @@ JOB = {"type": "object", "required": ["id", "state", "created_at", "spec", "task
     "ingress_url": {"type": ["string", "null"], "description": "a service's ingress on the control plane "
                                                                "(`service.ingress`; docs/access.md), else null"}}}
 # A checkpoint's manifest (docs/training.md): every regular file of the task's GPULAYER_CHECKPOINT_DIR.
-CHECKPOINT_FILES = {"type": "array", "maxItems": 100_000, "items": {
-    "type": "object", "additionalProperties": False, "required": ["path", "digest", "size"], "properties": {
-        "path": {"type": "string", "description": "relative to the checkpoint directory"},
-        "digest": {"type": "string", "pattern": "^sha256:[0-9a-f]{64}$"}, "size": {"type": "integer", "minimum": 0},
-        "mode": {"type": "integer", "minimum": 0, "maximum": 4095, "description": "permission bits (default 0o644)"}}}}
+CHECKPOINT_FILES = {"type": "array", "maxItems": 100_000, "items": json_schema(CheckpointFile)}
 CHECKPOINT_BODY = {"type": "object", "required": ["files"], "properties": {"files": CHECKPOINT_FILES},
                    "description": "the task's checkpoint directory, uploaded: recorded with the finish (an attempt "
                                   "that did not succeed) when every file is stored"}
@@ -85,21 +84,8 @@ PROJECT = {"type": "object", "required": ["name", "visibility", "members"], "pro
     "name": NAME, **PROJECT_SETTINGS, "created_at": NUM, "members": {"type": "array", "items": {
         "type": "object", "required": ["user", "role"], "properties": {"user": NAME, "role": ROLE}}}}}
 
-# register and heartbeat: the agent's per-GPU health (NVML), optional
-GPU_HEALTH = {"type": "array", "items": {"type": "object", "required": ["index"], "properties": {
-    "index": INT, "uuid": {"type": ["string", "null"]}, "healthy": {"type": "boolean"},
-    "reason": {"type": ["string", "null"]},
-    "reset_applied": {"type": "boolean", "description": "heartbeat: the agent applied an operator's reset of this "
-                                                         "GPU (reset_gpus) since its last answer; sent until answered"}}}}
-# A heartbeat's `gpu_samples` (issue 28 part 4): per GPU, its mean utilization and peak memory over one interval.
-GPU_SAMPLES = {"type": "array", "maxItems": 1024, "items": {
-    "type": "object", "required": ["index", "at"], "properties": {
-        "index": {"type": "integer", "minimum": 0, "maximum": 1023}, "at": {"type": "number", "minimum": 0},
-        "utilization_pct": {"type": ["number", "null"], "minimum": 0, "maximum": 100,
-                            "description": "mean over the interval"},
-        "memory_used_mb": {"type": ["integer", "null"], "minimum": 0, "maximum": 1 << 30,
-                           "description": "the most used during the interval (MiB)"},
-        "memory_total_mb": {"type": ["integer", "null"], "minimum": 0, "maximum": 1 << 30}}}}
+# the agent's per-GPU health (NVML), as register and heartbeat send it (gpulayer/protocol/registration.py)
+GPU_HEALTH = {"type": "array", "items": json_schema(GpuReport, closed=False)}
 JOB_GPUS = {"type": "object", "required": ["tasks", "truncated"], "properties": {
     "truncated": {"type": "boolean"},
     "tasks": {"type": "array", "items": {"type": "object", "required": ["task_id", "worker_id", "gpus"], "properties": {
@@ -117,10 +103,6 @@ WORKER_CORDON = {"type": "object", "required": ["id", "name", "state", "cordon"]
     "cordon": {"enum": ["cordoned", "draining", "drained", None]}, "cordon_reason": {"type": ["string", "null"]},
     "cordoned_at": {"type": ["number", "null"]}, "drain_deadline": {"type": ["number", "null"]}}}
 
-#: A finish's `signals` (issue 27): what the agent sent the task's process, each a `task_signalled` event.
-SIGNALS = {"type": "array", "maxItems": 16, "items": {"type": "object", "required": ["signal", "why"], "properties": {
-    "signal": {"type": "string", "maxLength": 16}, "at": NUM,
-    "why": {"enum": ["time_limit", "silence_timeout", "cancelled", "preempted", "drained", "requeued", "restart"]}}}}
 REQUEST_BODIES = {
     ("/v1/jobs", "post"): {**JOB_SPEC, "properties": {**JOB_SPEC["properties"], "project": {
         **NAME, "description": "beside the JobSpec: the project it counts against (default: the caller's only "
@@ -142,42 +124,16 @@ REQUEST_BODIES = {
                                        "properties": PROJECT_SETTINGS},
     ("/v1/projects/{name}/members/{user}", "put"): {"type": "object", "additionalProperties": False,
                                                     "properties": {"role": ROLE}},
-    ("/v1/workers/register", "post"): {"type": "object", "required": ["name"], "properties": {
-        "name": {"type": "string"}, "labels": STR_MAP, "version": {"type": "string"},
-        "advertise_address": {"type": ["string", "null"]}, "slots": {"type": "integer", "minimum": 1},
-        "resources": {"type": "object", "properties": {"cpus": NUM, "gpus": INT, "memory_mb": INT,
-                                                       "gpu_models": {"type": "array", "items": {"type": "string"}}}},
-        "gpus": GPU_HEALTH,
-        "isolation": {"type": "object", "properties": {"sandbox": {"type": "string"}, "user": {"type": ["string", "null"]},
-                                                       "root_tasks": {"type": "boolean"}, "limits": {"type": "string"},
-                                                       "warning": {"type": "string"}}}}},
-    ("/v1/worker/heartbeat", "post"): {"type": "object", "properties": {"tasks": {"type": "array", "items": {
-        "type": "object", "required": ["task_id"], "properties": {
-            "task_id": {"type": "integer"}, "state": {"type": "string"},
-            "endpoint": {"type": ["string", "null"]}, "restarts": INT,
-            # the Assignment's, echoed: a control plane restored from a replica checks them (reconcile.py)
-            "job_id": {"type": "integer", "minimum": 1}, "attempt": {"type": "integer", "minimum": 1},
-            "gpus": {"type": "array", "items": INT}}}}, "gpus": GPU_HEALTH, "gpu_samples": GPU_SAMPLES}},
+    # the worker's requests: their declarations' (gpulayer/protocol/registration.py, heartbeat.py, finish.py)
+    ("/v1/workers/register", "post"): json_schema(Register, closed=False),
+    ("/v1/worker/heartbeat", "post"): json_schema(Heartbeat, closed=False),
     ("/v1/workers/{worker}/cordon", "post"): CORDON,
     ("/v1/workers/{worker}/drain", "post"): {**CORDON, "properties": {
         "reason": REASON, "timeout_s": {"type": ["number", "null"], "minimum": 0}}},
     ("/v1/worker/acquire", "post"): {"type": "object", "properties": {"wait_s": {"type": "number", "minimum": 0,
                                                                                 "maximum": 1},
                                                                      "max_tasks": MAX_TASKS, **LEASE_AHEAD}},
-    ("/v1/worker/finish-many", "post"): {"type": "object", "additionalProperties": False, "properties": {
-        "finishes": {"type": "array", "maxItems": 1024, "items": {
-            "type": "object", "required": ["task_id", "attempt", "outcome"], "properties": {
-                "task_id": {"type": "integer", "minimum": 1}, "attempt": {"type": "integer", "minimum": 1},
-                "exit_code": {"type": ["integer", "null"]},
-                "outcome": {"enum": ["succeeded", "failed", "cancelled", "timed_out"]},
-                "outputs": STR_MAP, "reason": {"type": ["string", "null"]}, "pid": {"type": "integer", "minimum": 1},
-                "signals": SIGNALS,
-                "run_s": {"type": "number", "minimum": 0, "description": "seconds the task took on the worker"},
-                "checkpoint": CHECKPOINT_BODY,
-                "lines": {"type": "array", "items": {"type": "object"}}}}},
-        "next": {"type": "boolean"}, "max_tasks": MAX_TASKS, **LEASE_AHEAD,
-        "release": {"type": "array", "maxItems": 1024, "items": {"type": "integer"},
-                    "description": "elements leased ahead the worker gives back (requeued, same attempt)"}}},
+    ("/v1/worker/finish-many", "post"): json_schema(FinishMany),
     ("/v1/worker/checkpoint", "post"): {"type": "object", "additionalProperties": False,
                                         "required": ["task_id", "files"], "properties": {
         "task_id": {"type": "integer", "minimum": 1},
@@ -191,18 +147,7 @@ REQUEST_BODIES = {
     ("/v1/worker/tasks/{task_id}/rendezvous", "post"): {"type": "object", "required": ["address", "port"],
                                                         "properties": {"address": {"type": "string"},
                                                                        "port": {"type": "integer"}}},
-    ("/v1/worker/tasks/{task_id}/finish", "post"): {"type": "object", "required": ["outcome"], "properties": {
-        "exit_code": {"type": ["integer", "null"]},
-        "outcome": {"enum": ["succeeded", "failed", "cancelled", "timed_out"]},
-        "outputs": STR_MAP, "reason": {"type": ["string", "null"]}, "next": {"type": "boolean"},
-        "max_tasks": MAX_TASKS,
-        "pid": {"type": "integer", "minimum": 1, "description": "the task's start, never sent (its process "
-                "ended first): a task still assigned is started with this pid in the same transaction"},
-        "checkpoint": CHECKPOINT_BODY,
-        "signals": SIGNALS,
-        "lines": {"type": "array", "items": {"type": "object", "required": ["text"], "properties": {
-            "n": INT, "stream": {"enum": ["stdout", "stderr", "system"]}, "text": {"type": "string"},
-            "at": NUM}}}}},
+    ("/v1/worker/tasks/{task_id}/finish", "post"): json_schema(Finish, closed=False),
     ("/v1/tokens", "post"): {"type": "object", "additionalProperties": False, "properties": {
         "name": {"type": "string", "description": "required for join and metrics tokens; a client token's "
                                                   "defaults to its user's name"},

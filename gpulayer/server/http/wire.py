@@ -1,6 +1,9 @@
 """Request bodies of the worker and admin endpoints: parsed, checked, or refused by field.
 
-(The JobSpec has its own module, spec.py.)
+The worker's requests (register, heartbeat, finish, finish-many) are declared in gpulayer/protocol/
+(registration.py, heartbeat.py, finish.py) and read here through their declarations (server/declared.py):
+what a field's type and bounds say is checked there; what they cannot say (a relative path, a digest,
+each index once, a message of its own) is here. (The JobSpec has its own module, scheduler/spec.py.)
 """
 from __future__ import annotations
 
@@ -8,17 +11,20 @@ import json
 import re
 
 from gpulayer.protocol import parse_duration
+from gpulayer.protocol.fields import field_of, names, wire_fields
+from gpulayer.protocol.finish import (
+    MAX_CHECKPOINT_FILES, MAX_FINISHES, MAX_LOG_LINES, MAX_LOG_TEXT, MAX_SIGNALS, OUTCOMES, SIGNAL_WHYS, STREAMS,
+    CheckpointFile, Finish, Finished, FinishItem, FinishMany,
+)
+from gpulayer.protocol.heartbeat import MAX_GPU_SAMPLES, Heartbeat, TaskReport
+from gpulayer.protocol.registration import MAX_GPU_INDEX, MAX_WORKER_GPUS, Isolation, Register, Resources
 from gpulayer.server.config import MAX_JSON_BODY
+from gpulayer.server.declared import checked, fields, flag as _flag, records, unknown as _unknown
 from gpulayer.server.errors import BodyTooLarge, InvalidJSON, InvalidRequest
 from gpulayer.server.scheduler import sessions
-from gpulayer.server.scheduler.chunks import MAX_FINISHES
 from gpulayer.server.scheduler.teams import ROLES, VISIBILITIES, check_name
 from gpulayer.server.validators import digest, integer, labels, mapping, number, relative_path, string
 
-OUTCOMES = ("succeeded", "failed", "cancelled", "timed_out")
-STREAMS = ("stdout", "stderr", "system")
-MAX_LOG_LINES = 10_000
-MAX_LOG_TEXT = 64 * 1024
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
@@ -78,30 +84,27 @@ def _encodable(text: str, where: str) -> None:
 
 
 def register(body: dict) -> dict:
-    """POST /v1/workers/register."""
-    res = mapping(body.get("resources", {}), "resources")
+    """POST /v1/workers/register: a `Register` (gpulayer/protocol/registration.py)."""
+    return fields(body, Register, "", {"labels": labels, "resources": _resources, "isolation": isolation,
+                                       "relay": sessions.relay_field, "gpus": _gpu_reports,
+                                       "advertise_address": _advertise_address})
+
+
+def _resources(value) -> dict:
+    res = mapping(value, "resources")
     models = res.get("gpu_models", [])
     if not isinstance(models, list) or any(not isinstance(m, str) or len(m) > 256 for m in models):
         raise InvalidRequest("resources.gpu_models: must be a list of strings")
-    address = body.get("advertise_address")
-    return {
-        "name": string(body.get("name"), "name", limit=256),
-        "labels": labels(body.get("labels", {})),
-        "resources": {"cpus": number(res.get("cpus", 0), "resources.cpus", 0, 1_000_000),
-                      "gpus": integer(res.get("gpus", 0), "resources.gpus", 0, 1024),
-                      "memory_mb": integer(res.get("memory_mb", 0), "resources.memory_mb", 0, 1 << 40),
-                      "gpu_models": models[:1024]},
-        "advertise_address": string(address, "advertise_address", limit=256) if address else None,
-        "version": string(body.get("version", "unknown"), "version", limit=64),
-        "slots": integer(body.get("slots", 1), "slots", 1, 1024),
-        "gpus": gpu_health(body),
-        "isolation": isolation(body.get("isolation")),
-        "relay": sessions.relay_field(body.get("relay")),
-    }
+    return fields(res, Resources, "resources.", {"gpu_models": lambda _: models[:MAX_WORKER_GPUS]})
+
+
+def _advertise_address(value) -> str | None:
+    """Absent or empty: None (the control plane takes the address it sees)."""
+    return checked(field_of(Register, "advertise_address"), value, "advertise_address") if value else None
 
 
 #: What a worker may say of its isolation (agent/sandbox/bwrap.py, Sandbox.isolation), each a short string or a bool.
-ISOLATION_KEYS = {"sandbox": str, "user": str, "root_tasks": bool, "limits": str, "warning": str}
+ISOLATION_KEYS = {f.name: bool if bool in f.kinds else str for f in wire_fields(Isolation)}
 
 
 def isolation(value) -> dict:
@@ -123,38 +126,41 @@ def isolation(value) -> dict:
 
 
 def heartbeat(body: dict) -> list[dict]:
-    """POST /v1/worker/heartbeat: the tasks the worker runs now."""
+    """POST /v1/worker/heartbeat: the tasks the worker runs now (a `Heartbeat`'s `tasks`, each a `TaskReport`)."""
     tasks = body.get("tasks", [])
-    if not isinstance(tasks, list) or len(tasks) > 10_000:
+    if not isinstance(tasks, list) or len(tasks) > MAX_REPORTED_TASKS:
         raise InvalidRequest("tasks: must be a list")
     out = []
     for i, task in enumerate(tasks):
         task = mapping(task, f"tasks[{i}]")
-        endpoint = task.get("endpoint")
-        out.append({"task_id": integer(task.get("task_id"), f"tasks[{i}].task_id", 1, 1 << 62),
-                    "state": string(task.get("state", "running"), f"tasks[{i}].state", limit=32),
-                    "endpoint": None if endpoint is None else string(endpoint, f"tasks[{i}].endpoint", limit=300),
-                    "restarts": integer(task.get("restarts", 0) or 0, f"tasks[{i}].restarts", 0, 1 << 31),
-                    **_assignment_echo(task, f"tasks[{i}]")})
+        where = f"tasks[{i}]"
+        out.append({"task_id": checked(_TASK_ID, task.get("task_id"), f"{where}.task_id"),
+                    "state": checked(_STATE, task.get("state", _STATE.default), f"{where}.state"),
+                    "endpoint": checked(_ENDPOINT, task.get("endpoint"), f"{where}.endpoint"),
+                    "restarts": checked(_RESTARTS, task.get("restarts", 0) or 0, f"{where}.restarts"),
+                    **_assignment_echo(task, where)})
     return out
+
+
+MAX_REPORTED_TASKS = field_of(Heartbeat, "tasks").declared.max_items or 0
+_TASK_ID, _STATE, _ENDPOINT, _RESTARTS = (field_of(TaskReport, n) for n in ("task_id", "state", "endpoint", "restarts"))
 
 
 def _assignment_echo(task: dict, where: str) -> dict:
     """`job_id`, `attempt`, `gpus` of a heartbeat's task (optional): what its Assignment said, for reconciliation;
-    `timeout_seconds` (optional, null for none): the time limit its agent enforces now."""
+    `timeout_seconds` (optional, null for none): the time limit its agent enforces now. Each only when sent."""
     out: dict = {}
     if "timeout_seconds" in task:
-        limit = task["timeout_seconds"]
-        out["timeout_seconds"] = None if limit is None else number(limit, f"{where}.timeout_seconds", 0, 1e12)
-    if task.get("job_id") is not None:
-        out["job_id"] = integer(task["job_id"], f"{where}.job_id", 1, 1 << 62)
-    if task.get("attempt") is not None:
-        out["attempt"] = integer(task["attempt"], f"{where}.attempt", 1, 1 << 31)
+        out["timeout_seconds"] = checked(field_of(TaskReport, "timeout_seconds"), task["timeout_seconds"],
+                                         f"{where}.timeout_seconds")
+    for name in ("job_id", "attempt"):
+        if task.get(name) is not None:
+            out[name] = checked(field_of(TaskReport, name), task[name], f"{where}.{name}")
     gpus = task.get("gpus")
     if gpus is not None:
-        if not isinstance(gpus, list) or len(gpus) > 1024:
+        if not isinstance(gpus, list) or len(gpus) > MAX_WORKER_GPUS:
             raise InvalidRequest(f"{where}.gpus: must be a list of device indices")
-        out["gpus"] = [integer(g, f"{where}.gpus[{k}]", 0, 1023) for k, g in enumerate(gpus)]
+        out["gpus"] = [integer(g, f"{where}.gpus[{k}]", 0, MAX_GPU_INDEX) for k, g in enumerate(gpus)]
         if len(set(out["gpus"])) != len(out["gpus"]):
             raise InvalidRequest(f"{where}.gpus: each index at most once")
     return out
@@ -201,27 +207,29 @@ def rendezvous(body: dict) -> tuple[str, int]:
 
 
 def finish(body: dict) -> dict:
-    """POST /v1/worker/tasks/{id}/finish."""
-    outcome = body.get("outcome")
-    if outcome not in OUTCOMES:
+    """POST /v1/worker/tasks/{id}/finish: a `Finish` (gpulayer/protocol/finish.py)."""
+    return fields(body, Finish, "", _FINISHED)
+
+
+def _outcome(value) -> str:
+    if value not in OUTCOMES:
         raise InvalidRequest(f"outcome: must be one of {', '.join(OUTCOMES)}")
-    code = body.get("exit_code")
-    outputs = mapping(body.get("outputs") or {}, "outputs")
-    reason = body.get("reason")
-    return {"exit_code": None if code is None else integer(code, "exit_code", -(1 << 31), 1 << 31),
-            "outcome": outcome,
-            "outputs": {relative_path(k, "outputs key"): digest(v, f"outputs.{k}", allow_none=False)
-                        for k, v in outputs.items()},
-            "reason": None if reason is None else string(reason, "reason", limit=2048),
-            "lines": log_lines(body) if body.get("lines") is not None else [],
-            "next": _flag(body.get("next", False), "next"), "max_tasks": max_tasks(body),
-            "pid": None if body.get("pid") is None else integer(body["pid"], "pid", 1, 1 << 31),
-            "checkpoint": None if body.get("checkpoint") is None else checkpoint_files(
-                mapping(body["checkpoint"], "checkpoint").get("files"), "checkpoint.files"),
-            "signals": signals_sent(body.get("signals"))}
+    return value
 
 
-MAX_CHECKPOINT_FILES = 100_000
+def _outputs(value) -> dict[str, str]:
+    outputs = mapping(value or {}, "outputs")
+    return {relative_path(k, "outputs key"): digest(v, f"outputs.{k}", allow_none=False) for k, v in outputs.items()}
+
+
+def _checkpoint(value) -> list[dict] | None:
+    return None if value is None else checkpoint_files(mapping(value, "checkpoint").get("files"), "checkpoint.files")
+
+
+#: The checks of a `Finished`'s fields that its declaration alone does not say (a finish's, a finish-many item's).
+_FINISHED = {"outcome": _outcome, "outputs": _outputs, "checkpoint": _checkpoint,
+             "lines": lambda value: [] if value is None else log_lines({"lines": value}),
+             "signals": lambda value: signals_sent(value)}
 
 
 def checkpoint_files(value, field: str) -> list[dict]:
@@ -232,7 +240,7 @@ def checkpoint_files(value, field: str) -> list[dict]:
     files, seen = [], set()
     for i, item in enumerate(value):
         item = mapping(item, f"{field}[{i}]")
-        unknown = set(item) - {"path", "digest", "size", "mode"}
+        unknown = set(item) - _CHECKPOINT_FILE
         if unknown:
             raise InvalidRequest(f"{field}[{i}]: unknown field {sorted(unknown)[0]}")
         path = "/".join(p for p in relative_path(item.get("path"), f"{field}[{i}].path").split("/") if p not in ("", "."))
@@ -245,6 +253,9 @@ def checkpoint_files(value, field: str) -> list[dict]:
     return files
 
 
+_CHECKPOINT_FILE = set(names(CheckpointFile))
+
+
 def checkpoint(body: dict) -> dict:
     """POST /v1/worker/checkpoint: `task_id`, `attempt` (optional fence) and `files`."""
     unknown = set(body) - {"task_id", "attempt", "files"}
@@ -255,24 +266,18 @@ def checkpoint(body: dict) -> dict:
             "files": checkpoint_files(body.get("files"), "files")}
 
 
-SIGNAL_WHYS = ("time_limit", "silence_timeout", "cancelled", "preempted", "drained", "requeued", "restart")
-
-
 def signals_sent(value) -> list[dict]:
-    """A finish's `signals`: what the agent sent the task's process, each {signal, why, at} (at most 16)."""
+    """A finish's `signals`: what the agent sent the task's process, each a `SignalSent` (at most 16)."""
     if value is None:
         return []
-    if not isinstance(value, list) or len(value) > 16:
-        raise InvalidRequest("signals: must be a list of at most 16 {signal, why, at}")
-    out = []
-    for i, item in enumerate(value):
-        item = mapping(item, f"signals[{i}]")
-        why = item.get("why")
-        if why not in SIGNAL_WHYS:
-            raise InvalidRequest(f"signals[{i}].why: must be one of {', '.join(SIGNAL_WHYS)}")
-        out.append({"signal": string(item.get("signal"), f"signals[{i}].signal", limit=16), "why": why,
-                    "at": number(item.get("at", 0), f"signals[{i}].at", 0, 1e12)})
-    return out
+    return records(value, field_of(Finished, "signals"), "signals",
+                   f"must be a list of at most {MAX_SIGNALS} {{signal, why, at}}", {"why": _signal_why})
+
+
+def _signal_why(value, field: str) -> str:
+    if value not in SIGNAL_WHYS:
+        raise InvalidRequest(f"{field}: must be one of {', '.join(SIGNAL_WHYS)}")
+    return value
 
 
 def lease_ahead(body: dict) -> tuple[bool, list[int]]:
@@ -282,7 +287,10 @@ def lease_ahead(body: dict) -> tuple[bool, list[int]]:
 
 def task_ids(body: dict, field: str, limit: int = MAX_FINISHES) -> list[int]:
     """A list of at most `limit` distinct task ids (`held`, `release`); [] when absent."""
-    value = body.get(field)
+    return _task_ids(body.get(field), field, limit)
+
+
+def _task_ids(value, field: str, limit: int = MAX_FINISHES) -> list[int]:
     if value is None:
         return []
     if not isinstance(value, list) or len(value) > limit:
@@ -294,11 +302,9 @@ def task_ids(body: dict, field: str, limit: int = MAX_FINISHES) -> list[int]:
 
 
 def finish_many(body: dict, limit: int = MAX_FINISHES) -> dict:
-    """POST /v1/worker/finish-many: `finishes` (each a finish's fields with its `task_id` and `attempt`, and
-    optionally `run_s`, how long its process ran), `next`, `max_tasks`, `prefetch`, `held`, `release`."""
-    unknown = set(body) - {"finishes", "next", "max_tasks", "prefetch", "held", "release"}
-    if unknown:
-        raise InvalidRequest(f"unknown field {sorted(unknown)[0]}")
+    """POST /v1/worker/finish-many: a `FinishMany` (gpulayer/protocol/finish.py), each of its `finishes` a
+    `FinishItem`: a finish's fields with its `task_id` and `attempt`, and optionally `run_s`."""
+    _unknown(body, FinishMany)
     items = body.get("finishes", [])
     if not isinstance(items, list) or len(items) > limit:
         raise InvalidRequest(f"finishes: must be a list of at most {limit} finishes")
@@ -306,25 +312,14 @@ def finish_many(body: dict, limit: int = MAX_FINISHES) -> dict:
     for i, item in enumerate(items):
         item = mapping(item, f"finishes[{i}]")
         try:
-            one = finish({k: v for k, v in item.items() if k not in ("next", "max_tasks")})
+            finishes.append(fields(item, FinishItem, "", _FINISHED))
         except InvalidRequest as exc:
             raise InvalidRequest(f"finishes[{i}].{exc.message}") from None
-        del one["next"], one["max_tasks"]
-        one["task_id"] = integer(item.get("task_id"), f"finishes[{i}].task_id", 1, 1 << 62)
-        one["attempt"] = integer(item.get("attempt"), f"finishes[{i}].attempt", 1, 1 << 31)
-        one["run_s"] = None if item.get("run_s") is None else number(item["run_s"], f"finishes[{i}].run_s", 0, 1e9)
-        finishes.append(one)
     if len({f["task_id"] for f in finishes}) != len(finishes):
         raise InvalidRequest("finishes: each task at most once")
-    prefetch, held = lease_ahead(body)
-    return {"finishes": finishes, "next": _flag(body.get("next", False), "next"), "max_tasks": max_tasks(body),
-            "prefetch": prefetch, "held": held, "release": task_ids(body, "release")}
-
-
-def _flag(value, field: str) -> bool:
-    if not isinstance(value, bool):
-        raise InvalidRequest(f"{field}: must be true or false")
-    return value
+    return fields(body, FinishMany, "", {"finishes": lambda _: finishes,
+                                         "held": lambda value: _task_ids(value, "held"),
+                                         "release": lambda value: _task_ids(value, "release")})
 
 
 def token_request(body: dict) -> dict:
@@ -370,51 +365,27 @@ def query_float(req, name: str, default: float | None, lo: float, hi: float) -> 
 
 def gpu_health(body: dict) -> list[dict] | None:
     """`gpus` of register and heartbeat: the agent's per-GPU health, or None when not sent (older agents)."""
-    gpus = body.get("gpus")
-    if gpus is None:
+    return _gpu_reports(body.get("gpus"))
+
+
+def _gpu_reports(value) -> list[dict] | None:
+    if value is None:
         return None
-    if not isinstance(gpus, list) or len(gpus) > 1024:
-        raise InvalidRequest("gpus: must be a list of at most 1024 objects")
-    out = []
-    for i, gpu in enumerate(gpus):
-        gpu = mapping(gpu, f"gpus[{i}]")
-        out.append({"index": integer(gpu.get("index"), f"gpus[{i}].index", 0, 1023),
-                    "uuid": string(gpu.get("uuid"), f"gpus[{i}].uuid", limit=128, allow_none=True),
-                    "healthy": _flag(gpu.get("healthy", True), f"gpus[{i}].healthy"),
-                    "reason": string(gpu.get("reason"), f"gpus[{i}].reason", limit=1024, allow_none=True),
-                    # heartbeat: the agent applied an operator's reset of it (`reset_gpus`) since its last answer
-                    "reset_applied": _flag(gpu.get("reset_applied", False), f"gpus[{i}].reset_applied")})
+    out = records(value, field_of(Heartbeat, "gpus"), "gpus", f"must be a list of at most {MAX_WORKER_GPUS} objects")
     if len({g["index"] for g in out}) != len(out):
         raise InvalidRequest("gpus: each index at most once")
     return out
 
 
-MAX_GPU_SAMPLES = 1024     # a heartbeat's `gpu_samples` at most (the agent sends one per GPU per interval)
-MAX_GPU_MEMORY_MB = 1 << 30
-
-
 def gpu_samples(body: dict) -> list[dict] | None:
     """`gpu_samples` of a heartbeat: each GPU's mean utilization and peak memory over an interval (agent
-    agent/gpu/stats.py); None when not sent (older agents). 400 naming the field for a bad one: none is kept."""
+    agent/gpu/stats.py), each a `GpuSample`; None when not sent (older agents). 400 naming the field for a bad one:
+    none is kept."""
     samples = body.get("gpu_samples")
     if samples is None:
         return None
-    if not isinstance(samples, list) or len(samples) > MAX_GPU_SAMPLES:
-        raise InvalidRequest(f"gpu_samples: must be a list of at most {MAX_GPU_SAMPLES} objects")
-    out = []
-    for i, sample in enumerate(samples):
-        where = f"gpu_samples[{i}]"
-        sample = mapping(sample, where)
-        used, total = sample.get("memory_used_mb"), sample.get("memory_total_mb")
-        out.append({"index": integer(sample.get("index"), f"{where}.index", 0, 1023),
-                    "at": number(sample.get("at"), f"{where}.at", 0, 1e11),
-                    "utilization_pct": number(sample.get("utilization_pct"), f"{where}.utilization_pct", 0, 100,
-                                              allow_none=True),
-                    "memory_used_mb": None if used is None else integer(used, f"{where}.memory_used_mb", 0,
-                                                                        MAX_GPU_MEMORY_MB),
-                    "memory_total_mb": None if total is None else integer(total, f"{where}.memory_total_mb", 0,
-                                                                          MAX_GPU_MEMORY_MB)})
-    return out
+    return records(samples, field_of(Heartbeat, "gpu_samples"), "gpu_samples",
+                   f"must be a list of at most {MAX_GPU_SAMPLES} objects")
 
 
 def cordon(body: dict, *, drain: bool) -> dict:

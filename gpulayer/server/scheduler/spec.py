@@ -10,17 +10,18 @@ import dataclasses
 import re
 import typing
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import Any
 
 from gpulayer.protocol import MAX_ARRAY, MAX_ARRAY_INDEX, array_ranges, array_text, parse_signal
-from gpulayer.protocol.fields import WireField, field_of, names, wire_fields
+from gpulayer.protocol.fields import field_of, names
 from gpulayer.protocol.jobspec import (
-    AFTER_CONDITIONS, ENV_NAME_PATTERN, MAX_AFTER, MAX_ARG_BYTES, MAX_ARGS, MAX_IMAGE_BLOBS, MAX_PATHS, MAX_STR,
+    AFTER_CONDITIONS, ENV_NAME_PATTERN, MAX_AFTER, MAX_ARG_BYTES, MAX_ARGS, MAX_IMAGE_BLOBS, MAX_PATHS,
     RETRY_REASONS, SHA256_HEX_PATTERN, After, AfterCondition, HealthSpec, ImageSpec, IngressSpec, JobSpec, RetrySpec, ServiceSpec,
 )
 from gpulayer.server.config import PRIORITY_CLASSES, SERVICE_MAX_ATTEMPTS
+from gpulayer.server.declared import checked as _checked, fields as _fields, given as _given
 from gpulayer.server.errors import InvalidRequest
-from gpulayer.server.validators import digest, fail as _fail, integer, labels, mapping, number, relative_path, string
+from gpulayer.server.validators import digest, fail as _fail, integer, labels, mapping, relative_path, string
 
 ENV_NAME = re.compile(ENV_NAME_PATTERN)
 
@@ -276,79 +277,10 @@ def _priority(value: Any, classes: dict[str, int] | None) -> int:
 priority_number = _priority
 
 
-def _flag(value: Any, field: str) -> bool:
-    if not isinstance(value, bool):
-        raise _fail(field, "must be true or false")
-    return value
-
-
-def _given(obj: dict, declared: WireField) -> Any:
-    """The field's value in `obj`, or its declared default (None for a required one)."""
-    return obj.get(declared.name, None if declared.required else declared.default)
-
-
-def _checked(declared: WireField, value: Any, field: str) -> Any:
-    """`value` checked against what the declaration says: null where allowed, a bool, an integer or a number
-    within its bounds, a string within its bytes, or one of its choices. Raises InvalidRequest naming `field`."""
-    check = _CHECKS.get(id(declared))
-    if check is None:
-        check = _CHECKS[id(declared)] = _check_of(declared)
-    if value is None and type(None) in declared.kinds:
-        return None
-    return check(value, field)
-
-
-#: The check of each declared field (by the id of its WireField, which gpulayer.protocol.fields keeps).
-_CHECKS: dict[int, Callable[[Any, str], Any]] = {}
-
-
-def _check_of(declared: WireField) -> Callable[[Any, str], Any]:
-    """The function that checks a value of `declared` (not null), made once from its type and bounds."""
-    kinds, d = declared.kinds, declared.declared
-    if bool in kinds:
-        return _flag
-    if (int in kinds or float in kinds) and (d.minimum is None or d.maximum is None):
-        raise TypeError(f"{declared.name}: a number is declared with its minimum and maximum")
-    if int in kinds:
-        lo, hi = int(d.minimum), int(d.maximum)  # type: ignore[arg-type]
-        return lambda value, field: integer(value, field, lo, hi)
-    if float in kinds:
-        low, high = float(d.minimum), float(d.maximum)  # type: ignore[arg-type]
-        return lambda value, field: number(value, field, low, high)
-    if str in kinds:
-        limit = d.max_bytes or MAX_STR
-        return lambda value, field: string(value, field, limit=limit)
-    choices = [c for kind in kinds if typing.get_origin(kind) is Literal for c in typing.get_args(kind)]
-    if not choices:
-        raise TypeError(f"{declared.name}: its type ({declared.type}) needs a check of its own in spec.py")
-    named = " or ".join([repr(c) for c in choices] + (["null"] if type(None) in kinds else []))
-
-    def choice(value: Any, field: str) -> Any:
-        if value not in choices:
-            raise _fail(field, f"must be {named}")
-        return value
-    return choice
-
-
 def _job_field(spec: dict, name: str) -> Any:
     """The JobSpec's field `name` from `spec` (else its default), checked as its declaration says."""
     declared = field_of(JobSpec, name)
     return _checked(declared, _given(spec, declared), name)
-
-
-def _fields(obj: dict, cls: type, prefix: str, checks: dict, done: dict | None = None) -> dict:
-    """Every field of `cls` from `obj`, in declaration order: a value `done` already checked, else its
-    function in `checks` applied to the given value, else `_checked` (`prefix` names it: "service.")."""
-    out, done = {}, done or {}
-    for declared in wire_fields(cls):
-        name = declared.name
-        if name in done:
-            out[name] = done[name]
-        elif name in checks:
-            out[name] = checks[name](_given(obj, declared))
-        else:
-            out[name] = _checked(declared, _given(obj, declared), prefix + name)
-    return out
 
 
 def validate_job(raw: Any, priority_classes: dict[str, int] | None = None) -> ValidSpec:
