@@ -406,7 +406,7 @@ class Hub:
         conn.principal = await rights.current(self, conn)
         to = await self._run(route.user, self.scheduler.store.read, sessions.target, conn.principal, route.job_id, conn.index, route.kind)
         route.session_id = await self._run(
-            route.user, self.scheduler.store.write, sessions.opened, to, route.user, route.kind, detail, self.clock()
+            route.user, self.scheduler.session_opened, to, route.user, route.kind, detail, self.clock()
         )
         if route.ended:
             self._record_close(route, "closed by the client", None)
@@ -511,8 +511,7 @@ class Hub:
         future = asyncio.ensure_future(
             self._run(
                 route.user,
-                self.scheduler.store.write,
-                sessions.closed,
+                self.scheduler.session_closed,
                 session_id,
                 route.bytes_in,
                 route.bytes_out,
