@@ -145,6 +145,12 @@ RULES = {
         ["gpulayer.server.http", "gpulayer.server.scheduler", "gpulayer.server.store", "gpulayer.server.relay",
          "gpulayer.server.notify", "gpulayer.server.process", "gpulayer.server.provisioning",
          "gpulayer.server.replication", "gpulayer.server.security", "falcon"], False),
+    "the runtime state imports nothing of the scheduler's facade, nor above it (the facade holds it)": (
+        _sources("gpulayer/server/runtime"),
+        ["gpulayer.server.scheduler.core", "gpulayer.server.scheduler.facade", "gpulayer.server.scheduler.worker_requests",
+         "gpulayer.server.scheduler.notifications", "gpulayer.server.http", FRONTENDS, "gpulayer.server.relay",
+         "gpulayer.server.notify", "gpulayer.server.process", "gpulayer.server.provisioning", "falcon", "cheroot",
+         "granian"], False),
     "metrics renders what the scheduler counts, and runs no query": (
         [ROOT / "gpulayer/server/http/metrics.py"], ["gpulayer.server.store"], False),
     "scheduler imports nothing of HTTP": (

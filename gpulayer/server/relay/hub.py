@@ -52,6 +52,7 @@ from gpulayer.protocol.relay import (
 from gpulayer.server.errors import Forbidden, GpulayerError
 from gpulayer.server.relay import opens, rights, sshca
 from gpulayer.server.relay.routes import AgentLink, ClientConn, Route, bulk, max_data, raw, rewrite
+from gpulayer.server.runtime.relay_wants import Wants
 from gpulayer.server.scheduler import events, sessions
 
 log = logging.getLogger("gpulayer.server.relay")
@@ -90,7 +91,7 @@ class Hub:
     def __init__(self, scheduler, auth, clock=time.time, settings: Settings | None = None):
         self.scheduler, self.auth, self.clock = scheduler, auth, clock
         self.settings = settings or Settings()
-        self.state: sessions.Wants = scheduler.relay
+        self.state: Wants = scheduler.relay
         self.links: dict[int, AgentLink] = {}
         self.waiting: dict[int, list[asyncio.Future]] = {}
         self.by_user: Counter[str] = Counter()

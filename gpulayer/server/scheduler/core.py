@@ -12,7 +12,9 @@ import apsw
 
 from gpulayer.server.errors import InvalidRequest, NotFound
 from gpulayer.server.replication.restore import skip_lost_event_seqs
-from gpulayer.server.scheduler import (access, aging, cadence, cordons, gpu_health, gpu_samples, jobcontrol, jobs,
+from gpulayer.server.runtime import cadence
+from gpulayer.server.runtime.gpu_samples import Sample
+from gpulayer.server.scheduler import (access, aging, cordons, gpu_health, gpu_samples, jobcontrol, jobs,
                                        leases, ledger, preemption, provisioning, secrets, sessions, teams, tokens,
                                        workers)
 from gpulayer.server.scheduler.notifications import Notifications
@@ -311,7 +313,7 @@ class Scheduler(WorkerRequests, Notifications):
         return self._write(preemption.preempt, self.clock(), self.lease_ttl_s())
 
     def _expire(self, conn: apsw.Connection, now: float, written: dict[int, float],
-                samples: list[gpu_samples.Sample]) -> dict:
+                samples: list[Sample]) -> dict:
         written.update(self.renewals.pending())  # on the writer: every note made before it
         gpu_samples.flush(conn, samples)  # the tick's GPU samples, one statement (not counted in the result)
         result = leases.expire(conn, now, self.config.start_timeout_s, written, self.lease_ttl_s())
