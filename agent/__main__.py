@@ -5,8 +5,8 @@ import os
 import sys
 
 from gpulayer.protocol import parse_duration
-from gpulayer.protocol.ending import run_and_end
-from gpulayer.protocol.malloc import keep_freed_memory
+from gpulayer.proc.ending import run_and_end
+from gpulayer.proc.malloc import keep_freed_memory
 
 from . import __version__
 from .hardening import JOIN_TOKEN_VAR, TokenFileError, read_token_file

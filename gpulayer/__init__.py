@@ -34,7 +34,7 @@ __all__ = [
     "__version__",
 ]
 
-# The client's names load on first use, so that `import gpulayer.protocol` (the agent's one import of
+# The client's names load on first use, so that `import gpulayer.protocol` (and the agent's other imports of
 # gpulayer) loads the protocol alone, not the client and requests.
 _CLIENT_NAMES = {
     "gpulayer.client.api": ("Client", "connect"),

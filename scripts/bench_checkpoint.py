@@ -128,7 +128,7 @@ def main() -> None:
     parser.add_argument("--profile-s", type=float, default=5.0)
     args = parser.parse_args()
     try:  # this process plays the agent, which sets it at its start (python -m agent)
-        from gpulayer.protocol.malloc import keep_freed_memory
+        from gpulayer.proc.malloc import keep_freed_memory
     except ImportError:  # a tree from before it
         pass
     else:

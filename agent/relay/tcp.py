@@ -30,8 +30,9 @@ import sys
 import threading
 from collections.abc import Callable
 
-from gpulayer.protocol.forward import DEFAULT_HOST, SocketPipe, tcp_target
-from gpulayer.protocol.streams import Stream
+from gpulayer.link.pipe import SocketPipe
+from gpulayer.link.streams import Stream
+from gpulayer.protocol.forward import DEFAULT_HOST, tcp_target
 
 from ..events import log_event
 from ..run.supervision import TaskHandle

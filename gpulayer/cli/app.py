@@ -255,7 +255,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    from gpulayer.protocol.ending import run_and_end
-    from gpulayer.protocol.malloc import keep_freed_memory
+    from gpulayer.proc.ending import run_and_end
+    from gpulayer.proc.malloc import keep_freed_memory
     keep_freed_memory()
     run_and_end(main)

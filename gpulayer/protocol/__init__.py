@@ -20,7 +20,7 @@ PROTOCOL_HEADER = "X-GpuLayer-Protocol"
 # Defaults named once (protocol-v1.md, "Defaults").
 HEARTBEAT_INTERVAL_S = 2.0
 LEASE_TTL_S = 20.0
-MAX_HEARTBEATS_PER_S = 500.0     # past it the interval and TTL grow with the fleet (server/scheduler/cadence.py)
+MAX_HEARTBEATS_PER_S = 500.0     # past it the interval and TTL grow with the fleet (server/runtime/cadence.py)
 HEARTBEAT_JITTER = 0.2           # each answer's interval is 1 to 1.2 times the fleet's
 DEFAULT_PORT = 8470
 MAX_JSON_BODY = 1024 * 1024

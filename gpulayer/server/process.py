@@ -23,7 +23,6 @@ import apsw
 from gpulayer.server.provisioning import loop as provisioner
 from gpulayer.server.replication.home import note_started, restored_marker
 from gpulayer.server.replication.replica import Replica, check_directory, require_binary
-from gpulayer.server.replication.restore import skip_lost_event_seqs
 from gpulayer.server.replication.supervisor import Replicator
 from gpulayer.server.scheduler import ledger, reconcile, retention
 from gpulayer.server.http.app import Deps, create_app, new_deps, with_explorer
@@ -34,7 +33,6 @@ from gpulayer.server.homelock import HomeLock
 from gpulayer.server.frontends.cheroot_server import HTTPServer
 from gpulayer.server.notify.outbox import Notifier
 from gpulayer.server.relay.hub import Hub, Settings as RelaySettings
-from gpulayer.server.scheduler import sessions
 from gpulayer.server.store.queries import QUERIES
 from gpulayer.server.upkeep import Job, Upkeep
 
@@ -201,7 +199,7 @@ class ControlPlane:
         self.http.start()
         self._upkeep = threading.Thread(target=self._run_upkeep, name="gpulayer-upkeep", daemon=True)
         self._upkeep.start()
-        self.notifier = Notifier(self.deps.store, self.config, self.deps.scheduler.secret_box, self.clock)
+        self.notifier = Notifier(self.deps.scheduler, self.config, self.clock)
         self.notifier.start()
         if self.provisioners:
             wiring = provisioner.ProvisioningDeps(config=self.config, store=self.deps.store,
@@ -235,7 +233,7 @@ class ControlPlane:
                                                         self.config.lease_ttl_s, online)
             self.deps.scheduler.restored = restored
             if "first_started_at" not in marker:
-                taken = self.deps.store.write(skip_lost_event_seqs)
+                taken = self.deps.scheduler.skip_lost_event_seqs()
                 log.info("restored_event_seqs_skipped next_seq=%d", taken + 1)
                 note_started(layout, marker, now)
             if restored is not None:
@@ -329,7 +327,7 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 
 def relay_hub(deps: Deps) -> Hub:
     """The relay over this plane's scheduler (the streams a stopped plane left open closed in its rows first)."""
-    closed = deps.store.write(sessions.restarted, deps.clock())
+    closed = deps.scheduler.sessions_left_closed()
     if closed:
         log.info("relay_sessions_closed_at_start count=%d", closed)
     config = deps.config

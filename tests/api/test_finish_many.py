@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpulayer.server.scheduler.chunks import MAX_AHEAD
+from gpulayer.server.runtime.pace import MAX_AHEAD
 
 
 def post(api, path, wh, body=None, status=200):

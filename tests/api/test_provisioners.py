@@ -9,8 +9,10 @@ def test_provisioners_listing(api, deps, client_h, worker, clock):
     deps.provisioners = provisioner.parse([{"name": "hpc", "control_plane_url": "http://cp:8470",
                                             "profiles": [{"name": "cpu", "cpus": 2, "prerun": ["export X=secret"]}]}])
     [p] = deps.provisioners
-    deps.store.write(provisioner.open_request, prov=p, profile=p.profiles[0], token_hash="h", jti="j1", now=clock())
-    deps.store.write(provisioner.end, 1, "failed", "sbatch failed: no partition", clock())
+    profile = p.profiles[0]
+    deps.scheduler.provision_open(p.name, profile.name, lambda rid: provisioner.worker_name(p, profile, rid),
+                                  profile.labels, token_hash="h", jti="j1", expires_at=clock() + 3600, now=clock())
+    deps.scheduler.provision_end(1, "failed", "sbatch failed: no partition", clock())
     body = api.simulate_get("/v1/provisioners", headers=client_h, params={"limit": 5}).json
     assert body["provisioners"][0]["profiles"][0]["name"] == "cpu" and "secret" not in str(body)
     [req] = body["requests"]

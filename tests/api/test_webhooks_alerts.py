@@ -33,7 +33,7 @@ def private_ok(config):
 
 @pytest.fixture
 def notifier(deps):
-    n = Notifier(deps.store, deps.config, deps.scheduler.secret_box, deps.clock)
+    n = Notifier(deps.scheduler, deps.config, deps.clock)
     yield n
     n.stop()
 
@@ -246,7 +246,7 @@ def test_a_kept_alive_connection_is_reused_and_one_the_receiver_closed_is_replac
     try:
         api.simulate_post("/v1/webhooks", headers=client_h, json={"url": receiver.url, "events": ["job.submitted"]})
         private_ok.webhook_concurrency = 1
-        one = Notifier(notifier.store, private_ok, notifier.box, notifier.clock)  # one delivery thread: one connection
+        one = Notifier(notifier.scheduler, private_ok, notifier.clock)  # one delivery thread: one connection
         try:
             submit(api, client_h)
             submit(api, client_h)

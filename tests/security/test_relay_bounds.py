@@ -17,7 +17,8 @@ import time
 
 import pytest
 
-from gpulayer.protocol import PROTOCOL, PROTOCOL_HEADER, wsclient
+from gpulayer.link import wsclient
+from gpulayer.protocol import PROTOCOL, PROTOCOL_HEADER
 from gpulayer.protocol.relay import (
     CLOSE,
     DATA,

@@ -1,4 +1,4 @@
-"""gpulayer.protocol.ending: a command's process ends with its status and its output, threads or none."""
+"""gpulayer.proc.ending: a command's process ends with its status and its output, threads or none."""
 import subprocess
 import sys
 import textwrap
@@ -8,7 +8,7 @@ import pytest
 
 def _run(body: str) -> subprocess.CompletedProcess:
     code = "import atexit, logging, sys, threading, time\n" \
-           "from gpulayer.protocol.ending import run_and_end\n" + textwrap.dedent(body)
+           "from gpulayer.proc.ending import run_and_end\n" + textwrap.dedent(body)
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
 
 
@@ -42,7 +42,7 @@ def test_a_process_with_one_thread_exits_as_usual():
 
 
 def test_a_closed_stdout_does_not_turn_into_a_traceback():
-    code = ("import sys, threading, time\nfrom gpulayer.protocol.ending import run_and_end\n"
+    code = ("import sys, threading, time\nfrom gpulayer.proc.ending import run_and_end\n"
             "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
             "def main():\n    sys.stdout.write('x' * 1000000)\n    return 0\nrun_and_end(main)\n")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)

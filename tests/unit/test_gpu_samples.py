@@ -1,4 +1,4 @@
-"""GPU samples on the server (scheduler/gpu_samples.py): buffered off the write path, written in upkeep's
+"""GPU samples on the server (runtime/gpu_samples.py, scheduler/gpu_samples.py): buffered off the write path, written in upkeep's
 one transaction per tick, kept through a failed flush, bounded, and pruned by retention."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gpulayer.cli.app import app
+from gpulayer.server.runtime.gpu_samples import Buffer
 from gpulayer.server.scheduler import gpu_samples, retention
 
 from helpers import add_worker
@@ -80,7 +81,7 @@ def test_samples_sql_refuses_are_dropped_and_upkeep_goes_on(sched, clock):
 
 
 def test_the_buffer_keeps_the_newest_past_its_limit():
-    buffer = gpu_samples.Buffer(limit=5)
+    buffer = Buffer(limit=5)
     buffer.add(1, [sample(0, float(t)) for t in range(4)], now=100.0)
     buffer.add(2, [sample(0, float(t)) for t in range(4, 8)], now=100.0)
     taken = buffer.take()

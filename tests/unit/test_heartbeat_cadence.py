@@ -1,5 +1,5 @@
 """The heartbeat interval scaled with the fleet and jittered, and the lease TTL that follows it
-(scheduler/cadence.py): the formula and its bounds, then the scheduler's answers and leases."""
+(runtime/cadence.py): the formula and its bounds, then the scheduler's answers and leases."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from gpulayer.server.scheduler.core import Scheduler
-from gpulayer.server.scheduler.cadence import Cadence, fleet_scale, jitter_cap, spread_of
+from gpulayer.server.runtime.cadence import Cadence, fleet_scale, jitter_cap, spread_of
 
 from helpers import add_worker, job
 

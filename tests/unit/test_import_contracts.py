@@ -88,7 +88,8 @@ PROCESS_ENTRY = "gpulayer/server/process.py"  # the one module that starts a fro
 
 
 RULES = {
-    "agent imports nothing of gpulayer but its protocol": (_sources("agent"), ["gpulayer", "explorer"], False),
+    "agent imports nothing of gpulayer but its protocol, the relay link and the process runtime": (
+        _sources("agent"), ["gpulayer", "explorer"], False),
     # The agent's folders, from the bottom: gpu/ and link/ (each alone), artifacts/, sandbox/, run/, relay/; the
     # root (the entry point and the worker's session) on top. A folder imports nothing of those above it.
     "agent's folders import nothing of the worker's session": (
@@ -109,6 +110,8 @@ RULES = {
     "the read-only SQL runner imports nothing of gpulayer": (
         [ROOT / READONLY_SQL], ["gpulayer", "explorer", "agent"], False),
     "protocol imports nothing of gpulayer but itself": (_sources("gpulayer/protocol"), ["gpulayer"], False),
+    "the relay link imports nothing of gpulayer but the protocol": (_sources("gpulayer/link"), ["gpulayer"], False),
+    "the process runtime imports nothing of gpulayer": (_sources("gpulayer/proc"), ["gpulayer"], False),
     "client imports nothing of server or cli": (
         _sources("gpulayer/client"), ["gpulayer.server", "gpulayer.cli", "agent", "explorer"], False),
     "cli imports the server only in server/up/local, lazily": (
@@ -145,6 +148,12 @@ RULES = {
         ["gpulayer.server.http", "gpulayer.server.scheduler", "gpulayer.server.store", "gpulayer.server.relay",
          "gpulayer.server.notify", "gpulayer.server.process", "gpulayer.server.provisioning",
          "gpulayer.server.replication", "gpulayer.server.security", "falcon"], False),
+    "the runtime state imports nothing of the scheduler's facade, nor above it (the facade holds it)": (
+        _sources("gpulayer/server/runtime"),
+        ["gpulayer.server.scheduler.core", "gpulayer.server.scheduler.facade", "gpulayer.server.scheduler.worker_requests",
+         "gpulayer.server.scheduler.notifications", "gpulayer.server.http", FRONTENDS, "gpulayer.server.relay",
+         "gpulayer.server.notify", "gpulayer.server.process", "gpulayer.server.provisioning", "falcon", "cheroot",
+         "granian"], False),
     "metrics renders what the scheduler counts, and runs no query": (
         [ROOT / "gpulayer/server/http/metrics.py"], ["gpulayer.server.store"], False),
     "scheduler imports nothing of HTTP": (
@@ -157,13 +166,17 @@ RULES = {
         _sources("gpulayer/server"), ["gpulayer.client", "gpulayer.cli"], False),
 }
 
-#: What a rule lets through of what it forbids: the protocol (gpulayer/protocol/) is the one piece of gpulayer the
-#: agent shares, and it imports nothing of gpulayer but itself; the read-only SQL runner is the one piece the
+#: What a rule lets through of what it forbids: the protocol (gpulayer/protocol/: the wire), the relay link
+#: (gpulayer/link/) and the process runtime (gpulayer/proc/) are the pieces of gpulayer the agent shares, and they
+#: import nothing of gpulayer but themselves (the link: and the protocol); the read-only SQL runner is the one piece the
 #: explorer shares (and `gpulayer sql`, lazily, for its hidden columns), and it imports nothing of gpulayer.
-ALLOWED = {"agent imports nothing of gpulayer but its protocol": ["gpulayer.protocol"],
+ALLOWED = {"agent imports nothing of gpulayer but its protocol, the relay link and the process runtime": [
+               "gpulayer.protocol", "gpulayer.link", "gpulayer.proc"],
            "explorer imports nothing of gpulayer but the read-only SQL runner": ["gpulayer.server.store.readonly_sql"],
            "cli imports the server only in server/up/local, lazily": ["gpulayer.server.store.readonly_sql"],
            "protocol imports nothing of gpulayer but itself": ["gpulayer.protocol"],
+           "the relay link imports nothing of gpulayer but the protocol": ["gpulayer.link", "gpulayer.protocol"],
+           "the process runtime imports nothing of gpulayer": ["gpulayer.proc"],
            "validators import nothing of the server but its errors": ["gpulayer.server.errors"]}
 
 

@@ -1,4 +1,4 @@
-"""gpulayer/protocol/malloc.py: with the thresholds set, a thread that streams 256 KiB buffers reuses freed
+"""gpulayer/proc/malloc.py: with the thresholds set, a thread that streams 256 KiB buffers reuses freed
 memory instead of faulting fresh pages in (page faults counted, not time), and the environment's own
 settings are left alone."""
 
@@ -11,7 +11,7 @@ from gpulayer.testing import clean_env
 
 CHURN = r"""
 import collections, resource, sys, threading
-from gpulayer.protocol.malloc import keep_freed_memory
+from gpulayer.proc.malloc import keep_freed_memory
 kept = keep_freed_memory() if sys.argv[1] == "keep" else None
 
 def churn():  # a bulk stream's buffers: 16 frames of about 256 KiB in flight, each made, used once, freed

@@ -10,7 +10,7 @@ import pytest
 
 from gpulayer.protocol.relay import INITIAL_WINDOW, MAX_STREAM_ID, WINDOW, FrameError, data, decode
 from gpulayer.server.relay.routes import CONN_CREDIT, STREAM_CREDIT, AgentLink, ClientConn, Route
-from gpulayer.server.scheduler.sessions import Wants
+from gpulayer.server.runtime.relay_wants import Wants
 
 
 def _pair(streams: int = 1) -> tuple[ClientConn, AgentLink, list[Route]]:

@@ -1,4 +1,4 @@
-"""gpulayer/protocol/wsclient.py, the relay links' WebSocket client: against a real granian server (plain and TLS),
+"""gpulayer/link/wsclient.py, the relay links' WebSocket client: against a real granian server (plain and TLS),
 and against a scripted server for what granian never sends (fragments, a masked frame, pings, silence).
 """
 
@@ -16,7 +16,7 @@ import time
 import pytest
 from sockets import join, ws_echo
 
-from gpulayer.protocol import wsclient
+from gpulayer.link import wsclient
 from gpulayer.server.frontends.granian_server import GranianServer
 
 pytest.importorskip("granian")

@@ -1,4 +1,5 @@
-"""/v1/webhooks and /v1/alerts (issue 28, docs/notifications.md): parse, call gpulayer/server/notify/, render."""
+"""/v1/webhooks and /v1/alerts (issue 28, docs/notifications.md): parse, call the Scheduler (its writes) or
+gpulayer/server/notify/ (its reads), render."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ class Webhooks(_Notify):
 
     def on_post(self, req, resp):
         spec = targets.parse_webhook(wire.read_json(req), allow_private=self.config.allow_private_webhooks, smtp=bool(self.config.smtp_url))
-        resp.media = self.store.write(targets.add_webhook, req.context.principal, self.deps.scheduler.secret_box, spec, self.deps.clock())
+        resp.media = self.deps.scheduler.add_webhook(req.context.principal, spec)
         resp.status = falcon.HTTP_201
 
     def on_get(self, req, resp):
@@ -42,7 +43,7 @@ class Webhook(_Notify):
         resp.media = self.store.read(targets.get_webhook, req.context.principal, webhook_id)
 
     def on_delete(self, req, resp, webhook_id):
-        self.store.write(targets.remove_webhook, req.context.principal, webhook_id, self.deps.clock())
+        self.deps.scheduler.remove_webhook(req.context.principal, webhook_id)
         resp.media = {"ok": True}
 
     def on_post_test(self, req, resp, webhook_id):
@@ -95,7 +96,7 @@ class Alerts(_Notify):
     def on_post(self, req, resp):
         spec = targets.parse_alert(wire.read_json(req), smtp=bool(self.config.smtp_url))
         alerts.check_sql(ReadOnlyDatabase(str(self.config.layout.state), time_limit_s=self.config.alert_time_limit_s), spec["sql"])
-        resp.media = self.store.write(targets.add_alert, req.context.principal, spec, self.deps.clock())
+        resp.media = self.deps.scheduler.add_alert(req.context.principal, spec)
         resp.status = falcon.HTTP_201
 
     def on_get(self, req, resp):
@@ -108,5 +109,5 @@ class Alert(_Notify):
     admin_only = True
 
     def on_delete(self, req, resp, name):
-        self.store.write(targets.remove_alert, req.context.principal, name, self.deps.clock())
+        self.deps.scheduler.remove_alert(req.context.principal, name)
         resp.media = {"ok": True}

@@ -225,8 +225,7 @@ class Jobs(Resource):
         mailbox = targets.parse_mailbox(body.pop("mail", None), smtp=bool(self.deps.config.smtp_url))  # beside it too
         job_id = self.sched.submit(body, req.context.principal, project)
         if mailbox is not None:  # from the job's first event on, so nothing is missed
-            self.store.write(targets.add_webhook, req.context.principal, self.sched.secret_box,
-                             {**mailbox, "job": job_id}, self.deps.clock())
+            self.sched.add_webhook(req.context.principal, {**mailbox, "job": job_id})
         resp.status = falcon.HTTP_201
         resp.location = f"/v1/jobs/{job_id}"
         resp.media = with_ingress_url(req, self.store.read(views.rendered_for, req.context.principal, job_id))

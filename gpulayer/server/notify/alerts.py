@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Callable
 
 import apsw
 
@@ -81,8 +82,9 @@ def ran(conn: apsw.Connection, alert: dict, now: float, columns: list[str], foun
     return len(new)
 
 
-def run_due(store: Store, db: ReadOnlyDatabase, now: float) -> int:
-    """Run every alert that is due; returns how many fired."""
+def run_due(store: Store, db: ReadOnlyDatabase, now: float, record: Callable[..., int]) -> int:
+    """Run every alert that is due; returns how many fired. `record(alert, now, columns, found, error)` writes
+    a run (`ran`, through the Scheduler's door: Scheduler.alert_ran) and says how many rows were new."""
     fired = 0
     for alert in store.read(lambda conn: rows(conn, "due_alerts", now=now)):
         columns: list[str] = []
@@ -95,7 +97,7 @@ def run_due(store: Store, db: ReadOnlyDatabase, now: float) -> int:
             log.warning("alert_failed name=%s error=%r", alert["name"], error)
         except apsw.Error as e:  # the file busy or gone for a moment: the next run tries again
             error = f"{type(e).__name__}: {e}"[:500]
-        n = store.write(ran, alert, now, columns, found, error)
+        n = record(alert, now, columns, found, error)
         if n:
             log.info("alert_fired name=%s new_rows=%d", alert["name"], n)
             fired += 1

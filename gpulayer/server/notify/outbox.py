@@ -2,7 +2,7 @@
 
 One thread ticks (`TICK_S`, or sooner when a try's outcome comes back: `MIN_TICK_S`): it reads the
 outcomes the delivery process wrote since the last tick and folds them into one write (cursors advanced,
-deliveries recorded), runs the alerts that are due, then, for each webhook with events past its cursor
+deliveries recorded: deliveries.py, through the Scheduler's door), runs the alerts that are due, then, for each webhook with events past its cursor
 and nothing in flight, reads its next event (a reader connection) and hands the tries, one batch a tick,
 to the delivery process (courier.py: a child process with a pool of `--webhook-concurrency` threads, each
 try bounded by a total deadline, send.Deadline). So a slow or dead receiver holds one of its threads for
@@ -38,26 +38,25 @@ from gpulayer.server.config import ControlPlaneConfig
 from gpulayer.server.notify import alerts, names
 from gpulayer.server.notify.courier import Courier
 from gpulayer.server.scheduler import teams
-from gpulayer.server.scheduler.events import record as record_event
-from gpulayer.server.security.secretbox import SecretBox
-from gpulayer.server.store.db import Store
-from gpulayer.server.store.queries import one, row, rows
+from gpulayer.server.scheduler.notifications import Notifications
+from gpulayer.server.store.queries import one, rows
 from gpulayer.server.store.readonly_sql import ReadOnlyDatabase
 
 log = logging.getLogger("gpulayer.server.notify")
 TICK_S = 0.25
 MIN_TICK_S = 0.05  # the soonest a try's outcome brings the next tick (each tick writes the outcomes once)
 BATCH = 64  # events read per webhook per look
-MAX_BACKOFF_S = 3600.0
 PRUNE_EVERY_S = 600.0
 RESTART_GAP_S = 1.0  # a delivery process that ended is started again no sooner than this after its start
 
 
 class Notifier:
-    """The delivery thread, and the delivery process it feeds, over one control plane's store."""
+    """The delivery thread, and the delivery process it feeds, over one control plane's scheduler: it reads the
+    store, and writes through the scheduler's door (its notification calls: deliveries.py's transactions)."""
 
-    def __init__(self, store: Store, config: ControlPlaneConfig, box: SecretBox, clock: Callable[[], float]):
-        self.store, self.config, self.box, self.clock = store, config, box, clock
+    def __init__(self, scheduler: Notifications, config: ControlPlaneConfig, clock: Callable[[], float]):
+        self.scheduler, self.config, self.clock = scheduler, config, clock
+        self.store, self.box = scheduler.store, scheduler.secret_box
         self.db = ReadOnlyDatabase(str(config.layout.state), time_limit_s=config.alert_time_limit_s, max_rows=alerts.MAX_ROWS)
         self.courier = Courier(
             {
@@ -119,10 +118,10 @@ class Notifier:
         now = self.clock()
         self.collect()
         self.flush(now)
-        alerts.run_due(self.store, self.db, now)
+        alerts.run_due(self.store, self.db, now, self.scheduler.alert_ran)
         if time.monotonic() >= self._next_prune:
             self._next_prune = time.monotonic() + PRUNE_EVERY_S
-            self.store.write(lambda conn: row(conn, "prune_deliveries", before=now - self.config.job_retention_s))
+            self.scheduler.prune_deliveries(now - self.config.job_retention_s)
         self.dispatch(now)
 
     # -- handing out tries --------------------------------------------------------
@@ -171,9 +170,9 @@ class Notifier:
                 self.courier.start()
             self.courier.send(events, tries)  # a process gone meanwhile: the next collect says so
         if advances:
-            self.store.write(_advance, advances)
+            self.scheduler.advance_webhooks(advances)
         if gone:
-            self.store.write(_disable, gone, now)
+            self.scheduler.disable_webhooks(gone, now)
 
     def _hand_out(self, hook: dict, name: str, event: dict, now: float) -> dict:
         """The try of `event` for `hook` (its public `name`), counted in flight."""
@@ -259,7 +258,7 @@ class Notifier:
         if not done:
             return 0
         try:
-            self.store.write(_record, done, now, self.config.webhook_retry_base_s, self.config.webhook_retry_for_s)
+            self.scheduler.record_deliveries(done, now)
         finally:
             for outcome in done:
                 self.inflight.discard(outcome["id"])
@@ -309,16 +308,6 @@ def may_read(hook: dict, roles: dict[str, str], event: dict) -> bool:
     return teams.LEVELS.get(teams.level(owner, job) or "", 0) >= teams.LEVELS["read"]
 
 
-def _disable(conn: apsw.Connection, hooks: list[dict], now: float) -> None:
-    """Disable the webhooks whose owner is gone (removed), each with a `webhook_disabled` event."""
-    for hook in hooks:
-        reason = f"its owner {hook['owner'] or hook['user_id']} was removed"
-        done = row(conn, "disable_webhook", id=hook["id"], reason=reason)
-        if done is None:
-            continue
-        row(conn, "give_up_passed", id=hook["id"], seq=1 << 62, error=f"not delivered: the webhook was disabled ({reason})")
-        record_event(conn, now, "webhook_disabled", job_id=done["job_id"], webhook_id=hook["id"], reason=reason)
-        log.warning("webhook_disabled webhook=%s reason=%r", hook["id"], reason)
 
 
 def _in_scope(hook: dict, event: dict) -> bool:
@@ -332,35 +321,3 @@ def _in_scope(hook: dict, event: dict) -> bool:
         or (scope == "project" and event["project_id"] == hook["project_id"])
         or (scope == "user" and event["user_id"] == hook["user_id"])
     )
-
-
-def _advance(conn: apsw.Connection, advances: list[tuple[int, int]]) -> None:
-    for webhook_id, seq in advances:
-        row(conn, "advance_webhook", id=webhook_id, seq=seq)
-        row(conn, "give_up_passed", id=webhook_id, seq=seq, error="not delivered: the webhook's owner may no longer read this event")
-
-
-def _record(conn: apsw.Connection, done: list[dict], now: float, base_s: float, retry_for_s: float) -> None:
-    for o in done:
-        if o["ok"]:
-            status, next_try, seq = "delivered", None, o["seq"]
-        elif now - o["first_try_at"] >= retry_for_s:
-            status, next_try, seq = "failed", None, o["seq"]
-        else:
-            wait = min(MAX_BACKOFF_S, base_s * 2 ** (o["attempts"] - 1))
-            status, next_try, seq = "retrying", now + wait, o["seq"] - 1
-        row(
-            conn,
-            "delivery_done",
-            id=o["id"],
-            seq=o["seq"],
-            event=o["event"],
-            status=status,
-            attempts=o["attempts"],
-            first_try_at=o["first_try_at"],
-            now=now,
-            next_try_at=next_try,
-            http_status=o["status"],
-            error=o["error"],
-        )
-        row(conn, "advance_webhook", id=o["id"], seq=seq)

@@ -34,11 +34,10 @@ import apsw
 from gpulayer.server.config import ControlPlaneConfig
 from gpulayer.server.errors import ConfigError
 from gpulayer.server.provisioning.slurm import ENDED, Slurm, SlurmError
-from gpulayer.server.scheduler import events, tokens, workers
 from gpulayer.server.scheduler.core import Scheduler
 from gpulayer.server.security import auth
 from gpulayer.server.store.db import Store
-from gpulayer.server.store.queries import one, row, rows
+from gpulayer.server.store.queries import row, rows
 
 log = logging.getLogger("gpulayer.server.provisioning.loop")
 
@@ -47,7 +46,6 @@ MAX_IDLE_S = 300.0
 PROVISION_TIMEOUT_S = 900.0
 RETRY_AFTER_S = 60.0             # after a failed or cancelled request, before the profile asks again
 LOOP_INTERVAL_S = 1.0
-ERROR_CHARS = 2000
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")  # \Z: `$` would let a trailing newline through
 _URL = re.compile(r"https?://[^/\s]+(?:/\S*)?")   # fullmatch: no space or newline anywhere
 
@@ -287,45 +285,6 @@ def batch_script(prov: Provisioner, profile: Profile, request_id: int, token: st
     ])
 
 
-# -- transactions --------------------------------------------------------------
-
-def open_request(conn: apsw.Connection, *, prov: Provisioner, profile: Profile, token_hash: str, jti: str, now: float) -> dict:
-    """Record the decision and mint its join token in one transaction; {id, name}."""
-    request_id = one(conn, "insert_provision_request", provisioner=prov.name, profile=profile.name,
-                     token_jti=jti, now=now)["id"]
-    name = worker_name(prov, profile, request_id)
-    tokens.insert(conn, jti=jti, kind="join", name=name, labels=profile.labels, token_hash=token_hash,
-                  expires_at=now + TOKEN_TTL_S, source="provisioner", now=now)
-    events.record(conn, now, "provision_requested", request_id=request_id, provisioner=prov.name,
-                  profile=profile.name, worker_name=name)
-    return {"id": request_id, "name": name}
-
-
-def submitted(conn: apsw.Connection, request_id: int, slurm_job_id: str, now: float) -> None:
-    if row(conn, "provision_submitted", id=request_id, slurm_job_id=slurm_job_id, now=now):
-        events.record(conn, now, "provision_submitted", request_id=request_id, slurm_job_id=slurm_job_id)
-
-
-def end(conn: apsw.Connection, request_id: int, state: str, error: str, now: float) -> dict | None:
-    """Close an open request as cancelled or failed and revoke its token; None when it was not open."""
-    ended = row(conn, "provision_end", id=request_id, state=state, error=error[-ERROR_CHARS:], now=now)
-    if ended is None:
-        return None
-    if ended["token_jti"]:
-        workers.revoke_token(conn, ended["token_jti"], now)
-    events.record(conn, now, f"provision_{state}", request_id=request_id, slurm_job_id=ended["slurm_job_id"],
-                  error=error[-ERROR_CHARS:])
-    return ended
-
-
-def attach(conn: apsw.Connection, now: float) -> list[dict]:
-    attached = rows(conn, "provision_attach", now=now)
-    for a in attached:
-        events.record(conn, now, "provision_attached", worker_id=a["worker_id"], request_id=a["id"],
-                      slurm_job_id=a["slurm_job_id"])
-    return attached
-
-
 # -- the loop ------------------------------------------------------------------
 
 def _shape(prov: Provisioner, profile_name: str) -> dict | None:
@@ -401,7 +360,7 @@ class Provisioning:
 
     def tick(self) -> None:
         """One round: attach, fail or time out open requests, then submit where there is demand."""
-        for a in self.store.write(attach, self.now()):
+        for a in self.deps.scheduler.provision_attach(self.now()):
             log.info("provision_attached request=%s slurm_job=%s worker=%s", a["id"], a["slurm_job_id"],
                      a["worker_id"])
             self._forget_script(a["id"])
@@ -427,8 +386,7 @@ class Provisioning:
                 states = self.slurm[name].states([r["slurm_job_id"] for r in mine])
             except SlurmError as exc:
                 for r in mine:
-                    self.store.write(row, "provision_note_error", id=r["id"], error=str(exc)[-ERROR_CHARS:],
-                                     now=self.now())
+                    self.deps.scheduler.provision_note_error(r["id"], str(exc), self.now())
                 states = None
             for r in mine:
                 self._judge(self.provisioners[name], r, None if states is None else states.get(r["slurm_job_id"], "GONE"))
@@ -436,7 +394,7 @@ class Provisioning:
     def _judge(self, prov: Provisioner, req: dict, state: str | None) -> None:
         if state is not None and (state in ENDED or state == "GONE"):
             # It may have attached between the attach query and squeue: look once more.
-            if self.store.write(attach, self.now()):
+            if self.deps.scheduler.provision_attach(self.now()):
                 return
             tail = self.slurm[prov.name].tail(output_path(prov, self.scripts).replace("%j", req["slurm_job_id"]))
             error = (f"Slurm job {req['slurm_job_id']} ended ({state if state != 'GONE' else 'no longer listed'}) "
@@ -462,8 +420,10 @@ class Provisioning:
 
     def _submit(self, prov: Provisioner, profile: Profile) -> None:
         secret, jti = auth.new_token("join"), auth.new_jti()
-        req = self.store.write(open_request, prov=prov, profile=profile, token_hash=self.deps.auth.hash(secret),
-                               jti=jti, now=self.now())
+        now = self.now()
+        req = self.deps.scheduler.provision_open(
+            prov.name, profile.name, lambda request_id: worker_name(prov, profile, request_id), profile.labels,
+            token_hash=self.deps.auth.hash(secret), jti=jti, expires_at=now + TOKEN_TTL_S, now=now)
         log.info("provision_requested request=%s provisioner=%s profile=%s", req["id"], prov.name, profile.name)
         script = batch_script(prov, profile, req["id"], secret)
         path = self.scripts / f"request-{req['id']}.sh"
@@ -475,7 +435,7 @@ class Provisioning:
         except SlurmError as exc:
             self._end({"id": req["id"]}, "failed", str(exc))
             return
-        self.store.write(submitted, req["id"], job_id, self.now())
+        self.deps.scheduler.provision_submitted(req["id"], job_id, self.now())
         log.info("provision_submitted request=%s slurm_job=%s", req["id"], job_id)
 
     def _cancel(self, req: dict, reason: str) -> None:
@@ -488,7 +448,7 @@ class Provisioning:
         self._end(req, "cancelled", error)
 
     def _end(self, req: dict, state: str, error: str) -> None:
-        ended = self.store.write(end, req["id"], state, error, self.now())
+        ended = self.deps.scheduler.provision_end(req["id"], state, error, self.now())
         if ended is not None:
             self.deps.auth.invalidate()
             self.deps.scheduler.wake()

@@ -52,6 +52,7 @@ from gpulayer.protocol.relay import (
 from gpulayer.server.errors import Forbidden, GpulayerError
 from gpulayer.server.relay import opens, rights, sshca
 from gpulayer.server.relay.routes import AgentLink, ClientConn, Route, bulk, max_data, raw, rewrite
+from gpulayer.server.runtime.relay_wants import Wants
 from gpulayer.server.scheduler import events, sessions
 
 log = logging.getLogger("gpulayer.server.relay")
@@ -90,7 +91,7 @@ class Hub:
     def __init__(self, scheduler, auth, clock=time.time, settings: Settings | None = None):
         self.scheduler, self.auth, self.clock = scheduler, auth, clock
         self.settings = settings or Settings()
-        self.state: sessions.Wants = scheduler.relay
+        self.state: Wants = scheduler.relay
         self.links: dict[int, AgentLink] = {}
         self.waiting: dict[int, list[asyncio.Future]] = {}
         self.by_user: Counter[str] = Counter()
@@ -406,7 +407,7 @@ class Hub:
         conn.principal = await rights.current(self, conn)
         to = await self._run(route.user, self.scheduler.store.read, sessions.target, conn.principal, route.job_id, conn.index, route.kind)
         route.session_id = await self._run(
-            route.user, self.scheduler.store.write, sessions.opened, to, route.user, route.kind, detail, self.clock()
+            route.user, self.scheduler.session_opened, to, route.user, route.kind, detail, self.clock()
         )
         if route.ended:
             self._record_close(route, "closed by the client", None)
@@ -511,8 +512,7 @@ class Hub:
         future = asyncio.ensure_future(
             self._run(
                 route.user,
-                self.scheduler.store.write,
-                sessions.closed,
+                self.scheduler.session_closed,
                 session_id,
                 route.bytes_in,
                 route.bytes_out,

@@ -33,7 +33,7 @@ from gpulayer.protocol.relay import (
     encode,
 )
 from gpulayer.server.relay.conn import Conn
-from gpulayer.server.scheduler import sessions
+from gpulayer.server.runtime.relay_wants import Wants
 
 #: The most credit the hub lets a sender hold on one stream, whatever its receiver granted: the window a bulk
 #: stream's receiver widens to (BULK_WINDOW), so a well-behaved peer never notices the cap.
@@ -83,7 +83,7 @@ class Route:
     ended: bool = False
     counted: bool = True  # in the per-user and per-job caps (the ingress's streams are not: open_stream)
 
-    def carried(self, size: int, counts: sessions.Wants, *, up: bool) -> None:
+    def carried(self, size: int, counts: Wants, *, up: bool) -> None:
         """`size` bytes of DATA crossed towards the task (`up`) or from it: spent from that way's credit
         (FrameError past it, or in a frame over the size that way's receiver takes), counted in the row's and
         the metrics' bytes, and the stream is active."""

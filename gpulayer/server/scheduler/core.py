@@ -11,8 +11,13 @@ from typing import BinaryIO, Callable
 import apsw
 
 from gpulayer.server.errors import InvalidRequest, NotFound
-from gpulayer.server.scheduler import (access, aging, cadence, cordons, gpu_health, gpu_samples, jobcontrol, jobs,
-                                       leases, ledger, preemption, secrets, teams, tokens, workers)
+from gpulayer.server.replication.restore import skip_lost_event_seqs
+from gpulayer.server.runtime import cadence
+from gpulayer.server.runtime.gpu_samples import Sample
+from gpulayer.server.scheduler import (access, aging, cordons, gpu_health, gpu_samples, jobcontrol, jobs,
+                                       leases, ledger, preemption, provisioning, secrets, sessions, teams, tokens,
+                                       workers)
+from gpulayer.server.scheduler.notifications import Notifications
 from gpulayer.server.scheduler.spec import priority_number, validate_job
 from gpulayer.server.scheduler.worker_requests import WorkerRequests
 from gpulayer.server.security.auth import Principal, new_jti, new_token
@@ -23,10 +28,11 @@ ADMIN = Principal(kind="client", jti="server-client", name="server", user_id=tea
                   admin=True)
 
 
-class Scheduler(WorkerRequests):
+class Scheduler(WorkerRequests, Notifications):
     """Facade over the transaction functions, bound to one store, clock and config (facade.Facade).
 
-    An agent's requests are worker_requests.WorkerRequests'; the clients', the operators' and upkeep's are here.
+    An agent's requests are worker_requests.WorkerRequests'; the notification routes' and the delivery thread's
+    notifications.Notifications'; the clients', the operators', the relay's and upkeep's are here.
     `auth` (token hashes and the principal cache) and `artifacts` (the files)
     are made from the config's home when not given; the front end passes the
     ones it authenticates and serves with, so one cache is invalidated.
@@ -221,6 +227,44 @@ class Scheduler(WorkerRequests):
                                                          "preempt_grace_s": self.config.preempt_grace_s})
         return leases.grace_after_restart(conn, now, self.lease_ttl_s())
 
+    def sessions_left_closed(self) -> int:
+        """At start: the relay sessions a stopped control plane left open, closed in their rows; how many."""
+        return self._write(sessions.restarted, self.clock())
+
+    def skip_lost_event_seqs(self) -> int:
+        """At a restored home's first start: event seqs jump past the lost window (replication/restore.py)."""
+        return self._write(skip_lost_event_seqs)
+
+    # -- the relay (its loop's clock) ----------------------------------------
+
+    def session_opened(self, to: sessions.Target, user: str, kind: str, detail: dict, now: float) -> int:
+        """A relay stream opened: its sessions row and event; its id."""
+        return self._write(sessions.opened, to, user, kind, detail, now)
+
+    def session_closed(self, session_id: int, bytes_in: int, bytes_out: int, exit_code: int | None, reason: str,
+                       now: float) -> None:
+        self._write(sessions.closed, session_id, bytes_in, bytes_out, exit_code, reason, now)
+
+    # -- the provisioning loop (its clock) -------------------------------------
+
+    def provision_open(self, provisioner: str, profile: str, name_for: Callable[[int], str], labels: dict, *,
+                       token_hash: str, jti: str, expires_at: float, now: float) -> dict:
+        """A provision request and its join token; {id, name} (scheduler/provisioning.py)."""
+        return self._write(provisioning.open_request, provisioner=provisioner, profile=profile, name_for=name_for,
+                           labels=labels, token_hash=token_hash, jti=jti, expires_at=expires_at, now=now)
+
+    def provision_submitted(self, request_id: int, slurm_job_id: str, now: float) -> None:
+        self._write(provisioning.submitted, request_id, slurm_job_id, now)
+
+    def provision_end(self, request_id: int, state: str, error: str, now: float) -> dict | None:
+        return self._write(provisioning.end, request_id, state, error, now)
+
+    def provision_attach(self, now: float) -> list[dict]:
+        return self._write(provisioning.attach, now)
+
+    def provision_note_error(self, request_id: int, error: str, now: float) -> None:
+        self._write(provisioning.note_error, request_id, error, now)
+
     def refresh_fairshare(self) -> None:
         """Upkeep: fair share's running part rewritten (ledger.refresh_running), one transaction."""
         self._write(ledger.refresh_running, self.clock())
@@ -269,7 +313,7 @@ class Scheduler(WorkerRequests):
         return self._write(preemption.preempt, self.clock(), self.lease_ttl_s())
 
     def _expire(self, conn: apsw.Connection, now: float, written: dict[int, float],
-                samples: list[gpu_samples.Sample]) -> dict:
+                samples: list[Sample]) -> dict:
         written.update(self.renewals.pending())  # on the writer: every note made before it
         gpu_samples.flush(conn, samples)  # the tick's GPU samples, one statement (not counted in the result)
         result = leases.expire(conn, now, self.config.start_timeout_s, written, self.lease_ttl_s())

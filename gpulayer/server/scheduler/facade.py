@@ -11,9 +11,13 @@ from functools import cached_property
 from typing import Callable
 
 from gpulayer.server.config import ControlPlaneConfig
-from gpulayer.server.scheduler import (cadence, cascades, chunks, gauges, gpu_samples, ingress, outcomes, reconcile,
-                                       renewals, sessions)
-from gpulayer.server.scheduler.follow import LogFollowers
+from gpulayer.server.runtime import cadence, gpu_samples, renewals
+from gpulayer.server.runtime.cascades import Cascades
+from gpulayer.server.runtime.follow import LogFollowers
+from gpulayer.server.runtime.ingress_counters import Counters
+from gpulayer.server.runtime.pace import Pace
+from gpulayer.server.runtime.relay_wants import Wants
+from gpulayer.server.scheduler import cascades, gauges, outcomes, reconcile
 from gpulayer.server.security.auth import Authenticator
 from gpulayer.server.security.secretbox import SecretBox
 from gpulayer.server.store.artifacts import ArtifactStore
@@ -46,7 +50,7 @@ class Facade:
         # Set when this plane was restored from a replica (ControlPlane.start): heartbeats reconcile against it.
         self.restored: reconcile.Restored | None = None
         # Big cancels, cascades and releases: one bounded write a step (scheduler/cascades.py).
-        self.cascades = cascades.Cascades(store, outcomes.run_step, clock, after_step=self._cascade_stepped)
+        self.cascades = Cascades(self._write_step, outcomes.run_step, clock, after_step=self._cascade_stepped)
         self._cascades_recovered = False
         self._submit_locks: dict[int, threading.Lock] = {}
         self._submit_locks_guard = threading.Lock()
@@ -63,11 +67,11 @@ class Facade:
         self.cadence = cadence.Cadence(config.heartbeat_interval_s, config.lease_ttl_s, config.max_heartbeats_per_s,
                                        config.heartbeat_jitter, clock)
         # Each array job's recent element run time, for how many elements to lease ahead (chunks.py).
-        self.pace = chunks.Pace()
+        self.pace = Pace()
         # Workers whose relay link a client waits for (sessions.py): told `relay: true`.
-        self.relay = sessions.Wants(self.wake)
+        self.relay = Wants(self.wake)
         # Requests and bytes through the services' ingress (ingress.py; the proxy is server/relay/ingress.py).
-        self.ingress = ingress.Counters()
+        self.ingress = Counters()
 
     # -- wake-up -------------------------------------------------------------
 
@@ -111,7 +115,7 @@ class Facade:
 
     def _write(self, fn, *args, wake: bool = False, until_ended: int | None = None,
                inline: int = cascades.INLINE_STEPS, **kwargs):
-        """fn in a write; then the cascade steps it asked for (cascades.Cascades.drive: `inline` of them
+        """fn in a write; then the cascade steps it asked for (runtime/cascades.py's Cascades.drive: `inline` of them
         here, and those of job `until_ended` until it has ended; the rest on the cascade thread)."""
         with cascades.collecting() as steps:
             result = self.store.write(fn, *args, **kwargs)
@@ -120,6 +124,10 @@ class Facade:
         if steps:
             self.cascades.drive(steps, until_ended, inline)
         return result
+
+    def _write_step(self, fn):
+        """One cascade step's write (the runtime's Cascades runs it): the store's writer, looked up at each step."""
+        return self.store.write(fn)
 
     def _cascade_stepped(self) -> None:
         """A cascade step committed: it may have released tasks (acquires look again) or ended jobs."""

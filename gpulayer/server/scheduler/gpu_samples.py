@@ -1,7 +1,7 @@
 """GPU telemetry (issue 28 part 4): per-GPU utilization and memory from heartbeats, kept off the write path.
 
 A heartbeat's `gpu_samples` (the agent's mean utilization and peak memory of
-each GPU over one heartbeat interval) are kept here in memory, as lease
+each GPU over one heartbeat interval) are kept in memory (runtime/gpu_samples.py's Buffer), as lease
 renewals are (renewals.py), and upkeep writes every tick's in one statement,
 in the transaction that flushes the renewals (Scheduler.expire): a heartbeat
 that changes nothing stays a read. A flush that fails puts its samples back
@@ -15,60 +15,16 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 
 import apsw
 
+from gpulayer.server.runtime.gpu_samples import Sample
 from gpulayer.server.store.queries import QUERIES, rows
 
 log = logging.getLogger("gpulayer.server.scheduler.gpu_samples")
-MAX_BUFFERED = 200_000  # samples held between two flushes at most (~40k a tick: 10k workers x 8 GPUs / 2 s)
 MAX_TASK_GPUS = 4096  # rows of a `job_usage` answer at most (running tasks x their GPUs)
 
-#: One sample as buffered and written: worker id, GPU index, at, utilization %, memory used MiB, total MiB.
-Sample = tuple[int, int, float, float | None, int | None, int | None]
 
-
-class Buffer:
-    """Samples heartbeats brought, not yet in SQL."""
-
-    def __init__(self, limit: int = MAX_BUFFERED) -> None:
-        self._lock = threading.Lock()
-        self._rows: list[Sample] = []
-        self.limit = limit
-        self.dropped = 0  # over the limit since the start
-
-    def add(self, worker_id: int, samples: list[dict], now: float) -> None:
-        """A heartbeat's checked samples (wire.gpu_samples); an `at` ahead of the server's clock is taken as now."""
-        if not samples:
-            return
-        new = [(worker_id, s["index"], min(s["at"], now), s["utilization_pct"], s["memory_used_mb"], s["memory_total_mb"]) for s in samples]
-        with self._lock:
-            self._rows.extend(new)
-            self._trim()
-
-    def take(self) -> list[Sample]:
-        """What a flush writes: every sample so far (the buffer is empty after)."""
-        with self._lock:
-            taken, self._rows = self._rows, []
-            return taken
-
-    def put_back(self, taken: list[Sample]) -> None:
-        """A flush of `taken` failed: they go first in the next one."""
-        with self._lock:
-            self._rows[:0] = taken
-            self._trim()
-
-    def _trim(self) -> None:
-        over = len(self._rows) - self.limit
-        if over > 0:
-            del self._rows[:over]
-            self.dropped += over
-            log.warning("gpu_samples_dropped n=%d buffered=%d", over, len(self._rows))
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._rows)
 
 
 def flush(conn: apsw.Connection, taken: list[Sample]) -> int:

@@ -9,7 +9,6 @@ no SQL write, and its bytes are counted in memory (`Counters`, read by GET /metr
 from __future__ import annotations
 
 import json
-from collections import Counter
 from dataclasses import dataclass
 
 import apsw
@@ -75,18 +74,5 @@ def _port(endpoint: str | None) -> int | None:
     return int(port) if sep and port.isdigit() and 0 < int(port) < 65536 else None
 
 
-class Counters:
-    """Requests (by job and status class) and bytes each way (by job) through the ingress, kept on the loop;
-    GET /metrics reads a copy (`stats()`)."""
 
-    def __init__(self) -> None:
-        self.requests: Counter[tuple[int, str]] = Counter()
-        self.bytes_in: Counter[int] = Counter()  # towards the replicas
-        self.bytes_out: Counter[int] = Counter()  # from the replicas
-        self.retries: Counter[int] = Counter()
-
-    def stats(self) -> dict:
-        return {"requests": dict(self.requests), "bytes_in": dict(self.bytes_in), "bytes_out": dict(self.bytes_out), "retries": dict(self.retries)}
-
-
-__all__ = ["ACCESS", "Ingress", "lookup", "may_read", "Counters"]
+__all__ = ["ACCESS", "Ingress", "lookup", "may_read"]

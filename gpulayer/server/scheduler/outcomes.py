@@ -312,7 +312,7 @@ STEPS = {"end": end_step, "settle": settle_step, "release": release_step, "inser
 
 
 def run_step(conn: apsw.Connection, now: float, step: cascades.Step) -> None:
-    """Run one cascade step (cascades.Cascades calls this, in a write of its own)."""
+    """Run one cascade step (runtime/cascades.py's Cascades calls this, in a write of its own)."""
     kind, job_id, arg = step
     STEPS[kind](conn, now, job_id, arg)
 

@@ -1,9 +1,10 @@
 """Lease renewals kept in memory and written to SQL in one statement per flush (heartbeats off the write path).
 
 A heartbeat that changes nothing, and any other request of a worker (acquire,
-start, logs, finish, rendezvous), notes "worker W seen at T" here instead of
-writing. Upkeep's transaction (leases.expire, each upkeep tick: at most one
-second) writes every note first, in one statement for the workers and one for
+start, logs, finish, rendezvous), notes "worker W seen at T" in memory
+(runtime/renewals.py's Renewals) instead of writing. Upkeep's transaction
+(`flush` here, in leases.expire, each upkeep tick: at most one second)
+writes every note first, in one statement for the workers and one for
 their tasks, and only then judges leases: nothing is judged lost on a stale
 SQL value. So a lease in SQL is at most one flush interval (plus the writer's
 queue) behind the newest request of its worker. A parked acquire (long poll)
@@ -22,42 +23,12 @@ from the start (leases.grace_after_restart), which covers them.
 from __future__ import annotations
 
 import json
-import threading
 
 import apsw
 
 from gpulayer.server.scheduler import events
 from gpulayer.server.store.queries import QUERIES, rows
 
-
-class Renewals:
-    """`worker id -> when last seen` not yet in SQL."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._seen: dict[int, float] = {}
-
-    def note(self, worker_id: int, at: float) -> None:
-        """The worker made a request at `at` (the scheduler's clock)."""
-        with self._lock:
-            if at > self._seen.get(worker_id, 0.0):
-                self._seen[worker_id] = at
-
-    def pending(self) -> dict[int, float]:
-        """What a flush writes: the notes made so far."""
-        with self._lock:
-            return dict(self._seen)
-
-    def flushed(self, written: dict[int, float]) -> None:
-        """Those notes are in SQL (their transaction committed): forget each not renewed since."""
-        with self._lock:
-            for worker_id, at in written.items():
-                if self._seen.get(worker_id) == at:
-                    del self._seen[worker_id]
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._seen)
 
 
 def flush(conn: apsw.Connection, renewals: dict[int, float], lease_ttl_s: float, now: float) -> int:

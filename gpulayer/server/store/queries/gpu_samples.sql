@@ -2,7 +2,7 @@
 
 -- name: insert_gpu_samples --
 -- One upkeep tick's samples in one statement: :samples is [[worker id, GPU index, at, utilization %,
--- memory used MiB, memory total MiB], ...] (gpu_samples.Buffer.take).
+-- memory used MiB, memory total MiB], ...] (runtime/gpu_samples.py's Buffer.take).
 INSERT INTO gpu_samples (worker_id, gpu_index, at, utilization_pct, memory_used_mb, memory_total_mb)
 SELECT json_extract(s.value, '$[0]'), json_extract(s.value, '$[1]'), json_extract(s.value, '$[2]'),
        json_extract(s.value, '$[3]'), json_extract(s.value, '$[4]'), json_extract(s.value, '$[5]')
