@@ -131,7 +131,7 @@ def _rss_mib(pid: int) -> float:
 
 def relay_attack(args: argparse.Namespace, tmp: Path) -> dict:
     """The control plane's VmRSS (MiB) before the never-reading client and at its peak over --seconds."""
-    from gpulayer.link import wsclient
+    from gpulayer.relaylink import wsclient
     from gpulayer.protocol import PROTOCOL, PROTOCOL_HEADER
     from gpulayer.protocol.relay import DATA, EXT_DATA, INITIAL_WINDOW, MAX_DATA_HEADER, MAX_STREAM_ID, OPEN, WINDOW
     from gpulayer.protocol.relay import decode, encode

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpulayer.protocol.relay import CLOSE, DATA, EOF, EXT_DATA, SIGNAL, SIGNALS, STDERR, Frame
-from gpulayer.link.streams import Stream
+from gpulayer.relaylink.streams import Stream
 
 from ..events import log_event
 from ..run.supervision import TaskHandle, TaskRunnerView

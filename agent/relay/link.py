@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 
 from gpulayer.protocol.relay import COMMAND_KINDS
-from gpulayer.link.streams import Link, Stream, connect
+from gpulayer.relaylink.streams import Link, Stream, connect
 
 from ..events import log_event
 from ..link.backoff import retry_delay

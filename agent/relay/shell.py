@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 
 from gpulayer.protocol.relay import CLOSE, DATA, EXT_DATA, RESIZE, SIGNAL, SIGNALS, Frame
-from gpulayer.link.streams import Stream
+from gpulayer.relaylink.streams import Stream
 
 from ..events import log_event
 from ..run.supervision import TaskHandle

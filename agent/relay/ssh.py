@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpulayer.protocol.relay import CLOSE, DATA, EOF, EXT_DATA, Frame
-from gpulayer.link.streams import Stream
+from gpulayer.relaylink.streams import Stream
 
 from ..events import log_event
 from ..run.supervision import TaskHandle

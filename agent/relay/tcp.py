@@ -30,8 +30,8 @@ import sys
 import threading
 from collections.abc import Callable
 
-from gpulayer.link.pipe import SocketPipe
-from gpulayer.link.streams import Stream
+from gpulayer.relaylink.pipe import SocketPipe
+from gpulayer.relaylink.streams import Stream
 from gpulayer.protocol.forward import DEFAULT_HOST, tcp_target
 
 from ..events import log_event

@@ -17,8 +17,8 @@ from urllib.parse import urlencode
 
 from gpulayer.client.errors import ClientError, ConnectionFailed
 from gpulayer.client.relay import RelayClient, _handshake_error
-from gpulayer.link.pipe import SocketPipe, shutdown
-from gpulayer.link.streams import Link, LinkLost, Stream, connect
+from gpulayer.relaylink.pipe import SocketPipe, shutdown
+from gpulayer.relaylink.streams import Link, LinkLost, Stream, connect
 
 READ_BYTES = 64 * 1024
 BACKLOG = 128

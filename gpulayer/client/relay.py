@@ -19,7 +19,7 @@ from urllib.parse import urlencode
 
 from gpulayer.client.errors import _BY_STATUS, ApiError, ConnectionFailed
 from gpulayer.protocol.relay import CLOSE, DATA, EXT_DATA, STDERR
-from gpulayer.link.streams import Link, LinkLost, Stream, connect
+from gpulayer.relaylink.streams import Link, LinkLost, Stream, connect
 
 STDIN_CHUNK = 64 * 1024
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from gpulayer.client.relay import RelayClient, closed_error, open_stream
 from gpulayer.protocol.relay import CLOSE, DATA, EXT_DATA, RESIZE, encode
-from gpulayer.link.streams import LinkLost, Stream
+from gpulayer.relaylink.streams import LinkLost, Stream
 
 READ_BYTES = 4096
 

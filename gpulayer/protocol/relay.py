@@ -72,7 +72,7 @@ MAX_FRAME = MAX_DATA + 64
 #: and they are not flow-controlled (decode() refuses more; issue 36: 256 KiB SIGNALs queued in the agent).
 MAX_CONTROL = 1024
 #: Control frames (SIGNAL, RESIZE, EOF, ...) that may wait unread in a stream's inbox: one more, and the stream
-#: is closed with an error (gpulayer/link/streams.py). They are not flow-controlled, so this bounds what they cost.
+#: is closed with an error (gpulayer/relaylink/streams.py). They are not flow-controlled, so this bounds what they cost.
 MAX_WAITING_CONTROL = 64
 #: Types whose payload is capped at MAX_CONTROL.
 SMALL_TYPES = frozenset({SIGNAL, RESIZE, SETTINGS})

@@ -19,14 +19,14 @@ import time
 
 import pytest
 import requests
-from gpulayer.link.wsclient import ConnectionClosed
+from gpulayer.relaylink.wsclient import ConnectionClosed
 
 from gpulayer.client.api import connect
 from gpulayer.client.errors import ApiError, ConnectionFailed
 from gpulayer.client.relay import open_exec, run_exec
 from gpulayer.protocol import PROTOCOL, PROTOCOL_HEADER
 from gpulayer.protocol.relay import DATA
-from gpulayer.link.streams import connect as ws_connect
+from gpulayer.relaylink.streams import connect as ws_connect
 from gpulayer.testing import CLI, ControlPlaneProcess, clean_env, wait_for
 
 from netns import nat_namespace, plane_behind_nat

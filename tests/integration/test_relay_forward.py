@@ -24,8 +24,8 @@ import requests
 from gpulayer.client.api import connect
 from gpulayer.client.forward import PortForward
 from gpulayer.protocol.relay import CLOSE, DATA, EOF, LARGE_DATA, MAX_DATA, data
-from gpulayer.link.streams import Link
-from gpulayer.link.streams import connect as ws_connect
+from gpulayer.relaylink.streams import Link
+from gpulayer.relaylink.streams import connect as ws_connect
 from gpulayer.testing import CLI, ControlPlaneProcess, clean_env, echo_round_trip, wait_for
 
 from netns import nat_namespace, plane_behind_nat

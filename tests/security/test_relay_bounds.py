@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from gpulayer.link import wsclient
+from gpulayer.relaylink import wsclient
 from gpulayer.protocol import PROTOCOL, PROTOCOL_HEADER
 from gpulayer.protocol.relay import (
     CLOSE,

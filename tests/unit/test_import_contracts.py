@@ -110,7 +110,7 @@ RULES = {
     "the read-only SQL runner imports nothing of gpulayer": (
         [ROOT / READONLY_SQL], ["gpulayer", "explorer", "agent"], False),
     "protocol imports nothing of gpulayer but itself": (_sources("gpulayer/protocol"), ["gpulayer"], False),
-    "the relay link imports nothing of gpulayer but the protocol": (_sources("gpulayer/link"), ["gpulayer"], False),
+    "the relay link imports nothing of gpulayer but the protocol": (_sources("gpulayer/relaylink"), ["gpulayer"], False),
     "the process runtime imports nothing of gpulayer": (_sources("gpulayer/proc"), ["gpulayer"], False),
     "client imports nothing of server or cli": (
         _sources("gpulayer/client"), ["gpulayer.server", "gpulayer.cli", "agent", "explorer"], False),
@@ -167,15 +167,15 @@ RULES = {
 }
 
 #: What a rule lets through of what it forbids: the protocol (gpulayer/protocol/: the wire), the relay link
-#: (gpulayer/link/) and the process runtime (gpulayer/proc/) are the pieces of gpulayer the agent shares, and they
+#: (gpulayer/relaylink/) and the process runtime (gpulayer/proc/) are the pieces of gpulayer the agent shares, and they
 #: import nothing of gpulayer but themselves (the link: and the protocol); the read-only SQL runner is the one piece the
 #: explorer shares (and `gpulayer sql`, lazily, for its hidden columns), and it imports nothing of gpulayer.
 ALLOWED = {"agent imports nothing of gpulayer but its protocol, the relay link and the process runtime": [
-               "gpulayer.protocol", "gpulayer.link", "gpulayer.proc"],
+               "gpulayer.protocol", "gpulayer.relaylink", "gpulayer.proc"],
            "explorer imports nothing of gpulayer but the read-only SQL runner": ["gpulayer.server.store.readonly_sql"],
            "cli imports the server only in server/up/local, lazily": ["gpulayer.server.store.readonly_sql"],
            "protocol imports nothing of gpulayer but itself": ["gpulayer.protocol"],
-           "the relay link imports nothing of gpulayer but the protocol": ["gpulayer.link", "gpulayer.protocol"],
+           "the relay link imports nothing of gpulayer but the protocol": ["gpulayer.relaylink", "gpulayer.protocol"],
            "the process runtime imports nothing of gpulayer": ["gpulayer.proc"],
            "validators import nothing of the server but its errors": ["gpulayer.server.errors"]}
 

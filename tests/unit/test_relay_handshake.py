@@ -1,4 +1,4 @@
-"""`gpulayer.link.streams.connect`: a WebSocket handshake that got no answer is tried again; an answer is not.
+"""`gpulayer.relaylink.streams.connect`: a WebSocket handshake that got no answer is tried again; an answer is not.
 
 A real granian server (plain HTTP) with a WebSocket echo handler, behind a real TCP proxy that closes the
 first `drop` connections it accepts without a byte (what granian does, under load, to about one TLS upgrade
@@ -12,7 +12,7 @@ import threading
 import pytest
 from sockets import join, ws_echo
 
-from gpulayer.link import streams, wsclient
+from gpulayer.relaylink import streams, wsclient
 from gpulayer.server.frontends.granian_server import GranianServer
 
 pytest.importorskip("granian")

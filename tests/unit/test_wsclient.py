@@ -1,4 +1,4 @@
-"""gpulayer/link/wsclient.py, the relay links' WebSocket client: against a real granian server (plain and TLS),
+"""gpulayer/relaylink/wsclient.py, the relay links' WebSocket client: against a real granian server (plain and TLS),
 and against a scripted server for what granian never sends (fragments, a masked frame, pings, silence).
 """
 
@@ -16,7 +16,7 @@ import time
 import pytest
 from sockets import join, ws_echo
 
-from gpulayer.link import wsclient
+from gpulayer.relaylink import wsclient
 from gpulayer.server.frontends.granian_server import GranianServer
 
 pytest.importorskip("granian")

@@ -1,6 +1,6 @@
 """A relay WebSocket seen from threads (the agent's link, the client's streams): frames in, credit kept.
 
-`Link` wraps a connected WebSocket (gpulayer/link/wsclient.py): `run()` reads frames (in the caller's thread, or
+`Link` wraps a connected WebSocket (gpulayer/relaylink/wsclient.py): `run()` reads frames (in the caller's thread, or
 `start()` one) and hands them to their `Stream`; `send()` may be called from any thread. A `Stream` writes
 within the credit its receiver granted (waiting for WINDOW when it runs out), and hands what it reads to
 `recv()`; whoever reads calls `consumed(n)` once it has used `n` bytes, which grants them back. When the
@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable
 
 from gpulayer.protocol import relay as frames
-from gpulayer.link import wsclient
+from gpulayer.relaylink import wsclient
 from gpulayer.protocol.relay import CLOSE, DATA, EOF, EXT_DATA, OPEN, SETTINGS, SIGNAL, WINDOW, Credit, Frame, FrameError, accepted_data
 
 log = logging.getLogger("gpulayer.relay")
@@ -299,7 +299,7 @@ def _unanswered(exc: BaseException) -> bool:
 
 
 def connect(url: str, token: str, verify: bool | str, *, timeout: float = 30.0, max_data: int = frames.LARGE_DATA) -> wsclient.WebSocket:
-    """A WebSocket (gpulayer/link/wsclient.py) to a relay route (`https://...` becomes `wss://...`), with the token and
+    """A WebSocket (gpulayer/relaylink/wsclient.py) to a relay route (`https://...` becomes `wss://...`), with the token and
     the protocol header; the CA file `verify` names (or the system's for True). It announces that it takes
     DATA frames of up to `max_data` bytes (MAX_DATA: announce nothing, as a peer from before that header).
     Raises what wsclient.connect does.

@@ -10,7 +10,7 @@ from __future__ import annotations
 import socket
 import threading
 
-from gpulayer.link.streams import Stream
+from gpulayer.relaylink.streams import Stream
 from gpulayer.protocol.relay import CLOSE, DATA, EOF, EXT_DATA, Frame
 
 
