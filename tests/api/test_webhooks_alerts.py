@@ -278,3 +278,28 @@ def test_a_webhook_added_after_the_newest_was_removed_gets_a_new_id_and_signs_wi
     deliver(notifier, lambda: len(receiver.got) == 2)
     Verifier(second["secret"]).verify(receiver.got[1][1], receiver.got[1][0])  # raises on a bad signature
     assert receiver.got[1][0]["webhook-id"].startswith(f"msg_gl{second['id']}e")
+
+
+def test_a_submits_mailbox_is_made_in_the_jobs_own_transaction(api, client_h, config, deps, monkeypatch):
+    """POST /v1/jobs with `mail` makes the job and its mailbox in one write: both, or (when the mailbox cannot
+    be made) neither, so a crash or a refusal between the two never leaves a job whose mail was lost."""
+    config.smtp_url = "smtp://127.0.0.1:1"
+    mail = {"email": "ana@example.org", "mail_type": ["END"]}
+    made = api.simulate_post("/v1/jobs", headers=client_h, json={"command": ["true"], "mail": mail})
+    assert made.status_code == 201, made.text
+    rows = deps_rows_of(deps, "SELECT job_id, email FROM webhooks")
+    assert rows == [{"job_id": made.json["id"], "email": "ana@example.org"}]
+
+    from gpulayer.server.errors import InvalidRequest
+    from gpulayer.server.notify import targets
+
+    def refuse(*args, **kwargs):
+        raise InvalidRequest("mail.email: refused here", field="mail")
+    monkeypatch.setattr(targets, "add_webhook", refuse)
+    refused = api.simulate_post("/v1/jobs", headers=client_h, json={"command": ["true"], "mail": mail})
+    assert refused.status_code == 400, refused.text
+    assert deps_rows_of(deps, "SELECT count(*) AS n FROM jobs") == [{"n": 1}]  # the refused submit left no job
+
+
+def deps_rows_of(deps, sql):
+    return deps.store.read(lambda conn: [dict(r) for r in conn.execute(sql)])

@@ -223,9 +223,7 @@ class Jobs(Resource):
         body = wire.read_json(req)
         project = body.pop("project", None)  # beside the JobSpec: which project the job counts against
         mailbox = targets.parse_mailbox(body.pop("mail", None), smtp=bool(self.deps.config.smtp_url))  # beside it too
-        job_id = self.sched.submit(body, req.context.principal, project)
-        if mailbox is not None:  # from the job's first event on, so nothing is missed
-            self.sched.add_webhook(req.context.principal, {**mailbox, "job": job_id})
+        job_id = self.sched.submit(body, req.context.principal, project, mailbox)  # the job and its mailbox: one write
         resp.status = falcon.HTTP_201
         resp.location = f"/v1/jobs/{job_id}"
         resp.media = with_ingress_url(req, self.store.read(views.rendered_for, req.context.principal, job_id))

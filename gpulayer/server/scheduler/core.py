@@ -17,7 +17,7 @@ from gpulayer.server.runtime.gpu_samples import Sample
 from gpulayer.server.scheduler import (access, aging, cordons, gpu_health, gpu_samples, jobcontrol, jobs,
                                        leases, ledger, preemption, provisioning, secrets, sessions, teams, tokens,
                                        workers)
-from gpulayer.server.scheduler.notifications import Notifications
+from gpulayer.server.scheduler.notifications import Notifications, submitted_with_mail
 from gpulayer.server.scheduler.spec import priority_number, validate_job
 from gpulayer.server.scheduler.worker_requests import WorkerRequests
 from gpulayer.server.security.auth import Principal, new_jti, new_token
@@ -40,9 +40,12 @@ class Scheduler(WorkerRequests, Notifications):
 
     # -- clients -------------------------------------------------------------
 
-    def submit(self, raw_spec, principal: Principal | None = None, project: str | None = None) -> int:
+    def submit(self, raw_spec, principal: Principal | None = None, project: str | None = None,
+               mailbox: dict | None = None) -> int:
         """Validate and queue a JobSpec owned by `principal`'s user in `project` (teams.submit_project; no
-        principal: the first admin); returns the job id. Raises InvalidRequest, Forbidden."""
+        principal: the first admin); returns the job id. `mailbox` (notify.targets.parse_mailbox's): a mailbox
+        for the job's events from its first on, added in the same transaction as the job (both or neither).
+        Raises InvalidRequest, Forbidden."""
         spec = validate_job(raw_spec, self.config.priority_classes)
         if spec.grace_seconds is not None and spec.grace_seconds > self.config.max_grace_s:
             raise InvalidRequest(f"grace_seconds: {spec.grace_seconds:g} is over this server's limit of "
@@ -59,7 +62,8 @@ class Scheduler(WorkerRequests, Notifications):
             if cap and (bound is None or bound + adding > cap):  # counted, on a reader (raises TooManyQueued)
                 bound = self.store.read(jobs.check_queued_elements, principal.user or f"#{user_id}", user_id,
                                         adding, cap)
-            job_id = self._write(teams.submit, principal, project, spec, self.clock(), wake=True)
+            job_id = self._write(submitted_with_mail, principal, project, spec, self.clock(),
+                                 mailbox, self.secret_box, wake=True)
             if cap and bound is not None and generation == self._queued_generation:
                 self._queued_bounds[user_id] = bound + adding
             self.cascades.drive([], until_ended=job_id, inline=0)  # its own steps left, if any, before the answer

@@ -8,8 +8,19 @@ the store calls `Store.write` (tests/unit/test_write_door.py).
 from __future__ import annotations
 
 from gpulayer.server.notify import alerts, deliveries, targets
+from gpulayer.server.scheduler import teams
 from gpulayer.server.scheduler.facade import Facade
 from gpulayer.server.security.auth import Principal
+
+
+def submitted_with_mail(conn, principal: Principal, project: str | None, spec, now: float, mailbox: dict | None,
+                        box) -> int:
+    """The submit's transaction (teams.submit) and, when `mailbox`, the job's mailbox in it: one write, both
+    or neither. The mailbox reads the job's events from its first on, so nothing is missed."""
+    job_id = teams.submit(conn, principal, project, spec, now)
+    if mailbox is not None:
+        targets.add_webhook(conn, principal, box, {**mailbox, "job": job_id}, now)
+    return job_id
 
 
 class Notifications(Facade):
