@@ -12,10 +12,11 @@ the real thing rather than a mock::
         rc, out, err = plane.cli("job", "logs", str(job_id))
 
 Every process is `python -m gpulayer.cli ...` with this interpreter and a clean
-environment (the caller's GPULAYER_* variables removed), so nothing of the
-server is imported here. Under `root`:
+environment (the caller's GPULAYER_* variables removed), so little of the
+server is imported here: only what `server init` calls, run in this process
+(one process start less for each control plane). Under `root`:
 
-    home/            the control plane's home (`gpulayer server init --json`)
+    home/            the control plane's home (what `gpulayer server init` makes)
     server.log       its output, every start appended
     tls/             CA and server certificate, with tls=True
     NAME/ NAME.log   worker NAME's --state-dir and output (NAME-cache/: artifact cache)
@@ -24,12 +25,11 @@ server is imported here. Under `root`:
 Every wait is bounded. A wait that runs out raises TimedOut; a process that
 exits while waited on raises ProcessExited with the log tails. Both are
 AssertionErrors, so a test runner reports them as failures. This module
-imports only the standard library and requests (gpulayer.server.security.certs for TLS,
-gpulayer.client.api for `client()`, when asked for).
+imports only the standard library and requests (gpulayer.server.security.auth for the
+home, gpulayer.server.security.certs for TLS, gpulayer.client.api for `client()`, when asked for).
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -373,12 +373,10 @@ class ControlPlaneProcess(ChildProcess):
         return {"client_token": self.client_token, "join_token": self.join_token}
 
     def init(self) -> None:
-        """`gpulayer server init --json` (--force on a home initialised before: new tokens); TLS files."""
-        again = ["--force"] if (self.home / "server-credentials.json").exists() else []
-        done = run_cli("server", "init", "--home", str(self.home), "--json", *again, timeout=60)
-        if done.returncode != 0:
-            raise ProcessExited(f"gpulayer server init exited with {done.returncode}:\n{done.stderr}")
-        tokens = json.loads(done.stdout)
+        """What `gpulayer server init` does (--force on a home initialised before: new tokens), in this process:
+        the function the command calls, without a process start for it; TLS files."""
+        from gpulayer.server.security.auth import init_home
+        tokens = init_home(self.home, force=(self.home / "server-credentials.json").exists())
         self.client_token, self.join_token = tokens["client_token"], tokens["join_token"]
         ca_file = self.ca_file  # None over plain HTTP
         if ca_file is not None and not ca_file.exists():

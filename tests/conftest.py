@@ -20,7 +20,8 @@ from gpulayer.server.store.db import Store
 from gpulayer.server.scheduler.core import Scheduler
 
 # The slow tier: marks `slow` every test that starts a process, and fails any other test that starts one.
-pytest_plugins = ["tiers"]
+# The order: the xdist processes take the longest files first, so that they end together.
+pytest_plugins = ["tiers", "order"]
 
 READERS_IN_TESTS = 4
 

@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -45,6 +46,9 @@ server.serve_forever()
 """
 #: Seconds any client may take to notice its stream ended (bounded: nothing hangs).
 ENDS_WITHIN = 60
+#: The lease outlives the agent's death long enough for the check that nothing of the job changed (the clients
+#: end within a second or two of it), and no longer: the job's next attempt waits for it to run out.
+LEASE_TTL = 20
 
 
 def _free_port() -> int:
@@ -55,8 +59,8 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def plane(tmp_path_factory):
-    # lease_ttl 60: the agent's death leaves the job running as far as the control plane knows, for the check.
-    plane = ControlPlaneProcess(tmp_path_factory.mktemp("kills"), tls=True, heartbeat_interval=0.5, lease_ttl=60)
+    # lease_ttl LEASE_TTL: the agent's death leaves the job running as far as the control plane knows, for the check.
+    plane = ControlPlaneProcess(tmp_path_factory.mktemp("kills"), tls=True, heartbeat_interval=0.5, lease_ttl=LEASE_TTL)
     try:
         plane.start(timeout=120)  # a loaded machine takes more than the default 30 s to answer /v1/health
         plane.start_worker("victim", timeout=120)
@@ -156,9 +160,12 @@ def _closed_rows(plane, since: int) -> list[tuple]:
 def test_agent_killed_mid_stream(plane, job, config):
     job_id, port = job
     clients = Clients(plane, job_id, port, config)
+    attempt = plane.job(job_id)["attempt"]
     plane.workers["victim"].kill()  # the agent dies (its task with it)
+    killed = time.monotonic()
     clients.all_end_with_clear_errors()
-    assert plane.job(job_id)["state"] == "running"  # its lease has not run out: nothing of the job changed
+    info = plane.job(job_id)  # its lease has not run out: nothing of the job changed
+    assert info["state"] == "running" and info["attempt"] == attempt, (info, time.monotonic() - killed)
     kinds = {"exec", "shell", "tcp", *(["ssh"] if HAS_SSH else [])}
     wait_for(lambda: {kind for kind, reason in _closed_rows(plane, 0) if reason} >= kinds, 30, "the sessions rows closed")
     for kind, reason in _closed_rows(plane, 0):
