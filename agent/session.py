@@ -317,7 +317,7 @@ class Worker(Heartbeat):
             while thread.is_alive() and not self.hurry.is_set() and time.monotonic() < deadline:
                 thread.join(0.1)
         if self.chunks is not None:  # the finishes still waiting to be sent, before the session ends
-            self.chunks.flush(2 if self.hurry.is_set() else max(0.1, deadline - time.monotonic()))
+            self.chunks.flush(max(0.1, deadline - time.monotonic()), hurry=self.hurry)
             self.chunks.close()
         self.heartbeat_stop.set()
         self.beat_now.set()

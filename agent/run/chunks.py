@@ -27,6 +27,8 @@ from .reports import acquired
 BATCH_S = 0.025
 #: Finishes (and task ids) in one request, the control plane's cap.
 MAX_BATCH = 1024
+#: After a second stop signal, the finishes still unsent get this long, no more.
+HURRIED_FLUSH_S = 2.0
 #: A finish's own fields: those of a FinishItem but its task_id, attempt and run_s (a finish sent alone).
 FINISHED = names(Finished)
 
@@ -122,12 +124,15 @@ class Chunks:
         with self.cond:
             return list(self.reporting.values())
 
-    def flush(self, timeout: float) -> bool:
-        """Wait until every finish was sent and answered (True), or `timeout` passed."""
+    def flush(self, timeout: float, hurry: threading.Event | None = None) -> bool:
+        """Wait until every finish was sent and answered (True), or `timeout` passed; once `hurry` is set (a
+        second stop signal, even while this waits), for HURRIED_FLUSH_S more at most."""
         deadline = time.monotonic() + timeout
         with self.cond:
             self.cond.notify_all()
             while self.pending or self.in_flight or self.release:
+                if hurry is not None and hurry.is_set():
+                    deadline, hurry = min(deadline, time.monotonic() + HURRIED_FLUSH_S), None
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False

@@ -134,7 +134,9 @@ def test_a_second_sigterm_stops_the_agent_whatever_its_task_threads_wait_for(pla
         wait_for(lambda: "task_started" in worker.log() and "worker_stopping" in worker.log(), 15,
                  "the worker to start stopping", details=worker.log)
         worker.proc.send_signal(signal.SIGTERM)
-        assert worker.wait(60) == 0, worker.log()  # it stops (the plane never answers): 60 s for a loaded machine
+        # It stops though the plane never answers: the finishes still unsent get 2 s once hurried, even when
+        # the flush was already waiting (it once waited out a 30 s POST). 25 s: room for a loaded machine.
+        assert worker.wait(25) == 0, worker.log()
     finally:
         plane.resume()
     plane.workers.pop("stuck")
