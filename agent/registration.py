@@ -10,6 +10,7 @@ import socket
 import time
 from pathlib import Path
 
+from gpulayer.protocol.control import StreamOpen
 from gpulayer.protocol.fields import to_wire
 from gpulayer.protocol.registration import Register
 
@@ -45,17 +46,17 @@ class Registration(WorkerState):
             handlers["ssh"] = self._ssh
         return Relay(base_url, verify, token, handlers, self.stop_event, no_exec=self.config.no_exec)
 
-    def _exec(self, stream, fields: dict) -> None:
-        relay_exec.serve(stream, fields, self._handle_of)
+    def _exec(self, stream, opened: StreamOpen) -> None:
+        relay_exec.serve(stream, opened, self._handle_of)
 
-    def _shell(self, stream, fields: dict) -> None:
-        relay_shell.serve(stream, fields, self._handle_of)
+    def _shell(self, stream, opened: StreamOpen) -> None:
+        relay_shell.serve(stream, opened, self._handle_of)
 
-    def _tcp(self, stream, fields: dict) -> None:
-        relay_tcp.serve(stream, fields, self._handle_of)
+    def _tcp(self, stream, opened: StreamOpen) -> None:
+        relay_tcp.serve(stream, opened, self._handle_of)
 
-    def _ssh(self, stream, fields: dict) -> None:
-        relay_ssh.serve(stream, fields, self._handle_of)
+    def _ssh(self, stream, opened: StreamOpen) -> None:
+        relay_ssh.serve(stream, opened, self._handle_of)
 
     def _inventory(self) -> Inventory:
         """Detect what this worker offers, and where NVML answers, start watching its GPUs' health

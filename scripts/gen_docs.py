@@ -12,7 +12,8 @@ Each table sits between two marker lines, e.g.
     <!-- end of generated JobSpec -->
 
 and is `markdown_table()` of the declaration (gpulayer/protocol/jobspec.py,
-assignment.py, and the worker's requests: registration.py, heartbeat.py, finish.py). Text outside the markers is the docs' own. tests/unit/
+assignment.py, the worker's requests: registration.py, heartbeat.py, finish.py, and the relay's control
+messages: control.py). Text outside the markers is the docs' own. tests/unit/
 test_wire_declarations.py runs `--check`.
 """
 from __future__ import annotations
@@ -26,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gpulayer.protocol.assignment import Assignment  # noqa: E402
+from gpulayer.protocol.control import MESSAGES  # noqa: E402
 from gpulayer.protocol.fields import markdown_table  # noqa: E402
 from gpulayer.protocol.finish import Finish, FinishItem, FinishMany  # noqa: E402
 from gpulayer.protocol.heartbeat import Heartbeat  # noqa: E402
@@ -34,7 +36,7 @@ from gpulayer.protocol.registration import Register  # noqa: E402
 
 PROTOCOL_DOC = ROOT / "docs" / "protocol.md"
 TABLES = {"JobSpec": JobSpec, "Assignment": Assignment, "Register": Register, "Heartbeat": Heartbeat,
-          "Finish": Finish, "FinishItem": FinishItem, "FinishMany": FinishMany}
+          "Finish": Finish, "FinishItem": FinishItem, "FinishMany": FinishMany, **MESSAGES}
 
 
 def region(name: str) -> re.Pattern:

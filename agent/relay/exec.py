@@ -20,6 +20,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from gpulayer.protocol.control import Close, Signal, StreamOpen
+from gpulayer.protocol.fields import from_wire, to_wire
 from gpulayer.protocol.relay import CLOSE, DATA, EOF, EXT_DATA, SIGNAL, SIGNALS, STDERR, Frame
 from gpulayer.relaylink.streams import Stream
 
@@ -153,26 +155,26 @@ def _namespace(pid: int, name: str) -> str | None:
         return None
 
 
-def serve(stream: Stream, fields: dict, find: Callable[[int], TaskHandle | None]) -> None:
+def serve(stream: Stream, opened: StreamOpen, find: Callable[[int], TaskHandle | None]) -> None:
     """Run an OPEN `exec` stream to its end (on its own thread)."""
-    argv, task_id = fields.get("argv"), fields.get("task_id")
+    argv, task_id = opened.argv, opened.task_id
     handle = find(task_id) if isinstance(task_id, int) else None
     if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
-        return stream.close({"error": "exec: argv must be a non-empty list of strings"})
+        return stream.close(Close(error="exec: argv must be a non-empty list of strings"))
     if handle is None:
-        return stream.close({"error": f"task {task_id} is not running on this worker"})
+        return stream.close(Close(error=f"task {task_id} is not running on this worker"))
     try:
         launch, env, cwd = command_in(handle, argv)
         proc = subprocess.Popen(
             launch, env=env, cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
         )
     except ExecRefused as exc:
-        return stream.close({"error": str(exc)})
+        return stream.close(Close(error=str(exc)))
     except OSError as exc:  # unsandboxed: the command itself could not start
         code = 127 if isinstance(exc, FileNotFoundError) else 126
         stream.write(f"gpulayer exec: cannot run {argv[0]!r}: {exc.strerror or exc}\n".encode(), STDERR)
-        return stream.close({"exit_code": code, "reason": f"cannot run {argv[0]!r}"})
-    log_event("exec_started", task_id=task_id, pid=proc.pid, session_id=fields.get("session_id"))
+        return stream.close(Close(exit_code=code, reason=f"cannot run {argv[0]!r}"))
+    log_event("exec_started", task_id=task_id, pid=proc.pid, session_id=opened.session_id)
     # The stream's end (a client's CLOSE, a lost link, too many control frames) kills the command at once: the
     # feeder may be stuck writing to a stdin the command does not read, and would never get to the CLOSE.
     stream.on_end = lambda: _kill_if_running(proc)
@@ -189,9 +191,9 @@ def serve(stream: Stream, fields: dict, find: Callable[[int], TaskHandle | None]
     for pump in pumps:
         pump.join(5.0)  # a grandchild that keeps the pipes open does not hold the answer for ever
     kill_group(proc, signal.SIGKILL)  # what the command left in its group
-    log_event("exec_finished", task_id=task_id, pid=proc.pid, exit_code=code, session_id=fields.get("session_id"))
-    stream.close({"exit_code": code})
-    stream.inbox.put(Frame(stream.id, CLOSE, {"reason": "the command ended"}))  # ends the feeder
+    log_event("exec_finished", task_id=task_id, pid=proc.pid, exit_code=code, session_id=opened.session_id)
+    stream.close(Close(exit_code=code))
+    stream.inbox.put(Frame(stream.id, CLOSE, to_wire(Close(reason="the command ended"))))  # ends the feeder
     for pipe in (proc.stdout, proc.stderr):
         if pipe is not None:
             pipe.close()
@@ -226,12 +228,12 @@ def _feed(stream: Stream, proc: subprocess.Popen, entered: bool) -> None:
         elif frame.type == EOF:
             _close(stdin)
         elif frame.type == SIGNAL:
-            name = frame.fields.get("signal")
+            name = from_wire(Signal, frame.fields).signal
             if name in SIGNALS:
                 kill_group(proc, getattr(signal, f"SIG{name}"), spare_leader=entered)
         elif frame.type == CLOSE:
             if proc.poll() is None:
-                log_event("exec_killed", pid=proc.pid, reason=frame.fields.get("error") or frame.fields.get("reason"))
+                log_event("exec_killed", pid=proc.pid, reason=from_wire(Close, frame.fields).why())
                 kill_group(proc, signal.SIGKILL)
             _close(stdin)
             return

@@ -14,6 +14,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from gpulayer.protocol.control import Close, StreamOpen
+from gpulayer.protocol.fields import from_wire
 from gpulayer.protocol.relay import COMMAND_KINDS
 from gpulayer.relaylink.streams import Link, Stream, connect
 
@@ -24,7 +26,7 @@ from ..link.backoff import retry_delay
 IDLE_S = 60.0
 RELAY_VERSION = 1
 
-Handler = Callable[[Stream, dict], None]
+Handler = Callable[[Stream, StreamOpen], None]
 
 
 class Relay:
@@ -98,19 +100,20 @@ class Relay:
             self.link = None
 
     def _opened(self, stream: Stream, fields: dict) -> None:
-        kind = fields.get("kind")
+        opened: StreamOpen = from_wire(StreamOpen, fields)
+        kind = opened.kind
         handler = self.handlers.get(kind) if isinstance(kind, str) else None
         with self.lock:
             self.keep_until = max(self.keep_until, time.monotonic() + self.idle_s)
         if handler is None:
             why = "this worker was started with --no-exec" if self.no_exec and kind in COMMAND_KINDS else f"this agent serves no {kind!r} streams"
-            stream.close({"error": why})
+            stream.close(Close(error=why))
             return
-        threading.Thread(target=self._serve, args=(handler, stream, fields), name=f"relay-{kind}-{stream.id}", daemon=True).start()
+        threading.Thread(target=self._serve, args=(handler, stream, opened), name=f"relay-{kind}-{stream.id}", daemon=True).start()
 
-    def _serve(self, handler: Handler, stream: Stream, fields: dict) -> None:
+    def _serve(self, handler: Handler, stream: Stream, opened: StreamOpen) -> None:
         try:
-            handler(stream, fields)
+            handler(stream, opened)
         except Exception as exc:  # a handler's bug ends its stream, never the link
-            log_event("relay_stream_failed", kind=fields.get("kind"), error=repr(exc))
-            stream.close({"error": f"the agent failed: {type(exc).__name__}: {exc}"})
+            log_event("relay_stream_failed", kind=opened.kind, error=repr(exc))
+            stream.close(Close(error=f"the agent failed: {type(exc).__name__}: {exc}"))

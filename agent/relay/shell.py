@@ -31,6 +31,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from gpulayer.protocol.control import Close, Resize, Signal, StreamOpen
+from gpulayer.protocol.fields import from_wire, to_wire
 from gpulayer.protocol.relay import CLOSE, DATA, EXT_DATA, RESIZE, SIGNAL, SIGNALS, Frame
 from gpulayer.relaylink.streams import Stream
 
@@ -50,38 +52,38 @@ TIOCSPTLCK = 0x40045431  # unlockpt()
 TIOCGPTPEER = 0x5441  # the slave end of a master, opened without a path (Linux 4.13)
 
 
-def serve(stream: Stream, fields: dict, find: Callable[[int], TaskHandle | None]) -> None:
+def serve(stream: Stream, opened: StreamOpen, find: Callable[[int], TaskHandle | None]) -> None:
     """Run an OPEN `shell` stream to its end (on its own thread)."""
-    task_id, argv = fields.get("task_id"), fields.get("argv")
+    task_id, argv = opened.task_id, opened.argv
     handle = find(task_id) if isinstance(task_id, int) else None
     if argv is None:
         argv = DEFAULT_SHELL
     if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
-        return stream.close({"error": "shell: argv must be a non-empty list of strings"})
+        return stream.close(Close(error="shell: argv must be a non-empty list of strings"))
     if handle is None:
-        return stream.close({"error": f"task {task_id} is not running on this worker"})
+        return stream.close(Close(error=f"task {task_id} is not running on this worker"))
     setsid = shutil.which("setsid")
     if setsid is None:
-        return stream.close({"error": "this worker has no setsid (Debian package util-linux): a shell cannot have its terminal"})
+        return stream.close(Close(error="this worker has no setsid (Debian package util-linux): a shell cannot have its terminal"))
     inner = [*host_tool(handle, setsid), "--ctty", "--", *argv]
     try:
         launch, env, cwd = command_in(handle, inner)
     except ExecRefused as exc:
-        return stream.close({"error": str(exc)})
-    term = fields.get("term")
+        return stream.close(Close(error=str(exc)))
+    term = opened.term
     env = {**env, "TERM": term if isinstance(term, str) and TERM.fullmatch(term) else "xterm-256color"}
     master, slave = _terminal(handle)
     try:
-        _winsize(master, fields)
+        _winsize(master, opened.rows, opened.cols)
         # Outside a sandbox setsid is the started process itself (not a group leader, so it needs no fork);
         # through nsenter, nsenter leads a session of its own without a terminal and setsid takes it inside.
         proc = subprocess.Popen(launch, env=env, cwd=cwd, stdin=slave, stdout=slave, stderr=slave, start_new_session=launch is not inner)
     except OSError as exc:
         os.close(master)
-        return stream.close({"error": f"shell: cannot start {argv[0]!r}: {exc.strerror or exc}"})
+        return stream.close(Close(error=f"shell: cannot start {argv[0]!r}: {exc.strerror or exc}"))
     finally:
         os.close(slave)
-    log_event("shell_started", task_id=task_id, pid=proc.pid, session_id=fields.get("session_id"))
+    log_event("shell_started", task_id=task_id, pid=proc.pid, session_id=opened.session_id)
     done = threading.Event()
     pump = threading.Thread(target=_pump, args=(master, stream, done), daemon=True, name=f"shell-out-{proc.pid}")
     pump.start()
@@ -91,9 +93,9 @@ def serve(stream: Stream, fields: dict, find: Callable[[int], TaskHandle | None]
     done.set()
     pump.join(HANGUP_S + 1)
     _signal(master, proc, signal.SIGHUP)  # what the session left in the foreground
-    log_event("shell_finished", task_id=task_id, pid=proc.pid, exit_code=code, session_id=fields.get("session_id"))
-    stream.close({"exit_code": code})
-    stream.inbox.put(Frame(stream.id, CLOSE, {"reason": "the command ended"}))  # ends the feeder
+    log_event("shell_finished", task_id=task_id, pid=proc.pid, exit_code=code, session_id=opened.session_id)
+    stream.close(Close(exit_code=code))
+    stream.inbox.put(Frame(stream.id, CLOSE, to_wire(Close(reason="the command ended"))))  # ends the feeder
     feeder.join(HANGUP_S + 1)
     os.close(master)  # hangs the terminal up for what still holds it
 
@@ -125,8 +127,7 @@ def _terminal(handle: TaskHandle) -> tuple[int, int]:
     return master, slave
 
 
-def _winsize(master: int, fields: dict) -> None:
-    rows, cols = fields.get("rows"), fields.get("cols")
+def _winsize(master: int, rows: object, cols: object) -> None:
     if isinstance(rows, int) and isinstance(cols, int) and 0 < rows < 65536 and 0 < cols < 65536:
         fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
 
@@ -163,16 +164,17 @@ def _feed(stream: Stream, master: int, proc: subprocess.Popen) -> None:
             stream.consumed(len(frame.data))
         elif frame.type == RESIZE:
             try:
-                _winsize(master, frame.fields)
+                resize = from_wire(Resize, frame.fields)
+                _winsize(master, resize.rows, resize.cols)
             except OSError:
                 pass
         elif frame.type == SIGNAL:
-            name = frame.fields.get("signal")
+            name = from_wire(Signal, frame.fields).signal
             if name in SIGNALS:
                 _signal(master, proc, getattr(signal, f"SIG{name}"))
         elif frame.type == CLOSE:
             if proc.poll() is None:
-                log_event("shell_hung_up", pid=proc.pid, reason=frame.fields.get("error") or frame.fields.get("reason"))
+                log_event("shell_hung_up", pid=proc.pid, reason=from_wire(Close, frame.fields).why())
                 _signal(master, proc, signal.SIGHUP)
                 deadline = time.monotonic() + HANGUP_S
                 while proc.poll() is None and time.monotonic() < deadline:

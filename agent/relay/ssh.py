@@ -26,6 +26,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from gpulayer.protocol.control import Close, StreamOpen
+from gpulayer.protocol.fields import to_wire
 from gpulayer.protocol.relay import CLOSE, DATA, EOF, EXT_DATA, Frame
 from gpulayer.relaylink.streams import Stream
 
@@ -73,14 +75,14 @@ def _image_server(handle: TaskHandle) -> tuple[list[str], dict[str, str], str, d
     return [sys.executable, "-I", "-c", SOURCE], {"PATH": os.defpath, "LANG": "C.UTF-8", "HOME": "/"}, "/", entry
 
 
-def serve(stream: Stream, fields: dict, find: Callable[[int], TaskHandle | None]) -> None:
+def serve(stream: Stream, opened: StreamOpen, find: Callable[[int], TaskHandle | None]) -> None:
     """Run an OPEN `ssh` stream to its end (on its own thread)."""
-    task_id, key, cert = fields.get("task_id"), fields.get("host_key"), fields.get("host_cert")
+    task_id, key, cert = opened.task_id, opened.host_key, opened.host_cert
     handle = find(task_id) if isinstance(task_id, int) else None
     if not isinstance(key, str) or not isinstance(cert, str):
-        return stream.close({"error": "ssh: the OPEN carries no host key and certificate (the control plane is older than this agent)"})
+        return stream.close(Close(error="ssh: the OPEN carries no host key and certificate (the control plane is older than this agent)"))
     if handle is None:
-        return stream.close({"error": f"task {task_id} is not running on this worker"})
+        return stream.close(Close(error=f"task {task_id} is not running on this worker"))
     ours, theirs = socket.socketpair()
     entry: dict = {}
     fds: list[int] = []  # the task's namespaces and root, for the image task's server
@@ -96,12 +98,12 @@ def serve(stream: Stream, fields: dict, find: Callable[[int], TaskHandle | None]
         )
     except (ExecRefused, OSError) as exc:
         ours.close()
-        return stream.close({"error": str(exc) if isinstance(exc, ExecRefused) else f"ssh: cannot start the task's SSH server: {exc}"})
+        return stream.close(Close(error=str(exc) if isinstance(exc, ExecRefused) else f"ssh: cannot start the task's SSH server: {exc}"))
     finally:
         theirs.close()
         for fd in fds:
             os.close(fd)
-    log_event("ssh_started", task_id=task_id, pid=proc.pid, session_id=fields.get("session_id"))
+    log_event("ssh_started", task_id=task_id, pid=proc.pid, session_id=opened.session_id)
     header = json.dumps({"host_key": key, "host_cert": cert, **({"enter": entry} if entry else {})}).encode()
     errors: list[bytes] = []
     threads = [
@@ -119,12 +121,12 @@ def serve(stream: Stream, fields: dict, find: Callable[[int], TaskHandle | None]
     threads[0].join(END_S)
     threads[2].join(1.0)
     why = b"".join(errors).decode(errors="replace").strip()[-500:]
-    log_event("ssh_finished", task_id=task_id, pid=proc.pid, exit_code=code, session_id=fields.get("session_id"), stderr=why or None)
+    log_event("ssh_finished", task_id=task_id, pid=proc.pid, exit_code=code, session_id=opened.session_id, stderr=why or None)
     if code != 0 and why:
-        stream.close({"error": f"the task's SSH server failed: {why}"})
+        stream.close(Close(error=f"the task's SSH server failed: {why}"))
     else:
-        stream.close({"exit_code": 0, "reason": "the ssh connection ended"})
-    stream.inbox.put(Frame(stream.id, CLOSE, {"reason": "the ssh server ended"}))  # ends _down
+        stream.close(Close(exit_code=0, reason="the ssh connection ended"))
+    stream.inbox.put(Frame(stream.id, CLOSE, to_wire(Close(reason="the ssh server ended"))))  # ends _down
     ours.close()
 
 

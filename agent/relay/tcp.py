@@ -30,6 +30,8 @@ import sys
 import threading
 from collections.abc import Callable
 
+from gpulayer.protocol.control import Close, StreamOpen
+from gpulayer.protocol.fields import to_wire
 from gpulayer.relaylink.pipe import SocketPipe
 from gpulayer.relaylink.streams import Stream
 from gpulayer.protocol.forward import DEFAULT_HOST, tcp_target
@@ -62,33 +64,33 @@ class ConnectRefused(Exception):
     """The connection could not be made (the message says why, for the client)."""
 
 
-def serve(stream: Stream, fields: dict, find: Callable[[int], TaskHandle | None]) -> None:
+def serve(stream: Stream, opened: StreamOpen, find: Callable[[int], TaskHandle | None]) -> None:
     """Run an OPEN `tcp` stream to its end (on its own thread); refused at once past MAX_STREAMS."""
     if not _OPEN.acquire(blocking=False):
-        log_event("tcp_refused", task_id=fields.get("task_id"), error="too many tcp streams", session_id=fields.get("session_id"))
-        return stream.close({"error": f"this worker has {MAX_STREAMS} tcp streams open already (its cap); try again"})
+        log_event("tcp_refused", task_id=opened.task_id, error="too many tcp streams", session_id=opened.session_id)
+        return stream.close(Close(error=f"this worker has {MAX_STREAMS} tcp streams open already (its cap); try again"))
     try:
-        _serve(stream, fields, find)
+        _serve(stream, opened, find)
     finally:
         _OPEN.release()
 
 
-def _serve(stream: Stream, fields: dict, find: Callable[[int], TaskHandle | None]) -> None:
-    task_id = fields.get("task_id")
+def _serve(stream: Stream, opened: StreamOpen, find: Callable[[int], TaskHandle | None]) -> None:
+    task_id = opened.task_id
     try:
-        host, port = tcp_target(fields)
+        host, port = tcp_target(to_wire(opened))
     except ValueError as exc:
-        return stream.close({"error": f"tcp: {exc}"})
+        return stream.close(Close(error=f"tcp: {exc}"))
     handle = find(task_id) if isinstance(task_id, int) else None
     if handle is None:
-        return stream.close({"error": f"task {task_id} is not running on this worker"})
+        return stream.close(Close(error=f"task {task_id} is not running on this worker"))
     try:
         sock = connect(handle, host, port)
     except ConnectRefused as exc:
-        log_event("tcp_refused", task_id=task_id, port=port, error=str(exc), session_id=fields.get("session_id"))
-        return stream.close({"error": str(exc)})
+        log_event("tcp_refused", task_id=task_id, port=port, error=str(exc), session_id=opened.session_id)
+        return stream.close(Close(error=str(exc)))
     sock.settimeout(None)
-    log_event("tcp_connected", task_id=task_id, port=port, session_id=fields.get("session_id"))
+    log_event("tcp_connected", task_id=task_id, port=port, session_id=opened.session_id)
     try:
         SocketPipe(stream, sock, f"port {port} in task {task_id}", ends_stream=True, read_bytes=READ_BYTES).run()
     finally:

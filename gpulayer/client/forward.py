@@ -17,6 +17,8 @@ from urllib.parse import urlencode
 
 from gpulayer.client.errors import ClientError, ConnectionFailed
 from gpulayer.client.relay import RelayClient, _handshake_error
+from gpulayer.protocol.control import TcpOpen
+from gpulayer.protocol.fields import to_wire
 from gpulayer.relaylink.pipe import SocketPipe, shutdown
 from gpulayer.relaylink.streams import Link, LinkLost, Stream, connect
 
@@ -149,7 +151,7 @@ class PortForward:
             link.close()
 
     def _open(self) -> Stream:
-        fields = {"kind": "tcp", "port": self.remote}
+        fields = to_wire(TcpOpen(port=self.remote))
         try:
             return self._link().open(fields)
         except LinkLost:  # lost between the check and the OPEN: once more, on a new connection

@@ -18,6 +18,8 @@ from typing import IO, Any, Protocol
 from urllib.parse import urlencode
 
 from gpulayer.client.errors import _BY_STATUS, ApiError, ConnectionFailed
+from gpulayer.protocol.control import Close, ExecOpen, is_int
+from gpulayer.protocol.fields import from_wire, to_wire
 from gpulayer.protocol.relay import CLOSE, DATA, EXT_DATA, STDERR
 from gpulayer.relaylink.streams import Link, LinkLost, Stream, connect
 
@@ -33,11 +35,12 @@ class RelayClient(Protocol):
 
 def open_exec(client: RelayClient, job_id: int, argv: list[str], index: int | None = None) -> tuple[Link, Stream]:
     """A connected link and its exec stream running `argv`; ConnectionFailed, or ApiError at the handshake."""
-    return open_stream(client, job_id, {"kind": "exec", "argv": list(argv)}, index)
+    return open_stream(client, job_id, to_wire(ExecOpen(argv=list(argv))), index)
 
 
 def open_stream(client: RelayClient, job_id: int, fields: dict, index: int | None = None) -> tuple[Link, Stream]:
-    """A connected link and one stream on it, opened with `fields` (its `kind` and the kind's own)."""
+    """A connected link and one stream on it, opened with `fields` (its `kind` and the kind's own: the wire form of
+    an ExecOpen, ShellOpen, TcpOpen or SshOpen of gpulayer/protocol/control.py)."""
     query = {"kind": fields["kind"], **({"index": str(index)} if index is not None else {})}
     url = f"{client.url}/v1/jobs/{int(job_id)}/relay?{urlencode(query)}"
     token = (client.session.headers.get("Authorization") or "").removeprefix("Bearer ")
@@ -76,11 +79,19 @@ def _handshake_error(exc: Exception, url: str) -> Exception:
 
 def closed_error(fields: dict) -> ApiError | ConnectionFailed:
     """The error a CLOSE with `error` stands for: the server's refusal (its status), else a lost stream."""
-    message = str(fields.get("error"))
-    status = fields.get("status")
-    if isinstance(status, int) and 400 <= status < 600 and fields.get("code"):
-        return _BY_STATUS.get(status, ApiError)(message, code=str(fields["code"]), status=status, body=fields)
+    closed = from_wire(Close, fields)
+    message, status = str(closed.error), closed.status
+    if isinstance(status, int) and 400 <= status < 600 and closed.code:
+        return _BY_STATUS.get(status, ApiError)(message, code=str(closed.code), status=status, body=fields)
     return ConnectionFailed(f"the exec stream ended: {message}")
+
+
+def exit_code(fields: dict) -> int:
+    """The remote command's exit code a CLOSE brings; the error it stands for (closed_error) when it brings none."""
+    closed = from_wire(Close, fields)
+    if is_int(closed.exit_code):
+        return closed.exit_code
+    raise closed_error(fields if closed.error else {"error": "closed without an exit code"})
 
 
 def run_exec(
@@ -112,11 +123,7 @@ def run_exec(
                 (on_stderr if frame.type == EXT_DATA and frame.channel == STDERR else on_stdout)(frame.data)
                 stream.consumed(len(frame.data))
             elif frame.type == CLOSE:
-                fields = frame.fields
-                code = fields.get("exit_code")
-                if isinstance(code, int) and not isinstance(code, bool):
-                    return code
-                raise closed_error(fields if fields.get("error") else {"error": "closed without an exit code"})
+                return exit_code(frame.fields)
     finally:
         link.close()
 
@@ -154,4 +161,4 @@ def exec_capture(
     return done
 
 
-__all__ = ["run_exec", "exec_capture", "open_exec", "open_stream", "closed_error"]
+__all__ = ["run_exec", "exec_capture", "open_exec", "open_stream", "closed_error", "exit_code"]

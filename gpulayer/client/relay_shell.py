@@ -16,7 +16,9 @@ import threading
 import tty
 from typing import Any
 
-from gpulayer.client.relay import RelayClient, closed_error, open_stream
+from gpulayer.client.relay import RelayClient, exit_code, open_stream
+from gpulayer.protocol.control import Close, Resize, ShellOpen
+from gpulayer.protocol.fields import to_wire
 from gpulayer.protocol.relay import CLOSE, DATA, EXT_DATA, RESIZE, encode
 from gpulayer.relaylink.streams import LinkLost, Stream
 
@@ -56,18 +58,14 @@ def open_shell(
     size: tuple[int, int] = (24, 80),
 ):
     """A connected link and its shell stream (`argv`: a command instead of the task's shell)."""
-    fields: dict = {"kind": "shell", "rows": size[0], "cols": size[1]}
-    if argv:
-        fields["argv"] = list(argv)
-    if term:
-        fields["term"] = term
-    return open_stream(client, job_id, fields, index)
+    opening = ShellOpen(rows=size[0], cols=size[1], argv=list(argv) if argv else None, term=term or None)
+    return open_stream(client, job_id, to_wire(opening), index)
 
 
 def resize(stream: Stream, rows: int, cols: int) -> None:
     """Tell the remote terminal its new size (a RESIZE frame)."""
     try:
-        stream.link.send(encode(stream.id, RESIZE, {"rows": rows, "cols": cols}))
+        stream.link.send(encode(stream.id, RESIZE, to_wire(Resize(rows=rows, cols=cols))))
     except LinkLost:
         pass
 
@@ -116,10 +114,7 @@ def run_shell(
                 _write_all(stdout_fd, frame.data)
                 stream.consumed(len(frame.data))
             elif frame.type == CLOSE:
-                code = frame.fields.get("exit_code")
-                if isinstance(code, int) and not isinstance(code, bool):
-                    return code
-                raise closed_error(frame.fields if frame.fields.get("error") else {"error": "closed without an exit code"})
+                return exit_code(frame.fields)
     finally:
         try:
             termios.tcsetattr(stdin_fd, termios.TCSADRAIN, saved)
@@ -128,7 +123,7 @@ def run_shell(
         for number, before in previous.items():
             signal.signal(number, before)
         if stream.ended is None:
-            stream.close({"reason": "the client went away"})
+            stream.close(Close(reason="the client went away"))
         link.close()
 
 

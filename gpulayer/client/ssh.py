@@ -19,6 +19,8 @@ from pathlib import Path
 from gpulayer.client.api import Client
 from gpulayer.client.errors import ConnectionFailed
 from gpulayer.client.relay import RelayClient, closed_error, open_stream
+from gpulayer.protocol.control import Close, SshOpen
+from gpulayer.protocol.fields import from_wire, to_wire
 from gpulayer.protocol.relay import CLOSE, DATA, EXT_DATA
 
 PREFIX = "gpulayer-"
@@ -84,7 +86,7 @@ def run_proxy(client: RelayClient, host: str, stdin_fd: int = 0, stdout_fd: int 
     """Copy `stdin_fd`/`stdout_fd` to an `ssh` stream on the task `host` names until it ends; 0 when it ended
     cleanly. Raises ValueError for a bad name, ApiError (a refusal) or ConnectionFailed."""
     job_id, index = parse_host(host)
-    link, stream = open_stream(client, job_id, {"kind": "ssh"}, index)
+    link, stream = open_stream(client, job_id, to_wire(SshOpen()), index)
     threading.Thread(target=_feed, args=(stream, stdin_fd), daemon=True, name="ssh-proxy-in").start()
     try:
         while True:
@@ -95,12 +97,11 @@ def run_proxy(client: RelayClient, host: str, stdin_fd: int = 0, stdout_fd: int 
                 _write_all(stdout_fd, frame.data)
                 stream.consumed(len(frame.data))
             elif frame.type == CLOSE:
-                fields = frame.fields
-                if fields.get("error"):
-                    raise closed_error(fields)
+                if from_wire(Close, frame.fields).error:
+                    raise closed_error(frame.fields)
                 return 0
     except BrokenPipeError:  # ssh closed our stdout: the connection is over
-        stream.close({"reason": "ssh closed the connection"})
+        stream.close(Close(reason="ssh closed the connection"))
         return 0
     finally:
         link.close()

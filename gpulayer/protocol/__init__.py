@@ -4,7 +4,8 @@ Imports nothing of gpulayer, so the client, the CLI, the control plane,
 `gpulayer.testing` and the agent can all take their defaults from here
 (protocol-v1.md, "Defaults"). Beside it, the wire objects declared once:
 jobspec.py (the JobSpec), assignment.py (the Assignment), the worker's requests
-(registration.py, heartbeat.py, finish.py), and fields.py, which reads a
+(registration.py, heartbeat.py, finish.py), the relay's control messages
+(control.py), and fields.py, which reads a
 declaration (docs/architecture.md, "Adding a field").
 """
 from __future__ import annotations

@@ -3,7 +3,8 @@
 A `tcp` stream is a TCP connection to a port in a running task's network view (`gpulayer port-forward`, the
 control plane's ingress): `port` 1-65535, `host` a loopback address of that view (127.0.0.1 when absent;
 `localhost` means 127.0.0.1). Anything else is refused: the relay reaches the task, not the worker's network.
-The socket joined to such a stream, on the agent's and the client's side: gpulayer/relaylink/pipe.py.
+The fields are declared in control.py (`TcpOpen`, a client's; `StreamOpen`, the agent's); `tcp_target` checks
+their values. The socket joined to such a stream, on the agent's and the client's side: gpulayer/relaylink/pipe.py.
 """
 
 from __future__ import annotations

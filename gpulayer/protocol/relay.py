@@ -20,6 +20,9 @@ Each binary WebSocket message is one frame (docs/protocol.md, "The relay"):
 SIGNAL, RESIZE and SETTINGS carry at most `MAX_CONTROL` (1 KiB) of payload, and at most `MAX_WAITING_CONTROL`
 control frames may wait unread in a stream's receiver: they are outside flow control, so these bound them.
 
+The JSON objects of OPEN (per kind), CLOSE, SIGNAL, RESIZE and SETTINGS are declared in control.py, field by
+field; senders build those and readers read them through them.
+
 The shell's OPEN also carries `rows`, `cols` (the window at the start), `term` (the client's TERM) and,
 optionally, `argv` (a command instead of the task's shell); its DATA is what is typed and what the remote
 terminal shows.

@@ -11,6 +11,8 @@ import socket
 import threading
 
 from gpulayer.relaylink.streams import Stream
+from gpulayer.protocol.control import Close
+from gpulayer.protocol.fields import from_wire, to_wire
 from gpulayer.protocol.relay import CLOSE, DATA, EOF, EXT_DATA, Frame
 
 
@@ -72,7 +74,7 @@ class SocketPipe:
                 shutdown(self.sock, socket.SHUT_WR)
                 self._way_done()
             elif frame.type == CLOSE:
-                error = frame.fields.get("error")
+                error = from_wire(Close, frame.fields).error
                 if self.error is None and error:
                     self.error = str(error)
                 return
@@ -82,17 +84,17 @@ class SocketPipe:
             self.ways -= 1
             last = self.ways == 0
         if last and self.ends_stream:
-            self._end({"reason": "the connection ended"})
+            self._end(Close(reason="the connection ended"))
 
     def _broke(self, exc: OSError) -> None:
         self.broke_here = True
         self.error = f"the connection to {self.label} broke: {exc.strerror or exc}"
-        self._end({"error": self.error})
+        self._end(Close(error=self.error))
 
-    def _end(self, fields: dict) -> None:
+    def _end(self, message: Close) -> None:
         """Tell the other end (once), and wake the frame loop so that it returns."""
-        self.stream.close(fields)
-        self.stream.inbox.put(Frame(self.stream.id, CLOSE, {"reason": "ended here"}))
+        self.stream.close(message)
+        self.stream.inbox.put(Frame(self.stream.id, CLOSE, to_wire(Close(reason="ended here"))))
 
 
 def shutdown(sock: socket.socket, how: int = socket.SHUT_RDWR) -> None:

@@ -16,6 +16,8 @@ import threading
 from collections.abc import Callable
 
 from gpulayer.protocol import relay as frames
+from gpulayer.protocol.control import Close, Settings, Signal
+from gpulayer.protocol.fields import from_wire, to_wire
 from gpulayer.relaylink import wsclient
 from gpulayer.protocol.relay import CLOSE, DATA, EOF, EXT_DATA, OPEN, SETTINGS, SIGNAL, WINDOW, Credit, Frame, FrameError, accepted_data
 
@@ -92,10 +94,11 @@ class Stream:
         self._send(frames.encode(self.id, EOF))
 
     def signal(self, name: str) -> None:
-        self._send(frames.encode(self.id, SIGNAL, {"signal": name}))
+        self._send(frames.encode(self.id, SIGNAL, to_wire(Signal(signal=name))))
 
-    def close(self, fields: dict) -> None:
+    def close(self, message: Close) -> None:
         """End the stream from this end, telling the other (`exit_code`, `error`, `reason`)."""
+        fields = to_wire(message)
         if self._ended(fields):
             self._send(frames.encode(self.id, CLOSE, fields))
 
@@ -147,7 +150,7 @@ class Stream:
     def _settings(self, fields: dict) -> None:
         """A SETTINGS frame (or an OPEN's fields): the frame size this end may send from now on."""
         if "max_data" in fields:
-            self.max_out = accepted_data(fields["max_data"])
+            self.max_out = accepted_data(from_wire(Settings, fields).max_data)
 
     def _arrived(self, frame: Frame) -> None:
         with self.cond:
@@ -162,8 +165,8 @@ class Stream:
                 f"more than {frames.MAX_WAITING_CONTROL} control frames (SIGNAL, RESIZE, EOF) waited unread on "
                 "this stream: it is closed"
             )
-            self.close({"error": why, "code": "too_many_frames", "status": 429})
-            self.inbox.put(Frame(self.id, CLOSE, {"error": why}))  # the handler ends on it
+            self.close(Close(error=why, code="too_many_frames", status=429))
+            self.inbox.put(Frame(self.id, CLOSE, to_wire(Close(error=why))))  # the handler ends on it
             return
         if frame.type == CLOSE:
             self._ended(frame.fields)
@@ -243,7 +246,7 @@ class Link:
             with self.lock:
                 left = list(self.streams.values())
             for stream in left:
-                lost = Frame(stream.id, CLOSE, {"error": error})
+                lost = Frame(stream.id, CLOSE, to_wire(Close(error=error)))
                 stream._arrived(lost)
 
     def _dispatch(self, frame: Frame) -> None:

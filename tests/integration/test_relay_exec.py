@@ -23,6 +23,7 @@ from gpulayer.relaylink.wsclient import ConnectionClosed
 
 from gpulayer.client.api import connect
 from gpulayer.client.errors import ApiError, ConnectionFailed
+from gpulayer.protocol.control import Close
 from gpulayer.client.relay import open_exec, run_exec
 from gpulayer.protocol import PROTOCOL, PROTOCOL_HEADER
 from gpulayer.protocol.relay import DATA
@@ -265,7 +266,7 @@ def test_caps_and_bad_requests(plane, job):
         assert capped.value.status == 429 and capped.value.code == "too_many_streams"
     finally:
         for link, stream in held:
-            stream.close({"reason": "test done"})
+            stream.close(Close(reason="test done"))
             link.close()
     wait_for(lambda: client.get_job(job).exec(["true"]).returncode == 0, 30, "the cap to free up")
     with pytest.raises(ApiError) as nothing:

@@ -31,6 +31,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from gpulayer.protocol import PROTOCOL, PROTOCOL_HEADER
+from gpulayer.protocol import control
+from gpulayer.protocol.control import Close, StreamOpen, is_int
+from gpulayer.protocol.fields import from_wire, to_wire
 from gpulayer.protocol.relay import (
     CLOSE,
     DATA,
@@ -218,7 +221,7 @@ class Hub:
             route = link.routes.get(frame.stream_id)
             if route is None:
                 if frame.type == OPEN:  # agents open no stream (yet): say so on that stream
-                    link.send(encode(frame.stream_id, CLOSE, {"error": "the control plane opens streams, not agents"}))
+                    link.send(encode(frame.stream_id, CLOSE, to_wire(Close(error="the control plane opens streams, not agents"))))
                 return  # a frame of a stream that ended meanwhile
             if frame.type in (DATA, EXT_DATA):
                 route.carried(frame.cost(), self.state, up=False)
@@ -227,13 +230,12 @@ class Hub:
             elif frame.type == OPEN:
                 raise FrameError(f"OPEN on stream {frame.stream_id}, which is open already")
             if frame.type == CLOSE:
-                fields = frame.fields
-                code = fields.get("exit_code")
+                closed = from_wire(Close, frame.fields)
                 self._end(
                     route,
-                    str(fields.get("reason") or fields.get("error") or "ended on the worker"),
-                    exit_code=code if isinstance(code, int) and not isinstance(code, bool) else None,
-                    error=fields.get("error") if isinstance(fields.get("error"), str) else None,
+                    str(closed.reason or closed.error or "ended on the worker"),
+                    exit_code=closed.exit_code if is_int(closed.exit_code) else None,
+                    error=closed.error if isinstance(closed.error, str) else None,
                     tell_agent=False,
                     closing=rewrite(raw(message), route.client_sid),
                 )
@@ -382,7 +384,7 @@ class Hub:
         }
         self._attach(route, link, to, opening)
         if route.up_data > MAX_DATA:
-            conn.send(encode(route.client_sid, SETTINGS, {"max_data": route.up_data}))
+            conn.send(encode(route.client_sid, SETTINGS, to_wire(control.Settings(max_data=route.up_data))))
         for frame in route.pending:
             link.send(rewrite(frame, route.agent_sid))
         route.pending.clear()
@@ -419,7 +421,8 @@ class Hub:
         route.agent, route.agent_sid = link, link.next_sid()
         link.routes[route.agent_sid] = route
         self.state.open[route.kind] += 1
-        link.send(encode(route.agent_sid, OPEN, {"kind": route.kind, "job_id": to.job_id, "task_id": to.task_id, "index": to.index, **fields}))
+        opening = StreamOpen(kind=route.kind, job_id=to.job_id, task_id=to.task_id, index=to.index, **fields)
+        link.send(encode(route.agent_sid, OPEN, to_wire(opening)))
 
     async def open_stream(self, conn, sid: int, to: sessions.Target, kind: str, detail: dict, user: str) -> Route:
         """A stream the control plane opens itself (the ingress, server/relay/ingress.py) into task `to`, checked
@@ -482,16 +485,14 @@ class Hub:
             self.state.open[route.kind] -= 1
             route.agent.routes.pop(route.agent_sid, None)
             if tell_agent:
-                route.agent.send(encode(route.agent_sid, CLOSE, {"reason": reason}))
+                route.agent.send(encode(route.agent_sid, CLOSE, to_wire(Close(reason=reason))))
         if tell_client:
             if closing is not None:
                 conn.send(closing)
             else:
-                fields: dict = {"reason": reason}
-                if error is not None:
-                    fields["error"] = error
-                    fields["code"], fields["status"] = code or "relay_closed", status or 502
-                conn.send(encode(route.client_sid, CLOSE, fields))
+                message = Close(reason=reason) if error is None else Close(
+                    reason=reason, error=error, code=code or "relay_closed", status=status or 502)
+                conn.send(encode(route.client_sid, CLOSE, to_wire(message)))
         if isinstance(conn, ClientConn) and not conn.routes:
             conn.idle_since = time.monotonic()
         route.forget()

@@ -1,4 +1,5 @@
-"""What a client's relay request may say: its URL's query (`kind`, `index`) and each OPEN's fields per kind.
+"""What a client's relay request may say: its URL's query (`kind`, `index`) and each OPEN's fields per kind
+(declared in gpulayer/protocol/control.py, read through those declarations).
 
 Each check raises InvalidRequest (400 `invalid_field`, naming the field); what passes is what the agent gets and
 the session's row records as its `detail`.
@@ -9,6 +10,8 @@ from __future__ import annotations
 import re
 from urllib.parse import parse_qs
 
+from gpulayer.protocol.control import ExecOpen, ShellOpen
+from gpulayer.protocol.fields import from_wire
 from gpulayer.protocol.forward import DEFAULT_HOST, tcp_target
 from gpulayer.protocol.relay import KINDS
 from gpulayer.server.errors import InvalidRequest
@@ -45,7 +48,7 @@ def detail(kind: str, fields: dict) -> dict:
         return {"port": port, **({"host": host} if host != DEFAULT_HOST else {})}
     if kind == "ssh":
         return {}  # the SSH protocol runs end to end inside the stream; its host key goes in the hub's _secret, unrecorded
-    argv = fields.get("argv")
+    argv = from_wire(ExecOpen, fields).argv
     if not isinstance(argv, list) or not argv or not all(isinstance(a, str) and "\0" not in a for a in argv):
         raise InvalidRequest("argv: must be a non-empty list of strings (the command and its arguments)", field="argv")
     if sum(len(a.encode("utf-8", "surrogatepass")) + 1 for a in argv) > MAX_ARGV_BYTES:
@@ -59,17 +62,18 @@ TERM = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
 def shell_detail(fields: dict) -> dict:
     """A shell's OPEN: `rows` and `cols` (1 to 65535), `term` (a terminal type's name), `argv` when a command
     replaces the task's shell (checked as exec's)."""
+    opened = from_wire(ShellOpen, fields)
     found: dict = {}
     for name in ("rows", "cols"):
-        value = fields.get(name)
+        value = getattr(opened, name)
         if not isinstance(value, int) or isinstance(value, bool) or not 0 < value < 65536:
             raise InvalidRequest(f"{name}: must be a whole number from 1 to 65535 (the terminal's size)", field=name)
         found[name] = value
-    term = fields.get("term")
+    term = opened.term
     if term is not None:
         if not isinstance(term, str) or not TERM.fullmatch(term):
             raise InvalidRequest("term: must be a terminal type's name (letters, digits, . _ + -; at most 64)", field="term")
         found["term"] = term
-    if fields.get("argv") is not None:
+    if opened.argv is not None:
         found["argv"] = detail("exec", fields)["argv"]
     return found

@@ -10,6 +10,8 @@ import logging
 
 import h11
 
+from gpulayer.protocol.control import Close
+from gpulayer.protocol.fields import from_wire, to_wire
 from gpulayer.protocol.relay import CLOSE, DATA, EOF, EXT_DATA, MAX_DATA, WINDOW, Credit, data, decode, encode
 from gpulayer.server.relay.hub import Hub
 
@@ -61,7 +63,7 @@ class Upstream:
         self.credit = Credit()
         self.inbox: asyncio.Queue = asyncio.Queue()
         self.wake = asyncio.Event()
-        self.ended: dict | None = None
+        self.ended: Close | None = None
         self.got = 0  # bytes received
         self._unacked = 0
 
@@ -71,7 +73,7 @@ class Upstream:
             self.wake.set()
             return
         if kind == CLOSE:
-            self.ended = frame.fields
+            self.ended = from_wire(Close, frame.fields)
             self.ends.streams.pop(self.sid, None)
             self.wake.set()
         self.inbox.put_nowait(frame)
@@ -84,7 +86,7 @@ class Upstream:
                 self.wake.clear()
                 await self.wake.wait()
             if self.ended is not None:
-                raise UpstreamFailed(str(self.ended.get("error") or "the replica closed the connection"), self.got > 0)
+                raise UpstreamFailed(str(self.ended.error or "the replica closed the connection"), self.got > 0)
             size = min(self.credit.left, MAX_DATA, len(view))
             self.credit.take(size)
             self.hub.client_frame(self.ends, data(self.sid, bytes(view[:size])))
@@ -104,7 +106,7 @@ class Upstream:
             return b""
         if frame.type == CLOSE:
             self.inbox.put_nowait(frame)  # every later read sees the end too
-            error = frame.fields.get("error")
+            error = from_wire(Close, frame.fields).error
             if error:
                 raise UpstreamFailed(str(error), self.got > 0)
             return b""
@@ -114,8 +116,8 @@ class Upstream:
         """End the stream from here (nothing when it ended already)."""
         self.ends.streams.pop(self.sid, None)
         if self.ended is None:
-            self.ended = {"reason": "closed by the ingress"}
-            self.hub.client_frame(self.ends, encode(self.sid, CLOSE, {"reason": "the ingress is done with it"}))
+            self.ended = Close(reason="closed by the ingress")
+            self.hub.client_frame(self.ends, encode(self.sid, CLOSE, to_wire(Close(reason="the ingress is done with it"))))
 
 
 class Body:
