@@ -221,3 +221,16 @@ def test_the_job_shows_its_reservation_and_its_waiting_reason_says_it(sched, clo
     assert "reserved: gpu-03, gpu-04 from 2023-11-14T22:16:40Z" in shown["waiting_reason"], shown["waiting_reason"]
     sched.cancel(gang)
     assert state_of(sched, gang)["reservation"] is None
+
+
+def test_no_reservation_for_a_job_waiting_on_a_missing_secret(sched):
+    w = add_worker(sched, "w", **BIG)
+    _run(sched, w, dict(gpus=4, timeout_seconds=100))
+    sched.set_secret("TOKEN", "s3cret", {})
+    needs = sched.submit(job(gpus=8, secrets=["TOKEN"]))
+    sched.delete_secret("TOKEN")                         # deleted since submit: it waits until set again
+    _plan(sched)
+    assert needs not in _reserved(sched)
+    sched.set_secret("TOKEN", "s3cret", {})
+    _plan(sched)
+    assert needs in _reserved(sched)
