@@ -234,3 +234,20 @@ def test_no_reservation_for_a_job_waiting_on_a_missing_secret(sched):
     sched.set_secret("TOKEN", "s3cret", {})
     _plan(sched)
     assert needs in _reserved(sched)
+
+
+def test_a_job_ranked_higher_that_fits_now_is_not_kept_out_by_the_next_ones_reservation(sched, clock):
+    """The plan takes the top job as starting now; the next one gets no reservation on that worker this tick, so
+    the top job's claim (after the plan, so ending a little later than the plan thought) still gets the room."""
+    w = add_worker(sched, "w", **BIG)
+    first = _run(sched, w, dict(gpus=8, timeout_seconds=100))
+    sched.store.write(lambda c: c.execute("UPDATE tasks SET state = 'succeeded', finished_at = 1, outcome = 'succeeded' "
+                                          "WHERE job_id = ?", (first,)))
+    high = sched.submit(job(gpus=8, priority=10))
+    low = sched.submit(job(gpus=8, priority=-10))
+    _plan(sched)
+    assert _reserved(sched) == {}
+    clock.advance(1)
+    assert _claims(sched, w) == [high]
+    _plan(sched)
+    assert list(_reserved(sched)) == [low]

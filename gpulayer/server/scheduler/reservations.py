@@ -8,7 +8,8 @@ now), and what the reservations made before hold from their start for the job's 
 fits some worker's room now, for its whole expected run, is taken as starting now (the claim will give it);
 one that does not gets a reservation, if the group of workers it could ever run on (shape_worker_fit.fits)
 holds fewer than `backfill_depth`: the earliest time at which enough of them (a gang: `width` at once)
-have its room for its whole expected run, on the tightest such workers. The rows replace the last plan's
+have its room for its whole expected run, on the tightest such workers, none of them one that a job ranked
+higher is to start on now (the next tick plans from that job's start). The rows replace the last plan's
 whole. The claim honours them (schema.sql, claimable_tasks): another task takes room a reservation needs
 only if it is expected to end by the reservation's start.
 """
@@ -80,6 +81,7 @@ def plan(conn: apsw.Connection, now: float) -> list[dict]:
         if f["worker_id"] in workers:
             fits[f["shape_id"]].add(f["worker_id"])
     held: dict[frozenset[int], int] = defaultdict(int)
+    starting: set[int] = set()  # workers a job ranked higher is to start on now
     written: list[dict] = []
     for job in candidates:
         group = frozenset(fits[job["shape_id"]])
@@ -93,10 +95,17 @@ def plan(conn: apsw.Connection, now: float) -> list[dict]:
         if start <= now:  # it starts now, as the claim will find: its room is taken from here on
             for w in chosen:
                 workers[w].take(need, now, now + job["expected_s"])
+            starting.update(chosen)
             continue
         if held[group] >= settings["backfill_depth"]:
             continue
         held[group] += 1
+        # Not on a worker a job ranked higher is to start on: its claim comes after this plan, so it would end
+        # after a reservation made from its expected end here, and the reservation would keep it out; the next
+        # tick plans from its start.
+        start, chosen = _earliest(workers, group - starting, need, count, now, job["expected_s"])
+        if not chosen:
+            continue
         reason = REASON.format(n=held[group], workers=len(group))
         for w in chosen:
             workers[w].take(need, start, start + job["expected_s"])
