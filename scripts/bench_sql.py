@@ -30,6 +30,13 @@ COMMIT), median and p99, and the same without the COMMIT (placement.acquire alon
 (100 polls/s in all), median and p99; `aging`: ms per upkeep transaction of aging
 (aging.age, AGING_BATCH rows raised a step) once the whole backlog is due a step, median and
 max, and ms of a round with nothing due.
+--reservations N measures acquire against the backlog of --backlog (N queued 8-GPU tasks no worker fits,
+ahead of the CPU tasks worker 1 takes) with and without reservations (issue 38: EASY backfill), same run,
+rounds of each interleaved on two copies of one file: `with` holds 4 reservations on worker 1 (and one on
+each other worker) of backlog jobs, starting in 2 h, so every claim reads them and the runtime model of the
+task it takes (the default 1 h: expected to end before, so taken) and looks 32 tasks further per group.
+`acquire` as for --backlog: ms per acquisition (BEGIN IMMEDIATE ... COMMIT), median and p99; `ratio`:
+with / without, of the medians.
 --compare REV times the one-task claim (acquire_one; acquire_task before issue 23) as git revision REV wrote it against this
 tree's (and nothing else), alternating one claim of each, each claim rolled back, on one state
 file per case: the template (--finished + --queued, no team settings), a backlog of a user at a
@@ -383,6 +390,37 @@ def backlog_check(args, workdir: Path) -> list[dict]:
 
 
 
+RESERVATION_ROUNDS = 4
+
+
+def _reserve(path: Path) -> None:
+    """4 reservations on worker 1 and one on each other worker, of backlog jobs, from 2 h on."""
+    conn = db.connect(path)
+    now = time.time()
+    with conn:
+        conn.executemany("INSERT INTO reservations (job_id, worker_id, tasks, gpus, cpus, memory_mb, start_at, "
+                         "planned_at, reason) VALUES (?, ?, 1, 0, 1, 1, ?, ?, 'bench')",
+                         [(j, 1, now + 7200, now) for j in range(1, 5)]
+                         + [(4 + w, w, now + 7200, now) for w in range(2, BACKLOG_WORKERS + 1)])
+    conn.close()
+
+
+def reservations_check(args, workdir: Path) -> list[dict]:
+    """acquire with and without reservations, rounds interleaved on two copies of one backlog file."""
+    template = workdir / "reservations.db"
+    build_backlog(template, args.reservations, args.backlog_acquisitions * RESERVATION_ROUNDS)
+    files = {"without": fresh_copy(template, workdir, "without"), "with": fresh_copy(template, workdir, "with")}
+    _reserve(files["with"])
+    spent: dict[str, list[float]] = {"without": [], "with": []}
+    for _ in range(RESERVATION_ROUNDS):
+        for name, path in files.items():
+            spent[name] += time_acquires(path, args.backlog_acquisitions)[0]
+    out = [{"reservations": name, "backlog": args.reservations, **benchlib.summary_ms(s)} for name, s in spent.items()]
+    for r in out:
+        r["ratio"] = round(r["p50_ms"] / out[0]["p50_ms"], 3)
+    return out
+
+
 def build_teams(path: Path, queued: int) -> None:
     """8 workers of 8 GPUs; three projects with a GPU quota of 8 and 8 to borrow, three users with a running-jobs
     limit of 40; 30 running 1-GPU jobs (some borrowed), `queued` queued 1-GPU jobs spread over the projects and
@@ -498,6 +536,8 @@ def main(argv=None) -> int:
     p.add_argument("--backlog-blocked", choices=["gpus", "user"], default="gpus",
                    help="why worker 1 cannot take the backlog: it asks for 8 GPUs (no worker fits it), or it "
                         "fits but its user is at a running-jobs limit of 0 (teams: judged per group)")
+    p.add_argument("--reservations", type=int, default=None, metavar="N",
+                   help="acquire with N queued tasks no worker fits, with and without reservations (issue 38)")
     p.add_argument("--compare", metavar="REV", default=None,
                    help="time acquire_task as git revision REV wrote it against this tree's, alternating (and nothing else)")
     p.add_argument("--compare-rounds", type=int, default=2000, help="claims of each per state file with --compare")
@@ -514,6 +554,14 @@ def main(argv=None) -> int:
             "tree/rev ratio of the medians",
             benchlib.table(result["compare"], ["state", "rev_us_p50", "tree_us_p50", "ratio", "rev_us_p90",
                                                "tree_us_p90", "rounds"])]))
+        return 0
+    if args.reservations is not None:
+        result = _measured(args, workdir, "reservations", reservations_check)
+        benchlib.emit(result, args.json, "\n".join([
+            benchlib.machine_line(result["machine"]),
+            f"{args.reservations:,} queued 8-GPU tasks no worker fits, ahead of the CPU tasks worker 1 takes; "
+            f"{RESERVATION_ROUNDS} interleaved rounds of {args.backlog_acquisitions} acquisitions each",
+            benchlib.table(result["reservations"], ["reservations", "backlog", "p50_ms", "p99_ms", "n", "ratio"])]))
         return 0
     if args.backlog is not None:
         result = _measured(args, workdir, "backlog", backlog_check)

@@ -163,6 +163,13 @@ def fail(message: str, code: int = 1) -> typer.Exit:
     return typer.Exit(code)
 
 
+def fmt_clock(ts: float, now: Optional[float] = None) -> str:
+    """Unix seconds → local 'HH:MM' within a day of `now` (default: the clock), else 'YYYY-MM-DD HH:MM'."""
+    import time
+    now = time.time() if now is None else now
+    return time.strftime("%H:%M" if abs(ts - now) < 86400 else "%Y-%m-%d %H:%M", time.localtime(ts))
+
+
 def fmt_time(ts: Optional[float]) -> str:
     """Unix seconds → local 'YYYY-MM-DD HH:MM:SS' ('-' for None)."""
     if ts is None:

@@ -10,7 +10,7 @@ import typer
 
 from gpulayer.cli import selection
 from gpulayer.cli.common import (
-    client_of, colour_on, exit_code_of, fmt_time, parse_duration, print_json, print_log_line, print_table,
+    client_of, colour_on, exit_code_of, fmt_clock, fmt_time, parse_duration, print_json, print_log_line, print_table,
     stdout_closed,
 )
 from gpulayer.cli.following import follow_logs, line_prefix, task_prefixes, tell_ended, waiting_line
@@ -58,6 +58,9 @@ def job_status(ctx: typer.Context, job_id: JobArg, index: IndexOpt = None, as_js
     _print_times(info)
     if info.get("waiting_reason"):
         typer.echo(waiting_line(info["waiting_reason"]))
+    if info.get("reservation"):  # EASY backfill: where and from when its room is held (docs/scheduling-time.md)
+        held = info["reservation"]
+        typer.echo(f"reserved: {', '.join(held['workers'])} from {fmt_clock(held['start_at'])}")
     if info.get("ingress_url"):  # a service's URL on the control plane (docs/access.md, "Ingress")
         typer.echo(f"ingress_url={info['ingress_url']}")
     for dep in info.get("after") or []:

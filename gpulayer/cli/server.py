@@ -14,6 +14,7 @@ from gpulayer.cli.workers import (
 )
 from gpulayer.protocol import (
     DEFAULT_PORT, GPU_SAMPLE_RETENTION_S, HEARTBEAT_INTERVAL_S, JOB_RETENTION_S, LEASE_TTL_S, LOG_RETENTION_S, MAX_OUTPUT_BYTES,
+    BACKFILL_DEPTH, BACKFILL_MAX_JOBS, DEFAULT_RUNTIME_S, MAX_BACKFILL_DEPTH, MAX_BACKFILL_MAX_JOBS,
     FAIRSHARE_HALF_LIFE_S, MAX_HEARTBEATS_PER_S, MAX_GRACE_S, MAX_QUEUED_ELEMENTS, PREEMPT_GRACE_S, PRIORITY_CLASSES, plural,
     PROJECT_UPLOAD_QUOTA_BYTES, UNNAMED_RETENTION_S, UPLOAD_QUOTA_BYTES,
 )
@@ -127,6 +128,25 @@ PreemptGrace = Annotated[str, typer.Option(
 MaxGrace = Annotated[str, typer.Option(
     "--max-grace", callback=duration_option("--max-grace"), metavar="DURATION",
     help="The most a job's --grace may ask for between its stop signal and SIGKILL.")]
+class OnOff(str, Enum):
+    on = "on"
+    off = "off"
+
+
+BackfillOpt = Annotated[OnOff, typer.Option(
+    "--backfill", help="Reservations with EASY backfill: the highest-ranked waiting job of each group of workers holds "
+                       "the room it can start in earliest, and other work uses it only if expected to end before "
+                       "(docs/scheduling-time.md). off: any queued task that fits takes free room.")]
+BackfillDepth = Annotated[int, typer.Option(
+    "--backfill-depth", min=1, max=MAX_BACKFILL_DEPTH, metavar="N",
+    help="Reservations each group of workers (those a job could ever run on) holds: its N highest-ranked waiting jobs'.")]
+BackfillMaxJobs = Annotated[int, typer.Option(
+    "--backfill-max-jobs", min=1, max=MAX_BACKFILL_MAX_JOBS, metavar="N",
+    help="Waiting jobs each plan of reservations looks at, best first (Slurm's bf_max_job_test).")]
+DefaultRuntime = Annotated[str, typer.Option(
+    "--default-runtime", callback=duration_option("--default-runtime", positive=True), metavar="DURATION",
+    help="How long a task with no time limit and fewer than 3 earlier runs of its name (or command) is expected to "
+         "run, for reservations and backfill (seconds, 1h, ...).")]
 FrontEndOpt = Annotated[FrontEnd, typer.Option("--http", help="The HTTP front end: granian (compiled, the default), or cheroot (pure Python; docs/benchmarks/early.md, \"Front ends\").")]
 
 HeartbeatInterval = Annotated[str, typer.Option("--heartbeat-interval", callback=duration_option("--heartbeat-interval", positive=True), metavar="DURATION", help="Time between worker heartbeats (seconds, or 2s, 1m, ...).")]
@@ -230,6 +250,10 @@ def server_start(
     webhook_retry_for: WebhookRetryFor = "24h",
     webhook_concurrency: WebhookConcurrency = 16,
     read_timeout: ReadTimeout = "10",
+    backfill: BackfillOpt = OnOff.on,
+    backfill_depth: BackfillDepth = BACKFILL_DEPTH,
+    backfill_max_jobs: BackfillMaxJobs = BACKFILL_MAX_JOBS,
+    default_runtime: DefaultRuntime = f"{DEFAULT_RUNTIME_S:g}",
 ) -> None:
     """Run the control plane in the foreground until SIGTERM or Ctrl-C.
 
@@ -247,6 +271,7 @@ def server_start(
                                 max_heartbeats_per_s=max_heartbeats_per_s,
                                 **_policy_settings(preempt_grace, max_grace, max_queued_elements, priority_class,
                                                    fairshare_half_life, checkpoint_keep, read_timeout),
+                                **_backfill_settings(backfill, backfill_depth, backfill_max_jobs, default_runtime),
                                 **_upload_settings(upload_quota_mb, project_upload_quota_mb, unnamed_retention),
                                 **_relay_settings(relay_max_streams_per_user, relay_max_streams_per_job, relay_idle_timeout,
                                                   ingress_max_requests_per_job, ingress_max_requests_per_client,
@@ -274,6 +299,12 @@ def _policy_settings(preempt_grace, max_grace, max_queued_elements, priority_cla
                 priority_classes={**PRIORITY_CLASSES, **_priority_classes(priority_class)},
                 fairshare_half_life_s=float(fairshare_half_life) if fairshare_half_life else FAIRSHARE_HALF_LIFE_S,
                 checkpoint_keep=checkpoint_keep, read_timeout_s=float(read_timeout))
+
+
+def _backfill_settings(backfill, depth, max_jobs, default_runtime) -> dict:
+    """The ControlPlaneConfig fields of reservations and backfill (docs/scheduling-time.md)."""
+    return dict(backfill=backfill == OnOff.on, backfill_depth=depth, backfill_max_jobs=max_jobs,
+                default_runtime_s=float(default_runtime))
 
 
 def _upload_settings(upload_quota_mb, project_upload_quota_mb, unnamed_retention) -> dict:
@@ -452,6 +483,8 @@ def up(ctx: typer.Context, home: Home = None,
        preempt_grace: PreemptGrace = f"{PREEMPT_GRACE_S:g}", max_grace: MaxGrace = f"{MAX_GRACE_S:g}",
        max_queued_elements: MaxQueuedElements = MAX_QUEUED_ELEMENTS, priority_class: PriorityClass = None,
        fairshare_half_life: FairshareHalfLife = None, checkpoint_keep: CheckpointKeep = 3,
+       backfill: BackfillOpt = OnOff.on, backfill_depth: BackfillDepth = BACKFILL_DEPTH,
+       backfill_max_jobs: BackfillMaxJobs = BACKFILL_MAX_JOBS, default_runtime: DefaultRuntime = f"{DEFAULT_RUNTIME_S:g}",
        read_timeout: ReadTimeout = "10", upload_quota_mb: UploadQuotaMB = UPLOAD_QUOTA_BYTES // 1024 ** 2,
        project_upload_quota_mb: ProjectUploadQuotaMB = PROJECT_UPLOAD_QUOTA_BYTES // 1024 ** 2,
        unnamed_retention: UnnamedRetention = f"{UNNAMED_RETENTION_S:g}",
@@ -481,6 +514,7 @@ def up(ctx: typer.Context, home: Home = None,
                                               log_retention, job_retention, gpu_sample_retention),
                             **_policy_settings(preempt_grace, max_grace, max_queued_elements, priority_class,
                                                fairshare_half_life, checkpoint_keep, read_timeout),
+                            **_backfill_settings(backfill, backfill_depth, backfill_max_jobs, default_runtime),
                             **_upload_settings(upload_quota_mb, project_upload_quota_mb, unnamed_retention),
                             **_notify_settings(allow_private_webhooks, smtp_url, smtp_from, webhook_retry_base,
                                                webhook_retry_for, webhook_concurrency)))

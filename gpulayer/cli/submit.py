@@ -92,6 +92,7 @@ HoldOpt = Annotated[bool, _opt("--hold", help="Submit held: it waits (reason hel
 BeginOpt = Annotated[Optional[str], _opt("--begin", metavar="TIME", help="Start no earlier than TIME: an ISO time (2026-12-24T18:00, UTC unless it says), or now+1h, now+90m.")]
 SilenceTimeoutOpt = Annotated[Optional[str], _opt("--silence-timeout", metavar="DURATION", help="End the task after this long without output (as --timeout).")]
 PriorityOpt = Annotated[Optional[str], _opt("--priority", help="Higher runs first: a number, or a class of the server (low=-10, normal=0, high=10 by default).")]
+NoBackfillOpt = Annotated[bool, _opt("--no-backfill", help="Never start in room held for another job's reservation, even when expected to end before it (spec `backfill: false`; docs/scheduling-time.md).")]
 PreemptibleOpt = Annotated[bool, _opt("--preemptible", help="May be stopped (SIGTERM, a grace, SIGKILL) and requeued, same attempt, for higher-priority work; $GPULAYER_PREEMPTED=1 in the next run.")]
 NodesOpt = Annotated[Optional[int], _opt("--nodes", help="Multi-node: ranks, each on its own worker.", min=1)]
 SecretOpt = Annotated[Optional[list[str]], _opt("--secret", help="Secret passed as an environment variable (repeatable).")]
@@ -131,7 +132,8 @@ def submit(
     checkpoint_every: CheckpointEveryOpt = None, retry: RetryOpt = None, retry_on: RetryOnOpt = None,
     timeout: TimeoutOpt = None, time_limit: TimeLimitOpt = None, signal_: SignalOpt = None, grace: GraceOpt = None,
     hold: HoldOpt = False, begin: BeginOpt = None, silence_timeout: SilenceTimeoutOpt = None,
-    priority: PriorityOpt = None, preemptible: PreemptibleOpt = False, nodes: NodesOpt = None,
+    priority: PriorityOpt = None, preemptible: PreemptibleOpt = False, no_backfill: NoBackfillOpt = False,
+    nodes: NodesOpt = None,
     secret: SecretOpt = None, service: ServiceOpt = False, replicas: ReplicasOpt = None, no_port: NoPortOpt = False,
     restart: RestartOpt = None, max_restarts: MaxRestartsOpt = None, health_path: HealthPathOpt = None,
     weights: WeightsOpt = None, ingress: IngressOpt = None, ingress_key: IngressKeyOpt = None,
@@ -161,6 +163,7 @@ def submit(
         source=str(source) if source else None, inputs=list(input_) if input_ else None,
         outputs=output or None, nodes=nodes, priority=_priority_option(priority), secrets=secret or None,
         array=array, after=_after_option(after, after_array), preemptible=True if preemptible else None,
+        backfill=False if no_backfill else None,
         network=network.value if network else None, run_as_root=True if run_as_root else None,
         image=image,
     )

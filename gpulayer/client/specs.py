@@ -72,6 +72,7 @@ def job(command: str | Iterable[str], **settings: Any) -> dict:
     local path, or a list of local paths), outputs, nodes, priority
     (a number, or a class of the server such as "low", "normal", "high"),
     preemptible (True: may be stopped and requeued for higher-priority work),
+    backfill (False: never started in room a reservation holds for another job),
     secrets; array ("0-999%16", "1,5,9-12", or indices such as range(1000)),
     max_running (the array's cap on elements running at once), after (jobs this
     one runs after: Job objects or ids, each ending ok; "ID:ok|notok|any"; or
@@ -177,8 +178,8 @@ def _normalise(key: str, value: Any) -> Any:
             return parse_duration(value) if isinstance(value, str) else value  # a number: the server checks it
         except ValueError as exc:
             raise ValueError(f"{key}: {exc}") from None
-    if key == "preemptible" and not isinstance(value, bool):
-        raise ValueError(f"preemptible is true or false, not {value!r}")
+    if key in ("preemptible", "backfill") and not isinstance(value, bool):
+        raise ValueError(f"{key} is true or false, not {value!r}")
     if key in ("env", "labels"):
         return {str(k): str(v) for k, v in dict(value).items()}
     if key in ("outputs", "secrets"):

@@ -40,6 +40,13 @@ PRUNE_INTERVAL_S = 300.0         # upkeep prunes this often, in small batches
 SERVICE_MAX_ATTEMPTS = 10
 MAX_OUTPUT_BYTES = 10 * 1024 ** 3  # a task output a worker uploads; clients' uploads have the store's limit
 FAIRSHARE_HALF_LIFE_S = 7 * 86400.0  # fair share forgets half a project's usage in this long
+# Backfill (docs/scheduling-time.md): reservations per group of workers, waiting jobs a plan looks at (Slurm's
+# bf_max_job_test), the run time expected of a job with no time limit and no history; and their bounds.
+BACKFILL_DEPTH = 1
+BACKFILL_MAX_JOBS = 100
+DEFAULT_RUNTIME_S = 3600.0
+MAX_BACKFILL_DEPTH = 100
+MAX_BACKFILL_MAX_JOBS = 100000
 PREEMPT_GRACE_S = 30.0           # a preempted task's SIGTERM-to-SIGKILL grace
 DEFAULT_GRACE_S = 30.0           # a job with --signal and no --grace: its stop signal-to-SIGKILL grace
 MAX_GRACE_S = 600.0              # the server's --max-grace: the most a job's --grace may ask for

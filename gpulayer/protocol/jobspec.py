@@ -170,6 +170,10 @@ class JobSpec:
     preemptible: bool = declare(
         False, help="may be stopped (SIGTERM, the server's preempt grace, SIGKILL) for waiting work of a higher "
                     "priority, and requeued with the same attempt; its next run sees `GPULAYER_PREEMPTED=1`")
+    backfill: bool = declare(
+        True, help="may start in room held for a higher-ranked waiting job's reservation when it is expected to end "
+                   "before that job starts (EASY backfill, docs/scheduling-time.md); false (`submit --no-backfill`): "
+                   "only in room no reservation needs")
     secrets: list[str] = declare([], help="names of secrets to pass as environment variables")
     array: str | list[int] | None = declare(
         None, schema={"items": {"type": "integer", "minimum": 0, "maximum": MAX_ARRAY_INDEX}},

@@ -10,6 +10,7 @@ from gpulayer.protocol import (  # noqa: F401  (re-exported: the settings below 
     UNNAMED_RETENTION_S, UPLOAD_QUOTA_BYTES, PROJECT_UPLOAD_QUOTA_BYTES,
     LOG_RETENTION_S, JOB_RETENTION_S, GPU_SAMPLE_RETENTION_S, PRUNE_INTERVAL_S, SERVICE_MAX_ATTEMPTS, MAX_OUTPUT_BYTES,
     FAIRSHARE_HALF_LIFE_S, MAX_GRACE_S, PREEMPT_GRACE_S, PRIORITY_CLASSES, MAX_QUEUED_ELEMENTS,
+    BACKFILL_DEPTH, BACKFILL_MAX_JOBS, DEFAULT_RUNTIME_S,
     default_home,
 )
 from gpulayer.server.store.db import READ_TIMEOUT_S
@@ -96,6 +97,13 @@ class ControlPlaneConfig:
     fairshare_half_life_s: float = FAIRSHARE_HALF_LIFE_S  # `--fairshare-half-life` (docs/teams.md)
     preempt_grace_s: float = PREEMPT_GRACE_S                # `--preempt-grace`: SIGTERM, then SIGKILL after this
     max_grace_s: float = MAX_GRACE_S                        # `--max-grace`: the most a job's `grace_seconds` asks
+    # Reservations with EASY backfill (issue 38, docs/scheduling-time.md): `--backfill on|off`, the reservations
+    # each group of workers holds (`--backfill-depth`), the waiting jobs a plan looks at (`--backfill-max-jobs`,
+    # Slurm's bf_max_job_test), and the run time a job with no time limit and no history is expected to take.
+    backfill: bool = True
+    backfill_depth: int = BACKFILL_DEPTH
+    backfill_max_jobs: int = BACKFILL_MAX_JOBS
+    default_runtime_s: float = DEFAULT_RUNTIME_S
     # `--max-queued-elements`: a user's tasks not yet ended (queued, held, running), at most; 0: no cap.
     max_queued_elements: int = MAX_QUEUED_ELEMENTS
     # Named priorities `--priority` accepts (`--priority-class NAME=N` adds or changes one).

@@ -300,6 +300,9 @@ def upkeep_jobs(deps: Deps) -> list[Job]:
         if asked:
             log.info("task_preempt_requested tasks=%s", ",".join(map(str, asked)))
 
+    def reserve() -> None:
+        scheduler.plan_reservations()
+
     def drains() -> None:
         drained = scheduler.advance_drains()
         if drained:
@@ -317,7 +320,7 @@ def upkeep_jobs(deps: Deps) -> list[Job]:
 
     return [Job("cascades", 0, cascades), Job("expire", 0, expire),
             Job("fairshare", ledger.RUNNING_REFRESH_S, fairshare), Job("begin_due", 0, begin_due),
-            Job("preempt", 0, preempt), Job("drains", 0, drains),
+            Job("preempt", 0, preempt), Job("reservations", 0, reserve), Job("drains", 0, drains),
             Job("prune", config.prune_interval_s, prune, first_s=min(config.prune_interval_s, 60.0)),
             Job("sweep", config.artifact_sweep_interval_s, sweep, first_s=config.artifact_sweep_interval_s)]
 
@@ -364,6 +367,8 @@ def settings_line(config: ControlPlaneConfig) -> str:
         "preempt_grace_s": config.preempt_grace_s, "max_grace_s": config.max_grace_s,
         "max_queued_elements": config.max_queued_elements, "fairshare_half_life_s": config.fairshare_half_life_s,
         "checkpoint_keep": config.checkpoint_keep, "read_timeout_s": config.read_timeout_s,
+        "backfill": config.backfill, "backfill_depth": config.backfill_depth,
+        "backfill_max_jobs": config.backfill_max_jobs, "default_runtime_s": config.default_runtime_s,
         "upload_quota_mb": config.upload_quota_bytes // 1024 ** 2,
         "project_upload_quota_mb": config.project_upload_quota_bytes // 1024 ** 2,
         "unnamed_retention_s": config.unnamed_retention_s,

@@ -13,9 +13,9 @@ from explorer_state import EVIL_NAME, NOW, SECRET_MARKERS, file_digest
 from explorer import create_app
 from explorer.queries import CANNED
 
-TABLES = ["tokens", "workers", "jobs", "tasks", "events", "logs", "artifacts", "rendezvous", "secrets",
+TABLES = ["tokens", "workers", "jobs", "tasks", "events", "logs", "artifacts", "rendezvous", "secrets", "reservations",
           "provision_requests"]
-VIEWS = ["endpoints", "job_summary", "worker_load"]
+VIEWS = ["endpoints", "job_summary", "worker_load", "job_runtime_model", "task_expected_end", "reservation_room"]
 ESCAPED_NAME = "&lt;b&gt;&#34;x&#34;,y&lt;/b&gt;"
 
 

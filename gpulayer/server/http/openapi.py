@@ -50,7 +50,11 @@ JOB = {"type": "object", "required": ["id", "state", "created_at", "spec", "task
     "redacted": {"type": "boolean", "description": "true when the caller may only see that it exists: no env, "
                                                    "command or outputs"},
     "ingress_url": {"type": ["string", "null"], "description": "a service's ingress on the control plane "
-                                                               "(`service.ingress`; docs/access.md), else null"}}}
+                                                               "(`service.ingress`; docs/access.md), else null"},
+    "reservation": {"type": ["object", "null"], "description": "EASY backfill: the room a waiting job holds from "
+                                                               "`start_at` on `workers` (docs/scheduling-time.md), "
+                                                               "else null", "properties": {
+        "workers": {"type": "array", "items": {"type": "string"}}, "start_at": {"type": "number"}}}}}
 # A checkpoint's manifest (docs/training.md): every regular file of the task's GPULAYER_CHECKPOINT_DIR.
 CHECKPOINT_FILES = {"type": "array", "maxItems": 100_000, "items": json_schema(CheckpointFile)}
 CHECKPOINT_BODY = {"type": "object", "required": ["files"], "properties": {"files": CHECKPOINT_FILES},

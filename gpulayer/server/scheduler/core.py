@@ -15,8 +15,8 @@ from gpulayer.server.replication.restore import skip_lost_event_seqs
 from gpulayer.server.runtime import cadence
 from gpulayer.server.runtime.gpu_samples import Sample
 from gpulayer.server.scheduler import (access, aging, cordons, gpu_health, gpu_samples, jobcontrol, jobs,
-                                       leases, ledger, preemption, provisioning, secrets, sessions, teams, tokens,
-                                       workers)
+                                       leases, ledger, preemption, provisioning, reservations, secrets, sessions,
+                                       teams, tokens, workers)
 from gpulayer.server.scheduler.notifications import Notifications, submitted_with_mail
 from gpulayer.server.scheduler.spec import priority_number, validate_job
 from gpulayer.server.scheduler.worker_requests import WorkerRequests
@@ -227,8 +227,11 @@ class Scheduler(WorkerRequests, Notifications):
         # The fleet's interval before the first answer, held one TTL: the process before may have told it.
         self.cadence.fleet(cadence.online_workers(conn), hold=True)
         workers.forget_needs_upgrade(conn, "server_restarted")
-        conn.execute(QUERIES["set_scheduler_settings"], {"half_life_s": self.config.fairshare_half_life_s,
-                                                         "preempt_grace_s": self.config.preempt_grace_s})
+        c = self.config
+        conn.execute(QUERIES["set_scheduler_settings"], {
+            "half_life_s": c.fairshare_half_life_s, "preempt_grace_s": c.preempt_grace_s, "backfill": int(c.backfill),
+            "backfill_depth": c.backfill_depth, "backfill_max_jobs": c.backfill_max_jobs,
+            "default_runtime_s": c.default_runtime_s})
         return leases.grace_after_restart(conn, now, self.lease_ttl_s())
 
     def sessions_left_closed(self) -> int:
@@ -311,6 +314,10 @@ class Scheduler(WorkerRequests, Notifications):
         if "priority" in changes:
             changes = {**changes, "priority": priority_number(changes["priority"], self.config.priority_classes)}
         return self._write(jobcontrol.update, principal, self.clock(), job_id, changes, wake=True)
+
+    def plan_reservations(self) -> list[dict]:
+        """Upkeep: this tick's reservations for EASY backfill, one transaction (reservations.plan): the rows."""
+        return self._write(reservations.plan, self.clock())
 
     def preempt(self) -> list[int]:
         """Upkeep's preemption round, one transaction (preemption.preempt): the task ids asked to stop."""

@@ -77,9 +77,17 @@ def _render(conn: apsw.Connection, found: dict, index: int | None = None) -> dic
             "attempt": found["attempt"], "created_at": found["created_at"], "finished_at": found["finished_at"],
             "exit_code": found["exit_code"], "reason": found["reason"],
             "waiting_reason": waiting_reason(conn, found, shown, after),
+            "reservation": reservation(conn, found["id"]),
             "spec": json.loads(found["spec"]), "tasks": shown,
             "array": array,
             "after": after}
+
+
+def reservation(conn: apsw.Connection, job_id: int) -> dict | None:
+    """The room a waiting job holds from a time to come (EASY backfill, reservations.py): {workers (names),
+    start_at (Unix time)}, or None."""
+    held = rows(conn, "job_reservation", job_id=job_id)
+    return {"workers": [r["name"] for r in held], "start_at": held[0]["start_at"]} if held else None
 
 
 def _task_view(conn: apsw.Connection, task: dict) -> dict:
@@ -137,7 +145,7 @@ def waiting_reason(conn: apsw.Connection, found: dict, tasks: list[dict] | None 
     if facts and facts["why"]:
         return waiting.unplaced(facts)
     held = waiting.held_back(row(conn, "job_quota_reason", job_id=found["id"]))  # a project's quota, a user's limit
-    return held or (waiting.busy(facts) if facts and facts["busy"] else None)
+    return held or (waiting.busy(facts, reservation(conn, found["id"])) if facts and facts["busy"] else None)
 
 
 def _dependencies_reason(after: list[dict]) -> str:

@@ -9,6 +9,7 @@ for is named ("1 GPU", never "0 CPUs, 0 MB"), counts agree with their nouns, and
 """
 from __future__ import annotations
 
+import datetime
 import json
 
 import apsw
@@ -150,12 +151,18 @@ def cordoned(workers: list[dict]) -> str:
     return ", ".join(f"{w['name']} ({w['cordon']}: {w['reason']})" for w in workers)
 
 
-def busy(job: dict) -> str:
-    """The reason of a job (its `facts`) that fits workers that are all busy now."""
+def busy(job: dict, reserved: dict | None = None) -> str:
+    """The reason of a job (its `facts`) that fits workers that are all busy now; `reserved`, its reservation
+    (views.reservation), says where and from when its room is held."""
     size = size_asked(job)
     workers = f"{job['width']} workers" if job["gang"] else "one worker"
     room = f"a free slot and {size} free" if size else "a free slot"
-    return f"waiting for capacity: the online workers that fit are busy (it needs {workers} with {room} at once)"
+    said = f"waiting for capacity: the online workers that fit are busy (it needs {workers} with {room} at once)"
+    if reserved:
+        when = datetime.datetime.fromtimestamp(reserved["start_at"], datetime.timezone.utc)
+        said += (f"; reserved: {', '.join(reserved['workers'])} from "
+                 f"{when.isoformat(timespec='seconds').replace('+00:00', 'Z')}, when the tasks there are expected to end")
+    return said
 
 
 def held_back(facts: dict | None) -> str | None:

@@ -1262,6 +1262,31 @@ CREATE TRIGGER gang_reservations_supersede AFTER INSERT ON gang_reservations BEG
     DELETE FROM reservations WHERE job_id = new.job_id;
 END;
 
+-- What each worker gains by each reservation's start, beyond its reservations (below 0: it loses): what
+-- its active tasks expected to have ended by then free (task_expected_end), less what the reservations on
+-- it that start by then hold (the reservation's own included). One row per reservation. Its room then is
+-- its free room now (worker_load) plus the gain: the claim (claimable_tasks) gives a task that would still
+-- run at a reservation's start only room within it.
+CREATE VIEW reservation_room AS
+SELECT r.worker_id, r.job_id, r.start_at,
+       (SELECT count(*) FROM task_expected_end e
+                       WHERE e.worker_id = r.worker_id AND e.expected_end_at <= r.start_at)
+       - (SELECT total(x.tasks) FROM reservations x WHERE x.worker_id = r.worker_id AND x.start_at <= r.start_at)
+       AS gain_slots,
+       (SELECT total(j.gpus) FROM task_expected_end e JOIN jobs j ON j.id = e.job_id
+                      WHERE e.worker_id = r.worker_id AND e.expected_end_at <= r.start_at)
+       - (SELECT total(x.gpus) FROM reservations x WHERE x.worker_id = r.worker_id AND x.start_at <= r.start_at)
+       AS gain_gpus,
+       (SELECT total(j.cpus) FROM task_expected_end e JOIN jobs j ON j.id = e.job_id
+                      WHERE e.worker_id = r.worker_id AND e.expected_end_at <= r.start_at)
+       - (SELECT total(x.cpus) FROM reservations x WHERE x.worker_id = r.worker_id AND x.start_at <= r.start_at)
+       AS gain_cpus,
+       (SELECT total(j.memory_mb) FROM task_expected_end e JOIN jobs j ON j.id = e.job_id
+                           WHERE e.worker_id = r.worker_id AND e.expected_end_at <= r.start_at)
+       - (SELECT total(x.memory_mb) FROM reservations x WHERE x.worker_id = r.worker_id AND x.start_at <= r.start_at)
+       AS gain_memory_mb
+FROM reservations r;
+
 -- ---------------------------------------------------------------------------------------
 -- Quotas' use now: project_load, project_quota_use; as admission reads them: queue_group_quota,
 -- user_running_jobs.
@@ -1389,24 +1414,40 @@ WHERE c.nominal_left IS NULL OR c.nominal_left >= 0 OR c.nominal_left + c.borrow
 -- limit (not a running job's queued replica; an array's element does). `eligible`: its group is not
 -- blocked and it adds no job while its user is at the limit; the first eligible task is the one-task
 -- claim's choice (acquire_one). Held tasks (a waiting job's, an array's past its %N cap) are not in
--- task_queue.
+-- task_queue. EASY backfill: on a worker holding a reservation of another job (`reserved`), a task that
+-- would use room the reservation needs at its start (its room now plus reservation_room's gain) is not
+-- offered unless it is expected to end by then (the claim's now plus its job's expected_s) and its job
+-- may be backfilled (spec `backfill`, default true); a group offers its best tasks that are, among its
+-- best claim_clock.depth + 32 while any reservation exists (claimable_batch is sure of a reserved worker's
+-- first task only).
 CREATE VIEW claimable_tasks AS
 SELECT o.*, NOT o.blocked AND NOT (o.adds_job AND coalesce(o.user_left <= 0, 0)) AS eligible
 FROM (SELECT g.worker_id, g.shape_id, g.project_id, g.user_id, g.gpus, g.cpus, g.memory_mb, g.borrow, g.nominal_left,
              g.room_slots, g.room_gpus, g.room_cpus, g.room_memory_mb, g.by_index, g.user_left, g.contested,
              g.blocked, h.task_id, h.job_id, NOT (j.state = 'running' AND j.array_size IS NULL) AS adds_job,
-             j.array_size IS NULL AS single,
+             j.array_size IS NULL AS single, g.reserved,
              row_number() OVER (PARTITION BY g.worker_id
                                 ORDER BY h.priority + h.aged DESC, g.project_usage, g.user_usage, h.task_id) AS pos
-      FROM claimable_groups g
+      FROM (SELECT c.*, EXISTS (SELECT 1 FROM reservations x WHERE x.worker_id = c.worker_id) AS reserved
+            FROM claimable_groups c) g
       JOIN task_queue h ON h.task_id IN (  -- the group's best, of jobs the worker holds none of (or arrays)
-          SELECT b.task_id FROM task_queue b
-          WHERE b.shape_id = g.shape_id AND b.project_id = g.project_id AND b.user_id = g.user_id
-            AND ((SELECT x.array_size FROM jobs x WHERE x.id = b.job_id) IS NOT NULL
-                 OR NOT EXISTS (SELECT 1 FROM tasks o  -- +o.job_id: by the worker's few tasks, not the job's
-                                WHERE o.worker_id = g.worker_id AND +o.job_id = b.job_id
-                                  AND o.state IN ('assigned', 'running')))
-          ORDER BY b.priority + b.aged DESC, b.task_id LIMIT (SELECT c.depth FROM claim_clock c))
+          SELECT a.task_id FROM (
+              SELECT b.task_id, b.job_id, b.priority + b.aged AS rank_priority FROM task_queue b
+              WHERE b.shape_id = g.shape_id AND b.project_id = g.project_id AND b.user_id = g.user_id
+                AND ((SELECT x.array_size FROM jobs x WHERE x.id = b.job_id) IS NOT NULL
+                     OR NOT EXISTS (SELECT 1 FROM tasks o  -- +o.job_id: by the worker's few tasks, not the job's
+                                    WHERE o.worker_id = g.worker_id AND +o.job_id = b.job_id
+                                      AND o.state IN ('assigned', 'running')))
+              ORDER BY b.priority + b.aged DESC, b.task_id
+              LIMIT (SELECT c.depth + 32 * EXISTS (SELECT 1 FROM reservations) FROM claim_clock c)) a
+          WHERE NOT g.reserved OR NOT EXISTS (  -- room a reservation needs at its start, still held then
+              SELECT 1 FROM reservation_room r, jobs rj, claim_clock k
+              WHERE r.worker_id = g.worker_id AND r.job_id <> a.job_id AND rj.id = a.job_id
+                AND (g.room_slots + r.gain_slots < 1 OR g.room_gpus + r.gain_gpus < g.gpus
+                     OR g.room_cpus + r.gain_cpus < g.cpus OR g.room_memory_mb + r.gain_memory_mb < g.memory_mb)
+                AND (NOT coalesce(json_extract(rj.spec, '$.backfill'), 1)
+                     OR k.now + (SELECT m.expected_s FROM job_runtime_model m WHERE m.job_id = a.job_id) > r.start_at))
+          ORDER BY a.rank_priority DESC, a.task_id LIMIT (SELECT c.depth FROM claim_clock c))
       JOIN jobs j ON j.id = h.job_id) o;
 
 -- What one claim statement of several tasks (acquire_task) may take for each worker, `k` its place: the
@@ -1418,7 +1459,9 @@ FROM (SELECT g.worker_id, g.shape_id, g.project_id, g.user_id, g.gpus, g.cpus, g
 -- and memory (room_*), the project's GPUs against `nominal_left` (and `borrow`), the user's added jobs
 -- against `user_left`. `sure`: the first candidate (the one-task claim's choice), then those before the
 -- first row the sums cannot be sure of (`stop_here`): a candidate whose sums no longer fit, one whose
--- GPU indices are picked by index (only as the first: its room is no sum), a blocked group's row (it may
+-- GPU indices are picked by index (only as the first: its room is no sum), any but the first on a worker
+-- holding a reservation (`reserved`: the room each claim leaves beyond it is no running sum either), a
+-- blocked group's row (it may
 -- become the better choice once another project leaves its nominal quota); and none after a group's
 -- last row read (`stop_after`: its rest was not). Conservative, never more: placement.acquire_many
 -- claims again when fewer came back than asked. An array's %N cap needs no sum (its held elements are
@@ -1459,7 +1502,7 @@ stops AS (  -- stop_here: a misfit, or a blocked group's row; stop_after: a grou
     SELECT u.worker_id, u.task_id, u.pos, u.k, u.candidate,
            (u.blocked AND NOT u.dead) OR (u.candidate AND (
                u.k > u.room_slots OR u.sum_gpus > u.room_gpus OR u.sum_cpus > u.room_cpus
-               OR u.sum_memory_mb > u.room_memory_mb OR (u.k > 1 AND u.by_index)
+               OR u.sum_memory_mb > u.room_memory_mb OR (u.k > 1 AND (u.by_index OR u.reserved))
                OR CASE WHEN u.nominal_left IS NULL OR u.nominal_left - u.project_gpus_before >= 0 THEN 0
                        WHEN u.contested THEN 1
                        ELSE u.nominal_left - u.project_gpus_before + u.borrow < 0 END

@@ -32,5 +32,7 @@ ORDER BY 2;
 
 -- name: set_scheduler_settings --
 -- The control plane's settings, written at start for the SQL that reads them.
-UPDATE scheduler_settings SET fairshare_half_life_s = :half_life_s, preempt_grace_s = :preempt_grace_s
+UPDATE scheduler_settings SET fairshare_half_life_s = :half_life_s, preempt_grace_s = :preempt_grace_s,
+    backfill = :backfill, backfill_depth = :backfill_depth, backfill_max_jobs = :backfill_max_jobs,
+    default_runtime_s = :default_runtime_s
 WHERE id = 1;

@@ -128,15 +128,23 @@ LIMIT :limit;
 -- name: gang_workers --
 -- Distinct workers that fit one rank of :job_id now and hold no room for another waiting gang
 -- (gang_reservations: another gang skips such a worker whole, while single tasks may take
--- what is beyond the room held); the polling worker first, then those holding room for this
--- job, then those left with the fewest free GPUs.
+-- what is beyond the room held), nor GPUs a reservation of another job needs at its start that the rank
+-- would still hold then (EASY backfill, as claimable_tasks judges a single task: the rank is expected to
+-- end by the reservation's start, or the worker's GPUs then cover both); the polling worker first, then
+-- those holding room for this job (gang_reservations, reservations), then those left with the fewest
+-- free GPUs.
 SELECT f.worker_id
 FROM job_worker_fit f
 WHERE f.job_id = CAST(:job_id AS INTEGER) AND f.fits_now
   AND NOT EXISTS (SELECT 1 FROM gang_reservations r
                   WHERE r.worker_id = f.worker_id AND r.job_id <> f.job_id AND r.expires_at > :now)
+  AND NOT EXISTS (SELECT 1 FROM reservation_room r JOIN jobs j ON j.id = f.job_id
+                  WHERE r.worker_id = f.worker_id AND r.job_id <> f.job_id AND f.spare_gpus + r.gain_gpus < 0
+                    AND (NOT coalesce(json_extract(j.spec, '$.backfill'), 1)
+                         OR :now + (SELECT m.expected_s FROM job_runtime_model m WHERE m.job_id = j.id) > r.start_at))
 ORDER BY f.worker_id = :worker_id DESC,
          EXISTS (SELECT 1 FROM gang_reservations r WHERE r.worker_id = f.worker_id AND r.job_id = f.job_id) DESC,
+         EXISTS (SELECT 1 FROM reservations r WHERE r.worker_id = f.worker_id AND r.job_id = f.job_id) DESC,
          f.spare_gpus, f.worker_id
 LIMIT :width;
 

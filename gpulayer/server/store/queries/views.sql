@@ -7,6 +7,11 @@ SELECT d.after_job_id AS job, d.condition, a.state, a.name
 FROM job_dependencies d JOIN jobs a ON a.id = d.after_job_id
 WHERE d.job_id = :job_id ORDER BY d.after_job_id;
 
+-- name: job_reservation --
+-- The room a waiting job holds from a time to come (EASY backfill: reservations): its workers, by name.
+SELECT w.name, r.start_at FROM reservations r JOIN workers w ON w.id = r.worker_id
+WHERE r.job_id = :job_id ORDER BY w.name;
+
 -- name: array_counts --
 -- An array's elements by the state of their latest task ('held' for queued but not released),
 -- when the first of them started, and how many tasks of each state a retry replaced: every task
