@@ -115,10 +115,12 @@ def test_sigterm_to_the_agent_process_stops_tasks_and_deregisters(plane, tmp_pat
 
 
 def test_agent_imports_nothing_of_the_control_plane():
-    """Nor of the client: of gpulayer, the protocol alone (its package's __init__ loads the client lazily)."""
+    """Nor of the client: of gpulayer, the protocol, the relay link and the process runtime alone (the package's
+    __init__ loads the client lazily)."""
+    shared = ("gpulayer.protocol", "gpulayer.relaylink", "gpulayer.proc")
     code = ("import sys, agent.worker, agent.__main__; "
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'falcon', 'apsw', 'waitress', 'jinja2', 'cheroot'} | "
-            "{m for m in sys.modules if m.startswith('gpulayer.') and not m.startswith('gpulayer.protocol')}))")
+            f"{{m for m in sys.modules if m.startswith('gpulayer.') and not m.startswith({shared!r})}}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                          cwd=str(__import__("pathlib").Path(__file__).parents[2]))
     assert out.stdout.strip() == "[]", out.stderr
