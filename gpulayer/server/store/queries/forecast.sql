@@ -1,0 +1,50 @@
+-- The queries of scheduler/forecast.py: what the forward replay of the placement rules reads in its copy.
+
+-- name: forecast_waiting --
+-- The jobs that wait to start (queued, or waiting for a begin time, a dependency or a release), in
+-- the order the claim would look at them (priority, then first come), with what keeps each back that
+-- the replay cannot foresee: a hold, a dependency not ended yet, a cancel in progress. :job_id: that
+-- job's row alone (a what-if's, just queued in the copy); NULL: all.
+SELECT j.id, j.state, j.hold, j.begin_at, j.reason,
+       EXISTS (SELECT 1 FROM job_dependencies d JOIN jobs a ON a.id = d.after_job_id
+               WHERE d.job_id = j.id AND a.finished_at IS NULL) AS after_open,
+       (SELECT min(d.after_job_id) FROM job_dependencies d JOIN jobs a ON a.id = d.after_job_id
+        WHERE d.job_id = j.id AND a.finished_at IS NULL) AS after_job
+FROM jobs j INDEXED BY jobs_state_id
+WHERE j.state IN ('queued', 'waiting') AND (:job_id IS NULL OR j.id = :job_id)
+ORDER BY j.priority DESC, j.id;
+
+-- name: forecast_active_tasks --
+-- The tasks running now, since when (those assigned and not started start in the replay at its first step).
+SELECT id, job_id, worker_id, started_at AS since
+FROM tasks WHERE state IN ('assigned', 'running') AND state = 'running';
+
+-- name: forecast_assigned --
+-- The tasks assigned and not started: in the replay, each starts when it is assigned.
+SELECT t.id, t.job_id, t.worker_id, w.name AS worker
+FROM tasks t JOIN workers w ON w.id = t.worker_id
+WHERE t.state IN ('assigned', 'running') AND t.state = 'assigned'
+ORDER BY t.id;
+
+-- name: forecast_workers --
+-- The online workers, each of which polls in the replay (cordoned ones too: the claim refuses them).
+SELECT id, name FROM workers WHERE state = 'online' ORDER BY id;
+
+-- name: forecast_durations --
+-- How long each active job's tasks are expected to run (seconds; NULL: never ends, a service):
+-- its time limit (`timeout_seconds`), else :default_s.
+SELECT id AS job_id,
+       CASE WHEN kind = 'service' THEN NULL
+            ELSE coalesce(CAST(json_extract(spec, '$.timeout_seconds') AS REAL), :default_s) END AS seconds
+FROM jobs WHERE state IN ('queued', 'waiting', 'running');
+
+-- name: forecast_durations_of --
+-- forecast_durations for one job (queued in the copy after they were read: a what-if).
+SELECT CASE WHEN kind = 'service' THEN NULL
+            ELSE coalesce(CAST(json_extract(spec, '$.timeout_seconds') AS REAL), :default_s) END AS seconds
+FROM jobs WHERE id = :job_id;
+
+-- name: forecast_next_begin --
+-- The earliest begin time still to come (`--begin`), after :now; NULL when none.
+SELECT min(begin_at) AS at FROM jobs INDEXED BY jobs_begin_at
+WHERE state = 'waiting' AND begin_at IS NOT NULL AND begin_at > :now;

@@ -1,0 +1,117 @@
+"""Start-time forecasts (issue 38 point 2): the real claim and finish replayed forward on a copy of a real
+state file (scheduler/forecast.py), with starts worked out by hand."""
+from __future__ import annotations
+
+import pytest
+
+from gpulayer.server.scheduler import forecast
+from helpers import add_worker, job
+
+NOW = 1_700_000_000.0
+
+
+def _forecast(sched, max_jobs=forecast.DEFAULT_MAX_JOBS):
+    copy = sched.store.read(forecast.snapshot)
+    return forecast.waiting_estimates(copy, sched.clock(), max_jobs)
+
+
+def _run(sched, worker):
+    a = sched.acquire(worker)
+    sched.start(worker, a["task_id"], 1)
+    return a
+
+
+def test_a_queue_whose_starts_are_known_by_hand(sched, clock):
+    w = add_worker(sched, "gpu-01", gpus=8, slots=8)
+    running = sched.submit(job(gpus=8, timeout_seconds=600))
+    _run(sched, w)
+    clock.advance(100)  # 500 s left of the running job's limit
+    first = sched.submit(job(gpus=4, timeout_seconds=300))
+    second = sched.submit(job(gpus=4, timeout_seconds=1000))
+    third = sched.submit(job(gpus=8, timeout_seconds=60))
+    fourth = sched.submit(job(gpus=2, timeout_seconds=60))
+    found = _forecast(sched).estimates
+    start = NOW + 600
+    assert running not in found
+    assert found[first].at == start and found[first].worker == "gpu-01"
+    assert found[second].at == start
+    # the 8-GPU job waits for both 4-GPU ones: the first ends at +300, the second at +1000
+    assert found[third].at == start + 1000
+    # the 2-GPU job is behind the 8-GPU one in the claim's order? No: it fits beside the second at +300
+    assert found[fourth].at == start + 300
+    assert all(e.reason is None for e in found.values())
+
+
+def test_an_estimate_moves_when_a_task_overruns(sched, clock):
+    w = add_worker(sched, "gpu-01", gpus=8, slots=8)
+    sched.submit(job(gpus=8, timeout_seconds=600))
+    _run(sched, w)
+    waiting = sched.submit(job(gpus=8, timeout_seconds=60))
+    assert _forecast(sched).estimates[waiting].at == NOW + 600
+    clock.advance(900)  # the running task is 300 s past its expected end, and still runs
+    assert _forecast(sched).estimates[waiting].at == NOW + 900
+    clock.advance(100)
+    assert _forecast(sched).estimates[waiting].at == NOW + 1000
+    assert sched.acquire(w) is None  # the live state is untouched: the 8 GPUs are still held
+
+
+def test_a_gang_starts_when_enough_whole_workers_are_free(sched, clock):
+    a = add_worker(sched, "gpu-01", gpus=8, slots=8)
+    add_worker(sched, "gpu-02", gpus=8, slots=8)
+    sched.submit(job(gpus=8, timeout_seconds=500))
+    _run(sched, a)
+    gang = sched.submit(job(gpus=8, nodes=2, timeout_seconds=100))
+    found = _forecast(sched).estimates[gang]
+    assert found.at == NOW + 500 and set(found.workers) == {"gpu-01", "gpu-02"}
+
+
+def test_what_if_fewer_gpus_starts_sooner(sched, clock):
+    w = add_worker(sched, "gpu-01", gpus=8, slots=8)
+    sched.submit(job(gpus=4, timeout_seconds=600))
+    _run(sched, w)
+    clock.advance(60)
+    before = sched.store.read(forecast.snapshot).execute("SELECT count(*) AS n FROM jobs").fetchall()
+    four = sched.estimate(job(gpus=4, timeout_seconds=100))
+    eight = sched.estimate(job(gpus=8, timeout_seconds=100))
+    assert four.at == NOW + 60 and four.worker == "gpu-01"
+    assert eight.at == NOW + 600
+    after = sched.store.read(forecast.snapshot).execute("SELECT count(*) AS n FROM jobs").fetchall()
+    assert before == after  # nothing was submitted
+
+
+def test_a_spec_that_could_never_run(sched):
+    add_worker(sched, "gpu-01", gpus=8, slots=8)
+    found = sched.estimate(job(gpus=16))
+    assert found.at is None and found.never
+    assert found.reason == ("no worker could ever run it: no online worker has the accelerator and size it asks for (16 GPUs)")
+    never = sched.submit(job(gpus=16))
+    got = _forecast(sched).estimates[never]
+    assert got.at is None and got.reason == found.reason
+
+
+def test_held_after_and_the_cap_are_null_with_a_reason(sched, clock):
+    w = add_worker(sched, "gpu-01", gpus=8, slots=8)
+    first = sched.submit(job(gpus=8, timeout_seconds=600))
+    _run(sched, w)
+    held = sched.submit(job(gpus=1, hold=True))
+    after = sched.submit(job(gpus=1, after=[first]))
+    third = sched.submit(job(gpus=1))
+    fourth = sched.submit(job(gpus=1))
+    made = _forecast(sched, max_jobs=3)
+    assert made.estimates[held].reason.startswith("held:") and made.estimates[held].at is None
+    assert made.estimates[after].reason == f"after job {first}, which has not ended"
+    assert made.estimates[third].at == NOW + 600
+    assert fourth in made.skipped and fourth not in made.estimates
+
+
+def test_a_begin_time_is_waited_for(sched, clock):
+    add_worker(sched, "gpu-01", gpus=8, slots=8)
+    later = sched.submit(job(gpus=1, begin_at=NOW + 3600))
+    assert _forecast(sched).estimates[later].at == NOW + 3600
+
+
+@pytest.mark.parametrize("body,code", [({"command": []}, "invalid_request"), ({"command": ["x"], "gpus": -1}, "invalid_request")])
+def test_what_if_refuses_what_submit_refuses(sched, body, code):
+    from gpulayer.server.errors import InvalidRequest
+    with pytest.raises(InvalidRequest):
+        sched.estimate(body)
