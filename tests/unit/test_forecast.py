@@ -115,3 +115,24 @@ def test_what_if_refuses_what_submit_refuses(sched, body, code):
     from gpulayer.server.errors import InvalidRequest
     with pytest.raises(InvalidRequest):
         sched.estimate(body)
+
+
+def test_what_if_is_judged_as_its_caller(sched, clock):
+    from gpulayer.server.errors import Forbidden
+    from gpulayer.server.scheduler import teams
+    from gpulayer.server.security.auth import Principal
+    w = add_worker(sched, "gpu-01", gpus=8, slots=8)
+    sched.change_teams(teams.add_project, {"name": "ml", "max_priority": 5, "gpus": 4})
+    uid = sched.change_teams(teams.add_user, "bob", False, [("ml", "member")], None)
+    bob = Principal(kind="client", jti="jti-bob", name="bob", user_id=uid, user="bob", admin=False)
+    with pytest.raises(Forbidden):  # above the project's priority ceiling, as a submit would be
+        sched.estimate(job(gpus=1, priority=10), bob)
+    with pytest.raises(Forbidden):  # a project bob is not in
+        sched.estimate(job(gpus=1), bob, "default")
+    sched.submit(job(gpus=4, timeout_seconds=300), bob)
+    _run(sched, w)
+    # ml's quota is 4 GPUs, all in use: bob's next job waits for them although 4 GPUs are free
+    assert sched.estimate(job(gpus=4), bob).at == NOW + 300
+    assert sched.estimate(job(gpus=4)).at == NOW  # the admin's default project has no quota
+    never = sched.estimate(job(gpus=8), bob)
+    assert never.at is None and never.never and "quota" in never.reason
