@@ -166,7 +166,7 @@ def _not_started(copy: apsw.Connection, job_id: int, horizon_s: float) -> Estima
         return Estimate(None, f"no worker could ever run it: {waiting.unplaced(facts)}", never=True)
     held = waiting.held_back(row(copy, "job_quota_reason", job_id=job_id))
     if held and not (facts and facts["busy"]):
-        return Estimate(None, f"it may never start: {held}", never=True)
+        return Estimate(None, f"it could never start: {held}", never=True)
     days = horizon_s / 86400
     span = f"{days:g} days" if days >= 1 else f"{horizon_s:g} seconds"
     return Estimate(None, f"beyond the forecast's horizon ({span}, --estimate-horizon)")
