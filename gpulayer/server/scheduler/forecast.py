@@ -73,7 +73,6 @@ class _Replay:
 
     def __init__(self, copy: apsw.Connection, now: float, default_s: float):
         self.copy, self.now, self.default_s = copy, now, default_s
-        self.workers = rows(copy, "forecast_workers")
         self.durations = {r["job_id"]: r["seconds"] for r in rows(copy, "forecast_durations", default_s=default_s)}
         self.ends: list[tuple[float, int, int]] = []   # (expected end, task id, worker id)
         self.started: dict[int, tuple[float, list[str]]] = {}  # job id -> (start, its workers' names)
@@ -94,13 +93,15 @@ class _Replay:
     def place(self, t: float, record: bool) -> None:
         """Every online worker claims what it may at `t` (the real acquire), until none takes more; each task
         assigned starts at once (the real start), and its job's start is recorded (`record`)."""
-        progress = True
-        while progress:
-            progress = False
-            for worker in self.workers:
-                if placement.acquire_many(self.copy, worker["id"], t, REPLAY_LEASE_S, placement.MAX_TASKS_PER_ACQUIRE):
-                    progress = True
-            self._start_assigned(t, record)
+        # A worker's acquire claims until it finds nothing (or hands out its most); nothing a claim does at the
+        # same time can make room for another, so one pass over the workers with room is enough.
+        for worker in rows(self.copy, "forecast_workers"):
+            while True:
+                taken = placement.acquire_many(self.copy, worker["id"], t, REPLAY_LEASE_S,
+                                               placement.MAX_TASKS_PER_ACQUIRE)
+                self._start_assigned(t, record)  # a gang's ranks on other workers too: not handed out again
+                if len(taken) < placement.MAX_TASKS_PER_ACQUIRE:
+                    break
 
     def _start_assigned(self, t: float, record: bool) -> None:
         for task in rows(self.copy, "forecast_assigned"):

@@ -27,8 +27,15 @@ WHERE t.state IN ('assigned', 'running') AND t.state = 'assigned'
 ORDER BY t.id;
 
 -- name: forecast_workers --
--- The online workers, each of which polls in the replay (cordoned ones too: the claim refuses them).
-SELECT id, name FROM workers WHERE state = 'online' ORDER BY id;
+-- The online workers whose free room now could hold one task of some queued shape (size alone: a
+-- necessary condition of any claim, cheap to read): those that poll at this step of the replay, by id
+-- (cordoned ones too: the claim refuses them). The others would find nothing.
+SELECT l.worker_id AS id FROM worker_load l
+WHERE l.state = 'online' AND l.free_slots > 0
+  AND EXISTS (SELECT 1 FROM shapes s INDEXED BY shapes_queued
+              WHERE s.queued > 0 AND s.gpus <= l.free_gpus AND s.cpus <= l.free_cpus
+                AND s.memory_mb <= l.free_memory_mb)
+ORDER BY l.worker_id;
 
 -- name: forecast_durations --
 -- How long each active job's tasks are expected to run (seconds; NULL: never ends, a service):
