@@ -136,3 +136,16 @@ def test_what_if_is_judged_as_its_caller(sched, clock):
     assert sched.estimate(job(gpus=4)).at == NOW  # the admin's default project has no quota
     never = sched.estimate(job(gpus=8), bob)
     assert never.at is None and never.never and "quota" in never.reason
+
+
+def test_what_if_behind_more_than_max_jobs_is_not_estimated(sched, config):
+    w = add_worker(sched, "gpu-01", gpus=8, slots=8)
+    for _ in range(4):
+        sched.submit(job(gpus=8, timeout_seconds=60))
+    _run(sched, w)
+    config.estimate_max_jobs = 2
+    found = sched.estimate(job(gpus=8))
+    assert found.at is None and found.reason == ("not estimated: more than 2 waiting jobs start before it "
+                                                 "(--estimate-max-jobs)")
+    config.estimate_max_jobs = 3
+    assert sched.estimate(job(gpus=8)).at == NOW + 4 * 60

@@ -86,7 +86,7 @@ class Scheduler(WorkerRequests, Notifications):
             if cap:
                 jobs.check_queued_elements(copy, principal.user or f"#{user_id}", user_id, len(jobs.elements(spec)), cap)
             return forecast.what_if(copy, lambda conn: teams.submit(conn, principal, project, spec, now), now,
-                                    horizon_s=self.config.estimate_horizon_s)
+                                    horizon_s=self.config.estimate_horizon_s, max_starts=self.config.estimate_max_jobs)
         finally:
             copy.close()
 

@@ -136,17 +136,19 @@ class _Replay:
 
 
 def replay(copy: apsw.Connection, now: float, targets: list[int], *, horizon_s: float = DEFAULT_HORIZON_S,
-           default_s: float = DEFAULT_RUNTIME_S) -> dict[int, Estimate]:
-    """Replay the placement rules forward on `copy` from `now` until every job of `targets` has started or the
-    horizon passes; each target's Estimate. `copy` is changed (one transaction, never committed: roll back or
-    drop it)."""
+           default_s: float = DEFAULT_RUNTIME_S, max_starts: int | None = None) -> dict[int, Estimate]:
+    """Replay the placement rules forward on `copy` from `now` until every job of `targets` has started, the
+    horizon passes or `max_starts` jobs have started; each target's Estimate. `copy` is changed (one
+    transaction, never committed: roll back or drop it)."""
     run = _Replay(copy, now, default_s)
     wanted = set(targets)
     run.running_now()
     run.place(now, record=True)
+    cut = False
     while not wanted <= run.started.keys():
         t = run.next_time()
-        if t is None or t > now + horizon_s:
+        cut = max_starts is not None and len(run.started) > max_starts
+        if t is None or t > now + horizon_s or cut:
             break
         run.advance(t)
         run.place(t, record=True)
@@ -155,6 +157,9 @@ def replay(copy: apsw.Connection, now: float, targets: list[int], *, horizon_s: 
         if job_id in run.started:
             at, names = run.started[job_id]
             out[job_id] = Estimate(at, None, names[0] if names else None, tuple(names))
+        elif cut:
+            out[job_id] = Estimate(None, f"not estimated: more than {max_starts} waiting jobs start before it "
+                                         "(--estimate-max-jobs)")
         else:
             out[job_id] = _not_started(copy, job_id, horizon_s)
     return out
@@ -202,14 +207,16 @@ def unknowable(job: dict) -> Estimate | None:
 
 
 def what_if(copy: apsw.Connection, submit: Callable[[apsw.Connection], int], now: float, *,
-            horizon_s: float = DEFAULT_HORIZON_S, default_s: float = DEFAULT_RUNTIME_S) -> Estimate:
+            horizon_s: float = DEFAULT_HORIZON_S, default_s: float = DEFAULT_RUNTIME_S,
+            max_starts: int = DEFAULT_MAX_JOBS) -> Estimate:
     """When a job would start if `submit(copy)` queued it now (the real submit, as its caller: its errors are the
-    submit's), replayed forward on `copy` with the queue as it stands; nothing of `copy` is kept."""
+    submit's), replayed forward on `copy` with the queue as it stands (null past `max_starts` jobs started
+    before it); nothing of `copy` is kept."""
     copy.execute("BEGIN")
     try:
         job_id = submit(copy)
         known = unknowable(one(copy, "forecast_waiting", job_id=job_id))
-        return known if known is not None else replay(copy, now, [job_id], horizon_s=horizon_s,
-                                                      default_s=default_s)[job_id]
+        return known if known is not None else replay(copy, now, [job_id], horizon_s=horizon_s, default_s=default_s,
+                                                      max_starts=max_starts)[job_id]
     finally:
         copy.execute("ROLLBACK")
