@@ -149,3 +149,17 @@ def test_what_if_behind_more_than_max_jobs_is_not_estimated(sched, config):
                                                  "(--estimate-max-jobs)")
     config.estimate_max_jobs = 3
     assert sched.estimate(job(gpus=8)).at == NOW + 4 * 60
+
+
+def test_the_estimate_uses_learned_runs_not_the_time_limit(sched, clock):
+    w = add_worker(sched, "gpu-01", gpus=8, slots=8)
+    for _ in range(3):  # three runs of `train` that took 100 s of their 1000 s limit
+        sched.submit(job(gpus=8, name="train", timeout_seconds=1000))
+        a = _run(sched, w)
+        clock.advance(100)
+        sched.finish(w, a["task_id"], exit_code=0, outcome="succeeded", outputs={}, reason=None)
+    started = clock.now
+    sched.submit(job(gpus=8, name="train", timeout_seconds=1000))
+    _run(sched, w)
+    waiting = sched.submit(job(gpus=8, name="other", timeout_seconds=1000))
+    assert _forecast(sched).estimates[waiting].at == started + 100

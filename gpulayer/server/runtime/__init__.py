@@ -7,7 +7,8 @@ a restart loses at most one tick, which the grace after a restart covers), the h
 with the fleet (cadence.py), array jobs' element pace (pace.py), parked log followers (follow.py), the
 workers whose relay link a client waits for and the relay's and ingress's counters (relay_wants.py,
 ingress_counters.py), the cascade steps still to run (cascades.py: re-read from the state file at
-start), and the latest start-time forecast (estimates.py: made anew at the first upkeep tick). Nothing here writes the state file but through what the scheduler hands it (the cascades' one
-writer callable); the pure `fn(conn, ..., now)` transactions are server/scheduler/'s, and the Scheduler
-facade (scheduler/facade.py) holds one of each of these.
+start), and the latest start-time forecast (estimates.py: made anew at the first upkeep tick). Nothing
+here writes the state file but through what the scheduler hands it (the cascades' one writer callable);
+the pure `fn(conn, ..., now)` transactions are server/scheduler/'s, and the Scheduler facade
+(scheduler/facade.py) holds one of each of these.
 """

@@ -30,9 +30,9 @@ class Estimates:
 
     def __init__(self, store: Store, clock: Callable[[], float], *, interval_s: float = DEFAULT_INTERVAL_S,
                  max_jobs: int = forecast.DEFAULT_MAX_JOBS, horizon_s: float = forecast.DEFAULT_HORIZON_S,
-                 default_s: float = forecast.DEFAULT_RUNTIME_S, monotonic: Callable[[], float] = time.monotonic):
+                 monotonic: Callable[[], float] = time.monotonic):
         self.store, self.clock, self.monotonic = store, clock, monotonic
-        self.interval_s, self.max_jobs, self.horizon_s, self.default_s = interval_s, max_jobs, horizon_s, default_s
+        self.interval_s, self.max_jobs, self.horizon_s = interval_s, max_jobs, horizon_s
         self.latest: forecast.Forecast | None = None
         self._made_at = -float("inf")   # monotonic time of the last forecast's start
         self._generation: int | None = None
@@ -44,8 +44,7 @@ class Estimates:
         self._made_at, self._generation = self.monotonic(), generation
         copy = self.store.read(forecast.snapshot)
         try:
-            made = forecast.waiting_estimates(copy, self.clock(), self.max_jobs, horizon_s=self.horizon_s,
-                                              default_s=self.default_s)
+            made = forecast.waiting_estimates(copy, self.clock(), self.max_jobs, horizon_s=self.horizon_s)
         finally:
             copy.close()
         self.latest = made

@@ -10,9 +10,11 @@ releases). The clock then moves to the next expected end (or `--begin` time),
 until every job asked about has started or the horizon passes. The copy is
 thrown away; nothing of the live state changes.
 
-A task's expected run time is `durations`' (docs/scheduling-time.md, "Start-time
-estimates"); a task already past its expected end is taken to end now, so an
-overrun moves the estimates behind it later as the clock moves.
+A task's expected run time is its job's typical run (job_runtime_model's
+`typical_s`, schema.sql: learned from history where there is some; reservations
+and backfill judge by `expected_s`, the safe one); a task already past its
+expected end is taken to end now, so an overrun moves the estimates behind it
+later as the clock moves (docs/scheduling-time.md, "Start-time estimates").
 """
 from __future__ import annotations
 
@@ -28,7 +30,6 @@ from gpulayer.server.scheduler import jobcontrol, lifecycle, placement, waiting
 from gpulayer.server.store.db import _dict_row
 from gpulayer.server.store.queries import one, row, rows
 
-DEFAULT_RUNTIME_S = 3600.0       # a task with no time limit and nothing learned is expected to run an hour
 DEFAULT_HORIZON_S = 7 * 86400.0  # --estimate-horizon: a start later than this after now is not estimated
 DEFAULT_MAX_JOBS = 500           # --estimate-max-jobs: the waiting jobs (best first) a forecast estimates
 REPLAY_LEASE_S = 1e12            # leases in the copy never expire (no expire runs there)
@@ -71,16 +72,15 @@ def snapshot(conn: apsw.Connection) -> apsw.Connection:
 class _Replay:
     """The replay's moving parts on one copy: the clock, the expected ends (a heap), the starts seen."""
 
-    def __init__(self, copy: apsw.Connection, now: float, default_s: float):
-        self.copy, self.now, self.default_s = copy, now, default_s
-        self.durations = {r["job_id"]: r["seconds"] for r in rows(copy, "forecast_durations", default_s=default_s)}
+    def __init__(self, copy: apsw.Connection, now: float):
+        self.copy, self.now = copy, now
+        self.durations = {r["job_id"]: r["seconds"] for r in rows(copy, "forecast_durations")}
         self.ends: list[tuple[float, int, int]] = []   # (expected end, task id, worker id)
         self.started: dict[int, tuple[float, list[str]]] = {}  # job id -> (start, its workers' names)
 
     def duration(self, job_id: int) -> float | None:
         if job_id not in self.durations:   # a job queued in the copy after the durations were read (what-if)
-            found = row(self.copy, "forecast_durations_of", job_id=job_id, default_s=self.default_s)
-            self.durations[job_id] = found["seconds"] if found else self.default_s
+            self.durations[job_id] = one(self.copy, "forecast_durations_of", job_id=job_id)["seconds"]
         return self.durations[job_id]
 
     def running_now(self) -> None:
@@ -136,11 +136,11 @@ class _Replay:
 
 
 def replay(copy: apsw.Connection, now: float, targets: list[int], *, horizon_s: float = DEFAULT_HORIZON_S,
-           default_s: float = DEFAULT_RUNTIME_S, max_starts: int | None = None) -> dict[int, Estimate]:
+           max_starts: int | None = None) -> dict[int, Estimate]:
     """Replay the placement rules forward on `copy` from `now` until every job of `targets` has started, the
     horizon passes or `max_starts` jobs have started; each target's Estimate. `copy` is changed (one
     transaction, never committed: roll back or drop it)."""
-    run = _Replay(copy, now, default_s)
+    run = _Replay(copy, now)
     wanted = set(targets)
     run.running_now()
     run.place(now, record=True)
@@ -179,7 +179,7 @@ def _not_started(copy: apsw.Connection, job_id: int, horizon_s: float) -> Estima
 
 
 def waiting_estimates(copy: apsw.Connection, now: float, max_jobs: int = DEFAULT_MAX_JOBS, *,
-                      horizon_s: float = DEFAULT_HORIZON_S, default_s: float = DEFAULT_RUNTIME_S) -> Forecast:
+                      horizon_s: float = DEFAULT_HORIZON_S) -> Forecast:
     """A Forecast of every waiting job of `copy` (at most `max_jobs` of them, best first), replayed from `now`."""
     started = time.monotonic()
     waiting_jobs = rows(copy, "forecast_waiting", job_id=None)
@@ -188,7 +188,7 @@ def waiting_estimates(copy: apsw.Connection, now: float, max_jobs: int = DEFAULT
     copy.execute("BEGIN")
     try:
         estimates.update(replay(copy, now, [j["id"] for j in chosen if j["id"] not in estimates],
-                                horizon_s=horizon_s, default_s=default_s))
+                                horizon_s=horizon_s))
     finally:
         copy.execute("ROLLBACK")
     return Forecast(now, estimates, skipped, max_jobs, time.monotonic() - started)
@@ -207,8 +207,7 @@ def unknowable(job: dict) -> Estimate | None:
 
 
 def what_if(copy: apsw.Connection, submit: Callable[[apsw.Connection], int], now: float, *,
-            horizon_s: float = DEFAULT_HORIZON_S, default_s: float = DEFAULT_RUNTIME_S,
-            max_starts: int = DEFAULT_MAX_JOBS) -> Estimate:
+            horizon_s: float = DEFAULT_HORIZON_S, max_starts: int = DEFAULT_MAX_JOBS) -> Estimate:
     """When a job would start if `submit(copy)` queued it now (the real submit, as its caller: its errors are the
     submit's), replayed forward on `copy` with the queue as it stands (null past `max_starts` jobs started
     before it); nothing of `copy` is kept."""
@@ -216,7 +215,7 @@ def what_if(copy: apsw.Connection, submit: Callable[[apsw.Connection], int], now
     try:
         job_id = submit(copy)
         known = unknowable(one(copy, "forecast_waiting", job_id=job_id))
-        return known if known is not None else replay(copy, now, [job_id], horizon_s=horizon_s, default_s=default_s,
+        return known if known is not None else replay(copy, now, [job_id], horizon_s=horizon_s,
                                                       max_starts=max_starts)[job_id]
     finally:
         copy.execute("ROLLBACK")

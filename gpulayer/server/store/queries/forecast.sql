@@ -38,18 +38,17 @@ WHERE l.state = 'online' AND l.free_slots > 0
 ORDER BY l.worker_id;
 
 -- name: forecast_durations --
--- How long each active job's tasks are expected to run (seconds; NULL: never ends, a service):
--- its time limit (`timeout_seconds`), else :default_s.
-SELECT id AS job_id,
-       CASE WHEN kind = 'service' THEN NULL
-            ELSE coalesce(CAST(json_extract(spec, '$.timeout_seconds') AS REAL), :default_s) END AS seconds
-FROM jobs WHERE state IN ('queued', 'waiting', 'running');
+-- How long each active job's tasks are expected to run, in seconds: its typical run (job_runtime_model's
+-- typical_s: learned from the user's runs, else its limit scaled by how much of their limits recent jobs
+-- used, else its limit or the default), what an estimate uses; NULL for a service (it never ends).
+SELECT m.job_id, CASE WHEN j.kind = 'service' THEN NULL ELSE m.typical_s END AS seconds
+FROM job_runtime_model m JOIN jobs j ON j.id = m.job_id;
 
 -- name: forecast_durations_of --
 -- forecast_durations for one job (queued in the copy after they were read: a what-if).
-SELECT CASE WHEN kind = 'service' THEN NULL
-            ELSE coalesce(CAST(json_extract(spec, '$.timeout_seconds') AS REAL), :default_s) END AS seconds
-FROM jobs WHERE id = :job_id;
+SELECT CASE WHEN j.kind = 'service' THEN NULL ELSE m.typical_s END AS seconds
+FROM job_runtime_model m JOIN jobs j ON j.id = m.job_id
+WHERE m.job_id = :job_id;
 
 -- name: forecast_next_begin --
 -- The earliest begin time still to come (`--begin`), after :now; NULL when none.
