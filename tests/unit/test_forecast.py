@@ -163,3 +163,23 @@ def test_the_estimate_uses_learned_runs_not_the_time_limit(sched, clock):
     _run(sched, w)
     waiting = sched.submit(job(gpus=8, name="other", timeout_seconds=1000))
     assert _forecast(sched).estimates[waiting].at == started + 100
+
+
+def test_each_forecast_is_written_to_the_estimates_table(sched, clock):
+    w = add_worker(sched, "gpu-01", gpus=8, slots=8)
+    sched.submit(job(gpus=8, timeout_seconds=600))
+    _run(sched, w)
+    waiting = sched.submit(job(gpus=8, timeout_seconds=60))
+    held = sched.submit(job(gpus=1, hold=True))
+
+    def table():
+        return sched.store.read(lambda c: c.execute(
+            "SELECT job_id, start_at, reason, workers, forecast_at FROM estimates ORDER BY job_id").fetchall())
+    sched.estimates.refresh()
+    assert [tuple(r.values()) for r in table()] == [
+        (waiting, NOW + 600, None, '["gpu-01"]', NOW),
+        (held, None, "held: it starts once released (`gpulayer job release`)", "[]", NOW)]
+    sched.cancel(waiting)
+    clock.advance(5)
+    sched.estimates.refresh()
+    assert [r["job_id"] for r in table()] == [held] and table()[0]["forecast_at"] == NOW + 5

@@ -30,8 +30,10 @@ class Estimates:
 
     def __init__(self, store: Store, clock: Callable[[], float], *, interval_s: float = DEFAULT_INTERVAL_S,
                  max_jobs: int = forecast.DEFAULT_MAX_JOBS, horizon_s: float = forecast.DEFAULT_HORIZON_S,
-                 monotonic: Callable[[], float] = time.monotonic):
-        self.store, self.clock, self.monotonic = store, clock, monotonic
+                 monotonic: Callable[[], float] = time.monotonic,
+                 publish: Callable[[forecast.Forecast], object] = lambda made: None):
+        """`publish(made)`: writes each forecast to the state file's `estimates` (the scheduler's call)."""
+        self.store, self.clock, self.monotonic, self.publish = store, clock, monotonic, publish
         self.interval_s, self.max_jobs, self.horizon_s = interval_s, max_jobs, horizon_s
         self.latest: forecast.Forecast | None = None
         self._made_at = -float("inf")   # monotonic time of the last forecast's start
@@ -48,6 +50,7 @@ class Estimates:
         finally:
             copy.close()
         self.latest = made
+        self.publish(made)
         log.info("forecast_made jobs=%d skipped=%d took_s=%.3f", len(made.estimates), len(made.skipped), made.took_s)
         return made
 

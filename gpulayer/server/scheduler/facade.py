@@ -18,7 +18,7 @@ from gpulayer.server.runtime.follow import LogFollowers
 from gpulayer.server.runtime.ingress_counters import Counters
 from gpulayer.server.runtime.pace import Pace
 from gpulayer.server.runtime.relay_wants import Wants
-from gpulayer.server.scheduler import cascades, gauges, outcomes, reconcile
+from gpulayer.server.scheduler import cascades, forecast, gauges, outcomes, reconcile
 from gpulayer.server.security.auth import Authenticator
 from gpulayer.server.security.secretbox import SecretBox
 from gpulayer.server.store.artifacts import ArtifactStore
@@ -75,7 +75,12 @@ class Facade:
         self.ingress = Counters()
         # The latest start-time forecast of the waiting jobs, and when to make the next (runtime/estimates.py).
         self.estimates = Estimates(store, clock, interval_s=config.estimate_interval_s,
-                                   max_jobs=config.estimate_max_jobs, horizon_s=config.estimate_horizon_s)
+                                   max_jobs=config.estimate_max_jobs, horizon_s=config.estimate_horizon_s,
+                                   publish=self.record_forecast)
+
+    def record_forecast(self, made: forecast.Forecast) -> int:
+        """A forecast's estimates into the `estimates` table, the last one's replaced (one write)."""
+        return self._write(forecast.record, made)
 
     # -- wake-up -------------------------------------------------------------
 

@@ -19,6 +19,7 @@ later as the clock moves (docs/scheduling-time.md, "Start-time estimates").
 from __future__ import annotations
 
 import heapq
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -28,7 +29,7 @@ import apsw
 from gpulayer.server.errors import GpulayerError
 from gpulayer.server.scheduler import jobcontrol, lifecycle, placement, waiting
 from gpulayer.server.store.db import _dict_row
-from gpulayer.server.store.queries import one, row, rows
+from gpulayer.server.store.queries import QUERIES, one, row, rows
 
 DEFAULT_HORIZON_S = 7 * 86400.0  # --estimate-horizon: a start later than this after now is not estimated
 DEFAULT_MAX_JOBS = 500           # --estimate-max-jobs: the waiting jobs (best first) a forecast estimates
@@ -219,3 +220,12 @@ def what_if(copy: apsw.Connection, submit: Callable[[apsw.Connection], int], now
                                                       max_starts=max_starts)[job_id]
     finally:
         copy.execute("ROLLBACK")
+
+
+def record(conn: apsw.Connection, made: Forecast) -> int:
+    """Write `made` to the `estimates` table (the last forecast's rows replaced; on the writer); rows written."""
+    conn.execute(QUERIES["forecast_clear"])
+    conn.executemany(QUERIES["forecast_insert"], [
+        {"job_id": job_id, "start_at": e.at, "reason": e.reason if e.at is None else None,
+         "workers": json.dumps(list(e.workers)), "forecast_at": made.at} for job_id, e in made.estimates.items()])
+    return len(made.estimates)

@@ -54,3 +54,12 @@ WHERE m.job_id = :job_id;
 -- The earliest begin time still to come (`--begin`), after :now; NULL when none.
 SELECT min(begin_at) AS at FROM jobs INDEXED BY jobs_begin_at
 WHERE state = 'waiting' AND begin_at IS NOT NULL AND begin_at > :now;
+
+-- name: forecast_clear --
+-- The last forecast's rows go: the next one's replace them whole.
+DELETE FROM estimates;
+
+-- name: forecast_insert --
+-- One estimated job's row of the latest forecast (:workers a JSON array of names).
+INSERT INTO estimates (job_id, start_at, reason, workers, forecast_at)
+VALUES (:job_id, :start_at, :reason, :workers, :forecast_at);
