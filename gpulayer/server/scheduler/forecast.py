@@ -34,6 +34,7 @@ from gpulayer.server.store.queries import QUERIES, one, row, rows
 DEFAULT_HORIZON_S = 7 * 86400.0  # --estimate-horizon: a start later than this after now is not estimated
 DEFAULT_MAX_JOBS = 500           # --estimate-max-jobs: the waiting jobs (best first) a forecast estimates
 REPLAY_LEASE_S = 1e12            # leases in the copy never expire (no expire runs there)
+STARTS_PER_JOB = 2               # a forecast replays at most this many job starts per job it estimates
 
 
 @dataclass(frozen=True)
@@ -188,8 +189,10 @@ def waiting_estimates(copy: apsw.Connection, now: float, max_jobs: int = DEFAULT
     estimates = {j["id"]: known for j in chosen if (known := unknowable(j)) is not None}
     copy.execute("BEGIN")
     try:
+        # A job far down the claim's order (a gang behind a stream of small jobs) would make the replay place
+        # the whole queue before it: past STARTS_PER_JOB x max_jobs starts, those still waiting are not estimated.
         estimates.update(replay(copy, now, [j["id"] for j in chosen if j["id"] not in estimates],
-                                horizon_s=horizon_s))
+                                horizon_s=horizon_s, max_starts=STARTS_PER_JOB * max(max_jobs, 1)))
     finally:
         copy.execute("ROLLBACK")
     return Forecast(now, estimates, skipped, max_jobs, time.monotonic() - started)
