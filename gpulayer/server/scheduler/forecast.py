@@ -2,9 +2,10 @@
 
 No second model of the scheduler: `snapshot` copies the state file from a read
 connection into memory (SQLite's backup, one read transaction: the writer is
-never blocked), and `replay` runs, on that copy and a virtual clock, the real
-claim (placement.acquire_many for every online worker, gangs included) and, at
-each running task's expected end, the real finish (lifecycle.finish: the task
+never blocked), and `replay` runs, on that copy and a virtual clock, upkeep's
+plan of reservations (reservations.plan) and the real claim
+(placement.acquire_many for every worker with room, gangs included, EASY backfill
+as it applies it) and, at each running task's expected end, the real finish (lifecycle.finish: the task
 running -> succeeded, its job's settle, the dependents and array elements that
 releases). The clock then moves to the next expected end (or `--begin` time),
 until every job asked about has started or the horizon passes. The copy is
@@ -27,7 +28,7 @@ from typing import Callable
 import apsw
 
 from gpulayer.server.errors import GpulayerError
-from gpulayer.server.scheduler import jobcontrol, lifecycle, placement, waiting
+from gpulayer.server.scheduler import jobcontrol, lifecycle, placement, reservations, waiting
 from gpulayer.server.store.db import _dict_row
 from gpulayer.server.store.queries import QUERIES, one, row, rows
 
@@ -95,8 +96,10 @@ class _Replay:
     def place(self, t: float, record: bool) -> None:
         """Every online worker claims what it may at `t` (the real acquire), until none takes more; each task
         assigned starts at once (the real start), and its job's start is recorded (`record`)."""
-        # A worker's acquire claims until it finds nothing (or hands out its most); nothing a claim does at the
+        # Upkeep's plan first, as each tick makes it (EASY backfill: the claim honours its reservations). A
+        # worker's acquire claims until it finds nothing (or hands out its most); nothing a claim does at the
         # same time can make room for another, so one pass over the workers with room is enough.
+        reservations.plan(self.copy, t)
         for worker in rows(self.copy, "forecast_workers"):
             while True:
                 taken = placement.acquire_many(self.copy, worker["id"], t, REPLAY_LEASE_S,
