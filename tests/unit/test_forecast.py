@@ -183,3 +183,14 @@ def test_each_forecast_is_written_to_the_estimates_table(sched, clock):
     clock.advance(5)
     sched.estimates.refresh()
     assert [r["job_id"] for r in table()] == [held] and table()[0]["forecast_at"] == NOW + 5
+
+
+def test_a_replay_stops_at_its_budget(sched):
+    w = add_worker(sched, "gpu-01", gpus=8, slots=8)
+    for _ in range(3):
+        sched.submit(job(gpus=8, timeout_seconds=60))
+    _run(sched, w)
+    last = sched.submit(job(gpus=8))
+    copy = sched.store.read(forecast.snapshot)
+    found = forecast.replay(copy, NOW, [last], budget_s=0)[last]
+    assert found.at is None and found.reason.startswith("not estimated: the replay ran out of its 0 s")

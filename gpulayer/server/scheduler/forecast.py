@@ -36,6 +36,8 @@ DEFAULT_HORIZON_S = 7 * 86400.0  # --estimate-horizon: a start later than this a
 DEFAULT_MAX_JOBS = 500           # --estimate-max-jobs: the waiting jobs (best first) a forecast estimates
 REPLAY_LEASE_S = 1e12            # leases in the copy never expire (no expire runs there)
 STARTS_PER_JOB = 2               # a forecast replays at most this many job starts per job it estimates
+FORECAST_BUDGET_S = 60.0         # a forecast (on its own thread) replays for at most this long (wall clock)
+WHAT_IF_BUDGET_S = 20.0          # a what-if (an HTTP request waits for it) at most this long
 
 
 @dataclass(frozen=True)
@@ -141,19 +143,21 @@ class _Replay:
 
 
 def replay(copy: apsw.Connection, now: float, targets: list[int], *, horizon_s: float = DEFAULT_HORIZON_S,
-           max_starts: int | None = None) -> dict[int, Estimate]:
+           max_starts: int | None = None, budget_s: float = FORECAST_BUDGET_S) -> dict[int, Estimate]:
     """Replay the placement rules forward on `copy` from `now` until every job of `targets` has started, the
-    horizon passes or `max_starts` jobs have started; each target's Estimate. `copy` is changed (one
-    transaction, never committed: roll back or drop it)."""
+    horizon passes, `max_starts` jobs have started or `budget_s` seconds (wall clock) went by; each target's
+    Estimate. `copy` is changed (one transaction, never committed: roll back or drop it)."""
     run = _Replay(copy, now)
     wanted = set(targets)
     run.running_now()
     run.place(now, record=True)
-    cut = False
+    cut, spent = False, False
+    until = time.monotonic() + budget_s
     while not wanted <= run.started.keys():
         t = run.next_time()
         cut = max_starts is not None and len(run.started) > max_starts
-        if t is None or t > now + horizon_s or cut:
+        spent = time.monotonic() > until
+        if t is None or t > now + horizon_s or cut or spent:
             break
         run.advance(t)
         run.place(t, record=True)
@@ -162,6 +166,9 @@ def replay(copy: apsw.Connection, now: float, targets: list[int], *, horizon_s: 
         if job_id in run.started:
             at, names = run.started[job_id]
             out[job_id] = Estimate(at, None, names[0] if names else None, tuple(names))
+        elif spent:
+            out[job_id] = Estimate(None, f"not estimated: the replay ran out of its {budget_s:g} s after "
+                                         f"{len(run.started)} starts ahead of it")
         elif cut:
             out[job_id] = Estimate(None, f"not estimated: more than {max_starts} waiting jobs start before it "
                                          "(--estimate-max-jobs)")
@@ -223,7 +230,7 @@ def what_if(copy: apsw.Connection, submit: Callable[[apsw.Connection], int], now
         job_id = submit(copy)
         known = unknowable(one(copy, "forecast_waiting", job_id=job_id))
         return known if known is not None else replay(copy, now, [job_id], horizon_s=horizon_s,
-                                                      max_starts=max_starts)[job_id]
+                                                      max_starts=max_starts, budget_s=WHAT_IF_BUDGET_S)[job_id]
     finally:
         copy.execute("ROLLBACK")
 
