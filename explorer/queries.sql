@@ -8,7 +8,7 @@
 -- Every query here stays readable by the stock sqlite3 3.40 CLI.
 
 -- name: queued_jobs --
--- Jobs with queued tasks, best first, and the first thing each waits for, as a word (no_worker, labels, accelerator, size, secret, cordoned, unhealthy, gpus_busy, busy, gang_busy; empty: a worker fits now).
+-- Jobs with queued tasks, best first, the first thing each waits for, as a word (no_worker, labels, accelerator, size, secret, cordoned, unhealthy, gpus_busy, busy, gang_busy; empty: a worker fits now), and, for a queued one, when it is expected to start (estimated_start_at, Unix seconds, from the control plane's latest forecast; estimate_reason when that cannot be known).
 WITH waiting AS (
     SELECT j.id AS job_id, j.name, j.state, j.priority, j.labels, j.accelerator,
            j.gpus, j.cpus, j.memory_mb, j.width, j.gang,
@@ -59,9 +59,13 @@ SELECT q.job_id, q.name, q.state, q.priority, q.queued_tasks, q.width, q.gpus, q
            WHEN q.gang AND f.fit_now < q.width THEN 'gang_busy'  -- fewer than `width` workers fit it now
        END AS waits_for,
        CASE WHEN f.online > 0 AND f.with_labels > 0 AND f.with_accelerator > 0 AND f.big_enough > 0 AND f.fits = 0
-            THEN f.missing_secret END AS missing_secret
+            THEN f.missing_secret END AS missing_secret,
+       -- the latest forecast's (docs/scheduling-time.md); only while the job waits to start
+       CASE WHEN q.state = 'queued' THEN e.start_at END AS estimated_start_at,
+       CASE WHEN q.state = 'queued' THEN e.reason END AS estimate_reason
 FROM waiting q
 JOIN fits f ON f.job_id = q.job_id
+LEFT JOIN estimates e ON e.job_id = q.job_id
 ORDER BY q.priority DESC, q.job_id;
 
 -- name: running_tasks --

@@ -176,3 +176,25 @@ def fmt_time(ts: Optional[float]) -> str:
         return "-"
     import time
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def start_parts(at: float, now: float) -> tuple[str, str]:
+    """An expected start as people say it: ("14:20", "in 35 min") (local time; the date too when not
+    today); ("now", "") when it is due."""
+    import time
+    ahead = at - now
+    if ahead < 30:
+        return "now", ""
+    same_day = time.localtime(at)[:3] == time.localtime(now)[:3]
+    when = time.strftime("%H:%M" if same_day else "%Y-%m-%d %H:%M", time.localtime(at))
+    minutes = round(ahead / 60)
+    if minutes < 60:
+        return when, f"in {max(minutes, 1)} min"
+    if minutes < 48 * 60:
+        return when, f"in {minutes // 60} h {minutes % 60:02d} min"
+    return when, f"in {ahead / 86400:.1f} days"
+
+
+def fmt_start(at: float, now: float) -> str:
+    """start_parts as one text: "14:20, in 35 min", "now"."""
+    return ", ".join(p for p in start_parts(at, now) if p)

@@ -61,6 +61,9 @@ def job_status(ctx: typer.Context, job_id: JobArg, index: IndexOpt = None, as_js
     if info.get("reservation"):  # EASY backfill: where and from when its room is held (docs/scheduling-time.md)
         held = info["reservation"]
         typer.echo(f"reserved: {', '.join(held['workers'])} from {fmt_clock(held['start_at'])}")
+    start = selection.start_line(info, time.time())
+    if start:  # a waiting job's forecast start (docs/scheduling-time.md), or why it has none
+        typer.echo(start)
     if info.get("ingress_url"):  # a service's URL on the control plane (docs/access.md, "Ingress")
         typer.echo(f"ingress_url={info['ingress_url']}")
     for dep in info.get("after") or []:
@@ -441,6 +444,7 @@ def job_list(ctx: typer.Context, state: StatesOpt = None, name: NameOpt = None, 
              project: Annotated[Optional[str], typer.Option("--project", help="That project's jobs (those you may see).")] = None,
              columns: Annotated[Optional[str], typer.Option("--format", "-o", metavar="COLUMNS", help=f"These columns, in this order, as squeue -o: a comma-separated list of {', '.join(selection.COLUMNS)}.")] = None,
              no_header: Annotated[bool, typer.Option("--no-header", "--noheader", help="No header line (squeue's --noheader).")] = False,
+             start: Annotated[bool, typer.Option("--start", help="Waiting jobs (queued and waiting, unless --state) with their expected start (a START column), as squeue --start.")] = False,
              as_json: JsonOpt = False) -> None:
     """Jobs, newest first (your own unless --all, --user or --project): state, exit code, name, priority, worker, elapsed time, command.
 
@@ -452,6 +456,7 @@ def job_list(ctx: typer.Context, state: StatesOpt = None, name: NameOpt = None, 
       gpulayer job list --state running --state queued
       gpulayer job list --name 'sweep-*' --since 2h --watch
       gpulayer job list --format id,state,name,elapsed,cputime --no-header
+      gpulayer job list --start
     """
     if watch and as_json:
         raise typer.BadParameter("--watch draws a table: leave out --json", param_hint="--watch")
@@ -459,16 +464,21 @@ def job_list(ctx: typer.Context, state: StatesOpt = None, name: NameOpt = None, 
         raise typer.BadParameter("--json prints every field: leave out --format and --no-header", param_hint="--json")
     since_ts = selection.parse_since(since)  # a bad --since is bad input before anything is asked
     scope = {"all": all_, "user": user, "project": project}
-    chosen = selection.parse_columns(columns) or (selection.OWNER_COLUMNS if any(scope.values())
-                                                  else selection.DEFAULT_COLUMNS)
+    chosen = selection.parse_columns(columns) or (selection.START_COLUMNS if start else selection.OWNER_COLUMNS
+                                                  if any(scope.values()) else selection.DEFAULT_COLUMNS)
+    if start and not state:
+        state = selection.WAITING_STATES
     client = client_of(ctx)
+
+    def select() -> list[dict]:  # with --start, soonest start first (those with none last), as squeue --start
+        found = selection.select_jobs(client, state or [], name, since_ts, limit, **scope)
+        return sorted(found, key=selection.start_order) if start else found
     if not watch:
-        _print_jobs(selection.select_jobs(client, state or [], name, since_ts, limit, **scope), as_json,
-                    chosen, not no_header)
+        _print_jobs(select(), as_json, chosen, not no_header)
         return
     try:
         while True:
-            jobs = selection.select_jobs(client, state or [], name, since_ts, limit, **scope)
+            jobs = select()
             if colour_on():
                 typer.echo("\033[H\033[2J", nl=False)  # clear the screen, as `watch` does
             typer.echo(f"every {WATCH_S:g} s: gpulayer job list  {fmt_time(time.time())}\n")

@@ -8,7 +8,7 @@ from typing import Any, Callable, Optional
 
 import typer
 
-from gpulayer.cli.common import fmt_time, parse_duration, style
+from gpulayer.cli.common import fmt_start, fmt_time, parse_duration, style
 from gpulayer.client.api import Client
 from gpulayer.client.jobs import FINISHED_STATES
 from gpulayer.protocol import JOB_STATES
@@ -156,6 +156,28 @@ def clock(seconds: float) -> str:
     return f"{days}-{text}" if days else text
 
 
+def start_line(job: dict, now: float) -> Optional[str]:
+    """A waiting job's expected start, "starts about 14:20, in 35 min", or why it has none ("start unknown:
+    held: ..."); None for a job that does not wait to start (or a server from before estimates)."""
+    if job.get("estimated_start_at") is not None:
+        return f"starts about {fmt_start(job['estimated_start_at'], now)}"
+    if job.get("estimate_reason"):
+        return f"start unknown: {job['estimate_reason']}"
+    return None
+
+
+def start_cell(job: dict, now: float) -> str:
+    """`job list --start`'s START: "14:20, in 35 min", or N/A (as squeue --start) when none is known."""
+    at = job.get("estimated_start_at")
+    return "N/A" if at is None else fmt_start(at, now)
+
+
+def start_order(job: dict) -> tuple:
+    """The sort key of `job list --start`: soonest expected start first, then those with none, by id."""
+    at = job.get("estimated_start_at")
+    return (at is None, at or 0.0, job["id"])
+
+
 #: `job list --format`'s columns, as squeue's -o: name → (header, the cell of a job at `now`).
 COLUMNS: dict[str, tuple[str, Callable[[dict, float], Any]]] = {
     "id": ("ID", lambda j, now: j["id"]),
@@ -170,10 +192,13 @@ COLUMNS: dict[str, tuple[str, Callable[[dict, float], Any]]] = {
     "cputime": ("CPUTIME", lambda j, now: held_time(j, now, "cpus")),
     "gputime": ("GPUTIME", lambda j, now: held_time(j, now, "gpus")),
     "created": ("CREATED", lambda j, now: fmt_time(j.get("created_at"))),
+    "start": ("START", start_cell),
     "command": ("COMMAND", lambda j, now: _command(j)),
 }
 DEFAULT_COLUMNS = ["id", "state", "exit", "name", "prio", "worker", "elapsed", "created", "command"]
 OWNER_COLUMNS = [*DEFAULT_COLUMNS[:4], "user", "project", *DEFAULT_COLUMNS[4:]]
+START_COLUMNS = ["id", "state", "name", "prio", "start", "created", "command"]  # `job list --start`, as squeue --start
+WAITING_STATES = ["queued", "waiting"]
 HEADERS = [COLUMNS[c][0] for c in DEFAULT_COLUMNS]
 
 

@@ -101,6 +101,16 @@ IngressMaxRequestsPerClient = Annotated[int, typer.Option(
     "--ingress-max-requests-per-client", min=1, metavar="N",
     help="Requests through the ingress at once from one client address (behind a reverse proxy: all of "
          "them); past it 429 too_many_requests.")]
+EstimateInterval = Annotated[str, typer.Option(
+    "--estimate-interval", callback=duration_option("--estimate-interval", positive=True), metavar="DURATION",
+    help="Start-time estimates: a forecast of the waiting jobs at least this often, sooner as the queue changes "
+         "(docs/scheduling-time.md).")]
+EstimateMaxJobs = Annotated[int, typer.Option(
+    "--estimate-max-jobs", min=0, metavar="N",
+    help="Start-time estimates: the waiting jobs a forecast estimates, best first; the rest answer null with a reason.")]
+EstimateHorizon = Annotated[str, typer.Option(
+    "--estimate-horizon", callback=duration_option("--estimate-horizon", positive=True), metavar="DURATION",
+    help="Start-time estimates: a start later than this after now is not estimated (null, beyond the horizon).")]
 ReadTimeout = Annotated[str, typer.Option(
     "--read-timeout", callback=duration_option("--read-timeout", positive=True), metavar="DURATION",
     help="One read of the state file past this is stopped and answered 503 read_timeout (seconds, 1m, ...).")]
@@ -254,6 +264,9 @@ def server_start(
     backfill_depth: BackfillDepth = BACKFILL_DEPTH,
     backfill_max_jobs: BackfillMaxJobs = BACKFILL_MAX_JOBS,
     default_runtime: DefaultRuntime = f"{DEFAULT_RUNTIME_S:g}",
+    estimate_interval: EstimateInterval = "30",
+    estimate_max_jobs: EstimateMaxJobs = 500,
+    estimate_horizon: EstimateHorizon = "7d",
 ) -> None:
     """Run the control plane in the foreground until SIGTERM or Ctrl-C.
 
@@ -269,6 +282,8 @@ def server_start(
                                 tls_key=tls_key, allow_insecure_remote=allow_insecure_remote, http=http.value,
                                 replicate=replicate, replicate_interval_s=float(replicate_interval),
                                 max_heartbeats_per_s=max_heartbeats_per_s,
+                                estimate_interval_s=float(estimate_interval), estimate_max_jobs=estimate_max_jobs,
+                                estimate_horizon_s=float(estimate_horizon),
                                 **_policy_settings(preempt_grace, max_grace, max_queued_elements, priority_class,
                                                    fairshare_half_life, checkpoint_keep, read_timeout),
                                 **_backfill_settings(backfill, backfill_depth, backfill_max_jobs, default_runtime),

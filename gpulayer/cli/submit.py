@@ -14,7 +14,7 @@ import typer
 
 from gpulayer.cli.common import (
     client_of, exit_code_of, fail, global_options, home_of, parse_duration, parse_pairs,
-    print_json, style,
+    print_json, start_parts, style,
 )
 from gpulayer.cli.following import follow_logs, tell_ended, tell_waiting
 from gpulayer.client.errors import ClientError, InvalidRequest, ServiceNotStarting, WaitTimeout
@@ -120,6 +120,7 @@ MaxFailedStartsOpt = Annotated[Optional[int], _opt("--max-failed-starts", help=f
 FollowOpt = Annotated[bool, _opt("--follow", help="Stream the logs, then exit with the job's exit code.")]
 AsJsonOpt = Annotated[bool, _opt("--json", help="Print the Job as JSON instead of its id.")]
 FileOpt = Annotated[Optional[Path], _opt("--file", "-f", help="A TOML file of JobSpec fields, as gl.job() takes them (options and a command after `--` override it).", exists=True, dir_okay=False)]
+TestOnlyOpt = Annotated[bool, _opt("--test-only", help="Say when it would start if submitted now, and on which workers, or why it could never run (exit 1); submit nothing (sbatch --test-only).")]
 DryRunOpt = Annotated[bool, _opt("--dry-run", help="Print the JobSpec that would be sent, and send nothing.")]
 CancelOnInterruptOpt = Annotated[Optional[bool], _opt("--cancel-on-interrupt/--no-cancel-on-interrupt", help="Ctrl-C during --wait/--follow cancels the job (default: yes with --target local, no against a server).", show_default=False)]
 
@@ -142,7 +143,7 @@ def submit(
     mail_type: MailTypeOpt = None, mail_user: MailUserOpt = None, wait: WaitOpt = False,
     wait_timeout: WaitTimeoutOpt = None, max_failed_starts: MaxFailedStartsOpt = None, follow: FollowOpt = False,
     as_json: AsJsonOpt = False, file: FileOpt = None, dry_run: DryRunOpt = False,
-    cancel_on_interrupt: CancelOnInterruptOpt = None,
+    cancel_on_interrupt: CancelOnInterruptOpt = None, test_only: TestOnlyOpt = False,
 ) -> None:
     """Submit a job (or a service): prints the job id on the first line of stdout.
 
@@ -152,6 +153,7 @@ def submit(
       gpulayer submit -f job.toml --dry-run
       gpulayer submit --array 0-999%16 -- python sweep.py
       gpulayer submit --after 41 -- python evaluate.py
+      gpulayer submit --gpus 4 --test-only -- python train.py
     """
     settings = dict(
         name=name, env=parse_pairs(env, "--env") or None, accelerator=accelerator, gpus=gpus,
@@ -185,6 +187,10 @@ def submit(
     remote = target == Target.remote or (target is None and server_configured(opts.url, opts.home))
     if mail and not remote:
         raise fail("--mail-type needs a control plane (one started with --smtp-url)", 2)
+    if test_only:
+        if not remote:
+            raise fail("--test-only needs a control plane: run `gpulayer up`, or pass --url / GPULAYER_URL", 2)
+        raise typer.Exit(_test_only(client_of(ctx).estimate(spec, project), as_json))
     if not remote:
         if spec.get("service"):
             raise fail("--service needs a control plane: run `gpulayer up`, or pass --url / GPULAYER_URL", 2)
@@ -332,6 +338,24 @@ def _build_spec(command, file: Optional[Path], service: bool, settings: dict, se
                                  "--service (without it the job runs once, as a batch job)", param_hint=flags[0]) from None
     except (TypeError, ValueError) as exc:
         raise typer.BadParameter(str(exc), param_hint="--file" if file else None) from None
+
+
+def _test_only(found: dict, as_json: bool) -> int:
+    """`submit --test-only`'s answer (POST /v1/jobs/estimate): "would start about 14:20 (in 35 min) on gpu-03",
+    or why it is not known; exit 1, with the words of its waiting reason, for a spec that could never run."""
+    if as_json:
+        print_json(found)
+    elif found["estimated_start_at"] is not None:
+        when, ahead = start_parts(found["estimated_start_at"], found["now"])
+        where = f" on {', '.join(found['workers'])}" if found["workers"] else ""
+        typer.echo(f"would start {when if when == 'now' else f'about {when} ({ahead})'}{where}")
+    elif found["runnable"]:
+        typer.echo(f"start unknown: {found['estimate_reason']}")
+    if not found["runnable"]:
+        if not as_json:
+            typer.echo(f"Error: {found['estimate_reason']}", err=True)
+        return 1
+    return 0
 
 
 def _submit_remote(ctx, spec, wait, follow, as_json, cancel_on_interrupt: bool, project: Optional[str] = None,

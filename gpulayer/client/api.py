@@ -147,6 +147,15 @@ class Client:
             prepared = {**prepared, "mail": mail}
         return Job(self, self.call("POST", "/jobs", json=prepared))
 
+    def estimate(self, spec: dict, project: str | None = None) -> dict:
+        """What-if (Slurm's `sbatch --test-only`): when a job of this spec would start if submitted now, without
+        submitting it: {"estimated_start_at" (Unix seconds or None), "estimate_reason", "workers", "runnable",
+        "now"}. What it names by local path is uploaded first, as for submit; the same errors as submit."""
+        prepared = transfers.prepare_spec(self, spec)
+        if project is not None:
+            prepared = {**prepared, "project": project}
+        return self.call("POST", "/jobs/estimate", json=prepared)
+
     def get_job(self, job_id: int | str) -> "Job":
         """The Job with this id (NotFound when there is none)."""
         return Job(self, self.call("GET", f"/jobs/{_job_id(job_id)}"))

@@ -1,6 +1,7 @@
 """A submitted job, followed from the client: its state, logs, waits, endpoints and outputs (`Job`)."""
 from __future__ import annotations
 
+import datetime
 import subprocess
 import time
 from pathlib import Path
@@ -48,6 +49,13 @@ class Job:
     def status(self) -> str:
         """The job's state as a plain string: "queued", "running", "succeeded", ..."""
         return self.info()["state"]
+
+    def estimated_start(self) -> datetime.datetime | None:
+        """When the job is expected to start (fetched anew; an aware datetime, UTC), from the control plane's
+        latest forecast; None once it started, or when that cannot be known (`data["estimate_reason"]` says
+        why: held, after a job that has not ended, no worker could ever run it, ...)."""
+        at = self.info().get("estimated_start_at")
+        return None if at is None else datetime.datetime.fromtimestamp(at, datetime.timezone.utc)
 
     @property
     def exit_code(self) -> int | None:

@@ -133,6 +133,12 @@ class ControlPlaneConfig:
     smtp_url: str | None = None
     smtp_from: str = "gpulayer@localhost"
     alert_time_limit_s: float = 2.0
+    # Start-time estimates (issue 38, scheduler/forecast.py, docs/scheduling-time.md): a forecast at least
+    # this often (`--estimate-interval`), of at most this many waiting jobs (`--estimate-max-jobs`), up to
+    # this far ahead (`--estimate-horizon`).
+    estimate_interval_s: float = 30.0
+    estimate_max_jobs: int = 500
+    estimate_horizon_s: float = 7 * 86400.0
 
     @property
     def layout(self) -> HomeLayout:

@@ -72,6 +72,9 @@ def check_config(config: ControlPlaneConfig) -> None:
         raise ConfigError("--log-retention, --job-retention and --gpu-sample-retention must be longer than zero")
     if config.read_timeout_s <= 0:
         raise ConfigError("--read-timeout must be longer than zero")
+    if config.estimate_interval_s <= 0 or config.estimate_horizon_s <= 0 or config.estimate_max_jobs < 0:
+        raise ConfigError("--estimate-interval and --estimate-horizon must be longer than zero, "
+                          "--estimate-max-jobs 0 or more")
     if config.synchronous not in ("normal", "full"):
         raise ConfigError("--synchronous must be normal or full")
     if config.http not in ("cheroot", "granian"):
@@ -318,11 +321,15 @@ def upkeep_jobs(deps: Deps) -> list[Job]:
                         unnamed_retention_s=config.unnamed_retention_s)
         deps.artifacts.sweep_tmp()
 
+    def estimates() -> None:  # on a thread of its own (runtime/estimates.py): no other job waits for it
+        scheduler.estimates.tick(scheduler.generation)
+
     return [Job("cascades", 0, cascades), Job("expire", 0, expire),
             Job("fairshare", ledger.RUNNING_REFRESH_S, fairshare), Job("begin_due", 0, begin_due),
             Job("preempt", 0, preempt), Job("reservations", 0, reserve), Job("drains", 0, drains),
             Job("prune", config.prune_interval_s, prune, first_s=min(config.prune_interval_s, 60.0)),
-            Job("sweep", config.artifact_sweep_interval_s, sweep, first_s=config.artifact_sweep_interval_s)]
+            Job("sweep", config.artifact_sweep_interval_s, sweep, first_s=config.artifact_sweep_interval_s),
+            Job("estimates", 0, estimates)]
 
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
@@ -372,6 +379,8 @@ def settings_line(config: ControlPlaneConfig) -> str:
         "upload_quota_mb": config.upload_quota_bytes // 1024 ** 2,
         "project_upload_quota_mb": config.project_upload_quota_bytes // 1024 ** 2,
         "unnamed_retention_s": config.unnamed_retention_s,
+        "estimate_interval_s": config.estimate_interval_s, "estimate_max_jobs": config.estimate_max_jobs,
+        "estimate_horizon_s": config.estimate_horizon_s,
     }
     return " ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={str(v).lower() if isinstance(v, bool) else v}"
                     for k, v in given.items())

@@ -209,6 +209,21 @@ def test_queued_jobs_says_why_each_waits(client: falcon.testing.TestClient) -> N
     assert body["rows"][0][0] == 3  # highest priority first
 
 
+def test_queued_jobs_carries_the_latest_forecast(state) -> None:
+    import apsw
+    db = apsw.Connection(str(state))
+    db.execute("INSERT INTO estimates (job_id, start_at, reason, workers, forecast_at) VALUES"
+               " (6, ?, NULL, '[\"gpu-a\"]', ?), (5, NULL, 'no worker could ever run it: ...', '[]', ?)",
+               (NOW + 600, NOW, NOW))
+    db.close()
+    client = falcon.testing.TestClient(create_app(str(state), clock=lambda: NOW))
+    body = client.simulate_get("/-/queries/queued_jobs.json").json
+    at, why = body["columns"].index("estimated_start_at"), body["columns"].index("estimate_reason")
+    found = {row[0]: (row[at], row[why]) for row in body["rows"]}
+    assert found[6] == (NOW + 600, None) and found[5] == (None, "no worker could ever run it: ...")
+    assert found[7] == (None, None)  # not in the forecast (yet)
+
+
 def test_canned_queries_answer_their_question(client: falcon.testing.TestClient) -> None:
     running = client.simulate_get("/-/queries/running_tasks.json").json
     endpoint = running["columns"].index("endpoint")

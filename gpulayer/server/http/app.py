@@ -166,6 +166,7 @@ ROUTES = [
     ("/v1/worker/finish-many", resources.FinishMany, None),
     ("/v1/worker/checkpoint", resources.WorkerCheckpoint, None),
     ("/v1/jobs", resources.Jobs, None),
+    ("/v1/jobs/estimate", resources.Jobs, "estimate"),
     ("/v1/jobs/{job_id:int}", resources.Job, None),
     ("/v1/jobs/{job_id:int}/relay", relay_routes.JobRelay, None),
     ("/v1/jobs/{job_id:int}/cancel", resources.Job, "cancel"),

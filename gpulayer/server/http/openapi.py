@@ -37,6 +37,19 @@ LEASE_AHEAD = {"prefetch": {"type": "boolean", "description": "the worker takes 
                "held": {"type": "array", "maxItems": 1024, "items": {"type": "integer"},
                         "description": "task ids the worker holds (queued, running, finishes not yet answered)"}}
 AHEAD = {"ahead": {"type": "array", "items": ASSIGNMENT, "description": "elements leased ahead (with prefetch)"}}
+# issue 38: a waiting job's start-time estimate (docs/scheduling-time.md), in the Job and the what-if's answer
+ESTIMATE = {
+    "estimated_start_at": {"type": ["number", "null"], "description": "when the job is expected to start (Unix "
+                                                                      "seconds), from the latest forecast; null with "
+                                                                      "estimate_reason when that cannot be known"},
+    "estimate_reason": {"type": ["string", "null"], "description": "why estimated_start_at is null (held, after a job "
+                                                                   "that has not ended, no worker could ever run it, "
+                                                                   "beyond the horizon, not estimated yet)"}}
+WHAT_IF = {"type": "object", "required": ["estimated_start_at", "estimate_reason", "workers", "runnable", "now"],
+           "properties": {**ESTIMATE, "workers": {"type": "array", "items": {"type": "string"},
+                                                  "description": "the workers it would start on"},
+                          "runnable": {"type": "boolean", "description": "false when no worker could ever run it"},
+                          "now": NUM}}
 JOB = {"type": "object", "required": ["id", "state", "created_at", "spec", "tasks"], "properties": {
     "id": {"type": "integer"}, "name": {"type": ["string", "null"]}, "state": {"type": "string"},
     "created_at": {"type": "number"}, "spec": {"type": "object"}, "tasks": {"type": "array"},
@@ -54,7 +67,8 @@ JOB = {"type": "object", "required": ["id", "state", "created_at", "spec", "task
     "reservation": {"type": ["object", "null"], "description": "EASY backfill: the room a waiting job holds from "
                                                                "`start_at` on `workers` (docs/scheduling-time.md), "
                                                                "else null", "properties": {
-        "workers": {"type": "array", "items": {"type": "string"}}, "start_at": {"type": "number"}}}}}
+        "workers": {"type": "array", "items": {"type": "string"}}, "start_at": {"type": "number"}}},
+    **ESTIMATE}}
 # A checkpoint's manifest (docs/training.md): every regular file of the task's GPULAYER_CHECKPOINT_DIR.
 CHECKPOINT_FILES = {"type": "array", "maxItems": 100_000, "items": json_schema(CheckpointFile)}
 CHECKPOINT_BODY = {"type": "object", "required": ["files"], "properties": {"files": CHECKPOINT_FILES},
@@ -173,11 +187,14 @@ REQUEST_BODIES = {
         "priority": {"type": ["integer", "string"], "description": "a number, or a priority class's name"},
         "timeout_seconds": {"type": ["number", "string", "null"], "description": "seconds, or a duration's text"}}},
 }
+# the what-if (issue 38) takes what a submit takes
+REQUEST_BODIES[("/v1/jobs/estimate", "post")] = REQUEST_BODIES[("/v1/jobs", "post")]
 # no body: the whole job; hold and release take none
 OPTIONAL_BODIES = {("/v1/jobs/{job_id}/cancel", "post"), ("/v1/jobs/{job_id}/hold", "post"),
                    ("/v1/jobs/{job_id}/release", "post"), ("/v1/jobs/{job_id}/requeue", "post")}
 RESPONSES: dict[tuple[str, str], tuple[str, dict]] = {
     ("/v1/jobs", "post"): ("201", JOB),
+    ("/v1/jobs/estimate", "post"): ("200", WHAT_IF),
     ("/v1/jobs/{job_id}", "get"): ("200", JOB),
     ("/v1/jobs/{job_id}/gpus", "get"): ("200", JOB_GPUS),
     ("/v1/jobs/{job_id}", "patch"): ("200", JOB),

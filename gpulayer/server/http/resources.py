@@ -34,6 +34,10 @@ class Resource:
         self.sched = deps.scheduler
         self.store = deps.store
 
+    def shown(self, req, job: dict) -> dict:
+        """A rendered Job as the wire carries it: its ingress URL and its start-time estimate."""
+        return self.sched.estimates.apply(with_ingress_url(req, job))
+
 
 class Health(Resource):
     auth = ()
@@ -226,7 +230,7 @@ class Jobs(Resource):
         job_id = self.sched.submit(body, req.context.principal, project, mailbox)  # the job and its mailbox: one write
         resp.status = falcon.HTTP_201
         resp.location = f"/v1/jobs/{job_id}"
-        resp.media = with_ingress_url(req, self.store.read(views.rendered_for, req.context.principal, job_id))
+        resp.media = self.shown(req, self.store.read(views.rendered_for, req.context.principal, job_id))
 
     def on_get(self, req, resp):
         state, name = req.get_param("state"), req.get_param("name")
@@ -239,8 +243,17 @@ class Jobs(Resource):
                    "all": req.get_param_as_bool("all", default=False)}
         limit, before = paging.params(req, "/v1/jobs")
         found, more = self.store.read(views.listing, req.context.principal, filters, limit, before)
-        resp.media = paging.answer("jobs", found, more, "id")
+        resp.media = paging.answer("jobs", [self.sched.estimates.apply(job) for job in found], more, "id")
 
+    def on_post_estimate(self, req, resp):
+        """What-if: when a job of this body (as POST /v1/jobs takes it) would start if the caller submitted it
+        now; nothing is submitted. The same 4xx as a submit."""
+        body = wire.read_json(req)
+        project = body.pop("project", None)
+        targets.parse_mailbox(body.pop("mail", None), smtp=bool(self.deps.config.smtp_url))  # checked as submit does
+        found = self.sched.estimate(body, req.context.principal, project)
+        resp.media = {"estimated_start_at": found.at, "estimate_reason": found.reason, "workers": list(found.workers),
+                      "runnable": not found.never, "now": self.deps.clock()}
 
 def with_ingress_url(req, job: dict) -> dict:
     """`job` with its `ingress_url`: where the control plane proxies to the service (`service.ingress`), on the
@@ -259,37 +272,37 @@ class Job(Resource):
         except InvalidRequest:  # a job the caller may not see is 404, whatever its query (ids do not leak)
             self.store.read(teams.check_job, req.context.principal, job_id, "see")
             raise
-        resp.media = with_ingress_url(req, self.store.read(views.job, req.context.principal, job_id, index))
+        resp.media = self.shown(req, self.store.read(views.job, req.context.principal, job_id, index))
 
     @falcon.before(_job_access, "manage", "cancel it")
     def on_post_cancel(self, req, resp, job_id):
         index = wire.cancel_index(wire.read_json(req, allow_empty=True))
         self.sched.cancel(job_id, index)
-        resp.media = with_ingress_url(req, self.store.read(views.job, req.context.principal, job_id, index))
+        resp.media = self.shown(req, self.store.read(views.job, req.context.principal, job_id, index))
 
     @falcon.before(_job_access, "manage", "change it")
     def on_patch(self, req, resp, job_id):
         changes = wire.job_update(wire.read_json(req))
         self.sched.update_job(req.context.principal, job_id, changes)
-        resp.media = self.store.read(views.job, req.context.principal, job_id)
+        resp.media = self.sched.estimates.apply(self.store.read(views.job, req.context.principal, job_id))
 
     @falcon.before(_job_access, "manage", "hold it")
     def on_post_hold(self, req, resp, job_id):
         wire.empty_body(wire.read_json(req, allow_empty=True), "hold")
         self.sched.hold(job_id)
-        resp.media = self.store.read(views.job, req.context.principal, job_id)
+        resp.media = self.sched.estimates.apply(self.store.read(views.job, req.context.principal, job_id))
 
     @falcon.before(_job_access, "manage", "release it")
     def on_post_release(self, req, resp, job_id):
         wire.empty_body(wire.read_json(req, allow_empty=True), "release")
         self.sched.release(job_id)
-        resp.media = self.store.read(views.job, req.context.principal, job_id)
+        resp.media = self.sched.estimates.apply(self.store.read(views.job, req.context.principal, job_id))
 
     @falcon.before(_job_access, "manage", "requeue it")
     def on_post_requeue(self, req, resp, job_id):
         index, hold = wire.requeue(wire.read_json(req, allow_empty=True))
         self.sched.requeue(job_id, index, hold)
-        resp.media = self.store.read(views.job, req.context.principal, job_id)
+        resp.media = self.sched.estimates.apply(self.store.read(views.job, req.context.principal, job_id))
 
     @falcon.before(_job_access, "read")
     def on_get_logs(self, req, resp, job_id):

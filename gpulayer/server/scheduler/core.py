@@ -14,11 +14,11 @@ from gpulayer.server.errors import InvalidRequest, NotFound
 from gpulayer.server.replication.restore import skip_lost_event_seqs
 from gpulayer.server.runtime import cadence
 from gpulayer.server.runtime.gpu_samples import Sample
-from gpulayer.server.scheduler import (access, aging, cordons, gpu_health, gpu_samples, jobcontrol, jobs,
+from gpulayer.server.scheduler import (access, aging, cordons, forecast, gpu_health, gpu_samples, jobcontrol, jobs,
                                        leases, ledger, preemption, provisioning, reservations, secrets, sessions,
                                        teams, tokens, workers)
 from gpulayer.server.scheduler.notifications import Notifications, submitted_with_mail
-from gpulayer.server.scheduler.spec import priority_number, validate_job
+from gpulayer.server.scheduler.spec import ValidSpec, priority_number, validate_job
 from gpulayer.server.scheduler.worker_requests import WorkerRequests
 from gpulayer.server.security.auth import Principal, new_jti, new_token
 from gpulayer.server.store.queries import QUERIES
@@ -46,10 +46,7 @@ class Scheduler(WorkerRequests, Notifications):
         principal: the first admin); returns the job id. `mailbox` (notify.targets.parse_mailbox's): a mailbox
         for the job's events from its first on, added in the same transaction as the job (both or neither).
         Raises InvalidRequest, Forbidden."""
-        spec = validate_job(raw_spec, self.config.priority_classes)
-        if spec.grace_seconds is not None and spec.grace_seconds > self.config.max_grace_s:
-            raise InvalidRequest(f"grace_seconds: {spec.grace_seconds:g} is over this server's limit of "
-                                 f"{self.config.max_grace_s:g} seconds (--max-grace)", code="grace_above_limit")
+        spec = self._valid_spec(raw_spec)
         principal = principal or ADMIN
         cap = self.config.max_queued_elements
         # The cap is counted on a reader (a walk of up to `cap` index entries, off the writer); one
@@ -68,6 +65,30 @@ class Scheduler(WorkerRequests, Notifications):
                 self._queued_bounds[user_id] = bound + adding
             self.cascades.drive([], until_ended=job_id, inline=0)  # its own steps left, if any, before the answer
             return job_id
+
+    def _valid_spec(self, raw_spec) -> ValidSpec:
+        """The JobSpec as submit takes it: validated, its grace within --max-grace (InvalidRequest otherwise)."""
+        spec = validate_job(raw_spec, self.config.priority_classes)
+        if spec.grace_seconds is not None and spec.grace_seconds > self.config.max_grace_s:
+            raise InvalidRequest(f"grace_seconds: {spec.grace_seconds:g} is over this server's limit of "
+                                 f"{self.config.max_grace_s:g} seconds (--max-grace)", code="grace_above_limit")
+        return spec
+
+    def estimate(self, raw_spec, principal: Principal | None = None, project: str | None = None) -> forecast.Estimate:
+        """When a job of this spec would start if `principal` submitted it now (`submit --test-only`): the submit's
+        validation and admission (its errors: InvalidRequest, Forbidden, TooManyQueued) and the forward replay,
+        on a copy of the state file; nothing is submitted."""
+        spec = self._valid_spec(raw_spec)
+        principal = principal or ADMIN
+        user_id, cap, now = principal.user_id or teams.ADMIN_USER_ID, self.config.max_queued_elements, self.clock()
+        copy = self.store.read(forecast.snapshot)
+        try:
+            if cap:
+                jobs.check_queued_elements(copy, principal.user or f"#{user_id}", user_id, len(jobs.elements(spec)), cap)
+            return forecast.what_if(copy, lambda conn: teams.submit(conn, principal, project, spec, now), now,
+                                    horizon_s=self.config.estimate_horizon_s, max_starts=self.config.estimate_max_jobs)
+        finally:
+            copy.close()
 
     def _submitting(self, user_id: int) -> threading.Lock:
         """The lock one user's submits take in turn (TooManyQueued's count and the write)."""

@@ -13,11 +13,12 @@ from typing import Callable
 from gpulayer.server.config import ControlPlaneConfig
 from gpulayer.server.runtime import cadence, gpu_samples, renewals
 from gpulayer.server.runtime.cascades import Cascades
+from gpulayer.server.runtime.estimates import Estimates
 from gpulayer.server.runtime.follow import LogFollowers
 from gpulayer.server.runtime.ingress_counters import Counters
 from gpulayer.server.runtime.pace import Pace
 from gpulayer.server.runtime.relay_wants import Wants
-from gpulayer.server.scheduler import cascades, gauges, outcomes, reconcile
+from gpulayer.server.scheduler import cascades, forecast, gauges, outcomes, reconcile
 from gpulayer.server.security.auth import Authenticator
 from gpulayer.server.security.secretbox import SecretBox
 from gpulayer.server.store.artifacts import ArtifactStore
@@ -72,6 +73,14 @@ class Facade:
         self.relay = Wants(self.wake)
         # Requests and bytes through the services' ingress (ingress.py; the proxy is server/relay/ingress.py).
         self.ingress = Counters()
+        # The latest start-time forecast of the waiting jobs, and when to make the next (runtime/estimates.py).
+        self.estimates = Estimates(store, clock, interval_s=config.estimate_interval_s,
+                                   max_jobs=config.estimate_max_jobs, horizon_s=config.estimate_horizon_s,
+                                   publish=self.record_forecast)
+
+    def record_forecast(self, made: forecast.Forecast) -> int:
+        """A forecast's estimates into the `estimates` table, the last one's replaced (one write)."""
+        return self._write(forecast.record, made)
 
     # -- wake-up -------------------------------------------------------------
 
@@ -87,6 +96,12 @@ class Facade:
             self._closing = True
             self._generation += 1
             self._wake.notify_all()
+
+    @property
+    def generation(self) -> int:
+        """How many times something may have become placeable (a wake-up): it moves as the queue changes."""
+        with self._wake:
+            return self._generation
 
     @property
     def parked_acquires(self) -> int:

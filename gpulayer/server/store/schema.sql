@@ -9,10 +9,11 @@
 -- Sections, in this order: tokens and teams; workers; jobs and tasks; the queue (shapes,
 -- task_queue); events and logs; artifacts, rendezvous, secrets, provisioning; views for ops;
 -- fit (which workers a shape and a job fit); quotas, fair share, the usage ledger, preemption,
--- reservations and backfill (job_runtime_model, task_expected_end, reservations), quotas' use now
+-- reservations and backfill (job_runtime_model, task_expected_end, reservations), start-time estimates
+-- (estimates), quotas' use now
 -- and as admission reads them; the claim (claimable_groups, claimable_tasks, claimable_batch).
 
-PRAGMA user_version = 27;
+PRAGMA user_version = 28;
 
 -- ---------------------------------------------------------------------------------------
 -- Tokens and teams: tokens, users, projects, memberships.
@@ -1286,6 +1287,20 @@ SELECT r.worker_id, r.job_id, r.start_at,
        - (SELECT total(x.memory_mb) FROM reservations x WHERE x.worker_id = r.worker_id AND x.start_at <= r.start_at)
        AS gain_memory_mb
 FROM reservations r;
+
+-- Start-time estimates: the latest forecast's answer for each waiting job it estimated
+-- (scheduler/forecast.py: the placement rules replayed forward on a copy of this file, with each
+-- task's typical run from job_runtime_model), rewritten whole after each forecast; the Job's
+-- `estimated_start_at` is the same forecast's. A row of a job that started since is stale until the
+-- next forecast: read it beside jobs.state IN ('queued', 'waiting').
+CREATE TABLE estimates (
+    job_id       INTEGER PRIMARY KEY,
+    start_at     REAL,                -- when it is expected to start; NULL: it cannot be known (`reason`)
+    reason       TEXT,                -- why start_at is NULL (held, after a job that has not ended, ...)
+    workers      TEXT NOT NULL DEFAULT '[]' CHECK (json_valid(workers)),  -- names it would start on
+    forecast_at  REAL NOT NULL,       -- the forecast's time (the copy's `now`)
+    CHECK ((start_at IS NULL) = (reason IS NOT NULL))
+) STRICT;
 
 -- ---------------------------------------------------------------------------------------
 -- Quotas' use now: project_load, project_quota_use; as admission reads them: queue_group_quota,
