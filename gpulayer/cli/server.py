@@ -282,11 +282,10 @@ def server_start(
                                 tls_key=tls_key, allow_insecure_remote=allow_insecure_remote, http=http.value,
                                 replicate=replicate, replicate_interval_s=float(replicate_interval),
                                 max_heartbeats_per_s=max_heartbeats_per_s,
-                                estimate_interval_s=float(estimate_interval), estimate_max_jobs=estimate_max_jobs,
-                                estimate_horizon_s=float(estimate_horizon),
                                 **_policy_settings(preempt_grace, max_grace, max_queued_elements, priority_class,
                                                    fairshare_half_life, checkpoint_keep, read_timeout),
-                                **_backfill_settings(backfill, backfill_depth, backfill_max_jobs, default_runtime),
+                                **_time_settings(backfill, backfill_depth, backfill_max_jobs, default_runtime,
+                                                 estimate_interval, estimate_max_jobs, estimate_horizon),
                                 **_upload_settings(upload_quota_mb, project_upload_quota_mb, unnamed_retention),
                                 **_relay_settings(relay_max_streams_per_user, relay_max_streams_per_job, relay_idle_timeout,
                                                   ingress_max_requests_per_job, ingress_max_requests_per_client,
@@ -316,10 +315,13 @@ def _policy_settings(preempt_grace, max_grace, max_queued_elements, priority_cla
                 checkpoint_keep=checkpoint_keep, read_timeout_s=float(read_timeout))
 
 
-def _backfill_settings(backfill, depth, max_jobs, default_runtime) -> dict:
-    """The ControlPlaneConfig fields of reservations and backfill (docs/scheduling-time.md)."""
+def _time_settings(backfill, depth, max_jobs, default_runtime, estimate_interval, estimate_max_jobs,
+                   estimate_horizon) -> dict:
+    """The ControlPlaneConfig fields of reservations, backfill and start-time estimates (docs/scheduling-time.md)
+    that `server start` and `up` take."""
     return dict(backfill=backfill == OnOff.on, backfill_depth=depth, backfill_max_jobs=max_jobs,
-                default_runtime_s=float(default_runtime))
+                default_runtime_s=float(default_runtime), estimate_interval_s=float(estimate_interval),
+                estimate_max_jobs=estimate_max_jobs, estimate_horizon_s=float(estimate_horizon))
 
 
 def _upload_settings(upload_quota_mb, project_upload_quota_mb, unnamed_retention) -> dict:
@@ -500,6 +502,8 @@ def up(ctx: typer.Context, home: Home = None,
        fairshare_half_life: FairshareHalfLife = None, checkpoint_keep: CheckpointKeep = 3,
        backfill: BackfillOpt = OnOff.on, backfill_depth: BackfillDepth = BACKFILL_DEPTH,
        backfill_max_jobs: BackfillMaxJobs = BACKFILL_MAX_JOBS, default_runtime: DefaultRuntime = f"{DEFAULT_RUNTIME_S:g}",
+       estimate_interval: EstimateInterval = "30", estimate_max_jobs: EstimateMaxJobs = 500,
+       estimate_horizon: EstimateHorizon = "7d",
        read_timeout: ReadTimeout = "10", upload_quota_mb: UploadQuotaMB = UPLOAD_QUOTA_BYTES // 1024 ** 2,
        project_upload_quota_mb: ProjectUploadQuotaMB = PROJECT_UPLOAD_QUOTA_BYTES // 1024 ** 2,
        unnamed_retention: UnnamedRetention = f"{UNNAMED_RETENTION_S:g}",
@@ -529,7 +533,8 @@ def up(ctx: typer.Context, home: Home = None,
                                               log_retention, job_retention, gpu_sample_retention),
                             **_policy_settings(preempt_grace, max_grace, max_queued_elements, priority_class,
                                                fairshare_half_life, checkpoint_keep, read_timeout),
-                            **_backfill_settings(backfill, backfill_depth, backfill_max_jobs, default_runtime),
+                            **_time_settings(backfill, backfill_depth, backfill_max_jobs, default_runtime,
+                                             estimate_interval, estimate_max_jobs, estimate_horizon),
                             **_upload_settings(upload_quota_mb, project_upload_quota_mb, unnamed_retention),
                             **_notify_settings(allow_private_webhooks, smtp_url, smtp_from, webhook_retry_base,
                                                webhook_retry_for, webhook_concurrency)))

@@ -25,7 +25,8 @@ def test_up_passes_the_notification_options_to_its_control_plane(tmp_path):
          "--gpu-sample-retention", "3d", "--webhook-concurrency", "3", "--webhook-retry-base", "2", "--webhook-retry-for", "1h",
          "--preempt-grace", "7", "--max-grace", "90", "--max-queued-elements", "500", "--priority-class", "urgent=50",
          "--fairshare-half-life", "2d", "--checkpoint-keep", "5", "--read-timeout", "4", "--upload-quota-mb", "1",
-         "--project-upload-quota-mb", "2", "--unnamed-retention", "1h"],
+         "--project-upload-quota-mb", "2", "--unnamed-retention", "1h", "--estimate-interval", "45",
+         "--estimate-max-jobs", "50", "--estimate-horizon", "2d"],
         env=clean_env(GPULAYER_HOME=str(home), PYTHONUNBUFFERED="1"), stdout=open(log, "w"), stderr=subprocess.STDOUT)
     try:
         wait_for(lambda: up.poll() is not None or "gpulayer join" in log.read_text(), 60, "`up` to print its join line")
@@ -35,7 +36,8 @@ def test_up_passes_the_notification_options_to_its_control_plane(tmp_path):
                          "smtp_from=up@example.org", "webhook_concurrency=3", "webhook_retry_base_s=2", "webhook_retry_for_s=3600",
                          "preempt_grace_s=7", "max_grace_s=90", "max_queued_elements=500", "fairshare_half_life_s=172800",
                          "checkpoint_keep=5", "read_timeout_s=4", "upload_quota_mb=1", "project_upload_quota_mb=2",
-                         "unnamed_retention_s=3600"):
+                         "unnamed_retention_s=3600", "estimate_interval_s=45", "estimate_max_jobs=50",
+                         "estimate_horizon_s=172800"):
             assert expected in settings, settings
         env = {"GPULAYER_HOME": str(home)}
         # A loopback webhook is accepted (--allow-private-webhooks) and a mailbox too (--smtp-url): both delivered.
