@@ -172,3 +172,24 @@ def test_a_window_without_recorded_jobs_is_refused(sched, clock, config):
     _history(sched, clock)
     with pytest.raises(pr.ReplayError, match="no recorded jobs in the window"):
         _report(config, [], since=T0 + 1000, until=T0 + 2000)
+
+
+def test_a_priority_class_moved_reorders_the_queue(sched, clock, config):
+    """One 4-GPU worker busy until T0+100; a normal job queued at T0+1, a high one (10) at T0+2. As they are the
+    high one goes first; with priority_class.high=-20 the normal one does."""
+    clock.now = T0 - 10
+    w = add_worker(sched, "w1", gpus=4)
+    clock.now = T0
+    sched.submit(job(name="x", gpus=4, timeout_seconds=100))
+    x = _run(sched, clock, [w], T0, T0 + 1)
+    sched.submit(job(name="normal", gpus=4, timeout_seconds=100))
+    clock.now = T0 + 2
+    sched.submit(job(name="high", gpus=4, timeout_seconds=100, priority="high"))
+    _finish(sched, clock, x, T0 + 100)
+    h = _run(sched, clock, [w], T0 + 100, T0 + 100)
+    _finish(sched, clock, h, T0 + 200)
+    n = _run(sched, clock, [w], T0 + 200, T0 + 200)
+    _finish(sched, clock, n, T0 + 300)
+    report = _report(config, ["priority_class.high=-20"])
+    waits = {j["name"]: (j["actual_wait_s"], j["baseline_wait_s"], j["changed_wait_s"]) for j in report["changed_most"]}
+    assert waits == {"high": (98, 98, 198), "normal": (199, 199, 99)}

@@ -213,10 +213,13 @@ def _clock(copy: apsw.Connection, recorded: list[Recorded], changes: list[Change
     return starts
 
 
-def gpu_seconds(copy: apsw.Connection, since: float, until: float) -> dict[str, float]:
-    """GPU-seconds per project of the ledger's runs, clipped to [since, until] (a run still going: to until)."""
+def gpu_seconds(copy: apsw.Connection, since: float, until: float, job_ids: set[int] | None = None) -> dict[str, float]:
+    """GPU-seconds per project of the ledger's runs (of `job_ids` only, when given), clipped to [since, until]
+    (a run still going: to until)."""
     used: dict[str, float] = {}
     for r in rows(copy, "replay_gpu_use", until=until):
+        if job_ids is not None and r["job_id"] not in job_ids:
+            continue
         seconds = r["gpus"] * max(0.0, min(r["ended_at"], until) - max(r["started_at"], since))
         used[r["project"]] = used.get(r["project"], 0.0) + seconds
     return used
@@ -244,7 +247,7 @@ def policy_replay(source: apsw.Connection, since: float, until: float, changes: 
         last_end = max(j.submitted_at + j.run_s for j in recorded)
         capacity = gpus["g"] * (until - since)
         actual = {j.id: j.started_at for j in recorded}
-        runs = {"actual": _summary(recorded, actual, gpu_seconds(source, since, until), capacity)}
+        runs = {"actual": _summary(recorded, actual, gpu_seconds(source, since, until, set(actual)), capacity)}
         starts = {}
         for label, applied in (("baseline", []), ("changed", changes)):
             starts[label], used = run(base, recorded, applied, since, until)

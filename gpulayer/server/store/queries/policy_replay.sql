@@ -54,9 +54,9 @@ UPDATE scheduler_settings SET backfill_depth = :value;
 UPDATE scheduler_settings SET fairshare_half_life_s = :value;
 
 -- name: replay_gpu_use --
--- Every run's GPUs and span, by project: the ledger's, and those still running (to :until).
-SELECT coalesce(p.name, u.project_name, '?') AS project, u.gpus, u.started_at, u.ended_at
+-- Every run's job, GPUs and span, by project: the ledger's, and those still running (to :until).
+SELECT u.job_id, coalesce(p.name, u.project_name, '?') AS project, u.gpus, u.started_at, u.ended_at
 FROM usage u LEFT JOIN projects p ON p.id = u.project_id
 UNION ALL
-SELECT p.name, j.gpus, t.started_at, :until FROM tasks t JOIN jobs j ON j.id = t.job_id
+SELECT t.job_id, p.name, j.gpus, t.started_at, :until FROM tasks t JOIN jobs j ON j.id = t.job_id
 JOIN projects p ON p.id = j.project_id WHERE t.state = 'running';
