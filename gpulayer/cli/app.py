@@ -30,6 +30,7 @@ from gpulayer.cli import images as cli_images
 from gpulayer.cli import jobs as cli_jobs
 from gpulayer.cli import notify as cli_notify
 from gpulayer.cli import server as cli_server
+from gpulayer.cli import policy as cli_policy
 from gpulayer.cli import sql as cli_sql
 from gpulayer.cli import submit as cli_submit
 from gpulayer.cli import teams as cli_teams
@@ -243,6 +244,7 @@ app.add_typer(cli_server.server_app, name="server")
 app.command("up")(cli_server.up)
 app.command("explore")(cli_server.explore)
 app.command("sql")(cli_sql.sql)
+app.add_typer(cli_policy.policy_app, name="policy")
 app.add_typer(cli_server.artifacts_app, name="artifacts")
 app.add_typer(cli_images.image_app, name="image")
 

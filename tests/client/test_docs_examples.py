@@ -116,6 +116,7 @@ NOT_RUN = {
     "docs/cli.md > gpulayer server certs #1": SYNOPSIS,
     "docs/cli.md > gpulayer server restore #1": SYNOPSIS,
     "docs/cli.md > gpulayer sql #1": SYNOPSIS,
+    "docs/cli.md > gpulayer policy replay #1": SYNOPSIS,
     "docs/cli.md > gpulayer image list #1": SYNOPSIS,
     "docs/cli.md > gpulayer exec #1": SYNOPSIS,
     "docs/cli.md > gpulayer exec #2": (

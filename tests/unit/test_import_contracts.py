@@ -81,7 +81,8 @@ def _violations(sources, forbidden, *, allow_lazy=False, allowed=()) -> list[str
 
 #: The agent's folders by concern (docs/architecture.md, "agent/"), bottom first.
 AGENT_FOLDERS = ("gpu", "link", "artifacts", "sandbox", "run", "relay")
-SERVER_ADMIN_COMMANDS = ("server.py", "up.py", "local.py")  # start or administer a local control plane
+SERVER_ADMIN_COMMANDS = ("server.py", "up.py", "local.py", "policy.py")  # start or administer a local control plane
+#                                                    (policy.py: a replay on copies of its state file, offline)
 READONLY_SQL = "gpulayer/server/store/readonly_sql.py"  # the standalone explorer's one piece of gpulayer
 FRONTENDS = "gpulayer.server.frontends"  # granian's and cheroot's private APIs, patched: fenced
 PROCESS_ENTRY = "gpulayer/server/process.py"  # the one module that starts a front end
