@@ -54,6 +54,9 @@ MATRIX = [
     ("post", "/v1/worker/tasks/{task_id:int}/finish", "/v1/worker/tasks/1/finish", {}, ALL(403)),
     ("get", "/v1/jobs", "/v1/jobs?all=true", None, ALL(200)),
     ("post", "/v1/jobs", "/v1/jobs", {"command": ["true"], "project": "p1"}, codes(201, 201, 201, 403, 403)),
+    # what-if: the submit's checks as the caller (the project's members may ask), and nothing is made
+    ("post", "/v1/jobs/estimate", "/v1/jobs/estimate", {"command": ["true"], "project": "p1"},
+     codes(200, 200, 200, 403, 403)),
     ("get", "/v1/jobs/{job_id:int}", "/v1/jobs/{job}", None, SEE),
     ("get", "/v1/jobs/{job_id:int}/events", "/v1/jobs/{job}/events", None, SEE),
     ("get", "/v1/jobs/{job_id:int}/logs", "/v1/jobs/{job}/logs", None, READ),

@@ -49,3 +49,12 @@ def test_wait_for_returns_the_value_or_names_what_it_waited_for():
     assert wait_for(lambda: 7, 1) == 7
     with pytest.raises(TimedOut, match="waiting for nothing.*\nthe details"):
         wait_for(lambda: None, 0.1, "nothing", details=lambda: "the details")
+
+
+def test_no_two_test_files_share_a_name():
+    """The test folders are not packages: two files of one name (tests/unit/test_x.py, tests/integration/test_x.py)
+    stop the whole run at collection ("import file mismatch")."""
+    from collections import Counter
+    from pathlib import Path
+    names = Counter(p.name for p in Path(__file__).parents[1].rglob("test_*.py"))
+    assert [n for n, c in names.items() if c > 1] == []
