@@ -13,7 +13,7 @@
 -- (estimates), quotas' use now
 -- and as admission reads them; the claim (claimable_groups, claimable_tasks, claimable_batch).
 
-PRAGMA user_version = 28;
+PRAGMA user_version = 29;
 
 -- ---------------------------------------------------------------------------------------
 -- Tokens and teams: tokens, users, projects, memberships.
@@ -1434,8 +1434,13 @@ WHERE c.nominal_left IS NULL OR c.nominal_left >= 0 OR c.nominal_left + c.borrow
 -- offered unless it is expected to end by then (the claim's now plus its job's expected_s) and its job
 -- may be backfilled (spec `backfill`, default true); a group offers its best tasks that are, among its
 -- best claim_clock.depth + 32 while any reservation exists (claimable_batch is sure of a reserved worker's
--- first task only).
+-- first task only). Each reservation's gain is read once a claim (`rooms`, materialized: reservation_room
+-- reads every active task's expected end on its worker), not once for each task it judges (schema 29).
 CREATE VIEW claimable_tasks AS
+WITH rooms AS MATERIALIZED (  -- each reservation's gain, once a claim (not once a task it judges)
+    SELECT r.worker_id, r.job_id, r.start_at, r.gain_slots, r.gain_gpus, r.gain_cpus, r.gain_memory_mb
+    FROM reservation_room r
+)
 SELECT o.*, NOT o.blocked AND NOT (o.adds_job AND coalesce(o.user_left <= 0, 0)) AS eligible
 FROM (SELECT g.worker_id, g.shape_id, g.project_id, g.user_id, g.gpus, g.cpus, g.memory_mb, g.borrow, g.nominal_left,
              g.room_slots, g.room_gpus, g.room_cpus, g.room_memory_mb, g.by_index, g.user_left, g.contested,
@@ -1456,7 +1461,7 @@ FROM (SELECT g.worker_id, g.shape_id, g.project_id, g.user_id, g.gpus, g.cpus, g
               ORDER BY b.priority + b.aged DESC, b.task_id
               LIMIT (SELECT c.depth + 32 * EXISTS (SELECT 1 FROM reservations) FROM claim_clock c)) a
           WHERE NOT g.reserved OR NOT EXISTS (  -- room a reservation needs at its start, still held then
-              SELECT 1 FROM reservation_room r, jobs rj, claim_clock k
+              SELECT 1 FROM rooms r, jobs rj, claim_clock k
               WHERE r.worker_id = g.worker_id AND r.job_id <> a.job_id AND rj.id = a.job_id
                 AND (g.room_slots + r.gain_slots < 1 OR g.room_gpus + r.gain_gpus < g.gpus
                      OR g.room_cpus + r.gain_cpus < g.cpus OR g.room_memory_mb + r.gain_memory_mb < g.memory_mb)
