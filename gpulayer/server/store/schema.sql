@@ -1021,12 +1021,15 @@ INSERT INTO scheduler_settings (id, fairshare_half_life_s, preempt_grace_s) VALU
 -- reads (queries/placement.sql, set_claim_clock), so that the fair-share views below decay usage to
 -- the claim's `now`, and claimable_tasks reads `depth` tasks of each group (1 for one task, one more
 -- than it may take for several); a view takes no parameter, and a temp table cannot be read from a
--- view in main. Outside a claim it holds the last claim's: read the views only there.
--- (`depth` was added by ADD COLUMN, written as it wrote it, after the last column.)
+-- view in main. Outside a claim it holds the last claim's: read the views only there. `worker_id`: the
+-- worker a claim is for (set_claim_worker), whose reservations alone claimable_tasks reads the room of;
+-- NULL (set_claim_clock): every worker's.
+-- (`depth` and `worker_id` were added by ADD COLUMN, written as it wrote them, after the last column.)
 CREATE TABLE claim_clock (
     id   INTEGER PRIMARY KEY CHECK (id = 1),
     now  REAL NOT NULL
     , depth INTEGER NOT NULL DEFAULT 1 CHECK (depth BETWEEN 1 AND 17)
+    , worker_id INTEGER
 ) STRICT;
 INSERT INTO claim_clock (id, now) VALUES (1, 0);
 
@@ -1435,11 +1438,13 @@ WHERE c.nominal_left IS NULL OR c.nominal_left >= 0 OR c.nominal_left + c.borrow
 -- may be backfilled (spec `backfill`, default true); a group offers its best tasks that are, among its
 -- best claim_clock.depth + 32 while any reservation exists (claimable_batch is sure of a reserved worker's
 -- first task only). Each reservation's gain is read once a claim (`rooms`, materialized: reservation_room
--- reads every active task's expected end on its worker), not once for each task it judges (schema 29).
+-- reads every active task's expected end on its worker), not once for each task it judges, and only the
+-- claim's worker's (claim_clock.worker_id; every worker's when NULL) (schema 29).
 CREATE VIEW claimable_tasks AS
 WITH rooms AS MATERIALIZED (  -- each reservation's gain, once a claim (not once a task it judges)
     SELECT r.worker_id, r.job_id, r.start_at, r.gain_slots, r.gain_gpus, r.gain_cpus, r.gain_memory_mb
-    FROM reservation_room r
+    FROM reservation_room r, claim_clock k
+    WHERE k.worker_id IS NULL OR r.worker_id = k.worker_id  -- of the claim's worker only
 )
 SELECT o.*, NOT o.blocked AND NOT (o.adds_job AND coalesce(o.user_left <= 0, 0)) AS eligible
 FROM (SELECT g.worker_id, g.shape_id, g.project_id, g.user_id, g.gpus, g.cpus, g.memory_mb, g.borrow, g.nominal_left,

@@ -2,7 +2,9 @@
 -- every active task's expected end on its worker, from job_runtime_model) once a claim, in a materialized
 -- `rooms`, not once for each queued task it judges (28 ms a claim with 1,000 mixed queued jobs;
 -- docs/benchmarks/issue-38.md, "The claim beside a reservation"). claimable_tasks and claimable_batch are
--- made again as 0027 left them, plus that; what they give is unchanged.
+-- made again as 0027 left them, plus that; what they give is unchanged. claim_clock.worker_id: the worker a
+-- claim is for, whose reservations alone it reads the room of (NULL: every worker's).
+ALTER TABLE claim_clock ADD COLUMN worker_id INTEGER;
 DROP VIEW claimable_batch;
 DROP VIEW claimable_tasks;
 
@@ -21,11 +23,13 @@ DROP VIEW claimable_tasks;
 -- may be backfilled (spec `backfill`, default true); a group offers its best tasks that are, among its
 -- best claim_clock.depth + 32 while any reservation exists (claimable_batch is sure of a reserved worker's
 -- first task only). Each reservation's gain is read once a claim (`rooms`, materialized: reservation_room
--- reads every active task's expected end on its worker), not once for each task it judges (schema 29).
+-- reads every active task's expected end on its worker), not once for each task it judges, and only the
+-- claim's worker's (claim_clock.worker_id; every worker's when NULL) (schema 29).
 CREATE VIEW claimable_tasks AS
 WITH rooms AS MATERIALIZED (  -- each reservation's gain, once a claim (not once a task it judges)
     SELECT r.worker_id, r.job_id, r.start_at, r.gain_slots, r.gain_gpus, r.gain_cpus, r.gain_memory_mb
-    FROM reservation_room r
+    FROM reservation_room r, claim_clock k
+    WHERE k.worker_id IS NULL OR r.worker_id = k.worker_id  -- of the claim's worker only
 )
 SELECT o.*, NOT o.blocked AND NOT (o.adds_job AND coalesce(o.user_left <= 0, 0)) AS eligible
 FROM (SELECT g.worker_id, g.shape_id, g.project_id, g.user_id, g.gpus, g.cpus, g.memory_mb, g.borrow, g.nominal_left,
