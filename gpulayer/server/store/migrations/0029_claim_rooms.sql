@@ -22,14 +22,33 @@ DROP VIEW claimable_tasks;
 -- offered unless it is expected to end by then (the claim's now plus its job's expected_s) and its job
 -- may be backfilled (spec `backfill`, default true); a group offers its best tasks that are, among its
 -- best claim_clock.depth + 32 while any reservation exists (claimable_batch is sure of a reserved worker's
--- first task only). Each reservation's gain is read once a claim (`rooms`, materialized: reservation_room
--- reads every active task's expected end on its worker), not once for each task it judges, and only the
--- claim's worker's (claim_clock.worker_id; every worker's when NULL) (schema 29).
+-- first task only). Each reservation's gain (reservation_room's, read from `ends`: each active task's
+-- expected end, from job_runtime_model, read once, not once for each reservation and resource) is read once
+-- a claim (`rooms`, materialized), not once for each task it judges, and only the claim's worker's
+-- (claim_clock.worker_id; every worker's when NULL) (schema 29).
 CREATE VIEW claimable_tasks AS
-WITH rooms AS MATERIALIZED (  -- each reservation's gain, once a claim (not once a task it judges)
-    SELECT r.worker_id, r.job_id, r.start_at, r.gain_slots, r.gain_gpus, r.gain_cpus, r.gain_memory_mb
-    FROM reservation_room r, claim_clock k
-    WHERE k.worker_id IS NULL OR r.worker_id = k.worker_id  -- of the claim's worker only
+WITH
+ends AS MATERIALIZED (  -- task_expected_end of the claim's worker's tasks, if it holds a reservation: once a claim
+    SELECT e.worker_id, e.expected_end_at, j.gpus, j.cpus, j.memory_mb
+    FROM task_expected_end e JOIN jobs j ON j.id = e.job_id, claim_clock k
+    WHERE e.worker_id IN (SELECT x.worker_id FROM reservations x WHERE k.worker_id IS NULL OR x.worker_id = k.worker_id)
+),
+rooms AS MATERIALIZED (  -- reservation_room of the claim's worker, from `ends`: once a claim, not once a task
+    SELECT r.worker_id, r.job_id, r.start_at,
+           (SELECT count(*) FROM ends e WHERE e.worker_id = r.worker_id AND e.expected_end_at <= r.start_at)
+           - (SELECT total(x.tasks) FROM reservations x WHERE x.worker_id = r.worker_id AND x.start_at <= r.start_at)
+           AS gain_slots,
+           (SELECT total(e.gpus) FROM ends e WHERE e.worker_id = r.worker_id AND e.expected_end_at <= r.start_at)
+           - (SELECT total(x.gpus) FROM reservations x WHERE x.worker_id = r.worker_id AND x.start_at <= r.start_at)
+           AS gain_gpus,
+           (SELECT total(e.cpus) FROM ends e WHERE e.worker_id = r.worker_id AND e.expected_end_at <= r.start_at)
+           - (SELECT total(x.cpus) FROM reservations x WHERE x.worker_id = r.worker_id AND x.start_at <= r.start_at)
+           AS gain_cpus,
+           (SELECT total(e.memory_mb) FROM ends e WHERE e.worker_id = r.worker_id AND e.expected_end_at <= r.start_at)
+           - (SELECT total(x.memory_mb) FROM reservations x WHERE x.worker_id = r.worker_id AND x.start_at <= r.start_at)
+           AS gain_memory_mb
+    FROM reservations r, claim_clock k
+    WHERE k.worker_id IS NULL OR r.worker_id = k.worker_id
 )
 SELECT o.*, NOT o.blocked AND NOT (o.adds_job AND coalesce(o.user_left <= 0, 0)) AS eligible
 FROM (SELECT g.worker_id, g.shape_id, g.project_id, g.user_id, g.gpus, g.cpus, g.memory_mb, g.borrow, g.nominal_left,
