@@ -259,6 +259,25 @@ def test_acquisition_reads_shapes_not_tasks(built, claim):
     assert "shapes_queued" in stock_plan and "task_queue_shape" in stock_plan, stock_plan
 
 
+@pytest.mark.parametrize("claim", ["acquire_one", "acquire_task"])
+def test_the_claim_reads_reserved_room_once_not_per_task(built, claim):
+    """Beside a reservation (EASY backfill), the claims read each reservation's gain (every active task's expected
+    end on the worker, from job_runtime_model) once a claim, materialized, not once for each queued task they
+    judge: job_runtime_model's learned runtime (the usage_user_name search) is planned in `ends` and in the
+    task's own expected_s only (it was 10 times, each per task; docs/benchmarks/issue-38.md, "The claim beside
+    a reservation"); the same in the stock SQLite the CLI ships (3.40)."""
+    conn, _ = built
+    sql = QUERIES[claim]
+    params = {p: None for p in PARAM.findall(sql)}
+    stock = sqlite3.connect(":memory:")
+    stock.executescript(db.schema_path().read_text())
+    for details in ([r["detail"] for r in conn.execute("EXPLAIN QUERY PLAN " + sql, params).fetchall()],
+                    [r[3] for r in stock.execute("EXPLAIN QUERY PLAN " + sql, params).fetchall()]):
+        plan = " | ".join(details)
+        assert "MATERIALIZE rooms" in details and "MATERIALIZE ends" in details, plan
+        assert sum("usage_user_name" in d for d in details) <= 4, plan
+
+
 def _version_3(path: Path) -> apsw.Connection:
     """A state file as the release before teams left it: the baseline and migrations 2 and 3."""
     conn = db.connect(path)

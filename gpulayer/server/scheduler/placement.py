@@ -78,8 +78,8 @@ def _claim(conn: apsw.Connection, worker_id: int, now: float, lease: float, most
         return [], False
     gang_waits = row(conn, "any_queued_gang") is not None
     most = 1 if gang_waits else most
-    # the time the fair-share views decay usage to; the tasks of each group claimable_tasks reads
-    row(conn, "set_claim_clock", now=now, depth=1 if most == 1 else most + 1)
+    # the time the fair-share views decay usage to; the tasks of each group claimable_tasks reads; the worker
+    row(conn, "set_claim_worker", now=now, depth=1 if most == 1 else most + 1, worker_id=worker_id)
     if gang_waits:
         gang_task = _place_gang(conn, worker_id, now, lease)
         if gang_task is not None:

@@ -13,7 +13,7 @@
 -- (estimates), quotas' use now
 -- and as admission reads them; the claim (claimable_groups, claimable_tasks, claimable_batch).
 
-PRAGMA user_version = 28;
+PRAGMA user_version = 29;
 
 -- ---------------------------------------------------------------------------------------
 -- Tokens and teams: tokens, users, projects, memberships.
@@ -1021,12 +1021,15 @@ INSERT INTO scheduler_settings (id, fairshare_half_life_s, preempt_grace_s) VALU
 -- reads (queries/placement.sql, set_claim_clock), so that the fair-share views below decay usage to
 -- the claim's `now`, and claimable_tasks reads `depth` tasks of each group (1 for one task, one more
 -- than it may take for several); a view takes no parameter, and a temp table cannot be read from a
--- view in main. Outside a claim it holds the last claim's: read the views only there.
--- (`depth` was added by ADD COLUMN, written as it wrote it, after the last column.)
+-- view in main. Outside a claim it holds the last claim's: read the views only there. `worker_id`: the
+-- worker a claim is for (set_claim_worker), whose reservations alone claimable_tasks reads the room of;
+-- NULL (set_claim_clock): every worker's.
+-- (`depth` and `worker_id` were added by ADD COLUMN, written as it wrote them, after the last column.)
 CREATE TABLE claim_clock (
     id   INTEGER PRIMARY KEY CHECK (id = 1),
     now  REAL NOT NULL
     , depth INTEGER NOT NULL DEFAULT 1 CHECK (depth BETWEEN 1 AND 17)
+    , worker_id INTEGER
 ) STRICT;
 INSERT INTO claim_clock (id, now) VALUES (1, 0);
 
@@ -1434,8 +1437,34 @@ WHERE c.nominal_left IS NULL OR c.nominal_left >= 0 OR c.nominal_left + c.borrow
 -- offered unless it is expected to end by then (the claim's now plus its job's expected_s) and its job
 -- may be backfilled (spec `backfill`, default true); a group offers its best tasks that are, among its
 -- best claim_clock.depth + 32 while any reservation exists (claimable_batch is sure of a reserved worker's
--- first task only).
+-- first task only). Each reservation's gain (reservation_room's, read from `ends`: each active task's
+-- expected end, from job_runtime_model, read once, not once for each reservation and resource) is read once
+-- a claim (`rooms`, materialized), not once for each task it judges, and only the claim's worker's
+-- (claim_clock.worker_id; every worker's when NULL) (schema 29).
 CREATE VIEW claimable_tasks AS
+WITH
+ends AS MATERIALIZED (  -- task_expected_end of the claim's worker's tasks, if it holds a reservation: once a claim
+    SELECT e.worker_id, e.expected_end_at, j.gpus, j.cpus, j.memory_mb
+    FROM task_expected_end e JOIN jobs j ON j.id = e.job_id, claim_clock k
+    WHERE e.worker_id IN (SELECT x.worker_id FROM reservations x WHERE k.worker_id IS NULL OR x.worker_id = k.worker_id)
+),
+rooms AS MATERIALIZED (  -- reservation_room of the claim's worker, from `ends`: once a claim, not once a task
+    SELECT r.worker_id, r.job_id, r.start_at,
+           (SELECT count(*) FROM ends e WHERE e.worker_id = r.worker_id AND e.expected_end_at <= r.start_at)
+           - (SELECT total(x.tasks) FROM reservations x WHERE x.worker_id = r.worker_id AND x.start_at <= r.start_at)
+           AS gain_slots,
+           (SELECT total(e.gpus) FROM ends e WHERE e.worker_id = r.worker_id AND e.expected_end_at <= r.start_at)
+           - (SELECT total(x.gpus) FROM reservations x WHERE x.worker_id = r.worker_id AND x.start_at <= r.start_at)
+           AS gain_gpus,
+           (SELECT total(e.cpus) FROM ends e WHERE e.worker_id = r.worker_id AND e.expected_end_at <= r.start_at)
+           - (SELECT total(x.cpus) FROM reservations x WHERE x.worker_id = r.worker_id AND x.start_at <= r.start_at)
+           AS gain_cpus,
+           (SELECT total(e.memory_mb) FROM ends e WHERE e.worker_id = r.worker_id AND e.expected_end_at <= r.start_at)
+           - (SELECT total(x.memory_mb) FROM reservations x WHERE x.worker_id = r.worker_id AND x.start_at <= r.start_at)
+           AS gain_memory_mb
+    FROM reservations r, claim_clock k
+    WHERE k.worker_id IS NULL OR r.worker_id = k.worker_id
+)
 SELECT o.*, NOT o.blocked AND NOT (o.adds_job AND coalesce(o.user_left <= 0, 0)) AS eligible
 FROM (SELECT g.worker_id, g.shape_id, g.project_id, g.user_id, g.gpus, g.cpus, g.memory_mb, g.borrow, g.nominal_left,
              g.room_slots, g.room_gpus, g.room_cpus, g.room_memory_mb, g.by_index, g.user_left, g.contested,
@@ -1456,7 +1485,7 @@ FROM (SELECT g.worker_id, g.shape_id, g.project_id, g.user_id, g.gpus, g.cpus, g
               ORDER BY b.priority + b.aged DESC, b.task_id
               LIMIT (SELECT c.depth + 32 * EXISTS (SELECT 1 FROM reservations) FROM claim_clock c)) a
           WHERE NOT g.reserved OR NOT EXISTS (  -- room a reservation needs at its start, still held then
-              SELECT 1 FROM reservation_room r, jobs rj, claim_clock k
+              SELECT 1 FROM rooms r, jobs rj, claim_clock k
               WHERE r.worker_id = g.worker_id AND r.job_id <> a.job_id AND rj.id = a.job_id
                 AND (g.room_slots + r.gain_slots < 1 OR g.room_gpus + r.gain_gpus < g.gpus
                      OR g.room_cpus + r.gain_cpus < g.cpus OR g.room_memory_mb + r.gain_memory_mb < g.memory_mb)

@@ -19,10 +19,11 @@ SELECT NOT EXISTS (SELECT 1 FROM shapes WHERE queued > 0)
    AND NOT EXISTS (SELECT 1 FROM tasks WHERE worker_id = :worker_id AND state IN ('assigned', 'running')
                    AND state = 'assigned') AS idle;
 
--- name: set_claim_clock --
--- The claim's time, which the fair-share views decay usage to, and how many tasks of each group
--- claimable_tasks reads (:depth): written first in each claim's transaction (a view takes no parameter).
-UPDATE claim_clock SET now = :now, depth = :depth WHERE id = 1 RETURNING now;
+-- name: set_claim_worker --
+-- The claim's time and depth (as reservations.sql's set_claim_clock) and its worker: claimable_tasks
+-- reads the room of :worker_id's reservations only (once a claim; schema 29), so the views are read for
+-- that worker only until the clock is set again.
+UPDATE claim_clock SET now = :now, depth = :depth, worker_id = :worker_id WHERE id = 1 RETURNING now;
 
 -- name: worker_free --
 -- What an online worker has free now (worker_load), with what acquisition hands on.

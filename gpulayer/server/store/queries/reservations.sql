@@ -69,3 +69,9 @@ DELETE FROM reservations;
 -- One worker's part of a reservation.
 INSERT INTO reservations (job_id, worker_id, tasks, gpus, cpus, memory_mb, start_at, planned_at, reason)
 VALUES (:job_id, :worker_id, 1, :gpus, :cpus, :memory_mb, :start_at, :now, :reason);
+
+-- name: set_claim_clock --
+-- The claim's time, which the fair-share views decay usage to, and how many tasks of each group
+-- claimable_tasks reads (:depth): written first in each claim's transaction (a view takes no parameter);
+-- the room of every worker's reservations (worker_id NULL).
+UPDATE claim_clock SET now = :now, depth = :depth, worker_id = NULL WHERE id = 1 RETURNING now;
