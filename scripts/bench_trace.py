@@ -9,8 +9,11 @@ offered load 1.4x). A real control plane (`gpulayer server start`, gpulayer.test
 sleeps until each arrival and hands the submit to a small thread pool, so the bench uses no CPU between
 submits); 16- and 32-GPU jobs are gangs (`nodes` 2 and 4, 8 GPUs each). Once every job has ended, what
 happened is read from the state file with SQL: a job starts when its tasks of the last attempt are assigned
-(its GPUs are taken from then) and ends when the last of them finishes. Its estimate is the
-`estimated_start_at` of the submit answer when the server gives one ("n/a" otherwise).
+(its GPUs are taken from then) and ends when the last of them finishes. Its estimate at submit is the
+submit answer's `estimated_start_at`, or, since the control plane forecasts on a thread of its own and a job
+submitted since the last forecast reads null, the first non-null one it carries while queued (a watcher
+lists the queued jobs every second; it stops at once against a server whose Job has no such field, and the
+estimates then read "n/a").
 
 GPUlayer's outcome and tracesim's FIFO, greedy and EASY of the same trace are measured by the same code
 (tracesim.summary): GPU utilisation over the makespan (the trace's GPU-seconds over capacity x makespan),
@@ -70,6 +73,7 @@ class Submitted:
     sent_at: float = 0.0
     answered_at: float = 0.0
     estimate: float | None = None
+    estimated_at: float | None = None   # when the bench read the estimate
     error: str | None = None
 
 
@@ -170,14 +174,17 @@ def outcome_of(jobs: Sequence[TraceJob], sent: dict[int, Submitted], records: di
 
 
 def overheads(jobs: Sequence[TraceJob], sent: dict[int, Submitted], records: dict[int, Record], t0: float) -> dict:
-    """Submit lag (created - due), assignment to process start, and the run's extra time over its sleep, in s."""
-    lag, launch, extra = [], [], []
+    """Submit lag (created - due), assignment to process start, the run's extra time over its sleep, and the
+    time from a job's creation to its first estimate read, in s."""
+    lag, launch, extra, told = [], [], [], []
     for job in jobs:
         mine = sent.get(job.id)
         record = records.get(mine.job_id) if mine and mine.job_id is not None else None
         if record is None:
             continue
         lag.append(record.created_at - t0 - job.arrival)
+        if mine is not None and mine.estimated_at is not None:
+            told.append(mine.estimated_at - record.created_at)
         if record.assigned_at is not None and record.started_at is not None:
             launch.append(record.started_at - record.assigned_at)
         if record.assigned_at is not None and record.ended_at is not None:
@@ -186,7 +193,8 @@ def overheads(jobs: Sequence[TraceJob], sent: dict[int, Submitted], records: dic
     def stats(values: list[float]) -> dict:
         return {"mean_s": sum(values) / len(values), "p50_s": benchlib.percentile(values, 50),
                 "max_s": max(values)} if values else {"mean_s": None, "p50_s": None, "max_s": None}
-    return {"submit_lag": stats(lag), "assigned_to_started": stats(launch), "run_over_sleep": stats(extra)}
+    return {"submit_lag": stats(lag), "assigned_to_started": stats(launch), "run_over_sleep": stats(extra),
+            "created_to_estimate": stats(told)}
 
 
 def against_easy(real: dict, easy: dict) -> list[dict]:
@@ -207,6 +215,10 @@ def against_easy(real: dict, easy: dict) -> list[dict]:
 def table(rows: list[dict]) -> str:
     """The summaries side by side (GPUlayer first, then the simulations); "n/a" where there is no estimate."""
     return tracesim.table(rows, missing="n/a")
+
+
+def _seconds(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.2f} s"
 
 
 def verdicts(rows: list[dict]) -> str:
@@ -244,6 +256,7 @@ class Replayer:
             data = self._client().submit(job_spec(job)).data
             mine.job_id = int(data["id"])
             mine.estimate = data.get("estimated_start_at")
+            mine.estimated_at = None if mine.estimate is None else time.time()
         except Exception as exc:  # noqa: BLE001 - recorded and reported as a job that did not run
             mine.error = f"{type(exc).__name__}: {exc}"
         mine.answered_at = time.time()
@@ -259,6 +272,39 @@ class Replayer:
                     time.sleep(delay)
                 futures.append(pool.submit(self._submit, job))
             concurrent.futures.wait(futures)
+
+
+class EstimateWatcher(threading.Thread):
+    """The first estimate each queued job carries: GET /v1/jobs?state=queued every `interval` s, until stopped.
+
+    Stops polling at once when the server's Jobs have no `estimated_start_at` (a server without estimates).
+    """
+
+    def __init__(self, plane: benchlib.ControlPlaneProcess, interval: float = 1.0):
+        super().__init__(name="estimates", daemon=True)
+        self.plane, self.interval = plane, interval
+        self.first: dict[int, tuple[float, float]] = {}   # job id -> (estimate, when it was read)
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        client = self.plane.client()
+        while not self.done.wait(self.interval):
+            try:
+                listed = client.jobs(state="queued", limit=1000)
+            except Exception:  # noqa: BLE001 - a busy server: the next poll reads the same estimates
+                continue
+            if listed and "estimated_start_at" not in listed[0]:
+                return
+            now = time.time()
+            for job in listed:
+                if job["estimated_start_at"] is not None and job["id"] not in self.first:
+                    self.first[job["id"]] = (float(job["estimated_start_at"]), now)
+
+    def fill(self, sent: dict[int, Submitted]) -> None:
+        """Give each submitted job whose submit answer had no estimate the first one watched."""
+        for mine in sent.values():
+            if mine.estimate is None and mine.job_id in self.first:
+                mine.estimate, mine.estimated_at = self.first[mine.job_id]
 
 
 def wait_all_ended(state: Path, count: int, timeout: float, interval: float = 2.0) -> int:
@@ -290,11 +336,15 @@ def replay(args: argparse.Namespace, jobs: list[TraceJob]) -> dict:
         assert server_pid is not None
         cpu_before = benchlib.cpu_seconds(server_pid)
         bench_before = os.times()
-        replayer = Replayer(plane, jobs)
+        replayer, watcher = Replayer(plane, jobs), EstimateWatcher(plane)
+        watcher.start()
         t0 = time.time() + 1.0
         replayer.run(t0)
         budget = max(j.arrival + j.limit for j in jobs) * 3 + 300
         ended = wait_all_ended(plane.state, len(jobs), budget)
+        watcher.done.set()
+        watcher.join(30)
+        watcher.fill(replayer.sent)
         wall = time.time() - t0
         records = read_records(plane.state)
         placements = fit_misses(read_tasks(plane.state))
@@ -308,6 +358,14 @@ def replay(args: argparse.Namespace, jobs: list[TraceJob]) -> dict:
             "placements": placements}
 
 
+def last_to_end(jobs: Sequence[TraceJob], outcome: tracesim.Outcome, count: int = 3) -> list[dict]:
+    """The `count` jobs that ended last (the makespan's tail): trace id, GPUs, arrival, start, end (replay s)."""
+    by_id = {j.id: j for j in jobs}
+    last = sorted(outcome.ends, key=lambda i: (outcome.ends[i], i))[-count:]
+    return [{"id": i, "gpus": by_id[i].gpus, "arrival": by_id[i].arrival, "start": round(outcome.starts[i], 1),
+             "end": round(outcome.ends[i], 1)} for i in last]
+
+
 def run(args: argparse.Namespace) -> dict:
     """The whole bench: the replay, the three simulations, the comparison."""
     jobs = tracegen.from_arguments(args)
@@ -316,9 +374,13 @@ def run(args: argparse.Namespace) -> dict:
     outcome, problems = outcome_of(jobs, raw["sent"], raw["records"], raw["t0"])
     ran = [j for j in jobs if j.id in outcome.starts]
     rows = [tracesim.summary(ran, outcome, args.workers)] if ran else []
-    sims = [tracesim.summary(jobs, tracesim.simulate(jobs, args.workers, p), args.workers) for p in tracesim.POLICIES]
+    simulated = {p: tracesim.simulate(jobs, args.workers, p) for p in tracesim.POLICIES}
+    sims = [tracesim.summary(jobs, simulated[p], args.workers) for p in tracesim.POLICIES]
     easy = next(r for r in sims if r["policy"] == "easy")
+    tails = {"gpulayer": last_to_end(jobs, outcome), "easy": last_to_end(jobs, simulated["easy"])}
     estimates = sum(1 for v in outcome.estimates.values() if v is not None)
+    waited = [j.id for j in ran if outcome.starts[j.id] - j.arrival >= tracesim.MIN_WAIT]
+    unestimated = sum(1 for i in waited if outcome.estimates.get(i) is None)
     return {
         "machine": {**info, "loadavg_at_end": os.getloadavg()[0]},
         "trace": {"jobs": len(jobs), "workers": args.workers, "seed": args.seed, "load": args.load,
@@ -327,8 +389,9 @@ def run(args: argparse.Namespace) -> dict:
                   "offered_load": tracegen.offered_load(jobs, args.workers)},
         "run": {"wall_s": raw["wall_s"], "ended": raw["ended"], "server_cpu_s": raw["server_cpu_s"],
                 "bench_cpu_s": raw["bench_cpu_s"], "estimates_given": estimates, "problems": problems,
+                "waited_without_estimate": unestimated,
                 "placements": raw["placements"],
-                **overheads(jobs, raw["sent"], raw["records"], raw["t0"])},
+                **overheads(jobs, raw["sent"], raw["records"], raw["t0"]), "last_to_end": tails},
         "rows": rows + sims,
         "against_easy": against_easy(rows[0], easy) if rows and not problems else [],
     }
@@ -343,8 +406,10 @@ def text(result: dict) -> str:
              f"{trace['offered_load']:.2f}, compression {trace['compression']:g}x; {trace['workers']} workers of "
              f"{GPUS_PER_WORKER} GPUs",
              f"replay: {runinfo['wall_s']:.0f} s wall, {runinfo['ended']} jobs ended; server CPU "
-             f"{runinfo['server_cpu_s']:.1f} s, bench CPU {runinfo['bench_cpu_s']:.1f} s; estimates given at submit: "
-             f"{runinfo['estimates_given']}",
+             f"{runinfo['server_cpu_s']:.1f} s, bench CPU {runinfo['bench_cpu_s']:.1f} s",
+             f"estimates: {runinfo['estimates_given']} jobs had one while queued, read "
+             f"{_seconds(runinfo['created_to_estimate']['mean_s'])} after submit on average; "
+             f"{runinfo['waited_without_estimate']} of those that waited >= {tracesim.MIN_WAIT:g} s had none",
              "overheads (s, mean / max): submit lag {:.3f} / {:.3f}, assigned->started {:.2f} / {:.2f}, run over "
              "its sleep {:.2f} / {:.2f}".format(*(runinfo[k][m] or 0.0 for k in ("submit_lag", "assigned_to_started",
                                                                                 "run_over_sleep")
@@ -352,7 +417,11 @@ def text(result: dict) -> str:
              "placement: {to_an_idle_worker_while_a_busy_one_fit} of {small_tasks} tasks of under 8 GPUs went to an "
              "idle worker while a busy one had room (the simulation packs the busy one)".format(**runinfo["placements"]),
              "", table(result["rows"]),
-             "(gpulayer's 'est. err (limits)' is its own estimated_start_at at submit; n/a: none given)"]
+             "(gpulayer's 'est. err (limits)': its own estimated_start_at at submit; n/a: none given)"]
+    for who, tail in runinfo["last_to_end"].items():
+        lines.append(f"last to end, {who}: " + "; ".join(
+            f"job {t['id']} ({t['gpus']} GPUs) arrived {t['arrival']:.1f}, ran {t['start']:.1f}-{t['end']:.1f}"
+            for t in tail))
     if runinfo["problems"]:
         lines += ["", f"{len(runinfo['problems'])} jobs did not run as traced:", *runinfo["problems"][:20]]
     if result["against_easy"]:

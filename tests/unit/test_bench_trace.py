@@ -38,6 +38,7 @@ def test_a_run_is_measured_as_tracesim_measures_a_simulation():
     assert problems == []
     assert outcome.starts == {1: 0.5, 2: 10.5, 3: 2.0} and outcome.ends == {1: 10.5, 2: 15.5, 3: 6.0}
     assert outcome.estimates == {1: None, 2: 12.0, 3: None}
+    assert [t["id"] for t in bench_trace.last_to_end(TRACE, outcome, 2)] == [1, 2]
     row = tracesim.summary(TRACE, outcome, workers=4)
     assert row["makespan_s"] == 15.5
     assert row["utilisation"] == pytest.approx((8 * 10 + 32 * 5 + 4 * 4) / (32 * 15.5))
@@ -68,3 +69,15 @@ def test_a_small_task_sent_to_an_idle_worker_while_a_busy_one_had_room_is_a_fit_
     tasks = [(1, 4, 0.0, 10.0), (2, 4, 1.0, 10.0), (3, 8, 2.0, 5.0), (1, 4, 3.0, 9.0)]
     # the second goes to idle worker 2 while worker 1 has 4 free (a miss); the fourth fills worker 1 (no miss)
     assert bench_trace.fit_misses(tasks) == {"small_tasks": 3, "to_an_idle_worker_while_a_busy_one_fit": 1}
+
+
+def test_a_job_whose_submit_answer_had_no_estimate_takes_the_first_one_watched():
+    watcher = bench_trace.EstimateWatcher(plane=None)
+    watcher.first = {11: (T0 + 12.0, T0 + 3.0), 12: (T0 + 30.0, T0 + 4.0)}
+    sent = {1: Submitted(1, 11), 2: Submitted(2, 12, estimate=T0 + 20.0, estimated_at=T0 + 1.0), 3: Submitted(3, 13)}
+    watcher.fill(sent)
+    assert [(m.estimate, m.estimated_at) for m in sent.values()] == [
+        (T0 + 12.0, T0 + 3.0), (T0 + 20.0, T0 + 1.0), (None, None)]   # the submit answer's stays
+    records = {11: record(11, 0.5, 10.5, 0.0), 12: record(12, 10.5, 15.5, 1.0), 13: record(13, 2.0, 6.0, 2.0)}
+    told = bench_trace.overheads(TRACE, sent, records, T0)["created_to_estimate"]
+    assert (told["mean_s"], told["max_s"]) == (1.5, 3.0)
