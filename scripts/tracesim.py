@@ -283,17 +283,20 @@ def summary(jobs: Sequence[TraceJob], outcome: Outcome, workers: int, per_worker
     }
 
 
-def _percent(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.1f}%"
+def percent(x: float | None, missing: str = "-") -> str:
+    """A fraction as a percentage with one decimal; `missing` for None."""
+    return missing if x is None else f"{100 * x:.1f}%"
 
 
-def _table(rows: list[dict]) -> str:
-    lines = [f"{'policy':<7} {'util':>6} {'makespan':>9} {'mean JCT':>9} {'big mean wait':>14} {'big worst wait':>15} "
-             f"{'waited':>7} {'est. err (limits)':>18} {'est. err (learned)':>19}"]
+def table(rows: list[dict], missing: str = "-") -> str:
+    """summary() rows side by side, one line each (bench_trace.py prints its real run's row first)."""
+    width = max(7, *(len(r["policy"]) for r in rows))
+    lines = [f"{'policy':<{width}} {'util':>6} {'makespan':>9} {'mean JCT':>9} {'big mean wait':>14} "
+             f"{'big worst wait':>15} {'waited':>7} {'est. err (limits)':>18} {'est. err (learned)':>19}"]
     for r in rows:
-        lines.append(f"{r['policy']:<7} {r['utilisation']:>6.3f} {r['makespan_s']:>8.1f}s {r['mean_jct_s']:>8.1f}s "
+        lines.append(f"{r['policy']:<{width}} {r['utilisation']:>6.3f} {r['makespan_s']:>8.1f}s {r['mean_jct_s']:>8.1f}s "
                      f"{r['largest_mean_wait_s']:>13.1f}s {r['largest_worst_wait_s']:>14.1f}s {r['waited']:>7} "
-                     f"{_percent(r['estimate_median_error']):>18} {_percent(r['learned_median_error']):>19}")
+                     f"{percent(r['estimate_median_error'], missing):>18} {percent(r['learned_median_error'], missing):>19}")
     return "\n".join(lines)
 
 
@@ -356,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
             else f"medians over seeds {args.seed}..{args.seed + args.seeds - 1}")
     print(f"{count} jobs on {args.workers} workers of {GPUS_PER_WORKER} GPUs ({what}); 'big' = the "
           f"{rows[0]['largest_gpus']}-GPU jobs; estimate error over the jobs that waited >= {MIN_WAIT:g} s")
-    print(_table(rows))
+    print(table(rows))
     print("\n".join(against_easy(rows)))
     return 0
 
