@@ -208,6 +208,16 @@ def test_earliest_reads_each_workers_timeline(start_in):
     assert reservations._earliest({1: w}, group, (1, 2, 1, 1), 1, start_in, 200) == (160.0, [1])
 
 
+def test_earliest_prefers_the_workers_busy_now_so_idle_ones_stay_open_to_backfill():
+    idle = reservations.Worker(1, "idle", (2, 8, 8, 1000))
+    busy = [reservations.Worker(i, f"busy{i}", (1, 0, 8, 1000)) for i in (2, 3)]
+    for w in busy:
+        w.changes.append((100.0, (1, 8, 0, 0)))  # each frees its 8 GPUs at 100
+    workers = {w.id: w for w in (idle, *busy)}
+    # a gang of two 8-GPU ranks starts at 100 at the earliest; all three are as tight then: the two busy now
+    assert reservations._earliest(workers, frozenset(workers), (1, 8, 1, 1), 2, 0.0, 60) == (100.0, [2, 3])
+
+
 def test_the_job_shows_its_reservation_and_its_waiting_reason_says_it(sched, clock):
     from helpers import state_of
     w1, w2 = add_worker(sched, "gpu-03", **BIG), add_worker(sched, "gpu-04", **BIG)

@@ -128,11 +128,12 @@ def _timeline(conn: apsw.Connection, now: float) -> dict[int, Worker]:
 def _earliest(workers: dict[int, Worker], group: frozenset[int], need: tuple[float, ...], count: int, now: float,
               run_s: float) -> tuple[float, list[int]]:
     """The earliest time, now or a change of room, at which `count` workers of `group` have `need` for `run_s`
-    seconds, and those workers (the tightest first); (inf, []) when never."""
+    seconds, and those workers: the tightest then, and of those as tight, the busiest now, so that the workers
+    idle now stay open to backfill (as the offline EASY of scripts/tracesim.py reserves); (inf, []) when never."""
     times = sorted({now} | {at for w in group for at, _ in workers[w].changes if at > now})
     for start in times:
         able = [w for w in group if workers[w].holds(need, start, start + run_s)]
         if len(able) >= count:
-            return start, sorted(able, key=lambda w: (workers[w].spare_gpus(start), w))[:count]
+            return start, sorted(able, key=lambda w: (workers[w].spare_gpus(start), workers[w].free[1], w))[:count]
     return float("inf"), []
 
