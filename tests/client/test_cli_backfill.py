@@ -1,4 +1,4 @@
-"""Backfill's settings at `server start` and `up` (issue 38): a value out of range is a usage error (exit 2) that
+"""Backfill's and start-time estimates' settings at `server start` and `up` (issue 38): a value out of range is a usage error (exit 2) that
 starts nothing and writes nothing; `submit --no-backfill` puts `backfill: false` in the spec."""
 from __future__ import annotations
 
@@ -21,6 +21,10 @@ runner = CliRunner()
     ("--backfill-max-jobs", "100001", "must be 100000 or less"),
     ("--default-runtime", "0", "--default-runtime"),
     ("--default-runtime", "soon", "is not a duration"),
+    ("--estimate-interval", "0", "must be more than 0 seconds"),
+    ("--estimate-interval", "soon", "is not a duration"),
+    ("--estimate-horizon", "forever", "is not a duration"),
+    ("--estimate-max-jobs", "-1", "must be 0 or more"),
 ])
 def test_backfill_settings_out_of_range_exit_2_and_change_nothing(tmp_path, command, option, value, words):
     home = tmp_path / "home"
