@@ -17,7 +17,8 @@ STATES = ("queued", "assigned", "running", "succeeded", "failed", "cancelled", "
 # stop_attempt_tasks and detach_running_tasks with `cancelled`). A row no query makes fails the test.
 MADE_BY = {
     ("queued", "assigned"): {"acquire_task", "acquire_one", "assign_task", "lease_ahead"},
-    ("queued", "cancelled"): {"cancel_element", "cancel_queued_batch", "stop_attempt_tasks", "detach_running_tasks"},
+    ("queued", "cancelled"): {"cancel_element", "cancel_queued_batch", "stop_attempt_tasks", "detach_running_tasks",
+                           "drain_queued_task"},
     ("assigned", "queued"): {"requeue_never_started", "requeue_ahead", "requeue_ahead_expired", "requeue_preempted",
                              "requeue_drained_task", "release_attempt"},
     ("assigned", "running"): {"start_task"},

@@ -28,7 +28,6 @@ import hmac
 import logging
 import re
 import time
-from collections import Counter
 from urllib.parse import parse_qsl, quote, urlencode
 
 import h11
@@ -71,7 +70,7 @@ class IngressProxy:
         self.counters = hub.scheduler.ingress
         self.secure_cookies = secure_cookies
         self.ends = Ends()
-        self.outstanding: Counter[int] = Counter()  # requests in flight per replica (task id)
+        self.outstanding = self.counters.outstanding  # requests in flight per replica (task id)
         self.down: dict[int, float] = {}  # task id: until when it is passed over
         self._ingress: dict[int, tuple[float, Ingress | None]] = {}
         self._allowed: dict[tuple[int, str], tuple[float, bool]] = {}
@@ -145,7 +144,8 @@ class IngressProxy:
     def _pick(self, found: Ingress, tried: set[int]) -> int | None:
         """The index of the replica to use: least outstanding requests, one that failed lately last."""
         now = time.monotonic()
-        left = [i for i, r in enumerate(found.replicas) if r.task_id not in tried]
+        draining = self.counters.draining  # leaving the service (service_drain.py): nothing new
+        left = [i for i, r in enumerate(found.replicas) if r.task_id not in tried and r.task_id not in draining]
         if not left:
             return None
         return min(left, key=lambda i: (self.down.get(found.replicas[i].task_id, 0) > now, self.outstanding[found.replicas[i].task_id], i))

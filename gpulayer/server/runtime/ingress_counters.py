@@ -13,6 +13,19 @@ class Counters:
         self.bytes_in: Counter[int] = Counter()  # towards the replicas
         self.bytes_out: Counter[int] = Counter()  # from the replicas
         self.retries: Counter[int] = Counter()
+        # Requests in flight per replica (task id), kept by the proxy: upkeep reads them for a drain
+        # (scheduler/service_drain.py) and the autoscaler's load (copies: `in_flight()`).
+        self.outstanding: Counter[int] = Counter()
+        # Replicas draining (task ids): the proxy sends them nothing new, before its cached set knows it.
+        self.draining: frozenset[int] = frozenset()
+
+    def in_flight(self) -> dict[int, int]:
+        """A copy of the requests in flight per replica (task id), safe to read off the proxy's loop."""
+        while True:
+            try:
+                return dict(self.outstanding)
+            except RuntimeError:  # the loop changed it during the copy: again
+                continue
 
     def stats(self) -> dict:
         return {"requests": dict(self.requests), "bytes_in": dict(self.bytes_in), "bytes_out": dict(self.bytes_out), "retries": dict(self.retries)}

@@ -18,6 +18,7 @@ from gpulayer.server.scheduler import (access, aging, cordons, forecast, gpu_hea
                                        leases, ledger, preemption, provisioning, reservations, secrets, sessions,
                                        teams, tokens, workers)
 from gpulayer.server.scheduler.notifications import Notifications, submitted_with_mail
+from gpulayer.server.scheduler.services import Services
 from gpulayer.server.scheduler.spec import ValidSpec, priority_number, validate_job
 from gpulayer.server.scheduler.worker_requests import WorkerRequests
 from gpulayer.server.security.auth import Principal, new_jti, new_token
@@ -28,11 +29,12 @@ ADMIN = Principal(kind="client", jti="server-client", name="server", user_id=tea
                   admin=True)
 
 
-class Scheduler(WorkerRequests, Notifications):
+class Scheduler(WorkerRequests, Notifications, Services):
     """Facade over the transaction functions, bound to one store, clock and config (facade.Facade).
 
     An agent's requests are worker_requests.WorkerRequests'; the notification routes' and the delivery thread's
-    notifications.Notifications'; the clients', the operators', the relay's and upkeep's are here.
+    notifications.Notifications'; services' replicas leaving and autoscaling services.Services'; the clients', the
+    operators', the relay's and upkeep's are here.
     `auth` (token hashes and the principal cache) and `artifacts` (the files)
     are made from the config's home when not given; the front end passes the
     ones it authenticates and serves with, so one cache is invalidated.

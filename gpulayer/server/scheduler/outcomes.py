@@ -31,7 +31,7 @@ import re
 import apsw
 
 from gpulayer.protocol import array_text
-from gpulayer.server.scheduler import cascades, events
+from gpulayer.server.scheduler import cascades, events, service_drain
 from gpulayer.server.scheduler.spec import array_indices
 from gpulayer.server.store.queries import QUERIES, one, row, rows
 
@@ -53,6 +53,8 @@ def settle(conn: apsw.Connection, now: float, job_id: int, attempt: int, task: d
     reads (failed, timed_out, start_timeout) where `reason` holds an agent's words.
     """
     job = row(conn, "job_for_update", job_id=job_id)
+    if job is not None and job["kind"] == "service" and service_drain.was_draining(conn, task["id"]):
+        return None  # a replica that left its service (scale-down, an update): not replaced, ends nothing
     if job is not None and job["array_size"] is not None and job["state"] in ("queued", "running"):
         return settle_element(conn, now, job, task, freed=True)
     if job is None or job["state"] not in ("queued", "running") or job["attempt"] != attempt:

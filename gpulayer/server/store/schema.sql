@@ -13,7 +13,7 @@
 -- (estimates), quotas' use now
 -- and as admission reads them; the claim (claimable_groups, claimable_tasks, claimable_batch).
 
-PRAGMA user_version = 29;
+PRAGMA user_version = 30;
 
 -- ---------------------------------------------------------------------------------------
 -- Tokens and teams: tokens, users, projects, memberships.
@@ -276,7 +276,7 @@ CREATE TABLE tasks (
     started_at        REAL,
     finished_at       REAL,
     held              INTEGER NOT NULL DEFAULT 0 CHECK (held IN (0, 1))
-    , queued_at REAL, ahead INTEGER NOT NULL DEFAULT 0 CHECK (ahead IN (0, 1)),
+    , queued_at REAL, ahead INTEGER NOT NULL DEFAULT 0 CHECK (ahead IN (0, 1)), drain_deadline REAL, drain_started_at REAL,
     CHECK ((state IN ('assigned', 'running')) = (worker_id IS NOT NULL AND lease_expires_at IS NOT NULL)
            OR state NOT IN ('queued', 'assigned', 'running')),
     CHECK (state <> 'queued' OR worker_id IS NULL),
@@ -301,6 +301,26 @@ CREATE INDEX tasks_held ON tasks (job_id, "index") WHERE state = 'queued' AND he
 -- Has a job any task left to run (an array ends when none is left: one probe, not a walk of its
 -- elements), and which of its tasks hold a worker (a seek per state, not a walk of what waits)?
 CREATE INDEX tasks_job_active ON tasks (job_id, state) WHERE state IN ('queued', 'assigned', 'running');
+-- `drain_deadline`: a replica leaving its service (scale-down, a rolling update; issue 39): it is out of the
+-- ingress's set from `drain_started_at`, its in-flight requests finish, and upkeep stops it (cancel_requested)
+-- once none is left or at the deadline; it is not replaced and does not end its service
+-- (scheduler/service_drain.py). NULL: not draining. The replicas draining now are a seek:
+CREATE INDEX tasks_draining ON tasks (drain_deadline) WHERE drain_deadline IS NOT NULL AND state IN ('assigned', 'running');
+-- Autoscaling decisions (service.autoscale): one row a change of a service's replica count, with what
+-- made it (docs/services.md, "Autoscaling"): `why` up (load over target), down (under it), zero (idle,
+-- released), wake (a request for a service at zero), min (below its min, e.g. after a replica was lost).
+CREATE TABLE service_scaling (
+    id            INTEGER PRIMARY KEY,
+    job_id        INTEGER NOT NULL REFERENCES jobs (id),
+    at            REAL NOT NULL,
+    from_replicas INTEGER NOT NULL CHECK (from_replicas >= 0),
+    to_replicas   INTEGER NOT NULL CHECK (to_replicas >= 0),
+    why           TEXT NOT NULL CHECK (why IN ('up', 'down', 'zero', 'wake', 'min')),
+    load          REAL,             -- requests in flight per ready replica through the ingress when decided
+    in_flight     INTEGER,          -- requests in flight (and held for a cold start) in all
+    ready         INTEGER           -- replicas ready (in the ingress's set) when decided
+) STRICT;
+CREATE INDEX service_scaling_job ON service_scaling (job_id, at);
 
 -- Dependencies (`after`): job_id waits until after_job_id has ended. While any has not ended
 -- the job is `waiting` and its tasks are held (outside task_queue, so waiting costs acquire
@@ -410,7 +430,7 @@ CREATE TABLE task_transitions (
 ) STRICT, WITHOUT ROWID;
 INSERT INTO task_transitions (from_state, to_state, made_by) VALUES
     ('queued', 'assigned', 'acquire_task, acquire_one (a worker claims it), assign_task (a gang), lease_ahead (an element leased ahead)'),
-    ('queued', 'cancelled', 'cancel_element, cancel_queued_batch (a user cancels), stop_attempt_tasks (a sibling ended it), detach_running_tasks (a retry replaces the attempt)'),
+    ('queued', 'cancelled', 'cancel_element, cancel_queued_batch (a user cancels), stop_attempt_tasks (a sibling ended it), detach_running_tasks (a retry replaces the attempt), drain_queued_task (a replica drained before it was placed)'),
     ('assigned', 'queued', 'requeue_never_started, requeue_ahead, requeue_ahead_expired, requeue_preempted, requeue_drained_task, release_attempt'),
     ('assigned', 'running', 'start_task'),
     ('assigned', 'succeeded', 'finish_task (a finish that carries no start)'),
