@@ -1,12 +1,12 @@
 """The order the test files go out in to the pytest processes, so that they end together.
 
-`scripts/test` runs two processes, each taking a whole file at a time (`--dist loadfile`: a file's module
+`scripts/test` runs three processes, each taking a whole file at a time (`--dist loadfile`: a file's module
 fixtures, its cluster, start once). xdist would hand the files out largest first by their number of tests
 (a 408-case fuzz file first, a one-test file that waits a minute on leases last), so a long file with few
 tests was often the last one started: one process ran it alone while the other had ended. With
 `--no-loadscope-reorder` the files go out in the order collected, and this plugin (loaded by
 `tests/conftest.py`) sorts them longest first, the longest-processing-time-first rule: what is left when a
-process frees up is short, and the two end within a short file of each other.
+process frees up is short, and the processes end within a short file of each other.
 
 How long a file takes is SECONDS for the files that take longest (measured: see the table), else an estimate
 from its tests (SLOW_TEST_S a `slow` test, by folder; FAST_TEST_S any other). Only the xdist processes sort (a plain
@@ -21,14 +21,14 @@ import pytest
 #: other work, 2026-12-07), for the files whose tests take longest and for a few that the estimate below
 #: overrates (many quick requests). A file missing here is estimated from its tests.
 SECONDS: dict[str, float] = {
-    "tests/security/test_security_fuzz_api.py": 136,
+    "tests/security/test_security_fuzz_api.py": 75,    # 136 before its schema was read once a file
     "tests/reliability/test_replication.py": 105,
     "tests/security/test_security_slow_clients.py": 97,
-    "tests/client/test_cli_wording.py": 71,
+    "tests/client/test_cli_wording.py": 45,           # 71 before the duration options ran in-process
     "tests/integration/test_job_control.py": 58,
     "tests/integration/test_checkpoint_resume.py": 49,
     "tests/security/test_relay_bounds.py": 47,
-    "tests/faults/test_faults_heartbeat_cadence.py": 39,
+    "tests/faults/test_faults_heartbeat_cadence.py": 27,
     "tests/faults/test_faults_heartbeats.py": 37,
     "tests/integration/test_relay_kills.py": 31,
     "tests/integration/test_array_chunks.py": 29,
