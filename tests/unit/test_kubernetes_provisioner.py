@@ -286,3 +286,14 @@ def test_stop_deletes_the_pods_of_open_requests(plane, kube):
     assert list(kube.pods()) == [POD]
     plane.stop()
     assert requests(plane)[0]["state"] == "cancelled" and kube.pods() == {} and kube.secrets() == {}
+
+
+def test_a_refusal_is_a_row_of_the_explorers_workers_page(plane, kube):
+    import falcon.testing
+    from explorer import create_app
+    kube.refuse("POST", "Pod", *REFUSALS[0])
+    gpu_job(plane)
+    plane.tick()
+    page = falcon.testing.TestClient(create_app(str(plane.deps.config.layout.state))).simulate_get("/-/workers")
+    assert page.status_code == 200
+    assert "<h2>Provisioning</h2>" in page.text and "exceeded quota: gpu-quota" in page.text and "failed" in page.text
