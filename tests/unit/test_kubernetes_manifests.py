@@ -77,7 +77,7 @@ def test_images_carry_the_package_version():
     example = prov_config.parse(json.loads((DEPLOY / "provisioner" / "provisioners.json").read_text()))
     assert {p.image for p in example} == {f"gpulayer/gpulayer:{VERSION}"}
     dockerfile = (DEPLOY / "Dockerfile").read_text()
-    assert "COPY dist/gpulayer-${VERSION}-py3-none-any.whl" in dockerfile and "[server]" in dockerfile
+    assert "COPY dist/gpulayer-${VERSION}-py3-none-any.whl" in dockerfile and "[server,replicate]" in dockerfile
     assert '-t "$name:$version"' in (DEPLOY / "build-image.sh").read_text()
 
 
