@@ -1,6 +1,6 @@
 """The Kubernetes smoke test (docs/kubernetes.md, "What the tests cover"): deploy/kubernetes/'s containers run as
 processes, each pod in its own network namespace, and a service started on the worker pod is requested from the
-server pod.
+server pod; then, with the provisioner overlay, the Pod the server asks the API for runs a job and is deleted.
 
 No cluster runs here (no container runtime works, and no package ships an API server), so this does by hand what
 the kubelet would, from the manifests themselves: the "server pod" and the "worker pod" are network namespaces on
@@ -132,12 +132,40 @@ def probe(pod: Pod, container: dict, kind: str) -> bool:
         return False
 
 
+def cli(server: Pod, tokens: dict) -> list[str]:
+    """`gpulayer` with the URL and the client token, from the host (a user outside, through the Ingress)."""
+    return [sys.executable, "-m", "gpulayer.cli", "--url", f"http://{server.ip}:8470", "--token", tokens["client"]]
+
+
+def get_json(server: Pod, tokens: dict, path: str):
+    """GET `path` of the control plane with the client token, from the host (cheaper to poll than the CLI)."""
+    request = urllib.request.Request(f"http://{server.ip}:8470{path}", headers={"Authorization": f"Bearer {tokens['client']}"})
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        return json.loads(answer.read())
+
+
+def start_server(server: Pod, init_args: tuple = ()) -> tuple[subprocess.Popen, dict]:
+    """The init step (with `init_args` added, as an overlay adds them), then the server container once ready;
+    (its process, the tokens of the Secret)."""
+    [init] = server.spec["initContainers"]
+    init = {**init, "args": [*init["args"], *init_args]}
+    done = server.run(init, {"KUBECONFIG": str(server.kubeconfig)})   # in place of the in-cluster service account
+    assert done.returncode == 0, done.stdout + done.stderr
+    secret = server.api.secrets(NAMESPACE)["gpulayer-tokens"]
+    tokens = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+    [container] = server.spec["containers"]
+    serving = server.start(container, {}, ("--heartbeat-interval", "0.5"))
+    wait_for("the readiness probe", lambda: probe(server, container, "readinessProbe") or serving.poll() is not None)
+    assert serving.poll() is None, server.log("server")
+    return serving, tokens
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     reason = netns_unavailable()
     if reason:
         pytest.skip(reason)
-    net = BridgedNamespaces(2)
+    net = BridgedNamespaces(3)   # the server pod, a worker pod of the DaemonSet, a Pod of the provisioner
     try:
         net.create()
     except (subprocess.CalledProcessError, OSError) as exc:
@@ -145,7 +173,7 @@ def cluster(tmp_path_factory):
         pytest.skip(f"cannot make network namespaces here: {getattr(exc, 'stderr', None) or exc}")
     root = tmp_path_factory.mktemp("k8s")
     hosts = []
-    server_ip, worker_ip = net.addresses
+    server_ip, worker_ip, _ = net.addresses
     for ns in net.names:  # the cluster DNS: the Service's names resolve to the server pod
         etc = Path("/etc/netns") / ns
         etc.mkdir(parents=True, exist_ok=True)
@@ -161,8 +189,12 @@ def cluster(tmp_path_factory):
         server = Pod(statefulset["spec"]["template"]["spec"], net.names[0], server_ip, root / "server", api, kubeconfig)
         worker = Pod(daemonset["spec"]["template"]["spec"], net.names[1], worker_ip, root / "worker", api, kubeconfig)
         pods += [server, worker]
+        nvml = root / "nvml.json"
+        nvml.write_text(json.dumps({"gpus": [{"name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-0", "mig": None}]}))
+        device_plugin = {"PYTHONPATH": f"{FAKE_NVML}:{os.environ.get('PYTHONPATH', ROOT)}",
+                         "FAKE_NVML_STATE": str(nvml), "NVIDIA_VISIBLE_DEVICES": "0"}
         yield {"net": net, "api": api, "server": server, "worker": worker, "statefulset": statefulset,
-               "daemonset": daemonset, "root": root}
+               "daemonset": daemonset, "root": root, "pods": pods, "device_plugin": device_plugin}
     finally:
         for pod in pods:
             pod.stop()
@@ -197,18 +229,13 @@ def test_server_pod_and_worker_pod_serve_a_gpu_service_requested_from_the_server
 
     # 3. the worker DaemonSet's container in the worker pod: the join token from the Secret, the Service by name,
     #    one GPU from the device plugin (here the fake NVML)
-    nvml = cluster["root"] / "nvml.json"
-    nvml.write_text(json.dumps({"gpus": [{"name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-0", "mig": None}]}))
     [wcontainer] = worker.spec["containers"]
-    agent = worker.start(wcontainer, {"PYTHONPATH": f"{FAKE_NVML}:{os.environ.get('PYTHONPATH', ROOT)}",
-                                      "FAKE_NVML_STATE": str(nvml), "NVIDIA_VISIBLE_DEVICES": "0"})
-    client = [sys.executable, "-m", "gpulayer.cli", "--url", f"http://{server.ip}:8470", "--token", tokens["client"]]
+    agent = worker.start(wcontainer, cluster["device_plugin"])
+    client = cli(server, tokens)
 
     def online():
         assert agent.poll() is None, worker.log("worker")
-        listed = subprocess.run([*client, "worker", "list", "--json"], capture_output=True, text=True, timeout=30)
-        found = [w for w in json.loads(listed.stdout or "[]") if w["state"] == "online"] if listed.returncode == 0 else []
-        return found[0] if found else None
+        return next((w for w in get_json(server, tokens, "/v1/workers")["workers"] if w["state"] == "online"), None)
     listed = wait_for("the worker pod's worker to be online", online)
     assert listed["name"] == f"node-{worker.ns}" and listed["resources"]["gpus"] == 1
     assert listed["advertise_address"] == worker.ip
@@ -234,3 +261,42 @@ def test_server_pod_and_worker_pod_serve_a_gpu_service_requested_from_the_server
     serving.send_signal(signal.SIGTERM)
     assert serving.wait(spec["terminationGracePeriodSeconds"]) == 0, server.log("server")
     assert time.monotonic() - started < spec["terminationGracePeriodSeconds"]
+
+
+def test_the_provisioner_creates_a_worker_pod_that_runs_the_job_and_is_deleted_once_idle(cluster):
+    """The provisioner overlay: provisioners.json through the init step; a GPU job no worker can take makes the
+    server create a Pod in the API; that Pod, run as the kubelet would (its spec as the API stored it, the token
+    from its Secret), joins, runs the job, leaves after max_idle_s, and the server deletes it and its Secret."""
+    api, server, net = cluster["api"], cluster["server"], cluster["net"]
+    example = json.loads((DEPLOY.parent / "provisioner" / "provisioners.json").read_text())
+    example[0].update(kubeconfig=str(server.kubeconfig), max_idle_s=1)   # the API is not in-cluster here
+    config = cluster["root"] / "provisioners.json"
+    config.write_text(json.dumps(example))
+    serving, tokens = start_server(server, ("--provisioners", str(config)))
+    client = cli(server, tokens)
+    submitted = subprocess.run([*client, "submit", "--gpus", "1", "--label", "pool=k8s", "--", "echo", "hello from a pod"],
+                               capture_output=True, text=True, timeout=30)
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.split()[0]
+
+    name = wait_for("the provisioner's Pod", lambda: next(iter(api.pods(NAMESPACE)), None))
+    pod_object = api.pods(NAMESPACE)[name]
+    assert name == "gpulayer-k8s-a100-1" and name in api.secrets(NAMESPACE)
+    assert pod_object["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    pod = Pod(pod_object["spec"], net.names[2], net.addresses[2], cluster["root"] / "pod", api, server.kubeconfig)
+    cluster["pods"].append(pod)
+    [container] = pod_object["spec"]["containers"]
+    agent = pod.start(container, cluster["device_plugin"])
+    api.set_phase(name, "Running", podIP=pod.ip)
+
+    def ended():
+        state = get_json(server, tokens, f"/v1/jobs/{job_id}")["state"]
+        return state if state not in ("queued", "waiting", "running") else None
+    assert wait_for("the job on the provisioned Pod", ended) == "succeeded", pod.log("worker") + server.log("server")
+    assert agent.wait(30) == 0, pod.log("worker")          # idle for max_idle_s: the worker leaves
+    api.set_phase(name, "Succeeded")
+    wait_for("the Pod and its Secret deleted", lambda: name not in api.pods(NAMESPACE) and name not in api.secrets(NAMESPACE))
+    listed = subprocess.run([*client, "worker", "list"], capture_output=True, text=True, timeout=30).stdout
+    assert "Provisioning (Kubernetes): k8s [a100]" in listed and name in listed and "attached" in listed, listed
+    serving.send_signal(signal.SIGTERM)
+    assert serving.wait(server.spec["terminationGracePeriodSeconds"]) == 0, server.log("server")

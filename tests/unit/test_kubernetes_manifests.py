@@ -114,7 +114,7 @@ def test_rbac_is_least_privilege():
     assert not by_kind("ClusterRole") and not by_kind("ClusterRoleBinding")
     rules = {(tuple(r["apiGroups"]), tuple(r["resources"])): set(r["verbs"]) for r in role["rules"]}
     assert rules == {
-        (("",), ("pods",)): {"create", "get", "list", "watch", "delete"},
+        (("",), ("pods",)): {"create", "list", "delete"},
         (("",), ("pods/log",)): {"get"},
         (("",), ("secrets",)): {"create", "get", "list", "delete"}}
     [binding] = by_kind("RoleBinding")

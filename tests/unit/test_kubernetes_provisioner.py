@@ -196,6 +196,9 @@ def test_creates_the_exact_pod_and_its_token_secret_then_deletes_them_once_idle(
     assert requests(plane)[0]["state"] == "attached" and POD in kube.pods()   # a running worker is left running
     kube.set_phase(POD, "Succeeded")
     plane.tick()
+    assert POD in kube.pods()                          # looked for every REAP_EVERY_S, not every round
+    clock.advance(prov_mod.REAP_EVERY_S)
+    plane.tick()
     assert kube.pods() == {} and kube.secrets() == {}
     assert ("DELETE", f"/api/v1/namespaces/gpulayer/pods/{POD}") in kube.requests
 

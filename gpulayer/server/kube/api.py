@@ -11,10 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-import httpx2
-from lightkube import ApiError, Client, KubeConfig
-
 TIMEOUT_S = 15.0
+# lightkube (and httpx2 under it) is imported at first use: a control plane without a kubernetes provisioner
+# never loads it, and starts as fast as before.
 
 
 class KubeError(Exception):
@@ -26,9 +25,11 @@ class KubeError(Exception):
         self.reason = reason
 
 
-def connect(kubeconfig: str = "", context: str = "", namespace: str = "default") -> Client:
+def connect(kubeconfig: str = "", context: str = "", namespace: str = "default") -> Any:
     """A client for `namespace`: the file `kubeconfig` (its `context`, else its current one), or, when empty,
     the in-cluster service account, then $KUBECONFIG, then ~/.kube/config. KubeError when none is usable."""
+    import httpx2
+    from lightkube import Client, KubeConfig
     where = kubeconfig or "the in-cluster service account, $KUBECONFIG or ~/.kube/config"
     try:
         config = KubeConfig.from_file(Path(kubeconfig).expanduser()) if kubeconfig else KubeConfig.from_env()
@@ -46,6 +47,8 @@ def connect(kubeconfig: str = "", context: str = "", namespace: str = "default")
 
 def call(what: str, fn: Callable[..., Any], *args, **kwargs) -> Any:
     """`fn(*args, **kwargs)`, with every failure raised as KubeError("<what>: ...")."""
+    import httpx2
+    from lightkube import ApiError
     try:
         return fn(*args, **kwargs)
     except KubeError:

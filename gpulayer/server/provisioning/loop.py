@@ -42,6 +42,7 @@ from gpulayer.server.store.db import Store
 from gpulayer.server.store.queries import row, rows
 
 log = logging.getLogger("gpulayer.server.provisioning.loop")
+REAP_EVERY_S = 15.0   # how often the Pods of departed workers are looked for (two list calls per provisioner)
 
 
 def requests_listing(conn: apsw.Connection, limit: int = 100, before: int | None = None) -> list[dict]:
@@ -136,6 +137,7 @@ class Provisioning:
         self.slurm = {p.name: Slurm(p.login, os.path.expanduser(p.ssh_key) if p.ssh_key else "", env=slurm_env)
                       for p in provisioners if p.type == "slurm"}
         self.kube = {p.name: kubernetes.Kube(p) for p in provisioners if p.type == "kubernetes"}
+        self._reaped_at = {name: -math.inf for name in self.kube}
         self.scripts = deps.config.layout.home / "provisioner"
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -200,9 +202,16 @@ class Provisioning:
         self._reap()
 
     def _reap(self) -> None:
-        """Delete the Pods whose worker left (and stray Secrets) of every kubernetes provisioner."""
+        """Delete the Pods whose worker left (and stray Secrets) of each kubernetes provisioner, every
+        min(REAP_EVERY_S, max_idle_s): a Pod outlives its worker by at most that."""
+        due = [name for name, kube in self.kube.items()
+               if self.now() - self._reaped_at[name] >= min(REAP_EVERY_S, kube.prov.max_idle_s or REAP_EVERY_S)]
+        if not due:
+            return
         open_pods = {r["slurm_job_id"] for r in self.store.read(rows, "open_provision_requests")}
-        for name, kube in self.kube.items():
+        for name in due:
+            kube = self.kube[name]
+            self._reaped_at[name] = self.now()
             try:
                 for pod in kube.reap(open_pods):
                     log.info("provision_pod_deleted provisioner=%s pod=%s", name, pod)
