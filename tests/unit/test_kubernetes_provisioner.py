@@ -300,3 +300,19 @@ def test_a_refusal_is_a_row_of_the_explorers_workers_page(plane, kube):
     page = falcon.testing.TestClient(create_app(str(plane.deps.config.layout.state))).simulate_get("/-/workers")
     assert page.status_code == 200
     assert "<h2>Provisioning</h2>" in page.text and "exceeded quota: gpu-quota" in page.text and "failed" in page.text
+
+
+def test_a_pod_the_api_would_not_delete_is_deleted_later_and_stray_secrets_too(plane, kube, clock):
+    gpu_job(plane)
+    plane.tick()
+    kube.refuse("DELETE", "Pod", 503, "ServiceUnavailable", "etcdserver: request timed out", times=2)
+    clock.advance(600)
+    plane.tick()                                       # timed out; the Pod's deletion failed (twice), and says so
+    [req] = requests(plane)
+    assert req["state"] == "cancelled" and "deleting Pod gpulayer-k8s-a100-1 failed" in req["last_error"]
+    assert "503 ServiceUnavailable: etcdserver: request timed out" in req["last_error"] and POD in kube.pods()
+    stray = kubernetes.secret_manifest(plane.provisioners["k8s"], plane.provisioners["k8s"].profiles[0], 99, "glj_x")
+    plane.kube["k8s"].client.create(__import__("lightkube").codecs.from_dict(stray))
+    clock.advance(prov_mod.REAP_EVERY_S)
+    plane.tick()                                       # the next look deletes the Pending Pod and the stray Secret
+    assert kube.pods() == {} and kube.secrets() == {}

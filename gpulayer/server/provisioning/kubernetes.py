@@ -184,10 +184,12 @@ class Kube:
             return ""
 
     def reap(self, open_names: set[str]) -> list[str]:
-        """Delete this provisioner's ended Pods (their worker exited: idle past max_idle_s, or failed) and the
-        Secrets whose Pod is gone, except those of open requests (the loop judges those); the names deleted."""
+        """Delete, of this provisioner's Pods not of an open request (the loop judges those): the ended ones (their
+        worker exited: idle past max_idle_s, or failed), the Pending ones (of a request that failed or was cancelled
+        while the API would not delete its Pod), and the Secrets whose Pod is gone; the names deleted. A Running Pod
+        of a closed request is left to end: its token is revoked, so its worker cannot register and exits."""
         pods = self.phases()
-        gone = [n for n, p in pods.items() if n not in open_names and describe_phase(p)[0] in ENDED]
+        gone = [n for n, p in pods.items() if n not in open_names and describe_phase(p)[0] in ENDED | {"Pending"}]
         secrets = api.call(f"list Secrets in {self.prov.namespace}", lambda: list(
             self.client.list(self._resource("Secret"), labels={f"{LABEL}/provisioner": self.prov.name})))
         orphans = [s.metadata.name for s in secrets if s.metadata.name not in pods and s.metadata.name not in open_names]

@@ -101,12 +101,6 @@ def batch_script(prov: Provisioner, profile: Profile, request_id: int, token: st
 
 # -- the loop ------------------------------------------------------------------
 
-def _what(req: dict) -> str:
-    """How an error names a request's job: "Slurm job 123" or "Pod gpulayer-k8s-a100-4"."""
-    ref = req.get("slurm_job_id") or "?"
-    return f"Slurm job {ref}" if ref.isdigit() or ref == "?" else f"Pod {ref}"
-
-
 def _shape(prov: Provisioner, profile_name: str) -> dict | None:
     """A profile's resources and labels as provision_demand's :covered takes them."""
     for f in prov.profiles:
@@ -159,7 +153,7 @@ class Provisioning:
                           + ("the Kubernetes API answered" if req["provisioner"] in self.kube else "sbatch answered"))
             elif req["provisioner"] not in self.provisioners:
                 self._end(req, "cancelled", f"provisioner {req['provisioner']!r} is no longer configured; "
-                                            f"{_what(req)} was left as it is")
+                                            f"{self._what(req)} was left as it is")
         self._thread = threading.Thread(target=self._run, name="gpulayer-provisioner", daemon=True)
         self._thread.start()
 
@@ -256,14 +250,19 @@ class Provisioning:
                 tail = self.kube[prov.name].tail(req["slurm_job_id"])
             else:
                 tail = self.slurm[prov.name].tail(output_path(prov, self.scripts).replace("%j", req["slurm_job_id"]))
-            error = (f"{_what(req)} ended ({state if state != 'GONE' else 'no longer listed'}) "
+            error = (f"{self._what(req)} ended ({state if state != 'GONE' else 'no longer listed'}) "
                      "before its worker attached")
             self._end(req, "failed", error + (f"; its output ends with:\n{tail}" if tail else ""))
             return
         timeout = prov.provision_timeout_s
         if timeout and self.now() - req["created_at"] >= timeout:
             self._cancel(req, f"its worker did not attach within provision_timeout_s ({timeout:g} s); "
-                              f"{_what(req)} was {state or 'in an unknown state'}")
+                              f"{self._what(req)} was {state or 'in an unknown state'}")
+
+    def _what(self, req: dict) -> str:
+        """How an error names a request's job: "Slurm job 123" or "Pod gpulayer-k8s-a100-4"."""
+        kind = "Pod" if req["provisioner"] in self.kube else "Slurm job" if req["provisioner"] in self.slurm else "Slurm job or Pod"
+        return f"{kind} {req.get('slurm_job_id')}"
 
     def _wants_worker(self, prov: Provisioner, profile: Profile, covered: list[dict | None]) -> bool:
         last = self.store.read(row, "last_provision_request", provisioner=prov.name, profile=profile.name)
