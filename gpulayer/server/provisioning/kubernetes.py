@@ -81,7 +81,8 @@ def pod_manifest(prov: Provisioner, profile: Profile, request_id: int, worker: s
         "name": "worker", "image": profile.image or prov.image, "command": ["gpulayer"],
         "args": worker_args(prov, profile, worker),
         "env": [{"name": "GPULAYER_JOIN_TOKEN", "valueFrom": {"secretKeyRef": {"name": name, "key": "token"}}},
-                {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+                {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                {"name": "HOME", "value": STATE_DIR}],   # the image's user has no home of its own here
         "volumeMounts": [{"name": "state", "mountPath": STATE_DIR}],
         "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
     }
