@@ -10,7 +10,7 @@ message): `create` (the Secret, then the Pod; a refused Pod takes its Secret wit
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from gpulayer.server.kube import api
 from gpulayer.server.provisioning.config import Profile, Provisioner
@@ -184,16 +184,23 @@ class Kube:
         except api.KubeError:
             return ""
 
-    def reap(self, open_names: set[str]) -> list[str]:
+    def reap(self, open_names: set[str], closed: Callable[[list[int]], set[int]]) -> list[str]:
         """Delete, of this provisioner's Pods not of an open request (the loop judges those): the ended ones (their
-        worker exited: idle past max_idle_s, or failed), the Pending ones (of a request that failed or was cancelled
-        while the API would not delete its Pod), and the Secrets whose Pod is gone; the names deleted. A Running Pod
-        of a closed request is left to end: its token is revoked, so its worker cannot register and exits."""
+        worker exited: idle past max_idle_s, or failed), the Pending ones whose request `closed` says failed or
+        was cancelled (the API would not delete the Pod then), and the Secrets whose Pod is gone; the names
+        deleted. A Running Pod of a closed request is left to end: its token is revoked, so its worker cannot
+        register, and exits."""
         pods = self.phases()
-        gone = [n for n, p in pods.items() if n not in open_names and describe_phase(p)[0] in ENDED | {"Pending"}]
+        gone = {n for n, p in pods.items() if n not in open_names and describe_phase(p)[0] in ENDED}
+        pending = {n: int(p["metadata"]["labels"][f"{LABEL}/request"]) for n, p in pods.items()
+                   if n not in open_names and describe_phase(p)[0] == "Pending"
+                   and (p["metadata"].get("labels") or {}).get(f"{LABEL}/request", "").isdigit()}
+        if pending:
+            ended = closed(sorted(pending.values()))
+            gone |= {n for n, request in pending.items() if request in ended}
         secrets = api.call(f"list Secrets in {self.prov.namespace}", lambda: list(
             self.client.list(self._resource("Secret"), labels={f"{LABEL}/provisioner": self.prov.name})))
-        orphans = [s.metadata.name for s in secrets if s.metadata.name not in pods and s.metadata.name not in open_names]
-        for name in sorted(set(gone) | set(orphans)):
+        gone |= {s.metadata.name for s in secrets if s.metadata.name not in pods and s.metadata.name not in open_names}
+        for name in sorted(gone):
             self.delete(name)
-        return sorted(set(gone) | set(orphans))
+        return sorted(gone)

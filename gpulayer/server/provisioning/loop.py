@@ -207,10 +207,14 @@ class Provisioning:
             kube = self.kube[name]
             self._reaped_at[name] = self.now()
             try:
-                for pod in kube.reap(open_pods):
+                for pod in kube.reap(open_pods, self._closed):
                     log.info("provision_pod_deleted provisioner=%s pod=%s", name, pod)
             except KubeError as exc:
                 log.warning("provision_reap_failed provisioner=%s error=%s", name, json.dumps(str(exc)[-300:]))
+
+    def _closed(self, ids: list[int]) -> set[int]:
+        """Of these request ids, the failed or cancelled ones."""
+        return {r["id"] for r in self.store.read(rows, "closed_provision_requests", ids=json.dumps(ids))}
 
     def _watch_open(self) -> None:
         pending = [r for r in self.store.read(rows, "open_provision_requests")
