@@ -245,11 +245,12 @@ def test_unauthorized_bad_kubeconfig_and_no_answer_are_failed_requests(plane, ku
     assert requests(plane)[0]["last_error"] == f"create Secret {POD}: 401 Unauthorized: Unauthorized"
     assert kube.secrets() == {}
     bad = tmp_path / "garbage"
-    bad.write_text("clusters: [oops")
+    bad.write_text("users: [{name: x, user: {token: sekret-token-value}}\nclusters: [oops")
     plane.kube["k8s"] = kubernetes.Kube(prov_config.parse(changed("0.kubeconfig", str(bad)))[0])
     clock.advance(prov_config.RETRY_AFTER_S)
     plane.tick()
-    assert requests(plane)[0]["last_error"].startswith(f"kubeconfig {bad} is not usable")
+    assert requests(plane)[0]["last_error"].startswith(f"kubeconfig {bad} is not usable: ParserError: ")
+    assert "line 2" in requests(plane)[0]["last_error"] and "sekret" not in requests(plane)[0]["last_error"]
     kube.__exit__()
     plane.kube["k8s"] = kubernetes.Kube(prov_config.parse(changed(
         "0.kubeconfig", str(kube.kubeconfig(tmp_path / "gone"))))[0])

@@ -42,7 +42,17 @@ def connect(kubeconfig: str = "", context: str = "", namespace: str = "default")
     except KubeError:
         raise
     except Exception as exc:  # noqa: BLE001 - a kubeconfig fails in many ways (YAML, missing keys, files it names)
-        raise KubeError(f"kubeconfig {where} is not usable: {type(exc).__name__}: {exc}") from None
+        raise KubeError(f"kubeconfig {where} is not usable: {type(exc).__name__}: {_first_line(exc)}") from None
+
+
+def _first_line(exc: Exception) -> str:
+    """An error's first line, and for a YAML error where it is: never the file's text (a token may be there),
+    which a parse error quotes from the second line on; the error goes to last_error, which clients read."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None)
+    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+    return (f"{getattr(exc, 'context', None) or ''} {problem or ''}".strip() if problem else
+            (str(exc).splitlines() or [""])[0]) + where
 
 
 def call(what: str, fn: Callable[..., Any], *args, **kwargs) -> Any:
