@@ -321,3 +321,27 @@ def test_a_pod_the_api_would_not_delete_is_deleted_later_and_stray_secrets_too(p
     clock.advance(prov_mod.REAP_EVERY_S)
     plane.tick()                                       # the next look deletes the Pending Pod and the stray Secret
     assert kube.pods() == {} and kube.secrets() == {}
+
+
+# -- the control plane pod's init step (its `server init` run: tests/integration/test_kubernetes_smoke.py) --------
+
+def test_init_step_keeps_a_present_secret_and_says_why_it_fails(home, kube, tmp_path, capsys):
+    from gpulayer.server.kube import init
+    argv = ["--home", str(home), "--namespace", "gpulayer", "--kubeconfig", str(kube.kubeconfig(tmp_path / "kc"))]
+    kube.objects["Secret"][("gpulayer", "gpulayer-tokens")] = {"apiVersion": "v1", "kind": "Secret",
+                                                                "metadata": {"name": "gpulayer-tokens"}, "data": {}}
+    assert init.main(argv) == 0 and "nothing to do" in capsys.readouterr().out
+    kube.refuse("GET", "Secret", 403, "Forbidden", 'secrets "gpulayer-tokens" is forbidden: User "system:'
+                                                   'serviceaccount:gpulayer:default" cannot get resource "secrets"',
+                times=1)
+    assert init.main(argv) == 1
+    assert "gpulayer init: get Secret gpulayer-tokens: 403 Forbidden: secrets" in capsys.readouterr().err
+    bad = tmp_path / "provisioners.json"
+    bad.write_text(json.dumps(changed("0.profiles.0.gpus", "one")))
+    assert init.main([*argv, "--provisioners", str(bad)]) == 2
+    assert "provisioners[0].profiles[0].gpus: must be a non-negative integer" in capsys.readouterr().err
+    assert not (home / "provisioners.json").exists()
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(GOOD))
+    assert init.main([*argv, "--provisioners", str(good)]) == 0
+    assert json.loads((home / "provisioners.json").read_text()) == GOOD and (home / "provisioners.json").stat().st_mode & 0o077 == 0
