@@ -141,7 +141,8 @@ EXPECTED_POD = {
         "team": "vision", "app.kubernetes.io/name": "gpulayer-worker", "app.kubernetes.io/managed-by": "gpulayer",
         "gpulayer.dev/provisioner": "k8s", "gpulayer.dev/profile": "a100", "gpulayer.dev/request": "1"}},
     "spec": {
-        "restartPolicy": "Never", "automountServiceAccountToken": False, "terminationGracePeriodSeconds": 60,
+        "restartPolicy": "Never", "automountServiceAccountToken": False, "shareProcessNamespace": True,
+        "terminationGracePeriodSeconds": 60,
         "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"},
         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
         "volumes": [{"name": "state", "emptyDir": {}}],

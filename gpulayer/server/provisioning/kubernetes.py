@@ -89,7 +89,8 @@ def pod_manifest(prov: Provisioner, profile: Profile, request_id: int, worker: s
     resources = _resources(profile)
     if resources:
         container["resources"] = resources
-    spec: dict[str, Any] = {"restartPolicy": "Never", "automountServiceAccountToken": False,
+    # shareProcessNamespace: the pod's pause container is PID 1 and reaps what tasks leave behind.
+    spec: dict[str, Any] = {"restartPolicy": "Never", "automountServiceAccountToken": False, "shareProcessNamespace": True,
                             "terminationGracePeriodSeconds": 60, "containers": [container],
                             "volumes": [{"name": "state", "emptyDir": {}}]}
     if prov.service_account:
