@@ -275,7 +275,9 @@ class WorkersPage:
         with self.ctx.db.session() as session:
             workers = row_dicts(session.query(QUERIES["page_workers"].sql))
             unmatched = session.query(QUERIES["page_unmatched_tasks"].sql)
-        self.ctx.html(resp, "workers.html", title="Workers", workers=workers, unmatched=unmatched)
+            provisioning = session.query(QUERIES["page_provision_requests"].sql)
+        self.ctx.html(resp, "workers.html", title="Workers", workers=workers, unmatched=unmatched,
+                      provisioning=provisioning)
 
 
 class WorkerPage:

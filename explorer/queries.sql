@@ -243,6 +243,18 @@ JOIN jobs j ON j.id = u.job_id
 JOIN tasks t ON t.job_id = u.job_id AND t.state = 'queued' AND t.held = 0
 ORDER BY t.priority DESC, t.id;
 
+-- name: page_provision_requests --
+-- The latest provision requests, newest first (Slurm jobs and Kubernetes Pods asked for by the provisioners of
+-- provisioners.json: docs/operations.md, "Slurm provisioning", and docs/kubernetes.md): each one's state, its Slurm
+-- job or Pod, the worker it brought, and its last error (a refusal of the API or sbatch, an image that will not pull,
+-- a timeout).
+SELECT p.id, p.provisioner, p.profile, p.state, p.slurm_job_id AS job_or_pod, w.name AS worker, p.updated_at,
+       p.last_error
+FROM provision_requests p
+LEFT JOIN workers w ON w.id = p.worker_id
+ORDER BY p.id DESC
+LIMIT 20;
+
 -- name: gpu_hours_by_user --
 -- GPU-hours, CPU-hours, jobs and runs per user from the usage ledger, of runs that ended between :since and :until.
 SELECT coalesce(us.name, '#' || u.user_id) AS user, round(sum(u.gpu_seconds) / 3600.0, 3) AS gpu_hours,

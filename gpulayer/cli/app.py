@@ -162,7 +162,7 @@ def _usage_message(exc) -> str:
 
 #: The import names of the `server` extra (pyproject.toml): the base install lacks them.
 SERVER_PACKAGES = frozenset({"apsw", "falcon", "cheroot", "cryptography", "jinja2", "prometheus_client",
-                             "waitress", "sqlite_utils"})
+                             "waitress", "sqlite_utils", "lightkube", "httpx2"})
 
 
 def _report(exc: Exception) -> int:

@@ -268,7 +268,7 @@ def _print_cordon(answer: dict) -> None:
 
 
 def _print_provisioning(client) -> None:
-    """Below the workers: recent Slurm provision requests, when any provisioner is configured."""
+    """Below the workers: recent provision requests (Slurm jobs, Kubernetes Pods), when any provisioner is configured."""
     from gpulayer.client.errors import NotFound
     try:
         state = client.provisioners(limit=20)
@@ -276,10 +276,12 @@ def _print_provisioning(client) -> None:
         return
     if not state["provisioners"] and not state["requests"]:
         return
-    typer.echo("\nProvisioning (Slurm): " + ", ".join(
+    kinds = [k for k in ("slurm", "kubernetes") if any(p.get("type", "slurm") == k for p in state["provisioners"])]
+    typer.echo(f"\nProvisioning ({', '.join(k.capitalize() for k in kinds) or 'Slurm'}): " + ", ".join(
         f"{p['name']} [{', '.join(f['name'] for f in p['profiles'])}]" for p in state["provisioners"]))
     rows = [[r["id"], r["provisioner"], r["profile"], r["state"], r["slurm_job_id"], r.get("worker_name"),
              fmt_time(r["updated_at"]), (r["last_error"] or "").splitlines()[0][:80] if r["last_error"] else None]
             for r in state["requests"]]
     if rows:
-        print_table(rows, ["REQ", "PROVISIONER", "PROFILE", "STATE", "SLURM_JOB", "WORKER", "UPDATED", "LAST_ERROR"])
+        print_table(rows, ["REQ", "PROVISIONER", "PROFILE", "STATE", "JOB/POD" if "kubernetes" in kinds else "SLURM_JOB",
+                           "WORKER", "UPDATED", "LAST_ERROR"])

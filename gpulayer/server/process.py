@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import apsw
 
+from gpulayer.server.provisioning import config as provisioners_json
 from gpulayer.server.provisioning import loop as provisioner
 from gpulayer.server.replication.home import note_started, restored_marker
 from gpulayer.server.replication.replica import Replica, check_directory, require_binary
@@ -125,7 +126,7 @@ class ControlPlane:
         self._stop = threading.Event()
         self._upkeep: threading.Thread | None = None
         self.notifier: Notifier | None = None   # webhooks, mail and alerts (gpulayer/server/notify/)
-        self.provisioners = provisioner.load(config.layout.provisioners)
+        self.provisioners = provisioners_json.load(config.layout.provisioners)
         self.provisioning: provisioner.Provisioning | None = None
         self.replicator: Replicator | None = None
         self.fenced = threading.Event()   # another control plane took the replica's lease: stop serving

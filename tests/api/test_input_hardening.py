@@ -135,7 +135,7 @@ def test_trailing_newline_is_refused_by_patterns(api, deps, client_h, tokens):
 
 def test_no_validating_pattern_tolerates_a_newline():
     from agent.artifacts import cache
-    from gpulayer.server.provisioning import loop as provisioner
+    from gpulayer.server.provisioning import config as provisioner
     from gpulayer.server import validators
     from gpulayer.server.scheduler import spec
     for pattern, good in ((validators.DIGEST, "sha256:" + "0" * 64), (validators.LABEL_KEY, "gpu"), (spec.ENV_NAME, "A"),

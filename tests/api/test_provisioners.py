@@ -1,12 +1,13 @@
 """GET /v1/provisioners: the configuration and the requests, for a client token only."""
 from __future__ import annotations
 
+from gpulayer.server.provisioning import config as provisioners_json
 from gpulayer.server.provisioning import loop as provisioner
 
 
 def test_provisioners_listing(api, deps, client_h, worker, clock):
     assert api.simulate_get("/v1/provisioners", headers=client_h).json == {"provisioners": [], "requests": [], "next": None}
-    deps.provisioners = provisioner.parse([{"name": "hpc", "control_plane_url": "http://cp:8470",
+    deps.provisioners = provisioners_json.parse([{"name": "hpc", "control_plane_url": "http://cp:8470",
                                             "profiles": [{"name": "cpu", "cpus": 2, "prerun": ["export X=secret"]}]}])
     [p] = deps.provisioners
     profile = p.profiles[0]

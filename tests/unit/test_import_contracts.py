@@ -123,7 +123,7 @@ RULES = {
         [ROOT / "gpulayer/cli" / name for name in SERVER_ADMIN_COMMANDS], ["gpulayer.server"], True),
     "store imports nothing above it": (
         _sources("gpulayer/server/store"),
-        ["gpulayer.server.scheduler", "gpulayer.server.http", "gpulayer.server.provisioning",
+        ["gpulayer.server.scheduler", "gpulayer.server.http", "gpulayer.server.provisioning", "gpulayer.server.kube",
          "gpulayer.server.process", "gpulayer.client", "gpulayer.cli", "falcon", "cheroot", "granian"], False),
     "validators import nothing of the server but its errors": (
         [ROOT / "gpulayer/server/validators.py"], ["gpulayer.server", "gpulayer.client", "gpulayer.cli"], False),
@@ -159,10 +159,14 @@ RULES = {
         [ROOT / "gpulayer/server/http/metrics.py"], ["gpulayer.server.store"], False),
     "scheduler imports nothing of HTTP": (
         _sources("gpulayer/server/scheduler"),
-        ["gpulayer.server.http", "gpulayer.server.process", "gpulayer.server.provisioning", "gpulayer.client",
-         "gpulayer.cli", "falcon", "cheroot", "granian", "waitress", "requests"], False),
+        ["gpulayer.server.http", "gpulayer.server.process", "gpulayer.server.provisioning", "gpulayer.server.kube",
+         "gpulayer.client", "gpulayer.cli", "falcon", "cheroot", "granian", "waitress", "requests"], False),
     "provisioning does not reach into HTTP": (
         _sources("gpulayer/server/provisioning"), ["gpulayer.server.http", "gpulayer.cli", "falcon"], False),
+    "kube (the Kubernetes API, the pod's init step) imports nothing of the scheduler, the store, HTTP or the process": (
+        _sources("gpulayer/server/kube"),
+        ["gpulayer.server.scheduler", "gpulayer.server.store", "gpulayer.server.http", "gpulayer.server.process",
+         "gpulayer.server.runtime", "gpulayer.cli", "falcon", "cheroot", "granian"], False),
     "the server imports nothing of the client or the CLI": (
         _sources("gpulayer/server"), ["gpulayer.client", "gpulayer.cli"], False),
 }

@@ -10,6 +10,7 @@ import stat
 
 import pytest
 
+from gpulayer.server.provisioning import config as prov_config
 from gpulayer.server.provisioning import loop as prov_mod
 from gpulayer.server.scheduler.core import Scheduler
 from gpulayer.server.store.db import Store
@@ -47,10 +48,10 @@ def with_change(path, value):
 # -- configuration ---------------------------------------------------------------
 
 def test_good_config_parses_with_defaults():
-    [p] = prov_mod.parse(GOOD)
-    assert p.control_plane_url == "http://10.0.0.5:8470" and p.retry_after_s == prov_mod.RETRY_AFTER_S
+    [p] = prov_config.parse(GOOD)
+    assert p.control_plane_url == "http://10.0.0.5:8470" and p.retry_after_s == prov_config.RETRY_AFTER_S
     assert p.profiles[0].gpus == 0 and p.profiles[0].parallel == 1 and p.profiles[1].sbatch == ("--partition=gpu",)
-    assert prov_mod.parse({"provisioners": GOOD})[0].name == "hpc"
+    assert prov_config.parse({"provisioners": GOOD})[0].name == "hpc"
 
 
 @pytest.mark.parametrize("path, value, message", [
@@ -76,36 +77,36 @@ def test_good_config_parses_with_defaults():
     ("0.profiles.0.name", "cpu\n", "provisioners[0].profiles[0].name: must be 1-64 letters"),
     ("0.max_idle_s", -5, "provisioners[0].max_idle_s: must be a non-negative number of seconds"),
     ("0.provision_timeout_s", "900", "provisioners[0].provision_timeout_s: must be a non-negative number"),
-    ("0.type", "pbs", 'provisioners[0].type: must be "slurm"'),
+    ("0.type", "pbs", 'provisioners[0].type: must be "slurm" or "kubernetes"'),
     ("0.ssh_key", "/nonexistent/key", "provisioners[0].ssh_key: is only used with login"),
     ("0.login", "-oProxyCommand=x", "provisioners[0].login: must be user@host"),
 ])
 def test_bad_field_is_named(path, value, message):
     with pytest.raises(ConfigError) as caught:
-        prov_mod.parse(with_change(path, value))
+        prov_config.parse(with_change(path, value))
     assert str(caught.value).startswith(message), str(caught.value)
 
 
 def test_top_level_and_duplicates():
     with pytest.raises(ConfigError, match=r"^provisioners: must be a list"):
-        prov_mod.parse({"name": "x"})
+        prov_config.parse({"name": "x"})
     with pytest.raises(ConfigError, match=r"provisioners\[1\]\.name: duplicate provisioner name 'hpc'"):
-        prov_mod.parse(GOOD + GOOD)
+        prov_config.parse(GOOD + GOOD)
     data = with_change("0.login", "me@login")
     data[0]["ssh_key"] = "/nonexistent/key"
     with pytest.raises(ConfigError, match=r"provisioners\[0\]\.ssh_key: no such file"):
-        prov_mod.parse(data)
+        prov_config.parse(data)
 
 
 def test_load_names_the_file(tmp_path):
-    assert prov_mod.load(tmp_path / "missing.json") == []
+    assert prov_config.load(tmp_path / "missing.json") == []
     path = tmp_path / "provisioners.json"
     path.write_text("{not json")
     with pytest.raises(ConfigError, match="provisioners.json: not readable JSON"):
-        prov_mod.load(path)
+        prov_config.load(path)
     path.write_text(json.dumps(with_change("0.profiles.1.gpus", -1)))
     with pytest.raises(ConfigError, match=r"provisioners.json: provisioners\[0\]\.profiles\[1\]\.gpus"):
-        prov_mod.load(path)
+        prov_config.load(path)
 
 
 def test_server_refuses_a_bad_file(config):
@@ -116,7 +117,7 @@ def test_server_refuses_a_bad_file(config):
 
 
 def test_batch_script_and_sbatch_args(tmp_path):
-    [p] = prov_mod.parse(GOOD)
+    [p] = prov_config.parse(GOOD)
     gpu = p.profiles[1]
     script = prov_mod.batch_script(p, gpu, 7, "glj_secret")
     lines = script.splitlines()
@@ -160,7 +161,7 @@ class FakeSlurm:
 def plane(config, clock):
     store = Store(config.layout.state)
     sched = Scheduler(store, config, clock)
-    [p] = prov_mod.parse(GOOD)
+    [p] = prov_config.parse(GOOD)
     deps = prov_mod.ProvisioningDeps(config=config, store=store, scheduler=sched, auth=sched.auth, clock=clock)
     loop = prov_mod.Provisioning([p], deps)
     loop.slurm["hpc"] = FakeSlurm()
@@ -198,7 +199,7 @@ def test_demand_submits_once_per_profile_and_attaches(plane, clock):
     assert mode == "0o700" and path.startswith(str(plane.scripts))
     token = plane.store.read(lambda c: c.execute("SELECT * FROM tokens WHERE source = 'provisioner' ORDER BY "
                                                  "created_at LIMIT 1").fetchall()[0])
-    assert token["expires_at"] == pytest.approx(clock.now + prov_mod.TOKEN_TTL_S)
+    assert token["expires_at"] == pytest.approx(clock.now + prov_config.TOKEN_TTL_S)
     assert json.loads(token["labels"]) == {"pool": "slurm"} and token["name"] == "hpc-cpu-1"
     register_with(plane, 1, "hpc-cpu-1")
     plane.tick()
@@ -242,7 +243,7 @@ def test_timeout_cancels_and_revokes_then_waits_before_asking_again(plane, clock
     tokens = plane.store.read(lambda c: c.execute("SELECT revoked_at FROM tokens WHERE source = 'provisioner'")
                               .fetchall())
     assert tokens[0]["revoked_at"] is not None
-    clock.advance(prov_mod.RETRY_AFTER_S - 1)
+    clock.advance(prov_config.RETRY_AFTER_S - 1)
     plane.tick()
     assert len(requests(plane)) == 1
     clock.advance(1)
@@ -270,7 +271,7 @@ def test_sbatch_refusal_is_a_failed_request(plane):
 
 
 def test_disabled_timeout_keeps_waiting_and_stop_cancels(plane, clock):
-    plane.provisioners["hpc"] = p = prov_mod.parse(with_change("0.provision_timeout_s", 0))[0]
+    plane.provisioners["hpc"] = p = prov_config.parse(with_change("0.provision_timeout_s", 0))[0]
     plane.deps.scheduler.submit(job(labels={"pool": "slurm", "gpu": "h100"}, gpus=1))
     plane.tick()
     clock.advance(10 * 86400)

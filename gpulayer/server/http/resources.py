@@ -14,6 +14,7 @@ from gpulayer.server.config import PROTOCOL
 from gpulayer.server.errors import InvalidRequest, NotFound
 from gpulayer.server.http import paging, wire
 from gpulayer.server.notify import targets
+from gpulayer.server.provisioning import config as provisioners_json
 from gpulayer.server.provisioning import loop as provisioner
 from gpulayer.server.scheduler import checkpoints, secrets, teams, tokens, views, workers
 from gpulayer.server.validators import check_digest
@@ -387,13 +388,13 @@ class WorkerControl(Resource):
 
 
 class Provisioners(Resource):
-    """Slurm provisioning: the configured provisioners and their recent requests."""
+    """Provisioning (Slurm, Kubernetes): the configured provisioners and their recent requests."""
 
     def on_get(self, req, resp):
         limit, before = paging.params(req, "/v1/provisioners")
         found, more = paging.cut(self.store.read(provisioner.requests_listing, limit + 1, before), limit)
         resp.media = paging.answer("requests", found, more, "id",
-                                   provisioners=provisioner.describe(self.deps.provisioners))
+                                   provisioners=provisioners_json.describe(self.deps.provisioners))
 
 
 class Tokens(Resource):

@@ -1,20 +1,21 @@
-"""Slurm provisioning: grow the fleet by submitting Slurm jobs that run `gpulayer worker start`.
+"""Provisioning: grow the fleet with Slurm jobs, or Kubernetes Pods, that run `gpulayer worker start`.
 
-`load(path)` reads and validates `$GPULAYER_HOME/provisioners.json` (raises
-ConfigError naming the bad field). `Provisioning(provisioners, deps)`, over
+`config.load(path)` reads `$GPULAYER_HOME/provisioners.json`. `Provisioning(provisioners, deps)`, over
 its own `ProvisioningDeps` (built by server/process.py, nothing of HTTP), runs a
-loop in its own thread (Slurm's tools may sit behind ssh and take seconds,
-which the lease-expiry upkeep must not wait for). Each round it:
+loop in its own thread (Slurm's tools may sit behind ssh and take seconds, and the
+Kubernetes API answers over the network, which the lease-expiry upkeep must not wait for). Each round it:
 
 1. marks `attached` the open requests whose token a worker registered with;
-2. fails the ones whose Slurm job ended without attaching, and cancels
-   (`scancel`) the ones older than `provision_timeout_s`;
+2. fails the ones whose Slurm job or Pod ended without attaching, and cancels
+   (`scancel`, or deletes the Pod) the ones older than `provision_timeout_s`;
 3. for each profile without an open request, when queued tasks fit the
    profile and no online worker with room can take them (the
    `provision_demand` query), mints a join token for one worker and submits
-   one batch script.
+   one batch script, or creates one Pod and the Secret of its token (provisioning/kubernetes.py);
+4. deletes the Pods whose worker has left (idle past `max_idle_s`) and their Secrets.
 
-`stop()` cancels every open request. docs/operations.md, "Slurm provisioning".
+A request's `slurm_job_id` is the Slurm job id, or the Pod's name. `stop()` cancels every open request.
+docs/operations.md, "Slurm provisioning"; docs/kubernetes.md, "The Kubernetes provisioner".
 """
 from __future__ import annotations
 
@@ -22,17 +23,18 @@ import json
 import logging
 import math
 import os
-import re
 import shlex
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import apsw
 
 from gpulayer.server.config import ControlPlaneConfig
-from gpulayer.server.errors import ConfigError
+from gpulayer.server.kube.api import KubeError
+from gpulayer.server.provisioning import kubernetes
+from gpulayer.server.provisioning.config import LOOP_INTERVAL_S, TOKEN_TTL_S, Profile, Provisioner
 from gpulayer.server.provisioning.slurm import ENDED, Slurm, SlurmError
 from gpulayer.server.scheduler.core import Scheduler
 from gpulayer.server.security import auth
@@ -40,195 +42,7 @@ from gpulayer.server.store.db import Store
 from gpulayer.server.store.queries import row, rows
 
 log = logging.getLogger("gpulayer.server.provisioning.loop")
-
-TOKEN_TTL_S = 24 * 3600.0        # a provisioned worker's join token
-MAX_IDLE_S = 300.0
-PROVISION_TIMEOUT_S = 900.0
-RETRY_AFTER_S = 60.0             # after a failed or cancelled request, before the profile asks again
-LOOP_INTERVAL_S = 1.0
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")  # \Z: `$` would let a trailing newline through
-_URL = re.compile(r"https?://[^/\s]+(?:/\S*)?")   # fullmatch: no space or newline anywhere
-
-
-@dataclass(frozen=True)
-class Profile:
-    """One kind of worker a provisioner can ask Slurm for."""
-
-    name: str
-    cpus: float = 0
-    gpus: int = 0
-    ram_mb: int = 0
-    labels: dict = field(default_factory=dict)
-    sbatch: tuple = ()
-    prerun: tuple = ()
-    parallel: int = 1
-
-
-@dataclass(frozen=True)
-class Provisioner:
-    """One Slurm cluster, reached locally (`login` empty) or over ssh."""
-
-    name: str
-    control_plane_url: str
-    profiles: tuple
-    login: str = ""
-    ssh_key: str = ""
-    max_idle_s: float = MAX_IDLE_S
-    provision_timeout_s: float = PROVISION_TIMEOUT_S
-    retry_after_s: float = RETRY_AFTER_S
-    ca_file: str = ""
-    output: str = ""
-
-
-# -- configuration -------------------------------------------------------------
-
-def _bad(path: str, message: str):
-    return ConfigError(f"{path}: {message}")
-
-
-def _fields(obj, path: str, known: dict, required: tuple) -> dict:
-    if not isinstance(obj, dict):
-        raise _bad(path, "must be an object")
-    unknown = sorted(set(obj) - set(known))
-    if unknown:
-        raise _bad(f"{path}.{unknown[0]}", f"unknown field (known: {', '.join(sorted(known))})")
-    for name in required:
-        if name not in obj:
-            raise _bad(f"{path}.{name}", "is required")
-    out = {}
-    for name, check in known.items():
-        if name in obj:
-            out[name] = check(obj[name], f"{path}.{name}")
-    return out
-
-
-def _name(value, path):
-    if not isinstance(value, str) or not _NAME.fullmatch(value):
-        raise _bad(path, "must be 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit")
-    return value
-
-
-def _text(value, path):
-    if not isinstance(value, str):
-        raise _bad(path, "must be a string")
-    return value
-
-
-def _seconds(value, path):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or not math.isfinite(value):
-        raise _bad(path, "must be a non-negative number of seconds (0 disables)")
-    return float(value)
-
-
-def _number(value, path):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or not math.isfinite(value):
-        raise _bad(path, "must be a non-negative number")
-    return value
-
-
-def _count(value, path):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise _bad(path, "must be a non-negative integer")
-    return value
-
-
-def _positive(value, path):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise _bad(path, "must be a positive integer")
-    return value
-
-
-def _labels(value, path):
-    if not isinstance(value, dict) or not all(isinstance(k, str) and k and isinstance(v, str)
-                                              for k, v in value.items()):
-        raise _bad(path, 'must be an object of non-empty string keys to string values, e.g. {"gpu": "h100"}')
-    return dict(value)
-
-
-def _lines(value, path):
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise _bad(path, "must be a list of strings")
-    for i, line in enumerate(value):
-        if "\n" in line or "\r" in line:
-            raise _bad(f"{path}[{i}]", "must be one line")
-    return tuple(value)
-
-
-def _url(value, path):
-    if not isinstance(value, str) or not _URL.fullmatch(value):
-        raise _bad(path, "must be the http:// or https:// URL that compute nodes reach the control plane at")
-    return value.rstrip("/")
-
-
-PROFILE_FIELDS = {"name": _name, "cpus": _number, "gpus": _count, "ram_mb": _count, "labels": _labels,
-                  "sbatch": _lines, "prerun": _lines, "parallel": _positive}
-PROVISIONER_FIELDS = {"type": _text, "name": _name, "login": _text, "ssh_key": _text,
-                      "control_plane_url": _url, "max_idle_s": _seconds, "provision_timeout_s": _seconds,
-                      "retry_after_s": _seconds, "ca_file": _text, "output": _text, "profiles": lambda v, p: v}
-
-
-def _profiles(value, path: str) -> tuple:
-    if not isinstance(value, list) or not value:
-        raise _bad(path, "must be a non-empty list of profiles")
-    out, seen = [], set()
-    for i, raw in enumerate(value):
-        fields = _fields(raw, f"{path}[{i}]", PROFILE_FIELDS, ("name",))
-        if fields["name"] in seen:
-            raise _bad(f"{path}[{i}].name", f"duplicate profile name {fields['name']!r}")
-        seen.add(fields["name"])
-        out.append(Profile(**fields))
-    return tuple(out)
-
-
-def parse(data) -> list[Provisioner]:
-    """Validate the decoded provisioners.json (a list, or {"provisioners": [...]}); raises ConfigError."""
-    if isinstance(data, dict) and set(data) == {"provisioners"}:
-        data = data["provisioners"]
-    if not isinstance(data, list):
-        raise _bad("provisioners", "must be a list of provisioners")
-    out, seen = [], set()
-    for i, raw in enumerate(data):
-        path = f"provisioners[{i}]"
-        fields = _fields(raw, path, PROVISIONER_FIELDS, ("name", "control_plane_url", "profiles"))
-        if fields.pop("type", "slurm") != "slurm":
-            raise _bad(f"{path}.type", 'must be "slurm" (the only kind there is)')
-        if fields["name"] in seen:
-            raise _bad(f"{path}.name", f"duplicate provisioner name {fields['name']!r}")
-        seen.add(fields["name"])
-        if fields.get("ssh_key") and not fields.get("login"):
-            raise _bad(f"{path}.ssh_key", "is only used with login (user@host); login is empty")
-        if fields.get("ssh_key") and not Path(fields["ssh_key"]).expanduser().is_file():
-            raise _bad(f"{path}.ssh_key", f"no such file: {fields['ssh_key']}")
-        if fields.get("login", "").startswith("-"):
-            raise _bad(f"{path}.login", "must be user@host, not an option")
-        fields["profiles"] = _profiles(fields["profiles"], f"{path}.profiles")
-        out.append(Provisioner(**fields))
-    return out
-
-
-def load(path: Path) -> list[Provisioner]:
-    """The provisioners of `path`; [] when the file does not exist. Raises ConfigError naming the bad field."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{path}: not readable JSON: {exc}") from None
-    try:
-        return parse(data)
-    except ConfigError as exc:
-        raise ConfigError(f"{path}: {exc.message}") from None
-
-
-def describe(provisioners: list[Provisioner]) -> list[dict]:
-    """The configuration as /v1/provisioners shows it (no prerun lines, which may hold secrets)."""
-    return [{"name": p.name, "login": p.login, "control_plane_url": p.control_plane_url,
-             "max_idle_s": p.max_idle_s, "provision_timeout_s": p.provision_timeout_s,
-             "retry_after_s": p.retry_after_s,
-             "profiles": [{"name": f.name, "cpus": f.cpus, "gpus": f.gpus, "ram_mb": f.ram_mb,
-                           "labels": f.labels, "parallel": f.parallel, "sbatch": list(f.sbatch)}
-                          for f in p.profiles]} for p in provisioners]
+REAP_EVERY_S = 15.0   # how often the Pods of departed workers are looked for (two list calls per provisioner)
 
 
 def requests_listing(conn: apsw.Connection, limit: int = 100, before: int | None = None) -> list[dict]:
@@ -315,7 +129,9 @@ class Provisioning:
         self.deps = deps
         self.interval_s = interval_s
         self.slurm = {p.name: Slurm(p.login, os.path.expanduser(p.ssh_key) if p.ssh_key else "", env=slurm_env)
-                      for p in provisioners}
+                      for p in provisioners if p.type == "slurm"}
+        self.kube = {p.name: kubernetes.Kube(p) for p in provisioners if p.type == "kubernetes"}
+        self._reaped_at = {name: -math.inf for name in self.kube}
         self.scripts = deps.config.layout.home / "provisioner"
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -333,15 +149,16 @@ class Provisioning:
         os.chmod(self.scripts, 0o700)
         for req in self.store.read(rows, "open_provision_requests"):
             if req["state"] == "requested":
-                self._end(req, "failed", "the control plane stopped before sbatch answered")
+                self._end(req, "failed", "the control plane stopped before "
+                          + ("the Kubernetes API answered" if req["provisioner"] in self.kube else "sbatch answered"))
             elif req["provisioner"] not in self.provisioners:
                 self._end(req, "cancelled", f"provisioner {req['provisioner']!r} is no longer configured; "
-                                            f"Slurm job {req['slurm_job_id']} was left as it is")
+                                            f"{self._what(req)} was left as it is")
         self._thread = threading.Thread(target=self._run, name="gpulayer-provisioner", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop the loop and cancel every open request (scancel); the store must still be open."""
+        """Stop the loop and cancel every open request (scancel, or delete the Pod); the store must still be open."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=120)
@@ -376,6 +193,28 @@ class Provisioning:
                 if self._wants_worker(prov, profile, covered):
                     self._submit(prov, profile)
                     covered.append(_shape(prov, profile.name))
+        self._reap()
+
+    def _reap(self) -> None:
+        """Delete the Pods whose worker left (and stray Secrets) of each kubernetes provisioner, every
+        min(REAP_EVERY_S, max_idle_s): a Pod outlives its worker by at most that."""
+        due = [name for name, kube in self.kube.items()
+               if self.now() - self._reaped_at[name] >= min(REAP_EVERY_S, kube.prov.max_idle_s or REAP_EVERY_S)]
+        if not due:
+            return
+        open_pods = {r["slurm_job_id"] for r in self.store.read(rows, "open_provision_requests")}
+        for name in due:
+            kube = self.kube[name]
+            self._reaped_at[name] = self.now()
+            try:
+                for pod in kube.reap(open_pods, self._closed):
+                    log.info("provision_pod_deleted provisioner=%s pod=%s", name, pod)
+            except KubeError as exc:
+                log.warning("provision_reap_failed provisioner=%s error=%s", name, json.dumps(str(exc)[-300:]))
+
+    def _closed(self, ids: list[int]) -> set[int]:
+        """Of these request ids, the failed or cancelled ones."""
+        return {r["id"] for r in self.store.read(rows, "closed_provision_requests", ids=json.dumps(ids))}
 
     def _watch_open(self) -> None:
         pending = [r for r in self.store.read(rows, "open_provision_requests")
@@ -383,28 +222,51 @@ class Provisioning:
         for name in {r["provisioner"] for r in pending}:
             mine = [r for r in pending if r["provisioner"] == name]
             try:
-                states = self.slurm[name].states([r["slurm_job_id"] for r in mine])
-            except SlurmError as exc:
+                states = self._states(name, mine)
+            except (SlurmError, KubeError) as exc:
                 for r in mine:
                     self.deps.scheduler.provision_note_error(r["id"], str(exc), self.now())
                 states = None
             for r in mine:
                 self._judge(self.provisioners[name], r, None if states is None else states.get(r["slurm_job_id"], "GONE"))
 
+    def _states(self, name: str, mine: list[dict]) -> dict[str, str]:
+        """{slurm_job_id: state} of the open requests of provisioner `name` (a Pod's phase for Kubernetes);
+        a Pod kept from running (an image that will not pull, no node fits) says why in the request's row."""
+        if name not in self.kube:
+            return self.slurm[name].states([r["slurm_job_id"] for r in mine])
+        pods = self.kube[name].phases()
+        states = {}
+        for r in mine:
+            if r["slurm_job_id"] in pods:
+                states[r["slurm_job_id"]], stuck = kubernetes.describe_phase(pods[r["slurm_job_id"]])
+                if stuck:
+                    self.deps.scheduler.provision_note_error(r["id"], f"Pod {r['slurm_job_id']}: {stuck}", self.now())
+        return states
+
     def _judge(self, prov: Provisioner, req: dict, state: str | None) -> None:
-        if state is not None and (state in ENDED or state == "GONE"):
+        ended = kubernetes.ENDED if prov.type == "kubernetes" else ENDED
+        if state is not None and (state in ended or state == "GONE"):
             # It may have attached between the attach query and squeue: look once more.
             if self.deps.scheduler.provision_attach(self.now()):
                 return
-            tail = self.slurm[prov.name].tail(output_path(prov, self.scripts).replace("%j", req["slurm_job_id"]))
-            error = (f"Slurm job {req['slurm_job_id']} ended ({state if state != 'GONE' else 'no longer listed'}) "
+            if prov.type == "kubernetes":
+                tail = self.kube[prov.name].tail(req["slurm_job_id"])
+            else:
+                tail = self.slurm[prov.name].tail(output_path(prov, self.scripts).replace("%j", req["slurm_job_id"]))
+            error = (f"{self._what(req)} ended ({state if state != 'GONE' else 'no longer listed'}) "
                      "before its worker attached")
             self._end(req, "failed", error + (f"; its output ends with:\n{tail}" if tail else ""))
             return
         timeout = prov.provision_timeout_s
         if timeout and self.now() - req["created_at"] >= timeout:
             self._cancel(req, f"its worker did not attach within provision_timeout_s ({timeout:g} s); "
-                              f"Slurm job {req['slurm_job_id']} was {state or 'in an unknown state'}")
+                              f"{self._what(req)} was {state or 'in an unknown state'}")
+
+    def _what(self, req: dict) -> str:
+        """How an error names a request's job: "Slurm job 123" or "Pod gpulayer-k8s-a100-4"."""
+        kind = "Pod" if req["provisioner"] in self.kube else "Slurm job" if req["provisioner"] in self.slurm else "Slurm job or Pod"
+        return f"{kind} {req.get('slurm_job_id')}"
 
     def _wants_worker(self, prov: Provisioner, profile: Profile, covered: list[dict | None]) -> bool:
         last = self.store.read(row, "last_provision_request", provisioner=prov.name, profile=profile.name)
@@ -425,6 +287,9 @@ class Provisioning:
             prov.name, profile.name, lambda request_id: worker_name(prov, profile, request_id), profile.labels,
             token_hash=self.deps.auth.hash(secret), jti=jti, expires_at=now + TOKEN_TTL_S, now=now)
         log.info("provision_requested request=%s provisioner=%s profile=%s", req["id"], prov.name, profile.name)
+        if prov.type == "kubernetes":
+            self._create_pod(prov, profile, req, secret)
+            return
         script = batch_script(prov, profile, req["id"], secret)
         path = self.scripts / f"request-{req['id']}.sh"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o700)
@@ -438,9 +303,20 @@ class Provisioning:
         self.deps.scheduler.provision_submitted(req["id"], job_id, self.now())
         log.info("provision_submitted request=%s slurm_job=%s", req["id"], job_id)
 
+    def _create_pod(self, prov: Provisioner, profile: Profile, req: dict, token: str) -> None:
+        """The request's Secret and Pod; a refusal (401, 403, quota, 409, 422, no answer) fails the request."""
+        pod = kubernetes.pod_manifest(prov, profile, req["id"], req["name"])
+        try:
+            name = self.kube[prov.name].create(pod, kubernetes.secret_manifest(prov, profile, req["id"], token))
+        except KubeError as exc:
+            self._end({"id": req["id"]}, "failed", str(exc))   # create() took back what it had made
+            return
+        self.deps.scheduler.provision_submitted(req["id"], name, self.now())
+        log.info("provision_submitted request=%s pod=%s", req["id"], name)
+
     def _cancel(self, req: dict, reason: str) -> None:
         error = reason
-        if req.get("slurm_job_id"):
+        if req.get("slurm_job_id") and req["provisioner"] in self.slurm:
             try:
                 self.slurm[req["provisioner"]].cancel(req["slurm_job_id"])
             except SlurmError as exc:
@@ -448,6 +324,13 @@ class Provisioning:
         self._end(req, "cancelled", error)
 
     def _end(self, req: dict, state: str, error: str) -> None:
+        if req.get("provisioner") in self.kube:
+            # Never a Pod left behind: a request that ends takes its Pod and Secret with it.
+            name = req.get("slurm_job_id") or f"gpulayer-{req['provisioner']}-{req['profile']}-{req['id']}"
+            try:
+                self.kube[req["provisioner"]].delete(name)
+            except KubeError as exc:
+                error += f"; deleting Pod {name} failed (the next rounds try again): {exc}"
         ended = self.deps.scheduler.provision_end(req["id"], state, error, self.now())
         if ended is not None:
             self.deps.auth.invalidate()

@@ -69,6 +69,12 @@ WHERE id = :id AND state IN ('requested', 'pending');
 SELECT id, provisioner, profile, state, slurm_job_id, token_jti, created_at, updated_at
 FROM provision_requests WHERE state IN ('requested', 'pending') ORDER BY id;
 
+-- name: closed_provision_requests --
+-- Of the request ids :ids (a JSON list: those of Pods still Pending), the ones failed or cancelled, whose Pod the
+-- Kubernetes provisioner may delete (an attached one's Pod may only look Pending to a lagging API).
+SELECT id FROM provision_requests
+WHERE id IN (SELECT value FROM json_each(:ids)) AND state IN ('failed', 'cancelled');
+
 -- name: last_provision_request --
 -- The newest request of one profile (its state and when it last changed).
 SELECT id, state, updated_at FROM provision_requests
