@@ -18,6 +18,8 @@ class Counters:
         self.outstanding: Counter[int] = Counter()
         # Replicas draining (task ids): the proxy sends them nothing new, before its cached set knows it.
         self.draining: frozenset[int] = frozenset()
+        # Requests held per service (job id) while a service at zero starts a replica (the autoscaler's load).
+        self.held: Counter[int] = Counter()
 
     def in_flight(self) -> dict[int, int]:
         """A copy of the requests in flight per replica (task id), safe to read off the proxy's loop."""
