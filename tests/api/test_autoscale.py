@@ -122,3 +122,24 @@ def test_autoscaling_needs_an_ingress_and_a_starting_count_within_bounds(sim):
     assert sim.get("/jobs")["jobs"] == []
     batch = sim.submit({"command": ["x"]})
     assert sim.job(batch)["scaling"] is None
+
+
+def test_a_request_at_zero_wakes_one_replica_once(sim, deps):
+    a = sim.worker("a")
+    job_id = sim.submit(_spec(min=0))
+    task = sim.take(a)
+    sim.beat(a, (task["task_id"], "running", "10.0.0.1:8000", 0))
+    _tick(sim, 5.5)
+    sim.clock.advance(3)
+    deps.scheduler.advance_service_drains()
+    sim.post(a, f"/tasks/{task['task_id']}/finish", {"exit_code": 0, "outcome": "succeeded", "outputs": {}})
+    deps.scheduler.ingress.held[job_id] = 1                       # a request held by the ingress
+    woken = deps.scheduler.wake_service(job_id)
+    assert (woken["from"], woken["to"], woken["why"], len(woken["added"])) == (0, 1, "wake", 1)
+    assert deps.scheduler.wake_service(job_id) is None            # one on its way: no second
+    assert _tick(sim, 4) == []                                    # held requests are load: no scale to zero meanwhile
+    assert sim.take(a)["task_id"] == woken["added"][0]
+    history = sim.job(job_id)["scaling"]["history"]
+    assert [(h["why"], h["in_flight"]) for h in history] == [("zero", 0), ("wake", 1)]
+    other = sim.submit(_spec())                                  # min 1: never woken by a request
+    assert deps.scheduler.wake_service(other) is None

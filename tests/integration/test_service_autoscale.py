@@ -5,6 +5,11 @@ once (three requests in flight, target 1) scale it from 1 to 2 replicas (max) af
 (one in flight) scales it back to 1 after `down_after_s`: the newest replica leaves the ingress's set, finishes
 what it holds, and stops. Not one request of the whole run fails (a connection error or a 5xx), the service
 runs on, and `job status` shows its replicas over time.
+
+Scale to zero (point 2), on the same plane: a service with `min` 0 releases its replica once idle; the next
+request through the ingress is held while a replica is placed and started, then answered. One whose replica
+takes longer to start than its `cold_start_timeout_s` answers 503 `cold_start_timeout`, and a request past its
+`max_held` 503 `cold_start_queue_full` at once; once the replica is up, requests are answered.
 """
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ pytestmark = pytest.mark.timeout(240)
 
 REPLICA = r"""
 import http.server, os, time
+time.sleep(float(os.environ.get("START_DELAY", "0")))
 
 class H(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
@@ -123,4 +129,55 @@ def test_replicas_follow_the_load_and_the_one_removed_drops_nothing(plane):
     status = plane.cli("job", "status", str(job_id))
     assert status.returncode == 0, status.stderr
     assert "replicas 1 -> 2" in status.stdout and "replicas 2 -> 1" in status.stdout and "(down: " in status.stdout
+    assert plane.cli("job", "cancel", str(job_id)).returncode == 0
+
+
+def _at_zero(plane, job_id):
+    """The job once scaled to zero: no live task left (its GPUs released), the drain done."""
+    def zero():
+        job = plane.job(job_id)
+        live = [t for t in job["tasks"] if t["state"] in ("queued", "assigned", "running")]
+        return job if job["scaling"]["replicas"] == 0 and not live else None
+    return wait_for(zero, 60, f"job {job_id} to scale to zero", details=plane.logs)
+
+
+def test_scaled_to_zero_the_next_request_is_held_then_served(plane):
+    spec = service([sys.executable, "-c", REPLICA], ingress="public",
+                   autoscale={"min": 0, "max": 1, "down_after_s": 1, "cold_start_timeout_s": 60})
+    job_id = plane.submit(spec)
+    url = f"{plane.url}/ingress/{job_id}/"
+    wait_for(lambda: _scaling(plane, job_id)["ready"] == 1, 60, "the first replica to be ready", details=plane.logs)
+    job = _at_zero(plane, job_id)
+    assert job["state"] == "running"
+    answer = requests.get(url + "hello", timeout=90)
+    assert answer.status_code == 200, answer.text
+    job = plane.job(job_id)
+    assert [h["why"] for h in job["scaling"]["history"]] == ["zero", "wake"]
+    assert answer.text == str(next(t["task_id"] for t in job["tasks"] if t["state"] == "running"))
+    assert plane.cli("job", "cancel", str(job_id)).returncode == 0
+
+
+def test_a_slow_cold_start_answers_503_with_a_clear_body_and_a_bounded_queue(plane):
+    spec = service([sys.executable, "-c", REPLICA], ingress="public", env={"START_DELAY": "4"},
+                   autoscale={"min": 0, "max": 1, "down_after_s": 1, "cold_start_timeout_s": 1.5, "max_held": 1})
+    job_id = plane.submit(spec)
+    url = f"{plane.url}/ingress/{job_id}/"
+    wait_for(lambda: _scaling(plane, job_id)["ready"] == 1, 60, "the first replica to be ready",
+             details=lambda: f"{plane.job(job_id)} {plane.events(job_id)}")
+    _at_zero(plane, job_id)
+    answers: list[requests.Response] = []
+    first = threading.Thread(target=lambda: answers.append(requests.get(url + "a", timeout=30)))
+    first.start()
+    wait_for(lambda: any(e["kind"] == "service_scaled" and e["data"]["why"] == "wake" for e in plane.events(job_id)),
+             20, "the wake-up")
+    full = requests.get(url + "b", timeout=30)
+    assert full.status_code == 503 and full.json()["error"]["code"] == "cold_start_queue_full", full.text
+    assert "max_held" in full.json()["error"]["message"] and full.headers["retry-after"] == "1"
+    first.join(timeout=30)
+    [late] = answers
+    assert late.status_code == 503 and late.json()["error"]["code"] == "cold_start_timeout", late.text
+    assert "cold_start_timeout_s" in late.json()["error"]["message"]
+    served = wait_for(lambda: (r := requests.get(url + "c", timeout=30)).status_code == 200 and r, 60,
+                      "the replica woken to answer", details=plane.logs)
+    assert served.text.isdigit()
     assert plane.cli("job", "cancel", str(job_id)).returncode == 0

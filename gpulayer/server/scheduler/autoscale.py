@@ -6,7 +6,8 @@ the requests it holds for a service at zero; runtime/autoscale.py keeps the samp
 are added when every sample of the last `up_after_s` was over `target_concurrency` per replica, to as many as
 the window's mean load needs (one step: a load of four times one replica's target asks for four); removed
 when every sample of the last `down_after_s` was under, to as few as the window's highest load needs (zero
-for an idle service with `min` 0); brought up to `min` at once. `apply` makes a decision in one transaction
+for an idle service with `min` 0), and only while every replica is ready (a replica still starting is never
+removed for a load measured without it); brought up to `min` at once. `apply` makes a decision in one transaction
 against the replicas as they are then: added replicas are new queued tasks of the current attempt (placed as
 any task is: quotas, priority, fair share, reservations), removed ones the newest, drained
 (service_drain.py: their requests in flight finish first). Each decision is a `service_scaling` row and a
@@ -85,7 +86,7 @@ def decide(service: Service, up: list[int] | None, down: list[int] | None) -> De
     if up and n < hi and min(up) > target * n:
         mean = sum(up) / len(up)
         return Decision(min(hi, max(n + 1, math.ceil(mean / target - 1e-9))), "up", mean / ready, mean)
-    if down and n > lo:
+    if down and n > lo and service.ready >= n:  # never while a replica is still starting (it may be needed)
         peak = max(down)
         want = max(lo, math.ceil(peak / target - 1e-9))
         if want < n:
@@ -124,6 +125,19 @@ def apply(conn: apsw.Connection, now: float, job_id: int, expected: int, decisio
             "drained": drained}
 
 
+def wake(conn: apsw.Connection, now: float, job_id: int, held: int) -> dict | None:
+    """A request through the ingress for service `job_id` at zero (`min` 0, no live replica): one replica now
+    (`why` wake), for the `held` requests; None when it has a live replica already (one on its way) or is no
+    running service that scales to zero."""
+    job = row(conn, "get_job", job_id=job_id)
+    if job is None or job["state"] not in ("queued", "running") or job["kind"] != "service":
+        return None
+    scale = json.loads(job["spec"])["service"].get("autoscale") or {}
+    if scale.get("min") != 0 or rows(conn, "service_live_replicas", job_id=job_id):
+        return None
+    return apply(conn, now, job_id, 0, Decision(1, "wake", float(held), float(held)), 0)
+
+
 def view(conn: apsw.Connection, job: dict) -> dict | None:
     """The job read's `scaling` for a service that autoscales (else None): its live replicas now (`replicas`,
     draining ones left out; `ready`: in the ingress's set) and its latest decisions, oldest first (`history`:
@@ -135,4 +149,4 @@ def view(conn: apsw.Connection, job: dict) -> dict | None:
             "history": list(reversed(rows(conn, "service_scaling_of", job_id=job["id"], limit=SHOWN)))}
 
 
-__all__ = ["Decision", "Replica", "Service", "apply", "decide", "services", "view"]
+__all__ = ["Decision", "Replica", "Service", "apply", "decide", "services", "view", "wake"]

@@ -37,6 +37,14 @@ class Services(Facade):
             return []
         return self._write(service_drain.advance, self.clock(), self.ingress.in_flight())
 
+    def wake_service(self, job_id: int) -> dict | None:
+        """A request held by the ingress for service `job_id` at zero (relay/cold_start.py): a replica now
+        (autoscale.wake); None when one is on its way already or the service does not scale to zero."""
+        made = self._write(autoscale.wake, self.clock(), job_id, self.ingress.held.get(job_id, 0), wake=True)
+        if made is not None:
+            self.windows.reset(job_id, self.clock())
+        return made
+
     def autoscale(self) -> list[dict]:
         """Upkeep: sample each autoscaled service's requests in flight through the ingress (held ones included)
         and scale it where its window says so (autoscale.decide); the decisions made."""
