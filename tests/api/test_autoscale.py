@@ -143,3 +143,22 @@ def test_a_request_at_zero_wakes_one_replica_once(sim, deps):
     assert [(h["why"], h["in_flight"]) for h in history] == [("zero", 0), ("wake", 1)]
     other = sim.submit(_spec())                                  # min 1: never woken by a request
     assert deps.scheduler.wake_service(other) is None
+
+
+def test_a_cancel_during_a_scale_up_ends_every_replica_and_nothing_scales_after(sim, deps):
+    a, b = sim.worker("a"), sim.worker("b")
+    job_id = sim.submit(_spec())
+    first = sim.take(a)
+    sim.beat(a, (first["task_id"], "running", "10.0.0.1:8000", 0))
+    deps.scheduler.ingress.outstanding[first["task_id"]] = 3
+    [up] = _tick(sim, 2.5)
+    starting = sim.take(b)                                          # one new replica assigned, one still queued
+    assert starting["task_id"] in up["added"]
+    assert sim.api.simulate_post(f"/v1/jobs/{job_id}/cancel", headers=sim.client_h).status_code == 200
+    job = sim.job(job_id)
+    assert job["state"] == "cancelled"
+    assert all(t["state"] in ("cancelled", "running") for t in job["tasks"])
+    assert not [t for t in job["tasks"] if t["state"] == "queued"]
+    assert first["task_id"] in sim.beat(a, (first["task_id"], "running", "10.0.0.1:8000", 0))["cancel_task_ids"]
+    assert _tick(sim, 5) == [] and deps.scheduler.wake_service(job_id) is None
+    assert sim.acquire(a) is None
