@@ -40,7 +40,7 @@ class Services(Facade):
     def wake_service(self, job_id: int) -> dict | None:
         """A request held by the ingress for service `job_id` at zero (relay/cold_start.py): a replica now
         (autoscale.wake); None when one is on its way already or the service does not scale to zero."""
-        made = self._write(autoscale.wake, self.clock(), job_id, self.ingress.held.get(job_id, 0), wake=True)
+        made = self._write(autoscale.wake, self.clock(), job_id, self.ingress.held_now().get(job_id, 0), wake=True)
         if made is not None:
             self.windows.reset(job_id, self.clock())
         return made
@@ -49,7 +49,7 @@ class Services(Facade):
         """Upkeep: sample each autoscaled service's requests in flight through the ingress (held ones included)
         and scale it where its window says so (autoscale.decide); the decisions made."""
         found = self.store.read(autoscale.services)
-        now, in_flight, held = self.clock(), self.ingress.in_flight(), dict(self.ingress.held)
+        now, in_flight, held = self.clock(), self.ingress.in_flight(), self.ingress.held_now()
         self.windows.keep({s.job_id for s in found})
         made = []
         for service in found:
