@@ -39,6 +39,8 @@ def test_down_to_what_the_peak_needs_never_under_min_and_to_zero_with_min_0():
     assert decide(_service(2), None, [4, 0]) is None              # the peak still needs both
     assert decide(_service(1, min=0), None, [1]) is None
     assert decide(_service(2, ready=1, min=0), None, [0, 0]) is None   # a replica still starting: not yet
+    queued = Service(7, "running", {**SCALE, "min": 0}, (Replica(1, 0, "running", True, False), Replica(2, 1, "queued", False, False)))
+    assert decide(queued, None, [0, 0]).to == 0                         # one no worker takes: no reason to wait
 
 
 def test_below_min_goes_up_at_once_and_draining_replicas_do_not_count():

@@ -6,8 +6,9 @@ the requests it holds for a service at zero; runtime/autoscale.py keeps the samp
 are added when every sample of the last `up_after_s` was over `target_concurrency` per replica, to as many as
 the window's mean load needs (one step: a load of four times one replica's target asks for four); removed
 when every sample of the last `down_after_s` was under, to as few as the window's highest load needs (zero
-for an idle service with `min` 0), and only while every replica is ready (a replica still starting is never
-removed for a load measured without it); brought up to `min` at once. `apply` makes a decision in one transaction
+for an idle service with `min` 0), and only while no replica is starting (placed, its port not answering yet:
+it is never removed for a load measured without it; one still queued, which no worker takes, may be);
+brought up to `min` at once. `apply` makes a decision in one transaction
 against the replicas as they are then: added replicas are new queued tasks of the current attempt (placed as
 any task is: quotas, priority, fair share, reservations), removed ones the newest, drained
 (service_drain.py: their requests in flight finish first). Each decision is a `service_scaling` row and a
@@ -86,7 +87,8 @@ def decide(service: Service, up: list[int] | None, down: list[int] | None) -> De
     if up and n < hi and min(up) > target * n:
         mean = sum(up) / len(up)
         return Decision(min(hi, max(n + 1, math.ceil(mean / target - 1e-9))), "up", mean / ready, mean)
-    if down and n > lo and service.ready >= n:  # never while a replica is still starting (it may be needed)
+    starting = sum(r.state in ("assigned", "running") and not r.ready for r in service.live)
+    if down and n > lo and not starting:  # never while a replica is starting (it may be needed); a queued one may go
         peak = max(down)
         want = max(lo, math.ceil(peak / target - 1e-9))
         if want < n:
