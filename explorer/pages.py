@@ -301,7 +301,7 @@ class WorkerPage:
 
 
 class JobPage:
-    """`/-/jobs/{job_id}`: the job, its tasks, endpoints, events and the tail of its logs."""
+    """`/-/jobs/{job_id}`: the job, its tasks, endpoints, replicas over time, events and the tail of its logs."""
 
     def __init__(self, ctx: Context):
         self.ctx = ctx
@@ -317,6 +317,7 @@ class JobPage:
             sections: dict[str, Result] = {
                 "tasks": session.query(QUERIES["page_job_tasks"].sql, params, max_rows=JOB_PAGE_ROWS),
                 "endpoints": session.query(QUERIES["page_job_endpoints"].sql, params),
+                "scaling": session.query(QUERIES["page_job_scaling"].sql, params, max_rows=JOB_PAGE_ROWS),
                 "events": session.query(QUERIES["job_timeline"].sql, params, max_rows=JOB_PAGE_ROWS),
             }
             logs = session.query(QUERIES["page_job_logs"].sql, {**params, "limit": LOG_TAIL_LINES})

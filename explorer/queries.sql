@@ -198,6 +198,13 @@ FROM endpoints
 WHERE job_id = :job_id
 ORDER BY replica;
 
+-- name: page_job_scaling --
+-- The autoscaling decisions of service job :job_id, oldest first: its replicas over time (service_scaling).
+SELECT at, from_replicas, to_replicas, why, load, in_flight, ready
+FROM service_scaling
+WHERE job_id = :job_id
+ORDER BY at, id;
+
 -- name: page_job_logs --
 -- The last :limit log lines of job :job_id, oldest first.
 SELECT seq, task_id, stream, at, text

@@ -32,6 +32,7 @@ SECONDS: dict[str, float] = {
     "tests/faults/test_faults_heartbeats.py": 37,
     "tests/integration/test_relay_kills.py": 31,
     "tests/integration/test_array_chunks.py": 29,
+    "tests/integration/test_service_autoscale.py": 31,
     "tests/faults/test_faults_chaos.py": 29,
     "tests/faults/test_faults_crash.py": 24,
     "tests/security/test_security_framing.py": 19,

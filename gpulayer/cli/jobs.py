@@ -66,6 +66,8 @@ def job_status(ctx: typer.Context, job_id: JobArg, index: IndexOpt = None, as_js
         typer.echo(start)
     if info.get("ingress_url"):  # a service's URL on the control plane (docs/access.md, "Ingress")
         typer.echo(f"ingress_url={info['ingress_url']}")
+    for line in selection.scaling_lines(info.get("scaling")):  # an autoscaled service's replicas over time
+        typer.echo(line)
     for dep in info.get("after") or []:
         typer.echo(f"after: job {dep['job']} {dep['condition']} "
                    + (f"(it is {dep['state']})" if dep.get("state") else "(you may not see it)"))

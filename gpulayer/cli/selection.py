@@ -8,7 +8,7 @@ from typing import Any, Callable, Optional
 
 import typer
 
-from gpulayer.cli.common import fmt_start, fmt_time, parse_duration, style
+from gpulayer.cli.common import fmt_clock, fmt_start, fmt_time, parse_duration, style
 from gpulayer.client.api import Client
 from gpulayer.client.jobs import FINISHED_STATES
 from gpulayer.protocol import JOB_STATES
@@ -219,3 +219,15 @@ def table_of(jobs: list[dict], columns: list[str], now: float) -> tuple[list[lis
     """The jobs' rows and the headers of `columns` (COLUMNS' names)."""
     cells = [COLUMNS[c][1] for c in columns]
     return [[cell(j, now) for cell in cells] for j in jobs], [COLUMNS[c][0] for c in columns]
+
+
+def scaling_lines(scaling: dict | None) -> list[str]:
+    """`job status`'s lines for a service that autoscales (docs/services.md, "Autoscaling"): its replicas now,
+    then its latest decisions, oldest first ("replicas 1 -> 4 at 14:20:03 (up: 3.9 in flight per ready replica)")."""
+    if not scaling:
+        return []
+    lines = [f"replicas={scaling['replicas']} ready={scaling['ready']} draining={scaling['draining']}"]
+    for d in scaling.get("history") or []:
+        load = f": {d['load']:g} in flight per ready replica" if d.get("load") is not None else ""
+        lines.append(f"  replicas {d['from_replicas']} -> {d['to_replicas']} at {fmt_clock(d['at'])} ({d['why']}{load})")
+    return lines

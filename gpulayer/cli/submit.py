@@ -36,7 +36,12 @@ VALUE_OPTIONAL = {"--ingress": "token"}
 
 #: The options that set a service's settings (jobfile.SERVICE_SETTINGS), by setting.
 SERVICE_FLAGS = {"replicas": "--replicas", "port": "--no-port", "restart": "--restart",
-                 "max_restarts": "--max-restarts", "health_path": "--health-path", "weights": "--weights"}
+                 "max_restarts": "--max-restarts", "health_path": "--health-path", "weights": "--weights",
+                 "autoscale": "--max-replicas"}
+#: The autoscaling options (docs/services.md, "Autoscaling"), by `service.autoscale` field.
+AUTOSCALE_FLAGS = {"min": "--min-replicas", "max": "--max-replicas", "target_concurrency": "--target-concurrency",
+                   "up_after_s": "--scale-up-after", "down_after_s": "--scale-down-after",
+                   "cold_start_timeout_s": "--cold-start-timeout"}
 
 
 class Target(str, Enum):
@@ -105,6 +110,12 @@ HealthPathOpt = Annotated[Optional[str], _opt("--health-path", help="HTTP path t
 WeightsOpt = Annotated[Optional[str], _opt("--weights", help="Artifact digest or local file passed to the service.")]
 IngressOpt = Annotated[Optional[str], _opt("--ingress", metavar="[token|key|public]", help="A stable URL on the control plane that proxies HTTP to the service's ready replicas (printed, and in job status): token (alone: --ingress) lets in a token that may read the job, key also the service's key (--ingress-key, else one made and printed once), public anyone.")]
 IngressKeyOpt = Annotated[Optional[str], _opt("--ingress-key", metavar="KEY", help=f"The service's key for --ingress (sent as Authorization: Bearer KEY, as an OpenAI client sends its api key): at least {MIN_INGRESS_KEY} characters; only its SHA-256 is sent.")]
+MinReplicasOpt = Annotated[Optional[int], _opt("--min-replicas", help="Autoscaling: replicas at least (default 1); 0 releases every GPU when idle (--scale-down-after), the ingress holding the next request while a replica starts. Needs --max-replicas.", min=0)]
+MaxReplicasOpt = Annotated[Optional[int], _opt("--max-replicas", help="Autoscaling: replicas at most; the service follows the requests in flight through its ingress (needs --ingress; --replicas is then the starting count).", min=1)]
+TargetConcurrencyOpt = Annotated[Optional[float], _opt("--target-concurrency", help="Autoscaling: requests in flight per ready replica to aim at (default 1).")]
+ScaleUpAfterOpt = Annotated[Optional[str], _opt("--scale-up-after", metavar="DURATION", help="Autoscaling: how long the load stays over target before replicas are added (default 10s).")]
+ScaleDownAfterOpt = Annotated[Optional[str], _opt("--scale-down-after", metavar="DURATION", help="Autoscaling: how long it stays under before replicas are removed, drained first (default 60s).")]
+ColdStartTimeoutOpt = Annotated[Optional[str], _opt("--cold-start-timeout", metavar="DURATION", help="With --min-replicas 0: how long the ingress holds a request while a replica starts (default 120s; then 503).")]
 ArrayOpt = Annotated[Optional[str], _opt("--array", metavar="INDICES", help="A job array, one task per index, like sbatch --array: 0-999, 1,5,9-12, 0-15:4; %N caps how many run at once (0-999%16). Each task sees $GPULAYER_ARRAY_INDEX and $GPULAYER_ARRAY_SIZE.")]
 AfterOpt = Annotated[Optional[list[str]], _opt("--after", metavar="JOB[:ok|notok|any]", help="Run after that job ends: ok (the default) once it succeeded, notok once it did not, any however (repeatable). Cancelled (dependency_failed) when it cannot be met.")]
 AfterArrayOpt = Annotated[Optional[list[int]], _opt("--after-array", metavar="JOB", help="Run after every element of array JOB succeeded (repeatable).")]
@@ -138,6 +149,8 @@ def submit(
     secret: SecretOpt = None, service: ServiceOpt = False, replicas: ReplicasOpt = None, no_port: NoPortOpt = False,
     restart: RestartOpt = None, max_restarts: MaxRestartsOpt = None, health_path: HealthPathOpt = None,
     weights: WeightsOpt = None, ingress: IngressOpt = None, ingress_key: IngressKeyOpt = None,
+    min_replicas: MinReplicasOpt = None, max_replicas: MaxReplicasOpt = None, target_concurrency: TargetConcurrencyOpt = None,
+    scale_up_after: ScaleUpAfterOpt = None, scale_down_after: ScaleDownAfterOpt = None, cold_start_timeout: ColdStartTimeoutOpt = None,
     array: ArrayOpt = None, after: AfterOpt = None, after_array: AfterArrayOpt = None, image: ImageOpt = None,
     network: NetworkOpt = None, run_as_root: RunAsRootOpt = False, project: ProjectOpt = None,
     mail_type: MailTypeOpt = None, mail_user: MailUserOpt = None, wait: WaitOpt = False,
@@ -172,7 +185,8 @@ def submit(
     settings["checkpoint_every_seconds"] = parse_duration(checkpoint_every, "--checkpoint-every", positive=True)
     service_settings = dict(replicas=replicas, port=False if no_port else None,
                             restart=restart.value if restart else None, max_restarts=max_restarts,
-                            health_path=health_path, weights=weights)
+                            health_path=health_path, weights=weights, autoscale=_autoscale_options(
+        service, ingress, min_replicas, max_replicas, target_concurrency, scale_up_after, scale_down_after, cold_start_timeout))
     made_key = _ingress_options(service, ingress, ingress_key, service_settings)
     spec = _build_spec(command, file, service, settings, service_settings)
     if time_limit is not None and time_limit.strip().lower() in UNLIMITED_TIMES:
@@ -225,6 +239,30 @@ def _mail_option(mail_type: Optional[str], mail_user: Optional[str]) -> Optional
     if not MAIL_ADDRESS.fullmatch(mail_user):
         raise typer.BadParameter(f"expected one mail address, got {mail_user!r}", param_hint="--mail-user")
     return {"email": mail_user, "mail_type": types}
+
+
+def _autoscale_options(service: bool, ingress: Optional[str], lo: Optional[int], hi: Optional[int], target: Optional[float],
+                       up: Optional[str], down: Optional[str], cold: Optional[str]) -> Optional[dict]:
+    """The autoscaling options into `service.autoscale` (None: none given); usage errors (exit 2) for bad ones."""
+    given = {"min": lo, "max": hi, "target_concurrency": target, "up_after_s": parse_duration(up, "--scale-up-after"),
+             "down_after_s": parse_duration(down, "--scale-down-after"),
+             "cold_start_timeout_s": parse_duration(cold, "--cold-start-timeout", positive=True)}
+    given = {k: v for k, v in given.items() if v is not None}
+    if not given:
+        return None
+    first = AUTOSCALE_FLAGS[next(iter(given))]
+    if not service:
+        raise typer.BadParameter("autoscaling is a service's: add --service", param_hint=first)
+    if hi is None:
+        raise typer.BadParameter("autoscaling needs --max-replicas (the most replicas it may run)", param_hint=first)
+    if ingress is None:
+        raise typer.BadParameter("autoscaling scales on the requests in flight through the service's ingress: add "
+                                 "--ingress (a service without one runs --replicas)", param_hint="--max-replicas")
+    if lo is not None and lo > hi:
+        raise typer.BadParameter(f"must be at most --max-replicas ({lo} > {hi})", param_hint="--min-replicas")
+    if target is not None and not target > 0:
+        raise typer.BadParameter(f"must be above 0, got {target:g}", param_hint="--target-concurrency")
+    return given
 
 
 def _ingress_options(service: bool, ingress: Optional[str], key: Optional[str], service_settings: dict) -> Optional[str]:

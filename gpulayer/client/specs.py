@@ -94,14 +94,17 @@ def job(command: str | Iterable[str], **settings: Any) -> dict:
 def service(command: str | Iterable[str], replicas: int = 1, port: bool = True,
             restart: str = "always", max_restarts: int | None = None,
             health_path: str | None = None, weights: str | None = None, ingress: str | None = None,
-            ingress_key: str | None = None, **job_settings: Any) -> dict:
+            ingress_key: str | None = None, autoscale: dict | None = None, **job_settings: Any) -> dict:
     """A JobSpec for a long-running service: `job()` plus the `service` block.
 
     `port=True` has the worker pick a free port and set $PORT; `restart` is
     "always" or "on_failure"; `health_path` turns on HTTP health checks;
     `weights` is an artifact digest or a local file (uploaded at submit);
     `ingress` ("token", "key" or "public") a URL on the control plane that proxies HTTP to the replicas
-    (docs/access.md, "Ingress"), `ingress_key` the service's key (only its SHA-256 is sent).
+    (docs/access.md, "Ingress"), `ingress_key` the service's key (only its SHA-256 is sent); `autoscale`
+    ({"min", "max", "target_concurrency", "up_after_s", "down_after_s", "cold_start_timeout_s", ...}, needs an
+    ingress) replicas that follow the requests in flight through it, `replicas` then the starting count
+    (docs/services.md, "Autoscaling").
     """
     refuse_unknown("service", job_settings, (*SERVICE_SETTINGS, *JOB_SETTINGS))
     if restart not in RESTART_POLICIES:
@@ -120,6 +123,14 @@ def service(command: str | Iterable[str], replicas: int = 1, port: bool = True,
     block = _ingress(ingress, ingress_key)
     if block is not None:  # absent otherwise: a server before the ingress knows no such field
         spec["service"]["ingress"] = block
+    if autoscale is not None:  # the server checks its fields (min <= max, a target above 0)
+        if not isinstance(autoscale, dict):
+            raise ValueError(f"autoscale is a dict (min, max, target_concurrency, ...), not {autoscale!r}")
+        if block is None:
+            raise ValueError("autoscale scales on the requests through the service's ingress: give ingress= too")
+        spec["service"]["autoscale"] = dict(autoscale)
+        if "replicas" not in autoscale and int(replicas) == 1:  # the starting count: min, at least one
+            spec["service"].pop("replicas")
     return spec
 
 

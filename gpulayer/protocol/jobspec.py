@@ -72,6 +72,30 @@ class IngressSpec:
 
 
 @dataclass(frozen=True, kw_only=True)
+class AutoscaleSpec:
+    """`service.autoscale`: replicas that follow the requests in flight through the ingress (docs/services.md,
+    "Autoscaling"); `service.replicas` is the starting count."""
+
+    min: int = declare(1, minimum=0, maximum=MAX_WIDTH,
+                       help="replicas at least; 0: scale to zero when idle, the ingress holding the next request "
+                            "while a replica starts")
+    max: int = declare(minimum=1, maximum=MAX_WIDTH, help="replicas at most")
+    target_concurrency: float = declare(1.0, minimum=0.01, maximum=1_000_000,
+                                        help="requests in flight through the ingress per ready replica to aim at")
+    up_after_s: float = declare(10.0, minimum=0, maximum=86400,
+                                help="seconds the load stays over target before replicas are added")
+    down_after_s: float = declare(60.0, minimum=0, maximum=86400,
+                                  help="seconds it stays under before replicas are removed (to zero with `min` 0)")
+    cold_start_timeout_s: float = declare(120.0, minimum=1, maximum=3600,
+                                          help="with `min` 0: how long the ingress holds a request while a "
+                                               "replica starts (then 503)")
+    max_held: int = declare(100, minimum=1, maximum=10_000,
+                            help="with `min` 0: requests held while a replica starts (one more: 503 at once)")
+    drain_timeout_s: float = declare(30.0, minimum=0, maximum=86400,
+                                     help="seconds a removed replica's requests in flight may take before it is stopped")
+
+
+@dataclass(frozen=True, kw_only=True)
 class ServiceSpec:
     """`service`: a long-running job, its replicas restarted by policy."""
 
@@ -85,6 +109,9 @@ class ServiceSpec:
                                   help="an artifact digest linked into the working dir ($GPULAYER_WEIGHTS)")
     ingress: IngressSpec | None = declare(None, help="proxy HTTP to the replicas through the control plane "
                                                      "(null: none; needs `port`)")
+    autoscale: AutoscaleSpec | None = declare(None, omit=True,
+                                              help="replicas that follow the ingress's load, between `min` and `max` "
+                                                   "(null: `replicas` always; needs `ingress`)")
 
 
 #: The OCI media types an image job may use (the client checks them at submit, the worker again).

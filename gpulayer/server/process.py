@@ -317,6 +317,10 @@ def upkeep_jobs(deps: Deps) -> list[Job]:
         if stopped:
             log.info("replicas_drained tasks=%s", ",".join(map(str, stopped)))
 
+    def autoscale() -> None:
+        for made in scheduler.autoscale():
+            log.info("service_scaled job_id=%d from=%d to=%d why=%s", made["job_id"], made["from"], made["to"], made["why"])
+
     def prune() -> bool:  # a backlog (a first start after an upgrade) goes on at the next tick
         return bool(retention.prune(deps.store, now=deps.clock(), log_retention_s=config.log_retention_s,
                                     job_retention_s=config.job_retention_s,
@@ -333,7 +337,7 @@ def upkeep_jobs(deps: Deps) -> list[Job]:
     return [Job("cascades", 0, cascades), Job("expire", 0, expire),
             Job("fairshare", ledger.RUNNING_REFRESH_S, fairshare), Job("begin_due", 0, begin_due),
             Job("preempt", 0, preempt), Job("reservations", 0, reserve), Job("drains", 0, drains),
-            Job("service_drains", 0, service_drains),
+            Job("autoscale", 0, autoscale), Job("service_drains", 0, service_drains),
             Job("prune", config.prune_interval_s, prune, first_s=min(config.prune_interval_s, 60.0)),
             Job("sweep", config.artifact_sweep_interval_s, sweep, first_s=config.artifact_sweep_interval_s),
             Job("estimates", 0, estimates)]

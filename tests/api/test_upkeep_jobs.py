@@ -8,7 +8,8 @@ import logging
 from gpulayer.server.process import upkeep_jobs
 from gpulayer.server.upkeep import Job, Stats, Upkeep
 
-ORDER = ["cascades", "expire", "fairshare", "begin_due", "preempt", "reservations", "drains", "service_drains", "prune", "sweep", "estimates"]
+ORDER = ["cascades", "expire", "fairshare", "begin_due", "preempt", "reservations", "drains", "autoscale", "service_drains", "prune",
+         "sweep", "estimates"]
 
 
 def test_the_table_keeps_the_order_and_intervals(deps):

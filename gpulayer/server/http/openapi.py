@@ -64,6 +64,11 @@ JOB = {"type": "object", "required": ["id", "state", "created_at", "spec", "task
                                                    "command or outputs"},
     "ingress_url": {"type": ["string", "null"], "description": "a service's ingress on the control plane "
                                                                "(`service.ingress`; docs/access.md), else null"},
+    "scaling": {"type": ["object", "null"], "description": "a service that autoscales (`service.autoscale`, "
+                                                           "docs/services.md): its replicas now, ready, draining, and "
+                                                           "its latest decisions, oldest first (`history`: at, "
+                                                           "from_replicas, to_replicas, why, load, in_flight, ready); "
+                                                           "else null (`GET /v1/jobs/{id}` only)"},
     "reservation": {"type": ["object", "null"], "description": "EASY backfill: the room a waiting job holds from "
                                                                "`start_at` on `workers` (docs/scheduling-time.md), "
                                                                "else null", "properties": {

@@ -11,7 +11,9 @@ its body streamed within the stream's credit; the response streams back through 
 `response_stream` as it arrives (server-sent events token by token). One stream per request, `Connection:
 close` upstream: no keep-alive pool. A replica that fails before the first byte of its answer gets one retry
 on another replica for an idempotent method whose body was read whole (at most `RETRY_BODY_BYTES`); else
-502. No replica serving: 503 with Retry-After. A WebSocket upgrade is accepted here and spoken to the replica
+502. No replica serving: 503 with Retry-After, but for a service scaled to zero (`service.autoscale.min` 0),
+whose requests are held while a replica starts (cold_start.py). A draining replica (scheduler/service_drain.py)
+gets no new request. A WebSocket upgrade is accepted here and spoken to the replica
 over one stream (websockets' sans-I/O client). Nothing here writes to the state file per request; requests
 and bytes are counted in memory (`gpulayer_ingress_*` in GET /metrics).
 
@@ -34,6 +36,7 @@ import h11
 
 from gpulayer.server.errors import GpulayerError, NotFound, Unauthorized, error_body
 from gpulayer.server.relay import forwarding
+from gpulayer.server.relay.cold_start import ColdStartFull, ColdStarts, ColdStartTimeout, serving
 from gpulayer.server.relay.forwarding import COOKIE, HOP_BY_HOP, PREFIX, SAFE_PATH, cookie_token, upstream_headers
 from gpulayer.server.relay.hub import Hub, RelayTimeout
 from gpulayer.server.relay.ingress_limits import Admission, ClientGone, ClientStalled, IngressFull, Limits, SendPacer, TooManyRequests
@@ -74,6 +77,7 @@ class IngressProxy:
         self.down: dict[int, float] = {}  # task id: until when it is passed over
         self._ingress: dict[int, tuple[float, Ingress | None]] = {}
         self._allowed: dict[tuple[int, str], tuple[float, bool]] = {}
+        self.cold = ColdStarts(self.counters, self._fresh, self._wake)
 
     async def __call__(self, scope, proto) -> None:
         self.hub.started()
@@ -100,6 +104,15 @@ class IngressProxy:
             self._ingress.clear()
         self._ingress[job_id] = (now + CACHE_S, found)
         return found
+
+    async def _fresh(self, job_id: int) -> Ingress | None:
+        """The job's ingress read now (the cache refreshed): a service at zero's held requests poll it."""
+        self._ingress.pop(job_id, None)
+        return await self._lookup(job_id)
+
+    async def _wake(self, job_id: int) -> object:
+        """A request for service `job_id` at zero: the scheduler places a replica now (cold_start.py)."""
+        return await self.hub._run("system", self.hub.scheduler.wake_service, job_id)
 
     async def _may_read(self, token: str, job_id: int) -> bool:
         """Whether client token `token` may read job `job_id` (cached CACHE_S); Unauthorized for a bad token."""
@@ -179,11 +192,13 @@ class IngressProxy:
         if query_token is not None:  # a browser's first visit: the token into a cookie, out of the URL
             return self._to_cookie(scope, proto, job_id, rest, query_token)
         try:
-            if not found.replicas:
-                raise NoReplica(f"job {job_id} has no replica serving now (state {found.state})")
             with self.admission.held(job_id, scope.client):
+                if found.cold_start is not None and not serving(found, self.counters.draining):
+                    found = await self.cold.wait(found) or found  # scaled to zero: held while a replica starts
+                if not found.replicas:
+                    raise NoReplica(f"job {job_id} has no replica serving now (state {found.state})")
                 await self._proxy(scope, proto, found, job_id, rest, strip)
-        except (NoReplica, BadGateway, TooManyRequests, IngressFull) as exc:  # a cap raises before the block runs
+        except (NoReplica, BadGateway, TooManyRequests, IngressFull, ColdStartTimeout, ColdStartFull) as exc:
             self.counters.requests[(job_id, f"{exc.status // 100}xx")] += 1
             return _refuse(proto, exc)
 

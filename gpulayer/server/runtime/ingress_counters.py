@@ -18,14 +18,24 @@ class Counters:
         self.outstanding: Counter[int] = Counter()
         # Replicas draining (task ids): the proxy sends them nothing new, before its cached set knows it.
         self.draining: frozenset[int] = frozenset()
+        # Requests held per service (job id) while a service at zero starts a replica (the autoscaler's load).
+        self.held: Counter[int] = Counter()
 
     def in_flight(self) -> dict[int, int]:
         """A copy of the requests in flight per replica (task id), safe to read off the proxy's loop."""
-        while True:
-            try:
-                return dict(self.outstanding)
-            except RuntimeError:  # the loop changed it during the copy: again
-                continue
+        return _copy(self.outstanding)
+
+    def held_now(self) -> dict[int, int]:
+        """A copy of the requests held per service (job id) for a cold start, safe to read off the proxy's loop."""
+        return _copy(self.held)
 
     def stats(self) -> dict:
         return {"requests": dict(self.requests), "bytes_in": dict(self.bytes_in), "bytes_out": dict(self.bytes_out), "retries": dict(self.retries)}
+
+
+def _copy(counts: Counter[int]) -> dict[int, int]:
+    while True:
+        try:
+            return dict(counts)
+        except RuntimeError:  # the loop changed it during the copy: again
+            continue

@@ -31,6 +31,8 @@ class Ingress:
     key_sha256: str | None
     replicas: tuple[sessions.Target, ...]
     ports: tuple[int, ...]  # each replica's port, in the task's network view
+    # a service that scales to zero (`service.autoscale.min` 0): (cold_start_timeout_s, max_held), else None
+    cold_start: tuple[float, int] | None = None
 
 
 def lookup(conn: apsw.Connection, job_id: int) -> Ingress | None:
@@ -53,7 +55,9 @@ def lookup(conn: apsw.Connection, job_id: int) -> Ingress | None:
                 )
             )
             ports.append(port)
-    return Ingress(job_id, found["state"], setting.get("access") or "token", setting.get("key_sha256"), tuple(replicas), tuple(ports))
+    scale = json.loads(found["autoscale"]) if found["autoscale"] else None
+    cold = (float(scale.get("cold_start_timeout_s", 120)), int(scale.get("max_held", 100))) if scale and scale.get("min") == 0 else None
+    return Ingress(job_id, found["state"], setting.get("access") or "token", setting.get("key_sha256"), tuple(replicas), tuple(ports), cold)
 
 
 def may_read(conn: apsw.Connection, principal, job_id: int) -> bool:

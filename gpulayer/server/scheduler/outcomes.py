@@ -67,7 +67,7 @@ def settle(conn: apsw.Connection, now: float, job_id: int, attempt: int, task: d
         return None
     reason = task.get("reason") or task["state"]
     retryable = retry_reason(task) in json.loads(job["retry_on"])
-    if (retryable and job["kind"] == "service" and job["width"] > 1 and task["state"] == "lost"
+    if (retryable and job["kind"] == "service" and task["state"] == "lost"
             and _replace_replica(conn, now, job, task)):
         return None
     if retryable and retries_left(conn, job, job["attempt"]):
@@ -104,7 +104,10 @@ def _replace_replica(conn: apsw.Connection, now: float, job: dict, task: dict) -
     """
     tasks = rows(conn, "attempt_tasks", job_id=job["id"], attempt=job["attempt"])
     index = next((t["index"] for t in tasks if t["id"] == task["id"]), None)
-    if index is None or sum(t["index"] == index for t in tasks) >= job["max_attempts"]:
+    if job["width"] < 2 and not any(t["state"] in ACTIVE for t in tasks):
+        return False  # the only replica (an autoscaled service may have had more): the attempt is retried
+    placed = sum(t["index"] == index and t["drain_deadline"] is None for t in tasks)  # a drained one left on purpose
+    if index is None or placed >= job["max_attempts"]:
         return False
     new = one(conn, "insert_task", job_id=job["id"], index=index, attempt=job["attempt"],
               priority=job["priority"], now=now)

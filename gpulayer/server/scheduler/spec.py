@@ -16,7 +16,8 @@ from gpulayer.protocol import MAX_ARRAY, MAX_ARRAY_INDEX, array_ranges, array_te
 from gpulayer.protocol.fields import field_of, names
 from gpulayer.protocol.jobspec import (
     AFTER_CONDITIONS, ENV_NAME_PATTERN, MAX_AFTER, MAX_ARG_BYTES, MAX_ARGS, MAX_IMAGE_BLOBS, MAX_PATHS,
-    RETRY_REASONS, SHA256_HEX_PATTERN, After, AfterCondition, HealthSpec, ImageSpec, IngressSpec, JobSpec, RetrySpec, ServiceSpec,
+    RETRY_REASONS, SHA256_HEX_PATTERN, After, AfterCondition, AutoscaleSpec, HealthSpec, ImageSpec, IngressSpec, JobSpec, RetrySpec,
+    ServiceSpec,
 )
 from gpulayer.server.config import PRIORITY_CLASSES, SERVICE_MAX_ATTEMPTS
 from gpulayer.server.declared import checked as _checked, fields as _fields, given as _given
@@ -29,6 +30,7 @@ JOB_FIELDS = set(names(JobSpec))
 SERVICE_FIELDS = set(names(ServiceSpec))
 HEALTH_FIELDS = set(names(HealthSpec))
 INGRESS_FIELDS = set(names(IngressSpec))
+AUTOSCALE_FIELDS = set(names(AutoscaleSpec))
 RETRY_FIELDS = set(names(RetrySpec))
 AFTER_FIELDS = set(names(After))
 IMAGE_FIELDS = set(names(ImageSpec))
@@ -132,10 +134,32 @@ def _service(value: Any) -> ServiceSpec | None:
     obj = mapping(value, "service")
     _known(obj, SERVICE_FIELDS, "service")
     service = ServiceSpec(**_fields(obj, ServiceSpec, "service.", {
-        "health": _health, "ingress": _ingress, "weights": lambda given: digest(given, "service.weights")}))
+        "health": _health, "ingress": _ingress, "autoscale": _autoscale,
+        "weights": lambda given: digest(given, "service.weights")}))
     if service.ingress is not None and not service.port:
         raise _fail("service.ingress", "needs `port`: the ingress proxies to the port the worker picks ($PORT)")
+    scale = service.autoscale
+    if scale is not None and "replicas" not in obj:  # the starting count: autoscale's min (at least one)
+        service = dataclasses.replace(service, replicas=max(scale.min, 1))
+    if scale is not None and service.ingress is None:
+        raise _fail("service.autoscale", "scales on the requests in flight through the service's ingress: it needs "
+                                         "`service.ingress` (`submit --ingress`); a service without one runs `replicas`")
+    if scale is not None and not max(scale.min, 1) <= service.replicas <= scale.max:
+        raise _fail("service.replicas", f"the starting count ({service.replicas}) must be within autoscale's "
+                                        f"{max(scale.min, 1)} and `max` ({scale.max})")
     return service
+
+
+def _autoscale(value: Any) -> AutoscaleSpec | None:
+    """`service.autoscale`: min <= max, a target above 0 (its declaration's bounds)."""
+    if value is None:
+        return None
+    obj = mapping(value, "service.autoscale")
+    _known(obj, AUTOSCALE_FIELDS, "service.autoscale")
+    scale = AutoscaleSpec(**_fields(obj, AutoscaleSpec, "service.autoscale.", {}))
+    if scale.min > scale.max:
+        raise _fail("service.autoscale.min", f"must be at most `max` ({scale.min} > {scale.max})")
+    return scale
 
 
 def _ingress(value: Any) -> IngressSpec | None:

@@ -14,7 +14,7 @@ import json
 import apsw
 
 from gpulayer.server.errors import NotFound
-from gpulayer.server.scheduler import outcomes, teams, waiting
+from gpulayer.server.scheduler import autoscale, outcomes, teams, waiting
 from gpulayer.server.store.queries import PAGE_BYTES, page, row, rows
 
 ARRAY_TASKS_SHOWN = 100     # an array's job view lists at most this many tasks (active first, then failed)
@@ -42,7 +42,8 @@ def render(conn: apsw.Connection, job_id: int, index: int | None = None) -> dict
         raise NotFound(f"no job {job_id}")
     # its tasks stopped to make room for other work (docs/teams.md), oldest first
     return {**_render(conn, found, index),
-            "preemptions": rows(conn, "job_preemptions", job_id=job_id, limit=PREEMPTIONS_SHOWN)}
+            "preemptions": rows(conn, "job_preemptions", job_id=job_id, limit=PREEMPTIONS_SHOWN),
+            "scaling": autoscale.view(conn, found)}
 
 
 def rendered_for(conn: apsw.Connection, principal, job_id: int) -> dict:

@@ -321,6 +321,8 @@ CREATE TABLE service_scaling (
     ready         INTEGER           -- replicas ready (in the ingress's set) when decided
 ) STRICT;
 CREATE INDEX service_scaling_job ON service_scaling (job_id, at);
+-- The services that may scale (upkeep's autoscale step reads them each tick): a seek, not a walk of the jobs.
+CREATE INDEX jobs_services_live ON jobs (id) WHERE kind = 'service' AND state IN ('queued', 'running');
 
 -- Dependencies (`after`): job_id waits until after_job_id has ended. While any has not ended
 -- the job is `waiting` and its tasks are held (outside task_queue, so waiting costs acquire

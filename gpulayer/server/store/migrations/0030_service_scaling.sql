@@ -21,6 +21,8 @@ CREATE TABLE service_scaling (
     ready         INTEGER           -- replicas ready (in the ingress's set) when decided
 ) STRICT;
 CREATE INDEX service_scaling_job ON service_scaling (job_id, at);
+-- The services that may scale (upkeep's autoscale step reads them each tick): a seek, not a walk of the jobs.
+CREATE INDEX jobs_services_live ON jobs (id) WHERE kind = 'service' AND state IN ('queued', 'running');
 -- A replica drained before it was placed ends at once (drain_queued_task): one more query makes queued -> cancelled.
 UPDATE task_transitions SET made_by = 'cancel_element, cancel_queued_batch (a user cancels), stop_attempt_tasks (a sibling ended it), detach_running_tasks (a retry replaces the attempt), drain_queued_task (a replica drained before it was placed)'
 WHERE from_state = 'queued' AND to_state = 'cancelled';

@@ -1,8 +1,9 @@
 -- The queries of scheduler/ingress.py: a service's ingress setting and the replicas it proxies to.
 
 -- name: ingress_job --
--- A job's `service.ingress` block (null when it has none) and its state.
-SELECT id, state, json_extract(spec, '$.service.ingress') AS ingress FROM jobs WHERE id = :job_id;
+-- A job's `service.ingress` block (null when it has none), its `service.autoscale` (scale to zero) and its state.
+SELECT id, state, json_extract(spec, '$.service.ingress') AS ingress, json_extract(spec, '$.service.autoscale') AS autoscale
+FROM jobs WHERE id = :job_id;
 
 -- name: ingress_replicas --
 -- The replicas of the job's current attempt that serve now: running, with an endpoint (set once the port

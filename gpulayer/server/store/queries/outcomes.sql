@@ -54,7 +54,7 @@ FROM jobs WHERE id = :job_id;
 
 -- name: attempt_tasks --
 -- Every task of one attempt of a job.
-SELECT id, "index", state, exit_code, outcome, reason, worker_id, cancel_requested
+SELECT id, "index", state, exit_code, outcome, reason, worker_id, cancel_requested, drain_deadline
 FROM tasks WHERE job_id = :job_id AND attempt = :attempt ORDER BY "index";
 
 -- name: stop_attempt_tasks --
