@@ -22,7 +22,9 @@ running for its limit; the job's start in that replay is its estimate (the reser
 that `estimated_start_at` answers at submit, Slurm's `squeue --start`). A second estimate ("learned")
 replays the same way but ends each job at its limit times the median runtime/limit of the jobs that had
 ended by then (the limit itself before any had), while the replay's scheduler still reserves from limits,
-as the real one does. The error measure is the one issue 38's bench uses: |estimate - actual start| over
+as the real one does. A third ("conditional", what GPUlayer's forecast does) replays as "learned" but expects
+each running job to last the median of its limit times those ratios that outlast what it has run so far. The
+error measure is the one issue 38's bench uses: |estimate - actual start| over
 the actual wait, median over the jobs that waited at least 2 s. A bench of a real control plane builds an
 Outcome from what it recorded (each job's start, end and estimate at submit) and calls summary(), so the
 real run and the simulation are measured by the same code.
@@ -82,7 +84,9 @@ class Outcome:
 
     `estimates` replays with every job lasting its time limit; `learned` with every job lasting its limit
     times the median runtime/limit of the jobs that had ended by then (the limit itself before any had),
-    reservations still made from limits.
+    reservations still made from limits; `conditional` as `learned`, but a running job is expected to last
+    the median of its limit times those ratios that outlast what it has run so far (GPUlayer's forecast,
+    scheduler/forecast.py's conditional_run_s).
     """
 
     policy: str
@@ -90,6 +94,7 @@ class Outcome:
     ends: dict[int, float]
     estimates: dict[int, float | None]
     learned: dict[int, float | None]
+    conditional: dict[int, float | None] = field(default_factory=dict)
 
 
 def place(gpus: int, free: Sequence[int], per_worker: int, allowed: Callable[[int, int], bool] = lambda w, g: True,
@@ -196,16 +201,23 @@ def _end_due(state: State) -> None:
         state.running.remove(r)
 
 
-def estimate(state: State, policy: str, job_id: int, ratio: float = 1.0) -> float | None:
+def estimate(state: State, policy: str, job_id: int, ratio: float = 1.0,
+             ratios: Sequence[float] = ()) -> float | None:
     """The start a replay of `state` predicts for a queued job: no arrivals, every job lasting `ratio` x its limit.
 
-    A running job that has outlived `ratio` x its limit ends at once in the replay.
+    A running job that has outlived `ratio` x its limit ends at once in the replay. With `ratios` (the
+    runtime/limit of the jobs ended), a running job lasts the median of its limit times those that outlast
+    what it has run so far instead (ending at once when none does).
 
     None when the replay runs out of jobs to end before the job starts (it could never fit).
     """
     copy = State(state.now, list(state.free), state.per_worker, queue=list(state.queue), replay=ratio)
     for r in state.running:
-        end = round(max(r.start + r.job.limit * ratio, state.now), 6)
+        run = r.job.limit * ratio
+        if ratios:
+            longer = [x * r.job.limit for x in ratios if x * r.job.limit > state.now - r.start]
+            run = statistics.median(longer) if longer else 0.0
+        end = round(max(r.start + run, state.now), 6)
         copy.running.append(Running(r.job, r.start, end, r.expected_end, r.placement))
     while True:
         _end_due(copy)
@@ -217,10 +229,9 @@ def estimate(state: State, policy: str, job_id: int, ratio: float = 1.0) -> floa
         copy.now = min(r.end for r in copy.running)
 
 
-def _learned_ratio(jobs: dict[int, TraceJob], ends: dict[int, float]) -> float:
-    """The median runtime/limit of the jobs that have ended (1.0 before any has)."""
-    ratios = [jobs[i].runtime / jobs[i].limit for i in ends]
-    return statistics.median(ratios) if ratios else 1.0
+def _ratios(jobs: dict[int, TraceJob], ends: dict[int, float]) -> list[float]:
+    """The runtime/limit of each job that has ended."""
+    return [jobs[i].runtime / jobs[i].limit for i in ends]
 
 
 def simulate(jobs: Sequence[TraceJob], workers: int, policy: str, *, per_worker: int = GPUS_PER_WORKER,
@@ -238,6 +249,7 @@ def simulate(jobs: Sequence[TraceJob], workers: int, policy: str, *, per_worker:
     state = State(0.0, [per_worker] * workers, per_worker)
     guesses: dict[int, float | None] = {}
     learned: dict[int, float | None] = {}
+    conditional: dict[int, float | None] = {}
     by_id = {j.id: j for j in jobs}
     i = 0
     while i < len(arrivals) or state.running:
@@ -248,11 +260,13 @@ def simulate(jobs: Sequence[TraceJob], workers: int, policy: str, *, per_worker:
             state.queue.append(arrivals[i])
             if estimates:
                 guesses[arrivals[i].id] = estimate(state, policy, arrivals[i].id)
-                ratio = _learned_ratio(by_id, state.ends)
+                ratios = _ratios(by_id, state.ends)
+                ratio = statistics.median(ratios) if ratios else 1.0
                 learned[arrivals[i].id] = estimate(state, policy, arrivals[i].id, ratio)
+                conditional[arrivals[i].id] = estimate(state, policy, arrivals[i].id, ratio, ratios)
             i += 1
         PASSES[policy](state)
-    return Outcome(policy, dict(state.starts), dict(state.ends), guesses, learned)
+    return Outcome(policy, dict(state.starts), dict(state.ends), guesses, learned, conditional)
 
 
 def estimate_error(jobs: Sequence[TraceJob], starts: dict[int, float], guesses: dict[int, float | None]) -> float | None:
@@ -280,6 +294,7 @@ def summary(jobs: Sequence[TraceJob], outcome: Outcome, workers: int, per_worker
         "waited": sum(1 for w in waits.values() if w >= MIN_WAIT),
         "estimate_median_error": estimate_error(jobs, outcome.starts, outcome.estimates),
         "learned_median_error": estimate_error(jobs, outcome.starts, outcome.learned),
+        "conditional_median_error": estimate_error(jobs, outcome.starts, outcome.conditional),
     }
 
 
@@ -292,11 +307,13 @@ def table(rows: list[dict], missing: str = "-") -> str:
     """summary() rows side by side, one line each (bench_trace.py prints its real run's row first)."""
     width = max(7, *(len(r["policy"]) for r in rows))
     lines = [f"{'policy':<{width}} {'util':>6} {'makespan':>9} {'mean JCT':>9} {'big mean wait':>14} "
-             f"{'big worst wait':>15} {'waited':>7} {'est. err (limits)':>18} {'est. err (learned)':>19}"]
+             f"{'big worst wait':>15} {'waited':>7} {'est. err (limits)':>18} {'est. err (learned)':>19} "
+             f"{'(conditional)':>14}"]
     for r in rows:
         lines.append(f"{r['policy']:<{width}} {r['utilisation']:>6.3f} {r['makespan_s']:>8.1f}s {r['mean_jct_s']:>8.1f}s "
                      f"{r['largest_mean_wait_s']:>13.1f}s {r['largest_worst_wait_s']:>14.1f}s {r['waited']:>7} "
-                     f"{percent(r['estimate_median_error'], missing):>18} {percent(r['learned_median_error'], missing):>19}")
+                     f"{percent(r['estimate_median_error'], missing):>18} {percent(r['learned_median_error'], missing):>19} "
+                     f"{percent(r.get('conditional_median_error'), missing):>14}")
     return "\n".join(lines)
 
 

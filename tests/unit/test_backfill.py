@@ -261,3 +261,57 @@ def test_a_job_ranked_higher_that_fits_now_is_not_kept_out_by_the_next_ones_rese
     assert _claims(sched, w) == [high]
     _plan(sched)
     assert list(_reserved(sched)) == [low]
+
+
+def test_the_first_claim_after_the_queue_changed_plans_again(sched, clock):
+    """Upkeep plans every tick, but a claim comes at once after a submit or a finish: it plans again first, so
+    a job submitted since the last tick is judged by its reservation, not by none (as EASY replans each event)."""
+    w1, w2 = add_worker(sched, "w1", **BIG), add_worker(sched, "w2", **BIG)
+    _run(sched, w1, dict(gpus=8, timeout_seconds=2000))
+    _run(sched, w2, dict(gpus=4, timeout_seconds=100))
+    assert _plan(sched) == []                                   # the last tick's plan: nothing waits
+    big = sched.submit(job(gpus=8, timeout_seconds=100))        # its earliest room: w2 at +100
+    long = sched.submit(job(gpus=4, timeout_seconds=5000))      # fits w2 now, would hold it past +100
+    assert _claims(sched, w2) == []
+    assert _reserved(sched) == {big: ([w2], clock() + 100)}
+    short = sched.submit(job(gpus=4, timeout_seconds=50))
+    assert _claims(sched, w2) == [short]
+    assert sched.store.read(lambda c: c.execute("SELECT state FROM jobs WHERE id = ?", (long,)).fetchone())["state"] == "queued"
+
+
+def test_the_claim_after_a_finish_starts_the_reserved_job_and_reserves_for_the_next(sched, clock):
+    w1, w2 = add_worker(sched, "w1", **BIG), add_worker(sched, "w2", **BIG)
+    _run(sched, w1, dict(gpus=4, timeout_seconds=100))
+    _run(sched, w2, dict(gpus=4, timeout_seconds=300))
+    first = sched.submit(job(gpus=8, timeout_seconds=100))
+    second = sched.submit(job(gpus=8, timeout_seconds=100))
+    sched.submit(job(gpus=4, timeout_seconds=5000))             # fits w2 now, would hold it past +200
+    _plan(sched)
+    assert _reserved(sched) == {first: ([w1], clock() + 100)}
+    clock.advance(100)
+    w1_task = sched.store.read(lambda c: c.execute(
+        "SELECT id FROM tasks WHERE worker_id = ? AND state = 'running'", (w1,)).fetchone())["id"]
+    sched.finish(w1, w1_task, exit_code=0, outcome="succeeded", outputs={}, reason=None)
+    assert _claims(sched, w1) == [first]                        # the reserved job starts; its reservation goes
+    assert _claims(sched, w2) == []                             # `long` would hold w2 past `second`'s start
+    assert _reserved(sched) == {second: ([w2], clock() + 200)}
+
+
+def test_a_gangs_ranks_ending_milliseconds_apart_are_one_end_so_the_idle_workers_stay_open(sched, clock):
+    """A gang's ranks start a few milliseconds apart, so they are expected to end so: the strict earliest start of
+    a 4-worker reservation is when the first two ranks' workers and the two idle ones are free, and it took the
+    idle ones. Ends under SAME_END_S apart are one end: it takes the four busy workers, and a long 2-worker gang
+    runs on the idle two now (bench_trace.py's tail: a 16-GPU job waited 6 s beside two idle workers)."""
+    ws = [add_worker(sched, f"w{i}", **BIG) for i in range(1, 5)]
+    sched.submit(job(gpus=8, nodes=4, timeout_seconds=100))
+    for w in ws:
+        got = sched.acquire_many(w, 0, 1)
+        sched.start(w, got[0]["task_id"], 100)
+        clock.advance(0.01)
+    idle = [add_worker(sched, f"w{i}", **BIG) for i in (5, 6)]
+    big = sched.submit(job(gpus=8, nodes=4, timeout_seconds=50))
+    pair = sched.submit(job(gpus=8, nodes=2, timeout_seconds=1000))
+    _plan(sched)
+    workers, start = _reserved(sched)[big]
+    assert sorted(workers) == sorted(ws) and start == pytest.approx(clock() + 100 - 0.01, abs=1e-6)
+    assert _claims(sched, idle[0]) == [pair]

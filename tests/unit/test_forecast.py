@@ -153,16 +153,47 @@ def test_what_if_behind_more_than_max_jobs_is_not_estimated(sched, config):
 
 def test_the_estimate_uses_learned_runs_not_the_time_limit(sched, clock):
     w = add_worker(sched, "gpu-01", gpus=8, slots=8)
-    for _ in range(3):  # three runs of `train` that took 100 s of their 1000 s limit
-        sched.submit(job(gpus=8, name="train", timeout_seconds=1000))
-        a = _run(sched, w)
-        clock.advance(100)
-        sched.finish(w, a["task_id"], exit_code=0, outcome="succeeded", outputs={}, reason=None)
+    _learn(sched, clock, w, "train", [100, 100, 100])  # three runs that took 100 s of their 1000 s limit
     started = clock.now
     sched.submit(job(gpus=8, name="train", timeout_seconds=1000))
     _run(sched, w)
     waiting = sched.submit(job(gpus=8, name="other", timeout_seconds=1000))
     assert _forecast(sched).estimates[waiting].at == started + 100
+
+
+def _learn(sched, clock, w, name, runs, limit=1000):
+    for seconds in runs:  # ended runs of `name` that took `seconds` of their `limit`
+        sched.submit(job(gpus=8, name=name, timeout_seconds=limit))
+        a = _run(sched, w)
+        clock.advance(seconds)
+        sched.finish(w, a["task_id"], exit_code=0, outcome="succeeded", outputs={}, reason=None)
+
+
+def test_a_running_task_is_expected_to_run_the_median_of_the_runs_longer_than_its_own_so_far(sched, clock):
+    w = add_worker(sched, "gpu-01", gpus=8, slots=8)
+    _learn(sched, clock, w, "train", [100, 200, 300, 400, 500])
+    started = clock.now
+    sched.submit(job(gpus=8, name="train", timeout_seconds=1000))
+    _run(sched, w)
+    waiting = sched.submit(job(gpus=8, name="other", timeout_seconds=1000))
+    assert _forecast(sched).estimates[waiting].at == started + 300  # not started long: the median of all five
+    clock.advance(250)  # it outlived 100, 200 (and 250 s): the median of 300, 400 and 500
+    assert _forecast(sched).estimates[waiting].at == started + 400
+    clock.advance(300)  # 550 s: longer than every run learned, so it may end any moment
+    assert _forecast(sched).estimates[waiting].at == clock.now
+
+
+def test_without_history_a_running_task_is_judged_by_the_shares_of_their_limits_recent_runs_used(sched, clock):
+    w = add_worker(sched, "gpu-01", gpus=8, slots=8)
+    for i, seconds in enumerate([200, 400, 600]):  # unnamed, other commands: 20%, 40%, 60% of a 1000 s limit
+        _learn(sched, clock, w, f"once-{i}", [seconds])
+    started = clock.now
+    sched.submit(job(gpus=8, timeout_seconds=2000))
+    _run(sched, w)
+    waiting = sched.submit(job(gpus=8, timeout_seconds=60))
+    assert _forecast(sched).estimates[waiting].at == started + 800  # 40% of 2000 s
+    clock.advance(900)  # it outlived 20% and 40%: 60% of its limit
+    assert _forecast(sched).estimates[waiting].at == started + 1200
 
 
 def test_each_forecast_is_written_to_the_estimates_table(sched, clock):

@@ -31,9 +31,15 @@ def _finish(sched, clock, tasks, at):
         sched.finish(w, task, exit_code=0, outcome="succeeded", outputs={}, reason=None)
 
 
+def _backfill(sched, on):
+    sched.store.write(lambda c: c.execute("UPDATE scheduler_settings SET backfill = ?", (int(on),)))
+
+
 def _history(sched, clock):
     """Two 4-GPU workers. A (4 GPUs, 100 s) from T0; at T0+1 a 2-node gang G (4 GPUs each, 50 s); at T0+2 a small S
-    (4 GPUs, 300 s). As it happened (greedy): S took the free worker at once, G waited for it until T0+302."""
+    (4 GPUs, 300 s). As it happened (greedy: backfill was off then): S took the free worker at once, G waited for it
+    until T0+302. Backfill is on again after (the baseline replays with the settings as they are)."""
+    _backfill(sched, False)
     clock.now = T0 - 10
     w1, w2 = add_worker(sched, "w1", gpus=4), add_worker(sched, "w2", gpus=4)
     clock.now = T0
@@ -49,6 +55,7 @@ def _history(sched, clock):
     g = _run(sched, clock, [w1, w2], T0 + 302, T0 + 302)
     assert len(g) == 2
     _finish(sched, clock, g, T0 + 352)
+    _backfill(sched, True)
 
 
 def _report(config, changes, since=T0 - 60, until=T0 + 400):

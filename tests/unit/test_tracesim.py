@@ -132,6 +132,16 @@ def test_a_learned_replay_still_reserves_from_time_limits():
     assert out.learned[4] == 6.0
 
 
+def test_a_conditional_estimate_expects_a_running_job_to_outlast_what_it_has_run():
+    # When the gang D arrives (t=61), A and B have ended at 0.2 and 0.6 of their limits; C (runtime 70, limit
+    # 100, from t=5) has run 56 s. Learned: C lasts the median ratio 0.4 x 100 = 40, so it has outlived that
+    # and ends at once; conditional: only 0.6 x 100 outlasts its 56 s, so it ends at t=65, nearer t=75.
+    trace = jobs((0, 8, 2, 10), (0, 8, 60, 100), (5, 8, 70, 100), (61, 16, 5))
+    out = tracesim.simulate(trace, 2, "easy")
+    assert out.starts[4] == 75.0
+    assert out.learned[4] == 61.0 and out.conditional[4] == 65.0
+
+
 def test_the_error_counts_only_jobs_that_waited_at_least_two_seconds():
     trace = jobs((0, 8, 1), (0, 8, 1), (0, 8, 1))
     started = {1: 0.0, 2: 1.0, 3: 10.0}

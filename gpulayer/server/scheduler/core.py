@@ -340,7 +340,10 @@ class Scheduler(WorkerRequests, Notifications, Services):
 
     def plan_reservations(self) -> list[dict]:
         """Upkeep: this tick's reservations for EASY backfill, one transaction (reservations.plan): the rows."""
-        return self._write(reservations.plan, self.clock())
+        generation = self._generation
+        made = self._write(reservations.plan, self.clock())
+        self._planned_generation = generation
+        return made
 
     def preempt(self) -> list[int]:
         """Upkeep's preemption round, one transaction (preemption.preempt): the task ids asked to stop."""

@@ -44,6 +44,9 @@ class Facade:
         self.log_followers = LogFollowers(store, config.max_parked_log_polls)
         self._wake = threading.Condition()
         self._generation = 0
+        # The generation the last plan of reservations was made at (-1: none yet): the first claim after the
+        # generation moves plans again (worker_requests._claim_planned).
+        self._planned_generation = -1
         self._parked = threading.BoundedSemaphore(max(1, config.max_parked_acquires))
         self._closing = False
         self._waiting = 0  # acquires inside self._wake.wait(): what a wake() reaches now

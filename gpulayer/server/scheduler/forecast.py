@@ -13,14 +13,17 @@ thrown away; nothing of the live state changes.
 
 A task's expected run time is its job's typical run (job_runtime_model's
 `typical_s`, schema.sql: learned from history where there is some; reservations
-and backfill judge by `expected_s`, the safe one); a task already past its
-expected end is taken to end now, so an overrun moves the estimates behind it
-later as the clock moves (docs/scheduling-time.md, "Start-time estimates").
+and backfill judge by `expected_s`, the safe one). A task running now is expected
+to run the median of the learned runs longer than it has run so far
+(conditional_run_s); one that outlived them all is taken to end now, so an
+overrun moves the estimates behind it later as the clock moves
+(docs/scheduling-time.md, "Start-time estimates").
 """
 from __future__ import annotations
 
 import heapq
 import json
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -38,6 +41,7 @@ REPLAY_LEASE_S = 1e12            # leases in the copy never expire (no expire ru
 STARTS_PER_JOB = 2               # a forecast replays at most this many job starts per job it estimates
 FORECAST_BUDGET_S = 60.0         # a forecast (on its own thread) replays for at most this long (wall clock)
 WHAT_IF_BUDGET_S = 20.0          # a what-if (an HTTP request waits for it) at most this long
+MIN_SAMPLES = 3                  # runs (or limit shares) a run time is learned from at least, as job_runtime_model
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,31 @@ def snapshot(conn: apsw.Connection) -> apsw.Connection:
     return copy
 
 
+def run_samples(row: dict) -> list[float]:
+    """The run times (seconds) a running job's typical run is learned from (a forecast_run_samples row), as
+    job_runtime_model learns it: its user's runs when there are at least 3 (none beyond its limit); else its
+    limit times each recent run's share of its own limit (at least 3 of those); else none."""
+    limit = row["limit_s"] if row["limit_s"] is not None and row["limit_s"] > 0 else None
+    runs = json.loads(row["runs"] or "[]")
+    if len(runs) >= MIN_SAMPLES:
+        return [min(r, limit) if limit is not None else r for r in runs]
+    ratios = json.loads(row["ratios"] or "[]")
+    if limit is not None and len(ratios) >= MIN_SAMPLES:
+        return [limit * x for x in ratios]
+    return []
+
+
+def conditional_run_s(elapsed: float, samples: list[float]) -> float | None:
+    """How long, in all, a task that has run `elapsed` seconds is expected to run: the median of the `samples`
+    longer than `elapsed` (a task still running is not one of the short ones); None when there are none (it
+    outlived every sample, or nothing was learned).
+
+    A start-time estimate is off mostly by the running tasks' ends: the unconditional typical run takes a task
+    that has outlived it to end now, and one just started to end at the median, whatever it has shown so far."""
+    longer = [s for s in samples if s > elapsed]
+    return statistics.median(longer) if longer else None
+
+
 class _Replay:
     """The replay's moving parts on one copy: the clock, the expected ends (a heap), the starts seen."""
 
@@ -89,11 +118,17 @@ class _Replay:
         return self.durations[job_id]
 
     def running_now(self) -> None:
-        """The expected end of every task that holds room at the copy's time (an overrun one: now)."""
+        """The expected end of every task that holds room at the copy's time: the median of the runs it was
+        learned from that outlast what it has run so far (conditional_run_s), else its typical run; an overrun
+        one (it outlived them all): now."""
+        samples = {r["job_id"]: run_samples(r) for r in rows(self.copy, "forecast_run_samples")}
         for task in rows(self.copy, "forecast_active_tasks"):
             seconds = self.duration(task["job_id"])
-            if seconds is not None:
-                heapq.heappush(self.ends, (max(self.now, task["since"] + seconds), task["id"], task["worker_id"]))
+            if seconds is None:
+                continue
+            longer = conditional_run_s(self.now - task["since"], samples.get(task["job_id"], []))
+            end = task["since"] + (longer if longer is not None else seconds)
+            heapq.heappush(self.ends, (max(self.now, end), task["id"], task["worker_id"]))
 
     def place(self, t: float, record: bool) -> None:
         """Every online worker claims what it may at `t` (the real acquire), until none takes more; each task

@@ -27,6 +27,8 @@ ROOM = ("slots", "gpus", "cpus", "memory_mb")
 # A task past its expected end may end any time: its room is counted free this long from now, so that what
 # waits for it keeps its reservation (moved each tick) and nothing new starts in that room meanwhile.
 OVERRUN_S = 1.0
+# Expected ends closer than this are one end to a plan (a gang's ranks, started milliseconds apart): _earliest.
+SAME_END_S = 1.0
 # A reservation's `reason`: which of its group's reservations it is, and the group's size.
 REASON = "reservation {n} of the workers it fits ({workers}): the earliest its room is free there"
 
@@ -129,11 +131,34 @@ def _earliest(workers: dict[int, Worker], group: frozenset[int], need: tuple[flo
               run_s: float) -> tuple[float, list[int]]:
     """The earliest time, now or a change of room, at which `count` workers of `group` have `need` for `run_s`
     seconds, and those workers: the tightest then, and of those as tight, the busiest now, so that the workers
-    idle now stay open to backfill (as the offline EASY of scripts/tracesim.py reserves); (inf, []) when never."""
+    idle now stay open to backfill (as the offline EASY of scripts/tracesim.py reserves); (inf, []) when never.
+
+    Ends less than SAME_END_S apart are one end: a gang's ranks started a few milliseconds apart end so, and
+    taking the strict earliest would reserve the idle workers able at the first rank's end over the busy ones
+    able a moment later. Of the picks at the times within SAME_END_S after the earliest (when that is not now),
+    the busiest now wins (the earliest of those as busy)."""
     times = sorted({now} | {at for w in group for at, _ in workers[w].changes if at > now})
-    for start in times:
-        able = [w for w in group if workers[w].holds(need, start, start + run_s)]
-        if len(able) >= count:
-            return start, sorted(able, key=lambda w: (workers[w].spare_gpus(start), workers[w].free[1], w))[:count]
+    for i, start in enumerate(times):
+        pick = _tightest(workers, group, need, count, start, run_s)
+        if pick and start <= now:  # it fits now: the claim will start it
+            return start, pick
+        if pick:
+            best = (sum(workers[w].free[1] for w in pick), start, pick)
+            for later in times[i + 1:]:
+                if later >= start + SAME_END_S:
+                    break
+                other = _tightest(workers, group, need, count, later, run_s)
+                if other and sum(workers[w].free[1] for w in other) < best[0]:
+                    best = (sum(workers[w].free[1] for w in other), later, other)
+            return best[1], best[2]
     return float("inf"), []
 
+
+def _tightest(workers: dict[int, Worker], group: frozenset[int], need: tuple[float, ...], count: int, start: float,
+              run_s: float) -> list[int]:
+    """`count` workers of `group` that have `need` from `start` for `run_s` seconds, the tightest then and the
+    busiest now first; [] when fewer have."""
+    able = [w for w in group if workers[w].holds(need, start, start + run_s)]
+    if len(able) < count:
+        return []
+    return sorted(able, key=lambda w: (workers[w].spare_gpus(start), workers[w].free[1], w))[:count]

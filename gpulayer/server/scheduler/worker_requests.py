@@ -13,7 +13,8 @@ from typing import Callable, Sequence
 import apsw
 
 from gpulayer.server.config import MAX_ACQUIRE_WAIT_S
-from gpulayer.server.scheduler import checkpoints, chunks, leases, lifecycle, placement, reconcile, secrets, workers
+from gpulayer.server.scheduler import (checkpoints, chunks, leases, lifecycle, placement, reconcile, reservations, secrets,
+                                       workers)
 from gpulayer.server.scheduler.facade import Facade
 from gpulayer.server.security.auth import Principal, new_token
 
@@ -127,10 +128,11 @@ class WorkerRequests(Facade):
                 self._parked.release()
 
     def _acquire_once(self, conn: apsw.Connection, worker_id: int, now: float, max_tasks: int = 1,
-                      ahead: list[dict] | None = None, held: Sequence[int] = ()) -> list[dict]:
+                      ahead: list[dict] | None = None, held: Sequence[int] = (), changed: bool = False) -> list[dict]:
         """One acquire transaction: the Assignments, built in the same transaction (maybe none); with `ahead`,
-        the elements leased ahead too (chunks.lease_ahead, and those held ahead the agent does not name)."""
-        taken = placement.acquire_many(conn, worker_id, now, self.lease_ttl_s(), max_tasks) if max_tasks else []
+        the elements leased ahead too (chunks.lease_ahead, and those held ahead the agent does not name).
+        `changed`: the transaction changed what the plan of reservations reads before this (a finish)."""
+        taken = self._claim_planned(conn, worker_id, now, max_tasks, changed) if max_tasks else []
         if ahead is not None:
             ahead.clear()  # a write retried starts again
             leased = set(chunks.lease_ahead(conn, worker_id, now, self.lease_ttl_s(), self.pace))
@@ -138,6 +140,23 @@ class WorkerRequests(Facade):
             ahead += [self._assignment(conn, task_id) for task_id in chunks.held_ahead(conn, worker_id)
                       if task_id in leased or task_id not in known]
         return [self._assignment(conn, task_id) for task_id in taken]
+
+    def _claim_planned(self, conn: apsw.Connection, worker_id: int, now: float, max_tasks: int,
+                       changed: bool) -> list[int]:
+        """placement.acquire_many on a plan of reservations as fresh as the state it claims from.
+
+        Upkeep plans every tick, but a claim comes at once after what moves a plan (a submit, a finish, a
+        cancel: the wake-up generation moved): on the last tick's plan it would judge by an end that came
+        early, or give a job submitted since no reservation at all (EASY plans again at each such event). So
+        the first claim after one plans again, in its transaction (reservations.plan: about 2 ms with 20,000
+        queued, docs/benchmarks/issue-38.md); the claims after it at the same generation use that plan, which
+        took each job that fits now as starting now and reserved room for the next.
+        """
+        generation = self._generation
+        if changed or generation != self._planned_generation:
+            reservations.plan(conn, now)
+            self._planned_generation = generation
+        return placement.acquire_many(conn, worker_id, now, self.lease_ttl_s(), max_tasks)
 
     def _assignment(self, conn: apsw.Connection, task_id: int) -> dict:
         return placement.assignment(conn, task_id, lambda names: secrets.env_for(conn, self.secret_box, names,
@@ -206,7 +225,7 @@ class WorkerRequests(Facade):
             chunks.requeue(conn, worker_id, now, "given_back", list(release))
         gone = chunks.dropped(conn, worker_id, list(held))
         found = self._acquire_once(conn, worker_id, now, max_tasks if next_tasks else 0, ahead,
-                                   [t for t in held if t not in set(gone)])
+                                   [t for t in held if t not in set(gone)], changed=bool(finishes))
         return {"results": results, "found": found, "dropped": gone}
 
     def record_checkpoint(self, worker_id: int, task_id: int, attempt: int | None, files: list[dict]) -> dict:

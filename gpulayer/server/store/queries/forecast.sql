@@ -44,6 +44,31 @@ ORDER BY l.worker_id;
 SELECT m.job_id, CASE WHEN j.kind = 'service' THEN NULL ELSE m.typical_s END AS seconds
 FROM job_runtime_model m JOIN jobs j ON j.id = m.job_id;
 
+-- name: forecast_run_samples --
+-- What the typical run of each running job (not a service) is learned from, for the expected end of a task
+-- that has run a while (forecast.py's conditional median): its time limit, its user's latest ended runs (at
+-- most 20, as job_runtime_model reads them: the same name, or the same command for an unnamed job) as a
+-- JSON array of seconds, and the run time over time limit of the cluster's latest 200 ended runs that had
+-- a limit (job_runtime_model's limit_ratio samples), a JSON array.
+SELECT j.id AS job_id, json_extract(j.spec, '$.timeout_seconds') AS limit_s,
+       (SELECT json_group_array(x.run_s)
+        FROM (SELECT u.ended_at - u.started_at AS run_s FROM usage u
+              WHERE u.user_id = j.user_id AND u.job_name IS j.name
+                AND u.outcome IN ('succeeded', 'failed', 'timed_out')
+                AND (j.name IS NOT NULL
+                     OR (SELECT json_extract(o.spec, '$.command') FROM jobs o WHERE o.id = u.job_id)
+                        = json_extract(j.spec, '$.command'))
+              ORDER BY u.ended_at DESC LIMIT 20) x) AS runs,
+       r.ratios
+FROM jobs j INDEXED BY jobs_state_id
+CROSS JOIN (SELECT json_group_array(x.ratio) AS ratios
+            FROM (SELECT (u.ended_at - u.started_at) / json_extract(o.spec, '$.timeout_seconds') AS ratio
+                  FROM (SELECT * FROM usage ORDER BY ended_at DESC LIMIT 200) u
+                  JOIN jobs o ON o.id = u.job_id
+                  WHERE u.outcome IN ('succeeded', 'failed', 'timed_out')
+                    AND json_extract(o.spec, '$.timeout_seconds') > 0) x) r
+WHERE j.state = 'running' AND j.kind <> 'service';
+
 -- name: forecast_durations_of --
 -- forecast_durations for one job (queued in the copy after they were read: a what-if).
 SELECT CASE WHEN j.kind = 'service' THEN NULL ELSE m.typical_s END AS seconds
