@@ -28,6 +28,7 @@ import asyncio
 import hashlib
 import hmac
 import logging
+import random
 import re
 import time
 from urllib.parse import parse_qsl, quote, urlencode
@@ -42,7 +43,7 @@ from gpulayer.server.relay.hub import Hub, RelayTimeout
 from gpulayer.server.relay.ingress_limits import Admission, ClientGone, ClientStalled, IngressFull, Limits, SendPacer, TooManyRequests
 from gpulayer.server.relay.upstream import Body, Ends, Upstream, UpstreamFailed, next_event
 from gpulayer.server.scheduler import ingress as ingress_reads
-from gpulayer.server.scheduler.ingress import Ingress
+from gpulayer.server.scheduler.ingress import Ingress, canary_share
 
 log = logging.getLogger("gpulayer.server.ingress")
 
@@ -161,6 +162,7 @@ class IngressProxy:
         left = [i for i, r in enumerate(found.replicas) if r.task_id not in tried and r.task_id not in draining]
         if not left:
             return None
+        left = canary_share(found, left, random.random())  # a canary's share of requests (rollout.py)
         return min(left, key=lambda i: (self.down.get(found.replicas[i].task_id, 0) > now, self.outstanding[found.replicas[i].task_id], i))
 
     async def _open(self, found: Ingress, i: int) -> Upstream:

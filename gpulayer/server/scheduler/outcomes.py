@@ -31,7 +31,7 @@ import re
 import apsw
 
 from gpulayer.protocol import array_text
-from gpulayer.server.scheduler import cascades, events, service_drain
+from gpulayer.server.scheduler import cascades, events, rollout, service_drain
 from gpulayer.server.scheduler.spec import array_indices
 from gpulayer.server.store.queries import QUERIES, one, row, rows
 
@@ -65,6 +65,8 @@ def settle(conn: apsw.Connection, now: float, job_id: int, attempt: int, task: d
         if not any(t["state"] in ACTIVE for t in rows(conn, "attempt_tasks", job_id=job_id, attempt=attempt)):
             return finish(conn, now, job_id, "cancelled", None, "cancelled")
         return None
+    if job["kind"] == "service" and rollout.absorbs(conn, now, job_id, task):
+        return None  # a replica of a revision being rolled out failed: rolled back, the old replicas serve on
     reason = task.get("reason") or task["state"]
     retryable = retry_reason(task) in json.loads(job["retry_on"])
     if (retryable and job["kind"] == "service" and task["state"] == "lost"
