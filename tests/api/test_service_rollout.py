@@ -138,6 +138,20 @@ def test_a_new_revision_that_crash_loops_is_rolled_back_and_every_old_replica_se
     assert fleet.api.simulate_get(f"/v1/jobs/{job_id}", headers=fleet.h).json["state"] == "running"
 
 
+def test_a_new_replica_that_fails_for_good_rolls_back_and_ends_nothing(fleet):
+    job_id = _running_service(fleet, {"service": {"replicas": 2, "ingress": {}, "max_restarts": 0}})
+    fleet.patch(job_id, {"command": ["serve", "--exit"]})
+    new = fleet.take("c", endpoint=False)
+    r = fleet.post("c", f"/tasks/{new['task_id']}/finish", {"exit_code": 1, "outcome": "failed"})
+    assert r.status_code == 200, r.text
+    fleet.held["c"] = []
+    assert fleet.service(job_id)["updates"][0]["reason"].startswith("replica_failed")
+    fleet.settle()
+    assert fleet.service(job_id)["updates"][0]["state"] == "rolled_back"
+    assert fleet.api.simulate_get(f"/v1/jobs/{job_id}", headers=fleet.h).json["state"] == "running"
+    assert fleet.serving(job_id) == [(0, 1), (1, 1)]
+
+
 def test_a_new_replica_not_ready_within_its_health_checks_rolls_back(fleet):
     job_id = _running_service(fleet, {"service": {"replicas": 2, "ingress": {},
                                                   "health": {"http_path": "/h", "interval_s": 1, "failures": 3}}})
@@ -152,6 +166,31 @@ def test_a_new_replica_not_ready_within_its_health_checks_rolls_back(fleet):
     fleet.settle()
     assert fleet.service(job_id)["updates"][0]["reason"].startswith("not_ready")
     assert fleet.serving(job_id) == [(0, 1), (1, 1)]
+
+
+def test_a_worker_lost_mid_rollout_gets_its_new_replica_placed_again_and_the_rollout_finishes(fleet):
+    job_id = _running_service(fleet)
+    fleet.patch(job_id, {"env": {"V": "2"}})
+    fleet.take("c")
+    fleet.deps.scheduler.advance_rollouts()
+    fleet.settle()                           # old index 0 (on a) drained and stopped
+    fleet.take("a")                          # the surge for index 1
+    for _ in range(4):                       # c stops heartbeating: lost with its new replica at index 0
+        fleet.clock.advance(1)
+        fleet.beat("a")
+        fleet.beat("b")
+    fleet.deps.scheduler.expire()
+    fleet.held["c"] = []
+    assert "replica_replaced" in fleet.kinds(job_id)
+    fleet.deps.scheduler.advance_rollouts()
+    fleet.settle()                           # a's new index 1 serves: b's old index 1 drains and stops
+    again = fleet.take("b")                  # index 0 placed again, of the new revision
+    assert (again["index"], again["env"]["V"]) == (0, "2")
+    fleet.deps.scheduler.advance_rollouts()
+    fleet.settle()
+    shown = fleet.service(job_id)
+    assert shown["revision"] == 2 and shown["updates"][0]["state"] == "finished"
+    assert fleet.serving(job_id) == [(0, 2), (1, 2)]
 
 
 def test_a_canary_waits_with_every_old_replica_until_promoted(fleet):

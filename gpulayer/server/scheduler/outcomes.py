@@ -111,8 +111,9 @@ def _replace_replica(conn: apsw.Connection, now: float, job: dict, task: dict) -
     placed = sum(t["index"] == index and t["drain_deadline"] is None for t in tasks)  # a drained one left on purpose
     if index is None or placed >= job["max_attempts"]:
         return False
-    new = one(conn, "insert_task", job_id=job["id"], index=index, attempt=job["attempt"],
-              priority=job["priority"], now=now)
+    # Of the revision the lost replica ran (a rolling update's new one, while it rolls out: rollout.py).
+    new = one(conn, "insert_revision_task", job_id=job["id"], index=index, attempt=job["attempt"],
+              priority=job["priority"], now=now, revision=rollout.revision_of(conn, task["id"]))
     events.record(conn, now, "replica_replaced", job_id=job["id"], task_id=task["id"], new_task_id=new["id"],
                   index=index, reason=task.get("reason"))
     return True

@@ -216,7 +216,11 @@ def moves(tasks: list[dict], target: int, width: int, max_surge: int, max_unavai
     ready = {t["index"] for t in new if _ready(t)}
     if not old and ready >= set(range(width)):
         return Plan(done=True)
-    drain = [t for t in old if t["index"] in ready or not _ready(t) and t["index"] in {n["index"] for n in new}]
+    served = {t["index"] for t in old if _ready(t)} | ready
+    # An old replica whose index a new one serves; one not ready whose index another serves or a new one covers
+    # (a replica replaced after its worker was lost, say).
+    drain = [t for t in old if t["index"] in ready or not _ready(t) and (
+        t["index"] in {n["index"] for n in new} or t["index"] in served)]
     if held:
         drain = [t for t in drain if not _ready(t)]
     left = [t for t in old if t not in drain]
@@ -295,10 +299,15 @@ def absorbs(conn: apsw.Connection, now: float, job_id: int, task: dict) -> bool:
     if task["state"] != "failed":
         return False
     u = row(conn, "active_update", job_id=job_id)
-    if u is None or u["state"] != "rolling" or row(conn, "task_revision", task_id=task["id"]) != {"revision": u["revision"]}:
+    if u is None or u["state"] != "rolling" or revision_of(conn, task["id"]) != u["revision"]:
         return False
     _turn_around(conn, now, u, f"replica_failed: task {task['id']} ({task.get('reason') or 'failed'})")
     return True
+
+
+def revision_of(conn: apsw.Connection, task_id: int) -> int:
+    """The revision replica `task_id` runs."""
+    return one(conn, "task_revision", task_id=task_id)["revision"]
 
 
 def canary(conn: apsw.Connection, job_id: int) -> tuple[int, int] | None:
@@ -309,4 +318,4 @@ def canary(conn: apsw.Connection, job_id: int) -> tuple[int, int] | None:
 
 __all__ = ["DEFAULT_DRAIN_S", "DEFAULT_READY_TIMEOUT_S", "Plan", "ROLL_FIELDS", "SPEC_CHANGES", "Update",
            "absorbs", "advance", "canary", "canary_waits", "failure", "history", "moves", "new_spec", "promote",
-           "rollback", "start", "step", "under_way"]
+           "revision_of", "rollback", "start", "step", "under_way"]
