@@ -267,6 +267,14 @@ def test_a_bad_update_is_refused_and_changes_nothing(fleet, body, code):
     assert fleet.service(job_id)["updates"] == [] and fleet.kinds(job_id) == before
 
 
+def test_a_canary_without_an_ingress_is_refused(fleet):
+    r = fleet.api.simulate_post("/v1/jobs", headers=fleet.h, json=SERVE)
+    fleet.take("a")
+    fleet.take("b")
+    answer = fleet.patch(r.json["id"], {"env": {"V": "2"}, "canary": 10}, status=400)
+    assert answer["error"]["code"] == "canary_needs_ingress" and fleet.service(r.json["id"])["updates"] == []
+
+
 def test_updates_a_batch_job_an_ended_service_or_one_rolling_are_409_and_change_nothing(fleet):
     batch = fleet.api.simulate_post("/v1/jobs", headers=fleet.h, json={"command": ["true"]}).json["id"]
     assert fleet.patch(batch, {"env": {"V": "2"}}, status=409)["error"]["code"] == "not_a_service"

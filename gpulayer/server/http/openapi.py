@@ -53,6 +53,7 @@ WHAT_IF = {"type": "object", "required": ["estimated_start_at", "estimate_reason
 JOB = {"type": "object", "required": ["id", "state", "created_at", "spec", "tasks"], "properties": {
     "id": {"type": "integer"}, "name": {"type": ["string", "null"]}, "state": {"type": "string"},
     "created_at": {"type": "number"}, "spec": {"type": "object"}, "tasks": {"type": "array"},
+    "revision": {"type": "integer", "description": "the revision a service serves (each task's own: `revision`)"},
     "array": {"type": ["object", "null"], "description": "an array's progress: indices, size, max_running, "
                                                          "counts {state: elements}, done, failed_indices, cancelled_indices"},
     "after": {"type": "array", "items": {"type": "object", "properties": {

@@ -37,6 +37,8 @@ DEFAULT_DRAIN_S = 30.0
 #: The fields of PATCH /v1/jobs/{id}/service: the spec's changes, and how it rolls out.
 SPEC_CHANGES = ("image", "env", "command")
 ROLL_FIELDS = ("max_surge", "max_unavailable", "canary", "ready_timeout_s", "drain_s")
+#: A service's updates GET /v1/jobs/{id}/service lists, newest first (the state file keeps them all).
+UPDATES_SHOWN = 20
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,9 @@ def start(conn: apsw.Connection, now: float, job_id: int, update: Update, priori
         raise Conflict(f"job {job_id} is rolling out revision {busy['revision']} ({busy['state']}): promote, "
                        "roll back or wait for it first", code="update_in_progress", revision=busy["revision"])
     old = json.loads(job["spec"])
+    if update.canary is not None and not (old.get("service") or {}).get("ingress"):
+        raise InvalidRequest(f"canary: job {job_id} has no ingress, and a canary's share is of the ingress's "
+                             "requests (clients of its endpoints pick replicas themselves)", code="canary_needs_ingress")
     new = new_spec(old, update.changes, priority_classes)
     if new == old:
         raise InvalidRequest("changes: the update changes nothing (give an image, env or command that differs)",
@@ -127,7 +132,7 @@ def rollback(conn: apsw.Connection, now: float, job_id: int, why: str = "request
     return _turn_around(conn, now, busy, why)
 
 
-def history(conn: apsw.Connection, job_id: int, limit: int = 20) -> dict:
+def history(conn: apsw.Connection, job_id: int, limit: int = UPDATES_SHOWN) -> dict:
     """GET /v1/jobs/{id}/service: the serving revision, the replicas of each revision, the updates."""
     job = row(conn, "rollout_job", job_id=job_id)
     if job is None:
@@ -316,6 +321,6 @@ def canary(conn: apsw.Connection, job_id: int) -> tuple[int, int] | None:
     return (u["revision"], u["canary"]) if u is not None and canary_waits(u) else None
 
 
-__all__ = ["DEFAULT_DRAIN_S", "DEFAULT_READY_TIMEOUT_S", "Plan", "ROLL_FIELDS", "SPEC_CHANGES", "Update",
+__all__ = ["DEFAULT_DRAIN_S", "DEFAULT_READY_TIMEOUT_S", "Plan", "ROLL_FIELDS", "SPEC_CHANGES", "UPDATES_SHOWN", "Update",
            "absorbs", "advance", "canary", "canary_waits", "failure", "history", "moves", "new_spec", "promote",
            "revision_of", "rollback", "start", "step", "under_way"]
