@@ -149,3 +149,20 @@ def test_a_control_plane_killed_mid_rollout_finishes_it_after_its_restart(plane,
              30, "the old replica to drain and stop")
     url = f"{plane.url}/ingress/{service}/"
     wait_for(lambda: requests.get(url, headers=plane.headers(), timeout=5).text == "r3", 30, "revision 4 serving")
+
+
+def test_a_canary_gets_its_share_of_the_ingress_until_promoted_over_plain_http(plane, service):
+    answer = plane.request("PATCH", f"/v1/jobs/{service}/service", json={"env": {"REV": "r5"}, "canary": 50})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["rollout"]["canary"] == 50
+    url = f"{plane.url}/ingress/{service}/"
+    wait_for(lambda: {"revision": 5, "replicas": 1, "ready": 1, "draining": 0} in _revision(plane, service)["replicas"],
+             60, "the canary to be ready")
+    # the proxy reads the replicas again after its cache (1 s): then half the requests go to the canary
+    wait_for(lambda: requests.get(url, headers=plane.headers(), timeout=10).text == "r5", 30, "the canary's share")
+    seen = [requests.get(url, headers=plane.headers(), timeout=10).text for _ in range(40)]
+    assert set(seen) == {"r3", "r5"}, seen            # 50%: 40 draws miss one side once in 10^12
+    promoted = plane.request("POST", f"/v1/jobs/{service}/service/promote")
+    assert promoted.status_code == 200, promoted.text
+    wait_for(lambda: _revision(plane, service)["revision"] == 5, 60, "the promoted rollout to finish")
+    wait_for(lambda: requests.get(url, headers=plane.headers(), timeout=5).text == "r5", 30, "revision 5 alone")
