@@ -65,7 +65,7 @@ def service_update(
     job = client_of(ctx).get_job(job_id)
     shown = _as_flags(lambda: job.update(**changes, max_surge=max_surge, max_unavailable=max_unavailable,
                                          canary=canary, ready_timeout_s=ready_timeout, drain_s=drain))
-    revision = shown["rollout"]["revision"]
+    revision = _latest(shown)
     if wait is not None:
         shown = _wait(job, revision, wait)
     if as_json:
@@ -75,6 +75,12 @@ def service_update(
     update = next((u for u in shown["updates"] if u["revision"] == revision), None)
     if wait is not None and (update is None or update["state"] != "finished"):
         raise typer.Exit(1)
+
+
+def _latest(shown: dict) -> int:
+    """The revision an update, promote or rollback answered about: the rollout's, or (it ended in the same
+    call: a rollback of a replica not yet placed, say) the newest update's."""
+    return (shown["rollout"] or shown["updates"][0])["revision"]
 
 
 def _as_flags(call):
@@ -130,7 +136,7 @@ def service_promote(ctx: typer.Context, job_id: JobArg, as_json: JsonOpt = False
     if as_json:
         print_json(shown)
     else:
-        typer.echo(f"job {job_id}: revision {shown['rollout']['revision']} promoted: rolling out to every replica")
+        typer.echo(f"job {job_id}: revision {_latest(shown)} promoted: rolling out to every replica")
 
 
 @service_app.command("rollback")
@@ -143,7 +149,7 @@ def service_rollback(ctx: typer.Context, job_id: JobArg, wait: WaitOpt = None, a
     """
     job = client_of(ctx).get_job(job_id)
     shown = job.rollback()
-    revision = shown["rollout"]["revision"]
+    revision = _latest(shown)
     if wait is not None:
         shown = _wait(job, revision, wait)
     if as_json:

@@ -181,7 +181,8 @@ def test_a_worker_lost_mid_rollout_gets_its_new_replica_placed_again_and_the_rol
         fleet.beat("b")
     fleet.deps.scheduler.expire()
     fleet.held["c"] = []
-    assert "replica_replaced" in fleet.kinds(job_id)
+    kinds = fleet.kinds(job_id)
+    assert "replica_replaced" not in kinds and "job_retried" not in kinds   # the rollout places it again
     fleet.deps.scheduler.advance_rollouts()
     fleet.settle()                           # a's new index 1 serves: b's old index 1 drains and stops
     again = fleet.take("b")                  # index 0 placed again, of the new revision
@@ -191,6 +192,28 @@ def test_a_worker_lost_mid_rollout_gets_its_new_replica_placed_again_and_the_rol
     shown = fleet.service(job_id)
     assert shown["revision"] == 2 and shown["updates"][0]["state"] == "finished"
     assert fleet.serving(job_id) == [(0, 2), (1, 2)]
+
+
+def test_a_one_replica_service_losing_its_new_replica_keeps_the_old_one_serving(fleet):
+    r = fleet.api.simulate_post("/v1/jobs", headers=fleet.h, json={**SERVE, "service": {"replicas": 1, "ingress": {}}})
+    job_id = r.json["id"]
+    fleet.take("a")
+    fleet.patch(job_id, {"env": {"V": "2"}})
+    fleet.take("b", endpoint=False)
+    for _ in range(4):                       # b is lost with the new replica, before it was ready
+        fleet.clock.advance(1)
+        fleet.beat("a")
+        fleet.beat("c")
+    fleet.deps.scheduler.expire()
+    fleet.held["b"] = []
+    job = fleet.api.simulate_get(f"/v1/jobs/{job_id}", headers=fleet.h).json
+    assert job["attempt"] == 1 and fleet.serving(job_id) == [(0, 1)]   # no retry of the attempt: it serves on
+    fleet.deps.scheduler.advance_rollouts()  # surged again
+    again = fleet.take("c")
+    assert again["env"]["V"] == "2"
+    fleet.deps.scheduler.advance_rollouts()
+    fleet.settle()
+    assert fleet.service(job_id)["revision"] == 2 and fleet.serving(job_id) == [(0, 2)]
 
 
 def test_a_canary_waits_with_every_old_replica_until_promoted(fleet):

@@ -3,8 +3,11 @@ real control plane's ingress, under a steady load from a real client the whole t
 
 `gpulayer service update --wait` rolls the replica to a new revision with no request failed; a revision whose
 health path never answers 2xx is rolled back within its health check's failures x interval, the old replica
-serving throughout (no request failed either); and a control plane SIGKILLed right after an update was
-accepted finishes the rollout after its restart, nothing left half-done. One plane and two workers for the
+serving throughout (no request failed either); a control plane SIGKILLed right after an update was
+accepted finishes the rollout after its restart, nothing left half-done; a canary's share through the
+ingress and its promote over plain HTTP; and a worker lost (SIGKILL) with the new replica before it was
+ready: the old replica serves on (no request failed), the rollout waits to place it again, and
+`service rollback` ends it. One plane and two workers for the
 module (the surge needs a second worker: a service's replicas never share one).
 """
 
@@ -23,8 +26,9 @@ pytest.importorskip("granian")
 pytestmark = [pytest.mark.timeout(240)]
 
 REPLICA = r"""
-import http.server, os
+import http.server, os, time
 REV, BROKEN = os.environ.get("REV", "?").encode(), bool(os.environ.get("BROKEN"))
+READY_AT = time.monotonic() + float(os.environ.get("READY_AFTER", "0"))
 
 class H(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
@@ -33,7 +37,8 @@ class H(http.server.BaseHTTPRequestHandler):
         pass
 
     def do_GET(self):
-        status, body = (500, b"broken") if self.path == "/healthz" and BROKEN else (200, REV)
+        unready = BROKEN or time.monotonic() < READY_AT
+        status, body = (500, b"broken") if self.path == "/healthz" and unready else (200, REV)
         self.send_response(status)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -166,3 +171,23 @@ def test_a_canary_gets_its_share_of_the_ingress_until_promoted_over_plain_http(p
     assert promoted.status_code == 200, promoted.text
     wait_for(lambda: _revision(plane, service)["revision"] == 5, 60, "the promoted rollout to finish")
     wait_for(lambda: requests.get(url, headers=plane.headers(), timeout=5).text == "r5", 30, "revision 5 alone")
+
+
+def test_a_worker_lost_with_the_new_replica_leaves_the_old_one_serving(plane, service):
+    job = plane.client().get_job(service)
+    with Load(f"{plane.url}/ingress/{service}/", plane.client_token, plane.verify) as load:
+        job.update(env={"REV": "r6", "READY_AFTER": "600"}, ready_timeout_s=900)
+        def new_replica():
+            found = [t for t in plane.job(service)["tasks"] if t.get("revision") == 6 and t["state"] == "running"]
+            return found[0] if found else None
+        surged = wait_for(new_replica, 60, "the new replica to start")
+        plane.workers[surged["worker_name"]].kill()         # SIGKILL: its worker is lost with it
+        wait_for(lambda: any(t["task_id"] == surged["task_id"] and t["state"] == "lost"
+                             for t in plane.job(service)["tasks"]), 60, "the new replica to be lost")
+        assert plane.job(service)["attempt"] == 1           # the attempt goes on: no retry stops the old replica
+        wait_for(lambda: {"revision": 6, "replicas": 1, "ready": 0, "draining": 0} in _revision(plane, service)["replicas"],
+                 30, "the rollout to surge the new replica again")
+        done = plane.cli("service", "rollback", str(service), "--wait", "60", timeout=90)
+        assert done.returncode == 0 and "rolled back (requested)" in done.stdout, done.stdout + done.stderr
+    assert load.failed == [], load.failed[:10]
+    assert set(load.answers) == {"200 r5"}

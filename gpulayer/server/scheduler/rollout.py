@@ -299,14 +299,18 @@ def _finish(conn: apsw.Connection, now: float, u: dict, job: dict) -> None:
 
 
 def absorbs(conn: apsw.Connection, now: float, job_id: int, task: dict) -> bool:
-    """outcomes.settle: a replica of a revision being rolled out failed. The rollout rolls back, and the service
-    goes on with its old replicas (True); False for any other task (the job's own policy decides)."""
-    if task["state"] != "failed":
+    """outcomes.settle: whether the end of `task` (failed or lost) is the rollout's to handle (True), not the
+    job's policy (False: an old revision's replica, or no rollout). A replica of the new revision that failed
+    turns the rollout around, and the service goes on with its old replicas; one lost with its worker is
+    surged again by the rollout's next step (never a retry of the whole attempt, which would stop the old
+    replicas that serve); the new revision's replicas ending while it rolls back are what rolling back does."""
+    if task["state"] not in ("failed", "lost"):
         return False
     u = row(conn, "active_update", job_id=job_id)
-    if u is None or u["state"] != "rolling" or revision_of(conn, task["id"]) != u["revision"]:
+    if u is None or revision_of(conn, task["id"]) != u["revision"]:
         return False
-    _turn_around(conn, now, u, f"replica_failed: task {task['id']} ({task.get('reason') or 'failed'})")
+    if task["state"] == "failed" and u["state"] == "rolling":
+        _turn_around(conn, now, u, f"replica_failed: task {task['id']} ({task.get('reason') or 'failed'})")
     return True
 
 
