@@ -320,10 +320,19 @@ def test_the_moves_keep_surge_and_unavailability_within_their_bounds():
         return {"id": i, "index": index, "revision": rev, "state": state, "endpoint": "h:1" if ready else None,
                 "drain_deadline": None, "cancel_requested": 0}
     old = [t(1, 0, 1), t(2, 1, 1), t(3, 2, 1)]
-    assert rollout.moves(old, 2, 3, 1, 0) == rollout.Plan(add=(0,))
-    assert rollout.moves(old + [t(4, 0, 2, ready=False)], 2, 3, 1, 0) == rollout.Plan()
-    assert rollout.moves(old + [t(4, 0, 2)], 2, 3, 1, 0) == rollout.Plan(drain=(1,), add=(1,))
-    assert rollout.moves(old, 2, 3, 0, 1) == rollout.Plan(drain=(3,), add=(2,))
-    assert rollout.moves(old, 2, 3, 2, 0) == rollout.Plan(add=(0, 1))
-    assert rollout.moves(old + [t(4, 0, 2)], 2, 3, 1, 0, held=True) == rollout.Plan()
-    assert rollout.moves([t(4, 0, 2), t(5, 1, 2), t(6, 2, 2)], 2, 3, 1, 0).done
+    assert rollout.moves(old, 2, 1, 0) == rollout.Plan(add=(0,))
+    assert rollout.moves(old + [t(4, 0, 2, ready=False)], 2, 1, 0) == rollout.Plan()
+    assert rollout.moves(old + [t(4, 0, 2)], 2, 1, 0) == rollout.Plan(drain=(1,), add=(1,))
+    assert rollout.moves(old, 2, 0, 1) == rollout.Plan(drain=(3,), add=(2,))
+    assert rollout.moves(old, 2, 2, 0) == rollout.Plan(add=(0, 1))
+    assert rollout.moves(old + [t(4, 0, 2)], 2, 1, 0, held=True) == rollout.Plan()
+    assert rollout.moves([t(4, 0, 2), t(5, 1, 2), t(6, 2, 2)], 2, 1, 0).done
+    # an autoscaled service's indices are those its live replicas hold (its count follows its load): one more
+    # replica is rolled too, one drained by a scale-down is not brought back, none left is done; a fixed
+    # service's are 0 to its width - 1 whatever is live (a new replica lost with its worker is surged again)
+    assert rollout.moves(old + [t(7, 3, 1)], 2, 1, 0) == rollout.Plan(add=(0,))
+    four = [t(4, 0, 2), t(5, 1, 2), t(6, 2, 2), t(7, 3, 1)]
+    assert rollout.moves(four, 2, 1, 0) == rollout.Plan(add=(3,))
+    assert rollout.moves([*four[:3], {**t(7, 3, 1), "drain_deadline": 1.0}], 2, 1, 0).done
+    assert rollout.moves([], 2, 1, 0).done
+    assert rollout.moves([t(4, 1, 2), t(5, 2, 2)], 2, 1, 0, width=3) == rollout.Plan(add=(0,))

@@ -182,7 +182,9 @@ def step(conn: apsw.Connection, now: float, u: dict) -> int:
             _turn_around(conn, now, u, why)
             return 1
     target = u["revision"] if u["state"] == "rolling" else u["from_revision"]
-    plan = moves(tasks, target, job["width"], u["max_surge"], u["max_unavailable"], held=canary_waits(u))
+    autoscaled = (json.loads(job["spec"]).get("service") or {}).get("autoscale") is not None
+    plan = moves(tasks, target, u["max_surge"], u["max_unavailable"], width=None if autoscaled else job["width"],
+                 held=canary_waits(u))
     if plan.done:
         _finish(conn, now, u, job)
         return 1
@@ -210,16 +212,20 @@ class Plan:
     done: bool = False
 
 
-def moves(tasks: list[dict], target: int, width: int, max_surge: int, max_unavailable: int, *,
+def moves(tasks: list[dict], target: int, max_surge: int, max_unavailable: int, *, width: int | None = None,
           held: bool = False) -> Plan:
-    """What to do now with a service's live replicas `tasks` (rollout_tasks' rows) to bring its `width` indices
-    to revision `target`, at most `width + max_surge` replicas not draining and at least `width -
-    max_unavailable` ready at any time; `held` (a canary waiting): one new replica at most, none drained."""
+    """What to do now with a service's live replicas `tasks` (rollout_tasks' rows) to bring its indices to
+    revision `target`: 0 to `width` - 1 and any other its replicas not draining hold (`width` None: those alone,
+    for a service that autoscales, whose count follows its load), with at most their count + `max_surge`
+    replicas not draining and at least their count - `max_unavailable` ready at any time; `held` (a canary
+    waiting): one new replica at most, none drained."""
     serving = [t for t in tasks if t["drain_deadline"] is None and not t["cancel_requested"]]
+    slots = {t["index"] for t in serving} | set(range(width or 0))
+    width = len(slots)
     new = [t for t in serving if t["revision"] == target]
     old = [t for t in serving if t["revision"] != target]
     ready = {t["index"] for t in new if _ready(t)}
-    if not old and ready >= set(range(width)):
+    if not old and ready >= slots:
         return Plan(done=True)
     served = {t["index"] for t in old if _ready(t)} | ready
     # An old replica whose index a new one serves; one not ready whose index another serves or a new one covers
@@ -240,8 +246,8 @@ def moves(tasks: list[dict], target: int, width: int, max_surge: int, max_unavai
             up -= 1
     live = len(new) + len([t for t in old if t not in drain])
     covered = {t["index"] for t in new}
-    gone = {t["index"] for t in drain} | set(range(width)) - {t["index"] for t in old}
-    pending = sorted(set(range(width)) - covered, key=lambda i: (i not in gone, i))
+    gone = {t["index"] for t in drain}
+    pending = sorted(slots - covered, key=lambda i: (i not in gone, i))
     add: list[int] = []
     for index in pending:
         if live >= width + max_surge or (held and len(new) + len(add) >= 1):
