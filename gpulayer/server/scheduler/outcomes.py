@@ -66,7 +66,7 @@ def settle(conn: apsw.Connection, now: float, job_id: int, attempt: int, task: d
             return finish(conn, now, job_id, "cancelled", None, "cancelled")
         return None
     if job["kind"] == "service" and rollout.absorbs(conn, now, job_id, task):
-        return None  # a replica of a revision being rolled out failed: rolled back, the old replicas serve on
+        return None  # a replica of the revision being rolled out failed (rolled back) or was lost (surged again)
     reason = task.get("reason") or task["state"]
     retryable = retry_reason(task) in json.loads(job["retry_on"])
     if (retryable and job["kind"] == "service" and task["state"] == "lost"
