@@ -29,6 +29,7 @@ from gpulayer.cli import fleet as cli_fleet
 from gpulayer.cli import images as cli_images
 from gpulayer.cli import jobs as cli_jobs
 from gpulayer.cli import notify as cli_notify
+from gpulayer.cli import service as cli_service
 from gpulayer.cli import server as cli_server
 from gpulayer.cli import policy as cli_policy
 from gpulayer.cli import sql as cli_sql
@@ -225,6 +226,7 @@ def root(
 _LOOSE = {"allow_interspersed_args": False}
 app.command("submit", context_settings=_LOOSE)(cli_submit.submit)
 app.add_typer(cli_jobs.job_app, name="job")
+app.add_typer(cli_service.service_app, name="service")
 app.command("exec")(cli_access.exec_command)
 app.command("shell")(cli_access.shell_command)
 app.command("port-forward")(cli_access.port_forward_command)

@@ -68,6 +68,8 @@ def job_status(ctx: typer.Context, job_id: JobArg, index: IndexOpt = None, as_js
         typer.echo(f"ingress_url={info['ingress_url']}")
     for line in selection.scaling_lines(info.get("scaling")):  # an autoscaled service's replicas over time
         typer.echo(line)
+    if info.get("kind") == "service" and (info.get("revision") or 1) > 1:  # after a rolling update
+        typer.echo(f"revision={info['revision']}")
     for dep in info.get("after") or []:
         typer.echo(f"after: job {dep['job']} {dep['condition']} "
                    + (f"(it is {dep['state']})" if dep.get("state") else "(you may not see it)"))
@@ -77,7 +79,8 @@ def job_status(ctx: typer.Context, job_id: JobArg, index: IndexOpt = None, as_js
                    f"state={task.get('state')} worker={_worker(task)} "
                    f"address={_dash(task.get('address'))} endpoint={_dash(task.get('endpoint'))} "
                    f"restarts={task.get('restarts') or 0} exit_code={_dash(task.get('exit_code'))}"
-                   + (f" reason={task['reason']}" if task.get("reason") else ""))
+                   + (f" reason={task['reason']}" if task.get("reason") else "")
+                   + (f" revision={task['revision']}" if info.get("kind") == "service" and task.get("revision") else ""))
         if task.get("restart_message"):
             typer.echo(f"    {task['restart_message']}")
         for gpu in (usage.get(task["task_id"]) or {}).get("gpus") or []:

@@ -30,6 +30,10 @@ class JobClient(Protocol):
     def listed(self, path: str, key: str, params: dict | None = None, cursor: str = "after") -> list[dict]: ...
 
 
+#: `Job.update()`'s names that make a service's rolling update (PATCH /v1/jobs/{id}/service).
+SERVICE_UPDATE_FIELDS = ("image", "env", "command", "max_surge", "max_unavailable", "canary", "ready_timeout_s",
+                         "drain_s")
+
 class Job:
     """A submitted job. `info()` fetches it anew; `data` is the last copy fetched."""
 
@@ -174,9 +178,38 @@ class Job:
     def update(self, **changes) -> dict:
         """Change the job (`scontrol update`): `name`, `priority` (a number or a class name; above the
         project's ceiling only for admins), `timeout_seconds` (seconds or a duration's text; a running
-        attempt's deadline becomes its start plus it, heard by its worker within a heartbeat). Returns the Job."""
-        self.data = self.client.call("PATCH", f"/jobs/{self.id}", json=changes)
-        return self.data
+        attempt's deadline becomes its start plus it, heard by its worker within a heartbeat). Returns the Job.
+
+        A service's rolling update instead (docs/services.md, "Rolling updates"): any of `image` (a name a
+        worker has cached, an OCI archive or layout here, uploaded, or the JobSpec's object), `env` ({name:
+        value}, None removes one), `command` (argv), with `max_surge`, `max_unavailable`, `canary` (1-99),
+        `ready_timeout_s`, `drain_s`; returns the service's revisions (`service()`). Not both kinds at once."""
+        rolling = set(changes) & set(SERVICE_UPDATE_FIELDS)
+        if not rolling:
+            self.data = self.client.call("PATCH", f"/jobs/{self.id}", json=changes)
+            return self.data
+        if rolling != set(changes):
+            raise ValueError(f"{', '.join(sorted(set(changes) - rolling))}: not with a service's rolling update "
+                             f"({', '.join(sorted(rolling))}): call update() twice")
+        if isinstance(changes.get("image"), str):
+            from gpulayer.client.images import prepare_image
+            changes = {**changes, "image": prepare_image(self.client, changes["image"], transfers.upload_file,
+                                                         transfers.has_artifact)}
+        return self.client.call("PATCH", f"/jobs/{self.id}/service", json=changes)
+
+    def service(self) -> dict:
+        """A service's revisions: the one it serves, the update under way (`rollout`), its replicas by revision,
+        its updates newest first (GET /v1/jobs/{id}/service)."""
+        return self.client.call("GET", f"/jobs/{self.id}/service")
+
+    def promote(self) -> dict:
+        """A canary's rollout goes on to every replica (`gpulayer service promote`); the service's revisions."""
+        return self.client.call("POST", f"/jobs/{self.id}/service/promote", json=None)
+
+    def rollback(self) -> dict:
+        """The rolling update under way turns around to the revision served before it (`gpulayer service
+        rollback`); the service's revisions."""
+        return self.client.call("POST", f"/jobs/{self.id}/service/rollback", json=None)
 
     def exec(self, argv: list[str], *, index: int | None = None, input: bytes | None = None,
              check: bool = False) -> subprocess.CompletedProcess:

@@ -312,6 +312,11 @@ def upkeep_jobs(deps: Deps) -> list[Job]:
         if drained:
             log.info("workers_drained n=%d", drained)
 
+    def rollouts() -> None:
+        moved = scheduler.advance_rollouts()
+        if moved:
+            log.info("rollout_moves n=%d", moved)
+
     def service_drains() -> None:
         stopped = scheduler.advance_service_drains()
         if stopped:
@@ -337,7 +342,8 @@ def upkeep_jobs(deps: Deps) -> list[Job]:
     return [Job("cascades", 0, cascades), Job("expire", 0, expire),
             Job("fairshare", ledger.RUNNING_REFRESH_S, fairshare), Job("begin_due", 0, begin_due),
             Job("preempt", 0, preempt), Job("reservations", 0, reserve), Job("drains", 0, drains),
-            Job("autoscale", 0, autoscale), Job("service_drains", 0, service_drains),
+            Job("rollouts", 0, rollouts), Job("autoscale", 0, autoscale),
+            Job("service_drains", 0, service_drains),
             Job("prune", config.prune_interval_s, prune, first_s=min(config.prune_interval_s, 60.0)),
             Job("sweep", config.artifact_sweep_interval_s, sweep, first_s=config.artifact_sweep_interval_s),
             Job("estimates", 0, estimates)]

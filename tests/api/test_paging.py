@@ -139,6 +139,8 @@ BOUNDED = {("/v1/jobs/{job_id}", "tasks"): "an array's: ARRAY_TASKS_SHOWN active
            ("/v1/jobs/{job_id}", "after"): "at most 100 dependencies",
            ("/v1/jobs/{job_id}/endpoints", "endpoints"): "one per replica (1,024)",
            ("/v1/jobs/{job_id}/gpus", "tasks"): "its running tasks' GPUs: MAX_TASK_GPUS rows, `truncated` past it",
+           ("/v1/jobs/{job_id}/service", "replicas"): "one per revision live in the current attempt (two while rolling)",
+           ("/v1/jobs/{job_id}/service", "updates"): "the latest UPDATES_SHOWN (rollout.py)",
            ("/v1/provisioners", "provisioners"): "the configuration file's",
            ("/v1/whoami", "projects"): "the caller's memberships"}
 

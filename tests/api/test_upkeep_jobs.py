@@ -8,7 +8,7 @@ import logging
 from gpulayer.server.process import upkeep_jobs
 from gpulayer.server.upkeep import Job, Stats, Upkeep
 
-ORDER = ["cascades", "expire", "fairshare", "begin_due", "preempt", "reservations", "drains", "autoscale", "service_drains", "prune",
+ORDER = ["cascades", "expire", "fairshare", "begin_due", "preempt", "reservations", "drains", "rollouts", "autoscale", "service_drains", "prune",
          "sweep", "estimates"]
 
 

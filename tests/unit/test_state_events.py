@@ -18,10 +18,11 @@ ALLOWED = {
     ("tasks", "running"): {"task_started"},
     ("tasks", "succeeded"): {"task_finished"},
     ("tasks", "failed"): {"task_finished", "task_stopped"},
-    ("tasks", "cancelled"): {"task_cancelled", "task_finished", "task_stopped", "elements_cancelled"},
+    ("tasks", "cancelled"): {"task_cancelled", "task_finished", "task_stopped", "elements_cancelled",
+                             "replica_drained"},
     ("tasks", "lost"): {"task_lost", "task_stopped"},
     ("tasks", "queued"): {"job_submitted", "job_retried", "replica_replaced", "task_requeued", "gang_released",
-                          "element_retried"},
+                          "element_retried", "replica_surged"},
     ("jobs", "running"): {"task_assigned"},
     ("jobs", "queued"): {"job_submitted", "job_retried", "gang_released", "task_requeued", "job_released"},
     ("jobs", "waiting"): {"job_submitted"},
@@ -176,3 +177,20 @@ def test_arrays_and_dependencies_have_their_events(checked):
     assert {doomed, chained}
     assert checked.changes >= {("jobs", "waiting"), ("jobs", "queued"), ("jobs", "succeeded"), ("jobs", "cancelled"),
                                ("tasks", "queued"), ("tasks", "cancelled")}
+
+
+def test_a_rolling_update_and_its_rollback_have_their_events(checked):
+    from gpulayer.server.scheduler.rollout import Update
+    a, b = _worker(checked, "roll-a"), _worker(checked, "roll-b")
+    service = checked.submit(job(service={"replicas": 1}))
+    t = checked.acquire(a)
+    checked.start(a, t["task_id"], 1)
+    checked.heartbeat(a, [{"task_id": t["task_id"], "state": "running", "endpoint": "h:1", "restarts": 0}])
+    checked.update_service(service, Update(changes={"env": {"V": "2"}}))   # a replica of revision 2 queued
+    checked.rollback_service(service)                                      # and drained while queued
+    checked.update_service(service, Update(changes={"env": {"V": "3"}}))
+    new = checked.acquire(b)
+    checked.start(b, new["task_id"], 1)
+    checked.heartbeat(b, [{"task_id": new["task_id"], "state": "running", "endpoint": "h:1", "restarts": 0}])
+    checked.advance_rollouts()                                             # the old replica drains
+    assert ("tasks", "queued") in checked.changes and ("tasks", "cancelled") in checked.changes

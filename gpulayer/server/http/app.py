@@ -14,7 +14,7 @@ import falcon
 from gpulayer.protocol import PROTOCOL_HEADER
 from gpulayer.server.config import PROTOCOL, ControlPlaneConfig
 from gpulayer.server.errors import BodyIncomplete, Forbidden, GpulayerError, ProtocolMismatch, Unauthorized, peer_gone
-from gpulayer.server.http import notify_routes, relay_routes, resources, wire
+from gpulayer.server.http import notify_routes, relay_routes, resources, service_routes, wire
 from gpulayer.server import upkeep as upkeep_
 from gpulayer.server.http.metrics import Metrics, MetricsResource, ReplicationCollector, UpkeepCollector
 from gpulayer.server.store.artifacts import ArtifactStore
@@ -178,6 +178,9 @@ ROUTES = [
     ("/v1/jobs/{job_id:int}/endpoints", resources.Job, "endpoints"),
     ("/v1/jobs/{job_id:int}/outputs", resources.Job, "outputs"),
     ("/v1/jobs/{job_id:int}/gpus", resources.Job, "gpus"),
+    ("/v1/jobs/{job_id:int}/service", service_routes.Service, None),
+    ("/v1/jobs/{job_id:int}/service/promote", service_routes.Service, "promote"),
+    ("/v1/jobs/{job_id:int}/service/rollback", service_routes.Service, "rollback"),
     ("/v1/jobs/{job_id:int}/checkpoints", resources.JobCheckpoints, None),
     ("/v1/jobs/{job_id:int}/checkpoints/{checkpoint_id:int}", resources.JobCheckpoints, "one"),
     ("/v1/workers", resources.Workers, None),

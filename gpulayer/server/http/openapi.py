@@ -53,6 +53,7 @@ WHAT_IF = {"type": "object", "required": ["estimated_start_at", "estimate_reason
 JOB = {"type": "object", "required": ["id", "state", "created_at", "spec", "tasks"], "properties": {
     "id": {"type": "integer"}, "name": {"type": ["string", "null"]}, "state": {"type": "string"},
     "created_at": {"type": "number"}, "spec": {"type": "object"}, "tasks": {"type": "array"},
+    "revision": {"type": "integer", "description": "the revision a service serves (each task's own: `revision`)"},
     "array": {"type": ["object", "null"], "description": "an array's progress: indices, size, max_running, "
                                                          "counts {state: elements}, done, failed_indices, cancelled_indices"},
     "after": {"type": "array", "items": {"type": "object", "properties": {
@@ -126,6 +127,27 @@ WORKER_CORDON = {"type": "object", "required": ["id", "name", "state", "cordon"]
     "cordon": {"enum": ["cordoned", "draining", "drained", None]}, "cordon_reason": {"type": ["string", "null"]},
     "cordoned_at": {"type": ["number", "null"]}, "drain_deadline": {"type": ["number", "null"]}}}
 
+# issue 39: PATCH /v1/jobs/{id}/service's body and the revisions it answers (docs/services.md, "Rolling updates")
+SERVICE_UPDATE = {"type": "object", "additionalProperties": False, "minProperties": 1, "properties": {
+    "image": {"type": "object", "description": "the new revision's image, as the JobSpec's"},
+    "env": {"type": "object", "additionalProperties": {"type": ["string", "null"]},
+            "description": "names set (merged into the serving env), null removes one"},
+    "command": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+    "max_surge": {"type": "integer", "minimum": 0, "description": "replicas over the count while rolling (1)"},
+    "max_unavailable": {"type": "integer", "minimum": 0, "description": "replicas under it while rolling (0)"},
+    "canary": {"type": ["integer", "null"], "minimum": 1, "maximum": 99,
+               "description": "percent of ingress requests to one new replica until promote or rollback"},
+    "ready_timeout_s": {"type": ["number", "null"], "description": "a new replica's time to be ready (default: "
+                                                                   "health failures x interval, else 300)"},
+    "drain_s": {"type": "number", "minimum": 0, "description": "an old replica's time to finish its requests (30)"}}}
+SERVICE_REVISIONS = {"type": "object", "required": ["job_id", "revision", "rollout", "replicas", "updates"],
+                     "properties": {
+    "job_id": {"type": "integer"}, "revision": {"type": "integer", "description": "the revision the service serves"},
+    "state": {"type": "string"},
+    "rollout": {"type": ["object", "null"], "description": "the update under way (rolling, rolling_back), if any"},
+    "replicas": {"type": "array", "items": {"type": "object", "required": ["revision", "replicas", "ready", "draining"]}},
+    "updates": {"type": "array", "items": {"type": "object", "required": ["revision", "from_revision", "state"]}}}}
+
 REQUEST_BODIES = {
     ("/v1/jobs", "post"): {**JOB_SPEC, "properties": {**JOB_SPEC["properties"], "project": {
         **NAME, "description": "beside the JobSpec: the project it counts against (default: the caller's only "
@@ -191,11 +213,16 @@ REQUEST_BODIES = {
         "name": {"type": ["string", "null"], "maxLength": 256},
         "priority": {"type": ["integer", "string"], "description": "a number, or a priority class's name"},
         "timeout_seconds": {"type": ["number", "string", "null"], "description": "seconds, or a duration's text"}}},
+    # issue 39: a service's rolling update (scheduler/rollout.py)
+    ("/v1/jobs/{job_id}/service", "patch"): SERVICE_UPDATE,
+    ("/v1/jobs/{job_id}/service/promote", "post"): {"type": "object", "additionalProperties": False, "properties": {}},
+    ("/v1/jobs/{job_id}/service/rollback", "post"): {"type": "object", "additionalProperties": False, "properties": {}},
 }
 # the what-if (issue 38) takes what a submit takes
 REQUEST_BODIES[("/v1/jobs/estimate", "post")] = REQUEST_BODIES[("/v1/jobs", "post")]
 # no body: the whole job; hold and release take none
 OPTIONAL_BODIES = {("/v1/jobs/{job_id}/cancel", "post"), ("/v1/jobs/{job_id}/hold", "post"),
+                   ("/v1/jobs/{job_id}/service/promote", "post"), ("/v1/jobs/{job_id}/service/rollback", "post"),
                    ("/v1/jobs/{job_id}/release", "post"), ("/v1/jobs/{job_id}/requeue", "post")}
 RESPONSES: dict[tuple[str, str], tuple[str, dict]] = {
     ("/v1/jobs", "post"): ("201", JOB),
@@ -206,6 +233,10 @@ RESPONSES: dict[tuple[str, str], tuple[str, dict]] = {
     ("/v1/jobs/{job_id}/hold", "post"): ("200", JOB),
     ("/v1/jobs/{job_id}/release", "post"): ("200", JOB),
     ("/v1/jobs/{job_id}/requeue", "post"): ("200", JOB),
+    ("/v1/jobs/{job_id}/service", "get"): ("200", SERVICE_REVISIONS),
+    ("/v1/jobs/{job_id}/service", "patch"): ("200", SERVICE_REVISIONS),
+    ("/v1/jobs/{job_id}/service/promote", "post"): ("200", SERVICE_REVISIONS),
+    ("/v1/jobs/{job_id}/service/rollback", "post"): ("200", SERVICE_REVISIONS),
     ("/v1/jobs", "get"): ("200", {"type": "object", "required": ["jobs"],
                                   "properties": {"jobs": {"type": "array", "items": JOB}}}),
     ("/v1/jobs/{job_id}/logs", "get"): ("200", {"type": "object", "required": ["lines", "next"], "properties": {

@@ -28,6 +28,7 @@ import asyncio
 import hashlib
 import hmac
 import logging
+import random
 import re
 import time
 from urllib.parse import parse_qsl, quote, urlencode
@@ -42,7 +43,7 @@ from gpulayer.server.relay.hub import Hub, RelayTimeout
 from gpulayer.server.relay.ingress_limits import Admission, ClientGone, ClientStalled, IngressFull, Limits, SendPacer, TooManyRequests
 from gpulayer.server.relay.upstream import Body, Ends, Upstream, UpstreamFailed, next_event
 from gpulayer.server.scheduler import ingress as ingress_reads
-from gpulayer.server.scheduler.ingress import Ingress
+from gpulayer.server.scheduler.ingress import Ingress, canary_share
 
 log = logging.getLogger("gpulayer.server.ingress")
 
@@ -97,7 +98,7 @@ class IngressProxy:
     async def _lookup(self, job_id: int) -> Ingress | None:
         now = time.monotonic()
         cached = self._ingress.get(job_id)
-        if cached is not None and cached[0] > now:
+        if cached is not None and cached[0] > now and not self._drained_since(cached[1]):
             return cached[1]
         found = await self.hub._run("system", self.store.read, ingress_reads.lookup, job_id)
         if len(self._ingress) > 10_000:
@@ -113,6 +114,13 @@ class IngressProxy:
     async def _wake(self, job_id: int) -> object:
         """A request for service `job_id` at zero: the scheduler places a replica now (cold_start.py)."""
         return await self.hub._run("system", self.hub.scheduler.wake_service, job_id)
+
+    def _drained_since(self, found: Ingress | None) -> bool:
+        """Whether a replica of a cached `found` began draining since it was read: the replicas are read again
+        then (once: the new read leaves it out), so that the replica a rolling update made ready in its place,
+        which the cached copy may not hold yet, is seen at once, not after CACHE_S with nothing left to pick."""
+        draining = self.counters.draining
+        return found is not None and bool(draining) and any(r.task_id in draining for r in found.replicas)
 
     async def _may_read(self, token: str, job_id: int) -> bool:
         """Whether client token `token` may read job `job_id` (cached CACHE_S); Unauthorized for a bad token."""
@@ -161,6 +169,7 @@ class IngressProxy:
         left = [i for i, r in enumerate(found.replicas) if r.task_id not in tried and r.task_id not in draining]
         if not left:
             return None
+        left = canary_share(found, left, random.random())  # a canary's share of requests (rollout.py)
         return min(left, key=lambda i: (self.down.get(found.replicas[i].task_id, 0) > now, self.outstanding[found.replicas[i].task_id], i))
 
     async def _open(self, found: Ingress, i: int) -> Upstream:

@@ -19,6 +19,7 @@ from gpulayer.server.scheduler import (access, aging, cordons, forecast, gpu_hea
                                        teams, tokens, workers)
 from gpulayer.server.scheduler.notifications import Notifications, submitted_with_mail
 from gpulayer.server.scheduler.services import Services
+from gpulayer.server.scheduler.service_updates import ServiceUpdates
 from gpulayer.server.scheduler.spec import ValidSpec, priority_number, validate_job
 from gpulayer.server.scheduler.worker_requests import WorkerRequests
 from gpulayer.server.security.auth import Principal, new_jti, new_token
@@ -29,11 +30,12 @@ ADMIN = Principal(kind="client", jti="server-client", name="server", user_id=tea
                   admin=True)
 
 
-class Scheduler(WorkerRequests, Notifications, Services):
+class Scheduler(WorkerRequests, Notifications, Services, ServiceUpdates):
     """Facade over the transaction functions, bound to one store, clock and config (facade.Facade).
 
     An agent's requests are worker_requests.WorkerRequests'; the notification routes' and the delivery thread's
-    notifications.Notifications'; services' replicas leaving and autoscaling services.Services'; the clients', the
+    notifications.Notifications'; services' replicas leaving and autoscaling services.Services'; a service's
+    rolling updates service_updates.ServiceUpdates'; the clients', the
     operators', the relay's and upkeep's are here.
     `auth` (token hashes and the principal cache) and `artifacts` (the files)
     are made from the config's home when not given; the front end passes the

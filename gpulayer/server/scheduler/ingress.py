@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import apsw
 
 from gpulayer.server.errors import Forbidden, NotFound
-from gpulayer.server.scheduler import sessions, teams
+from gpulayer.server.scheduler import rollout, sessions, teams
 from gpulayer.server.store.queries import row, rows
 
 ACCESS = ("token", "key", "public")
@@ -33,6 +33,8 @@ class Ingress:
     ports: tuple[int, ...]  # each replica's port, in the task's network view
     # a service that scales to zero (`service.autoscale.min` 0): (cold_start_timeout_s, max_held), else None
     cold_start: tuple[float, int] | None = None
+    revisions: tuple[int, ...] = ()  # each replica's revision (a rolling update runs two side by side)
+    canary: tuple[int, int] | None = None  # (revision, percent): that share of requests to its replicas
 
 
 def lookup(conn: apsw.Connection, job_id: int) -> Ingress | None:
@@ -41,7 +43,7 @@ def lookup(conn: apsw.Connection, job_id: int) -> Ingress | None:
     if found is None or found["ingress"] is None:
         return None
     setting = json.loads(found["ingress"])
-    replicas, ports = [], []
+    replicas, ports, revisions = [], [], []
     if found["state"] == "running":
         for r in rows(conn, "ingress_replicas", job_id=job_id):
             port = _port(r["endpoint"])
@@ -55,9 +57,23 @@ def lookup(conn: apsw.Connection, job_id: int) -> Ingress | None:
                 )
             )
             ports.append(port)
+            revisions.append(r["revision"])
     scale = json.loads(found["autoscale"]) if found["autoscale"] else None
     cold = (float(scale.get("cold_start_timeout_s", 120)), int(scale.get("max_held", 100))) if scale and scale.get("min") == 0 else None
-    return Ingress(job_id, found["state"], setting.get("access") or "token", setting.get("key_sha256"), tuple(replicas), tuple(ports), cold)
+    canary = rollout.canary(conn, job_id) if len(set(revisions)) > 1 else None
+    return Ingress(job_id, found["state"], setting.get("access") or "token", setting.get("key_sha256"), tuple(replicas),
+                   tuple(ports), cold, tuple(revisions), canary)
+
+
+def canary_share(found: Ingress, left: list[int], draw: float) -> list[int]:
+    """Of the replicas `left` (indices into found.replicas), those a request goes to: while a canary waits
+    (found.canary: its revision and percent), its replicas for a `draw` (uniform in [0, 1)) under the percent
+    and the others' above it; any of `left` when that side has none ready (docs/services.md, "Canary")."""
+    if found.canary is None:
+        return left
+    revision, percent = found.canary
+    side = [i for i in left if (found.revisions[i] == revision) == (draw * 100 < percent)]
+    return side or left
 
 
 def may_read(conn: apsw.Connection, principal, job_id: int) -> bool:
@@ -79,4 +95,4 @@ def _port(endpoint: str | None) -> int | None:
 
 
 
-__all__ = ["ACCESS", "Ingress", "lookup", "may_read"]
+__all__ = ["ACCESS", "Ingress", "canary_share", "lookup", "may_read"]

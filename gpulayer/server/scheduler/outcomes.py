@@ -31,7 +31,7 @@ import re
 import apsw
 
 from gpulayer.protocol import array_text
-from gpulayer.server.scheduler import cascades, events, service_drain
+from gpulayer.server.scheduler import cascades, events, rollout, service_drain
 from gpulayer.server.scheduler.spec import array_indices
 from gpulayer.server.store.queries import QUERIES, one, row, rows
 
@@ -65,6 +65,8 @@ def settle(conn: apsw.Connection, now: float, job_id: int, attempt: int, task: d
         if not any(t["state"] in ACTIVE for t in rows(conn, "attempt_tasks", job_id=job_id, attempt=attempt)):
             return finish(conn, now, job_id, "cancelled", None, "cancelled")
         return None
+    if job["kind"] == "service" and rollout.absorbs(conn, now, job_id, task):
+        return None  # a replica of the revision being rolled out failed (rolled back) or was lost (surged again)
     reason = task.get("reason") or task["state"]
     retryable = retry_reason(task) in json.loads(job["retry_on"])
     if (retryable and job["kind"] == "service" and task["state"] == "lost"
@@ -109,8 +111,9 @@ def _replace_replica(conn: apsw.Connection, now: float, job: dict, task: dict) -
     placed = sum(t["index"] == index and t["drain_deadline"] is None for t in tasks)  # a drained one left on purpose
     if index is None or placed >= job["max_attempts"]:
         return False
-    new = one(conn, "insert_task", job_id=job["id"], index=index, attempt=job["attempt"],
-              priority=job["priority"], now=now)
+    # Of the revision the lost replica ran (a rolling update's new one, while it rolls out: rollout.py).
+    new = one(conn, "insert_revision_task", job_id=job["id"], index=index, attempt=job["attempt"],
+              priority=job["priority"], now=now, revision=rollout.revision_of(conn, task["id"]))
     events.record(conn, now, "replica_replaced", job_id=job["id"], task_id=task["id"], new_task_id=new["id"],
                   index=index, reason=task.get("reason"))
     return True

@@ -75,7 +75,8 @@ def _render(conn: apsw.Connection, found: dict, index: int | None = None) -> dic
     shown = [_task_view(conn, t) for t in tasks or []]
     after = rows(conn, "job_dependencies_of", job_id=found["id"])
     return {"id": found["id"], "name": found["name"], "state": found["state"], "kind": found["kind"],
-            "attempt": found["attempt"], "created_at": found["created_at"], "finished_at": found["finished_at"],
+            "attempt": found["attempt"], "revision": found["revision"],
+            "created_at": found["created_at"], "finished_at": found["finished_at"],
             "exit_code": found["exit_code"], "reason": found["reason"],
             "waiting_reason": waiting_reason(conn, found, shown, after),
             "reservation": reservation(conn, found["id"]),

@@ -13,7 +13,7 @@
 -- (estimates), quotas' use now
 -- and as admission reads them; the claim (claimable_groups, claimable_tasks, claimable_batch).
 
-PRAGMA user_version = 30;
+PRAGMA user_version = 31;
 
 -- ---------------------------------------------------------------------------------------
 -- Tokens and teams: tokens, users, projects, memberships.
@@ -221,7 +221,7 @@ CREATE TABLE jobs (
     preemptible       INTEGER NOT NULL DEFAULT 0 CHECK (preemptible IN (0, 1)),
     array_size        INTEGER CHECK (array_size IS NULL OR array_size >= 1),
     max_running       INTEGER CHECK (max_running IS NULL OR max_running >= 1)
-    , hold INTEGER NOT NULL DEFAULT 0 CHECK (hold IN (0, 1)), begin_at REAL,
+    , hold INTEGER NOT NULL DEFAULT 0 CHECK (hold IN (0, 1)), begin_at REAL, revision INTEGER NOT NULL DEFAULT 1 CHECK (revision >= 1),
     CHECK ((state IN ('succeeded', 'failed', 'cancelled', 'lost')) = (finished_at IS NOT NULL))
 ) STRICT;
 CREATE INDEX jobs_state_id ON jobs (state, id);
@@ -276,7 +276,7 @@ CREATE TABLE tasks (
     started_at        REAL,
     finished_at       REAL,
     held              INTEGER NOT NULL DEFAULT 0 CHECK (held IN (0, 1))
-    , queued_at REAL, ahead INTEGER NOT NULL DEFAULT 0 CHECK (ahead IN (0, 1)), drain_deadline REAL, drain_started_at REAL,
+    , queued_at REAL, ahead INTEGER NOT NULL DEFAULT 0 CHECK (ahead IN (0, 1)), drain_deadline REAL, drain_started_at REAL, revision INTEGER NOT NULL DEFAULT 1 CHECK (revision >= 1),
     CHECK ((state IN ('assigned', 'running')) = (worker_id IS NOT NULL AND lease_expires_at IS NOT NULL)
            OR state NOT IN ('queued', 'assigned', 'running')),
     CHECK (state <> 'queued' OR worker_id IS NULL),
@@ -1245,6 +1245,37 @@ SELECT t.id AS task_id, t.job_id, t.worker_id, t.state, coalesce(t.started_at, t
        coalesce(t.started_at, t.assigned_at) + m.typical_s AS typical_end_at, m.source
 FROM tasks t JOIN job_runtime_model m ON m.job_id = t.job_id
 WHERE t.state IN ('assigned', 'running') AND t.ahead = 0;
+
+-- Service updates (schema 31): one row per `service update` of a service, the new revision's spec and
+-- its rollout's state (scheduler/rollout.py, docs/services.md "Rolling updates"); jobs.revision is the
+-- revision a service serves, tasks.revision the one a replica runs.
+CREATE TABLE service_updates (
+    job_id            INTEGER NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,
+    revision          INTEGER NOT NULL CHECK (revision >= 2),     -- the new revision
+    from_revision     INTEGER NOT NULL CHECK (from_revision >= 1),
+    spec              TEXT NOT NULL CHECK (json_valid(spec)),     -- the new revision's JobSpec, normalised
+    changes           TEXT NOT NULL CHECK (json_valid(changes)),  -- what the update changed (image, env, command)
+    state             TEXT NOT NULL CHECK (state IN (
+                          'rolling',       -- new replicas replace old ones (or a canary waits for promote)
+                          'rolling_back',  -- the old revision replaces the new one's replicas
+                          'finished',      -- every replica runs the new revision
+                          'rolled_back',   -- every replica runs the old revision again
+                          'ended'          -- the service ended during the rollout
+                      )),
+    max_surge         INTEGER NOT NULL CHECK (max_surge >= 0),
+    max_unavailable   INTEGER NOT NULL CHECK (max_unavailable >= 0),
+    canary            INTEGER CHECK (canary IS NULL OR canary BETWEEN 1 AND 99),  -- percent of ingress requests
+    ready_timeout_s   REAL NOT NULL CHECK (ready_timeout_s > 0),
+    drain_s           REAL NOT NULL CHECK (drain_s >= 0),
+    reason            TEXT,            -- why it rolled back
+    created_at        REAL NOT NULL,
+    promoted_at       REAL,
+    finished_at       REAL,
+    PRIMARY KEY (job_id, revision),
+    CHECK ((state IN ('finished', 'rolled_back', 'ended')) = (finished_at IS NOT NULL))
+) STRICT;
+-- At most one rollout of a service at a time (a second `service update` is refused: update_in_progress).
+CREATE UNIQUE INDEX service_updates_active ON service_updates (job_id) WHERE state IN ('rolling', 'rolling_back');
 
 -- Reservations (EASY backfill, like Slurm's): room on a worker held from `start_at` for a waiting job
 -- that fits no worker now, where and when it can start earliest (the running tasks' expected ends and

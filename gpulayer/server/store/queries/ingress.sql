@@ -10,7 +10,8 @@ FROM jobs WHERE id = :job_id;
 -- or the health path answers, cleared while the replica restarts), on an online worker; with what the
 -- worker's agent said of the relay (the `tcp` stream kind is needed). A draining replica (service_drain.py)
 -- is out: no new request goes to it.
-SELECT t.id AS task_id, t."index" AS "index", t.endpoint, t.worker_id, w.name AS worker_name, w.relay, w.version
+SELECT t.id AS task_id, t."index" AS "index", t.endpoint, t.worker_id, w.name AS worker_name, w.relay, w.version,
+       t.revision
 FROM tasks t
 JOIN jobs j ON j.id = t.job_id
 JOIN workers w ON w.id = t.worker_id

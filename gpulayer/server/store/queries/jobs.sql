@@ -27,7 +27,7 @@ INSERT INTO job_dependencies (job_id, after_job_id, condition) VALUES (:job_id, 
 -- The tasks of one element of an array (or one replica / rank), newest attempt first.
 SELECT t.id AS task_id, t."index", t.attempt, t.state, t.worker_id, t.endpoint, t.exit_code,
        t.restarts, t.started_at, t.finished_at, t.reason, t.address, t.outcome, t.outputs,
-       w.name AS worker_name
+       t.revision, w.name AS worker_name
 FROM tasks t LEFT JOIN workers w ON w.id = t.worker_id
 WHERE t.job_id = :job_id AND t."index" = :index ORDER BY t.attempt DESC;
 
@@ -54,7 +54,7 @@ SELECT count(*) AS n FROM (
 -- name: get_job --
 -- One job.
 SELECT id, name, state, spec, kind, attempt, exit_code, reason, created_at, finished_at, array_size, max_running,
-       hold, begin_at
+       hold, begin_at, revision
 FROM jobs WHERE id = :job_id;
 
 -- name: touch_artifact --

@@ -41,9 +41,9 @@ WHERE job_id = :job_id AND state IN ('queued', 'assigned', 'running') LIMIT 1;
 SELECT "index", attempt FROM tasks WHERE id = :task_id;
 
 -- name: insert_task --
--- One queued task of a job's attempt (a replica or a rank).
-INSERT INTO tasks (job_id, "index", attempt, state, priority, created_at)
-VALUES (:job_id, :index, :attempt, 'queued', :priority, :now)
+-- One queued task of a job's attempt (a replica or a rank), of the revision its job serves.
+INSERT INTO tasks (job_id, "index", attempt, state, priority, created_at, revision)
+VALUES (:job_id, :index, :attempt, 'queued', :priority, :now, (SELECT revision FROM jobs WHERE id = :job_id))
 RETURNING id;
 
 -- name: job_for_update --

@@ -168,8 +168,12 @@ ORDER BY "index";
 UPDATE jobs SET state = 'running' WHERE id = :job_id AND state = 'queued';
 
 -- name: assignment --
--- Everything a worker needs to run a task.
-SELECT t.id AS task_id, t.job_id, t.attempt, t."index", t.gpu_indices, j.spec, j.width, j.gang, j.array_size
+-- Everything a worker needs to run a task: the spec of the revision it runs (a service's rolling update
+-- runs a replica of the new revision, service_updates.spec, beside those of the one the job serves).
+SELECT t.id AS task_id, t.job_id, t.attempt, t."index", t.gpu_indices, j.width, j.gang, j.array_size,
+       CASE WHEN t.revision = j.revision THEN j.spec
+            ELSE coalesce((SELECT u.spec FROM service_updates u WHERE u.job_id = t.job_id AND u.revision = t.revision),
+                          j.spec) END AS spec
 FROM tasks t JOIN jobs j ON j.id = t.job_id
 WHERE t.id = :task_id;
 

@@ -58,7 +58,7 @@ ORDER BY t."index" LIMIT :limit;
 SELECT * FROM (
     SELECT t.id AS task_id, t."index", t.attempt, t.state, t.worker_id, t.endpoint, t.exit_code,
            t.restarts, t.started_at, t.finished_at, t.reason, t.address, t.outcome, t.outputs,
-           w.name AS worker_name
+           t.revision, w.name AS worker_name
     FROM tasks t LEFT JOIN workers w ON w.id = t.worker_id
     -- (the redundant IN term lets SQLite use the partial index tasks_job_active, not all the array's tasks,
     -- written second, so that the index is searched for the two states, not walked through every queued task)
@@ -68,7 +68,7 @@ UNION ALL
 SELECT * FROM (
     SELECT t.id AS task_id, t."index", t.attempt, t.state, t.worker_id, t.endpoint, t.exit_code,
            t.restarts, t.started_at, t.finished_at, t.reason, t.address, t.outcome, t.outputs,
-           w.name AS worker_name
+           t.revision, w.name AS worker_name
     FROM tasks t LEFT JOIN workers w ON w.id = t.worker_id
     WHERE :ended_limit > 0 AND t.job_id = :job_id AND t.state IN ('failed', 'cancelled', 'lost')
     ORDER BY t."index", t.attempt DESC LIMIT :ended_limit);
@@ -77,7 +77,7 @@ SELECT * FROM (
 -- The tasks of a job, every attempt, newest attempt first.
 SELECT t.id AS task_id, t."index", t.attempt, t.state, t.worker_id, t.endpoint, t.exit_code,
        t.restarts, t.started_at, t.finished_at, t.reason, t.address, t.outcome, t.outputs,
-       w.name AS worker_name
+       t.revision, w.name AS worker_name
 FROM tasks t LEFT JOIN workers w ON w.id = t.worker_id
 WHERE t.job_id = :job_id ORDER BY t.attempt DESC, t."index";
 
@@ -85,7 +85,8 @@ WHERE t.job_id = :job_id ORDER BY t.attempt DESC, t."index";
 -- Jobs newest first, optionally of one state, named like the glob :name, created at or after :since,
 -- before a job id; of one owner (:owner_id) or project (:project_id); and only those :viewer_id may
 -- see (its own and its projects'; NULL: an admin).
-SELECT id, name, state, spec, kind, attempt, exit_code, reason, created_at, finished_at, array_size, max_running
+SELECT id, name, state, spec, kind, attempt, exit_code, reason, created_at, finished_at, array_size, max_running,
+       revision
 FROM jobs
 WHERE (:state IS NULL OR state = :state) AND (:before IS NULL OR id < :before)
   AND (:name IS NULL OR coalesce(name, '') GLOB :name) AND (:since IS NULL OR created_at >= :since)
@@ -97,7 +98,8 @@ ORDER BY id DESC LIMIT :limit;
 -- name: list_jobs_of_owner --
 -- list_jobs for one owner (:owner_id set, the default of `job list`): walks that user's jobs alone,
 -- newest first, however many other jobs there are.
-SELECT id, name, state, spec, kind, attempt, exit_code, reason, created_at, finished_at, array_size, max_running
+SELECT id, name, state, spec, kind, attempt, exit_code, reason, created_at, finished_at, array_size, max_running,
+       revision
 FROM jobs INDEXED BY jobs_user_id
 WHERE user_id = :owner_id AND (:state IS NULL OR state = :state) AND (:before IS NULL OR id < :before)
   AND (:name IS NULL OR coalesce(name, '') GLOB :name) AND (:since IS NULL OR created_at >= :since)
