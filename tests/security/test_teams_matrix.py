@@ -72,6 +72,15 @@ MATRIX = [
     ("post", "/v1/jobs/{job_id:int}/hold", "/v1/jobs/{job}/hold", {"bogus": 1}, codes(400, 400, 403, 404, 404)),
     ("post", "/v1/jobs/{job_id:int}/release", "/v1/jobs/{job}/release", {"bogus": 1}, codes(400, 400, 403, 404, 404)),
     ("post", "/v1/jobs/{job_id:int}/requeue", "/v1/jobs/{job}/requeue", {"index": -1}, codes(400, 400, 403, 404, 404)),
+    # a service's revisions and rolling updates (docs/services.md): see to read, manage to change; the job
+    # under test is a batch job, so who may manage it is told so (409 not_a_service) or its body is refused
+    ("get", "/v1/jobs/{job_id:int}/service", "/v1/jobs/{job}/service", None, SEE),
+    ("patch", "/v1/jobs/{job_id:int}/service", "/v1/jobs/{job}/service", {"bogus": 1},
+     codes(400, 400, 403, 404, 404)),
+    ("post", "/v1/jobs/{job_id:int}/service/promote", "/v1/jobs/{job}/service/promote", {},
+     codes(409, 409, 403, 404, 404)),
+    ("post", "/v1/jobs/{job_id:int}/service/rollback", "/v1/jobs/{job}/service/rollback", {},
+     codes(409, 409, 403, 404, 404)),
     ("get", "/v1/workers", "/v1/workers", None, ALL(200)),
     ("post", "/v1/workers/{worker}/cordon", "/v1/workers/nope/cordon", {"reason": "r"}, ADMIN_ONLY(404)),
     ("post", "/v1/workers/{worker}/drain", "/v1/workers/nope/drain", {"reason": "r"}, ADMIN_ONLY(404)),
