@@ -131,3 +131,11 @@ def test_quota_and_usage_count_the_share(sched, clock):
 ])
 def test_best_fit(held, free, share, expected):
     assert best_fit(held, free, share) == expected
+
+
+def test_a_batch_claim_stops_after_a_share_which_may_take_a_whole_gpu(sched):
+    w = add_shared(sched, gpus=1)
+    share = sched.submit(job(gpu_fraction=0.5))
+    sched.submit(job(gpus=1))
+    taken = take(sched, w, 4)  # several at once: the whole GPU the share took is no running sum's
+    assert [a["job_id"] for a in taken] == [share]

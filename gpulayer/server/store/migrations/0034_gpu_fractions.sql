@@ -224,7 +224,7 @@ FROM (SELECT a.*, coalesce(min(CASE WHEN a.nominal_left >= 0 THEN a.project_id E
                            OR max(CASE WHEN a.nominal_left >= 0 THEN a.project_id END) OVER w <> a.project_id, 0)
                   AS contested
       FROM (SELECT f.worker_id, q.shape_id, q.project_id, q.user_id, q.gpus, s.cpus, s.memory_mb, q.borrow,
-                   q.nominal_left, f.by_index,
+                   q.nominal_left, f.by_index, f.gpu_share > 0 AS shared,
                    f.free_slots - (SELECT count(*) FROM gang_reservations r
                                    WHERE r.worker_id = f.worker_id AND r.expires_at > k.now) AS room_slots,
                    f.free_gpus - (SELECT total(r.gpus) FROM gang_reservations r
@@ -275,7 +275,7 @@ rooms AS MATERIALIZED (  -- reservation_room of the claim's worker, from `ends`:
 SELECT o.*, NOT o.blocked AND NOT (o.adds_job AND coalesce(o.user_left <= 0, 0)) AS eligible
 FROM (SELECT g.worker_id, g.shape_id, g.project_id, g.user_id, g.gpus, g.cpus, g.memory_mb, g.borrow, g.nominal_left,
              g.room_slots, g.room_gpus, g.room_cpus, g.room_memory_mb, g.by_index, g.user_left, g.contested,
-             g.blocked, h.task_id, h.job_id, NOT (j.state = 'running' AND j.array_size IS NULL) AS adds_job,
+             g.blocked, g.shared, h.task_id, h.job_id, NOT (j.state = 'running' AND j.array_size IS NULL) AS adds_job,
              j.array_size IS NULL AS single, g.reserved,
              row_number() OVER (PARTITION BY g.worker_id
                                 ORDER BY h.priority + h.aged DESC, g.project_usage, g.user_usage, h.task_id) AS pos
@@ -340,7 +340,7 @@ stops AS (  -- stop_here: a misfit, or a blocked group's row; stop_after: a grou
                        WHEN u.contested THEN 1
                        ELSE u.nominal_left - u.project_gpus_before + u.borrow < 0 END
                OR (u.adds_job AND coalesce(u.user_left - u.jobs_before <= 0, 0)))) AS stop_here,
-           u.unread_after AND NOT u.dead AS stop_after
+           (u.unread_after AND NOT u.dead) OR (u.candidate AND u.shared) AS stop_after
     FROM user_sums u
 )
 SELECT b.worker_id, b.task_id, b.k, b.candidate AND (b.k = 1 OR (b.stops_before = 0 AND NOT b.stop_here)) AS sure
