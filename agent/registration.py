@@ -69,6 +69,7 @@ class Registration(WorkerState):
         nvml = Nvml.open() if config.gpus != 0 else None
         if nvml is not None:
             self._opened.callback(nvml.close)
+            self.nvml = nvml
         inventory = detect(probe=nvml.devices if nvml else lambda: [], cpus=config.cpus, gpus=config.gpus,
                            ram_mb=config.ram_mb)
         if nvml is not None and config.gpus is not None:  # detect left NVML's devices out: map them here

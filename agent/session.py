@@ -97,7 +97,9 @@ class Worker(Heartbeat):
         if inventory.gpu_sharing == "mps":
             mps = MpsDaemons(inventory.device_ids)
             self._opened.callback(mps.close)
-        return GpuSharing(inventory.gpu_sharing, inventory.gpu_memory_mb, mps)
+        self.gpu_sharing = GpuSharing(inventory.gpu_sharing, inventory.gpu_memory_mb, mps,
+                                      {i: d.gpu for i, d in inventory.nvml_devices.items()})
+        return self.gpu_sharing
 
     def _task_context(self, transport: Transport, cache: ArtifactCache, answer: dict, inventory: Inventory,
                       state_dir: Path, unpack_caps: UnpackBudget) -> TaskContext:
@@ -279,6 +281,8 @@ class Worker(Heartbeat):
             handle = TaskHandle(task_id)
             handle.on_change = self.beat_now.set
             handle.assignment = {"job_id": task.job_id, "attempt": task.attempt, "gpus": task.gpus}
+            if self.gpu_sharing is not None:  # time-slicing: the memory share the heartbeat's watch holds it to
+                handle.gpu_memory_limit_mb = self.gpu_sharing.enforced_limit_mb(task)
             runner = TaskRunner(task, self.session.ctx, handle)
             handle.runner = runner
             thread = threading.Thread(target=self._run_task, args=(runner,), name=f"task-{task_id}", daemon=True)

@@ -88,11 +88,54 @@ class MpsDaemons:
             self.started.clear()
 
 
-class GpuSharing:
-    """What the worker's sharing mode adds to a fractional task's environment."""
+def descends_from(pid: int, root: int, proc: str = "/proc") -> bool:
+    """Whether process `pid` is `root` or one of its descendants (its parents read from /proc)."""
+    for _ in range(64):
+        if pid == root:
+            return True
+        try:
+            with open(f"{proc}/{pid}/stat") as handle:
+                pid = int(handle.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+        if pid <= 1:
+            return False
+    return False
 
-    def __init__(self, mode: str = "off", gpu_memory_mb: int = 0, mps: MpsDaemons | None = None):
+
+class GpuSharing:
+    """What the worker's sharing mode adds to a fractional task's environment, and time-slicing's memory watch."""
+
+    def __init__(self, mode: str = "off", gpu_memory_mb: int = 0, mps: MpsDaemons | None = None,
+                 nvml_gpus: dict[int, int] | None = None,
+                 descends: Callable[[int, int], bool] = descends_from):
         self.mode, self.gpu_memory_mb, self.mps = mode, gpu_memory_mb, mps
+        self.nvml_gpus = nvml_gpus or {}  # the worker's device index -> its NVML GPU index
+        self.descends = descends
+
+    def enforced_limit_mb(self, assignment: Assignment) -> int | None:
+        """The memory share the agent holds a task to: a fractional task's, on a time-slicing worker."""
+        if self.mode != "time-slice" or not assignment.gpu_share or not assignment.gpus:
+            return None
+        return memory_limit_mb(assignment, self.gpu_memory_mb)
+
+    def watch_memory(self, nvml, handles: list) -> None:
+        """Mark each watched task (TaskHandle with `gpu_memory_limit_mb`) whose processes use more GPU memory
+        than its share, as NVML reports per process: its runner stops it, failed, with the reason."""
+        read: dict[int, dict[int, int] | None] = {}
+        for handle in handles:
+            limit, process = handle.gpu_memory_limit_mb, handle.process
+            gpus = handle.assignment.get("gpus") or []
+            if not limit or process is None or handle.over_share or not gpus:
+                continue
+            gpu = self.nvml_gpus.get(gpus[0], gpus[0])
+            if gpu not in read:
+                read[gpu] = nvml.process_memory(gpu)
+            used = sum(mb for pid, mb in (read[gpu] or {}).items() if self.descends(pid, process.pid))
+            if used > limit:
+                handle.over_share = (f"GPU memory share exceeded: its processes use {used} MiB of GPU {gpus[0]}, "
+                                     f"its share is {limit} MiB (time-slicing; gpu_memory_mb / gpu_fraction)")
+                log_event("gpu_memory_share_exceeded", task_id=handle.task_id, used_mb=used, limit_mb=limit)
 
     def environment(self, assignment: Assignment) -> dict[str, str]:
         """The variables of a fractional task ({} for whole GPUs, or a worker that does not share)."""

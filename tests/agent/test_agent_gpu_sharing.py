@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from agent.gpu.sharing import MPS_CONTROL, GpuSharing, MpsDaemons, resolve
+from agent.gpu.sharing import MPS_CONTROL, GpuSharing, MpsDaemons, descends_from, resolve
 from gpulayer.protocol.assignment import Assignment
 
 
@@ -62,3 +62,49 @@ def test_whole_gpus_and_workers_that_do_not_share_add_nothing(tmp_path):
 def test_time_slice_gives_the_memory_share_only():
     env = GpuSharing("time-slice", 0).environment(assignment(gpus=[0], gpu_share=0.5, gpu_memory_mb=1000))
     assert env == {"GPULAYER_GPU_SHARE": "0.5", "GPULAYER_GPU_MEMORY_LIMIT_MB": "1000"}
+
+
+class Handle:
+    def __init__(self, task_id, pid, gpus, limit):
+        self.task_id, self.gpu_memory_limit_mb, self.over_share = task_id, limit, None
+        self.process = type("P", (), {"pid": pid})()
+        self.assignment = {"gpus": gpus}
+
+
+class Nvml:
+    def __init__(self, used: dict[int, dict[int, int]]):
+        self.used, self.asked = used, []
+
+    def process_memory(self, gpu):
+        self.asked.append(gpu)
+        return self.used.get(gpu)
+
+
+def test_time_slicing_stops_a_task_over_its_memory_share_as_nvml_counts_its_processes():
+    tree = {11: 10, 12: 11, 21: 20}  # pid -> parent: 11 and 12 are task 10's, 21 task 20's
+    sharing = GpuSharing("time-slice", 81920, nvml_gpus={0: 3}, descends=lambda pid, root: _under(tree, pid, root))
+    assert sharing.enforced_limit_mb(assignment(gpus=[0], gpu_share=0.25)) == 20480
+    assert GpuSharing("mps", 81920).enforced_limit_mb(assignment(gpus=[0], gpu_share=0.25)) is None
+    over, within = Handle(1, 10, [0], 1000), Handle(2, 20, [0], 1000)
+    nvml = Nvml({3: {11: 600, 12: 500, 21: 900, 99: 50000}})
+    sharing.watch_memory(nvml, [over, within])
+    assert nvml.asked == [3]  # NVML's index of device 0, read once for both
+    assert over.over_share.startswith("GPU memory share exceeded: its processes use 1100 MiB of GPU 0, its share "
+                                      "is 1000 MiB")
+    assert within.over_share is None
+
+
+def _under(tree: dict[int, int], pid: int, root: int) -> bool:
+    while pid in tree or pid == root:
+        if pid == root:
+            return True
+        pid = tree[pid]
+    return False
+
+
+def test_descends_from_reads_parents_from_proc(tmp_path):
+    for pid, parent in ((5, 1), (6, 5), (7, 6)):
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "stat").write_text(f"{pid} (sh (x)) S {parent} {pid} {pid} 0")
+    assert descends_from(7, 5, proc=str(tmp_path)) and descends_from(5, 5, proc=str(tmp_path))
+    assert not descends_from(5, 6, proc=str(tmp_path)) and not descends_from(8, 5, proc=str(tmp_path))

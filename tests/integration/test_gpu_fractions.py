@@ -81,3 +81,33 @@ def test_a_memory_share_over_every_gpu_waits_saying_so(cluster):
     rc, out, err = cluster.cli("job", "status", str(job_id))
     assert "a share of one GPU (102400 MB" in out, out + err
     assert cluster.cli("job", "cancel", str(job_id))[0] == 0
+
+
+# A task that says, through the fake NVML's state, that it uses 30000 MiB of its GPU, then waits.
+OVER_SHARE = """
+import json, os, sys, time
+path = os.environ["FAKE_NVML_STATE"]
+state = json.load(open(path))
+gpu = int(os.environ["CUDA_VISIBLE_DEVICES"])
+state["gpus"][gpu]["processes"] = [{"pid": os.getpid(), "used_mb": 30000}]
+with open(path + ".new", "w") as out:
+    json.dump(state, out)
+os.replace(path + ".new", path)
+print("LIMIT", os.environ.get("GPULAYER_GPU_MEMORY_LIMIT_MB"), flush=True)
+time.sleep(60)
+"""
+
+
+def test_time_slicing_stops_a_task_over_its_memory_share(cluster, tmp_path):
+    state = tmp_path / "nvml.json"
+    state.write_text(json.dumps({"gpus": [gpu(0)], "xids": []}))
+    cluster.start_worker("sliced", gpus=None, args=["--gpu-sharing", "time-slice", "--sandbox", "none",
+                                                    "--label", "slice=yes"],
+                         env={"PYTHONPATH": f"{FAKE_NVML}:{SOURCE_ROOT}", "FAKE_NVML_STATE": str(state)})
+    job_id = cluster.submit({"command": ["python3", "-c", OVER_SHARE], "gpu_fraction": 0.25,
+                             "labels": {"slice": "yes"}})
+    done = cluster.wait_job(job_id, timeout=60)
+    assert done["state"] == "failed", (done, cluster.workers["sliced"].log()[-3000:])
+    assert "GPU memory share exceeded: its processes use 30000 MiB of GPU 0, its share is 20389 MiB" in \
+        (done["tasks"][0].get("reason") or ""), done
+    assert "LIMIT 20389" in cluster.log_text(job_id)
