@@ -1497,7 +1497,8 @@ FROM projects p;
 -- while another project's group the worker may take is within its own (`contested`). `user_left`: the
 -- jobs the user may still add (user_running_jobs; NULL without a limit). `by_index`: shape_worker_fit's.
 -- project_usage and user_usage: fair share (project_fair_share, user_fair_share) at the claim's time;
--- room_*: the worker's free slots, GPUs, CPUs and memory less the room held for a gang.
+-- room_*: the worker's free slots, GPUs, CPUs and memory less the room held for a gang; `shared`: a share of one
+-- GPU (shape_worker_fit.gpu_share > 0; schema 34).
 CREATE VIEW claimable_groups AS
 SELECT c.*, coalesce(c.nominal_left < 0 AND c.contested, 0) AS blocked
 FROM (SELECT a.*, coalesce(min(CASE WHEN a.nominal_left >= 0 THEN a.project_id END) OVER w <> a.project_id
