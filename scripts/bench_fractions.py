@@ -2,7 +2,7 @@
 """Fractions of a GPU (issue 40, point 1): its three targets, through the real scheduler on a real state file.
 
   pack           16 jobs of `gpu_fraction 0.25` on a 4-GPU worker sharing its GPUs with MPS: how many run at
-                 once and on how many GPUs (target: all 16, on exactly 4). tests/integration/test_gpu_fractions.py
+                 once and on how many GPUs (target: all 16, on exactly 4). tests/integration/test_gpu_shares_end_to_end.py
                  does the same with a real control plane and worker processes.
   fragmentation  a generated stream of fractional (0.1 to 0.75) and whole-GPU (1 or 2) jobs on one 8-GPU
                  worker, run in simulated time (finishes at their runtimes, claims as a worker's acquires
