@@ -32,6 +32,8 @@ class WorkerConfig:
     cpus: float | None = None
     gpus: int | None = None
     ram_mb: int | None = None
+    #: --gpu-sharing off|mps|time-slice: fractional tasks on one GPU (agent/gpu/sharing.py)
+    gpu_sharing: str = "off"
     max_idle_s: float = 0
     #: On a stop, take no new task and let running ones finish for up to this long before stopping them.
     drain_timeout_s: float = 0

@@ -34,6 +34,13 @@ class Heartbeat(Registration):
                 self.gpu_health.check()
                 gpus = self.gpu_health.report()
             samples = self.gpu_stats.take() if self.gpu_stats is not None else []
+            if self.gpu_sharing is not None and self.nvml is not None:  # time-slicing's memory shares
+                with self.lock:
+                    running = list(self.handles.values())
+                try:  # never the heartbeat's end: a watch that cannot read NVML watches nothing this beat
+                    self.gpu_sharing.watch_memory(self.nvml, running)
+                except Exception as exc:  # noqa: BLE001
+                    log_event("gpu_memory_watch_failed", error=f"{type(exc).__name__}: {exc}")
             # gpu_samples, when some: additive, an older control plane ignores it
             body = to_wire(HeartbeatBody(tasks=entries, gpus=gpus, gpu_samples=samples))
             if not urgent and not failures and self._beat_needless(body):

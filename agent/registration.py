@@ -7,6 +7,7 @@ import logging
 import os
 import shutil
 import socket
+import sys
 import time
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from gpulayer.protocol.registration import Register
 from . import __version__
 from .errors import AgentError, Forbidden, Rejected, Unauthorized, Unreachable
 from .events import log_event
+from .gpu import sharing
 from .gpu.health import GpuHealth
 from .gpu.inventory import Inventory, detect, nvml_devices
 from .gpu.nvml import Nvml
@@ -63,10 +65,11 @@ class Registration(WorkerState):
         (with --gpus N too: the count is the operator's, the devices' health NVML's)."""
         config = self.config
         if config.gpu_probe is not None:
-            return detect(probe=config.gpu_probe, cpus=config.cpus, gpus=config.gpus, ram_mb=config.ram_mb)
+            return self._shared(detect(probe=config.gpu_probe, cpus=config.cpus, gpus=config.gpus, ram_mb=config.ram_mb))
         nvml = Nvml.open() if config.gpus != 0 else None
         if nvml is not None:
             self._opened.callback(nvml.close)
+            self.nvml = nvml
         inventory = detect(probe=nvml.devices if nvml else lambda: [], cpus=config.cpus, gpus=config.gpus,
                            ram_mb=config.ram_mb)
         if nvml is not None and config.gpus is not None:  # detect left NVML's devices out: map them here
@@ -78,6 +81,21 @@ class Registration(WorkerState):
             self.gpu_stats = GpuStats(nvml, inventory.nvml_devices, lambda: self.interval_s)
             self.gpu_stats.start()
             self._opened.callback(self.gpu_stats.stop)
+            totals = [u.memory_total_mb for u in map(nvml.usage, sorted({d.gpu for d in inventory.nvml_devices.values()}))
+                      if u is not None and u.memory_total_mb]
+            inventory.gpu_memory_mb = min(totals) if totals else 0
+        return self._shared(inventory)
+
+    def _shared(self, inventory: Inventory) -> Inventory:
+        """The inventory with the sharing mode offered: `--gpu-sharing` as asked, or off (said at start) where
+        MPS is asked without its daemon installed, or the worker has no GPU."""
+        mode, why = sharing.resolve(self.config.gpu_sharing)
+        if mode != "off" and not inventory.gpus:
+            mode, why = "off", f"--gpu-sharing {mode}: this worker offers no GPU"
+        if why:
+            print(f"gpulayer worker: {why}", file=sys.stderr, flush=True)
+            log_event("gpu_sharing_off", level=logging.WARNING, message=why)
+        inventory.gpu_sharing = mode
         return inventory
 
     def _kill_leftovers(self, state_dir: Path) -> None:

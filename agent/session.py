@@ -24,6 +24,7 @@ from .config import interpreter, task_sandbox
 from .errors import AgentError, Rejected, Revoked, Unauthorized, Unreachable
 from .events import log_event
 from .gpu.inventory import Inventory
+from .gpu.sharing import GpuSharing, MpsDaemons
 from .heartbeat import Heartbeat
 from .link.backoff import retry_delay
 from .link.tls import resolve_verify
@@ -90,6 +91,16 @@ class Worker(Heartbeat):
             raise self.fatal[0]
         return code
 
+    def _sharing(self, inventory: Inventory) -> GpuSharing:
+        """What fractional tasks get from the worker's GPU sharing; MPS daemons quit when the session ends."""
+        mps = None
+        if inventory.gpu_sharing == "mps":
+            mps = MpsDaemons(inventory.device_ids)
+            self._opened.callback(mps.close)
+        self.gpu_sharing = GpuSharing(inventory.gpu_sharing, inventory.gpu_memory_mb, mps,
+                                      {i: d.gpu for i, d in inventory.nvml_devices.items()})
+        return self.gpu_sharing
+
     def _task_context(self, transport: Transport, cache: ArtifactCache, answer: dict, inventory: Inventory,
                       state_dir: Path, unpack_caps: UnpackBudget) -> TaskContext:
         config = self.config
@@ -121,6 +132,7 @@ class Worker(Heartbeat):
             unpack_caps=unpack_caps,
             sandbox=self.sandbox,
             gpu_minors=gpu_minors(inventory.device_ids, inventory.nvml_devices),
+            gpu_share_env=self._sharing(inventory).environment,
             images=ImageCache(cache),
             shared=shared,
             spares=spares,
@@ -269,6 +281,8 @@ class Worker(Heartbeat):
             handle = TaskHandle(task_id)
             handle.on_change = self.beat_now.set
             handle.assignment = {"job_id": task.job_id, "attempt": task.attempt, "gpus": task.gpus}
+            if self.gpu_sharing is not None:  # time-slicing: the memory share the heartbeat's watch holds it to
+                handle.gpu_memory_limit_mb = self.gpu_sharing.enforced_limit_mb(task)
             runner = TaskRunner(task, self.session.ctx, handle)
             handle.runner = runner
             thread = threading.Thread(target=self._run_task, args=(runner,), name=f"task-{task_id}", daemon=True)

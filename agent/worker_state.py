@@ -15,6 +15,8 @@ from .errors import AgentError
 from .events import log_event
 from .gpu.health import GpuHealth
 from .gpu.inventory import Inventory
+from .gpu.nvml import Nvml
+from .gpu.sharing import GpuSharing
 from .gpu.stats import GpuStats
 from .link.transport import Transport
 from .relay.link import Relay
@@ -66,6 +68,8 @@ class WorkerState:
         self.rejoined_at = 0.0
         self.gpu_health: GpuHealth | None = None  # where NVML answers and the worker has GPUs
         self.gpu_stats: GpuStats | None = None    # the same: their utilization and memory (heartbeat `gpu_samples`)
+        self.gpu_sharing: GpuSharing | None = None  # fractional tasks' variables; time-slicing's memory watch
+        self.nvml: Nvml | None = None             # NVML while the session holds it open
         self.sandbox = Sandbox()  # resolved at run(), before register
         self._session: Session | None = None
         #: Elements leased ahead and finishes sent in batches (agent/run/chunks.py), once registered.

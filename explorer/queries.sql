@@ -91,9 +91,11 @@ WHERE t.state = 'lost' AND t.finished_at >= :now - 86400 AND t.finished_at <= :n
 ORDER BY t.finished_at DESC, t.id DESC;
 
 -- name: worker_load --
--- Attached workers (not gone) with their tasks and free slots, GPUs, CPUs and memory, most free GPUs first.
+-- Attached workers (not gone) with their tasks and free slots, GPUs, CPUs and memory, most free GPUs first;
+-- fractions of a GPU: the worker's sharing mode, the GPUs shares hold and the shares held on them (in GPUs).
 SELECT worker_id, name, state, labels, slots, active_tasks, free_slots, gpus, free_gpus,
-       cpus, free_cpus, memory_mb, free_memory_mb, last_seen_at, lease_expires_at
+       cpus, free_cpus, memory_mb, free_memory_mb, last_seen_at, lease_expires_at,
+       gpu_sharing, shared_gpus, gpu_share_used
 FROM worker_load
 WHERE state <> 'gone'
 ORDER BY state = 'online' DESC, free_gpus DESC, name;
@@ -222,6 +224,7 @@ ORDER BY seq;
 SELECT l.worker_id, l.name, l.state, l.labels, w.advertise_address, w.version, w.isolation,
        l.slots, l.active_tasks, l.free_slots,
        l.gpus, l.gpus - l.free_gpus - l.unhealthy_gpus AS used_gpus, l.free_gpus, w.gpu_models,
+       l.gpu_sharing, l.shared_gpus, l.gpu_share_used,
        l.cpus, l.cpus - l.free_cpus AS used_cpus, l.free_cpus,
        l.memory_mb, l.memory_mb - l.free_memory_mb AS used_memory_mb, l.free_memory_mb,
        l.last_seen_at, l.lease_expires_at,

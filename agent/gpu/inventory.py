@@ -29,14 +29,19 @@ class Inventory:
     device_ids: list[str] = field(default_factory=list)
     #: index → the NVML device it is, where known (the health watcher reads these)
     nvml_devices: dict[int, Device] = field(default_factory=dict)
+    #: how fractional tasks share a GPU (agent/gpu/sharing.py), and the smallest GPU's memory (0: unknown)
+    gpu_sharing: str = "off"
+    gpu_memory_mb: int = 0
 
     def resources(self) -> dict:
-        """The ``resources`` object of the register call."""
+        """The ``resources`` object of the register call (sharing only when on, GPU memory only when known)."""
         return {
             "cpus": self.cpus,
             "gpus": self.gpus,
             "memory_mb": self.memory_mb,
             "gpu_models": list(self.gpu_models),
+            **({"gpu_sharing": self.gpu_sharing} if self.gpu_sharing != "off" else {}),
+            **({"gpu_memory_mb": self.gpu_memory_mb} if self.gpu_memory_mb else {}),
         }
 
 

@@ -201,6 +201,16 @@ class Nvml:
             return None
         return Usage(utilization_pct=utilization, memory_used_mb=used, memory_total_mb=total)
 
+    def process_memory(self, gpu: int) -> dict[int, int] | None:
+        """The GPU memory each compute process uses on GPU `gpu`, MiB by host PID; None where NVML cannot tell
+        (time-slicing's memory shares: agent/gpu/sharing.py)."""
+        lib = self.lib
+        try:
+            found = lib.nvmlDeviceGetComputeRunningProcesses(lib.nvmlDeviceGetHandleByIndex(gpu))
+        except (lib.NVMLError, AttributeError):
+            return None
+        return {int(p.pid): int(p.usedGpuMemory or 0) // MIB for p in found}
+
     def xid_events(self, gpus: list[int]) -> "XidEvents | None":
         """An event set for the critical Xids of these GPUs; None where NVML cannot give one."""
         lib = self.lib

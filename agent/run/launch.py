@@ -120,7 +120,7 @@ class TaskLaunch(TaskReports):
 
     def environment(self, extra: dict[str, str]) -> dict[str, str]:
         """The task's environment with ``extra`` (PORT, MASTER_*) on top."""
-        extra = dict(extra)
+        extra = {**self.ctx.gpu_share_env(self.assignment), **extra}
         self._checkpoint_env(extra, TASK_DIR if self.image is not None else str(self.workdir))
         if self.image is not None:
             if self.weights:

@@ -56,6 +56,9 @@ class TaskContext:
     sandbox: Sandbox = field(default_factory=Sandbox)
     #: Each GPU index's /dev/nvidia<N> number, for the sandbox's device nodes.
     gpu_minors: list[int] = field(default_factory=list)
+    #: What the worker's GPU sharing adds to a fractional task's environment (agent/gpu/sharing.py's
+    #: GpuSharing.environment; the session makes it).
+    gpu_share_env: Callable[[Assignment], dict[str, str]] = lambda _assignment: {}
     #: The unpacked OCI images of image jobs (agent/sandbox/images.py); None: made from the cache on first use.
     images: ImageCache | None = None
     #: One sandbox per job for its array elements (agent/sandbox/shared.py); None: each task its own bwrap.

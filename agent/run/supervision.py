@@ -68,6 +68,10 @@ class TaskHandle:
         #: The task's runner and its process while it runs: where `gpulayer exec` enters (agent/relay/exec.py).
         self.runner: TaskRunnerView | None = None
         self.process: TaskProcess | None = None
+        #: A fractional task's memory share on a time-slicing worker (MiB; None: not watched), and why it is
+        #: stopped once NVML saw its processes use more (agent/gpu/sharing.py, the heartbeat's watch).
+        self.gpu_memory_limit_mb: int | None = None
+        self.over_share: str | None = None
 
     @property
     def endpoint(self) -> str | None:
@@ -166,7 +170,8 @@ class StopRule:
 
 @dataclass
 class Stop:
-    """Why the agent ended a run: ``kind`` is "cancelled", "timed_out" or "restart"."""
+    """Why the agent ended a run: ``kind`` is "cancelled", "timed_out", "restart" or "gpu_memory" (over its
+    memory share of a time-sliced GPU: the run fails)."""
 
     kind: str
     reason: str
@@ -270,7 +275,8 @@ def _stop(proc: TaskProcess, handle: TaskHandle, stop: Stop, rule: StopRule, kil
     else:
         grace_s = handle.grace_s if stop.kind == "cancelled" and handle.grace_s is not None else kill_grace_s
     name, batch = (rule.name, rule.batch) if stop.kind == "cancelled" else ("TERM", False)
-    why = handle.why if stop.kind == "cancelled" else "restart" if stop.kind != "timed_out" else \
+    why = handle.why if stop.kind == "cancelled" else stop.kind if stop.kind == "gpu_memory" else \
+        "restart" if stop.kind != "timed_out" else \
         "silence_timeout" if stop.reason.startswith("silence") else "time_limit"
     system_line(f"{stop.reason}; stopping the process group (SIG{name}, SIGKILL after {grace_s:g} s)")
     if proc.poll() is None or proc.group_alive():
@@ -281,6 +287,8 @@ def _stop(proc: TaskProcess, handle: TaskHandle, stop: Stop, rule: StopRule, kil
 def _next_stop(proc: TaskProcess, handle: TaskHandle, limits: Limits, on_tick: Tick | None) -> Stop | None:
     if handle.cancelled:
         return Stop("cancelled", handle.stop_reason())
+    if handle.over_share:  # a time-slicing worker's memory share: it fails, saying so
+        return Stop("gpu_memory", handle.over_share)
     stop = check_limits(limits, max(proc.last_output, proc.started), time.monotonic())
     if stop is not None:
         return stop

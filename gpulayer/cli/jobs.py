@@ -79,6 +79,8 @@ def job_status(ctx: typer.Context, job_id: JobArg, index: IndexOpt = None, as_js
                    f"state={task.get('state')} worker={_worker(task)} "
                    f"address={_dash(task.get('address'))} endpoint={_dash(task.get('endpoint'))} "
                    f"restarts={task.get('restarts') or 0} exit_code={_dash(task.get('exit_code'))}"
+                   + (f" gpu={','.join(map(str, task['gpus']))} share={task['gpu_share']:g}"
+                      if task.get("gpu_share") and task.get("gpus") else "")
                    + (f" reason={task['reason']}" if task.get("reason") else "")
                    + (f" revision={task['revision']}" if info.get("kind") == "service" and task.get("revision") else ""))
         if task.get("restart_message"):

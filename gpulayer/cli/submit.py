@@ -81,6 +81,8 @@ CpusOpt = Annotated[Optional[float], _opt("--cpus", help="CPUs per task.", min=0
 MemoryMbOpt = Annotated[Optional[int], _opt("--memory-mb", help="Memory per task, MB.", min=0)]
 MemoryOpt = Annotated[Optional[str], _opt("--memory", "--mem", metavar="SIZE", help="Memory per task as Slurm's --mem: MB (512), or with a unit K, M, G, T (512M, 10G).")]
 LabelOpt = Annotated[Optional[list[str]], _opt("--label", help="k=v a worker must carry (repeatable).")]
+GpuFractionOpt = Annotated[Optional[float], _opt("--gpu-fraction", metavar="F", help="A share of one GPU's compute, 0 < F < 1 (0.25): the task shares a GPU with other fractional tasks, on a worker started with --gpu-sharing (docs/workers.md, \"Sharing a GPU\").")]
+GpuMemoryOpt = Annotated[Optional[str], _opt("--gpu-memory", metavar="SIZE", help="A share of one GPU's memory (10G, 512M; as --mem): as --gpu-fraction, alone or beside it (the larger share counts).")]
 GpuModelOpt = Annotated[Optional[str], _opt("--gpu-model", help="Only GPUs of this model, or MIG profile (1g.10gb): the label gpu_model=MODEL.")]
 EnvOpt = Annotated[Optional[list[str]], _opt("--env", help="K=V for the task's environment (repeatable).")]
 SourceOpt = Annotated[Optional[Path], _opt("--source", help="Directory packed (in a git checkout: its tracked and untracked files, not what git ignores) and unpacked as the working directory.")]
@@ -139,7 +141,8 @@ CancelOnInterruptOpt = Annotated[Optional[bool], _opt("--cancel-on-interrupt/--n
 def submit(
     ctx: typer.Context, command: CommandOpt = None, target: TargetOpt = None, name: NameOpt = None,
     accelerator: AcceleratorOpt = None, gpus: GpusOpt = None, cpus: CpusOpt = None, memory_mb: MemoryMbOpt = None,
-    memory: MemoryOpt = None, label: LabelOpt = None, gpu_model: GpuModelOpt = None, env: EnvOpt = None,
+    memory: MemoryOpt = None, label: LabelOpt = None, gpu_model: GpuModelOpt = None,
+    gpu_fraction: GpuFractionOpt = None, gpu_memory: GpuMemoryOpt = None, env: EnvOpt = None,
     source: SourceOpt = None, input_: InputOpt = None, output: OutputOpt = None,
     checkpoint_every: CheckpointEveryOpt = None, retry: RetryOpt = None, retry_on: RetryOnOpt = None,
     timeout: TimeoutOpt = None, time_limit: TimeLimitOpt = None, signal_: SignalOpt = None, grace: GraceOpt = None,
@@ -167,6 +170,7 @@ def submit(
       gpulayer submit --array 0-999%16 -- python sweep.py
       gpulayer submit --after 41 -- python evaluate.py
       gpulayer submit --gpus 4 --test-only -- python train.py
+      gpulayer submit --gpu-memory 10G --gpu-fraction 0.25 -- python serve.py
     """
     settings = dict(
         name=name, env=parse_pairs(env, "--env") or None, accelerator=accelerator, gpus=gpus,
@@ -180,7 +184,7 @@ def submit(
         array=array, after=_after_option(after, after_array), preemptible=True if preemptible else None,
         backfill=False if no_backfill else None,
         network=network.value if network else None, run_as_root=True if run_as_root else None,
-        image=image,
+        image=image, gpu_fraction=gpu_fraction, gpu_memory_mb=_gpu_memory_option(gpu_memory),
     )
     settings["checkpoint_every_seconds"] = parse_duration(checkpoint_every, "--checkpoint-every", positive=True)
     service_settings = dict(replicas=replicas, port=False if no_port else None,
@@ -329,6 +333,16 @@ def _memory_option(memory_mb: Optional[int], memory: Optional[str]) -> Optional[
         return memory_size_mb(memory)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--memory") from None
+
+
+def _gpu_memory_option(size: Optional[str]) -> Optional[int]:
+    """`--gpu-memory SIZE` (10G, 512M) in MB."""
+    if size is None:
+        return None
+    try:
+        return memory_size_mb(size)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--gpu-memory") from None
 
 
 def _warn_signal_without_limit(spec: dict) -> None:

@@ -65,7 +65,8 @@ def refuse_unknown(what: str, given: Iterable[str], known: Iterable[str]) -> Non
 def job(command: str | Iterable[str], **settings: Any) -> dict:
     """A JobSpec dict for `command` (an argv list; a string is split like a shell would).
 
-    Settings: name, env, accelerator, gpus, cpus, memory_mb, labels, retry (int
+    Settings: name, env, accelerator, gpus, gpu_fraction (a share of one GPU, 0 < f < 1), gpu_memory_mb
+    (a share of one GPU's memory: MB, or text such as "10G"), cpus, memory_mb, labels, retry (int
     = max attempts, or a dict), retry_on (list of reasons), timeout_seconds and
     silence_timeout_seconds (seconds, or text: "30m", "12h", "1:00:00",
     "2-00:00:00"), source (digest or directory), inputs (dict path -> digest or
@@ -180,6 +181,10 @@ def _retry(retry: Any, retry_on: Any) -> dict | None:
 
 
 def _normalise(key: str, value: Any) -> Any:
+    if key == "gpu_memory_mb" and isinstance(value, str):
+        return memory_mb(value)  # "10G", as --gpu-memory takes it
+    if key == "gpu_fraction" and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise ValueError(f"gpu_fraction is a number, 0 < f < 1, not {value!r}")
     if key in WHOLE_SETTINGS and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
         raise ValueError(f"{key} is a whole number (0 or more), not {value!r}")
     if key == "cpus" and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):

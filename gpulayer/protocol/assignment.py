@@ -77,6 +77,13 @@ class Assignment:
                               "server's `--max-grace`); null: the agent's own rule (the heartbeat's "
                               "`preempt_grace_s` for a preemption, its kill grace otherwise). Added with signals: "
                               "an older agent keeps its fixed rule")
+    gpu_fraction: float | None = declare(None, help="the job's `gpu_fraction` (added with fractions of a GPU)")
+    gpu_memory_mb: int | None = declare(None, help="the job's `gpu_memory_mb` (added with fractions of a GPU)")
+    gpu_share: float = declare(
+        0, minimum=0, maximum=1, help="a fractional task's share of its one GPU (`gpus`) on this worker: its "
+                                      "`gpu_fraction`, or its `gpu_memory_mb` over the GPU's memory if more; 0 for "
+                                      "whole GPUs. The agent gives an MPS task `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` and "
+                                      "`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` from it (added with fractions of a GPU)")
 
     @classmethod
     def from_wire(cls, obj: object) -> Assignment:

@@ -152,6 +152,16 @@ class JobSpec:
     accelerator: Literal["cuda"] | None = declare(
         None, help='"cuda" or null; "cuda" with no `gpus` means `gpus: 1`')
     gpus: int | None = declare(None, minimum=0, maximum=MAX_GPUS, shows="0", help="GPUs per task")
+    gpu_fraction: float | None = declare(
+        None, minimum=0.001, maximum=0.999, help="a share of one GPU's compute, 0 < f < 1 (`submit --gpu-fraction 0.25`), "
+                                         "with `gpus` 0 or 1: the task runs on a GPU it shares with other fractional "
+                                         "tasks, on a worker that shares its GPUs (`worker start --gpu-sharing`; "
+                                         "docs/workers.md, \"Sharing a GPU\"); stored with `gpus` 0")
+    gpu_memory_mb: int | None = declare(
+        None, minimum=1, maximum=1 << 30, help="a share of one GPU's memory, in MB (`submit --gpu-memory 10G`), with "
+                                               "`gpus` 0 or 1: as `gpu_fraction` (alone, or beside it: the task's "
+                                               "share is the larger of the two); it waits for a worker whose GPUs "
+                                               "have that much memory")
     cpus: float = declare(0, minimum=0, maximum=1_000_000, help="CPUs per task")
     memory_mb: int = declare(0, minimum=0, maximum=1 << 40, help="memory per task, in MB")
     labels: dict[str, str] = declare({}, help="must all be on the worker")

@@ -10,7 +10,7 @@ sandbox's `isolation`, its relay's offer, its GPUs' health) are declared as reco
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from gpulayer.protocol.fields import declare
 
@@ -27,6 +27,12 @@ class Resources:
     memory_mb: int = declare(0, minimum=0, maximum=1 << 40, help="memory, in MB")
     gpu_models: list[str] = declare([], max_items=MAX_WORKER_GPUS, help="the GPUs' model names (at most 256 "
                                                                          "characters each)")
+    gpu_sharing: Literal["off", "mps", "time-slice"] = declare(
+        "off", help="how it shares a GPU between fractional tasks (`worker start --gpu-sharing`; `off`: whole GPUs "
+                    "only; docs/workers.md, \"Sharing a GPU\"). Sent only when not `off` (added with fractions of a "
+                    "GPU: an older control plane ignores it)")
+    gpu_memory_mb: int = declare(0, minimum=0, maximum=1 << 30, help="the memory of its smallest GPU, in MB (0: "
+                                                                    "unknown); sent only when known")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -128,7 +128,9 @@ def test_an_assignment_carries_the_fields_it_shares_with_the_jobspec_from_the_st
              "silence_timeout_seconds": 3, "network": "none", "run_as_root": True, "checkpoint_every_seconds": 60,
              "service": {"port": False, "health": {"http_path": "/h", "failures": 2}},
              "image": {"ref": "cached-on-the-worker"}}  # a name alone: no blobs to store
-    assert {"source", "inputs"} | set(given) >= shared  # source and inputs: digests, which need stored artifacts
+    # source and inputs: digests, which need stored artifacts; a share of a GPU, a worker that shares its GPUs
+    # (tests/unit/test_gpu_fractions.py)
+    assert {"source", "inputs", "gpu_fraction", "gpu_memory_mb"} | set(given) >= shared
     worker = add_worker(sched, cpus=8)
     job_id = sched.submit(given)
     stored = to_wire(validate_job(given))

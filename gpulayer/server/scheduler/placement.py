@@ -106,6 +106,10 @@ def _reserve_gpus(conn: apsw.Connection, task: dict, worker_id: int, worker_gpus
     """Give an assigned task the lowest device indices no other active task on its worker holds
     (for more than one GPU, whole GPUs only: shape_worker_fit counted no MIG instance for it; for
     a `gpu_model` the worker meets by its GPUs, those of that model only, as shape_worker_fit counted)."""
+    share = row(conn, "task_gpu_share", task_id=task["id"], worker_id=worker_id)
+    if share is not None:
+        _reserve_share(conn, task, worker_id, worker_gpus, share["gpu_share"])
+        return
     if not task["gpus"]:
         return
     used = {r["i"] for r in rows(conn, "gpus_in_use", worker_id=worker_id)}
@@ -115,7 +119,35 @@ def _reserve_gpus(conn: apsw.Connection, task: dict, worker_id: int, worker_gpus
     free = [i for i in range(worker_gpus) if i not in used and (not model or i in model)][:task["gpus"]]
     if len(free) < task["gpus"]:  # placement checked the count; a mismatch means corrupt state
         raise RuntimeError(f"worker {worker_id} has {len(free)} free GPU indices, task {task['id']} needs {task['gpus']}")
-    row(conn, "set_gpu_indices", task_id=task["id"], gpu_indices=json.dumps(free))
+    row(conn, "set_gpu_indices", task_id=task["id"], gpu_indices=json.dumps(free), gpu_share=0)
+
+
+def _reserve_share(conn: apsw.Connection, task: dict, worker_id: int, worker_gpus: int, share: float) -> None:
+    """Give a fractional task one GPU by best fit: the shared GPU with the least room that still holds its
+    share (so that shares fill the fewest GPUs and whole GPUs stay free), else the lowest free GPU; never
+    one a whole-GPU task holds (issue 40; shape_worker_fit judged that one of them has room)."""
+    held = {r["i"]: r["used"] for r in rows(conn, "gpu_shares_in_use", worker_id=worker_id)}
+    used = {r["i"] for r in rows(conn, "gpus_in_use", worker_id=worker_id)}
+    model = {r["i"] for r in rows(conn, "task_model_indices", task_id=task["id"], worker_id=worker_id)}
+    index = best_fit(held, [i for i in range(worker_gpus) if i not in used], share, model)
+    if index is None:  # placement checked the room; a mismatch means corrupt state
+        raise RuntimeError(f"worker {worker_id} has no GPU with room for a share of {share:g} (task {task['id']})")
+    row(conn, "set_gpu_indices", task_id=task["id"], gpu_indices=json.dumps([index]), gpu_share=min(share, 1.0))
+
+
+SHARE_EPSILON = 1e-9  # shares that sum to 1 up to rounding fill a GPU (as shape_worker_fit judges)
+
+
+def best_fit(held: dict[int, float], free: list[int], share: float, model: set[int] | None = None) -> int | None:
+    """The GPU a share goes to: of the shared GPUs (`held`: index -> shares held) with room for it, the
+    fullest (then the lowest index); else the lowest `free` whole GPU; None when neither (`model`: only
+    those indices, when given)."""
+    fits = [(-used, i) for i, used in held.items()
+            if used + share <= 1 + SHARE_EPSILON and (not model or i in model)]
+    if fits:
+        return min(fits)[1]
+    whole = [i for i in free if not model or i in model]
+    return whole[0] if whole else None
 
 
 def _place_gang(conn: apsw.Connection, worker_id: int, now: float, lease: float) -> int | None:
@@ -155,7 +187,7 @@ def assignment(conn: apsw.Connection, task_id: int, secret_env=None,
         index=found["index"],
         env={**spec["env"], **(secret_env(spec["secrets"]) if secret_env and spec["secrets"] else {}),
              **({"GPULAYER_PREEMPTED": "1"} if row(conn, "task_was_preempted", task_id=task_id) else {})},
-        gpus=json.loads(found["gpu_indices"]),
+        gpus=json.loads(found["gpu_indices"]), gpu_share=found["gpu_share"],
         rank=found["index"] if gang else 0, world_size=found["width"] if gang else 1,
         # An array's element: its index (also `index`) and the array's element count; null otherwise.
         array_index=found["index"] if found["array_size"] is not None else None,

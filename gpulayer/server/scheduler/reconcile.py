@@ -204,7 +204,7 @@ def _adopt(conn: apsw.Connection, worker_id: int, task: dict, found: dict, now: 
     if taken is None:
         return False
     if found["gpus"] and gpus is not None:
-        row(conn, "set_gpu_indices", task_id=found["id"], gpu_indices=json.dumps(sorted(gpus)))
+        row(conn, "set_gpu_indices", task_id=found["id"], gpu_indices=json.dumps(sorted(gpus)), gpu_share=0)
     row(conn, "start_task", task_id=found["id"], worker_id=worker_id, pid=None, now=now)
     row(conn, "mark_job_running", job_id=found["job_id"])
     events.record(conn, now, "task_assigned", job_id=found["job_id"], task_id=found["id"], worker_id=worker_id,

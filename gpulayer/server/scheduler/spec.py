@@ -320,6 +320,7 @@ def validate_job(raw: Any, priority_classes: dict[str, int] | None = None) -> Va
     gpus = _job_field(spec, "gpus")
     gpus = (1 if accelerator == "cuda" else 0) if gpus is None else gpus
     nodes = _job_field(spec, "nodes")
+    accelerator, gpus = _gpu_share(spec, accelerator, gpus, nodes)
     if service and nodes > 1:
         raise _fail("nodes", "a service runs replicas; multi-node (nodes > 1) is for jobs")
     array, max_running = _array(spec)
@@ -332,6 +333,24 @@ def validate_job(raw: Any, priority_classes: dict[str, int] | None = None) -> Va
         "source": lambda given: digest(given, "source"), "inputs": lambda given: _paths_map(given, "inputs"),
         "outputs": _outputs, "priority": lambda given: _priority(given, priority_classes),
         "secrets": _secret_names, "after": _after, "image": _image, "signal": _signal}, done))
+
+
+def _gpu_share(spec: dict, accelerator: str | None, gpus: int, nodes: int) -> tuple[str | None, int]:
+    """The accelerator and `gpus` of a job: a share of one GPU (`gpu_fraction`, `gpu_memory_mb`; issue 40) is
+    stored as `cuda` with `gpus` 0 (it holds no whole GPU); the share's rules a declaration cannot say."""
+    fraction = _job_field(spec, "gpu_fraction")
+    memory = _job_field(spec, "gpu_memory_mb")
+    if fraction is None and memory is None:
+        return accelerator, gpus
+    name = "gpu_fraction" if fraction is not None else "gpu_memory_mb"
+    if fraction is not None and not 0 < fraction < 1:
+        raise _fail("gpu_fraction", f"a share of one GPU is more than 0 and less than 1, not {fraction:g} "
+                                    "(whole GPUs: `gpus`)")
+    if gpus > 1:
+        raise _fail(name, f"a share of one GPU goes with `gpus` 0 or 1, not {gpus}")
+    if nodes > 1:
+        raise _fail(name, "a share of one GPU is for single tasks: not with `nodes` > 1")
+    return "cuda", 0
 
 
 def _signal(value: Any) -> str | None:

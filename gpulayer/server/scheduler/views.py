@@ -96,6 +96,8 @@ def _task_view(conn: apsw.Connection, task: dict) -> dict:
     task = dict(task)
     task["outputs"] = json.loads(task["outputs"])
     task["index"] = task.pop("index")
+    # its device indices while it holds them, and a fractional task's share of its GPU (0: whole GPUs)
+    task["gpus"] = json.loads(task.pop("gpu_indices")) if task["state"] in ("assigned", "running") else []
     restarted = task["restarts"] and task["state"] == "running"
     found = row(conn, "task_restart_message", task_id=task["task_id"]) if restarted else None
     task["restart_message"] = found["text"] if found else None

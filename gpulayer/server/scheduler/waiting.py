@@ -33,7 +33,7 @@ def facts(conn: apsw.Connection, job_id: int) -> dict | None:
     if not found:
         return None
     job = {k: found[0][k] for k in ("labels", "accelerator", "gpus", "cpus", "memory_mb", "width", "gang",
-                                   "array_size", "project_id")}
+                                   "array_size", "project_id", "gpu_fraction", "gpu_memory_mb")}
     online = [f for f in found if f["worker_id"] is not None]
     sized = [f for f in online if f["has_labels"] and f["has_accelerator"] and f["big_enough"]]
     usable = [f for f in sized if f["missing_secret"] is None]
@@ -96,6 +96,10 @@ def size_asked(job: dict) -> str:
     parts = []
     if job["gpus"]:
         parts.append(plural(job["gpus"], "GPU") + (f" of model {labels['gpu_model']}" if labels.get("gpu_model") else ""))
+    if job.get("gpu_fraction") or job.get("gpu_memory_mb"):  # a share of one GPU, on a worker that shares them
+        share = [f"{job['gpu_fraction']:g}" if job.get("gpu_fraction") else "",
+                 f"{job['gpu_memory_mb']} MB" if job.get("gpu_memory_mb") else ""]
+        parts.append(f"a share of one GPU ({' and '.join(p for p in share if p)}; `worker start --gpu-sharing`)")
     if job["cpus"]:
         parts.append(plural(job["cpus"], "CPU"))
     if job["memory_mb"]:

@@ -41,7 +41,8 @@ def register(conn: apsw.Connection, *, body: dict, token, session_hash: str, pee
                     advertise_address=advertise, version=body["version"], protocol=PROTOCOL,
                     session_hash=session_hash, token_jti=token.jti, now=now, lease_expires_at=now + lease_ttl_s,
                     isolation=json.dumps(body.get("isolation") or {}),
-                    relay=json.dumps(body.get("relay") or {}))["id"]
+                    relay=json.dumps(body.get("relay") or {}), gpu_sharing=res.get("gpu_sharing", "off"),
+                    gpu_memory_mb=res.get("gpu_memory_mb", 0))["id"]
     row(conn, "clear_needs_upgrade", name=name, reason="upgraded")
     gpu_health.report(conn, worker_id, body.get("gpus"), now)  # before its first acquire can reserve a broken one
     events.record(conn, now, "worker_registered", worker_id=worker_id, name=name, labels=labels,
@@ -115,9 +116,12 @@ def listing(conn: apsw.Connection, include_gone: bool = False, after: int = 0, l
         out.append({
             "id": w["worker_id"], "name": w["name"], "state": w["state"], "labels": json.loads(w["labels"]),
             "resources": {"cpus": w["cpus"], "gpus": w["gpus"], "memory_mb": w["memory_mb"],
-                          "gpu_models": json.loads(w["gpu_models"])},
+                          "gpu_models": json.loads(w["gpu_models"]), "gpu_sharing": w["gpu_sharing"],
+                          "gpu_memory_mb": w["gpu_memory_mb"]},
             "free": {"slots": w["free_slots"], "gpus": w["free_gpus"], "cpus": w["free_cpus"],
-                     "memory_mb": w["free_memory_mb"]},
+                     "memory_mb": w["free_memory_mb"], "gpu_share_room": w["share_room"]},
+            # fractions of a GPU: the GPUs shares hold, and the shares held on them (in GPUs)
+            "gpu_shares": {"gpus": w["shared_gpus"], "used": round(w["gpu_share_used"], 6)},
             "slots": w["slots"], "active_tasks": w["active_tasks"], "advertise_address": w["advertise_address"],
             "last_seen_at": w["last_seen_at"], "version": w["version"], "gone_reason": w["gone_reason"],
             "cordon": w["cordon"], "cordon_reason": w["cordon_reason"], "cordoned_at": w["cordoned_at"],

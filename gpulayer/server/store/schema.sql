@@ -13,7 +13,7 @@
 -- (estimates), quotas' use now
 -- and as admission reads them; the claim (claimable_groups, claimable_tasks, claimable_batch).
 
-PRAGMA user_version = 31;
+PRAGMA user_version = 34;
 
 -- ---------------------------------------------------------------------------------------
 -- Tokens and teams: tokens, users, projects, memberships.
@@ -112,7 +112,9 @@ CREATE TABLE workers (
     lease_expires_at   REAL,
     gone_reason        TEXT,
     isolation          TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(isolation)),
-    relay              TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(relay)),
+    relay              TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(relay))
+    , gpu_sharing TEXT NOT NULL DEFAULT 'off' CHECK (gpu_sharing IN ('off', 'mps', 'time-slice'))
+    , gpu_memory_mb INTEGER NOT NULL DEFAULT 0 CHECK (gpu_memory_mb >= 0),
     CHECK (state <> 'gone' OR gone_reason IS NOT NULL)
 ) STRICT;
 CREATE INDEX workers_online_lease ON workers (lease_expires_at) WHERE state = 'online';
@@ -221,7 +223,10 @@ CREATE TABLE jobs (
     preemptible       INTEGER NOT NULL DEFAULT 0 CHECK (preemptible IN (0, 1)),
     array_size        INTEGER CHECK (array_size IS NULL OR array_size >= 1),
     max_running       INTEGER CHECK (max_running IS NULL OR max_running >= 1)
-    , hold INTEGER NOT NULL DEFAULT 0 CHECK (hold IN (0, 1)), begin_at REAL, revision INTEGER NOT NULL DEFAULT 1 CHECK (revision >= 1),
+    , hold INTEGER NOT NULL DEFAULT 0 CHECK (hold IN (0, 1)), begin_at REAL, revision INTEGER NOT NULL DEFAULT 1 CHECK (revision >= 1)
+
+    , gpu_fraction REAL CHECK (gpu_fraction IS NULL OR (gpu_fraction > 0 AND gpu_fraction < 1))
+    , gpu_memory_mb INTEGER CHECK (gpu_memory_mb IS NULL OR gpu_memory_mb > 0),
     CHECK ((state IN ('succeeded', 'failed', 'cancelled', 'lost')) = (finished_at IS NOT NULL))
 ) STRICT;
 CREATE INDEX jobs_state_id ON jobs (state, id);
@@ -276,7 +281,9 @@ CREATE TABLE tasks (
     started_at        REAL,
     finished_at       REAL,
     held              INTEGER NOT NULL DEFAULT 0 CHECK (held IN (0, 1))
-    , queued_at REAL, ahead INTEGER NOT NULL DEFAULT 0 CHECK (ahead IN (0, 1)), drain_deadline REAL, drain_started_at REAL, revision INTEGER NOT NULL DEFAULT 1 CHECK (revision >= 1),
+    , queued_at REAL, ahead INTEGER NOT NULL DEFAULT 0 CHECK (ahead IN (0, 1)), drain_deadline REAL, drain_started_at REAL, revision INTEGER NOT NULL DEFAULT 1 CHECK (revision >= 1)
+
+    , gpu_share REAL NOT NULL DEFAULT 0 CHECK (gpu_share >= 0 AND gpu_share <= 1),
     CHECK ((state IN ('assigned', 'running')) = (worker_id IS NOT NULL AND lease_expires_at IS NOT NULL)
            OR state NOT IN ('queued', 'assigned', 'running')),
     CHECK (state <> 'queued' OR worker_id IS NULL),
@@ -351,18 +358,22 @@ CREATE INDEX job_dependencies_after ON job_dependencies (after_job_id);
 -- distinct requirement, made when the first job asking for it is submitted (trigger
 -- jobs_shape) and kept: job_worker_fit reads every job's fit through its shape.
 -- `secrets` is '[]', or {"project": id, "names": [...]} for a job that uses secrets: the
--- same name is another secret in another project.
+-- same name is another secret in another project. `gpu_fraction` and `gpu_memory_mb`: a share of one GPU
+-- (issue 40, docs/workers.md "Sharing a GPU"; 0 for none, `gpus` then 0; migration 0034 made the table
+-- again, and task_queue with it, to add them to its key).
 CREATE TABLE shapes (
     id           INTEGER PRIMARY KEY,
     gang         INTEGER NOT NULL CHECK (gang IN (0, 1)),
     gpus         INTEGER NOT NULL CHECK (gpus >= 0),
+    gpu_fraction REAL NOT NULL DEFAULT 0 CHECK (gpu_fraction >= 0 AND gpu_fraction < 1),
+    gpu_memory_mb INTEGER NOT NULL DEFAULT 0 CHECK (gpu_memory_mb >= 0),
     cpus         REAL NOT NULL CHECK (cpus >= 0),
     memory_mb    INTEGER NOT NULL CHECK (memory_mb >= 0),
     accelerator  TEXT NOT NULL CHECK (accelerator IN ('', 'cuda')),  -- '' for none: NULLs are never equal in UNIQUE
     labels       TEXT NOT NULL CHECK (json_valid(labels)),
     secrets      TEXT NOT NULL CHECK (json_valid(secrets)),
     queued       INTEGER NOT NULL DEFAULT 0 CHECK (queued >= 0),     -- its rows in task_queue
-    UNIQUE (gang, gpus, cpus, memory_mb, accelerator, labels, secrets)
+    UNIQUE (gang, gpus, gpu_fraction, gpu_memory_mb, cpus, memory_mb, accelerator, labels, secrets)
 ) STRICT;
 -- Acquire looks only at shapes with queued tasks.
 CREATE INDEX shapes_queued ON shapes (id) WHERE queued > 0;
@@ -389,8 +400,9 @@ CREATE INDEX task_queue_shape ON task_queue (shape_id, project_id, user_id, prio
 CREATE INDEX task_queue_aging ON task_queue (aged, since);
 
 CREATE TRIGGER jobs_shape AFTER INSERT ON jobs BEGIN
-    INSERT OR IGNORE INTO shapes (gang, gpus, cpus, memory_mb, accelerator, labels, secrets)
-    VALUES (new.gang, new.gpus, new.cpus, new.memory_mb, coalesce(new.accelerator, ''), new.labels,
+    INSERT OR IGNORE INTO shapes (gang, gpus, gpu_fraction, gpu_memory_mb, cpus, memory_mb, accelerator, labels, secrets)
+    VALUES (new.gang, new.gpus, coalesce(new.gpu_fraction, 0), coalesce(new.gpu_memory_mb, 0), new.cpus,
+            new.memory_mb, coalesce(new.accelerator, ''), new.labels,
             CASE WHEN new.secrets = '[]' THEN '[]'
                  ELSE json_object('project', new.project_id, 'names', json(new.secrets)) END);
 END;
@@ -849,17 +861,36 @@ SELECT j.id AS job_id, j.name, j.state, j.kind, j.priority, j.attempt, j.gpus, j
        j.exit_code, j.reason
 FROM jobs j;
 
--- What each worker has and what is free on it now (an unhealthy GPU is never free).
+-- What each worker has and what is free on it now (an unhealthy GPU is never free). Fractions of a GPU
+-- (schema 34, docs/workers.md "Sharing a GPU"): `gpu_sharing` the worker's mode (`worker start
+-- --gpu-sharing`); `shared_gpus` the healthy GPUs its fractional tasks hold (tasks.gpu_share > 0), which are
+-- no longer free for a whole-GPU task; `gpu_share_used` the shares those tasks hold, in GPUs; `share_room`
+-- the largest share left on one of those GPUs (0 when none), which one more fractional task may take
+-- there (a free whole GPU offers 1).
 CREATE VIEW worker_load AS
 SELECT w.id AS worker_id, w.name, w.state, w.labels, w.slots, w.gpus, w.cpus, w.memory_mb,
        count(t.id) AS active_tasks,
        w.slots - count(t.id) AS free_slots,
        w.gpus - coalesce(sum(j.gpus), 0)
-           - (SELECT count(*) FROM worker_gpus g WHERE g.worker_id = w.id AND g.healthy = 0) AS free_gpus,
+           - (SELECT count(*) FROM worker_gpus g WHERE g.worker_id = w.id AND g.healthy = 0)
+           - (SELECT count(DISTINCT x.value) FROM tasks f, json_each(f.gpu_indices) x
+              WHERE f.worker_id = w.id AND f.state IN ('assigned', 'running') AND f.gpu_share > 0
+                AND NOT EXISTS (SELECT 1 FROM worker_gpus g
+                                WHERE g.worker_id = w.id AND g."index" = x.value AND g.healthy = 0)) AS free_gpus,
        w.cpus - coalesce(sum(j.cpus), 0) AS free_cpus,
        w.memory_mb - coalesce(sum(j.memory_mb), 0) AS free_memory_mb,
        w.last_seen_at, w.lease_expires_at,
-       (SELECT count(*) FROM worker_gpus g WHERE g.worker_id = w.id AND g.healthy = 0) AS unhealthy_gpus
+       (SELECT count(*) FROM worker_gpus g WHERE g.worker_id = w.id AND g.healthy = 0) AS unhealthy_gpus,
+       w.gpu_sharing,
+       (SELECT count(DISTINCT x.value) FROM tasks f, json_each(f.gpu_indices) x
+        WHERE f.worker_id = w.id AND f.state IN ('assigned', 'running') AND f.gpu_share > 0) AS shared_gpus,
+       coalesce(sum(t.gpu_share), 0) AS gpu_share_used,
+       coalesce((SELECT max(1 - u.used) FROM (
+                     SELECT x.value AS i, sum(f.gpu_share) AS used FROM tasks f, json_each(f.gpu_indices) x
+                     WHERE f.worker_id = w.id AND f.state IN ('assigned', 'running') AND f.gpu_share > 0
+                     GROUP BY x.value) u
+                 WHERE NOT EXISTS (SELECT 1 FROM worker_gpus g
+                                   WHERE g.worker_id = w.id AND g."index" = u.i AND g.healthy = 0)), 0) AS share_room
 FROM workers w
 LEFT JOIN tasks t ON t.worker_id = w.id AND t.state IN ('assigned', 'running') AND t.ahead = 0
 LEFT JOIN jobs j ON j.id = t.job_id
@@ -875,6 +906,7 @@ CREATE VIEW job_shape AS
 SELECT j.id AS job_id, j.state AS job_state, s.id AS shape_id
 FROM jobs j
 JOIN shapes s ON s.gang = j.gang AND s.gpus = j.gpus AND s.cpus = j.cpus AND s.memory_mb = j.memory_mb
+             AND s.gpu_fraction = coalesce(j.gpu_fraction, 0) AND s.gpu_memory_mb = coalesce(j.gpu_memory_mb, 0)
              AND s.accelerator = coalesce(j.accelerator, '') AND s.labels = j.labels
              AND s.secrets = CASE WHEN j.secrets = '[]' THEN '[]'
                                   ELSE json_object('project', j.project_id, 'names', json(j.secrets)) END;
@@ -905,7 +937,13 @@ JOIN shapes s ON s.gang = j.gang AND s.gpus = j.gpus AND s.cpus = j.cpus AND s.m
 --   spare_gpus       free GPUs left after one task (gang placement packs the tightest first)
 --   free_slots, free_gpus, free_cpus, free_memory_mb   the worker's free room now (worker_load)
 --   by_index         a task's GPU indices are picked among some of the free ones: whole GPUs beside
---                    MIG instances, or those of a `gpu_model` met by the GPUs; so its room is no sum
+--                    MIG instances, or those of a `gpu_model` met by the GPUs; so its room is no sum;
+--                    and a fractional task's (its GPU is picked by best fit: placement.py)
+--   gpu_share        a fractional shape's share of one of the worker's GPUs (schema 34): its
+--                    `gpu_fraction`, or its `gpu_memory_mb` over the worker's GPU memory if more;
+--                    0 for whole GPUs. It fits a worker that shares its GPUs (`gpu_sharing`, not
+--                    `off`) with the memory asked for on a GPU, and has room there while
+--                    worker_load's share_room, or a free whole GPU, holds it
 CREATE VIEW shape_worker_fit AS
 SELECT p.*,
        (p.has_labels AND p.has_accelerator AND p.big_enough AND p.missing_secret IS NULL) AS fits,
@@ -924,6 +962,9 @@ FROM (
            (s.gpus <= w.gpus AND s.cpus <= w.cpus AND s.memory_mb <= w.memory_mb
             AND (s.gpus <= 1 OR s.gpus <= w.gpus - (SELECT count(*) FROM worker_gpus g
                                                     WHERE g.worker_id = w.id AND g.uuid GLOB 'MIG-*'))
+            AND ((s.gpu_fraction = 0 AND s.gpu_memory_mb = 0)  -- a share: a GPU shared, with the memory asked
+                 OR (w.gpu_sharing <> 'off' AND w.gpus > 0
+                     AND (s.gpu_memory_mb = 0 OR s.gpu_memory_mb <= w.gpu_memory_mb)))
             AND (s.gpus = 0 OR s.labels = '{}' OR json_extract(s.labels, '$.gpu_model') IS NULL
                  OR json_extract(s.labels, '$.gpu_model') IS json_extract(w.labels, '$.gpu_model')
                  OR s.gpus <= (SELECT count(*) FROM json_each(w.gpu_models) m  -- its GPUs of that model
@@ -962,11 +1003,18 @@ FROM (
                                                    AND (g.healthy = 0 OR (s.gpus > 1 AND g.uuid GLOB 'MIG-*')))
                                  AND NOT EXISTS (SELECT 1 FROM tasks t, json_each(t.gpu_indices) x
                                                  WHERE t.worker_id = w.id AND t.state IN ('assigned', 'running')
-                                                   AND x.value = m.key)))) AS has_room,
+                                                   AND x.value = m.key))))
+            AND ((s.gpu_fraction = 0 AND s.gpu_memory_mb = 0)  -- a share: room on a shared GPU, or a free one
+                 OR max(s.gpu_fraction, CASE WHEN w.gpu_memory_mb > 0 THEN s.gpu_memory_mb * 1.0 / w.gpu_memory_mb
+                                             ELSE 0 END)
+                    <= max(l.share_room, l.free_gpus >= 1) + 1e-9) AS has_room,
            l.free_gpus - s.gpus AS spare_gpus, l.free_slots, l.free_gpus, l.free_cpus, l.free_memory_mb,
            (s.gpus > 1 AND EXISTS (SELECT 1 FROM worker_gpus g WHERE g.worker_id = w.id AND g.uuid GLOB 'MIG-*'))
            OR (s.gpus > 0 AND json_extract(s.labels, '$.gpu_model') IS NOT NULL
-               AND json_extract(s.labels, '$.gpu_model') IS NOT json_extract(w.labels, '$.gpu_model')) AS by_index,
+               AND json_extract(s.labels, '$.gpu_model') IS NOT json_extract(w.labels, '$.gpu_model'))
+           OR s.gpu_fraction > 0 OR s.gpu_memory_mb > 0 AS by_index,
+           max(s.gpu_fraction, CASE WHEN w.gpu_memory_mb > 0 THEN s.gpu_memory_mb * 1.0 / w.gpu_memory_mb
+                                    ELSE 0 END) AS gpu_share,
            NOT EXISTS (SELECT 1 FROM worker_cordons c WHERE c.worker_id = w.id) AS schedulable
     FROM shapes s, workers w
     JOIN worker_load l ON l.worker_id = w.id
@@ -1113,7 +1161,7 @@ CREATE INDEX jobs_running_preemptible ON jobs (priority) WHERE state = 'running'
 
 -- A run that ended (finish, loss, cancel, a GPU gone bad, a restore's reconciliation: any
 -- statement that ends a running task) gets its usage row and its charge to fair share in that
--- same statement. A run sent back to the queue instead (a preemption, a gang released) has no
+-- same statement (GPU-seconds: a fractional task's share of the time, tasks.gpu_share). A run sent back to the queue instead (a preemption, a gang released) has no
 -- finished_at: the scheduler writes its row (query insert_usage) before it requeues the task.
 CREATE TRIGGER tasks_run_ended AFTER UPDATE OF state ON tasks
 WHEN old.state = 'running' AND new.finished_at IS NOT NULL AND old.started_at IS NOT NULL BEGIN
@@ -1121,13 +1169,15 @@ WHEN old.state = 'running' AND new.finished_at IS NOT NULL AND old.started_at IS
                        gpus, cpus, started_at, ended_at, gpu_seconds, cpu_seconds, outcome)
     SELECT new.id, new.job_id, new.attempt, j.name, j.labels, j.user_id, j.project_id, old.worker_id, w.name,
            j.gpus, j.cpus, old.started_at, max(new.finished_at, old.started_at),
-           j.gpus * max(new.finished_at - old.started_at, 0), j.cpus * max(new.finished_at - old.started_at, 0),
+           (j.gpus + old.gpu_share) * max(new.finished_at - old.started_at, 0),
+           j.cpus * max(new.finished_at - old.started_at, 0),
            CASE WHEN new.outcome = 'timed_out' THEN 'timed_out' ELSE new.state END
     FROM jobs j LEFT JOIN workers w ON w.id = old.worker_id
     WHERE j.id = new.job_id;
     INSERT INTO fairshare (project_id, user_id, usage, updated_at)
     SELECT j.project_id, j.user_id,
-           CASE WHEN j.gpus > 0 THEN j.gpus ELSE j.cpus END * max(new.finished_at - old.started_at, 0), new.finished_at
+           CASE WHEN j.gpus + old.gpu_share > 0 THEN j.gpus + old.gpu_share ELSE j.cpus END
+           * max(new.finished_at - old.started_at, 0), new.finished_at
     FROM jobs j WHERE j.id = new.job_id
     ON CONFLICT (project_id, user_id) DO UPDATE
     SET usage = usage * pow(0.5, max(excluded.updated_at - updated_at, 0)
@@ -1363,9 +1413,9 @@ CREATE TABLE estimates (
 -- user_running_jobs.
 -- ---------------------------------------------------------------------------------------
 
--- GPUs each project's active tasks hold now, and its running jobs.
+-- GPUs each project's active tasks hold now (a fractional task its share: tasks.gpu_share), and its running jobs.
 CREATE VIEW project_load AS
-SELECT j.project_id, sum(j.gpus) AS gpus_in_use, count(DISTINCT j.id) AS running_jobs
+SELECT j.project_id, sum(j.gpus) + CASE WHEN max(t.gpu_share) > 0 THEN sum(t.gpu_share) ELSE 0 END AS gpus_in_use, count(DISTINCT j.id) AS running_jobs
 FROM jobs j
 JOIN tasks t ON t.job_id = j.id AND t.state IN ('assigned', 'running')
 WHERE j.state = 'running'
@@ -1387,12 +1437,15 @@ LEFT JOIN project_load l ON l.project_id = p.id;
 -- task of the group runs (the quota, less the GPUs its running jobs' active tasks hold, less the
 -- task's; below 0 it would borrow), NULL when no quota bounds it (none set, or a task without
 -- GPUs). acquire_task admits a group at nominal_left >= 0, or up to `borrow` beyond while no
--- other project's group that the worker could take is within its own nominal quota.
+-- other project's group that the worker could take is within its own nominal quota. A fractional
+-- task counts its `gpu_fraction` (schema 34; held, its tasks.gpu_share).
 CREATE VIEW queue_group_quota AS
 SELECT g.shape_id, g.project_id, g.user_id, s.gpus, p.gpu_borrow AS borrow,
        coalesce(p.weight, nullif(p.gpu_quota, 0), 1) AS share,
-       CASE WHEN p.gpu_quota IS NULL OR s.gpus = 0 THEN NULL ELSE p.gpu_quota - s.gpus - (
-           SELECT coalesce(sum(j.gpus), 0) FROM jobs j  -- project_load.gpus_in_use, of this project only
+       CASE WHEN p.gpu_quota IS NULL OR (s.gpus = 0 AND s.gpu_fraction = 0) THEN NULL
+            ELSE p.gpu_quota - s.gpus - s.gpu_fraction - (
+           SELECT coalesce(sum(j.gpus), 0) + CASE WHEN max(t.gpu_share) > 0 THEN sum(t.gpu_share) ELSE 0 END
+           FROM jobs j  -- project_load.gpus_in_use, of this project only
            -- (the redundant IN term seeks tasks_job_active by state, not a running array's every task)
            JOIN tasks t ON t.job_id = j.id AND t.state IN ('queued', 'assigned', 'running')
                            AND t.state IN ('assigned', 'running')
@@ -1444,14 +1497,15 @@ FROM projects p;
 -- while another project's group the worker may take is within its own (`contested`). `user_left`: the
 -- jobs the user may still add (user_running_jobs; NULL without a limit). `by_index`: shape_worker_fit's.
 -- project_usage and user_usage: fair share (project_fair_share, user_fair_share) at the claim's time;
--- room_*: the worker's free slots, GPUs, CPUs and memory less the room held for a gang.
+-- room_*: the worker's free slots, GPUs, CPUs and memory less the room held for a gang; `shared`: a share of one
+-- GPU (shape_worker_fit.gpu_share > 0; schema 34).
 CREATE VIEW claimable_groups AS
 SELECT c.*, coalesce(c.nominal_left < 0 AND c.contested, 0) AS blocked
 FROM (SELECT a.*, coalesce(min(CASE WHEN a.nominal_left >= 0 THEN a.project_id END) OVER w <> a.project_id
                            OR max(CASE WHEN a.nominal_left >= 0 THEN a.project_id END) OVER w <> a.project_id, 0)
                   AS contested
       FROM (SELECT f.worker_id, q.shape_id, q.project_id, q.user_id, q.gpus, s.cpus, s.memory_mb, q.borrow,
-                   q.nominal_left, f.by_index,
+                   q.nominal_left, f.by_index, f.gpu_share > 0 AS shared,
                    f.free_slots - (SELECT count(*) FROM gang_reservations r
                                    WHERE r.worker_id = f.worker_id AND r.expires_at > k.now) AS room_slots,
                    f.free_gpus - (SELECT total(r.gpus) FROM gang_reservations r
@@ -1521,7 +1575,7 @@ rooms AS MATERIALIZED (  -- reservation_room of the claim's worker, from `ends`:
 SELECT o.*, NOT o.blocked AND NOT (o.adds_job AND coalesce(o.user_left <= 0, 0)) AS eligible
 FROM (SELECT g.worker_id, g.shape_id, g.project_id, g.user_id, g.gpus, g.cpus, g.memory_mb, g.borrow, g.nominal_left,
              g.room_slots, g.room_gpus, g.room_cpus, g.room_memory_mb, g.by_index, g.user_left, g.contested,
-             g.blocked, h.task_id, h.job_id, NOT (j.state = 'running' AND j.array_size IS NULL) AS adds_job,
+             g.blocked, g.shared, h.task_id, h.job_id, NOT (j.state = 'running' AND j.array_size IS NULL) AS adds_job,
              j.array_size IS NULL AS single, g.reserved,
              row_number() OVER (PARTITION BY g.worker_id
                                 ORDER BY h.priority + h.aged DESC, g.project_usage, g.user_usage, h.task_id) AS pos
@@ -1560,7 +1614,8 @@ FROM (SELECT g.worker_id, g.shape_id, g.project_id, g.user_id, g.gpus, g.cpus, g
 -- holding a reservation (`reserved`: the room each claim leaves beyond it is no running sum either), a
 -- blocked group's row (it may
 -- become the better choice once another project leaves its nominal quota); and none after a group's
--- last row read (`stop_after`: its rest was not). Conservative, never more: placement.acquire_many
+-- last row read (`stop_after`: its rest was not), nor after a share of a GPU (`shared`, schema 34: it may take a
+-- whole GPU, which no running sum counts). Conservative, never more: placement.acquire_many
 -- claims again when fewer came back than asked. An array's %N cap needs no sum (its held elements are
 -- not in task_queue). Each level's windows share one partition, so that a `worker_id = ?` reaches the
 -- views below.
@@ -1604,7 +1659,7 @@ stops AS (  -- stop_here: a misfit, or a blocked group's row; stop_after: a grou
                        WHEN u.contested THEN 1
                        ELSE u.nominal_left - u.project_gpus_before + u.borrow < 0 END
                OR (u.adds_job AND coalesce(u.user_left - u.jobs_before <= 0, 0)))) AS stop_here,
-           u.unread_after AND NOT u.dead AS stop_after
+           (u.unread_after AND NOT u.dead) OR (u.candidate AND u.shared) AS stop_after
     FROM user_sums u
 )
 SELECT b.worker_id, b.task_id, b.k, b.candidate AND (b.k = 1 OR (b.stops_before = 0 AND NOT b.stop_here)) AS sure

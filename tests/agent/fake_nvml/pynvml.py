@@ -197,6 +197,12 @@ def nvmlDeviceGetMemoryInfo(handle):
     return SimpleNamespace(total=total, used=used, free=total - used)
 
 
+def nvmlDeviceGetComputeRunningProcesses(handle):
+    """The state's `processes` of the GPU: [{"pid", "used_mb"}] (time-slicing's memory shares)."""
+    return [SimpleNamespace(pid=p["pid"], usedGpuMemory=p["used_mb"] * 1024 * 1024)
+            for p in _gpu(handle).get("processes", [])]
+
+
 def nvmlEventSetCreate():
     _check()
     if _state().get("event_set_error"):

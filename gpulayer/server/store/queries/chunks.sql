@@ -1,7 +1,7 @@
 -- The queries of scheduler/chunks.py: array elements leased ahead, given back, and finishes in a batch.
 
 -- name: ahead_jobs --
--- The array jobs whose elements the worker may be leased ahead: plain elements (no GPU, not a gang,
+-- The array jobs whose elements the worker may be leased ahead: plain elements (no GPU nor share of one, not a gang,
 -- a batch job, not being cancelled) of a running job it holds an element of, on a worker online,
 -- not cordoned, and holding no room for a waiting gang; with how many it holds ahead of each.
 -- (The redundant IN term lets SQLite use the partial index tasks_worker_active.)
@@ -9,6 +9,7 @@ SELECT t.job_id, w.slots, total(t.ahead) AS ahead
 FROM tasks t JOIN jobs j ON j.id = t.job_id JOIN workers w ON w.id = t.worker_id
 WHERE t.worker_id = :worker_id AND t.state IN ('assigned', 'running')
   AND j.array_size IS NOT NULL AND j.gang = 0 AND j.gpus = 0 AND j.kind = 'batch'
+  AND j.gpu_fraction IS NULL AND j.gpu_memory_mb IS NULL
   AND j.state = 'running' AND j.reason IS NULL AND w.state = 'online'
   AND NOT EXISTS (SELECT 1 FROM worker_cordons c WHERE c.worker_id = w.id)
   AND NOT EXISTS (SELECT 1 FROM gang_reservations r WHERE r.worker_id = w.id AND r.expires_at > :now)

@@ -5,10 +5,10 @@
 -- 'queued', or 'waiting' while a dependency has not ended.
 INSERT INTO jobs (name, state, spec, kind, priority, labels, secrets, accelerator, gpus, cpus, memory_mb,
                   width, gang, attempt, max_attempts, retry_on, created_at, array_size, max_running,
-                  user_id, project_id, preemptible, hold, begin_at)
+                  user_id, project_id, preemptible, hold, begin_at, gpu_fraction, gpu_memory_mb)
 VALUES (:name, :state, :spec, :kind, :priority, :labels, :secrets, :accelerator, :gpus, :cpus, :memory_mb,
         :width, :gang, 1, :max_attempts, :retry_on, :now, :array_size, :max_running, :user_id, :project_id,
-        :preemptible, :hold, :begin_at)
+        :preemptible, :hold, :begin_at, :gpu_fraction, :gpu_memory_mb)
 RETURNING id;
 
 -- name: insert_tasks --
@@ -27,7 +27,7 @@ INSERT INTO job_dependencies (job_id, after_job_id, condition) VALUES (:job_id, 
 -- The tasks of one element of an array (or one replica / rank), newest attempt first.
 SELECT t.id AS task_id, t."index", t.attempt, t.state, t.worker_id, t.endpoint, t.exit_code,
        t.restarts, t.started_at, t.finished_at, t.reason, t.address, t.outcome, t.outputs,
-       t.revision, w.name AS worker_name
+       t.revision, t.gpu_indices, t.gpu_share, w.name AS worker_name
 FROM tasks t LEFT JOIN workers w ON w.id = t.worker_id
 WHERE t.job_id = :job_id AND t."index" = :index ORDER BY t.attempt DESC;
 

@@ -9,14 +9,14 @@ INSERT INTO usage (task_id, job_id, attempt, job_name, labels, user_id, project_
                    gpus, cpus, started_at, ended_at, gpu_seconds, cpu_seconds, outcome, preempted_by)
 SELECT t.id, t.job_id, t.attempt, j.name, j.labels, j.user_id, j.project_id, t.worker_id, w.name,
        j.gpus, j.cpus, t.started_at, max(:now, t.started_at),
-       j.gpus * max(:now - t.started_at, 0), j.cpus * max(:now - t.started_at, 0),
+       (j.gpus + t.gpu_share) * max(:now - t.started_at, 0), j.cpus * max(:now - t.started_at, 0),
        :outcome, :preempted_by
 FROM json_each(:task_ids) k
 JOIN tasks t ON t.id = k.value
 JOIN jobs j ON j.id = t.job_id
 LEFT JOIN workers w ON w.id = t.worker_id
 WHERE t.started_at IS NOT NULL
-RETURNING project_id, user_id, CASE WHEN gpus > 0 THEN gpu_seconds ELSE cpu_seconds END AS charge;
+RETURNING project_id, user_id, CASE WHEN gpu_seconds > 0 THEN gpu_seconds ELSE cpu_seconds END AS charge;
 
 -- name: charge_fairshare --
 -- Fair share: add a requeued run's GPU-seconds (CPU-seconds without GPUs) to its user's usage
@@ -62,11 +62,11 @@ UPDATE fairshare SET running = 0 WHERE running > 0;
 
 -- name: set_fairshare_running --
 -- Fair share's view of the runs still going: each (project, user)'s GPU-seconds (CPU-seconds
--- without GPUs) so far, from the running tasks (the partial index tasks_lease); upkeep writes it
+-- without GPUs; a GPU's share, its part) so far, from the running tasks (the partial index tasks_lease); upkeep writes it
 -- every few seconds, so a project's long runs weigh while they run, not only once they end.
 INSERT INTO fairshare (project_id, user_id, usage, updated_at, running)
 SELECT j.project_id, j.user_id, 0, :now,
-       sum(CASE WHEN j.gpus > 0 THEN j.gpus ELSE j.cpus END * max(:now - t.started_at, 0))
+       sum(CASE WHEN j.gpus + t.gpu_share > 0 THEN j.gpus + t.gpu_share ELSE j.cpus END * max(:now - t.started_at, 0))
 FROM tasks t JOIN jobs j ON j.id = t.job_id
 WHERE t.state IN ('assigned', 'running') AND t.state = 'running' AND t.started_at IS NOT NULL
 GROUP BY j.project_id, j.user_id

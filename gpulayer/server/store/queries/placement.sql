@@ -27,7 +27,7 @@ UPDATE claim_clock SET now = :now, depth = :depth, worker_id = :worker_id WHERE 
 
 -- name: worker_free --
 -- What an online worker has free now (worker_load), with what acquisition hands on.
-SELECT l.worker_id AS id, l.gpus, l.free_slots, w.advertise_address
+SELECT l.worker_id AS id, l.gpus, l.free_slots, w.advertise_address, w.gpu_sharing
 FROM worker_load l JOIN workers w ON w.id = l.worker_id
 WHERE l.worker_id = CAST(:worker_id AS INTEGER) AND l.state = 'online';
 
@@ -89,8 +89,24 @@ WHERE t.id = :task_id AND json_extract(j.labels, '$.gpu_model') IS NOT NULL
   AND m.value = json_extract(j.labels, '$.gpu_model');
 
 -- name: set_gpu_indices --
--- Reserve device indices for an assigned task.
-UPDATE tasks SET gpu_indices = :gpu_indices WHERE id = :task_id AND state = 'assigned' RETURNING id;
+-- Reserve device indices for an assigned task (and a fractional task's share of its GPU, else 0).
+UPDATE tasks SET gpu_indices = :gpu_indices, gpu_share = :gpu_share WHERE id = :task_id AND state = 'assigned'
+RETURNING id;
+
+-- name: task_gpu_share --
+-- A fractional task's share of one of the worker's GPUs (shape_worker_fit.gpu_share); no row for a task of
+-- whole GPUs.
+SELECT f.gpu_share FROM tasks t JOIN job_shape js ON js.job_id = t.job_id
+JOIN shapes s ON s.id = js.shape_id AND (s.gpu_fraction > 0 OR s.gpu_memory_mb > 0)
+JOIN shape_worker_fit f ON f.shape_id = s.id AND f.worker_id = CAST(:worker_id AS INTEGER)
+WHERE t.id = :task_id;
+
+-- name: gpu_shares_in_use --
+-- The worker's GPUs that fractional tasks hold, with the shares held on each (best fit reads them).
+SELECT x.value AS i, sum(t.gpu_share) AS used FROM tasks t, json_each(t.gpu_indices) x
+WHERE t.worker_id = :worker_id AND t.state IN ('assigned', 'running') AND t.gpu_share > 0
+  AND NOT EXISTS (SELECT 1 FROM worker_gpus g WHERE g.worker_id = :worker_id AND g."index" = x.value AND g.healthy = 0)
+GROUP BY x.value;
 
 -- name: any_queued_gang --
 -- Is any multi-node job waiting? (Gang placement is skipped when none is.)
@@ -170,7 +186,7 @@ UPDATE jobs SET state = 'running' WHERE id = :job_id AND state = 'queued';
 -- name: assignment --
 -- Everything a worker needs to run a task: the spec of the revision it runs (a service's rolling update
 -- runs a replica of the new revision, service_updates.spec, beside those of the one the job serves).
-SELECT t.id AS task_id, t.job_id, t.attempt, t."index", t.gpu_indices, j.width, j.gang, j.array_size,
+SELECT t.id AS task_id, t.job_id, t.attempt, t."index", t.gpu_indices, t.gpu_share, j.width, j.gang, j.array_size,
        CASE WHEN t.revision = j.revision THEN j.spec
             ELSE coalesce((SELECT u.spec FROM service_updates u WHERE u.job_id = t.job_id AND u.revision = t.revision),
                           j.spec) END AS spec

@@ -58,7 +58,7 @@ ORDER BY t."index" LIMIT :limit;
 SELECT * FROM (
     SELECT t.id AS task_id, t."index", t.attempt, t.state, t.worker_id, t.endpoint, t.exit_code,
            t.restarts, t.started_at, t.finished_at, t.reason, t.address, t.outcome, t.outputs,
-           t.revision, w.name AS worker_name
+           t.revision, t.gpu_indices, t.gpu_share, w.name AS worker_name
     FROM tasks t LEFT JOIN workers w ON w.id = t.worker_id
     -- (the redundant IN term lets SQLite use the partial index tasks_job_active, not all the array's tasks,
     -- written second, so that the index is searched for the two states, not walked through every queued task)
@@ -68,7 +68,7 @@ UNION ALL
 SELECT * FROM (
     SELECT t.id AS task_id, t."index", t.attempt, t.state, t.worker_id, t.endpoint, t.exit_code,
            t.restarts, t.started_at, t.finished_at, t.reason, t.address, t.outcome, t.outputs,
-           t.revision, w.name AS worker_name
+           t.revision, t.gpu_indices, t.gpu_share, w.name AS worker_name
     FROM tasks t LEFT JOIN workers w ON w.id = t.worker_id
     WHERE :ended_limit > 0 AND t.job_id = :job_id AND t.state IN ('failed', 'cancelled', 'lost')
     ORDER BY t."index", t.attempt DESC LIMIT :ended_limit);
@@ -77,7 +77,7 @@ SELECT * FROM (
 -- The tasks of a job, every attempt, newest attempt first.
 SELECT t.id AS task_id, t."index", t.attempt, t.state, t.worker_id, t.endpoint, t.exit_code,
        t.restarts, t.started_at, t.finished_at, t.reason, t.address, t.outcome, t.outputs,
-       t.revision, w.name AS worker_name
+       t.revision, t.gpu_indices, t.gpu_share, w.name AS worker_name
 FROM tasks t LEFT JOIN workers w ON w.id = t.worker_id
 WHERE t.job_id = :job_id ORDER BY t.attempt DESC, t."index";
 

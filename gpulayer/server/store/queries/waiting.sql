@@ -10,9 +10,11 @@
 -- online worker its shape's fit reads, one row per worker by id (worker_id NULL: none online):
 -- the fit's flags, the worker's name and size, its cordon (state, reason; NULL: schedulable)
 -- and its GPUs out of service (worker_gpus.healthy = 0).
-WITH j AS (SELECT id, labels, accelerator, gpus, cpus, memory_mb, width, gang, array_size, project_id
+WITH j AS (SELECT id, labels, accelerator, gpus, cpus, memory_mb, width, gang, array_size, project_id,
+                  gpu_fraction, gpu_memory_mb
            FROM jobs WHERE id = CAST(:job_id AS INTEGER) AND state IN ('queued', 'running'))
 SELECT j.labels, j.accelerator, j.gpus, j.cpus, j.memory_mb, j.width, j.gang, j.array_size, j.project_id,
+       j.gpu_fraction, j.gpu_memory_mb,
        o.worker_id, o.has_labels, o.has_accelerator, o.big_enough, o.missing_secret, o.fits_now,
        o.name, o.worker_gpus, o.worker_cpus, o.worker_memory_mb, o.cordon, o.cordon_reason, o.unhealthy_gpus
 FROM j LEFT JOIN (

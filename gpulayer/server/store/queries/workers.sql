@@ -4,10 +4,10 @@
 -- A new worker row with its hashed session token.
 INSERT INTO workers (name, state, labels, token_labels, cpus, gpus, memory_mb, gpu_models, slots,
                      advertise_address, version, protocol, session_hash, token_jti,
-                     registered_at, last_seen_at, lease_expires_at, isolation, relay)
+                     registered_at, last_seen_at, lease_expires_at, isolation, relay, gpu_sharing, gpu_memory_mb)
 VALUES (:name, 'online', :labels, :token_labels, :cpus, :gpus, :memory_mb, :gpu_models, :slots,
         :advertise_address, :version, :protocol, :session_hash, :token_jti,
-        :now, :now, :lease_expires_at, :isolation, :relay)
+        :now, :now, :lease_expires_at, :isolation, :relay, :gpu_sharing, :gpu_memory_mb)
 RETURNING id;
 
 -- name: online_worker_named --
@@ -36,7 +36,7 @@ SELECT id FROM workers WHERE token_jti = :jti AND state IN ('online', 'offline')
 
 -- name: list_workers --
 -- Workers with what is free on them, and whether they are cordoned: after the id :after, at most :limit (-1: all).
-SELECT wl.*, w.gpu_models, w.advertise_address, w.version, w.registered_at, w.gone_reason, w.isolation,
+SELECT wl.*, w.gpu_models, w.gpu_memory_mb, w.advertise_address, w.version, w.registered_at, w.gone_reason, w.isolation,
        c.state AS cordon, c.reason AS cordon_reason, c.since AS cordoned_at, c.deadline AS drain_deadline,
        (SELECT json_group_array(json_object('index', g."index", 'uuid', g.uuid,
                                             'healthy', json(CASE WHEN g.healthy THEN 'true' ELSE 'false' END),
