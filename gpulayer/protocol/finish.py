@@ -18,7 +18,7 @@ OUTCOMES: tuple[str, ...] = typing.get_args(Outcome)
 Stream = Literal["stdout", "stderr", "system"]
 STREAMS: tuple[str, ...] = typing.get_args(Stream)
 SignalWhy = Literal["time_limit", "silence_timeout", "cancelled", "preempted", "drained", "requeued", "restart",
-                    "gpu_memory"]  # gpu_memory: over its memory share of a time-sliced GPU (schema 34)
+                    "gpu_memory"]  # gpu_memory: over its memory share of a time-sliced GPU (schema 32)
 SIGNAL_WHYS: tuple[str, ...] = typing.get_args(SignalWhy)
 
 MAX_FINISHES = 1024          # finishes in one finish-many request (and ids in `held`, `release`)

@@ -13,7 +13,7 @@
 -- (estimates), quotas' use now
 -- and as admission reads them; the claim (claimable_groups, claimable_tasks, claimable_batch).
 
-PRAGMA user_version = 34;
+PRAGMA user_version = 32;
 
 -- ---------------------------------------------------------------------------------------
 -- Tokens and teams: tokens, users, projects, memberships.
@@ -359,7 +359,7 @@ CREATE INDEX job_dependencies_after ON job_dependencies (after_job_id);
 -- jobs_shape) and kept: job_worker_fit reads every job's fit through its shape.
 -- `secrets` is '[]', or {"project": id, "names": [...]} for a job that uses secrets: the
 -- same name is another secret in another project. `gpu_fraction` and `gpu_memory_mb`: a share of one GPU
--- (issue 40, docs/workers.md "Sharing a GPU"; 0 for none, `gpus` then 0; migration 0034 made the table
+-- (issue 40, docs/workers.md "Sharing a GPU"; 0 for none, `gpus` then 0; migration 0032 made the table
 -- again, and task_queue with it, to add them to its key).
 CREATE TABLE shapes (
     id           INTEGER PRIMARY KEY,
@@ -862,7 +862,7 @@ SELECT j.id AS job_id, j.name, j.state, j.kind, j.priority, j.attempt, j.gpus, j
 FROM jobs j;
 
 -- What each worker has and what is free on it now (an unhealthy GPU is never free). Fractions of a GPU
--- (schema 34, docs/workers.md "Sharing a GPU"): `gpu_sharing` the worker's mode (`worker start
+-- (schema 32, docs/workers.md "Sharing a GPU"): `gpu_sharing` the worker's mode (`worker start
 -- --gpu-sharing`); `shared_gpus` the healthy GPUs its fractional tasks hold (tasks.gpu_share > 0), which are
 -- no longer free for a whole-GPU task; `gpu_share_used` the shares those tasks hold, in GPUs; `share_room`
 -- the largest share left on one of those GPUs (0 when none), which one more fractional task may take
@@ -939,7 +939,7 @@ JOIN shapes s ON s.gang = j.gang AND s.gpus = j.gpus AND s.cpus = j.cpus AND s.m
 --   by_index         a task's GPU indices are picked among some of the free ones: whole GPUs beside
 --                    MIG instances, or those of a `gpu_model` met by the GPUs; so its room is no sum;
 --                    and a fractional task's (its GPU is picked by best fit: placement.py)
---   gpu_share        a fractional shape's share of one of the worker's GPUs (schema 34): its
+--   gpu_share        a fractional shape's share of one of the worker's GPUs (schema 32): its
 --                    `gpu_fraction`, or its `gpu_memory_mb` over the worker's GPU memory if more;
 --                    0 for whole GPUs. It fits a worker that shares its GPUs (`gpu_sharing`, not
 --                    `off`) with the memory asked for on a GPU, and has room there while
@@ -1438,7 +1438,7 @@ LEFT JOIN project_load l ON l.project_id = p.id;
 -- task's; below 0 it would borrow), NULL when no quota bounds it (none set, or a task without
 -- GPUs). acquire_task admits a group at nominal_left >= 0, or up to `borrow` beyond while no
 -- other project's group that the worker could take is within its own nominal quota. A fractional
--- task counts its `gpu_fraction` (schema 34; held, its tasks.gpu_share).
+-- task counts its `gpu_fraction` (schema 32; held, its tasks.gpu_share).
 CREATE VIEW queue_group_quota AS
 SELECT g.shape_id, g.project_id, g.user_id, s.gpus, p.gpu_borrow AS borrow,
        coalesce(p.weight, nullif(p.gpu_quota, 0), 1) AS share,
@@ -1498,7 +1498,7 @@ FROM projects p;
 -- jobs the user may still add (user_running_jobs; NULL without a limit). `by_index`: shape_worker_fit's.
 -- project_usage and user_usage: fair share (project_fair_share, user_fair_share) at the claim's time;
 -- room_*: the worker's free slots, GPUs, CPUs and memory less the room held for a gang; `shared`: a share of one
--- GPU (shape_worker_fit.gpu_share > 0; schema 34).
+-- GPU (shape_worker_fit.gpu_share > 0; schema 32).
 CREATE VIEW claimable_groups AS
 SELECT c.*, coalesce(c.nominal_left < 0 AND c.contested, 0) AS blocked
 FROM (SELECT a.*, coalesce(min(CASE WHEN a.nominal_left >= 0 THEN a.project_id END) OVER w <> a.project_id
@@ -1614,7 +1614,7 @@ FROM (SELECT g.worker_id, g.shape_id, g.project_id, g.user_id, g.gpus, g.cpus, g
 -- holding a reservation (`reserved`: the room each claim leaves beyond it is no running sum either), a
 -- blocked group's row (it may
 -- become the better choice once another project leaves its nominal quota); and none after a group's
--- last row read (`stop_after`: its rest was not), nor after a share of a GPU (`shared`, schema 34: it may take a
+-- last row read (`stop_after`: its rest was not), nor after a share of a GPU (`shared`, schema 32: it may take a
 -- whole GPU, which no running sum counts). Conservative, never more: placement.acquire_many
 -- claims again when fewer came back than asked. An array's %N cap needs no sum (its held elements are
 -- not in task_queue). Each level's windows share one partition, so that a `worker_id = ?` reaches the

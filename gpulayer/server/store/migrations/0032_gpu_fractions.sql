@@ -1,4 +1,4 @@
--- Version 34: fractions of a GPU (issue 40; docs/workers.md, "Sharing a GPU"). A job may ask for a share of
+-- Version 32: fractions of a GPU (issue 40; docs/workers.md, "Sharing a GPU"). A job may ask for a share of
 -- one GPU (jobs.gpu_fraction, jobs.gpu_memory_mb; `gpus` 0); a worker says whether it shares its GPUs
 -- (workers.gpu_sharing: off, mps, time-slice) and how much memory each has (workers.gpu_memory_mb); a task
 -- holds its share of its GPU (tasks.gpu_share). shapes is made again with the share in its key, and
