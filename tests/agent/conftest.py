@@ -59,6 +59,7 @@ def launch_only_worker(monkeypatch):
     worker.lock, worker.handles, worker.threads, worker.ended, worker.unanswered = threading.Lock(), {}, {}, {}, set()
     worker._session = module.Session(transport=None, inventory=None, ctx=None, new_transport=None)  # stub runners
     worker.beat_now = threading.Event()
+    worker.gpu_sharing = None  # no GPU sharing: no memory share to watch
     worker.launched = []
     worker._run_task = lambda runner: worker.launched.append(runner.task_id)
 
