@@ -6,6 +6,7 @@ the heartbeat's buffer and upkeep's flush as a worker's do."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -166,3 +167,21 @@ def test_bad_policies_are_refused_and_change_nothing(sched, spec, match):
     found = sched.store.read(lambda c: c.execute("SELECT count(*) AS n FROM jobs").fetchall())[0]["n"]
     policy = sched.store.read(lambda c: c.execute("SELECT idle_timeout_s FROM projects").fetchall())
     assert found == 0 and [p["idle_timeout_s"] for p in policy] == [None]
+
+
+def test_the_canned_query_sums_gpu_hours_held_idle_by_user_and_project(sched, config, clock):
+    from typer.testing import CliRunner
+
+    from gpulayer.cli.app import app
+
+    w = add_worker(sched, gpus=2, slots=2)
+    _, idle, _ = running(sched, w)                      # GPU 0: 2% for 60 s: idle
+    _, busy, _ = running(sched, w, idle_below_pct=1)    # GPU 1: 2% too, but its own threshold is 1%: busy
+    beats(sched, clock, w, [idle, busy], {0: 2.0, 1: 2.0}, 60)
+    answer = CliRunner().invoke(app, ["sql", "gpus_held_idle", "--state", str(config.layout.state), "--json",
+                                      "-p", "since=0", "-p", "until=2000000000"])
+    assert answer.exit_code == 0, answer.output
+    (found,) = json.loads(answer.output)
+    assert (found["user"], found["project"], found["tasks"]) == ("admin", "default", 2)
+    assert found["gpu_hours_held"] == pytest.approx(2 * 59.5 / 3600, abs=1e-3)
+    assert found["gpu_hours_idle"] == pytest.approx(59.5 / 3600, abs=1e-3) and found["idle_pct"] == 50.0
