@@ -232,8 +232,7 @@ def server_start(
     max_output_mb: MaxOutputMB = MAX_OUTPUT_BYTES // 1024 ** 2,
     log_retention: LogRetention = None,
     job_retention: JobRetention = None,
-    gpu_sample_retention: GpuSampleRetention = None,
-    http: FrontEndOpt = FrontEnd.granian,
+    gpu_sample_retention: GpuSampleRetention = None, http: FrontEndOpt = FrontEnd.granian,
     replicate: Replicate = None,
     replicate_interval: ReplicateInterval = "1",
     fairshare_half_life: FairshareHalfLife = None,
@@ -268,9 +267,8 @@ def server_start(
     default_runtime: DefaultRuntime = f"{DEFAULT_RUNTIME_S:g}",
     estimate_interval: EstimateInterval = "30",
     estimate_max_jobs: EstimateMaxJobs = 500,
-    estimate_horizon: EstimateHorizon = "7d",
-    idle_timeout: IdleTimeoutOpt = None, idle_below: IdleBelowOpt = None, idle_action: IdleActionOpt = None,
-    idle_warning: IdleWarningOpt = "10m", idle_check_interval: IdleCheckOpt = "10s",
+    estimate_horizon: EstimateHorizon = "7d", idle_timeout: IdleTimeoutOpt = None, idle_below: IdleBelowOpt = None,
+    idle_action: IdleActionOpt = None, idle_warning: IdleWarningOpt = "10m", idle_check_interval: IdleCheckOpt = "10s",
 ) -> None:
     """Run the control plane in the foreground until SIGTERM or Ctrl-C.
 
@@ -298,8 +296,7 @@ def server_start(
                                                    webhook_retry_for, webhook_concurrency),
                                 **_plane_settings(heartbeat_interval, lease_ttl, synchronous, max_output_mb,
                                                   log_retention, job_retention, gpu_sample_retention),
-                                **fleet_settings(idle_timeout, idle_below, idle_action, idle_warning,
-                                                 idle_check_interval, float(heartbeat_interval)))
+                                **fleet_settings(idle_timeout, idle_below, idle_action, idle_warning, idle_check_interval, float(heartbeat_interval)))
     raise typer.Exit(run_server(config) or 0)
 
 
