@@ -80,6 +80,48 @@ def one_round(plane: ControlPlaneProcess, args, n: int) -> tuple[list[float], in
     return lags, touched
 
 
+def decision_cost(tasks: int, window_s: float, interval_s: float, idle_share: float) -> dict:
+    """The idle check's one statement (`idle_tasks`) on an in-process scheduler: `tasks` running 8-GPU tasks on
+    8-GPU workers, each GPU with a sample every `interval_s` over `window_s` (the fleet's timeout), the first
+    `idle_share` of the tasks idle (0%), the rest busy (50%). Median of 5 runs, ms."""
+    import tempfile
+
+    from gpulayer.server.config import ControlPlaneConfig
+    from gpulayer.server.scheduler import idle
+    from gpulayer.server.scheduler.core import Scheduler
+    from gpulayer.server.scheduler.gpu_samples import flush
+    from gpulayer.server.security.auth import Principal
+    from gpulayer.server.store.db import Store
+
+    home = Path(tempfile.mkdtemp(prefix="bench-idle-decision-"))
+    config = ControlPlaneConfig(home=home, heartbeat_interval_s=interval_s, idle_timeout_s=window_s)
+    config.layout.state.parent.mkdir(parents=True, exist_ok=True)
+    store = Store(config.layout.state)
+    now = [1_700_000_000.0]
+    sched = Scheduler(store, config, lambda: now[0])
+    join = Principal(kind="join", jti="server-join", name="server")
+    idle_n = int(tasks * idle_share)
+    for i in range(tasks):
+        w = sched.register(body={"name": f"w{i}", "labels": {}, "slots": 1, "version": "bench", "resources": {
+            "cpus": 8, "gpus": 8, "memory_mb": 16000, "gpu_models": []}}, token=join, session_hash=f"h{i}",
+            peer_address="127.0.0.1")["worker_id"]
+        sched.submit({"command": ["true"], "gpus": 8})
+        a = sched.acquire(w)
+        sched.start(w, a["task_id"], 100)
+        samples = [(w, g, now[0] + k * interval_s, 0.0 if i < idle_n else 50.0, 1, 80)
+                   for g in range(8) for k in range(1, int(window_s / interval_s) + 2)]
+        store.write(flush, samples)
+    now[0] += window_s + interval_s
+    fleet_timings = []
+    for _ in range(5):
+        started = time.perf_counter()
+        found = store.read(idle.idle_tasks, now[0], idle.Fleet(window_s, gap_s=3 * interval_s))
+        fleet_timings.append((time.perf_counter() - started) * 1000)
+    store.close()
+    return {"tasks": tasks, "gpus": tasks * 8, "samples_per_gpu": int(window_s / interval_s) + 1,
+            "idle_tasks": idle_n, "found": len(found), "ms_median": round(statistics.median(fleet_timings), 1)}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gpus", type=int, default=4, help="fake GPUs on the worker (the last at 6%%)")
@@ -88,8 +130,14 @@ def main() -> int:
     parser.add_argument("--heartbeat-interval", type=float, default=1.0, help="the sample interval, seconds")
     parser.add_argument("--idle-check-interval", type=float, default=2.0, help="upkeep's idle check, seconds")
     parser.add_argument("--busy-watch", type=float, default=5.0, help="seconds the busy task is watched past its timeout")
+    parser.add_argument("--decision", type=int, default=0, metavar="TASKS",
+                        help="instead: the idle check's statement alone, in process, over TASKS running 8-GPU tasks")
+    parser.add_argument("--idle-share", type=float, default=0.1, help="with --decision: the share of tasks idle")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.decision:
+        print(json.dumps(decision_cost(args.decision, args.timeout, args.heartbeat_interval, args.idle_share)))
+        return 0
     nvml = Path(__import__("tempfile").mkdtemp(prefix="bench-idle-")) / "nvml.json"
     nvml.write_text(json.dumps({"gpus": [gpu(i, 6 if i == args.gpus - 1 else 0) for i in range(args.gpus)],
                                 "xids": []}))

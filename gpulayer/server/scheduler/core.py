@@ -358,11 +358,14 @@ class Scheduler(WorkerRequests, Notifications, Services, ServiceUpdates):
         return self._write(preemption.preempt, self.clock(), self.lease_ttl_s())
 
     def reclaim_idle(self) -> list[tuple[int, str]]:
-        """Upkeep's idle round, one transaction (idle.reclaim): [(task id, warn|notify|requeue|cancel)]."""
+        """Upkeep's idle round: the idle tasks read on a reader (idle.idle_tasks), then acted on in one write
+        transaction (idle.reclaim): [(task id, warn|notify|requeue|cancel)]."""
         c = self.config
         fleet = idle.Fleet(c.idle_timeout_s, c.idle_below_pct, c.idle_action, c.idle_warning_s,
                            gap_s=2 * c.heartbeat_interval_s + min(c.heartbeat_interval_s, 1.0))
-        return self._write(idle.reclaim, self.clock(), fleet)
+        now = self.clock()
+        found = self.store.read(idle.idle_tasks, now, fleet)  # the samples' window read off the writer
+        return self._write(idle.reclaim, now, fleet, found) if found else []
 
     def _expire(self, conn: apsw.Connection, now: float, written: dict[int, float],
                 samples: list[Sample]) -> dict:

@@ -1,9 +1,9 @@
 """Idle GPUs taken back (issue 40, point 2; docs/workers.md "Idle GPUs").
 
 A job, its project or the fleet sets an idle policy: a timeout, a threshold (GPU utilisation under it is
-idle) and an action. Upkeep's `idle` job (`reclaim`, one transaction) finds, from `gpu_samples`, the
-running tasks whose every held GPU stayed under the threshold for the whole timeout (the `idle_tasks`
-query: gaps in the samples are not idleness) and acts once per assignment:
+idle) and an action. Upkeep's `idle` job finds, from `gpu_samples` on a reader (`idle_tasks`, off the
+writer), the running tasks whose every held GPU stayed under the threshold for the whole timeout (gaps in
+the samples are not idleness), then acts in one write transaction (`reclaim`), once per assignment:
 
 - `notify`: an event `task_idle` (public name `task.idle`: the job's webhooks and mail hear it);
 - `requeue`: the task is asked to stop as a preemption victim is (its signal, the preempt grace, SIGKILL;
@@ -77,11 +77,14 @@ def _gpus(text: str) -> list[dict]:
     return sorted(gpus, key=lambda g: g["index"])
 
 
-def reclaim(conn: apsw.Connection, now: float, fleet: Fleet) -> list[tuple[int, str]]:
-    """Upkeep's idle round: act on every idle task found; [(task id, what was done)] (warn, notify,
+def reclaim(conn: apsw.Connection, now: float, fleet: Fleet, found: list[dict]) -> list[tuple[int, str]]:
+    """Upkeep's idle round: act on the idle tasks `found` (idle_tasks, read before on a reader, off the writer)
+    that still hold the same assignment and were not acted on since; [(task id, what was done)] (warn, notify,
     requeue, cancel)."""
     done = []
-    for task in idle_tasks(conn, now, fleet):
+    for task in found:
+        if row(conn, "idle_task_unchanged", task_id=task["task_id"], assigned_at=task["assigned_at"]) is None:
+            continue  # it ended, was placed again, or was acted on meanwhile
         action = task["action"]
         if task["interactive"] and action != "notify":
             if task["warned_at"] is None:

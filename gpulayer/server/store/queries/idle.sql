@@ -23,6 +23,12 @@ due AS (
     WHERE d.timeout_s IS NOT NULL AND d.started_at <= :now - d.timeout_s
       AND NOT EXISTS (SELECT 1 FROM idle_reclaims r WHERE r.task_id = d.task_id AND r.assigned_at = d.assigned_at
                                                      AND r.action <> 'warn')
+      -- cheap first: a GPU whose newest sample is busy (or unknown) rules the task out with one index seek,
+      -- so only tasks idle now have their window read
+      AND NOT EXISTS (SELECT 1 FROM json_each(d.gpu_indices) g
+                      WHERE coalesce((SELECT s.utilization_pct FROM gpu_samples s INDEXED BY gpu_samples_gpu
+                                      WHERE s.worker_id = d.worker_id AND s.gpu_index = CAST(g.value AS INTEGER)
+                                      ORDER BY s.at DESC LIMIT 1), 1e9) >= d.below_pct)
 ),
 held AS (
     SELECT d.task_id, d.worker_id, d.timeout_s, CAST(g.value AS INTEGER) AS gpu_index
@@ -58,6 +64,14 @@ HAVING count(*) = json_array_length(d.gpu_indices) AND max(g.peak) < d.below_pct
    AND max(g.max_gap) <= :gap_s
 ORDER BY d.task_id
 LIMIT :limit;
+
+-- name: idle_task_unchanged --
+-- An idle task found on a reader, as the writer sees it now: still running, same assignment, not stopping,
+-- not acted on meanwhile (NULL row otherwise).
+SELECT t.id FROM tasks t
+WHERE t.id = :task_id AND t.state = 'running' AND t.assigned_at = :assigned_at AND t.cancel_requested = 0
+  AND NOT EXISTS (SELECT 1 FROM idle_reclaims r WHERE r.task_id = t.id AND r.assigned_at = t.assigned_at
+                                                 AND r.action <> 'warn');
 
 -- name: insert_idle_reclaim --
 -- What the idle check did to a task's assignment (warn, notify, requeue, cancel).
