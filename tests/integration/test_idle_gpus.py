@@ -70,7 +70,7 @@ def test_the_idle_gpus_task_is_requeued_and_the_busy_one_never_touched(cluster):
         "SELECT data FROM events WHERE job_id = ? AND kind = 'task_idle' ORDER BY seq LIMIT 1", (idle_job,))]
     assert idle["action"] == "requeue" and idle["below_pct"] == 5 and idle["timeout_s"] == 3
     (seen,) = idle["gpus"]
-    assert seen["index"] == 0 and seen["peak_pct"] == 0 and seen["samples"] >= 4 and seen["series"]
+    assert seen["index"] == 0 and seen["peak_pct"] == 0 and seen["samples"] >= 2 and seen["series"]
     info = cluster.job(idle_job)
     assert info["attempt"] == 1 and info["state"] in ("queued", "running")   # not a failed attempt
     # the busy one: never acted on, though it ran past its timeout many times over
