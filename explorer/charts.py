@@ -187,6 +187,22 @@ def project_weeks_chart(session: Session, now: float) -> Markup:
     return svg.bar_chart("chart-project-weeks", "GPU-hours per project per week", desc, [w[5:] for w in weeks], stacks, unit="GPU-hours")
 
 
+def idle_chart(session: Session, now: float) -> Markup:
+    """GPU-hours held idle and busy per project over the last seven days (the canned gpus_held_idle)."""
+    rows = row_dicts(session.query(QUERIES["gpus_held_idle"].sql, {"since": now - 7 * 86400, "until": now}))
+    per: dict[str, list[float]] = {}
+    for row in rows:
+        held, idle = per.setdefault(row["project"], [0.0, 0.0]), row["gpu_hours_idle"] or 0.0
+        held[0], held[1] = held[0] + idle, held[1] + (row["gpu_hours_held"] or 0.0) - idle
+    projects = sorted(per, key=lambda p: (-per[p][0], p))[:TOP_PROJECTS]
+    idle_total = sum(v[0] for v in per.values())
+    desc = (f"GPU-hours held by each project's tasks over the last 7 days, under their idle threshold (idle) and "
+            f"over it (busy): {idle_total:.1f} GPU-hours held idle in all (the query gpus_held_idle).")
+    return svg.bar_chart("chart-gpus-held-idle", "GPUs held idle per project (7 days)", desc, projects,
+                         {"idle": [per[p][0] for p in projects], "busy": [per[p][1] for p in projects]},
+                         unit="GPU-hours")
+
+
 def job_timeline(session: Session, job: dict[str, Any], now: float) -> tuple[Markup, int, bool]:
     """Job `job`'s life as a bar (queued until its first task started, running until it ended or now)
     with its tasks' restarts, preemptions, requeues and losses marked; also how many marks and

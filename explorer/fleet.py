@@ -139,6 +139,7 @@ def pictures(session: Session, now: float) -> dict[str, Any]:
     for name, draw in (
         ("tasks", lambda: charts.tasks_chart(session, window)),
         ("weeks", lambda: charts.project_weeks_chart(session, now)),
+        ("idle", lambda: charts.idle_chart(session, now)),
         ("gpus", lambda: charts.gpu_charts(session, window)),
     ):
         try:

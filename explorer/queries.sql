@@ -298,6 +298,37 @@ WHERE u.ended_at >= :since AND u.ended_at <= :until
 GROUP BY week_of, u.project_id
 ORDER BY week_of DESC, gpu_hours DESC;
 
+-- name: gpus_held_idle --
+-- GPUs held idle: GPU-hours tasks held between :since and :until (seven days by default) and those under the idle threshold (the job's idle_below_pct, else its project's, else 5%), by user and project, from gpu_samples (each sample counts the time since the one before it on that GPU, at most 60 s); idle_pct is their share. Runs requeued by a preemption keep no GPU indices, so are not counted.
+WITH held AS (
+    SELECT t.id AS task_id, t.worker_id, CAST(g.value AS INTEGER) AS gpu_index, t.started_at,
+           coalesce(t.finished_at, :until) AS ended_at, j.user_id, j.project_id,
+           coalesce(json_extract(j.spec, '$.idle_below_pct'), p.idle_below_pct, 5.0) AS below_pct
+    FROM tasks t
+    JOIN jobs j ON j.id = t.job_id
+    LEFT JOIN projects p ON p.id = j.project_id, json_each(t.gpu_indices) g
+    WHERE t.started_at IS NOT NULL AND t.started_at <= :until AND coalesce(t.finished_at, :until) >= :since
+),
+samples AS (
+    SELECT s.worker_id, s.gpu_index, s.at, s.utilization_pct,
+           min(s.at - lag(s.at) OVER (PARTITION BY s.worker_id, s.gpu_index ORDER BY s.at), 60.0) AS seconds
+    FROM gpu_samples s
+    WHERE s.at >= :since AND s.at <= :until
+)
+SELECT coalesce(u.name, '#' || h.user_id) AS user, coalesce(p.name, '#' || h.project_id) AS project,
+       round(sum(s.seconds) / 3600.0, 3) AS gpu_hours_held,
+       round(sum(CASE WHEN s.utilization_pct < h.below_pct THEN s.seconds ELSE 0 END) / 3600.0, 3) AS gpu_hours_idle,
+       round(100.0 * sum(CASE WHEN s.utilization_pct < h.below_pct THEN s.seconds ELSE 0 END)
+             / nullif(sum(s.seconds), 0), 1) AS idle_pct,
+       count(DISTINCT h.task_id) AS tasks
+FROM held h
+JOIN samples s ON s.worker_id = h.worker_id AND s.gpu_index = h.gpu_index AND s.at > h.started_at
+              AND s.at <= h.ended_at AND s.seconds IS NOT NULL
+LEFT JOIN users u ON u.id = h.user_id
+LEFT JOIN projects p ON p.id = h.project_id
+GROUP BY h.user_id, h.project_id
+ORDER BY gpu_hours_idle DESC, gpu_hours_held DESC;
+
 -- name: quota_use_now --
 -- Each project's GPU quota (nominal + borrow), the GPUs its tasks hold now, how many of them borrowed, and its queued tasks.
 SELECT name AS project, nominal, borrow, weight, gpus_in_use, borrowed, running_jobs, queued_tasks

@@ -9,6 +9,8 @@ from typing import Annotated, Optional
 import typer
 
 from gpulayer.cli.common import duration_option, fail, global_options, home_of, parse_pairs, print_json
+from gpulayer.cli.idle_options import (IdleActionOpt, IdleBelowOpt, IdleCheckOpt, IdleTimeoutOpt, IdleWarningOpt,
+                                       fleet_settings)
 from gpulayer.cli.workers import (
     SANDBOX_DEFAULT, AllowRootTasks, Labels, Name, Python, RunAs, SandboxBind, SandboxMode, sandbox_settings,
 )
@@ -230,8 +232,7 @@ def server_start(
     max_output_mb: MaxOutputMB = MAX_OUTPUT_BYTES // 1024 ** 2,
     log_retention: LogRetention = None,
     job_retention: JobRetention = None,
-    gpu_sample_retention: GpuSampleRetention = None,
-    http: FrontEndOpt = FrontEnd.granian,
+    gpu_sample_retention: GpuSampleRetention = None, http: FrontEndOpt = FrontEnd.granian,
     replicate: Replicate = None,
     replicate_interval: ReplicateInterval = "1",
     fairshare_half_life: FairshareHalfLife = None,
@@ -266,7 +267,8 @@ def server_start(
     default_runtime: DefaultRuntime = f"{DEFAULT_RUNTIME_S:g}",
     estimate_interval: EstimateInterval = "30",
     estimate_max_jobs: EstimateMaxJobs = 500,
-    estimate_horizon: EstimateHorizon = "7d",
+    estimate_horizon: EstimateHorizon = "7d", idle_timeout: IdleTimeoutOpt = None, idle_below: IdleBelowOpt = None,
+    idle_action: IdleActionOpt = None, idle_warning: IdleWarningOpt = "10m", idle_check_interval: IdleCheckOpt = "10s",
 ) -> None:
     """Run the control plane in the foreground until SIGTERM or Ctrl-C.
 
@@ -293,7 +295,8 @@ def server_start(
                                 **_notify_settings(allow_private_webhooks, smtp_url, smtp_from, webhook_retry_base,
                                                    webhook_retry_for, webhook_concurrency),
                                 **_plane_settings(heartbeat_interval, lease_ttl, synchronous, max_output_mb,
-                                                  log_retention, job_retention, gpu_sample_retention))
+                                                  log_retention, job_retention, gpu_sample_retention),
+                                **fleet_settings(idle_timeout, idle_below, idle_action, idle_warning, idle_check_interval, float(heartbeat_interval)))
     raise typer.Exit(run_server(config) or 0)
 
 
@@ -503,7 +506,8 @@ def up(ctx: typer.Context, home: Home = None,
        backfill: BackfillOpt = OnOff.on, backfill_depth: BackfillDepth = BACKFILL_DEPTH,
        backfill_max_jobs: BackfillMaxJobs = BACKFILL_MAX_JOBS, default_runtime: DefaultRuntime = f"{DEFAULT_RUNTIME_S:g}",
        estimate_interval: EstimateInterval = "30", estimate_max_jobs: EstimateMaxJobs = 500,
-       estimate_horizon: EstimateHorizon = "7d",
+       estimate_horizon: EstimateHorizon = "7d", idle_timeout: IdleTimeoutOpt = None, idle_below: IdleBelowOpt = None,
+       idle_action: IdleActionOpt = None, idle_warning: IdleWarningOpt = "10m", idle_check_interval: IdleCheckOpt = "10s",
        read_timeout: ReadTimeout = "10", upload_quota_mb: UploadQuotaMB = UPLOAD_QUOTA_BYTES // 1024 ** 2,
        project_upload_quota_mb: ProjectUploadQuotaMB = PROJECT_UPLOAD_QUOTA_BYTES // 1024 ** 2,
        unnamed_retention: UnnamedRetention = f"{UNNAMED_RETENTION_S:g}",
@@ -537,7 +541,9 @@ def up(ctx: typer.Context, home: Home = None,
                                              estimate_interval, estimate_max_jobs, estimate_horizon),
                             **_upload_settings(upload_quota_mb, project_upload_quota_mb, unnamed_retention),
                             **_notify_settings(allow_private_webhooks, smtp_url, smtp_from, webhook_retry_base,
-                                               webhook_retry_for, webhook_concurrency)))
+                                               webhook_retry_for, webhook_concurrency),
+                            **fleet_settings(idle_timeout, idle_below, idle_action, idle_warning, idle_check_interval,
+                                             float(heartbeat_interval))))
 
 
 def explore(ctx: typer.Context, home: Home = None,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import sqlite3
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -23,7 +24,7 @@ STATE_FILE = "state.db"
 
 
 def sql(ctx: typer.Context,
-        query: Annotated[str, typer.Argument(help="One SELECT (or WITH ... SELECT, or a read-only PRAGMA).")],
+        query: Annotated[str, typer.Argument(help="One SELECT (or WITH ... SELECT, or a read-only PRAGMA), or the name of one of the explorer's canned queries (gpus_held_idle: GPU-hours held under the idle threshold by user and project, the last 7 days).")],
         home: Annotated[Optional[Path], typer.Option("--home", envvar="GPULAYER_HOME", show_envvar=True, help="The control plane's home directory (default ~/.gpulayer).")] = None,
         state: Annotated[Optional[Path], typer.Option("--state", help="State file to open (default: HOME/state.db).")] = None,
         param: Annotated[Optional[list[str]], typer.Option("--param", "-p", help="K=V: a value for :K in the query; repeatable.")] = None,
@@ -35,6 +36,7 @@ def sql(ctx: typer.Context,
     Examples:
       gpulayer sql "SELECT state, count(*) FROM jobs GROUP BY state"
       gpulayer sql --json -p id=12 "SELECT * FROM events WHERE job_id = :id"
+      gpulayer sql gpus_held_idle
     """
     from sqlite_utils import Database  # the server extra: missing, cli/app.py names it
 
@@ -50,7 +52,8 @@ def sql(ctx: typer.Context,
         db = Database(conn)  # which sets a PRAGMA of its connection: the authorizer comes after
         conn.set_authorizer(lambda action, arg1, arg2, db_name, source:
                             _reads_only(action, arg1, arg2, db_name, source, hidden=HIDDEN_COLUMNS))
-        rows = [{k: _cell(v) for k, v in r.items()} for r in db.query(query, parse_pairs(param, "--param"))]
+        query, params = _canned(query, parse_pairs(param, "--param"))
+        rows = [{k: _cell(v) for k, v in r.items()} for r in db.query(query, params)]
     except ValueError as e:  # sqlite-utils: the statement returns no rows
         raise fail(f"{e} (the state file is read-only here)", 2) from None
     except sqlite3.Error as e:
@@ -58,6 +61,16 @@ def sql(ctx: typer.Context,
     finally:
         conn.close()
     _print(rows, "json" if as_json else "csv" if as_csv else "table")
+
+
+def _canned(query: str, params: dict) -> tuple[str, dict]:
+    """A canned query's name (explorer/queries.sql: `gpus_held_idle`, ...) as its SQL, with :now, :since and :until
+    defaulting to now, seven days ago and now; any other query as it is."""
+    from explorer.queries import CANNED, param_defaults
+
+    if query not in CANNED:
+        return query, params
+    return CANNED[query].sql, {**param_defaults(time.time()), **params}
 
 
 #: SQLite's result codes that say the statement itself is wrong (bad SQL, a write, a bad parameter):

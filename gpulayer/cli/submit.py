@@ -17,6 +17,7 @@ from gpulayer.cli.common import (
     print_json, start_parts, style,
 )
 from gpulayer.cli.following import follow_logs, tell_ended, tell_waiting
+from gpulayer.cli.idle_options import IdleActionOpt, IdleBelowOpt, IdleTimeoutOpt, idle_policy
 from gpulayer.client.errors import ClientError, InvalidRequest, ServiceNotStarting, WaitTimeout
 from gpulayer.protocol import UNLIMITED_TIMES, parse_begin, parse_signal, parse_time_limit
 from gpulayer.client.jobs import Job
@@ -148,7 +149,8 @@ def submit(
     timeout: TimeoutOpt = None, time_limit: TimeLimitOpt = None, signal_: SignalOpt = None, grace: GraceOpt = None,
     hold: HoldOpt = False, begin: BeginOpt = None, silence_timeout: SilenceTimeoutOpt = None,
     priority: PriorityOpt = None, preemptible: PreemptibleOpt = False, no_backfill: NoBackfillOpt = False,
-    nodes: NodesOpt = None,
+    nodes: NodesOpt = None, idle_timeout: IdleTimeoutOpt = None, idle_below: IdleBelowOpt = None,
+    idle_action: IdleActionOpt = None,
     secret: SecretOpt = None, service: ServiceOpt = False, replicas: ReplicasOpt = None, no_port: NoPortOpt = False,
     restart: RestartOpt = None, max_restarts: MaxRestartsOpt = None, health_path: HealthPathOpt = None,
     weights: WeightsOpt = None, ingress: IngressOpt = None, ingress_key: IngressKeyOpt = None,
@@ -185,6 +187,7 @@ def submit(
         backfill=False if no_backfill else None,
         network=network.value if network else None, run_as_root=True if run_as_root else None,
         image=image, gpu_fraction=gpu_fraction, gpu_memory_mb=_gpu_memory_option(gpu_memory),
+        **idle_policy(idle_timeout, idle_below, idle_action),
     )
     settings["checkpoint_every_seconds"] = parse_duration(checkpoint_every, "--checkpoint-every", positive=True)
     service_settings = dict(replicas=replicas, port=False if no_port else None,

@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from gpulayer.cli.common import client_of, fail, fmt_time, print_json, print_table
+from gpulayer.cli.idle_options import IdleActionOpt, IdleBelowOpt, idle_policy
 from gpulayer.protocol import plural
 
 user_app = typer.Typer(help="Users: who holds client tokens (admins add and remove them).", no_args_is_help=True)
@@ -144,18 +145,33 @@ MaxPriorityOpt = Annotated[Optional[int], typer.Option("--max-priority", min=-1_
 VisibilityOpt = Annotated[Optional[str], typer.Option("--visibility", help="private (members see each other's jobs exist) or project (and read their logs and outputs).")]
 
 
+IdleTimeoutOpt = Annotated[Optional[str], typer.Option(
+    "--idle-timeout", metavar="DURATION|off",
+    help="Its idle policy (docs/teams.md): act on a task whose every GPU stays under --idle-below this long (30m); "
+         "off: none of its own (the fleet default applies).")]
+
+
+def _idle(timeout: Optional[str], below: Optional[str], action: Optional[str]) -> dict:
+    """The project's idle policy options as its settings; `--idle-timeout off` clears its own timeout."""
+    if timeout == "off":
+        return {"idle_timeout_seconds": None, **idle_policy(None, below, action)}
+    return idle_policy(timeout, below, action)
+
+
 @project_app.command("add")
 def project_add(ctx: typer.Context, name: Annotated[str, typer.Argument(help="The project's name.")],
                 gpus: GpusOpt = None, borrow: BorrowOpt = None, weight: WeightOpt = None,
                 visibility: VisibilityOpt = None, max_priority: MaxPriorityOpt = None,
-                as_json: JsonOpt = False) -> None:
+                idle_timeout: IdleTimeoutOpt = None, idle_below: IdleBelowOpt = None,
+                idle_action: IdleActionOpt = None, as_json: JsonOpt = False) -> None:
     """Add a project (admins).
 
     \b
     Example:
       gpulayer project add vision --gpus 16 --borrow 8 --visibility project --max-priority 10
     """
-    _report(client_of(ctx).add_project(name, **_settings(gpus, False, borrow, weight, visibility, max_priority)),
+    settings = _settings(gpus, False, borrow, weight, visibility, max_priority)
+    _report(client_of(ctx).add_project(name, **settings, **_idle(idle_timeout, idle_below, idle_action)),
             as_json, f"project {name} added")
 
 
@@ -163,8 +179,9 @@ def project_add(ctx: typer.Context, name: Annotated[str, typer.Argument(help="Th
 def project_set(ctx: typer.Context, name: Annotated[str, typer.Argument(help="The project's name.")],
                 gpus: GpusOpt = None, no_quota: NoQuotaOpt = False, borrow: BorrowOpt = None,
                 weight: WeightOpt = None, visibility: VisibilityOpt = None, max_priority: MaxPriorityOpt = None,
-                as_json: JsonOpt = False) -> None:
-    """Change a project's quota, borrowing limit, weight, visibility or priority ceiling.
+                idle_timeout: IdleTimeoutOpt = None, idle_below: IdleBelowOpt = None,
+                idle_action: IdleActionOpt = None, as_json: JsonOpt = False) -> None:
+    """Change a project's quota, borrowing limit, weight, visibility, priority ceiling or idle policy.
 
     Admins change them all; the project's managers its priority ceiling.
 
@@ -172,10 +189,13 @@ def project_set(ctx: typer.Context, name: Annotated[str, typer.Argument(help="Th
     Example:
       gpulayer project set vision --gpus 24 --weight 2
       gpulayer project set vision --max-priority 10
+      gpulayer project set vision --idle-timeout 30m --idle-below 5% --idle-action requeue
     """
-    settings = _settings(gpus, no_quota, borrow, weight, visibility, max_priority)
+    settings = {**_settings(gpus, no_quota, borrow, weight, visibility, max_priority),
+                **_idle(idle_timeout, idle_below, idle_action)}
     if not settings:
-        raise fail("nothing to change: give --gpus, --borrow, --weight, --visibility or --max-priority", 2)
+        raise fail("nothing to change: give --gpus, --borrow, --weight, --visibility, --max-priority or an --idle-* "
+                   "option", 2)
     _report(client_of(ctx).set_project(name, **settings), as_json, f"project {name} changed")
 
 

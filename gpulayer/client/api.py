@@ -335,7 +335,8 @@ class Client:
         return self.call("DELETE", f"/users/{_segment(name)}")
 
     def add_project(self, name: str, **settings) -> dict:
-        """Add a project (admins): `visibility`, `gpus` (quota), `borrow`, `weight`, `max_priority`."""
+        """Add a project (admins): `visibility`, `gpus` (quota), `borrow`, `weight`, `max_priority`, its idle policy
+        (`idle_timeout_seconds`, `idle_below_pct`, `idle_action`; docs/teams.md)."""
         return self.call("POST", "/projects", json={"name": name, **settings})
 
     def projects(self) -> list[dict]:
@@ -343,7 +344,8 @@ class Client:
         return self.listed("/projects", "projects")
 
     def set_project(self, name: str, **settings) -> dict:
-        """Change a project's `visibility`, `gpus`, `borrow`, `weight` (admins), `max_priority` (admins, its managers)."""
+        """Change a project's `visibility`, `gpus`, `borrow`, `weight`, idle policy (`idle_timeout_seconds`,
+        `idle_below_pct`, `idle_action`; None clears one) (admins), `max_priority` (admins, its managers)."""
         return self.call("PATCH", f"/projects/{_segment(name)}", json=settings)
 
     def remove_project(self, name: str) -> dict:

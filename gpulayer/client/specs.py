@@ -24,7 +24,8 @@ JOB_SETTINGS = (*(f.name for f in wire_fields(JobSpec) if f.name not in ("comman
 #: (the server checks their bounds, and every other field): the integer ones.
 WHOLE_SETTINGS = tuple(f.name for f in wire_fields(JobSpec) if set(f.kinds) <= {int, type(None)})
 #: Settings that take a duration: seconds, or text as every duration option reads it ("1h", "1:00:00").
-DURATION_SETTINGS = ("timeout_seconds", "silence_timeout_seconds", "checkpoint_every_seconds", "grace_seconds")
+DURATION_SETTINGS = ("timeout_seconds", "silence_timeout_seconds", "checkpoint_every_seconds", "grace_seconds",
+                     "idle_timeout_seconds")
 
 
 #: Slurm's `--mem` units (powers of 1024, as Slurm reads them) in MB; a bare number is MB.
@@ -74,6 +75,8 @@ def job(command: str | Iterable[str], **settings: Any) -> dict:
     (a number, or a class of the server such as "low", "normal", "high"),
     preemptible (True: may be stopped and requeued for higher-priority work),
     backfill (False: never started in room a reservation holds for another job),
+    idle_timeout_seconds ("30m"), idle_below_pct (5 or "5%") and idle_action
+    ("notify", "requeue", "cancel"): the job's idle policy (docs/workers.md),
     secrets; array ("0-999%16", "1,5,9-12", or indices such as range(1000)),
     max_running (the array's cap on elements running at once), after (jobs this
     one runs after: Job objects or ids, each ending ok; "ID:ok|notok|any"; or
@@ -194,6 +197,8 @@ def _normalise(key: str, value: Any) -> Any:
             return parse_duration(value) if isinstance(value, str) else value  # a number: the server checks it
         except ValueError as exc:
             raise ValueError(f"{key}: {exc}") from None
+    if key == "idle_below_pct":
+        return percent(value)
     if key in ("preemptible", "backfill") and not isinstance(value, bool):
         raise ValueError(f"{key} is true or false, not {value!r}")
     if key in ("env", "labels"):
@@ -211,6 +216,17 @@ def _normalise(key: str, value: Any) -> Any:
     if key == "after":
         return [_after(v) for v in ([value] if isinstance(value, (int, str)) or hasattr(value, "id") else value)]
     return value
+
+
+def percent(value: Any) -> float:
+    """A percentage as `--idle-below` and `idle_below_pct` take it: 5, 5.0 or "5%" (0 to 100)."""
+    try:
+        number = float(value.strip().removesuffix("%")) if isinstance(value, str) else float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"idle_below_pct is a percentage (5 or \"5%\"), not {value!r}") from None
+    if not 0 <= number <= 100:
+        raise ValueError(f"idle_below_pct: {number:g}% is outside 0-100%")
+    return number
 
 
 def array_text(value: Any) -> str | list[int]:

@@ -40,6 +40,8 @@ AFTER_CONDITIONS: tuple[str, ...] = typing.get_args(AfterCondition)
 RESTART_POLICIES: tuple[str, ...] = typing.get_args(RestartPolicy)
 IngressAccess = Literal["token", "key", "public"]
 INGRESS_ACCESS: tuple[str, ...] = typing.get_args(IngressAccess)
+IdleAction = Literal["notify", "requeue", "cancel"]
+IDLE_ACTIONS: tuple[str, ...] = typing.get_args(IdleAction)
 SHA256_HEX_PATTERN = r"[0-9a-f]{64}\Z"
 
 
@@ -207,6 +209,18 @@ class JobSpec:
     preemptible: bool = declare(
         False, help="may be stopped (SIGTERM, the server's preempt grace, SIGKILL) for waiting work of a higher "
                     "priority, and requeued with the same attempt; its next run sees `GPULAYER_PREEMPTED=1`")
+    idle_timeout_seconds: float | None = declare(
+        None, minimum=0.001, maximum=10**9,
+        help="its idle policy (docs/workers.md \"Idle GPUs\", `submit --idle-timeout`): a task whose every GPU stays "
+             "under `idle_below_pct` for this long is acted on (`idle_action`); at least the server's heartbeat "
+             "interval, one GPU sample (400 `idle_timeout_too_short`). Null: its project's, else the fleet's")
+    idle_below_pct: float | None = declare(
+        None, minimum=0, maximum=100, help="the idle policy's threshold: GPU utilisation under this percentage is "
+                                           "idle (`--idle-below 5%`). Null: its project's, else the fleet's (5)")
+    idle_action: IdleAction | None = declare(
+        None, help='what an idle task gets: `"notify"` (an event `task_idle`, the job\'s notification channels), '
+                   '`"requeue"` (stopped with its signal and grace as for a preemption, back to the queue, same '
+                   'attempt) or `"cancel"`. Null: its project\'s, else the fleet\'s (notify)')
     backfill: bool = declare(
         True, help="may start in room held for a higher-ranked waiting job's reservation when it is expected to end "
                    "before that job starts (EASY backfill, docs/scheduling-time.md); false (`submit --no-backfill`): "

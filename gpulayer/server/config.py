@@ -97,6 +97,14 @@ class ControlPlaneConfig:
     fairshare_half_life_s: float = FAIRSHARE_HALF_LIFE_S  # `--fairshare-half-life` (docs/teams.md)
     preempt_grace_s: float = PREEMPT_GRACE_S                # `--preempt-grace`: SIGTERM, then SIGKILL after this
     max_grace_s: float = MAX_GRACE_S                        # `--max-grace`: the most a job's `grace_seconds` asks
+    # Idle GPUs (issue 40, docs/workers.md "Idle GPUs"): the fleet's default idle policy (`--idle-timeout`, None:
+    # none; `--idle-below` %, `--idle-action`), a warned interactive task's period (`--idle-warning`) and how
+    # often upkeep checks (`--idle-check-interval`).
+    idle_timeout_s: float | None = None
+    idle_below_pct: float = 5.0
+    idle_action: str = "notify"
+    idle_warning_s: float = 600.0
+    idle_check_interval_s: float = 10.0
     # Reservations with EASY backfill (issue 38, docs/scheduling-time.md): `--backfill on|off`, the reservations
     # each group of workers holds (`--backfill-depth`), the waiting jobs a plan looks at (`--backfill-max-jobs`,
     # Slurm's bf_max_job_test), and the run time a job with no time limit and no history is expected to take.

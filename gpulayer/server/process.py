@@ -304,6 +304,11 @@ def upkeep_jobs(deps: Deps) -> list[Job]:
         if asked:
             log.info("task_preempt_requested tasks=%s", ",".join(map(str, asked)))
 
+    def reclaim_idle() -> None:
+        done = scheduler.reclaim_idle()
+        if done:
+            log.info("idle_tasks %s", " ".join(f"{task}={action}" for task, action in done))
+
     def reserve() -> None:
         scheduler.plan_reservations()
 
@@ -341,7 +346,8 @@ def upkeep_jobs(deps: Deps) -> list[Job]:
 
     return [Job("cascades", 0, cascades), Job("expire", 0, expire),
             Job("fairshare", ledger.RUNNING_REFRESH_S, fairshare), Job("begin_due", 0, begin_due),
-            Job("preempt", 0, preempt), Job("reservations", 0, reserve), Job("drains", 0, drains),
+            Job("preempt", 0, preempt), Job("idle", config.idle_check_interval_s, reclaim_idle),
+            Job("reservations", 0, reserve), Job("drains", 0, drains),
             Job("rollouts", 0, rollouts), Job("autoscale", 0, autoscale),
             Job("service_drains", 0, service_drains),
             Job("prune", config.prune_interval_s, prune, first_s=min(config.prune_interval_s, 60.0)),

@@ -8,8 +8,8 @@ import logging
 from gpulayer.server.process import upkeep_jobs
 from gpulayer.server.upkeep import Job, Stats, Upkeep
 
-ORDER = ["cascades", "expire", "fairshare", "begin_due", "preempt", "reservations", "drains", "rollouts", "autoscale", "service_drains", "prune",
-         "sweep", "estimates"]
+ORDER = ["cascades", "expire", "fairshare", "begin_due", "preempt", "idle", "reservations", "drains", "rollouts", "autoscale",
+         "service_drains", "prune", "sweep", "estimates"]
 
 
 def test_the_table_keeps_the_order_and_intervals(deps):
@@ -18,6 +18,7 @@ def test_the_table_keeps_the_order_and_intervals(deps):
     every = {j.name: (j.every_s, j.first_s) for j in jobs}
     assert every["expire"] == every["begin_due"] == every["drains"] == every["reservations"] == (0, 0)
     assert every["fairshare"] == (5.0, 0)
+    assert every["idle"] == (deps.config.idle_check_interval_s, 0)   # --idle-check-interval
     assert every["prune"] == (deps.config.prune_interval_s, min(deps.config.prune_interval_s, 60.0))
     assert every["sweep"] == (deps.config.artifact_sweep_interval_s, deps.config.artifact_sweep_interval_s)
 
@@ -44,7 +45,7 @@ def test_a_job_failing_every_time_stops_none_of_the_others(api, deps, client_h, 
     assert (stats["expire"].runs, stats["expire"].failures) == (3, 3)
     for name in ("cascades", "begin_due", "preempt", "reservations", "drains"):
         assert (stats[name].runs, stats[name].failures) == (3, 0), name
-    assert stats["fairshare"].runs == 1            # every 5 s
+    assert stats["fairshare"].runs == stats["idle"].runs == 1            # every 5 s, every 10 s
     assert "prune" not in stats and "sweep" not in stats   # first after 60 s and after the sweep interval
     ticks.advance(60.0)
     upkeep.tick()

@@ -103,7 +103,13 @@ PROJECT_SETTINGS = {
     "weight": {"type": ["number", "null"], "exclusiveMinimum": 0, "description": "fair share; null: the quota"},
     "max_priority": {"type": "integer", "minimum": -1_000_000, "maximum": 1_000_000,
                      "description": "the highest priority its members and managers may ask for (default 0); admins "
-                                    "are not bound; its managers may set it"}}
+                                    "are not bound; its managers may set it"},
+    "idle_timeout_seconds": {"type": ["number", "null"], "exclusiveMinimum": 0,
+                             "description": "its idle policy's timeout (docs/teams.md, \"Idle policies\"); at least "
+                                            "one heartbeat interval; null: the fleet's"},
+    "idle_below_pct": {"type": ["number", "null"], "minimum": 0, "maximum": 100,
+                       "description": "its idle policy's threshold, %; null: the fleet's"},
+    "idle_action": {"enum": ["notify", "requeue", "cancel", None], "description": "its idle policy's action"}}
 PROJECT = {"type": "object", "required": ["name", "visibility", "members"], "properties": {
     "name": NAME, **PROJECT_SETTINGS, "created_at": NUM, "members": {"type": "array", "items": {
         "type": "object", "required": ["user", "role"], "properties": {"user": NAME, "role": ROLE}}}}}

@@ -17,6 +17,7 @@ from gpulayer.protocol.finish import (
     CheckpointFile, Finish, Finished, FinishItem, FinishMany,
 )
 from gpulayer.protocol.heartbeat import MAX_GPU_SAMPLES, Heartbeat, TaskReport
+from gpulayer.protocol.jobspec import IDLE_ACTIONS
 from gpulayer.protocol.registration import MAX_GPU_INDEX, MAX_WORKER_GPUS, Isolation, Register, Resources
 from gpulayer.server.config import MAX_JSON_BODY
 from gpulayer.server.declared import checked, fields, flag as _flag, records, unknown as _unknown
@@ -499,8 +500,9 @@ def user_update(body: dict) -> dict:
 def project_request(body: dict, *, create: bool) -> dict:
     """POST /v1/projects (name and settings) or PATCH /v1/projects/{name} (what is given of the settings):
     visibility, gpus (nominal quota; null: none), borrow, weight (null: the quota), max_priority (the highest
-    priority its members may ask for)."""
-    settings = {"visibility", "gpus", "borrow", "weight", "max_priority"}
+    priority its members may ask for), its idle policy (idle_timeout_seconds, idle_below_pct, idle_action; null
+    clears one: the fleet's then applies)."""
+    settings = {"visibility", "gpus", "borrow", "weight", "max_priority", *IDLE_SETTINGS}
     _known(body, settings | {"name"} if create else settings)
     found: dict = {"name": check_name(body.get("name"), "name")} if create else {}
     if body.get("visibility") is not None:
@@ -515,6 +517,26 @@ def project_request(body: dict, *, create: bool) -> dict:
         found["weight"] = None if body["weight"] is None else number(body["weight"], "weight", 1e-6, 1e6)
     if body.get("max_priority") is not None:
         found["max_priority"] = integer(body["max_priority"], "max_priority", -1_000_000, 1_000_000)
+    return found | idle_settings(body)
+
+
+IDLE_SETTINGS = ("idle_timeout_seconds", "idle_below_pct", "idle_action")
+
+
+def idle_settings(body: dict) -> dict:
+    """A project's idle policy as given (docs/teams.md): a timeout over 0 s, a threshold within 0-100 (%), an
+    action; null clears one (the fleet default then applies)."""
+    found: dict = {}
+    if "idle_timeout_seconds" in body:
+        given = body["idle_timeout_seconds"]
+        found["idle_timeout_seconds"] = None if given is None else number(given, "idle_timeout_seconds", 1e-3, 1e9)
+    if "idle_below_pct" in body:
+        given = body["idle_below_pct"]
+        found["idle_below_pct"] = None if given is None else number(given, "idle_below_pct", 0, 100)
+    if "idle_action" in body:
+        if body["idle_action"] not in (None, *IDLE_ACTIONS):
+            raise InvalidRequest(f"idle_action: must be one of {', '.join(IDLE_ACTIONS)} or null", field="idle_action")
+        found["idle_action"] = body["idle_action"]
     return found
 
 

@@ -22,6 +22,8 @@ EVENTS: dict[str, tuple[str, str]] = {
     "task.requeued": ("task_requeued", "a task went back to the queue (drain, lease given back)"),
     "task.preempted": ("task_preempted", "a task was stopped to make room, and requeued"),
     "task.lost": ("task_lost", "a task's lease expired or its worker left"),
+    "task.idle": ("task_idle", "a task held its GPUs idle past its idle policy: warned, notified, requeued or "
+                               "cancelled (its `action`, with the samples)"),
     "worker.registered": ("worker_registered", "a worker joined (admins' webhooks only)"),
     "worker.online": ("worker_online", "a worker came back online"),
     "worker.lost": ("worker_offline", "a worker stopped heartbeating: offline"),

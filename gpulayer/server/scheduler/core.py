@@ -14,7 +14,7 @@ from gpulayer.server.errors import InvalidRequest, NotFound
 from gpulayer.server.replication.restore import skip_lost_event_seqs
 from gpulayer.server.runtime import cadence
 from gpulayer.server.runtime.gpu_samples import Sample
-from gpulayer.server.scheduler import (access, aging, cordons, forecast, gpu_health, gpu_samples, jobcontrol, jobs,
+from gpulayer.server.scheduler import (access, aging, cordons, forecast, gpu_health, gpu_samples, idle, jobcontrol, jobs,
                                        leases, ledger, preemption, provisioning, reservations, secrets, sessions,
                                        teams, tokens, workers)
 from gpulayer.server.scheduler.notifications import Notifications, submitted_with_mail
@@ -76,6 +76,7 @@ class Scheduler(WorkerRequests, Notifications, Services, ServiceUpdates):
         if spec.grace_seconds is not None and spec.grace_seconds > self.config.max_grace_s:
             raise InvalidRequest(f"grace_seconds: {spec.grace_seconds:g} is over this server's limit of "
                                  f"{self.config.max_grace_s:g} seconds (--max-grace)", code="grace_above_limit")
+        idle.check_timeout(spec.idle_timeout_seconds, self.config.heartbeat_interval_s, "idle_timeout_seconds")
         return spec
 
     def estimate(self, raw_spec, principal: Principal | None = None, project: str | None = None) -> forecast.Estimate:
@@ -100,7 +101,12 @@ class Scheduler(WorkerRequests, Notifications, Services, ServiceUpdates):
             return self._submit_locks.setdefault(user_id, threading.Lock())
 
     def change_teams(self, fn, *args) -> object:
-        """A change to users, projects or memberships (scheduler/teams.py): cached principals are forgotten."""
+        """A change to users, projects or memberships (scheduler/teams.py): cached principals are forgotten. A
+        project's idle timeout under one GPU sample interval is refused (idle.check_timeout)."""
+        for arg in args:
+            if isinstance(arg, dict):
+                idle.check_timeout(arg.get("idle_timeout_seconds"), self.config.heartbeat_interval_s,
+                                   "idle_timeout_seconds")
         try:
             return self._write(fn, *args, self.clock())
         finally:
@@ -350,6 +356,16 @@ class Scheduler(WorkerRequests, Notifications, Services, ServiceUpdates):
     def preempt(self) -> list[int]:
         """Upkeep's preemption round, one transaction (preemption.preempt): the task ids asked to stop."""
         return self._write(preemption.preempt, self.clock(), self.lease_ttl_s())
+
+    def reclaim_idle(self) -> list[tuple[int, str]]:
+        """Upkeep's idle round: the idle tasks read on a reader (idle.idle_tasks), then acted on in one write
+        transaction (idle.reclaim): [(task id, warn|notify|requeue|cancel)]."""
+        c = self.config
+        fleet = idle.Fleet(c.idle_timeout_s, c.idle_below_pct, c.idle_action, c.idle_warning_s,
+                           gap_s=2 * c.heartbeat_interval_s + min(c.heartbeat_interval_s, 1.0))
+        now = self.clock()
+        found = self.store.read(idle.idle_tasks, now, fleet)  # the samples' window read off the writer
+        return self._write(idle.reclaim, now, fleet, found) if found else []
 
     def _expire(self, conn: apsw.Connection, now: float, written: dict[int, float],
                 samples: list[Sample]) -> dict:

@@ -163,6 +163,7 @@ class _Round:
 def _forget_tasks(conn: apsw.Connection, job_id: int, cutoff: float, n: int) -> list[dict]:
     """Up to n tasks of one pruned job, with their preemptions (the usage ledger keeps who preempted whom)."""
     rows(conn, "prune_job_preemptions", job_id=job_id, cutoff=cutoff, n=n)  # of the same n tasks, first
+    rows(conn, "prune_job_idle_reclaims", job_id=job_id, cutoff=cutoff, n=n)
     return rows(conn, "prune_job_tasks", job_id=job_id, cutoff=cutoff, n=n)
 
 

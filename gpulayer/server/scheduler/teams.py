@@ -269,16 +269,19 @@ def whoami(conn: apsw.Connection, principal) -> dict:
 def _project_view(found: dict) -> dict:
     return {"name": found["name"], "visibility": found["visibility"], "gpus": found["gpu_quota"],
             "borrow": found["gpu_borrow"], "weight": found["weight"], "max_priority": found["max_priority"],
-            "created_at": found["created_at"],
+            "idle_timeout_seconds": found["idle_timeout_s"], "idle_below_pct": found["idle_below_pct"],
+            "idle_action": found["idle_action"], "created_at": found["created_at"],
             "members": json.loads(found["members"])}
 
 
 def add_project(conn: apsw.Connection, body: dict, now: float) -> None:
     if row(conn, "project_by_name", name=body["name"]) is not None:
         raise Conflict(f"there is already a project named {body['name']!r}", code="project_exists")
-    row(conn, "insert_project", name=body["name"], visibility=body.get("visibility") or "private",
-        gpu_quota=body.get("gpus"), gpu_borrow=body.get("borrow") or 0, weight=body.get("weight"),
-        max_priority=body.get("max_priority") or 0, now=now)
+    added = row(conn, "insert_project", name=body["name"], visibility=body.get("visibility") or "private",
+                gpu_quota=body.get("gpus"), gpu_borrow=body.get("borrow") or 0, weight=body.get("weight"),
+                max_priority=body.get("max_priority") or 0, now=now)
+    if any(body.get(k) is not None for k in ("idle_timeout_seconds", "idle_below_pct", "idle_action")):
+        _set_idle(conn, added["id"] if added else 0, body)
     events.record(conn, now, "project_added", **body)
 
 
@@ -302,8 +305,22 @@ def set_project(conn: apsw.Connection, name: str, changes: dict, now: float) -> 
     row(conn, "update_project", project_id=found["id"], visibility=changes.get("visibility"),
         max_priority=changes.get("max_priority"),
         gpu_borrow=changes.get("borrow"), set_quota=int("gpus" in changes), gpu_quota=changes.get("gpus"),
-        set_weight=int("weight" in changes), weight=changes.get("weight"))
+        set_weight=int("weight" in changes), weight=changes.get("weight"), **_idle_params(changes))
     events.record(conn, now, "project_changed", project=name, **changes)
+
+
+def _set_idle(conn: apsw.Connection, project_id: int, changes: dict) -> None:
+    """The idle policy settings given in `changes` (docs/teams.md; None clears one), the others kept."""
+    row(conn, "update_project", project_id=project_id, visibility=None, max_priority=None, gpu_borrow=None,
+        set_quota=0, gpu_quota=None, set_weight=0, weight=None, **_idle_params(changes))
+
+
+def _idle_params(changes: dict) -> dict:
+    """update_project's idle parameters: those given in `changes` set (None clears), the others kept."""
+    return dict(set_idle_timeout=int("idle_timeout_seconds" in changes),
+                idle_timeout_s=changes.get("idle_timeout_seconds"),
+                set_idle_below=int("idle_below_pct" in changes), idle_below_pct=changes.get("idle_below_pct"),
+                set_idle_action=int("idle_action" in changes), idle_action=changes.get("idle_action"))
 
 
 def remove_project(conn: apsw.Connection, name: str, now: float) -> None:

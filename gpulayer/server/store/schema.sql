@@ -13,7 +13,7 @@
 -- (estimates), quotas' use now
 -- and as admission reads them; the claim (claimable_groups, claimable_tasks, claimable_batch).
 
-PRAGMA user_version = 32;
+PRAGMA user_version = 35;
 
 -- ---------------------------------------------------------------------------------------
 -- Tokens and teams: tokens, users, projects, memberships.
@@ -54,6 +54,7 @@ CREATE TABLE users (
 -- `max_priority` is the highest priority its members may give a job (`project set --max-priority`;
 -- admins are not bound): above it a submit is refused (403), as Slurm lets users only lower theirs
 -- (--nice). Written as ADD COLUMN wrote it, after the last column.
+-- idle_*: its idle policy (docs/workers.md "Idle GPUs"); NULL: the fleet default's.
 CREATE TABLE projects (
     id          INTEGER PRIMARY KEY,
     name        TEXT NOT NULL UNIQUE,
@@ -66,6 +67,9 @@ CREATE TABLE projects (
     weight      REAL CHECK (weight IS NULL OR weight > 0),
     created_at  REAL NOT NULL
     , max_priority INTEGER NOT NULL DEFAULT 0 CHECK (max_priority BETWEEN -1000000 AND 1000000)
+    , idle_timeout_s REAL CHECK (idle_timeout_s IS NULL OR idle_timeout_s > 0)
+    , idle_below_pct REAL CHECK (idle_below_pct IS NULL OR idle_below_pct BETWEEN 0 AND 100)
+    , idle_action TEXT CHECK (idle_action IS NULL OR idle_action IN ('notify', 'requeue', 'cancel'))
 ) STRICT;
 
 -- Who is in which project, as what (an admin needs no membership).
@@ -1201,7 +1205,8 @@ CREATE TABLE preemptions (
     for_job_id    INTEGER NOT NULL,
     reason        TEXT NOT NULL CHECK (reason IN (
                       'priority',  -- preemptible work of a lower priority
-                      'borrowed'   -- work over its project's nominal quota, for a project within its own
+                      'borrowed',  -- work over its project's nominal quota, for a project within its own
+                      'idle'       -- its GPUs idle past its idle policy (for_task_id: itself)
                   )),
     asked_at      REAL NOT NULL,
     done_at       REAL
@@ -1209,6 +1214,18 @@ CREATE TABLE preemptions (
 CREATE INDEX preemptions_task ON preemptions (task_id, done_at);
 CREATE INDEX preemptions_for ON preemptions (for_task_id) WHERE done_at IS NULL;
 CREATE INDEX preemptions_worker ON preemptions (worker_id) WHERE done_at IS NULL;
+
+-- What the idle check (scheduler/idle.py) did to a task's assignment: warned (a shell or SSH session was
+-- open), notified, requeued or cancelled; each once per assignment (docs/workers.md "Idle GPUs").
+CREATE TABLE idle_reclaims (
+    id           INTEGER PRIMARY KEY,
+    task_id      INTEGER NOT NULL,
+    job_id       INTEGER NOT NULL,
+    assigned_at  REAL NOT NULL,   -- the task's assignment it is about (a requeued task is judged afresh)
+    action       TEXT NOT NULL CHECK (action IN ('warn', 'notify', 'requeue', 'cancel')),
+    at           REAL NOT NULL
+) STRICT;
+CREATE INDEX idle_reclaims_task ON idle_reclaims (task_id, assigned_at);
 
 -- Room held for a waiting gang while the preemption victims that make it stop: a row per
 -- worker chosen for one of its ranks, written in the preemption round that asked for the

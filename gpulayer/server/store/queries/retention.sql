@@ -173,6 +173,11 @@ DELETE FROM preemptions WHERE task_id IN (SELECT id FROM tasks WHERE job_id = :j
   AND EXISTS (SELECT 1 FROM jobs WHERE id = :job_id AND finished_at < :cutoff)
 RETURNING id;
 
+-- name: prune_job_idle_reclaims --
+-- Retention: what the idle check did to the same :n tasks (idle_reclaims_task serves it).
+DELETE FROM idle_reclaims WHERE task_id IN (SELECT id FROM tasks WHERE job_id = :job_id ORDER BY id LIMIT :n)
+  AND EXISTS (SELECT 1 FROM jobs WHERE id = :job_id AND finished_at < :cutoff);
+
 -- name: prune_job_checkpoint_files --
 -- Retention: the files of one pruned job's checkpoints (before their rows).
 DELETE FROM checkpoint_files WHERE checkpoint_id IN (SELECT id FROM checkpoints WHERE job_id = :job_id)

@@ -49,7 +49,9 @@ WHERE m.user_id = :user_id ORDER BY p.name;
 
 -- name: project_by_name --
 -- One project by name.
-SELECT id, name, visibility, gpu_quota, gpu_borrow, weight, max_priority, created_at FROM projects WHERE name = :name;
+SELECT id, name, visibility, gpu_quota, gpu_borrow, weight, max_priority, created_at, idle_timeout_s, idle_below_pct,
+       idle_action
+FROM projects WHERE name = :name;
 
 -- name: insert_project --
 -- A new project (the unique name refuses a second of the same name). Its id is past every id a removed
@@ -61,11 +63,15 @@ VALUES (1 + max(coalesce((SELECT max(id) FROM projects), 0), coalesce((SELECT ma
         :name, :visibility, :gpu_quota, :gpu_borrow, :weight, :max_priority, :now) RETURNING id;
 
 -- name: update_project --
--- Change what was given of a project's settings (:set_quota / :set_weight 1 to change those, NULL clears them).
+-- Change what was given of a project's settings (:set_quota / :set_weight / :set_idle_* 1 to change those, NULL
+-- clears them).
 UPDATE projects SET visibility = coalesce(:visibility, visibility), gpu_borrow = coalesce(:gpu_borrow, gpu_borrow),
                     max_priority = coalesce(:max_priority, max_priority),
                     gpu_quota = CASE WHEN :set_quota THEN :gpu_quota ELSE gpu_quota END,
-                    weight = CASE WHEN :set_weight THEN :weight ELSE weight END
+                    weight = CASE WHEN :set_weight THEN :weight ELSE weight END,
+                    idle_timeout_s = CASE WHEN :set_idle_timeout THEN :idle_timeout_s ELSE idle_timeout_s END,
+                    idle_below_pct = CASE WHEN :set_idle_below THEN :idle_below_pct ELSE idle_below_pct END,
+                    idle_action = CASE WHEN :set_idle_action THEN :idle_action ELSE idle_action END
 WHERE id = :project_id RETURNING id;
 
 -- name: project_active_jobs --
@@ -93,6 +99,7 @@ DELETE FROM projects WHERE id = :project_id RETURNING id;
 -- Projects, all (:user_id NULL: an admin) or those :user_id is in, with their members (a JSON list): by
 -- name, after :after, at most :limit (-1: all).
 SELECT p.id, p.name, p.visibility, p.gpu_quota, p.gpu_borrow, p.weight, p.max_priority, p.created_at,
+       p.idle_timeout_s, p.idle_below_pct, p.idle_action,
        (SELECT json_group_array(json_object('user', u.name, 'role', m.role))
         FROM memberships m JOIN users u ON u.id = m.user_id WHERE m.project_id = p.id) AS members
 FROM projects p
