@@ -1,4 +1,4 @@
--- Version 35: idle GPUs taken back (issue 40, point 2; docs/workers.md "Idle GPUs"). A project may set an
+-- Version 33: idle GPUs taken back (issue 40, point 2; docs/workers.md "Idle GPUs"). A project may set an
 -- idle policy (`project set --idle-timeout 30m --idle-below 5% --idle-action requeue`): its columns below,
 -- NULL where the project leaves it to the fleet default (`server start --idle-timeout ...`); a job's own
 -- (JobSpec idle_*) come first. A task requeued for being idle goes through preemption (reason 'idle',
