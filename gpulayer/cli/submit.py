@@ -203,7 +203,14 @@ def submit(
     if dry_run:
         print_json(spec)
         return
-    mail = _mail_option(mail_type, mail_user)
+    _send(ctx, spec, target=target, mail=_mail_option(mail_type, mail_user), test_only=test_only, project=project,
+          as_json=as_json, cancel_on_interrupt=cancel_on_interrupt, after_array=after_array, wait=wait,
+          follow=follow, made_key=made_key, service_wait=(wait_timeout, max_failed_starts))
+
+def _send(ctx: typer.Context, spec: dict, *, target, mail, test_only: bool, project, as_json: bool,
+          cancel_on_interrupt, after_array, wait: bool, follow: bool, made_key, service_wait) -> None:
+    """Where a checked spec goes: a what-if (--test-only), this machine (--target local), or the control plane;
+    exits with the command's status. `service_wait`: --wait-timeout and --max-failed-starts, as given."""
     opts = global_options(ctx)
     remote = target == Target.remote or (target is None and server_configured(opts.url, opts.home))
     if mail and not remote:
@@ -222,7 +229,7 @@ def submit(
         if client_of(ctx).get_job(array_id).data.get("array") is None:
             raise fail(f"--after-array: job {array_id} is no array (use --after {array_id})", 2)
     raise typer.Exit(_submit_remote(ctx, spec, wait, follow, as_json, bool(cancel_on_interrupt), project, mail, made_key,
-                                    _service_wait(spec, wait_timeout, max_failed_starts)))
+                                    _service_wait(spec, *service_wait)))
 
 
 MAIL_TYPES = ("BEGIN", "END", "FAIL", "REQUEUE", "ALL")
