@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from gpulayer.server.errors import InvalidRequest
+from gpulayer.server.http import wire
 from gpulayer.server.scheduler import topology
 from helpers import SERVER_JOIN, job
 
@@ -94,3 +96,21 @@ def test_a_worker_without_topology_gets_the_lowest_indices(sched):
     assert sched.acquire_many(w, 0, 1)[0]["gpus"] == [0, 1]
     stored = sched.store.read(lambda c: c.execute("SELECT gpu_topology FROM workers WHERE id = ?", (w,)).fetchall())
     assert json.loads(stored[0]["gpu_topology"]) == []
+
+
+@pytest.mark.parametrize("bad, says", [
+    ("nvlink", "gpu_topology: must be a list"),
+    ([{"nvlink_peers": []}], "gpu_topology[0].index"),
+    ([{"index": 0, "nvlink_peers": [1, "two"]}], "gpu_topology[0].nvlink_peers[1]"),
+    ([{"index": 0, "nvlink_peers": 3}], "gpu_topology[0].nvlink_peers: must be a list"),
+    ([{"index": 0, "numa_node": -1}], "gpu_topology[0].numa_node"),
+    ([{"index": 0, "pcie_switch": "a"}], "gpu_topology[0].pcie_switch"),
+])
+def test_a_bad_topology_is_refused_naming_the_field(bad, says):
+    body = {"name": "w", "resources": {"cpus": 1, "gpus": 1, "memory_mb": 1}, "gpu_topology": bad}
+    with pytest.raises(InvalidRequest) as caught:
+        wire.register(body)
+    assert str(caught.value).startswith(says), str(caught.value)
+    body["gpu_topology"] = [{"index": 0, "nvlink_peers": [1]}]
+    assert wire.register(body)["gpu_topology"] == [{"index": 0, "nvlink_peers": [1], "pcie_switch": None,
+                                                    "numa_node": None}]
