@@ -13,7 +13,7 @@
 -- (estimates), quotas' use now
 -- and as admission reads them; the claim (claimable_groups, claimable_tasks, claimable_batch).
 
-PRAGMA user_version = 33;
+PRAGMA user_version = 34;
 
 -- ---------------------------------------------------------------------------------------
 -- Tokens and teams: tokens, users, projects, memberships.
