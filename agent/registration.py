@@ -18,7 +18,7 @@ from gpulayer.protocol.registration import Register
 from . import __version__
 from .errors import AgentError, Forbidden, Rejected, Unauthorized, Unreachable
 from .events import log_event
-from .gpu import sharing
+from .gpu import sharing, topology
 from .gpu.health import GpuHealth
 from .gpu.inventory import Inventory, detect, nvml_devices
 from .gpu.nvml import Nvml
@@ -84,6 +84,7 @@ class Registration(WorkerState):
             totals = [u.memory_total_mb for u in map(nvml.usage, sorted({d.gpu for d in inventory.nvml_devices.values()}))
                       if u is not None and u.memory_total_mb]
             inventory.gpu_memory_mb = min(totals) if totals else 0
+            inventory.gpu_topology = topology.read(nvml, inventory.nvml_devices)
         return self._shared(inventory)
 
     def _shared(self, inventory: Inventory) -> Inventory:
@@ -116,6 +117,8 @@ class Registration(WorkerState):
             relay=self.relay.register_field() if self.relay is not None else None,
             # so that no task is placed on a GPU already broken
             gpus=self.gpu_health.report() if self.gpu_health is not None else None,
+            # how its GPUs are wired: placement keeps a multi-GPU task on one NVLink set (additive)
+            gpu_topology=inventory.gpu_topology or None,
             # none: the control plane takes the address it sees
             advertise_address=config.advertise_address or local_address_towards(config.url) or None))
         via = joiner or transport

@@ -32,6 +32,8 @@ class Inventory:
     #: how fractional tasks share a GPU (agent/gpu/sharing.py), and the smallest GPU's memory (0: unknown)
     gpu_sharing: str = "off"
     gpu_memory_mb: int = 0
+    #: how its GPUs are wired (agent/gpu/topology.py): reported at register where NVML could tell
+    gpu_topology: list[dict] = field(default_factory=list)
 
     def resources(self) -> dict:
         """The ``resources`` object of the register call (sharing only when on, GPU memory only when known)."""

@@ -48,6 +48,18 @@ class GpuReport:
 
 
 @dataclass(frozen=True, kw_only=True)
+class GpuTopology:
+    """One GPU's wiring (register's `gpu_topology`): the agent's reading of NVML (agent/gpu/topology.py)."""
+
+    index: int = declare(minimum=0, maximum=MAX_GPU_INDEX, help="the worker's device index")
+    nvlink_peers: list[int] = declare([], max_items=MAX_WORKER_GPUS, help="the device indices its NVLinks reach")
+    pcie_switch: int | None = declare(None, minimum=0, maximum=MAX_GPU_INDEX,
+                                      help="the PCIe switch it sits under, named by the lowest device index "
+                                           "under it (null: it shares none)")
+    numa_node: int | None = declare(None, minimum=0, maximum=1023, help="its NUMA node (null: unknown)")
+
+
+@dataclass(frozen=True, kw_only=True)
 class Isolation:
     """`isolation`: how the worker isolates its tasks (agent/sandbox/bwrap.py), listed as the worker's `isolation`."""
 
@@ -86,6 +98,11 @@ class Register:
     gpus: list[dict[str, Any]] | None = declare(
         None, omit=True, of=GpuReport, max_items=MAX_WORKER_GPUS,
         help="per-GPU health, as in the heartbeat, so that no task is placed on a GPU already broken (null: no NVML)")
+    gpu_topology: list[dict[str, Any]] | None = declare(
+        None, omit=True, of=GpuTopology, max_items=MAX_WORKER_GPUS,
+        help="how its GPUs are wired (NVLink, PCIe switch, NUMA node), so that a multi-GPU task gets GPUs of one "
+             "NVLink set (docs/workers.md, \"Topology\"; null: NVML could not tell; additive: an older control "
+             "plane ignores it)")
     advertise_address: str | None = declare(
         None, omit=True, max_bytes=256,
         help="the address other workers reach it at (a gang's rendezvous); absent or empty: the one the control "

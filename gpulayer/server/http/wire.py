@@ -88,7 +88,20 @@ def register(body: dict) -> dict:
     """POST /v1/workers/register: a `Register` (gpulayer/protocol/registration.py)."""
     return fields(body, Register, "", {"labels": labels, "resources": _resources, "isolation": isolation,
                                        "relay": sessions.relay_field, "gpus": _gpu_reports,
-                                       "advertise_address": _advertise_address})
+                                       "gpu_topology": _gpu_topology, "advertise_address": _advertise_address})
+
+
+def _gpu_topology(value) -> list[dict] | None:
+    """Register's `gpu_topology` (agent/gpu/topology.py): one record per GPU, its peers device indices."""
+    if value is None:
+        return None
+
+    def peers(raw, field: str) -> list[int]:
+        if not isinstance(raw, list) or len(raw) > MAX_WORKER_GPUS:
+            raise InvalidRequest(f"{field}: must be a list of at most {MAX_WORKER_GPUS} device indices")
+        return [integer(p, f"{field}[{k}]", 0, MAX_GPU_INDEX) for k, p in enumerate(raw)]
+    return records(value, field_of(Register, "gpu_topology"), "gpu_topology",
+                   f"must be a list of at most {MAX_WORKER_GPUS} objects", {"nvlink_peers": peers})
 
 
 def _resources(value) -> dict:

@@ -24,7 +24,7 @@ from gpulayer.protocol import DEFAULT_GRACE_S, MAX_GRACE_S
 from gpulayer.protocol.assignment import Assignment, CheckpointRef
 from gpulayer.protocol.fields import from_wire, to_wire, wire_fields
 from gpulayer.protocol.jobspec import JOB_FIELDS
-from gpulayer.server.scheduler import checkpoints, events
+from gpulayer.server.scheduler import checkpoints, events, topology
 from gpulayer.server.store.queries import one, row, rows
 
 GANG_CANDIDATES = 8  # queued gangs looked at per acquire: one too wide for the fleet must not block the rest
@@ -103,7 +103,8 @@ def _claim(conn: apsw.Connection, worker_id: int, now: float, lease: float, most
 
 
 def _reserve_gpus(conn: apsw.Connection, task: dict, worker_id: int, worker_gpus: int) -> None:
-    """Give an assigned task the lowest device indices no other active task on its worker holds
+    """Give an assigned task device indices no other active task on its worker holds: of one NVLink set, PCIe
+    switch or NUMA node where the worker has such a free set (scheduler/topology.py), else the lowest ones
     (for more than one GPU, whole GPUs only: shape_worker_fit counted no MIG instance for it; for
     a `gpu_model` the worker meets by its GPUs, those of that model only, as shape_worker_fit counted)."""
     share = row(conn, "task_gpu_share", task_id=task["id"], worker_id=worker_id)
@@ -116,7 +117,11 @@ def _reserve_gpus(conn: apsw.Connection, task: dict, worker_id: int, worker_gpus
     if task["gpus"] > 1:
         used |= {r["i"] for r in rows(conn, "worker_mig_indices", worker_id=worker_id)}
     model = {r["i"] for r in rows(conn, "task_model_indices", task_id=task["id"], worker_id=worker_id)}
-    free = [i for i in range(worker_gpus) if i not in used and (not model or i in model)][:task["gpus"]]
+    free = [i for i in range(worker_gpus) if i not in used and (not model or i in model)]
+    if len(free) > task["gpus"]:  # a choice to make: by the wiring (scheduler/topology.py)
+        wiring = {r["index"]: r for r in json.loads(one(conn, "worker_gpu_topology", worker_id=worker_id)["gpu_topology"])}
+        free = topology.pick(free, task["gpus"], wiring)[0]
+    free = free[:task["gpus"]]
     if len(free) < task["gpus"]:  # placement checked the count; a mismatch means corrupt state
         raise RuntimeError(f"worker {worker_id} has {len(free)} free GPU indices, task {task['id']} needs {task['gpus']}")
     row(conn, "set_gpu_indices", task_id=task["id"], gpu_indices=json.dumps(free), gpu_share=0)

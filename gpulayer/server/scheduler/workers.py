@@ -7,7 +7,7 @@ import apsw
 
 from gpulayer.server.scheduler import events
 
-from gpulayer.server.scheduler import gpu_health, leases
+from gpulayer.server.scheduler import gpu_health, leases, topology
 from gpulayer.server.config import PROTOCOL
 from gpulayer.server.errors import Forbidden
 from gpulayer.server.security.auth import SERVER_JOIN_JTI
@@ -42,7 +42,8 @@ def register(conn: apsw.Connection, *, body: dict, token, session_hash: str, pee
                     session_hash=session_hash, token_jti=token.jti, now=now, lease_expires_at=now + lease_ttl_s,
                     isolation=json.dumps(body.get("isolation") or {}),
                     relay=json.dumps(body.get("relay") or {}), gpu_sharing=res.get("gpu_sharing", "off"),
-                    gpu_memory_mb=res.get("gpu_memory_mb", 0))["id"]
+                    gpu_memory_mb=res.get("gpu_memory_mb", 0),
+                    gpu_topology=json.dumps(topology.reported(body.get("gpu_topology"), res["gpus"])))["id"]
     row(conn, "clear_needs_upgrade", name=name, reason="upgraded")
     gpu_health.report(conn, worker_id, body.get("gpus"), now)  # before its first acquire can reserve a broken one
     events.record(conn, now, "worker_registered", worker_id=worker_id, name=name, labels=labels,

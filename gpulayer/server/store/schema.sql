@@ -13,7 +13,7 @@
 -- (estimates), quotas' use now
 -- and as admission reads them; the claim (claimable_groups, claimable_tasks, claimable_batch).
 
-PRAGMA user_version = 33;
+PRAGMA user_version = 34;
 
 -- ---------------------------------------------------------------------------------------
 -- Tokens and teams: tokens, users, projects, memberships.
@@ -118,7 +118,8 @@ CREATE TABLE workers (
     isolation          TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(isolation)),
     relay              TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(relay))
     , gpu_sharing TEXT NOT NULL DEFAULT 'off' CHECK (gpu_sharing IN ('off', 'mps', 'time-slice'))
-    , gpu_memory_mb INTEGER NOT NULL DEFAULT 0 CHECK (gpu_memory_mb >= 0),
+    , gpu_memory_mb INTEGER NOT NULL DEFAULT 0 CHECK (gpu_memory_mb >= 0)
+    , gpu_topology TEXT NOT NULL DEFAULT '[]' CHECK (json_valid(gpu_topology)),
     CHECK (state <> 'gone' OR gone_reason IS NOT NULL)
 ) STRICT;
 CREATE INDEX workers_online_lease ON workers (lease_expires_at) WHERE state = 'online';

@@ -14,7 +14,10 @@ again, so a test changes the hardware under a running agent by rewriting it
 
 and per GPU, optionally: "temperature": false (not supported), "retire_pending": null (not supported),
 "utilization": 0..100 (default 0; null: not supported), "memory_used_mb" (default 0; null: memory info
-not supported) and "memory_total_mb" (default 81559).
+not supported) and "memory_total_mb" (default 81559); the topology (agent/gpu/topology.py): "nvlink" (the
+indices of the GPUs its NVLinks reach, one link each; default none), "pcie_switch" (GPUs with the same value
+share a PCIe switch; default: none shared) and "numa_node" (default: NVML cannot tell). `nvlink_box()` and
+`pcie_box()` are the topologies of two real machines.
 
 Only what agent/gpu/nvml.py uses is here, with pynvml's names, constants and
 error values; `xids` are delivered once each to every event set, in order.
@@ -43,6 +46,13 @@ NVML_TEMPERATURE_GPU = 0
 NVML_FEATURE_ENABLED = 1
 NVML_FEATURE_DISABLED = 0
 nvmlEventTypeXidCriticalError = 0x8
+NVML_NVLINK_MAX_LINKS = 18
+NVML_TOPOLOGY_INTERNAL = 0
+NVML_TOPOLOGY_SINGLE = 10
+NVML_TOPOLOGY_MULTIPLE = 20
+NVML_TOPOLOGY_HOSTBRIDGE = 30
+NVML_TOPOLOGY_NODE = 40
+NVML_TOPOLOGY_SYSTEM = 50
 
 STATE_VARIABLE = "FAKE_NVML_STATE"
 _initialised = 0
@@ -239,3 +249,66 @@ def nvmlEventSetWait_v2(events, timeout_ms: int):
 
 def nvmlEventSetFree(events) -> None:
     events.gpus.clear()
+
+
+# -- topology (agent/gpu/topology.py) -------------------------------------------
+
+
+def _bus_id(index: int) -> str:
+    return f"00000000:{0x18 + 0x10 * index:02X}:00.0"
+
+
+def nvmlDeviceGetPciInfo(handle):
+    _gpu(handle)
+    return SimpleNamespace(busId=_bus_id(handle[1]).encode())
+
+
+def nvmlDeviceGetNvLinkState(handle, link: int) -> int:
+    peers = _gpu(handle).get("nvlink") or []
+    if link >= NVML_NVLINK_MAX_LINKS:
+        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    if not peers:
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    return NVML_FEATURE_ENABLED if link < len(peers) else NVML_FEATURE_DISABLED
+
+
+def nvmlDeviceGetNvLinkRemotePciInfo(handle, link: int):
+    peers = _gpu(handle).get("nvlink") or []
+    if link >= len(peers):
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    return SimpleNamespace(busId=_bus_id(peers[link]).encode())
+
+
+def nvmlDeviceGetTopologyCommonAncestor(handle1, handle2) -> int:
+    one, two = _gpu(handle1), _gpu(handle2)
+    if handle1[1] == handle2[1]:
+        return NVML_TOPOLOGY_INTERNAL
+    if one.get("pcie_switch") is not None and one.get("pcie_switch") == two.get("pcie_switch"):
+        return NVML_TOPOLOGY_MULTIPLE
+    if one.get("numa_node") is not None and one.get("numa_node") == two.get("numa_node"):
+        return NVML_TOPOLOGY_NODE
+    return NVML_TOPOLOGY_SYSTEM
+
+
+def nvmlDeviceGetNumaNodeId(handle) -> int:
+    gpu = _gpu(handle)
+    if gpu.get("numa_node") is None:
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    return int(gpu["numa_node"])
+
+
+def _h100(index: int, **topology) -> dict:
+    return {"name": "NVIDIA H100 80GB HBM3", "uuid": f"GPU-{index}", "mig_supported": True, "mig": None,
+            "ecc_uncorrected": 0, "remap_failed": False, **topology}
+
+
+def nvlink_box() -> dict:
+    """8 GPUs whose NVLink bridges join 0-3 and 4-7 (each GPU linked to the 3 others of its set, as on 4-way
+    NVLink-bridged PCIe servers); two PCIe switches per CPU socket, one socket per set."""
+    return {"gpus": [_h100(i, nvlink=[j for j in range(i - i % 4, i - i % 4 + 4) if j != i for _ in range(2)],
+                           pcie_switch=i // 2, numa_node=i // 4) for i in range(8)], "xids": []}
+
+
+def pcie_box() -> dict:
+    """8 GPUs without NVLink: pairs under four PCIe switches, two switches per CPU socket (NUMA node)."""
+    return {"gpus": [_h100(i, pcie_switch=i // 2, numa_node=i // 4) for i in range(8)], "xids": []}

@@ -79,6 +79,10 @@ SELECT "index" FROM worker_gpus WHERE worker_id = :worker_id AND healthy = 0;
 -- A worker's MIG instances (a task of more than one GPU is given none: shape_worker_fit).
 SELECT "index" AS i FROM worker_gpus WHERE worker_id = :worker_id AND uuid GLOB 'MIG-*';
 
+-- name: worker_gpu_topology --
+-- How the worker's GPUs are wired, as it reported at register (docs/workers.md, "Topology").
+SELECT gpu_topology FROM workers WHERE id = :worker_id;
+
 -- name: task_model_indices --
 -- For a task whose job asks for a `gpu_model` that the worker meets by its GPUs (not by a
 -- worker label; shape_worker_fit), the worker's indices of that model; no row otherwise.

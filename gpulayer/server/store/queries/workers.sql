@@ -4,10 +4,11 @@
 -- A new worker row with its hashed session token.
 INSERT INTO workers (name, state, labels, token_labels, cpus, gpus, memory_mb, gpu_models, slots,
                      advertise_address, version, protocol, session_hash, token_jti,
-                     registered_at, last_seen_at, lease_expires_at, isolation, relay, gpu_sharing, gpu_memory_mb)
+                     registered_at, last_seen_at, lease_expires_at, isolation, relay, gpu_sharing, gpu_memory_mb,
+                     gpu_topology)
 VALUES (:name, 'online', :labels, :token_labels, :cpus, :gpus, :memory_mb, :gpu_models, :slots,
         :advertise_address, :version, :protocol, :session_hash, :token_jti,
-        :now, :now, :lease_expires_at, :isolation, :relay, :gpu_sharing, :gpu_memory_mb)
+        :now, :now, :lease_expires_at, :isolation, :relay, :gpu_sharing, :gpu_memory_mb, :gpu_topology)
 RETURNING id;
 
 -- name: online_worker_named --

@@ -1,0 +1,39 @@
+"""The GPUs' wiring read from NVML (agent/gpu/topology.py), on the fake pynvml's topologies of two real
+machines (tests/agent/fake_nvml: `nvlink_box`, `pcie_box`); and a GPU NVML reads no topology of."""
+from __future__ import annotations
+
+from agent.gpu import topology
+from agent.gpu.nvml import Nvml
+
+
+def _read(fake_nvml, box: dict) -> list[dict]:
+    fake_nvml(**box)
+    nvml = Nvml.open()
+    try:
+        return topology.read(nvml, dict(enumerate(nvml.devices())))
+    finally:
+        nvml.close()
+
+
+def test_an_nvlink_box_of_two_sets_of_four(fake_nvml):
+    found = _read(fake_nvml, _box("nvlink_box"))
+    assert [r["nvlink_peers"] for r in found] == [[1, 2, 3], [0, 2, 3], [0, 1, 3], [0, 1, 2],
+                                                 [5, 6, 7], [4, 6, 7], [4, 5, 7], [4, 5, 6]]
+    assert [r["pcie_switch"] for r in found] == [0, 0, 2, 2, 4, 4, 6, 6]
+    assert [r["numa_node"] for r in found] == [0, 0, 0, 0, 1, 1, 1, 1]
+
+
+def test_a_pcie_box_has_no_nvlink(fake_nvml):
+    found = _read(fake_nvml, _box("pcie_box"))
+    assert all(r["nvlink_peers"] == [] for r in found) and found[7] == {
+        "index": 7, "nvlink_peers": [], "pcie_switch": 6, "numa_node": 1}
+
+
+def test_a_gpu_without_topology_reads_as_none(fake_nvml):
+    found = _read(fake_nvml, {"gpus": [{"name": "T4", "uuid": "GPU-0"}, {"name": "T4", "uuid": "GPU-1"}]})
+    assert found == [{"index": i, "nvlink_peers": [], "pcie_switch": None, "numa_node": None} for i in range(2)]
+
+
+def _box(name: str) -> dict:
+    import sys
+    return getattr(sys.modules["pynvml"], name)()
