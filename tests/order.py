@@ -1,6 +1,6 @@
 """The order the test files go out in to the pytest processes, so that they end together.
 
-`scripts/test` runs three processes, each taking a whole file at a time (`--dist loadfile`: a file's module
+`scripts/test` runs four processes, each taking a whole file at a time (`--dist loadfile`: a file's module
 fixtures, its cluster, start once). xdist would hand the files out largest first by their number of tests
 (a 408-case fuzz file first, a one-test file that waits a minute on leases last), so a long file with few
 tests was often the last one started: one process ran it alone while the other had ended. With
