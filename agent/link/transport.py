@@ -25,6 +25,9 @@ from .connections import ConnectionPool
 PROTOCOL_HEADER = "X-GpuLayer-Protocol"
 DEFAULT_TIMEOUT_S = 30.0
 CHUNK_BYTES = 1024 * 1024
+#: Seconds a retried call answered 401 waits for the worker to register again (the heartbeat's rejoin sets a
+#: new session token) before the 401 stands: a control plane restored from a replica may not know this session.
+REAUTH_WAIT_S = 20.0
 #: Seconds: one for both connecting and each read, or (connect, read).
 Timeout = float | tuple[float, float]
 
@@ -93,6 +96,7 @@ class Transport:
         self.pool = ConnectionPool(base_url, verify)
         self.headers = {PROTOCOL_HEADER: str(PROTOCOL), "User-Agent": f"gpulayer-agent/{__version__}"}
         self.give_up_at: float | None = None
+        self.reauth_wait_s = REAUTH_WAIT_S
         self.answered_at = 0.0  # time.monotonic() of the last 2xx answer (a heartbeat may be skipped after one)
 
     def set_token(self, token: str) -> None:
@@ -176,15 +180,21 @@ class Transport:
     def retrying(self, what: str, fn, *args, **kwargs):
         """Call ``fn`` until it does not raise Unreachable, waiting with backoff.
 
-        Raises Unreachable when ``give_up_at`` passes; other errors pass through.
+        Raises Unreachable when ``give_up_at`` passes; a 401 is sent again once the worker registered again
+        (``_registered_again``); other errors pass through.
         """
         failures = 0
         while True:
+            sent_with = self.headers.get("Authorization")
             try:
                 result = fn(*args, **kwargs)
                 if failures:
                     log_event("control_plane_reachable", call=what, after_failures=failures)
                 return result
+            except Unauthorized:
+                if not self._registered_again(sent_with):
+                    raise
+                log_event("call_sent_again", call=what, reason="the worker registered again after a 401")
             except Unreachable as exc:
                 failures += 1
                 delay = retry_delay(failures)
@@ -193,6 +203,22 @@ class Transport:
                 if failures == 1 or failures % 10 == 0:
                     log_event("control_plane_unreachable", call=what, failures=failures, error=str(exc))
                 time.sleep(delay)
+
+    def _registered_again(self, sent_with: str | None) -> bool:
+        """Whether the session token changed since a call was sent with ``sent_with`` (waiting for it, bounded).
+
+        A task's start, finish or checkpoint answered 401 is not dropped: the heartbeat thread registers the
+        worker again (registration.Registration._rejoin) and the call goes again with the new token, so a
+        task that finished while a restored control plane did not yet know this worker is not run twice.
+        """
+        deadline = time.monotonic() + self.reauth_wait_s
+        if self.give_up_at is not None:
+            deadline = min(deadline, self.give_up_at)
+        while self.headers.get("Authorization") == sent_with:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return True
 
     def call(self, method: str, path: str, body: dict | None = None, timeout: float | None = None) -> dict:
         """A JSON call retried until the control plane answers (see ``retrying``)."""

@@ -390,3 +390,49 @@ def test_unsupported_proxy_schemes_are_refused_at_start(monkeypatch):
     monkeypatch.setenv("HTTPS_PROXY", "socks5://127.0.0.1:1080")
     with pytest.raises(AgentError, match="socks5"):
         Transport("https://cp.example:8470")
+
+
+class Gate(Origin):
+    """An origin that answers 401 to every token but `accepted`."""
+
+    def __init__(self, accepted: str):
+        super().__init__()
+        self.accepted = accepted
+        route = self.server.RequestHandlerClass._route
+
+        def gated(handler, body):
+            if handler.headers.get("Authorization") != f"Bearer {self.accepted}":
+                error = {"error": {"code": "unauthorized", "message": "unknown session"}}
+                return handler._answer(401, json.dumps(error).encode())
+            return route(handler, body)
+
+        self.server.RequestHandlerClass._route = gated
+
+
+def test_a_call_answered_401_goes_again_once_the_worker_registered_again():
+    """A finish sent while a restored control plane does not know the session is not dropped (run twice)."""
+    gate = Gate("new")
+    try:
+        transport = Transport(gate.url)
+        transport.set_token("old")
+        threading.Timer(0.3, transport.set_token, args=("new",)).start()  # the heartbeat's rejoin
+        assert transport.call("POST", "/worker/tasks/7/finish", {"exit_code": 0})["path"] == "/v1/worker/tasks/7/finish"
+        assert [r["headers"]["Authorization"] for r in gate.requests] == ["Bearer old", "Bearer new"]
+        with pytest.raises(Unauthorized):  # a plain request is never sent again: its caller decides
+            Transport(gate.url).request("POST", "/worker/heartbeat", {})
+    finally:
+        gate.stop()
+
+
+def test_a_401_stands_when_no_new_registration_comes_in_time():
+    gate = Gate("never")
+    try:
+        transport = Transport(gate.url)
+        transport.set_token("old")
+        transport.reauth_wait_s = 0.2
+        started = time.monotonic()
+        with pytest.raises(Unauthorized):
+            transport.call("POST", "/worker/tasks/7/finish", {})
+        assert 0.2 <= time.monotonic() - started < 5 and len(gate.requests) == 1
+    finally:
+        gate.stop()
