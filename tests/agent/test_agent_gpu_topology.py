@@ -37,3 +37,20 @@ def test_a_gpu_without_topology_reads_as_none(fake_nvml):
 def _box(name: str) -> dict:
     import sys
     return getattr(sys.modules["pynvml"], name)()
+
+
+def test_the_cpus_local_to_each_gpu_and_a_mig_instance_gets_its_gpus(fake_nvml):
+    fake_nvml(gpus=[{"name": "H100", "uuid": "GPU-0", "cpus": [0, 1, 2, 3, 64, 65]},
+                    {"name": "A100", "uuid": "GPU-1", "cpus": [4, 5], "mig_supported": True,
+                     "mig": [{"profile": "1g.10gb", "uuid": "MIG-1-1", "gi": 1},
+                             {"profile": "3g.40gb", "uuid": "MIG-1-2", "gi": 2}]},
+                    {"name": "T4", "uuid": "GPU-2"}])
+    nvml = Nvml.open()
+    try:
+        devices = dict(enumerate(nvml.devices()))
+        found = topology.local_cpus(nvml, devices)
+    finally:
+        nvml.close()
+    assert [devices[i].gpu for i in sorted(devices)] == [0, 1, 1, 2]
+    assert found[1] == found[2] == {4, 5} and 3 not in found  # the T4's CPUs NVML cannot tell (nor the kernel)
+    assert found[0] >= {0, 1, 2, 3}  # 64 and 65 only where the machine has that many CPUs (the set's size)
