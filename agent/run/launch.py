@@ -16,7 +16,7 @@ from gpulayer.protocol import plural
 from ..artifacts.bundle import empty_dir, place_file, unpack_bundle
 from ..artifacts.caps import UnpackBudget, UnpackLimit
 from ..artifacts.checkpoint import DIR_NAME as CHECKPOINT_DIR
-from ..cpusets import cpu_list, pinned
+from ..cpusets import cpu_list
 from ..errors import TaskSetupError
 from ..events import log_event
 from ..sandbox import cdi
@@ -150,11 +150,10 @@ class TaskLaunch(TaskReports):
             extra = {**extra, "GPULAYER_CPUS": cpu_list(cpus)}
         self.extra_env = dict(extra)
         try:
-            with pinned(cpus):  # this thread's affinity, which the process it starts is born with
-                start = self._launch(argv, self.environment(extra), cpus)
-                proc = TaskProcess(start.argv, start.env, str(self.workdir), self.shipper.add,
-                                   sandboxed=self._placed().own_sandbox, entered=start.entered,
-                                   started=start.started, info=start.info, init_pidfd=start.init_pidfd)
+            start = self._launch(argv, self.environment(extra), cpus)
+            proc = TaskProcess(start.argv, start.env, str(self.workdir), self.shipper.add,
+                               sandboxed=self._placed().own_sandbox, entered=start.entered, started=start.started,
+                               info=start.info, init_pidfd=start.init_pidfd, cpus=cpus)
         except OSError as exc:
             code = 127 if isinstance(exc, FileNotFoundError) else 126
             self.shipper.system(f"cannot start {argv[0]!r}: {exc.strerror or exc}")
