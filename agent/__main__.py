@@ -46,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--cpus", type=float, default=None, help="advertised CPUs (default: detected)")
     add("--gpus", type=int, default=None, help="advertised GPUs; 0 means none (default: detected)")
     add("--gpu-sharing", choices=("off", "mps", "time-slice"), default="off", help="share each GPU between fractional tasks (submit --gpu-fraction / --gpu-memory): mps (NVIDIA MPS, its control daemon per GPU), time-slice (the device shared, memory shares enforced by the agent), off: whole GPUs only (default off)")
+    add("--pin-cpus", action="store_true", default=os.environ.get("GPULAYER_WORKER_PIN_CPUS") == "1", help="run each task on the CPUs local to its GPUs (their NUMA node), split between tasks that ask --cpus; tasks without GPUs on the CPUs no GPU task holds (env GPULAYER_WORKER_PIN_CPUS=1)")
     add("--ram-mb", type=int, default=None, help="advertised memory in MB (default: detected)")
     add("--max-idle", type=_seconds, default=0.0, help="exit after this long idle (seconds, 30m, 1:00:00, ...); 0 disables")
     add("--drain-timeout", type=_seconds, default=0.0, help="on SIGTERM, take no new task and let running ones finish for up to this long (seconds, 10m, ...) before stopping them (default 0)")
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         ram_mb=args.ram_mb, gpu_sharing=args.gpu_sharing, max_idle_s=args.max_idle, drain_timeout_s=args.drain_timeout, state_dir=args.state_dir, ca_file=args.ca_file,
         ca_fingerprint=args.ca_fingerprint, insecure=args.insecure, sandbox=args.sandbox, run_as=args.run_as,
         allow_root_tasks=args.allow_root_tasks, sandbox_binds=args.sandbox_bind, hidden_paths=[args.token_file] if args.token_file else [],
-        no_exec=args.no_exec,
+        no_exec=args.no_exec, pin_cpus=args.pin_cpus,
     )
     return run_worker(config)
 

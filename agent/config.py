@@ -34,6 +34,8 @@ class WorkerConfig:
     ram_mb: int | None = None
     #: --gpu-sharing off|mps|time-slice: fractional tasks on one GPU (agent/gpu/sharing.py)
     gpu_sharing: str = "off"
+    #: --pin-cpus: each task's processes run on the CPUs local to its GPUs (agent/gpu/pinning.py)
+    pin_cpus: bool = False
     max_idle_s: float = 0
     #: On a stop, take no new task and let running ones finish for up to this long before stopping them.
     drain_timeout_s: float = 0

@@ -85,6 +85,8 @@ class Registration(WorkerState):
                       if u is not None and u.memory_total_mb]
             inventory.gpu_memory_mb = min(totals) if totals else 0
             inventory.gpu_topology = topology.read(nvml, inventory.nvml_devices)
+            if config.pin_cpus:
+                inventory.gpu_cpus = topology.local_cpus(nvml, inventory.nvml_devices)
         return self._shared(inventory)
 
     def _shared(self, inventory: Inventory) -> Inventory:

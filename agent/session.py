@@ -9,8 +9,10 @@ Its parts, each a class on the one below: worker_state.WorkerState (what it hold
 task runners, stopping).
 """
 
+import logging
 import os
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -23,6 +25,8 @@ from .artifacts.caps import UnpackBudget
 from .config import interpreter, task_sandbox
 from .errors import AgentError, Rejected, Revoked, Unauthorized, Unreachable
 from .events import log_event
+from .cpusets import cpu_list
+from .gpu import pinning
 from .gpu.inventory import Inventory
 from .gpu.sharing import GpuSharing, MpsDaemons
 from .heartbeat import Heartbeat
@@ -101,6 +105,18 @@ class Worker(Heartbeat):
                                       {i: d.gpu for i, d in inventory.nvml_devices.items()})
         return self.gpu_sharing
 
+    def _pins(self, inventory: Inventory) -> pinning.CpuPins | None:
+        """--pin-cpus: the tasks' CPU sets; None (said at start) where this machine's affinity cannot be read."""
+        if not self.config.pin_cpus:
+            return None
+        pins, why = pinning.start(inventory.gpu_cpus)
+        if pins is None:
+            print(f"gpulayer worker: {why}", file=sys.stderr, flush=True)
+            log_event("cpu_pinning_off", level=logging.WARNING, message=why)
+            return None
+        log_event("cpu_pinning", cpus=cpu_list(pins.allowed), gpus={i: cpu_list(c) for i, c in pins.local.items()})
+        return pins
+
     def _task_context(self, transport: Transport, cache: ArtifactCache, answer: dict, inventory: Inventory,
                       state_dir: Path, unpack_caps: UnpackBudget) -> TaskContext:
         config = self.config
@@ -113,6 +129,7 @@ class Worker(Heartbeat):
             spares = Spares(self.sandbox, state_dir / "tasks", RunningTasks(state_dir), most=int(config.parallel),
                             keep_dirs=config.keep_task_dirs)
             self._opened.callback(spares.close)
+        pins = self._pins(inventory)
         return TaskContext(
             transport=transport,
             cache=cache,
@@ -133,6 +150,8 @@ class Worker(Heartbeat):
             sandbox=self.sandbox,
             gpu_minors=gpu_minors(inventory.device_ids, inventory.nvml_devices),
             gpu_share_env=self._sharing(inventory).environment,
+            pin_cpus=pins.take if pins is not None else lambda _task, _gpus, _cpus: None,
+            unpin_cpus=pins.release if pins is not None else lambda _task: None,
             images=ImageCache(cache),
             shared=shared,
             spares=spares,

@@ -34,6 +34,8 @@ class Inventory:
     gpu_memory_mb: int = 0
     #: how its GPUs are wired (agent/gpu/topology.py): reported at register where NVML could tell
     gpu_topology: list[dict] = field(default_factory=list)
+    #: index -> the CPUs local to that GPU (agent/gpu/topology.py's local_cpus), read for --pin-cpus only
+    gpu_cpus: dict[int, frozenset[int]] = field(default_factory=dict)
 
     def resources(self) -> dict:
         """The ``resources`` object of the register call (sharing only when on, GPU memory only when known)."""

@@ -7,11 +7,19 @@ among them) and its NUMA node (`nvmlDeviceGetNumaNodeId`, else the kernel's
 /sys/bus/pci/devices/<bus>/numa_node). Placement gives a multi-GPU task GPUs of one NVLink set where it can
 (gpulayer/server/scheduler/placement.py; docs/workers.md, "Topology"). A MIG instance has no topology of its
 own: only whole GPUs are read. Whatever NVML does not support is left out, never a fault.
+
+`local_cpus` reads the CPUs local to each GPU (`nvmlDeviceGetCpuAffinity`, else the kernel's
+/sys/bus/pci/devices/<bus>/local_cpulist), for `worker start --pin-cpus` (agent/gpu/pinning.py); a MIG
+instance gets its GPU's.
 """
 
+import ctypes
+import math
+import os
 from pathlib import Path
 from typing import Any
 
+from ..cpusets import parse_cpu_list
 from ..events import log_event
 from .nvml import Device, Nvml
 
@@ -88,3 +96,37 @@ def _numa(lib: Any, handle: Any, bus: str) -> int | None:
     except (OSError, ValueError):
         return None
     return node if node >= 0 else None
+
+
+def local_cpus(nvml: Nvml, devices: dict[int, Device]) -> dict[int, frozenset[int]]:
+    """index -> the CPUs local to that device's GPU, for the devices whose CPUs NVML or the kernel tell."""
+    lib = nvml.lib
+    found: dict[int, frozenset[int]] = {}
+    by_gpu: dict[int, frozenset[int] | None] = {}
+    for index, device in sorted(devices.items()):
+        if device.gpu not in by_gpu:
+            with nvml.lock:
+                by_gpu[device.gpu] = _gpu_cpus(lib, device.gpu)
+        cpus = by_gpu[device.gpu]
+        if cpus:
+            found[index] = cpus
+    return found
+
+
+def _gpu_cpus(lib: Any, gpu: int) -> frozenset[int] | None:
+    try:
+        handle = lib.nvmlDeviceGetHandleByIndex(gpu)
+    except (lib.NVMLError, AttributeError):
+        return None
+    bits = ctypes.sizeof(ctypes.c_ulong) * 8
+    try:
+        words = lib.nvmlDeviceGetCpuAffinity(handle, math.ceil((os.cpu_count() or 1) / bits))
+        cpus = frozenset(n * bits + b for n, word in enumerate(words) for b in range(bits) if int(word) >> b & 1)
+        if cpus:
+            return cpus
+    except (lib.NVMLError, AttributeError):
+        pass
+    try:
+        return parse_cpu_list((SYS_PCI / _bus(lib.nvmlDeviceGetPciInfo(handle)) / "local_cpulist").read_text()) or None
+    except (lib.NVMLError, AttributeError, OSError, ValueError):
+        return None

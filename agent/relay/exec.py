@@ -25,6 +25,7 @@ from gpulayer.protocol.fields import from_wire, to_wire
 from gpulayer.protocol.relay import CLOSE, DATA, EOF, EXT_DATA, SIGNAL, SIGNALS, STDERR, Frame
 from gpulayer.relaylink.streams import Stream
 
+from ..cpusets import pinned
 from ..events import log_event
 from ..run.supervision import TaskHandle, TaskRunnerView
 from ..sandbox.bwrap import TaskUser, loader_variables
@@ -34,6 +35,11 @@ from ..sandbox.process import READ_BYTES, exit_code_of, live_group_members
 
 class ExecRefused(Exception):
     """The command cannot run in this task (the message says why)."""
+
+
+def task_cpus(handle: TaskHandle) -> frozenset[int] | None:
+    """The CPUs the task runs on (--pin-cpus), for what exec, shell and SSH start in it; None: unpinned."""
+    return handle.runner.cpus if handle.runner is not None else None
 
 
 def command_in(handle: TaskHandle, argv: list[str]) -> tuple[list[str], dict[str, str], str]:
@@ -165,9 +171,9 @@ def serve(stream: Stream, opened: StreamOpen, find: Callable[[int], TaskHandle |
         return stream.close(Close(error=f"task {task_id} is not running on this worker"))
     try:
         launch, env, cwd = command_in(handle, argv)
-        proc = subprocess.Popen(
-            launch, env=env, cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
-        )
+        with pinned(task_cpus(handle)):
+            proc = subprocess.Popen(launch, env=env, cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, start_new_session=True)
     except ExecRefused as exc:
         return stream.close(Close(error=str(exc)))
     except OSError as exc:  # unsandboxed: the command itself could not start

@@ -39,7 +39,8 @@ from gpulayer.relaylink.streams import Stream
 from ..events import log_event
 from ..run.supervision import TaskHandle
 from ..sandbox.process import READ_BYTES, exit_code_of
-from .exec import ExecRefused, command_in, host_tool, sandbox_init_pid
+from ..cpusets import pinned
+from .exec import ExecRefused, command_in, host_tool, sandbox_init_pid, task_cpus
 
 #: The command without one given: the task's bash when it has one, else sh (both interactive on a terminal).
 DEFAULT_SHELL = ["/bin/sh", "-c", "if command -v bash >/dev/null 2>&1; then exec bash; fi; exec sh"]
@@ -77,7 +78,9 @@ def serve(stream: Stream, opened: StreamOpen, find: Callable[[int], TaskHandle |
         _winsize(master, opened.rows, opened.cols)
         # Outside a sandbox setsid is the started process itself (not a group leader, so it needs no fork);
         # through nsenter, nsenter leads a session of its own without a terminal and setsid takes it inside.
-        proc = subprocess.Popen(launch, env=env, cwd=cwd, stdin=slave, stdout=slave, stderr=slave, start_new_session=launch is not inner)
+        with pinned(task_cpus(handle)):
+            proc = subprocess.Popen(launch, env=env, cwd=cwd, stdin=slave, stdout=slave, stderr=slave,
+                                    start_new_session=launch is not inner)
     except OSError as exc:
         os.close(master)
         return stream.close(Close(error=f"shell: cannot start {argv[0]!r}: {exc.strerror or exc}"))

@@ -33,7 +33,8 @@ from gpulayer.relaylink.streams import Stream
 
 from ..events import log_event
 from ..run.supervision import TaskHandle
-from .exec import ExecRefused, command_in, image_entry, kill_group
+from ..cpusets import pinned
+from .exec import ExecRefused, command_in, image_entry, kill_group, task_cpus
 
 READ_BYTES = 64 * 1024
 #: Seconds the server may take to end after its stream closed, before it is killed.
@@ -92,10 +93,11 @@ def serve(stream: Stream, opened: StreamOpen, find: Callable[[int], TaskHandle |
             fds = [*entry["namespaces"].values(), entry["root"]]
         else:
             launch, env, cwd = command_in(handle, server_argv())
-        proc = subprocess.Popen(
-            launch, env=env, cwd=cwd, stdin=theirs.fileno(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            start_new_session=True, pass_fds=fds,
-        )
+        with pinned(task_cpus(handle)):
+            proc = subprocess.Popen(
+                launch, env=env, cwd=cwd, stdin=theirs.fileno(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                start_new_session=True, pass_fds=fds,
+            )
     except (ExecRefused, OSError) as exc:
         ours.close()
         return stream.close(Close(error=str(exc) if isinstance(exc, ExecRefused) else f"ssh: cannot start the task's SSH server: {exc}"))

@@ -16,6 +16,7 @@ from gpulayer.protocol import plural
 from ..artifacts.bundle import empty_dir, place_file, unpack_bundle
 from ..artifacts.caps import UnpackBudget, UnpackLimit
 from ..artifacts.checkpoint import DIR_NAME as CHECKPOINT_DIR
+from ..cpusets import cpu_list
 from ..errors import TaskSetupError
 from ..events import log_event
 from ..sandbox import cdi
@@ -144,12 +145,15 @@ class TaskLaunch(TaskReports):
             argv = image_argv(self.image.config, task_argv(list(self.assignment.command), None, weights))
         else:
             argv = task_argv(list(self.assignment.command), self.ctx.python, self.weights)
+        cpus = self._pinned_cpus()
+        if cpus is not None:
+            extra = {**extra, "GPULAYER_CPUS": cpu_list(cpus)}
         self.extra_env = dict(extra)
         try:
-            start = self._launch(argv, self.environment(extra))
+            start = self._launch(argv, self.environment(extra), cpus)
             proc = TaskProcess(start.argv, start.env, str(self.workdir), self.shipper.add,
                                sandboxed=self._placed().own_sandbox, entered=start.entered, started=start.started,
-                               info=start.info, init_pidfd=start.init_pidfd)
+                               info=start.info, init_pidfd=start.init_pidfd, cpus=cpus)
         except OSError as exc:
             code = 127 if isinstance(exc, FileNotFoundError) else 126
             self.shipper.system(f"cannot start {argv[0]!r}: {exc.strerror or exc}")
@@ -167,6 +171,14 @@ class TaskLaunch(TaskReports):
                 self._report_start(proc.pid)
         return proc
 
+    def _pinned_cpus(self) -> frozenset[int] | None:
+        """--pin-cpus: the CPUs the task's processes run on (said once in its log); None: unpinned."""
+        cpus = self.ctx.pin_cpus(self.task_id, list(self.assignment.gpus), self.assignment.cpus)
+        if cpus is not None and self.cpus is None:
+            self.shipper.system(f"pinned to CPUs {cpu_list(cpus)}")
+        self.cpus = cpus
+        return cpus
+
     def _placed(self) -> Place:
         assert self.place is not None, "spawn() before _prepare_dir()"
         return self.place
@@ -177,9 +189,10 @@ class TaskLaunch(TaskReports):
             raise TaskSetupError("network none needs a sandbox, and this worker runs tasks without one (--sandbox)")
         self.ctx.sandbox.give(self.workdir, self.assignment.run_as_root)
 
-    def _launch(self, argv: list[str], env: dict[str, str]) -> Start:
+    def _launch(self, argv: list[str], env: dict[str, str], cpus: frozenset[int] | None = None) -> Start:
         """How ``argv`` starts in the task's place, and the environment to start it with: in a sandbox, the job's
-        ``LD_*`` set inside, by the inner ``env`` (raises what exec would for a command that cannot start)."""
+        ``LD_*`` set inside, by the inner ``env`` (raises what exec would for a command that cannot start).
+        ``cpus``: what a process started elsewhere (a spare's, the job's launcher's) is to run on."""
         where = self._placed()
         if where.way == "image":
             assert self.image is not None
@@ -189,10 +202,10 @@ class TaskLaunch(TaskReports):
         startable(argv, env, str(self.workdir))
         outer, loader = loader_variables(env)
         if where.way in ("launcher", "nsenter"):
-            return self._launch_shared(where, argv, env, outer, loader)
+            return self._launch_shared(where, argv, env, outer, loader, cpus)
         if where.way == "spare":  # made ahead: the command is all that starts
             assert where.spare is not None and self.ctx.spares is not None
-            made_ahead = self.ctx.spares.start(where.spare, argv, env, str(self.workdir))
+            made_ahead = self.ctx.spares.start(where.spare, argv, env, str(self.workdir), cpus)
             init_pidfd, where.spare.init_pidfd = where.spare.init_pidfd, None  # the task's process's now
             return Start(argv, env, started=made_ahead, init_pidfd=init_pidfd)
         info = os.pipe()  # bwrap's --info-fd: the sandbox init's pid, whose end is the namespace's
@@ -207,7 +220,7 @@ class TaskLaunch(TaskReports):
         return Start(wrapped, outer, info=info)
 
     def _launch_shared(self, where: Place, argv: list[str], env: dict[str, str], outer: dict[str, str],
-                       loader: list[str]) -> Start:
+                       loader: list[str], cpus: frozenset[int] | None = None) -> Start:
         """Into the job's sandbox: forked by its launcher, or entered by nsenter (two execs, no bwrap)."""
         shared = self.ctx.shared
         assert where.holder is not None and shared is not None
@@ -216,7 +229,7 @@ class TaskLaunch(TaskReports):
         except TaskSetupError as exc:
             raise OSError(str(exc)) from None
         if where.way == "launcher":
-            launched = shared.launch(where.holder, argv, env, str(self.workdir), self.shipper.system)
+            launched = shared.launch(where.holder, argv, env, str(self.workdir), self.shipper.system, cpus)
             if launched is not None:  # forked inside by the job's launcher, already running
                 return Start(argv, env, started=launched)
         return Start(self.ctx.sandbox.enter_argv(pid, argv, str(self.workdir), network=where.network, loader=loader),

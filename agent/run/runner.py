@@ -56,6 +56,7 @@ class TaskRunner(TaskLaunch):
         finally:
             if self.ctx.running is not None:
                 self.ctx.running.remove(self.workdir.name)
+            self.ctx.unpin_cpus(self.task_id)
             if self.image is not None and self.ctx.images is not None:
                 self.ctx.images.release(self.image.manifest)
         try:

@@ -59,6 +59,10 @@ class TaskContext:
     #: What the worker's GPU sharing adds to a fractional task's environment (agent/gpu/sharing.py's
     #: GpuSharing.environment; the session makes it).
     gpu_share_env: Callable[[Assignment], dict[str, str]] = lambda _assignment: {}
+    #: --pin-cpus: the CPUs a task's processes run on (task id, its GPUs, its `cpus`; agent/gpu/pinning.py's
+    #: CpuPins.take), None: unpinned; and the release when the task ends.
+    pin_cpus: Callable[[int, list[int], float], frozenset[int] | None] = lambda _task, _gpus, _cpus: None
+    unpin_cpus: Callable[[int], None] = lambda _task: None
     #: The unpacked OCI images of image jobs (agent/sandbox/images.py); None: made from the cache on first use.
     images: ImageCache | None = None
     #: One sandbox per job for its array elements (agent/sandbox/shared.py); None: each task its own bwrap.
@@ -84,6 +88,8 @@ class TaskState:
         #: Where the task starts (agent/run/place.py), chosen once when its directory is made (TaskLaunch._prepare_dir).
         self.place: Place | None = None
         self.weights: str | None = None
+        #: --pin-cpus: the CPUs its processes run on, once chosen (None: unpinned)
+        self.cpus: frozenset[int] | None = None
         #: The image an image job runs in, once fetched and unpacked (held until the task ends).
         self.image: Prepared | None = None
         #: An image job's GPU driver files: bwrap mounts and the environment that finds them (agent/sandbox/cdi.py).

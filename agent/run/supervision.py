@@ -22,6 +22,8 @@ class TaskRunnerView(Protocol):
     ctx: Any
     assignment: Any
     extra_env: dict[str, str]
+    #: --pin-cpus: the CPUs its processes run on (what exec, shell and SSH start there run on too); None: unpinned
+    cpus: frozenset[int] | None
 
     @property
     def workdir(self) -> Any: ...

@@ -131,8 +131,10 @@ class Launcher:
             log_event("launcher_unavailable", job_id=self.job_id, reason="no answer")
         return self.alive
 
-    def spawn(self, argv: list[str], env: dict[str, str], cwd: str, system: Callable[[str], None]) -> Launched | None:
-        """Start ``argv`` in the job's sandbox; None when the launcher cannot take it (nsenter then).
+    def spawn(self, argv: list[str], env: dict[str, str], cwd: str, system: Callable[[str], None],
+              cpus: frozenset[int] | None = None) -> Launched | None:
+        """Start ``argv`` in the job's sandbox (its process on ``cpus``, where given); None when the launcher
+        cannot take it (nsenter then).
 
         Raises OSError as exec would for a command that cannot start (or when the launcher ended meanwhile).
         """
@@ -141,7 +143,8 @@ class Launcher:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         element = Launched(next(self.ids), argv, out_r, err_r, self, system)
-        message = json.dumps({"op": "run", "id": element.ident, "argv": argv, "env": env, "cwd": cwd}).encode()
+        message = json.dumps({"op": "run", "id": element.ident, "argv": argv, "env": env, "cwd": cwd,
+                              **({"cpus": sorted(cpus)} if cpus else {})}).encode()
         try:
             with self.lock:
                 if not self.alive or len(message) > MAX_MESSAGE:

@@ -87,7 +87,10 @@ class Launcher:
             os.close(fd)
 
     def start(self, ident: int, message: dict, fds: list[int]) -> None:
+        before = os.sched_getaffinity(0) if message.get("cpus") else None
         try:
+            if before is not None:  # --pin-cpus: the element is born on its CPUs (one thread here)
+                os.sched_setaffinity(0, message["cpus"])
             proc = subprocess.Popen(
                 message["argv"],
                 env=message["env"],
@@ -103,6 +106,9 @@ class Launcher:
         except (KeyError, TypeError, ValueError) as exc:
             send(self.sock, {"id": ident, "errno": 22, "error": f"bad request: {exc}"})
             return
+        finally:
+            if before is not None:
+                os.sched_setaffinity(0, before)
         pidfd = os.pidfd_open(proc.pid)
         self.children[ident] = (proc, pidfd)
         self.selector.register(pidfd, selectors.EVENT_READ, ident)

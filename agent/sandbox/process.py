@@ -15,6 +15,7 @@ import threading
 import time
 from typing import IO, Callable, Protocol
 
+from ..cpusets import pinned
 
 #: SIGTERM first, then SIGKILL after this many seconds.
 KILL_GRACE_S = 5.0
@@ -110,7 +111,8 @@ class TaskProcess:
 
     def __init__(self, argv: list[str], env: dict[str, str], cwd: str, on_line: LineSink, *, sandboxed: bool = False,
                  entered: bool = False, started: "Started | None" = None,
-                 info: tuple[int, int] | None = None, init_pidfd: int | None = None):
+                 info: tuple[int, int] | None = None, init_pidfd: int | None = None,
+                 cpus: frozenset[int] | None = None):
         self._on_line = on_line
         #: The leader is bwrap (agent/sandbox/bwrap.py), which may exit while its PID namespace is still ending.
         self.sandboxed = sandboxed
@@ -124,17 +126,20 @@ class TaskProcess:
         #: ``init_pidfd``: that pidfd already, of a sandbox made ahead, agent/sandbox/spares.py; closed here).
         self.init_pidfd: int | None = init_pidfd
         #: ``started``: a process the job's launcher started already (agent/sandbox/launcher.py), the leader of its group.
+        #: ``cpus`` (--pin-cpus): the CPUs the process is born on (this thread's affinity for the fork alone, which
+        #: no thread the agent starts meanwhile inherits).
         try:
-            self.popen: Started = started if started is not None else subprocess.Popen(
-                argv,
-                env=env,
-                cwd=cwd,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-                pass_fds=info[1:] if info is not None else (),
-            )
+            with pinned(cpus if started is None else None):
+                self.popen: Started = started if started is not None else subprocess.Popen(
+                    argv,
+                    env=env,
+                    cwd=cwd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    start_new_session=True,
+                    pass_fds=info[1:] if info is not None else (),
+                )
         except BaseException:
             if info is not None:
                 os.close(info[0])

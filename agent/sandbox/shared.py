@@ -141,11 +141,11 @@ class SharedSandboxes:
             return holder.pid
 
     def launch(self, holder: Holder, argv: list[str], env: dict[str, str], cwd: str,
-               system: Callable[[str], None]) -> Launched | None:
-        """The element started by the job's launcher; None when it has none (enter by nsenter). Raises OSError
-        as exec would."""
+               system: Callable[[str], None], cpus: frozenset[int] | None = None) -> Launched | None:
+        """The element started by the job's launcher (on ``cpus``, where given); None when it has none (enter by
+        nsenter). Raises OSError as exec would."""
         launcher = holder.launcher
-        return launcher.spawn(argv, env, cwd, system) if launcher is not None else None
+        return launcher.spawn(argv, env, cwd, system, cpus) if launcher is not None else None
 
     def _reap_loop(self) -> None:
         while not self.closed.wait(min(1.0, self.linger_s)):

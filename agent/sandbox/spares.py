@@ -39,7 +39,7 @@ from pathlib import Path
 from ..events import log_event
 from .bwrap import PASSED_SIGNALS, Sandbox
 from .leftovers import RunningTasks
-from .process import sandbox_init_pidfd
+from .process import live_group_members, sandbox_init_pidfd
 
 #: Seconds a spare may wait unused before the next take ends it (a worker whose plain tasks stopped coming).
 IDLE_S = 300.0
@@ -146,9 +146,11 @@ class Spares:
             spare.taken = True
         return spare
 
-    def start(self, spare: Spare, argv: list[str], env: dict[str, str], workdir: str) -> MadeAhead:
+    def start(self, spare: Spare, argv: list[str], env: dict[str, str], workdir: str,
+              cpus: frozenset[int] | None = None) -> MadeAhead:
         """Run ``argv`` in the spare as the task: its environment (the loader's variables too: they reach only
-        the command), working dir and default signals set by the inner ``env``. Raises OSError as exec would."""
+        the command), working dir and default signals set by the inner ``env``; on ``cpus`` where given (the
+        spare's processes, all waiting, are moved there before bash forks it). Raises OSError as exec would."""
         inner = [self.sandbox.env, "-i", f"--default-signal={PASSED_SIGNALS}", f"--chdir={workdir}", "--",
                  *(f"{name}={value}" for name, value in env.items()), *argv]
         if any("\0" in part for part in inner):
@@ -162,6 +164,8 @@ class Spares:
                 os.fchown(fd, user.uid, user.gid)
         finally:
             os.close(fd)
+        if cpus:
+            _pin_group(spare.proc.pid, cpus)
         assert spare.proc.stdin is not None
         try:
             spare.proc.stdin.write(b"go\n")
@@ -279,3 +283,12 @@ class Spares:
             self._end(spare)
         self._maker.shutdown(wait=False)
         self._ender.shutdown(wait=True)
+
+
+def _pin_group(pgid: int, cpus: frozenset[int]) -> None:
+    """Move every process of a spare's group (bwrap, its init, the waiting bash) onto ``cpus``."""
+    for pid in live_group_members(pgid) or []:
+        try:
+            os.sched_setaffinity(pid, cpus)
+        except OSError:  # it ended meanwhile
+            pass

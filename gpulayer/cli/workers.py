@@ -21,6 +21,7 @@ Parallel = Annotated[int, typer.Option("--parallel", help="Tasks run at the same
 Cpus = Annotated[Optional[float], typer.Option("--cpus", help="CPUs to advertise (default: detected).", min=0)]
 Gpus = Annotated[Optional[int], typer.Option("--gpus", help="GPUs to advertise (default: detected; 0 means none).", min=0)]
 GpuSharing = Annotated[str, typer.Option("--gpu-sharing", metavar="mps|time-slice|off", help="Share each GPU between fractional tasks (submit --gpu-fraction / --gpu-memory): mps runs NVIDIA MPS's control daemon per GPU (without it installed the worker says so and offers whole GPUs), time-slice gives the device and enforces each task's memory share; off: whole GPUs only (docs/workers.md, \"Sharing a GPU\").")]
+PinCpus = Annotated[bool, typer.Option("--pin-cpus", envvar="GPULAYER_WORKER_PIN_CPUS", show_envvar=True, help="Run each task on the CPUs local to its GPUs (their NUMA node; the union across nodes), split between tasks that ask --cpus so they do not overlap where there are cores enough; tasks without GPUs run on the CPUs no GPU task holds (docs/workers.md, \"Pinning CPUs\").")]
 RamMb = Annotated[Optional[int], typer.Option("--ram-mb", help="Memory to advertise, MB (default: detected).", min=0)]
 MaxIdle = Annotated[str, typer.Option("--max-idle", metavar="DURATION", help="Exit after this long idle (seconds, or 30m, 2h, ...); 0 never.")]
 DrainTimeout = Annotated[str, typer.Option("--drain-timeout", metavar="DURATION", help="On SIGTERM (or Ctrl-C), take no new task and let running ones finish for up to this long (seconds, or 10m, ...) before stopping them; a second signal stops at once.")]
@@ -72,10 +73,10 @@ def default_state_dir(ctx: typer.Context, name: Optional[str]) -> Path:
 
 
 def _worker_settings(name, label, python, advertise_address, parallel, cpus, gpus, ram_mb,
-                     max_idle, state_dir, insecure, drain_timeout="0", gpu_sharing="off") -> dict:
+                     max_idle, state_dir, insecure, drain_timeout="0", gpu_sharing="off", pin_cpus=False) -> dict:
     if gpu_sharing not in ("off", "mps", "time-slice"):
         raise typer.BadParameter(f"expected mps, time-slice or off, got {gpu_sharing!r}", param_hint="--gpu-sharing")
-    return dict(gpu_sharing=gpu_sharing, name=name, labels=parse_pairs(label, "--label"), python=python,
+    return dict(gpu_sharing=gpu_sharing, pin_cpus=pin_cpus, name=name, labels=parse_pairs(label, "--label"), python=python,
                 advertise_address=advertise_address, parallel=parallel, cpus=cpus, gpus=gpus,
                 ram_mb=ram_mb, max_idle_s=parse_duration(max_idle, "--max-idle"), state_dir=state_dir,
                 insecure=insecure, drain_timeout_s=parse_duration(drain_timeout, "--drain-timeout"))
@@ -111,18 +112,19 @@ def worker_start(ctx: typer.Context, name: Name = None, label: Labels = None, py
                  state_dir: StateDir = None, insecure: Insecure = False, token: JoinToken = None,
                  token_file: TokenFile = None, drain_timeout: DrainTimeout = "0", sandbox: SandboxMode = SANDBOX_DEFAULT,
                  run_as: RunAs = None, allow_root_tasks: AllowRootTasks = False, sandbox_bind: SandboxBind = None,
-                 no_exec: NoExec = False, gpu_sharing: GpuSharing = "off") -> None:
+                 no_exec: NoExec = False, gpu_sharing: GpuSharing = "off", pin_cpus: PinCpus = False) -> None:
     """Run a worker agent against the control plane of --url (GPULAYER_URL) until stopped.
 
     \b
     Example:
       GPULAYER_JOIN_TOKEN=glj_... gpulayer --url https://cp:8470 worker start --parallel 4
       GPULAYER_JOIN_TOKEN=glj_... gpulayer --url https://cp:8470 worker start --parallel 16 --gpu-sharing mps
+      GPULAYER_JOIN_TOKEN=glj_... gpulayer --url https://cp:8470 worker start --parallel 8 --pin-cpus
     """
     opts = global_options(ctx)
     settings = _worker_settings(name, label, python, advertise_address, parallel, cpus, gpus, ram_mb,
                                 max_idle, state_dir or default_state_dir(ctx, name), insecure, drain_timeout,
-                                gpu_sharing)
+                                gpu_sharing, pin_cpus)
     settings.update(url=opts.url, join_token=token, token_file=token_file, ca_file=opts.ca_file,
                     no_exec=no_exec, **_isolation_settings(ctx, sandbox, run_as, allow_root_tasks, token_file, sandbox_bind))
     raise typer.Exit(_run(settings, opts.token))
@@ -138,7 +140,8 @@ def join(ctx: typer.Context,
          gpus: Gpus = None, ram_mb: RamMb = None, max_idle: MaxIdle = "0",
          state_dir: StateDir = None, insecure: Insecure = False, drain_timeout: DrainTimeout = "0",
          sandbox: SandboxMode = SANDBOX_DEFAULT, run_as: RunAs = None, allow_root_tasks: AllowRootTasks = False,
-         sandbox_bind: SandboxBind = None, no_exec: NoExec = False, gpu_sharing: GpuSharing = "off") -> None:
+         sandbox_bind: SandboxBind = None, no_exec: NoExec = False, gpu_sharing: GpuSharing = "off",
+         pin_cpus: PinCpus = False) -> None:
     """Join this machine to a control plane as a worker (the line `gpulayer up` prints).
 
     \b
@@ -151,7 +154,7 @@ def join(ctx: typer.Context,
         raise typer.BadParameter("expected sha256:HEX", param_hint="--ca-fingerprint")
     settings = _worker_settings(name, label, python, advertise_address, parallel, cpus, gpus, ram_mb,
                                 max_idle, state_dir or default_state_dir(ctx, name), insecure, drain_timeout,
-                                gpu_sharing)
+                                gpu_sharing, pin_cpus)
     settings.update(url=url.rstrip("/"), join_token=token, token_file=token_file, ca_file=ca_file or global_options(ctx).ca_file,
                     ca_fingerprint=ca_fingerprint, no_exec=no_exec, **_isolation_settings(ctx, sandbox, run_as, allow_root_tasks, token_file, sandbox_bind))
     raise typer.Exit(_run(settings, global_options(ctx).token))

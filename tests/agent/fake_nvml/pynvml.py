@@ -16,7 +16,8 @@ and per GPU, optionally: "temperature": false (not supported), "retire_pending":
 "utilization": 0..100 (default 0; null: not supported), "memory_used_mb" (default 0; null: memory info
 not supported) and "memory_total_mb" (default 81559); the topology (agent/gpu/topology.py): "nvlink" (the
 indices of the GPUs its NVLinks reach, one link each; default none), "pcie_switch" (GPUs with the same value
-share a PCIe switch; default: none shared) and "numa_node" (default: NVML cannot tell). `nvlink_box()` and
+share a PCIe switch; default: none shared), "numa_node" (default: NVML cannot tell) and "cpus" (the CPU
+numbers local to it, `nvmlDeviceGetCpuAffinity`; default: NVML cannot tell). `nvlink_box()` and
 `pcie_box()` are the topologies of two real machines.
 
 Only what agent/gpu/nvml.py uses is here, with pynvml's names, constants and
@@ -295,6 +296,18 @@ def nvmlDeviceGetNumaNodeId(handle) -> int:
     if gpu.get("numa_node") is None:
         raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
     return int(gpu["numa_node"])
+
+
+def nvmlDeviceGetCpuAffinity(handle, cpu_set_size: int) -> list[int]:
+    """The CPUs local to the GPU as `cpu_set_size` 64-bit words (pynvml: an array of C unsigned longs)."""
+    gpu = _gpu(handle)
+    if gpu.get("cpus") is None:
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    words = [0] * cpu_set_size
+    for cpu in gpu["cpus"]:
+        if cpu // 64 < cpu_set_size:
+            words[cpu // 64] |= 1 << cpu % 64
+    return words
 
 
 def _h100(index: int, **topology) -> dict:
