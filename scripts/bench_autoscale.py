@@ -21,7 +21,11 @@ one keep-alive session each) from this process:
   with autoscaling (min 1, max 2, a target it never reaches: the autoscaler samples it every tick) against one
   without, `--runs` times interleaved: req/s medians and their ratio (target >= 0.95).
 
+The step prints where its new replicas' time went from the decision (`decision_to_ready_legs`: queued ->
+assigned, assigned -> started, started -> endpoint reported); `--step-runs N` repeats it.
+
     python scripts/bench_autoscale.py            # about three minutes
+    python scripts/bench_autoscale.py --phases step --step-runs 3
     python scripts/bench_autoscale.py --json
 """
 
