@@ -21,7 +21,11 @@ one keep-alive session each) from this process:
   with autoscaling (min 1, max 2, a target it never reaches: the autoscaler samples it every tick) against one
   without, `--runs` times interleaved: req/s medians and their ratio (target >= 0.95).
 
+The step prints where its new replicas' time went from the decision (`decision_to_ready_legs`: queued ->
+assigned, assigned -> started, started -> endpoint reported); `--step-runs N` repeats it.
+
     python scripts/bench_autoscale.py            # about three minutes
+    python scripts/bench_autoscale.py --phases step --step-runs 3
     python scripts/bench_autoscale.py --json
 """
 
@@ -143,6 +147,22 @@ def _start(plane, job_id: int, task_id: int) -> float:
     return next(e["at"] for e in events if e["kind"] == "task_reported" and e["data"].get("endpoint")) - assigned
 
 
+def _breakdown(plane, job_id: int, task_ids: list[int], decided: float) -> dict:
+    """Where an added replica's time goes, from the decision (seconds, the slowest replica's of each leg):
+    queued -> assigned (a parked acquire wakes and claims), assigned -> started (the agent starts the sandboxed
+    process), started -> endpoint reported (the process listens, the agent's probe sees it, a heartbeat tells)."""
+    legs: dict[str, list[float]] = {"to_assigned_s": [], "assigned_to_started_s": [], "started_to_endpoint_s": []}
+    for task_id in task_ids:
+        events = [e for e in plane.events(job_id) if e["task_id"] == task_id]
+        assigned = next(e["at"] for e in events if e["kind"] == "task_assigned")
+        started = next(e["at"] for e in events if e["kind"] == "task_started")
+        ready = next(e["at"] for e in events if e["kind"] == "task_reported" and e["data"].get("endpoint"))
+        legs["to_assigned_s"].append(round(assigned - decided, 3))
+        legs["assigned_to_started_s"].append(round(started - assigned, 3))
+        legs["started_to_endpoint_s"].append(round(ready - started, 3))
+    return legs
+
+
 def step(plane, args) -> dict:
     scale = {"min": 1, "max": 4, "target_concurrency": args.target, "up_after_s": args.up_after, "down_after_s": 600}
     began = time.time()
@@ -160,12 +180,16 @@ def step(plane, args) -> dict:
     up = [d for d in decisions if d["data"]["why"] == "up"]
     added = [t for d in up for t in d["data"]["added"]]
     starts = [round(_start(plane, job_id, t), 2) for t in added]
+    legs = _breakdown(plane, job_id, added, up[0]["at"]) if up else {}
     plane.cli("job", "cancel", str(job_id))
+    wait_for(lambda: all(t["state"] not in ("queued", "assigned", "running") for t in plane.job(job_id)["tasks"]),
+             60, "the step's replicas to stop (the next run's first replica starts on a free worker)", interval=0.1)
     return {"one_replica_start_s": round(one_start, 2), "decisions": [(d["data"]["from"], d["data"]["to"]) for d in up],
             "added_replica_starts_s": starts,
             "step_to_decision_s": round(up[0]["at"] - stepped, 2) if up else None,
             "step_to_all_ready_s": round(all_ready - stepped, 2),
-            "bound_s": round(args.up_after + one_start, 2), "failed": len(load.failed), "answered": load.ok}
+            "bound_s": round(args.up_after + one_start, 2), "failed": len(load.failed), "answered": load.ok,
+            "decision_to_ready_legs": legs}
 
 
 def down(plane, args) -> dict:
@@ -247,6 +271,7 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--step-runs", type=int, default=1, help="how many load steps (each a service of its own)")
     parser.add_argument("--phases", default="step,down,cold,throughput")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -259,18 +284,21 @@ def main() -> int:
         for i in range(args.workers):
             plane.start_worker(f"bench-{i}", timeout=120)
         for name in args.phases.split(","):
-            result[name] = phases[name](plane, args)
+            if name == "step":
+                result["step_runs"] = [step(plane, args) for _ in range(args.step_runs)]
+                result["step"] = result["step_runs"][-1]
+            else:
+                result[name] = phases[name](plane, args)
     result["load_average_after"] = os.getloadavg()
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
     print(f"{result['when']}  {machine_line(result['machine'])}  load {load_before} -> {result['load_average_after']}")
-    if "step" in result:
-        s = result["step"]
+    for s in result.get("step_runs", []):
         print(f"step 1x -> 4x: decision {s['decisions']} {s['step_to_decision_s']} s after the step, all ready "
               f"{s['step_to_all_ready_s']} s (bound: up_after {args.up_after} + one replica start "
               f"{s['one_replica_start_s']} = {s['bound_s']} s; the added replicas' own starts {s['added_replica_starts_s']} s); "
-              f"failed {s['failed']}")
+              f"failed {s['failed']}; legs from the decision {s['decision_to_ready_legs']}")
     if "down" in result:
         d = result["down"]
         print(f"down 3 -> 1 under load: {d['decisions']} in {d['seconds_to_one']} s, {d['answered']} answered, "

@@ -141,7 +141,7 @@ def run(args) -> dict:
         events = plane.events(job_id)
         turned = [e for e in events if e["kind"] == "service_update_rolling_back"][-1]
         started = [e for e in events if e["kind"] == "task_started" and e["at"] <= turned["at"]][-1]
-        out["failed_rollout"]["rolled_back_after_start_s"] = round(turned["at"] - started["at"], 2)
+        out["failed_rollout"]["rolled_back_after_start_s"] = round(turned["at"] - started["at"], 3)
         out["failed_rollout"]["health_failures_x_interval_s"] = args.failures * args.interval
         finished = next(e for e in events if e["kind"] == "service_update_finished")
         out["update"]["rollout_s"] = finished["data"]["seconds"] if "data" in finished else finished.get("seconds")

@@ -17,9 +17,11 @@ from ..sandbox.process import TaskProcess
 from .rendezvous import free_port
 from .supervision import Limits, Stop, StopRule, TaskHandle, TaskResult, result_of, supervise
 
-#: Until the replica answers, probes start 20 ms apart and back off to 250 ms:
-#: a server that binds in 100 ms is reported then, not a whole interval later.
+#: Until the replica answers, probes go 20 ms apart for its first PROBE_FAST_S seconds (an interpreter's start,
+#: a small server's bind: reported within 20 ms of it, which is what an autoscaler's new replicas wait for), then
+#: back off to 250 ms (a model that loads for a minute is not probed 50 times a second).
 PROBE_FIRST_S = 0.02
+PROBE_FAST_S = 3.0
 PROBE_EVERY_S = 0.25
 HEALTH_TIMEOUT_S = 5.0
 #: Once a replica without a health check answers, its port is probed this often (a check's default interval).
@@ -63,7 +65,7 @@ class EndpointProbe:
         self.clock = clock
         self.ready = False
         self.failures = 0
-        self.next_at = clock()
+        self.next_at = self.started = clock()
         self.probe_wait_s = PROBE_FIRST_S
 
     def _interval_s(self) -> float:
@@ -95,7 +97,8 @@ class EndpointProbe:
         ok, detail = self._check()
         if not self.ready:
             self.next_at = now + self.probe_wait_s
-            self.probe_wait_s = min(PROBE_EVERY_S, self.probe_wait_s * 1.5)
+            if now - self.started >= PROBE_FAST_S:
+                self.probe_wait_s = min(PROBE_EVERY_S, self.probe_wait_s * 1.5)
             if ok:
                 self.ready = True
                 self.handle.endpoint = f"{self.advertise}:{self.port}"
@@ -103,6 +106,10 @@ class EndpointProbe:
                 log_event("service_endpoint", task_id=self.handle.task_id, endpoint=self.handle.endpoint)
             return None
         return self._health_result(ok, detail, now)
+
+    def wait_s(self) -> float:
+        """Seconds until the next probe is due (0 when it is): how long the supervisor may wait before a tick."""
+        return max(0.0, self.next_at - self.clock())
 
     def _health_result(self, ok: bool, detail: str, now: float) -> str | None:
         if not self.health or not self.health.http_path:
@@ -171,7 +178,7 @@ def run_service(runner: ReplicaRunner, service: ServiceSpec, extra_env: dict[str
         probe = EndpointProbe(handle, port, runner.ctx.advertise_address, service.health) if port else None
         run_limits = Limits(limits.timeout_s, limits.silence_s, limits.since)
         stop = supervise(proc, handle, run_limits, runner.shipper.system, runner.ctx.kill_grace_s, probe.tick if probe else None,
-                         rule=runner.stop_rule())
+                         rule=runner.stop_rule(), tick_in=probe.wait_s if probe else None)
         proc.finish_readers()
         handle.endpoint = None
         exit_code = runner.exit_code(proc)

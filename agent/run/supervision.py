@@ -12,6 +12,7 @@ from gpulayer.protocol import parse_signal, signal_number
 from ..sandbox.process import TaskProcess
 
 POLL_S = 0.05
+MIN_POLL_S = 0.005  # the shortest wait for a tick that is due (never a spin)
 
 
 class TaskRunnerView(Protocol):
@@ -219,6 +220,7 @@ def supervise(
     kill_grace_s: float,
     on_tick: Tick | None = None,
     rule: StopRule | None = None,
+    tick_in: Callable[[], float] | None = None,
 ) -> Stop | None:
     """Wait for the process to end; stop its group on cancel, timeout or a tick's restart.
 
@@ -226,7 +228,8 @@ def supervise(
     once per attempt; a cancel (preemption, requeue, a drain) sends its signal, the time limit SIGTERM,
     and SIGKILL follows after its grace (without one: a preemption's grace, else ``kill_grace_s``).
     Returns None when the process ended by itself (left-over group members are killed too), else why
-    the agent ended it.
+    the agent ended it. ``tick_in``: seconds until ``on_tick`` is due (a replica's probe): the loop waits no
+    longer than that (at least MIN_POLL_S), else POLL_S.
     """
     handle.process = proc
     rule = rule or StopRule()
@@ -251,7 +254,7 @@ def supervise(
             _stop(proc, handle, stop, rule, kill_grace_s, system_line)
             return stop
         try:  # wakes as soon as the leader exits (a trivial command ends in a millisecond, not a poll period)
-            proc.popen.wait(timeout=POLL_S)
+            proc.popen.wait(timeout=POLL_S if tick_in is None else min(POLL_S, max(MIN_POLL_S, tick_in())))
         except subprocess.TimeoutExpired:
             pass
 

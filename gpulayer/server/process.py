@@ -348,7 +348,7 @@ def upkeep_jobs(deps: Deps) -> list[Job]:
             Job("fairshare", ledger.RUNNING_REFRESH_S, fairshare), Job("begin_due", 0, begin_due),
             Job("preempt", 0, preempt), Job("idle", config.idle_check_interval_s, reclaim_idle),
             Job("reservations", 0, reserve), Job("drains", 0, drains),
-            Job("rollouts", 0, rollouts), Job("autoscale", 0, autoscale),
+            Job("rollouts", 0, rollouts, due_in=scheduler.rollout_due_in), Job("autoscale", 0, autoscale),
             Job("service_drains", 0, service_drains),
             Job("prune", config.prune_interval_s, prune, first_s=min(config.prune_interval_s, 60.0)),
             Job("sweep", config.artifact_sweep_interval_s, sweep, first_s=config.artifact_sweep_interval_s),

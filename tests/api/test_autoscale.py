@@ -134,6 +134,10 @@ def test_a_request_at_zero_wakes_one_replica_once(sim, deps):
     deps.scheduler.advance_service_drains()
     sim.post(a, f"/tasks/{task['task_id']}/finish", {"exit_code": 0, "outcome": "succeeded", "outputs": {}})
     deps.scheduler.ingress.held[job_id] = 1                       # a request held by the ingress
+    deps.scheduler.ingress.cold_refused[(job_id, "cold_start_timeout")] = 2   # two it answered 503 before
+    metrics = sim.api.simulate_get("/metrics", headers=sim.client_h).text
+    assert f'gpulayer_ingress_held{{job_id="{job_id}"}} 1.0' in metrics
+    assert f'gpulayer_ingress_cold_start_refused_total{{code="cold_start_timeout",job_id="{job_id}"}} 2.0' in metrics
     woken = deps.scheduler.wake_service(job_id)
     assert (woken["from"], woken["to"], woken["why"], len(woken["added"])) == (0, 1, "wake", 1)
     assert deps.scheduler.wake_service(job_id) is None            # one on its way: no second

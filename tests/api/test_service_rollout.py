@@ -158,11 +158,15 @@ def test_a_new_replica_not_ready_within_its_health_checks_rolls_back(fleet):
     shown = fleet.patch(job_id, {"env": {"V": "2"}})
     assert shown["rollout"]["ready_timeout_s"] == 3   # failures x interval
     fleet.take("c", endpoint=False)
+    scheduler = fleet.deps.scheduler
+    scheduler.advance_rollouts()
+    assert scheduler.rollout_due_in() == 3   # upkeep's next tick comes at the new replica's deadline
     fleet.clock.advance(2)
-    fleet.deps.scheduler.advance_rollouts()
-    assert fleet.service(job_id)["rollout"]["state"] == "rolling"
-    fleet.clock.advance(1.5)
-    fleet.deps.scheduler.advance_rollouts()
+    scheduler.advance_rollouts()
+    assert fleet.service(job_id)["rollout"]["state"] == "rolling" and scheduler.rollout_due_in() == 1
+    fleet.clock.advance(1)                   # exactly at the deadline: it turns around then, not a tick later
+    scheduler.advance_rollouts()
+    assert fleet.service(job_id)["rollout"]["state"] == "rolling_back" and scheduler.rollout_due_in() is None
     fleet.settle()
     assert fleet.service(job_id)["updates"][0]["reason"].startswith("not_ready")
     assert fleet.serving(job_id) == [(0, 1), (1, 1)]

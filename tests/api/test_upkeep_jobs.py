@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import logging
 
+import pytest
+
 from gpulayer.server.process import upkeep_jobs
-from gpulayer.server.upkeep import Job, Stats, Upkeep
+from gpulayer.server.upkeep import DEADLINE_MARGIN_S, Job, Stats, Upkeep
 
 ORDER = ["cascades", "expire", "fairshare", "begin_due", "preempt", "idle", "reservations", "drains", "rollouts", "autoscale",
          "service_drains", "prune", "sweep", "estimates"]
@@ -67,3 +69,21 @@ def test_a_failure_while_stopping_is_not_logged(clock, caplog):
     with caplog.at_level(logging.ERROR, logger="gpulayer.server.upkeep"):
         upkeep.tick()
     assert not caplog.records and stats.snapshot() == {}
+
+
+def test_a_job_with_a_deadline_runs_alone_at_it_and_never_spins(clock):
+    due: list[float | None] = [None]
+    ran: list[str] = []
+    upkeep = Upkeep([Job("tick", 0, lambda: ran.append("tick")),
+                     Job("deadline", 0, lambda: ran.append("deadline"), due_in=lambda: due[0])], Stats(), clock=clock)
+    next_tick = clock.now + 0.5
+    assert upkeep.next_wait(next_tick) == (0.5, None)                         # no deadline: the tick, every job
+    due[0] = 0.2
+    wait, early = upkeep.next_wait(next_tick)
+    assert wait == pytest.approx(0.2 + DEADLINE_MARGIN_S) and early == {"deadline"}   # just past it, that job alone
+    upkeep.tick(early)
+    assert ran == ["deadline"]
+    due[0] = 3.0
+    assert upkeep.next_wait(next_tick) == (0.5, None)                         # past the tick: changes nothing
+    due[0] = 0.0
+    assert upkeep.next_wait(next_tick) == (0.5, None)                         # past: the run that ran saw it

@@ -185,6 +185,11 @@ def test_a_slow_cold_start_answers_503_with_a_clear_body_and_a_bounded_queue(pla
     [late] = answers
     assert late.status_code == 503 and late.json()["error"]["code"] == "cold_start_timeout", late.text
     assert "cold_start_timeout_s" in late.json()["error"]["message"]
+    metrics = requests.get(f"{plane.url}/metrics", headers={"Authorization": f"Bearer {plane.client_token}"},
+                           timeout=30).text   # both refusals counted by code; nothing held any more
+    for code in ("cold_start_queue_full", "cold_start_timeout"):
+        assert f'gpulayer_ingress_cold_start_refused_total{{code="{code}",job_id="{job_id}"}} 1.0' in metrics, metrics
+    assert f'gpulayer_ingress_held{{job_id="{job_id}"}}' not in metrics
     served = wait_for(lambda: (r := requests.get(url + "c", timeout=30)).status_code == 200 and r, 60,
                       "the replica woken to answer", details=plane.logs)
     assert served.text.isdigit()

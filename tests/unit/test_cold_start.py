@@ -51,7 +51,7 @@ def test_past_the_timeout_503_and_past_max_held_503_at_once():
     async def run():
         first = asyncio.ensure_future(cold.wait(_ingress(cold=(0.3, 1))))
         await asyncio.sleep(0.05)
-        assert counters.held[7] == 1
+        assert counters.held[7] == 1 and counters.stats()["held"] == {7: 1}   # /metrics' gpulayer_ingress_held
         with pytest.raises(ColdStartFull, match="already holds 1 requests"):
             await cold.wait(_ingress(cold=(0.3, 1)))
         with pytest.raises(ColdStartTimeout, match="within 0.3 s") as caught:
@@ -60,7 +60,8 @@ def test_past_the_timeout_503_and_past_max_held_503_at_once():
 
     timeout = asyncio.run(run())
     assert (timeout.status, timeout.code) == (503, "cold_start_timeout")
-    assert not counters.held
+    assert not counters.held and counters.stats()["held"] == {}
+    assert counters.stats()["cold_refused"] == {(7, "cold_start_queue_full"): 1, (7, "cold_start_timeout"): 1}
 
 
 def test_a_service_that_ended_meanwhile_answers_none():

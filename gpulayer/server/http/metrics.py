@@ -157,24 +157,27 @@ class IngressCollector:
 
     def collect(self):
         stats = self.counters.stats()
-        requests = CounterMetricFamily("gpulayer_ingress_requests", "Requests through a service's ingress, by job "
-                                       "and status class (2xx..5xx, ws: a WebSocket, broken: cut mid-answer, "
-                                       "stalled: a client dropped at the send deadline).",
-                                       labels=["job_id", "status"])
-        for (job_id, status), n in stats["requests"].items():
-            requests.add_metric([str(job_id), status], n)
-        yield requests
+        yield _by_job(CounterMetricFamily, "gpulayer_ingress_requests", "Requests through a service's ingress, by job "
+                      "and status class (2xx..5xx, ws: a WebSocket, broken: cut mid-answer, stalled: a client dropped "
+                      "at the send deadline).", stats["requests"], "status")
         for key, direction in (("bytes_in", "towards the replicas"), ("bytes_out", "from the replicas")):
-            family = CounterMetricFamily(f"gpulayer_ingress_{key}", f"Body bytes through the ingress {direction}, "
-                                         "by job.", labels=["job_id"])
-            for job_id, n in stats[key].items():
-                family.add_metric([str(job_id)], n)
-            yield family
-        retries = CounterMetricFamily("gpulayer_ingress_retries", "Requests tried again on another replica, by job.",
-                                      labels=["job_id"])
-        for job_id, n in stats["retries"].items():
-            retries.add_metric([str(job_id)], n)
-        yield retries
+            yield _by_job(CounterMetricFamily, f"gpulayer_ingress_{key}", f"Body bytes through the ingress {direction}, "
+                          "by job.", stats[key])
+        yield _by_job(CounterMetricFamily, "gpulayer_ingress_retries", "Requests tried again on another replica, by job.",
+                      stats["retries"])
+        yield _by_job(GaugeMetricFamily, "gpulayer_ingress_held", "Requests held now for a service scaled to zero while "
+                      "a replica starts (a cold start), by job.", stats["held"])
+        yield _by_job(CounterMetricFamily, "gpulayer_ingress_cold_start_refused", "Requests a cold start answered 503, "
+                      "by job and code (cold_start_queue_full: the held queue was full; cold_start_timeout: no replica "
+                      "ready within cold_start_timeout_s).", stats["cold_refused"], "code")
+
+
+def _by_job(kind, name: str, text: str, counts: dict, label: str | None = None) -> Metric:
+    """A family of `counts` by job id (keys: the job id, or (job id, `label`'s value) with `label`)."""
+    family = kind(name, text, labels=["job_id", label] if label else ["job_id"])
+    for key, n in counts.items():
+        family.add_metric([str(key[0]), key[1]] if label else [str(key)], n)
+    return family
 
 
 class RelayCollector:

@@ -6,7 +6,8 @@ A service with `service.autoscale.min` 0 and no replica in the ingress's set has
 first held request asks the scheduler for a replica now (`Scheduler.wake_service`: a write, off the loop; a
 replica already on its way makes it a no-op), and one poller per service reads the ingress's set every
 `POLL_S` (off the loop, uncached) until a replica is ready, which every held request then goes to. A held
-request past its timeout is answered 503 `cold_start_timeout`. Held requests count as the service's load
+request past its timeout is answered 503 `cold_start_timeout`; both are counted by code, and the requests held
+now by service, on /metrics (`gpulayer_ingress_cold_start_refused`, `gpulayer_ingress_held`). Held requests count as the service's load
 (`Counters.held`), so the autoscaler neither scales it to zero again meanwhile nor undersizes it.
 """
 from __future__ import annotations
@@ -47,6 +48,7 @@ class ColdStarts:
         timeout_s, max_held = found.cold_start
         job_id, held = found.job_id, self.counters.held
         if held[job_id] >= max_held:
+            self.counters.cold_refused[(job_id, ColdStartFull.code)] += 1
             raise ColdStartFull(f"job {job_id} is starting a replica (it was scaled to zero) and already holds {max_held} "
                                 "requests (`service.autoscale.max_held`): try again in a moment")
         held[job_id] += 1
@@ -57,6 +59,7 @@ class ColdStarts:
                 asyncio.ensure_future(self._poll(job_id, future))
             return await asyncio.wait_for(asyncio.shield(future), timeout_s)
         except asyncio.TimeoutError:
+            self.counters.cold_refused[(job_id, ColdStartTimeout.code)] += 1
             raise ColdStartTimeout(f"job {job_id} was scaled to zero and no replica of it became ready within "
                                    f"{timeout_s:g} s (`service.autoscale.cold_start_timeout_s`); one may still be "
                                    "starting: try again") from None

@@ -3,11 +3,11 @@ the relay (docs/access.md, "Ingress").
 
 granian's bridge (frontends/granian_bridge.py) hands every request under `/ingress/` here, on its asyncio loop,
 never to falcon's threads. Per request: the job's ingress and its serving replicas are read off the loop
-(scheduler/ingress.py, cached `CACHE_S`), the caller is let in by its access (a token that may read the job,
-the service's key, or anyone for `public`), a replica is chosen by least outstanding requests (one that
-refused a connection is skipped for `DOWN_S`), and a `tcp` stream to its port is opened through the hub
-(`Hub.open_stream`; the agent connects in the task's network view). The request goes up as HTTP/1.1 (h11),
-its body streamed within the stream's credit; the response streams back through granian's
+(scheduler/ingress.py, cached `CACHE_S`, read again at once after a worker reports an endpoint), the caller is
+let in by its access (a token that may read the job, the service's key, or anyone for `public`), a replica is
+chosen by least outstanding requests (one that refused a connection is skipped for `DOWN_S`), and a `tcp` stream
+to its port is opened through the hub (`Hub.open_stream`; the agent connects in the task's network view). The
+request goes up as HTTP/1.1 (h11), its body streamed within the stream's credit; the response streams back through granian's
 `response_stream` as it arrives (server-sent events token by token). One stream per request, `Connection:
 close` upstream: no keep-alive pool. A replica that fails before the first byte of its answer gets one retry
 on another replica for an idempotent method whose body was read whole (at most `RETRY_BODY_BYTES`); else
@@ -76,7 +76,7 @@ class IngressProxy:
         self.ends = Ends()
         self.outstanding = self.counters.outstanding  # requests in flight per replica (task id)
         self.down: dict[int, float] = {}  # task id: until when it is passed over
-        self._ingress: dict[int, tuple[float, Ingress | None]] = {}
+        self._ingress: dict[int, tuple[float, Ingress | None, int]] = {}  # (expires, read, Counters.endpoints_seen)
         self._allowed: dict[tuple[int, str], tuple[float, bool]] = {}
         self.cold = ColdStarts(self.counters, self._fresh, self._wake)
 
@@ -98,12 +98,13 @@ class IngressProxy:
     async def _lookup(self, job_id: int) -> Ingress | None:
         now = time.monotonic()
         cached = self._ingress.get(job_id)
-        if cached is not None and cached[0] > now and not self._drained_since(cached[1]):
+        seen = self.counters.endpoints_seen
+        if cached is not None and cached[0] > now and cached[2] == seen and not self._drained_since(cached[1]):
             return cached[1]
         found = await self.hub._run("system", self.store.read, ingress_reads.lookup, job_id)
         if len(self._ingress) > 10_000:
             self._ingress.clear()
-        self._ingress[job_id] = (now + CACHE_S, found)
+        self._ingress[job_id] = (now + CACHE_S, found, seen)
         return found
 
     async def _fresh(self, job_id: int) -> Ingress | None:

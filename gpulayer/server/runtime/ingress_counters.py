@@ -20,6 +20,11 @@ class Counters:
         self.draining: frozenset[int] = frozenset()
         # Requests held per service (job id) while a service at zero starts a replica (the autoscaler's load).
         self.held: Counter[int] = Counter()
+        # Moves when a worker reported a replica's endpoint (a heartbeat that wrote): the proxy reads a cached set
+        # of replicas again then, so a replica that just became ready takes requests at once, not after CACHE_S.
+        self.endpoints_seen = 0
+        # Requests the cold start answered 503 (a full queue, a timeout), by job and code, for /metrics.
+        self.cold_refused: Counter[tuple[int, str]] = Counter()
 
     def in_flight(self) -> dict[int, int]:
         """A copy of the requests in flight per replica (task id), safe to read off the proxy's loop."""
@@ -30,7 +35,8 @@ class Counters:
         return _copy(self.held)
 
     def stats(self) -> dict:
-        return {"requests": dict(self.requests), "bytes_in": dict(self.bytes_in), "bytes_out": dict(self.bytes_out), "retries": dict(self.retries)}
+        return {"requests": dict(self.requests), "bytes_in": dict(self.bytes_in), "bytes_out": dict(self.bytes_out),
+                "retries": dict(self.retries), "held": self.held_now(), "cold_refused": dict(self.cold_refused)}
 
 
 def _copy(counts: Counter[int]) -> dict[int, int]:

@@ -163,6 +163,12 @@ def under_way(conn: apsw.Connection) -> bool:
     return row(conn, "any_update_active") is not None
 
 
+def next_deadline(conn: apsw.Connection) -> float | None:
+    """The soonest time a new replica of a rolling rollout turns it around if it is not ready by then (its start
+    plus `ready_timeout_s`; `failure`), or None: what upkeep's next tick waits for at most."""
+    return one(conn, "next_ready_deadline")["due"]
+
+
 def advance(conn: apsw.Connection, now: float) -> int:
     """Upkeep: one round of moves for every rollout under way; returns how many moves were made."""
     return sum(step(conn, now, u) for u in rows(conn, "active_updates"))
@@ -332,5 +338,6 @@ def canary(conn: apsw.Connection, job_id: int) -> tuple[int, int] | None:
 
 
 __all__ = ["DEFAULT_DRAIN_S", "DEFAULT_READY_TIMEOUT_S", "Plan", "ROLL_FIELDS", "SPEC_CHANGES", "UPDATES_SHOWN", "Update",
-           "absorbs", "advance", "canary", "canary_waits", "failure", "history", "moves", "new_spec", "promote",
+           "absorbs", "advance", "canary", "canary_waits", "failure", "history", "moves", "new_spec", "next_deadline",
+           "promote",
            "revision_of", "rollback", "start", "step", "under_way"]

@@ -60,6 +60,8 @@ class WorkerRequests(Facade):
         else:
             answer = self._write(leases.heartbeat, worker_id, reported, now, self.lease_ttl_s(), gpus, inline=0,
                                  restored=self.restored)
+            if any(t.get("endpoint") for t in reported):  # a replica may have become ready: the ingress looks again
+                self.ingress.endpoints_seen += 1
             if answer.get("reset_gpus"):
                 self.wake()
         if samples and answer["lease_expires_at"] is not None:

@@ -16,6 +16,16 @@ SELECT * FROM service_updates WHERE state IN ('rolling', 'rolling_back') ORDER B
 -- Is any rollout under way (upkeep writes nothing when none is)?
 SELECT 1 AS found FROM service_updates WHERE state IN ('rolling', 'rolling_back') LIMIT 1;
 
+-- name: next_ready_deadline --
+-- The soonest readiness deadline of a rolling rollout's new replicas that run and are not ready yet (their start
+-- plus the rollout's ready_timeout_s): upkeep's next tick comes then, not at its interval (a failed rollout turns
+-- around at its deadline).
+SELECT min(t.started_at + u.ready_timeout_s) AS due
+FROM service_updates u JOIN jobs j ON j.id = u.job_id
+JOIN tasks t ON t.job_id = u.job_id AND t.attempt = j.attempt AND t.revision = u.revision
+WHERE u.state = 'rolling' AND t.state = 'running' AND t.endpoint IS NULL AND t.drain_deadline IS NULL
+  AND t.started_at IS NOT NULL;
+
 -- name: next_revision --
 -- The number a new revision of the job takes: after its serving one and every revision tried before.
 SELECT max(j.revision, coalesce((SELECT max(revision) FROM service_updates WHERE job_id = j.id), 1)) + 1 AS n
