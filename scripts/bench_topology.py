@@ -7,8 +7,9 @@ time: claims as the worker's acquires make them, finishes at their runtimes. For
 whole NVLink set was free: did it get one set (target: always)? Baseline: the same stream on the same box
 reported without its topology (the lowest free indices, as before issue 40).
 
---required: the same stream with every 2- and 4-GPU job requiring NVLink (`gpu_link` nvlink): each such task
-placed on one set, whether or not a set was free when it was submitted (target: all; none is placed otherwise).
+--required: the same stream with every 2- and 4-GPU job requiring NVLink (`gpu_link` nvlink), and as baseline
+the same stream preferring it (the default), on the box with its topology: how many multi-GPU tasks were placed
+and how many on one NVLink set (target with the requirement: all, every one waiting for a set).
 --acquire: the one-task claim of a `gpu_link` nvlink 2-GPU task on the box (acquire, its task started and
 finished, another queued) behind --small and --large queued tasks no worker can take (half 16 whole GPUs, half
 8 GPUs of one NVLink set, which no set of 4 holds), the two interleaved (as bench_fractions.py --only acquire;
@@ -53,11 +54,9 @@ def run(workdir: Path, jobs: int, seed: int, wired: bool, required: bool = False
     worker = box(sched, wired)
     rng = random.Random(seed)
     runtime = {}
-    submitted = 0
     for _ in range(jobs):
         gpus = rng.choice((1, 1, 2, 4))
         link = {"gpu_link": "nvlink"} if required and gpus > 1 else {}
-        submitted += bool(link)
         job_id = sched.submit({"command": ["true"], "gpus": gpus, "cpus": 1, "memory_mb": 1, **link})
         runtime[job_id] = rng.uniform(60, 600)
     ends: list[tuple[float, int]] = []
@@ -76,7 +75,7 @@ def run(workdir: Path, jobs: int, seed: int, wired: bool, required: bool = False
                 if len(a["gpus"]) == 4 and free_sets:
                     four += 1
                     on_one_set += set(a["gpus"]) in SETS
-                if required and len(a["gpus"]) > 1:
+                if len(a["gpus"]) > 1:
                     linked += 1
                     linked_on_one_set += any(set(a["gpus"]) <= s for s in SETS)
                 heapq.heappush(ends, (clock.now + runtime[a["job_id"]], a["task_id"]))
@@ -89,8 +88,7 @@ def run(workdir: Path, jobs: int, seed: int, wired: bool, required: bool = False
         store.close()
     out = {"seed": seed, "topology": "reported" if wired else "none", "four_gpu_with_a_set_free": four,
            "on_one_nvlink_set": on_one_set, "share": round(on_one_set / four, 3) if four else None}
-    if required:
-        out.update(required=submitted, required_placed=linked, required_on_one_set=linked_on_one_set)
+    out.update(gpu_link="nvlink" if required else "-", multi_gpu_placed=linked, multi_gpu_on_one_set=linked_on_one_set)
     return out
 
 
@@ -131,8 +129,8 @@ def main() -> None:
                       "load_after": os.getloadavg()}
             benchlib.emit(result, args.json, "\n".join(f"{k}: {v}" for k, v in result.items()))
             return
-        rows = [run(Path(tmp), args.jobs, seed, wired, args.required)
-                for seed in args.seeds for wired in ((True,) if args.required else (True, False))]
+        cases = ((True, True), (True, False)) if args.required else ((True, False), (False, False))
+        rows = [run(Path(tmp), args.jobs, seed, wired, required) for seed in args.seeds for wired, required in cases]
     result = {"bench": "topology", "machine": benchlib.machine(), "jobs": args.jobs, "runs": rows,
               "load": load, "load_after": os.getloadavg()}
     benchlib.emit(result, args.json, benchlib.table(rows) + "\n" + benchlib.machine_line(result["machine"]))
