@@ -112,6 +112,9 @@ def test_a_gang_with_same_takes_workers_of_one_value(sched):
     assert state_of(sched, gang)["waiting_reason"] is None  # r2's workers would take it now
     got = _ranks(sched, workers, ["c", "d", "e", "a", "b"])
     assert sorted(got) == ["c", "d", "e"] and sorted(got.values()) == [0, 1, 2]
+    again = sched.submit(job(nodes=3, same=["rack"]))  # r2 is busy now, r1 too small: busy, not never
+    reason = state_of(sched, again)["waiting_reason"]
+    assert reason.startswith("waiting for capacity") and "3 workers" in reason, reason
 
 
 def test_a_gang_with_same_says_when_no_value_has_enough(sched):
