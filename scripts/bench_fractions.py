@@ -218,14 +218,21 @@ class Backlog:
 
     def __init__(self, workdir: Path, queued: int):
         self.sched, self.store = scheduler(workdir, time.time)
-        self.worker = add_worker(self.sched, 8, 64)
+        self.worker = self.add_worker()
         self.rng = random.Random(7)
         self.queued, self.times = queued, []
         for i in range(queued):
-            self.sched.submit({"command": ["true"], **({"gpu_memory_mb": 200_000} if i % 2 else {"gpus": 16})})
+            self.sched.submit({"command": ["true"], **self.blocked(i)})
         for _ in range(8):
             self.one_more()
         self.store.write(lambda conn: conn.execute("ANALYZE"))
+
+    def add_worker(self) -> int:
+        return add_worker(self.sched, 8, 64)
+
+    def blocked(self, i: int) -> dict:
+        """The size of the i-th queued task that no worker can take."""
+        return {"gpu_memory_mb": 200_000} if i % 2 else {"gpus": 16}
 
     def one_more(self) -> None:
         self.sched.submit({"command": ["true"], "gpu_fraction": self.rng.choice(FRACTIONS)})
@@ -234,9 +241,13 @@ class Backlog:
         t0 = time.perf_counter()
         a = self.sched.acquire(self.worker)
         self.times.append(time.perf_counter() - t0)
+        self.check(a)
         self.sched.start(self.worker, a["task_id"], 1)
         self.sched.finish(self.worker, a["task_id"], exit_code=0, outcome="succeeded", outputs={}, reason=None)
         self.one_more()
+
+    def check(self, assigned: dict) -> None:
+        """Raise when the claim gave what it should not (a subclass's rule)."""
 
     def result(self) -> dict:
         self.store.close()
@@ -245,9 +256,9 @@ class Backlog:
                 "p99_ms": round(benchlib.percentile(self.times, 99) * 1000, 3)}
 
 
-def acquire(workdir: Path, small: int, large: int, claims: int) -> dict:
+def acquire(workdir: Path, small: int, large: int, claims: int, kind: type[Backlog] = Backlog) -> dict:
     """The one-task claim at both backlogs, interleaved (a busy machine's noise falls on both alike)."""
-    backlogs = [Backlog(workdir, small), Backlog(workdir, large)]
+    backlogs = [kind(workdir, small), kind(workdir, large)]
     for _ in range(claims):
         for backlog in backlogs:
             backlog.claim()

@@ -56,6 +56,10 @@ def job_status(ctx: typer.Context, job_id: JobArg, index: IndexOpt = None, as_js
                + (f" reason={info['reason']}" if info.get("reason") else "")
                + (f" owner={info['owner']} project={info.get('project') or '-'}" if info.get("owner") else ""))
     _print_times(info)
+    wiring = info.get("spec") or {}  # how its GPUs and ranks must be wired (docs/workers.md, "Topology")
+    if wiring.get("gpu_link") or wiring.get("same"):
+        typer.echo(" ".join([f"gpu_link={wiring['gpu_link']}"] * bool(wiring.get("gpu_link"))
+                            + [f"same={','.join(wiring['same'])}"] * bool(wiring.get("same"))))
     if info.get("waiting_reason"):
         typer.echo(waiting_line(info["waiting_reason"]))
     if info.get("reservation"):  # EASY backfill: where and from when its room is held (docs/scheduling-time.md)

@@ -55,6 +55,10 @@ class Restart(str, Enum):
     on_failure = "on_failure"
 
 
+class GpuLink(str, Enum):
+    nvlink = "nvlink"
+
+
 class Network(str, Enum):
     shared = "shared"
     none = "none"
@@ -103,6 +107,8 @@ PriorityOpt = Annotated[Optional[str], _opt("--priority", help="Higher runs firs
 NoBackfillOpt = Annotated[bool, _opt("--no-backfill", help="Never start in room held for another job's reservation, even when expected to end before it (spec `backfill: false`; docs/scheduling-time.md).")]
 PreemptibleOpt = Annotated[bool, _opt("--preemptible", help="May be stopped (SIGTERM, a grace, SIGKILL) and requeued, same attempt, for higher-priority work; $GPULAYER_PREEMPTED=1 in the next run.")]
 NodesOpt = Annotated[Optional[int], _opt("--nodes", help="Multi-node: ranks, each on its own worker.", min=1)]
+SameOpt = Annotated[Optional[list[str]], _opt("--same", metavar="LABEL[=VALUE]", help="With --nodes: every rank on workers that share this label's value, whichever (rack), or this one (rack=r1) (repeatable).")]
+GpuLinkOpt = Annotated[Optional[GpuLink], _opt("--gpu-link", help="nvlink: the task's GPUs (--gpus 2 or more) must be joined by NVLink; it waits for a worker that has them (default: preferred).")]
 SecretOpt = Annotated[Optional[list[str]], _opt("--secret", help="Secret passed as an environment variable (repeatable).")]
 ServiceOpt = Annotated[bool, _opt("--service", help="A long-running service.")]
 ReplicasOpt = Annotated[Optional[int], _opt("--replicas", help="Service replicas, each on its own worker (default 1).", min=1)]
@@ -143,7 +149,8 @@ def submit(
     ctx: typer.Context, command: CommandOpt = None, target: TargetOpt = None, name: NameOpt = None,
     accelerator: AcceleratorOpt = None, gpus: GpusOpt = None, cpus: CpusOpt = None, memory_mb: MemoryMbOpt = None,
     memory: MemoryOpt = None, label: LabelOpt = None, gpu_model: GpuModelOpt = None,
-    gpu_fraction: GpuFractionOpt = None, gpu_memory: GpuMemoryOpt = None, env: EnvOpt = None,
+    gpu_fraction: GpuFractionOpt = None, gpu_memory: GpuMemoryOpt = None, gpu_link: GpuLinkOpt = None,
+    same: SameOpt = None, env: EnvOpt = None,
     source: SourceOpt = None, input_: InputOpt = None, output: OutputOpt = None,
     checkpoint_every: CheckpointEveryOpt = None, retry: RetryOpt = None, retry_on: RetryOnOpt = None,
     timeout: TimeoutOpt = None, time_limit: TimeLimitOpt = None, signal_: SignalOpt = None, grace: GraceOpt = None,
@@ -173,6 +180,7 @@ def submit(
       gpulayer submit --after 41 -- python evaluate.py
       gpulayer submit --gpus 4 --test-only -- python train.py
       gpulayer submit --gpu-memory 10G --gpu-fraction 0.25 -- python serve.py
+      gpulayer submit --nodes 4 --gpus 8 --gpu-link nvlink --same rack -- torchrun train.py
     """
     settings = dict(
         name=name, env=parse_pairs(env, "--env") or None, accelerator=accelerator, gpus=gpus,
@@ -187,6 +195,7 @@ def submit(
         backfill=False if no_backfill else None,
         network=network.value if network else None, run_as_root=True if run_as_root else None,
         image=image, gpu_fraction=gpu_fraction, gpu_memory_mb=_gpu_memory_option(gpu_memory),
+        gpu_link=gpu_link.value if gpu_link else None, same=same or None,
         **idle_policy(idle_timeout, idle_below, idle_action),
     )
     settings["checkpoint_every_seconds"] = parse_duration(checkpoint_every, "--checkpoint-every", positive=True)

@@ -15,7 +15,8 @@ from typing import Any, Iterable
 
 from gpulayer.protocol import array_ranges, parse_duration
 from gpulayer.protocol.fields import names, wire_fields
-from gpulayer.protocol.jobspec import AFTER_CONDITIONS, INGRESS_ACCESS, RESTART_POLICIES, JobSpec, ServiceSpec
+from gpulayer.protocol.jobspec import (AFTER_CONDITIONS, GPU_LINKS, INGRESS_ACCESS, RESTART_POLICIES, JobSpec,
+                                      ServiceSpec)
 
 #: The JobSpec's fields (gpulayer/protocol/jobspec.py) but `command` (the first argument) and `service`
 #: (`service()`), and `retry_on`: `retry`'s, on its own.
@@ -67,7 +68,9 @@ def job(command: str | Iterable[str], **settings: Any) -> dict:
     """A JobSpec dict for `command` (an argv list; a string is split like a shell would).
 
     Settings: name, env, accelerator, gpus, gpu_fraction (a share of one GPU, 0 < f < 1), gpu_memory_mb
-    (a share of one GPU's memory: MB, or text such as "10G"), cpus, memory_mb, labels, retry (int
+    (a share of one GPU's memory: MB, or text such as "10G"), gpu_link ("nvlink": the GPUs must be joined
+    by NVLink), cpus, memory_mb, labels, same (label keys every rank of a multi-node job shares the value
+    of: "rack", ["rack", "ib-switch"]; "rack=r1" pins the value too, as a label), retry (int
     = max attempts, or a dict), retry_on (list of reasons), timeout_seconds and
     silence_timeout_seconds (seconds, or text: "30m", "12h", "1:00:00",
     "2-00:00:00"), source (digest or directory), inputs (dict path -> digest or
@@ -92,7 +95,41 @@ def job(command: str | Iterable[str], **settings: Any) -> dict:
         value = settings.get(key)
         if value is not None:
             spec[key] = _normalise(key, value)
+    _wiring(spec)
     return spec
+
+
+def _wiring(spec: dict) -> None:
+    """`gpu_link` and `same` checked against the spec's size (as the server checks them), `same` split into
+    its keys and the values it pins (labels)."""
+    gpus = spec.get("gpus", 1 if spec.get("accelerator") == "cuda" else 0)
+    if "gpu_link" in spec and (not isinstance(gpus, int) or gpus < 2):
+        raise ValueError(f"gpu_link: GPUs joined by NVLink are two or more: give gpus 2 or more, not {gpus}")
+    if "same" in spec:
+        spec["same"], pinned = same_labels(spec["same"])
+        if pinned:
+            spec["labels"] = {**spec.get("labels", {}), **pinned}
+        if not isinstance(spec.get("nodes", 1), int) or spec.get("nodes", 1) < 2:
+            raise ValueError("same: ranks that share a label's value are those of a multi-node job: give nodes 2 or more")
+
+
+def same_labels(given: str | Iterable[str]) -> tuple[list[str], dict[str, str]]:
+    """`same` as the CLI's `--same` and `job(same=...)` take it: label keys ("rack"), or KEY=VALUE
+    ("rack=r1": that value pinned as a label too); the keys and the pinned labels. ValueError for an empty
+    key or a key given twice with two values."""
+    keys: list[str] = []
+    pinned: dict[str, str] = {}
+    for entry in [given] if isinstance(given, str) else list(given):
+        key, eq, value = str(entry).partition("=")
+        if not key.strip() or (eq and not value):
+            raise ValueError(f"same: {entry!r} is a label key (rack) or KEY=VALUE (rack=r1), not empty")
+        if eq and pinned.get(key, value) != value:
+            raise ValueError(f"same: {key} is given two values ({pinned[key]}, {value})")
+        if eq:
+            pinned[key] = value
+        if key not in keys:
+            keys.append(key)
+    return keys, pinned
 
 
 def service(command: str | Iterable[str], replicas: int = 1, port: bool = True,
@@ -184,6 +221,8 @@ def _retry(retry: Any, retry_on: Any) -> dict | None:
 
 
 def _normalise(key: str, value: Any) -> Any:
+    if key == "gpu_link" and value not in GPU_LINKS:
+        raise ValueError(f"gpu_link is one of {', '.join(GPU_LINKS)}, not {value!r}")
     if key == "gpu_memory_mb" and isinstance(value, str):
         return memory_mb(value)  # "10G", as --gpu-memory takes it
     if key == "gpu_fraction" and (isinstance(value, bool) or not isinstance(value, (int, float))):

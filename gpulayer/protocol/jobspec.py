@@ -42,6 +42,8 @@ IngressAccess = Literal["token", "key", "public"]
 INGRESS_ACCESS: tuple[str, ...] = typing.get_args(IngressAccess)
 IdleAction = Literal["notify", "requeue", "cancel"]
 IDLE_ACTIONS: tuple[str, ...] = typing.get_args(IdleAction)
+GpuLink = Literal["nvlink"]
+GPU_LINKS: tuple[str, ...] = typing.get_args(GpuLink)
 SHA256_HEX_PATTERN = r"[0-9a-f]{64}\Z"
 
 
@@ -164,6 +166,10 @@ class JobSpec:
                                                "`gpus` 0 or 1: as `gpu_fraction` (alone, or beside it: the task's "
                                                "share is the larger of the two); it waits for a worker whose GPUs "
                                                "have that much memory")
+    gpu_link: GpuLink | None = declare(
+        None, help='"nvlink": the task\'s GPUs must be joined by NVLink (`submit --gpu-link nvlink`, with `gpus` 2 or '
+                   'more): it waits for a worker with that many free GPUs of one NVLink set, and is never placed on '
+                   'a PCIe-only worker (docs/workers.md, "Topology"). Null: NVLink is preferred, not required')
     cpus: float = declare(0, minimum=0, maximum=1_000_000, help="CPUs per task")
     memory_mb: int = declare(0, minimum=0, maximum=1 << 40, help="memory per task, in MB")
     labels: dict[str, str] = declare({}, help="must all be on the worker")
@@ -200,6 +206,11 @@ class JobSpec:
                                             "(`--checkpoint-every`); it is also uploaded whenever an attempt ends "
                                             "without success (docs/training.md)")
     nodes: int = declare(1, minimum=1, maximum=MAX_WIDTH, help="multi-node ranks, each on its own worker")
+    same: list[str] = declare(
+        [], max_items=8, help="label keys (`submit --same rack`) whose value every rank of a multi-node job (`nodes` > 1) "
+                              "shares: all ranks on workers that carry the label with one value, whichever it is "
+                              "(docs/workers.md, \"Topology\"); a value is pinned by `labels` (`--same rack=r1` "
+                              "writes both)")
     service: ServiceSpec | None = declare(None, help="a long-running service")
     priority: int | str = declare(
         0, minimum=-MAX_PRIORITY, maximum=MAX_PRIORITY,

@@ -104,7 +104,8 @@ def _claim(conn: apsw.Connection, worker_id: int, now: float, lease: float, most
 
 def _reserve_gpus(conn: apsw.Connection, task: dict, worker_id: int, worker_gpus: int) -> None:
     """Give an assigned task device indices no other active task on its worker holds: of one NVLink set, PCIe
-    switch or NUMA node where the worker has such a free set (scheduler/topology.py), else the lowest ones
+    switch or NUMA node where the worker has such a free set (scheduler/topology.py; only of one NVLink set
+    for a job with `gpu_link` nvlink, as shape_worker_fit counted), else the lowest ones
     (for more than one GPU, whole GPUs only: shape_worker_fit counted no MIG instance for it; for
     a `gpu_model` the worker meets by its GPUs, those of that model only, as shape_worker_fit counted)."""
     share = row(conn, "task_gpu_share", task_id=task["id"], worker_id=worker_id)
@@ -118,9 +119,11 @@ def _reserve_gpus(conn: apsw.Connection, task: dict, worker_id: int, worker_gpus
         used |= {r["i"] for r in rows(conn, "worker_mig_indices", worker_id=worker_id)}
     model = {r["i"] for r in rows(conn, "task_model_indices", task_id=task["id"], worker_id=worker_id)}
     free = [i for i in range(worker_gpus) if i not in used and (not model or i in model)]
-    if len(free) > task["gpus"]:  # a choice to make: by the wiring (scheduler/topology.py)
+    linked = row(conn, "task_nvlink_sets", task_id=task["id"], worker_id=worker_id)
+    if len(free) > task["gpus"] or linked is not None:  # a choice to make: by the wiring (scheduler/topology.py)
         wiring = {r["index"]: r for r in json.loads(one(conn, "worker_gpu_topology", worker_id=worker_id)["gpu_topology"])}
-        free = topology.pick(free, task["gpus"], wiring)[0]
+        free = (topology.pick(free, task["gpus"], wiring)[0] if linked is None  # `gpu_link` nvlink: one NVLink set
+                else topology.pick_linked(free, task["gpus"], wiring, json.loads(linked["gpu_nvlink"])))
     free = free[:task["gpus"]]
     if len(free) < task["gpus"]:  # placement checked the count; a mismatch means corrupt state
         raise RuntimeError(f"worker {worker_id} has {len(free)} free GPU indices, task {task['id']} needs {task['gpus']}")

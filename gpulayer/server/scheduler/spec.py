@@ -22,7 +22,8 @@ from gpulayer.protocol.jobspec import (
 from gpulayer.server.config import PRIORITY_CLASSES, SERVICE_MAX_ATTEMPTS
 from gpulayer.server.declared import checked as _checked, fields as _fields, given as _given
 from gpulayer.server.errors import InvalidRequest
-from gpulayer.server.validators import digest, fail as _fail, integer, labels, mapping, relative_path, string
+from gpulayer.server.validators import (digest, fail as _fail, integer, label_key, labels, mapping, relative_path,
+                                        string)
 
 ENV_NAME = re.compile(ENV_NAME_PATTERN)
 
@@ -321,6 +322,7 @@ def validate_job(raw: Any, priority_classes: dict[str, int] | None = None) -> Va
     gpus = (1 if accelerator == "cuda" else 0) if gpus is None else gpus
     nodes = _job_field(spec, "nodes")
     accelerator, gpus = _gpu_share(spec, accelerator, gpus, nodes)
+    _gpu_link(spec, gpus)
     if service and nodes > 1:
         raise _fail("nodes", "a service runs replicas; multi-node (nodes > 1) is for jobs")
     array, max_running = _array(spec)
@@ -332,7 +334,33 @@ def validate_job(raw: Any, priority_classes: dict[str, int] | None = None) -> Va
         "command": _command, "env": _env, "labels": labels, "retry": lambda given: _retry(given, service is not None),
         "source": lambda given: digest(given, "source"), "inputs": lambda given: _paths_map(given, "inputs"),
         "outputs": _outputs, "priority": lambda given: _priority(given, priority_classes),
-        "secrets": _secret_names, "after": _after, "image": _image, "signal": _signal}, done))
+        "secrets": _secret_names, "after": _after, "image": _image, "signal": _signal,
+        "same": lambda given: _same(given, nodes)}, done))
+
+
+def _gpu_link(spec: dict, gpus: int) -> None:
+    """`gpu_link` nvlink asks for GPUs joined to one another: at least two whole GPUs (issue 40)."""
+    if _job_field(spec, "gpu_link") is not None and gpus < 2:
+        raise _fail("gpu_link", f"GPUs joined by NVLink are two or more: `gpu_link` goes with `gpus` 2 or more, not {gpus}")
+
+
+def _same(value: Any, nodes: int) -> list[str]:
+    """`same`: label keys, each once, for a multi-node job (every rank on workers sharing their values)."""
+    limit = field_of(JobSpec, "same").declared.max_items or 0
+    if not isinstance(value, list) or len(value) > limit:
+        raise _fail("same", f"a list of at most {limit} label keys")
+    keys = value
+    if keys and nodes < 2:
+        raise _fail("same", "ranks that share a label's value are those of a multi-node job: `same` goes with "
+                            "`nodes` 2 or more")
+    for key in keys:
+        if isinstance(key, str) and "=" in key:
+            raise _fail("same", f"{key!r}: `same` names label keys; a value is pinned by `labels` "
+                                "(`submit --same rack=r1` writes both)")
+        label_key(key, "same")
+    if len(set(keys)) < len(keys):
+        raise _fail("same", "each label key once")
+    return list(keys)
 
 
 def _gpu_share(spec: dict, accelerator: str | None, gpus: int, nodes: int) -> tuple[str | None, int]:

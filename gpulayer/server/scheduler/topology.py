@@ -78,6 +78,26 @@ def pick(free: list[int], n: int, wiring: dict[int, dict[str, Any]]) -> tuple[li
     return lowest, "none"
 
 
-def has_nvlink_set(free: list[int], n: int, wiring: dict[int, dict[str, Any]]) -> bool:
-    """Whether n of the `free` GPUs are joined by NVLink (`--gpu-link nvlink`)."""
-    return n <= 1 or any(len(s) >= n for s in nvlink_sets(free, wiring))
+def nvlink_domains(records: list[dict[str, Any]], gpus: int) -> list[int | None]:
+    """Each GPU's NVLink set, by device index below `gpus` (workers.gpu_nvlink): the lowest index of the GPUs
+    joined to it by NVLink, directly or through others; None for a GPU without NVLink (or unreported).
+    `--gpu-link nvlink` counts a set's free GPUs (schema.sql's shape_worker_fit)."""
+    wiring = {r["index"]: r for r in records}
+    out: list[int | None] = [None] * gpus
+    for found in nvlink_sets(list(range(gpus)), wiring):
+        if len(found) > 1:
+            for gpu in found:
+                out[gpu] = found[0]
+    return out
+
+
+def pick_linked(free: list[int], n: int, wiring: dict[int, dict[str, Any]],
+                domains: list[int | None]) -> list[int]:
+    """n of the `free` indices, all of one NVLink set (`domains`: nvlink_domains), for a job that requires
+    NVLink (`gpu_link` nvlink): the set with the fewest free that holds n (best fit, then the lowest), and
+    in it as `pick` chooses; [] when no set holds n (placement checked that one does)."""
+    sets = _groups(free, lambda g: domains[g] if g < len(domains) else None)
+    fits = [s for s in sets if len(s) >= n]
+    if not fits:
+        return []
+    return pick(min(fits, key=lambda s: (len(s), s[0])), n, wiring)[0]

@@ -21,27 +21,35 @@ from gpulayer.server.store.queries import row, rows
 def facts(conn: apsw.Connection, job_id: int) -> dict | None:
     """Why job `job_id` (queued, or running with a task in the queue) is not placed, as facts; None when it is
     neither. `why`: the first thing no online worker has ('no_worker', 'labels', 'gpu_model', 'whole_gpus':
-    more than one GPU where only MIG instances make up the count, 'size', 'secret': `detail` names it,
+    more than one GPU where only MIG instances make up the count, 'nvlink': enough GPUs but none of them
+    joined by NVLink as `gpu_link` asks, 'size', 'secret': `detail` names it,
     `secret_labels` are its labels when it is set), or that only cordoned workers ('cordoned') or workers with
     too few healthy GPUs ('unhealthy') would fit it, `workers` naming them (name, cordon and reason; or name
     and its unhealthy `gpus`, index and reason); or, for a gang (`--nodes`) or a service's replicas (one per
     worker), that fewer online workers than its width fit it ('too_few': `fit` of them, `cordoned` of those
-    cordoned, in `workers`). Else `busy` is true when fewer online workers fit it now than it needs at once
+    cordoned, in `workers`), or for a gang with `same` label keys that fewer workers of any one value fit
+    ('same': `detail` the fit rows by value). Else `busy` is true when fewer online workers fit it now than it needs at once
     (one, or a gang's width); `why` None and `busy` false when an acquire would place it now. With the job's
     size and labels (job_waiting_fit's columns)."""
     found = rows(conn, "job_waiting_fit", job_id=job_id)
     if not found:
         return None
     job = {k: found[0][k] for k in ("labels", "accelerator", "gpus", "cpus", "memory_mb", "width", "gang",
-                                   "array_size", "project_id", "gpu_fraction", "gpu_memory_mb")}
+                                   "array_size", "project_id", "gpu_fraction", "gpu_memory_mb", "gpu_link")}
+    job["same"] = json.loads(found[0]["same"] or "[]")
     online = [f for f in found if f["worker_id"] is not None]
     sized = [f for f in online if f["has_labels"] and f["has_accelerator"] and f["big_enough"]]
     usable = [f for f in sized if f["missing_secret"] is None]
     uncordoned = [f for f in usable if f["cordon"] is None]
     why = _why(job, online, sized, usable, uncordoned)
+    groups = same_groups(job, uncordoned)
     out = dict(job, why=why, detail=None, workers=None, secret_labels=None, fit=len(usable),
                cordoned=sum(f["cordon"] is not None for f in usable),
                busy=sum(bool(f["fits_now"]) for f in online) < (job["width"] if job["gang"] == 1 else 1))
+    if groups is not None:  # `same`: the ranks at once on workers of one value
+        out["busy"] = max([sum(bool(f["fits_now"]) for f in g) for g in groups.values()], default=0) < job["width"]
+        if why is None and max(map(len, groups.values()), default=0) < job["width"]:
+            out["why"], out["detail"] = "same", groups
     if why == "secret":
         out["detail"] = min(f["missing_secret"] for f in sized)
         secret = row(conn, "job_waiting_secret", project_id=job["project_id"], name=out["detail"])
@@ -65,6 +73,10 @@ def _why(job: dict, online: list[dict], sized: list[dict], usable: list[dict], u
     if not sized:
         if job["gpus"] > 0 and json.loads(job["labels"] or "{}").get("gpu_model") is not None:
             return "gpu_model"
+        if job["gpu_link"] and any(  # shape_worker_fit.big_enough, but for one NVLink set
+                f["has_labels"] and f["has_accelerator"] and job["gpus"] <= f["worker_gpus"]
+                and job["cpus"] <= f["worker_cpus"] and job["memory_mb"] <= f["worker_memory_mb"] for f in online):
+            return "nvlink"
         if job["gpus"] > 1 and any(  # shape_worker_fit.big_enough, counting MIG instances as GPUs
                 f["has_labels"] and f["has_accelerator"] and job["gpus"] <= f["worker_gpus"]
                 and job["cpus"] <= f["worker_cpus"] and job["memory_mb"] <= f["worker_memory_mb"] for f in online):
@@ -82,6 +94,19 @@ def _why(job: dict, online: list[dict], sized: list[dict], usable: list[dict], u
     return None
 
 
+def same_groups(job: dict, workers: list[dict]) -> dict[tuple, list[dict]] | None:
+    """For a gang with `same` label keys: `workers` (fit rows) by their values of those keys (those without
+    one left out); None for another job."""
+    if not job["same"] or job["gang"] != 1:
+        return None
+    groups: dict[tuple, list[dict]] = {}
+    for f in workers:
+        labels = json.loads(f["worker_labels"] or "{}")
+        if all(k in labels for k in job["same"]):
+            groups.setdefault(tuple(labels[k] for k in job["same"]), []).append(f)
+    return groups
+
+
 def _unhealthy(conn: apsw.Connection, workers: list[dict]) -> list[dict]:
     """[{name, gpus: [{index, reason}]}] of `workers` (fit rows), their GPUs out of service by index."""
     gpus: dict[int, list[dict]] = {f["worker_id"]: [] for f in workers}
@@ -95,7 +120,8 @@ def size_asked(job: dict) -> str:
     labels = json.loads(job["labels"] or "{}")
     parts = []
     if job["gpus"]:
-        parts.append(plural(job["gpus"], "GPU") + (f" of model {labels['gpu_model']}" if labels.get("gpu_model") else ""))
+        parts.append(plural(job["gpus"], "GPU") + (f" of model {labels['gpu_model']}" if labels.get("gpu_model") else "")
+                     + (" joined by NVLink" if job.get("gpu_link") else ""))
     if job.get("gpu_fraction") or job.get("gpu_memory_mb"):  # a share of one GPU, on a worker that shares them
         share = [f"{job['gpu_fraction']:g}" if job.get("gpu_fraction") else "",
                  f"{job['gpu_memory_mb']} MB" if job.get("gpu_memory_mb") else ""]
@@ -120,6 +146,11 @@ def unplaced(facts: dict) -> str | None:
     if why == "gpu_model":
         whole = " (whole GPUs: a task of more than one GPU is given no MIG instances)" if job["gpus"] > 1 else ""
         return f"{none} has {size}{whole}"
+    if why == "nvlink":
+        return (f"{none} has {job['gpus']} GPUs joined by NVLink (`gpu_link` nvlink: of one NVLink set; "
+                "docs/workers.md, \"Topology\")")
+    if why == "same":
+        return _not_same(facts)
     if why == "whole_gpus":
         return f"{none} has {job['gpus']} whole GPUs: a task of more than one GPU is given no MIG instances (a CUDA process uses only one)"
     if why == "size":
@@ -148,6 +179,17 @@ def _too_few(facts: dict) -> str:
         return f"{needs}, but only {facts['fit']} online fit it"
     verb = "is" if facts["cordoned"] == 1 else "are"
     return f"{needs}, but of the {facts['fit']} online that fit it, {facts['cordoned']} {verb} cordoned: {cordoned(facts['workers'])}"
+
+
+def _not_same(facts: dict) -> str:
+    """A gang whose ranks must share label values (`same`) that too few online workers of one value fit."""
+    keys, groups = facts["same"], facts["detail"]
+    counts = sorted(((len(g), ",".join(f"{k}={v}" for k, v in zip(keys, value))) for value, g in groups.items()),
+                    key=lambda c: (-c[0], c[1]))
+    shown = "; ".join(f"{name}: {n}" for n, name in counts[:5]) + ("; ..." if len(counts) > 5 else "")
+    return (f"needs {facts['width']} workers that share the value of {', '.join(keys)} (`same`), but at most "
+            f"{counts[0][0] if counts else 0} online that fit it do" + (f" ({shown})" if counts else
+                                                                         f" (none carries {', '.join(keys)})"))
 
 
 def cordoned(workers: list[dict]) -> str:

@@ -35,6 +35,7 @@ def register(conn: apsw.Connection, *, body: dict, token, session_hash: str, pee
     res = body["resources"]
     advertise = body.get("advertise_address") or peer_address
     namesake = row(conn, "online_worker_named", name=name)
+    wiring = topology.reported(body.get("gpu_topology"), res["gpus"])
     worker_id = one(conn, "register_worker", name=name, labels=json.dumps(labels),
                     token_labels=json.dumps(token_labels), cpus=res["cpus"], gpus=res["gpus"],
                     memory_mb=res["memory_mb"], gpu_models=json.dumps(res["gpu_models"]), slots=body["slots"],
@@ -43,7 +44,8 @@ def register(conn: apsw.Connection, *, body: dict, token, session_hash: str, pee
                     isolation=json.dumps(body.get("isolation") or {}),
                     relay=json.dumps(body.get("relay") or {}), gpu_sharing=res.get("gpu_sharing", "off"),
                     gpu_memory_mb=res.get("gpu_memory_mb", 0),
-                    gpu_topology=json.dumps(topology.reported(body.get("gpu_topology"), res["gpus"])))["id"]
+                    gpu_topology=json.dumps(wiring),
+                    gpu_nvlink=json.dumps(topology.nvlink_domains(wiring, res["gpus"])))["id"]
     row(conn, "clear_needs_upgrade", name=name, reason="upgraded")
     gpu_health.report(conn, worker_id, body.get("gpus"), now)  # before its first acquire can reserve a broken one
     events.record(conn, now, "worker_registered", worker_id=worker_id, name=name, labels=labels,

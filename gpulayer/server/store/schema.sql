@@ -13,7 +13,7 @@
 -- (estimates), quotas' use now
 -- and as admission reads them; the claim (claimable_groups, claimable_tasks, claimable_batch).
 
-PRAGMA user_version = 34;
+PRAGMA user_version = 35;
 
 -- ---------------------------------------------------------------------------------------
 -- Tokens and teams: tokens, users, projects, memberships.
@@ -90,6 +90,9 @@ INSERT INTO projects (id, name, created_at) VALUES (1, 'default', (julianday('no
 
 -- One row per worker registration. A worker keeps its row (and session
 -- token) across leases it loses; it gets a new row when it registers again.
+-- `gpu_topology`: its GPUs' wiring as reported at register (schema 34); `gpu_nvlink`: from it, each GPU's
+-- NVLink set by device index (the lowest index of the GPUs joined to it by NVLink, directly or through
+-- others; null for a GPU without NVLink), which a `gpu_link` nvlink job's fit counts (schema 35).
 CREATE TABLE workers (
     id                 INTEGER PRIMARY KEY,
     name               TEXT NOT NULL,
@@ -119,7 +122,8 @@ CREATE TABLE workers (
     relay              TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(relay))
     , gpu_sharing TEXT NOT NULL DEFAULT 'off' CHECK (gpu_sharing IN ('off', 'mps', 'time-slice'))
     , gpu_memory_mb INTEGER NOT NULL DEFAULT 0 CHECK (gpu_memory_mb >= 0)
-    , gpu_topology TEXT NOT NULL DEFAULT '[]' CHECK (json_valid(gpu_topology)),
+    , gpu_topology TEXT NOT NULL DEFAULT '[]' CHECK (json_valid(gpu_topology))
+    , gpu_nvlink TEXT NOT NULL DEFAULT '[]' CHECK (json_valid(gpu_nvlink)),
     CHECK (state <> 'gone' OR gone_reason IS NOT NULL)
 ) STRICT;
 CREATE INDEX workers_online_lease ON workers (lease_expires_at) WHERE state = 'online';
@@ -231,7 +235,8 @@ CREATE TABLE jobs (
     , hold INTEGER NOT NULL DEFAULT 0 CHECK (hold IN (0, 1)), begin_at REAL, revision INTEGER NOT NULL DEFAULT 1 CHECK (revision >= 1)
 
     , gpu_fraction REAL CHECK (gpu_fraction IS NULL OR (gpu_fraction > 0 AND gpu_fraction < 1))
-    , gpu_memory_mb INTEGER CHECK (gpu_memory_mb IS NULL OR gpu_memory_mb > 0),
+    , gpu_memory_mb INTEGER CHECK (gpu_memory_mb IS NULL OR gpu_memory_mb > 0)
+    , gpu_link TEXT CHECK (gpu_link IS NULL OR gpu_link = 'nvlink'),
     CHECK ((state IN ('succeeded', 'failed', 'cancelled', 'lost')) = (finished_at IS NOT NULL))
 ) STRICT;
 CREATE INDEX jobs_state_id ON jobs (state, id);
@@ -365,20 +370,22 @@ CREATE INDEX job_dependencies_after ON job_dependencies (after_job_id);
 -- `secrets` is '[]', or {"project": id, "names": [...]} for a job that uses secrets: the
 -- same name is another secret in another project. `gpu_fraction` and `gpu_memory_mb`: a share of one GPU
 -- (issue 40, docs/workers.md "Sharing a GPU"; 0 for none, `gpus` then 0; migration 0032 made the table
--- again, and task_queue with it, to add them to its key).
+-- again, and task_queue with it, to add them to its key). `gpu_link`: 'nvlink' for a job that requires GPUs
+-- joined by NVLink (docs/workers.md, "Topology"; migration 0035 made both again to add it to the key).
 CREATE TABLE shapes (
     id           INTEGER PRIMARY KEY,
     gang         INTEGER NOT NULL CHECK (gang IN (0, 1)),
     gpus         INTEGER NOT NULL CHECK (gpus >= 0),
     gpu_fraction REAL NOT NULL DEFAULT 0 CHECK (gpu_fraction >= 0 AND gpu_fraction < 1),
     gpu_memory_mb INTEGER NOT NULL DEFAULT 0 CHECK (gpu_memory_mb >= 0),
+    gpu_link     TEXT NOT NULL DEFAULT '' CHECK (gpu_link IN ('', 'nvlink')),  -- '' for no requirement
     cpus         REAL NOT NULL CHECK (cpus >= 0),
     memory_mb    INTEGER NOT NULL CHECK (memory_mb >= 0),
     accelerator  TEXT NOT NULL CHECK (accelerator IN ('', 'cuda')),  -- '' for none: NULLs are never equal in UNIQUE
     labels       TEXT NOT NULL CHECK (json_valid(labels)),
     secrets      TEXT NOT NULL CHECK (json_valid(secrets)),
     queued       INTEGER NOT NULL DEFAULT 0 CHECK (queued >= 0),     -- its rows in task_queue
-    UNIQUE (gang, gpus, gpu_fraction, gpu_memory_mb, cpus, memory_mb, accelerator, labels, secrets)
+    UNIQUE (gang, gpus, gpu_fraction, gpu_memory_mb, gpu_link, cpus, memory_mb, accelerator, labels, secrets)
 ) STRICT;
 -- Acquire looks only at shapes with queued tasks.
 CREATE INDEX shapes_queued ON shapes (id) WHERE queued > 0;
@@ -405,9 +412,10 @@ CREATE INDEX task_queue_shape ON task_queue (shape_id, project_id, user_id, prio
 CREATE INDEX task_queue_aging ON task_queue (aged, since);
 
 CREATE TRIGGER jobs_shape AFTER INSERT ON jobs BEGIN
-    INSERT OR IGNORE INTO shapes (gang, gpus, gpu_fraction, gpu_memory_mb, cpus, memory_mb, accelerator, labels, secrets)
-    VALUES (new.gang, new.gpus, coalesce(new.gpu_fraction, 0), coalesce(new.gpu_memory_mb, 0), new.cpus,
-            new.memory_mb, coalesce(new.accelerator, ''), new.labels,
+    INSERT OR IGNORE INTO shapes (gang, gpus, gpu_fraction, gpu_memory_mb, gpu_link, cpus, memory_mb, accelerator,
+                                  labels, secrets)
+    VALUES (new.gang, new.gpus, coalesce(new.gpu_fraction, 0), coalesce(new.gpu_memory_mb, 0), coalesce(new.gpu_link, ''),
+            new.cpus, new.memory_mb, coalesce(new.accelerator, ''), new.labels,
             CASE WHEN new.secrets = '[]' THEN '[]'
                  ELSE json_object('project', new.project_id, 'names', json(new.secrets)) END);
 END;
@@ -912,6 +920,7 @@ SELECT j.id AS job_id, j.state AS job_state, s.id AS shape_id
 FROM jobs j
 JOIN shapes s ON s.gang = j.gang AND s.gpus = j.gpus AND s.cpus = j.cpus AND s.memory_mb = j.memory_mb
              AND s.gpu_fraction = coalesce(j.gpu_fraction, 0) AND s.gpu_memory_mb = coalesce(j.gpu_memory_mb, 0)
+             AND s.gpu_link = coalesce(j.gpu_link, '')
              AND s.accelerator = coalesce(j.accelerator, '') AND s.labels = j.labels
              AND s.secrets = CASE WHEN j.secrets = '[]' THEN '[]'
                                   ELSE json_object('project', j.project_id, 'names', json(j.secrets)) END;
@@ -927,7 +936,9 @@ JOIN shapes s ON s.gang = j.gang AND s.gpus = j.gpus AND s.cpus = j.cpus AND s.m
 --   big_enough       the worker's GPUs, CPUs and memory cover one task, when idle; a task of
 --                    more than one GPU counts only whole GPUs, never MIG instances (a CUDA
 --                    process uses one MIG instance: worker_gpus rows whose uuid is MIG-...);
---                    a `gpu_model` met by the GPUs (not by a worker label) counts those of it
+--                    a `gpu_model` met by the GPUs (not by a worker label) counts those of it;
+--                    a `gpu_link` nvlink shape (schema 35), those of one NVLink set
+--                    (workers.gpu_nvlink: each GPU's set, null for a GPU without NVLink)
 --   missing_secret   the first of the shape's secrets (by name) that is not set in its project
 --                    or whose labels the worker's join token does not all carry; NULL when it
 --                    may have them all
@@ -935,7 +946,8 @@ JOIN shapes s ON s.gang = j.gang AND s.gpus = j.gpus AND s.cpus = j.cpus AND s.m
 --   has_room         a free slot, and free GPUs, CPUs and memory for one task now (worker_load);
 --                    for more than one GPU on a worker with MIG instances, as many free whole
 --                    GPUs (healthy, held by no task); for a `gpu_model` met by the GPUs, as
---                    many free GPUs of that model
+--                    many free GPUs of that model; for `gpu_link` nvlink, as many free GPUs of
+--                    one NVLink set (healthy, held by no task)
 --   schedulable      not cordoned, draining or drained (worker_cordons)
 --   fits_now         online, schedulable, fits, has room: it could take a task of the shape of
 --                    a job it holds no task of (job_worker_fit.holds_task)
@@ -943,7 +955,8 @@ JOIN shapes s ON s.gang = j.gang AND s.gpus = j.gpus AND s.cpus = j.cpus AND s.m
 --   free_slots, free_gpus, free_cpus, free_memory_mb   the worker's free room now (worker_load)
 --   by_index         a task's GPU indices are picked among some of the free ones: whole GPUs beside
 --                    MIG instances, or those of a `gpu_model` met by the GPUs; so its room is no sum;
---                    and a fractional task's (its GPU is picked by best fit: placement.py)
+--                    and a fractional task's (its GPU is picked by best fit: placement.py), and a
+--                    `gpu_link` nvlink task's (one NVLink set's: a batch claim takes it first or not)
 --   gpu_share        a fractional shape's share of one of the worker's GPUs (schema 32): its
 --                    `gpu_fraction`, or its `gpu_memory_mb` over the worker's GPU memory if more;
 --                    0 for whole GPUs. It fits a worker that shares its GPUs (`gpu_sharing`, not
@@ -977,6 +990,13 @@ FROM (
                                  AND (s.gpus = 1 OR NOT EXISTS (SELECT 1 FROM worker_gpus g
                                                                 WHERE g.worker_id = w.id AND g."index" = m.key
                                                                   AND g.uuid GLOB 'MIG-*')))))
+           AND CASE WHEN s.gpu_link = '' THEN 1  -- `gpu_link` nvlink: as many whole GPUs of one NVLink set
+                    ELSE s.gpus <= (SELECT coalesce(max(d.n), 0) FROM (
+                        SELECT count(*) AS n FROM json_each(w.gpu_nvlink) v
+                        WHERE v.value IS NOT NULL
+                          AND NOT EXISTS (SELECT 1 FROM worker_gpus g WHERE g.worker_id = w.id AND g."index" = v.key
+                                                                        AND g.uuid GLOB 'MIG-*')
+                        GROUP BY v.value) d) END
            AS big_enough,
            CASE WHEN s.secrets <> '[]' THEN (
                SELECT sv.value FROM json_each(s.secrets, '$.names') sv
@@ -1012,12 +1032,22 @@ FROM (
             AND ((s.gpu_fraction = 0 AND s.gpu_memory_mb = 0)  -- a share: room on a shared GPU, or a free one
                  OR max(s.gpu_fraction, CASE WHEN w.gpu_memory_mb > 0 THEN s.gpu_memory_mb * 1.0 / w.gpu_memory_mb
                                              ELSE 0 END)
-                    <= max(l.share_room, l.free_gpus >= 1) + 1e-9) AS has_room,
+                    <= max(l.share_room, l.free_gpus >= 1) + 1e-9)
+            AND CASE WHEN s.gpu_link = '' THEN 1  -- `gpu_link` nvlink: as many free GPUs of one NVLink set
+                     ELSE s.gpus <= (SELECT coalesce(max(d.n), 0) FROM (
+                         SELECT count(*) AS n FROM json_each(w.gpu_nvlink) v
+                         WHERE v.value IS NOT NULL
+                           AND NOT EXISTS (SELECT 1 FROM worker_gpus g WHERE g.worker_id = w.id AND g."index" = v.key
+                                                                         AND (g.healthy = 0 OR g.uuid GLOB 'MIG-*'))
+                           AND NOT EXISTS (SELECT 1 FROM tasks t, json_each(t.gpu_indices) x
+                                           WHERE t.worker_id = w.id AND t.state IN ('assigned', 'running')
+                                             AND x.value = v.key)
+                         GROUP BY v.value) d) END AS has_room,
            l.free_gpus - s.gpus AS spare_gpus, l.free_slots, l.free_gpus, l.free_cpus, l.free_memory_mb,
            (s.gpus > 1 AND EXISTS (SELECT 1 FROM worker_gpus g WHERE g.worker_id = w.id AND g.uuid GLOB 'MIG-*'))
            OR (s.gpus > 0 AND json_extract(s.labels, '$.gpu_model') IS NOT NULL
                AND json_extract(s.labels, '$.gpu_model') IS NOT json_extract(w.labels, '$.gpu_model'))
-           OR s.gpu_fraction > 0 OR s.gpu_memory_mb > 0 AS by_index,
+           OR s.gpu_fraction > 0 OR s.gpu_memory_mb > 0 OR s.gpu_link <> '' AS by_index,
            max(s.gpu_fraction, CASE WHEN w.gpu_memory_mb > 0 THEN s.gpu_memory_mb * 1.0 / w.gpu_memory_mb
                                     ELSE 0 END) AS gpu_share,
            NOT EXISTS (SELECT 1 FROM worker_cordons c WHERE c.worker_id = w.id) AS schedulable

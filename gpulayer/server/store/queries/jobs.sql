@@ -5,10 +5,10 @@
 -- 'queued', or 'waiting' while a dependency has not ended.
 INSERT INTO jobs (name, state, spec, kind, priority, labels, secrets, accelerator, gpus, cpus, memory_mb,
                   width, gang, attempt, max_attempts, retry_on, created_at, array_size, max_running,
-                  user_id, project_id, preemptible, hold, begin_at, gpu_fraction, gpu_memory_mb)
+                  user_id, project_id, preemptible, hold, begin_at, gpu_fraction, gpu_memory_mb, gpu_link)
 VALUES (:name, :state, :spec, :kind, :priority, :labels, :secrets, :accelerator, :gpus, :cpus, :memory_mb,
         :width, :gang, 1, :max_attempts, :retry_on, :now, :array_size, :max_running, :user_id, :project_id,
-        :preemptible, :hold, :begin_at, :gpu_fraction, :gpu_memory_mb)
+        :preemptible, :hold, :begin_at, :gpu_fraction, :gpu_memory_mb, :gpu_link)
 RETURNING id;
 
 -- name: insert_tasks --

@@ -83,6 +83,12 @@ SELECT "index" AS i FROM worker_gpus WHERE worker_id = :worker_id AND uuid GLOB 
 -- How the worker's GPUs are wired, as it reported at register (docs/workers.md, "Topology").
 SELECT gpu_topology FROM workers WHERE id = :worker_id;
 
+-- name: task_nvlink_sets --
+-- For a task whose job requires GPUs joined by NVLink (`gpu_link`), the NVLink set of each of the worker's GPUs
+-- (workers.gpu_nvlink, by index; null: none); no row otherwise.
+SELECT w.gpu_nvlink FROM tasks t JOIN jobs j ON j.id = t.job_id JOIN workers w ON w.id = :worker_id
+WHERE t.id = :task_id AND j.gpu_link IS NOT NULL;
+
 -- name: task_model_indices --
 -- For a task whose job asks for a `gpu_model` that the worker meets by its GPUs (not by a
 -- worker label; shape_worker_fit), the worker's indices of that model; no row otherwise.
@@ -153,10 +159,16 @@ LIMIT :limit;
 -- would still hold then (EASY backfill, as claimable_tasks judges a single task: the rank is expected to
 -- end by the reservation's start, or the worker's GPUs then cover both); the polling worker first, then
 -- those holding room for this job (gang_reservations, reservations), then those left with the fewest
--- free GPUs.
+-- free GPUs. A job with `same` label keys (docs/workers.md, "Topology"): only workers that carry each with the
+-- polling worker's value (the gang's first rank is the polling worker's: whichever value it has).
 SELECT f.worker_id
 FROM job_worker_fit f
 WHERE f.job_id = CAST(:job_id AS INTEGER) AND f.fits_now
+  AND NOT EXISTS (SELECT 1 FROM jobs sj, json_each(sj.spec, '$.same') k
+                  WHERE sj.id = f.job_id
+                    AND NOT EXISTS (SELECT 1 FROM workers a, json_each(a.labels) al, workers b, json_each(b.labels) bl
+                                    WHERE a.id = f.worker_id AND b.id = CAST(:worker_id AS INTEGER)
+                                      AND al.key = k.value AND bl.key = k.value AND al.value = bl.value))
   AND NOT EXISTS (SELECT 1 FROM gang_reservations r
                   WHERE r.worker_id = f.worker_id AND r.job_id <> f.job_id AND r.expires_at > :now)
   AND NOT EXISTS (SELECT 1 FROM reservation_room r JOIN jobs j ON j.id = f.job_id

@@ -22,6 +22,9 @@ WHERE (q.nominal IS NULL OR s.gpus = 0
        OR q.gpus_in_use + s.gpus * CASE WHEN s.gang = 1 THEN j.width ELSE 1 END <= q.nominal + q.borrow)
   AND (s.gang = 0 OR NOT EXISTS (SELECT 1 FROM gang_reservations r
                                  WHERE r.job_id = h.job_id AND r.expires_at > :now))
+  -- a gang whose ranks must share a label's value (`same`) waits for room, never preempts: the plan's
+  -- workers would be any that fit, not those of one value
+  AND (s.gang = 0 OR coalesce(json_array_length(j.spec, '$.same'), 0) = 0)
   AND NOT coalesce((SELECT u.at_limit FROM user_running_jobs u WHERE u.user_id = g.user_id), 0)
   AND NOT EXISTS (SELECT 1 FROM preemptions pe JOIN tasks v ON v.id = pe.task_id
                   WHERE pe.for_task_id = h.task_id AND pe.done_at IS NULL AND v.state IN ('assigned', 'running'))

@@ -5,10 +5,10 @@
 INSERT INTO workers (name, state, labels, token_labels, cpus, gpus, memory_mb, gpu_models, slots,
                      advertise_address, version, protocol, session_hash, token_jti,
                      registered_at, last_seen_at, lease_expires_at, isolation, relay, gpu_sharing, gpu_memory_mb,
-                     gpu_topology)
+                     gpu_topology, gpu_nvlink)
 VALUES (:name, 'online', :labels, :token_labels, :cpus, :gpus, :memory_mb, :gpu_models, :slots,
         :advertise_address, :version, :protocol, :session_hash, :token_jti,
-        :now, :now, :lease_expires_at, :isolation, :relay, :gpu_sharing, :gpu_memory_mb, :gpu_topology)
+        :now, :now, :lease_expires_at, :isolation, :relay, :gpu_sharing, :gpu_memory_mb, :gpu_topology, :gpu_nvlink)
 RETURNING id;
 
 -- name: online_worker_named --
