@@ -27,7 +27,7 @@ HEADER = struct.Struct("!I")
 MAX_FRAME = 256 * 1024 * 1024   # a frame past this is a broken peer, not a write
 # Modules whose module-level functions are writes a front end may name (each takes `conn` first).
 WRITE_MODULES = ("gpulayer.server.scheduler.", "gpulayer.server.notify.", "gpulayer.server.provisioning.",
-                 "gpulayer.server.security.", "gpulayer.server.store.")
+                 "gpulayer.server.security.", "gpulayer.server.store.", "gpulayer.server.replication.")
 # The scheduler's methods that are write functions (they read its in-memory state: the writer's is the one).
 SCHEDULER_WRITES = frozenset({"_acquire_once", "_finish_many", "_gpu_reset", "_restarted", "_expire"})
 # Objects each process has its own of: sent as their name, read back as the writer's own.

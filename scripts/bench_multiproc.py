@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""Heartbeats/s with `--front-ends N` against one process, under wrk (issue 41, docs/benchmarks/issue-41.md).
+
+One home, --workers workers registered first (their session tokens in a file); then for each N of --front-ends,
+in turn, in one run: a real `gpulayer server start --front-ends N` on a loopback port, and `wrk` (C, a small part
+of a core, unlike a Python load generator) sending POST /v1/worker/heartbeat back to back over --connections
+keep-alive connections, each request with the next worker's token (a Lua script). Reported per N: heartbeats/s,
+p50/p99 (wrk's), non-2xx answers, the server's CPU (every process of it, in cores), and the workers falsely
+lost (any worker not online at the end, and `worker_lost` events: none should be, each beats every second or so).
+
+    python3 scripts/bench_multiproc.py --workers 2000 --duration 15 --front-ends 1,2
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib  # noqa: E402
+from gpulayer.testing import ControlPlaneProcess, wait_for  # noqa: E402
+
+LUA = r"""
+local tokens, i = {}, 0
+init = function(args)
+  for line in io.lines(args[1]) do tokens[#tokens + 1] = line end
+  i = math.random(#tokens)
+end
+request = function()
+  i = i % #tokens + 1
+  return wrk.format("POST", "/v1/worker/heartbeat", {["Authorization"] = "Bearer " .. tokens[i],
+    ["X-GpuLayer-Protocol"] = "1", ["Content-Type"] = "application/json"}, '{"tasks": []}')
+end
+"""
+
+
+def processes(pid: int) -> list[int]:
+    """The server's process and its children (a supervisor's writer and front ends)."""
+    found = [pid]
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(child) for child in (task / "children").read_text().split()]
+    return found
+
+
+def cpu(pids: list[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        try:
+            total += benchlib.cpu_seconds(pid)
+        except OSError:
+            pass
+    return total
+
+
+def wrk(url: str, lua: Path, tokens: Path, duration: float, connections: int, threads: int) -> dict:
+    out = subprocess.run(["wrk", "-t", str(threads), "-c", str(connections), "-d", f"{duration:g}s", "--latency",
+                          "-s", str(lua), url, "--", str(tokens)], capture_output=True, text=True, check=True).stdout
+    def ms(label: str) -> float:
+        found = re.search(rf"^\s+{label}\s+([\d.]+)(us|ms|s)\s*$", out, re.M)
+        if not found:
+            return float("nan")
+        return float(found[1]) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[found[2]]
+    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    errors = re.search(r"Socket errors: (.*)", out)
+    return {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out)[1]), "p50_ms": ms("50%"), "p99_ms": ms("99%"),
+            "non_2xx": int(non2xx[1]) if non2xx else 0, "socket_errors": errors[1] if errors else "", "raw": out}
+
+
+def register_all(srv: ControlPlaneProcess, n: int) -> list[str]:
+    def one(i: int) -> str:
+        with benchlib.session() as s:
+            return benchlib.register_worker(s, srv.url, srv.join_token, f"hb-{i}")["session_token"]
+    with ThreadPoolExecutor(8) as pool:
+        return list(pool.map(one, range(n)))
+
+
+def lost(srv: ControlPlaneProcess) -> int:
+    not_online = srv.sql("SELECT count(*) FROM workers WHERE state != 'online'")[0][0]
+    events = srv.sql("SELECT count(*) FROM events WHERE kind = 'worker_lost'")[0][0]
+    return not_online + events
+
+
+def measure(srv: ControlPlaneProcess, front_ends: int, files: tuple[Path, Path], args) -> dict:
+    srv.args = ["--front-ends", str(front_ends)]
+    log = srv.root / "server.log"
+    def started() -> int:
+        return log.read_text(errors="replace").count("control plane listening on") if log.exists() else 0
+    seen = started()
+    srv.start(timeout=120)
+    wait_for(lambda: started() > seen, 120, "every process to serve")
+    wrk(srv.url, *files, 2, args.connections, args.wrk_threads)  # warm: connections, caches
+    pids = processes(srv.proc.pid)
+    before, began = cpu(pids), time.monotonic()
+    found = wrk(srv.url, *files, args.duration, args.connections, args.wrk_threads)
+    cores = (cpu(pids) - before) / (time.monotonic() - began)
+    srv.stop()
+    found.pop("raw")
+    return {"front_ends": front_ends, **found, "server_cores": round(cores, 2), "processes": len(pids)}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--workers", type=int, default=2000)
+    p.add_argument("--duration", type=float, default=15.0, help="seconds of each measured wrk run")
+    p.add_argument("--connections", type=int, default=64)
+    p.add_argument("--wrk-threads", type=int, default=1)
+    p.add_argument("--front-ends", default="1,2", help="the N to measure, in order (comma-separated)")
+    args = p.parse_args()
+    if shutil.which("wrk") is None:
+        sys.exit("wrk is not installed (apt install wrk)")
+    info = benchlib.machine()
+    root = Path(tempfile.mkdtemp(prefix="bench-multiproc-"))
+    srv = ControlPlaneProcess(root / "plane")
+    try:
+        srv.start(timeout=120)
+        tokens = register_all(srv, args.workers)
+        srv.stop()
+        files = (root / "hb.lua", root / "tokens.txt")
+        files[0].write_text(LUA)
+        files[1].write_text("\n".join(tokens) + "\n")
+        rows = [measure(srv, int(n), files, args) for n in args.front_ends.split(",")]
+        srv.start(timeout=120)
+        falsely_lost = lost(srv)
+        srv.stop()
+    finally:
+        srv.close()
+        shutil.rmtree(root, ignore_errors=True)
+    base = rows[0]["rps"]
+    for row in rows:
+        row["vs_first"] = round(row["rps"] / base, 2)
+    print(benchlib.machine_line(info))
+    print(f"{args.workers} workers, wrk -t{args.wrk_threads} -c{args.connections} -d{args.duration:g}s, "
+          f"load average at end {os.getloadavg()[0]:.2f}")
+    print(benchlib.table(rows, ["front_ends", "rps", "vs_first", "p50_ms", "p99_ms", "non_2xx", "socket_errors",
+                                "server_cores", "processes"]))
+    print(f"workers falsely lost over the run: {falsely_lost}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
