@@ -119,3 +119,14 @@ def test_the_relay_and_the_ingress_are_refused_clearly(plane):
         answer = plane.request("GET", path, headers={"Connection": "Upgrade", "Upgrade": "websocket",
                                                      "Sec-WebSocket-Version": "13", "Sec-WebSocket-Key": "x3JJHMbDL1EzLkh9GBhXDw=="})
         assert answer.status_code == 501 and "--front-ends 1" in answer.json()["error"]["message"], answer.text
+
+
+def test_metrics_are_summed_over_the_front_ends(plane):
+    def served() -> float:
+        text = requests.get(f"{plane.url}/metrics", headers=plane.headers(), timeout=5).text
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("gpulayer_request_seconds_count") and 'route="/v1/health"' in line)
+    before = served()
+    for _ in range(20):  # new connections: both front ends answer some
+        assert requests.get(f"{plane.url}/v1/health", timeout=5).ok
+    assert [served() - before for _ in range(4)] == [20] * 4  # whichever front end answers the scrape

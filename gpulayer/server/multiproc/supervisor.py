@@ -106,7 +106,7 @@ class Supervisor:
         role = WRITER if name == WRITER else "front-end"
         try:
             proc = subprocess.Popen([sys.executable, "-m", "gpulayer.server.multiproc.child", role, str(write_end)],
-                                    stdin=subprocess.PIPE, pass_fds=(write_end,))
+                                    stdin=subprocess.PIPE, pass_fds=(write_end,), env=self._child_env())
         except BaseException:
             os.close(read_end)
             raise
@@ -117,6 +117,13 @@ class Supervisor:
         proc.stdin.close()
         self.children[name] = proc
         return name, proc, read_end
+
+    def _child_env(self) -> dict:
+        """The children's environment: the shared directory of /metrics' histograms (http/metrics.py)."""
+        assert self._dir is not None
+        shared = Path(self._dir) / "metrics"
+        shared.mkdir(exist_ok=True)
+        return {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(shared)}
 
     def _wait_ready(self, name: str, proc: subprocess.Popen, read_end: int) -> None:
         ready, _, _ = select.select([read_end], [], [], READY_TIMEOUT_S)
