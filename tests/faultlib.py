@@ -225,6 +225,8 @@ class SimWorker:
     def finish(self, outcome: str, exit_code) -> None:
         r = self.call("finish", f"/worker/tasks/{self.current['task_id']}/finish",
                       {"outcome": outcome, "exit_code": exit_code})
+        if r.status_code >= 500:
+            return  # as the agent does (agent/link/transport.py): a 5xx is retried, here at the next step
         if r.ok:
             self.rec.count["finished_accepted" if r.json()["accepted"] else "finished_late"] += 1
         self.current = None

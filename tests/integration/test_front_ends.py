@@ -87,18 +87,27 @@ def test_a_front_end_killed_during_heartbeats_is_restarted_and_nothing_is_lost(p
 
 
 def test_the_writer_killed_answers_503_to_writes_and_reads_go_on(plane):
-    job_id = _submit_all(plane, 1)[0]
-    writer = children(plane.proc.pid)["writer"]
-    os.kill(writer, signal.SIGKILL)
-    answers: list = []
-    refused = wait_for(lambda: (r := plane.request("POST", "/v1/jobs", json={"command": ["true"]})).status_code == 503
-                       and [r] or answers.append(r.text), 10, "a write to be refused",
-                       details=lambda: f"{answers[-3:]}\n{plane.logs(4000)}")
-    assert refused[0].json()["error"]["code"] == "unavailable"
-    assert plane.request("GET", f"/v1/jobs/{job_id}").status_code == 200
-    wait_for(lambda: plane.request("POST", "/v1/jobs", json={"command": ["true"]}).status_code == 201, 60,
-             "writes to be taken again once the writer is back")
-    wait_for(lambda: server_log(plane).count("process_started name=writer") == 2, 10, "the writer's restart logged")
+    stop, rec = threading.Event(), Recorder()
+    fleet = _fleet(plane, stop, rec)  # heartbeats and cycles through the kill
+    try:
+        ids = _submit_all(plane, 10)
+        writer = children(plane.proc.pid)["writer"]
+        os.kill(writer, signal.SIGKILL)
+        answers: list = []
+        refused = wait_for(lambda: (r := plane.request("POST", "/v1/jobs", json={"command": ["true"]})).status_code
+                           == 503 and [r] or answers.append(r.text), 10, "a write to be refused",
+                           details=lambda: f"{answers[-3:]}\n{plane.logs(4000)}")
+        assert refused[0].json()["error"]["code"] == "unavailable"
+        assert plane.request("GET", f"/v1/jobs/{ids[0]}").status_code == 200
+        wait_for(lambda: plane.request("POST", "/v1/jobs", json={"command": ["true"]}).status_code == 201, 60,
+                 "writes to be taken again once the writer is back")
+        wait_for(lambda: server_log(plane).count("process_started name=writer") == 2, 10, "the writer's restart logged")
+        for job_id in ids:
+            assert plane.wait_job(job_id, timeout=60)["state"] == "succeeded"
+    finally:
+        stop.set()
+        for t in fleet:
+            t.join(5)
     assert check_state(plane.state) == []
 
 

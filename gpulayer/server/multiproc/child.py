@@ -1,6 +1,6 @@
 """`python -m gpulayer.server.multiproc.child ROLE FD`: one process of `--front-ends N` (supervisor.py).
 
-ROLE is `writer` or `front-end`; the settings, the writer's socket and the port come pickled on stdin from the
+ROLE is `writer` or `front-end`; the settings, the writer's socket, the port and the log level come pickled on stdin from the
 supervisor (its own child: trusted). Once serving it writes b"1" to FD; it serves until SIGTERM (SIGINT is the
 supervisor's to handle: Ctrl-C reaches the whole process group), or its parent's death (polled).
 """
@@ -17,8 +17,8 @@ def main(argv: list[str]) -> int:
     from gpulayer.server.process import configure_logging
     role, ready_fd = argv[1], int(argv[2])
     parent = os.getppid()  # not PR_SET_PDEATHSIG: that fires when the supervisor's thread that started us ends
-    config, socket_path, port = pickle.load(sys.stdin.buffer)
-    configure_logging()
+    config, socket_path, port, level = pickle.load(sys.stdin.buffer)
+    configure_logging(level)  # the supervisor's (`up`: warnings only, unless --verbose)
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -113,7 +113,7 @@ class Supervisor:
         finally:
             os.close(write_end)
         assert proc.stdin is not None
-        proc.stdin.write(pickle.dumps((self.config, str(self.socket_path), self.port)))
+        proc.stdin.write(pickle.dumps((self.config, str(self.socket_path), self.port, logging.getLogger().level)))
         proc.stdin.close()
         self.children[name] = proc
         return name, proc, read_end
