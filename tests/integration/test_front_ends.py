@@ -139,3 +139,13 @@ def test_metrics_are_summed_over_the_front_ends(plane):
     for _ in range(20):  # new connections: both front ends answer some
         assert requests.get(f"{plane.url}/v1/health", timeout=5).ok
     assert [served() - before for _ in range(4)] == [20] * 4  # whichever front end answers the scrape
+
+
+def test_sigterm_stops_every_process_cleanly(plane):  # last: it stops the module's plane
+    pids = children(plane.proc.pid)
+    running = [pids["writer"], *pids["front-end"]]
+    assert len(running) == 3
+    assert plane.stop() == 0
+    for pid in running:
+        assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
+    assert "Traceback" not in server_log(plane)
