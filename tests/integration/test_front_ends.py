@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -63,6 +64,12 @@ def test_jobs_run_end_to_end_on_a_real_worker(plane):
     for job_id in ids:
         assert plane.wait_job(job_id, timeout=60)["state"] == "succeeded"
     assert any("hello-0" in line["text"] for line in plane.get_json(f"/v1/jobs/{ids[0]}/logs")["lines"])
+    late = plane.submit({"command": ["sh", "-c", "sleep 0.5; echo late"]})
+    with ThreadPoolExecutor(4) as pool:  # log follows parked on both front ends: each wakes with the line
+        follows = list(pool.map(lambda _: requests.get(f"{plane.url}/v1/jobs/{late}/logs", params={"wait_s": 20},
+                                                       headers=plane.headers(), timeout=30), range(4)))
+    assert all(r.elapsed.total_seconds() < 10 and "late" in [line["text"] for line in r.json()["lines"]]
+               for r in follows), [(r.elapsed, r.text[:200]) for r in follows]
     plane.workers["real"].stop()
 
 

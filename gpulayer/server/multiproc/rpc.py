@@ -12,7 +12,8 @@ Each front end holds one connection to the Unix socket. Its requests (codec.py's
 - `("forget", id)`: principals changed there (a revocation): the writer forgets its own, and every front end.
 
 What the writer tells every front end, unasked, coalesced: `("push", kinds)` with `wake` (something may have
-become placeable: parked acquires look again), `written` (log followers look again) and `forget`.
+become placeable: parked acquires look again), `written` (after any write: log followers look again) and
+`forget`.
 """
 from __future__ import annotations
 
@@ -166,6 +167,7 @@ class WriterServer:
         try:
             if kind == "write":
                 answer = ("ok", rid, *self._write(*message[2:]))
+                self.push("written")  # log lines, or a job's end: parked log follows in every front end look
             elif kind == "notes":
                 answer = ("ok", rid, self._notes(*message[2:]), [])
             elif kind == "drain":
