@@ -105,6 +105,26 @@ def measure(srv: ControlPlaneProcess, front_ends: int, files: tuple[Path, Path],
     return {"front_ends": front_ends, **found, "server_cores": round(cores, 2), "processes": len(pids)}
 
 
+def codec_cost(n: int) -> dict:
+    """µs to encode and decode one write's request and its answer (codec.py), both ends together, for a write the
+    size of the task cycle's (a finish and the next task's acquire: its Assignment in the answer); the function
+    is a module-level one (its name is what travels, whichever it is)."""
+    from gpulayer.server.multiproc import codec
+    from gpulayer.server.scheduler import leases
+    shared: dict = {"scheduler": None, "secret_box": None}
+    finishes = [{"task_id": 41, "attempt": 1, "exit_code": 0, "outcome": "succeeded", "outputs": {}, "reason": None}]
+    request = ("write", 7, leases.heartbeat, (12, finishes, 1796694878.47, True, 1, [], (), ()), {},
+               {"wake": True, "until_ended": None, "inline": 2}, "worker:12")
+    assignment = {"task_id": 42, "job_id": 42, "attempt": 1, "command": ["true"], "env": {"A": "1"}, "gpus": [],
+                  "spec": {"timeout_seconds": None, "outputs": [], "inputs": {}, "cpus": 0, "memory_mb": 0}}
+    answer = ("ok", 7, {"results": [{"task_id": 41, "accepted": True}], "found": [assignment], "dropped": []}, [])
+    began = time.perf_counter()
+    for _ in range(n):
+        for message in (request, answer):
+            codec.loads(codec.dumps(message, shared)[4:], shared)
+    return {"codec_us_per_write": round((time.perf_counter() - began) / n * 1e6, 1)}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workers", type=int, default=2000)
@@ -112,7 +132,11 @@ def main() -> int:
     p.add_argument("--connections", type=int, default=64)
     p.add_argument("--wrk-threads", type=int, default=1)
     p.add_argument("--front-ends", default="1,2", help="the N to measure, in order (comma-separated)")
+    p.add_argument("--codec", type=int, default=0, metavar="N", help="only time the RPC codec, N writes")
     args = p.parse_args()
+    if args.codec:
+        print(codec_cost(args.codec))
+        return 0
     if shutil.which("wrk") is None:
         sys.exit("wrk is not installed (apt install wrk)")
     info = benchlib.machine()
