@@ -154,3 +154,65 @@ def test_several_front_ends_need_granian(tmp_path):
         check_config(ControlPlaneConfig(home=tmp_path, front_ends=2, http="cheroot"))
     with pytest.raises(ConfigError, match="--front-ends"):
         check_config(ControlPlaneConfig(home=tmp_path, front_ends=0))
+
+
+class _Restored:
+    def active(self) -> bool:
+        return True
+
+    def paused(self) -> bool:
+        return False
+
+    def describe(self) -> dict:
+        return {"awaiting_workers": 3}
+
+
+class _WriterScheduler(_Scheduler):
+    """What rpc.WriterServer uses of the writer's scheduler, recording each `_write`."""
+
+    def __init__(self, restored=None):
+        from types import SimpleNamespace
+
+        from gpulayer.server.runtime import gpu_samples, renewals
+        self.restored, self.calls = restored, []
+        self.log_followers = SimpleNamespace(written=lambda: None)
+        self.auth = SimpleNamespace(on_invalidate=lambda listener: None)
+        self.renewals, self.gpu_samples = renewals.Renewals(), gpu_samples.Buffer()
+        self.cadence = SimpleNamespace(workers=5)
+
+    def wake(self) -> None:
+        pass
+
+    def _adopting(self, fn):
+        return ("adopting", fn)
+
+    def _write(self, fn, *args, **kwargs):
+        self.calls.append((fn, args, kwargs))
+        if args and isinstance(args[-1], list):
+            args[-1].append("filled")  # a list argument the write fills in (acquire's `ahead`)
+        return "done"
+
+
+def test_the_writer_runs_a_write_and_sends_back_what_it_filled_in(tmp_path):
+    from gpulayer.server.multiproc.rpc import WriterServer
+    from gpulayer.server.scheduler import leases
+    scheduler = _WriterScheduler()
+    server = WriterServer(tmp_path / "w.sock", scheduler)
+    result, outs = server._write(leases.heartbeat, (1, []), {"restored": None}, {"wake": True}, "worker:1")
+    assert (result, outs) == ("done", [(1, ["filled"])])
+    assert scheduler.calls == [(leases.heartbeat, (1, ["filled"]), {"wake": True, "restored": None})]
+    assert server._notes({7: 100.0}, []) == {"workers": 5, "restoring": None}
+    assert scheduler.renewals.pending() == {7: 100.0}
+
+
+def test_a_restored_homes_rules_are_the_writers(tmp_path):
+    from gpulayer.server.multiproc.rpc import WriterServer
+    from gpulayer.server.scheduler import leases, lifecycle
+    restored = _Restored()
+    scheduler = _WriterScheduler(restored)
+    server = WriterServer(tmp_path / "w.sock", scheduler)
+    server._write(leases.heartbeat, (1,), {"restored": "the front end's view"}, {}, "worker:1")
+    server._write(lifecycle.start, (1, 2), {}, {}, "worker:1")
+    assert scheduler.calls[0][2]["restored"] is restored
+    assert scheduler.calls[1][0] == ("adopting", lifecycle.start)
+    assert server._notes({}, [])["restoring"] == {"paused": False, "describe": {"awaiting_workers": 3}}

@@ -113,6 +113,23 @@ class _RemoteCascades:
         pass
 
 
+class _Restoring:
+    """A restored home's reconciliation as a front end sees it (the writer's, refreshed each tick): while it is
+    here, heartbeats take the write path and the writer applies the rules (rpc.py)."""
+
+    def __init__(self, state: dict):
+        self.state = state
+
+    def active(self) -> bool:
+        return True
+
+    def paused(self) -> bool:
+        return bool(self.state["paused"])
+
+    def describe(self) -> dict:
+        return self.state["describe"]
+
+
 class FrontEnd:
     """One front-end process's parts: started by start(), stopped by stop()."""
 
@@ -127,6 +144,7 @@ class FrontEnd:
         artifacts = ArtifactStore(layout.artifacts)
         self.scheduler = Scheduler(self.store, config, clock, auth=self.auth, artifacts=artifacts)
         self.scheduler.remote_write = self.client.write
+        self.scheduler._adopting = lambda fn: fn  # type: ignore[method-assign]  # the writer adopts (rpc.py)
         self.scheduler.cascades = _RemoteCascades(self.client)  # type: ignore[assignment]  # its calls alone
         self.client.shared.update(scheduler=self.scheduler, secret_box=self.scheduler.secret_box)
         self._forget_here = self.auth.invalidate
@@ -190,3 +208,4 @@ class FrontEnd:
             return
         scheduler.renewals.flushed(notes)
         scheduler.cadence.fleet(answer["workers"])
+        scheduler.restored = _Restoring(answer["restoring"]) if answer["restoring"] else None  # type: ignore[assignment]

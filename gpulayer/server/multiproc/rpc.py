@@ -7,7 +7,9 @@ Each front end holds one connection to the Unix socket. Its requests (codec.py's
   the caller's actor; answered `("ok", id, result, outs)` (`outs`: the list arguments the write changed, such
   as acquire's `ahead`) or `("err", id, error)`;
 - `("notes", id, renewals, samples)`: the front end's renewal notes and GPU samples since its last tick,
-  merged into the writer's before its expiry transaction; answered with the online fleet (the cadence);
+  merged into the writer's before its expiry transaction; answered with the online fleet (the cadence) and,
+  in a restored home while its reconciliation rules apply, their state (the front end's heartbeats then take
+  the write path, where the writer applies them: its own `restored` and its `_adopting` of start and finish);
 - `("drain", id, job_id)`: run job `job_id`'s cascade steps until it has none (a submit's, a cancel's);
 - `("forget", id)`: principals changed there (a revocation): the writer forgets its own, and every front end.
 
@@ -25,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from gpulayer.server.multiproc import codec
-from gpulayer.server.scheduler import events
+from gpulayer.server.scheduler import events, lifecycle
 
 log = logging.getLogger("gpulayer.server.multiproc.rpc")
 WRITE_THREADS = 64   # writes of all front ends in progress at once (each waits for its group's COMMIT)
@@ -184,6 +186,11 @@ class WriterServer:
         peer.send(frame)
 
     def _write(self, fn, args: tuple, kwargs: dict, options: dict, actor: str) -> tuple:
+        restored = self.scheduler.restored  # a restored home's reconciliation rules are the writer's to apply
+        if "restored" in kwargs:
+            kwargs = {**kwargs, "restored": restored}
+        if restored is not None and fn in (lifecycle.start, lifecycle.finish):
+            fn = self.scheduler._adopting(fn)
         token = events.ACTOR.set(actor)
         try:
             before = [(i, list(arg)) for i, arg in enumerate(args) if isinstance(arg, list)]
@@ -197,4 +204,7 @@ class WriterServer:
             self.scheduler.renewals.note(worker_id, at)
         if samples:
             self.scheduler.gpu_samples.put_back(samples)
-        return {"workers": self.scheduler.cadence.workers}
+        restored, restoring = self.scheduler.restored, None
+        if restored is not None and restored.active():  # the front ends' heartbeats take the write path meanwhile
+            restoring = {"paused": restored.paused(), "describe": restored.describe()}
+        return {"workers": self.scheduler.cadence.workers, "restoring": restoring}
