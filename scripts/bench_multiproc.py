@@ -49,14 +49,21 @@ def processes(pid: int) -> list[int]:
     return found
 
 
-def cpu(pids: list[int]) -> float:
-    total = 0.0
+def cpu(pids: list[int]) -> dict[int, float]:
+    """CPU seconds of each process (0 for one gone)."""
+    found = {}
     for pid in pids:
         try:
-            total += benchlib.cpu_seconds(pid)
+            found[pid] = benchlib.cpu_seconds(pid)
         except OSError:
-            pass
-    return total
+            found[pid] = 0.0
+    return found
+
+
+def role(pid: int) -> str:
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    return argv[argv.index(b"gpulayer.server.multiproc.child") + 1].decode() if b"gpulayer.server.multiproc.child" \
+        in argv else "server"
 
 
 def wrk(url: str, lua: Path, tokens: Path, duration: float, connections: int, threads: int) -> dict:
@@ -97,12 +104,16 @@ def measure(srv: ControlPlaneProcess, front_ends: int, files: tuple[Path, Path],
     wait_for(lambda: started() > seen, 120, "every process to serve")
     wrk(srv.url, *files, 2, args.connections, args.wrk_threads)  # warm: connections, caches
     pids = processes(srv.proc.pid)
+    roles = {pid: role(pid) for pid in pids}
     before, began = cpu(pids), time.monotonic()
     found = wrk(srv.url, *files, args.duration, args.connections, args.wrk_threads)
-    cores = (cpu(pids) - before) / (time.monotonic() - began)
+    after, took = cpu(pids), time.monotonic() - began
     srv.stop()
     found.pop("raw")
-    return {"front_ends": front_ends, **found, "server_cores": round(cores, 2), "processes": len(pids)}
+    each = {pid: (after[pid] - before[pid]) / took for pid in pids}
+    split = " ".join(f"{roles[pid]} {each[pid]:.2f}" for pid in sorted(pids, key=lambda p: roles[p]))
+    return {"front_ends": front_ends, **found, "server_cores": round(sum(each.values()), 2), "processes": len(pids),
+            "cores_by_process": split}
 
 
 def codec_cost(n: int) -> dict:
@@ -163,7 +174,7 @@ def main() -> int:
     print(f"{args.workers} workers, wrk -t{args.wrk_threads} -c{args.connections} -d{args.duration:g}s, "
           f"load average at end {os.getloadavg()[0]:.2f}")
     print(benchlib.table(rows, ["front_ends", "rps", "vs_first", "p50_ms", "p99_ms", "non_2xx", "socket_errors",
-                                "server_cores", "processes"]))
+                                "server_cores", "cores_by_process"]))
     print(f"workers falsely lost over the run: {falsely_lost}")
     return 0
 
