@@ -136,6 +136,30 @@ def codec_cost(n: int) -> dict:
     return {"codec_us_per_write": round((time.perf_counter() - began) / n * 1e6, 1)}
 
 
+def cycles(front_ends: list[int], duration: float, jobs: int) -> list[dict]:
+    """bench_http.py's acquire -> start -> finish cycles (16 simulated workers, finish handing out the next task,
+    a Python load generator in 2 processes) against `--front-ends N` for each N: what the writer RPC costs a
+    cycle (cycles are the writer's work, so more front ends are not expected to add any)."""
+    import bench_http
+    rows = []
+    for n in front_ends:
+        class Server(benchlib.Server):
+            front_ends = n
+
+            def __init__(self, **options):
+                options["extra_args"] = [*options.get("extra_args", ()), "--front-ends", str(self.front_ends)]
+                super().__init__(**options)
+        bench_http.benchlib.Server = Server  # type: ignore[misc]  # the one knob bench_http lacks
+        options = argparse.Namespace(procs=2, threads=8, duration=duration, jobs=jobs, synchronous="normal",
+                                     http="granian", finish_next=True, max_tasks=1, profile=False,
+                                     profile_dir="/tmp/gpulayer-bench-profile")
+        found = bench_http.run_cycles(options, tls=False)
+        rows.append({"front_ends": n, "cycles_per_s": found["cycles_per_s"],
+                     "cycle_p50_ms": found["cycle"]["p50_ms"], "cycle_p99_ms": found["cycle"]["p99_ms"],
+                     "errors": len(found["errors"])})  # its server CPU is the supervisor's alone with N > 1
+    return rows
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workers", type=int, default=2000)
@@ -144,7 +168,13 @@ def main() -> int:
     p.add_argument("--wrk-threads", type=int, default=1)
     p.add_argument("--front-ends", default="1,2", help="the N to measure, in order (comma-separated)")
     p.add_argument("--codec", type=int, default=0, metavar="N", help="only time the RPC codec, N writes")
+    p.add_argument("--cycles", action="store_true", help="task cycles (bench_http.py's) instead of heartbeats")
+    p.add_argument("--jobs", type=int, default=4000, help="jobs queued before the cycles (--cycles)")
     args = p.parse_args()
+    if args.cycles:
+        print(benchlib.machine_line())
+        print(benchlib.table(cycles([int(n) for n in args.front_ends.split(",")], args.duration, args.jobs)))
+        return 0
     if args.codec:
         print(codec_cost(args.codec))
         return 0
