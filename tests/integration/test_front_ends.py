@@ -73,6 +73,18 @@ def test_jobs_run_end_to_end_on_a_real_worker(plane):
     plane.workers["real"].stop()
 
 
+def test_uploads_are_served_by_every_front_end(plane, tmp_path):
+    data = tmp_path / "data.bin"
+    data.write_bytes(os.urandom(300_000))
+    with plane.client() as client:
+        digests = {client.upload(data) for _ in range(4)}  # new connections: both front ends take one
+    assert len(digests) == 1
+    digest = digests.pop()
+    for _ in range(6):
+        answer = requests.get(f"{plane.url}/v1/artifacts/{digest}", headers=plane.headers(), timeout=10)
+        assert answer.status_code == 200 and answer.content == data.read_bytes()
+
+
 def test_a_front_end_killed_during_heartbeats_is_restarted_and_nothing_is_lost(plane):
     stop, rec = threading.Event(), Recorder()
     fleet = _fleet(plane, stop, rec)
