@@ -23,6 +23,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -110,6 +111,16 @@ class WriterServer:
                 peer.sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+
+    def wait_for_front_ends(self, timeout: float) -> None:
+        """Until every front end has hung up, or `timeout` seconds: a SIGTERM to the whole process group (systemd's
+        default, `timeout`) reaches the writer with its front ends, whose last writes and notes come first."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._peers_lock:
+                if not self._peers:
+                    return
+            time.sleep(0.05)
 
     def push(self, kind: str) -> None:
         with self._push:

@@ -14,6 +14,9 @@ from gpulayer.server.multiproc.rpc import WriterServer
 from gpulayer.server.process import ControlPlane
 
 
+FRONT_ENDS_STOP_S = 8.0   # how long a stopping writer waits for front ends stopping beside it (their requests: 5 s)
+
+
 class HeldByParent:
     """The home's lock as a child sees it: held by the supervisor for the plane's whole life."""
 
@@ -48,5 +51,6 @@ class WriterPlane(ControlPlane):
     def stop(self) -> None:
         """The RPC first (the writes in progress finish), then what ControlPlane.stop stops."""
         if self.rpc is not None:
+            self.rpc.wait_for_front_ends(FRONT_ENDS_STOP_S)
             self.rpc.stop()
         super().stop()
