@@ -225,6 +225,8 @@ class SimWorker:
     def finish(self, outcome: str, exit_code) -> None:
         r = self.call("finish", f"/worker/tasks/{self.current['task_id']}/finish",
                       {"outcome": outcome, "exit_code": exit_code})
+        if r.status_code >= 500:
+            return  # as the agent does (agent/link/transport.py): a 5xx is retried, here at the next step
         if r.ok:
             self.rec.count["finished_accepted" if r.json()["accepted"] else "finished_late"] += 1
         self.current = None
@@ -293,3 +295,25 @@ def storm_main(url: str, token: str, seconds: float, threads: int, out_path: str
     for t in loops:
         t.join(20)
     out.close()
+
+
+def sim_fleet(url: str, join_token: str, stop, rec: Recorder, n: int = 3, **options) -> list:
+    """`n` SimWorkers stepping on threads until `stop` is set (registering again after a failed call);
+    `options` go to SimWorker. The threads, started."""
+    import threading
+
+    def run(name):
+        worker = SimWorker(url, join_token, name, rec, **options)
+        while not stop.is_set():
+            try:
+                if worker.worker_id is None:
+                    worker.register()
+                stop.wait(worker.step(acquire_wait_s=0.2))
+            except (requests.RequestException, KeyError):
+                rec.count["worker_unreachable"] += 1
+                stop.wait(0.05)
+    threads = [threading.Thread(target=run, args=(f"sim-{i}",), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    return threads
+

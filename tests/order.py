@@ -26,6 +26,7 @@ SECONDS: dict[str, float] = {
     "tests/security/test_security_slow_clients.py": 97,
     "tests/client/test_cli_wording.py": 45,           # 71 before the duration options ran in-process
     "tests/integration/test_job_control.py": 58,
+    "tests/integration/test_front_ends.py": 15,       # 7.7 to 19.4 s at load 8-12 (--front-ends 2, six tests)
     "tests/integration/test_checkpoint_resume.py": 49,
     "tests/security/test_relay_bounds.py": 47,
     "tests/faults/test_faults_heartbeat_cadence.py": 27,

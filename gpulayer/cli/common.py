@@ -7,7 +7,7 @@ import select
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -198,3 +198,19 @@ def start_parts(at: float, now: float) -> tuple[str, str]:
 def fmt_start(at: float, now: float) -> str:
     """start_parts as one text: "14:20, in 35 min", "now"."""
     return ", ".join(p for p in start_parts(at, now) if p)
+
+
+def _front_ends(value: int) -> int:
+    """--front-ends past this machine's cores is allowed (a test, a machine about to grow), with a warning."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if value > cores:
+        typer.echo(f"Warning: --front-ends {value} is more than the {cores} cores this process may use: the front "
+                   "ends will share cores (docs/cli.md)", err=True)
+    return value
+
+
+FrontEnds = Annotated[int, typer.Option(
+    "--front-ends", min=1, metavar="N", callback=_front_ends,
+    help="HTTP front-end processes on the port (SO_REUSEPORT), besides one writer process that runs every write "
+         "and upkeep; 1: one process serves all (docs/architecture.md, \"When one machine is not enough\").")]
+

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from gpulayer.cli.common import duration_option, fail, global_options, home_of, parse_pairs, print_json
+from gpulayer.cli.common import FrontEnds, duration_option, fail, global_options, home_of, parse_pairs, print_json
 from gpulayer.cli.idle_options import (IdleActionOpt, IdleBelowOpt, IdleCheckOpt, IdleTimeoutOpt, IdleWarningOpt,
                                        fleet_settings)
 from gpulayer.cli.workers import (
@@ -232,7 +232,7 @@ def server_start(
     max_output_mb: MaxOutputMB = MAX_OUTPUT_BYTES // 1024 ** 2,
     log_retention: LogRetention = None,
     job_retention: JobRetention = None,
-    gpu_sample_retention: GpuSampleRetention = None, http: FrontEndOpt = FrontEnd.granian,
+    gpu_sample_retention: GpuSampleRetention = None, http: FrontEndOpt = FrontEnd.granian, front_ends: FrontEnds = 1,
     replicate: Replicate = None,
     replicate_interval: ReplicateInterval = "1",
     fairshare_half_life: FairshareHalfLife = None,
@@ -282,6 +282,7 @@ def server_start(
     from gpulayer.server.process import run_server
     config = ControlPlaneConfig(home=home_of(ctx, home), host=host, port=port, tls_cert=tls_cert,
                                 tls_key=tls_key, allow_insecure_remote=allow_insecure_remote, http=http.value,
+                                front_ends=front_ends,
                                 replicate=replicate, replicate_interval_s=float(replicate_interval),
                                 max_heartbeats_per_s=max_heartbeats_per_s,
                                 **_policy_settings(preempt_grace, max_grace, max_queued_elements, priority_class,
@@ -495,7 +496,7 @@ def up(ctx: typer.Context, home: Home = None,
        no_worker: Annotated[bool, typer.Option("--no-worker", help="Run no worker here: a control-plane-only host.")] = False,
        replicate: Replicate = None, replicate_interval: ReplicateInterval = "1",
        sandbox: SandboxMode = SANDBOX_DEFAULT, run_as: RunAs = None, allow_root_tasks: AllowRootTasks = False,
-       sandbox_bind: SandboxBind = None, http: FrontEndOpt = FrontEnd.granian,
+       sandbox_bind: SandboxBind = None, http: FrontEndOpt = FrontEnd.granian, front_ends: FrontEnds = 1,
        gpu_sample_retention: GpuSampleRetention = None,
        allow_private_webhooks: AllowPrivateWebhooks = False, smtp_url: SmtpUrl = None,
        smtp_from: SmtpFrom = "gpulayer@localhost", webhook_retry_base: WebhookRetryBase = "5",
@@ -532,7 +533,8 @@ def up(ctx: typer.Context, home: Home = None,
     isolation.update({k: v for k, v in chosen.items() if v})
     raise typer.Exit(run_up(home_of(ctx, home), host, port, parallel, not no_worker, worker_settings=isolation,
                             verbose=verbose,
-                            replicate=replicate, http=http.value, replicate_interval_s=float(replicate_interval),
+                            replicate=replicate, http=http.value, front_ends=front_ends,
+                            replicate_interval_s=float(replicate_interval),
                             **_plane_settings(heartbeat_interval, lease_ttl, synchronous, max_output_mb,
                                               log_retention, job_retention, gpu_sample_retention),
                             **_policy_settings(preempt_grace, max_grace, max_queued_elements, priority_class,

@@ -102,11 +102,11 @@ def _serve_up(home: Path, host: str, port: int, parallel: int | None, worker: bo
     """run_up once the home's lock is held."""
     from gpulayer.server.security.certs import ensure_tls
     from gpulayer.server.config import ControlPlaneConfig
-    from gpulayer.server.process import ControlPlane, stamped
+    from gpulayer.server.process import new_plane, stamped
     address = join_address(host)
     tls = ensure_tls(home, [address] if host not in WILDCARD_HOSTS else [])
     tokens = home_tokens(home, rotate_unknown=True)
-    plane = ControlPlane(ControlPlaneConfig(home=home, host=host, port=port, tls_cert=Path(tls["cert"]),
+    plane = new_plane(ControlPlaneConfig(home=home, host=host, port=port, tls_cert=Path(tls["cert"]),
                                             tls_key=Path(tls["key"]), **settings), lock=lock)
     plane.start()
     try:

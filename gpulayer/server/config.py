@@ -74,6 +74,7 @@ class ControlPlaneConfig:
     synchronous: str = "normal"
     threads: int = 320           # requests served at once; a parked long-poll holds one
     http: str = "granian"        # the front end serving /v1: "granian", or "cheroot" (docs/benchmarks/early.md, "Front ends")
+    front_ends: int = 1          # `--front-ends`: past 1, a writer process and N front-end processes (server/multiproc/)
     max_parked_acquires: int = 256
     # Log long-polls parked at once; past it they answer at once (`retry_after_s`). With the
     # acquires' cap this leaves threads free for heartbeats whatever clients do.

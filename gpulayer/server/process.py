@@ -80,6 +80,8 @@ def check_config(config: ControlPlaneConfig) -> None:
         raise ConfigError("--synchronous must be normal or full")
     if config.http not in ("cheroot", "granian"):
         raise ConfigError("--http must be granian or cheroot")
+    if config.front_ends < 1 or config.front_ends > 1 and config.http != "granian":
+        raise ConfigError("--front-ends must be 1 or more, and more than 1 only with the granian front end")
     if config.http == "granian" and importlib.util.find_spec("granian") is None:
         raise ConfigError("the granian front end (the default) needs the granian package: "
                           "pip install 'granian>=2.8,<2.9', or serve with --http cheroot")
@@ -174,6 +176,14 @@ class ControlPlane:
             self.lock.release()
 
     def _start(self) -> None:
+        self._open()
+        self._serve()
+        self._start_background()
+        log.info("server_started url=%s state=%s", self.url, self.config.layout.state)
+        log.info("server_settings %s", settings_line(self.config))
+
+    def _open(self) -> None:
+        """The state file and what a start does to it (replication, the tmp sweep, the restart's grace)."""
         raise_fd_limit()
         ca = self.config.layout.tls / "ca.pem"
         self._deps = new_deps(self.config, clock=self.clock, ca_file=ca if self.config.tls_cert and ca.exists() else None)
@@ -183,6 +193,9 @@ class ControlPlane:
         if swept:
             log.info("artifact_tmp_swept count=%d", swept)
         self.deps.scheduler.restarted()
+
+    def _serve(self) -> None:
+        """The HTTP front end, listening (multiproc/writer.py's writer process serves its RPC instead)."""
         app = with_explorer(create_app(self.deps), self.deps, secure_cookies=bool(self.config.tls_cert))
         certfile = str(self.config.tls_cert) if self.config.tls_cert else None
         keyfile = str(self.config.tls_key) if self.config.tls_key else None
@@ -201,6 +214,9 @@ class ControlPlane:
             self._http = HTTPServer(app, self.config.host, self.config.port, certfile=certfile, keyfile=keyfile,
                                     threads=self.config.threads)
         self.http.start()
+
+    def _start_background(self) -> None:
+        """Upkeep, notifications' delivery and provisioning, each on its own thread."""
         self._upkeep = threading.Thread(target=self._run_upkeep, name="gpulayer-upkeep", daemon=True)
         self._upkeep.start()
         self.notifier = Notifier(self.deps.scheduler, self.config, self.clock)
@@ -210,8 +226,6 @@ class ControlPlane:
                                                   scheduler=self.deps.scheduler, auth=self.deps.auth, clock=self.clock)
             self.provisioning = provisioner.Provisioning(self.provisioners, wiring)
             self.provisioning.start()
-        log.info("server_started url=%s state=%s", self.url, self.config.layout.state)
-        log.info("server_settings %s", settings_line(self.config))
 
     def _start_replication(self) -> None:
         """Start Litestream (`--replicate`) and, in a restored home, the reconciliation with the workers.
@@ -409,10 +423,20 @@ def settings_line(config: ControlPlaneConfig) -> str:
                     for k, v in given.items())
 
 
+def new_plane(config: ControlPlaneConfig, *, lock: HomeLock | None = None) -> ControlPlane:
+    """The control plane `config` asks for: this process (--front-ends 1), or a supervisor of a writer process
+    and N front-end processes (server/multiproc/, the same start, stop, url and fenced). Raises ConfigError."""
+    if config.front_ends > 1:
+        from gpulayer.server.multiproc.supervisor import Supervisor
+        check_config(config)
+        return Supervisor(config, lock=lock)  # type: ignore[return-value]  # the same start/stop/url/fenced
+    return ControlPlane(config, lock=lock)
+
+
 def run_server(config: ControlPlaneConfig) -> int:
     """Serve until SIGTERM or SIGINT; returns the exit code. Raises ConfigError for bad settings."""
     configure_logging()
-    plane = ControlPlane(config)
+    plane = new_plane(config)
     stopping = threading.Event()
 
     def _on_signal(signum, frame):

@@ -16,7 +16,7 @@ import pytest
 import requests
 
 import faultlib
-from faultlib import Recorder, SimWorker, check_state, submit_storm
+from faultlib import Recorder, check_state, submit_storm
 
 from gpulayer.testing import ControlPlaneProcess, clean_env
 
@@ -26,20 +26,7 @@ DOWN_S = 0.3           # how long the control plane stays dead
 
 
 def _fleet(srv: ControlPlaneProcess, stop: threading.Event, rec: Recorder, n: int = 3) -> list[threading.Thread]:
-    def run(name):
-        worker = SimWorker(srv.url, srv.tokens["join_token"], name, rec, run_s=(0.02, 0.2))
-        while not stop.is_set():
-            try:
-                if worker.worker_id is None:
-                    worker.register()
-                stop.wait(worker.step(acquire_wait_s=0.2))
-            except requests.RequestException:
-                rec.count["worker_unreachable"] += 1
-                stop.wait(0.05)
-    threads = [threading.Thread(target=run, args=(f"sim-{i}",), daemon=True) for i in range(n)]
-    for t in threads:
-        t.start()
-    return threads
+    return faultlib.sim_fleet(srv.url, srv.tokens["join_token"], stop, rec, n, run_s=(0.02, 0.2))
 
 
 @pytest.mark.timeout(150)

@@ -85,7 +85,8 @@ SERVER_ADMIN_COMMANDS = ("server.py", "up.py", "local.py", "policy.py")  # start
 #                                                    (policy.py: a replay on copies of its state file, offline)
 READONLY_SQL = "gpulayer/server/store/readonly_sql.py"  # the standalone explorer's one piece of gpulayer
 FRONTENDS = "gpulayer.server.frontends"  # granian's and cheroot's private APIs, patched: fenced
-PROCESS_ENTRY = "gpulayer/server/process.py"  # the one module that starts a front end
+# The modules that start a front end: the process, and a front-end process of `--front-ends N`.
+PROCESS_ENTRIES = ("gpulayer/server/process.py", "gpulayer/server/multiproc/frontend.py")
 
 
 RULES = {
@@ -139,9 +140,9 @@ RULES = {
         _sources("gpulayer/server/relay"),
         ["gpulayer.server.http", "gpulayer.server.process", "gpulayer.server.provisioning", "gpulayer.client",
          "gpulayer.cli", "falcon", "cheroot"], False),
-    "nothing but the process entry imports the front ends (they patch granian's and cheroot's private APIs)": (
+    "nothing but the process entries imports the front ends (they patch granian's and cheroot's private APIs)": (
         [p for p in _sources("gpulayer", "agent", "explorer")
-         if p != ROOT / PROCESS_ENTRY and not _under(_module_name(p), FRONTENDS)], [FRONTENDS], False),
+         if p not in {ROOT / e for e in PROCESS_ENTRIES} and not _under(_module_name(p), FRONTENDS)], [FRONTENDS], False),
     "the /v1 app imports nothing of the front ends, nor their servers": (
         _sources("gpulayer/server/http"), [FRONTENDS, "cheroot", "granian"], False),
     "the front ends import nothing of the app or what it calls (they carry a WSGI app they are given)": (

@@ -15,7 +15,8 @@ read in one folder:
   threads (slow clients hold none) and a shortage of file descriptors is answered with a 503;
 - bodies.py: the framing and body rules both apply alike.
 
-The contract (tests/unit/test_import_contracts.py): nothing imports this package but the process entry
-(server/process.py); the /v1 app imports nothing of it; it imports nothing of the app, the scheduler or the store
+The contract (tests/unit/test_import_contracts.py): nothing imports this package but the process entries
+(server/process.py, and server/multiproc/frontend.py for a front-end process of `--front-ends N`); the /v1 app
+imports nothing of it; it imports nothing of the app, the scheduler or the store
 (what it shares with the app, the error shape and the body errors, sits below both in server/errors.py).
 """

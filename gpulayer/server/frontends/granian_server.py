@@ -52,7 +52,7 @@ import time
 from typing import Any
 
 from granian._futures import _future_watcher_wrapper, _new_cbscheduler
-from granian._granian import ListenerSpec, RSGIWorker, WorkerSignal
+from granian._granian import ListenerSpec, RSGIWorker, SocketHolder, WorkerSignal
 from granian._loops import loops
 from granian.http import HTTP1Settings
 
@@ -106,6 +106,7 @@ class GranianServer:
         max_connections: int | None = None,
         websocket=None,
         prefixed: dict | None = None,
+        listener: socket.socket | None = None,
     ):
         if (certfile is None) != (keyfile is None):
             raise ValueError("TLS needs both certfile and keyfile")
@@ -113,6 +114,7 @@ class GranianServer:
         self._websocket = websocket  # an RSGI WebSocket handler (the relay), or None: WebSockets are refused
         self._prefixed = prefixed or {}  # RSGI handlers of every request under a path prefix (the ingress)
         self._host, self._port = host, port
+        self._given = listener  # a listening socket made by the caller (a front end's SO_REUSEPORT one), or None
         # granian's TLS settings: enabled, cert, key, key password, minimum protocol, client CA, CRLs, verify.
         self._tls: tuple[Any, ...] = (certfile is not None, certfile, keyfile, None, "tls1.2", None, [], False)
         self._threads = threads
@@ -152,7 +154,10 @@ class GranianServer:
 
         Raises OSError when the address cannot be bound.
         """
-        holder = ListenerSpec(self._host, self._port, LISTEN_BACKLOG).build()
+        if self._given is not None:  # granian's stub lags its SocketHolder(fd, uds, backlog)
+            holder = SocketHolder(self._given.fileno(), False, LISTEN_BACKLOG)  # type: ignore[call-arg]
+        else:
+            holder = ListenerSpec(self._host, self._port, LISTEN_BACKLOG).build()
         self._listener = socket.socket(fileno=socket.dup(holder.get_fd()))
         self._listener.setblocking(False)
         self._bound_port = self._listener.getsockname()[1]

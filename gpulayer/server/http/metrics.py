@@ -2,15 +2,19 @@
 
 State gauges (jobs, workers, queue depth, artifact bytes) are the scheduler's
 counts (`Scheduler.gauges()`), read from the state file at scrape time, so they
-always match what SQL says; latencies are histograms observed by a middleware.
+always match what SQL says; latencies are histograms observed by a middleware. With several front-end processes
+(`--front-ends N`, server/multiproc/) the supervisor gives each a shared PROMETHEUS_MULTIPROC_DIR: the histograms
+are kept there (prometheus_client's multiprocess mode) and any front end's scrape sums them over every process,
+a dead one's included; the parked gauges are the answering front end's own.
 """
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 if TYPE_CHECKING:
@@ -54,6 +58,21 @@ class StateCollector:
         yield GaugeMetricFamily("gpulayer_artifacts", "Artifacts in the store.", value=snap["artifacts"])
 
 
+class LiveGauge:
+    """A gauge read at scrape time (`set_function`), this process's alone: never in the multiprocess files."""
+
+    def __init__(self, name: str, documentation: str, registry: CollectorRegistry):
+        self.name, self.documentation = name, documentation
+        self._read: Any = lambda: 0
+        registry.register(self)
+
+    def set_function(self, read) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(self.name, self.documentation, value=self._read())
+
+
 class Metrics:
     """The registry, the latency histograms and the middleware that fills them."""
 
@@ -62,16 +81,21 @@ class Metrics:
         self.registry.register(StateCollector(scheduler))
         self.registry.register(RelayCollector(scheduler.relay))
         self.registry.register(IngressCollector(scheduler.ingress))
+        shared = os.environ.get("PROMETHEUS_MULTIPROC_DIR")   # several front ends: summed from their files
+        histograms = None if shared else self.registry
+        if shared:
+            from prometheus_client.multiprocess import MultiProcessCollector
+            self.registry.register(MultiProcessCollector(None, path=shared))
         self.requests = Histogram("gpulayer_request_seconds", "Time to answer a /v1 request.",
-                                  ["method", "route", "status"], buckets=BUCKETS, registry=self.registry)
+                                  ["method", "route", "status"], buckets=BUCKETS, registry=histograms)
         self._children: dict[tuple[str, str, str], Any] = {}   # (method, route, status): its histogram
         self.acquire = Histogram("gpulayer_acquire_seconds", "Time of one acquire transaction (no long-poll wait).",
-                                 buckets=BUCKETS, registry=self.registry)
+                                 buckets=BUCKETS, registry=histograms)
         # Read at scrape time from the scheduler: create_app binds them (`parked.set_function`).
-        self.parked = Gauge("gpulayer_parked_acquires", "Worker acquires parked on the long-poll now.",
-                            registry=self.registry)
-        self.parked_log_polls = Gauge("gpulayer_parked_log_polls", "Log follows parked on the long-poll now.",
-                                      registry=self.registry)
+        self.parked = LiveGauge("gpulayer_parked_acquires", "Worker acquires parked on the long-poll now.",
+                                self.registry)
+        self.parked_log_polls = LiveGauge("gpulayer_parked_log_polls", "Log follows parked on the long-poll now.",
+                                          self.registry)
 
     def process_request(self, req, resp):
         req.context.started = time.perf_counter()

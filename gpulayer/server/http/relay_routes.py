@@ -1,12 +1,17 @@
 """The relay's routes as plain HTTP sees them: a WebSocket upgrade never gets here under granian (the relay,
 gpulayer/server/relay/hub.py, takes it in granian_bridge.Bridge), so what does is a GET without one (400), or
-any request under `--http cheroot`, which serves no WebSocket (501)."""
+any request under `--http cheroot`, which serves no WebSocket, or with `--front-ends N > 1` (501)."""
 
 from __future__ import annotations
 
 import re
 
 from gpulayer.server.errors import GpulayerError
+
+
+# A worker's relay link and a client's stream would land on different front-end processes (server/multiproc/).
+MULTIPROCESS = ("this control plane serves with several front-end processes (--front-ends N > 1), which carry no relay "
+                "(exec, shell, port forwarding) nor ingress: serve with --front-ends 1 for them")
 
 
 class RelayUnavailable(GpulayerError):
@@ -24,6 +29,8 @@ class _RelayRoute:
         self.deps = deps
 
     def on_get(self, req, resp, **params):
+        if self.deps.config.front_ends > 1:
+            raise RelayUnavailable(MULTIPROCESS)
         if self.deps.config.http != "granian":
             raise RelayUnavailable(
                 f"this control plane serves HTTP with {self.deps.config.http}, which carries no "
@@ -55,6 +62,8 @@ class IngressUnavailable:
         self.deps = deps
 
     def __call__(self, req, resp, **params):
+        if self.deps.config.front_ends > 1:
+            raise RelayUnavailable(MULTIPROCESS)
         raise RelayUnavailable(
             f"this control plane serves HTTP with {self.deps.config.http}: the ingress streams on the default "
             "front end only (server start --http granian)"

@@ -51,6 +51,8 @@ class Facade:
         self._closing = False
         self._waiting = 0  # acquires inside self._wake.wait(): what a wake() reaches now
         self.observe_acquire: Callable[[float], None] = lambda seconds: None
+        # In a front-end process (--front-ends N > 1): the writer process runs each write (server/multiproc/).
+        self.remote_write: Callable[..., object] | None = None
         # Set when this plane was restored from a replica (ControlPlane.start): heartbeats reconcile against it.
         self.restored: reconcile.Restored | None = None
         # Big cancels, cascades and releases: one bounded write a step (scheduler/cascades.py).
@@ -134,7 +136,13 @@ class Facade:
     def _write(self, fn, *args, wake: bool = False, until_ended: int | None = None,
                inline: int = cascades.INLINE_STEPS, **kwargs):
         """fn in a write; then the cascade steps it asked for (runtime/cascades.py's Cascades.drive: `inline` of them
-        here, and those of job `until_ended` until it has ended; the rest on the cascade thread)."""
+        here, and those of job `until_ended` until it has ended; the rest on the cascade thread). In a front-end
+        process the writer process does all that (`remote_write`), and this process's parked acquires wake."""
+        if self.remote_write is not None:
+            result = self.remote_write(fn, args, kwargs, wake=wake, until_ended=until_ended, inline=inline)
+            if wake:
+                self.wake()
+            return result
         with cascades.collecting() as steps:
             result = self.store.write(fn, *args, **kwargs)
         if wake:
