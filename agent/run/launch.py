@@ -151,9 +151,10 @@ class TaskLaunch(TaskReports):
         self.extra_env = dict(extra)
         try:
             start = self._launch(argv, self.environment(extra), cpus)
+            quick = quick_exit_s > 0 and not self.pid_reported  # its output is read here if it ends that soon
             proc = TaskProcess(start.argv, start.env, str(self.workdir), self.shipper.add,
                                sandboxed=self._placed().own_sandbox, entered=start.entered, started=start.started,
-                               info=start.info, init_pidfd=start.init_pidfd, cpus=cpus)
+                               info=start.info, init_pidfd=start.init_pidfd, cpus=cpus, defer_readers=quick)
         except OSError as exc:
             code = 127 if isinstance(exc, FileNotFoundError) else 126
             self.shipper.system(f"cannot start {argv[0]!r}: {exc.strerror or exc}")
@@ -168,6 +169,7 @@ class TaskLaunch(TaskReports):
             if quick_exit_s > 0 and _ended_within(proc, quick_exit_s):
                 self.start_pid = proc.pid
             else:
+                proc.start_readers()
                 self._report_start(proc.pid)
         return proc
 
