@@ -56,9 +56,11 @@ class TaskLaunch(TaskReports):
         ctx = self.ctx
         self.place = place(self.assignment, ctx.sandbox, ctx.tasks_dir, ctx.shared, ctx.spares)
         self.checkpoint = self._checkpointer()  # in the place's working dir
-        if self.workdir.exists():
+        try:
+            self.workdir.mkdir(parents=True)
+        except FileExistsError:  # left by an agent killed before (or --keep-task-dirs): made afresh
             shutil.rmtree(self.workdir)
-        self.workdir.mkdir(parents=True)
+            self.workdir.mkdir()
 
     def _materialize(self) -> None:
         """Fetch and place the source bundle, the inputs and the weights (weights are linked, not capped)."""
