@@ -13,6 +13,11 @@ In one sitting, interleaved (the order turns each round), --rounds times:
 
     pip install hyperqueue    # its wheel holds the server and worker in a library (no `hq` command)
     python scripts/bench_vs_hyperqueue.py [--tasks 2000] [--rounds 3] [--skip hyperqueue] [--unsandboxed] [--json]
+                                          [--baseline-tree DIR]
+
+`--baseline-tree DIR` adds a fourth runner, `gpulayer-baseline`: a control plane, worker and CLI of
+another source tree (say `git archive main | tar -x -C DIR`), the same set-up, in the same rounds:
+before and after in one sitting.
 
 Medians of the rounds, and GPUlayer's ratio to each. Without the hyperqueue package (or with
 `--skip hyperqueue`) the HyperQueue column is left out and said why.
@@ -76,15 +81,17 @@ class HyperQueue:
 class GpuLayer:
     """A real control plane (TLS, defaults) and one worker --parallel 2 with the default sandbox."""
 
-    def __init__(self, parallel: int, worker_args: list[str] | None = None):
-        self.srv = benchlib.ControlPlaneProcess(tls=True).start()
-        self.worker = self.srv.start_worker("bench", parallel=parallel, args=worker_args or [])
+    def __init__(self, parallel: int, worker_args: list[str] | None = None, tree: str | None = None):
+        #: Another source tree's server, worker and CLI (PYTHONPATH), for a same-run baseline.
+        self.env = {"PYTHONPATH": str(Path(tree).resolve())} if tree else {}
+        self.srv = benchlib.ControlPlaneProcess(tls=True, env=self.env).start()
+        self.worker = self.srv.start_worker("bench", parallel=parallel, args=worker_args or [], env=self.env)
         listed = self.srv.online_worker("bench") or {}
         self.isolation = (listed.get("inventory") or {}).get("isolation") or listed.get("isolation")
 
     def round(self, tasks: int) -> float:
         t0 = time.perf_counter()
-        done = self.srv.cli("submit", "--array", f"0-{tasks - 1}", "--wait", "--", "true", timeout=600)
+        done = self.srv.cli("submit", "--array", f"0-{tasks - 1}", "--wait", "--", "true", timeout=600, **self.env)
         elapsed = time.perf_counter() - t0
         if done.returncode != 0:
             raise RuntimeError(f"gpulayer submit --wait exited {done.returncode}: {done.stderr[-2000:]}")
@@ -102,6 +109,8 @@ def main() -> None:
     parser.add_argument("--skip", default="", help="comma-separated: xargs, hyperqueue, gpulayer")
     parser.add_argument("--unsandboxed", action="store_true",
                         help="also GPUlayer with a worker --sandbox none (a control plane of its own): the sandbox's share")
+    parser.add_argument("--baseline-tree", metavar="DIR",
+                        help="also GPUlayer from this source tree (its own control plane): before and after, same run")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
@@ -110,7 +119,7 @@ def main() -> None:
     notes: list[str] = []
     if "xargs" not in skip:
         runners["xargs"] = xargs_round
-    hq = gl = bare = None
+    hq = gl = bare = base = None
     if "hyperqueue" not in skip:
         try:
             hq = HyperQueue(args.parallel)
@@ -123,6 +132,9 @@ def main() -> None:
         if args.unsandboxed:
             bare = GpuLayer(args.parallel, ["--sandbox", "none"])
             runners["gpulayer-sandbox-none"] = bare.round
+        if args.baseline_tree:
+            base = GpuLayer(args.parallel, tree=args.baseline_tree)
+            runners["gpulayer-baseline"] = base.round
     times: dict[str, list[float]] = {name: [] for name in runners}
     try:
         names = list(runners)
@@ -134,7 +146,7 @@ def main() -> None:
     finally:
         if hq is not None:
             hq.close()
-        for plane in (gl, bare):
+        for plane in (gl, bare, base):
             if plane is not None:
                 plane.close()
     medians = {name: benchlib.median(values) for name, values in times.items()}

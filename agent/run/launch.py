@@ -56,9 +56,11 @@ class TaskLaunch(TaskReports):
         ctx = self.ctx
         self.place = place(self.assignment, ctx.sandbox, ctx.tasks_dir, ctx.shared, ctx.spares)
         self.checkpoint = self._checkpointer()  # in the place's working dir
-        if self.workdir.exists():
+        try:
+            self.workdir.mkdir(parents=True)
+        except FileExistsError:  # left by an agent killed before (or --keep-task-dirs): made afresh
             shutil.rmtree(self.workdir)
-        self.workdir.mkdir(parents=True)
+            self.workdir.mkdir()
 
     def _materialize(self) -> None:
         """Fetch and place the source bundle, the inputs and the weights (weights are linked, not capped)."""
@@ -151,9 +153,10 @@ class TaskLaunch(TaskReports):
         self.extra_env = dict(extra)
         try:
             start = self._launch(argv, self.environment(extra), cpus)
+            quick = quick_exit_s > 0 and not self.pid_reported  # its output is read here if it ends that soon
             proc = TaskProcess(start.argv, start.env, str(self.workdir), self.shipper.add,
                                sandboxed=self._placed().own_sandbox, entered=start.entered, started=start.started,
-                               info=start.info, init_pidfd=start.init_pidfd, cpus=cpus)
+                               info=start.info, init_pidfd=start.init_pidfd, cpus=cpus, defer_readers=quick)
         except OSError as exc:
             code = 127 if isinstance(exc, FileNotFoundError) else 126
             self.shipper.system(f"cannot start {argv[0]!r}: {exc.strerror or exc}")
@@ -168,6 +171,7 @@ class TaskLaunch(TaskReports):
             if quick_exit_s > 0 and _ended_within(proc, quick_exit_s):
                 self.start_pid = proc.pid
             else:
+                proc.start_readers()
                 self._report_start(proc.pid)
         return proc
 

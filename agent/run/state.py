@@ -73,6 +73,8 @@ class TaskContext:
     finish_later: Callable[[FinishItem, dict], None] | None = None
     #: Digests of checkpoint files already read (agent/artifacts/checkpoint.py), shared by the worker's tasks.
     checkpoint_digests: DigestMemo = field(default_factory=DigestMemo)
+    #: Removes an ended task's working dir off its slot's path (reports.DirSweeper.remove); None: at once, here.
+    remove_later: Callable[[Path], None] | None = None
 
 
 class TaskState:

@@ -36,6 +36,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -229,10 +230,14 @@ def loader_variables(env: dict[str, str]) -> tuple[dict[str, str], list[str]]:
     arguments for the inner ``env``: the job's (or its image's) ``LD_PRELOAD=./evil.so`` or ``GCONV_PATH`` would
     otherwise be honoured by the outer ``env``, ``setpriv``, ``nsenter`` and ``bwrap`` (root, outside the
     sandbox) before the sandbox exists."""
-    def inner(name: str) -> bool:
-        return name.startswith("LD_") or name in UNSECURE_VARIABLES
-    outer = {name: value for name, value in env.items() if not inner(name)}
-    return outer, [f"{name}={value}" for name, value in sorted(env.items()) if inner(name)]
+    outer: dict[str, str] = {}
+    inside: list[tuple[str, str]] = []
+    for name, value in env.items():  # one pass: this runs for every sandboxed task
+        if name[:3] == "LD_" or name in UNSECURE_VARIABLES:
+            inside.append((name, value))
+        else:
+            outer[name] = value
+    return outer, [f"{name}={value}" for name, value in sorted(inside)]
 
 
 def parse_bind(spec: str) -> tuple[str, str, bool]:
@@ -422,8 +427,28 @@ def startable(argv: list[str], env: dict[str, str], cwd: str) -> None:
     In a sandbox the agent starts bwrap, not the command: this keeps "cannot start 'x'" (127, 126) as it was.
     """
     name = argv[0]
-    path = os.path.join(cwd, name) if os.sep in name else shutil.which(name, path=env.get("PATH", os.defpath))
+    path = os.path.join(cwd, name) if os.sep in name else _which(name, env.get("PATH", os.defpath))
     if path is None or not os.path.exists(path):
         raise FileNotFoundError(2, "No such file or directory", name)
     if os.path.isdir(path) or not os.access(path, os.X_OK):
         raise PermissionError(13, "Permission denied", name)
+
+
+#: (name, PATH) -> (where shutil.which found it, when): an array's elements all start the same command, and the
+#: walk along PATH (a stat per folder) was a tenth of an element's CPU in the agent. Kept WHICH_TTL_S; what it
+#: found is checked again at each use (exists, executable), so only a command put earlier on PATH meanwhile is
+#: missed for that long, and the task's own exec finds it anyway.
+_WHICH: dict[tuple[str, str], tuple[str | None, float]] = {}
+WHICH_TTL_S = 1.0
+
+
+def _which(name: str, path: str) -> str | None:
+    now = time.monotonic()
+    known = _WHICH.get((name, path))
+    if known is not None and now - known[1] < WHICH_TTL_S and known[0] is not None:
+        return known[0]
+    found = shutil.which(name, path=path)
+    if len(_WHICH) > 256:
+        _WHICH.clear()
+    _WHICH[(name, path)] = (found, now)
+    return found

@@ -25,6 +25,8 @@ SANDBOX_SETTLE_S = 1.0
 MAX_LINE_BYTES = 64 * 1024
 #: Bytes read from a task's pipe at a time.
 READ_BYTES = 64 * 1024
+#: How long a task's own thread drains the output of a process that ended before a reader thread was started.
+INLINE_DRAIN_S = 0.05
 
 LineSink = Callable[[str, str], None]
 
@@ -112,7 +114,7 @@ class TaskProcess:
     def __init__(self, argv: list[str], env: dict[str, str], cwd: str, on_line: LineSink, *, sandboxed: bool = False,
                  entered: bool = False, started: "Started | None" = None,
                  info: tuple[int, int] | None = None, init_pidfd: int | None = None,
-                 cpus: frozenset[int] | None = None):
+                 cpus: frozenset[int] | None = None, defer_readers: bool = False):
         self._on_line = on_line
         #: The leader is bwrap (agent/sandbox/bwrap.py), which may exit while its PID namespace is still ending.
         self.sandboxed = sandboxed
@@ -150,22 +152,36 @@ class TaskProcess:
         self.pid = self.popen.pid
         if info is not None:
             self.init_pidfd = sandbox_init_pidfd(info[0], self.pid)
-        pipes = [(stream, pipe) for stream, pipe in (("stdout", self.popen.stdout), ("stderr", self.popen.stderr))
-                 if pipe is not None]  # both: stdout=PIPE, stderr=PIPE
-        # One thread reads both pipes: a thread per pipe was a measurable part of a short task's cost.
-        self._readers = [threading.Thread(target=self._read, args=(pipes,), daemon=True, name=f"output-{self.pid}")]
-        for reader in self._readers:
-            reader.start()
+        #: The output pipes, read by one thread (``start_readers``), or drained by the task's own thread once it
+        #: ended quickly (``finish_readers``): a short task costs no reader thread.
+        self._pipes: list[tuple[str, IO[bytes]]] = [
+            (stream, pipe) for stream, pipe in (("stdout", self.popen.stdout), ("stderr", self.popen.stderr))
+            if pipe is not None]  # both: stdout=PIPE, stderr=PIPE
+        self._pending: dict[int, bytes] = {pipe.fileno(): b"" for _stream, pipe in self._pipes}
+        self._readers: list[threading.Thread] = []
+        if not defer_readers:
+            self.start_readers()
 
-    def _read(self, streams: list[tuple[str, IO[bytes]]]) -> None:
-        """Read stdout and stderr until both close, passing on whole lines (at most MAX_LINE_BYTES each)."""
-        pipes = {pipe.fileno(): (stream, pipe) for stream, pipe in streams}
-        pending = {fd: b"" for fd in pipes}
+    def start_readers(self) -> None:
+        """Read the output on a thread of its own from now on (once; a thread per pipe was a measurable cost)."""
+        if self._readers or not self._pipes:
+            return
+        self._readers = [threading.Thread(target=self._read, daemon=True, name=f"output-{self.pid}")]
+        self._readers[0].start()
+
+    def _read(self, deadline: float | None = None) -> None:
+        """Read stdout and stderr until both close (or ``deadline`` passes: what is left stays), passing on whole
+        lines (at most MAX_LINE_BYTES each)."""
+        pipes = {pipe.fileno(): (stream, pipe) for stream, pipe in self._pipes}
+        pending = self._pending
         with selectors.PollSelector() as selector:  # no epoll descriptor to create per task
             for fd in pipes:
                 selector.register(fd, selectors.EVENT_READ)
             while pipes:
-                for key, _ in selector.select():
+                ready = selector.select(None if deadline is None else max(0.0, deadline - time.monotonic()))
+                if not ready and deadline is not None:
+                    break
+                for key, _ in ready:
                     stream, pipe = pipes[key.fd]
                     data = os.read(key.fd, READ_BYTES)
                     if data:
@@ -177,6 +193,7 @@ class TaskProcess:
                     selector.unregister(key.fd)
                     pipe.close()
                     del pipes[key.fd]
+        self._pipes = [(stream, pipe) for stream, pipe in self._pipes if not pipe.closed]
 
     def _lines(self, stream: str, data: bytes) -> bytes:
         """Emit the complete lines of ``data`` (and pieces of MAX_LINE_BYTES of longer ones); returns the rest."""
@@ -296,6 +313,9 @@ class TaskProcess:
     def finish_readers(self, timeout_s: float = 2.0) -> None:
         """Wait for the output readers to drain (a process that left the group may keep a pipe open)."""
         deadline = time.monotonic() + timeout_s
+        if not self._readers and self._pipes:  # never handed to a thread: drain here, a thread for what stays open
+            self._read(min(deadline, time.monotonic() + INLINE_DRAIN_S))
+            self.start_readers()
         for reader in self._readers:
             reader.join(max(0.0, deadline - time.monotonic()))
         self.close()

@@ -85,13 +85,15 @@ class SharedSandboxes:
         with self.lock:
             key = (job_id, network)
             holder = self.holders.get(key)
+            made = holder is None
             if holder is None:
                 holder = self.holders[key] = Holder(key, self.tasks_dir / f"job-{job_id}{'' if network else '-netless'}")
             holder.users += 1
             if self._reaper is None:
                 self._reaper = threading.Thread(target=self._reap_loop, name="shared-sandboxes", daemon=True)
                 self._reaper.start()
-        holder.job_dir.mkdir(parents=True, exist_ok=True)
+        if made:  # it stays until the holder ends (out of `holders` first); an element's mkdir makes it anyway
+            holder.job_dir.mkdir(parents=True, exist_ok=True)
         return holder
 
     def release(self, holder: Holder) -> None:

@@ -69,3 +69,20 @@ def test_a_finished_task_leaves_no_record(tmp_path):
     records.remove("9-1")
     records.remove("9-1")
     assert records.reap() == [] and list((tmp_path / "running").iterdir()) == []
+
+
+def test_the_sweeper_removes_ended_tasks_dirs_and_close_waits_for_them(tmp_path):
+    from agent.run.reports import DirSweeper
+    sweeper = DirSweeper()
+    dirs = []
+    for n in range(5):
+        workdir = tmp_path / f"{n}-1"
+        (workdir / ".gpulayer-checkpoint").mkdir(parents=True)
+        if n % 2:
+            (workdir / "out.txt").write_text("x")  # not empty: removed whole
+        dirs.append(workdir)
+        sweeper.remove(workdir)
+    sweeper.remove(tmp_path / "gone-already")
+    sweeper.close()
+    assert not any(d.exists() for d in dirs) and list(tmp_path.iterdir()) == []
+    sweeper.close()  # twice is fine

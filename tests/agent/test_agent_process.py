@@ -11,10 +11,10 @@ from agent.sandbox.process import TaskProcess, exit_code_of
 from agent.run.supervision import Limits, StopRule, TaskHandle, check_limits, supervise
 
 
-def spawn(code, tmp_path, lines=None):
+def spawn(code, tmp_path, lines=None, **options):
     lines = [] if lines is None else lines
     return TaskProcess([sys.executable, "-c", code], dict(os.environ, PYTHONUNBUFFERED="1"), str(tmp_path),
-                       lambda stream, text: lines.append((stream, text)))
+                       lambda stream, text: lines.append((stream, text)), **options)
 
 
 def alive(pid):
@@ -51,6 +51,40 @@ def test_lines_are_captured_per_stream(tmp_path):
     assert proc.popen.wait() == 0
     proc.finish_readers()
     assert sorted(lines) == [("stderr", "err"), ("stdout", "no newline"), ("stdout", "out")]
+
+
+def test_a_quick_process_output_is_drained_by_the_caller_without_a_reader_thread(tmp_path):
+    lines = []
+    proc = spawn("import sys; print('out'); print('err', file=sys.stderr); sys.stdout.write('tail')", tmp_path, lines,
+                 defer_readers=True)
+    assert proc.popen.wait() == 0 and proc._readers == [] and lines == []
+    proc.finish_readers()
+    assert sorted(lines) == [("stderr", "err"), ("stdout", "out"), ("stdout", "tail")]
+    assert proc._pipes == []  # both read to their end here: no thread was started for them
+    assert proc._readers == []
+
+
+def test_deferred_output_left_open_by_a_child_goes_on_in_a_reader_thread(tmp_path):
+    # The leader ends at once; a child it left behind keeps stdout open and writes after the inline drain.
+    code = ("import subprocess, sys; print('first', flush=True)\n"
+            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(0.3); print(\"late\", flush=True)'])")
+    lines = []
+    proc = spawn(code, tmp_path, lines, defer_readers=True)
+    assert proc.popen.wait() == 0
+    proc.finish_readers(timeout_s=5)
+    assert [text for _stream, text in lines] == ["first", "late"]
+    assert len(proc._readers) == 1
+
+
+def test_deferred_readers_started_later_read_what_a_long_writer_writes(tmp_path):
+    lines = []
+    proc = spawn("for i in range(20000): print('line', i)", tmp_path, lines, defer_readers=True)
+    time.sleep(0.05)  # more than a pipe holds: it waits for a reader
+    proc.start_readers()
+    proc.start_readers()  # once
+    assert proc.popen.wait() == 0
+    proc.finish_readers()
+    assert len(lines) == 20000 and lines[-1] == ("stdout", "line 19999") and len(proc._readers) == 1
 
 
 def test_lines_keep_their_order_and_long_lines_are_split(tmp_path):

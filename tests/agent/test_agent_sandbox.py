@@ -78,6 +78,23 @@ def test_gpu_nodes_and_minors():
     assert gpu_minors(["MIG-a", "1", "GPU-x"], {0: mig}) == [2, 1, 2]
 
 
+def test_startable_remembers_where_a_command_is_and_checks_it_at_each_use(tmp_path):
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    command = folder / "arr41-tool"
+    command.write_text("#!/bin/sh\n")
+    command.chmod(0o755)
+    env = {"PATH": f"{folder}:/usr/bin"}
+    startable(["arr41-tool"], env, str(tmp_path))
+    startable(["arr41-tool"], env, str(tmp_path))  # found again (remembered)
+    command.chmod(0o644)
+    with pytest.raises(PermissionError):  # what was found is checked again
+        startable(["arr41-tool"], env, str(tmp_path))
+    command.unlink()
+    with pytest.raises(FileNotFoundError):
+        startable(["arr41-tool"], env, str(tmp_path))
+
+
 def test_startable_says_what_exec_would(tmp_path):
     with pytest.raises(FileNotFoundError):
         startable(["no-such-command-xyz"], {"PATH": "/usr/bin"}, str(tmp_path))

@@ -315,3 +315,28 @@ def test_a_gangs_ranks_ending_milliseconds_apart_are_one_end_so_the_idle_workers
     workers, start = _reserved(sched)[big]
     assert sorted(workers) == sorted(ws) and start == pytest.approx(clock() + 100 - 0.01, abs=1e-6)
     assert _claims(sched, idle[0]) == [pair]
+
+
+def test_past_the_depth_a_job_is_only_looked_at_now_and_the_plan_is_the_same(sched, clock, monkeypatch):
+    # A deep queue behind a group's reservation: each job past the depth is asked only whether it starts now
+    # (one look), not when it could (a walk over every later end); what is reserved does not change.
+    w = add_worker(sched, "w", **BIG)
+    _run(sched, w, dict(gpus=4, timeout_seconds=100))
+    big = sched.submit(job(gpus=8))
+    for t in (50, 1000, 70, 2000):
+        sched.submit(job(gpus=2, timeout_seconds=t))
+    for _ in range(20):
+        sched.submit(job(gpus=8, timeout_seconds=10))
+    walks = []
+    earliest = reservations._earliest
+    monkeypatch.setattr(reservations, "_earliest", lambda *a, **k: walks.append(a) or earliest(*a, **k))
+    assert _plan(sched) and _reserved(sched) == {big: ([w], clock() + 100)}
+    assert len(walks) == 2  # the reserved job's two (any worker, then none a higher job starts on), none else
+
+
+def test_a_run_expected_to_take_no_time_holds_no_room_and_adds_no_change():
+    w = reservations.Worker(1, "w", (2, 0, 4, 1000))
+    w.take((1, 0, 1, 10), 5.0, 5.0)  # a `true` whose history says 0 s
+    assert w.changes == [] and w.holds((2, 0, 4, 1000), 5.0, 6.0)
+    w.take((1, 0, 1, 10), 5.0, 7.0)
+    assert not w.holds((2, 0, 4, 1000), 5.0, 6.0) and w.holds((2, 0, 4, 1000), 7.0, 8.0)

@@ -63,6 +63,8 @@ class Worker:
         return self.free[1] + sum(d[1] for t, d in self.changes if t <= at)
 
     def take(self, need: tuple[float, ...], start: float, until: float) -> None:
+        if until <= start:  # an expected run of 0 s (a `true` learned from its history) holds nothing at any time
+            return
         self.changes.append((start, tuple(-n for n in need)))
         self.changes.append((until, need))
 
@@ -91,15 +93,20 @@ def plan(conn: apsw.Connection, now: float) -> list[dict]:
             continue
         need = (1, job["gpus"], job["cpus"], job["memory_mb"])
         count = job["width"] if job["gang"] else 1
-        start, chosen = _earliest(workers, group, need, count, now, job["expected_s"])
-        if not chosen:  # more ranks than the group has workers
+        if held[group] >= settings["backfill_depth"]:
+            # No more reservations in this group: all that counts is whether it starts now (what _earliest finds
+            # first, at `now`), not when it could; the walk over every later end was most of a claim's CPU with
+            # a deep queue of small jobs (docs/benchmarks/issue-41.md, "Short tasks").
+            chosen = _tightest(workers, group, need, count, now, job["expected_s"])
+            start = now if chosen else float("inf")
+        else:
+            start, chosen = _earliest(workers, group, need, count, now, job["expected_s"])
+        if not chosen:  # more ranks than the group has workers, or (at the depth) it does not start now
             continue
         if start <= now:  # it starts now, as the claim will find: its room is taken from here on
             for w in chosen:
                 workers[w].take(need, now, now + job["expected_s"])
             starting.update(chosen)
-            continue
-        if held[group] >= settings["backfill_depth"]:
             continue
         held[group] += 1
         # Not on a worker a job ranked higher is to start on: its claim comes after this plan, so it would end
@@ -137,6 +144,9 @@ def _earliest(workers: dict[int, Worker], group: frozenset[int], need: tuple[flo
     taking the strict earliest would reserve the idle workers able at the first rank's end over the busy ones
     able a moment later. Of the picks at the times within SAME_END_S after the earliest (when that is not now),
     the busiest now wins (the earliest of those as busy)."""
+    fits_now = _tightest(workers, group, need, count, now, run_s)
+    if fits_now:  # the first time looked at (times[0] below), without the walk that lists the others
+        return now, fits_now
     times = sorted({now} | {at for w in group for at, _ in workers[w].changes if at > now})
     for i, start in enumerate(times):
         pick = _tightest(workers, group, need, count, start, run_s)
