@@ -368,6 +368,8 @@ class Worker(Heartbeat):
         revoked = any(isinstance(err, Revoked) for err in self.fatal)
         reason = "the worker was revoked" if revoked else "the worker is stopping"
         self.session.transport.give_up_at = time.monotonic() + SHUTDOWN_REPORT_S
+        if revoked:  # never registered again: a task's call answered 401 does not wait for a new session
+            self.session.transport.reauth_wait_s = 0.0
         with self.lock:
             handles = list(self.handles.values())
             threads = list(self.threads.values())

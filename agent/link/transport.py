@@ -211,11 +211,10 @@ class Transport:
         worker again (registration.Registration._rejoin) and the call goes again with the new token, so a
         task that finished while a restored control plane did not yet know this worker is not run twice.
         """
-        deadline = time.monotonic() + self.reauth_wait_s
-        if self.give_up_at is not None:
-            deadline = min(deadline, self.give_up_at)
+        started = time.monotonic()
         while self.headers.get("Authorization") == sent_with:
-            if time.monotonic() >= deadline:
+            now = time.monotonic()  # both bounds read again: a stop or a revocation shortens the wait
+            if now >= started + self.reauth_wait_s or (self.give_up_at is not None and now >= self.give_up_at):
                 return False
             time.sleep(0.05)
         return True

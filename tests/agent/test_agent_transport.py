@@ -436,3 +436,18 @@ def test_a_401_stands_when_no_new_registration_comes_in_time():
         assert 0.2 <= time.monotonic() - started < 5 and len(gate.requests) == 1
     finally:
         gate.stop()
+
+
+def test_a_wait_for_a_new_registration_ends_when_the_worker_stops_waiting():
+    """A revoked worker sets the wait to 0 while a finish waits (agent/session.py): the 401 stands at once."""
+    gate = Gate("never")
+    try:
+        transport = Transport(gate.url)
+        transport.set_token("old")
+        threading.Timer(0.2, setattr, args=(transport, "reauth_wait_s", 0.0)).start()
+        started = time.monotonic()
+        with pytest.raises(Unauthorized):
+            transport.call("POST", "/worker/tasks/7/finish", {})
+        assert time.monotonic() - started < 5
+    finally:
+        gate.stop()
