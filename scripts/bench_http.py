@@ -231,7 +231,8 @@ def _run_load(ctx, args, srv, label: str, start_at: float, duration: float, targ
 
 def run_cycles(args, tls: bool) -> dict:
     ctx = mp.get_context("fork")
-    with benchlib.Server(tls=tls, synchronous=args.synchronous, extra_args=["--http", args.http]) as srv:
+    with benchlib.Server(tls=tls, synchronous=args.synchronous,
+                         extra_args=["--http", args.http, *args.server_arg]) as srv:
         submit_rate = submit_jobs(srv, args.jobs)
         start_at = time.time() + 2.0 + 0.3 * args.threads
         results, wall, cpu = _run_load(
@@ -363,6 +364,9 @@ def main(argv=None) -> int:
                    help="slots per simulated worker, and assignments asked for at once (`max_tasks`; default 1)")
     p.add_argument("--http", default="granian", choices=["granian", "cheroot"],
                    help="the server's front end (`server start --http`; default granian, the server's own)")
+    p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
+                   help="one more argument for `server start` in the cycles run (repeatable, e.g. "
+                        "--server-arg=--estimate-max-jobs --server-arg=0)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
 

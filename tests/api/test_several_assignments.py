@@ -79,7 +79,7 @@ def test_several_in_one_transaction_then_handed_out_again_until_start(api, worke
     writes.clear()
     done = post(api, f"/v1/worker/tasks/{assigned[0]['task_id']}/finish", wh,
                 {"exit_code": 0, "outcome": "succeeded", "next": True, "max_tasks": 8})
-    assert writes == ["finish", "_acquire_once"]
+    assert writes == ["_finish_next"]  # the finish and the next claim in one transaction (issue 41)
     assert done["accepted"] is True and done["task"] == assigned[2]  # held first, then the freed slot's
     assert [t["job_id"] for t in done["more"]] == [jobs[3]]
 

@@ -169,10 +169,12 @@ class WorkerTask(WorkerResource):
     def on_post_finish(self, req, resp, task_id):
         body = wire.finish(wire.read_json(req))
         want_next, max_tasks = body.pop("next"), body.pop("max_tasks")
-        answer = {"accepted": self.sched.finish(self.worker_id(req), task_id, **body)}
-        if want_next:  # the freed slot's next task(s) in the same round trip, as acquire with wait_s 0
-            answer.update(assignments(self.sched.acquire_many(self.worker_id(req), 0, max_tasks or 1), max_tasks))
-        resp.media = answer
+        if not want_next:
+            resp.media = {"accepted": self.sched.finish(self.worker_id(req), task_id, **body)}
+            return
+        # the freed slot's next task(s) in the same round trip (and write), as acquire with wait_s 0
+        accepted, found = self.sched.finish_next(self.worker_id(req), task_id, max_tasks or 1, **body)
+        resp.media = {"accepted": accepted, **assignments(found, max_tasks)}
 
 
 class FinishMany(WorkerResource):

@@ -45,6 +45,11 @@ def follow(step: Step) -> bool:
     return True
 
 
+def asked() -> bool:
+    """Whether this write asked for steps so far (a finish that set a cascade off)."""
+    return bool(_NOTED.get())
+
+
 @contextmanager
 def collecting() -> Iterator[list[Step]]:
     """Within it, `follow` collects the steps asked for (in the context Store.write copies to the writer)."""

@@ -77,7 +77,8 @@ def _claim(conn: apsw.Connection, worker_id: int, now: float, lease: float, most
     if free is None or free["free_slots"] <= 0:
         return [], False
     gang_waits = row(conn, "any_queued_gang") is not None
-    most = 1 if gang_waits else most
+    # each task takes a slot: never more than the free ones (a worker with one free slot: the one-task claim)
+    most = 1 if gang_waits else min(most, free["free_slots"])
     # the time the fair-share views decay usage to; the tasks of each group claimable_tasks reads; the worker
     row(conn, "set_claim_worker", now=now, depth=1 if most == 1 else most + 1, worker_id=worker_id)
     if gang_waits:
@@ -108,7 +109,9 @@ def _reserve_gpus(conn: apsw.Connection, task: dict, worker_id: int, worker_gpus
     for a job with `gpu_link` nvlink, as shape_worker_fit counted), else the lowest ones
     (for more than one GPU, whole GPUs only: shape_worker_fit counted no MIG instance for it; for
     a `gpu_model` the worker meets by its GPUs, those of that model only, as shape_worker_fit counted)."""
-    share = row(conn, "task_gpu_share", task_id=task["id"], worker_id=worker_id)
+    # (a job asking no share of a GPU skips shape_worker_fit's read: 0.3 ms a claim, docs/benchmarks/issue-41.md)
+    share = row(conn, "task_gpu_share", task_id=task["id"], worker_id=worker_id) if one(
+        conn, "job_asks_share", job_id=task["job_id"])["asks"] else None
     if share is not None:
         _reserve_share(conn, task, worker_id, worker_gpus, share["gpu_share"])
         return

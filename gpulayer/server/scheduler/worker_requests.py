@@ -13,8 +13,8 @@ from typing import Callable, Sequence
 import apsw
 
 from gpulayer.server.config import MAX_ACQUIRE_WAIT_S
-from gpulayer.server.scheduler import (checkpoints, chunks, leases, lifecycle, placement, reconcile, reservations, secrets,
-                                       workers)
+from gpulayer.server.scheduler import (cascades, checkpoints, chunks, leases, lifecycle, placement, reconcile,
+                                       reservations, secrets, workers)
 from gpulayer.server.scheduler.facade import Facade
 from gpulayer.server.security.auth import Principal, new_token
 
@@ -202,6 +202,32 @@ class WorkerRequests(Facade):
                                keep=self.config.checkpoint_keep, signals=signals, wake=True)
         self.log_followers.written()  # the job may have ended: its log followers stop waiting
         return accepted
+
+    def finish_next(self, worker_id: int, task_id: int, max_tasks: int, **finish) -> tuple[bool, list[dict]]:
+        """finish (its keywords), then the freed room's next Assignments as acquire with wait_s 0 gives them, in
+        the same write transaction: one writer operation a cycle fewer (docs/benchmarks/issue-41.md). When the
+        finish set a cascade off (a job ended: dependents released, ...), the claim waits for its first steps,
+        as a separate acquire after the finish did."""
+        self.seen(worker_id)
+        began = time.perf_counter()
+        accepted, found = self._write(self._finish_next, worker_id, task_id, self.clock(), max_tasks, finish,
+                                      wake=True)
+        self.log_followers.written()  # the job may have ended: its log followers stop waiting
+        if found is None:
+            return accepted, self.acquire_many(worker_id, 0, max_tasks)
+        self.observe_acquire(time.perf_counter() - began)
+        return accepted, found
+
+    def _finish_next(self, conn: apsw.Connection, worker_id: int, task_id: int, now: float, max_tasks: int,
+                     finish: dict) -> tuple[bool, list[dict] | None]:
+        accepted = self._adopting(lifecycle.finish)(conn, worker_id, task_id, finish["exit_code"], finish["outcome"],
+                                                    finish["outputs"], finish["reason"], now,
+                                                    lines=finish.get("lines", ()), pid=finish.get("pid"),
+                                                    checkpoint=finish.get("checkpoint"),
+                                                    keep=self.config.checkpoint_keep, signals=finish.get("signals", ()))
+        if cascades.asked() or (self.restored is not None and self.restored.paused()):
+            return accepted, None
+        return accepted, self._acquire_once(conn, worker_id, now, max_tasks, changed=True)
 
     def finish_many(self, worker_id: int, finishes: list[dict], *, next_tasks: bool = False, max_tasks: int = 1,
                     ahead: list[dict] | None = None, held: Sequence[int] = (), release: Sequence[int] = ()) -> dict:

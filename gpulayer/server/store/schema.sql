@@ -13,7 +13,7 @@
 -- (estimates), quotas' use now
 -- and as admission reads them; the claim (claimable_groups, claimable_tasks, claimable_batch).
 
-PRAGMA user_version = 35;
+PRAGMA user_version = 36;
 
 -- ---------------------------------------------------------------------------------------
 -- Tokens and teams: tokens, users, projects, memberships.
@@ -1341,7 +1341,9 @@ CREATE VIEW task_expected_end AS
 SELECT t.id AS task_id, t.job_id, t.worker_id, t.state, coalesce(t.started_at, t.assigned_at) AS since,
        coalesce(t.started_at, t.assigned_at) + m.expected_s AS expected_end_at,
        coalesce(t.started_at, t.assigned_at) + m.typical_s AS typical_end_at, m.source
-FROM tasks t JOIN job_runtime_model m ON m.job_id = t.job_id
+-- CROSS JOIN (schema 36): the active tasks first, then each one's job's model; a plain JOIN let SQLite read
+-- the model of every queued job and look its tasks up (2 ms a plan at 8,000 queued instead of 0.07).
+FROM tasks t CROSS JOIN job_runtime_model m ON m.job_id = t.job_id
 WHERE t.state IN ('assigned', 'running') AND t.ahead = 0;
 
 -- Service updates (schema 31): one row per `service update` of a service, the new revision's spec and
@@ -1629,7 +1631,10 @@ FROM (SELECT g.worker_id, g.shape_id, g.project_id, g.user_id, g.gpus, g.cpus, g
                                 ORDER BY h.priority + h.aged DESC, g.project_usage, g.user_usage, h.task_id) AS pos
       FROM (SELECT c.*, EXISTS (SELECT 1 FROM reservations x WHERE x.worker_id = c.worker_id) AS reserved
             FROM claimable_groups c) g
-      JOIN task_queue h ON h.task_id IN (  -- the group's best, of jobs the worker holds none of (or arrays)
+      -- CROSS JOIN: the groups first, then each one's best by task_id (schema 36). A plain JOIN let SQLite,
+      -- without statistics (the state file has none), scan every queued task and test it against the list:
+      -- 14 ms a claim at 8,000 queued instead of 0.7 (docs/benchmarks/issue-41.md, "The writer's work per cycle").
+      CROSS JOIN task_queue h ON h.task_id IN (  -- the group's best, of jobs the worker holds none of (or arrays)
           SELECT a.task_id FROM (
               SELECT b.task_id, b.job_id, b.priority + b.aged AS rank_priority FROM task_queue b
               WHERE b.shape_id = g.shape_id AND b.project_id = g.project_id AND b.user_id = g.user_id

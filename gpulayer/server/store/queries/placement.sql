@@ -111,6 +111,10 @@ JOIN shapes s ON s.id = js.shape_id AND (s.gpu_fraction > 0 OR s.gpu_memory_mb >
 JOIN shape_worker_fit f ON f.shape_id = s.id AND f.worker_id = CAST(:worker_id AS INTEGER)
 WHERE t.id = :task_id;
 
+-- name: job_asks_share --
+-- Whether a job asks for a share of one GPU (gpu_fraction or gpu_memory_mb): only then is task_gpu_share read.
+SELECT gpu_fraction IS NOT NULL OR gpu_memory_mb IS NOT NULL AS asks FROM jobs WHERE id = :job_id;
+
 -- name: gpu_shares_in_use --
 -- The worker's GPUs that fractional tasks hold, with the shares held on each (best fit reads them).
 SELECT x.value AS i, sum(t.gpu_share) AS used FROM tasks t, json_each(t.gpu_indices) x

@@ -46,7 +46,7 @@ SELECT j.id, j.gang, j.width, j.gpus, j.cpus, j.memory_mb, b.shape_id, m.expecte
        AND NOT coalesce((SELECT u.at_limit FROM user_running_jobs u WHERE u.user_id = j.user_id), 0)
        AND NOT EXISTS (SELECT 1 FROM gang_reservations r WHERE r.job_id = j.id AND r.expires_at > :now) AS admitted
 FROM best b
-JOIN jobs j ON j.id = b.job_id
+CROSS JOIN jobs j ON j.id = b.job_id  -- the best tasks' jobs, not every queued job (issue 41: 4.3 ms a plan at 8,000 queued, 1.4 with it)
 JOIN job_runtime_model m ON m.job_id = j.id
 JOIN queue_group_quota q ON q.shape_id = b.shape_id AND q.project_id = b.project_id AND q.user_id = b.user_id
 WHERE b.nth = 1 AND j.state = 'queued' AND j.hold = 0
