@@ -65,3 +65,31 @@ def test_writes_have_no_read_deadline(one_reader):
 
 def test_the_default_deadline_is_generous():
     assert READ_TIMEOUT_S >= 10
+
+
+def test_close_waits_for_a_read_on_another_thread_then_stops_it_and_later_reads_are_refused(config, monkeypatch):
+    """A stop while a background read runs (a forecast's snapshot) closed its busy connection: apsw's
+    ThreadingViolationError failed the server's stop (exit 1). Now the read is waited for, then interrupted."""
+    import threading
+
+    import gpulayer.server.store.db as db
+    monkeypatch.setattr(db, "CLOSE_WAIT_S", 0.2)
+    store = Store(config.layout.state, readers=2, read_timeout_s=60)
+    outcome: list[BaseException] = []
+    reading = threading.Thread(target=lambda: _caught(outcome, store.read, _endless))
+    reading.start()
+    time.sleep(0.1)  # the endless read is under way
+    started = time.monotonic()
+    store.close()    # raised ThreadingViolationError before
+    reading.join(10)
+    assert not reading.is_alive() and time.monotonic() - started < 5
+    assert len(outcome) == 1 and isinstance(outcome[0], ReadTimeout)  # stopped, as a read past its deadline is
+    with pytest.raises(Unavailable, match="closed"):
+        store.read(_jobs)
+
+
+def _caught(into: list, fn, *args):
+    try:
+        fn(*args)
+    except BaseException as exc:  # noqa: BLE001 - the test reads what ended it
+        into.append(exc)

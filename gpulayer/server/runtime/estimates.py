@@ -77,7 +77,10 @@ class Estimates:
         try:
             self.refresh(generation)
         except Exception:  # noqa: BLE001 - a failed forecast leaves the last one; the next tick tries again
-            log.exception("forecast_failed")
+            if getattr(self.store, "closed", False):  # the control plane is stopping: its read was stopped
+                log.info("forecast_stopped reason=the control plane is stopping")
+            else:
+                log.exception("forecast_failed")
 
     def fields(self, job: dict) -> dict:
         """`estimated_start_at` and `estimate_reason` of a rendered Job (`id`, `state`): both null for a job

@@ -41,6 +41,7 @@ WRITE_TIMEOUT_S = 30.0   # longest a request waits for the writer (or a reader) 
 # tests/api takes 50 ms; a page of 1000 jobs beside two 100,000-element arrays answers in 215 ms (2 cores).
 # A read near it holds one of the readers from every other request.
 READ_TIMEOUT_S = 10.0
+CLOSE_WAIT_S = 2.0      # at close, how long a read still running gets before it is interrupted (then half that again)
 _ROOT = Path(__file__).resolve().parent
 
 
@@ -176,6 +177,11 @@ class Store:
         self._thread = threading.Thread(target=self._run, name="gpulayer-writer", daemon=True)
         self._thread.start()
 
+    @property
+    def closed(self) -> bool:
+        """Whether close() began: no read or write is taken from then on."""
+        return self._closed
+
     def write(self, fn: Callable[..., Any], *args, **kwargs) -> Any:
         """Run fn(conn, *args, **kwargs) in a write transaction; returns its result after COMMIT.
 
@@ -249,6 +255,8 @@ class Store:
 
     def _take(self) -> tuple[apsw.Connection, Deadline]:
         """A pooled reader and its deadline; Unavailable when every reader stays busy for write_timeout_s."""
+        if self._closed:
+            raise Unavailable("the state file is closed (the control plane is stopping)")
         reader = self._pool.take(self.write_timeout_s)
         if reader is None:
             raise Unavailable(f"all {len(self._readers)} readers of the state file stayed busy: retry")
@@ -290,8 +298,23 @@ class Store:
             self._queue.put(None)
         self._thread.join()
         self._writer.close()
-        for conn in self._readers:
-            conn.close()
+        self._close_readers()
+
+    def _close_readers(self) -> None:
+        """Close each reader once it is given back. A read still running (a forecast's snapshot on its own
+        thread) is waited for, then interrupted; closing a connection busy in another thread would raise
+        apsw's ThreadingViolationError and fail the stop. One still busy after that is left to the exit."""
+        left = {id(conn): conn for conn in self._readers}
+        for wait_s, interrupt in ((CLOSE_WAIT_S, True), (CLOSE_WAIT_S / 2, False)):
+            deadline = time.monotonic() + wait_s
+            while left:
+                reader = self._pool.take(max(0.0, deadline - time.monotonic()))
+                if reader is None:
+                    break
+                left.pop(id(reader[0])).close()
+            if interrupt:
+                for conn in left.values():
+                    conn.interrupt()
 
     def _run(self) -> None:
         while True:
