@@ -14,7 +14,7 @@ import falcon
 from gpulayer.protocol import PROTOCOL_HEADER
 from gpulayer.server.config import PROTOCOL, ControlPlaneConfig
 from gpulayer.server.errors import BodyIncomplete, Forbidden, GpulayerError, ProtocolMismatch, Unauthorized, peer_gone
-from gpulayer.server.http import notify_routes, relay_routes, resources, service_routes, wire
+from gpulayer.server.http import notify_routes, relay_routes, resources, service_routes, wire, worker_routes
 from gpulayer.server import upkeep as upkeep_
 from gpulayer.server.http.metrics import Metrics, MetricsResource, ReplicationCollector, UpkeepCollector
 from gpulayer.server.store.artifacts import ArtifactStore
@@ -154,17 +154,17 @@ ROUTES = [
     ("/v1/health", resources.Health, None),
     ("/v1/ca.pem", resources.CACert, None),
     ("/v1/ssh-host-ca.pub", resources.SshHostCA, None),
-    ("/v1/workers/register", resources.Register, None),
-    ("/v1/worker/heartbeat", resources.Heartbeat, None),
-    ("/v1/worker/acquire", resources.Acquire, None),
-    ("/v1/worker/deregister", resources.Deregister, None),
+    ("/v1/workers/register", worker_routes.Register, None),
+    ("/v1/worker/heartbeat", worker_routes.Heartbeat, None),
+    ("/v1/worker/acquire", worker_routes.Acquire, None),
+    ("/v1/worker/deregister", worker_routes.Deregister, None),
     ("/v1/worker/relay", relay_routes.AgentRelay, None),
-    ("/v1/worker/tasks/{task_id:int}/start", resources.WorkerTask, "start"),
-    ("/v1/worker/tasks/{task_id:int}/logs", resources.WorkerTask, "logs"),
-    ("/v1/worker/tasks/{task_id:int}/rendezvous", resources.WorkerTask, "rendezvous"),
-    ("/v1/worker/tasks/{task_id:int}/finish", resources.WorkerTask, "finish"),
-    ("/v1/worker/finish-many", resources.FinishMany, None),
-    ("/v1/worker/checkpoint", resources.WorkerCheckpoint, None),
+    ("/v1/worker/tasks/{task_id:int}/start", worker_routes.WorkerTask, "start"),
+    ("/v1/worker/tasks/{task_id:int}/logs", worker_routes.WorkerTask, "logs"),
+    ("/v1/worker/tasks/{task_id:int}/rendezvous", worker_routes.WorkerTask, "rendezvous"),
+    ("/v1/worker/tasks/{task_id:int}/finish", worker_routes.WorkerTask, "finish"),
+    ("/v1/worker/finish-many", worker_routes.FinishMany, None),
+    ("/v1/worker/checkpoint", worker_routes.WorkerCheckpoint, None),
     ("/v1/jobs", resources.Jobs, None),
     ("/v1/jobs/estimate", resources.Jobs, "estimate"),
     ("/v1/jobs/{job_id:int}", resources.Job, None),
