@@ -217,6 +217,12 @@ def server_init(ctx: typer.Context, home: Home = None,
     typer.echo("Both are shown once: store them now.", err=True)
 
 
+MaxHeartbeatsPerS = Annotated[float, typer.Option(
+    "--max-heartbeats-per-s", min=0, metavar="N",
+    help="Heartbeats a second the whole fleet aims under: past it the interval asked of workers (and their "
+         "lease TTL) grows with the fleet, never below --heartbeat-interval; 0: never.")]
+
+
 @server_app.command("start")
 def server_start(
     ctx: typer.Context,
@@ -240,10 +246,7 @@ def server_start(
     max_grace: MaxGrace = f"{MAX_GRACE_S:g}",
     max_queued_elements: MaxQueuedElements = MAX_QUEUED_ELEMENTS,
     priority_class: PriorityClass = None,
-    max_heartbeats_per_s: Annotated[float, typer.Option(
-        "--max-heartbeats-per-s", min=0, metavar="N",
-        help="Heartbeats a second the whole fleet aims under: past it the interval asked of workers (and their "
-             "lease TTL) grows with the fleet, never below --heartbeat-interval; 0: never.")] = MAX_HEARTBEATS_PER_S,
+    max_heartbeats_per_s: MaxHeartbeatsPerS = MAX_HEARTBEATS_PER_S,
     checkpoint_keep: CheckpointKeep = 3,
     upload_quota_mb: UploadQuotaMB = UPLOAD_QUOTA_BYTES // 1024 ** 2,
     project_upload_quota_mb: ProjectUploadQuotaMB = PROJECT_UPLOAD_QUOTA_BYTES // 1024 ** 2,
